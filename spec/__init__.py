@@ -1,0 +1,13 @@
+"""The environment spec: the one place each fact about an environment lives.
+
+Pure Python (standard library + tomllib): importable by the CDK app, the cdk8s app, the CLI and
+the tests without pulling in aws_cdk, cdk8s, ray or torch (a test proves it).
+"""
+from spec.instances import INSTANCE_TYPES, InstanceType
+from spec.loader import SpecError, environment_from_dict, load_environment
+from spec.model import Environment, GpuNodeGroupSpec, UnlockedImageWarning
+
+__all__ = [
+    "INSTANCE_TYPES", "InstanceType", "SpecError", "environment_from_dict", "load_environment",
+    "Environment", "GpuNodeGroupSpec", "UnlockedImageWarning",
+]

@@ -1,0 +1,87 @@
+"""EC2 instance types the environment spec accepts, and the facts derived from them.
+
+Figures are from AWS's public instance-type pages (GPU count, GPU model and memory, vCPU, memory,
+maximum EFA interfaces). Prices are ESTIMATES of on-demand USD/hour in us-east-1 from public
+price tables; they vary by region and over time, so the spec can override them
+(``[prices]`` in environment.toml). They are used for cost estimates only, never for decisions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InstanceType:
+    name: str
+    vcpus: int
+    memory_gib: int
+    gpus: int = 0
+    gpu_model: str = ""
+    gpu_memory_gib: int = 0
+    """Memory of ONE GPU."""
+    gpu_bf16_tflops: float = 0.0
+    """Peak dense bf16 tensor TFLOP/s of ONE GPU (for MFU and step-time estimates)."""
+    max_efa_interfaces: int = 0
+    network_gbps: int = 0
+    hourly_usd_estimate: float = 0.0
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.gpus > 0
+
+
+INSTANCE_TYPES: dict[str, InstanceType] = {
+    t.name: t
+    for t in (
+        # GPU types (EFA-capable sizes only: EFA is the point of this project).
+        InstanceType(name="g6.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="L4",
+                     gpu_memory_gib=24, gpu_bf16_tflops=121.0, max_efa_interfaces=1,
+                     network_gbps=40, hourly_usd_estimate=4.60),
+        InstanceType(name="g6.48xlarge", vcpus=192, memory_gib=768, gpus=8, gpu_model="L4",
+                     gpu_memory_gib=24, gpu_bf16_tflops=121.0, max_efa_interfaces=1,
+                     network_gbps=100, hourly_usd_estimate=13.35),
+        InstanceType(name="g5.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="A10G",
+                     gpu_memory_gib=24, gpu_bf16_tflops=70.0, max_efa_interfaces=1,
+                     network_gbps=40, hourly_usd_estimate=5.67),
+        InstanceType(name="g5.48xlarge", vcpus=192, memory_gib=768, gpus=8, gpu_model="A10G",
+                     gpu_memory_gib=24, gpu_bf16_tflops=70.0, max_efa_interfaces=1,
+                     network_gbps=100, hourly_usd_estimate=16.29),
+        InstanceType(name="p4d.24xlarge", vcpus=96, memory_gib=1152, gpus=8, gpu_model="A100",
+                     gpu_memory_gib=40, gpu_bf16_tflops=312.0, max_efa_interfaces=4,
+                     network_gbps=400, hourly_usd_estimate=21.96),
+        InstanceType(name="p5.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H100",
+                     gpu_memory_gib=80, gpu_bf16_tflops=989.0, max_efa_interfaces=32,
+                     network_gbps=3200, hourly_usd_estimate=55.04),
+        # CPU types for the system node group (operator, Ray head, add-ons).
+        InstanceType(name="m7i.xlarge", vcpus=4, memory_gib=16, network_gbps=12,
+                     hourly_usd_estimate=0.2016),
+        InstanceType(name="m7i.2xlarge", vcpus=8, memory_gib=32, network_gbps=12,
+                     hourly_usd_estimate=0.4032),
+        InstanceType(name="m6i.xlarge", vcpus=4, memory_gib=16, network_gbps=12,
+                     hourly_usd_estimate=0.192),
+    )
+}
+
+
+def known_gpu_types() -> list[str]:
+    return sorted(n for n, t in INSTANCE_TYPES.items() if t.is_gpu)
+
+
+def known_cpu_types() -> list[str]:
+    return sorted(n for n, t in INSTANCE_TYPES.items() if not t.is_gpu)
+
+
+def pod_cpu(instance: InstanceType) -> int:
+    """Whole CPUs one pod may request on this node, leaving room for the node's own daemons
+    (kubelet, containerd, aws-node, kube-proxy, device plugins, the pod-identity agent).
+
+    One sixth (at least 1 vCPU) is held back: on a g6.12xlarge that gives 40 of 48, the figure
+    the AWS sample uses.
+    """
+    return instance.vcpus - max(1, -(-instance.vcpus // 6))
+
+
+def pod_memory_gib(instance: InstanceType) -> int:
+    """GiB one pod may request: one sixth (at least 3 GiB) held back for kube-reserved memory,
+    the eviction threshold and the daemons (160 of 192 GiB on a g6.12xlarge, as in the sample)."""
+    return instance.memory_gib - max(3, -(-instance.memory_gib // 6))

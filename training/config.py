@@ -1,0 +1,357 @@
+"""The job config: ONE schema, standard library only.
+
+A job config (``jobs/*.toml``) says what a training run does: model, data, steps, sharding,
+checkpointing, evaluation. It is parsed here and nowhere else: the training entry point, the
+cdk8s charts and the preflight all call :func:`load_job_config`, so they validate with the very
+code the job runs. This module imports nothing outside the standard library (a test proves it),
+so charts/ and the CLI can use it without torch or ray.
+
+Every error a user can cause is a :class:`JobConfigError` whose text is one line naming the file,
+the field, the bad value and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+STRATEGIES = ("full_shard", "hybrid_shard", "no_shard")
+DATA_KINDS = ("synthetic", "text", "jsonl", "chat")
+BAD_RECORD_POLICIES = ("error", "skip")
+ON_EXISTING_RUN = ("resume", "refuse")
+TRANSPORTS = ("any", "efa", "socket", "single-node")
+DTYPES = ("auto", "bfloat16", "float32")
+
+
+class JobConfigError(ValueError):
+    """A user error in a job config; ``str(err)`` is the one line to print."""
+
+
+def _fail(source: str, where: str, value: Any, allowed: str) -> JobConfigError:
+    return JobConfigError(f"{source}: {where}: {value!r} {allowed}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    path: str = ""
+    """Hugging Face model: a local directory, an ``s3://`` prefix, or a hub id. Empty: build a
+    randomly initialised model from ``config`` (tiny models for tests and the local demo)."""
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """Qwen2Config keyword arguments used when ``path`` is empty."""
+    tokenizer: str = ""
+    """Tokenizer directory or ``s3://`` prefix; empty means the model's own."""
+    dtype: str = "auto"
+    """Parameter dtype: ``auto`` = bfloat16 on GPU, float32 on CPU."""
+    max_position_embeddings: int = 0
+    """Read from the model's config.json by the job; 0 here means 'not known yet'."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataConfig:
+    kind: str = "synthetic"
+    """``synthetic`` (random ids: infrastructure checks only), ``text``, ``jsonl`` or ``chat``."""
+    path: str = ""
+    """File or directory, local or ``s3://``; unused for synthetic."""
+    eval_fraction: float = 0.05
+    """Share of documents held out for evaluation, chosen deterministically by seed."""
+    on_bad_record: str = "error"
+    """``error``: stop naming file and line; ``skip``: skip and count in the run record."""
+    seed: int = 1234
+    """Shuffle seed (documents and blocks)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    seq_len: int = 512
+    micro_batch_size: int = 1
+    """Sequences per worker per forward/backward."""
+    global_batch_size: int = 8
+    """Sequences per optimizer step over all workers (= workers x micro x accumulation)."""
+    max_steps: int = 100
+    lr: float = 2e-5
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    """Cosine decay floor as a fraction of ``lr``."""
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every_n_steps: int = 1
+    report_every_n_steps: int = 10
+    """Cadence of ``ray.train.report`` for metrics (each report waits for a controller poll)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig:
+    strategy: str = "full_shard"
+    num_workers: int = 1
+    """Ray Train workers = world size (one per GPU on GPU clusters)."""
+    workers_per_node: int = 1
+    """GPUs (workers) per node; the hybrid mesh shards inside a node and replicates across."""
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    activation_checkpointing: bool = False
+    compile: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointConfig:
+    storage_path: str = ""
+    """Ray Train storage: ``s3://bucket/prefix`` or a shared directory. Empty: no checkpoints."""
+    run_name: str = ""
+    """Run name under the storage path; empty = the job name."""
+    every_n_steps: int = 0
+    """0 = only at the end."""
+    keep_last: int = 2
+    on_existing_run: str = "resume"
+    """``resume`` (default) or ``refuse`` when the run name already exists in storage."""
+    sigterm_grace_seconds: int = 120
+    """Time allowed for the final checkpoint after SIGTERM; pods get this plus a margin."""
+    max_failures: int = 2
+    """Worker failures Ray Train recovers from within one run (restarts from the last checkpoint)."""
+    export_hf: bool = True
+    """Consolidate the final checkpoint into a Hugging Face directory next to the checkpoints."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EvalConfig:
+    every_n_steps: int = 0
+    """0 = only before (step 0) and after training."""
+    max_batches: int = 8
+    exact_match: bool = False
+    """Generation-based exact match for prompt/answer (chat) data."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EvidenceConfig:
+    require_transport: str = "any"
+    """Fail fast unless NCCL's inter-node transport is this (``efa`` on EKS)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobConfig:
+    name: str
+    """The job's name: RayJob name and default run name (lower-case DNS label)."""
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
+    source: str = "<job config>"
+    """Where this config came from (for error messages)."""
+
+    @property
+    def run_name(self) -> str:
+        return self.checkpoint.run_name or self.name
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.train.global_batch_size // (self.parallel.num_workers * self.train.micro_batch_size)
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.parallel.num_workers // self.parallel.workers_per_node)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.global_batch_size * self.train.seq_len
+
+    @property
+    def is_infrastructure_check(self) -> bool:
+        """Synthetic tokens prove the plumbing, not a useful model."""
+        return self.data.kind == "synthetic"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("source")
+        return out
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+_SECTIONS = {
+    "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
+    "checkpoint": CheckpointConfig, "eval": EvalConfig, "evidence": EvidenceConfig,
+}
+
+
+def _coerce(source: str, where: str, value: Any, expected: Any) -> Any:
+    """Check a TOML value against a dataclass field type (bool is not an int here)."""
+    kind = expected if isinstance(expected, str) else getattr(expected, "__name__", str(expected))
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise _fail(source, where, value, "is not allowed (expected true or false)")
+    if kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _fail(source, where, value, "is not allowed (expected an integer)")
+    if kind == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _fail(source, where, value, "is not allowed (expected a number)")
+    if kind == "str":
+        if isinstance(value, str):
+            return value
+        raise _fail(source, where, value, "is not allowed (expected a string)")
+    if kind.startswith("Mapping"):
+        if isinstance(value, dict):
+            return dict(value)
+        raise _fail(source, where, value, "is not allowed (expected a table)")
+    raise TypeError(f"unsupported field type {expected!r}")  # a bug in this module
+
+
+def _build_section(cls: type, table: Mapping[str, Any], prefix: str, source: str) -> Any:
+    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    kwargs = {}
+    for key, value in table.items():
+        where = f"{prefix}{key}"
+        if key not in known:
+            raise _fail(source, where, key, f"is not a known field (known: {', '.join(sorted(known))})")
+        kwargs[key] = _coerce(source, where, value, known[key].type)
+    return cls(**kwargs)
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, text: str, source: str) -> None:
+    """Apply one ``--set section.key=value`` override; the value is parsed as a TOML value."""
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text  # a bare word is a string: --set data.path=/x/y.jsonl
+    parts = dotted.split(".")
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise _fail(source, dotted, text, "cannot be set: its parent is not a table")
+    node[parts[-1]] = value
+
+
+def parse_overrides(items: list[str], source: str = "--set") -> list[tuple[str, str]]:
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise JobConfigError(f"{source}: {item!r} is not key=value (e.g. train.max_steps=20)")
+        pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def job_config_from_dict(raw: Mapping[str, Any], source: str) -> JobConfig:
+    raw = dict(raw)
+    top = {f.name for f in dataclasses.fields(JobConfig) if f.name != "source"}
+    for key in raw:
+        if key not in top:
+            raise _fail(source, key, key, f"is not a known field (known: {', '.join(sorted(top))})")
+    if "name" not in raw:
+        raise JobConfigError(f"{source}: name: missing (a lower-case DNS label, e.g. 'smoke')")
+    kwargs: dict[str, Any] = {"source": source}
+    for key, value in raw.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise _fail(source, key, value, "is not allowed (expected a table)")
+            kwargs[key] = _build_section(_SECTIONS[key], value, f"{key}.", source)
+        else:
+            kwargs[key] = _coerce(source, key, value, "str")
+    config = JobConfig(**kwargs)
+    validate(config)
+    return config
+
+
+def load_job_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
+    """Read, override (``section.key=value``) and validate a job config file."""
+    source = str(path)
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise JobConfigError(f"{source}: file not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise JobConfigError(f"{source}: not valid TOML: {err}") from None
+    for dotted, text in parse_overrides(overrides or [], source=f"{source} (--set)"):
+        _set_dotted(raw, dotted, text, source)
+    return job_config_from_dict(raw, source)
+
+
+def _positive(source: str, where: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise _fail(source, where, value, "must be >= 0" if allow_zero else "must be > 0")
+
+
+def _one_of(source: str, where: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise _fail(source, where, value, f"is not allowed (allowed: {', '.join(allowed)})")
+
+
+def validate(c: JobConfig) -> None:
+    """Checks that need no model, data or cluster (those run in preflight and the job)."""
+    s = c.source
+    import re
+
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?", c.name):
+        raise _fail(s, "name", c.name, "is not a lower-case DNS label of at most 40 characters")
+    _one_of(s, "model.dtype", c.model.dtype, DTYPES)
+    if not c.model.path and not c.model.config:
+        raise _fail(s, "model.path", "", "is empty and model.config is empty: give a model path or a config")
+    _one_of(s, "data.kind", c.data.kind, DATA_KINDS)
+    _one_of(s, "data.on_bad_record", c.data.on_bad_record, BAD_RECORD_POLICIES)
+    if c.data.kind != "synthetic" and not c.data.path:
+        raise _fail(s, "data.path", "", f"is empty but data.kind is {c.data.kind!r} (give a file, directory or s3:// prefix)")
+    if c.data.path and not c.data.path.startswith("s3://") and c.data.kind != "synthetic":
+        if not Path(c.data.path).exists():
+            raise _fail(s, "data.path", c.data.path, "does not exist")
+    if not 0.0 < c.data.eval_fraction < 0.5:
+        raise _fail(s, "data.eval_fraction", c.data.eval_fraction, "must be between 0 and 0.5 (exclusive)")
+    t = c.train
+    for name in ("seq_len", "micro_batch_size", "global_batch_size", "max_steps", "log_every_n_steps", "report_every_n_steps"):
+        _positive(s, f"train.{name}", getattr(t, name))
+    if t.seq_len < 8:
+        raise _fail(s, "train.seq_len", t.seq_len, "must be >= 8")
+    if c.model.max_position_embeddings and t.seq_len > c.model.max_position_embeddings:
+        raise _fail(s, "train.seq_len", t.seq_len,
+                    f"exceeds the model's max_position_embeddings ({c.model.max_position_embeddings})")
+    _positive(s, "train.lr", t.lr)
+    _positive(s, "train.warmup_steps", t.warmup_steps, allow_zero=True)
+    if t.warmup_steps >= t.max_steps:
+        raise _fail(s, "train.warmup_steps", t.warmup_steps, f"must be < train.max_steps ({t.max_steps})")
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise _fail(s, "train.min_lr_ratio", t.min_lr_ratio, "must be between 0 and 1")
+    _positive(s, "train.weight_decay", t.weight_decay, allow_zero=True)
+    _positive(s, "train.grad_clip", t.grad_clip, allow_zero=True)
+    p = c.parallel
+    _one_of(s, "parallel.strategy", p.strategy, STRATEGIES)
+    _positive(s, "parallel.num_workers", p.num_workers)
+    _positive(s, "parallel.workers_per_node", p.workers_per_node)
+    _positive(s, "parallel.cpus_per_worker", p.cpus_per_worker)
+    if p.num_workers % p.workers_per_node:
+        raise _fail(s, "parallel.num_workers", p.num_workers,
+                    f"must be a multiple of parallel.workers_per_node ({p.workers_per_node})")
+    if p.strategy == "hybrid_shard" and c.num_nodes < 2:
+        raise _fail(s, "parallel.strategy", p.strategy,
+                    f"needs >= 2 nodes (num_workers {p.num_workers} / workers_per_node {p.workers_per_node} = {c.num_nodes})")
+    per_step = p.num_workers * t.micro_batch_size
+    if t.global_batch_size % per_step:
+        raise _fail(s, "train.global_batch_size", t.global_batch_size,
+                    f"must be divisible by num_workers x micro_batch_size ({p.num_workers} x {t.micro_batch_size} = {per_step})")
+    k = c.checkpoint
+    _positive(s, "checkpoint.every_n_steps", k.every_n_steps, allow_zero=True)
+    _positive(s, "checkpoint.keep_last", k.keep_last)
+    _positive(s, "checkpoint.sigterm_grace_seconds", k.sigterm_grace_seconds)
+    _positive(s, "checkpoint.max_failures", k.max_failures, allow_zero=True)
+    _one_of(s, "checkpoint.on_existing_run", k.on_existing_run, ON_EXISTING_RUN)
+    if k.run_name and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", k.run_name):
+        raise _fail(s, "checkpoint.run_name", k.run_name, "may hold only letters, digits, '.', '_' and '-'")
+    if k.storage_path and "://" in k.storage_path and not k.storage_path.startswith(("s3://", "file://")):
+        raise _fail(s, "checkpoint.storage_path", k.storage_path, "must be s3://bucket/prefix or a directory")
+    _positive(s, "eval.every_n_steps", c.eval.every_n_steps, allow_zero=True)
+    _positive(s, "eval.max_batches", c.eval.max_batches)
+    if c.eval.exact_match and c.data.kind != "chat":
+        raise _fail(s, "eval.exact_match", True, "needs data.kind = 'chat' (prompt/answer data)")
+    _one_of(s, "evidence.require_transport", c.evidence.require_transport, TRANSPORTS)
+    if c.is_infrastructure_check and c.checkpoint.export_hf and c.checkpoint.storage_path:
+        pass  # allowed: an exported synthetic model is still a valid (if useless) artifact
