@@ -1,0 +1,50 @@
+# raytrain-eks: the two commands a newcomer needs are `make demo` and `make test`.
+# Both install what they need first (a venv with the pinned packages, the pinned npm CLIs) and
+# skip that on a re-run. Nothing downloads at run time except packages from the registries.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+NODE_BIN := node_modules/.bin
+export CDK_DISABLE_CLI_TELEMETRY := true
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export PYTHONDONTWRITEBYTECODE := 1
+ENV_FILE ?= environment.toml
+PYTEST_ARGS ?=
+
+.PHONY: install demo test synth cdk-synth cdk8s-synth bench summary imports clean
+
+install: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+summary: install
+	$(BIN)/raytrain-eks summary --env $(ENV_FILE)
+
+cdk-synth: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(NODE_BIN)/cdk synth --quiet --all
+
+cdk8s-synth: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(NODE_BIN)/cdk8s synth --no-check-upgrade
+
+synth: cdk-synth cdk8s-synth
+
+# The main job on the embedded local default (see README: what `make demo` shows).
+demo: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" ENV_FILE=$(ENV_FILE) FAULT=$(FAULT) bash scripts/demo.sh
+
+test: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf cdk.out dist .work bench/results

@@ -1,0 +1,64 @@
+"""`raytrain-eks`: the one command-line entry for the operator's tasks.
+
+Each sub-command lives in its own module under ``raytrain_eks/commands`` with two functions,
+``add_arguments(parser)`` and ``run(args) -> int``. Command modules keep heavy imports
+(matplotlib, boto3, torch) inside ``run`` so ``--help`` stays instant. User errors (spec, job config, registry) print one line and exit 2; tracebacks are
+kept for bugs.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Keep sorted by the order a user meets them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "summary": ("raytrain_eks.commands.summary",
+                "print the environment: nodes, GPUs, world size, image, versions, cost per hour"),
+    "preflight": ("raytrain_eks.commands.preflight",
+                  "check a job against the environment before any spend: GPUs, Ray version, EFA, memory, cost"),
+    "report": ("raytrain_eks.commands.report",
+               "render a run (or two side by side) as Markdown + PNG plots from run.json and metrics"),
+    "lock": ("raytrain_eks.commands.lock",
+             "resolve the image tag to its digest through the registry and pin it in the spec"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raytrain-eks",
+        description="Distributed fine-tuning on EKS with the AWS Ray Train DLC: operator commands. "
+                    "Everything reads the environment spec (--env, default environment.toml).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.set_defaults(_module=module)
+        _add_arguments_if_present(module, command)
+    return parser
+
+
+def _add_arguments_if_present(module_name: str, parser: argparse.ArgumentParser) -> None:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name != module_name:
+            raise
+        return  # command not built yet in this checkout
+    module.add_arguments(parser)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from spec import SpecError
+    from training.config import JobConfigError
+
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except (SpecError, JobConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

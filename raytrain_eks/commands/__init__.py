@@ -1,0 +1,1 @@
+"""One module per `raytrain-eks` sub-command (see raytrain_eks/cli.py)."""
