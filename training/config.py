@@ -353,5 +353,3 @@ def validate(c: JobConfig) -> None:
     if c.eval.exact_match and c.data.kind != "chat":
         raise _fail(s, "eval.exact_match", True, "needs data.kind = 'chat' (prompt/answer data)")
     _one_of(s, "evidence.require_transport", c.evidence.require_transport, TRANSPORTS)
-    if c.is_infrastructure_check and c.checkpoint.export_hf and c.checkpoint.storage_path:
-        pass  # allowed: an exported synthetic model is still a valid (if useless) artifact

@@ -1,0 +1,107 @@
+"""The job config schema (training/config.py): overrides, derived values, one-line refusals."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.config import JobConfigError, load_job_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOOD = """
+name = "unit"
+[model]
+config = { hidden_size = 64, num_hidden_layers = 2 }
+[data]
+kind = "synthetic"
+[train]
+seq_len = 64
+micro_batch_size = 2
+global_batch_size = 8
+max_steps = 20
+warmup_steps = 2
+[parallel]
+strategy = "full_shard"
+num_workers = 2
+workers_per_node = 2
+"""
+
+
+@pytest.fixture
+def job(tmp_path) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(GOOD)
+    return path
+
+
+def test_good_config_loads_and_derives(job):
+    cfg = load_job_config(job)
+    assert cfg.grad_accum_steps == 2  # 8 / (2 workers x 2 micro)
+    assert cfg.num_nodes == 1 and cfg.tokens_per_step == 8 * 64
+    assert cfg.run_name == "unit" and cfg.is_infrastructure_check
+
+
+def test_overrides_are_typed_and_validated(job):
+    cfg = load_job_config(job, ["parallel.num_workers=4", "train.global_batch_size=16",
+                                "checkpoint.storage_path=s3://b/runs", "parallel.use_gpu=true"])
+    assert cfg.parallel.num_workers == 4 and cfg.parallel.use_gpu is True
+    assert cfg.checkpoint.storage_path == "s3://b/runs"
+    assert cfg.grad_accum_steps == 2
+
+
+BAD = [
+    (["parallel.strategy=zero3"], "parallel.strategy: 'zero3' is not allowed (allowed: full_shard, hybrid_shard, no_shard)"),
+    (["parallel.strategy=hybrid_shard"], "parallel.strategy: 'hybrid_shard' needs >= 2 nodes"),
+    (["train.global_batch_size=6"], "train.global_batch_size: 6 must be divisible by num_workers x micro_batch_size (2 x 2 = 4)"),
+    (["train.seq_len=0"], "train.seq_len: 0 must be > 0"),
+    (["train.max_steps='ten'"], "train.max_steps: 'ten' is not allowed (expected an integer)"),
+    (["train.warmup_steps=20"], "train.warmup_steps: 20 must be < train.max_steps (20)"),
+    (["train.lr=-1.0"], "train.lr: -1.0 must be > 0"),
+    (["data.kind=parquet"], "data.kind: 'parquet' is not allowed (allowed: synthetic, text, jsonl, chat)"),
+    (["data.kind=jsonl"], "data.path: '' is empty but data.kind is 'jsonl'"),
+    (["data.kind=jsonl", "data.path=/no/such/file.jsonl"], "data.path: '/no/such/file.jsonl' does not exist"),
+    (["data.on_bad_record=ignore"], "data.on_bad_record: 'ignore' is not allowed (allowed: error, skip)"),
+    (["data.eval_fraction=0.9"], "data.eval_fraction: 0.9 must be between 0 and 0.5"),
+    (["parallel.num_workers=3"], "parallel.num_workers: 3 must be a multiple of parallel.workers_per_node (2)"),
+    (["checkpoint.on_existing_run=overwrite"], "checkpoint.on_existing_run: 'overwrite' is not allowed (allowed: resume, refuse)"),
+    (["checkpoint.storage_path=gs://bucket/x"], "checkpoint.storage_path: 'gs://bucket/x' must be s3://bucket/prefix or a directory"),
+    (["evidence.require_transport=infiniband"], "evidence.require_transport: 'infiniband' is not allowed"),
+    (["eval.exact_match=true"], "eval.exact_match: True needs data.kind = 'chat'"),
+    (["model.max_position_embeddings=32", "train.seq_len=64"], "train.seq_len: 64 exceeds the model's max_position_embeddings (32)"),
+    (["train.sequence_length=64"], "train.sequence_length: 'sequence_length' is not a known field (known: "),
+    (["modle.path=x"], "modle: 'modle' is not a known field (known: "),
+    (["name=Bad_Name"], "name: 'Bad_Name' is not a lower-case DNS label"),
+    (["parallel.use_gpu=1"], "parallel.use_gpu: 1 is not allowed (expected true or false)"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[m for _, m in BAD])
+def test_bad_job_config_is_refused_with_one_line(job, overrides, message):
+    with pytest.raises(JobConfigError) as err:
+        load_job_config(job, overrides)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(str(job))
+    assert message in text, text
+
+
+def test_bad_files_and_override_syntax(tmp_path, job):
+    with pytest.raises(JobConfigError, match="missing.toml: file not found"):
+        load_job_config(tmp_path / "missing.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("name = ")
+    with pytest.raises(JobConfigError, match="broken.toml: not valid TOML"):
+        load_job_config(broken)
+    with pytest.raises(JobConfigError, match="is not key=value"):
+        load_job_config(job, ["train.max_steps"])
+
+
+def test_job_config_schema_imports_only_the_standard_library():
+    """charts/ and the preflight validate job configs with this module: it must not need torch or ray."""
+    code = ("import sys; before=set(sys.modules); import training.config;"
+            "new={m.split('.')[0] for m in set(sys.modules)-before};"
+            "print(','.join(sorted(m for m in new if m!='training' and m not in sys.stdlib_module_names and not m.startswith('_'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == ""
