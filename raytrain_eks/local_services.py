@@ -1,0 +1,147 @@
+"""Services the local run needs, started on 127.0.0.1 only and always stopped again.
+
+- :func:`s3_server`: moto's S3-compatible server (in memory) standing in for the checkpoint
+  bucket. It speaks the real S3 HTTP protocol, so boto3, pyarrow and Ray's own S3 download of
+  the code archive are the real clients.
+- :func:`ray_head`: a real local Ray head (`ray start --head --block`) with the dashboard on
+  loopback, so jobs go through the real `ray job submit` path, exactly as KubeRay's submitter
+  does on EKS.
+
+Both run in their own process group under a unique temp dir; on exit (normal, error, Ctrl-C)
+the group is terminated and any process still naming that temp dir is killed, so nothing is
+left running.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
+
+
+def _kill_group(proc: subprocess.Popen, marker: str | None = None, grace_s: float = 10.0) -> None:
+    """Terminate the process group, then kill anything left that still names ``marker``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+    if marker:
+        for _ in range(3):
+            left = processes_matching(marker)
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+
+
+def processes_matching(marker: str) -> list[int]:
+    """PIDs (other than ours) whose command line contains ``marker``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint_url: str
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """Environment for any S3 client (boto3, pyarrow, Ray) to use this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ENDPOINT_URL_S3": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+
+@contextlib.contextmanager
+def s3_server(port: int | None = None) -> Iterator[S3Server]:
+    port = port or free_port()
+    moto = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(moto), "-H", LOOPBACK, "-p", str(port)], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://{LOOPBACK}:{port}"
+        _wait_http(f"{url}/moto-api/", 60, proc, "moto S3 server")
+        yield S3Server(endpoint_url=url)
+    finally:
+        _kill_group(proc)
+
+
+@dataclass(frozen=True)
+class RayHead:
+    gcs_address: str
+    dashboard_url: str
+    temp_dir: str
+
+
+@contextlib.contextmanager
+def ray_head(num_cpus: int, env: dict[str, str] | None = None) -> Iterator[RayHead]:
+    """A local Ray head with ``num_cpus`` logical CPUs; ``env`` reaches every Ray worker."""
+    temp_dir = tempfile.mkdtemp(prefix="rtd-", dir="/tmp")  # short: Ray's socket paths are limited
+    gcs_port, dash_port = free_port(), free_port()
+    child_env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    ray = Path(sys.executable).with_name("ray")
+    cmd = [str(ray), "start", "--head", "--block", f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
+           f"--num-cpus={num_cpus}", "--num-gpus=0", "--include-dashboard=true",
+           f"--dashboard-host={LOOPBACK}", f"--dashboard-port={dash_port}", f"--temp-dir={temp_dir}",
+           "--disable-usage-stats"]
+    log = open(Path(temp_dir) / "ray-start.log", "w")
+    proc = subprocess.Popen(cmd, env=child_env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        dashboard = f"http://{LOOPBACK}:{dash_port}"
+        _wait_http(f"{dashboard}/api/version", 120, proc, "Ray head")
+        yield RayHead(gcs_address=f"{LOOPBACK}:{gcs_port}", dashboard_url=dashboard, temp_dir=temp_dir)
+    finally:
+        _kill_group(proc, marker=temp_dir)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
