@@ -23,6 +23,9 @@ class InstanceType:
     """Peak dense bf16 tensor TFLOP/s of ONE GPU (for MFU and step-time estimates)."""
     max_efa_interfaces: int = 0
     network_gbps: int = 0
+    gpudirect_rdma: bool = False
+    """EFA can read/write GPU memory directly (p4d, p5): the pods then set FI_EFA_USE_DEVICE_RDMA=1.
+    g5/g6 have no GPUDirect RDMA, so the variable must stay unset there."""
     hourly_usd_estimate: float = 0.0
 
     @property
@@ -48,10 +51,10 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
                      network_gbps=100, hourly_usd_estimate=16.29),
         InstanceType(name="p4d.24xlarge", vcpus=96, memory_gib=1152, gpus=8, gpu_model="A100",
                      gpu_memory_gib=40, gpu_bf16_tflops=312.0, max_efa_interfaces=4,
-                     network_gbps=400, hourly_usd_estimate=21.96),
+                     network_gbps=400, gpudirect_rdma=True, hourly_usd_estimate=21.96),
         InstanceType(name="p5.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H100",
                      gpu_memory_gib=80, gpu_bf16_tflops=989.0, max_efa_interfaces=32,
-                     network_gbps=3200, hourly_usd_estimate=55.04),
+                     network_gbps=3200, gpudirect_rdma=True, hourly_usd_estimate=55.04),
         # CPU types for the system node group (operator, Ray head, add-ons).
         InstanceType(name="m7i.xlarge", vcpus=4, memory_gib=16, network_gbps=12,
                      hourly_usd_estimate=0.2016),

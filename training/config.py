@@ -131,6 +131,18 @@ class EvidenceConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RayJobConfig:
+    """How Kubernetes runs the job as a KubeRay RayJob (read by charts/, ignored by the job)."""
+    active_deadline_minutes: int = 240
+    """RayJob ``activeDeadlineSeconds`` / 60: a hung job stops paying for GPUs after this."""
+    backoff_limit: int = 1
+    """RayJob ``backoffLimit``: whole-job retries, each on a NEW RayCluster (resumes from the
+    last checkpoint in storage). Worker failures inside a run are ``checkpoint.max_failures``."""
+    ttl_seconds_after_finished: int = 300
+    """Seconds the finished job's cluster stays up for ``kubectl logs`` before it is deleted."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class JobConfig:
     name: str
     """The job's name: RayJob name and default run name (lower-case DNS label)."""
@@ -142,6 +154,7 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
+    rayjob: RayJobConfig = field(default_factory=RayJobConfig)
     source: str = "<job config>"
     """Where this config came from (for error messages)."""
 
@@ -178,6 +191,7 @@ class JobConfig:
 _SECTIONS = {
     "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
     "checkpoint": CheckpointConfig, "eval": EvalConfig, "evidence": EvidenceConfig,
+    "rayjob": RayJobConfig,
 }
 
 
@@ -353,3 +367,6 @@ def validate(c: JobConfig) -> None:
     if c.eval.exact_match and c.data.kind != "chat":
         raise _fail(s, "eval.exact_match", True, "needs data.kind = 'chat' (prompt/answer data)")
     _one_of(s, "evidence.require_transport", c.evidence.require_transport, TRANSPORTS)
+    _positive(s, "rayjob.active_deadline_minutes", c.rayjob.active_deadline_minutes)
+    _positive(s, "rayjob.backoff_limit", c.rayjob.backoff_limit, allow_zero=True)
+    _positive(s, "rayjob.ttl_seconds_after_finished", c.rayjob.ttl_seconds_after_finished, allow_zero=True)
