@@ -45,6 +45,8 @@ class LocalRegistry:
 
     url: str
     """``http://127.0.0.1:<port>``."""
+    data_dir: Path
+    """Its storage; a second registry (e.g. with token auth) can serve the same images."""
 
     @property
     def host(self) -> str:
@@ -127,15 +129,18 @@ def _tar_gz(files: dict[str, bytes]) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0)
 
 
-def start_registry(workdir: Path, extra_config: str = "") -> tuple[subprocess.Popen, str]:
-    """Start docker-registry on a free loopback port with its own storage; wait until it answers."""
+def start_registry(workdir: Path, extra_config: str = "", data_dir: Path | None = None
+                   ) -> tuple[subprocess.Popen, str]:
+    """Start docker-registry on a free loopback port (storage ``workdir/data`` unless given);
+    wait until it answers."""
     port = free_port()
-    (workdir / "data").mkdir(parents=True, exist_ok=True)
+    data_dir = data_dir or workdir / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
     config = workdir / "config.yml"
     config.write_text(
         "version: 0.1\n"
         "log:\n  level: error\n  accesslog:\n    disabled: true\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {workdir / 'data'}\n  delete:\n    enabled: true\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {data_dir}\n  delete:\n    enabled: true\n"
         f"http:\n  addr: 127.0.0.1:{port}\n" + extra_config)
     log = open(workdir / "registry.log", "wb")
     proc = subprocess.Popen([REGISTRY_BINARY, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
@@ -169,8 +174,9 @@ def registry(tmp_path_factory) -> LocalRegistry:
     """One real registry for the whole session (started in ~0.2 s)."""
     if REGISTRY_BINARY is None:
         pytest.fail("docker-registry is not installed: run scripts/install-system-deps.sh")
-    proc, url = start_registry(tmp_path_factory.mktemp("registry"))
-    yield LocalRegistry(url=url)
+    workdir = tmp_path_factory.mktemp("registry")
+    proc, url = start_registry(workdir)
+    yield LocalRegistry(url=url, data_dir=workdir / "data")
     stop(proc)
 
 
