@@ -15,7 +15,7 @@ from raytrain_eks.commands.lock import rewrite_digest
 from raytrain_eks.registry import ImageLocation, RegistryError, resolve_digest
 from spec import load_environment
 
-from conftest import free_port
+from oci_registry import free_port
 
 OTHER = "sha256:" + "ab" * 32
 

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import NameOID
 
-from conftest import start_registry, stop
+from oci_registry import start_registry, stop
 from raytrain_eks.registry import ImageLocation, RegistryError, resolve_digest
 
 SERVICE = "raytrain-test-registry"

@@ -1,0 +1,73 @@
+"""The pipeline's last action: promote the digest the smoke run proved.
+
+Invoked by CodePipeline (Lambda invoke action) with UserParameters
+``{"digest": ..., "smoke_record": ..., "execution_id": ...}`` resolved from the earlier stages'
+variables. Writes the SSM parameter the watcher compares against, records the promotion, and
+reports the job's result to CodePipeline.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol
+
+from raytrain_eks.registry import DIGEST_PATTERN
+
+from .history import PROMOTED, PromotionHistory
+
+
+class JobResults(Protocol):
+    """The two CodePipeline job calls (moto has no job API: tests pass a recorder)."""
+
+    def success(self, job_id: str) -> None: ...
+
+    def failure(self, job_id: str, message: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CodePipelineJobResults:
+    client: Any
+
+    def success(self, job_id: str) -> None:
+        self.client.put_job_success_result(jobId=job_id)
+
+    def failure(self, job_id: str, message: str) -> None:
+        self.client.put_job_failure_result(
+            jobId=job_id, failureDetails={"type": "JobFailed", "message": message[:5000]})
+
+
+class PromotionError(ValueError):
+    """The action's input is unusable; the message becomes the pipeline's failure line."""
+
+
+def parse_job(event: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+    """``(job_id, {"digest", "smoke_record", "execution_id"})`` from a CodePipeline job event."""
+    job = event["CodePipeline.job"]
+    raw = job["data"]["actionConfiguration"]["configuration"].get("UserParameters", "")
+    try:
+        params = json.loads(raw)
+    except ValueError:
+        raise PromotionError(f"UserParameters is not JSON: {raw[:80]!r}") from None
+    if not isinstance(params, dict):
+        raise PromotionError(f"UserParameters is not a JSON object: {raw[:80]!r}")
+    if not DIGEST_PATTERN.fullmatch(str(params.get("digest", ""))):
+        raise PromotionError(f"digest {params.get('digest')!r} is not sha256:<64 hex>: nothing promoted")
+    if not str(params.get("smoke_record", "")).startswith("s3://"):
+        raise PromotionError(f"smoke_record {params.get('smoke_record')!r} is not an s3:// URI: nothing promoted")
+    return job["id"], {k: str(params.get(k, "")) for k in ("digest", "smoke_record", "execution_id")}
+
+
+def promote(event: Mapping[str, Any], *, ssm: Any, parameter_name: str, history: PromotionHistory,
+            results: JobResults) -> dict[str, str] | None:
+    """Promote and report success; on any bad input report failure (and promote nothing)."""
+    job_id = event["CodePipeline.job"]["id"]
+    try:
+        _, params = parse_job(event)
+    except PromotionError as err:
+        results.failure(job_id, str(err))
+        return None
+    ssm.put_parameter(Name=parameter_name, Value=params["digest"], Type="String", Overwrite=True)
+    item = history.record(event=PROMOTED, digest=params["digest"], execution_id=params["execution_id"],
+                          smoke_record=params["smoke_record"])
+    results.success(job_id)
+    return item

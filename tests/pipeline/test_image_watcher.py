@@ -1,0 +1,174 @@
+"""The image watcher and the promotion step: moto's server (SSM, DynamoDB, CodePipeline) on
+127.0.0.1 for AWS, the real local registry for the digest. Only CodePipeline's job-result calls
+(which moto lacks) go through a recorder behind the narrow ``JobResults`` interface.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+
+import boto3
+import pytest
+
+from infra.lambdas.image_watcher import handler
+from infra.lambdas.image_watcher.history import PromotionHistory
+from infra.lambdas.image_watcher.promote import promote
+from infra.lambdas.image_watcher.watcher import (
+    ALREADY_TRIED, START, UP_TO_DATE, CodePipelineStarter, WatcherConfig, check, decide,
+)
+from raytrain_eks.registry import RegistryError
+
+from oci_registry import free_port
+
+NAME = "deep-learning-containers/ray"
+SMOKE = "s3://raytrain-bucket/runs/smoke-1/run.json"
+
+
+class RecordedResults:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def success(self, job_id):
+        self.calls.append(("success", job_id))
+
+    def failure(self, job_id, message):
+        self.calls.append(("failure", job_id, message))
+
+
+@pytest.fixture
+def world(aws, registry):
+    """A fresh parameter, table, pipeline and tag per test (names are unique, the servers shared)."""
+    suffix = uuid.uuid4().hex[:8]
+    ssm, ddb, cp, iam = (boto3.client(s, **aws) for s in ("ssm", "dynamodb", "codepipeline", "iam"))
+    config = WatcherConfig(repository=f"{registry.host}/{NAME}", tag=f"watch-{suffix}",
+                           parameter_name=f"/raytrain/test-{suffix}/promoted-digest",
+                           table_name=f"history-{suffix}", pipeline_name=f"redeploy-{suffix}")
+    # as the stack creates it: a placeholder that is not a digest
+    ssm.put_parameter(Name=config.parameter_name, Value="none", Type="String")
+    ddb.create_table(TableName=config.table_name, BillingMode="PAY_PER_REQUEST",
+                     KeySchema=[{"AttributeName": "image", "KeyType": "HASH"},
+                                {"AttributeName": "at", "KeyType": "RANGE"}],
+                     AttributeDefinitions=[{"AttributeName": "image", "AttributeType": "S"},
+                                           {"AttributeName": "at", "AttributeType": "S"}])
+    role = iam.create_role(RoleName=f"pipeline-{suffix}", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "codepipeline.amazonaws.com"}}]}))
+    action = {"name": "a", "actionTypeId": {"category": "Source", "owner": "AWS", "provider": "S3", "version": "1"},
+              "configuration": {"S3Bucket": "b", "S3ObjectKey": "k"}, "outputArtifacts": [{"name": "o"}]}
+    cp.create_pipeline(pipeline={
+        "name": config.pipeline_name, "roleArn": role["Role"]["Arn"], "pipelineType": "V2",
+        "artifactStore": {"type": "S3", "location": "artifacts"},
+        "variables": [{"name": "IMAGE_DIGEST", "defaultValue": "spec"}],
+        "stages": [{"name": "Source", "actions": [action]},
+                   {"name": "Deploy", "actions": [dict(action, name="b", outputArtifacts=[{"name": "p"}])]}]})
+    history = PromotionHistory(client=ddb, table_name=config.table_name, image=config.image)
+
+    class World:
+        pass
+
+    w = World()
+    w.config, w.ssm, w.cp, w.history = config, ssm, cp, history
+    w.starter = CodePipelineStarter(cp, config.pipeline_name)
+    w.watch = lambda **kw: check(config, ssm=ssm, history=history, starter=w.starter, **kw)
+    w.push = lambda content: registry.push_image(NAME, config.tag, content=content)
+    w.executions = lambda: cp.list_pipeline_executions(pipelineName=config.pipeline_name)["pipelineExecutionSummaries"]
+    w.promoted = lambda: ssm.get_parameter(Name=config.parameter_name)["Parameter"]["Value"]
+    return w
+
+
+def job_event(digest: str, smoke_record: str = SMOKE, job_id: str = "job-1") -> dict:
+    params = json.dumps({"digest": digest, "smoke_record": smoke_record, "execution_id": "exec-1"})
+    return {"CodePipeline.job": {"id": job_id, "data": {"actionConfiguration": {
+        "configuration": {"FunctionName": "promote", "UserParameters": params}}}}}
+
+
+def test_decide_is_the_whole_policy():
+    d1, d2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    assert decide(current=d1, promoted=d1, already_triggered=False) == UP_TO_DATE
+    assert decide(current=d2, promoted=d1, already_triggered=False) == START
+    assert decide(current=d2, promoted="", already_triggered=False) == START
+    assert decide(current=d2, promoted=d1, already_triggered=True) == ALREADY_TRIED
+
+
+def test_new_digest_starts_the_pipeline_once_with_the_digest_as_variable(world):
+    # given a tag nobody has promoted yet
+    digest = world.push(b"first\n")
+    # when the watcher runs twice
+    first = world.watch()
+    second = world.watch()
+    # then exactly one execution, carrying the digest, recorded as triggered
+    assert first["action"] == START and first["current"] == digest and first["promoted"] == "(none)"
+    assert second["action"] == ALREADY_TRIED
+    executions = world.executions()
+    assert len(executions) == 1
+    execution = world.cp.get_pipeline_execution(pipelineName=world.config.pipeline_name,
+                                                pipelineExecutionId=first["execution_id"])
+    assert execution["pipelineExecution"]["variables"] == [{"name": "IMAGE_DIGEST", "resolvedValue": digest}]
+    [event] = list(world.history.events())
+    assert (event["event"], event["digest"], event["execution_id"]) == ("triggered", digest, first["execution_id"])
+
+
+def test_promotion_then_tag_moves_then_rollback(world):
+    old = world.push(b"old\n")
+    world.watch()
+    # the pipeline proved it: promote
+    results = RecordedResults()
+    item = promote(job_event(old), ssm=world.ssm, parameter_name=world.config.parameter_name,
+                   history=world.history, results=results)
+    assert results.calls == [("success", "job-1")]
+    assert world.promoted() == old and item["smoke_record"] == SMOKE
+    assert world.watch()["action"] == UP_TO_DATE
+    # the tag moves to a new image: one new run for the new digest
+    new = world.push(b"new\n")
+    moved = world.watch()
+    assert (moved["action"], moved["current"], moved["promoted"]) == (START, new, old)
+    assert len(world.executions()) == 2
+    # the new digest fails its smoke run; an operator rolls back by promoting the old one again
+    promote(job_event(old, job_id="job-2"), ssm=world.ssm, parameter_name=world.config.parameter_name,
+            history=world.history, results=results)
+    # then the watcher does not re-propose the digest that was already tried
+    assert world.watch()["action"] == ALREADY_TRIED
+    assert len(world.executions()) == 2
+    # and the operator can list the history: who was promoted when, with which smoke record
+    promotions = world.history.promotions()
+    assert [p["digest"] for p in promotions] == [old, old]
+    assert all(p["smoke_record"] == SMOKE and p["at"].endswith("Z") for p in promotions)
+    assert [e["event"] for e in world.history.events(newest_first=False)] == \
+        ["triggered", "promoted", "triggered", "promoted"]
+
+
+@pytest.mark.parametrize("params, expected", [
+    ({"digest": "latest", "smoke_record": SMOKE}, "is not sha256"),
+    ({"digest": "sha256:" + "a" * 64, "smoke_record": ""}, "is not an s3:// URI"),
+])
+def test_promote_refuses_bad_input_and_promotes_nothing(world, params, expected):
+    event = job_event("x")
+    event["CodePipeline.job"]["data"]["actionConfiguration"]["configuration"]["UserParameters"] = json.dumps(params)
+    results = RecordedResults()
+    assert promote(event, ssm=world.ssm, parameter_name=world.config.parameter_name,
+                   history=world.history, results=results) is None
+    assert results.calls[0][:2] == ("failure", "job-1") and expected in results.calls[0][2]
+    assert world.promoted() == "none" and list(world.history.events()) == []
+
+
+def test_unreachable_registry_fails_the_invocation_and_starts_nothing(world):
+    config = dataclasses.replace(world.config, registry_url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(RegistryError, match="registry unreachable"):
+        check(config, ssm=world.ssm, history=world.history, starter=world.starter)
+    assert world.executions() == [] and list(world.history.events()) == []
+
+
+def test_lambda_handler_wiring_reads_its_environment(world, aws, monkeypatch):
+    # the handler builds its own boto3 clients: point them at moto through the standard variables
+    digest = world.push(b"handler\n")
+    for key, value in {"AWS_ENDPOINT_URL": aws["endpoint_url"], "AWS_DEFAULT_REGION": aws["region_name"],
+                       "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "IMAGE_REPOSITORY": world.config.repository, "IMAGE_TAG": world.config.tag,
+                       "PROMOTED_DIGEST_PARAMETER": world.config.parameter_name,
+                       "HISTORY_TABLE": world.config.table_name,
+                       "PIPELINE_NAME": world.config.pipeline_name}.items():
+        monkeypatch.setenv(key, value)
+    result = handler.watch({}, None)
+    assert result["action"] == START and result["current"] == digest
+    assert len(world.executions()) == 1
