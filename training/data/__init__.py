@@ -1,0 +1,1 @@
+"""Training data (placeholder docstring; the interface is documented below once complete)."""
