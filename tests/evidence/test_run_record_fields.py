@@ -1,0 +1,89 @@
+"""run.json: every field, at start and at the end, on a local path and on S3 (moto)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from training import run_record
+from training.run_record import FIELDS, RunRecord
+
+ENV = {
+    "RAYTRAIN_IMAGE": "public.ecr.aws/deep-learning-containers/ray@sha256:" + "ab" * 32,
+    "RAYTRAIN_CODE_HASH": "sha256:" + "cd" * 32,
+    "RAYTRAIN_SPEC_HASH": "ef" * 8,
+    "RAYTRAIN_INSTANCE_TYPE": "g6.12xlarge",
+    "RAYTRAIN_CLUSTER": "raytrain",
+}
+
+
+def test_training_modules_import_without_torch_or_ray():
+    code = ("import sys; import training.flops, training.transport, training.run_record; "
+            "bad = {'torch', 'ray', 'pyarrow', 'transformers', 'spec'} & set(sys.modules); print(sorted(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_record_holds_every_field_at_start_and_end(tmp_path):
+    record = RunRecord(str(tmp_path / "run"), environ=ENV)
+    record.start(job_config={"name": "smoke", "data": {"kind": "synthetic"}}, is_infrastructure_check=True,
+                 cluster={"nodes": 2, "gpus_per_node": 4, "world_size": 8},
+                 versions={"python": "3.13.0"}, command=["python", "-m", "training", "--config", "x.toml"])
+    first = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert set(first) == set(FIELDS)
+    assert first["status"] == "running" and first["end_time"] is None
+    assert first["kind"] == "infrastructure_check" and first["is_infrastructure_check"] is True
+    assert first["image"] == {"reference": ENV["RAYTRAIN_IMAGE"], "digest": "sha256:" + "ab" * 32}
+    assert first["code_hash"]["manifest"] == ENV["RAYTRAIN_CODE_HASH"]
+    assert first["code_hash"]["ran"] == run_record.code_hash()
+    assert first["spec_hash"] == ENV["RAYTRAIN_SPEC_HASH"]
+    assert first["cluster"] == {"instance_type": "g6.12xlarge", "cluster": "raytrain", "nodes": 2,
+                                "gpus_per_node": 4, "world_size": 8}
+    assert first["command"][-1] == "x.toml"
+
+    record.update(hosts={"0": "ip-10-0-1-23", "4": "ip-10-0-1-57"}, transport={"transport": "efa", "ranks": []},
+                  throughput={"tokens_per_s": 530.0, "mfu": 0.01}, eval={"before": {"loss": 3.0, "ppl": 20.1}},
+                  checkpoints=["checkpoint_000004"])
+    record.finish(status="succeeded", eval={"after": {"loss": 2.5, "ppl": 12.2}})
+    final = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert set(final) == set(FIELDS)
+    assert final["status"] == "succeeded" and final["exit_code"] == 0 and final["error"] is None
+    assert final["eval"] == {"before": {"loss": 3.0, "ppl": 20.1}, "after": {"loss": 2.5, "ppl": 12.2}}
+    assert final["hosts"]["4"] == "ip-10-0-1-57" and "driver" in final["hosts"]
+    assert final["end_time"] >= final["start_time"] and final["duration_s"] >= 0
+
+
+def test_failed_run_records_the_error_and_unknown_fields_are_refused(tmp_path):
+    record = RunRecord(str(tmp_path), environ={})
+    record.start(job_config={"name": "x"}, is_infrastructure_check=False, versions={})
+    with pytest.raises(KeyError, match="no field 'colour'"):
+        record.update(colour="blue")
+    record.finish(status="failed", error="TransportError: rank 4 saw 'socket'")
+    final = run_record.read_json(str(tmp_path / "run.json"))
+    assert final["kind"] == "fine_tune" and final["image"] == {"reference": "", "digest": ""}
+    assert final["status"] == "failed" and final["exit_code"] == 1 and "socket" in final["error"]
+
+
+def test_collect_versions_reads_the_installed_stack():
+    versions = run_record.collect_versions()
+    from importlib import metadata
+    assert versions["ray"] == metadata.version("ray") and versions["torch"] == metadata.version("torch")
+    assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert set(versions) >= {"cuda", "nccl", "aws_ofi_nccl", "transformers"}
+
+
+def test_code_hash_changes_with_the_code(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    before = run_record.code_hash(tmp_path)
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert run_record.code_hash(tmp_path) != before
+
+
+def test_record_on_s3(moto_s3):
+    record = RunRecord("s3://runs-111122223333/jobs/smoke", environ=ENV)
+    record.start(job_config={"name": "smoke"}, is_infrastructure_check=True, versions={})
+    record.finish(status="stopped", error="SIGTERM")
+    final = run_record.read_json("s3://runs-111122223333/jobs/smoke/run.json")
+    assert final["status"] == "stopped" and final["spec_hash"] == ENV["RAYTRAIN_SPEC_HASH"]

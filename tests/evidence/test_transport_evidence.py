@@ -1,0 +1,116 @@
+"""The NCCL transport classifier on real-format log lines, and the require_transport gate."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from training import transport
+from training.transport import RankTransport, TransportError, TransportGate
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
+
+
+def classify(name: str) -> RankTransport:
+    return transport.classify_file(str(FIXTURES / name))
+
+
+def test_efa_rank_is_efa_despite_the_socket_init_line():
+    rank = classify("efa_rank0.log")
+    assert rank.transport == "efa"
+    assert rank.rank == 0 and rank.num_nodes == 2 and rank.host == "ip-10-0-1-23"
+    assert rank.provider == "efa" and rank.network == "Libfabric"
+    assert rank.ofi_nccl_version == "1.20.0" and rank.nccl_version == "2.29.7+cuda13.0"
+    assert "via NET/Libfabric/0" in rank.evidence[0]
+
+
+def test_socket_fallback_is_socket():
+    rank = classify("socket_fallback_rank4.log")
+    assert rank.transport == "socket"
+    assert rank.rank == 4
+    assert "via NET/Socket/0" in rank.evidence[0]
+
+
+def test_libfabric_over_the_tcp_provider_is_socket():
+    rank = classify("ofi_tcp_provider.log")
+    assert rank.transport == "socket"
+    assert "'tcp' provider" in rank.reason
+
+
+def test_single_node_is_single_node_even_with_efa_loaded():
+    rank = classify("single_node_rank1.log")
+    assert rank.transport == "single-node"
+    assert rank.num_nodes == 1
+
+
+def test_no_info_lines_is_unknown_and_missing_file_is_unknown(tmp_path):
+    assert classify("unknown_warn_only.log").transport == "unknown"
+    missing = transport.classify_file(str(tmp_path / "nope.log"))
+    assert missing.transport == "unknown" and "not found" in missing.reason
+
+
+def test_announced_network_decides_before_any_channel_is_connected():
+    rank = classify("efa_cloudwatch_prefixed.log")   # timestamps in front, "Selected Provider" capitalised
+    assert rank.transport == "efa" and rank.rank == 5
+    announced_socket = ["h:1:1 [0] NCCL INFO Using network Socket",
+                        "h:1:1 [0] NCCL INFO comm 0x1 rank 3 nRanks 8 nNodes 2 localRanks 4 localRank 3 MNNVL 0"]
+    assert transport.classify_lines(announced_socket).transport == "socket"
+
+
+def test_aggregate_takes_the_worst_rank():
+    ranks = [classify("efa_rank0.log"), classify("socket_fallback_rank4.log")]
+    evidence = transport.aggregate(ranks)
+    assert evidence["transport"] == "socket" and not evidence["consistent"]
+    assert evidence["counts"] == {"efa": 1, "socket": 1}
+    assert [r["rank"] for r in evidence["ranks"]] == [0, 4]
+    all_efa = transport.aggregate([classify("efa_rank0.log"), classify("efa_cloudwatch_prefixed.log")])
+    assert all_efa["transport"] == "efa" and all_efa["consistent"]
+
+
+def test_gate_stops_a_run_that_requires_efa_and_sees_sockets():
+    evidence = transport.aggregate([classify("efa_rank0.log"), classify("socket_fallback_rank4.log")])
+    with pytest.raises(TransportError) as caught:
+        TransportGate(require="efa").check(evidence)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "require_transport = 'efa'" in message and "1 of 2 ranks saw 'socket'" in message
+    assert "rank 4 on ip-10-0-1-57" in message and "NET/Socket" in message
+
+
+def test_gate_passes_efa_and_any():
+    efa = transport.aggregate([classify("efa_rank0.log")])
+    TransportGate(require="efa").check(efa)
+    TransportGate(require="any").check(transport.aggregate([classify("socket_fallback_rank4.log")]))
+
+
+def test_gate_refuses_unknown_when_efa_required():
+    unknown = transport.aggregate([classify("unknown_warn_only.log")])
+    with pytest.raises(TransportError, match="NCCL_DEBUG=INFO"):
+        TransportGate(require="efa").check(unknown)
+    with pytest.raises(TransportError, match="no rank reported"):
+        TransportGate(require="efa").check(transport.aggregate([]))
+    with pytest.raises(ValueError, match="require_transport"):
+        TransportGate(require="infiniband")
+
+
+def test_round_trip_through_a_dict_as_all_gather_object_does():
+    rank = classify("efa_rank0.log")
+    assert RankTransport.from_dict(rank.to_dict()) == rank
+
+
+def test_debug_env_and_own_log_file(tmp_path):
+    env = transport.nccl_debug_env(str(tmp_path), environ={"NCCL_DEBUG": "WARN"})
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl.%h.%p.log")
+    # What NCCL writes for this process once %h and %p are expanded:
+    mine = tmp_path / f"nccl.ip-10-0-1-23.{os.getpid()}.log"
+    mine.write_text((FIXTURES / "efa_rank0.log").read_text())
+    (tmp_path / "nccl.ip-10-0-1-23.1.log").write_text("other process")
+    assert transport.own_nccl_log(str(tmp_path)) == str(mine)
+    assert transport.classify_file(transport.own_nccl_log(str(tmp_path))).transport == "efa"
+
+
+def test_gloo_evidence():
+    assert transport.non_nccl_evidence("gloo", 1).transport == "single-node"
+    assert transport.non_nccl_evidence("gloo", 2).transport == "socket"

@@ -1,0 +1,248 @@
+"""run.json: what produced a run, written next to its checkpoints at start and at the end.
+
+Standard library only at import (pyarrow and torch are imported when used: the DLC has both).
+Rank 0 owns the record; other ranks send it their facts (host, transport) through a collective.
+
+Environment variables the manifests set on every Ray pod (the charts read them from the spec):
+
+``RAYTRAIN_IMAGE``          image reference that ran, ``repo@sha256:...`` (or ``repo:tag`` if unlocked)
+``RAYTRAIN_CODE_HASH``      content hash of ``training/`` the manifests were built with
+``RAYTRAIN_SPEC_HASH``      ``Environment.spec_hash`` of the environment spec
+``RAYTRAIN_INSTANCE_TYPE``  EC2 type of the GPU workers (``g6.12xlarge``)
+``RAYTRAIN_CLUSTER``        cluster name (optional)
+``RAYTRAIN_MANIFEST_HASH``  hash of the synthesized RayJob manifest (optional)
+
+Missing variables are recorded as ``""`` (a local run has no image); the code hash is also computed
+in-process from the files that actually ran (:func:`code_hash`) so a mismatch is visible.
+
+API::
+
+    record = RunRecord(run_dir)                     # local directory or "s3://bucket/prefix/run"
+    record.start(job_config=config.to_dict(), is_infrastructure_check=config.is_infrastructure_check,
+                 cluster={"nodes": 2, "gpus_per_node": 4, "world_size": 8})
+    record.update(hosts={"0": "ip-10-0-0-1", ...}, transport=evidence, throughput={...},
+                  eval={"before": {"loss": 3.1, "ppl": 22.2}}, checkpoints=[...])
+    record.finish(status="succeeded")               # or finish(status="failed", error=str(err))
+
+Every write replaces the whole file (a local write is atomic via rename; an S3 PUT is atomic).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+RECORD_NAME = "run.json"
+ENV_IMAGE = "RAYTRAIN_IMAGE"
+ENV_CODE_HASH = "RAYTRAIN_CODE_HASH"
+ENV_SPEC_HASH = "RAYTRAIN_SPEC_HASH"
+ENV_INSTANCE_TYPE = "RAYTRAIN_INSTANCE_TYPE"
+ENV_CLUSTER = "RAYTRAIN_CLUSTER"
+ENV_MANIFEST_HASH = "RAYTRAIN_MANIFEST_HASH"
+
+# Every top-level key a finished record holds (tests and the report rely on this list).
+FIELDS = (
+    "schema_version", "run_dir", "kind", "is_infrastructure_check", "image", "code_hash", "spec_hash",
+    "manifest_hash", "job_config", "job_config_hash", "cluster", "versions", "hosts", "transport",
+    "throughput", "eval", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
+    "exit_code", "error", "command",
+)
+STATUSES = ("running", "succeeded", "failed", "stopped")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def code_hash(package_dir: str | Path | None = None) -> str:
+    """sha256 over the relative paths and bytes of every ``*.py`` under the training package.
+
+    The same function runs in the CLI (to stamp the manifests) and in the job (to record what ran).
+    """
+    root = Path(package_dir) if package_dir else Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return "sha256:" + digest.hexdigest()
+
+
+def image_from_env(environ: dict | None = None) -> dict[str, str]:
+    """``{"reference", "digest"}`` from RAYTRAIN_IMAGE; digest is ``""`` for an unlocked tag."""
+    reference = (os.environ if environ is None else environ).get(ENV_IMAGE, "")
+    digest = reference.split("@", 1)[1] if "@" in reference else ""
+    return {"reference": reference, "digest": digest}
+
+
+def _package_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _aws_ofi_nccl() -> str:
+    """Where the DLC's aws-ofi-nccl plugin lives (its version comes from the NCCL log)."""
+    for candidate in ("/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", "/opt/amazon/ofi-nccl/lib64/libnccl-net-ofi.so",
+                      "/opt/aws-ofi-nccl/lib/libnccl-net.so", "/opt/amazon/efa/lib/libnccl-net-ofi.so"):
+        if os.path.exists(candidate):
+            return candidate
+    return ""
+
+
+def _efa_installer() -> str:
+    try:
+        text = Path("/opt/amazon/efa_installed_packages").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if "installer version" in line.lower():
+            return line.split(":", 1)[-1].strip()
+    return ""
+
+
+def collect_versions() -> dict[str, str]:
+    """Versions of everything that shapes a result; ``""`` where absent (no CUDA on CPU).
+
+    Reads installed package metadata (never imports ray/transformers); imports torch only if it
+    is already imported or installed, for its CUDA and NCCL versions.
+    """
+    versions = {
+        "python": platform.python_version(),
+        "ray": _package_version("ray"),
+        "torch": _package_version("torch"),
+        "transformers": _package_version("transformers"),
+        "pyarrow": _package_version("pyarrow"),
+        "cuda": "", "nccl": "", "gpu": "",
+        "aws_ofi_nccl": "", "aws_ofi_nccl_path": _aws_ofi_nccl(), "efa_installer": _efa_installer(),
+    }
+    if versions["torch"]:
+        import torch  # the job imports it anyway; here only for versions
+
+        versions["cuda"] = torch.version.cuda or ""
+        if torch.cuda.is_available():
+            try:
+                versions["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
+            except (RuntimeError, AttributeError, TypeError):
+                pass
+            versions["gpu"] = torch.cuda.get_device_name(0)
+    return versions
+
+
+class RunRecord:
+    """The run record of one run directory; only rank 0 should write it."""
+
+    def __init__(self, run_dir: str, environ: dict | None = None) -> None:
+        self.run_dir = run_dir.rstrip("/")
+        self._environ = dict(os.environ if environ is None else environ)
+        self.data: dict[str, Any] = {}
+
+    @property
+    def uri(self) -> str:
+        return f"{self.run_dir}/{RECORD_NAME}"
+
+    def start(self, *, job_config: dict, is_infrastructure_check: bool, cluster: dict | None = None,
+              versions: dict | None = None, command: list[str] | None = None) -> dict:
+        """Write the first version of the record (status ``running``); returns it.
+
+        ``cluster`` adds to/overrides ``{"instance_type": $RAYTRAIN_INSTANCE_TYPE, "cluster":
+        $RAYTRAIN_CLUSTER}``; give at least ``nodes``, ``gpus_per_node`` and ``world_size``.
+        """
+        env = self._environ
+        canonical = json.dumps(job_config, sort_keys=True, separators=(",", ":"), default=str)
+        self.data = {
+            "schema_version": SCHEMA_VERSION,
+            "run_dir": self.run_dir,
+            "kind": "infrastructure_check" if is_infrastructure_check else "fine_tune",
+            "is_infrastructure_check": bool(is_infrastructure_check),
+            "image": image_from_env(env),
+            "code_hash": {"ran": code_hash(), "manifest": env.get(ENV_CODE_HASH, "")},
+            "spec_hash": env.get(ENV_SPEC_HASH, ""),
+            "manifest_hash": env.get(ENV_MANIFEST_HASH, ""),
+            "job_config": job_config,
+            "job_config_hash": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
+            "cluster": {"instance_type": env.get(ENV_INSTANCE_TYPE, ""), "cluster": env.get(ENV_CLUSTER, ""),
+                        **(cluster or {})},
+            "versions": versions if versions is not None else collect_versions(),
+            "hosts": {"driver": socket.gethostname()},
+            "transport": {"transport": "unknown", "ranks": []},
+            "throughput": {},
+            "eval": {"before": None, "after": None},
+            "checkpoints": [],
+            "data": {},
+            "start_time": _now(),
+            "end_time": None,
+            "duration_s": None,
+            "status": "running",
+            "exit_code": None,
+            "error": None,
+            "command": list(sys.argv if command is None else command),
+        }
+        self._write()
+        return self.data
+
+    def update(self, **fields: Any) -> dict:
+        """Merge top-level fields (dicts are merged one level deep) and rewrite the record."""
+        for key, value in fields.items():
+            if key not in FIELDS:
+                raise KeyError(f"run record has no field {key!r} (fields: {', '.join(FIELDS)})")
+            if isinstance(value, dict) and isinstance(self.data.get(key), dict):
+                self.data[key] = {**self.data[key], **value}
+            else:
+                self.data[key] = value
+        self._write()
+        return self.data
+
+    def finish(self, *, status: str = "succeeded", error: str | None = None, exit_code: int | None = None,
+               **fields: Any) -> dict:
+        """Final write: status, error, end time and duration (plus any last fields)."""
+        if status not in STATUSES[1:]:
+            raise ValueError(f"status: {status!r} is not allowed (allowed: {', '.join(STATUSES[1:])})")
+        end = datetime.now(timezone.utc)
+        started = datetime.fromisoformat(self.data["start_time"]) if self.data.get("start_time") else end
+        fields.update(status=status, error=error, end_time=end.isoformat(timespec="seconds"),
+                      exit_code=exit_code if exit_code is not None else (0 if status == "succeeded" else 1),
+                      duration_s=round((end - started).total_seconds(), 3))
+        return self.update(**fields)
+
+    def _write(self) -> None:
+        write_json(self.uri, self.data)
+
+
+def write_json(uri: str, data: dict) -> None:
+    """Write JSON to a local path (atomically) or an ``s3://`` URI (pyarrow, as Ray Train does)."""
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    if "://" not in uri or uri.startswith("file://"):
+        path = Path(uri.removeprefix("file://"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+        return
+    from pyarrow import fs
+
+    filesystem, path = fs.FileSystem.from_uri(uri)
+    with filesystem.open_output_stream(path) as stream:
+        stream.write(text.encode("utf-8"))
+
+
+def read_json(uri: str) -> dict:
+    """Read run.json (or any JSON file) from a local path or an ``s3://`` URI."""
+    if "://" not in uri or uri.startswith("file://"):
+        return json.loads(Path(uri.removeprefix("file://")).read_text(encoding="utf-8"))
+    from pyarrow import fs
+
+    filesystem, path = fs.FileSystem.from_uri(uri)
+    with filesystem.open_input_stream(path) as stream:
+        return json.loads(stream.read().decode("utf-8"))

@@ -1,0 +1,267 @@
+"""Which network did NCCL really use between nodes? Evidence from its INFO log, and a gate.
+
+Standard library only (runs in the DLC worker). The AWS sample's only proof of EFA is a grep of
+the Ray logs; a silent fall-back to TCP sockets halves throughput and nothing fails. Here every
+rank classifies its own NCCL log, the run record keeps the evidence, and ``require_transport``
+turns a wrong transport into a failed run within the first collective.
+
+Classes (:data:`TRANSPORTS`):
+
+``efa``          inter-node traffic over libfabric's EFA provider (aws-ofi-nccl)
+``socket``       inter-node traffic over TCP: NCCL's Socket transport, or libfabric's
+                 ``sockets``/``tcp`` provider, or gloo (the CPU backend, always TCP)
+``single-node``  every communicator of the rank spans one node (P2P/SHM only; no network used)
+``unknown``      no decisive line (NCCL_DEBUG not INFO, log not found, no collective yet)
+
+What counts, most decisive first (matched anywhere in a line, case-insensitive, so CloudWatch or
+Ray prefixes do not matter):
+
+1. channel lines of a connected communicator: ``... via NET/Socket/0`` -> socket;
+   ``... via NET/Libfabric/0`` or ``via NET/AWS Libfabric/0`` -> efa, unless aws-ofi-nccl
+   selected libfabric's ``tcp``/``sockets`` provider (then socket). Socket wins a conflict.
+2. ``comm 0x.. rank R nRanks N nNodes M ...``: ``M == 1`` for every communicator -> single-node.
+3. ``Using network Socket`` / ``NET/OFI Selected provider is sockets|tcp`` -> socket;
+   ``Using network Libfabric|AWS Libfabric|EFA`` / ``Selected provider is efa`` -> efa.
+   The bare ``NET/Socket : Using [0]eth0:...`` init line is NOT evidence: older NCCLs initialise
+   every network at start-up and print it on EFA hosts too.
+
+Capturing the lines (NCCL writes to the worker's stderr, which the process cannot read back):
+
+    env = nccl_debug_env("/tmp/raytrain-nccl")    # before NCCL initialises in the worker:
+    # either ray.init(runtime_env={"env_vars": env}) in the driver (all workers inherit it),
+    # or os.environ.update(env) at the top of the worker loop, before the first collective
+    # (torch creates NCCL communicators lazily, at the first collective on a process group).
+    ...  # init process group, then one collective, e.g. dist.all_reduce(torch.ones(1, device=dev))
+    mine = classify_file(own_nccl_log("/tmp/raytrain-nccl"))   # this rank's RankTransport
+    all_ranks = [None] * world; dist.all_gather_object(all_ranks, mine.to_dict())
+    evidence = aggregate([RankTransport.from_dict(d) for d in all_ranks])
+    TransportGate(config.evidence.require_transport).check(evidence)   # raises TransportError
+    record.update(transport=evidence)
+
+``NCCL_DEBUG_FILE`` takes ``%h`` (host) and ``%p`` (pid), so each process writes its own file and
+the lines no longer reach stderr (the DLC's ``NCCL_DEBUG=INFO`` would otherwise flood the Ray
+logs). On CPU (gloo) there are no NCCL lines: use :func:`non_nccl_evidence`.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+TRANSPORTS = ("efa", "socket", "single-node", "unknown")
+LOG_NAME = "nccl.%h.%p.log"
+
+_CHANNEL_NET = re.compile(r"\bvia NET/([A-Za-z ]+?)/\d", re.IGNORECASE)
+_CHANNEL_LOCAL = re.compile(r"\bvia (P2P|SHM|NVLS|CollNet)/", re.IGNORECASE)
+_COMM = re.compile(r"\bcomm 0x[0-9a-f]+ rank (\d+) nRanks (\d+) nNodes (\d+)", re.IGNORECASE)
+_USING_NETWORK = re.compile(r"\bUsing network ([A-Za-z ]+?)\s*$", re.IGNORECASE)
+_PROVIDER = re.compile(r"NET/OFI Selected provider is (\w+)", re.IGNORECASE)
+_OFI_VERSION = re.compile(r"NET/OFI Initializing aws-ofi-nccl ([\w.\-]+)", re.IGNORECASE)
+_NCCL_VERSION = re.compile(r"\bNCCL version ([\w.+\-]+)")
+_HOST = re.compile(r"^(?:.*?\s)?([A-Za-z0-9][\w.\-]*):\d+:\d+ \[\d+\] NCCL INFO")
+
+_EFA_NETS = ("libfabric", "aws libfabric", "efa", "ofi")
+_SOCKET_NETS = ("socket",)
+_SOCKET_PROVIDERS = ("sockets", "tcp", "udp")
+
+
+class TransportError(RuntimeError):
+    """The run saw a transport other than the one its job config requires (one-line message)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RankTransport:
+    """One process's (rank's) classification and the lines that decided it."""
+
+    transport: str = "unknown"
+    reason: str = "no NCCL INFO lines"
+    host: str = ""
+    rank: int | None = None
+    num_nodes: int | None = None
+    """Largest ``nNodes`` of this rank's communicators."""
+    network: str = ""
+    """NCCL's network as logged (``Libfabric``, ``Socket``, ``IB``) or the backend (``gloo``)."""
+    provider: str = ""
+    """libfabric provider chosen by aws-ofi-nccl (``efa``, ``tcp``, ...)."""
+    nccl_version: str = ""
+    ofi_nccl_version: str = ""
+    evidence: list[str] = field(default_factory=list)
+    """Up to a few verbatim log lines that decided the class."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RankTransport":
+        return cls(**{k: v for k, v in data.items() if k in cls.__slots__})
+
+
+def classify_lines(lines: Iterable[str]) -> RankTransport:
+    """Classify one rank's NCCL INFO output (see the module docstring for the rules)."""
+    out = RankTransport()
+    net_channels: dict[str, str] = {}   # "efa"/"socket" -> first line
+    local_channel = ""
+    nodes: list[int] = []
+    announced: dict[str, str] = {}       # from "Using network" / provider lines
+    for raw in lines:
+        line = raw.rstrip("\n")
+        if "NCCL" not in line and "via " not in line:
+            continue
+        if not out.host and (m := _HOST.search(line)):
+            out.host = m.group(1)
+        if m := _NCCL_VERSION.search(line):
+            out.nccl_version = out.nccl_version or m.group(1)
+        if m := _OFI_VERSION.search(line):
+            out.ofi_nccl_version = m.group(1)
+        if m := _CHANNEL_NET.search(line):
+            kind = _net_kind(m.group(1))
+            if kind:
+                net_channels.setdefault(kind, line.strip())
+            continue
+        if _CHANNEL_LOCAL.search(line):
+            local_channel = local_channel or line.strip()
+            continue
+        if m := _COMM.search(line):
+            nodes.append(int(m.group(3)))
+            if out.rank is None:
+                out.rank = int(m.group(1))
+            continue
+        if m := _USING_NETWORK.search(line):
+            out.network = m.group(1).strip()
+            kind = _net_kind(out.network)
+            if kind:
+                announced.setdefault(kind, line.strip())
+            continue
+        if m := _PROVIDER.search(line):
+            out.provider = m.group(1).lower()
+            kind = "efa" if out.provider == "efa" else "socket" if out.provider in _SOCKET_PROVIDERS else ""
+            if kind:
+                announced.setdefault(kind, line.strip())
+    out.num_nodes = max(nodes) if nodes else None
+    if "socket" in net_channels:
+        return _decide(out, "socket", "an inter-node channel uses NET/Socket", net_channels["socket"])
+    if "efa" in net_channels and out.provider in _SOCKET_PROVIDERS:
+        return _decide(out, "socket", f"NET/Libfabric channels run on the {out.provider!r} provider, not efa",
+                       announced.get("socket", net_channels["efa"]))
+    if "efa" in net_channels:
+        return _decide(out, "efa", "inter-node channels use NET/Libfabric (EFA)", net_channels["efa"])
+    if nodes and out.num_nodes == 1:
+        why = "every communicator has nNodes 1" + (" (P2P/SHM channels)" if local_channel else "")
+        return _decide(out, "single-node", why, local_channel)
+    if "socket" in announced:
+        return _decide(out, "socket", "NCCL announced the Socket network / a TCP provider", announced["socket"])
+    if "efa" in announced:
+        return _decide(out, "efa", "NCCL announced libfabric with the EFA provider", announced["efa"])
+    if local_channel:
+        return _decide(out, "single-node", "only P2P/SHM channels, no network channel", local_channel)
+    if out.network:
+        out.reason = f"network {out.network!r} is neither EFA nor Socket"
+    return out
+
+
+def _net_kind(name: str) -> str:
+    name = name.strip().lower()
+    if name in _SOCKET_NETS:
+        return "socket"
+    if name in _EFA_NETS:
+        return "efa"
+    return ""
+
+
+def _decide(out: RankTransport, transport: str, reason: str, line: str) -> RankTransport:
+    out.transport, out.reason = transport, reason
+    if line:
+        out.evidence.append(line[-300:])
+    return out
+
+
+def classify_file(path: str | None) -> RankTransport:
+    """Classify one NCCL debug file; ``unknown`` (with the reason) if it is missing."""
+    if not path or not os.path.exists(path):
+        return RankTransport(reason=f"NCCL debug file not found: {path or '(none)'}")
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return classify_lines(handle)
+
+
+def nccl_debug_env(log_dir: str, environ: dict | None = None) -> dict[str, str]:
+    """Environment that makes NCCL log the transport into ``log_dir/nccl.<host>.<pid>.log``.
+
+    Keeps a user's own NCCL_DEBUG/NCCL_DEBUG_SUBSYS when set (WARN would hide the evidence, so
+    it is raised to INFO). ``log_dir`` must be node-local and writable (e.g. /tmp/raytrain-nccl).
+    """
+    environ = os.environ if environ is None else environ
+    level = environ.get("NCCL_DEBUG", "").upper()
+    return {
+        "NCCL_DEBUG": level if level in ("INFO", "TRACE") else "INFO",
+        "NCCL_DEBUG_SUBSYS": environ.get("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+        "NCCL_DEBUG_FILE": os.path.join(log_dir, LOG_NAME),
+    }
+
+
+def own_nccl_log(log_dir: str, pid: int | None = None) -> str | None:
+    """This process's NCCL debug file in ``log_dir`` (NCCL expands %h to the short host name)."""
+    matches = sorted(glob.glob(os.path.join(log_dir, f"nccl.*.{pid or os.getpid()}.log")))
+    return matches[-1] if matches else None
+
+
+def non_nccl_evidence(backend: str, num_nodes: int, host: str = "", rank: int | None = None) -> RankTransport:
+    """Evidence for a backend that logs nothing (gloo on CPU): it is TCP whenever it crosses nodes."""
+    if num_nodes <= 1:
+        return RankTransport(transport="single-node", reason=f"{backend} backend on one node",
+                             host=host, rank=rank, num_nodes=num_nodes, network=backend)
+    return RankTransport(transport="socket", reason=f"{backend} backend across {num_nodes} nodes is TCP",
+                         host=host, rank=rank, num_nodes=num_nodes, network=backend)
+
+
+def aggregate(ranks: list[RankTransport]) -> dict:
+    """The run's transport evidence: one class for the run plus every rank's classification.
+
+    The run's class is the single class all ranks agree on; when ranks disagree the worst wins
+    (socket > unknown > single-node > efa), because one slow link paces every collective.
+    """
+    worst_first = ("socket", "unknown", "single-node", "efa")
+    seen = {r.transport for r in ranks}
+    overall = next((t for t in worst_first if t in seen), "unknown")
+    return {
+        "transport": overall,
+        "consistent": len(seen) == 1,
+        "counts": {t: sum(r.transport == t for r in ranks) for t in TRANSPORTS if t in seen},
+        "ranks": [r.to_dict() for r in sorted(ranks, key=lambda r: (r.rank is None, r.rank or 0))],
+    }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TransportGate:
+    """Fails a run whose transport is not the required one (``evidence.require_transport``)."""
+
+    require: str = "any"
+    """``any`` (never fails), ``efa``, ``socket`` or ``single-node``."""
+
+    def __post_init__(self) -> None:
+        if self.require not in ("any",) + TRANSPORTS[:-1]:
+            raise ValueError(f"evidence.require_transport: {self.require!r} is not allowed "
+                             f"(allowed: any, {', '.join(TRANSPORTS[:-1])})")
+
+    def violations(self, evidence: dict) -> list[dict]:
+        if self.require == "any":
+            return []
+        return [r for r in evidence.get("ranks", []) if r.get("transport") != self.require] or (
+            [] if evidence.get("ranks") else [{"transport": "unknown", "reason": "no rank reported evidence"}])
+
+    def check(self, evidence: dict) -> None:
+        """Raise :class:`TransportError` naming the first offending rank and its deciding line."""
+        bad = self.violations(evidence)
+        if not bad:
+            return
+        first = bad[0]
+        where = f"rank {first.get('rank')} on {first.get('host') or '?'}" if first.get("rank") is not None else "a rank"
+        line = f"; line: {first['evidence'][0]!r}" if first.get("evidence") else ""
+        hint = (" (set NCCL_DEBUG=INFO so the transport can be proven)" if first.get("transport") == "unknown"
+                else " (check the EFA device plugin, vpc.amazonaws.com/efa limits, FI_PROVIDER=efa)"
+                if self.require == "efa" else "")
+        raise TransportError(
+            f"evidence.require_transport = {self.require!r} but {len(bad)} of "
+            f"{len(evidence.get('ranks', [])) or 1} ranks saw {first.get('transport')!r}: "
+            f"{where}: {first.get('reason')}{line}{hint}")
