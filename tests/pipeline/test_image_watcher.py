@@ -18,11 +18,17 @@ from infra.lambdas.image_watcher.watcher import (
     ALREADY_TRIED, START, UP_TO_DATE, CodePipelineStarter, WatcherConfig, check, decide,
 )
 from raytrain_eks.registry import RegistryError
+from training.transport import aggregate, classify_lines
 
 from oci_registry import free_port
 
 NAME = "deep-learning-containers/ray"
-SMOKE = "s3://raytrain-bucket/runs/smoke-1/run.json"
+BUCKET = "raytrain-smoke-records"
+SMOKE = f"s3://{BUCKET}/runs/smoke-1/run.json"
+# Real NCCL INFO lines (facts.md): what an EFA run and a silent TCP fall-back print.
+EFA_LINES = ["NET/OFI Selected provider is efa, fabric is efa (found 1 nics)",
+             "Channel 00/0 : 0[0] -> 4[0] [send] via NET/Libfabric/0"]
+SOCKET_LINES = ["Using network Socket", "Channel 00/0 : 0[0] -> 4[0] [send] via NET/Socket/0"]
 
 
 class RecordedResults:
@@ -40,7 +46,9 @@ class RecordedResults:
 def world(aws, registry):
     """A fresh parameter, table, pipeline and tag per test (names are unique, the servers shared)."""
     suffix = uuid.uuid4().hex[:8]
-    ssm, ddb, cp, iam = (boto3.client(s, **aws) for s in ("ssm", "dynamodb", "codepipeline", "iam"))
+    ssm, ddb, cp, iam, s3 = (boto3.client(s, **aws) for s in ("ssm", "dynamodb", "codepipeline", "iam", "s3"))
+    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket=BUCKET)
     config = WatcherConfig(repository=f"{registry.host}/{NAME}", tag=f"watch-{suffix}",
                            parameter_name=f"/raytrain/test-{suffix}/promoted-digest",
                            table_name=f"history-{suffix}", pipeline_name=f"redeploy-{suffix}")
@@ -68,13 +76,32 @@ def world(aws, registry):
         pass
 
     w = World()
-    w.config, w.ssm, w.cp, w.history = config, ssm, cp, history
+    w.config, w.ssm, w.cp, w.history, w.s3 = config, ssm, cp, history, s3
     w.starter = CodePipelineStarter(cp, config.pipeline_name)
     w.watch = lambda **kw: check(config, ssm=ssm, history=history, starter=w.starter, **kw)
     w.push = lambda content: registry.push_image(NAME, config.tag, content=content)
     w.executions = lambda: cp.list_pipeline_executions(pipelineName=config.pipeline_name)["pipelineExecutionSummaries"]
+    w.smoke = lambda digest, lines=EFA_LINES, status="succeeded", key=f"runs/smoke-{suffix}/run.json": \
+        smoke_record(s3, key, config.repository, digest, lines, status)
+    w.promote = lambda event, results: promote(
+        event, ssm=ssm, s3=s3, parameter_name=config.parameter_name, history=history, results=results,
+        required_transport="efa")
     w.promoted = lambda: ssm.get_parameter(Name=config.parameter_name)["Parameter"]["Value"]
     return w
+
+
+def smoke_record(s3, key: str, repository: str, digest: str, lines: list[str], status: str) -> str:
+    """Upload a run.json as the smoke job writes it (transport evidence from real NCCL lines
+    through training/transport.py, the producer's own code); returns its s3:// URI."""
+    ranks = []
+    for rank in range(8):
+        classified = classify_lines(lines)
+        classified.rank, classified.host = rank, f"ip-10-0-0-{rank // 4}"
+        ranks.append(classified)
+    record = {"status": status, "image": f"{repository}@{digest}", "transport": aggregate(ranks),
+              "error": None if status == "succeeded" else "RuntimeError: boom"}
+    s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(record).encode())
+    return f"s3://{BUCKET}/{key}"
 
 
 def job_event(digest: str, smoke_record: str = SMOKE, job_id: str = "job-1") -> dict:
@@ -114,10 +141,10 @@ def test_promotion_then_tag_moves_then_rollback(world):
     world.watch()
     # the pipeline proved it: promote
     results = RecordedResults()
-    item = promote(job_event(old), ssm=world.ssm, parameter_name=world.config.parameter_name,
-                   history=world.history, results=results)
+    record = world.smoke(old)
+    item = world.promote(job_event(old, record), results)
     assert results.calls == [("success", "job-1")]
-    assert world.promoted() == old and item["smoke_record"] == SMOKE
+    assert world.promoted() == old and item["smoke_record"] == record
     assert world.watch()["action"] == UP_TO_DATE
     # the tag moves to a new image: one new run for the new digest
     new = world.push(b"new\n")
@@ -125,15 +152,14 @@ def test_promotion_then_tag_moves_then_rollback(world):
     assert (moved["action"], moved["current"], moved["promoted"]) == (START, new, old)
     assert len(world.executions()) == 2
     # the new digest fails its smoke run; an operator rolls back by promoting the old one again
-    promote(job_event(old, job_id="job-2"), ssm=world.ssm, parameter_name=world.config.parameter_name,
-            history=world.history, results=results)
+    world.promote(job_event(old, record, job_id="job-2"), results)
     # then the watcher does not re-propose the digest that was already tried
     assert world.watch()["action"] == ALREADY_TRIED
     assert len(world.executions()) == 2
     # and the operator can list the history: who was promoted when, with which smoke record
     promotions = world.history.promotions()
     assert [p["digest"] for p in promotions] == [old, old]
-    assert all(p["smoke_record"] == SMOKE and p["at"].endswith("Z") for p in promotions)
+    assert all(p["smoke_record"] == record and p["at"].endswith("Z") for p in promotions)
     assert [e["event"] for e in world.history.events(newest_first=False)] == \
         ["triggered", "promoted", "triggered", "promoted"]
 
@@ -146,10 +172,32 @@ def test_promote_refuses_bad_input_and_promotes_nothing(world, params, expected)
     event = job_event("x")
     event["CodePipeline.job"]["data"]["actionConfiguration"]["configuration"]["UserParameters"] = json.dumps(params)
     results = RecordedResults()
-    assert promote(event, ssm=world.ssm, parameter_name=world.config.parameter_name,
-                   history=world.history, results=results) is None
+    assert world.promote(event, results) is None
     assert results.calls[0][:2] == ("failure", "job-1") and expected in results.calls[0][2]
     assert world.promoted() == "none" and list(world.history.events()) == []
+
+
+OTHER_DIGEST = "sha256:" + "b" * 64
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("socket", "transport is 'socket', required 'efa' (transport gate)"),
+    ("failed", "status is 'failed', not 'succeeded': RuntimeError: boom"),
+    ("other-image", "not @sha256:"),
+    ("missing", "does not exist"),
+])
+def test_promote_gates_on_the_smoke_record(world, case, expected):
+    # given a digest the smoke run did NOT prove
+    digest = world.push(b"gate\n")
+    uri = {"socket": lambda: world.smoke(digest, lines=SOCKET_LINES),
+           "failed": lambda: world.smoke(digest, status="failed"),
+           "other-image": lambda: world.smoke(OTHER_DIGEST),
+           "missing": lambda: f"s3://{BUCKET}/runs/never-written/run.json"}[case]()
+    results = RecordedResults()
+    # when the pipeline's promote step runs, then it fails the job and promotes nothing
+    assert world.promote(job_event(digest, uri), results) is None
+    assert results.calls[0][:2] == ("failure", "job-1") and expected in results.calls[0][2], results.calls
+    assert world.promoted() == "none" and world.history.promotions() == []
 
 
 def test_unreachable_registry_fails_the_invocation_and_starts_nothing(world):

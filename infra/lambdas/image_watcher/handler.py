@@ -34,7 +34,8 @@ def watch(event, context):
 def promote(event, context):
     """Invoked by the pipeline's Promote stage."""
     config = WatcherConfig.from_environ()
-    item = promote_digest(event, ssm=_client("ssm"), parameter_name=config.parameter_name,
-                          history=_history(config), results=CodePipelineJobResults(_client("codepipeline")))
+    item = promote_digest(event, ssm=_client("ssm"), s3=_client("s3"), parameter_name=config.parameter_name,
+                          history=_history(config), results=CodePipelineJobResults(_client("codepipeline")),
+                          required_transport=os.environ.get("REQUIRED_TRANSPORT", "efa"))
     print(json.dumps({"promoted": item}))
     return item

@@ -2,8 +2,12 @@
 
 Invoked by CodePipeline (Lambda invoke action) with UserParameters
 ``{"digest": ..., "smoke_record": ..., "execution_id": ...}`` resolved from the earlier stages'
-variables. Writes the SSM parameter the watcher compares against, records the promotion, and
-reports the job's result to CodePipeline.
+variables. It promotes only what the smoke run PROVED: it reads the run's record (run.json,
+written by training/run_record.py) and requires ``status == "succeeded"``, the image that ran
+to be pinned to this very digest, and the run's inter-node transport (training/transport.py's
+aggregate, where the worst rank wins) to be the required one (``efa`` on a multi-node EFA
+group). Then it writes the SSM parameter the watcher compares against, records the promotion,
+and reports the job's result to CodePipeline.
 """
 from __future__ import annotations
 
@@ -57,12 +61,45 @@ def parse_job(event: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
     return job["id"], {k: str(params.get(k, "")) for k in ("digest", "smoke_record", "execution_id")}
 
 
-def promote(event: Mapping[str, Any], *, ssm: Any, parameter_name: str, history: PromotionHistory,
-            results: JobResults) -> dict[str, str] | None:
-    """Promote and report success; on any bad input report failure (and promote nothing)."""
+def read_record(s3: Any, uri: str) -> dict[str, Any]:
+    """run.json at ``s3://bucket/key`` as a dict (PromotionError when absent or not JSON)."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        raise PromotionError(f"smoke record {uri} does not exist: nothing promoted") from None
+    try:
+        record = json.loads(body)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise PromotionError(f"smoke record {uri} is not a JSON object: nothing promoted")
+    return record
+
+
+def check_smoke_record(record: Mapping[str, Any], *, digest: str, required_transport: str, uri: str) -> None:
+    """Raise PromotionError unless the smoke run succeeded, on this digest, over the transport."""
+    if record.get("status") != "succeeded":
+        raise PromotionError(f"smoke run {uri} status is {record.get('status')!r}, not 'succeeded': "
+                             f"{str(record.get('error') or '')[:200]}")
+    if not str(record.get("image", "")).endswith("@" + digest):
+        raise PromotionError(f"smoke run {uri} ran image {record.get('image')!r}, not @{digest}: nothing promoted")
+    transport = (record.get("transport") or {}).get("transport", "unknown")
+    if required_transport != "any" and transport != required_transport:
+        raise PromotionError(f"smoke run {uri} transport is {transport!r}, required {required_transport!r} "
+                             "(transport gate): nothing promoted")
+
+
+def promote(event: Mapping[str, Any], *, ssm: Any, s3: Any, parameter_name: str, history: PromotionHistory,
+            results: JobResults, required_transport: str) -> dict[str, str] | None:
+    """Promote and report success; on any bad input or failed gate report failure (and
+    promote nothing)."""
     job_id = event["CodePipeline.job"]["id"]
     try:
         _, params = parse_job(event)
+        record = read_record(s3, params["smoke_record"])
+        check_smoke_record(record, digest=params["digest"], required_transport=required_transport,
+                           uri=params["smoke_record"])
     except PromotionError as err:
         results.failure(job_id, str(err))
         return None
