@@ -1,0 +1,81 @@
+"""Build the CDK app from an environment spec: the one function app.py and the tests call.
+
+``build_app(env)`` creates the network, storage and cluster stacks (and the pipeline stack when
+``env.pipeline.enabled``) and registers cdk-nag's AwsSolutions checks as a synth-time
+validation plugin. It reads nothing from files, context or the environment: app.py does that.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk import Validations
+from cdk_nag import AwsSolutionsChecks
+
+from infra.kubectl_layer import kubectl_layer_factory
+from infra.stacks.cluster import ClusterStack
+from infra.stacks.network import NetworkStack
+from infra.stacks.storage import StorageStack
+from spec import Environment
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BuiltApp:
+    """The app and its stacks."""
+
+    app: cdk.App
+    network: NetworkStack
+    storage: StorageStack
+    cluster: ClusterStack
+    pipeline: Any = None
+    """``infra.stacks.pipeline.PipelineStack`` when ``env.pipeline.enabled``, else None."""
+
+
+def availability_zone_context(env: Environment) -> dict[str, list[str]]:
+    """The context entry CDK would otherwise look up with credentials: the spec's AZs ARE the
+    answer, so an account-bound synth needs no network. Empty for an env-agnostic spec."""
+    c = env.cluster
+    if not c.account:
+        return {}
+    return {f"availability-zones:account={c.account}:region={c.region}": list(c.availability_zones)}
+
+
+def cdk_environment(env: Environment) -> cdk.Environment:
+    """Account (if the spec has one; else left to the deploying credentials) and region."""
+    return cdk.Environment(account=env.cluster.account or None, region=env.cluster.region)
+
+
+def new_app(env: Environment, **kwargs: Any) -> cdk.App:
+    """An App with the spec-derived lookup context (what app.py and the tests both use)."""
+    context = {**availability_zone_context(env), **kwargs.pop("context", {})}
+    return cdk.App(context=context, **kwargs)
+
+
+def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:
+    """Create every stack of ``env`` in ``app`` (a new App with the AZ context if None).
+
+    Raises :class:`infra.errors.InfraSpecError` (a SpecError) before creating anything when the
+    spec cannot be built here (e.g. no kubectl layer for its Kubernetes version).
+    """
+    kubectl_layer_factory(env)  # refuse early: before any construct exists
+    app = app if app is not None else new_app(env)
+    name = env.cluster.name
+    where = cdk_environment(env)
+    tags = {"raytrain:cluster": name, "raytrain:spec-hash": env.spec_hash}
+    network = NetworkStack(app, f"{name}-network", env_spec=env, env=where, tags=tags,
+                           description=f"raytrain-eks {name}: VPC, NAT, S3 endpoint")
+    storage = StorageStack(app, f"{name}-storage", env_spec=env, env=where, tags=tags,
+                           description=f"raytrain-eks {name}: checkpoint bucket (retained)")
+    cluster = ClusterStack(app, f"{name}-cluster", env_spec=env, network=network, env=where,
+                           tags=tags, description=f"raytrain-eks {name}: EKS cluster, GPU nodes, add-ons")
+    # The pod policy names the bucket: deploy the bucket first.
+    cluster.add_stack_dependency(storage)
+    pipeline = None
+    if env.pipeline.enabled:
+        from infra.stacks.pipeline import PipelineStack  # written separately; heavy, optional
+
+        pipeline = PipelineStack(app, f"{name}-pipeline", env_spec=env, cluster_stack=cluster,
+                                 storage_stack=storage, env=where)
+    Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    return BuiltApp(app=app, network=network, storage=storage, cluster=cluster, pipeline=pipeline)

@@ -1,0 +1,60 @@
+"""One GPU managed node group from a ``[[gpu_node_groups]]`` entry of the spec."""
+from __future__ import annotations
+
+import re
+
+from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks
+from constructs import Construct
+
+from infra.constructs.efa_launch_template import EfaLaunchTemplate
+from spec import GpuNodeGroupSpec
+
+# Kubernetes spells taint effects in PascalCase, the EKS API in UPPER_SNAKE.
+_TAINT_EFFECTS = {"NoSchedule": eks.TaintEffect.NO_SCHEDULE,
+                  "PreferNoSchedule": eks.TaintEffect.PREFER_NO_SCHEDULE,
+                  "NoExecute": eks.TaintEffect.NO_EXECUTE}
+
+CAPACITY_TYPES = {"on-demand": eks.CapacityType.ON_DEMAND,
+                  # A targeted On-Demand Capacity Reservation is still On-Demand capacity;
+                  # the reservation id lives in the launch template.
+                  "capacity-reservation": eks.CapacityType.ON_DEMAND,
+                  "capacity-block": eks.CapacityType.CAPACITY_BLOCK}
+
+
+def taint_specs(group: GpuNodeGroupSpec) -> list[eks.TaintSpec]:
+    """The spec's taints (``nvidia.com/gpu=true:NoSchedule``) in the EKS API's form."""
+    return [eks.TaintSpec(key=t["key"], value=t["value"], effect=_TAINT_EFFECTS[t["effect"]])
+            for t in group.taints]
+
+
+class GpuNodeGroup(Construct):
+    """An EFA-enabled ``AL2023_X86_64_NVIDIA`` managed node group in ONE subnet, with its
+    launch template and cluster placement group. Exposes :attr:`nodegroup`,
+    :attr:`launch_template` and :attr:`placement_group`."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
+                 group: GpuNodeGroupSpec, subnets: ec2.SubnetSelection,
+                 security_group_ids: list[str]) -> None:
+        super().__init__(scope, construct_id)
+        template = EfaLaunchTemplate(self, "Template", group=group,
+                                     security_group_ids=security_group_ids)
+        self.launch_template = template.launch_template
+        self.placement_group = template.placement_group
+        self.spec = group
+        self.nodegroup = eks.Nodegroup(
+            self, "Nodegroup",
+            cluster=cluster,
+            nodegroup_name=f"{group.name}-{re.sub(r'[^a-z0-9]', '-', group.instance_type)}",
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
+            instance_types=[ec2.InstanceType(group.instance_type)],
+            capacity_type=CAPACITY_TYPES[group.capacity],
+            min_size=group.min_nodes,
+            desired_size=group.desired_nodes,
+            max_size=group.max_nodes,
+            subnets=subnets,
+            labels=group.labels,
+            taints=taint_specs(group),
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=self.launch_template.ref,
+                version=self.launch_template.attr_latest_version_number),
+        )

@@ -1,0 +1,73 @@
+"""cdk-nag acknowledgements: one helper, and the findings on resources that CDK's own EKS
+constructs create (control-plane role, node roles, kubectl provider). Findings on our own
+resources are acknowledged next to the resource (see infra/constructs/). Every acknowledgement
+carries a real reason; tests/infra counts them."""
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_eks_v2 as eks
+from constructs import IConstruct
+
+MANAGED = "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{}]"
+
+# The AWS managed policies EKS documents as required for managed node groups' node role.
+NODE_ROLE_POLICIES = {
+    "AmazonEKSWorkerNodePolicy": "kubelet registration and node describe calls",
+    "AmazonEKS_CNI_Policy": "the VPC CNI assigns pod IPs on the node's ENIs",
+    "AmazonEC2ContainerRegistryReadOnly": "pulls the EKS add-on images (VPC CNI, kube-proxy, "
+                                          "pod-identity agent) from Amazon ECR",
+}
+KUBECTL_HANDLER_POLICIES = {
+    "service-role/AWSLambdaBasicExecutionRole": "writes its own CloudWatch logs",
+    "service-role/AWSLambdaVPCAccessExecutionRole": "attaches to the VPC when the endpoint is private",
+    "AmazonEC2ContainerRegistryReadOnly": "pulls Helm charts stored as OCI artifacts in ECR",
+}
+PROVIDER_FRAMEWORK_POLICIES = {
+    "service-role/AWSLambdaBasicExecutionRole": "writes its own CloudWatch logs",
+    "service-role/AWSLambdaVPCAccessExecutionRole": "attaches to the VPC when the endpoint is private",
+}
+CDK_OWNED = "Created and scoped by aws-cdk-lib's aws_eks_v2 kubectl provider, not by this project: "
+
+
+def acknowledge(scope: IConstruct, rule_id: str, reason: str) -> None:
+    """Acknowledge one cdk-nag finding (``AwsSolutions-XX`` or ``AwsSolutions-XX[finding]``) on
+    ``scope`` and everything below it."""
+    cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=rule_id, reason=reason))
+
+
+def acknowledge_node_role(nodegroup: eks.Nodegroup) -> None:
+    """The managed policies of a managed node group's node role (required by EKS)."""
+    for policy, why in NODE_ROLE_POLICIES.items():
+        acknowledge(nodegroup, MANAGED.format(policy),
+                    f"EKS requires {policy} on a managed node group's node role: {why}.")
+
+
+def acknowledge_cluster_findings(cluster: eks.Cluster) -> None:
+    """The control-plane role and the kubectl provider of an aws_eks_v2 cluster."""
+    acknowledge(cluster, MANAGED.format("AmazonEKSClusterPolicy"),
+                "EKS requires AmazonEKSClusterPolicy on the cluster (control-plane) role.")
+    provider = cluster.node.find_child("KubectlProvider")
+    handler = provider.node.find_child("Handler")
+    for policy, why in KUBECTL_HANDLER_POLICIES.items():
+        acknowledge(handler, MANAGED.format(policy), CDK_OWNED + f"its kubectl/helm handler {why}.")
+    # The public-ECR read policy is attached only under a CloudFormation condition, so the
+    # finding's id carries the condition's logical id.
+    condition = handler.node.find_child("HasEcrPublic")
+    stack = cdk.Stack.of(cluster)
+    public_ecr = (
+        '{"Fn::If":["' + stack.get_logical_id(condition) + '",{"Fn::Join":["",["arn:",'
+        '{"Ref":"AWS::Partition"},":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"]]},'
+        '{"Ref":"AWS::NoValue"}]}')
+    acknowledge(handler, f"AwsSolutions-IAM4[Policy::{public_ecr}]",
+                CDK_OWNED + "public-ECR read, only in regions with ECR Public, for OCI Helm charts.")
+    acknowledge(handler, "AwsSolutions-L1",
+                CDK_OWNED + "its runtime is pinned by aws-cdk-lib and tested with the kubectl layer; "
+                "it moves with aws-cdk-lib upgrades.")
+    framework = provider.node.find_child("Provider").node.find_child("framework-onEvent")
+    for policy, why in PROVIDER_FRAMEWORK_POLICIES.items():
+        acknowledge(framework, MANAGED.format(policy),
+                    CDK_OWNED + f"the custom-resource framework function {why}.")
+    handler_arn = stack.get_logical_id(handler.node.default_child)
+    acknowledge(framework, f"AwsSolutions-IAM5[Resource::<{handler_arn}.Arn>:*]",
+                CDK_OWNED + "the framework may invoke any VERSION of the one kubectl handler "
+                "function (the :* is the version qualifier).")
