@@ -1,0 +1,41 @@
+"""`raytrain-eks preflight`: check a job against the environment before any spend.
+
+Checks world size vs GPUs, the image's Ray version vs the manifests' rayVersion (and the
+installed Ray for local jobs), EFA requested vs available, a per-GPU memory estimate with its
+breakdown, and the time per step, tokens per hour and cost of the run at a stated MFU. Prints
+the report; a refused plan ends with one line on stderr saying why and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", default="environment.toml", help="environment spec (default: %(default)s)")
+    parser.add_argument("--job", required=True, help="job config, e.g. jobs/finetune.toml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a job config field, e.g. --set train.seq_len=4096 (repeatable)")
+    parser.add_argument("--dist", default="dist",
+                        help="synthesized manifests to compare rayVersion with (default: %(default)s; skipped if absent)")
+    parser.add_argument("--mfu", type=float, default=None,
+                        help="model FLOPs utilisation assumed for the time and cost estimate (default: 0.30)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from raytrain_eks.preflight import DEFAULT_MFU, render, run_preflight
+    from spec import load_environment
+    from training.config import load_job_config
+
+    env = load_environment(args.env)
+    job = load_job_config(args.job, args.overrides)
+    try:
+        plan = run_preflight(env, job, dist_dir=args.dist, mfu=DEFAULT_MFU if args.mfu is None else args.mfu)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(render(plan))
+    if plan.refusal:
+        print(plan.refusal, file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,150 @@
+"""Per-GPU memory of an FSDP2 fine-tune, term by term, before any GPU is paid for.
+
+The model (how the job in training/ runs, issue 5): parameters in the job's dtype (bf16 on GPU),
+FSDP2 ``fully_shard`` per decoder layer then the root, MixedPrecisionPolicy bf16 compute with fp32
+gradient reduction, AdamW. Terms, in bytes per GPU:
+
+* **parameters** ``P x b`` and **gradients** ``P x b`` (b = 2 for bf16, 4 for fp32), divided by the
+  shard group: world size (full shard), GPUs per node (hybrid shard) or 1 (no shard);
+* **optimizer state**: AdamW's two moments in fp32, ``8 x P``, divided the same way (torch keeps
+  them in the parameter dtype, so on bf16 this over-counts by ``4 x P / shard``: the safe side);
+* **FSDP working set** (sharded strategies only): the root's gathered parameters (embeddings and
+  the tied output layer: the root is not resharded after forward), two decoder layers gathered at
+  once (prefetch), and the unsharded fp32 gradients of the root and one layer before reduce-scatter;
+* **activations** saved for backward, per token and layer, in elements of the compute dtype:
+  ``11 h + 4 i + 3 kv`` (two RMSNorms with their fp32 upcast, q/k/v before and after rotary,
+  the attention output, SwiGLU's gate, up, SiLU and product; SDPA/flash attention keeps no
+  ``seq x seq`` scores). With activation checkpointing per layer: the layer inputs (``h`` per
+  layer) plus ONE layer's full activations, recomputed in backward;
+* **logits**: ``tokens x vocab x (2 + 4 + 4)`` bytes: the bf16 logits, the fp32 log-softmax that
+  cross-entropy saves after transformers' upcast, and its fp32 gradient in backward. At Qwen's
+  151,936-word vocabulary this is ~6 GB at 4096 tokens: often the largest single term;
+* **overhead**: CUDA context, NCCL buffers and cuBLAS workspaces, a flat 1.5 GiB.
+
+The sum is compared with the usable memory of the GPU (its nominal size less 7 % for the driver)
+after a 10 % allowance for allocator fragmentation.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from training.config import JobConfig
+from training.flops import QWEN2_5_1_5B, ModelShapes
+
+GIB = 1024**3
+OVERHEAD_BYTES = int(1.5 * GIB)
+FRAGMENTATION = 1.10
+USABLE_FRACTION = 0.93
+
+# Shapes used when model.path is not a readable local directory (an s3:// prefix or a hub id):
+# matched case-insensitively against the last path component. Hand-checked against facts.md.
+KNOWN_MODELS: dict[str, ModelShapes] = {
+    "qwen2.5-1.5b": QWEN2_5_1_5B,
+}
+
+
+class ShapesUnknown(ValueError):
+    """The model's shapes cannot be found (one-line message)."""
+
+
+def shapes_for_job(job: JobConfig) -> tuple[ModelShapes, str]:
+    """The model's shapes and where they came from.
+
+    Order: ``model.path/config.json`` when the path is a readable local directory; else the
+    built-in table by name (``.../Qwen2.5-1.5B-Instruct`` -> Qwen2.5-1.5B); else ``model.config``
+    (Qwen2Config keyword arguments, transformers' defaults for the rest).
+    """
+    path = job.model.path
+    if path and "://" not in path and os.path.isfile(os.path.join(path, "config.json")):
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
+            return ModelShapes.from_hf_config(json.load(handle)), f"{path}/config.json"
+    if path:
+        name = path.rstrip("/").rsplit("/", 1)[-1].lower()
+        for key, shapes in KNOWN_MODELS.items():
+            if name.startswith(key) and not name[len(key):len(key) + 1].isdigit():
+                return shapes, f"built-in table ({key}, matched from {path!r})"
+        raise ShapesUnknown(
+            f"{job.source}: model.path: {path!r} has no readable config.json here and is not in the built-in "
+            f"table ({', '.join(KNOWN_MODELS)}); download its config.json and point model.path at that directory")
+    from transformers import Qwen2Config  # only for tiny from-config models
+
+    return ModelShapes.from_hf_config(Qwen2Config(**dict(job.model.config))), "model.config (Qwen2Config)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryEstimate:
+    """Bytes per GPU, term by term (see the module docstring)."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    fsdp_working_set: int
+    activations: int
+    logits: int
+    overhead: int
+    activations_without_checkpointing: int
+    activations_with_checkpointing: int
+    shard_group: int
+    activation_checkpointing: bool
+
+    @property
+    def total(self) -> int:
+        return (self.parameters + self.gradients + self.optimizer + self.fsdp_working_set
+                + self.activations + self.logits + self.overhead)
+
+    @property
+    def required(self) -> int:
+        """Total plus the fragmentation allowance: what must fit in the usable memory."""
+        return int(self.total * FRAGMENTATION)
+
+    def rows(self) -> list[tuple[str, int]]:
+        act = "activations (checkpointed)" if self.activation_checkpointing else "activations"
+        return [("parameters", self.parameters), ("gradients", self.gradients),
+                ("optimizer (AdamW fp32)", self.optimizer), ("FSDP gathered working set", self.fsdp_working_set),
+                (act, self.activations), ("logits + loss", self.logits), ("CUDA/NCCL overhead", self.overhead)]
+
+
+def usable_bytes(gpu_memory_gib: float) -> int:
+    """Usable bytes of a GPU of ``gpu_memory_gib`` (spec/instances.py): an L4 (24) gives 22.3 GiB,
+    about what torch reports as its total (23,034 MiB)."""
+    return int(gpu_memory_gib * GIB * USABLE_FRACTION)
+
+
+def shard_group_size(strategy: str, world_size: int, workers_per_node: int) -> int:
+    return {"full_shard": world_size, "hybrid_shard": min(workers_per_node, world_size), "no_shard": 1}[strategy]
+
+
+def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, workers_per_node: int,
+                    seq_len: int, micro_batch_size: int, activation_checkpointing: bool,
+                    param_bytes: int = 2) -> MemoryEstimate:
+    """Per-GPU memory of one training step at the peak (end of forward / start of backward)."""
+    shard = shard_group_size(strategy, world_size, workers_per_node)
+    n = shapes.num_params()
+    h, i = shapes.hidden_size, shapes.intermediate_size
+    kv = shapes.num_kv_heads * shapes.attention_head_dim
+    tokens = seq_len * micro_batch_size
+    root_params = shapes.vocab_size * h * (1 if shapes.tie_word_embeddings else 2) + h
+    layer_params = shapes.layer_matmul_params()
+    working = 0
+    if shard > 1:
+        working = (root_params + 2 * layer_params) * param_bytes + (root_params + layer_params) * 4
+    per_token_layer = (11 * h + 4 * i + 3 * kv) * param_bytes
+    full = tokens * shapes.num_layers * per_token_layer
+    checkpointed = tokens * shapes.num_layers * h * param_bytes + tokens * per_token_layer
+    logits = tokens * shapes.vocab_size * (param_bytes + 4 + 4)
+    return MemoryEstimate(
+        parameters=n * param_bytes // shard, gradients=n * param_bytes // shard, optimizer=8 * n // shard,
+        fsdp_working_set=working, activations=checkpointed if activation_checkpointing else full,
+        logits=logits, overhead=OVERHEAD_BYTES, activations_without_checkpointing=full,
+        activations_with_checkpointing=checkpointed, shard_group=shard,
+        activation_checkpointing=activation_checkpointing)
+
+
+def estimate_for_job(job: JobConfig, shapes: ModelShapes) -> MemoryEstimate:
+    p, t = job.parallel, job.train
+    on_gpu = p.use_gpu and job.model.dtype != "float32"
+    return estimate_memory(shapes, strategy=p.strategy, world_size=p.num_workers, workers_per_node=p.workers_per_node,
+                           seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+                           activation_checkpointing=p.activation_checkpointing, param_bytes=2 if on_gpu else 4)

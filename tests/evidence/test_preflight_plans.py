@@ -1,0 +1,114 @@
+"""Preflight refuses the plans that would waste GPU hours and passes the reference 8x L4 plan."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from raytrain_eks.cli import main
+from raytrain_eks.memory_estimate import GIB, estimate_memory, shapes_for_job, usable_bytes
+from raytrain_eks.preflight import run_preflight
+from spec import load_environment
+from training.config import load_job_config
+from training.flops import QWEN2_5_1_5B
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = str(ROOT / "environment.toml")
+JOBS = Path(__file__).parent / "fixtures" / "jobs"
+REFERENCE = str(JOBS / "reference_8xl4.toml")
+
+
+def preflight(capsys, *extra: str, job: str = REFERENCE, dist: str = "/nonexistent-dist") -> tuple[int, str, str]:
+    code = main(["preflight", "--env", ENV, "--job", job, "--dist", dist, *extra])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_reference_8x_l4_plan_passes_with_breakdown_and_cost(capsys):
+    code, out, err = preflight(capsys)
+    assert code == 0, err
+    assert "verdict    OK" in out and err == ""
+    for term in ("parameters", "gradients", "optimizer (AdamW fp32)", "FSDP gathered working set",
+                 "activations (checkpointed)", "logits + loss", "activations without / with checkpointing"):
+        assert term in out
+    assert "USD at 9.40 USD/h" in out and "M tokens/hour" in out and "s/step" in out
+
+
+def test_too_many_gpus_is_refused_in_one_line(capsys):
+    code, _, err = preflight(capsys, "--set", "parallel.num_workers=16", "--set", "train.global_batch_size=32")
+    assert code == 2
+    assert err.count("\n") == 1 and "num_workers = 16 needs 16 GPUs" in err and "has 8" in err
+
+
+def test_full_shard_that_cannot_fit_on_l4_is_refused(capsys):
+    code, out, err = preflight(capsys, "--set", "train.seq_len=8192", "--set", "train.micro_batch_size=2",
+                               "--set", "train.global_batch_size=32", "--set", "parallel.activation_checkpointing=false")
+    assert code == 2
+    assert "full_shard at train.seq_len = 8192 x micro_batch_size = 2" in err
+    assert "L4 has 22.3 GiB usable" in err and "activation_checkpointing = true" in err
+    assert "FAIL  memory" in out
+
+
+def test_seq_4096_fits_only_with_activation_checkpointing(capsys):
+    assert preflight(capsys, "--set", "train.seq_len=4096")[0] == 0
+    code, _, err = preflight(capsys, "--set", "train.seq_len=4096", "--set", "parallel.activation_checkpointing=false")
+    assert code == 2 and "seq_len = 4096" in err
+
+
+def test_ray_version_mismatch_with_the_manifests_is_refused(capsys, tmp_path):
+    (tmp_path / "raycluster.yaml").write_text("apiVersion: ray.io/v1\nkind: RayJob\nspec:\n  rayClusterSpec:\n"
+                                              "    rayVersion: 2.57.0\n")
+    code, _, err = preflight(capsys, dist=str(tmp_path))
+    assert code == 2 and "image.ray_version 2.58.0 but rayVersion 2.57.0" in err
+    (tmp_path / "raycluster.yaml").write_text('{"spec": {"rayVersion": "2.58.0"}}')
+    code, out, _ = preflight(capsys, dist=str(tmp_path))
+    assert code == 0 and "= rayVersion in 1 manifest(s)" in out
+
+
+def test_local_job_checks_the_installed_ray():
+    env, job = load_environment(ENV), load_job_config(JOBS / "local_cpu.toml")
+    assert run_preflight(env, job, installed_ray="2.58.0").refusal is None
+    refusal = run_preflight(env, job, installed_ray="2.49.0").refusal
+    assert "installed Ray 2.49.0 vs the image's Ray 2.58.0" in refusal
+
+
+def test_efa_requested_but_not_possible_is_refused(capsys):
+    code, _, err = preflight(capsys, "--set", "parallel.num_workers=4", "--set", "train.global_batch_size=32")
+    assert code == 2 and "spans 1 node" in err
+
+
+def test_unknown_model_without_config_is_refused(capsys):
+    code, _, err = preflight(capsys, "--set", "model.path=s3://bucket/SomeOther-7B")
+    assert code == 2 and "no readable config.json" in err
+
+
+def test_shapes_come_from_a_local_config_json(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+        "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}))
+    job = load_job_config(REFERENCE, [f"model.path={tmp_path}"])
+    shapes, source = shapes_for_job(job)
+    assert shapes == QWEN2_5_1_5B and source.endswith("config.json")
+
+
+def test_memory_terms_by_hand():
+    e = estimate_memory(QWEN2_5_1_5B, strategy="full_shard", world_size=8, workers_per_node=4, seq_len=2048,
+                        micro_batch_size=1, activation_checkpointing=False)
+    n = 1_543_714_304
+    assert e.parameters == n * 2 // 8 and e.optimizer == n * 8 // 8
+    assert e.logits == 2048 * 151936 * 10                     # bf16 logits + fp32 log-softmax + fp32 grad
+    assert e.activations == 2048 * 28 * (11 * 1536 + 4 * 8960 + 3 * 256) * 2
+    hybrid = estimate_memory(QWEN2_5_1_5B, strategy="hybrid_shard", world_size=8, workers_per_node=4, seq_len=2048,
+                             micro_batch_size=1, activation_checkpointing=False)
+    assert hybrid.shard_group == 4 and hybrid.optimizer == 2 * e.optimizer
+    no_shard = estimate_memory(QWEN2_5_1_5B, strategy="no_shard", world_size=8, workers_per_node=4, seq_len=2048,
+                               micro_batch_size=1, activation_checkpointing=False)
+    assert no_shard.required > usable_bytes(24) > e.required     # DDP-style does not fit an L4; full shard does
+    assert usable_bytes(24) / GIB == pytest.approx(22.32, abs=0.01)
+
+
+@pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*.toml")) if (ROOT / "jobs").is_dir() else [])
+def test_shipped_job_configs_are_accepted(job):
+    plan = run_preflight(load_environment(ENV), load_job_config(job), dist_dir="/nonexistent-dist")
+    assert plan.refusal is None, plan.refusal
