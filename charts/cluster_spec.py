@@ -1,0 +1,131 @@
+"""THE builder of a RayCluster spec: the long-lived RayCluster and every RayJob's own cluster
+come from :func:`ray_cluster_spec`, never from a copy.
+
+It returns plain Kubernetes JSON (camelCase, as in the YAML), so it knows nothing of the two
+families of generated classes (``RayClusterSpec...`` for the RayCluster kind,
+``RayJobSpecRayClusterSpec...`` inside a RayJob): :func:`charts.bindings.to_bindings` turns the
+same dictionary into either, type-checking every field on the way.
+
+Every figure derives from the spec: instance type -> GPUs, EFA interfaces, pod CPU and memory;
+node-group labels and taints -> nodeSelector and tolerations; image and Ray version.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from charts.provenance import Provenance, image_reference
+from spec import Environment
+from spec.model import EFA_RESOURCE, GPU_RESOURCE
+
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+"""Well-known label the kubelet puts on every node: the worker nodeSelector pins the type too."""
+RAY_CONTAINER_HEAD = "ray-head"
+RAY_CONTAINER_WORKER = "ray-worker"
+SHM_VOLUME = "dshm"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterShape:
+    """What differs between the clusters built from one spec."""
+    env: Environment
+    worker_replicas: int
+    """GPU worker pods (one per node: each takes every GPU and EFA interface of its node)."""
+    worker_grace_seconds: int
+    """terminationGracePeriodSeconds of worker pods (the job's checkpoint grace + a margin)."""
+    provenance: Provenance = field(default_factory=Provenance)
+
+
+def gpu_worker_env(env: Environment) -> list[dict[str, str]]:
+    """NCCL/libfabric environment of GPU workers (facts.md: the DLC, the EKS docs, the sample).
+
+    NCCL_DEBUG=INFO makes NCCL log the transport it selected: the evidence the transport gate
+    reads. FI_EFA_USE_DEVICE_RDMA only where the instance has GPUDirect RDMA (not g5/g6).
+    """
+    group = env.primary_gpu_group
+    pairs = [("NCCL_DEBUG", "INFO"), ("NCCL_SOCKET_IFNAME", "eth0")]
+    if group.efa_per_node:
+        pairs += [("FI_PROVIDER", "efa"), ("NCCL_NET_PLUGIN", "ofi")]
+        if group.instance.gpudirect_rdma:
+            pairs.append(("FI_EFA_USE_DEVICE_RDMA", "1"))
+    return [{"name": k, "value": v} for k, v in pairs]
+
+
+def worker_resources(env: Environment) -> dict[str, str]:
+    """Requests = limits of one GPU worker pod (Guaranteed QoS: never the first to be evicted)."""
+    group = env.primary_gpu_group
+    resources = {"cpu": str(group.pod_cpu), "memory": f"{group.pod_memory_gib}Gi",
+                 GPU_RESOURCE: str(group.gpus_per_node)}
+    if group.efa_per_node:
+        resources[EFA_RESOURCE] = str(group.efa_per_node)
+    return resources
+
+
+def head_resources(env: Environment) -> dict[str, str]:
+    system = env.system_node_group
+    return {"cpu": str(system.pod_cpu), "memory": f"{system.pod_memory_gib}Gi"}
+
+
+def _shm() -> tuple[list[dict], list[dict]]:
+    """/dev/shm as memory: the container default (64 MiB) starves NCCL and the object store."""
+    return ([{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
+            [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}])
+
+
+def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
+    """The cluster as Kubernetes JSON: a head on the system nodes and one GPU worker group.
+
+    Charts turn it into typed bindings with :func:`charts.bindings.to_bindings`.
+    """
+    env = shape.env
+    group = env.primary_gpu_group
+    image = image_reference(env)
+    volumes, mounts = _shm()
+    metadata = {"labels": dict(shape.provenance.labels), "annotations": dict(shape.provenance.annotations)}
+    head_pod = {
+        "serviceAccountName": env.ray.service_account,
+        "nodeSelector": dict(env.system_node_group.labels),
+        "volumes": volumes,
+        "containers": [{
+            "name": RAY_CONTAINER_HEAD,
+            "image": image,
+            "imagePullPolicy": "IfNotPresent",
+            # The head never runs GPU work; "void" keeps the NVIDIA runtime from exposing any.
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+            "resources": {"requests": head_resources(env), "limits": head_resources(env)},
+            "volumeMounts": mounts,
+        }],
+    }
+    worker_pod = {
+        "serviceAccountName": env.ray.service_account,
+        "terminationGracePeriodSeconds": shape.worker_grace_seconds,
+        "nodeSelector": {**group.labels, INSTANCE_TYPE_LABEL: group.instance_type},
+        "tolerations": [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}
+                        for t in group.taints],
+        "volumes": volumes,
+        "containers": [{
+            "name": RAY_CONTAINER_WORKER,
+            "image": image,
+            "imagePullPolicy": "IfNotPresent",
+            "env": gpu_worker_env(env),
+            "resources": {"requests": worker_resources(env), "limits": worker_resources(env)},
+            "volumeMounts": mounts,
+        }],
+    }
+    return {
+        "rayVersion": env.image.ray_version,
+        "headGroupSpec": {
+            # num-cpus 0: no Ray task lands on the head; the job's driver still runs there.
+            "rayStartParams": {"num-cpus": "0", "num-gpus": "0"},
+            "template": {"metadata": metadata, "spec": head_pod},
+        },
+        "workerGroupSpecs": [{
+            "groupName": group.name,
+            # A fixed world size: no autoscaling, min = max = replicas.
+            "replicas": shape.worker_replicas,
+            "minReplicas": shape.worker_replicas,
+            "maxReplicas": shape.worker_replicas,
+            "rayStartParams": {"num-gpus": str(group.gpus_per_node)},
+            "template": {"metadata": metadata, "spec": worker_pod},
+        }],
+    }

@@ -1,0 +1,149 @@
+"""A job config file + the spec -> what its RayJob runs (the entrypoint, its size, its hash).
+
+The job config is parsed by ``training.config.load_job_config``: the very code the job runs, so
+a config that synthesizes is one the job accepts. The chart adds ``--set`` overrides for the
+facts that belong to the environment, never to the file:
+
+- GPU jobs (``parallel.use_gpu = true`` in the file): the world size and workers per node come
+  from the spec's primary GPU group. A file may ask for FEWER workers (``parallel.num_workers``,
+  a multiple of the GPUs per node); asking for more GPUs than the group has fails synth.
+- CPU jobs (the embedded ``local`` default): keep their own worker count; all of them must fit
+  in one worker pod's CPUs.
+- every job: ``checkpoint.storage_path`` = the spec's ``s3://<bucket>/<prefix>``.
+- ``{bucket}`` inside any string of the file (e.g. ``model.path = "s3://{bucket}/models/x"``)
+  is replaced by the spec's bucket name, so no file retypes a derived name.
+
+Each override is one ``--set`` argument and the entrypoint is ``shlex.join``-ed: every value is
+shell-safe, whatever the spec holds.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from charts.errors import ChartError
+from charts.provenance import short_hash
+from spec import Environment
+from training.config import JobConfig, JobConfigError, load_job_config
+
+BUCKET_PLACEHOLDER = "{bucket}"
+MAX_RAYJOB_NAME = 47
+"""KubeRay appends 6 characters to a RayJob's name for its cluster (limit 53): 53 - 6."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobPlan:
+    """One job config, resolved against one environment."""
+    name: str
+    """RayJob name (the job config's ``name``)."""
+    config_path: str
+    """The config, relative to the job's working directory (the unpacked code archive)."""
+    config: JobConfig
+    """The config as the job will see it (with the chart's overrides)."""
+    overrides: tuple[str, ...]
+    """``key=value`` items, each passed as ``--set ITEM``."""
+    worker_replicas: int
+    """Worker pods of the job's own cluster."""
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.config.parallel.use_gpu
+
+    @property
+    def entrypoint(self) -> str:
+        argv = ["python", "-m", "training", "--config", self.config_path]
+        for item in self.overrides:
+            argv += ["--set", item]
+        return shlex.join(argv)
+
+    @property
+    def config_hash(self) -> str:
+        """Hash of the effective config (file + overrides): equal hashes, equal runs."""
+        return short_hash(self.config.canonical_json())
+
+    @property
+    def grace_seconds(self) -> int:
+        return self.config.checkpoint.sigterm_grace_seconds
+
+
+def _toml_value(value: Any) -> str:
+    """An override value the job's ``--set`` parser reads back unchanged: a string that would
+    parse as another TOML type (``true``, ``8``) is quoted, plain words stay readable."""
+    if isinstance(value, str):
+        try:
+            tomllib.loads(f"v = {value}")
+        except tomllib.TOMLDecodeError:
+            return value
+        return json.dumps(value)
+    return json.dumps(value)  # numbers and booleans: TOML spells them as JSON does
+
+
+def _placeholders(raw: dict[str, Any], bucket: str, prefix: str = "") -> list[str]:
+    found = []
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            found += _placeholders(value, bucket, f"{prefix}{key}.")
+        elif isinstance(value, str) and BUCKET_PLACEHOLDER in value:
+            found.append(f"{prefix}{key}={_toml_value(value.replace(BUCKET_PLACEHOLDER, bucket))}")
+    return found
+
+
+def plan_job(env: Environment, path: Path, root: Path) -> JobPlan:
+    """Resolve one job config file. ``root`` is the directory the job runs in (the archive's
+    root = the repository root) and must be the current directory: the config's relative paths
+    (data, tokenizer) are checked from there, as the job will resolve them."""
+    if Path.cwd().resolve() != root.resolve():
+        raise RuntimeError(f"plan_job must run in {root} (is in {Path.cwd()})")  # a bug in the caller
+    rel = path.resolve().relative_to(root.resolve()).as_posix()
+    try:
+        base = load_job_config(rel)
+        raw = tomllib.loads(Path(rel).read_text(encoding="utf-8"))
+    except JobConfigError as err:
+        raise ChartError(str(err)) from None
+    name = base.name
+    if not name[0].isalpha() or len(name) > MAX_RAYJOB_NAME:
+        raise ChartError(f"{rel}: name: {name!r} is not a RayJob name (starts with a letter, "
+                         f"at most {MAX_RAYJOB_NAME} characters: KubeRay appends 6 for its cluster)")
+    group = env.primary_gpu_group
+    overrides: list[str] = []
+    if base.parallel.use_gpu:
+        requested = raw.get("parallel", {}).get("num_workers", env.world_size)
+        where = (f"the spec's GPU group {group.name!r} has {env.world_size} = {group.desired_nodes} nodes x "
+                 f"{group.gpus_per_node} GPUs ({group.instance_type}, {env.source})")
+        if requested > env.world_size:
+            raise ChartError(f"{rel}: parallel.num_workers: {requested} asks for more GPUs than the cluster has: {where}")
+        if requested % group.gpus_per_node:
+            raise ChartError(f"{rel}: parallel.num_workers: {requested} must be a multiple of the GPUs per node: {where}")
+        replicas = requested // group.gpus_per_node
+        overrides += [f"parallel.num_workers={requested}", f"parallel.workers_per_node={group.gpus_per_node}",
+                      "parallel.use_gpu=true"]
+    else:
+        cpus = base.parallel.num_workers * base.parallel.cpus_per_worker
+        if cpus > group.pod_cpu:
+            raise ChartError(f"{rel}: parallel.num_workers: {base.parallel.num_workers} x cpus_per_worker "
+                             f"{base.parallel.cpus_per_worker} = {cpus:g} CPUs do not fit one worker pod "
+                             f"({group.pod_cpu} CPUs on {group.instance_type})")
+        replicas = 1
+    overrides.append(f"checkpoint.storage_path={_toml_value(env.storage_uri)}")
+    overrides += _placeholders(raw, env.bucket_name)
+    try:
+        config = load_job_config(rel, overrides)
+    except JobConfigError as err:  # e.g. a global batch the spec's world size cannot divide
+        raise ChartError(f"{err} (with the spec's overrides: {' '.join(overrides)})") from None
+    return JobPlan(name=name, config_path=rel, config=config, overrides=tuple(overrides),
+                   worker_replicas=replicas)
+
+
+def plan_jobs(env: Environment, jobs_dir: Path, root: Path) -> list[JobPlan]:
+    """Every ``*.toml`` under ``jobs_dir``, sorted; two files with one name are refused."""
+    plans = [plan_job(env, p, root) for p in sorted(jobs_dir.glob("*.toml"))]
+    seen: dict[str, str] = {}
+    for plan in plans:
+        if plan.name in seen:
+            raise ChartError(f"{plan.config_path}: name: {plan.name!r} is already used by {seen[plan.name]}")
+        seen[plan.name] = plan.config_path
+    return plans

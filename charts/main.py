@@ -1,0 +1,108 @@
+"""The cdk8s app: environment.toml + jobs/*.toml -> dist/ (``cdk8s synth`` runs this module).
+
+Output, one file per chart (names are stable; the demo and the README rely on them):
+
+- ``dist/raycluster.k8s.yaml``                 the long-lived RayCluster (named after the cluster)
+- ``dist/rayjob-<job>.k8s.yaml``               each job on a cluster of its own, deleted after it
+- ``dist/rayjob-<job>-on-cluster.k8s.yaml``    each GPU job on the long-lived RayCluster
+- ``dist/code/training-<hash>.zip``            the code archive the RayJobs' working_dir names
+
+``<job>`` is the job config's ``name`` (jobs/local.toml -> ``rayjob-local.k8s.yaml``).
+
+Reads files and the environment only here (the edge): ``--env`` or ``$ENV_FILE`` (default
+environment.toml), ``--outdir`` or ``$CDK8S_OUTDIR`` (set by the cdk8s CLI; default dist).
+A user error prints ``error: <one line>`` and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RAYCLUSTER_CHART = "raycluster"
+
+
+def rayjob_chart_name(job: str, on_cluster: bool = False) -> str:
+    """The chart (and file stem) of a job's RayJob: ``rayjob-<job>[-on-cluster]``."""
+    return f"rayjob-{job}{'-on-cluster' if on_cluster else ''}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SynthResult:
+    """What one synth wrote."""
+    files: dict[str, Path]
+    """Chart name -> manifest file."""
+    code: "CodeBundle"
+    plans: list["JobPlan"]
+
+
+def synth(env, outdir: str | Path, *, root: Path = ROOT) -> SynthResult:
+    """Build the code archive and every chart from ``env`` and ``<root>/jobs/*.toml``."""
+    import cdk8s
+
+    from charts.jobs import plan_jobs
+    from charts.raycluster import RayClusterChart, cluster_name
+    from charts.rayjob import RayJobChart, worker_grace_seconds
+    from raytrain_eks.code_bundle import build_code_bundle
+
+    outdir = Path(outdir).resolve()
+    with contextlib.chdir(root):  # job configs name paths relative to where the job runs
+        plans = plan_jobs(env, root / "jobs", root)
+        code = build_code_bundle(root, outdir / "code")
+    for stale in outdir.glob("*.k8s.yaml"):
+        stale.unlink()
+    for stale in (outdir / "code").glob("training-*.zip"):
+        if stale != code.path:
+            stale.unlink()
+    app = cdk8s.App(outdir=str(outdir), yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
+    RayClusterChart(app, RAYCLUSTER_CHART, env=env, worker_grace_seconds=worker_grace_seconds(plans))
+    target = cluster_name(env)
+    for plan in plans:
+        RayJobChart(app, rayjob_chart_name(plan.name), env=env, plan=plan, code=code)
+        if plan.uses_gpu:
+            RayJobChart(app, rayjob_chart_name(plan.name, on_cluster=True), env=env, plan=plan,
+                        code=code, on_cluster=target)
+    app.synth()
+    names = [RAYCLUSTER_CHART] + [c.node.id for c in app.charts if c.node.id != RAYCLUSTER_CHART]
+    files = {name: outdir / f"{name}.k8s.yaml" for name in names}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise RuntimeError(f"cdk8s wrote no {', '.join(missing)}")  # a bug: file naming changed
+    return SynthResult(files=files, code=code, plans=plans)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m charts.main", description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default=os.environ.get("ENV_FILE", "environment.toml"))
+    parser.add_argument("--outdir", default=os.environ.get("CDK8S_OUTDIR", "dist"))
+    args = parser.parse_args(argv)
+
+    from charts.errors import ChartError
+    from spec import SpecError, UnlockedImageWarning, load_environment
+    from training.config import JobConfigError
+
+    try:
+        env = load_environment(args.env)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UnlockedImageWarning)
+            _ = env.image.reference
+        for warning in caught:
+            print(f"warning: {warning.message}", file=sys.stderr)
+        result = synth(env, args.outdir)
+    except (SpecError, ChartError, JobConfigError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for name, path in result.files.items():
+        print(f"{name:<40} {os.path.relpath(path)}")
+    print(f"{'code':<40} {os.path.relpath(result.code.path)}  "
+          f"(upload to {result.code.uri(env.bucket_name)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

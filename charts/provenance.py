@@ -1,0 +1,69 @@
+"""Labels and annotations that say what a manifest was built from.
+
+Every RayCluster, RayJob and pod template carries the spec's hash and the image; every RayJob
+also the code archive's hash and the job config's hash, so ``kubectl get rayjob -L
+raytrain.io/code-hash`` answers "which code, which config, which image ran". Hashes are labels
+(selectable, 16 hex fit the 63-character limit); the digest and URIs are annotations (a
+``sha256:...`` digest is not a valid label value).
+"""
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass, field
+
+from spec import Environment, UnlockedImageWarning
+
+PREFIX = "raytrain.io"
+SPEC_HASH = f"{PREFIX}/spec-hash"
+CODE_HASH = f"{PREFIX}/code-hash"
+JOB_CONFIG_HASH = f"{PREFIX}/job-config-hash"
+JOB = f"{PREFIX}/job"
+IMAGE_LOCKED = f"{PREFIX}/image-locked"
+IMAGE = f"{PREFIX}/image"
+IMAGE_DIGEST = f"{PREFIX}/image-digest"
+CODE_URI = f"{PREFIX}/code"
+JOB_CONFIG = f"{PREFIX}/job-config"
+UNLOCKED = "unlocked"
+
+
+def image_reference(env: Environment) -> str:
+    """``repo@sha256:...``, or ``repo:tag`` for an unlocked spec (the warning is the caller's
+    to show once, see charts.main; here it would repeat for every pod template)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnlockedImageWarning)
+        return env.image.reference
+
+
+def short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Provenance:
+    """What one object was built from."""
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def for_cluster(cls, env: Environment) -> "Provenance":
+        return cls(
+            labels={
+                "app.kubernetes.io/part-of": "raytrain-eks",
+                "app.kubernetes.io/managed-by": "cdk8s",
+                SPEC_HASH: env.spec_hash,
+                IMAGE_LOCKED: "true" if env.image.locked else "false",
+            },
+            annotations={
+                IMAGE: image_reference(env),
+                IMAGE_DIGEST: env.image.digest or UNLOCKED,
+            },
+        )
+
+    def for_job(self, *, job: str, code_hash: str, code_uri: str, config_hash: str,
+                config_path: str) -> "Provenance":
+        """This provenance plus the job's code and config."""
+        return Provenance(
+            labels={**self.labels, JOB: job, CODE_HASH: code_hash, JOB_CONFIG_HASH: config_hash},
+            annotations={**self.annotations, CODE_URI: code_uri, JOB_CONFIG: config_path},
+        )

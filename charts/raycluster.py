@@ -1,0 +1,42 @@
+"""The long-lived RayCluster: interactive work and the ``*-on-cluster`` RayJobs run on it."""
+from __future__ import annotations
+
+import re
+
+import cdk8s
+from constructs import Construct
+
+from charts.bindings import to_bindings
+from charts.cluster_spec import ClusterShape, ray_cluster_spec
+from charts.errors import ChartError
+from charts.imports.io import ray as generated
+from charts.provenance import Provenance
+from spec import Environment
+
+MAX_RAYCLUSTER_NAME = 53
+"""KubeRay's limit: the longest Service it derives (``-serve-svc``) must stay within 63."""
+
+
+def cluster_name(env: Environment) -> str:
+    """The RayCluster's name (what ``clusterSelector`` names): the EKS cluster's name."""
+    name = env.cluster.name
+    if len(name) > MAX_RAYCLUSTER_NAME or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+        raise ChartError(f"{env.source}: cluster.name: {name!r} cannot name the RayCluster "
+                         f"(a DNS-1035 label: starts with a letter, at most {MAX_RAYCLUSTER_NAME} characters)")
+    return name
+
+
+class RayClusterChart(cdk8s.Chart):
+    """One RayCluster with the spec's GPU group at its desired size."""
+
+    def __init__(self, scope: Construct, id: str, *, env: Environment, worker_grace_seconds: int):
+        super().__init__(scope, id, namespace=env.ray.namespace, disable_resource_name_hashes=True)
+        provenance = Provenance.for_cluster(env)
+        shape = ClusterShape(env=env, worker_replicas=env.primary_gpu_group.desired_nodes,
+                             worker_grace_seconds=worker_grace_seconds, provenance=provenance)
+        generated.RayCluster(
+            self, "raycluster",
+            metadata=cdk8s.ApiObjectMetadata(name=cluster_name(env), labels=provenance.labels,
+                                             annotations=provenance.annotations),
+            spec=to_bindings("RayClusterSpec", ray_cluster_spec(shape)),
+        )

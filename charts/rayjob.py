@@ -1,0 +1,95 @@
+"""One RayJob per job config: on its own cluster (built by the same builder as the RayCluster),
+or, as the ``-on-cluster`` variant, on the long-lived RayCluster through ``clusterSelector``."""
+from __future__ import annotations
+
+import cdk8s
+import yaml
+from constructs import Construct
+
+from charts.bindings import to_bindings
+from charts.cluster_spec import ClusterShape, ray_cluster_spec
+from charts.errors import ChartError
+from charts.imports.io import ray as generated
+from charts.jobs import MAX_RAYJOB_NAME, JobPlan
+from charts.provenance import Provenance, image_reference
+from raytrain_eks.code_bundle import CodeBundle
+from spec import Environment
+
+GRACE_MARGIN_SECONDS = 30
+"""Added to the job's ``checkpoint.sigterm_grace_seconds`` for the worker pods'
+terminationGracePeriodSeconds: after the final checkpoint is written the worker still has to
+finish the upload's last request, report to the controller and let ``ray stop`` tear down the
+raylet; without the margin the kubelet's SIGKILL could land inside the checkpoint itself."""
+CLUSTER_SELECTOR_KEY = "ray.io/cluster"
+"""The key KubeRay reads a target cluster's NAME from (RayJobClusterSelectorKey)."""
+ON_CLUSTER_SUFFIX = "-on-cluster"
+
+
+def worker_grace_seconds(plans: list[JobPlan]) -> int:
+    """Grace of a cluster that may run any of these jobs: the longest checkpoint grace + margin."""
+    from training.config import CheckpointConfig
+
+    longest = max((p.grace_seconds for p in plans), default=CheckpointConfig().sigterm_grace_seconds)
+    return longest + GRACE_MARGIN_SECONDS
+
+
+def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle) -> str:
+    """The Ray runtime environment: the code archive as working_dir (Ray downloads and unpacks
+    it on every node; no pip, no py_modules) and the provenance the run record reports."""
+    return yaml.safe_dump({
+        "working_dir": code.uri(env.bucket_name),
+        "env_vars": {
+            "RAYTRAIN_CODE_HASH": code.content_hash,
+            "RAYTRAIN_SPEC_HASH": env.spec_hash,
+            "RAYTRAIN_JOB_CONFIG_HASH": plan.config_hash,
+            "RAYTRAIN_IMAGE": image_reference(env),
+        },
+    }, sort_keys=True, default_flow_style=False)
+
+
+def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, provenance: Provenance,
+                on_cluster: str | None) -> dict:
+    """The RayJob spec as Kubernetes JSON; ``on_cluster`` = the RayCluster to target, or None
+    for a cluster of its own that is deleted after the job."""
+    limits = plan.config.rayjob
+    spec: dict = {
+        "entrypoint": plan.entrypoint,
+        "runtimeEnvYAML": runtime_env_yaml(env, plan, code),
+        # The submitter is a Kubernetes Job running `ray job submit`: its log is the job's log.
+        "submissionMode": "K8sJobMode",
+        "backoffLimit": limits.backoff_limit,
+        "activeDeadlineSeconds": limits.active_deadline_minutes * 60,
+    }
+    if on_cluster:
+        spec["clusterSelector"] = {CLUSTER_SELECTOR_KEY: on_cluster}
+    else:
+        shape = ClusterShape(env=env, worker_replicas=plan.worker_replicas,
+                             worker_grace_seconds=plan.grace_seconds + GRACE_MARGIN_SECONDS,
+                             provenance=provenance)
+        spec |= {
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": limits.ttl_seconds_after_finished,
+            "rayClusterSpec": ray_cluster_spec(shape),
+        }
+    return spec
+
+
+class RayJobChart(cdk8s.Chart):
+    """One RayJob: ``on_cluster=None`` brings its own cluster; a name targets that RayCluster."""
+
+    def __init__(self, scope: Construct, id: str, *, env: Environment, plan: JobPlan,
+                 code: CodeBundle, on_cluster: str | None = None):
+        super().__init__(scope, id, namespace=env.ray.namespace, disable_resource_name_hashes=True)
+        name = plan.name + (ON_CLUSTER_SUFFIX if on_cluster else "")
+        if len(name) > MAX_RAYJOB_NAME:
+            raise ChartError(f"{plan.config_path}: name: {plan.name!r} is too long for the RayJob "
+                             f"{name!r} (at most {MAX_RAYJOB_NAME} characters)")
+        provenance = Provenance.for_cluster(env).for_job(
+            job=plan.name, code_hash=code.content_hash, code_uri=code.uri(env.bucket_name),
+            config_hash=plan.config_hash, config_path=plan.config_path)
+        generated.RayJob(
+            self, "rayjob",
+            metadata=cdk8s.ApiObjectMetadata(name=name, labels=provenance.labels,
+                                             annotations=provenance.annotations),
+            spec=to_bindings("RayJobSpec", rayjob_spec(env, plan, code, provenance, on_cluster)),
+        )
