@@ -48,7 +48,13 @@ def cdk_environment(env: Environment) -> cdk.Environment:
 
 def new_app(env: Environment, **kwargs: Any) -> cdk.App:
     """An App with the spec-derived lookup context (what app.py and the tests both use)."""
-    context = {**availability_zone_context(env), **kwargs.pop("context", {})}
+    context = {
+        # Explicit "strong" references (the current default) instead of an unset flag warning:
+        # the cluster stack imports the VPC's exports, so the network stack cannot drop them.
+        "@aws-cdk/core:defaultCrossStackReferences": "strong",
+        **availability_zone_context(env),
+        **kwargs.pop("context", {}),
+    }
     return cdk.App(context=context, **kwargs)
 
 

@@ -9,6 +9,9 @@ from constructs import Construct
 from infra.constructs.efa_launch_template import EfaLaunchTemplate
 from spec import GpuNodeGroupSpec
 
+# CloudFormation spells it with a lower-case "x86" (the CDK enum name does not).
+AMI_TYPE = "AL2023_x86_64_NVIDIA"
+
 # Kubernetes spells taint effects in PascalCase, the EKS API in UPPER_SNAKE.
 _TAINT_EFFECTS = {"NoSchedule": eks.TaintEffect.NO_SCHEDULE,
                   "PreferNoSchedule": eks.TaintEffect.PREFER_NO_SCHEDULE,
@@ -45,7 +48,6 @@ class GpuNodeGroup(Construct):
             self, "Nodegroup",
             cluster=cluster,
             nodegroup_name=f"{group.name}-{re.sub(r'[^a-z0-9]', '-', group.instance_type)}",
-            ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             instance_types=[ec2.InstanceType(group.instance_type)],
             capacity_type=CAPACITY_TYPES[group.capacity],
             min_size=group.min_nodes,
@@ -54,7 +56,13 @@ class GpuNodeGroup(Construct):
             subnets=subnets,
             labels=group.labels,
             taints=taint_specs(group),
+            # What the instance type implies, visible in the console and the template.
+            tags={"raytrain:gpus-per-node": str(group.gpus_per_node),
+                  "raytrain:efa-per-node": str(group.efa_per_node)},
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref,
                 version=self.launch_template.attr_latest_version_number),
         )
+        # Set on the L1: aws-cdk-lib 2.275 checks ami_type against its own list of GPU
+        # instance families, which lacks P5 (p5.48xlarge would be refused as "not GPU").
+        self.nodegroup.node.default_child.add_property_override("AmiType", AMI_TYPE)

@@ -1,0 +1,101 @@
+"""Who may do what on the cluster from the pipeline, and the cdk-nag findings of the pipeline
+stack that are acknowledged (each with its reason).
+
+The Apply and Smoke builds share one IAM role. Its EKS access entry carries NO access policy
+(the EKS-managed policies are either cluster-admin or miss KubeRay's custom resources); it maps
+the role to a Kubernetes group bound to :data:`DEPLOYER_RULES` in the Ray namespace only.
+"""
+from __future__ import annotations
+
+from aws_cdk import Stack, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam, aws_s3 as s3
+from constructs import Construct
+
+from infra.nag import acknowledge
+
+DEPLOYER_GROUP = "raytrain-pipeline-deployers"
+ALL_VERBS = ["get", "list", "watch", "create", "update", "patch", "delete"]
+READ_VERBS = ["get", "list", "watch"]
+# What `kubectl apply --server-side` of the charts and the smoke run's wait need, in ONE namespace.
+DEPLOYER_RULES = [
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayclusters"], "verbs": ALL_VERBS},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ALL_VERBS},
+    {"apiGroups": [""], "resources": ["pods", "pods/log", "services", "events"], "verbs": READ_VERBS},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": READ_VERBS},
+]
+
+
+class KubectlDeployer(Construct):
+    """The kubectl build role, its access entry, and its namespaced RBAC. Exposes :attr:`role`."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster, namespace: str,
+                 cluster_arn: str, bucket_arn: str, code_prefix: str, runs_prefix: str) -> None:
+        super().__init__(scope, construct_id)
+        self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("codebuild.amazonaws.com"),
+                             description=f"Pipeline kubectl: RBAC group {DEPLOYER_GROUP} in namespace {namespace}")
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="UpdateKubeconfig", actions=["eks:DescribeCluster"], resources=[cluster_arn]))
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="UploadCodeArchive", actions=["s3:PutObject"], resources=[f"{bucket_arn}/{code_prefix}/*"]))
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="ReadSmokeRecord", actions=["s3:GetObject"], resources=[f"{bucket_arn}/{runs_prefix}/*/run.json"]))
+        self.access_entry = eks_l1.CfnAccessEntry(
+            self, "AccessEntry", cluster_name=cluster.cluster_name, principal_arn=self.role.role_arn,
+            type="STANDARD", kubernetes_groups=[DEPLOYER_GROUP])
+        labels = {"app.kubernetes.io/part-of": "raytrain-eks", "app.kubernetes.io/component": "pipeline"}
+        self.rbac = eks.KubernetesManifest(self, "Rbac", cluster=cluster, manifest=[
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": DEPLOYER_GROUP, "namespace": namespace, "labels": labels},
+             "rules": DEPLOYER_RULES},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": DEPLOYER_GROUP, "namespace": namespace, "labels": labels},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": DEPLOYER_GROUP},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": DEPLOYER_GROUP}]},
+        ])
+
+
+def acknowledge_artifact_bucket(bucket: s3.IBucket) -> None:
+    acknowledge(bucket, "AwsSolutions-S1",
+                "Pipeline artifacts are transient (expire after 30 days); CodePipeline's execution "
+                "history and CloudTrail record who ran what, so access logs add nothing.")
+
+
+def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list, promoter,
+                        bucket_name: str, code_prefix: str, runs_prefix: str) -> None:
+    """The wildcard findings (AwsSolutions-IAM5) of the pipeline stack, each with its reason.
+
+    cdk-nag matches acknowledgements by the finding's exact text, so they are spelled out from
+    the resources' logical IDs. Every wildcard is confined to a resource of this pipeline; the
+    only ``Resource: *`` statements are the two that IAM cannot scope (reasons below).
+    """
+    def logical_id(construct) -> str:
+        return stack.get_logical_id(construct.node.default_child)
+
+    def literal(value: str, pseudo: str) -> str:
+        return value if value and not value.startswith("${Token") else f"<AWS::{pseudo}>"
+
+    region, account = literal(stack.region, "Region"), literal(stack.account, "AccountId")
+    artifact_reason = ("CodePipeline/CodeBuild artifact access as CDK grants it: object-level "
+                       "actions on this pipeline's own artifact bucket only.")
+    findings = {f"Action::{action}": artifact_reason for action in (
+        "s3:GetObject*", "s3:GetBucket*", "s3:List*", "s3:DeleteObject*", "s3:Abort*")}
+    findings[f"Resource::<{logical_id(artifacts)}.Arn>/*"] = artifact_reason
+    for project in projects:
+        pid = logical_id(project)
+        findings[f"Resource::arn:<AWS::Partition>:logs:{region}:{account}:log-group:/aws/codebuild/<{pid}>:*"] = (
+            "Log streams of this CodeBuild project's own log group (names are per build).")
+        findings[f"Resource::arn:<AWS::Partition>:codebuild:{region}:{account}:report-group/<{pid}>-*"] = (
+            "Test report groups of this CodeBuild project only (created per project by CodeBuild).")
+    findings[f"Resource::<{logical_id(promoter)}.Arn>:*"] = (
+        "The pipeline may invoke the promoter function's versions/aliases (CDK's Lambda invoke action).")
+    findings["Resource::*"] = (
+        "codepipeline:PutJobSuccessResult/PutJobFailureResult (promoter) and lambda:ListFunctions "
+        "(the pipeline's Lambda invoke action) support no resource-level permissions.")
+    findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/run.json"] = (
+        "Read the smoke run's record: only run.json files under the runs prefix (the run name is per execution).")
+    findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*"] = (
+        "Upload the code archive: only under the code prefix (names carry the content hash).")
+    for finding, reason in findings.items():
+        acknowledge(stack, f"AwsSolutions-IAM5[{finding}]", reason)
+    acknowledge(stack, "AwsSolutions-CB4",
+                "Build artifacts are encrypted at rest with S3-managed keys in an SSL-only bucket; "
+                "they hold the synthesized templates and manifests, no secrets.")

@@ -1,0 +1,89 @@
+"""The two Lambdas of the redeploy pipeline (code in infra/lambdas/image_watcher/) with
+least-privilege roles: each may touch exactly the parameter, table, pipeline and objects it needs.
+
+The asset holds ``image_watcher/`` and ``raytrain_eks/registry.py`` (the very module the
+``lock`` command uses), staged into one folder at synth time: no copy of the registry client
+lives in the repository.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy, aws_dynamodb as dynamodb, aws_iam as iam
+from aws_cdk import aws_lambda as lambda_, aws_logs as logs, aws_ssm as ssm
+from constructs import Construct
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUNTIME = lambda_.Runtime.PYTHON_3_14
+"""The newest Lambda Python (cdk-nag L1); the code is valid on 3.11+."""
+# codepipeline:PutJob*Result has no resource-level permissions (Service Authorization
+# Reference: "Resource types: -"), so these two actions need Resource "*".
+JOB_RESULT_ACTIONS = ["codepipeline:PutJobSuccessResult", "codepipeline:PutJobFailureResult"]
+
+
+def stage_asset() -> str:
+    """A folder with the Lambda package and the shared registry client; its content (not its
+    path) decides the asset hash, so a change to either redeploys the functions."""
+    out = Path(tempfile.mkdtemp(prefix="raytrain-image-watcher-"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO_ROOT / "infra" / "lambdas" / "image_watcher", out / "image_watcher", ignore=ignore)
+    (out / "raytrain_eks").mkdir()
+    for module in ("__init__.py", "registry.py"):
+        shutil.copy2(REPO_ROOT / "raytrain_eks" / module, out / "raytrain_eks" / module)
+    return str(out)
+
+
+class WatcherFunctions(Construct):
+    """Exposes :attr:`watcher` (scheduled) and :attr:`promoter` (the Promote action)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, image_repository: str, image_tag: str,
+                 parameter: ssm.StringParameter, table: dynamodb.Table, pipeline_arn: str,
+                 pipeline_name: str, required_transport: str, smoke_bucket_arn: str,
+                 smoke_prefix: str) -> None:
+        super().__init__(scope, construct_id)
+        code = lambda_.Code.from_asset(stage_asset())
+        environment = {
+            "IMAGE_REPOSITORY": image_repository, "IMAGE_TAG": image_tag,
+            "PROMOTED_DIGEST_PARAMETER": parameter.parameter_name, "HISTORY_TABLE": table.table_name,
+            "PIPELINE_NAME": pipeline_name, "REQUIRED_TRANSPORT": required_transport,
+        }
+        self.watcher = self._function("ImageWatcher", "image_watcher.handler.watch", code, environment,
+                                      "Resolve the image tag; start the pipeline for a new digest", [
+            iam.PolicyStatement(sid="ReadPromotedDigest", actions=["ssm:GetParameter"],
+                                resources=[parameter.parameter_arn]),
+            iam.PolicyStatement(sid="ReadAndRecordHistory", actions=["dynamodb:Query", "dynamodb:PutItem"],
+                                resources=[table.table_arn]),
+            iam.PolicyStatement(sid="StartPipeline", actions=["codepipeline:StartPipelineExecution"],
+                                resources=[pipeline_arn]),
+        ])
+        self.promoter = self._function("Promoter", "image_watcher.handler.promote", code, environment,
+                                       "Promote a digest the smoke run proved", [
+            iam.PolicyStatement(sid="WritePromotedDigest", actions=["ssm:PutParameter"],
+                                resources=[parameter.parameter_arn]),
+            iam.PolicyStatement(sid="RecordPromotion", actions=["dynamodb:Query", "dynamodb:PutItem"],
+                                resources=[table.table_arn]),
+            iam.PolicyStatement(sid="ReadSmokeRecord", actions=["s3:GetObject"],
+                                resources=[f"{smoke_bucket_arn}/{smoke_prefix}/*/run.json"]),
+            iam.PolicyStatement(sid="ReportJobResult", actions=JOB_RESULT_ACTIONS, resources=["*"]),
+        ])
+
+    def _function(self, construct_id: str, handler: str, code: lambda_.Code, environment: dict,
+                  description: str, statements: list[iam.PolicyStatement]) -> lambda_.Function:
+        log_group = logs.LogGroup(self, f"{construct_id}Logs", retention=logs.RetentionDays.THREE_MONTHS,
+                                  removal_policy=RemovalPolicy.DESTROY)
+        # Our own role instead of AWSLambdaBasicExecutionRole: logs to this one group only.
+        role = iam.Role(self, f"{construct_id}Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+                        description=description)
+        role.add_to_policy(iam.PolicyStatement(
+            sid="WriteOwnLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+            resources=[log_group.log_group_arn]))
+        for statement in statements:
+            role.add_to_policy(statement)
+        return lambda_.Function(
+            self, construct_id, runtime=RUNTIME, handler=handler, code=code, role=role,
+            environment=environment, description=description, log_group=log_group,
+            # A retried or overlapping watch cannot start a digest twice: the start call carries
+            # the digest as its idempotency token (watcher.py).
+            architecture=lambda_.Architecture.ARM_64, memory_size=256, timeout=Duration.minutes(1))

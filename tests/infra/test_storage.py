@@ -1,0 +1,79 @@
+"""Storage stack: the retained, encrypted, TLS-only, private, versioned, logged checkpoint bucket."""
+from __future__ import annotations
+
+from aws_cdk.assertions import Match
+
+
+def _checkpoint_bucket(synth) -> tuple[str, dict]:
+    buckets = synth.resources("storage", "AWS::S3::Bucket")
+    [(logical_id, bucket)] = [(k, v) for k, v in buckets.items()
+                              if v["Properties"].get("BucketName") == synth.env.bucket_name]
+    return logical_id, bucket
+
+
+def test_bucket_named_from_the_spec(variant):
+    _, bucket = _checkpoint_bucket(variant)
+    assert bucket["Properties"]["BucketName"] == variant.env.bucket_name
+
+
+def test_every_bucket_is_retained(default):
+    buckets = default.resources("storage", "AWS::S3::Bucket")
+    assert len(buckets) == 2  # checkpoints + their access logs
+    for bucket in buckets.values():
+        assert bucket["DeletionPolicy"] == "Retain" and bucket["UpdateReplacePolicy"] == "Retain"
+
+
+def test_checkpoint_bucket_logical_id_never_changes(default):
+    # A changed logical id would make CloudFormation create a NEW bucket (the old one retained,
+    # orphaned, its checkpoints no longer where the runs look).
+    logical_id, _ = _checkpoint_bucket(default)
+    assert logical_id == "CheckpointsBucketDCB1D5A4"
+
+
+def test_encrypted_private_versioned(default):
+    _, bucket = _checkpoint_bucket(default)
+    props = bucket["Properties"]
+    assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0][
+        "ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
+    assert props["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True, "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
+    assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert props["OwnershipControls"]["Rules"] == [{"ObjectOwnership": "BucketOwnerEnforced"}]
+
+
+def test_lifecycle_aborts_multipart_and_expires_noncurrent_after_spec_days(variant):
+    _, bucket = _checkpoint_bucket(variant)
+    rules = {r["Id"]: r for r in bucket["Properties"]["LifecycleConfiguration"]["Rules"]}
+    assert rules["abort-incomplete-multipart-uploads"]["AbortIncompleteMultipartUpload"] == {
+        "DaysAfterInitiation": 1}
+    assert rules["expire-noncurrent-versions"]["NoncurrentVersionExpiration"] == {
+        "NoncurrentDays": variant.env.storage.noncurrent_version_days}
+    assert all(r["Status"] == "Enabled" for r in rules.values())
+
+
+def test_server_access_logs_go_to_the_log_bucket(default):
+    logical_id, bucket = _checkpoint_bucket(default)
+    logging = bucket["Properties"]["LoggingConfiguration"]
+    log_bucket_id = logging["DestinationBucketName"]["Ref"]
+    assert log_bucket_id != logical_id
+    assert logging["LogFilePrefix"] == "checkpoint-bucket/"
+
+
+def test_tls_only_bucket_policy(default):
+    logical_id, _ = _checkpoint_bucket(default)
+    default.template("storage").has_resource_properties("AWS::S3::BucketPolicy", {
+        "Bucket": {"Ref": logical_id},
+        "PolicyDocument": {"Statement": Match.array_with([Match.object_like({
+            "Effect": "Deny", "Action": "s3:*",
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            "Principal": {"AWS": "*"},
+        })])},
+    })
+
+
+def test_outputs_bucket_name(default):
+    outputs = default.json("storage")["Outputs"]
+    logical_id, _ = _checkpoint_bucket(default)
+    assert outputs["BucketName"]["Value"] == {"Ref": logical_id}
+    assert outputs["StorageUri"]["Value"] == default.env.storage_uri
