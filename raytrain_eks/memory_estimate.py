@@ -45,6 +45,9 @@ KNOWN_MODELS: dict[str, ModelShapes] = {
 }
 
 
+_REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
 class ShapesUnknown(ValueError):
     """The model's shapes cannot be found (one-line message)."""
 
@@ -68,9 +71,12 @@ def shapes_for_job(job: JobConfig) -> tuple[ModelShapes, str]:
         raise ShapesUnknown(
             f"{job.source}: model.path: {path!r} has no readable config.json here and is not in the built-in "
             f"table ({', '.join(KNOWN_MODELS)}); download its config.json and point model.path at that directory")
-    from transformers import Qwen2Config  # only for tiny from-config models
+    config = {"model_type": "qwen2", **dict(job.model.config)}
+    if all(key in config for key in _REQUIRED_KEYS):
+        return ModelShapes.from_hf_config(config), "model.config"
+    from transformers import Qwen2Config  # only when the config leans on Qwen2Config's defaults (slow import)
 
-    return ModelShapes.from_hf_config(Qwen2Config(**dict(job.model.config))), "model.config (Qwen2Config)"
+    return ModelShapes.from_hf_config(Qwen2Config(**dict(job.model.config))), "model.config (+ Qwen2Config defaults)"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -49,7 +49,7 @@ ENV_MANIFEST_HASH = "RAYTRAIN_MANIFEST_HASH"
 
 # Every top-level key a finished record holds (tests and the report rely on this list).
 FIELDS = (
-    "schema_version", "run_dir", "kind", "is_infrastructure_check", "image", "code_hash", "spec_hash",
+    "schema_version", "run_dir", "kind", "is_infrastructure_check", "image", "image_digest", "code_hash", "spec_hash",
     "manifest_hash", "job_config", "job_config_hash", "cluster", "versions", "hosts", "transport",
     "throughput", "eval", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
     "exit_code", "error", "command",
@@ -76,11 +76,11 @@ def code_hash(package_dir: str | Path | None = None) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def image_from_env(environ: dict | None = None) -> dict[str, str]:
-    """``{"reference", "digest"}`` from RAYTRAIN_IMAGE; digest is ``""`` for an unlocked tag."""
+def image_from_env(environ: dict | None = None) -> tuple[str, str]:
+    """``(reference, digest)`` from RAYTRAIN_IMAGE; the digest is ``""`` for an unlocked tag."""
     reference = (os.environ if environ is None else environ).get(ENV_IMAGE, "")
     digest = reference.split("@", 1)[1] if "@" in reference else ""
-    return {"reference": reference, "digest": digest}
+    return reference, digest
 
 
 def _package_version(name: str) -> str:
@@ -166,7 +166,9 @@ class RunRecord:
             "run_dir": self.run_dir,
             "kind": "infrastructure_check" if is_infrastructure_check else "fine_tune",
             "is_infrastructure_check": bool(is_infrastructure_check),
-            "image": image_from_env(env),
+            # A plain string: the promote gate checks record["image"].endswith("@" + digest).
+            "image": image_from_env(env)[0],
+            "image_digest": image_from_env(env)[1],
             "code_hash": {"ran": code_hash(), "manifest": env.get(ENV_CODE_HASH, "")},
             "spec_hash": env.get(ENV_SPEC_HASH, ""),
             "manifest_hash": env.get(ENV_MANIFEST_HASH, ""),

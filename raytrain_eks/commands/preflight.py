@@ -1,5 +1,6 @@
 """`raytrain-eks preflight`: check a job against the environment before any spend.
 
+A GPU job that does not name its size is sized to the spec's GPU group, as the charts do.
 Checks world size vs GPUs, the image's Ray version vs the manifests' rayVersion (and the
 installed Ray for local jobs), EFA requested vs available, a per-GPU memory estimate with its
 breakdown, and the time per step, tokens per hour and cost of the run at a stated MFU. Prints
@@ -23,12 +24,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from raytrain_eks.preflight import DEFAULT_MFU, render, run_preflight
+    from raytrain_eks.preflight import DEFAULT_MFU, render, run_preflight, spec_overrides
     from spec import load_environment
-    from training.config import load_job_config
+    from training.config import JobConfigError, load_job_config
 
     env = load_environment(args.env)
-    job = load_job_config(args.job, args.overrides)
+    try:
+        overrides = spec_overrides(env, args.job, args.overrides)
+    except FileNotFoundError:
+        raise JobConfigError(f"{args.job}: file not found") from None
+    job = load_job_config(args.job, overrides)
     try:
         plan = run_preflight(env, job, dist_dir=args.dist, mfu=DEFAULT_MFU if args.mfu is None else args.mfu)
     except ValueError as err:

@@ -35,7 +35,7 @@ def test_record_holds_every_field_at_start_and_end(tmp_path):
     assert set(first) == set(FIELDS)
     assert first["status"] == "running" and first["end_time"] is None
     assert first["kind"] == "infrastructure_check" and first["is_infrastructure_check"] is True
-    assert first["image"] == {"reference": ENV["RAYTRAIN_IMAGE"], "digest": "sha256:" + "ab" * 32}
+    assert first["image"] == ENV["RAYTRAIN_IMAGE"] and first["image_digest"] == "sha256:" + "ab" * 32
     assert first["code_hash"]["manifest"] == ENV["RAYTRAIN_CODE_HASH"]
     assert first["code_hash"]["ran"] == run_record.code_hash()
     assert first["spec_hash"] == ENV["RAYTRAIN_SPEC_HASH"]
@@ -62,7 +62,7 @@ def test_failed_run_records_the_error_and_unknown_fields_are_refused(tmp_path):
         record.update(colour="blue")
     record.finish(status="failed", error="TransportError: rank 4 saw 'socket'")
     final = run_record.read_json(str(tmp_path / "run.json"))
-    assert final["kind"] == "fine_tune" and final["image"] == {"reference": "", "digest": ""}
+    assert final["kind"] == "fine_tune" and final["image"] == "" and final["image_digest"] == ""
     assert final["status"] == "failed" and final["exit_code"] == 1 and "socket" in final["error"]
 
 

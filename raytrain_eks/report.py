@@ -1,0 +1,278 @@
+"""Render a run (or two side by side) as Markdown plus PNG plots, from its run directory alone.
+
+A run directory (local or ``s3://``) holds ``run.json`` (training/run_record.py) and
+``metrics.jsonl`` (training/metrics.py: ``kind`` = ``train`` rows with step, loss, lr, grad_norm,
+tokens_per_s, tokens_per_s_per_device, tflops_per_device, mfu, step_time_s, peak_mem_gb;
+``eval`` rows with step, eval_loss, eval_perplexity; one ``summary`` row). Missing keys, files or
+values are tolerated: what is absent is said, not drawn.
+
+Two runs: every difference between the records is listed, grouped by what it can explain:
+inputs (image, code, spec, config, cluster, versions), run-time conditions (transport, hosts),
+outcomes (throughput, eval, status) and identity (names and times, which always differ).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.run_record import RECORD_NAME, read_json
+
+METRICS_NAME = "metrics.jsonl"
+PLOTS = (  # file stem, metric key, y label
+    ("loss", "loss", "training loss"),
+    ("eval", "eval_loss", "held-out loss"),
+    ("tokens_per_s", "tokens_per_s", "tokens/s (all devices)"),
+    ("mfu", "mfu", "MFU"),
+)
+INPUTS = ("kind", "is_infrastructure_check", "image", "image_digest", "code_hash", "spec_hash", "manifest_hash", "job_config",
+          "job_config_hash", "cluster", "versions", "command", "data", "schema_version")
+RUNTIME = ("transport", "hosts")
+OUTCOMES = ("status", "exit_code", "error", "throughput", "eval", "checkpoints", "duration_s")
+IDENTITY = ("run_dir", "start_time", "end_time")
+
+
+@dataclass(kw_only=True)
+class Run:
+    """One run directory: its record and its metrics rows."""
+
+    source: str
+    record: dict[str, Any] = field(default_factory=dict)
+    train: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        config = self.record.get("job_config") or {}
+        ckpt = config.get("checkpoint") or {}
+        return ckpt.get("run_name") or config.get("name") or Path(self.source.rstrip("/")).name
+
+
+def _read_text(uri: str) -> str:
+    if "://" not in uri or uri.startswith("file://"):
+        return Path(uri.removeprefix("file://")).read_text(encoding="utf-8")
+    from pyarrow import fs
+
+    filesystem, path = fs.FileSystem.from_uri(uri)
+    with filesystem.open_input_stream(path) as stream:
+        return stream.read().decode("utf-8")
+
+
+def load_run(run_dir: str) -> Run:
+    """Read run.json and metrics.jsonl; a missing or bad line becomes a note, not an error."""
+    base = run_dir.rstrip("/")
+    run = Run(source=base)
+    try:
+        run.record = read_json(f"{base}/{RECORD_NAME}")
+    except (OSError, ValueError) as err:
+        run.notes.append(f"no readable {RECORD_NAME}: {err}")
+    try:
+        text = _read_text(f"{base}/{METRICS_NAME}")
+    except OSError as err:
+        run.notes.append(f"no readable {METRICS_NAME}: {err}")
+        text = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            run.notes.append(f"{METRICS_NAME} line {number} is not JSON: skipped")
+            continue
+        if "eval_loss" in row or row.get("kind") == "eval":
+            run.evals.append(row)
+        elif "loss" in row and row.get("kind", "train") == "train":
+            run.train.append(row)
+    if not (run.record or run.train or run.evals):
+        raise FileNotFoundError(f"{run_dir}: neither {RECORD_NAME} nor {METRICS_NAME} could be read")
+    return run
+
+
+def _values(rows: list[dict], key: str) -> list[tuple[float, float]]:
+    return [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and "step" in r]
+
+
+def throughput_summary(run: Run) -> dict[str, Any]:
+    """Steady-state means from the metrics (the first step, with its warm-up, excluded); falls
+    back on the record's own throughput summary."""
+    steady = run.train[1:] if len(run.train) > 1 else run.train
+    out: dict[str, Any] = {}
+    for key in ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu", "step_time_s"):
+        values = [r[key] for r in steady if isinstance(r.get(key), (int, float))]
+        out[key] = statistics.fmean(values) if values else (run.record.get("throughput") or {}).get(key)
+    memory = [r["peak_mem_gb"] for r in run.train if isinstance(r.get("peak_mem_gb"), (int, float))]
+    out["peak_mem_gb"] = max(memory) if memory else (run.record.get("throughput") or {}).get("peak_mem_gb")
+    out["steps"] = len(run.train)
+    return out
+
+
+def eval_before_after(run: Run) -> tuple[float | None, float | None]:
+    losses = _values(run.evals, "eval_loss")
+    if losses:
+        return losses[0][1], losses[-1][1]
+    ev = run.record.get("eval") or {}
+    get = lambda side: (ev.get(side) or {}).get("loss") if isinstance(ev.get(side), dict) else None  # noqa: E731
+    return get("before"), get("after")
+
+
+def plot_runs(runs: list[Run], out_dir: Path) -> dict[str, str]:
+    """One PNG per metric, every run on the same axes; returns {stem: file name} for those drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    drawn = {}
+    for stem, key, label in PLOTS:
+        series = [(run, _values(run.evals if key == "eval_loss" else run.train, key)) for run in runs]
+        if not any(points for _, points in series):
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+        for index, (run, points) in enumerate(series):
+            if points:
+                xs, ys = zip(*points)
+                # B dashed over A solid: identical curves (same seed) stay visible as one.
+                ax.plot(xs, ys, linestyle="-" if index == 0 else "--", marker="o" if len(points) < 30 else None,
+                        markersize=3 if index == 0 else 5, fillstyle="full" if index == 0 else "none",
+                        label=f"{'AB'[index] if len(runs) > 1 else ''} {run.name}".strip())
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        if key == "mfu":
+            ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        ax.set_title(label + (" (A vs B)" if len(runs) > 1 else f": {runs[0].name}"))
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / f"{stem}.png")
+        plt.close(fig)
+        drawn[stem] = f"{stem}.png"
+    return drawn
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b.0.c": leaf}`` for nested dicts and lists (an empty container is a leaf)."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key in sorted(value):
+            out.update(flatten(value[key], f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(value, list) and value:
+        out = {}
+        for index, item in enumerate(value):
+            out.update(flatten(item, f"{prefix}.{index}"))
+        return out
+    return {prefix: value}
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[tuple[str, Any, Any]]]:
+    """Every leaf that differs between two records, grouped (inputs, runtime, outcomes, identity)."""
+    flat_a, flat_b = flatten(a), flatten(b)
+    missing = "(absent)"
+    groups: dict[str, list[tuple[str, Any, Any]]] = {"inputs": [], "runtime": [], "outcomes": [], "identity": []}
+    for path in sorted(set(flat_a) | set(flat_b)):
+        va, vb = flat_a.get(path, missing), flat_b.get(path, missing)
+        if va == vb:
+            continue
+        top = path.split(".", 1)[0]
+        if top in IDENTITY or (top == "transport" and ".evidence" in path):  # verbatim log lines: pids, times
+            group = "identity"
+        elif top in RUNTIME:
+            group = "runtime"
+        elif top in OUTCOMES:
+            group = "outcomes"
+        else:
+            group = "inputs"  # unknown keys count as inputs: never hide a possible cause
+        groups[group].append((path, va, vb))
+    return groups
+
+
+def _fmt(value: Any, width: int = 70) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        text = f"{value:.4g}"
+    else:
+        text = json.dumps(value) if not isinstance(value, str) else value
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _transport_text(transport: dict[str, Any]) -> str:
+    counts = transport.get("counts") or {}
+    ranks = ", ".join(f"{kind}: {n} rank(s)" for kind, n in counts.items())
+    return transport.get("transport", "unknown") + (f" ({ranks})" if ranks else "")
+
+
+def _summary_rows(run: Run) -> list[tuple[str, Any]]:
+    r, t = run.record, throughput_summary(run)
+    before, after = eval_before_after(run)
+    cluster = r.get("cluster") or {}
+    transport = r.get("transport") or {}
+    return [
+        ("run", run.name), ("directory", run.source), ("status", r.get("status")),
+        ("kind", r.get("kind") + (" (synthetic data: proves the infrastructure, not a model)"
+                                  if r.get("is_infrastructure_check") else "") if r.get("kind") else None),
+        ("image", r.get("image") or "(local: no image)"),
+        ("code hash", (r.get("code_hash") or {}).get("ran") if isinstance(r.get("code_hash"), dict) else r.get("code_hash")),
+        ("spec hash", r.get("spec_hash") or None), ("job config hash", r.get("job_config_hash")),
+        ("cluster", f"{cluster.get('nodes', '?')} node(s) x {cluster.get('gpus_per_node', '?')} GPU(s)"
+                    f" {cluster.get('instance_type') or ''}".strip()),
+        ("strategy", ((r.get("job_config") or {}).get("parallel") or {}).get("strategy")),
+        ("transport", _transport_text(transport)),
+        ("steps", t["steps"]), ("tokens/s", t["tokens_per_s"]), ("tokens/s per device", t["tokens_per_s_per_device"]),
+        ("TFLOP/s per device", t["tflops_per_device"]),
+        ("MFU", None if t["mfu"] is None else f"{100 * t['mfu']:.2f}%"), ("step time (s)", t["step_time_s"]),
+        ("peak memory (GB)", t["peak_mem_gb"]), ("eval loss before", before), ("eval loss after", after),
+        ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),
+        ("started", r.get("start_time")), ("error", r.get("error")),
+    ]
+
+
+def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
+    title = runs[0].name if len(runs) == 1 else f"{runs[0].name} (A) vs {runs[1].name} (B)"
+    lines = [f"# Run report: {title}", ""]
+    rows = [_summary_rows(run) for run in runs]
+    columns = ["A", "B"] if len(runs) == 2 else ["value"]
+    lines += ["| | " + " | ".join(columns) + " |", "|---|" + "---|" * len(runs)]
+    for index, (label, _) in enumerate(rows[0]):
+        lines.append(f"| {label} | " + " | ".join(_fmt(r[index][1]) for r in rows) + " |")
+    for run in runs:
+        for note in run.notes:
+            lines.append(f"\n> note ({run.name}): {note}")
+    if len(runs) == 2:
+        lines += ["", "## Differences between the records", "",
+                  "Every leaf of run.json that differs. Inputs and run-time conditions are what can explain a "
+                  "throughput or loss difference; outcomes are the differences to explain.", ""]
+        for group, items in differences(runs[0].record, runs[1].record).items():
+            lines.append(f"### {group} ({len(items)})")
+            lines.append("")
+            if not items:
+                lines.append("(none)")
+            else:
+                lines += ["| field | A | B |", "|---|---|---|"]
+                lines += [f"| `{path}` | {_fmt(va, 110)} | {_fmt(vb, 110)} |" for path, va, vb in items]
+            lines.append("")
+    lines += ["", "## Plots", ""]
+    missing = [stem for stem, _, _ in PLOTS if stem not in plots]
+    lines += [f"![{stem}]({name})" for stem, name in plots.items()]
+    if missing:
+        lines.append(f"\nNot drawn (no values in the metrics): {', '.join(missing)}.")
+    return "\n".join(lines) + "\n"
+
+
+def render_report(run_dirs: list[str], out_dir: str | Path) -> Path:
+    """Write ``report.md`` and the PNGs into ``out_dir``; returns the Markdown path."""
+    if not 1 <= len(run_dirs) <= 2:
+        raise ValueError(f"report: {len(run_dirs)} run directories given; give one or two")
+    runs = [load_run(d) for d in run_dirs]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = plot_runs(runs, out)
+    path = out / "report.md"
+    path.write_text(render_markdown(runs, plots), encoding="utf-8")
+    return path

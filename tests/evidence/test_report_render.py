@@ -1,0 +1,95 @@
+"""The report renders from a run directory (local or S3) and the comparison lists every difference."""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+from raytrain_eks.cli import main
+from raytrain_eks.report import differences, load_run, render_report, throughput_summary
+
+RUNS = Path(__file__).parent / "fixtures" / "runs"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_single_run_report_has_summary_and_four_plots(tmp_path, capsys):
+    assert main(["report", str(RUNS / "efa-full"), "--out", str(tmp_path)]) == 0
+    assert "report.md" in capsys.readouterr().out
+    text = (tmp_path / "report.md").read_text()
+    for stem in ("loss", "eval", "tokens_per_s", "mfu"):
+        assert f"![{stem}]({stem}.png)" in text
+        assert png_size(tmp_path / f"{stem}.png") == (700, 400)
+    assert "| transport | efa (efa: 1 rank(s)) |" in text
+    assert "synthetic data: proves the infrastructure" in text
+    assert "| eval loss before | 12 |" in text and "| eval loss after | 9.2 |" in text
+
+
+def test_throughput_excludes_the_warm_up_step():
+    summary = throughput_summary(load_run(str(RUNS / "efa-full")))
+    assert 515 < summary["tokens_per_s"] < 545          # 1024 tokens x 0.5173 steps/s = 530
+    assert summary["steps"] == 20 and summary["peak_mem_gb"] == 9.1
+
+
+def test_comparison_lists_every_difference_by_group(tmp_path):
+    a = json.loads((RUNS / "efa-full" / "run.json").read_text())
+    b_dir = tmp_path / "b"
+    shutil.copytree(RUNS / "efa-full", b_dir)
+    b = json.loads(json.dumps(a))
+    b["image"] = b["image"].split("@")[0] + "@sha256:" + "2" * 64
+    b["image_digest"] = "sha256:" + "2" * 64
+    b["code_hash"]["ran"] = "sha256:" + "d" * 64
+    b["job_config"]["parallel"]["strategy"] = "hybrid_shard"
+    b["cluster"]["instance_type"] = "g5.12xlarge"
+    b["versions"]["nccl"] = "2.28.3"
+    b["transport"]["transport"] = "socket"
+    b["throughput"]["tokens_per_s"] = 1.0
+    (b_dir / "run.json").write_text(json.dumps(b))
+    groups = differences(a, b)
+    inputs = {path for path, _, _ in groups["inputs"]}
+    assert inputs == {"image", "image_digest", "code_hash.ran", "job_config.parallel.strategy", "cluster.instance_type",
+                      "versions.nccl"}
+    assert [p for p, _, _ in groups["runtime"]] == ["transport.transport"]
+    assert [p for p, _, _ in groups["outcomes"]] == ["throughput.tokens_per_s"]
+    text = render_report([str(RUNS / "efa-full"), str(b_dir)], tmp_path / "out").read_text()
+    assert "### inputs (6)" in text and "| `versions.nccl` | 2.29.7 | 2.28.3 |" in text
+    assert "| `job_config.parallel.strategy` | full_shard | hybrid_shard |" in text
+
+
+def test_efa_vs_tcp_fixture_comparison_names_the_transport(tmp_path):
+    text = render_report([str(RUNS / "efa-full"), str(RUNS / "tcp-full")], tmp_path).read_text()
+    assert "| `transport.transport` | efa | socket |" in text
+    assert "| `job_config.evidence.require_transport` | efa | any |" in text
+    assert "### identity" in text and "| tokens/s | 529.8 | 257.4 |" in text
+
+
+def test_cpu_run_without_mfu_or_record_still_renders(tmp_path):
+    run = tmp_path / "cpu-run"
+    run.mkdir()
+    rows = [{"kind": "train", "step": s, "loss": 5.0 / s, "tokens_per_s": 100.0, "mfu": None} for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    text = render_report([str(run)], tmp_path / "out").read_text()
+    assert "Not drawn (no values in the metrics): eval, mfu." in text
+    assert "no readable run.json" in text and "line 4 is not JSON" in text
+    assert (tmp_path / "out" / "loss.png").exists() and not (tmp_path / "out" / "mfu.png").exists()
+
+
+def test_report_from_s3(moto_s3, tmp_path):
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=moto_s3, region_name="us-east-1")
+    for name in ("run.json", "metrics.jsonl"):
+        s3.upload_file(str(RUNS / "tcp-full" / name), "runs-111122223333", f"runs/tcp-full/{name}")
+    text = render_report(["s3://runs-111122223333/runs/tcp-full"], tmp_path).read_text()
+    assert "| transport | socket (socket: 1 rank(s)) |" in text
+
+
+def test_missing_run_dir_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "neither run.json nor metrics.jsonl" in err
