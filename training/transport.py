@@ -25,6 +25,13 @@ Ray prefixes do not matter):
    The bare ``NET/Socket : Using [0]eth0:...`` init line is NOT evidence: older NCCLs initialise
    every network at start-up and print it on EFA hosts too.
 
+In the worker loop, after the process group exists, ONE call does all of it (every rank must
+call it; every rank raises on a violation, so the run fails within its first seconds)::
+
+    evidence = collect_evidence(require=config.evidence.require_transport,
+                                log_dir="/tmp/raytrain-nccl", num_nodes=config.num_nodes)
+    if rank == 0: record.update(transport=evidence, hosts=hosts_from_evidence(evidence))
+
 Capturing the lines (NCCL writes to the worker's stderr, which the process cannot read back):
 
     env = nccl_debug_env("/tmp/raytrain-nccl")    # before NCCL initialises in the worker:
@@ -265,3 +272,37 @@ class TransportGate:
             f"evidence.require_transport = {self.require!r} but {len(bad)} of "
             f"{len(evidence.get('ranks', [])) or 1} ranks saw {first.get('transport')!r}: "
             f"{where}: {first.get('reason')}{line}{hint}")
+
+
+def collect_evidence(*, require: str, log_dir: str | None, num_nodes: int) -> dict:
+    """Every rank: force NCCL's connections with one all-reduce, classify this rank's log, gather
+    all ranks' classifications, apply the gate. Returns the aggregate (the same on every rank).
+
+    Needs an initialised ``torch.distributed`` default process group; ``log_dir`` is where
+    :func:`nccl_debug_env` pointed ``NCCL_DEBUG_FILE`` (None: no file, the NCCL class is unknown).
+    """
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend())
+    if backend == "nccl":
+        # The first collective creates the communicator and connects its channels; only then
+        # are the "via NET/..." lines written.
+        dist.all_reduce(torch.ones(1, device=torch.device("cuda", torch.cuda.current_device())))
+        torch.cuda.synchronize()
+        mine = classify_file(own_nccl_log(log_dir)) if log_dir else RankTransport(reason="no NCCL debug file configured")
+    else:
+        mine = non_nccl_evidence(backend, num_nodes)
+    mine.rank, mine.host = dist.get_rank(), socket.gethostname()
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine.to_dict())
+    evidence = aggregate([RankTransport.from_dict(d) for d in gathered])
+    TransportGate(require=require).check(evidence)
+    return evidence
+
+
+def hosts_from_evidence(evidence: dict) -> dict[str, str]:
+    """``{"0": host, "1": host, ...}`` for the run record."""
+    return {str(r["rank"]): r.get("host", "") for r in evidence.get("ranks", []) if r.get("rank") is not None}

@@ -114,3 +114,18 @@ def test_debug_env_and_own_log_file(tmp_path):
 def test_gloo_evidence():
     assert transport.non_nccl_evidence("gloo", 1).transport == "single-node"
     assert transport.non_nccl_evidence("gloo", 2).transport == "socket"
+
+
+def test_collect_evidence_on_a_gloo_process_group(tmp_path):
+    """The one call the loop makes, on a real (1-process, gloo) process group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        evidence = transport.collect_evidence(require="single-node", log_dir=None, num_nodes=1)
+        assert evidence["transport"] == "single-node" and evidence["ranks"][0]["network"] == "gloo"
+        assert list(transport.hosts_from_evidence(evidence)) == ["0"]
+        with pytest.raises(TransportError, match="require_transport = 'efa'.*'single-node'"):
+            transport.collect_evidence(require="efa", log_dir=None, num_nodes=1)
+    finally:
+        dist.destroy_process_group()
