@@ -35,23 +35,39 @@ def checkpoint_policy_statements(bucket_arn: str, prefix: str) -> list[iam.Polic
 
 
 class RayIdentity(Construct):
-    """Namespace + service account + pod role. Exposes :attr:`role`, :attr:`service_account`,
-    :attr:`namespace` and :attr:`service_account_name`."""
+    """Namespace + service account + pod role + Pod Identity association. Exposes :attr:`role`,
+    :attr:`manifest`, :attr:`association`, :attr:`namespace` and :attr:`service_account_name`.
+
+    Built from parts instead of ``cluster.add_service_account(identity_type=POD_IDENTITY)``:
+    that helper also annotates the service account with the IRSA ``eks.amazonaws.com/role-arn``,
+    and an IRSA web-identity token comes first in the AWS SDKs' credential chain, for a role
+    whose trust policy (rightly) does not accept it.
+    """
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
                  namespace: str, service_account_name: str, bucket_name: str, prefix: str) -> None:
         super().__init__(scope, construct_id)
         self.namespace = namespace
         self.service_account_name = service_account_name
-        self.namespace_manifest = cluster.add_manifest("RayNamespace", {
-            "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": {"app.kubernetes.io/part-of": "raytrain-eks"}},
-        })
-        self.service_account = cluster.add_service_account(
-            "RayServiceAccount", name=service_account_name, namespace=namespace,
-            identity_type=eks.IdentityType.POD_IDENTITY)
-        self.service_account.node.add_dependency(self.namespace_manifest)
-        self.role = self.service_account.role
+        labels = {"app.kubernetes.io/part-of": "raytrain-eks"}
+        # One manifest, applied in order: the namespace, then the service account in it.
+        self.manifest = cluster.add_manifest(
+            "RayNamespaceAndServiceAccount",
+            {"apiVersion": "v1", "kind": "Namespace",
+             "metadata": {"name": namespace, "labels": labels}},
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": service_account_name, "namespace": namespace, "labels": labels}})
+        self.role = iam.Role(
+            self, "PodRole",
+            description=f"Ray pods ({namespace}/{service_account_name}): checkpoints under one prefix",
+            # EKS Pod Identity assumes the role with session tags: both actions are required.
+            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")))
+        self.agent = eks.Addon(self, "PodIdentityAgent", cluster=cluster,
+                               addon_name="eks-pod-identity-agent")
+        self.association = eks.CfnPodIdentityAssociation(
+            self, "Association", cluster_name=cluster.cluster_name, namespace=namespace,
+            service_account=service_account_name, role_arn=self.role.role_arn)
+        self.association.node.add_dependency(self.agent)
         # The bucket lives in the storage stack; its name is spec-derived, so the ARN is built
         # here instead of imported (no cross-stack export pins the stateful stack).
         partition = Stack.of(self).partition

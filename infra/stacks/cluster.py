@@ -90,7 +90,6 @@ class ClusterStack(Stack):
             bucket_name=env_spec.bucket_name, prefix=env_spec.storage.prefix)
         self.ray_identity = identity
         self.pod_role = identity.role
-        self.service_account = identity.service_account
         self.service_account_name = identity.service_account_name
         self.service_account_namespace = identity.namespace
 

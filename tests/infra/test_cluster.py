@@ -1,0 +1,245 @@
+"""Cluster stack: control plane settings cdk-nag cannot see, node groups, EFA launch template,
+add-ons at the spec's versions, and the Ray service account's Pod Identity."""
+from __future__ import annotations
+
+import json
+
+from aws_cdk.assertions import Match
+
+from spec.model import EFA_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL
+
+
+def _one(synth, type_name: str) -> dict:
+    [resource] = synth.resources("cluster", type_name).values()
+    return resource["Properties"]
+
+
+def _gpu_nodegroups(synth) -> dict[str, dict]:
+    """GPU node group name (from the spec) -> properties."""
+    groups = {}
+    for resource in synth.resources("cluster", "AWS::EKS::Nodegroup").values():
+        props = resource["Properties"]
+        if props["AmiType"] == "AL2023_x86_64_NVIDIA":
+            groups[props["Labels"]["raytrain.io/node-group"]] = props
+    return groups
+
+
+def _launch_template(synth, nodegroup: dict) -> dict:
+    logical_id = nodegroup["LaunchTemplate"]["Id"]["Ref"]
+    return synth.json("cluster")["Resources"][logical_id]["Properties"]["LaunchTemplateData"]
+
+
+def test_cluster_version_auth_logging_endpoint(default):
+    # cdk-nag's EKS rules do not see aws_eks_v2's cluster: assert these here.
+    props = _one(default, "AWS::EKS::Cluster")
+    assert props["Name"] == default.env.cluster.name
+    assert props["Version"] == default.env.cluster.kubernetes_version
+    assert props["AccessConfig"]["AuthenticationMode"] == "API"
+    assert {t["Type"] for t in props["Logging"]["ClusterLogging"]["EnabledTypes"]} == {
+        "api", "audit", "authenticator", "controllerManager", "scheduler"}
+    assert default.env.cluster.endpoint_access == "public_and_private"
+    vpc_config = props["ResourcesVpcConfig"]
+    assert (vpc_config["EndpointPublicAccess"], vpc_config["EndpointPrivateAccess"]) == (True, True)
+    assert props["ComputeConfig"] == {"Enabled": False}  # managed node groups, not Auto Mode
+
+
+def test_private_endpoint_from_the_spec(alternative):
+    vpc_config = _one(alternative, "AWS::EKS::Cluster")["ResourcesVpcConfig"]
+    assert (vpc_config["EndpointPublicAccess"], vpc_config["EndpointPrivateAccess"]) == (False, True)
+    # the kubectl provider then runs inside the VPC to reach the private endpoint
+    handler = [r["Properties"] for r in alternative.resources("cluster", "AWS::Lambda::Function").values()
+               if "VpcConfig" in r["Properties"]]
+    assert handler
+
+
+def test_admin_principals_get_cluster_admin_access_entries(alternative):
+    entries = [e["Properties"] for e in alternative.resources("cluster", "AWS::EKS::AccessEntry").values()]
+    [admin] = [e for e in entries if e["PrincipalArn"] == alternative.env.cluster.admin_principal_arns[0]]
+    assert admin["AccessPolicies"][0]["AccessScope"] == {"Type": "cluster"}
+    assert json.dumps(admin["AccessPolicies"][0]["PolicyArn"]).endswith('AmazonEKSClusterAdminPolicy"]]}')
+
+
+def test_kubectl_layer_matches_the_kubernetes_version(default):
+    layers = default.resources("cluster", "AWS::Lambda::LayerVersion")
+    assert any("kubectl" in json.dumps(layer["Properties"]).lower() for layer in layers.values())
+    handler = [r["Properties"] for r in default.resources("cluster", "AWS::Lambda::Function").values()
+               if len(r["Properties"].get("Layers", [])) >= 2]
+    assert handler, "the kubectl handler has the kubectl and AWS CLI layers"
+
+
+def test_system_node_group(default):
+    system = [r["Properties"] for r in default.resources("cluster", "AWS::EKS::Nodegroup").values()
+              if r["Properties"]["AmiType"] == "AL2023_x86_64_STANDARD"]
+    [props] = system
+    spec = default.env.system_node_group
+    assert props["InstanceTypes"] == [spec.instance_type]
+    assert props["ScalingConfig"] == {"MinSize": spec.nodes, "DesiredSize": spec.nodes, "MaxSize": spec.nodes}
+    assert props["Labels"][NODE_ROLE_LABEL] == "system"
+    assert "Taints" not in props
+
+
+def test_gpu_node_group_from_the_spec(default):
+    [group] = default.env.gpu_node_groups
+    props = _gpu_nodegroups(default)[group.name]
+    assert props["InstanceTypes"] == ["g6.12xlarge"] == [group.instance_type]
+    assert props["ScalingConfig"] == {"MinSize": 2, "DesiredSize": 2, "MaxSize": 2}
+    assert props["CapacityType"] == "ON_DEMAND"
+    assert props["Taints"] == [{"Key": GPU_TAINT_KEY, "Value": "true", "Effect": "NO_SCHEDULE"}]
+    assert props["Labels"] == group.labels and props["Labels"][EFA_LABEL] == "true"
+    assert props["Tags"] == {"raytrain:gpus-per-node": "4", "raytrain:efa-per-node": "1"}
+    assert "DiskSize" not in props  # the launch template's gp3 volume is the root disk
+
+
+def test_efa_launch_template(default):
+    [group] = default.env.gpu_node_groups
+    data = _launch_template(default, _gpu_nodegroups(default)[group.name])
+    [interface] = data["NetworkInterfaces"]
+    assert interface["InterfaceType"] == "efa"
+    assert (interface["DeviceIndex"], interface["NetworkCardIndex"]) == (0, 0)
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    [root] = data["BlockDeviceMappings"]
+    assert root == {"DeviceName": "/dev/xvda", "Ebs": {
+        "VolumeSize": group.root_volume_gib, "VolumeType": "gp3", "Encrypted": True,
+        "DeleteOnTermination": True}}
+    assert "ImageId" not in data  # the managed node group's AMI type supplies it
+    assert "CapacityReservationSpecification" not in data and "InstanceMarketOptions" not in data
+
+
+def test_cluster_placement_group(default):
+    [group] = default.env.gpu_node_groups
+    data = _launch_template(default, _gpu_nodegroups(default)[group.name])
+    placement_id = data["Placement"]["GroupName"]["Fn::GetAtt"][0]
+    placement = default.json("cluster")["Resources"][placement_id]
+    assert placement["Type"] == "AWS::EC2::PlacementGroup"
+    assert placement["Properties"] == {"Strategy": "cluster"}
+
+
+def test_efa_security_group_allows_all_traffic_to_and_from_itself_only(default):
+    [(sg_id, sg)] = [(k, v) for k, v in default.resources("cluster", "AWS::EC2::SecurityGroup").items()
+                     if "EFA" in v["Properties"]["GroupDescription"]]
+    assert "SecurityGroupIngress" not in sg["Properties"]
+    # allow_all_outbound=False leaves CDK's placeholder "disallow" rule only
+    assert all(rule.get("CidrIp") == "255.255.255.255/32"
+               for rule in sg["Properties"].get("SecurityGroupEgress", []))
+    self_ref = {"Fn::GetAtt": [sg_id, "GroupId"]}
+    [ingress] = default.resources("cluster", "AWS::EC2::SecurityGroupIngress").values()
+    [egress] = default.resources("cluster", "AWS::EC2::SecurityGroupEgress").values()
+    assert ingress["Properties"]["GroupId"] == self_ref == ingress["Properties"]["SourceSecurityGroupId"]
+    assert egress["Properties"]["GroupId"] == self_ref == egress["Properties"]["DestinationSecurityGroupId"]
+    assert ingress["Properties"]["IpProtocol"] == egress["Properties"]["IpProtocol"] == "-1"
+    # and the EFA interface carries both the EFA group and the cluster security group
+    [group] = default.env.gpu_node_groups
+    [interface] = _launch_template(default, _gpu_nodegroups(default)[group.name])["NetworkInterfaces"]
+    assert self_ref in interface["Groups"]
+    assert {"Fn::GetAtt": [_cluster_id(default), "ClusterSecurityGroupId"]} in interface["Groups"]
+
+
+def _cluster_id(synth) -> str:
+    [logical_id] = synth.resources("cluster", "AWS::EKS::Cluster")
+    return logical_id
+
+
+def _charts(synth) -> dict[str, dict]:
+    return {r["Properties"]["Chart"]: r["Properties"]
+            for r in synth.resources("cluster", "Custom::AWSCDK-EKS-HelmChart").values()}
+
+
+def test_helm_chart_versions_equal_the_spec(variant):
+    charts = _charts(variant)
+    versions = variant.env.versions
+    assert {name: c["Version"] for name, c in charts.items()} == {
+        "nvidia-device-plugin": versions.nvidia_device_plugin,
+        "aws-efa-k8s-device-plugin": versions.efa_device_plugin,
+        "kuberay-operator": versions.kuberay_operator,
+    }
+
+
+def test_device_plugins_tolerate_the_gpu_taint_and_select_gpu_nodes(variant):
+    charts = _charts(variant)
+    toleration = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+    efa = json.loads(charts["aws-efa-k8s-device-plugin"]["Values"])
+    assert efa["tolerations"] == [toleration]
+    assert efa["nodeSelector"] == {EFA_LABEL: "true"}
+    assert efa["supportedInstanceLabels"]["values"] == sorted(
+        {g.instance_type for g in variant.env.gpu_node_groups})
+    nvidia = json.loads(charts["nvidia-device-plugin"]["Values"])
+    assert nvidia["tolerations"] == [toleration]
+    [term] = nvidia["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": NODE_ROLE_LABEL, "operator": "In", "values": ["gpu"]}]
+
+
+def test_kuberay_operator_on_system_nodes(default):
+    kuberay = _charts(default)["kuberay-operator"]
+    assert json.loads(kuberay["Values"]) == {"nodeSelector": {NODE_ROLE_LABEL: "system"}}
+    assert kuberay["Repository"] == "https://ray-project.github.io/kuberay-helm/"
+
+
+def test_ray_namespace_service_account_and_pod_identity(variant):
+    ray = variant.env.ray
+    manifests = [json.loads(r["Properties"]["Manifest"]) if isinstance(r["Properties"]["Manifest"], str)
+                 else r["Properties"]["Manifest"]
+                 for r in variant.resources("cluster", "Custom::AWSCDK-EKS-KubernetesResource").values()]
+    flat = [m for doc in manifests for m in (doc if isinstance(doc, list) else [doc])]
+    kinds = {(m["kind"], m["metadata"]["name"]) for m in flat if isinstance(m, dict) and "kind" in m}
+    assert ("Namespace", ray.namespace) in kinds
+    assert ("ServiceAccount", ray.service_account) in kinds
+    [account] = [m for m in flat if m.get("kind") == "ServiceAccount"]
+    assert account["metadata"]["namespace"] == ray.namespace
+    # no IRSA annotation: its web-identity token would shadow Pod Identity in the SDKs
+    assert "eks.amazonaws.com/role-arn" not in account["metadata"].get("annotations", {})
+    association = _one(variant, "AWS::EKS::PodIdentityAssociation")
+    assert (association["Namespace"], association["ServiceAccount"]) == (ray.namespace, ray.service_account)
+    assert association["RoleArn"] == {"Fn::GetAtt": [_pod_role_id(variant), "Arn"]}
+    # the pod-identity agent add-on, exactly once (a second one fails CloudFormation, E3019)
+    addons = [a["Properties"]["AddonName"] for a in variant.resources("cluster", "AWS::EKS::Addon").values()]
+    assert addons.count("eks-pod-identity-agent") == 1
+
+
+def _pod_role_id(synth) -> str:
+    return synth.json("cluster")["Outputs"]["PodRoleArn"]["Value"]["Fn::GetAtt"][0]
+
+
+def test_pod_role_trusts_only_pod_identity(default):
+    role = default.json("cluster")["Resources"][_pod_role_id(default)]["Properties"]
+    [statement] = role["AssumeRolePolicyDocument"]["Statement"]
+    assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
+    assert "ManagedPolicyArns" not in role
+
+
+def test_pod_policy_is_least_privilege_on_the_prefix(variant):
+    env = variant.env
+    bucket, prefix = env.bucket_name, env.storage.prefix
+    pod_role = {"Ref": _pod_role_id(variant)}
+    policies = [p["Properties"] for p in variant.resources("cluster", "AWS::IAM::Policy").values()
+                if pod_role in p["Properties"]["Roles"]]
+    [policy] = policies  # nothing else is attached to the pod role
+    statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
+    arn = lambda suffix: {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":s3:::{bucket}{suffix}"]]}
+    assert statements["CheckpointObjects"] == {
+        "Sid": "CheckpointObjects", "Effect": "Allow", "Resource": arn(f"/{prefix}/*"),
+        "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
+                   "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]}
+    assert statements["ListCheckpointPrefix"] == {
+        "Sid": "ListCheckpointPrefix", "Effect": "Allow", "Action": "s3:ListBucket",
+        "Resource": arn(""), "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}}
+    text = json.dumps(policy)
+    assert '"s3:*"' not in text and '"Resource": "*"' not in text
+
+
+def test_outputs(default):
+    outputs = default.json("cluster")["Outputs"]
+    assert outputs["ClusterName"]["Value"] == {"Ref": _cluster_id(default)}
+    assert outputs["UpdateKubeconfigCommand"]["Value"] == (
+        "aws eks update-kubeconfig --name raytrain --region us-east-1")
+    assert outputs["PodRoleArn"]["Value"]["Fn::GetAtt"][1] == "Arn"
+
+
+def test_stack_attributes_other_code_uses(default):
+    cluster = default.built.cluster
+    assert cluster.service_account_name == default.env.ray.service_account
+    assert cluster.service_account_namespace == default.env.ray.namespace
+    assert len(cluster.gpu_nodegroups) == len(default.env.gpu_node_groups)
+    assert cluster.pod_role is not None and default.built.storage.bucket is not None
+    assert default.built.pipeline is None
+    assert default.built.cluster.stack_name == "raytrain-cluster"
