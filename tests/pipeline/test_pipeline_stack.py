@@ -1,0 +1,206 @@
+"""The pipeline stack's template: stages in order, the digest variable, the watcher's schedule,
+and permissions scoped to what each part needs. ONE synth of the whole app (cdk-nag runs as a
+validation plugin during it and fails on any unacknowledged finding).
+
+The test spec enables the pipeline with account 111122223333 and a syntactically valid but
+fictitious connection ARN (test data only).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+import warnings
+from pathlib import Path
+
+import pytest
+
+from infra.lambdas.image_watcher import watcher as watcher_module
+from infra.stacks import pipeline as pipeline_module
+from infra.stacks.pipeline_access import DEPLOYER_GROUP
+from infra.stacks.pipeline_watcher import stage_asset
+
+REPO = Path(__file__).resolve().parents[2]
+ACCOUNT = "111122223333"
+CONNECTION = f"arn:aws:codeconnections:us-east-1:{ACCOUNT}:connection/0f3c2b1a-4d5e-4f60-8a7b-9c0d1e2f3a4b"
+DIGEST = "sha256:" + "5" * 64
+SCHEDULE = "rate(2 hours)"
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory):
+    from infra.build import build_app, new_app
+    from spec import environment_from_dict
+
+    raw = tomllib.loads((REPO / "environment.toml").read_text())
+    raw["cluster"]["account"] = ACCOUNT
+    raw["image"]["digest"] = DIGEST
+    raw["pipeline"].update(connection_arn=CONNECTION, repository="example-org/raytrain-eks",
+                           branch="release", watch_schedule=SCHEDULE)
+    env = environment_from_dict(raw, "pipeline-test.toml")
+    outdir = tmp_path_factory.mktemp("cdk-pipeline")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = build_app(env, new_app(env, outdir=str(outdir)))
+        built.app.synth()  # raises on an unacknowledged cdk-nag finding
+    template = json.loads((outdir / f"{built.pipeline.stack_name}.template.json").read_text())
+    return env, built, template
+
+
+def resources(template: dict, type_name: str) -> dict:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_name}
+
+
+def the(template: dict, type_name: str) -> dict:
+    [resource] = resources(template, type_name).values()
+    return resource["Properties"]
+
+
+def policy_statements(template: dict, role_id_part: str) -> list[dict]:
+    """Every statement of the policies attached to the role whose logical ID contains the part."""
+    roles = [k for k in resources(template, "AWS::IAM::Role") if role_id_part in k]
+    assert len(roles) == 1, roles
+    return [s for p in resources(template, "AWS::IAM::Policy").values()
+            if {"Ref": roles[0]} in p["Properties"]["Roles"]
+            for s in p["Properties"]["PolicyDocument"]["Statement"]]
+
+
+def buildspec(template: dict, project_id_part: str) -> dict:
+    import yaml
+
+    [project] = [v for k, v in resources(template, "AWS::CodeBuild::Project").items() if project_id_part in k]
+    return yaml.safe_load(project["Properties"]["Source"]["BuildSpec"])
+
+
+def test_pipeline_is_v2_with_the_digest_variable_and_stages_in_order(synthesized):
+    env, _, template = synthesized
+    pipeline = the(template, "AWS::CodePipeline::Pipeline")
+    assert pipeline["PipelineType"] == "V2" and pipeline["ExecutionMode"] == "QUEUED"
+    [variable] = pipeline["Variables"]
+    assert (variable["Name"], variable["DefaultValue"]) == ("IMAGE_DIGEST", "spec")
+    assert [s["Name"] for s in pipeline["Stages"]] == ["Source", "Synth", "Deploy", "Apply", "Smoke", "Promote"]
+    [source] = pipeline["Stages"][0]["Actions"]
+    assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"
+    assert source["Configuration"] == {"ConnectionArn": CONNECTION, "FullRepositoryId": "example-org/raytrain-eks",
+                                       "BranchName": "release"}
+    # the watcher and the stack agree on the variable's name
+    assert watcher_module.DIGEST_VARIABLE == pipeline_module.DIGEST_VARIABLE == "IMAGE_DIGEST"
+
+
+def test_synth_locks_the_run_digest_then_tests_and_synthesizes(synthesized):
+    _, _, template = synthesized
+    pipeline = the(template, "AWS::CodePipeline::Pipeline")
+    [synth] = pipeline["Stages"][1]["Actions"]
+    variables = {v["name"]: v["value"] for v in json.loads(synth["Configuration"]["EnvironmentVariables"])}
+    assert variables["IMAGE_DIGEST"] == "#{variables.IMAGE_DIGEST}"
+    commands = buildspec(template, "Synth")["phases"]["build"]["commands"]
+    lock = next(i for i, c in enumerate(commands) if "raytrain-eks lock" in c)
+    assert '--digest "$IMAGE_DIGEST"' in commands[lock]
+    assert lock < commands.index("make test") < next(i for i, c in enumerate(commands) if c.startswith("make synth"))
+    assert buildspec(template, "Synth")["env"]["exported-variables"] == ["IMAGE_DIGEST"]
+
+
+def test_deploy_applies_smokes_and_promotes_with_the_proven_digest(synthesized):
+    env, built, template = synthesized
+    deploy = buildspec(template, "DeployStacks")["phases"]["build"]["commands"][0]
+    assert deploy.endswith(f"{built.storage.stack_name} {built.cluster.stack_name}") and "--app cdk.out" in deploy
+    assert built.pipeline.stack_name not in deploy  # the pipeline never redeploys itself mid-run
+    apply = buildspec(template, "ApplyManifests")["phases"]["build"]["commands"]
+    assert any("kubectl apply --server-side" in c and "dist/raycluster.k8s.yaml" in c for c in apply)
+    smoke = buildspec(template, "SmokeRun")
+    smoke_commands = "\n".join(smoke["phases"]["build"]["commands"])
+    assert "dist/rayjob-smoke-on-cluster.k8s.yaml" in smoke_commands
+    assert "checkpoint.run_name=smoke-$EXECUTION_ID" in smoke_commands  # never resumes an old run
+    assert f'SMOKE_RECORD="{env.storage_uri}/smoke-$EXECUTION_ID/run.json"' in smoke_commands
+    assert smoke["env"]["exported-variables"] == ["SMOKE_RECORD"]
+    [promote] = the(template, "AWS::CodePipeline::Pipeline")["Stages"][5]["Actions"]
+    assert promote["ActionTypeId"]["Provider"] == "Lambda"
+    assert json.loads(promote["Configuration"]["UserParameters"]) == {
+        "digest": "#{Synth.IMAGE_DIGEST}", "smoke_record": "#{Smoke.SMOKE_RECORD}",
+        "execution_id": "#{codepipeline.PipelineExecutionId}"}
+
+
+def test_watcher_runs_on_the_spec_schedule_with_its_environment(synthesized):
+    env, _, template = synthesized
+    rule = the(template, "AWS::Events::Rule")
+    assert rule["ScheduleExpression"] == SCHEDULE and rule["State"] == "ENABLED"
+    functions = resources(template, "AWS::Lambda::Function")
+    [watcher_id] = [k for k, v in functions.items() if v["Properties"]["Handler"] == "image_watcher.handler.watch"]
+    assert rule["Targets"][0]["Arn"] == {"Fn::GetAtt": [watcher_id, "Arn"]}
+    props = functions[watcher_id]["Properties"]
+    assert props["Runtime"].startswith("python3.")
+    [(table_id, table)] = resources(template, "AWS::DynamoDB::Table").items()
+    [(parameter_id, parameter)] = resources(template, "AWS::SSM::Parameter").items()
+    assert props["Environment"]["Variables"] == {
+        "IMAGE_REPOSITORY": env.image.repository, "IMAGE_TAG": env.image.tag,
+        "PROMOTED_DIGEST_PARAMETER": {"Ref": parameter_id}, "HISTORY_TABLE": {"Ref": table_id},
+        "PIPELINE_NAME": "raytrain-image-redeploy", "REQUIRED_TRANSPORT": "efa"}
+    assert table["Properties"]["TableName"] == "raytrain-image-promotions"
+    assert [k["AttributeName"] for k in table["Properties"]["KeySchema"]] == ["image", "at"]
+    assert table["Properties"]["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] is True
+    assert table["DeletionPolicy"] == "Retain"  # the promotion history outlives the stack
+    # the parameter starts as a placeholder, never a digest (CloudFormation never rewrites it)
+    assert parameter["Properties"]["Name"] == "/raytrain/raytrain/image/promoted-digest"
+    assert parameter["Properties"]["Value"] == "none"
+
+
+def _arn(resource: str) -> dict:
+    return {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, resource]]}
+
+
+def test_watcher_may_only_read_the_parameter_use_the_table_and_start_this_pipeline(synthesized):
+    _, _, template = synthesized
+    statements = {s.get("Sid"): s for s in policy_statements(template, "WatcherImageWatcherRole")}
+    assert set(statements) == {"WriteOwnLogs", "ReadPromotedDigest", "ReadAndRecordHistory", "StartPipeline"}
+    assert statements["ReadPromotedDigest"]["Action"] == "ssm:GetParameter"
+    assert statements["StartPipeline"]["Action"] == "codepipeline:StartPipelineExecution"
+    assert statements["StartPipeline"]["Resource"] == _arn(f":codepipeline:us-east-1:{ACCOUNT}:raytrain-image-redeploy")
+    assert statements["ReadAndRecordHistory"]["Action"] == ["dynamodb:Query", "dynamodb:PutItem"]
+    assert all(s["Resource"] != "*" for s in statements.values())
+
+
+def test_resource_star_only_where_iam_has_no_resource_level_permissions(synthesized):
+    _, _, template = synthesized
+    star_actions = set()
+    for policy in resources(template, "AWS::IAM::Policy").values():
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if s["Resource"] == "*" or "*" in (s["Resource"] if isinstance(s["Resource"], list) else []):
+                star_actions |= set([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    assert star_actions == {"codepipeline:PutJobSuccessResult", "codepipeline:PutJobFailureResult",
+                            "lambda:ListFunctions"}
+
+
+def test_kubectl_builds_hold_a_namespaced_rbac_group_not_cluster_admin(synthesized):
+    env, _, template = synthesized
+    entry = the(template, "AWS::EKS::AccessEntry")
+    assert entry["KubernetesGroups"] == [DEPLOYER_GROUP] and "AccessPolicies" not in entry
+    [manifest] = resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values()
+    objects = json.loads(manifest["Properties"]["Manifest"])
+    assert [o["kind"] for o in objects] == ["Role", "RoleBinding"]  # no ClusterRole
+    assert {o["metadata"]["namespace"] for o in objects} == {env.ray.namespace}
+    assert objects[1]["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": DEPLOYER_GROUP}]
+    statements = {s["Sid"]: s for s in policy_statements(template, "KubectlDeployerRole") if "Sid" in s}
+    assert statements["UpdateKubeconfig"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:cluster/raytrain")
+    bucket = env.bucket_name
+    assert statements["UploadCodeArchive"]["Resource"] == _arn(f":s3:::{bucket}/code/*")
+    assert statements["ReadSmokeRecord"]["Resource"] == _arn(f":s3:::{bucket}/{env.storage.prefix}/*/run.json")
+
+
+def test_deploy_may_only_assume_the_cdk_bootstrap_roles(synthesized):
+    _, _, template = synthesized
+    [assume] = [s for s in policy_statements(template, "DeployStacksRole") if s.get("Sid") == "AssumeCdkBootstrapRoles"]
+    assert assume["Resource"] == [
+        _arn(f":iam::{ACCOUNT}:role/cdk-hnb659fds-{kind}-role-{ACCOUNT}-us-east-1")
+        for kind in ("deploy", "file-publishing", "lookup")]
+
+
+def test_lambda_asset_is_self_contained_and_uses_the_same_registry_client():
+    staged = Path(stage_asset())
+    assert (staged / "raytrain_eks" / "registry.py").read_bytes() == (REPO / "raytrain_eks" / "registry.py").read_bytes()
+    # Only the asset and the standard library on the path (-I): the handler imports cleanly.
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import image_watcher.handler as h; "
+             "import raytrain_eks.registry as r; print(r.__file__)")
+    out = subprocess.run([sys.executable, "-I", "-c", probe, str(staged)], capture_output=True, text=True,
+                         cwd=staged, check=True)
+    assert out.stdout.strip().startswith(str(staged))
