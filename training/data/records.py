@@ -1,0 +1,161 @@
+"""Read documents from plain text, JSONL ``{"text"}`` or chat JSONL ``{"messages"}`` files.
+
+A *document* is the unit that is tokenized, separated from the next by ``<|endoftext|>`` when
+packed, and assigned as a whole to the train or the held-out split:
+
+- ``text``: files ending ``.txt``/``.md``/``.text``; a document is a run of non-blank lines
+  (documents are separated by one or more blank lines).
+- ``jsonl``: files ending ``.jsonl``; one ``{"text": "..."}`` object per line.
+- ``chat``: files ending ``.jsonl``; one ``{"messages": [{"role", "content"}, ...]}`` per line,
+  roles ``system``/``user``/``assistant``, at least one assistant message after a user message.
+
+A path is a file, or a directory / ``s3://`` prefix whose matching files are read in sorted
+order. Malformed input raises :class:`DataError` (one line: file, line, what is wrong, what is
+expected) or, with ``on_bad_record="skip"``, is skipped and counted; never silently dropped.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.data.remote import list_files, read_bytes
+
+SUFFIXES = {"text": (".txt", ".md", ".text"), "jsonl": (".jsonl",), "chat": (".jsonl",)}
+ROLES = ("system", "user", "assistant")
+
+
+class DataError(ValueError):
+    """Unusable training data; ``str(err)`` is one line naming the file and line."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Document:
+    """One document: ``text`` (text/jsonl) or ``messages`` (chat), and where it came from."""
+
+    source: str
+    line: int
+    text: str = ""
+    messages: tuple[dict[str, str], ...] = ()
+
+
+@dataclass(kw_only=True, slots=True)
+class ReadResult:
+    documents: list[Document] = field(default_factory=list)
+    bad_records: int = 0
+    files: list[str] = field(default_factory=list)
+    fingerprint: list[list[Any]] = field(default_factory=list)
+    """(uri, size, mtime) of every file read: part of the node-local cache key."""
+
+
+class _Reader:
+    def __init__(self, on_bad_record: str):
+        self.skip = on_bad_record == "skip"
+        self.result = ReadResult()
+
+    def bad(self, source: str, line: int, problem: str) -> None:
+        if not self.skip:
+            raise DataError(f"{source}, line {line}: {problem}")
+        self.result.bad_records += 1
+
+
+def _text_documents(reader: _Reader, source: str, text: str) -> None:
+    block: list[str] = []
+    start = 0
+    for number, line in enumerate(text.splitlines() + [""], 1):
+        if line.strip():
+            if not block:
+                start = number
+            block.append(line)
+        elif block:
+            reader.result.documents.append(Document(source=source, line=start, text="\n".join(block)))
+            block = []
+
+
+def _check_messages(value: Any) -> str | None:
+    """The problem with a ``messages`` value, or None if it is a trainable chat."""
+    if not isinstance(value, list) or not value:
+        return f"field 'messages' must be a non-empty list, got {type(value).__name__}"
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            return f"messages[{i}] must be an object with 'role' and 'content', got {type(m).__name__}"
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            return f"messages[{i}].role is {role!r}; allowed: {', '.join(ROLES)}"
+        if not isinstance(content, str):
+            return f"messages[{i}].content must be a string, got {type(content).__name__}"
+    roles = [m["role"] for m in value]
+    if "assistant" not in roles:
+        return "no assistant message (nothing to train on)"
+    if "user" not in roles[:roles.index("assistant")]:
+        return "the first assistant message must follow a user message"
+    if not any(m["role"] == "assistant" and m["content"].strip() for m in value):
+        return "every assistant message is empty (nothing to train on)"
+    return None
+
+
+def _jsonl_documents(reader: _Reader, source: str, raw: bytes, kind: str) -> None:
+    for number, line_bytes in enumerate(raw.split(b"\n"), 1):
+        if not line_bytes.strip():
+            continue
+        try:
+            record = json.loads(line_bytes.decode("utf-8"))
+        except UnicodeDecodeError:
+            reader.bad(source, number, "not valid UTF-8")
+            continue
+        except json.JSONDecodeError as err:
+            reader.bad(source, number, f"not valid JSON ({err.msg} at column {err.colno})")
+            continue
+        if not isinstance(record, dict):
+            reader.bad(source, number, f"expected a JSON object, got {type(record).__name__}")
+            continue
+        if kind == "jsonl":
+            if "text" not in record:
+                reader.bad(source, number, "missing field 'text' (expected {\"text\": \"...\"})")
+            elif not isinstance(record["text"], str):
+                reader.bad(source, number, f"field 'text' must be a string, got {type(record['text']).__name__}")
+            elif not record["text"].strip():
+                reader.bad(source, number, "field 'text' is empty")
+            else:
+                reader.result.documents.append(Document(source=source, line=number, text=record["text"]))
+            continue
+        if "messages" not in record:
+            reader.bad(source, number, "missing field 'messages' (expected {\"messages\": [{\"role\", \"content\"}, ...]})")
+            continue
+        problem = _check_messages(record["messages"])
+        if problem:
+            reader.bad(source, number, problem)
+            continue
+        messages = tuple({"role": m["role"], "content": m["content"]} for m in record["messages"])
+        reader.result.documents.append(Document(source=source, line=number, messages=messages))
+
+
+def read_documents(path: str, kind: str, *, on_bad_record: str = "error") -> ReadResult:
+    """Every document under ``path`` (file, directory or ``s3://`` prefix), in file and line order."""
+    if kind not in SUFFIXES:
+        raise DataError(f"{path}: data kind {kind!r} has no reader (allowed: {', '.join(SUFFIXES)})")
+    reader = _Reader(on_bad_record)
+    try:
+        files = list_files(path, SUFFIXES[kind])
+    except FileNotFoundError as err:
+        raise DataError(f"{err} (data.kind {kind!r} reads {'/'.join(SUFFIXES[kind])})") from None
+    for f in files:
+        reader.result.files.append(f.uri)
+        reader.result.fingerprint.append([f.uri, f.size, f.mtime])
+        raw = read_bytes(f.uri)
+        if not raw.strip():
+            reader.bad(f.uri, 1, "empty file")
+            continue
+        if kind == "text":
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                reader.bad(f.uri, raw[:err.start].count(b"\n") + 1, "not valid UTF-8")
+                text = raw.decode("utf-8", errors="replace")
+            _text_documents(reader, f.uri, text)
+        else:
+            _jsonl_documents(reader, f.uri, raw, kind)
+    if not reader.result.documents:
+        raise DataError(f"{path}: no usable {kind} documents "
+                        f"({reader.result.bad_records} bad records skipped in {len(files)} files)")
+    return reader.result

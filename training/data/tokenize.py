@@ -1,0 +1,84 @@
+"""Documents -> token ids and a per-token "trained" mask.
+
+Text documents are trained on every token. Chat documents are rendered with the tokenizer's
+own chat template (Qwen2.5's for the real tokenizer) and trained ONLY on assistant tokens: the
+assistant's content and the ``<|im_end|>`` that closes its turn (so the model learns to stop),
+not the system/user turns, not the ``<|im_start|>assistant\\n`` header and not the newline
+after ``<|im_end|>``.
+
+The assistant spans are found on the rendered TEXT, by rendering growing prefixes of the
+conversation: ``render(messages[:i], add_generation_prompt=True)`` ends where assistant
+message ``i`` begins and ``render(messages[:i+1])`` ends just after it. The full text is then
+tokenized once (so ids equal what ``apply_chat_template(..., tokenize=True)`` gives) and a
+token is trained when its first character lies inside an assistant span.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from training.data.records import DataError, Document
+
+BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedDoc:
+    ids: np.ndarray
+    """int32 token ids."""
+    trained: np.ndarray
+    """bool, same length: True where the token is a training target."""
+
+
+def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation as text, and the (start, end) character spans of the assistant turns."""
+    msgs = list(messages)
+    full = tokenizer.apply_chat_template(msgs, tokenize=False)
+    spans = []
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(msgs[:i + 1], tokenize=False)
+        if not (full.startswith(upto) and upto.startswith(before)):
+            raise DataError("the tokenizer's chat template does not render conversations prefix by prefix; "
+                            "assistant-only labels need a template that does (Qwen2.5's does)")
+        # The turn ends with the end-of-turn token; a trailing newline belongs to the template.
+        end = len(upto.rstrip("\n"))
+        spans.append((len(before), end))
+    return full, spans
+
+
+def _trained_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
+    starts = np.fromiter((o[0] for o in offsets), dtype=np.int64, count=len(offsets))
+    trained = np.zeros(len(offsets), dtype=bool)
+    for lo, hi in spans:
+        trained |= (starts >= lo) & (starts < hi)
+    return trained
+
+
+def tokenize_documents(tokenizer, documents: list[Document], kind: str) -> list[TokenizedDoc]:
+    """Tokenize every document (batched through the fast tokenizer), in order."""
+    out: list[TokenizedDoc] = []
+    for lo in range(0, len(documents), BATCH):
+        chunk = documents[lo:lo + BATCH]
+        if kind == "chat":
+            rendered = [render_chat(tokenizer, list(d.messages)) for d in chunk]
+            enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
+            for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered):
+                out.append(TokenizedDoc(np.asarray(ids, dtype=np.int32), _trained_from_offsets(offsets, spans)))
+        else:
+            enc = tokenizer([d.text for d in chunk], add_special_tokens=False)
+            for ids in enc["input_ids"]:
+                arr = np.asarray(ids, dtype=np.int32)
+                out.append(TokenizedDoc(arr, np.ones(len(arr), dtype=bool)))
+    return out
+
+
+def chat_prompt_and_answer(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], str]:
+    """For exact-match eval: the ids of everything before the LAST assistant turn (with the
+    generation prompt ``<|im_start|>assistant\\n``) and that turn's content, the expected answer."""
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    prompt = tokenizer.apply_chat_template(list(messages[:last]), tokenize=False, add_generation_prompt=True)
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"], messages[last]["content"]
