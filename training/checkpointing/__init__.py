@@ -1,0 +1,72 @@
+"""Checkpoints: sharded DCP saves to the run's storage, resume, SIGTERM, export.
+
+Layout in storage (Ray Train's run folder; every rank's files merge into one folder)::
+
+    <storage_path>/<run_name>/checkpoint_00000050/{.metadata, __0_0.distcp, __1_0.distcp, ...,
+                                                   model_config.json, COMPLETE.json}
+    <storage_path>/<run_name>/hf/{config.json, model.safetensors, tokenizer files}   (export)
+
+A checkpoint counts only when ``COMPLETE.json`` (written last by rank 0, listing every file with
+size and sha256) matches the files: :func:`is_complete` (local) / ``storage.remote_problem``.
+
+DRIVER (before ``trainer.fit``)::
+
+    from training.checkpointing import plan_resume, ExistingRunError, forward_driver_sigterm
+    plan = plan_resume(storage_path=cfg.checkpoint.storage_path, run_name=cfg.run_name,
+                       on_existing_run=cfg.checkpoint.on_existing_run,
+                       max_steps=cfg.train.max_steps, source=cfg.source)   # ExistingRunError: 1 line
+    loop_config["resume_from"] = plan.resume_from            # "" = fresh start
+    flag = forward_driver_sigterm(cfg.run_name, cfg.checkpoint.sigterm_grace_seconds)  # after ray.init
+    RunConfig(name=cfg.run_name, storage_path=cfg.checkpoint.storage_path,
+              failure_config=FailureConfig(max_failures=cfg.checkpoint.max_failures),
+              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last))
+    result = trainer.fit()
+    if cfg.checkpoint.export_hf:
+        export_latest(plan.run_uri, tokenizer_dir=...)         # -> <run>/hf, one process, no PG
+
+WORKER (in the train function, after ``parallelize`` and building optimizer/scheduler/stream)::
+
+    from training.checkpointing import (CheckpointManager, TrainerState, restore,
+                                        install_worker_handler, local_checkpoint_root)
+    install_worker_handler(cfg.checkpoint.sigterm_grace_seconds, run_name=cfg.run_name)
+    trainer = TrainerState(data=train_stream, scheduler=scheduler)  # stream: state_dict/load_state_dict
+    restore(model=model, optimizer=optimizer, trainer=trainer, local_root=local_checkpoint_root(),
+            resume_from=config.get("resume_from", ""), device=device)  # every rank; sets trainer.step
+    ckpt = CheckpointManager(model=model, optimizer=optimizer, trainer=trainer,
+                             local_root=local_checkpoint_root(), run_name=cfg.run_name,
+                             every_n_steps=cfg.checkpoint.every_n_steps, device=device,
+                             model_config=unwrapped_model.config.to_dict())
+    for step in range(trainer.step + 1, max_steps + 1):
+        ... one optimizer step ...
+        trainer.step = step; trainer.tokens_seen += tokens_this_step
+        if ckpt.step_end(step, {"loss": loss, ...}, max_steps=max_steps):   # every rank, every step
+            break                                   # SIGTERM: a complete final checkpoint was written
+    ckpt.finish(trainer.step, metrics)               # no-op save if step already saved; waits
+    # ckpt.stopped_by_signal -> put it in the final metrics so the driver says "stopped at step s"
+    # ckpt.timings -> [SaveTiming(step, stall_s, write_s)]: how long each checkpoint held the loop
+
+Notes for the loop:
+- ``CheckpointManager(...)`` creates a gloo process group: construct it on every rank at the
+  same point. It calls ``ray.train.report(metrics, checkpoint=..., checkpoint_upload_mode=ASYNC)``
+  itself; the loop's metric-only reports are separate calls (all ranks, same cadence).
+- the stream must be built BEFORE ``restore`` so its position can be loaded into it; RNG states
+  are restored last, so anything seeded after restore continues the same random sequence.
+- tests and benchmarks outside Ray pass ``report=storage.copy_report(run_uri)``.
+"""
+from training.checkpointing.export import export_hf, export_latest, export_local
+from training.checkpointing.manager import CheckpointManager, SaveTiming, checkpoint_dir_name, local_checkpoint_root
+from training.checkpointing.marker import MARKER_NAME, completeness_problem, is_complete
+from training.checkpointing.restore import restore
+from training.checkpointing.run_policy import ExistingRunError, ResumePlan, plan_resume
+from training.checkpointing.signals import (forward_driver_sigterm, install_worker_handler, request_stop,
+                                            stop_requested)
+from training.checkpointing.state import TrainerState
+from training.checkpointing.storage import copy_report, find_latest_complete, list_checkpoints
+
+__all__ = [
+    "CheckpointManager", "ExistingRunError", "MARKER_NAME", "ResumePlan", "SaveTiming", "TrainerState",
+    "checkpoint_dir_name", "completeness_problem", "copy_report", "export_hf", "export_latest",
+    "export_local", "find_latest_complete", "forward_driver_sigterm", "install_worker_handler",
+    "is_complete", "list_checkpoints", "local_checkpoint_root", "plan_resume", "request_stop", "restore",
+    "stop_requested",
+]

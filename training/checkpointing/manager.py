@@ -1,0 +1,231 @@
+"""Saving during training: async DCP save, the completeness marker, the report to Ray.
+
+One :class:`CheckpointManager` per worker. The loop calls :meth:`CheckpointManager.step_end`
+after every optimizer step and :meth:`CheckpointManager.finish` once at the end.
+
+How a checkpoint at step s travels (nothing here waits for S3):
+1. the loop thread snapshots the state (``dcp.async_save`` stages a CPU copy) - the only stall;
+2. a background thread writes this rank's shards to ``<local_root>/<run>/checkpoint_<s>/rank_<r>``
+   (DCP over a dedicated gloo group so it never interleaves with training collectives), hashes
+   them, gathers every rank's file list, and rank 0 writes ``COMPLETE.json`` last;
+3. at the first step where every rank's background work is done (one tiny all-reduce per step
+   that also carries the SIGTERM flag), all ranks call ``ray.train.report(..., checkpoint=...,
+   checkpoint_upload_mode=ASYNC)``: Ray uploads each rank's folder into the same
+   ``<storage>/<run>/checkpoint_<s>/`` in the background, registers the checkpoint only once
+   every rank's upload is done, and only then deletes checkpoints beyond ``num_to_keep``; so the
+   last complete checkpoint is never deleted before a newer one is complete.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from training.checkpointing import signals
+from training.checkpointing.marker import FileEntry, describe_files, write_marker
+from training.checkpointing.state import TrainerState, checkpoint_state
+
+log = logging.getLogger(__name__)
+
+ReportFn = Callable[[dict[str, Any], str, str], None]
+"""``report(metrics, local_folder, checkpoint_dir_name)``: hands a finished folder onwards."""
+
+
+def checkpoint_dir_name(step: int) -> str:
+    """The folder name of the checkpoint at ``step`` (sorts by step)."""
+    return f"checkpoint_{step:08d}"
+
+
+def ray_report(metrics: dict[str, Any], folder: str, dir_name: str) -> None:
+    """Report to Ray Train with an ASYNC upload (the loop does not wait for S3)."""
+    import ray.train
+    from ray.train import Checkpoint
+    from ray.train.v2.api.report_config import CheckpointUploadMode
+
+    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder), checkpoint_dir_name=dir_name,
+                     checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+                     delete_local_checkpoint_after_upload=True)
+
+
+@dataclass(kw_only=True, slots=True)
+class SaveTiming:
+    """How long one checkpoint held the loop (stall) and how long it took in total (write)."""
+
+    step: int
+    stall_s: float
+    write_s: float = 0.0
+
+
+@dataclass(kw_only=True, slots=True)
+class _Pending:
+    step: int
+    folder: Path
+    metrics: dict[str, Any]
+    future: concurrent.futures.Future
+    timing: SaveTiming
+    started: float = field(default_factory=time.perf_counter)
+
+
+class CheckpointManager:
+    """Saves the model, optimizer and trainer state every ``every_n_steps`` and at the end.
+
+    ``report`` defaults to :func:`ray_report` inside a Ray Train worker and to nothing
+    otherwise (the folders then stay under ``local_root``). ``every_n_steps=0``: only at the end
+    (and on SIGTERM). ``async_save=False`` writes synchronously (for the benchmark's baseline).
+    """
+
+    def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 trainer: TrainerState, local_root: str, run_name: str, every_n_steps: int = 0,
+                 report: ReportFn | None = None, async_save: bool = True,
+                 model_config: dict[str, Any] | None = None, device: torch.device | None = None):
+        self.model, self.optimizer, self.trainer = model, optimizer, trainer
+        self.every_n_steps = every_n_steps
+        self.async_save = async_save
+        self.model_config = model_config
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.device = device or torch.device("cpu")
+        self.root = Path(local_root) / run_name
+        self.report = report if report is not None else (ray_report if _in_ray_train() else _no_report)
+        # Collective: every rank creates the group here, at the same point of the program.
+        self._ckpt_group = dist.new_group(backend="gloo") if self.distributed else None
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt")
+        self._pending: _Pending | None = None
+        self.timings: list[SaveTiming] = []
+        self.last_saved_step = -1
+        self.stopped_by_signal = False
+
+    # -- the loop's two calls -------------------------------------------------------------------
+
+    def step_end(self, step: int, metrics: dict[str, Any] | None = None, *, max_steps: int | None = None) -> bool:
+        """Call after each optimizer step. Saves when due; returns True when the loop must stop.
+
+        Every rank must call it at every step (it runs one small all-reduce): ranks agree on
+        whether a SIGTERM arrived anywhere and on when a background write is finished.
+        """
+        stop, pending_done = self._agree()
+        if self._pending is not None and pending_done:
+            self._finalize()
+        due = self.every_n_steps > 0 and step % self.every_n_steps == 0
+        if stop:
+            self.stopped_by_signal = True
+            log.warning("rank %d: stop requested (SIGTERM/preemption): final checkpoint at step %d", self.rank, step)
+        if due or stop or (max_steps is not None and step >= max_steps):
+            self.save(step, metrics or {})
+        if stop:
+            self.wait()
+        return stop
+
+    def finish(self, step: int, metrics: dict[str, Any] | None = None) -> None:
+        """Make sure the final step is checkpointed and handed to Ray; blocks until written."""
+        if self.last_saved_step != step:
+            self.save(step, metrics or {})
+        self.wait()
+        self._executor.shutdown(wait=True)
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def save(self, step: int, metrics: dict[str, Any]) -> None:
+        """Start a checkpoint of the current state at ``step`` (waits for a previous one first)."""
+        self.wait()
+        began = time.perf_counter()
+        folder = self.root / checkpoint_dir_name(step) / f"rank_{self.rank}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        state = checkpoint_state(self.model, self.optimizer, self.trainer, self.rank)
+        timing = SaveTiming(step=step, stall_s=0.0)
+        if self.async_save:
+            written = dcp.async_save(state, checkpoint_id=str(folder), process_group=self._ckpt_group,
+                                     no_dist=not self.distributed)
+            future = self._executor.submit(self._seal_after, written, folder, step)
+        else:
+            dcp.save(state, checkpoint_id=str(folder), process_group=self._ckpt_group, no_dist=not self.distributed)
+            future = concurrent.futures.Future()
+            future.set_result(self._seal(folder, step))
+        timing.stall_s = time.perf_counter() - began
+        self._pending = _Pending(step=step, folder=folder, metrics=dict(metrics, step=step), future=future,
+                                 timing=timing, started=began)
+        self.last_saved_step = step
+        if not self.async_save:
+            self._finalize()
+
+    def wait(self) -> None:
+        """Block until the pending checkpoint is written, sealed and reported."""
+        if self._pending is not None:
+            began = time.perf_counter()
+            self._pending.future.result()
+            self._pending.timing.stall_s += time.perf_counter() - began
+            self._finalize()
+
+    def _seal_after(self, written: Any, folder: Path, step: int) -> None:
+        # async_save returns a Future (or, with async staging, a response holding one)
+        (getattr(written, "upload_completion", None) or written).result()
+        self._seal(folder, step)
+
+    def _seal(self, folder: Path, step: int) -> None:
+        """Hash this rank's files, gather all ranks' lists; rank 0 writes the marker last."""
+        if self.rank == 0 and self.model_config is not None:
+            import json
+
+            (folder / "model_config.json").write_text(json.dumps(self.model_config, sort_keys=True), encoding="utf-8")
+        mine = [FileEntry(path=e.path, size=e.size, sha256=e.sha256) for e in describe_files(folder)]
+        everyone: list[Any] = [mine]
+        if self.distributed:
+            everyone = [None] * self.world_size
+            dist.all_gather_object(everyone, mine, group=self._ckpt_group)
+        if self.rank == 0:
+            files = [entry for rank_files in everyone for entry in rank_files]
+            write_marker(folder, step=step, world_size=self.world_size, files=files,
+                         extra={"tokens_seen": self.trainer.tokens_seen, "written_at": time.time()})
+        if self.distributed:  # nobody reports before the marker exists
+            dist.barrier(group=self._ckpt_group)
+
+    def _finalize(self) -> None:
+        pending, self._pending = self._pending, None
+        pending.future.result()  # re-raises a failed write: a broken checkpoint is never reported
+        pending.timing.write_s = time.perf_counter() - pending.started
+        began = time.perf_counter()
+        self.report(pending.metrics, str(pending.folder), checkpoint_dir_name(pending.step))
+        pending.timing.stall_s += time.perf_counter() - began
+        self.timings.append(pending.timing)
+
+    # -- agreement ------------------------------------------------------------------------------
+
+    def _agree(self) -> tuple[bool, bool]:
+        """(any rank asked to stop, every rank's background write is done)."""
+        stop = signals.stop_requested()
+        busy = self._pending is not None and not self._pending.future.done()
+        if not self.distributed:
+            return stop, not busy
+        flags = torch.tensor([int(stop), int(busy)], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0].item()), not bool(flags[1].item())
+
+
+def _no_report(metrics: dict[str, Any], folder: str, dir_name: str) -> None:
+    """Outside Ray Train the folder stays where it was written."""
+
+
+def _in_ray_train() -> bool:
+    try:
+        import ray.train
+
+        ray.train.get_context()
+        return True
+    except Exception:  # not inside a Ray Train worker
+        return False
+
+
+def local_checkpoint_root() -> str:
+    """Node-local scratch space for checkpoints before their upload (env overrides)."""
+    return os.environ.get("RAYTRAIN_CHECKPOINT_LOCAL_DIR", "/tmp/raytrain-checkpoints")

@@ -1,0 +1,152 @@
+"""SIGTERM -> "stop after a final checkpoint", in the workers and forwarded by the driver.
+
+Three ways a stop request reaches a worker; :func:`stop_requested` is True after any of them:
+- SIGTERM to the worker process itself. Python lets only the MAIN thread install handlers, and
+  Ray Train runs the training function in a side thread while the actor's main thread idles in
+  Ray's task loop: :func:`install_worker_handler` therefore runs ``signal.signal`` as a task on
+  the worker's own actor (plain actors execute tasks on the main thread). Ray's own handler would
+  exit at once; ours only sets a flag, and a watchdog exits the process if the final checkpoint
+  overruns ``grace_seconds``.
+- SIGTERM to the driver: :func:`forward_driver_sigterm` sets a flag in a named actor that every
+  worker watches without blocking (one pending ``ray.wait`` with timeout 0 per step).
+- a node drain (Ray 2.58 drains a node when ``ray start`` gets SIGTERM, e.g. a pod eviction):
+  Ray Train records it in the worker's preemption context, read here without a barrier.
+The manager all-reduces the flag, so every rank checkpoints at the same step.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_STOP = threading.Event()
+_watch: dict[str, Any] = {}
+
+
+def stop_requested() -> bool:
+    """True once this process was asked to stop (SIGTERM, driver forward, node drain)."""
+    if _STOP.is_set():
+        return True
+    ref = _watch.get("ref")
+    if ref is not None:
+        import ray
+
+        ready, _ = ray.wait([ref], timeout=0)
+        if ready:
+            log.warning("stop forwarded by the driver")
+            _STOP.set()
+    if not _STOP.is_set() and _ray_preemption_pending():
+        log.warning("Ray reports this node as draining (preemption)")
+        _STOP.set()
+    return _STOP.is_set()
+
+
+def request_stop() -> None:
+    """Ask this process to stop after a final checkpoint (what the handler does)."""
+    _STOP.set()
+
+
+def reset() -> None:
+    """Forget a stop request (tests; a restarted worker starts clean anyway)."""
+    _STOP.clear()
+    _watch.clear()
+
+
+def _handle_sigterm(signum: int, frame: Any, grace_seconds: float) -> None:
+    if _STOP.is_set():
+        return
+    _STOP.set()
+    log.warning("SIGTERM: final checkpoint, then exit (at most %.0f s)", grace_seconds)
+
+    def _overrun() -> None:
+        log.error("final checkpoint did not finish within %.0f s of SIGTERM: exiting", grace_seconds)
+        os._exit(143)
+
+    timer = threading.Timer(grace_seconds, _overrun)
+    timer.daemon = True
+    timer.start()
+
+
+def install_handler(grace_seconds: float) -> None:
+    """Install the flag-setting SIGTERM handler; must run on the main thread."""
+    signal.signal(signal.SIGTERM, lambda s, f: _handle_sigterm(s, f, grace_seconds))
+
+
+def install_worker_handler(grace_seconds: float, run_name: str = "") -> None:
+    """From the training function: install the handler on this worker's main thread and watch
+    the driver's stop flag for ``run_name`` (when the driver created one)."""
+    import ray
+
+    if threading.current_thread() is threading.main_thread():
+        install_handler(grace_seconds)
+    else:
+        actor = ray.get_runtime_context().current_actor
+        ray.get(actor.execute.remote(install_handler, grace_seconds))
+    if run_name:
+        try:
+            flag = ray.get_actor(_flag_name(run_name), namespace=_NAMESPACE)
+            _watch["ref"] = flag.wait.remote()
+        except ValueError:
+            pass  # no driver flag (e.g. a test that starts the trainer directly)
+
+
+def _ray_preemption_pending() -> bool:
+    try:  # internal API, read locally: the public get_preemption_info() is a barrier
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        return get_train_context().preemption_context.preemption_info is not None
+    except Exception:
+        return False
+
+
+_NAMESPACE = "raytrain-eks"
+
+
+def _flag_name(run_name: str) -> str:
+    return f"stop-{run_name}"
+
+
+def _stop_flag_class() -> Any:
+    import asyncio
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class StopFlag:
+        """Set once by the driver; workers hold a pending ``wait()`` that resolves then."""
+
+        def __init__(self) -> None:
+            self._event = asyncio.Event()
+
+        async def wait(self) -> bool:
+            await self._event.wait()
+            return True
+
+        async def set(self) -> None:
+            self._event.set()
+
+    return StopFlag
+
+
+def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
+    """In the driver, before ``trainer.fit()``: on SIGTERM, tell every worker to stop.
+
+    Returns the flag actor (keep a reference for the run's lifetime). The handler itself only
+    sets an event; a helper thread talks to Ray (no Ray calls inside a signal handler).
+    """
+    flag = _stop_flag_class().options(name=_flag_name(run_name), namespace=_NAMESPACE,
+                                      get_if_exists=True, lifetime=None).remote()
+    fired = threading.Event()
+
+    def _forward() -> None:
+        fired.wait()
+        log.warning("driver got SIGTERM: asking workers for a final checkpoint (grace %.0f s)", grace_seconds)
+        flag.set.remote()
+
+    threading.Thread(target=_forward, name="sigterm-forward", daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda s, f: fired.set())
+    return flag

@@ -1,0 +1,154 @@
+"""What a checkpoint holds, as DCP ``Stateful`` objects.
+
+- :class:`ModelOptimizerState`: the (FSDP2-sharded) model and optimizer through
+  ``torch.distributed.checkpoint.state_dict.get_state_dict / set_state_dict``, so each rank
+  writes only its own shards and a different world size can still load them.
+- :class:`TrainerState`: step, tokens seen, the data position (the train stream's
+  ``state_dict()``), the LR scheduler and the RNG states of python, numpy and torch. Each rank's
+  part is stored under its own key (``trainer.rank<r>``): RNG and data position differ per rank
+  and DCP keeps only ONE copy of a key that several ranks write.
+"""
+from __future__ import annotations
+
+import io
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+
+class HasState(Protocol):
+    """Anything with ``state_dict()`` / ``load_state_dict()`` (train stream, LR scheduler)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+class ModelOptimizerState(Stateful):
+    """Model + optimizer, sharded as FSDP2 holds them (also works unsharded, one process)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.optimizer is None:
+            return {"model": get_state_dict(self.model, [])[0]}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.optimizer is None:
+            self.model.load_state_dict(state["model"])
+            return
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"], options=StateDictOptions(strict=True))
+
+
+def capture_rng() -> dict[str, Any]:
+    """The RNG states of python, numpy and torch (CPU and, where present, CUDA) of this process."""
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuple(state["python"]))
+    np.random.set_state(_as_tuple(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    """``random.setstate`` wants tuples all the way down; a round trip may give lists."""
+    if isinstance(value, list):
+        return tuple(_as_tuple(v) for v in value)
+    return value
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerState(Stateful):
+    """The trainer's own progress; the loop updates ``step`` and ``tokens_seen`` in place.
+
+    ``data`` and ``scheduler`` are live objects: saving reads their ``state_dict()`` and loading
+    calls their ``load_state_dict()``.
+    """
+
+    step: int = 0
+    """Optimizer steps completed."""
+    tokens_seen: int = 0
+    """Training tokens consumed over all ranks so far."""
+    data: HasState | None = None
+    """The train stream (its ``state_dict`` is the data position of THIS rank)."""
+    scheduler: HasState | None = None
+    """The LR scheduler."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Small JSON-able values the loop wants back after a resume (e.g. best eval loss)."""
+    restored_from: str = ""
+    """Set by a restore: the checkpoint it came from (not saved)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        # One opaque blob: DCP flattens nested dicts key by key and loads only the keys the
+        # target already has, so a data position whose shape changes would not survive.
+        return {"payload": _to_bytes(self.snapshot())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.apply(_from_bytes(state["payload"]))
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as plain objects (what the checkpoint stores)."""
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "data": self.data.state_dict() if self.data is not None else {},
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else {},
+            "rng": capture_rng(),
+            "extra": dict(self.extra),
+        }
+
+    def apply(self, state: dict[str, Any]) -> None:
+        """Put a :meth:`snapshot` back: counters, data position, scheduler, RNG."""
+        self.step = int(state["step"])
+        self.tokens_seen = int(state["tokens_seen"])
+        if self.data is not None:
+            self.data.load_state_dict(state["data"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.extra = dict(state.get("extra") or {})
+        restore_rng(state["rng"])
+
+
+def _to_bytes(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _from_bytes(blob: bytes) -> Any:
+    # Our own checkpoint, integrity-checked against the marker's sha256 before loading.
+    return torch.load(io.BytesIO(blob), weights_only=False)
+
+
+def trainer_key(rank: int) -> str:
+    """The DCP key of one rank's trainer state."""
+    return f"trainer.rank{rank}"
+
+
+def checkpoint_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                     trainer: TrainerState | None, rank: int) -> dict[str, Stateful]:
+    """The dict handed to ``dcp.save`` / ``dcp.load`` on one rank."""
+    state: dict[str, Stateful] = {"app": ModelOptimizerState(model, optimizer)}
+    if trainer is not None:
+        state[trainer_key(rank)] = trainer
+    return state

@@ -1,0 +1,144 @@
+"""Finding checkpoints in the run's storage (``s3://bucket/prefix`` or a directory).
+
+A run's checkpoints live at ``<storage>/<run_name>/checkpoint_<step>/`` (Ray Train merges every
+rank's folder there). :func:`find_latest_complete` lists them newest first and returns the first
+whose marker is present and whose files all exist with the sizes the marker records; every one
+it passes over is named in a warning. Hashes are checked after download (:mod:`restore`).
+
+S3 goes through ``pyarrow.fs`` (what Ray Train itself uses), which honours ``AWS_ENDPOINT_URL``
+and the usual credential chain (pod identity / IRSA on EKS).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from training.checkpointing.marker import MARKER_NAME
+
+log = logging.getLogger(__name__)
+_CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoredCheckpoint:
+    """A checkpoint folder in storage."""
+
+    uri: str
+    """``s3://bucket/prefix/run/checkpoint_00000010`` or a local path."""
+    step: int
+    marker: dict[str, Any] | None = None
+    """The marker's content once verified (None when not looked at)."""
+
+
+def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and the path on it for a URI or local path."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    return pafs.FileSystem.from_uri(uri)
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/"), *parts])
+
+
+def run_uri(storage_path: str, run_name: str) -> str:
+    return join(storage_path, run_name)
+
+
+def _uri_of(base_uri: str, base_path: str, path: str) -> str:
+    """Map a filesystem path under ``base_path`` back to a URI under ``base_uri``."""
+    return join(base_uri, path[len(base_path):].lstrip("/")) if path != base_path else base_uri
+
+
+def list_checkpoints(run: str) -> list[StoredCheckpoint]:
+    """The run's ``checkpoint_<step>`` folders, newest first (none when the run does not exist)."""
+    fs, path = filesystem_for(run)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False))
+    except (FileNotFoundError, OSError):
+        return []
+    found = []
+    for info in infos:
+        match = _CHECKPOINT_DIR.match(info.base_name)
+        if match and info.type == pafs.FileType.Directory:
+            found.append(StoredCheckpoint(uri=_uri_of(run, path, info.path), step=int(match.group(1))))
+    return sorted(found, key=lambda c: c.step, reverse=True)
+
+
+def run_exists(run: str) -> bool:
+    """True when anything is stored under the run (checkpoints or Ray's run snapshot)."""
+    fs, path = filesystem_for(run)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False))
+    except (FileNotFoundError, OSError):
+        return False
+    return bool(infos)
+
+
+def read_remote_marker(checkpoint_uri: str) -> dict[str, Any] | None:
+    fs, path = filesystem_for(checkpoint_uri)
+    try:
+        with fs.open_input_stream(f"{path}/{MARKER_NAME}") as handle:
+            body = json.loads(handle.read().decode("utf-8"))
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) and isinstance(body.get("files"), list) else None
+
+
+def remote_problem(checkpoint_uri: str) -> str | None:
+    """Why a stored checkpoint is incomplete (marker missing, file missing or wrong size), or None."""
+    marker = read_remote_marker(checkpoint_uri)
+    if marker is None:
+        return f"no readable {MARKER_NAME}"
+    fs, path = filesystem_for(checkpoint_uri)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=True))
+    sizes = {info.path[len(path):].lstrip("/"): info.size for info in infos if info.type == pafs.FileType.File}
+    for entry in marker["files"]:
+        if entry["path"] not in sizes:
+            return f"{entry['path']} is missing"
+        if sizes[entry["path"]] != entry["size"]:
+            return f"{entry['path']} has {sizes[entry['path']]} bytes, the marker says {entry['size']}"
+    return None
+
+
+def find_latest_complete(run: str, *, skip: set[str] | frozenset[str] = frozenset()) -> StoredCheckpoint | None:
+    """The newest complete checkpoint of the run, warning about each incomplete one passed over."""
+    for candidate in list_checkpoints(run):
+        if candidate.uri in skip:
+            continue
+        problem = remote_problem(candidate.uri)
+        if problem is None:
+            return StoredCheckpoint(uri=candidate.uri, step=candidate.step,
+                                    marker=read_remote_marker(candidate.uri))
+        log.warning("skipping incomplete checkpoint %s: %s", candidate.uri, problem)
+    return None
+
+
+def download(checkpoint_uri: str, local_dir: str | os.PathLike) -> Path:
+    """Copy a stored checkpoint into ``local_dir`` (created; must not hold another checkpoint)."""
+    fs, path = filesystem_for(checkpoint_uri)
+    target = Path(local_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    pafs.copy_files(path, str(target), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    return target
+
+
+def copy_report(run: str):
+    """A ``report`` for :class:`CheckpointManager` outside Ray: copy each rank's folder into
+    ``<run>/<checkpoint dir>/`` the way Ray Train does (rank folders merge; the marker may land
+    before other ranks' shards, which is why completeness is checked file by file)."""
+    def report(metrics: dict[str, Any], folder: str, dir_name: str) -> None:
+        fs, path = filesystem_for(join(run, dir_name))
+        if isinstance(fs, pafs.LocalFileSystem):
+            Path(path).mkdir(parents=True, exist_ok=True)
+        pafs.copy_files(folder, path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+    return report
