@@ -195,7 +195,13 @@ class RunRecord:
         return self.data
 
     def update(self, **fields: Any) -> dict:
-        """Merge top-level fields (dicts are merged one level deep) and rewrite the record."""
+        """Merge top-level fields (dicts are merged one level deep) and rewrite the record.
+
+        Transport evidence also fills ``versions.nccl`` / ``versions.aws_ofi_nccl`` when they are
+        empty: NCCL's own log is the only reliable source of the plugin's version.
+        """
+        if isinstance(fields.get("transport"), dict):
+            fields.setdefault("versions", {}).update(self._versions_from_log(fields["transport"]))
         for key, value in fields.items():
             if key not in FIELDS:
                 raise KeyError(f"run record has no field {key!r} (fields: {', '.join(FIELDS)})")
@@ -205,6 +211,15 @@ class RunRecord:
                 self.data[key] = value
         self._write()
         return self.data
+
+    def _versions_from_log(self, evidence: dict) -> dict[str, str]:
+        known = self.data.get("versions") or {}
+        found = {}
+        for rank in evidence.get("ranks", []):
+            for field_name, key in (("nccl_version", "nccl"), ("ofi_nccl_version", "aws_ofi_nccl")):
+                if rank.get(field_name) and not known.get(key) and key not in found:
+                    found[key] = rank[field_name]
+        return found
 
     def finish(self, *, status: str = "succeeded", error: str | None = None, exit_code: int | None = None,
                **fields: Any) -> dict:

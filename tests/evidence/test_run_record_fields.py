@@ -43,7 +43,9 @@ def test_record_holds_every_field_at_start_and_end(tmp_path):
                                 "gpus_per_node": 4, "world_size": 8}
     assert first["command"][-1] == "x.toml"
 
-    record.update(hosts={"0": "ip-10-0-1-23", "4": "ip-10-0-1-57"}, transport={"transport": "efa", "ranks": []},
+    record.update(hosts={"0": "ip-10-0-1-23", "4": "ip-10-0-1-57"},
+                  transport={"transport": "efa", "ranks": [{"rank": 0, "ofi_nccl_version": "1.20.0",
+                                                             "nccl_version": "2.29.7+cuda13.0"}]},
                   throughput={"tokens_per_s": 530.0, "mfu": 0.01}, eval={"before": {"loss": 3.0, "ppl": 20.1}},
                   checkpoints=["checkpoint_000004"])
     record.finish(status="succeeded", eval={"after": {"loss": 2.5, "ppl": 12.2}})
@@ -52,6 +54,7 @@ def test_record_holds_every_field_at_start_and_end(tmp_path):
     assert final["status"] == "succeeded" and final["exit_code"] == 0 and final["error"] is None
     assert final["eval"] == {"before": {"loss": 3.0, "ppl": 20.1}, "after": {"loss": 2.5, "ppl": 12.2}}
     assert final["hosts"]["4"] == "ip-10-0-1-57" and "driver" in final["hosts"]
+    assert final["versions"] == {"python": "3.13.0", "aws_ofi_nccl": "1.20.0", "nccl": "2.29.7+cuda13.0"}
     assert final["end_time"] >= final["start_time"] and final["duration_s"] >= 0
 
 
