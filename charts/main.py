@@ -43,17 +43,19 @@ class SynthResult:
 
 def synth(env, outdir: str | Path, *, root: Path = ROOT) -> SynthResult:
     """Build the code archive and every chart from ``env`` and ``<root>/jobs/*.toml``."""
-    import cdk8s
-
     from charts.jobs import plan_jobs
-    from charts.raycluster import RayClusterChart, cluster_name
-    from charts.rayjob import RayJobChart, worker_grace_seconds
     from raytrain_eks.code_bundle import build_code_bundle
 
+    root = Path(root).resolve()
     outdir = Path(outdir).resolve()
     with contextlib.chdir(root):  # job configs name paths relative to where the job runs
-        plans = plan_jobs(env, root / "jobs", root)
+        plans = plan_jobs(env, root / "jobs", root)  # user errors surface before the slow imports
         code = build_code_bundle(root, outdir / "code")
+
+    import cdk8s
+
+    from charts.raycluster import RayClusterChart, cluster_name
+    from charts.rayjob import RayJobChart, worker_grace_seconds
     for stale in outdir.glob("*.k8s.yaml"):
         stale.unlink()
     for stale in (outdir / "code").glob("training-*.zip"):
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m charts.main", description=__doc__.splitlines()[0])
     parser.add_argument("--env", default=os.environ.get("ENV_FILE", "environment.toml"))
     parser.add_argument("--outdir", default=os.environ.get("CDK8S_OUTDIR", "dist"))
+    parser.add_argument("--root", default=str(ROOT), help="the tree holding training/ and jobs/")
     args = parser.parse_args(argv)
 
     from charts.errors import ChartError
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             _ = env.image.reference
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
-        result = synth(env, args.outdir)
+        result = synth(env, args.outdir, root=Path(args.root))
     except (SpecError, ChartError, JobConfigError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

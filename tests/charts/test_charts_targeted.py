@@ -1,0 +1,229 @@
+"""Targeted checks: every figure in the manifests derives from the spec and the job config."""
+from __future__ import annotations
+
+import copy
+import shlex
+
+import yaml
+from conftest import ACCOUNT, TEST_DIGEST, make_env
+
+from charts.cluster_spec import ClusterShape, ray_cluster_spec
+from charts.rayjob import GRACE_MARGIN_SECONDS
+from spec.model import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL
+from training.config import load_job_config
+
+GPU_JOBS = ("smoke", "finetune-qwen")
+
+
+def worker_group(cluster_spec):
+    (group,) = cluster_spec["workerGroupSpecs"]
+    return group
+
+
+def container(template):
+    (only,) = template["spec"]["containers"]
+    return only
+
+
+def env_of(c):
+    return {e["name"]: e["value"] for e in c.get("env", [])}
+
+
+def set_args(entrypoint):
+    argv = shlex.split(entrypoint)
+    return dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
+
+
+def test_raycluster_head_is_on_system_nodes_without_gpus(default_synth):
+    env = default_synth.env
+    rc = default_synth.one("raycluster")
+    head = rc["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    assert head["template"]["spec"]["nodeSelector"] == env.system_node_group.labels
+    c = container(head["template"])
+    assert env_of(c)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert GPU_RESOURCE not in c["resources"]["limits"]
+    assert c["resources"]["limits"] == {"cpu": "3", "memory": "13Gi"}  # m7i.xlarge less reserve
+
+
+def test_raycluster_gpu_workers_follow_the_instance_type(default_synth):
+    env = default_synth.env
+    group = env.primary_gpu_group
+    rc = default_synth.one("raycluster")
+    wg = worker_group(rc["spec"])
+    assert wg["groupName"] == group.name
+    assert wg["replicas"] == wg["minReplicas"] == wg["maxReplicas"] == group.desired_nodes == 2
+    c = container(wg["template"])
+    limits = c["resources"]["limits"]
+    assert c["resources"]["requests"] == limits  # Guaranteed QoS
+    assert limits == {"cpu": "40", "memory": "160Gi", GPU_RESOURCE: "4", EFA_RESOURCE: "1"}
+    assert wg["rayStartParams"]["num-gpus"] == limits[GPU_RESOURCE]
+    pod = wg["template"]["spec"]
+    assert pod["nodeSelector"][NODE_GROUP_LABEL] == group.name
+    assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "g6.12xlarge"
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "true",
+                                   "effect": "NoSchedule"}]
+    assert pod["serviceAccountName"] == env.ray.service_account == "ray-train"
+
+
+def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
+    wg = worker_group(default_synth.one("raycluster")["spec"])
+    assert env_of(container(wg["template"])) == {
+        "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi"}
+
+
+def test_gpudirect_rdma_is_set_only_where_the_instance_has_it():
+    # p5 has GPUDirect RDMA over EFA; g6 (the default) does not and must not claim it.
+    p5 = make_env(instance_type="p5.48xlarge")
+    spec = ray_cluster_spec(ClusterShape(env=p5, worker_replicas=2, worker_grace_seconds=60))
+    c = container(worker_group(spec)["template"])
+    assert env_of(c)["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert c["resources"]["limits"][EFA_RESOURCE] == "32" and c["resources"]["limits"][GPU_RESOURCE] == "8"
+
+
+def test_shm_is_a_memory_volume_on_every_pod(default_synth):
+    spec = default_synth.one("raycluster")["spec"]
+    for template in (spec["headGroupSpec"]["template"], worker_group(spec)["template"]):
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in template["spec"]["volumes"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container(template)["volumeMounts"]
+
+
+def test_image_ray_version_and_provenance(default_synth):
+    env = default_synth.env
+    rc = default_synth.one("raycluster")
+    assert rc["spec"]["rayVersion"] == env.image.ray_version == "2.58.0"
+    image = f"public.ecr.aws/deep-learning-containers/ray@{TEST_DIGEST}"
+    spec = rc["spec"]
+    assert {container(t)["image"] for t in (spec["headGroupSpec"]["template"], worker_group(spec)["template"])} == {image}
+    assert rc["metadata"]["annotations"]["raytrain.io/image-digest"] == TEST_DIGEST
+    assert rc["metadata"]["labels"]["raytrain.io/spec-hash"] == env.spec_hash
+    assert rc["metadata"]["labels"]["raytrain.io/image-locked"] == "true"
+    assert rc["metadata"]["name"] == "raytrain" and rc["metadata"]["namespace"] == "ray"
+
+
+def test_an_unlocked_image_is_labelled_as_such(large_synth):
+    rc = large_synth.one("raycluster")
+    assert rc["metadata"]["annotations"]["raytrain.io/image-digest"] == "unlocked"
+    assert rc["metadata"]["labels"]["raytrain.io/image-locked"] == "false"
+    assert container(worker_group(rc["spec"])["template"])["image"].endswith(":train-ml-cuda-v1.1.0")
+
+
+def test_rayjob_clusters_come_from_the_same_builder(default_synth):
+    # The RayJob's cluster equals the RayCluster's except where the job differs: worker count,
+    # grace period and the provenance on its pod templates.
+    rc = copy.deepcopy(default_synth.one("raycluster")["spec"])
+    for job in GPU_JOBS:
+        own = copy.deepcopy(default_synth.one(f"rayjob-{job}")["spec"]["rayClusterSpec"])
+        for spec in (rc, own):
+            worker_group(spec)["replicas"] = worker_group(spec)["minReplicas"] = worker_group(spec)["maxReplicas"] = 0
+            worker_group(spec)["template"]["spec"]["terminationGracePeriodSeconds"] = 0
+            for t in (spec["headGroupSpec"]["template"], worker_group(spec)["template"]):
+                t["metadata"] = {}
+        assert own == rc
+
+
+def test_gpu_rayjob_world_size_and_storage_derive_from_the_spec(default_synth):
+    env = default_synth.env
+    for job in GPU_JOBS:
+        rj = default_synth.one(f"rayjob-{job}")
+        wg = worker_group(rj["spec"]["rayClusterSpec"])
+        sets = set_args(rj["spec"]["entrypoint"])
+        gpus = int(container(wg["template"])["resources"]["limits"][GPU_RESOURCE])
+        assert int(sets["parallel.num_workers"]) == wg["replicas"] * gpus == env.world_size == 8
+        assert int(sets["parallel.workers_per_node"]) == gpus
+        assert sets["parallel.use_gpu"] == "true"
+        assert sets["checkpoint.storage_path"] == env.storage_uri == f"s3://raytrain-raytrain-{ACCOUNT}-us-east-1/runs"
+
+
+def test_the_entrypoint_is_what_the_job_config_loader_accepts(default_synth):
+    # The job parses its --set items with the same loader: the config it will run is valid.
+    for job in ("smoke", "finetune-qwen", "local"):
+        argv = shlex.split(default_synth.one(f"rayjob-{job}")["spec"]["entrypoint"])
+        assert argv[:5] == ["python", "-m", "training", "--config", argv[4]] and argv[4].startswith("jobs/")
+        cfg = load_job_config(argv[4], [argv[i + 1] for i, a in enumerate(argv) if a == "--set"])
+        assert cfg.name == job and cfg.checkpoint.storage_path == default_synth.env.storage_uri
+
+
+def test_bucket_placeholders_are_filled_from_the_spec(default_synth):
+    sets = set_args(default_synth.one("rayjob-finetune-qwen")["spec"]["entrypoint"])
+    bucket = default_synth.env.bucket_name
+    assert sets["model.path"] == f"s3://{bucket}/models/Qwen2.5-1.5B-Instruct"
+    assert sets["data.path"] == f"s3://{bucket}/data/chat/"
+    assert "{bucket}" not in yaml.safe_dump(default_synth.docs)
+
+
+def test_local_job_keeps_its_own_cpu_workers(default_synth):
+    rj = default_synth.one("rayjob-local")
+    sets = set_args(rj["spec"]["entrypoint"])
+    assert set(sets) == {"checkpoint.storage_path"}
+    cfg = load_job_config("jobs/local.toml")
+    assert (cfg.parallel.num_workers, cfg.parallel.use_gpu) == (2, False)
+    assert worker_group(rj["spec"]["rayClusterSpec"])["replicas"] == 1
+    assert "rayjob-local-on-cluster" not in default_synth.docs  # CPU jobs have no GPU-cluster variant
+
+
+def test_large_spec_scales_world_size_and_workers(large_synth):
+    for job in GPU_JOBS:
+        rj = large_synth.one(f"rayjob-{job}")
+        wg = worker_group(rj["spec"]["rayClusterSpec"])
+        limits = container(wg["template"])["resources"]["limits"]
+        assert (wg["replicas"], limits[GPU_RESOURCE], limits["cpu"], limits["memory"]) == (4, "8", "160", "640Gi")
+        assert set_args(rj["spec"]["entrypoint"])["parallel.num_workers"] == "32"
+        assert wg["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] == "g6.48xlarge"
+
+
+def test_rayjob_lifecycle_fields(default_synth):
+    for job in GPU_JOBS + ("local",):
+        rj = default_synth.one(f"rayjob-{job}")
+        cfg = load_job_config(rj["metadata"]["annotations"]["raytrain.io/job-config"])
+        spec = rj["spec"]
+        assert spec["submissionMode"] == "K8sJobMode"
+        assert spec["shutdownAfterJobFinishes"] is True
+        assert spec["ttlSecondsAfterFinished"] == cfg.rayjob.ttl_seconds_after_finished
+        assert spec["backoffLimit"] == cfg.rayjob.backoff_limit
+        assert spec["activeDeadlineSeconds"] == cfg.rayjob.active_deadline_minutes * 60 > 0
+        grace = worker_group(spec["rayClusterSpec"])["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace == cfg.checkpoint.sigterm_grace_seconds + GRACE_MARGIN_SECONDS
+
+
+def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
+    rc = default_synth.one("raycluster")
+    for job in GPU_JOBS:
+        variant = default_synth.one(f"rayjob-{job}-on-cluster")["spec"]
+        own = default_synth.one(f"rayjob-{job}")["spec"]
+        assert variant["clusterSelector"] == {"ray.io/cluster": rc["metadata"]["name"]}
+        assert "rayClusterSpec" not in variant and "shutdownAfterJobFinishes" not in variant
+        assert "ttlSecondsAfterFinished" not in variant  # KubeRay: only with shutdownAfterJobFinishes
+        assert variant["entrypoint"] == own["entrypoint"] and variant["runtimeEnvYAML"] == own["runtimeEnvYAML"]
+    # The shared cluster gives every job that may run on it its checkpoint grace.
+    grace = worker_group(rc["spec"])["template"]["spec"]["terminationGracePeriodSeconds"]
+    longest = max(load_job_config(f"jobs/{f}.toml").checkpoint.sigterm_grace_seconds
+                  for f in ("smoke", "finetune-qwen2.5-1.5b", "local"))
+    assert grace == longest + GRACE_MARGIN_SECONDS
+
+
+def test_code_travels_as_working_dir_only(default_synth):
+    code = default_synth.result.code
+    for chart, (obj,) in default_synth.docs.items():
+        if obj["kind"] != "RayJob":
+            continue
+        runtime_env = yaml.safe_load(obj["spec"]["runtimeEnvYAML"])
+        assert runtime_env["working_dir"] == f"s3://{default_synth.env.bucket_name}/code/{code.name}"
+        assert set(runtime_env) == {"working_dir", "env_vars"}  # no pip, py_modules, conda
+        assert runtime_env["env_vars"]["RAYTRAIN_CODE_HASH"] == code.content_hash
+        labels = obj["metadata"]["labels"]
+        assert labels["raytrain.io/code-hash"] == code.content_hash
+        assert labels["raytrain.io/spec-hash"] == default_synth.env.spec_hash
+        (plan,) = [p for p in default_synth.result.plans if p.name == labels["raytrain.io/job"]]
+        assert labels["raytrain.io/job-config-hash"] == plan.config_hash
+        assert runtime_env["env_vars"]["RAYTRAIN_JOB_CONFIG_HASH"] == plan.config_hash
+        assert code.name == f"training-{code.content_hash}.zip" and code.path.is_file()
+
+
+def test_names_are_valid_kuberay_names(default_synth):
+    import re
+
+    for chart, (obj,) in default_synth.docs.items():
+        name = obj["metadata"]["name"]
+        limit = 53 if obj["kind"] == "RayCluster" else 47
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= limit, name

@@ -1,0 +1,55 @@
+"""The code archive: deterministic, content-addressed, holding training/ and jobs/ only."""
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from raytrain_eks.code_bundle import build_code_bundle
+
+
+def tree(root: Path) -> Path:
+    for rel, text in {"training/__init__.py": "", "training/__main__.py": "print('hi')\n",
+                      "training/data/x.py": "X = 1\n", "jobs/a.toml": 'name = "a"\n',
+                      "training/__pycache__/x.cpython-311.pyc": "junk", "training/y.pyc": "junk",
+                      "training/.hidden": "no", "README.md": "not shipped"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_archive_is_deterministic_and_content_addressed(tmp_path):
+    root = tree(tmp_path / "src")
+    first = build_code_bundle(root, tmp_path / "out1")
+    (root / "training" / "__main__.py").touch()  # a new mtime alone changes nothing
+    second = build_code_bundle(root, tmp_path / "out2")
+    assert first.content_hash == second.content_hash and len(first.content_hash) == 16
+    assert first.path.read_bytes() == second.path.read_bytes()
+    assert first.name == f"training-{first.content_hash}.zip"
+    assert first.uri("bkt") == f"s3://bkt/code/{first.name}"
+
+    (root / "jobs" / "a.toml").write_text('name = "b"\n')
+    third = build_code_bundle(root, tmp_path / "out1")
+    assert third.content_hash != first.content_hash and third.path != first.path
+
+
+def test_archive_holds_sorted_sources_with_fixed_metadata(tmp_path):
+    bundle = build_code_bundle(tree(tmp_path / "src"), tmp_path / "out")
+    with zipfile.ZipFile(bundle.path) as zf:
+        names = zf.namelist()
+        infos = zf.infolist()
+    assert names == ["jobs/a.toml", "training/__init__.py", "training/__main__.py", "training/data/x.py"]
+    assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+    assert {i.external_attr >> 16 for i in infos} == {0o644}
+    # Two top-level folders: Ray keeps the layout (it strips a lone top-level folder).
+    assert {n.split("/")[0] for n in names} == {"training", "jobs"}
+
+
+def test_unpacked_archive_runs_as_the_job_working_directory(tmp_path):
+    import subprocess
+    import sys
+
+    bundle = build_code_bundle(tree(tmp_path / "src"), tmp_path / "out")
+    with zipfile.ZipFile(bundle.path) as zf:
+        zf.extractall(tmp_path / "wd")
+    out = subprocess.run([sys.executable, "-m", "training"], cwd=tmp_path / "wd", capture_output=True, text=True)
+    assert out.stdout == "hi\n"
