@@ -1,0 +1,71 @@
+"""Held-out evaluation: loss and perplexity before training (step 0), every N steps, at the end.
+
+Every rank evaluates its own shard of the held-out batches; sums and token counts are
+all-reduced, so the figure is the token-weighted mean over all ranks' batches. All ranks run the
+SAME number of batches (the minimum over ranks): FSDP's gathers are collectives, and a rank with
+one batch more would wait forever.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+
+from training.model import count_targets, loss_sum
+
+
+def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]], *,
+             device: torch.device, max_batches: int, step: int) -> dict[str, Any] | None:
+    """Held-out loss and perplexity over at most ``max_batches`` batches per rank.
+
+    Returns None when no rank has a held-out batch (the run record then says so).
+    """
+    local = []
+    for batch in batches:
+        if len(local) >= max_batches:
+            break
+        local.append(batch)
+    count = torch.tensor([len(local)], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    n_batches = int(count.item())
+    if n_batches == 0:
+        return None
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, target tokens
+    for batch in local[:n_batches]:
+        batch = _to(batch, device)
+        totals[0] += loss_sum(model, batch).double()
+        totals[1] += count_targets(batch["labels"])
+    dist.all_reduce(totals)
+    model.train(was_training)
+    loss = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
+    return {"kind": "eval", "step": step, "eval_loss": loss,
+            "eval_perplexity": math.exp(loss) if loss < 50 else float("inf"),
+            "eval_tokens": int(totals[1]), "eval_batches_per_rank": n_batches}
+
+
+def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+    """The figures every run ends with: held-out loss and perplexity before and after."""
+    if before is None or after is None:
+        return {"eval_loss_before": None, "eval_loss_after": None,
+                "eval_perplexity_before": None, "eval_perplexity_after": None, "eval_improved": None}
+    return {"eval_loss_before": before["eval_loss"], "eval_loss_after": after["eval_loss"],
+            "eval_perplexity_before": before["eval_perplexity"],
+            "eval_perplexity_after": after["eval_perplexity"],
+            "eval_improved": after["eval_loss"] < before["eval_loss"]}
+
+
+def eval_line(figures: dict[str, Any]) -> str:
+    """``eval: loss 5.1234 -> 3.2100 | ppl 168.0 -> 24.8``."""
+    if figures["eval_loss_before"] is None:
+        return "eval: no held-out data"
+    return (f"eval: loss {figures['eval_loss_before']:.4f} -> {figures['eval_loss_after']:.4f} | "
+            f"ppl {figures['eval_perplexity_before']:.1f} -> {figures['eval_perplexity_after']:.1f}")

@@ -1,0 +1,162 @@
+"""Per-step metrics: loss, lr, grad norm, tokens/s, TFLOP/s and MFU per device, step time, memory.
+
+Rank 0 appends one JSON object per step (and per evaluation) to ``metrics.jsonl`` in a local
+run directory and mirrors the file into the run's storage (local directory or S3) at the report
+cadence and at the end, so a report can be rendered from storage alone. It also prints a console
+progress line. Reporting to Ray happens in the loop at ``train.report_every_n_steps``: every
+``ray.train.report`` waits for a controller poll (pitfalls.md), so never every step.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training import flops
+
+CPU_DEVICE = "cpu"
+
+
+def device_name(on_gpu: bool) -> str:
+    """``torch.cuda.get_device_name()`` on GPU (e.g. ``NVIDIA L4``), ``cpu`` otherwise."""
+    return torch.cuda.get_device_name() if on_gpu else CPU_DEVICE
+
+
+def peak_memory_gib(on_gpu: bool) -> float:
+    """Peak allocated GPU memory, or the process's peak resident set on CPU (GiB)."""
+    if on_gpu:
+        return torch.cuda.max_memory_allocated() / 2**30
+    # ru_maxrss is KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ThroughputModel:
+    """What turns a step time into tokens/s, TFLOP/s and MFU for one run."""
+
+    tokens_per_step: int
+    """Global tokens per optimizer step (global batch x seq_len)."""
+    world_size: int
+    flops_per_token: float
+    """Training FLOPs per token from the model's real shapes (training/flops.py)."""
+    peak_tflops: float | None
+    """Peak dense bf16 TFLOP/s of one device; None on CPU (MFU n/a)."""
+
+    @classmethod
+    def for_model(cls, hf_config: Any, *, seq_len: int, tokens_per_step: int, world_size: int,
+                  device: str) -> "ThroughputModel":
+        shapes = flops.ModelShapes.from_hf_config(hf_config)
+        peak = None if device == CPU_DEVICE else flops.peak_bf16_tflops(device)
+        return cls(tokens_per_step=tokens_per_step, world_size=world_size,
+                   flops_per_token=flops.training_flops_per_token(shapes, seq_len), peak_tflops=peak)
+
+    def figures(self, step_time_s: float) -> dict[str, Any]:
+        tokens_per_s = self.tokens_per_step / step_time_s
+        per_device = tokens_per_s / self.world_size
+        achieved = flops.achieved_tflops(per_device, self.flops_per_token)
+        mfu = flops.mfu(per_device, self.flops_per_token, self.peak_tflops)
+        return {"tokens_per_s": tokens_per_s, "tokens_per_s_per_device": per_device,
+                "tflops_per_device": achieved, "mfu": mfu}
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def progress_line(record: dict[str, Any], max_steps: int, eta_s: float) -> str:
+    """``step 12/100 | loss 3.2145 | lr 1.0e-04 | 5,123 tok/s | mfu 41.2% | eta 3m12s``."""
+    mfu = record.get("mfu")
+    mfu_text = "n/a" if mfu is None else f"{100 * mfu:.1f}%"
+    return (f"step {record['step']}/{max_steps} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
+            f"gnorm {record['grad_norm']:.3f} | {record['tokens_per_s']:,.0f} tok/s | mfu {mfu_text} | "
+            f"eta {format_duration(eta_s)}")
+
+
+class MetricsLog:
+    """Rank 0's JSONL metrics file, mirrored into the run's storage; a no-op on other ranks.
+
+    ``storage`` is Ray's StorageContext (or None outside Ray): the file lands at
+    ``<experiment_fs_path>/metrics.jsonl`` on its ``storage_filesystem``.
+    """
+
+    FILE_NAME = "metrics.jsonl"
+
+    def __init__(self, local_dir: str | Path, *, enabled: bool, storage: Any = None, stream=sys.stdout):
+        self.enabled = enabled
+        self.local_path = Path(local_dir) / self.FILE_NAME
+        self.storage = storage
+        self.stream = stream
+        self._dirty = False
+        if enabled:
+            self.local_path.parent.mkdir(parents=True, exist_ok=True)
+            # Start from what storage holds (a retry or resume continues the history; a step
+            # redone after a restore appears again and the later record wins), else empty.
+            self.local_path.write_bytes(self._stored_bytes())
+            self._file = self.local_path.open("a", encoding="utf-8")
+
+    def _stored_bytes(self) -> bytes:
+        if self.storage is None:
+            return b""
+        import pyarrow.fs as pafs
+
+        fs, path = self.storage.storage_filesystem, f"{self.storage.experiment_fs_path}/{self.FILE_NAME}"
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return b""
+        with fs.open_input_stream(path) as stream:
+            return stream.read()
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+        self._dirty = True
+
+    def print(self, line: str) -> None:
+        if self.enabled:
+            print(line, file=self.stream, flush=True)
+
+    def sync(self) -> None:
+        """Copy the whole file to storage (S3 cannot append; the file is small)."""
+        if not (self.enabled and self._dirty and self.storage is not None):
+            return
+        fs, base = self.storage.storage_filesystem, self.storage.experiment_fs_path
+        fs.create_dir(base, recursive=True)
+        with fs.open_output_stream(f"{base}/{self.FILE_NAME}") as out:
+            out.write(self.local_path.read_bytes())
+        self._dirty = False
+
+    def close(self) -> None:
+        if self.enabled:
+            self.sync()
+            self._file.close()
+
+
+class StepTimer:
+    """Wall time per step and an ETA from the mean of the steps so far (first step excluded:
+    it includes warm-up such as compilation and allocator growth)."""
+
+    def __init__(self) -> None:
+        self.durations: list[float] = []
+        self._start = 0.0
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def stop(self) -> float:
+        elapsed = time.perf_counter() - self._start
+        self.durations.append(elapsed)
+        return elapsed
+
+    def eta(self, steps_left: int) -> float:
+        steady = self.durations[1:] or self.durations
+        return steps_left * sum(steady) / max(1, len(steady))

@@ -1,0 +1,127 @@
+"""The model: a Hugging Face causal LM from a local directory, an ``s3://`` prefix or a hub id,
+or a randomly initialised one built from a config (tiny models for tests and the local demo).
+
+An ``s3://`` prefix is fetched ONCE per node (training/data/remote.py's ``fetch_prefix``: the
+first process takes a node-local lock and downloads, the others wait and reuse the copy).
+Parameters are bfloat16 on GPU and float32 on CPU unless ``model.dtype`` says otherwise.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+
+class ModelConfigError(ValueError):
+    """A user error about the model (one line): bad path, seq_len beyond max positions."""
+
+
+def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
+    """``auto`` = bfloat16 on GPU, float32 on CPU (CPU kernels and tests want fp32)."""
+    if name == "auto":
+        return torch.bfloat16 if on_gpu else torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+def resolve_model_path(path: str) -> str:
+    """A local directory stays; ``s3://`` is fetched once per node; anything else is a hub id."""
+    if path.startswith("s3://"):
+        from training.data.remote import fetch_prefix  # one download per node (a node-local lock)
+
+        return str(fetch_prefix(path))
+    return path
+
+
+def read_model_config(path: str) -> dict[str, Any] | None:
+    """The model's config.json as a dict when it can be read without downloading weights.
+
+    Local directories and ``s3://`` prefixes (one small object) are read; a hub id returns None
+    (the worker re-validates once the model is loaded).
+    """
+    try:
+        if path.startswith("s3://"):
+            from training.data.remote import read_bytes
+
+            return json.loads(read_bytes(path.rstrip("/") + "/config.json"))
+        local = Path(path) / "config.json"
+        if local.is_file():
+            return json.loads(local.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ModelConfigError(f"model.path: cannot read config.json from {path!r}: {err}") from None
+    if Path(path).exists():
+        raise ModelConfigError(f"model.path: {path!r} holds no config.json (not a Hugging Face model directory)")
+    return None
+
+
+def max_positions(model_config: Mapping[str, Any]) -> int | None:
+    """``max_position_embeddings`` from a model's config; never assumed (facts.md)."""
+    value = model_config.get("max_position_embeddings")
+    return int(value) if value else None
+
+
+def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "job config") -> None:
+    """Refuse a sequence length beyond the model's own ``max_position_embeddings``."""
+    limit = max_positions(model_config)
+    if limit is not None and seq_len > limit:
+        raise ModelConfigError(
+            f"{source}: train.seq_len: {seq_len} exceeds the model's max_position_embeddings ({limit})")
+
+
+def build_model(model_cfg: Any, *, seq_len: int, on_gpu: bool) -> torch.nn.Module:
+    """Build the causal LM described by the job config's ``model`` section (on CPU).
+
+    FSDP's ``fully_shard`` moves each shard to the mesh's device later, so a full copy never
+    has to fit on one GPU.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+
+    dtype = resolve_dtype(model_cfg.dtype, on_gpu)
+    if model_cfg.path:
+        path = resolve_model_path(model_cfg.path)
+        hf_config = AutoConfig.from_pretrained(path)
+        check_seq_len(seq_len, hf_config.to_dict())
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    else:
+        hf_config = Qwen2Config(**dict(model_cfg.config))
+        check_seq_len(seq_len, hf_config.to_dict())
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    # Training never reuses the KV cache; it only costs memory.
+    model.config.use_cache = False
+    return model
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The transformer blocks (``model.model.layers`` for Qwen2/Llama-style models)."""
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), model)
+    layers = getattr(base, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise TypeError(f"{type(model).__name__}: no decoder ModuleList at .{model.base_model_prefix}.layers")
+    return layers
+
+
+IGNORE_INDEX = -100
+"""Label value that carries no loss (prompt tokens, padding), as in Hugging Face."""
+
+
+def count_targets(labels: torch.Tensor) -> int:
+    """Tokens that carry loss in a batch whose labels are aligned with ``input_ids``."""
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Summed next-token cross-entropy of a batch (labels aligned with ``input_ids``, shifted here).
+
+    A SUM, not a mean: the loop divides by the token count of the whole global batch, so the
+    loss and gradients do not depend on how the batch is split over ranks and micro batches.
+    """
+    inputs = {"input_ids": batch["input_ids"]}
+    if "position_ids" in batch:  # packed documents may restart positions
+        inputs["position_ids"] = batch["position_ids"]
+    logits = model(**inputs).logits
+    shift_logits = logits[:, :-1, :].float()
+    shift_labels = batch["labels"][:, 1:]
+    return torch.nn.functional.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1),
+        ignore_index=IGNORE_INDEX, reduction="sum")
