@@ -202,6 +202,14 @@ def _fmt(value: Any, width: int = 70) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _ran(value: Any) -> Any:
+    """``{"ran", "manifest"}`` hashes: the one that ran, flagged when the manifest said otherwise."""
+    if not isinstance(value, dict):
+        return value
+    ran, manifest = value.get("ran"), value.get("manifest")
+    return ran if not manifest or manifest == ran else f"{ran} (manifest: {manifest})"
+
+
 def _transport_text(transport: dict[str, Any]) -> str:
     counts = transport.get("counts") or {}
     ranks = ", ".join(f"{kind}: {n} rank(s)" for kind, n in counts.items())
@@ -218,8 +226,8 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("kind", r.get("kind") + (" (synthetic data: proves the infrastructure, not a model)"
                                   if r.get("is_infrastructure_check") else "") if r.get("kind") else None),
         ("image", r.get("image") or "(local: no image)"),
-        ("code hash", (r.get("code_hash") or {}).get("ran") if isinstance(r.get("code_hash"), dict) else r.get("code_hash")),
-        ("spec hash", r.get("spec_hash") or None), ("job config hash", r.get("job_config_hash")),
+        ("code hash", _ran(r.get("code_hash"))),
+        ("spec hash", r.get("spec_hash") or None), ("job config hash", _ran(r.get("job_config_hash"))),
         ("cluster", f"{cluster.get('nodes', '?')} node(s) x {cluster.get('gpus_per_node', '?')} GPU(s)"
                     f" {cluster.get('instance_type') or ''}".strip()),
         ("strategy", ((r.get("job_config") or {}).get("parallel") or {}).get("strategy")),

@@ -6,14 +6,16 @@ Rank 0 owns the record; other ranks send it their facts (host, transport) throug
 Environment variables the manifests set on every Ray pod (the charts read them from the spec):
 
 ``RAYTRAIN_IMAGE``          image reference that ran, ``repo@sha256:...`` (or ``repo:tag`` if unlocked)
-``RAYTRAIN_CODE_HASH``      content hash of ``training/`` the manifests were built with
+``RAYTRAIN_CODE_HASH``      hash of the code archive the manifests name (charts/, raytrain_eks/code_bundle.py)
 ``RAYTRAIN_SPEC_HASH``      ``Environment.spec_hash`` of the environment spec
+``RAYTRAIN_JOB_CONFIG_HASH``  hash of the job config + overrides the manifest was built with
 ``RAYTRAIN_INSTANCE_TYPE``  EC2 type of the GPU workers (``g6.12xlarge``)
 ``RAYTRAIN_CLUSTER``        cluster name (optional)
 ``RAYTRAIN_MANIFEST_HASH``  hash of the synthesized RayJob manifest (optional)
 
 Missing variables are recorded as ``""`` (a local run has no image); the code hash is also computed
-in-process from the files that actually ran (:func:`code_hash`) so a mismatch is visible.
+in-process from the files that actually ran (:func:`code_hash`), and the job config's from the
+resolved config, both next to the manifest's values (``{"ran": ..., "manifest": ...}``).
 
 API::
 
@@ -43,6 +45,7 @@ RECORD_NAME = "run.json"
 ENV_IMAGE = "RAYTRAIN_IMAGE"
 ENV_CODE_HASH = "RAYTRAIN_CODE_HASH"
 ENV_SPEC_HASH = "RAYTRAIN_SPEC_HASH"
+ENV_JOB_CONFIG_HASH = "RAYTRAIN_JOB_CONFIG_HASH"
 ENV_INSTANCE_TYPE = "RAYTRAIN_INSTANCE_TYPE"
 ENV_CLUSTER = "RAYTRAIN_CLUSTER"
 ENV_MANIFEST_HASH = "RAYTRAIN_MANIFEST_HASH"
@@ -61,19 +64,32 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def code_hash(package_dir: str | Path | None = None) -> str:
-    """sha256 over the relative paths and bytes of every ``*.py`` under the training package.
+CODE_DIRS = ("training", "jobs")
+"""The folders the code archive holds (raytrain_eks/code_bundle.py); the job's working directory."""
 
-    The same function runs in the CLI (to stamp the manifests) and in the job (to record what ran).
+
+def code_hash(root: str | Path | None = None) -> str:
+    """The code archive's tree hash, recomputed from the files that are actually here.
+
+    Same definition as raytrain_eks/code_bundle.py (a test proves they agree): sha256 over each
+    file's path (``training/...``, ``jobs/...``), a NUL and the sha256 of its bytes, in path
+    order, hidden entries, ``__pycache__`` and ``*.pyc`` skipped; first 16 hex. ``root`` is the
+    folder holding ``training/`` (default: this package's parent = Ray's working_dir).
     """
-    root = Path(package_dir) if package_dir else Path(__file__).resolve().parent
+    base = Path(root) if root else Path(__file__).resolve().parent.parent
+    files = []
+    for top in CODE_DIRS:
+        for dirpath, dirnames, filenames in os.walk(base / top):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+            for name in filenames:
+                path = Path(dirpath, name)
+                if name.startswith(".") or name.endswith((".pyc", ".pyo")) or not path.is_file():
+                    continue
+                files.append((path.relative_to(base).as_posix(), path))
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return "sha256:" + digest.hexdigest()
+    for name, path in sorted(files):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
 
 
 def image_from_env(environ: dict | None = None) -> tuple[str, str]:
@@ -173,7 +189,8 @@ class RunRecord:
             "spec_hash": env.get(ENV_SPEC_HASH, ""),
             "manifest_hash": env.get(ENV_MANIFEST_HASH, ""),
             "job_config": job_config,
-            "job_config_hash": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
+            "job_config_hash": {"ran": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
+                                "manifest": env.get(ENV_JOB_CONFIG_HASH, "")},
             "cluster": {"instance_type": env.get(ENV_INSTANCE_TYPE, ""), "cluster": env.get(ENV_CLUSTER, ""),
                         **(cluster or {})},
             "versions": versions if versions is not None else collect_versions(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +13,9 @@ from training.run_record import FIELDS, RunRecord
 
 ENV = {
     "RAYTRAIN_IMAGE": "public.ecr.aws/deep-learning-containers/ray@sha256:" + "ab" * 32,
-    "RAYTRAIN_CODE_HASH": "sha256:" + "cd" * 32,
+    "RAYTRAIN_CODE_HASH": "cd" * 8,
     "RAYTRAIN_SPEC_HASH": "ef" * 8,
+    "RAYTRAIN_JOB_CONFIG_HASH": "12" * 8,
     "RAYTRAIN_INSTANCE_TYPE": "g6.12xlarge",
     "RAYTRAIN_CLUSTER": "raytrain",
 }
@@ -39,6 +41,7 @@ def test_record_holds_every_field_at_start_and_end(tmp_path):
     assert first["code_hash"]["manifest"] == ENV["RAYTRAIN_CODE_HASH"]
     assert first["code_hash"]["ran"] == run_record.code_hash()
     assert first["spec_hash"] == ENV["RAYTRAIN_SPEC_HASH"]
+    assert first["job_config_hash"]["manifest"] == "12" * 8 and first["job_config_hash"]["ran"].startswith("sha256:")
     assert first["cluster"] == {"instance_type": "g6.12xlarge", "cluster": "raytrain", "nodes": 2,
                                 "gpus_per_node": 4, "world_size": 8}
     assert first["command"][-1] == "x.toml"
@@ -78,10 +81,21 @@ def test_collect_versions_reads_the_installed_stack():
 
 
 def test_code_hash_changes_with_the_code(tmp_path):
-    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "training").mkdir()
+    (tmp_path / "training" / "a.py").write_text("x = 1\n")
     before = run_record.code_hash(tmp_path)
-    (tmp_path / "a.py").write_text("x = 2\n")
+    (tmp_path / "training" / "__pycache__").mkdir()
+    (tmp_path / "training" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"compiled")
+    assert run_record.code_hash(tmp_path) == before
+    (tmp_path / "training" / "a.py").write_text("x = 2\n")
     assert run_record.code_hash(tmp_path) != before
+
+
+def test_code_hash_equals_the_code_archive_hash_the_manifests_carry():
+    from raytrain_eks.code_bundle import bundle_files, tree_hash
+
+    root = Path(run_record.__file__).resolve().parents[1]
+    assert run_record.code_hash() == tree_hash(bundle_files(root))
 
 
 def test_record_on_s3(moto_s3):
