@@ -191,7 +191,7 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[tuple[st
     return groups
 
 
-def _fmt(value: Any, width: int = 70) -> str:
+def _fmt(value: Any, width: int = 130) -> str:
     if value is None:
         return "n/a"
     if isinstance(value, float):
@@ -263,7 +263,7 @@ def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
                 lines.append("(none)")
             else:
                 lines += ["| field | A | B |", "|---|---|---|"]
-                lines += [f"| `{path}` | {_fmt(va, 110)} | {_fmt(vb, 110)} |" for path, va, vb in items]
+                lines += [f"| `{path}` | {_fmt(va, 240)} | {_fmt(vb, 240)} |" for path, va, vb in items]
             lines.append("")
     lines += ["", "## Plots", ""]
     missing = [stem for stem, _, _ in PLOTS if stem not in plots]

@@ -114,3 +114,17 @@ def test_shipped_job_configs_are_accepted(job, capsys, monkeypatch):
     code, out, err = preflight(capsys, job=str(job.relative_to(ROOT)))
     assert code == 0, err
     assert "verdict    OK" in out
+
+
+@pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*.toml")) if (ROOT / "jobs").is_dir() else [])
+def test_preflight_sizes_jobs_exactly_as_the_charts_do(job, monkeypatch):
+    from charts.jobs import plan_job
+    from raytrain_eks.preflight import spec_overrides
+
+    monkeypatch.chdir(ROOT)
+    env = load_environment(ENV)
+    rel = job.relative_to(ROOT)
+    charts_config = plan_job(env, rel, ROOT).config
+    ours = load_job_config(rel, spec_overrides(env, rel, []))
+    assert ours.parallel == charts_config.parallel
+    assert ours.model.path == charts_config.model.path and ours.data.path == charts_config.data.path
