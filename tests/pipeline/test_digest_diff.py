@@ -22,18 +22,28 @@ OLD = "sha256:" + "0123456789abcdef" * 4
 NEW = "sha256:" + "fedcba9876543210" * 4
 
 
+def snapshot(tmp_path: Path) -> Path:
+    """The folders synth reads (jobs/ and the training/ code it bundles), copied once: both
+    synths see the same code even while someone edits the working tree."""
+    root = tmp_path / "repo"
+    for folder in ("training", "jobs"):
+        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
 def test_new_digest_changes_only_image_references(tmp_path):
+    root = snapshot(tmp_path)
     # given the repository's spec pinned to OLD, synthesized
     spec_file = tmp_path / "environment.toml"
     shutil.copy(REPO / "environment.toml", spec_file)
     lock(str(spec_file), digest=OLD)
     old_text = spec_file.read_bytes()
     old_env = load_environment(spec_file)
-    before = synth(old_env, tmp_path / "old", root=REPO)
+    before = synth(old_env, tmp_path / "old", root=root)
     # when the pipeline locks NEW and synthesizes again
     assert lock(str(spec_file), digest=NEW) == (OLD, NEW)
     new_env = load_environment(spec_file)
-    after = synth(new_env, tmp_path / "new", root=REPO)
+    after = synth(new_env, tmp_path / "new", root=root)
 
     # then the same files, the same code archive
     assert list(before.files) == list(after.files)
