@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 from spec import SpecError, load_environment
 
@@ -15,13 +16,18 @@ from spec import SpecError, load_environment
 def main() -> int:
     import aws_cdk as cdk
 
-    from infra.build import build_app, new_app
+    from infra.build import build_app
 
-    probe = cdk.App()  # only to read the CLI's context (-c env=...); never synthesized
-    path = os.environ.get("ENV_FILE") or probe.node.try_get_context("env") or "environment.toml"
+    path = os.environ.get("ENV_FILE")
+    if not path:
+        # A throw-away App only to read the CLI's context (-c env=...): an App creates its
+        # output directory, and nothing may be written before the spec is known to be good.
+        with tempfile.TemporaryDirectory() as scratch:
+            path = cdk.App(outdir=scratch).node.try_get_context("env")
+    path = path or "environment.toml"
     try:
         env = load_environment(path)
-        built = build_app(env, new_app(env))
+        built = build_app(env)  # refuses before creating the App (and its output dir)
     except SpecError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

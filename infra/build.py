@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import aws_cdk as cdk
-from aws_cdk import Validations
-from cdk_nag import AwsSolutionsChecks
 
 from infra.kubectl_layer import kubectl_layer_factory
+from infra.nag import add_nag_checks
 from infra.stacks.cluster import ClusterStack
 from infra.stacks.network import NetworkStack
 from infra.stacks.storage import StorageStack
@@ -83,5 +82,5 @@ def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:
 
         pipeline = PipelineStack(app, f"{name}-pipeline", env_spec=env, cluster_stack=cluster,
                                  storage_stack=storage, env=where)
-    Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    add_nag_checks(app)
     return BuiltApp(app=app, network=network, storage=storage, cluster=cluster, pipeline=pipeline)

@@ -29,6 +29,14 @@ PROVIDER_FRAMEWORK_POLICIES = {
 CDK_OWNED = "Created and scoped by aws-cdk-lib's aws_eks_v2 kubectl provider, not by this project: "
 
 
+def add_nag_checks(app: cdk.App) -> None:
+    """Run cdk-nag's AwsSolutions pack as a synth-time validation plugin: any unacknowledged
+    finding fails ``app.synth()`` (and ``cdk synth``) with a report."""
+    from cdk_nag import AwsSolutionsChecks
+
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+
+
 def acknowledge(scope: IConstruct, rule_id: str, reason: str) -> None:
     """Acknowledge one cdk-nag finding (``AwsSolutions-XX`` or ``AwsSolutions-XX[finding]``) on
     ``scope`` and everything below it."""

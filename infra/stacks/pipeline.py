@@ -26,7 +26,7 @@ from __future__ import annotations
 from aws_cdk import (
     CfnOutput, Duration, RemovalPolicy, Stack, aws_codebuild as codebuild,
     aws_codepipeline as codepipeline, aws_codepipeline_actions as actions, aws_dynamodb as dynamodb,
-    aws_ec2 as ec2, aws_events as events, aws_events_targets as targets, aws_iam as iam,
+    aws_events as events, aws_events_targets as targets, aws_iam as iam,
     aws_s3 as s3, aws_ssm as ssm,
 )
 from constructs import Construct
@@ -109,8 +109,7 @@ class PipelineStack(Stack):
         pipeline_access.acknowledge_artifact_bucket(artifacts)
 
         private = env.cluster.endpoint_access == "private"
-        vpc_args = ({"vpc": cluster.vpc, "subnet_selection": ec2.SubnetSelection(
-            subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)} if private else {})
+        vpc_args = pipeline_access.private_endpoint_access(self, cluster) if private else {}
         self.kubectl_role = pipeline_access.KubectlDeployer(
             self, "KubectlDeployer", cluster=cluster, namespace=env.ray.namespace,
             cluster_arn=self.format_arn(service="eks", resource="cluster", resource_name=name),
@@ -175,7 +174,8 @@ class PipelineStack(Stack):
             ])
         pipeline_access.acknowledge_pipeline(
             self, artifacts=artifacts, projects=[synth, deploy, apply, smoke], promoter=self.promoter,
-            bucket_name=env.bucket_name, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix)
+            bucket_name=env.bucket_name, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix,
+            in_vpc=private)
 
         CfnOutput(self, "PipelineName", value=self.pipeline_name)
         CfnOutput(self, "PromotedDigestParameter", value=self.promoted_digest.parameter_name)

@@ -7,7 +7,7 @@ the role to a Kubernetes group bound to :data:`DEPLOYER_RULES` in the Ray namesp
 """
 from __future__ import annotations
 
-from aws_cdk import Stack, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam, aws_s3 as s3
+from aws_cdk import Stack, aws_ec2 as ec2, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam, aws_s3 as s3
 from constructs import Construct
 
 from infra.nag import acknowledge
@@ -53,6 +53,20 @@ class KubectlDeployer(Construct):
         ])
 
 
+def private_endpoint_access(scope: Construct, cluster: eks.ICluster) -> dict:
+    """For a private API endpoint the kubectl builds run in the cluster's private subnets, in a
+    security group the control plane admits on 443 (the rule lives in THIS stack, so the
+    cluster stack never references the pipeline). Returns the CodeBuild project arguments."""
+    group = ec2.SecurityGroup(scope, "KubectlBuilds", vpc=cluster.vpc, allow_all_outbound=True,
+                              description="Pipeline kubectl builds (private EKS endpoint)")
+    ec2.CfnSecurityGroupIngress(
+        scope, "KubectlBuildsToApi", group_id=cluster.cluster_security_group_id,
+        source_security_group_id=group.security_group_id, ip_protocol="tcp", from_port=443, to_port=443,
+        description="Pipeline kubectl builds to the EKS API")
+    return {"vpc": cluster.vpc, "security_groups": [group],
+            "subnet_selection": ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)}
+
+
 def acknowledge_artifact_bucket(bucket: s3.IBucket) -> None:
     acknowledge(bucket, "AwsSolutions-S1",
                 "Pipeline artifacts are transient (expire after 30 days); CodePipeline's execution "
@@ -60,7 +74,7 @@ def acknowledge_artifact_bucket(bucket: s3.IBucket) -> None:
 
 
 def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list, promoter,
-                        bucket_name: str, code_prefix: str, runs_prefix: str) -> None:
+                        bucket_name: str, code_prefix: str, runs_prefix: str, in_vpc: bool) -> None:
     """The wildcard findings (AwsSolutions-IAM5) of the pipeline stack, each with its reason.
 
     cdk-nag matches acknowledgements by the finding's exact text, so they are spelled out from
@@ -88,8 +102,13 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
     findings[f"Resource::<{logical_id(promoter)}.Arn>:*"] = (
         "The pipeline may invoke the promoter function's versions/aliases (CDK's Lambda invoke action).")
     findings["Resource::*"] = (
-        "codepipeline:PutJobSuccessResult/PutJobFailureResult (promoter) and lambda:ListFunctions "
-        "(the pipeline's Lambda invoke action) support no resource-level permissions.")
+        "codepipeline:PutJobSuccessResult/PutJobFailureResult (promoter), lambda:ListFunctions "
+        "(the pipeline's Lambda invoke action) and, for a private endpoint, CodeBuild's "
+        "ec2:Describe*/CreateNetworkInterface support no resource-level permissions.")
+    if in_vpc:
+        findings["Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:network-interface/*"] = (
+            "CodeBuild in the VPC (private endpoint) attaches network interfaces it creates per build; "
+            "CDK conditions the permission on the subnets and the CodeBuild service.")
     findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/run.json"] = (
         "Read the smoke run's record: only run.json files under the runs prefix (the run name is per execution).")
     findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*"] = (

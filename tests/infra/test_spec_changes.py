@@ -1,0 +1,85 @@
+"""Changing the spec changes the template as it should (default vs the combined alternative:
+account, 4 x g6.48xlarge on a capacity reservation, + a p5.48xlarge group on a capacity block)."""
+from __future__ import annotations
+
+import json
+
+from conftest import ACCOUNT, BLOCK, RESERVATION
+
+
+def _gpu_groups(synth) -> dict[str, dict]:
+    out = {}
+    for resource in synth.resources("cluster", "AWS::EKS::Nodegroup").values():
+        props = resource["Properties"]
+        if props["AmiType"] == "AL2023_x86_64_NVIDIA":
+            out[props["Labels"]["raytrain.io/node-group"]] = props
+    return out
+
+
+def _template_data(synth, group: dict) -> dict:
+    return synth.json("cluster")["Resources"][group["LaunchTemplate"]["Id"]["Ref"]][
+        "Properties"]["LaunchTemplateData"]
+
+
+def test_more_bigger_gpu_nodes(default, alternative):
+    # given 2 x g6.12xlarge -> 4 x g6.48xlarge, then node count, type and GPU count follow
+    before, after = _gpu_groups(default)["gpu"], _gpu_groups(alternative)["gpu"]
+    assert before["ScalingConfig"]["DesiredSize"] == 2 and after["ScalingConfig"]["DesiredSize"] == 4
+    assert before["InstanceTypes"] == ["g6.12xlarge"] and after["InstanceTypes"] == ["g6.48xlarge"]
+    assert before["Tags"]["raytrain:gpus-per-node"] == "4"
+    assert after["Tags"]["raytrain:gpus-per-node"] == "8"
+    assert alternative.env.world_size == 32 and default.env.world_size == 8
+
+
+def test_capacity_reservation_in_the_launch_template(default, alternative):
+    after = _gpu_groups(alternative)["gpu"]
+    data = _template_data(alternative, after)
+    assert data["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": RESERVATION}}
+    assert "InstanceMarketOptions" not in data
+    assert after["CapacityType"] == "ON_DEMAND"  # an ODCR is consumed as On-Demand capacity
+    assert RESERVATION not in json.dumps(default.json("cluster"))
+
+
+def test_capacity_block_group_with_32_efa_interfaces(alternative):
+    h100 = _gpu_groups(alternative)["h100"]
+    assert h100["CapacityType"] == "CAPACITY_BLOCK"
+    assert h100["InstanceTypes"] == ["p5.48xlarge"]
+    assert h100["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}
+    data = _template_data(alternative, h100)
+    assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    assert data["CapacityReservationSpecification"]["CapacityReservationTarget"] == {
+        "CapacityReservationId": BLOCK}
+    interfaces = data["NetworkInterfaces"]
+    assert len(interfaces) == 32 == alternative.env.gpu_node_groups[1].efa_per_node
+    assert [i["NetworkCardIndex"] for i in interfaces] == list(range(32))
+    assert [i["DeviceIndex"] for i in interfaces] == [0] + [1] * 31
+    assert {i["InterfaceType"] for i in interfaces} == {"efa"}
+    assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
+
+
+def test_each_gpu_group_has_its_own_placement_group(alternative):
+    groups = _gpu_groups(alternative)
+    placements = {_template_data(alternative, g)["Placement"]["GroupName"]["Fn::GetAtt"][0]
+                  for g in groups.values()}
+    assert len(placements) == len(groups) == 2
+
+
+def test_account_binds_the_stacks_and_names_the_bucket(default, alternative):
+    manifest = json.loads((alternative.outdir / "manifest.json").read_text())
+    assert manifest["artifacts"]["raytrain-cluster"]["environment"] == f"aws://{ACCOUNT}/us-east-1"
+    default_manifest = json.loads((default.outdir / "manifest.json").read_text())
+    assert default_manifest["artifacts"]["raytrain-cluster"]["environment"] == "aws://unknown-account/us-east-1"
+    assert alternative.env.bucket_name == f"raytrain-raytrain-{ACCOUNT}-us-east-1"
+    assert default.env.bucket_name == "raytrain-raytrain-us-east-1"
+    # no lookup left for the CLI to do (it would need credentials)
+    assert "missing" not in manifest and "missing" not in default_manifest
+
+
+def test_spec_hash_tags_every_stack(default, alternative):
+    for synth in (default, alternative):
+        manifest = json.loads((synth.outdir / "manifest.json").read_text())
+        for stack in ("raytrain-network", "raytrain-storage", "raytrain-cluster"):
+            tags = manifest["artifacts"][stack]["properties"].get("tags", {})
+            assert tags.get("raytrain:spec-hash") == synth.env.spec_hash
+    assert default.env.spec_hash != alternative.env.spec_hash
