@@ -33,9 +33,9 @@ def qwen_tokenizer_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def qwen_tokenizer():
-    from transformers import AutoTokenizer
+    from training.tokenizer import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    return load_tokenizer(qwen_tokenizer_dir())
 
 
 @functools.lru_cache(maxsize=1)

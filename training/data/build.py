@@ -97,7 +97,8 @@ def _tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
 
 
-def _build_packed(cfg, tokenizer, separator_id: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def build_packed(cfg, tokenizer, separator_id: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Read, split, tokenize and pack (no cache): the arrays and the JSON-safe metadata."""
     d = cfg.data
     read = read_documents(d.path, d.kind, on_bad_record=d.on_bad_record)
     train_idx, eval_idx = split_documents(read.documents, d.eval_fraction, d.seed)
@@ -152,7 +153,7 @@ def load_packed(cfg, tokenizer, *, cache_dir: str | Path | None = None) -> tuple
     entry = (Path(cache_dir) if cache_dir else cache_root()) / f"data-{key}"
     with node_lock(entry):
         if not (entry / "meta.json").is_file():
-            arrays, meta = _build_packed(cfg, tokenizer, separator_id)
+            arrays, meta = build_packed(cfg, tokenizer, separator_id)
             entry.mkdir(parents=True, exist_ok=True)
             np.savez(entry / "blocks.npz", **arrays)
             (entry / "meta.json").write_text(json.dumps(meta), encoding="utf-8")  # written last: marks complete

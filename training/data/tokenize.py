@@ -40,7 +40,7 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tu
         if m["role"] != "assistant":
             continue
         before = tokenizer.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=True)
-        upto = tokenizer.apply_chat_template(msgs[:i + 1], tokenize=False)
+        upto = full if i == len(msgs) - 1 else tokenizer.apply_chat_template(msgs[:i + 1], tokenize=False)
         if not (full.startswith(upto) and upto.startswith(before)):
             raise DataError("the tokenizer's chat template does not render conversations prefix by prefix; "
                             "assistant-only labels need a template that does (Qwen2.5's does)")
