@@ -140,9 +140,12 @@ def _fetch_token(headers: "http.client.HTTPMessage", location: ImageLocation, ti
     realm = params.get("realm", "")
     if not realm.startswith(("https://", "http://")):
         raise RegistryError(f"malformed reply from {location.display}: bearer challenge without a realm URL")
-    query = {"service": params.get("service", ""),
-             "scope": params.get("scope") or f"repository:{location.name}:pull"}
-    url = realm + ("&" if "?" in realm else "?") + urllib.parse.urlencode({k: v for k, v in query.items() if v})
+    # Like docker: always ask for a pull of this repository, plus the challenge's own scope when
+    # it names something else (public.ecr.aws has been seen to challenge with scope="aws").
+    pull = f"repository:{location.name}:pull"
+    query = [("service", params["service"])] if params.get("service") else []
+    query += [("scope", scope) for scope in dict.fromkeys([pull, params.get("scope") or pull])]
+    url = realm + ("&" if "?" in realm else "?") + urllib.parse.urlencode(query)
     status, _, body = _request("GET", url, {"Accept": "application/json"}, location, timeout)
     if status != 200:
         raise RegistryError(f"token refused by {realm} for {location.display} (HTTP {status})")
