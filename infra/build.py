@@ -67,7 +67,9 @@ def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:
     app = app if app is not None else new_app(env)
     name = env.cluster.name
     where = cdk_environment(env)
-    tags = {"raytrain:cluster": name, "raytrain:spec-hash": env.spec_hash}
+    # Stable tags only: a tag that follows the spec (e.g. its hash, which `lock` changes) would
+    # touch every resource on each change, and a placement group is REPLACED on a tag change.
+    tags = {"raytrain:cluster": name}
     network = NetworkStack(app, f"{name}-network", env_spec=env, env=where, tags=tags,
                            description=f"raytrain-eks {name}: VPC, NAT, S3 endpoint")
     storage = StorageStack(app, f"{name}-storage", env_spec=env, env=where, tags=tags,
