@@ -96,3 +96,24 @@ def test_load_tokenizer_from_s3_downloads_once_per_node(tmp_path, monkeypatch):
     assert (entry / "tokenizer.json").stat().st_mtime_ns == stamp
     with pytest.raises(TokenizerError, match="s3://tok-bucket/nothing-here"):
         load_tokenizer("s3://tok-bucket/nothing-here", cache_dir=cache)
+
+
+def test_concurrent_ranks_on_a_node_download_a_prefix_once(tmp_path, monkeypatch):
+    import threading
+
+    from training.data import remote
+
+    use_moto(monkeypatch)
+    s3_put_tree("tok-bucket", "small/prefix", {"a.json": b"{}", "sub/b.txt": b"bee"})
+    calls, real = [], remote.read_bytes
+    monkeypatch.setattr(remote, "read_bytes", lambda uri: calls.append(uri) or real(uri))  # counts, still real
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(
+        fetch_prefix("s3://tok-bucket/small/prefix", cache_dir=tmp_path))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(results)) == 1 and len(results) == 4
+    assert sorted(calls) == ["s3://tok-bucket/small/prefix/a.json", "s3://tok-bucket/small/prefix/sub/b.txt"]
+    assert (results[0] / "sub" / "b.txt").read_bytes() == b"bee"

@@ -76,12 +76,13 @@ def list_files(path: str, suffixes: tuple[str, ...] = ()) -> list[RemoteFile]:
 
         s3 = s3_filesystem()
         bucket, key = split_s3(path)
-        info = s3.get_file_info(f"{bucket}/{key}")
+        where = f"{bucket}/{key}" if key else bucket
+        info = s3.get_file_info(where)
         if info.type == fs.FileType.File:
             return [RemoteFile(uri=path, size=info.size, mtime=_mtime(info))]
         if info.type != fs.FileType.Directory:
             raise FileNotFoundError(f"{path}: no such object or prefix")
-        found = s3.get_file_info(fs.FileSelector(f"{bucket}/{key}", recursive=True))
+        found = s3.get_file_info(fs.FileSelector(where, recursive=True))
         files = [RemoteFile(uri=f"s3://{i.path}", size=i.size, mtime=_mtime(i))
                  for i in found if i.type == fs.FileType.File and wanted(i.path)]
     else:
