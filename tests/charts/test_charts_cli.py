@@ -11,7 +11,7 @@ import yaml
 from conftest import ROOT, SPEC_TOML
 
 from charts.imports.io import ray as generated
-from kuberay_schema import CRD_FILE, crd_schemas
+from charts.validate import CRD_FILE, crd_schemas
 
 SHARED_CRDS = ROOT.parent / "shared" / "kuberay" / "v1.7.0"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from kuberay_schema import crd_errors, pod_template_errors
+from charts.validate import crd_errors, pod_template_errors
 
 
 def all_objects(synth):
@@ -70,10 +70,36 @@ def test_a_wrong_type_in_a_rayjob_field_is_caught(default_synth):
 
 def test_preserve_unknown_fields_stay_open():
     # Where the CRD says x-kubernetes-preserve-unknown-fields, strictness must not close it.
-    from kuberay_schema import strict
+    from charts.validate import strict
 
     schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}},
                                                      "x-kubernetes-preserve-unknown-fields": True}}}
     closed = strict(schema)
     assert closed["additionalProperties"] is False
     assert "additionalProperties" not in closed["properties"]["a"]
+
+
+def test_validate_cli_passes_dist_and_names_a_broken_file(default_synth, tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+    from conftest import ROOT, SPEC_TOML
+
+    spec = tmp_path / "environment.toml"
+    spec.write_text(SPEC_TOML)
+    outdir = default_synth.result.files["raycluster"].parent
+    run = lambda d: subprocess.run([sys.executable, "-m", "charts.validate", str(d), "--env", str(spec)],
+                                   cwd=ROOT, capture_output=True, text=True, timeout=120)
+    ok = run(outdir)
+    assert ok.returncode == 0 and ok.stdout.strip().endswith("OK (KubeRay CRDs strict, Kubernetes 1.36 strict)")
+    assert ok.stdout.startswith(f"{len(default_synth.docs)} objects")
+
+    broken = copy.deepcopy(default_synth.one("raycluster"))
+    broken["spec"]["headGroupSpec"]["rayStartParms"] = broken["spec"]["headGroupSpec"].pop("rayStartParams")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "raycluster.k8s.yaml").write_text(yaml.safe_dump(broken))
+    bad = run(tmp_path / "bad")
+    assert bad.returncode == 1
+    assert bad.stdout.splitlines()[0] == ("raycluster.k8s.yaml: spec/headGroupSpec: Additional properties are not "
+                                          "allowed ('rayStartParms' was unexpected)")

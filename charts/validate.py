@@ -1,5 +1,7 @@
 """Validate manifests against the REAL KubeRay v1.7.0 CRD schemas, with unknown fields rejected.
 
+    python -m charts.validate [DIR]      # every DIR/*.k8s.yaml (default dist); exit 1 on errors
+
 The CRDs' openAPIV3Schema leaves ``additionalProperties`` unset, so a misspelled field passes a
 plain JSON-schema check (the API server would prune it silently). :func:`strict` closes every
 object that lists its properties, except where the CRD itself says
@@ -7,12 +9,17 @@ object that lists its properties, except where the CRD itself says
 evaluated here; the targeted tests check the ones that matter to us.
 
 Built-in kinds (the pod templates inside the RayCluster specs, lifted into ``v1/PodTemplate``)
-are checked with kubernetes-validate's strict Kubernetes schema.
+are checked with kubernetes-validate's strict Kubernetes schema, at the spec's Kubernetes version.
+
+Needs the ``dev`` extra (jsonschema, kubernetes-validate); imports no cdk8s.
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import functools
+import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,8 +27,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD_FILE = ROOT / "charts" / "crds" / "kuberay-v1.7.0.yaml"
+CRD_FILE = Path(__file__).resolve().parent / "crds" / "kuberay-v1.7.0.yaml"
 SERVED_VERSION = "v1"
 
 
@@ -90,3 +96,50 @@ def pod_template_errors(obj: dict, kubernetes_version: str) -> list[str]:
         except kubernetes_validate.ValidationError as err:
             errors.append(f"{where}: {str(err).splitlines()[0]}")
     return errors
+
+
+def manifest_errors(directory: str | Path, kubernetes_version: str) -> tuple[int, list[str]]:
+    """(objects checked, ``file: where: error`` lines) for every ``*.k8s.yaml`` in ``directory``."""
+    checked, errors = 0, []
+    for path in sorted(Path(directory).glob("*.k8s.yaml")):
+        for obj in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if not obj:
+                continue
+            checked += 1
+            if obj.get("apiVersion", "").startswith("ray.io/"):
+                errors += [f"{path.name}: {e}" for e in crd_errors(obj)]
+                errors += [f"{path.name}: {e}" for e in pod_template_errors(obj, kubernetes_version)]
+            else:
+                try:
+                    kubernetes_validate.validate(obj, f"{kubernetes_version}.0", strict=True)
+                except (kubernetes_validate.ValidationError, kubernetes_validate.SchemaNotFoundError) as err:
+                    errors.append(f"{path.name}: {obj.get('kind')}: {str(err).splitlines()[0]}")
+    return checked, errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m charts.validate", description=__doc__.splitlines()[0])
+    parser.add_argument("directory", nargs="?", default="dist")
+    parser.add_argument("--env", default=os.environ.get("ENV_FILE", "environment.toml"),
+                        help="the spec whose Kubernetes version the pods are checked against")
+    args = parser.parse_args(argv)
+    from spec import SpecError, load_environment
+
+    try:
+        version = load_environment(args.env).cluster.kubernetes_version
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    checked, errors = manifest_errors(args.directory, version)
+    for line in errors:
+        print(line)
+    if not checked:
+        print(f"error: no *.k8s.yaml in {args.directory} (run cdk8s synth first)", file=sys.stderr)
+        return 2
+    print(f"{checked} objects in {args.directory}: {'OK' if not errors else f'{len(errors)} errors'} "
+          f"(KubeRay CRDs strict, Kubernetes {version} strict)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
