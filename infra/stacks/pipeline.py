@@ -138,8 +138,10 @@ class PipelineStack(Stack):
             variable_name=DIGEST_VARIABLE, default_value=DIGEST_FROM_SPEC,
             description="sha256:... to deploy, or 'spec' for the digest committed in environment.toml")
         owner, repo = env.pipeline.repository.split("/", 1)
-        env_vars = lambda extra: {k: codebuild.BuildEnvironmentVariable(value=v)  # noqa: E731
-                                  for k, v in {**common, **extra}.items()}
+
+        def env_vars(extra: dict[str, str]) -> dict[str, codebuild.BuildEnvironmentVariable]:
+            return {k: codebuild.BuildEnvironmentVariable(value=v) for k, v in {**common, **extra}.items()}
+
         synth_action = actions.CodeBuildAction(
             action_name="Synth", project=synth, input=source_output, outputs=[built],
             variables_namespace="Synth", environment_variables=env_vars(

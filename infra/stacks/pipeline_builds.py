@@ -9,6 +9,7 @@ from __future__ import annotations
 from aws_cdk import Duration, aws_codebuild as codebuild, aws_iam as iam
 from constructs import Construct
 
+from charts.provenance import IMAGE_DIGEST as DIGEST_ANNOTATION
 from spec import Environment
 
 SMOKE_JOB = "smoke"
@@ -97,7 +98,6 @@ def smoke_spec(env: Environment) -> dict:
     resume the previous, finished run), wait for its end, export where its record is."""
     job = f"{SMOKE_JOB}-on-cluster"
     run = f"{SMOKE_JOB}-$EXECUTION_ID"
-    entrypoint = f'.spec.entrypoint += " --set checkpoint.run_name={run}"'
     polls = SMOKE_TIMEOUT_MINUTES * 2
     return {
         "version": "0.2",
@@ -105,9 +105,13 @@ def smoke_spec(env: Environment) -> dict:
         "phases": {
             "install": {"commands": list(KUBECTL_INSTALL)},
             "build": {"commands": [
+                # The manifests of this run carry the digest being proven (provenance annotation).
+                f'for f in dist/raycluster.k8s.yaml dist/rayjob-{job}.k8s.yaml; do '
+                f'grep -q "{DIGEST_ANNOTATION}: $IMAGE_DIGEST" "$f" || '
+                '{ echo "error: $f was not synthesized with $IMAGE_DIGEST"; exit 1; }; done',
                 f'kubectl -n "$NAMESPACE" delete rayjob {job} --ignore-not-found --wait=true',
                 f"kubectl create --dry-run=client -o json -f dist/rayjob-{job}.k8s.yaml "
-                f"| jq '{entrypoint}' "
+                f'| jq --arg run "{run}" \'.spec.entrypoint += " --set checkpoint.run_name=" + $run\' '
                 f"| kubectl apply --server-side --field-manager={FIELD_MANAGER} -f -",
                 # jobStatus: SUCCEEDED / FAILED / STOPPED are final (KubeRay v1.7.0 RayJob).
                 f'for i in $(seq {polls}); do '

@@ -9,9 +9,17 @@ the old spec back byte for byte, so it synthesizes the old manifests.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
+import shlex
 import shutil
+import subprocess
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from charts.main import synth
 from raytrain_eks.commands.lock import lock
@@ -31,21 +39,31 @@ def snapshot(tmp_path: Path) -> Path:
     return root
 
 
-def test_new_digest_changes_only_image_references(tmp_path):
+@pytest.fixture(scope="module")
+def two_synths(tmp_path_factory):
+    """The spec pinned to OLD and synthesized; then locked to NEW (as the Synth stage does) and
+    synthesized again. Both read the same snapshot of jobs/ and training/."""
+    tmp_path = tmp_path_factory.mktemp("digest-diff")
     root = snapshot(tmp_path)
-    # given the repository's spec pinned to OLD, synthesized
     spec_file = tmp_path / "environment.toml"
     shutil.copy(REPO / "environment.toml", spec_file)
     lock(str(spec_file), digest=OLD)
     old_text = spec_file.read_bytes()
     old_env = load_environment(spec_file)
-    before = synth(old_env, tmp_path / "old", root=root)
-    # when the pipeline locks NEW and synthesizes again
-    assert lock(str(spec_file), digest=NEW) == (OLD, NEW)
-    new_env = load_environment(spec_file)
-    after = synth(new_env, tmp_path / "new", root=root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        before = synth(old_env, tmp_path / "old", root=root)
+        assert lock(str(spec_file), digest=NEW) == (OLD, NEW)
+        new_env = load_environment(spec_file)
+        after = synth(new_env, tmp_path / "new", root=root)
+    return SimpleNamespace(root=root, spec_file=spec_file, old_text=old_text, old_env=old_env,
+                           new_env=new_env, before=before, after=after)
 
-    # then the same files, the same code archive
+
+def test_new_digest_changes_only_image_references(two_synths):
+    t = two_synths
+    before, after, old_env, new_env = t.before, t.after, t.old_env, t.new_env
+    # the same files, the same code archive
     assert list(before.files) == list(after.files)
     assert before.code.content_hash == after.code.content_hash
     for chart, old_path in before.files.items():
@@ -56,7 +74,7 @@ def test_new_digest_changes_only_image_references(tmp_path):
             if old_line == new_line:
                 assert OLD not in new_line
                 continue
-            # and each changed line is the old one with the digest (and the spec hash) swapped
+            # each changed line is the old one with the digest (and the spec hash) swapped
             assert OLD in old_line or old_env.spec_hash in old_line, (chart, old_line)
             assert old_line.replace(OLD, NEW).replace(old_env.spec_hash, new_env.spec_hash) == new_line, \
                 (chart, old_line, new_line)
@@ -69,5 +87,33 @@ def test_new_digest_changes_only_image_references(tmp_path):
     assert {image for found in images.values() for image in found} == {f"{new_env.image.repository}@{NEW}"}
 
     # rollback: pinning the previous digest restores the previous spec exactly
-    assert lock(str(spec_file), digest=OLD) == (NEW, OLD)
-    assert spec_file.read_bytes() == old_text
+    assert lock(str(t.spec_file), digest=OLD) == (NEW, OLD)
+    assert t.spec_file.read_bytes() == t.old_text
+
+
+def test_smoke_step_gives_each_execution_its_own_run(two_synths):
+    """The Smoke stage's commands, run on the real synthesized manifests: the digest check
+    passes, and the job (through its own config parser) sees a run name unique to the execution."""
+    import yaml
+
+    from infra.stacks.pipeline_builds import smoke_spec
+    from training.config import load_job_config
+
+    t = two_synths
+    commands = smoke_spec(t.new_env)["phases"]["build"]["commands"]
+    dist = t.after.files["raycluster"].parent
+    shell_env = {**os.environ, "IMAGE_DIGEST": NEW, "EXECUTION_ID": "3f1d2c4b-5a69-4e7f-8d0c-1b2a3c4d5e6f"}
+    # the guard accepts this run's manifests and refuses the previous digest's
+    digest_check = commands[0].replace("dist/", f"{dist}/")
+    assert subprocess.run(["bash", "-c", digest_check], env=shell_env).returncode == 0
+    assert subprocess.run(["bash", "-c", digest_check], env={**shell_env, "IMAGE_DIGEST": OLD},
+                          capture_output=True).returncode == 1
+    manifest = yaml.safe_load(t.after.files["rayjob-smoke-on-cluster"].read_text())
+    jq_stage = next(c for c in commands if "jq --arg run" in c).split(" | ")[1]
+    out = subprocess.run(["bash", "-c", jq_stage], input=json.dumps(manifest), capture_output=True,
+                         text=True, check=True, env=shell_env)
+    argv = shlex.split(json.loads(out.stdout)["spec"]["entrypoint"])
+    overrides = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+    config = load_job_config(t.root / argv[argv.index("--config") + 1], overrides)
+    assert config.run_name == f"smoke-{shell_env['EXECUTION_ID']}"
+    assert config.evidence.require_transport == "efa"

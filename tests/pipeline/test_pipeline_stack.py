@@ -111,7 +111,11 @@ def test_deploy_applies_smokes_and_promotes_with_the_proven_digest(synthesized):
     smoke = buildspec(template, "SmokeRun")
     smoke_commands = "\n".join(smoke["phases"]["build"]["commands"])
     assert "dist/rayjob-smoke-on-cluster.k8s.yaml" in smoke_commands
-    assert "checkpoint.run_name=smoke-$EXECUTION_ID" in smoke_commands  # never resumes an old run
+    # it refuses manifests that were not synthesized with the digest being proven
+    assert 'grep -q "raytrain.io/image-digest: $IMAGE_DIGEST" "$f"' in smoke_commands
+    # a run name per execution (a reused name would resume the previous, finished run)
+    assert """jq --arg run "smoke-$EXECUTION_ID" '.spec.entrypoint += " --set checkpoint.run_name=" + $run'""" \
+        in smoke_commands
     assert f'SMOKE_RECORD="{env.storage_uri}/smoke-$EXECUTION_ID/run.json"' in smoke_commands
     assert smoke["env"]["exported-variables"] == ["SMOKE_RECORD"]
     [promote] = the(template, "AWS::CodePipeline::Pipeline")["Stages"][5]["Actions"]
