@@ -46,14 +46,17 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
 
 
-def build_trainer(job: JobConfig, *, argv: list[str] | None = None) -> Any:
-    """The TorchTrainer for ``job`` (not started)."""
+def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from: str = "") -> Any:
+    """The TorchTrainer for ``job`` (not started); ``resume_from``: a checkpoint URI for a new run."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from training.loop import train_loop_per_worker
     from training.parallel import backend_for
 
+    # Ray Train would chdir each worker into its trial folder: the job config's relative paths
+    # (data, tokenizer) must keep resolving against the job's working directory.
+    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
     p = job.parallel
     resources = {"CPU": p.cpus_per_worker}
     if p.use_gpu:
@@ -61,7 +64,8 @@ def build_trainer(job: JobConfig, *, argv: list[str] | None = None) -> Any:
     storage_path, storage_fs = storage_location(job)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"job": job.to_dict(), "source": job.source, "argv": list(argv or sys.argv)},
+        train_loop_config={"job": job.to_dict(), "source": job.source, "argv": list(argv or sys.argv),
+                           "run_dir": run_dir(job), "resume_from": resume_from, "cwd": os.getcwd()},
         torch_config=TorchConfig(backend=backend_for(p.use_gpu)),
         scaling_config=ScalingConfig(num_workers=p.num_workers, use_gpu=p.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
@@ -75,22 +79,85 @@ def build_trainer(job: JobConfig, *, argv: list[str] | None = None) -> Any:
     )
 
 
+def _cluster_shape(job: JobConfig) -> dict[str, Any]:
+    p = job.parallel
+    return {"nodes": job.num_nodes, "world_size": p.num_workers,
+            "gpus_per_node": p.workers_per_node if p.use_gpu else 0, "workers_per_node": p.workers_per_node}
+
+
+def _tokenizer_dir(job: JobConfig) -> str:
+    from training.tokenizer import DEFAULT_TOKENIZER_DIR
+
+    return job.model.tokenizer or job.model.path or str(DEFAULT_TOKENIZER_DIR)
+
+
+def _last_summary(job: JobConfig) -> dict[str, Any]:
+    """The loop's final ``summary`` line from the run's metrics.jsonl ({} if there is none)."""
+    import json
+
+    from training.checkpointing.storage import filesystem_for
+
+    try:
+        fs, path = filesystem_for(f"{run_dir(job)}/metrics.jsonl")
+        with fs.open_input_stream(path) as stream:
+            lines = stream.read().decode("utf-8").splitlines()
+    except (OSError, ValueError):
+        return {}
+    summaries = [json.loads(line) for line in lines if '"kind": "summary"' in line]
+    return summaries[-1] if summaries else {}
+
+
 def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
-    """Fit the job; returns the process exit code (0 = succeeded)."""
+    """Fit the job; returns the process exit code (0 succeeded, 1 failed, 2 refused, 143 stopped)."""
     import ray
 
+    from training import checkpointing
+    from training.run_record import RunRecord, read_json
+
+    argv = list(argv or sys.argv)
+    resume_from = ""
+    if job.checkpoint.storage_path:
+        try:
+            plan = checkpointing.plan_resume(storage_path=job.checkpoint.storage_path, run_name=job.run_name,
+                                             on_existing_run=job.checkpoint.on_existing_run,
+                                             max_steps=job.train.max_steps, source=job.source)
+        except checkpointing.ExistingRunError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return 2
+        resume_from = plan.resume_from
+        if resume_from:
+            print(f"resuming {job.run_name} from step {plan.resume_step}: {resume_from}", flush=True)
     if not ray.is_initialized():
         # RAY_ADDRESS (set in a RayJob) connects to the cluster; otherwise a local one starts.
         ray.init(runtime_env={"env_vars": forwarded_env()}, log_to_driver=True)
-    trainer = build_trainer(job, argv=argv)
+    record = RunRecord(run_dir(job))
+    record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
+                 cluster=_cluster_shape(job), command=argv)
+    stop_flag = None
+    if job.checkpoint.storage_path:  # keep the reference: the flag actor lives as long as it
+        stop_flag = checkpointing.forward_driver_sigterm(job.run_name, job.checkpoint.sigterm_grace_seconds)
+    status, error, code = "succeeded", None, 0
     try:
-        result = trainer.fit()
+        result = build_trainer(job, argv=argv, resume_from=resume_from).fit()
+        if getattr(result, "error", None):
+            raise result.error
+        if _last_summary(job).get("stopped_by_signal"):
+            status, code = "stopped", 143
     except Exception as err:  # TrainingFailedError and friends: one line, details in the logs
-        print(f"training failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-              file=sys.stderr, flush=True)
-        return 1
-    if getattr(result, "error", None):
-        print(f"training failed: {result.error}", file=sys.stderr, flush=True)
-        return 1
-    print(f"run directory: {run_dir(job)}", flush=True)
-    return 0
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        status, error, code = "failed", f"{type(err).__name__}: {first}", 1
+        print(f"training failed: {error}", file=sys.stderr, flush=True)
+    if status == "succeeded" and job.checkpoint.storage_path and job.checkpoint.export_hf:
+        try:
+            print(f"exported: {checkpointing.export_latest(run_dir(job), tokenizer_dir=_tokenizer_dir(job))}", flush=True)
+        except Exception as err:  # the checkpoints stay usable; say why the export is missing
+            status, error, code = "failed", f"export: {type(err).__name__}: {err}", 1
+            print(f"export failed: {err}", file=sys.stderr, flush=True)
+    try:
+        record.data = read_json(record.uri)  # rank 0 added hosts, transport, throughput, eval
+    except (OSError, ValueError):
+        pass
+    record.finish(status=status, error=error, exit_code=code)
+    del stop_flag
+    print(f"run directory: {run_dir(job)} ({status})", flush=True)
+    return code

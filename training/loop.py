@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -28,6 +28,8 @@ from training.parallel import backend_for, build_mesh, parallelize
 
 FAULT_STEP_ENV = "RAYTRAIN_FAULT_AT_STEP"
 FAULT_RANK_ENV = "RAYTRAIN_FAULT_RANK"
+NCCL_LOG_DIR = "/tmp/raytrain-nccl"
+"""Node-local folder for NCCL's INFO log (the transport evidence, training/transport.py)."""
 
 
 @dataclass(kw_only=True)
@@ -43,59 +45,44 @@ class WorkerContext:
     """Node-local scratch directory of this run (metrics before they are mirrored)."""
     report: Callable[[dict[str, Any]], None] = lambda m: None
     """Hands metrics to Ray Train (``ray.train.report``); a no-op outside Ray."""
+    in_ray: bool = False
+    run_dir: str = ""
+    """``<storage_path>/<run_name>`` (local path or ``s3://``): run.json lives there."""
+    checkpoint_root: str = ""
+    """Node-local folder where checkpoints are written before their upload."""
+    checkpoint_report: Callable[[dict[str, Any], str, str], None] | None = None
+    """How a written checkpoint folder travels on (None: Ray's report inside Ray)."""
 
 
-def ray_context() -> WorkerContext:
+def ray_context(run_dir: str = "") -> WorkerContext:
     """The context inside a Ray Train worker (the process group is already initialised)."""
     import ray.train
+
+    from training.checkpointing import local_checkpoint_root
 
     ctx = ray.train.get_context()
     storage = ctx.get_storage()
     local_dir = os.path.join(tempfile.gettempdir(), "raytrain-runs", ctx.get_experiment_name())
     return WorkerContext(rank=ctx.get_world_rank(), world_size=ctx.get_world_size(),
                          local_rank=ctx.get_local_rank(), storage=storage, local_dir=local_dir,
-                         report=lambda m: ray.train.report(m))
+                         report=lambda m: ray.train.report(m), in_ray=True, run_dir=run_dir,
+                         checkpoint_root=local_checkpoint_root())
 
 
-def local_context(local_dir: str, *, rank: int = 0, world_size: int = 1, init_method: str = "") -> WorkerContext:
-    """A context for a plain process (tests, benchmarks): initialises a gloo group if needed."""
+def local_context(local_dir: str, *, rank: int = 0, world_size: int = 1, run_dir: str = "") -> WorkerContext:
+    """A context for a plain process (tests, benchmarks): initialises a gloo group if needed.
+
+    With ``run_dir`` checkpoints are copied there the way Ray Train would upload them."""
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                                init_method=init_method or f"file://{os.path.join(local_dir, 'pg-store')}")
-    return WorkerContext(rank=rank, world_size=world_size, local_rank=rank, local_dir=local_dir)
+                                init_method=f"file://{os.path.join(local_dir, 'pg-store')}")
+    report = None
+    if run_dir:
+        from training.checkpointing import copy_report
 
-
-@dataclass(kw_only=True)
-class TrainerState:
-    """The loop's own resumable state (``Stateful``: travels in the checkpoint)."""
-
-    step: int = 0
-    """Optimizer steps completed."""
-    tokens_seen: int = 0
-    """Global tokens trained on (input positions, including those without loss)."""
-    data: Any = None
-    """The train stream (``state_dict``/``load_state_dict``): the exact data position."""
-    scheduler: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens_seen": self.tokens_seen,
-                "data": self.data.state_dict() if self.data is not None else None,
-                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "rng": {"torch": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-                "extra": dict(self.extra)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
-        if self.data is not None and state.get("data") is not None:
-            self.data.load_state_dict(state["data"])
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"].get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        self.extra = dict(state.get("extra") or {})
+        report = copy_report(run_dir)
+    return WorkerContext(rank=rank, world_size=world_size, local_rank=rank, local_dir=local_dir, run_dir=run_dir,
+                         checkpoint_root=os.path.join(local_dir, "checkpoints"), checkpoint_report=report)
 
 
 def maybe_inject_fault(step: int, rank: int, ctx: WorkerContext) -> None:
@@ -123,51 +110,16 @@ def maybe_inject_fault(step: int, rank: int, ctx: WorkerContext) -> None:
     os._exit(1)
 
 
-def open_data(job: JobConfig, ctx: WorkerContext, hf_config: Any) -> Any:
-    """The data source for this rank: ``.train`` (a stateful iterator of micro batches) and
-    ``.eval_batches()`` (held-out batches of this rank)."""
-    import training.data as data_package
+def open_data(job: JobConfig, ctx: WorkerContext) -> Any:
+    """This rank's DataBundle: ``.train`` (stateful stream), ``.eval_batches()``, ``.stats``."""
+    from training.data import build_data
 
-    if hasattr(data_package, "open_data"):  # the data package owns every kind
-        return data_package.open_data(job, rank=ctx.rank, world_size=ctx.world_size,
-                                      vocab_size=hf_config.vocab_size)
+    tokenizer = None
     if job.data.kind != "synthetic":
-        raise RuntimeError(f"data.kind {job.data.kind!r}: training.data.open_data is not available")
-    return _InterimSynthetic(job, ctx.rank, ctx.world_size, hf_config.vocab_size)
+        from training.tokenizer import DEFAULT_TOKENIZER_DIR, load_tokenizer
 
-
-class _InterimSynthetic:
-    """Random ids until training.data provides ``open_data`` (interim; removed then).
-
-    Step s's global batch depends only on (seed, s); rank r takes its contiguous slice."""
-
-    def __init__(self, job: JobConfig, rank: int, world: int, vocab: int):
-        self.job, self.rank, self.world, self.vocab, self.position = job, rank, world, vocab, 0
-        self.train = self
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        t = self.job.train
-        per_rank = t.global_batch_size // self.world
-        step, k = divmod(self.position, per_rank // t.micro_batch_size)
-        self.position += 1
-        gen = torch.Generator().manual_seed(self.job.data.seed * 1_000_003 + step)
-        rows = torch.randint(0, self.vocab, (t.global_batch_size, t.seq_len), generator=gen)
-        ids = rows[self.rank * per_rank:][k * t.micro_batch_size:(k + 1) * t.micro_batch_size]
-        return {"input_ids": ids, "labels": ids.clone()}
-
-    def eval_batches(self) -> list[dict[str, torch.Tensor]]:
-        gen = torch.Generator().manual_seed(self.job.data.seed - 1)
-        ids = torch.randint(0, self.vocab, (self.job.train.micro_batch_size, self.job.train.seq_len), generator=gen)
-        return [{"input_ids": ids, "labels": ids.clone()}]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.position = int(state["position"])
+        tokenizer = load_tokenizer(job.model.tokenizer or job.model.path or DEFAULT_TOKENIZER_DIR)
+    return build_data(job, tokenizer, rank=ctx.rank, world_size=ctx.world_size)
 
 
 def _sync(on_gpu: bool) -> None:
@@ -175,12 +127,53 @@ def _sync(on_gpu: bool) -> None:
         torch.cuda.synchronize()
 
 
-def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, argv: list[str] | None = None) -> dict[str, Any]:
+def _throughput_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median figures over the steps, the first (warm-up) excluded when there are others."""
+    steady = records[1:] or records
+    if not steady:
+        return {}
+
+    def median(key: str) -> Any:
+        values = sorted(r[key] for r in steady if r.get(key) is not None)
+        return values[len(values) // 2] if values else None
+
+    return {key: median(key) for key in ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu",
+                                         "step_time_s", "peak_memory_gib")} | {"steps_measured": len(steady)}
+
+
+class _Record:
+    """Rank 0's view of run.json: continues the driver's record (or starts one outside Ray)."""
+
+    def __init__(self, job: JobConfig, ctx: WorkerContext, argv: list[str] | None):
+        from training.run_record import RunRecord, read_json
+
+        self.record = RunRecord(ctx.run_dir) if ctx.rank == 0 and ctx.run_dir else None
+        if self.record is None:
+            return
+        try:
+            self.record.data = read_json(self.record.uri)
+        except (OSError, ValueError):
+            self.record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
+                              cluster={"nodes": job.num_nodes, "world_size": ctx.world_size,
+                                       "gpus_per_node": job.parallel.workers_per_node if job.parallel.use_gpu else 0},
+                              command=argv)
+
+    def update(self, **fields: Any) -> None:
+        if self.record is not None:
+            self.record.update(**fields)
+
+
+def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: str = "",
+          argv: list[str] | None = None) -> dict[str, Any]:
     """Run the job on this worker; returns the run's summary (the same on every rank)."""
+    from training import checkpointing as ckpt_api
+    from training.transport import collect_evidence, hosts_from_evidence, nccl_debug_env
+
     on_gpu = job.parallel.use_gpu and torch.cuda.is_available()
     device = torch.device("cuda", ctx.local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
+        os.environ.update(nccl_debug_env(NCCL_LOG_DIR))  # before the first NCCL collective
     # Same seed on every rank: fully_shard keeps each rank's slice of ITS OWN full copy.
     torch.manual_seed(job.train.seed)
     model = build_model(job.model, seq_len=job.train.seq_len, on_gpu=on_gpu)
@@ -190,28 +183,53 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, argv: list[st
                 activation_checkpointing=job.parallel.activation_checkpointing, compile=job.parallel.compile)
     optimizer = optim.build_optimizer(model, job.train)
     scheduler = optim.build_scheduler(optimizer, job.train)
-    data = data if data is not None else open_data(job, ctx, hf_config)
-    state = TrainerState(data=data.train, scheduler=scheduler)
+    data = data if data is not None else open_data(job, ctx)
+    evidence = collect_evidence(require=job.evidence.require_transport, log_dir=NCCL_LOG_DIR if on_gpu else None,
+                                num_nodes=job.num_nodes)
+    record = _Record(job, ctx, argv)
+    record.update(transport=evidence, hosts=hosts_from_evidence(evidence),
+                  data=data.stats.to_dict() if hasattr(data, "stats") else {})
+
+    trainer = ckpt_api.TrainerState(data=data.train, scheduler=scheduler)
+    ckpt = None
+    if job.checkpoint.storage_path:
+        if ctx.in_ray:
+            ckpt_api.install_worker_handler(job.checkpoint.sigterm_grace_seconds, run_name=job.run_name)
+        ckpt_api.restore(model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root,
+                         resume_from=resume_from, device=device)
+        ckpt = ckpt_api.CheckpointManager(
+            model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root, run_name=job.run_name,
+            every_n_steps=job.checkpoint.every_n_steps, report=ctx.checkpoint_report, device=device,
+            model_config=hf_config.to_dict())
 
     throughput = metrics.ThroughputModel.for_model(
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
         world_size=ctx.world_size, device=metrics.device_name(on_gpu))
     log = metrics.MetricsLog(ctx.local_dir, enabled=ctx.rank == 0, storage=ctx.storage)
     timer = metrics.StepTimer()
-    t = job.train
-    accum = job.grad_accum_steps
-    losses: list[float] = []
+    t, accum = job.train, job.grad_accum_steps
+    steps: list[dict[str, Any]] = []
 
-    before = evaluation.evaluate(model, data.eval_batches(), device=device, max_batches=job.eval.max_batches, step=state.step)
-    if before:
-        log.write(before)
+    def held_out() -> dict[str, Any] | None:
+        figures = evaluation.evaluate(model, data.eval_batches(), device=device,
+                                      max_batches=job.eval.max_batches, step=trainer.step)
+        if figures:
+            log.write(figures)
+        return figures
+
+    # A resumed run keeps the figure measured before ANY training (stored in the trainer state).
+    before = trainer.extra.get("eval_before") if trainer.restored_from else None
+    if before is None:
+        before = held_out()
+        trainer.extra["eval_before"] = before
     model.train()
-    while state.step < t.max_steps:
-        maybe_inject_fault(state.step, ctx.rank, ctx)
+    stopped = False
+    while trainer.step < t.max_steps and not stopped:
+        maybe_inject_fault(trainer.step, ctx.rank, ctx)
         timer.start()
-        micro = [next(state.data) for _ in range(accum)]
-        local_targets = sum(count_targets(b["labels"]) for b in micro)
-        sums = torch.tensor([0.0, float(local_targets)], dtype=torch.float64, device=device)
+        micro = [data.train.next_batch() for _ in range(accum)]
+        sums = torch.tensor([0.0, float(sum(count_targets(b["labels"]) for b in micro))],
+                            dtype=torch.float64, device=device)
         counts = sums[1:].clone()
         dist.all_reduce(counts)
         global_targets = max(1.0, float(counts.item()))
@@ -219,6 +237,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, argv: list[st
         for batch in micro:
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             token_loss = loss_sum(model, batch)
+            # FSDP averages gradients over ranks: scale so the result is d(global mean)/d(theta).
             (token_loss * (ctx.world_size / global_targets)).backward()
             sums[0] += token_loss.detach().double()
         grad_norm = optim.clip_gradients(model, t.grad_clip)
@@ -229,40 +248,48 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, argv: list[st
         _sync(on_gpu)
         compute_s = time.perf_counter() - compute_start
         dist.all_reduce(sums)
-        loss = float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")
-        state.step += 1
-        state.tokens_seen += job.tokens_per_step
-        losses.append(loss)
+        trainer.step += 1
+        trainer.tokens_seen += job.tokens_per_step
         step_time = timer.stop()
-        record = {"kind": "train", "step": state.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                  "tokens_seen": state.tokens_seen, "step_time_s": step_time, "compute_s": compute_s,
-                  "peak_memory_gib": metrics.peak_memory_gib(on_gpu), **throughput.figures(step_time)}
-        log.write(record)
-        if state.step % t.log_every_n_steps == 0 or state.step == t.max_steps:
-            log.print(metrics.progress_line(record, t.max_steps, timer.eta(t.max_steps - state.step)))
-        if job.eval.every_n_steps and state.step % job.eval.every_n_steps == 0 and state.step < t.max_steps:
-            figures = evaluation.evaluate(model, data.eval_batches(), device=device,
-                                          max_batches=job.eval.max_batches, step=state.step)
-            if figures:
-                log.write(figures)
-        if state.step % t.report_every_n_steps == 0 and state.step < t.max_steps:
+        entry = {"kind": "train", "step": trainer.step, "loss": float(sums[0] / sums[1]) if sums[1] > 0 else float("nan"),
+                 "lr": lr, "grad_norm": grad_norm, "tokens_seen": trainer.tokens_seen, "step_time_s": step_time,
+                 "compute_s": compute_s, "peak_memory_gib": metrics.peak_memory_gib(on_gpu),
+                 **throughput.figures(step_time)}
+        steps.append(entry)
+        log.write(entry)
+        if trainer.step % t.log_every_n_steps == 0 or trainer.step == t.max_steps:
+            log.print(metrics.progress_line(entry, t.max_steps, timer.eta(t.max_steps - trainer.step)))
+        if ckpt is not None:
+            stopped = ckpt.step_end(trainer.step, {"loss": entry["loss"]}, max_steps=t.max_steps)
+        if job.eval.every_n_steps and trainer.step % job.eval.every_n_steps == 0 and trainer.step < t.max_steps:
+            held_out()
+        if trainer.step % t.report_every_n_steps == 0 and trainer.step < t.max_steps:
             log.sync()
-            ctx.report({k: v for k, v in record.items() if v is not None})
+            ctx.report({k: v for k, v in entry.items() if v is not None})
 
-    after = evaluation.evaluate(model, data.eval_batches(), device=device, max_batches=job.eval.max_batches, step=state.step)
-    if after:
-        log.write(after)
-    summary = {"kind": "summary", "steps": state.step, "tokens_seen": state.tokens_seen,
-               "losses": losses, **evaluation.before_after(before, after)}
+    after = None if stopped else held_out()  # the SIGTERM grace period is for the checkpoint
+    figures = evaluation.before_after(before, after)
+    if ckpt is not None:
+        ckpt.finish(trainer.step, {"loss": steps[-1]["loss"] if steps else float("nan"), **figures})
+    summary = {"kind": "summary", "steps": trainer.step, "tokens_seen": trainer.tokens_seen,
+               "losses": [e["loss"] for e in steps], "stopped_by_signal": stopped,
+               "resumed_from": trainer.restored_from, **figures}
     log.write(summary)
-    log.print(evaluation.eval_line(summary))
+    log.print(evaluation.eval_line(figures))
     log.close()
-    ctx.report({"step": state.step, "loss": losses[-1] if losses else float("nan"),
-                **{k: v for k, v in evaluation.before_after(before, after).items() if v is not None}})
+    record.update(throughput=_throughput_summary(steps), eval={"before": before, "after": after},
+                  checkpoints=[{"step": x.step, "stall_s": x.stall_s, "write_s": x.write_s} for x in ckpt.timings]
+                  if ckpt is not None else [])
+    ctx.report({"step": trainer.step, "stopped_by_signal": stopped,
+                **{k: v for k, v in figures.items() if v is not None}})
     return summary
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train's per-worker entry: rebuild the validated job config, then :func:`train`."""
+    cwd = loop_config.get("cwd", "")
+    if cwd and os.path.isdir(cwd):  # same machine as the driver (local runs); in a cluster the
+        os.chdir(cwd)               # runtime env's working_dir is already the cwd
     job = job_config_from_dict(loop_config["job"], loop_config.get("source", "<job config>"))
-    train(job, ray_context(), argv=loop_config.get("argv"))
+    train(job, ray_context(loop_config.get("run_dir", "")), resume_from=loop_config.get("resume_from", ""),
+          argv=loop_config.get("argv"))

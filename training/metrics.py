@@ -123,7 +123,9 @@ class MetricsLog:
 
     def print(self, line: str) -> None:
         if self.enabled:
-            print(line, file=self.stream, flush=True)
+            # Not print(): Ray Train patches print() to log as well, which doubles every line.
+            self.stream.write(line + "\n")
+            self.stream.flush()
 
     def sync(self) -> None:
         """Copy the whole file to storage (S3 cannot append; the file is small)."""

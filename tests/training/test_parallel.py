@@ -38,10 +38,7 @@ class GlobalBatches:
         gen = torch.Generator().manual_seed(self.seed * 100_003 + seed_offset + index)
         return torch.randint(0, self.vocab - 1, (rows, SEQ_LEN), generator=gen)
 
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
+    def next_batch(self) -> dict[str, torch.Tensor]:
         per_rank = GLOBAL_BATCH // self.world
         per_step = per_rank // self.micro
         k = self.position % per_step
@@ -52,7 +49,7 @@ class GlobalBatches:
         labels[:, :3] = -100  # some positions without loss: the global token count must matter
         return {"input_ids": ids, "labels": labels}
 
-    def eval_batches(self) -> list[dict[str, torch.Tensor]]:
+    def eval_batches(self, max_batches: int | None = None) -> list[dict[str, torch.Tensor]]:
         rows = self._rows(0, 4, 999)[self.rank * (4 // self.world):(self.rank + 1) * (4 // self.world)]
         return [{"input_ids": rows, "labels": rows.clone()}]
 
