@@ -121,7 +121,8 @@ class CheckpointManager:
             self.stopped_by_signal = True
             log.warning("rank %d: stop requested (SIGTERM/preemption): final checkpoint at step %d", self.rank, step)
         if due or stop or (max_steps is not None and step >= max_steps):
-            self.save(step, metrics or {})
+            # the checkpoint's metrics (Ray's Result.metrics) say why the run ended early
+            self.save(step, dict(metrics or {}, stopped_by_signal=True) if stop else (metrics or {}))
         if stop:
             self.wait()
         return stop

@@ -1,0 +1,176 @@
+"""Resume with Ray Train and S3 (moto on 127.0.0.1): 2 CPU workers, FSDP2 on gloo, tiny Qwen2.
+
+Four ``TorchTrainer.fit`` calls:
+1. ``ref``: 8 uninterrupted steps (the reference), checkpoint every 2.
+2. ``faulty``: 6 steps; rank 1 dies after step 5 (the loop's RAYTRAIN_FAULT_AT_STEP hook); Ray
+   restarts the workers, they restore via ``get_checkpoint`` and every replayed step equals
+   the reference bit for bit (loss and data position).
+3. ``faulty`` again, max 8 steps, on a "new cluster": Ray's own run snapshot is deleted first,
+   so the only thing left is the run name and storage; ``plan_resume`` finds the newest
+   complete checkpoint (6) and steps 7-8 equal the reference.
+4. ``sigterm``: SIGTERM to one worker mid-run -> every rank stops at the same step with a
+   complete checkpoint of that step in S3, and the run ends cleanly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fixtures_s3 import s3_bucket, s3_server  # noqa: F401  (one server per session)
+
+pytestmark = pytest.mark.slow
+
+WORLD = 2
+
+
+def _train_fn(config: dict) -> None:
+    """The worker: the same model/step as test_checkpoint_dcp, wired like the real loop."""
+    import ray.train
+    import torch.distributed as dist
+    from test_checkpoint_dcp import build, tiny_config, train_step
+
+    from training.checkpointing import CheckpointManager, TrainerState, install_worker_handler, restore
+    from training.loop import maybe_inject_fault, ray_context
+
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    out = Path(config["out"])
+    (out / f"{config['name']}.pid{rank}").write_text(str(os.getpid()))
+    install_worker_handler(grace_seconds=60, run_name=config["name"])
+    model, optimizer, scheduler, stream = build(rank)
+    trainer = TrainerState(data=stream, scheduler=scheduler)
+    restored = restore(model=model, optimizer=optimizer, trainer=trainer, local_root=config["local_root"],
+                       resume_from=config.get("resume_from", ""))
+    manager = CheckpointManager(model=model, optimizer=optimizer, trainer=trainer, local_root=config["local_root"],
+                                run_name=config["name"], every_n_steps=config["every"], model_config=tiny_config())
+    wctx = ray_context()
+    with open(out / f"{config['name']}.rank{rank}.jsonl", "a") as log:
+        log.write(json.dumps({"attempt_restored": restored, "start": trainer.step}) + "\n")
+        for step in range(trainer.step + 1, config["max_steps"] + 1):
+            maybe_inject_fault(step - 1, rank, wctx)
+            loss = train_step(model, optimizer, scheduler, stream)
+            trainer.step = step
+            log.write(json.dumps({"step": step, "loss": loss, "position": stream.position}) + "\n")
+            log.flush()
+            time.sleep(config.get("sleep", 0))
+            if manager.step_end(step, {"loss": loss}, max_steps=config["max_steps"]):
+                break
+        manager.finish(trainer.step, {"loss": loss})
+    ray.train.report({"step": trainer.step, "stopped_by_signal": manager.stopped_by_signal})
+    dist.barrier()
+
+
+def _fit(name: str, storage: str, out: Path, *, max_steps: int, every: int, env: dict | None = None, **extra):
+    import pyarrow.fs as pafs
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    # Explicit keys: the controller (it deletes old checkpoints) gets them whatever ray.init saw.
+    fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1",
+                           endpoint_override=endpoint)
+    aws = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    trainer = TorchTrainer(
+        _train_fn,
+        train_loop_config={"name": name, "out": str(out), "local_root": str(out / "node"), "max_steps": max_steps,
+                           "every": every, **extra},
+        scaling_config=ScalingConfig(num_workers=WORLD),
+        run_config=RunConfig(name=name, storage_path=storage.removeprefix("s3://"), storage_filesystem=fs,
+                             failure_config=FailureConfig(max_failures=1),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2),
+                             worker_runtime_env={"env_vars": {**aws, **(env or {}),
+                                                              "PYTHONPATH": _pythonpath()}}),
+    )
+    return trainer.fit()
+
+
+def _pythonpath() -> str:
+    here = Path(__file__).resolve()
+    return os.pathsep.join([str(here.parent), str(here.parents[1]), str(here.parents[2]),
+                            os.environ.get("PYTHONPATH", "")])
+
+
+def _steps(out: Path, name: str, rank: int) -> tuple[list[dict], list[dict]]:
+    rows = [json.loads(line) for line in (out / f"{name}.rank{rank}.jsonl").read_text().splitlines()]
+    return [r for r in rows if "attempt_restored" in r], [r for r in rows if "step" in r]
+
+
+@pytest.fixture(scope="module")
+def storage(s3_bucket, ray_cluster, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("ray-ckpt")
+    return f"{s3_bucket}/resume-{out.name}", out
+
+
+@pytest.fixture(scope="module")
+def reference(storage):
+    prefix, out = storage
+    _fit("ref", prefix, out, max_steps=8, every=2)
+    return {rank: {r["step"]: r for r in _steps(out, "ref", rank)[1]} for rank in range(WORLD)}
+
+
+def test_failure_then_resume_is_bit_identical_and_a_new_cluster_continues_from_s3(storage, reference):
+    from training.checkpointing import ExistingRunError, plan_resume
+    from training.checkpointing.storage import filesystem_for
+
+    prefix, out = storage
+    result = _fit("faulty", prefix, out, max_steps=6, every=2,
+                  env={"RAYTRAIN_FAULT_AT_STEP": "5", "RAYTRAIN_FAULT_RANK": "1"})
+    assert result.error is None
+    for rank in range(WORLD):
+        attempts, rows = _steps(out, "faulty", rank)
+        assert len(attempts) == 2, attempts  # one failure, one restart
+        resumed_at = attempts[1]["start"]
+        assert attempts[1]["attempt_restored"].endswith(f"checkpoint_{resumed_at:08d}") and resumed_at >= 2
+        after = [r for r in rows[5:]]  # first attempt ran steps 1-5
+        assert [r["step"] for r in after] == list(range(resumed_at + 1, 7))
+        for row in after:
+            assert row == reference[rank][row["step"]]  # loss and data position, exactly
+
+    # A new cluster: Ray's bookkeeping gone, only <storage>/<run> with our checkpoints left.
+    fs, run_path = filesystem_for(f"{prefix}/faulty")
+    fs.delete_file(f"{run_path}/checkpoint_manager_snapshot.json")
+    with pytest.raises(ExistingRunError, match="already reached"):
+        plan_resume(storage_path=prefix, run_name="faulty", on_existing_run="resume", max_steps=6)
+    plan = plan_resume(storage_path=prefix, run_name="faulty", on_existing_run="resume", max_steps=8)
+    assert plan.resume_step == 6
+    result = _fit("faulty", prefix, out, max_steps=8, every=2, resume_from=plan.resume_from)
+    assert result.error is None
+    for rank in range(WORLD):
+        attempts, rows = _steps(out, "faulty", rank)
+        assert attempts[-1] == {"attempt_restored": plan.resume_from, "start": 6}
+        assert rows[-2:] == [reference[rank][7], reference[rank][8]]
+
+
+def test_sigterm_to_one_worker_leaves_a_complete_checkpoint(storage):
+    from training.checkpointing import find_latest_complete
+
+    prefix, out = storage
+
+    def kill_rank1_mid_run() -> None:
+        log = out / "sigterm.rank1.jsonl"
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            if log.exists() and sum(1 for line in log.read_text().splitlines() if '"step"' in line) >= 2:
+                os.kill(int((out / "sigterm.pid1").read_text()), signal.SIGTERM)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_rank1_mid_run, daemon=True)
+    killer.start()
+    result = _fit("sigterm", prefix, out, max_steps=200, every=0, sleep=0.3)
+    killer.join(timeout=1)
+    assert result.error is None and result.metrics["stopped_by_signal"] is True  # the final checkpoint's metrics
+    stopped = result.metrics["step"]
+    assert result.checkpoint.path.endswith(f"sigterm/checkpoint_{stopped:08d}")
+    assert 2 <= stopped < 200
+    latest = find_latest_complete(f"{prefix}/sigterm")
+    assert latest is not None and latest.step == stopped and latest.marker["world_size"] == WORLD
+    for rank in range(WORLD):
+        assert _steps(out, "sigterm", rank)[1][-1]["step"] == stopped
