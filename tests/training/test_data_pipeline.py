@@ -5,25 +5,14 @@ import json
 
 import numpy as np
 import pytest
-from test_data_support import DEMO_DIR, qwen_tokenizer, s3_put_tree, use_moto
+from test_data_support import DEMO_DIR, cfg_for, qwen_tokenizer, s3_put_tree, use_moto
 
-from training.config import job_config_from_dict
 from training.data import DataError, build_data
 from training.data.packing import pack, split_documents
 from training.data.records import Document, read_documents
 from training.data.tokenize import TokenizedDoc, tokenize_documents
 
 IM_END, ENDOFTEXT = 151645, 151643
-
-
-def cfg_for(kind: str, path: str, *, seq_len: int = 256, micro: int = 2, world: int = 2, gb: int = 8, **data):
-    return job_config_from_dict({
-        "name": "data-test", "model": {"config": {"hidden_size": 64}},
-        "data": {"kind": kind, "path": path, **data},
-        "train": {"seq_len": seq_len, "micro_batch_size": micro, "global_batch_size": gb, "max_steps": 40,
-                  "warmup_steps": 2},
-        "parallel": {"num_workers": world, "workers_per_node": world},
-    }, "test")
 
 
 def test_chat_labels_only_on_assistant_tokens_exactly():

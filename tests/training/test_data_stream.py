@@ -6,8 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_data_support import DEMO_DIR, qwen_tokenizer
-from test_data_pipeline import cfg_for
+from test_data_support import DEMO_DIR, cfg_for, qwen_tokenizer
 
 from training.data import DataError, build_data
 from training.data.stream import PackedStream, SyntheticStream

@@ -71,3 +71,16 @@ def s3_put_tree(bucket: str, prefix: str, files: dict[str, bytes]) -> None:
         pass
     for name, body in files.items():
         client.put_object(Bucket=bucket, Key=f"{prefix}/{name}".lstrip("/"), Body=body)
+
+
+def cfg_for(kind: str, path: str, *, seq_len: int = 256, micro: int = 2, world: int = 2, gb: int = 8, **data):
+    """A validated JobConfig for data tests (tiny model config; the data section is what matters)."""
+    from training.config import job_config_from_dict
+
+    return job_config_from_dict({
+        "name": "data-test", "model": {"config": {"hidden_size": 64}},
+        "data": {"kind": kind, "path": path, **data},
+        "train": {"seq_len": seq_len, "micro_batch_size": micro, "global_batch_size": gb, "max_steps": 40,
+                  "warmup_steps": 2},
+        "parallel": {"num_workers": world, "workers_per_node": world},
+    }, "test")

@@ -12,6 +12,8 @@ packed, and assigned as a whole to the train or the held-out split:
 A path is a file, or a directory / ``s3://`` prefix whose matching files are read in sorted
 order. Malformed input raises :class:`DataError` (one line: file, line, what is wrong, what is
 expected) or, with ``on_bad_record="skip"``, is skipped and counted; never silently dropped.
+(Invalid UTF-8 inside a plain-text file is counted once per file under "skip" and decoded with
+U+FFFD replacement characters, since a text file has no record boundary to skip to.)
 """
 from __future__ import annotations
 
