@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, alternative_raw, default_raw
+from infra_variants import REPO, alternative_raw, default_raw
 
 CDK = REPO / "node_modules" / ".bin" / "cdk"
 

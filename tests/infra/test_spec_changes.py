@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import ACCOUNT, BLOCK, RESERVATION, default_raw, synthesize
+from infra_variants import ACCOUNT, BLOCK, RESERVATION, default_raw, synthesize
 
 
 def _gpu_groups(synth) -> dict[str, dict]:

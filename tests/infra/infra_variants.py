@@ -1,0 +1,79 @@
+"""The spec variants the infra tests synthesize, and the synthesizer (see conftest.py).
+
+A module with a unique name, not conftest: several test folders have a conftest.py, and a bare
+``from conftest import`` can pick up another folder's.
+
+``default`` is the repository's environment.toml (account empty: env-agnostic). ``alternative``
+combines several changes in one synth: an account, 4 x g6.48xlarge on a capacity reservation, a
+second GPU group of p5.48xlarge on a capacity block (32 EFA interfaces), a private endpoint and
+an admin principal.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import tomllib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ACCOUNT = "111122223333"
+RESERVATION = "cr-0123456789abcdef0"
+BLOCK = "cr-0fedcba9876543210"
+ADMIN = f"arn:aws:iam::{ACCOUNT}:role/platform-admin"
+
+
+def default_raw() -> dict:
+    return tomllib.loads((REPO / "environment.toml").read_text())
+
+
+def alternative_raw() -> dict:
+    raw = copy.deepcopy(default_raw())
+    raw["cluster"].update(account=ACCOUNT, endpoint_access="private", admin_principal_arns=[ADMIN])
+    raw["gpu_node_groups"][0].update(
+        instance_type="g6.48xlarge", min_nodes=4, desired_nodes=4, max_nodes=4,
+        capacity="capacity-reservation", capacity_reservation_id=RESERVATION)
+    raw["gpu_node_groups"].append(dict(
+        name="h100", instance_type="p5.48xlarge", min_nodes=0, desired_nodes=0, max_nodes=2,
+        root_volume_gib=500, capacity="capacity-block", capacity_reservation_id=BLOCK))
+    raw["storage"]["noncurrent_version_days"] = 7
+    raw["storage"]["prefix"] = "team/runs"
+    return raw
+
+
+@dataclass
+class Synthesized:
+    """One synthesized variant: the spec, the built app, its templates (dicts) and outdir."""
+
+    env: object
+    built: object
+    outdir: Path
+
+    def template(self, which: str):
+        from aws_cdk.assertions import Template
+        return Template.from_stack(getattr(self.built, which))
+
+    def json(self, which: str) -> dict:
+        stack = getattr(self.built, which)
+        return json.loads((self.outdir / f"{stack.stack_name}.template.json").read_text())
+
+    def resources(self, which: str, type_name: str) -> dict:
+        return {k: v for k, v in self.json(which)["Resources"].items() if v["Type"] == type_name}
+
+    @property
+    def validation_report(self) -> dict:
+        return json.loads((self.outdir / "validation-report.json").read_text())
+
+
+def synthesize(raw: dict, outdir: Path, source: str) -> Synthesized:
+    from infra.build import build_app, new_app
+    from spec import environment_from_dict
+
+    env = environment_from_dict(raw, source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the unlocked-image warning is the spec's business
+        built = build_app(env, new_app(env, outdir=str(outdir)))
+        # Runs cdk-nag (a validation plugin): raises on any unacknowledged finding.
+        built.app.synth()
+    return Synthesized(env=env, built=built, outdir=outdir)
