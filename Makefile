@@ -41,7 +41,7 @@ summary: install
 	$(BIN)/raytrain-eks summary --env $(ENV_FILE)
 
 cdk-synth: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(NODE_BIN)/cdk synth --quiet --all
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(NODE_BIN)/cdk synth --quiet
 
 cdk8s-synth: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(NODE_BIN)/cdk8s synth --no-check-upgrade
