@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, SPEC_TOML
+from charts_testspec import ROOT, SPEC_TOML
 
 from charts.imports.io import ray as generated
 from charts.validate import CRD_FILE, crd_schemas

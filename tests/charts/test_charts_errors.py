@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SPEC_TOML, large_env, make_env
+from charts_testspec import ROOT, SPEC_TOML, large_env, make_env
 
 from charts.errors import ChartError
 from charts.jobs import JobPlan, _toml_value, plan_jobs

@@ -84,7 +84,7 @@ def test_validate_cli_passes_dist_and_names_a_broken_file(default_synth, tmp_pat
     import sys
 
     import yaml
-    from conftest import ROOT, SPEC_TOML
+    from charts_testspec import ROOT, SPEC_TOML
 
     spec = tmp_path / "environment.toml"
     spec.write_text(SPEC_TOML)

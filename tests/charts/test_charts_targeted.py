@@ -5,7 +5,7 @@ import copy
 import shlex
 
 import yaml
-from conftest import ACCOUNT, TEST_DIGEST, make_env
+from charts_testspec import ACCOUNT, TEST_DIGEST, make_env
 
 from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.rayjob import GRACE_MARGIN_SECONDS
