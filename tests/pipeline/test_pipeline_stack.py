@@ -34,7 +34,8 @@ def synthesized(tmp_path_factory):
     from spec import environment_from_dict
 
     raw = tomllib.loads((REPO / "environment.toml").read_text())
-    raw["cluster"]["account"] = ACCOUNT
+    # private endpoint: the richer path (kubectl builds inside the VPC) is the one synthesized
+    raw["cluster"].update(account=ACCOUNT, endpoint_access="private")
     raw["image"]["digest"] = DIGEST
     raw["pipeline"].update(connection_arn=CONNECTION, repository="example-org/raytrain-eks",
                            branch="release", watch_schedule=SCHEDULE)
@@ -171,8 +172,23 @@ def test_resource_star_only_where_iam_has_no_resource_level_permissions(synthesi
         for s in policy["Properties"]["PolicyDocument"]["Statement"]:
             if s["Resource"] == "*" or "*" in (s["Resource"] if isinstance(s["Resource"], list) else []):
                 star_actions |= set([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
-    assert star_actions == {"codepipeline:PutJobSuccessResult", "codepipeline:PutJobFailureResult",
-                            "lambda:ListFunctions"}
+    assert star_actions == {
+        # no resource-level permissions exist for these (Service Authorization Reference)
+        "codepipeline:PutJobSuccessResult", "codepipeline:PutJobFailureResult", "lambda:ListFunctions",
+        # CodeBuild inside the VPC (private endpoint only): ENI lifecycle and VPC lookups
+        "ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:DeleteNetworkInterface",
+        "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DescribeDhcpOptions", "ec2:DescribeVpcs"}
+
+
+def test_private_endpoint_kubectl_builds_run_in_the_vpc_admitted_on_443(synthesized):
+    _, _, template = synthesized
+    [(group_id, _)] = resources(template, "AWS::EC2::SecurityGroup").items()
+    ingress = the(template, "AWS::EC2::SecurityGroupIngress")
+    assert (ingress["IpProtocol"], ingress["FromPort"], ingress["ToPort"]) == ("tcp", 443, 443)
+    assert ingress["SourceSecurityGroupId"] == {"Fn::GetAtt": [group_id, "GroupId"]}
+    assert "ClusterSecurityGroupId" in json.dumps(ingress["GroupId"])  # the EKS cluster security group
+    in_vpc = {k for k, v in resources(template, "AWS::CodeBuild::Project").items() if "VpcConfig" in v["Properties"]}
+    assert sorted(k.rstrip("0123456789ABCDEF") for k in in_vpc) == ["ApplyManifests", "SmokeRun"]
 
 
 def test_kubectl_builds_hold_a_namespaced_rbac_group_not_cluster_admin(synthesized):
