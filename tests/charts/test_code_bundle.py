@@ -53,3 +53,24 @@ def test_unpacked_archive_runs_as_the_job_working_directory(tmp_path):
         zf.extractall(tmp_path / "wd")
     out = subprocess.run([sys.executable, "-m", "training"], cwd=tmp_path / "wd", capture_output=True, text=True)
     assert out.stdout == "hi\n"
+
+
+def test_rayjob_entrypoints_pass_the_jobs_own_check_in_the_unpacked_archive(default_synth, tmp_path):
+    # What Ray does on a node: unpack working_dir, run the entrypoint through a shell in it.
+    # `--check` is the job's own validation (config, data path, model config) without training.
+    import os
+    import subprocess
+
+    from charts.manifests import read_rayjob
+    from charts_testspec import ROOT
+
+    with zipfile.ZipFile(default_synth.result.code.path) as zf:
+        zf.extractall(tmp_path / "wd")
+    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)  # only the archive's code: the repository must not leak in
+    for job in ("local", "smoke"):  # finetune's model lives in S3: not reachable here
+        submission = read_rayjob(default_synth.result.files[f"rayjob-{job}"])
+        proc = subprocess.run(["bash", "-c", submission.entrypoint + " --check"], cwd=tmp_path / "wd",
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"jobs/{job}.toml: ok"), proc.stdout
