@@ -7,6 +7,7 @@ lives in the repository.
 """
 from __future__ import annotations
 
+import atexit
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,6 +28,8 @@ def stage_asset() -> str:
     """A folder with the Lambda package and the shared registry client; its content (not its
     path) decides the asset hash, so a change to either redeploys the functions."""
     out = Path(tempfile.mkdtemp(prefix="raytrain-image-watcher-"))
+    # CDK copies the folder into the cloud assembly during synth; gone when the process ends.
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO_ROOT / "infra" / "lambdas" / "image_watcher", out / "image_watcher", ignore=ignore)
     (out / "raytrain_eks").mkdir()
