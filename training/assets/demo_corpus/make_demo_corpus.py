@@ -1,6 +1,6 @@
 """Generate the demo corpus in this directory (deterministic; standard library only).
 
-    python training/assets/demo_corpus/make_demo_corpus.py
+    python training/assets/demo_corpus/make_demo_corpus.py [OUT_DIR]   (default: this directory)
 
 Every sentence is produced by the templates below, written for this project: no third-party
 text, so the corpus carries the project's own licence (see README.md). Output:
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -104,15 +105,14 @@ def chat(r: random.Random) -> tuple[str, str]:
     return q, f"{n * f} {u_to}"
 
 
-def main() -> None:
+def main(out: Path = HERE) -> None:
     r = random.Random(SEED)
     makers = [weather, workshop, timetable, garden, arithmetic_note, conversion_note]
     docs = [makers[i % len(makers)](r) for i in range(TEXT_DOCS)]
-    (HERE / "text").mkdir(exist_ok=True)
-    (HERE / "jsonl").mkdir(exist_ok=True)
-    (HERE / "chat").mkdir(exist_ok=True)
-    (HERE / "text" / "notes.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    (HERE / "jsonl" / "notes.jsonl").write_text(
+    for sub in ("text", "jsonl", "chat"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    (out / "text" / "notes.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    (out / "jsonl" / "notes.jsonl").write_text(
         "".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
     lines = []
     for _ in range(CHATS):
@@ -122,8 +122,8 @@ def main() -> None:
             q, a = chat(r)
             messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         lines.append(json.dumps({"messages": messages}) + "\n")
-    (HERE / "chat" / "arithmetic.jsonl").write_text("".join(lines), encoding="utf-8")
+    (out / "chat" / "arithmetic.jsonl").write_text("".join(lines), encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
