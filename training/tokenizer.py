@@ -42,7 +42,7 @@ def load_tokenizer(path_or_s3: str | Path, *, cache_dir: str | Path | None = Non
 def document_separator_id(tokenizer) -> int:
     """The token packed between documents (``<|endoftext|>`` where the vocabulary has it)."""
     token_id = tokenizer.convert_tokens_to_ids(DOCUMENT_SEPARATOR)
-    if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and token_id is not None:
+    if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
         return token_id
     if tokenizer.eos_token_id is None:
         raise TokenizerError("tokenizer: has neither <|endoftext|> nor an eos token to separate documents")
