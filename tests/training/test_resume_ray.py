@@ -174,3 +174,35 @@ def test_sigterm_to_one_worker_leaves_a_complete_checkpoint(storage):
     assert latest is not None and latest.step == stopped and latest.marker["world_size"] == WORLD
     for rank in range(WORLD):
         assert _steps(out, "sigterm", rank)[1][-1]["step"] == stopped
+
+
+def test_driver_sigterm_is_forwarded_to_workers(ray_cluster):
+    """The driver's SIGTERM handler sets the named flag; a worker watching it sees a stop."""
+    import ray
+
+    from training.checkpointing import forward_driver_sigterm
+
+    @ray.remote(num_cpus=0)
+    def worker_waits_for_stop(run_name: str) -> bool:
+        from training.checkpointing import signals
+
+        signals.reset()
+        assert signals.watch_driver_flag(run_name)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if signals.stop_requested():
+                return True
+            time.sleep(0.05)
+        return False
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        flag = forward_driver_sigterm("forward-test", grace_seconds=30)
+        ray.get(flag.__ray_ready__.remote())  # the named actor exists before a worker looks it up
+        waiting = worker_waits_for_stop.remote("forward-test")
+        time.sleep(1.0)
+        assert not ray.wait([waiting], timeout=0)[0]  # no stop before the signal
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert ray.get(waiting, timeout=60) is True
+    finally:
+        signal.signal(signal.SIGTERM, previous)

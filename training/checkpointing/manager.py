@@ -4,7 +4,8 @@ One :class:`CheckpointManager` per worker. The loop calls :meth:`CheckpointManag
 after every optimizer step and :meth:`CheckpointManager.finish` once at the end.
 
 How a checkpoint at step s travels (nothing here waits for S3):
-1. the loop thread snapshots the state (``dcp.async_save`` stages a CPU copy) - the only stall;
+1. the loop thread snapshots the state - the only stall: a clone of the tensors on CPU, DCP's
+   device-to-host staging (``dcp.async_save``) on GPU;
 2. a background thread writes this rank's shards to ``<local_root>/<run>/checkpoint_<s>/rank_<r>``
    (DCP over a dedicated gloo group so it never interleaves with training collectives), hashes
    them, gathers every rank's file list, and rank 0 writes ``COMPLETE.json`` last;
@@ -29,6 +30,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.utils._pytree import tree_map
 
 from training.checkpointing import signals
 from training.checkpointing.marker import FileEntry, describe_files, write_marker
@@ -97,6 +99,9 @@ class CheckpointManager:
         self.device = device or torch.device("cpu")
         self.root = Path(local_root) / run_name
         self.report = report if report is not None else (ray_report if _in_ray_train() else _no_report)
+        if _local_rank(self.rank) == 0:
+            # folders a killed attempt never handed over; the collective below makes the others wait
+            shutil.rmtree(self.root, ignore_errors=True)
         # Collective: every rank creates the group here, at the same point of the program.
         self._ckpt_group = dist.new_group(backend="gloo") if self.distributed else None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt")
@@ -145,7 +150,12 @@ class CheckpointManager:
         folder.mkdir(parents=True)
         state = checkpoint_state(self.model, self.optimizer, self.trainer, self.rank)
         timing = SaveTiming(step=step, stall_s=0.0)
-        if self.async_save:
+        if self.async_save and self.device.type == "cpu":
+            # A plain clone is the cheapest snapshot on CPU (DCP's default stager measured ~3x
+            # slower here); the write then runs in the background like dcp.async_save's thread.
+            staged = tree_map(_detached_copy, {key: value.state_dict() for key, value in state.items()})
+            future = self._executor.submit(self._write_and_seal, staged, folder, step)
+        elif self.async_save:  # GPU: DCP stages device -> host memory, then writes in a thread
             written = dcp.async_save(state, checkpoint_id=str(folder), process_group=self._ckpt_group,
                                      no_dist=not self.distributed)
             future = self._executor.submit(self._seal_after, written, folder, step)
@@ -167,6 +177,10 @@ class CheckpointManager:
             self._pending.future.result()
             self._pending.timing.stall_s += time.perf_counter() - began
             self._finalize()
+
+    def _write_and_seal(self, staged: dict[str, Any], folder: Path, step: int) -> None:
+        dcp.save(staged, checkpoint_id=str(folder), process_group=self._ckpt_group, no_dist=not self.distributed)
+        self._seal(folder, step)
 
     def _seal_after(self, written: Any, folder: Path, step: int) -> None:
         # async_save returns a Future (or, with async staging, a response holding one)
@@ -213,8 +227,21 @@ class CheckpointManager:
         return bool(flags[0].item()), not bool(flags[1].item())
 
 
+def _detached_copy(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
 def _no_report(metrics: dict[str, Any], folder: str, dir_name: str) -> None:
     """Outside Ray Train the folder stays where it was written."""
+
+
+def _local_rank(rank: int) -> int:
+    try:
+        import ray.train
+
+        return ray.train.get_context().get_local_rank()
+    except Exception:  # not inside a Ray Train worker
+        return int(os.environ.get("LOCAL_RANK", rank))
 
 
 def _in_ray_train() -> bool:

@@ -87,11 +87,19 @@ def install_worker_handler(grace_seconds: float, run_name: str = "") -> None:
         actor = ray.get_runtime_context().current_actor
         ray.get(actor.execute.remote(install_handler, grace_seconds))
     if run_name:
-        try:
-            flag = ray.get_actor(_flag_name(run_name), namespace=_NAMESPACE)
-            _watch["ref"] = flag.wait.remote()
-        except ValueError:
-            pass  # no driver flag (e.g. a test that starts the trainer directly)
+        watch_driver_flag(run_name)
+
+
+def watch_driver_flag(run_name: str) -> bool:
+    """Watch the driver's stop flag for ``run_name``; False when the driver made none."""
+    import ray
+
+    try:
+        flag = ray.get_actor(_flag_name(run_name), namespace=_NAMESPACE)
+    except ValueError:
+        return False  # e.g. a test that starts the trainer directly
+    _watch["ref"] = flag.wait.remote()
+    return True
 
 
 def _ray_preemption_pending() -> bool:
