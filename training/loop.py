@@ -253,7 +253,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
         step_time = timer.stop()
         entry = {"kind": "train", "step": trainer.step, "loss": float(sums[0] / sums[1]) if sums[1] > 0 else float("nan"),
                  "lr": lr, "grad_norm": grad_norm, "tokens_seen": trainer.tokens_seen, "step_time_s": step_time,
-                 "compute_s": compute_s, "peak_memory_gib": metrics.peak_memory_gib(on_gpu),
+                 "compute_s": compute_s, "peak_memory_gib": metrics.peak_memory_gib(on_gpu), "time": time.time(),
                  **throughput.figures(step_time)}
         steps.append(entry)
         log.write(entry)
