@@ -90,7 +90,7 @@ def restore(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
     tried: set[str] = set()
     while source:
         local = Path(local_root) / "restore" / Path(source.rstrip("/")).name
-        problem = None
+        problem, mismatch, written_by = None, False, None
         if _local_rank() == 0:
             shutil.rmtree(local, ignore_errors=True)
             try:
@@ -98,9 +98,13 @@ def restore(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
                 problem = completeness_problem(local)
             except OSError as err:
                 problem = f"cannot download: {err}"
-            if problem is None and (read_marker(local) or {}).get("world_size") != world:
-                problem = (f"written by {read_marker(local).get('world_size')} ranks, this run has {world} "
-                           "(trainer state is per rank)")
+            written_by = (read_marker(local) or {}).get("world_size") if problem is None else None
+            if written_by is not None and written_by != world:
+                mismatch = True
+        if _any(mismatch, device):  # older checkpoints of the run have the same world size: stop
+            raise RuntimeError(f"checkpoint {source} was written by {written_by or 'another number of'} ranks and "
+                               f"this run has {world}: the trainer state (data position, RNG) is per rank; "
+                               "run with the same number of workers or choose a new checkpoint.run_name")
         if _any(problem is not None, device):  # also the barrier: the copy is complete before anyone loads
             if problem:
                 log.warning("skipping checkpoint %s: %s", source, problem)

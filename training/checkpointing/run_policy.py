@@ -35,8 +35,11 @@ class ResumePlan:
 
 
 def plan_resume(*, storage_path: str, run_name: str, on_existing_run: str, max_steps: int,
-                source: str = "job config") -> ResumePlan:
-    """Apply the policy; raises :class:`ExistingRunError` (one line) when the run must not start."""
+                world_size: int | None = None, source: str = "job config") -> ResumePlan:
+    """Apply the policy; raises :class:`ExistingRunError` (one line) when the run must not start.
+
+    ``world_size`` (parallel.num_workers), when given, must equal the checkpoint's: the trainer
+    state (data position, RNG) is stored per rank."""
     run = storage.run_uri(storage_path, run_name)
     if not storage.run_exists(run):
         return ResumePlan(run_uri=run, existed=False)
@@ -53,5 +56,11 @@ def plan_resume(*, storage_path: str, run_name: str, on_existing_run: str, max_s
             f"{source}: train.max_steps: {max_steps} already reached: run {run_name!r} has a complete "
             f"checkpoint at step {latest.step} ({latest.uri}); nothing to train (raise train.max_steps "
             "to continue it, or choose a new checkpoint.run_name)")
+    written_by = (latest.marker or {}).get("world_size")
+    if world_size is not None and written_by is not None and written_by != world_size:
+        raise ExistingRunError(
+            f"{source}: parallel.num_workers: {world_size} differs from the {written_by} ranks that wrote "
+            f"run {run_name!r}'s checkpoint {latest.uri} (resume with {written_by} workers, or choose a new "
+            "checkpoint.run_name)")
     log.info("resuming run %s from step %d (%s)", run_name, latest.step, latest.uri)
     return ResumePlan(run_uri=run, existed=True, resume_from=latest.uri, resume_step=latest.step)
