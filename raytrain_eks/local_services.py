@@ -36,10 +36,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen, what: str) -> None:
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
         try:
             with urllib.request.urlopen(url, timeout=2):
@@ -50,7 +50,8 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen, what: str) ->
 
 
 def _kill_group(proc: subprocess.Popen, marker: str | None = None, grace_s: float = 10.0) -> None:
-    """Terminate the process group, then kill anything left that still names ``marker``."""
+    """Terminate the process group, then every process that still names ``marker``
+    (SIGTERM, a grace period, then SIGKILL)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
@@ -59,15 +60,18 @@ def _kill_group(proc: subprocess.Popen, marker: str | None = None, grace_s: floa
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=5)
-    if marker:
-        for _ in range(3):
-            left = processes_matching(marker)
-            if not left:
-                break
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.5)
+    if not marker:
+        return
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0), (signal.SIGKILL, 5.0)):
+        left = processes_matching(marker)
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and processes_matching(marker):
+            time.sleep(0.2)
 
 
 def processes_matching(marker: str) -> list[int]:
@@ -125,23 +129,45 @@ class RayHead:
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int, env: dict[str, str] | None = None) -> Iterator[RayHead]:
-    """A local Ray head with ``num_cpus`` logical CPUs; ``env`` reaches every Ray worker."""
+def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path | None = None) -> Iterator[RayHead]:
+    """A local Ray head with ``num_cpus`` logical CPUs; ``env`` reaches every Ray worker.
+    ``keep_logs``: a directory that receives Ray's session logs when the head stops."""
     temp_dir = tempfile.mkdtemp(prefix="rtd-", dir="/tmp")  # short: Ray's socket paths are limited
     gcs_port, dash_port = free_port(), free_port()
-    child_env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    # Our own ports for every listener, so a test's Ray cluster on the same machine never clashes.
+    agent_ports = {flag: free_port() for flag in (
+        "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+        "--runtime-env-agent-port", "--ray-client-server-port")}
+    # Loopback only, so no token auth. On a busy 2-core machine the dashboard's module
+    # processes can take longer than Ray's default 30 s to come up; give them time.
+    child_env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                 "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300",
+                 # The job's `python` must be this environment's, as the image's is on EKS.
+                 "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     ray = Path(sys.executable).with_name("ray")
-    cmd = [str(ray), "start", "--head", "--block", f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
+    # Not --block: with --block, ANY Ray subprocess that exits (the Ray Client server often
+    # times out on a busy 2-core machine, and we never use it) takes the whole head down.
+    # Everything Ray starts names our unique temp dir, which is how we stop it precisely.
+    cmd = [str(ray), "start", "--head", f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
            f"--num-cpus={num_cpus}", "--num-gpus=0", "--include-dashboard=true",
            f"--dashboard-host={LOOPBACK}", f"--dashboard-port={dash_port}", f"--temp-dir={temp_dir}",
-           "--disable-usage-stats"]
+           "--disable-usage-stats", *(f"{flag}={port}" for flag, port in agent_ports.items())]
     log = open(Path(temp_dir) / "ray-start.log", "w")
     proc = subprocess.Popen(cmd, env=child_env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     try:
+        if proc.wait(timeout=600) != 0:
+            raise RuntimeError(f"ray start failed (exit {proc.returncode}); see {keep_logs or temp_dir}")
         dashboard = f"http://{LOOPBACK}:{dash_port}"
-        _wait_http(f"{dashboard}/api/version", 120, proc, "Ray head")
+        _wait_http(f"{dashboard}/api/version", 360, None, "Ray head")
         yield RayHead(gcs_address=f"{LOOPBACK}:{gcs_port}", dashboard_url=dashboard, temp_dir=temp_dir)
     finally:
         _kill_group(proc, marker=temp_dir)
         log.close()
+        if keep_logs is not None:
+            logs = Path(temp_dir) / "session_latest" / "logs"
+            with contextlib.suppress(OSError):
+                shutil.copytree(logs if logs.is_dir() else temp_dir, keep_logs, dirs_exist_ok=True,
+                                ignore_dangling_symlinks=True, symlinks=False)
+            with contextlib.suppress(OSError):
+                shutil.copy(Path(temp_dir) / "ray-start.log", keep_logs)
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -129,7 +129,10 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
             print(f"resuming {job.run_name} from step {plan.resume_step}: {resume_from}", flush=True)
     if not ray.is_initialized():
         # RAY_ADDRESS (set in a RayJob) connects to the cluster; otherwise a local one starts.
-        ray.init(runtime_env={"env_vars": forwarded_env()}, log_to_driver=True)
+        # A submitted job (`ray job submit`, KubeRay) already carries its runtime env, and Ray
+        # refuses a second one that repeats its keys: forward ours only outside a submitted job.
+        submitted = "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
+        ray.init(**({} if submitted else {"runtime_env": {"env_vars": forwarded_env()}}), log_to_driver=True)
     record = RunRecord(run_dir(job))
     record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
                  cluster=_cluster_shape(job), command=argv)
