@@ -122,4 +122,4 @@ def test_run_record_and_checkpoints(ray_fit):
     assert record["eval"]["before"]["step"] == 0 and record["eval"]["after"]["step"] == STEPS
     assert record["throughput"]["tokens_per_s"] > 0
     assert record["command"] == ["python", "-m", "training", "--config", "test"]
-    assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_00000004", "checkpoint_00000006"]
+    assert sorted(p.name for p in run.glob("checkpoint_0*")) == ["checkpoint_00000004", "checkpoint_00000006"]
