@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -24,9 +25,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def validate_job(config_path: str, overrides: list[str]):
     """The job config, checked against the model's own config where it can be read."""
     from training.config import load_job_config
-    from training.model import check_seq_len, read_model_config
+    from training.model import ModelConfigError, check_seq_len, read_model_config
 
     job = load_job_config(config_path, overrides)
+    tokenizer = job.model.tokenizer
+    if tokenizer and "://" not in tokenizer and not Path(tokenizer).is_dir():
+        raise ModelConfigError(f"{job.source}: model.tokenizer: {tokenizer!r} is not a directory "
+                               "(give a tokenizer directory, an s3:// prefix, or leave it empty)")
     model_config = read_model_config(job.model.path) if job.model.path else dict(job.model.config)
     if model_config:
         check_seq_len(job.train.seq_len, model_config, source=job.source)

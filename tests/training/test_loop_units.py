@@ -90,6 +90,7 @@ def test_entry_point_accepts_a_good_job(tmp_path, capsys):
     (["parallel.strategy=hybrid_shard", "parallel.workers_per_node=2"], "needs >= 2 nodes"),
     (["train.max_steps"], "is not key=value"),
     (["data.kind=text"], "data.path: '' is empty but data.kind is 'text'"),
+    (["model.tokenizer=/nonexistent/tok"], "model.tokenizer: '/nonexistent/tok' is not a directory"),
 ])
 def test_entry_point_refuses_bad_jobs_in_one_line(tmp_path, capsys, overrides, expected):
     args = ["--config", _write_job(tmp_path, TINY_JOB)]
