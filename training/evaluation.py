@@ -69,3 +69,36 @@ def eval_line(figures: dict[str, Any]) -> str:
         return "eval: no held-out data"
     return (f"eval: loss {figures['eval_loss_before']:.4f} -> {figures['eval_loss_after']:.4f} | "
             f"ppl {figures['eval_perplexity_before']:.1f} -> {figures['eval_perplexity_after']:.1f}")
+
+
+@torch.no_grad()
+def exact_match(model: torch.nn.Module, prompts: list[Any], *, device: torch.device, stop_ids: set[int],
+                decode: Any, max_new_tokens: int = 32, max_prompts: int = 8) -> dict[str, Any] | None:
+    """Greedy generation on held-out chat prompts; the share whose answer matches exactly.
+
+    ``prompts`` hold ``prompt_ids`` and ``answer`` (the same list on every rank). Every rank runs
+    the same forwards (FSDP gathers are collectives); rank 0's next token is broadcast so the
+    ranks can never disagree on when to stop. No KV cache: short answers, simple code.
+    """
+    prompts = prompts[:max_prompts]
+    if not prompts:
+        return None
+    was_training = model.training
+    model.eval()
+    hits, samples = 0, []
+    for prompt in prompts:
+        ids = torch.tensor([list(prompt.prompt_ids)], dtype=torch.long, device=device)
+        generated: list[int] = []
+        for _ in range(max_new_tokens):
+            token = model(input_ids=ids).logits[:, -1, :].argmax(dim=-1)
+            dist.broadcast(token, src=0)
+            if int(token.item()) in stop_ids:
+                break
+            generated.append(int(token.item()))
+            ids = torch.cat([ids, token.view(1, 1)], dim=1)
+        text = decode(generated).strip()
+        hits += text == prompt.answer.strip()
+        if len(samples) < 3:
+            samples.append({"answer": prompt.answer, "generated": text})
+    model.train(was_training)
+    return {"exact_match": hits / len(prompts), "exact_match_prompts": len(prompts), "exact_match_samples": samples}

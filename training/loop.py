@@ -110,8 +110,9 @@ def maybe_inject_fault(step: int, rank: int, ctx: WorkerContext) -> None:
     os._exit(1)
 
 
-def open_data(job: JobConfig, ctx: WorkerContext) -> Any:
-    """This rank's DataBundle: ``.train`` (stateful stream), ``.eval_batches()``, ``.stats``."""
+def open_data(job: JobConfig, ctx: WorkerContext) -> tuple[Any, Any]:
+    """This rank's DataBundle (``.train`` stateful stream, ``.eval_batches()``, ``.stats``,
+    ``.eval_prompts``) and the tokenizer (None for synthetic data)."""
     from training.data import build_data
 
     tokenizer = None
@@ -119,7 +120,7 @@ def open_data(job: JobConfig, ctx: WorkerContext) -> Any:
         from training.tokenizer import DEFAULT_TOKENIZER_DIR, load_tokenizer
 
         tokenizer = load_tokenizer(job.model.tokenizer or job.model.path or DEFAULT_TOKENIZER_DIR)
-    return build_data(job, tokenizer, rank=ctx.rank, world_size=ctx.world_size)
+    return build_data(job, tokenizer, rank=ctx.rank, world_size=ctx.world_size), tokenizer
 
 
 def _sync(on_gpu: bool) -> None:
@@ -183,7 +184,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
                 activation_checkpointing=job.parallel.activation_checkpointing, compile=job.parallel.compile)
     optimizer = optim.build_optimizer(model, job.train)
     scheduler = optim.build_scheduler(optimizer, job.train)
-    data = data if data is not None else open_data(job, ctx)
+    data, tokenizer = (data, None) if data is not None else open_data(job, ctx)
     evidence = collect_evidence(require=job.evidence.require_transport, log_dir=NCCL_LOG_DIR if on_gpu else None,
                                 num_nodes=job.num_nodes)
     record = _Record(job, ctx, argv)
@@ -213,6 +214,10 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
     def held_out() -> dict[str, Any] | None:
         figures = evaluation.evaluate(model, data.eval_batches(), device=device,
                                       max_batches=job.eval.max_batches, step=trainer.step)
+        if figures and job.eval.exact_match and tokenizer is not None:
+            stop = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id} - {None}
+            figures.update(evaluation.exact_match(model, data.eval_prompts, device=device, stop_ids=stop,
+                                                  decode=tokenizer.decode) or {})
         if figures:
             log.write(figures)
         return figures

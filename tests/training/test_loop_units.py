@@ -7,8 +7,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from conftest import tiny_qwen2_config
 from training import evaluation, metrics, optim
@@ -131,3 +133,33 @@ def test_fault_hook_exits_once_then_lets_the_retry_pass(tmp_path):
     assert (tmp_path / "fault-injected-at-step-2-rank-0").exists()
     second = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
     assert second.returncode == 0 and "passed step 2" in second.stdout
+
+
+class _ScriptedLM(torch.nn.Module):
+    """Stands in for the LM (not for the code under test): after a prompt of length p it
+    predicts ``script[len - p]``, so the generated text is known exactly."""
+
+    def __init__(self, prompt_len: int, script: list[int], vocab: int = 16):
+        super().__init__()
+        self.prompt_len, self.script, self.vocab = prompt_len, script, vocab
+
+    def forward(self, input_ids):
+        logits = torch.zeros(1, input_ids.shape[1], self.vocab)
+        logits[0, -1, self.script[input_ids.shape[1] - self.prompt_len]] = 1.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_exact_match_counts_whole_answers_and_stops_at_the_stop_token(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'store'}")
+    try:
+        prompts = [SimpleNamespace(prompt_ids=[1, 2], answer=" 5 6 "), SimpleNamespace(prompt_ids=[1, 2], answer="5")]
+        figures = evaluation.exact_match(_ScriptedLM(2, [5, 6, 9, 7]), prompts, device=torch.device("cpu"),
+                                         stop_ids={9}, decode=lambda ids: " ".join(map(str, ids)))
+    finally:
+        dist.destroy_process_group()
+    # "5 6" then the stop token: the first answer matches (whitespace-insensitive), the second not.
+    assert figures["exact_match"] == pytest.approx(0.5)
+    assert figures["exact_match_prompts"] == 2
+    assert figures["exact_match_samples"][1] == {"answer": "5", "generated": "5 6"}
