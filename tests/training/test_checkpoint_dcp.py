@@ -19,6 +19,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+pytestmark = pytest.mark.slow  # trains in 2 spawned processes
+
 WORLD = 2
 STEPS = 6
 EVERY = 2

@@ -14,7 +14,8 @@ DRIVER (before ``trainer.fit``)::
     from training.checkpointing import plan_resume, ExistingRunError, forward_driver_sigterm
     plan = plan_resume(storage_path=cfg.checkpoint.storage_path, run_name=cfg.run_name,
                        on_existing_run=cfg.checkpoint.on_existing_run,
-                       max_steps=cfg.train.max_steps, source=cfg.source)   # ExistingRunError: 1 line
+                       max_steps=cfg.train.max_steps, world_size=cfg.parallel.num_workers,
+                       source=cfg.source)                # ExistingRunError: one line, exit 2
     loop_config["resume_from"] = plan.resume_from            # "" = fresh start
     flag = forward_driver_sigterm(cfg.run_name, cfg.checkpoint.sigterm_grace_seconds)  # after ray.init
     RunConfig(name=cfg.run_name, storage_path=cfg.checkpoint.storage_path,
@@ -42,7 +43,8 @@ WORKER (in the train function, after ``parallelize`` and building optimizer/sche
         if ckpt.step_end(step, {"loss": loss, ...}, max_steps=max_steps):   # every rank, every step
             break                                   # SIGTERM: a complete final checkpoint was written
     ckpt.finish(trainer.step, metrics)               # no-op save if step already saved; waits
-    # ckpt.stopped_by_signal -> put it in the final metrics so the driver says "stopped at step s"
+    # ckpt.stopped_by_signal: the SIGTERM checkpoint's metrics also carry stopped_by_signal=True
+    # (Ray's Result.metrics), so the driver can say "stopped at step s; resubmit to resume"
     # ckpt.timings -> [SaveTiming(step, stall_s, write_s)]: how long each checkpoint held the loop
 
 Notes for the loop:
