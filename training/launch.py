@@ -120,7 +120,8 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
         try:
             plan = checkpointing.plan_resume(storage_path=job.checkpoint.storage_path, run_name=job.run_name,
                                              on_existing_run=job.checkpoint.on_existing_run,
-                                             max_steps=job.train.max_steps, source=job.source)
+                                             max_steps=job.train.max_steps, world_size=job.parallel.num_workers,
+                                             source=job.source)
         except checkpointing.ExistingRunError as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
             return 2
