@@ -51,6 +51,15 @@ def gpu_worker_env(env: Environment) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in pairs]
 
 
+def run_record_env(env: Environment) -> list[dict[str, str]]:
+    """What the job records about where it ran (training/run_record.py reads these), plus the
+    bucket's region: the pod role may not call GetBucketLocation, so S3 clients must be told."""
+    pairs = [("RAYTRAIN_CLUSTER", env.cluster.name),
+             ("RAYTRAIN_INSTANCE_TYPE", env.primary_gpu_group.instance_type),
+             ("AWS_REGION", env.cluster.region), ("AWS_DEFAULT_REGION", env.cluster.region)]
+    return [{"name": k, "value": v} for k, v in pairs]
+
+
 def worker_resources(env: Environment) -> dict[str, str]:
     """Requests = limits of one GPU worker pod (Guaranteed QoS: never the first to be evicted)."""
     group = env.primary_gpu_group
@@ -91,7 +100,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "image": image,
             "imagePullPolicy": "IfNotPresent",
             # The head never runs GPU work; "void" keeps the NVIDIA runtime from exposing any.
-            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *run_record_env(env)],
             "resources": {"requests": head_resources(env), "limits": head_resources(env)},
             "volumeMounts": mounts,
         }],
@@ -107,7 +116,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "name": RAY_CONTAINER_WORKER,
             "image": image,
             "imagePullPolicy": "IfNotPresent",
-            "env": gpu_worker_env(env),
+            "env": [*gpu_worker_env(env), *run_record_env(env)],
             "resources": {"requests": worker_resources(env), "limits": worker_resources(env)},
             "volumeMounts": mounts,
         }],

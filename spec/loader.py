@@ -191,6 +191,13 @@ def validate(env: Environment, ctx: _Ctx) -> None:
         raise ctx.fail("storage.bucket_name", st.bucket_name, "is not a valid S3 bucket name (3-63 of a-z 0-9 . -)")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*[A-Za-z0-9]|[A-Za-z0-9]", st.prefix) or "//" in st.prefix:
         raise ctx.fail("storage.prefix", st.prefix, "is not a key prefix (letters, digits, . _ - /, no leading or trailing /)")
+    for i, ro in enumerate(st.read_only_prefixes):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", ro) or ro == st.prefix:
+            raise ctx.fail(f"storage.read_only_prefixes[{i}]", ro,
+                           f"is not a top-level key prefix other than storage.prefix ({st.prefix!r})")
+    if "code" not in st.read_only_prefixes:
+        raise ctx.fail("storage.read_only_prefixes", list(st.read_only_prefixes),
+                       "must include 'code' (the training code archive every RayJob reads)")
     if not 1 <= st.noncurrent_version_days <= 3650:
         raise ctx.fail("storage.noncurrent_version_days", st.noncurrent_version_days, "must be between 1 and 3650")
     r = env.ray

@@ -168,6 +168,10 @@ class StorageSpec:
     """Key prefix of all runs; the pod role may touch nothing outside it."""
     noncurrent_version_days: int = 30
     """Days an overwritten or deleted object version is kept."""
+    read_only_prefixes: tuple[str, ...] = ("code", "models", "data")
+    """Key prefixes the pods may READ (never write): ``code`` holds the training code archive
+    every RayJob names as its working_dir (required); ``models`` and ``data`` the base models
+    and datasets that job configs name as ``s3://{bucket}/...``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -223,12 +223,8 @@ def objects_the_jobs_read(both: Both) -> list[tuple[str, str]]:
     return reads
 
 
-# Known drift, found by this test: the pod role (infra/constructs/ray_identity.py) may touch
-# only s3://<bucket>/<storage.prefix>/*, while the RayJobs' working_dir is
-# s3://<bucket>/code/training-<hash>.zip and the finetune job reads s3://<bucket>/models/ and
-# /data/. Fix on the infra side: s3:GetObject (read-only) on code/*, models/* and data/*.
-# strict=True: once the policy allows it, this XPASSes, fails, and the marker must go.
-@pytest.mark.xfail(strict=True, reason="pod role cannot read code/, models/, data/ yet (infra)")
+# Drift this test found once: the pod role could touch only s3://<bucket>/<storage.prefix>/*
+# while every RayJob's working_dir is s3://<bucket>/code/... (fixed: storage.read_only_prefixes).
 def test_pod_role_can_read_what_the_jobs_read(both):
     reads = objects_the_jobs_read(both)
     assert len(reads) >= 5

@@ -1,6 +1,7 @@
 """The Ray namespace, its service account, and the pod role behind it (EKS Pod Identity).
 
 The pod role may read and write objects under ``s3://<bucket>/<prefix>/`` and list that prefix,
+READ (and list) the spec's read-only prefixes (the code archive, base models, datasets), and
 nothing else: no ``s3:*``, no ``Resource: *``.
 """
 from __future__ import annotations
@@ -21,17 +22,26 @@ OBJECT_ACTIONS = (
 )
 
 
-def checkpoint_policy_statements(bucket_arn: str, prefix: str) -> list[iam.PolicyStatement]:
-    """Least privilege on one prefix of one bucket."""
-    return [
+def checkpoint_policy_statements(bucket_arn: str, prefix: str,
+                                 read_only_prefixes: tuple[str, ...] = ()) -> list[iam.PolicyStatement]:
+    """Least privilege on one bucket: read/write one prefix, read-only on a few others."""
+    statements = [
         iam.PolicyStatement(
             sid="CheckpointObjects", actions=list(OBJECT_ACTIONS),
             resources=[f"{bucket_arn}/{prefix}/*"]),
-        iam.PolicyStatement(
-            sid="ListCheckpointPrefix", actions=["s3:ListBucket"], resources=[bucket_arn],
-            # Listing is limited to the prefix itself and the keys below it.
-            conditions={"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}),
     ]
+    if read_only_prefixes:
+        # Ray's runtime-env agent downloads the code archive (working_dir) with the pod's
+        # credentials; jobs read their base model and data from here. Never written by pods.
+        statements.append(iam.PolicyStatement(
+            sid="ReadJobInputs", actions=["s3:GetObject"],
+            resources=[f"{bucket_arn}/{p}/*" for p in read_only_prefixes]))
+    listed = [prefix, *read_only_prefixes]
+    statements.append(iam.PolicyStatement(
+        sid="ListCheckpointPrefix", actions=["s3:ListBucket"], resources=[bucket_arn],
+        # Listing is limited to those prefixes and the keys below them.
+        conditions={"StringLike": {"s3:prefix": [x for p in listed for x in (p, f"{p}/*")]}}))
+    return statements
 
 
 class RayIdentity(Construct):
@@ -45,7 +55,8 @@ class RayIdentity(Construct):
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
-                 namespace: str, service_account_name: str, bucket_name: str, prefix: str) -> None:
+                 namespace: str, service_account_name: str, bucket_name: str, prefix: str,
+                 read_only_prefixes: tuple[str, ...] = ()) -> None:
         super().__init__(scope, construct_id)
         self.namespace = namespace
         self.service_account_name = service_account_name
@@ -59,7 +70,7 @@ class RayIdentity(Construct):
              "metadata": {"name": service_account_name, "namespace": namespace, "labels": labels}})
         self.role = iam.Role(
             self, "PodRole",
-            description=f"Ray pods ({namespace}/{service_account_name}): checkpoints under one prefix",
+            description=f"Ray pods ({namespace}/{service_account_name}): checkpoints under one prefix, read-only inputs",
             # EKS Pod Identity assumes the role with session tags: both actions are required.
             assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")))
         self.agent = eks.Addon(self, "PodIdentityAgent", cluster=cluster,
@@ -73,9 +84,14 @@ class RayIdentity(Construct):
         partition = Stack.of(self).partition
         bucket_arn = f"arn:{partition}:s3:::{bucket_name}"
         self.policy = iam.Policy(self, "CheckpointAccess",
-                                 statements=checkpoint_policy_statements(bucket_arn, prefix))
+                                 statements=checkpoint_policy_statements(bucket_arn, prefix, read_only_prefixes))
         self.policy.attach_to_role(self.role)
         acknowledge(
             self.policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/*]",
             "Checkpoint keys are created at run time under the run prefix; the wildcard "
             "is confined to that prefix of the one checkpoint bucket.")
+        for ro in read_only_prefixes:
+            acknowledge(
+                self.policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{ro}/*]",
+                f"Read-only (s3:GetObject) on the '{ro}/' inputs prefix of the one bucket: content-"
+                "addressed code archives, base models and datasets named at run time.")

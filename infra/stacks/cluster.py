@@ -87,7 +87,8 @@ class ClusterStack(Stack):
         identity = RayIdentity(
             self, "Ray", cluster=self.cluster, namespace=env_spec.ray.namespace,
             service_account_name=env_spec.ray.service_account,
-            bucket_name=env_spec.bucket_name, prefix=env_spec.storage.prefix)
+            bucket_name=env_spec.bucket_name, prefix=env_spec.storage.prefix,
+            read_only_prefixes=env_spec.storage.read_only_prefixes)
         self.ray_identity = identity
         self.pod_role = identity.role
         self.service_account_name = identity.service_account_name

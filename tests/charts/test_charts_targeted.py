@@ -69,7 +69,10 @@ def test_raycluster_gpu_workers_follow_the_instance_type(default_synth):
 def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
     wg = worker_group(default_synth.one("raycluster")["spec"])
     assert env_of(container(wg["template"])) == {
-        "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi"}
+        "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi",
+        # what run.json records about the cluster, and the region (no GetBucketLocation needed)
+        "RAYTRAIN_CLUSTER": "raytrain", "RAYTRAIN_INSTANCE_TYPE": "g6.12xlarge",
+        "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 def test_gpudirect_rdma_is_set_only_where_the_instance_has_it():

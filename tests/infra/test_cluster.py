@@ -220,9 +220,15 @@ def test_pod_policy_is_least_privilege_on_the_prefix(variant):
         "Sid": "CheckpointObjects", "Effect": "Allow", "Resource": arn(f"/{prefix}/*"),
         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
                    "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]}
+    read_only = env.storage.read_only_prefixes
+    assert statements["ReadJobInputs"] == {
+        "Sid": "ReadJobInputs", "Effect": "Allow", "Action": "s3:GetObject",
+        "Resource": [arn(f"/{ro}/*") for ro in read_only]}
+    listed = [x for p in (prefix, *read_only) for x in (p, f"{p}/*")]
     assert statements["ListCheckpointPrefix"] == {
         "Sid": "ListCheckpointPrefix", "Effect": "Allow", "Action": "s3:ListBucket",
-        "Resource": arn(""), "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}}}
+        "Resource": arn(""), "Condition": {"StringLike": {"s3:prefix": listed}}}
+    assert set(statements) == {"CheckpointObjects", "ReadJobInputs", "ListCheckpointPrefix"}
     text = json.dumps(policy)
     assert '"s3:*"' not in text and '"Resource": "*"' not in text
 

@@ -96,8 +96,9 @@ def test_every_nag_acknowledgement_has_a_real_reason(variant):
     acks = _acknowledgements(variant)
     groups = len(variant.env.gpu_node_groups)
     # control-plane role 1 + kubectl provider 8 + node roles 3 x (system + GPU groups)
-    # + access-log bucket 1 + pod policy 1
-    assert len(acks) == 1 + 8 + 3 * (1 + groups) + 1 + 1
+    # + access-log bucket 1 + pod policy: its read/write prefix 1 + each read-only prefix
+    read_only = len(variant.env.storage.read_only_prefixes)
+    assert len(acks) == 1 + 8 + 3 * (1 + groups) + 1 + 1 + read_only
     for key, reason in acks.items():
         assert len(reason) >= 40, key
     rules = {key.split(" ", 1)[1] for key in acks}
