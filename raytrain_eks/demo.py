@@ -159,7 +159,7 @@ def run_demo(args: argparse.Namespace) -> dict:
     code_zip = ROOT / "dist" / "code" / Path(job.working_dir).name
     from training.config import load_job_config
     run_uri = f"{env.storage_uri}/{load_job_config(ROOT / 'jobs' / f'{LOCAL_JOB}.toml').run_name}"
-    out_dir = ROOT / ".work" / "demo" / time.strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.out) if args.out else ROOT / ".work" / "demo" / time.strftime("%Y%m%d-%H%M%S")
 
     _header(4, total, "local checkpoint storage: moto's S3 server on 127.0.0.1 (in memory, stops with the demo)")
     with s3_server() as s3:
@@ -200,7 +200,8 @@ def _job_info(dashboard_url: str, submission_id: str) -> dict:
 def _finish(out_dir: Path, info: dict, job) -> dict:
     from raytrain_eks.report import eval_before_after, load_run, render_report
 
-    (out_dir / "ray_job.json").write_text(json.dumps({**info, "manifest_entrypoint": job.entrypoint}, indent=2) + "\n")
+    (out_dir / "ray_job.json").write_text(json.dumps(
+        {**info, "manifest_entrypoint": job.entrypoint, "manifest_runtime_env_yaml": job.runtime_env_yaml}, indent=2) + "\n")
     report = render_report([str(out_dir)], out_dir / "report")
     run = load_run(str(out_dir))
     before, after = eval_before_after(run)
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default=os.environ.get("ENV_FILE", "environment.toml"))
     parser.add_argument("--fault", action="store_true", default=os.environ.get("FAULT", "") not in ("", "0"))
     parser.add_argument("--skip-cdk", action="store_true", help="do not synthesize the CloudFormation templates")
+    parser.add_argument("--out", default="", help="where the run's records and report go (default .work/demo/<time>)")
     args = parser.parse_args(argv)
     # Ctrl-C and SIGTERM unwind through the context managers, which stop Ray and the S3 server.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

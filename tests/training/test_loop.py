@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from conftest import tiny_qwen2_config
+from tiny_qwen import tiny_qwen2_config
 from training.config import job_config_from_dict
 
 STEPS = 6

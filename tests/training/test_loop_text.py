@@ -11,7 +11,7 @@ import statistics
 import pytest
 import torch.distributed as dist
 
-from conftest import tiny_qwen2_config
+from tiny_qwen import tiny_qwen2_config
 from training.config import job_config_from_dict
 from training.tokenizer import DEFAULT_TOKENIZER_DIR
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import tiny_qwen2_config
+from tiny_qwen import tiny_qwen2_config
 from training import evaluation, metrics, optim
 from training.__main__ import main
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import tiny_qwen2_config
+from tiny_qwen import tiny_qwen2_config
 from training.config import job_config_from_dict
 from training.parallel import mesh_plan
 
