@@ -152,6 +152,9 @@ def test_sigterm_sets_the_flag_and_the_next_step_writes_a_final_checkpoint(run, 
                 stopped_at = step
                 break
         assert stopped_at == 3 and manager.stopped_by_signal
+        # the grace-period watchdog is disarmed once the final checkpoint is written: it must
+        # not kill a worker (or this test process) after a clean stop
+        assert signals._overrun_timer == []
         found = find_latest_complete(run)
         assert found is not None and found.step == 3 and found.marker["step"] == 3
     finally:

@@ -130,6 +130,7 @@ class CheckpointManager:
             self.save(step, dict(metrics or {}, stopped_by_signal=True) if stop else (metrics or {}))
         if stop:
             self.wait()
+            signals.final_checkpoint_written()
         return stop
 
     def finish(self, step: int, metrics: dict[str, Any] | None = None) -> None:

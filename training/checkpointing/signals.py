@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 _STOP = threading.Event()
 _watch: dict[str, Any] = {}
+_overrun_timer: list[threading.Timer] = []
+"""The grace-period watchdog of a SIGTERM, cancelled once the final checkpoint is written."""
 
 
 def stop_requested() -> bool:
@@ -50,8 +52,16 @@ def request_stop() -> None:
     _STOP.set()
 
 
+def final_checkpoint_written() -> None:
+    """The final checkpoint after a stop request is complete: the grace-period watchdog must
+    not kill this process later (a Ray worker outlives its training function)."""
+    while _overrun_timer:
+        _overrun_timer.pop().cancel()
+
+
 def reset() -> None:
     """Forget a stop request (tests; a restarted worker starts clean anyway)."""
+    final_checkpoint_written()
     _STOP.clear()
     _watch.clear()
 
@@ -69,6 +79,7 @@ def _handle_sigterm(signum: int, frame: Any, grace_seconds: float) -> None:
     timer = threading.Timer(grace_seconds, _overrun)
     timer.daemon = True
     timer.start()
+    _overrun_timer.append(timer)
 
 
 def install_handler(grace_seconds: float) -> None:
