@@ -170,7 +170,10 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
     from training import checkpointing as ckpt_api
     from training.transport import collect_evidence, hosts_from_evidence, nccl_debug_env
 
-    on_gpu = job.parallel.use_gpu and torch.cuda.is_available()
+    if job.parallel.use_gpu and not torch.cuda.is_available():
+        raise RuntimeError("parallel.use_gpu = true but this worker sees no CUDA device "
+                           "(check the pod's nvidia.com/gpu limit and the device plugin)")
+    on_gpu = job.parallel.use_gpu
     device = torch.device("cuda", ctx.local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
@@ -239,7 +242,11 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
         dist.all_reduce(counts)
         global_targets = max(1.0, float(counts.item()))
         compute_start = time.perf_counter()
-        for batch in micro:
+        for index, batch in enumerate(micro):
+            # Reduce-scatter gradients only on the last micro-batch: accumulating locally keeps
+            # the network traffic of a step independent of the accumulation count.
+            if accum > 1 and hasattr(model, "set_requires_gradient_sync"):
+                model.set_requires_gradient_sync(index == accum - 1)
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             token_loss = loss_sum(model, batch)
             # FSDP averages gradients over ranks: scale so the result is d(global mean)/d(theta).

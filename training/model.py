@@ -3,7 +3,9 @@ or a randomly initialised one built from a config (tiny models for tests and the
 
 An ``s3://`` prefix is fetched ONCE per node (training/data/remote.py's ``fetch_prefix``: the
 first process takes a node-local lock and downloads, the others wait and reuse the copy).
-Parameters are bfloat16 on GPU and float32 on CPU unless ``model.dtype`` says otherwise.
+Parameters (the optimizer's master copy) are float32 unless ``model.dtype`` says otherwise; on
+GPU, FSDP's MixedPrecisionPolicy computes in bfloat16 (training/parallel.py). Pure bfloat16
+weights (``dtype = "bfloat16"``) halve memory but let AdamW round small updates away.
 """
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ class ModelConfigError(ValueError):
 
 
 def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
-    """``auto`` = bfloat16 on GPU, float32 on CPU (CPU kernels and tests want fp32)."""
+    """``auto`` = float32 master weights everywhere: bf16 compute on GPU comes from FSDP's
+    mixed-precision policy, so updates of lr ~1e-5 are not rounded away in bf16 weights."""
     if name == "auto":
-        return torch.bfloat16 if on_gpu else torch.float32
+        return torch.float32
     return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
 
 

@@ -1,7 +1,7 @@
 """The Ray namespace, its service account, and the pod role behind it (EKS Pod Identity).
 
-The pod role may read and write objects under ``s3://<bucket>/<prefix>/`` and list that prefix,
-READ (and list) the spec's read-only prefixes (the code archive, base models, datasets), and
+The pod role may read and write objects under ``s3://<bucket>/<prefix>/``, list the one bucket,
+READ the spec's read-only prefixes (the code archive, base models, datasets), and
 nothing else: no ``s3:*``, no ``Resource: *``.
 """
 from __future__ import annotations
@@ -36,11 +36,12 @@ def checkpoint_policy_statements(bucket_arn: str, prefix: str,
         statements.append(iam.PolicyStatement(
             sid="ReadJobInputs", actions=["s3:GetObject"],
             resources=[f"{bucket_arn}/{p}/*" for p in read_only_prefixes]))
-    listed = [prefix, *read_only_prefixes]
     statements.append(iam.PolicyStatement(
-        sid="ListCheckpointPrefix", actions=["s3:ListBucket"], resources=[bucket_arn],
-        # Listing is limited to those prefixes and the keys below them.
-        conditions={"StringLike": {"s3:prefix": [x for p in listed for x in (p, f"{p}/*")]}}))
+        # On the one bucket, without an s3:prefix condition: HeadBucket (pyarrow's and Ray's
+        # "does the bucket exist" check before every write) is authorised by s3:ListBucket and
+        # sends no prefix, so a prefix-conditioned grant would deny it and every run would fail
+        # at start. Listing reveals key names only; objects stay confined to the prefixes above.
+        sid="ListCheckpointBucket", actions=["s3:ListBucket"], resources=[bucket_arn]))
     return statements
 
 

@@ -57,8 +57,11 @@ def test_run_record_holds_the_evidence(demo):
                     if d and d["kind"] == "RayJob")
     labels = manifest["metadata"]["labels"]
     assert record["status"] == "succeeded" and record["exit_code"] == 0 and not record["error"]
-    assert record["code_hash"] == labels["raytrain.io/code-hash"]
+    # the code that ran (hashed by the job itself) is the code the manifest names
+    assert record["code_hash"] == {"manifest": labels["raytrain.io/code-hash"], "ran": labels["raytrain.io/code-hash"]}
     assert record["spec_hash"] == labels["raytrain.io/spec-hash"]
+    assert record["job_config_hash"]["manifest"] == labels["raytrain.io/job-config-hash"]
+    assert record["job_config_hash"]["ran"].removeprefix("sha256:").startswith(labels["raytrain.io/job-config-hash"])
     assert record["image"] == manifest["metadata"]["annotations"]["raytrain.io/image"]
     assert record["job_config"]["name"] == "local" and record["is_infrastructure_check"] is False
     assert record["cluster"]["world_size"] == 2

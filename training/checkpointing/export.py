@@ -54,7 +54,9 @@ def export_local(checkpoint_dir: str | Path, out_dir: str | Path, *, tokenizer_d
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     if tokenizer_dir:
-        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+        from training.tokenizer import load_tokenizer  # local dir or s3:// prefix (fetched once)
+
+        load_tokenizer(tokenizer_dir).save_pretrained(out)
     log.info("exported %s -> %s", folder, out)
     return out
 

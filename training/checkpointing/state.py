@@ -57,7 +57,7 @@ def capture_rng() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available():  # dropout masks on GPU come from the CUDA generator
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
