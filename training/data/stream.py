@@ -19,6 +19,7 @@ micro-batch size as long as the global batch is the same, and refuses state from
 """
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from training.data.records import DataError
 STATE_VERSION = 1
 
 
-class TrainStream:
+class TrainStream(abc.ABC):
     """Base: maps this rank's k-th ``next_batch()`` to global sample indices."""
 
     def __init__(self, *, seq_len: int, rank: int, world_size: int, micro_batch_size: int,
@@ -72,8 +73,9 @@ class TrainStream:
         labels = torch.from_numpy(np.stack([r[1] for r in rows]).astype(np.int64))
         return {"input_ids": ids, "labels": labels}
 
+    @abc.abstractmethod
     def sample(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError
+        """Sequence ``g`` of the global sample order: (input_ids, labels) as int arrays."""
 
     @property
     def epoch(self) -> int:
