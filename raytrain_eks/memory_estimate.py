@@ -1,10 +1,12 @@
 """Per-GPU memory of an FSDP2 fine-tune, term by term, before any GPU is paid for.
 
-The model (how the job in training/ runs, issue 5): parameters in the job's dtype (bf16 on GPU),
-FSDP2 ``fully_shard`` per decoder layer then the root, MixedPrecisionPolicy bf16 compute with fp32
-gradient reduction, AdamW. Terms, in bytes per GPU:
+The model (how the job in training/ runs, issue 5): parameters stored in the job's dtype (fp32
+master weights unless ``model.dtype = "bfloat16"``), FSDP2 ``fully_shard`` per decoder layer then
+the root, MixedPrecisionPolicy bf16 compute on GPU (c = 2 bytes; 4 on CPU) with fp32 gradient
+reduction, AdamW. Terms, in bytes per GPU:
 
-* **parameters** ``P x b`` and **gradients** ``P x b`` (b = 2 for bf16, 4 for fp32), divided by the
+* **parameters** ``P x b`` and **gradients** ``P x b`` (b = 4 for fp32 master weights, 2 for pure
+  bf16), divided by the
   shard group: world size (full shard), GPUs per node (hybrid shard) or 1 (no shard);
 * **optimizer state**: AdamW's two moments in fp32, ``8 x P``, divided the same way (torch keeps
   them in the parameter dtype, so on bf16 this over-counts by ``4 x P / shard``: the safe side);
@@ -124,7 +126,7 @@ def shard_group_size(strategy: str, world_size: int, workers_per_node: int) -> i
 
 def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, workers_per_node: int,
                     seq_len: int, micro_batch_size: int, activation_checkpointing: bool,
-                    param_bytes: int = 2) -> MemoryEstimate:
+                    param_bytes: int = 4, compute_bytes: int = 2) -> MemoryEstimate:
     """Per-GPU memory of one training step at the peak (end of forward / start of backward)."""
     shard = shard_group_size(strategy, world_size, workers_per_node)
     n = shapes.num_params()
@@ -135,11 +137,11 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
     layer_params = shapes.layer_matmul_params()
     working = 0
     if shard > 1:
-        working = (root_params + 2 * layer_params) * param_bytes + (root_params + layer_params) * 4
-    per_token_layer = (11 * h + 4 * i + 3 * kv) * param_bytes
+        working = (root_params + 2 * layer_params) * compute_bytes + (root_params + layer_params) * 4
+    per_token_layer = (11 * h + 4 * i + 3 * kv) * compute_bytes
     full = tokens * shapes.num_layers * per_token_layer
-    checkpointed = tokens * shapes.num_layers * h * param_bytes + tokens * per_token_layer
-    logits = tokens * shapes.vocab_size * (param_bytes + 4 + 4)
+    checkpointed = tokens * shapes.num_layers * h * compute_bytes + tokens * per_token_layer
+    logits = tokens * shapes.vocab_size * (compute_bytes + 4 + 4)
     return MemoryEstimate(
         parameters=n * param_bytes // shard, gradients=n * param_bytes // shard, optimizer=8 * n // shard,
         fsdp_working_set=working, activations=checkpointed if activation_checkpointing else full,
@@ -150,7 +152,17 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
 
 def estimate_for_job(job: JobConfig, shapes: ModelShapes) -> MemoryEstimate:
     p, t = job.parallel, job.train
-    on_gpu = p.use_gpu and job.model.dtype != "float32"
     return estimate_memory(shapes, strategy=p.strategy, world_size=p.num_workers, workers_per_node=p.workers_per_node,
                            seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                           activation_checkpointing=p.activation_checkpointing, param_bytes=2 if on_gpu else 4)
+                           activation_checkpointing=p.activation_checkpointing,
+                           param_bytes=storage_bytes(job), compute_bytes=compute_bytes(job))
+
+
+def storage_bytes(job: JobConfig) -> int:
+    """Bytes per stored parameter: fp32 master weights unless the job asks for pure bf16."""
+    return 2 if job.model.dtype == "bfloat16" else 4
+
+
+def compute_bytes(job: JobConfig) -> int:
+    """Bytes per gathered parameter / activation: bf16 on GPU (FSDP mixed precision), fp32 on CPU."""
+    return 2 if job.parallel.use_gpu else 4

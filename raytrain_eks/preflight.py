@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raytrain_eks import memory_estimate
 from raytrain_eks.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
 from spec import Environment
 from training import flops
@@ -191,7 +192,8 @@ def _estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, 
     per_token = flops.training_flops_per_token(shapes, job.train.seq_len)
     per_step = per_token * job.tokens_per_step
     compute_s = per_step / (job.parallel.num_workers * peak * 1e12 * mfu)
-    param_bytes = 2 if job.model.dtype != "float32" else 4
+    # FSDP gathers parameters in the compute dtype (bf16 on GPU); gradients are reduced in fp32
+    param_bytes = memory_estimate.compute_bytes(job)
     net_bytes = _network_bytes_per_node(job, shapes.num_params(), param_bytes)
     network_s = net_bytes / (g.instance.network_gbps * 1e9 / 8) if net_bytes else 0.0
     step_s = max(compute_s, network_s)
