@@ -100,24 +100,34 @@ def plan_job(env: Environment, path: Path, root: Path) -> JobPlan:
         raise RuntimeError(f"plan_job must run in {root} (is in {Path.cwd()})")  # a bug in the caller
     rel = path.resolve().relative_to(root.resolve()).as_posix()
     try:
-        base = load_job_config(rel)
         raw = tomllib.loads(Path(rel).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        raw = None  # load_job_config below names the problem in one line
+    # A GPU job is sized by the spec, so validate it at that size (e.g. hybrid_shard needs the
+    # spec's >= 2 nodes; the file alone says nothing about nodes).
+    gpu_job = isinstance(raw, dict) and raw.get("parallel", {}).get("use_gpu") is True
+    group = env.primary_gpu_group
+    where = (f"the spec's GPU group {group.name!r} has {env.world_size} = {group.desired_nodes} nodes x "
+             f"{group.gpus_per_node} GPUs ({group.instance_type}, {env.source})")
+    sizing: list[str] = []
+    if gpu_job:
+        requested = raw.get("parallel", {}).get("num_workers", env.world_size)
+        if isinstance(requested, int) and requested > env.world_size:
+            raise ChartError(f"{rel}: parallel.num_workers: {requested} asks for more GPUs than the cluster has: {where}")
+        if isinstance(requested, int) and requested % group.gpus_per_node:
+            raise ChartError(f"{rel}: parallel.num_workers: {requested} must be a multiple of the GPUs per node: {where}")
+        sizing = [f"parallel.num_workers={requested}", f"parallel.workers_per_node={group.gpus_per_node}"]
+    try:
+        base = load_job_config(rel, sizing)
     except JobConfigError as err:
-        raise ChartError(str(err)) from None
+        raise ChartError(f"{err}{' (at the spec size: ' + ' '.join(sizing) + ')' if sizing else ''}") from None
     name = base.name
     if not name[0].isalpha() or len(name) > MAX_RAYJOB_NAME:
         raise ChartError(f"{rel}: name: {name!r} is not a RayJob name (starts with a letter, "
                          f"at most {MAX_RAYJOB_NAME} characters: KubeRay appends 6 for its cluster)")
-    group = env.primary_gpu_group
     overrides: list[str] = []
     if base.parallel.use_gpu:
-        requested = raw.get("parallel", {}).get("num_workers", env.world_size)
-        where = (f"the spec's GPU group {group.name!r} has {env.world_size} = {group.desired_nodes} nodes x "
-                 f"{group.gpus_per_node} GPUs ({group.instance_type}, {env.source})")
-        if requested > env.world_size:
-            raise ChartError(f"{rel}: parallel.num_workers: {requested} asks for more GPUs than the cluster has: {where}")
-        if requested % group.gpus_per_node:
-            raise ChartError(f"{rel}: parallel.num_workers: {requested} must be a multiple of the GPUs per node: {where}")
+        requested = base.parallel.num_workers
         replicas = requested // group.gpus_per_node
         overrides += [f"parallel.num_workers={requested}", f"parallel.workers_per_node={group.gpus_per_node}",
                       "parallel.use_gpu=true"]

@@ -127,3 +127,12 @@ def test_override_values_read_back_unchanged(tmp_path, value, expected):
     raw: dict = {}
     _set_dotted(raw, "a.b", expected, "test")
     assert raw == {"a": {"b": value}}
+
+
+def test_a_gpu_job_is_validated_at_the_spec_size(tmp_path):
+    """hybrid_shard needs >= 2 nodes: the file alone has no nodes, the spec's 2 x 4 GPUs do."""
+    root = job_root(tmp_path, hybrid=gpu_job(name="hybrid", strategy="hybrid_shard"))
+    with contextlib.chdir(root):
+        [plan] = plan_jobs(make_env(), root / "jobs", root)
+    assert plan.config.parallel.strategy == "hybrid_shard"
+    assert (plan.config.parallel.num_workers, plan.config.parallel.workers_per_node) == (8, 4)
