@@ -33,18 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.set_defaults(_module=module)
-        _add_arguments_if_present(module, command)
+        importlib.import_module(module).add_arguments(command)
     return parser
-
-
-def _add_arguments_if_present(module_name: str, parser: argparse.ArgumentParser) -> None:
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name != module_name:
-            raise
-        return  # command not built yet in this checkout
-    module.add_arguments(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
