@@ -87,9 +87,9 @@ def _cluster_shape(job: JobConfig) -> dict[str, Any]:
 
 
 def _tokenizer_dir(job: JobConfig) -> str:
-    from training.tokenizer import DEFAULT_TOKENIZER_DIR
+    from training.tokenizer import tokenizer_location
 
-    return job.model.tokenizer or job.model.path or str(DEFAULT_TOKENIZER_DIR)
+    return tokenizer_location(job.model)
 
 
 def _last_summary(job: JobConfig) -> dict[str, Any]:

@@ -117,9 +117,9 @@ def open_data(job: JobConfig, ctx: WorkerContext) -> tuple[Any, Any]:
 
     tokenizer = None
     if job.data.kind != "synthetic":
-        from training.tokenizer import DEFAULT_TOKENIZER_DIR, load_tokenizer
+        from training.tokenizer import load_tokenizer, tokenizer_location
 
-        tokenizer = load_tokenizer(job.model.tokenizer or job.model.path or DEFAULT_TOKENIZER_DIR)
+        tokenizer = load_tokenizer(tokenizer_location(job.model))
     return build_data(job, tokenizer, rank=ctx.rank, world_size=ctx.world_size), tokenizer
 
 

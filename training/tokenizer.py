@@ -24,6 +24,12 @@ class TokenizerError(ValueError):
     """The tokenizer path is missing or does not hold a tokenizer; one line."""
 
 
+def tokenizer_location(model_cfg) -> str:
+    """Where a job's tokenizer lives: ``model.tokenizer``, else the model's own, else the
+    offline-built Qwen2.5 tokenizer (random-init models have no directory of their own)."""
+    return model_cfg.tokenizer or model_cfg.path or str(DEFAULT_TOKENIZER_DIR)
+
+
 def load_tokenizer(path_or_s3: str | Path, *, cache_dir: str | Path | None = None):
     """A ``transformers`` tokenizer from a directory or an ``s3://`` prefix (fetched once per node)."""
     from transformers import AutoTokenizer

@@ -99,7 +99,7 @@ class CheckpointManager:
         self.device = device or torch.device("cpu")
         self.root = Path(local_root) / run_name
         self.report = report if report is not None else (ray_report if _in_ray_train() else _no_report)
-        if _local_rank(self.rank) == 0:
+        if local_rank(self.rank) == 0:
             # folders a killed attempt never handed over; the collective below makes the others wait
             shutil.rmtree(self.root, ignore_errors=True)
         # Collective: every rank creates the group here, at the same point of the program.
@@ -236,13 +236,14 @@ def _no_report(metrics: dict[str, Any], folder: str, dir_name: str) -> None:
     """Outside Ray Train the folder stays where it was written."""
 
 
-def _local_rank(rank: int) -> int:
+def local_rank(default: int) -> int:
+    """This process's rank on its node: Ray Train's, else ``LOCAL_RANK``, else ``default``."""
     try:
         import ray.train
 
         return ray.train.get_context().get_local_rank()
     except Exception:  # not inside a Ray Train worker
-        return int(os.environ.get("LOCAL_RANK", rank))
+        return int(os.environ.get("LOCAL_RANK", default))
 
 
 def _in_ray_train() -> bool:

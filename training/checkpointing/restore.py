@@ -9,7 +9,6 @@ complete one before it is tried (rank 0 chooses and broadcasts, so every rank lo
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from training.checkpointing import storage
+from training.checkpointing.manager import local_rank
 from training.checkpointing.marker import completeness_problem, read_marker
 from training.checkpointing.state import TrainerState, checkpoint_state
 
@@ -43,12 +43,7 @@ def ray_checkpoint_uri() -> str | None:
 
 
 def _local_rank() -> int:
-    try:
-        import ray.train
-
-        return ray.train.get_context().get_local_rank()
-    except Exception:
-        return int(os.environ.get("LOCAL_RANK", dist.get_rank() if _distributed() else 0))
+    return local_rank(dist.get_rank() if _distributed() else 0)
 
 
 def _distributed() -> bool:
