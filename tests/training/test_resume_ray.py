@@ -120,7 +120,9 @@ def test_failure_then_resume_is_bit_identical_and_a_new_cluster_continues_from_s
     from training.checkpointing.storage import filesystem_for
 
     prefix, out = storage
-    result = _fit("faulty", prefix, out, max_steps=6, every=2,
+    # sleep: leave Ray time to register the async step-2/4 checkpoints before the fault (on a
+    # busy 2-core machine a fault right after a save can otherwise find none registered yet)
+    result = _fit("faulty", prefix, out, max_steps=6, every=2, sleep=1.0,
                   env={"RAYTRAIN_FAULT_AT_STEP": "5", "RAYTRAIN_FAULT_RANK": "1"})
     assert result.error is None
     for rank in range(WORLD):
