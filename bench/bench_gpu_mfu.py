@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from environment.instances import peak_bf16_tflops  # noqa: E402
+
 # Qwen2.5-1.5B (facts.md): 28 layers, hidden 1536, intermediate 8960, 12/2 heads, tied embeddings.
 QWEN2_5_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                     num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
@@ -76,7 +78,7 @@ def main() -> None:
     shapes = flops.ModelShapes.from_hf_config(config)
     per_token = flops.training_flops_per_token(shapes, args.seq)
     name = torch.cuda.get_device_name()
-    peak = flops.peak_bf16_tflops(name)
+    peak = peak_bf16_tflops(name)
     mfu = flops.mfu(tokens_per_s, per_token, peak)
     print(json.dumps({
         "name": "gpu_mfu", "device": name, "peak_bf16_tflops": peak, "seq_len": args.seq,

@@ -30,7 +30,7 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=256)
     args = parser.parse_args()
 
-    from raytrain_eks.tokenizer_build import DEFAULT_OUT, build
+    from devtools.tokenizer_build import DEFAULT_OUT, build
     from training.config import job_config_from_dict
     from training.data.build import build_packed
     from training.tokenizer import document_separator_id, load_tokenizer

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charts.provenance import Provenance, image_reference
-from spec import Environment
-from spec.model import EFA_RESOURCE, GPU_RESOURCE
+from environment import Environment
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE
+from training import contract
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """Well-known label the kubelet puts on every node: the worker nodeSelector pins the type too."""
@@ -54,8 +55,11 @@ def gpu_worker_env(env: Environment) -> list[dict[str, str]]:
 def run_record_env(env: Environment) -> list[dict[str, str]]:
     """What the job records about where it ran (training/run_record.py reads these), plus the
     bucket's region: the pod role may not call GetBucketLocation, so S3 clients must be told."""
-    pairs = [("RAYTRAIN_CLUSTER", env.cluster.name),
-             ("RAYTRAIN_INSTANCE_TYPE", env.primary_gpu_group.instance_type),
+    group = env.primary_gpu_group
+    pairs = [(contract.ENV_CLUSTER, env.cluster.name), (contract.ENV_REGION, env.cluster.region),
+             (contract.ENV_INSTANCE_TYPE, group.instance_type),
+             # MFU's denominator: the job never guesses its GPU's peak from a device name.
+             (contract.ENV_PEAK_TFLOPS, f"{group.instance.gpu_bf16_tflops:g}"),
              ("AWS_REGION", env.cluster.region), ("AWS_DEFAULT_REGION", env.cluster.region)]
     return [{"name": k, "value": v} for k, v in pairs]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from charts.errors import ChartError
 from charts.provenance import short_hash
-from spec import Environment
+from environment import Environment
 from training.config import JobConfig, JobConfigError, load_job_config
 
 BUCKET_PLACEHOLDER = "{bucket}"

@@ -44,7 +44,7 @@ class SynthResult:
 def synth(env, outdir: str | Path, *, root: Path = ROOT) -> SynthResult:
     """Build the code archive and every chart from ``env`` and ``<root>/jobs/*.toml``."""
     from charts.jobs import plan_jobs
-    from raytrain_eks.code_bundle import build_code_bundle
+    from charts.code_bundle import build_code_bundle
 
     root = Path(root).resolve()
     outdir = Path(outdir).resolve()
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from charts.errors import ChartError
-    from spec import SpecError, UnlockedImageWarning, load_environment
+    from environment import SpecError, UnlockedImageWarning, load_environment
     from training.config import JobConfigError
 
     try:

@@ -12,19 +12,12 @@ import hashlib
 import warnings
 from dataclasses import dataclass, field
 
-from spec import Environment, UnlockedImageWarning
+from environment import Environment, UnlockedImageWarning
+from environment.contract import (
+    CODE_HASH_LABEL, CODE_URI_ANNOTATION, IMAGE_ANNOTATION, IMAGE_DIGEST_ANNOTATION, IMAGE_LOCKED_LABEL,
+    JOB_CONFIG_ANNOTATION, JOB_CONFIG_HASH_LABEL, JOB_LABEL, SPEC_HASH_LABEL, UNLOCKED,
+)
 
-PREFIX = "raytrain.io"
-SPEC_HASH = f"{PREFIX}/spec-hash"
-CODE_HASH = f"{PREFIX}/code-hash"
-JOB_CONFIG_HASH = f"{PREFIX}/job-config-hash"
-JOB = f"{PREFIX}/job"
-IMAGE_LOCKED = f"{PREFIX}/image-locked"
-IMAGE = f"{PREFIX}/image"
-IMAGE_DIGEST = f"{PREFIX}/image-digest"
-CODE_URI = f"{PREFIX}/code"
-JOB_CONFIG = f"{PREFIX}/job-config"
-UNLOCKED = "unlocked"
 
 
 def image_reference(env: Environment) -> str:
@@ -51,12 +44,12 @@ class Provenance:
             labels={
                 "app.kubernetes.io/part-of": "raytrain-eks",
                 "app.kubernetes.io/managed-by": "cdk8s",
-                SPEC_HASH: env.spec_hash,
-                IMAGE_LOCKED: "true" if env.image.locked else "false",
+                SPEC_HASH_LABEL: env.spec_hash,
+                IMAGE_LOCKED_LABEL: "true" if env.image.locked else "false",
             },
             annotations={
-                IMAGE: image_reference(env),
-                IMAGE_DIGEST: env.image.digest or UNLOCKED,
+                IMAGE_ANNOTATION: image_reference(env),
+                IMAGE_DIGEST_ANNOTATION: env.image.digest or UNLOCKED,
             },
         )
 
@@ -64,6 +57,6 @@ class Provenance:
                 config_path: str) -> "Provenance":
         """This provenance plus the job's code and config."""
         return Provenance(
-            labels={**self.labels, JOB: job, CODE_HASH: code_hash, JOB_CONFIG_HASH: config_hash},
-            annotations={**self.annotations, CODE_URI: code_uri, JOB_CONFIG: config_path},
+            labels={**self.labels, JOB_LABEL: job, CODE_HASH_LABEL: code_hash, JOB_CONFIG_HASH_LABEL: config_hash},
+            annotations={**self.annotations, CODE_URI_ANNOTATION: code_uri, JOB_CONFIG_ANNOTATION: config_path},
         )

@@ -11,7 +11,7 @@ from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.errors import ChartError
 from charts.imports.io import ray as generated
 from charts.provenance import Provenance
-from spec import Environment
+from environment import Environment
 
 MAX_RAYCLUSTER_NAME = 53
 """KubeRay's limit: the longest Service it derives (``-serve-svc``) must stay within 63."""

@@ -12,8 +12,9 @@ from charts.errors import ChartError
 from charts.imports.io import ray as generated
 from charts.jobs import MAX_RAYJOB_NAME, JobPlan
 from charts.provenance import Provenance, image_reference
-from raytrain_eks.code_bundle import CodeBundle
-from spec import Environment
+from charts.code_bundle import CodeBundle
+from environment import Environment
+from training import contract
 
 GRACE_MARGIN_SECONDS = 30
 """Added to the job's ``checkpoint.sigterm_grace_seconds`` for the worker pods'
@@ -39,10 +40,10 @@ def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle) -> str:
     return yaml.safe_dump({
         "working_dir": code.uri(env.bucket_name),
         "env_vars": {
-            "RAYTRAIN_CODE_HASH": code.content_hash,
-            "RAYTRAIN_SPEC_HASH": env.spec_hash,
-            "RAYTRAIN_JOB_CONFIG_HASH": plan.config_hash,
-            "RAYTRAIN_IMAGE": image_reference(env),
+            contract.ENV_CODE_HASH: code.content_hash,
+            contract.ENV_SPEC_HASH: env.spec_hash,
+            contract.ENV_JOB_CONFIG_HASH: plan.config_hash,
+            contract.ENV_IMAGE: image_reference(env),
         },
     }, sort_keys=True, default_flow_style=False)
 

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default=os.environ.get("ENV_FILE", "environment.toml"),
                         help="the spec whose Kubernetes version the pods are checked against")
     args = parser.parse_args(argv)
-    from spec import SpecError, load_environment
+    from environment import SpecError, load_environment
 
     try:
         version = load_environment(args.env).cluster.kubernetes_version

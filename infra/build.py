@@ -16,7 +16,7 @@ from infra.nag import add_nag_checks
 from infra.stacks.cluster import ClusterStack
 from infra.stacks.network import NetworkStack
 from infra.stacks.storage import StorageStack
-from spec import Environment
+from environment import Environment
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

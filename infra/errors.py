@@ -1,7 +1,7 @@
 """Errors in the environment spec that only the infrastructure code can see."""
 from __future__ import annotations
 
-from spec import SpecError
+from environment import SpecError
 
 
 class InfraSpecError(SpecError):

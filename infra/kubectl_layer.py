@@ -14,7 +14,7 @@ from aws_cdk import aws_lambda
 from constructs import Construct
 
 from infra.errors import InfraSpecError
-from spec import Environment
+from environment import Environment
 
 # Kubernetes minor version -> (module, class). Add a line (and pin the PyPI package) per layer.
 KUBECTL_LAYERS: dict[str, tuple[str, str]] = {

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spec import SpecError
+    from environment import SpecError
     from training.config import JobConfigError
 
     args = build_parser().parse_args(argv)

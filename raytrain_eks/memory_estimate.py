@@ -115,7 +115,7 @@ class MemoryEstimate:
 
 
 def usable_bytes(gpu_memory_gib: float) -> int:
-    """Usable bytes of a GPU of ``gpu_memory_gib`` (spec/instances.py): an L4 (24) gives 22.3 GiB,
+    """Usable bytes of a GPU of ``gpu_memory_gib`` (environment/instances.py): an L4 (24) gives 22.3 GiB,
     about what torch reports as its total (23,034 MiB)."""
     return int(gpu_memory_gib * GIB * USABLE_FRACTION)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from raytrain_eks import memory_estimate
 from raytrain_eks.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
-from spec import Environment
+from environment import Environment
 from training import flops
 from training.config import JobConfig
 
@@ -188,7 +188,7 @@ def _network_bytes_per_node(job: JobConfig, num_params: int, param_bytes: int, s
 
 def _estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, mfu: float) -> dict:
     g = env.primary_gpu_group
-    peak = flops.peak_bf16_tflops(g.instance.gpu_model) or g.instance.gpu_bf16_tflops
+    peak = g.instance.gpu_bf16_tflops
     per_token = flops.training_flops_per_token(shapes, job.train.seq_len)
     per_step = per_token * job.tokens_per_step
     compute_s = per_step / (job.parallel.num_workers * peak * 1e12 * mfu)

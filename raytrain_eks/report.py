@@ -1,9 +1,8 @@
 """Render a run (or two side by side) as Markdown plus PNG plots, from its run directory alone.
 
 A run directory (local or ``s3://``) holds ``run.json`` (training/run_record.py) and
-``metrics.jsonl`` (training/metrics.py: ``kind`` = ``train`` rows with step, loss, lr, grad_norm,
-tokens_per_s, tokens_per_s_per_device, tflops_per_device, mfu, step_time_s, peak_mem_gb;
-``eval`` rows with step, eval_loss, eval_perplexity; one ``summary`` row). Missing keys, files or
+``metrics.jsonl`` (``train`` rows, ``eval`` rows and one ``summary`` row; every key is named in
+:mod:`training.contract`). Missing keys, files or
 values are tolerated: what is absent is said, not drawn.
 
 Two runs: every difference between the records is listed, grouped by what it can explain:
@@ -13,19 +12,19 @@ outcomes (throughput, eval, status) and identity (names and times, which always 
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.run_record import RECORD_NAME, read_json
+from training import contract
+from training.contract import METRICS_NAME, RECORD_NAME
+from training.run_record import read_json
 
-METRICS_NAME = "metrics.jsonl"
 PLOTS = (  # file stem, metric key, y label
-    ("loss", "loss", "training loss"),
-    ("eval", "eval_loss", "held-out loss"),
-    ("tokens_per_s", "tokens_per_s", "tokens/s (all devices)"),
-    ("mfu", "mfu", "MFU"),
+    ("loss", contract.LOSS, "training loss"),
+    ("eval", contract.EVAL_LOSS, "held-out loss"),
+    ("tokens_per_s", contract.TOKENS_PER_S, "tokens/s (all devices)"),
+    ("mfu", contract.MFU, "MFU"),
 )
 INPUTS = ("kind", "is_infrastructure_check", "image", "image_digest", "code_hash", "spec_hash", "manifest_hash", "job_config",
           "job_config_hash", "cluster", "versions", "command", "data", "schema_version")
@@ -82,9 +81,9 @@ def load_run(run_dir: str) -> Run:
         except ValueError:
             run.notes.append(f"{METRICS_NAME} line {number} is not JSON: skipped")
             continue
-        if "eval_loss" in row or row.get("kind") == "eval":
+        if contract.EVAL_LOSS in row or row.get(contract.KIND) == contract.KIND_EVAL:
             run.evals.append(row)
-        elif "loss" in row and row.get("kind", "train") == "train":
+        elif contract.LOSS in row and row.get(contract.KIND, contract.KIND_TRAIN) == contract.KIND_TRAIN:
             run.train.append(row)
     if not (run.record or run.train or run.evals):
         raise FileNotFoundError(f"{run_dir}: neither {RECORD_NAME} nor {METRICS_NAME} could be read")
@@ -92,25 +91,24 @@ def load_run(run_dir: str) -> Run:
 
 
 def _values(rows: list[dict], key: str) -> list[tuple[float, float]]:
-    return [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and "step" in r]
+    return [(r[contract.STEP], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and contract.STEP in r]
 
 
 def throughput_summary(run: Run) -> dict[str, Any]:
-    """Steady-state means from the metrics (the first step, with its warm-up, excluded); falls
-    back on the record's own throughput summary."""
-    steady = run.train[1:] if len(run.train) > 1 else run.train
-    out: dict[str, Any] = {}
-    for key in ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu", "step_time_s"):
-        values = [r[key] for r in steady if isinstance(r.get(key), (int, float))]
-        out[key] = statistics.fmean(values) if values else (run.record.get("throughput") or {}).get(key)
-    memory = [r["peak_mem_gb"] for r in run.train if isinstance(r.get("peak_mem_gb"), (int, float))]
-    out["peak_mem_gb"] = max(memory) if memory else (run.record.get("throughput") or {}).get("peak_mem_gb")
+    """The run's steady-state figures by :func:`training.contract.throughput_summary` (the very
+    definition the job writes into run.json), from the metrics; each figure the metrics lack is
+    taken from the record's own summary."""
+    recorded = run.record.get("throughput") or {}
+    out = contract.throughput_summary(run.train) if run.train else {}
+    for key in (*contract.THROUGHPUT_KEYS, contract.PEAK_MEMORY_GIB):
+        if out.get(key) is None:
+            out[key] = recorded.get(key)
     out["steps"] = len(run.train)
     return out
 
 
 def eval_before_after(run: Run) -> tuple[float | None, float | None]:
-    losses = _values(run.evals, "eval_loss")
+    losses = _values(run.evals, contract.EVAL_LOSS)
     if losses:
         return losses[0][1], losses[-1][1]
     ev = run.record.get("eval") or {}
@@ -128,7 +126,7 @@ def plot_runs(runs: list[Run], out_dir: Path) -> dict[str, str]:
 
     drawn = {}
     for stem, key, label in PLOTS:
-        series = [(run, _values(run.evals if key == "eval_loss" else run.train, key)) for run in runs]
+        series = [(run, _values(run.evals if key == contract.EVAL_LOSS else run.train, key)) for run in runs]
         if not any(points for _, points in series):
             continue
         fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
@@ -142,7 +140,7 @@ def plot_runs(runs: list[Run], out_dir: Path) -> dict[str, str]:
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_xlabel("step")
         ax.set_ylabel(label)
-        if key == "mfu":
+        if key == contract.MFU:
             ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         ax.set_title(label + (" (A vs B)" if len(runs) > 1 else f": {runs[0].name}"))
         ax.grid(alpha=0.3)
@@ -232,10 +230,12 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
                     f" {cluster.get('instance_type') or ''}".strip()),
         ("strategy", ((r.get("job_config") or {}).get("parallel") or {}).get("strategy")),
         ("transport", _transport_text(transport)),
-        ("steps", t["steps"]), ("tokens/s", t["tokens_per_s"]), ("tokens/s per device", t["tokens_per_s_per_device"]),
-        ("TFLOP/s per device", t["tflops_per_device"]),
-        ("MFU", None if t["mfu"] is None else f"{100 * t['mfu']:.2f}%"), ("step time (s)", t["step_time_s"]),
-        ("peak memory (GB)", t["peak_mem_gb"]), ("eval loss before", before), ("eval loss after", after),
+        ("steps", t["steps"]), ("tokens/s", t[contract.TOKENS_PER_S]),
+        ("tokens/s per device", t[contract.TOKENS_PER_S_PER_DEVICE]),
+        ("TFLOP/s per device", t[contract.TFLOPS_PER_DEVICE]),
+        ("MFU", None if t[contract.MFU] is None else f"{100 * t[contract.MFU]:.2f}%"),
+        ("step time (s)", t[contract.STEP_TIME_S]),
+        ("peak memory (GiB)", t[contract.PEAK_MEMORY_GIB]), ("eval loss before", before), ("eval loss after", after),
         ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),
         ("started", r.get("start_time")), ("error", r.get("error")),
     ]

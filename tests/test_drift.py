@@ -58,7 +58,7 @@ class Both:
 def synthesize_both(raw: dict, source: str, tmp: Path) -> Both:
     from charts.main import synth
     from infra.build import build_app, new_app
-    from spec import environment_from_dict
+    from environment import environment_from_dict
 
     env = environment_from_dict(raw, source)
     with warnings.catch_warnings():
@@ -147,7 +147,7 @@ def test_head_runs_on_the_system_node_group(both):
 
 
 def test_gpu_and_efa_counts_match_the_instance_and_launch_template(both):
-    from spec import INSTANCE_TYPES
+    from environment import INSTANCE_TYPES
 
     templates = {lid: r for lid, r in both.resources.items() if r["Type"] == "AWS::EC2::LaunchTemplate"}
     for chart, spec in cluster_specs(both):

@@ -1,4 +1,4 @@
-"""Model FLOPs of a decoder-only transformer from its real shapes, peak bf16 rates, and MFU.
+"""Model FLOPs of a decoder-only transformer from its real shapes, and MFU.
 
 Standard library only: the job (in the DLC), the preflight and the report all use it.
 
@@ -22,8 +22,10 @@ API::
     shapes = ModelShapes.from_hf_config(model.config)        # or a config.json dict
     f_tok = training_flops_per_token(shapes, seq_len=4096)   # FLOPs per trained token
     f_step = training_flops_per_step(shapes, seq_len=4096, tokens_per_step=8 * 4096)
-    peak = peak_bf16_tflops("NVIDIA L4")                     # 121.0; None when unknown / CPU
-    m = mfu(tokens_per_s_per_device, f_tok, peak)            # 0..1; None when peak is None
+    m = mfu(tokens_per_s_per_device, f_tok, peak_tflops)     # 0..1; None when the peak is None
+
+The peak rate of a device is not known here: the job receives it from its manifest
+(``training.contract.ENV_PEAK_TFLOPS``), which takes it from the environment package's GPU table.
 """
 from __future__ import annotations
 
@@ -118,37 +120,6 @@ def training_flops_per_token(shapes: ModelShapes, seq_len: int) -> int:
 def training_flops_per_step(shapes: ModelShapes, seq_len: int, tokens_per_step: int) -> int:
     """FLOPs of one optimizer step over all devices (``tokens_per_step`` = global batch x seq_len)."""
     return training_flops_per_token(shapes, seq_len) * tokens_per_step
-
-
-# Peak dense (no sparsity) bf16 tensor-core TFLOP/s of ONE device, from NVIDIA's data sheets:
-# L4 121 (242 with sparsity); A10G 70 (AWS's A10G runs lower clocks than the A10's 125; the
-# 70 figure is the one MosaicML Composer and others use); A100 312; H100 SXM 989 (PCIe 756);
-# H200 989; L40S 362. Matched as a substring of torch.cuda.get_device_name(); longest key wins.
-PEAK_BF16_TFLOPS: dict[str, float] = {
-    "L4": 121.0,
-    "L40S": 362.0,
-    "A10G": 70.0,
-    "A100": 312.0,
-    "H100": 989.0,
-    "H100 PCIe": 756.0,
-    "H200": 989.0,
-}
-
-
-def peak_bf16_tflops(device_name: str) -> float | None:
-    """Peak bf16 TFLOP/s for a device name like ``"NVIDIA L4"`` or ``"L4"``; None if unknown (CPU).
-
-    Whole words are matched, so ``"NVIDIA L40S"`` is not an L4.
-    """
-    words = device_name.replace("-", " ").upper().split()
-    best: tuple[int, float] | None = None
-    for key, value in PEAK_BF16_TFLOPS.items():
-        key_words = key.upper().split()
-        n = len(key_words)
-        if any(words[i:i + n] == key_words for i in range(len(words) - n + 1)):
-            if best is None or n > best[0]:
-                best = (n, value)
-    return best[1] if best else None
 
 
 def achieved_tflops(tokens_per_s_per_device: float, flops_per_token: float) -> float:

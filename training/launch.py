@@ -10,11 +10,12 @@ import os
 import sys
 from typing import Any
 
+from training import contract
 from training.config import JobConfig
 
 # Driver environment variables the workers need too (fault injection, S3 endpoint for tests,
 # report cadence): in a running cluster the actors do not inherit the driver's environment.
-FORWARDED_ENV_PREFIXES = ("RAYTRAIN_", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "AWS_ENDPOINT_URL", "AWS_REGION",
+FORWARDED_ENV_PREFIXES = (contract.ENV_PREFIX, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "AWS_ENDPOINT_URL", "AWS_REGION",
                           "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                           "AWS_SESSION_TOKEN", "AWS_PROFILE", "NCCL_")
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), "ray_results")

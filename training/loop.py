@@ -21,13 +21,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from training import evaluation, metrics, optim
+from training import contract, evaluation, metrics, optim
 from training.config import JobConfig, job_config_from_dict
 from training.model import build_model, count_targets, loss_sum
 from training.parallel import backend_for, build_mesh, parallelize
 
-FAULT_STEP_ENV = "RAYTRAIN_FAULT_AT_STEP"
-FAULT_RANK_ENV = "RAYTRAIN_FAULT_RANK"
 NCCL_LOG_DIR = "/tmp/raytrain-nccl"
 """Node-local folder for NCCL's INFO log (the transport evidence, training/transport.py)."""
 
@@ -88,8 +86,8 @@ def local_context(local_dir: str, *, rank: int = 0, world_size: int = 1, run_dir
 def maybe_inject_fault(step: int, rank: int, ctx: WorkerContext) -> None:
     """Test/demo hook: ``RAYTRAIN_FAULT_AT_STEP=k`` (+ ``RAYTRAIN_FAULT_RANK=r``, default 0) makes
     rank r exit hard once after k steps. A marker in the run's storage makes the retry pass."""
-    at = os.environ.get(FAULT_STEP_ENV)
-    if not at or step != int(at) or rank != int(os.environ.get(FAULT_RANK_ENV, "0")):
+    at = os.environ.get(contract.ENV_FAULT_AT_STEP)
+    if not at or step != int(at) or rank != int(os.environ.get(contract.ENV_FAULT_RANK, "0")):
         return
     name = f"fault-injected-at-step-{step}-rank-{rank}"
     if ctx.storage is not None:
@@ -126,20 +124,6 @@ def open_data(job: JobConfig, ctx: WorkerContext) -> tuple[Any, Any]:
 def _sync(on_gpu: bool) -> None:
     if on_gpu:
         torch.cuda.synchronize()
-
-
-def _throughput_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median figures over the steps, the first (warm-up) excluded when there are others."""
-    steady = records[1:] or records
-    if not steady:
-        return {}
-
-    def median(key: str) -> Any:
-        values = sorted(r[key] for r in steady if r.get(key) is not None)
-        return values[len(values) // 2] if values else None
-
-    return {key: median(key) for key in ("tokens_per_s", "tokens_per_s_per_device", "tflops_per_device", "mfu",
-                                         "step_time_s", "peak_memory_gib")} | {"steps_measured": len(steady)}
 
 
 class _Record:
@@ -263,9 +247,11 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
         trainer.step += 1
         trainer.tokens_seen += job.tokens_per_step
         step_time = timer.stop()
-        entry = {"kind": "train", "step": trainer.step, "loss": float(sums[0] / sums[1]) if sums[1] > 0 else float("nan"),
-                 "lr": lr, "grad_norm": grad_norm, "tokens_seen": trainer.tokens_seen, "step_time_s": step_time,
-                 "compute_s": compute_s, "peak_memory_gib": metrics.peak_memory_gib(on_gpu), "time": time.time(),
+        entry = {contract.KIND: contract.KIND_TRAIN, contract.STEP: trainer.step,
+                 contract.LOSS: float(sums[0] / sums[1]) if sums[1] > 0 else float("nan"),
+                 contract.LR: lr, contract.GRAD_NORM: grad_norm, contract.TOKENS_SEEN: trainer.tokens_seen,
+                 contract.STEP_TIME_S: step_time, contract.COMPUTE_S: compute_s,
+                 contract.PEAK_MEMORY_GIB: metrics.peak_memory_gib(on_gpu), contract.WALL_TIME: time.time(),
                  **throughput.figures(step_time)}
         steps.append(entry)
         log.write(entry)
@@ -289,7 +275,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
     log.write(summary)
     log.print(evaluation.eval_line(figures))
     log.close()
-    record.update(throughput=_throughput_summary(steps), eval={"before": before, "after": after},
+    record.update(throughput=contract.throughput_summary(steps), eval={"before": before, "after": after},
                   checkpoints=[{"step": x.step, "stall_s": x.stall_s, "write_s": x.write_s} for x in ckpt.timings]
                   if ckpt is not None else [])
     ctx.report({"step": trainer.step, "stopped_by_signal": stopped,

@@ -9,18 +9,29 @@ progress line. Reporting to Ray happens in the loop at ``train.report_every_n_st
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
-from training import flops
+from training import contract, flops
 
 CPU_DEVICE = "cpu"
+
+
+def peak_tflops_from_env(environ: Mapping[str, str]) -> float | None:
+    """The GPU's peak bf16 TFLOP/s as the manifest states it; None when absent (MFU then n/a,
+    never guessed from the device name)."""
+    try:
+        value = float(environ.get(contract.ENV_PEAK_TFLOPS, ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 def device_name(on_gpu: bool) -> str:
@@ -46,13 +57,13 @@ class ThroughputModel:
     flops_per_token: float
     """Training FLOPs per token from the model's real shapes (training/flops.py)."""
     peak_tflops: float | None
-    """Peak dense bf16 TFLOP/s of one device; None on CPU (MFU n/a)."""
+    """Peak dense bf16 TFLOP/s of one device; None on CPU or when the manifest does not state it."""
 
     @classmethod
     def for_model(cls, hf_config: Any, *, seq_len: int, tokens_per_step: int, world_size: int,
-                  device: str) -> "ThroughputModel":
+                  device: str, environ: Mapping[str, str] | None = None) -> "ThroughputModel":
         shapes = flops.ModelShapes.from_hf_config(hf_config)
-        peak = None if device == CPU_DEVICE else flops.peak_bf16_tflops(device)
+        peak = None if device == CPU_DEVICE else peak_tflops_from_env(os.environ if environ is None else environ)
         return cls(tokens_per_step=tokens_per_step, world_size=world_size,
                    flops_per_token=flops.training_flops_per_token(shapes, seq_len), peak_tflops=peak)
 
@@ -61,8 +72,8 @@ class ThroughputModel:
         per_device = tokens_per_s / self.world_size
         achieved = flops.achieved_tflops(per_device, self.flops_per_token)
         mfu = flops.mfu(per_device, self.flops_per_token, self.peak_tflops)
-        return {"tokens_per_s": tokens_per_s, "tokens_per_s_per_device": per_device,
-                "tflops_per_device": achieved, "mfu": mfu}
+        return {contract.TOKENS_PER_S: tokens_per_s, contract.TOKENS_PER_S_PER_DEVICE: per_device,
+                contract.TFLOPS_PER_DEVICE: achieved, contract.MFU: mfu}
 
 
 def format_duration(seconds: float) -> str:
@@ -88,7 +99,7 @@ class MetricsLog:
     ``<experiment_fs_path>/metrics.jsonl`` on its ``storage_filesystem``.
     """
 
-    FILE_NAME = "metrics.jsonl"
+    FILE_NAME = contract.METRICS_NAME
 
     def __init__(self, local_dir: str | Path, *, enabled: bool, storage: Any = None, stream=sys.stdout):
         self.enabled = enabled

@@ -3,15 +3,8 @@
 Standard library only at import (pyarrow and torch are imported when used: the DLC has both).
 Rank 0 owns the record; other ranks send it their facts (host, transport) through a collective.
 
-Environment variables the manifests set on every Ray pod (the charts read them from the spec):
-
-``RAYTRAIN_IMAGE``          image reference that ran, ``repo@sha256:...`` (or ``repo:tag`` if unlocked)
-``RAYTRAIN_CODE_HASH``      hash of the code archive the manifests name (charts/, raytrain_eks/code_bundle.py)
-``RAYTRAIN_SPEC_HASH``      ``Environment.spec_hash`` of the environment spec
-``RAYTRAIN_JOB_CONFIG_HASH``  hash of the job config + overrides the manifest was built with
-``RAYTRAIN_INSTANCE_TYPE``  EC2 type of the GPU workers (``g6.12xlarge``)
-``RAYTRAIN_CLUSTER``        cluster name (optional)
-``RAYTRAIN_MANIFEST_HASH``  hash of the synthesized RayJob manifest (optional)
+The environment variables the manifests set on every Ray pod are named in
+:mod:`training.contract` (``ENV_*``).
 
 Missing variables are recorded as ``""`` (a local run has no image); the code hash is also computed
 in-process from the files that actually ran (:func:`code_hash`), and the job config's from the
@@ -40,61 +33,26 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
-RECORD_NAME = "run.json"
-ENV_IMAGE = "RAYTRAIN_IMAGE"
-ENV_CODE_HASH = "RAYTRAIN_CODE_HASH"
-ENV_SPEC_HASH = "RAYTRAIN_SPEC_HASH"
-ENV_JOB_CONFIG_HASH = "RAYTRAIN_JOB_CONFIG_HASH"
-ENV_INSTANCE_TYPE = "RAYTRAIN_INSTANCE_TYPE"
-ENV_CLUSTER = "RAYTRAIN_CLUSTER"
-ENV_MANIFEST_HASH = "RAYTRAIN_MANIFEST_HASH"
+from training import contract
 
-# Every top-level key a finished record holds (tests and the report rely on this list).
-FIELDS = (
-    "schema_version", "run_dir", "kind", "is_infrastructure_check", "image", "image_digest", "code_hash", "spec_hash",
-    "manifest_hash", "job_config", "job_config_hash", "cluster", "versions", "hosts", "transport",
-    "throughput", "eval", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
-    "exit_code", "error", "command",
-)
-STATUSES = ("running", "succeeded", "failed", "stopped")
+SCHEMA_VERSION = 1
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-CODE_DIRS = ("training", "jobs")
-"""The folders the code archive holds (raytrain_eks/code_bundle.py); the job's working directory."""
-
-
 def code_hash(root: str | Path | None = None) -> str:
-    """The code archive's tree hash, recomputed from the files that are actually here.
-
-    Same definition as raytrain_eks/code_bundle.py (a test proves they agree): sha256 over each
-    file's path (``training/...``, ``jobs/...``), a NUL and the sha256 of its bytes, in path
-    order, hidden entries, ``__pycache__`` and ``*.pyc`` skipped; first 16 hex. ``root`` is the
-    folder holding ``training/`` (default: this package's parent = Ray's working_dir).
-    """
+    """The code archive's tree hash (:func:`training.contract.tree_hash`), recomputed from the
+    files that are actually here. ``root`` is the folder holding ``training/`` (default: this
+    package's parent = Ray's working_dir)."""
     base = Path(root) if root else Path(__file__).resolve().parent.parent
-    files = []
-    for top in CODE_DIRS:
-        for dirpath, dirnames, filenames in os.walk(base / top):
-            dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
-            for name in filenames:
-                path = Path(dirpath, name)
-                if name.startswith(".") or name.endswith((".pyc", ".pyo")) or not path.is_file():
-                    continue
-                files.append((path.relative_to(base).as_posix(), path))
-    digest = hashlib.sha256()
-    for name, path in sorted(files):
-        digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()[:16]
+    return contract.tree_hash(contract.code_files(base))
 
 
 def image_from_env(environ: dict | None = None) -> tuple[str, str]:
     """``(reference, digest)`` from RAYTRAIN_IMAGE; the digest is ``""`` for an unlocked tag."""
-    reference = (os.environ if environ is None else environ).get(ENV_IMAGE, "")
+    reference = (os.environ if environ is None else environ).get(contract.ENV_IMAGE, "")
     digest = reference.split("@", 1)[1] if "@" in reference else ""
     return reference, digest
 
@@ -166,7 +124,7 @@ class RunRecord:
 
     @property
     def uri(self) -> str:
-        return f"{self.run_dir}/{RECORD_NAME}"
+        return f"{self.run_dir}/{contract.RECORD_NAME}"
 
     def start(self, *, job_config: dict, is_infrastructure_check: bool, cluster: dict | None = None,
               versions: dict | None = None, command: list[str] | None = None) -> dict:
@@ -185,13 +143,13 @@ class RunRecord:
             # A plain string: the promote gate checks record["image"].endswith("@" + digest).
             "image": image_from_env(env)[0],
             "image_digest": image_from_env(env)[1],
-            "code_hash": {"ran": code_hash(), "manifest": env.get(ENV_CODE_HASH, "")},
-            "spec_hash": env.get(ENV_SPEC_HASH, ""),
-            "manifest_hash": env.get(ENV_MANIFEST_HASH, ""),
+            "code_hash": {"ran": code_hash(), "manifest": env.get(contract.ENV_CODE_HASH, "")},
+            "spec_hash": env.get(contract.ENV_SPEC_HASH, ""),
+            "manifest_hash": env.get(contract.ENV_MANIFEST_HASH, ""),
             "job_config": job_config,
             "job_config_hash": {"ran": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
-                                "manifest": env.get(ENV_JOB_CONFIG_HASH, "")},
-            "cluster": {"instance_type": env.get(ENV_INSTANCE_TYPE, ""), "cluster": env.get(ENV_CLUSTER, ""),
+                                "manifest": env.get(contract.ENV_JOB_CONFIG_HASH, "")},
+            "cluster": {"instance_type": env.get(contract.ENV_INSTANCE_TYPE, ""), "cluster": env.get(contract.ENV_CLUSTER, ""),
                         **(cluster or {})},
             "versions": versions if versions is not None else collect_versions(),
             "hosts": {"driver": socket.gethostname()},
@@ -220,8 +178,8 @@ class RunRecord:
         if isinstance(fields.get("transport"), dict):
             fields.setdefault("versions", {}).update(self._versions_from_log(fields["transport"]))
         for key, value in fields.items():
-            if key not in FIELDS:
-                raise KeyError(f"run record has no field {key!r} (fields: {', '.join(FIELDS)})")
+            if key not in contract.RECORD_FIELDS:
+                raise KeyError(f"run record has no field {key!r} (fields: {', '.join(contract.RECORD_FIELDS)})")
             if isinstance(value, dict) and isinstance(self.data.get(key), dict):
                 self.data[key] = {**self.data[key], **value}
             else:
@@ -241,8 +199,8 @@ class RunRecord:
     def finish(self, *, status: str = "succeeded", error: str | None = None, exit_code: int | None = None,
                **fields: Any) -> dict:
         """Final write: status, error, end time and duration (plus any last fields)."""
-        if status not in STATUSES[1:]:
-            raise ValueError(f"status: {status!r} is not allowed (allowed: {', '.join(STATUSES[1:])})")
+        if status not in contract.RECORD_STATUSES[1:]:
+            raise ValueError(f"status: {status!r} is not allowed (allowed: {', '.join(contract.RECORD_STATUSES[1:])})")
         end = datetime.now(timezone.utc)
         started = datetime.fromisoformat(self.data["start_time"]) if self.data.get("start_time") else end
         fields.update(status=status, error=error, end_time=end.isoformat(timespec="seconds"),

@@ -3,7 +3,7 @@
 ``load_tokenizer(path)`` returns a transformers tokenizer. For ``s3://`` the prefix is fetched
 once per node into a node-local cache (see :func:`training.data.remote.fetch_prefix`: the first
 local process downloads under a file lock, the others wait and reuse it). The local demo uses
-the real Qwen2.5 tokenizer built offline by ``python -m raytrain_eks.tokenizer_build`` into
+the real Qwen2.5 tokenizer built offline by ``python -m devtools.tokenizer_build`` into
 ``training/assets/qwen2.5-tokenizer``; in production the tokenizer comes with the model.
 
 :func:`document_separator_id` is the id packed between documents: ``<|endoftext|>`` for Qwen
@@ -40,7 +40,7 @@ def load_tokenizer(path_or_s3: str | Path, *, cache_dir: str | Path | None = Non
     except FileNotFoundError as err:
         raise TokenizerError(f"tokenizer: {err}") from None
     if not (local / "tokenizer.json").is_file() and not (local / "tokenizer_config.json").is_file():
-        hint = " (build it: python -m raytrain_eks.tokenizer_build)" if Path(path) == DEFAULT_TOKENIZER_DIR else ""
+        hint = " (build it: python -m devtools.tokenizer_build)" if Path(path) == DEFAULT_TOKENIZER_DIR else ""
         raise TokenizerError(f"tokenizer: {path}: no tokenizer.json or tokenizer_config.json there{hint}")
     return AutoTokenizer.from_pretrained(str(local))
 

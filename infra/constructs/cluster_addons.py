@@ -5,8 +5,8 @@ from __future__ import annotations
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from spec import Environment
-from spec.model import EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, NODE_ROLE_LABEL
+from environment import Environment
+from environment.contract import EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, NODE_ROLE_LABEL
 
 NVIDIA_REPOSITORY = "https://nvidia.github.io/k8s-device-plugin"
 EKS_CHARTS_REPOSITORY = "https://aws.github.io/eks-charts"

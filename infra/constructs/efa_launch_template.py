@@ -5,7 +5,7 @@ from __future__ import annotations
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from spec import GpuNodeGroupSpec
+from environment import GpuNodeGroupSpec
 
 # The AL2023 EKS AMIs boot from /dev/xvda.
 ROOT_DEVICE = "/dev/xvda"

@@ -7,7 +7,7 @@ from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks
 from constructs import Construct
 
 from infra.constructs.efa_launch_template import EfaLaunchTemplate
-from spec import GpuNodeGroupSpec
+from environment import GpuNodeGroupSpec
 
 # CloudFormation spells it with a lower-case "x86" (the CDK enum name does not).
 AMI_TYPE = "AL2023_x86_64_NVIDIA"

@@ -12,7 +12,7 @@ from infra.constructs.ray_identity import RayIdentity
 from infra.kubectl_layer import kubectl_layer_factory
 from infra.nag import acknowledge_cluster_findings, acknowledge_node_role
 from infra.stacks.network import NetworkStack
-from spec import Environment
+from environment import Environment
 
 ENDPOINT_ACCESS = {
     "public": eks.EndpointAccess.PUBLIC,

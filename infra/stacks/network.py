@@ -8,7 +8,7 @@ from __future__ import annotations
 from aws_cdk import RemovalPolicy, Stack, aws_ec2 as ec2, aws_logs as logs
 from constructs import Construct
 
-from spec import Environment
+from environment import Environment
 
 
 class NetworkStack(Stack):

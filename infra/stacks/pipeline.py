@@ -33,8 +33,8 @@ from constructs import Construct
 
 from infra.stacks import pipeline_access, pipeline_builds
 from infra.stacks.pipeline_watcher import WatcherFunctions
-from raytrain_eks.code_bundle import CODE_PREFIX
-from spec import Environment
+from environment.contract import CODE_PREFIX
+from environment import Environment
 
 DIGEST_VARIABLE = "IMAGE_DIGEST"
 """Must equal infra/lambdas/image_watcher/watcher.py DIGEST_VARIABLE (a test checks)."""

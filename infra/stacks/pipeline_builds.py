@@ -9,8 +9,8 @@ from __future__ import annotations
 from aws_cdk import Duration, aws_codebuild as codebuild, aws_iam as iam
 from constructs import Construct
 
-from charts.provenance import IMAGE_DIGEST as DIGEST_ANNOTATION
-from spec import Environment
+from environment.contract import IMAGE_DIGEST_ANNOTATION as DIGEST_ANNOTATION
+from environment import Environment
 
 SMOKE_JOB = "smoke"
 """jobs/smoke.toml's ``name``: the RayJob the pipeline runs before promoting."""
@@ -47,7 +47,7 @@ def synth_spec() -> dict:
                 # The documented rollback path, the same command an operator runs by hand.
                 'if [ "$IMAGE_DIGEST" != "spec" ]; then '
                 '.venv/bin/raytrain-eks lock --env "$ENV_FILE" --digest "$IMAGE_DIGEST"; fi',
-                'IMAGE_DIGEST="$(.venv/bin/python -c \'import sys; from spec import load_environment; '
+                'IMAGE_DIGEST="$(.venv/bin/python -c \'import sys; from environment import load_environment; '
                 'print(load_environment(sys.argv[1]).image.digest)\' "$ENV_FILE")"',
                 'test -n "$IMAGE_DIGEST" || { echo "error: $ENV_FILE: image.digest is empty: run '
                 'raytrain-eks lock and commit, or start the pipeline with IMAGE_DIGEST"; exit 1; }',

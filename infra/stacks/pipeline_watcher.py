@@ -1,9 +1,9 @@
 """The two Lambdas of the redeploy pipeline (code in infra/lambdas/image_watcher/) with
 least-privilege roles: each may touch exactly the parameter, table, pipeline and objects it needs.
 
-The asset holds ``image_watcher/`` and ``raytrain_eks/registry.py`` (the very module the
-``lock`` command uses), staged into one folder at synth time: no copy of the registry client
-lives in the repository.
+The asset holds ``image_watcher/`` (with the registry client the ``lock`` command also uses) and
+the standard-library ``environment`` package (the digest format), staged into one folder at synth
+time: no copy of either lives in the repository.
 """
 from __future__ import annotations
 
@@ -32,9 +32,8 @@ def stage_asset() -> str:
     atexit.register(shutil.rmtree, out, ignore_errors=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO_ROOT / "infra" / "lambdas" / "image_watcher", out / "image_watcher", ignore=ignore)
-    (out / "raytrain_eks").mkdir()
-    for module in ("__init__.py", "registry.py"):
-        shutil.copy2(REPO_ROOT / "raytrain_eks" / module, out / "raytrain_eks" / module)
+    # The environment package (standard library only) holds the digest format the functions check.
+    shutil.copytree(REPO_ROOT / "environment", out / "environment", ignore=ignore)
     return str(out)
 
 

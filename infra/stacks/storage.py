@@ -6,7 +6,7 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from infra.constructs.checkpoint_bucket import CheckpointBucket
-from spec import Environment
+from environment import Environment
 
 
 class StorageStack(Stack):

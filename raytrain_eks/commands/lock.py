@@ -1,9 +1,9 @@
 """`raytrain-eks lock`: pin the spec's image to a digest (and roll back by pinning an older one).
 
-Resolves ``[image] repository:tag`` through the registry's HTTP API (raytrain_eks/registry.py)
+Resolves ``[image] repository:tag`` through the registry's HTTP API (infra/lambdas/image_watcher/registry.py)
 and rewrites ONLY the ``digest = "..."`` line of the ``[image]`` table of environment.toml:
 comments, order and every other byte stay as they were. The new file is parsed and validated by
-spec/ before it replaces the old one (atomically, same directory), so a failed lock leaves the
+environment/ before it replaces the old one (atomically, same directory), so a failed lock leaves the
 file byte-for-byte unchanged.
 
 Rollback (the documented way): ``raytrain-eks lock --digest sha256:<previous>``, commit, push;
@@ -99,8 +99,9 @@ def lock(env_path: str, *, registry_url: str = "", digest: str = "", timeout: fl
     """
     import tomllib
 
-    from raytrain_eks.registry import DIGEST_PATTERN, ImageLocation, resolve_digest
-    from spec import environment_from_dict, load_environment
+    from environment.contract import DIGEST_PATTERN
+    from infra.lambdas.image_watcher.registry import ImageLocation, resolve_digest
+    from environment import environment_from_dict, load_environment
 
     env = load_environment(env_path)
     if digest:
@@ -124,14 +125,14 @@ def lock(env_path: str, *, registry_url: str = "", digest: str = "", timeout: fl
 
 
 def run(args: argparse.Namespace) -> int:
-    from raytrain_eks.registry import RegistryError
+    from infra.lambdas.image_watcher.registry import RegistryError
 
     try:
         old, new = lock(args.env, registry_url=args.registry_url, digest=args.digest, timeout=args.timeout)
     except (RegistryError, LockError) as err:
         print(f"error: {err} ({args.env} unchanged)", file=sys.stderr)
         return 2
-    from spec import load_environment
+    from environment import load_environment
 
     image = load_environment(args.env).image
     if old == new:

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from raytrain_eks.preflight import DEFAULT_MFU, render, run_preflight, spec_overrides
-    from spec import load_environment
+    from environment import load_environment
     from training.config import JobConfigError, load_job_config
 
     env = load_environment(args.env)

@@ -10,7 +10,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def render(env) -> str:
-    from spec import UnlockedImageWarning
+    from environment import UnlockedImageWarning
 
     c = env.cluster
     lines = [
@@ -46,7 +46,7 @@ def render(env) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spec import load_environment
+    from environment import load_environment
 
     print(render(load_environment(args.env)))
     return 0

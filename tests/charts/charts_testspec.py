@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from spec import Environment, environment_from_dict
+from environment import Environment, environment_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "111122223333"

@@ -9,7 +9,7 @@ from charts_testspec import ACCOUNT, TEST_DIGEST, make_env
 
 from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.rayjob import GRACE_MARGIN_SECONDS
-from spec.model import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL
 from training.config import load_job_config
 
 GPU_JOBS = ("smoke", "finetune-qwen")
@@ -71,7 +71,9 @@ def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
     assert env_of(container(wg["template"])) == {
         "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi",
         # what run.json records about the cluster, and the region (no GetBucketLocation needed)
-        "RAYTRAIN_CLUSTER": "raytrain", "RAYTRAIN_INSTANCE_TYPE": "g6.12xlarge",
+        "RAYTRAIN_CLUSTER": "raytrain", "RAYTRAIN_INSTANCE_TYPE": "g6.12xlarge", "RAYTRAIN_REGION": "us-east-1",
+        # the L4's peak, MFU's denominator, from the environment package's GPU table
+        "RAYTRAIN_PEAK_BF16_TFLOPS": "121",
         "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from raytrain_eks.code_bundle import build_code_bundle
+from charts.code_bundle import build_code_bundle
 
 
 def tree(root: Path) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raytrain_eks.local_services import processes_matching
+from devtools.local_services import processes_matching
 from training.config import load_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    proc = subprocess.run([sys.executable, "-m", "raytrain_eks.demo", "--skip-cdk", "--fault", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "devtools.demo", "--skip-cdk", "--fault", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1800)
     (out / "demo.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]

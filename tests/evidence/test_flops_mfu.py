@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spec.instances import INSTANCE_TYPES
+from environment.instances import INSTANCE_TYPES
 from training import flops
 from training.flops import QWEN2_5_1_5B, ModelShapes
 
@@ -50,20 +50,24 @@ def test_shapes_from_a_config_json_dict_and_a_config_object():
 
 
 def test_peak_table_by_device_name():
-    assert flops.peak_bf16_tflops("NVIDIA L4") == 121.0
-    assert flops.peak_bf16_tflops("NVIDIA A10G") == 70.0
-    assert flops.peak_bf16_tflops("NVIDIA A100-SXM4-40GB") == 312.0
-    assert flops.peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.0
-    assert flops.peak_bf16_tflops("NVIDIA H100 PCIe") == 756.0
-    assert flops.peak_bf16_tflops("NVIDIA H200") == 989.0
-    assert flops.peak_bf16_tflops("NVIDIA L40S") == 362.0   # not mistaken for an L4
-    assert flops.peak_bf16_tflops("cpu") is None
+    from environment.instances import peak_bf16_tflops
+
+    assert peak_bf16_tflops("NVIDIA L4") == 121.0
+    assert peak_bf16_tflops("NVIDIA A10G") == 70.0
+    assert peak_bf16_tflops("NVIDIA A100-SXM4-40GB") == 312.0
+    assert peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert peak_bf16_tflops("NVIDIA H100 PCIe") == 756.0
+    assert peak_bf16_tflops("NVIDIA H200") == 989.0
+    assert peak_bf16_tflops("NVIDIA L40S") == 362.0   # not mistaken for an L4
+    assert peak_bf16_tflops("cpu") is None
 
 
-def test_spec_instance_table_agrees_with_the_job_peak_table():
-    for instance in INSTANCE_TYPES.values():
-        if instance.is_gpu:
-            assert flops.peak_bf16_tflops(instance.gpu_model) == instance.gpu_bf16_tflops, instance.name
+def test_the_job_takes_its_peak_from_the_manifest_never_from_a_device_name():
+    from training.contract import ENV_PEAK_TFLOPS
+    from training.metrics import peak_tflops_from_env
+
+    assert peak_tflops_from_env({ENV_PEAK_TFLOPS: "121"}) == 121.0
+    assert peak_tflops_from_env({}) is None and peak_tflops_from_env({ENV_PEAK_TFLOPS: "n/a"}) is None
 
 
 def test_mfu_round_trip():

@@ -9,7 +9,7 @@ import pytest
 from raytrain_eks.cli import main
 from raytrain_eks.memory_estimate import GIB, estimate_memory, shapes_for_job, usable_bytes
 from raytrain_eks.preflight import run_preflight
-from spec import load_environment
+from environment import load_environment
 from training.config import load_job_config
 from training.flops import QWEN2_5_1_5B
 

@@ -33,7 +33,7 @@ def test_single_run_report_has_summary_and_four_plots(tmp_path, capsys):
 def test_throughput_excludes_the_warm_up_step():
     summary = throughput_summary(load_run(str(RUNS / "efa-full")))
     assert 515 < summary["tokens_per_s"] < 545          # 1024 tokens x 0.5173 steps/s = 530
-    assert summary["steps"] == 20 and summary["peak_mem_gb"] == 9.1
+    assert summary["steps"] == 20 and summary["peak_memory_gib"] == 9.1
 
 
 def test_comparison_lists_every_difference_by_group(tmp_path):
@@ -65,7 +65,7 @@ def test_efa_vs_tcp_fixture_comparison_names_the_transport(tmp_path):
     text = render_report([str(RUNS / "efa-full"), str(RUNS / "tcp-full")], tmp_path).read_text()
     assert "| `transport.transport` | efa | socket |" in text
     assert "| `job_config.evidence.require_transport` | efa | any |" in text
-    assert "### identity" in text and "| tokens/s | 529.8 | 257.4 |" in text
+    assert "### identity" in text and "| tokens/s | 527.5 | 256.2 |" in text
 
 
 def test_cpu_run_without_mfu_or_record_still_renders(tmp_path):

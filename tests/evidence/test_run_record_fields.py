@@ -9,15 +9,17 @@ from pathlib import Path
 import pytest
 
 from training import run_record
-from training.run_record import FIELDS, RunRecord
+from training import contract as c
+from training.contract import RECORD_FIELDS as FIELDS
+from training.run_record import RunRecord
 
 ENV = {
-    "RAYTRAIN_IMAGE": "public.ecr.aws/deep-learning-containers/ray@sha256:" + "ab" * 32,
-    "RAYTRAIN_CODE_HASH": "cd" * 8,
-    "RAYTRAIN_SPEC_HASH": "ef" * 8,
-    "RAYTRAIN_JOB_CONFIG_HASH": "12" * 8,
-    "RAYTRAIN_INSTANCE_TYPE": "g6.12xlarge",
-    "RAYTRAIN_CLUSTER": "raytrain",
+    c.ENV_IMAGE: "public.ecr.aws/deep-learning-containers/ray@sha256:" + "ab" * 32,
+    c.ENV_CODE_HASH: "cd" * 8,
+    c.ENV_SPEC_HASH: "ef" * 8,
+    c.ENV_JOB_CONFIG_HASH: "12" * 8,
+    c.ENV_INSTANCE_TYPE: "g6.12xlarge",
+    c.ENV_CLUSTER: "raytrain",
 }
 
 
@@ -37,10 +39,10 @@ def test_record_holds_every_field_at_start_and_end(tmp_path):
     assert set(first) == set(FIELDS)
     assert first["status"] == "running" and first["end_time"] is None
     assert first["kind"] == "infrastructure_check" and first["is_infrastructure_check"] is True
-    assert first["image"] == ENV["RAYTRAIN_IMAGE"] and first["image_digest"] == "sha256:" + "ab" * 32
-    assert first["code_hash"]["manifest"] == ENV["RAYTRAIN_CODE_HASH"]
+    assert first["image"] == ENV[c.ENV_IMAGE] and first["image_digest"] == "sha256:" + "ab" * 32
+    assert first["code_hash"]["manifest"] == ENV[c.ENV_CODE_HASH]
     assert first["code_hash"]["ran"] == run_record.code_hash()
-    assert first["spec_hash"] == ENV["RAYTRAIN_SPEC_HASH"]
+    assert first["spec_hash"] == ENV[c.ENV_SPEC_HASH]
     assert first["job_config_hash"]["manifest"] == "12" * 8 and first["job_config_hash"]["ran"].startswith("sha256:")
     assert first["cluster"] == {"instance_type": "g6.12xlarge", "cluster": "raytrain", "nodes": 2,
                                 "gpus_per_node": 4, "world_size": 8}
@@ -82,6 +84,7 @@ def test_collect_versions_reads_the_installed_stack():
 
 def test_code_hash_changes_with_the_code(tmp_path):
     (tmp_path / "training").mkdir()
+    (tmp_path / "jobs").mkdir()
     (tmp_path / "training" / "a.py").write_text("x = 1\n")
     before = run_record.code_hash(tmp_path)
     (tmp_path / "training" / "__pycache__").mkdir()
@@ -91,11 +94,11 @@ def test_code_hash_changes_with_the_code(tmp_path):
     assert run_record.code_hash(tmp_path) != before
 
 
-def test_code_hash_equals_the_code_archive_hash_the_manifests_carry():
-    from raytrain_eks.code_bundle import bundle_files, tree_hash
+def test_code_hash_equals_the_code_archive_hash_the_manifests_carry(tmp_path):
+    from charts.code_bundle import build_code_bundle
 
     root = Path(run_record.__file__).resolve().parents[1]
-    assert run_record.code_hash() == tree_hash(bundle_files(root))
+    assert run_record.code_hash() == build_code_bundle(root, tmp_path).content_hash
 
 
 def test_record_on_s3(moto_s3):
@@ -103,4 +106,4 @@ def test_record_on_s3(moto_s3):
     record.start(job_config={"name": "smoke"}, is_infrastructure_check=True, versions={})
     record.finish(status="stopped", error="SIGTERM")
     final = run_record.read_json("s3://runs-111122223333/jobs/smoke/run.json")
-    assert final["status"] == "stopped" and final["spec_hash"] == ENV["RAYTRAIN_SPEC_HASH"]
+    assert final["status"] == "stopped" and final["spec_hash"] == ENV[c.ENV_SPEC_HASH]

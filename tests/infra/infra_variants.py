@@ -68,7 +68,7 @@ class Synthesized:
 
 def synthesize(raw: dict, outdir: Path, source: str) -> Synthesized:
     from infra.build import build_app, new_app
-    from spec import environment_from_dict
+    from environment import environment_from_dict
 
     env = environment_from_dict(raw, source)
     with warnings.catch_warnings():

@@ -45,7 +45,7 @@ def test_kubernetes_version_without_a_kubectl_layer_is_refused_before_any_constr
 
     from infra.build import build_app
     from infra.errors import InfraSpecError
-    from spec import SpecError, environment_from_dict
+    from environment import SpecError, environment_from_dict
 
     raw = default_raw()
     raw["cluster"]["kubernetes_version"] = "1.35"  # valid for EKS and the spec, no layer here
@@ -80,7 +80,7 @@ def test_app_prints_one_line_and_exits_2_before_any_output(tmp_path):
 
 def test_an_az_outside_the_region_is_refused_with_one_line():
     from infra.build import build_app
-    from spec import SpecError, environment_from_dict
+    from environment import SpecError, environment_from_dict
 
     raw = default_raw()
     raw["cluster"]["gpu_availability_zone"] = raw["cluster"]["availability_zones"][1] = "us-west-2a"

@@ -6,7 +6,7 @@ import json
 
 from aws_cdk.assertions import Match
 
-from spec.model import EFA_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL
+from environment.contract import EFA_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL
 
 
 def _one(synth, type_name: str) -> dict:

@@ -23,7 +23,7 @@ import pytest
 
 from charts.main import synth
 from raytrain_eks.commands.lock import lock
-from spec import load_environment
+from environment import load_environment
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = "sha256:" + "0123456789abcdef" * 4

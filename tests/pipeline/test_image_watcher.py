@@ -17,7 +17,7 @@ from infra.lambdas.image_watcher.promote import promote
 from infra.lambdas.image_watcher.watcher import (
     ALREADY_TRIED, START, UP_TO_DATE, CodePipelineStarter, WatcherConfig, check, decide,
 )
-from raytrain_eks.registry import RegistryError
+from infra.lambdas.image_watcher.registry import RegistryError
 from training.transport import aggregate, classify_lines
 
 from oci_registry import free_port

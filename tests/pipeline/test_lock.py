@@ -12,8 +12,8 @@ import pytest
 
 from raytrain_eks.cli import main
 from raytrain_eks.commands.lock import rewrite_digest
-from raytrain_eks.registry import ImageLocation, RegistryError, resolve_digest
-from spec import load_environment
+from infra.lambdas.image_watcher.registry import ImageLocation, RegistryError, resolve_digest
+from environment import load_environment
 
 from oci_registry import free_port
 

@@ -31,7 +31,7 @@ SCHEDULE = "rate(2 hours)"
 @pytest.fixture(scope="module")
 def synthesized(tmp_path_factory):
     from infra.build import build_app, new_app
-    from spec import environment_from_dict
+    from environment import environment_from_dict
 
     raw = tomllib.loads((REPO / "environment.toml").read_text())
     # private endpoint: the richer path (kubectl builds inside the VPC) is the one synthesized
@@ -217,10 +217,12 @@ def test_deploy_may_only_assume_the_cdk_bootstrap_roles(synthesized):
 
 def test_lambda_asset_is_self_contained_and_uses_the_same_registry_client():
     staged = Path(stage_asset())
-    assert (staged / "raytrain_eks" / "registry.py").read_bytes() == (REPO / "raytrain_eks" / "registry.py").read_bytes()
+    registry = REPO / "infra" / "lambdas" / "image_watcher" / "registry.py"
+    assert (staged / "image_watcher" / "registry.py").read_bytes() == registry.read_bytes()
+    assert (staged / "environment" / "contract.py").read_bytes() == (REPO / "environment" / "contract.py").read_bytes()
     # Only the asset and the standard library on the path (-I): the handler imports cleanly.
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import image_watcher.handler as h; "
-             "import raytrain_eks.registry as r; print(r.__file__)")
+             "import environment.contract as c; print(c.__file__)")
     out = subprocess.run([sys.executable, "-I", "-c", probe, str(staged)], capture_output=True, text=True,
                          cwd=staged, check=True)
     assert out.stdout.strip().startswith(str(staged))

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import NameOID
 
 from oci_registry import start_registry, stop
-from raytrain_eks.registry import ImageLocation, RegistryError, resolve_digest
+from infra.lambdas.image_watcher.registry import ImageLocation, RegistryError, resolve_digest
 
 SERVICE = "raytrain-test-registry"
 ISSUER = "raytrain-test-issuer"

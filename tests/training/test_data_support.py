@@ -22,7 +22,7 @@ DEMO_DIR = ROOT / "training" / "assets" / "demo_corpus"
 
 @functools.lru_cache(maxsize=1)
 def qwen_tokenizer_dir() -> Path:
-    from raytrain_eks.tokenizer_build import build, expected_stamp, is_current, ranks_file
+    from devtools.tokenizer_build import build, expected_stamp, is_current, ranks_file
 
     if is_current(ASSET_DIR, expected_stamp(ranks_file())):
         return ASSET_DIR

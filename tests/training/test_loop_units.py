@@ -35,9 +35,14 @@ def test_throughput_figures_and_mfu_only_with_a_known_peak():
     assert figures["tokens_per_s"] == pytest.approx(256)
     assert figures["tokens_per_s_per_device"] == pytest.approx(128)
     assert figures["mfu"] is None
-    l4 = metrics.ThroughputModel.for_model(config, seq_len=32, tokens_per_step=128, world_size=2, device="NVIDIA L4")
+    # The peak comes from the manifest (RAYTRAIN_PEAK_BF16_TFLOPS), never from the device name.
+    l4 = metrics.ThroughputModel.for_model(config, seq_len=32, tokens_per_step=128, world_size=2, device="NVIDIA L4",
+                                           environ={"RAYTRAIN_PEAK_BF16_TFLOPS": "121"})
     gpu = l4.figures(step_time_s=0.5)
     assert gpu["mfu"] == pytest.approx(gpu["tflops_per_device"] / 121.0)
+    unstated = metrics.ThroughputModel.for_model(config, seq_len=32, tokens_per_step=128, world_size=2,
+                                                 device="NVIDIA L4", environ={})
+    assert unstated.figures(step_time_s=0.5)["mfu"] is None
     assert gpu["tflops_per_device"] == pytest.approx(128 * l4.flops_per_token / 1e12)
 
 

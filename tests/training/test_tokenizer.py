@@ -68,7 +68,7 @@ def test_chat_template_is_qwen25_and_lives_in_tokenizer_config():
 
 
 def test_rebuild_is_skipped_when_current(capsys):
-    from raytrain_eks.tokenizer_build import main
+    from devtools.tokenizer_build import main
 
     out = qwen_tokenizer_dir()
     before = (out / "tokenizer.json").stat().st_mtime_ns

@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.utils._pytree import tree_map
 
+from training import contract
 from training.checkpointing import signals
 from training.checkpointing.marker import FileEntry, describe_files, write_marker
 from training.checkpointing.state import TrainerState, checkpoint_state
@@ -258,4 +259,4 @@ def _in_ray_train() -> bool:
 
 def local_checkpoint_root() -> str:
     """Node-local scratch space for checkpoints before their upload (env overrides)."""
-    return os.environ.get("RAYTRAIN_CHECKPOINT_LOCAL_DIR", "/tmp/raytrain-checkpoints")
+    return os.environ.get(contract.ENV_CHECKPOINT_LOCAL_DIR, "/tmp/raytrain-checkpoints")

@@ -22,6 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from training import contract
+
 COMPLETE_MARKER = ".raytrain-complete.json"
 
 
@@ -118,7 +120,7 @@ def read_bytes(uri: str) -> bytes:
 
 def cache_root() -> Path:
     """Node-local cache: ``RAYTRAIN_CACHE_DIR`` or ``$TMPDIR/raytrain-eks-cache``."""
-    root = os.environ.get("RAYTRAIN_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "raytrain-eks-cache")
+    root = os.environ.get(contract.ENV_CACHE_DIR) or os.path.join(tempfile.gettempdir(), "raytrain-eks-cache")
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
-from raytrain_eks.registry import DIGEST_PATTERN
+from environment.contract import DIGEST_PATTERN
 
 from .history import PROMOTED, PromotionHistory
 

@@ -11,7 +11,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
-from raytrain_eks.registry import DIGEST_PATTERN, ImageLocation, resolve_digest
+from environment.contract import DIGEST_PATTERN
+
+from .registry import ImageLocation, resolve_digest
 
 from .history import TRIGGERED, PromotionHistory
 

@@ -3,9 +3,9 @@
 Pure Python (standard library + tomllib): importable by the CDK app, the cdk8s app, the CLI and
 the tests without pulling in aws_cdk, cdk8s, ray or torch (a test proves it).
 """
-from spec.instances import INSTANCE_TYPES, InstanceType
-from spec.loader import SpecError, environment_from_dict, load_environment
-from spec.model import Environment, GpuNodeGroupSpec, UnlockedImageWarning
+from environment.instances import INSTANCE_TYPES, InstanceType
+from environment.loader import SpecError, environment_from_dict, load_environment
+from environment.model import Environment, GpuNodeGroupSpec, UnlockedImageWarning
 
 __all__ = [
     "INSTANCE_TYPES", "InstanceType", "SpecError", "environment_from_dict", "load_environment",

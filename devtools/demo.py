@@ -130,8 +130,8 @@ def submit_and_follow(dashboard_url: str, submission_id: str, entrypoint: str, r
 def run_demo(args: argparse.Namespace) -> dict:
     from charts.manifests import read_rayjob
     from raytrain_eks.commands.summary import render as render_summary
-    from raytrain_eks.local_services import ray_head, s3_server
-    from spec import load_environment
+    from devtools.local_services import ray_head, s3_server
+    from environment import load_environment
 
     total = 7
     env_path = Path(args.env)
@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     except DemoError as err:
         print(f"\ndemo: {err}", file=sys.stderr)
         return 1
-    except Exception as err:  # user errors from spec/job config are one line too
-        from spec import SpecError
+    except Exception as err:  # user errors from environment/job config are one line too
+        from environment import SpecError
         from training.config import JobConfigError
         if isinstance(err, (SpecError, JobConfigError)):
             print(f"demo: error: {err}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Read environment.toml into :class:`spec.model.Environment`, refusing every user error with one
+"""Read environment.toml into :class:`environment.model.Environment`, refusing every user error with one
 line: ``<file>: <field>: <bad value> <what is allowed>``. Unknown keys are errors, so a typo is
 never silently ignored.
 """
@@ -10,8 +10,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
-from spec.instances import INSTANCE_TYPES, known_cpu_types, known_gpu_types
-from spec.model import (
+from environment.contract import CODE_PREFIX, DIGEST_PATTERN
+from environment.instances import INSTANCE_TYPES, known_cpu_types, known_gpu_types
+from environment.model import (
     ClusterSpec, Environment, GpuNodeGroupSpec, ImageSpec, PipelineSpec, RaySpec, StorageSpec,
     SystemNodeGroupSpec, VersionsSpec,
 )
@@ -180,7 +181,7 @@ def validate(env: Environment, ctx: _Ctx) -> None:
         raise ctx.fail("image.repository", im.repository, "is not registry/name (e.g. public.ecr.aws/deep-learning-containers/ray)")
     if not re.fullmatch(r"[\w][\w.-]{0,127}", im.tag):
         raise ctx.fail("image.tag", im.tag, "is not a valid image tag")
-    if im.digest and not re.fullmatch(r"sha256:[0-9a-f]{64}", im.digest):
+    if im.digest and not DIGEST_PATTERN.fullmatch(im.digest):
         raise ctx.fail("image.digest", im.digest, "is not sha256:<64 hex digits> (or empty until `raytrain-eks lock`)")
     if not re.fullmatch(r"\d+\.\d+\.\d+", im.ray_version):
         raise ctx.fail("image.ray_version", im.ray_version, "is not a Ray version (e.g. 2.58.0)")
@@ -195,9 +196,9 @@ def validate(env: Environment, ctx: _Ctx) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", ro) or ro == st.prefix:
             raise ctx.fail(f"storage.read_only_prefixes[{i}]", ro,
                            f"is not a top-level key prefix other than storage.prefix ({st.prefix!r})")
-    if "code" not in st.read_only_prefixes:
+    if CODE_PREFIX not in st.read_only_prefixes:
         raise ctx.fail("storage.read_only_prefixes", list(st.read_only_prefixes),
-                       "must include 'code' (the training code archive every RayJob reads)")
+                       f"must include {CODE_PREFIX!r} (the training code archive every RayJob reads)")
     if not 1 <= st.noncurrent_version_days <= 3650:
         raise ctx.fail("storage.noncurrent_version_days", st.noncurrent_version_days, "must be between 1 and 3650")
     r = env.ray

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from spec import SpecError, UnlockedImageWarning, environment_from_dict, load_environment
-from spec.instances import INSTANCE_TYPES
+from environment import SpecError, UnlockedImageWarning, environment_from_dict, load_environment
+from environment.instances import INSTANCE_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -178,10 +178,10 @@ def test_missing_and_malformed_files_are_one_line(tmp_path):
 def test_spec_imports_only_the_standard_library():
     """The spec must load where aws_cdk, cdk8s, ray and torch are absent (pure stdlib)."""
     code = (
-        "import sys; before = set(sys.modules); import spec; from spec import load_environment;"
+        "import sys; before = set(sys.modules); import environment; from environment import load_environment;"
         f"load_environment({str(ROOT / 'environment.toml')!r}).world_size;"
         "new = {m.split('.')[0] for m in set(sys.modules) - before};"
-        "third = sorted(m for m in new if m != 'spec' and m not in sys.stdlib_module_names and not m.startswith('_'));"
+        "third = sorted(m for m in new if m != 'environment' and m not in sys.stdlib_module_names and not m.startswith('_'));"
         "print(','.join(third))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -19,8 +19,6 @@ class InstanceType:
     gpu_model: str = ""
     gpu_memory_gib: int = 0
     """Memory of ONE GPU."""
-    gpu_bf16_tflops: float = 0.0
-    """Peak dense bf16 tensor TFLOP/s of ONE GPU (for MFU and step-time estimates)."""
     max_efa_interfaces: int = 0
     network_gbps: int = 0
     gpudirect_rdma: bool = False
@@ -32,28 +30,65 @@ class InstanceType:
     def is_gpu(self) -> bool:
         return self.gpus > 0
 
+    @property
+    def gpu_bf16_tflops(self) -> float:
+        """Peak dense bf16 tensor TFLOP/s of ONE GPU (for MFU and step-time estimates); 0 on CPU."""
+        return GPU_PEAK_BF16_TFLOPS.get(self.gpu_model, 0.0)
+
+
+# Peak dense (no sparsity) bf16 tensor-core TFLOP/s of ONE device, from NVIDIA's data sheets:
+# L4 121 (242 with sparsity); A10G 70 (AWS's A10G runs lower clocks than the A10's 125; the
+# 70 figure is the one MosaicML Composer and others use); A100 312; H100 SXM 989 (PCIe 756);
+# H200 989; L40S 362. The job gets its GPU's figure from its manifest; benchmarks match a
+# torch.cuda.get_device_name() with peak_bf16_tflops().
+GPU_PEAK_BF16_TFLOPS: dict[str, float] = {
+    "L4": 121.0,
+    "L40S": 362.0,
+    "A10G": 70.0,
+    "A100": 312.0,
+    "H100": 989.0,
+    "H100 PCIe": 756.0,
+    "H200": 989.0,
+}
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    """Peak bf16 TFLOP/s for a device name like ``"NVIDIA L4"`` or ``"L4"``; None if unknown (CPU).
+
+    Whole words are matched, so ``"NVIDIA L40S"`` is not an L4; the longest match wins.
+    """
+    words = device_name.replace("-", " ").upper().split()
+    best: tuple[int, float] | None = None
+    for key, value in GPU_PEAK_BF16_TFLOPS.items():
+        key_words = key.upper().split()
+        n = len(key_words)
+        if any(words[i:i + n] == key_words for i in range(len(words) - n + 1)):
+            if best is None or n > best[0]:
+                best = (n, value)
+    return best[1] if best else None
+
 
 INSTANCE_TYPES: dict[str, InstanceType] = {
     t.name: t
     for t in (
         # GPU types (EFA-capable sizes only: EFA is the point of this project).
         InstanceType(name="g6.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="L4",
-                     gpu_memory_gib=24, gpu_bf16_tflops=121.0, max_efa_interfaces=1,
+                     gpu_memory_gib=24, max_efa_interfaces=1,
                      network_gbps=40, hourly_usd_estimate=4.60),
         InstanceType(name="g6.48xlarge", vcpus=192, memory_gib=768, gpus=8, gpu_model="L4",
-                     gpu_memory_gib=24, gpu_bf16_tflops=121.0, max_efa_interfaces=1,
+                     gpu_memory_gib=24, max_efa_interfaces=1,
                      network_gbps=100, hourly_usd_estimate=13.35),
         InstanceType(name="g5.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="A10G",
-                     gpu_memory_gib=24, gpu_bf16_tflops=70.0, max_efa_interfaces=1,
+                     gpu_memory_gib=24, max_efa_interfaces=1,
                      network_gbps=40, hourly_usd_estimate=5.67),
         InstanceType(name="g5.48xlarge", vcpus=192, memory_gib=768, gpus=8, gpu_model="A10G",
-                     gpu_memory_gib=24, gpu_bf16_tflops=70.0, max_efa_interfaces=1,
+                     gpu_memory_gib=24, max_efa_interfaces=1,
                      network_gbps=100, hourly_usd_estimate=16.29),
         InstanceType(name="p4d.24xlarge", vcpus=96, memory_gib=1152, gpus=8, gpu_model="A100",
-                     gpu_memory_gib=40, gpu_bf16_tflops=312.0, max_efa_interfaces=4,
+                     gpu_memory_gib=40, max_efa_interfaces=4,
                      network_gbps=400, gpudirect_rdma=True, hourly_usd_estimate=21.96),
         InstanceType(name="p5.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H100",
-                     gpu_memory_gib=80, gpu_bf16_tflops=989.0, max_efa_interfaces=32,
+                     gpu_memory_gib=80, max_efa_interfaces=32,
                      network_gbps=3200, gpudirect_rdma=True, hourly_usd_estimate=55.04),
         # CPU types for the system node group (operator, Ray head, add-ons).
         InstanceType(name="m7i.xlarge", vcpus=4, memory_gib=16, network_gbps=12,

