@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
+from environment.addons import ADDONS_BY_KEY
 from environment.contract import CODE_PREFIX, DIGEST_PATTERN
 from environment.instances import INSTANCE_TYPES, known_cpu_types, known_gpu_types
 from environment.model import (
@@ -38,7 +39,7 @@ class _Ctx:
 
 
 _SECTIONS: dict[str, type] = {
-    "cluster": ClusterSpec, "system_node_group": SystemNodeGroupSpec, "versions": VersionsSpec,
+    "cluster": ClusterSpec, "system_node_group": SystemNodeGroupSpec,
     "image": ImageSpec, "storage": StorageSpec, "ray": RaySpec, "pipeline": PipelineSpec,
 }
 
@@ -71,9 +72,20 @@ def _section(ctx: _Ctx, cls: type, table: Any, prefix: str) -> Any:
     return cls(**{k: _typed(ctx, f"{prefix}.{k}", v, str(fields[k].type)) for k, v in table.items()})
 
 
+def _versions(ctx: _Ctx, table: Any) -> VersionsSpec:
+    """``[versions]``: one pinned chart version per add-on key of the add-on table."""
+    if not isinstance(table, dict):
+        raise ctx.fail("versions", table, "is not allowed (expected a table)")
+    for key, value in table.items():
+        if key not in ADDONS_BY_KEY:
+            raise ctx.fail(f"versions.{key}", key, f"is not a known add-on (known: {', '.join(sorted(ADDONS_BY_KEY))})")
+        _typed(ctx, f"versions.{key}", value, "str")
+    return VersionsSpec(charts=tuple(sorted(table.items())))
+
+
 def environment_from_dict(raw: Mapping[str, Any], source: str = "environment.toml") -> Environment:
     ctx = _Ctx(source)
-    known = set(_SECTIONS) | {"gpu_node_groups", "prices"}
+    known = set(_SECTIONS) | {"gpu_node_groups", "prices", "versions"}
     for key in raw:
         if key not in known:
             raise ctx.fail(key, key, f"is not a known section (known: {', '.join(sorted(known))})")
@@ -83,6 +95,8 @@ def environment_from_dict(raw: Mapping[str, Any], source: str = "environment.tom
     for key, cls in _SECTIONS.items():
         if key in raw:
             kwargs[key] = _section(ctx, cls, raw[key], key)
+    if "versions" in raw:
+        kwargs["versions"] = _versions(ctx, raw["versions"])
     groups = raw.get("gpu_node_groups", [])
     if not isinstance(groups, list) or not groups:
         raise ctx.fail("gpu_node_groups", groups, "must be a non-empty list of [[gpu_node_groups]] tables")
@@ -172,10 +186,9 @@ def validate(env: Environment, ctx: _Ctx) -> None:
         if g.capacity != "on-demand" and not re.fullmatch(r"cr-[0-9a-f]{17}", g.capacity_reservation_id):
             raise ctx.fail(f"{where}.capacity_reservation_id", g.capacity_reservation_id,
                            f"is not a capacity reservation id (cr- and 17 hex digits), required for {g.capacity}")
-    v = env.versions
-    for name in ("kuberay_operator", "nvidia_device_plugin", "efa_device_plugin"):
-        if not _SEMVER.fullmatch(getattr(v, name)):
-            raise ctx.fail(f"versions.{name}", getattr(v, name), "is not a pinned version (e.g. 1.7.0)")
+    for name, version in env.versions.charts:
+        if not _SEMVER.fullmatch(version):
+            raise ctx.fail(f"versions.{name}", version, "is not a pinned version (e.g. 1.7.0)")
     im = env.image
     if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?/[a-z0-9._/-]+", im.repository):
         raise ctx.fail("image.repository", im.repository, "is not registry/name (e.g. public.ecr.aws/deep-learning-containers/ray)")

@@ -11,6 +11,7 @@ import json
 import warnings
 from dataclasses import asdict, dataclass, field
 
+from environment.addons import ADDONS_BY_KEY
 from environment.instances import INSTANCE_TYPES, InstanceType, pod_cpu, pod_memory_gib
 
 from environment.contract import (  # noqa: F401  (re-exported for the node-group properties)
@@ -114,11 +115,20 @@ class GpuNodeGroupSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class VersionsSpec:
-    kuberay_operator: str = "1.7.0"
-    """Helm chart kuberay-operator (the CRDs in charts/imports are generated from the same tag)."""
-    nvidia_device_plugin: str = "0.20.0"
-    efa_device_plugin: str = "v0.5.32"
-    """Helm chart aws-efa-k8s-device-plugin (eks-charts)."""
+    """Pinned Helm chart versions, one per add-on of :data:`environment.addons.ADDONS`
+    (keyed by the add-on's ``key``); an add-on the file does not name keeps its default."""
+
+    charts: tuple[tuple[str, str], ...] = ()
+    """``(add-on key, version)`` pairs the file sets."""
+
+    def chart(self, key: str) -> str:
+        """The version of one add-on's chart."""
+        return dict(self.charts).get(key) or ADDONS_BY_KEY[key].default_version
+
+    def __getattr__(self, key: str) -> str:  # env.versions.kuberay_operator reads like a field
+        if key in ADDONS_BY_KEY:
+            return self.chart(key)
+        raise AttributeError(key)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

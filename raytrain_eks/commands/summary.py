@@ -11,6 +11,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def render(env) -> str:
     from environment import UnlockedImageWarning
+    from environment.addons import ADDONS
 
     c = env.cluster
     lines = [
@@ -35,9 +36,8 @@ def render(env) -> str:
     lines.append(f"image        {reference}  (Ray {env.image.ray_version}, Python {env.image.python_version})")
     if caught:
         lines.append(f"  WARNING    {caught[0].message}")
-    v = env.versions
-    lines.append(f"versions     KubeRay {v.kuberay_operator}, NVIDIA device plugin {v.nvidia_device_plugin},"
-                 f" EFA device plugin {v.efa_device_plugin}")
+    charts = ", ".join(f"{a.chart} {env.versions.chart(a.key)}" for a in ADDONS if a.enabled(env))
+    lines.append(f"add-ons      {charts}")
     lines.append(f"storage      {env.storage_uri}  (noncurrent versions kept {env.storage.noncurrent_version_days} d)")
     lines.append(f"pods         namespace {env.ray.namespace}, service account {env.ray.service_account}")
     lines.append(f"pipeline     {'on: ' + env.pipeline.repository + '@' + env.pipeline.branch if env.pipeline.enabled else 'off (no pipeline.connection_arn)'}")
