@@ -1,0 +1,163 @@
+"""The import direction between the repository's packages, enforced.
+
+Layers (lowest first):
+
+- ``environment``: the environment spec; the standard library only.
+- ``training``: the job that runs in the DLC; nothing of ``environment``, ``infra``, ``charts``,
+  the CLI or the developer tooling. Its ``config``, ``config_checks`` and ``contract`` modules
+  are standard-library only, because ``charts`` imports them.
+- ``charts``: may import ``environment`` and training's stdlib-only modules; never ``infra``,
+  the CLI or the developer tooling.
+- ``infra``: may import ``environment`` and itself; never ``charts``, ``training``, the CLI or
+  the developer tooling.
+- ``raytrain_eks`` (the operator CLI): everything but the developer tooling.
+- ``devtools`` (demo, local services, tokenizer builder), ``bench`` and ``tests``: anything.
+
+Every ``import`` counts, also one inside a function: a deferred import is still a dependency.
+An import inside ``try: ... except ImportError`` (a back-up import that hides a missing layer)
+is refused everywhere. A violation fails with ``file:line: what``.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("environment", "training", "charts", "infra", "raytrain_eks", "devtools")
+TRAINING_STDLIB_MODULES = ("training.config", "training.config_checks", "training.contract")
+ALLOWED: dict[str, set[str]] = {
+    "environment": {"environment"},
+    "training": {"training"},
+    "charts": {"charts", "environment", "training"},  # training: only its stdlib modules (below)
+    "infra": {"infra", "environment"},
+    "raytrain_eks": {"raytrain_eks", "environment", "training", "charts", "infra"},
+    "devtools": set(PACKAGES),
+}
+GENERATED = ("charts/imports/",)
+
+
+def _imported_modules(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:  # relative: resolve against this module's package
+            parts = module.split(".") if is_package else module.split(".")[:-1]
+            base = ".".join(parts[: len(parts) - node.level + 1])
+            target = f"{base}.{node.module}" if node.module else base
+        else:
+            target = node.module or ""
+        # `from training import contract` imports the module training.contract
+        return [f"{target}.{alias.name}" for alias in node.names] if target in PACKAGES else [target]
+    return []
+
+
+def _backup_import_lines(tree: ast.AST) -> set[int]:
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+                isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+                for h in node.handlers):
+            lines |= {n.lineno for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return lines
+
+
+def check_source(rel: str, source: str) -> list[str]:
+    """Violations of one file, as ``rel:line: message`` lines."""
+    package = rel.split("/", 1)[0]
+    if package not in ALLOWED or rel.startswith(GENERATED):
+        return []
+    module = rel.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+    tree = ast.parse(source, filename=rel)
+    backups = _backup_import_lines(tree)
+    problems = []
+    for node in ast.walk(tree):
+        for target in _imported_modules(node, module, rel.endswith("__init__.py")):
+            top = target.split(".")[0]
+            where = f"{rel}:{node.lineno}"
+            if node.lineno in backups:
+                problems.append(f"{where}: back-up import of {target} (an import that may fail hides a layer)")
+            if top in PACKAGES:
+                if top not in ALLOWED[package]:
+                    problems.append(f"{where}: {package} may not import {top} ({target})")
+                elif package == "charts" and top == "training" and not target.startswith(TRAINING_STDLIB_MODULES):
+                    problems.append(f"{where}: charts may import only {', '.join(TRAINING_STDLIB_MODULES)} of training"
+                                    f" ({target})")
+            elif (package == "environment" or module.startswith(TRAINING_STDLIB_MODULES)) and top and \
+                    top not in sys.stdlib_module_names and top != "__future__":
+                problems.append(f"{where}: {module} must import only the standard library ({target})")
+    return problems
+
+
+def repository_files() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {p: set() for p in PACKAGES}
+    for path in repository_files():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(GENERATED):
+            continue
+        package = rel.split("/", 1)[0]
+        module = rel.removesuffix(".py").replace("/", ".")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for target in _imported_modules(node, module, rel.endswith("__init__.py")):
+                top = target.split(".")[0]
+                if top in PACKAGES and top != package:
+                    graph[package].add(top)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_every_import_follows_the_layers():
+    problems = [p for path in repository_files()
+                for p in check_source(path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8"))]
+    assert problems == [], "\n" + "\n".join(problems)
+
+
+def test_the_package_graph_has_no_cycle():
+    graph = package_graph()
+    assert cycles(graph) == [], graph
+    # And the layers are what the rules say, not merely allowed: infra and charts never meet.
+    assert "charts" not in graph["infra"] and "infra" not in graph["charts"]
+
+
+def test_a_violation_is_reported_with_file_and_line():
+    # Each rule, broken once: the checker names the file, the line and the rule.
+    assert check_source("infra/stacks/x.py", "import os\nfrom charts.provenance import Provenance\n") == [
+        "infra/stacks/x.py:2: infra may not import charts (charts.provenance)"]
+    assert check_source("training/loop.py", "def f():\n    from environment import Environment\n") == [
+        "training/loop.py:2: training may not import environment (environment.Environment)"]
+    assert check_source("charts/jobs.py", "from training import loop\n") == [
+        "charts/jobs.py:1: charts may import only training.config, training.config_checks, training.contract "
+        "of training (training.loop)"]
+    assert check_source("charts/jobs.py", "from training import contract\nfrom training.config import JobConfig\n") == []
+    assert check_source("environment/model.py", "import yaml\n") == [
+        "environment/model.py:1: environment.model must import only the standard library (yaml)"]
+    assert check_source("training/contract.py", "import torch\n") == [
+        "training/contract.py:1: training.contract must import only the standard library (torch)"]
+    assert check_source("charts/main.py", "try:\n    import infra\nexcept ImportError:\n    infra = None\n") == [
+        "charts/main.py:2: back-up import of infra (an import that may fail hides a layer)",
+        "charts/main.py:2: charts may not import infra (infra)"]
+    assert check_source("raytrain_eks/cli.py", "from devtools import demo\n") == [
+        "raytrain_eks/cli.py:1: raytrain_eks may not import devtools (devtools.demo)"]
+    assert check_source("infra/lambdas/image_watcher/watcher.py", "from .registry import resolve_digest\n") == []
+    assert cycles({"a": {"b"}, "b": {"a"}}) and not cycles({"a": {"b"}, "b": set()})
