@@ -28,7 +28,7 @@ from typing import Any
 from charts.errors import ChartError
 from charts.provenance import short_hash
 from environment import Environment
-from training.config import JobConfig, JobConfigError, load_job_config
+from training.config import JobConfig, JobConfigError, load_job_config, read_job_file
 
 BUCKET_PLACEHOLDER = "{bucket}"
 MAX_RAYJOB_NAME = 47
@@ -92,16 +92,22 @@ def _placeholders(raw: dict[str, Any], bucket: str, prefix: str = "") -> list[st
     return found
 
 
-def plan_job(env: Environment, path: Path, root: Path) -> JobPlan:
-    """Resolve one job config file. ``root`` is the directory the job runs in (the archive's
-    root = the repository root) and must be the current directory: the config's relative paths
-    (data, tokenizer) are checked from there, as the job will resolve them."""
+def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str, ...] | list[str] = ()) -> JobPlan:
+    """Resolve one job config file against the environment: THE sizing of a job, used by the
+    charts (which synthesize it) and by the preflight (which checks it), so both see one shape.
+
+    ``root`` is the directory the job runs in (the archive's root = the repository root) and
+    must be the current directory: the config's relative paths (data, tokenizer) are checked
+    from there, as the job will resolve them. ``user_overrides`` (the preflight's ``--set``)
+    count as part of the file; the environment's overrides come after them and win."""
     if Path.cwd().resolve() != root.resolve():
         raise RuntimeError(f"plan_job must run in {root} (is in {Path.cwd()})")  # a bug in the caller
-    rel = path.resolve().relative_to(root.resolve()).as_posix()
+    resolved = path.resolve()
+    rel = resolved.relative_to(root.resolve()).as_posix() if resolved.is_relative_to(root.resolve()) else str(path)
+    user_overrides = list(user_overrides)
     try:
-        raw = tomllib.loads(Path(rel).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
+        raw = read_job_file(rel, user_overrides)
+    except JobConfigError:
         raw = None  # load_job_config below names the problem in one line
     # A GPU job is sized by the spec, so validate it at that size (e.g. hybrid_shard needs the
     # spec's >= 2 nodes; the file alone says nothing about nodes).
@@ -118,7 +124,7 @@ def plan_job(env: Environment, path: Path, root: Path) -> JobPlan:
             raise ChartError(f"{rel}: parallel.num_workers: {requested} must be a multiple of the GPUs per node: {where}")
         sizing = [f"parallel.num_workers={requested}", f"parallel.workers_per_node={group.gpus_per_node}"]
     try:
-        base = load_job_config(rel, sizing)
+        base = load_job_config(rel, user_overrides + sizing)
     except JobConfigError as err:
         raise ChartError(f"{err}{' (at the spec size: ' + ' '.join(sizing) + ')' if sizing else ''}") from None
     name = base.name
@@ -139,9 +145,9 @@ def plan_job(env: Environment, path: Path, root: Path) -> JobPlan:
                              f"({group.pod_cpu} CPUs on {group.instance_type})")
         replicas = 1
     overrides.append(f"checkpoint.storage_path={_toml_value(env.storage_uri)}")
-    overrides += _placeholders(raw, env.bucket_name)
+    overrides += _placeholders(raw or {}, env.bucket_name)
     try:
-        config = load_job_config(rel, overrides)
+        config = load_job_config(rel, user_overrides + overrides)
     except JobConfigError as err:  # e.g. a global batch the spec's world size cannot divide
         raise ChartError(f"{err} (with the spec's overrides: {' '.join(overrides)})") from None
     return JobPlan(name=name, config_path=rel, config=config, overrides=tuple(overrides),

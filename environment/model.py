@@ -11,7 +11,7 @@ import json
 import warnings
 from dataclasses import asdict, dataclass, field
 
-from environment.addons import ADDONS_BY_KEY
+from environment.addons import ADDONS, ADDONS_BY_KEY
 from environment.instances import INSTANCE_TYPES, InstanceType, pod_cpu, pod_memory_gib
 
 from environment.contract import (  # noqa: F401  (re-exported for the node-group properties)
@@ -241,6 +241,8 @@ class Environment:
     def to_dict(self) -> dict:
         out = asdict(self)
         out.pop("source")
+        # The versions in force, defaults included: naming a default explicitly changes nothing.
+        out["versions"] = {addon.key: self.versions.chart(addon.key) for addon in ADDONS}
         return out
 
     @property

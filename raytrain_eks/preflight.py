@@ -58,29 +58,6 @@ class Plan:
         return f"preflight refused {self.job.source}: {bad[0].message}" if bad else None
 
 
-def spec_overrides(env: Environment, job_path: str | Path, user_overrides: list[str]) -> list[str]:
-    """``--set`` overrides the charts add for the environment (charts/jobs.py does the same):
-    a GPU job that does not name its size gets the spec's world size and GPUs per node, and
-    ``{bucket}`` in a string becomes the spec's bucket. The user's own ``--set`` come last and win."""
-    import tomllib
-
-    raw = tomllib.loads(Path(job_path).read_text(encoding="utf-8"))
-    parallel = raw.get("parallel", {})
-    user_keys = {item.partition("=")[0].strip() for item in user_overrides}
-    use_gpu = parallel.get("use_gpu", False) or "parallel.use_gpu=true" in (o.replace(" ", "") for o in user_overrides)
-    out: list[str] = []
-    if use_gpu:
-        if "num_workers" not in parallel and "parallel.num_workers" not in user_keys:
-            out.append(f"parallel.num_workers={env.world_size}")
-        if "workers_per_node" not in parallel and "parallel.workers_per_node" not in user_keys:
-            out.append(f"parallel.workers_per_node={env.primary_gpu_group.gpus_per_node}")
-    for section, table in raw.items():
-        for key, value in (table.items() if isinstance(table, dict) else []):
-            if isinstance(value, str) and "{bucket}" in value:
-                out.append(f'{section}.{key}="{value.replace("{bucket}", env.bucket_name)}"')
-    return out + list(user_overrides)
-
-
 def installed_ray_version() -> str:
     from importlib import metadata
 

@@ -269,8 +269,9 @@ def job_config_from_dict(raw: Mapping[str, Any], source: str) -> JobConfig:
     return config
 
 
-def load_job_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
-    """Read, override (``section.key=value``) and validate a job config file."""
+def read_job_file(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The job config file as a table, with the ``section.key=value`` overrides applied, not yet
+    validated: what callers that size a job (the charts, the preflight) read first."""
     source = str(path)
     try:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
@@ -280,4 +281,9 @@ def load_job_config(path: str | Path, overrides: list[str] | None = None) -> Job
         raise JobConfigError(f"{source}: not valid TOML: {err}") from None
     for dotted, text in parse_overrides(overrides or [], source=f"{source} (--set)"):
         _set_dotted(raw, dotted, text, source)
-    return job_config_from_dict(raw, source)
+    return raw
+
+
+def load_job_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
+    """Read, override (``section.key=value``) and validate a job config file."""
+    return job_config_from_dict(read_job_file(path, overrides), str(path))

@@ -1,6 +1,6 @@
 """`raytrain-eks preflight`: check a job against the environment before any spend.
 
-A GPU job that does not name its size is sized to the spec's GPU group, as the charts do.
+A job is sized to the environment by the charts' own function (charts/jobs.py: plan_job).
 Checks world size vs GPUs, the image's Ray version vs the manifests' rayVersion (and the
 installed Ray for local jobs), EFA requested vs available, a per-GPU memory estimate with its
 breakdown, and the time per step, tokens per hour and cost of the run at a stated MFU. Prints
@@ -14,7 +14,7 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default="environment.toml", help="environment spec (default: %(default)s)")
-    parser.add_argument("--job", required=True, help="job config, e.g. jobs/finetune.toml")
+    parser.add_argument("--job", required=True, help="job config, e.g. jobs/finetune-qwen2.5-1.5b.toml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a job config field, e.g. --set train.seq_len=4096 (repeatable)")
     parser.add_argument("--dist", default="dist",
@@ -24,16 +24,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from raytrain_eks.preflight import DEFAULT_MFU, render, run_preflight, spec_overrides
+    from pathlib import Path
+
+    from charts.errors import ChartError
+    from charts.jobs import plan_job
     from environment import load_environment
-    from training.config import JobConfigError, load_job_config
+    from raytrain_eks.preflight import DEFAULT_MFU, render, run_preflight
 
     env = load_environment(args.env)
-    try:
-        overrides = spec_overrides(env, args.job, args.overrides)
-    except FileNotFoundError:
-        raise JobConfigError(f"{args.job}: file not found") from None
-    job = load_job_config(args.job, overrides)
+    try:  # the charts' own sizing: preflight checks exactly the shape they synthesize
+        job = plan_job(env, Path(args.job), Path.cwd(), user_overrides=args.overrides).config
+    except ChartError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         plan = run_preflight(env, job, dist_dir=args.dist, mfu=DEFAULT_MFU if args.mfu is None else args.mfu)
     except ValueError as err:

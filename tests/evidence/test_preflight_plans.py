@@ -38,7 +38,7 @@ def test_reference_8x_l4_plan_passes_with_breakdown_and_cost(capsys):
 def test_too_many_gpus_is_refused_in_one_line(capsys):
     code, _, err = preflight(capsys, "--set", "parallel.num_workers=16", "--set", "train.global_batch_size=32")
     assert code == 2
-    assert err.count("\n") == 1 and "num_workers = 16 needs 16 GPUs" in err and "has 8" in err
+    assert err.count("\n") == 1 and "parallel.num_workers: 16 asks for more GPUs" in err and "has 8" in err
 
 
 def test_full_shard_that_cannot_fit_on_l4_is_refused(capsys):
@@ -119,15 +119,15 @@ def test_shipped_job_configs_are_accepted(job, capsys, monkeypatch):
     assert "verdict    OK" in out
 
 
-@pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*.toml")) if (ROOT / "jobs").is_dir() else [])
-def test_preflight_sizes_jobs_exactly_as_the_charts_do(job, monkeypatch):
-    from charts.jobs import plan_job
-    from raytrain_eks.preflight import spec_overrides
+def test_preflight_checks_the_shape_the_charts_synthesize(capsys, tmp_path):
+    # Given a GPU job file that asks for 2 workers per node on 4-GPU nodes: the charts size
+    # every GPU job to the node's GPUs, so preflight must check 4 per node, not the file's 2.
+    job = tmp_path / "two-per-node.toml"
+    job.write_text(Path(REFERENCE).read_text().replace("workers_per_node = 4", "workers_per_node = 2"))
+    code, out, err = preflight(capsys, job=str(job))
+    assert code == 0, err
+    assert "parallel.workers_per_node = 4; a g6.12xlarge has 4 GPUs" in out
+    # And a user's --set goes through the same sizing: 4 workers = one node of the spec's group.
+    code, out, err = preflight(capsys, "--set", "parallel.num_workers=4", "--set", "train.global_batch_size=16", job=str(job))
+    assert code == 2 and "require_transport = 'efa' but the job spans 1 node" in err
 
-    monkeypatch.chdir(ROOT)
-    env = load_environment(ENV)
-    rel = job.relative_to(ROOT)
-    charts_config = plan_job(env, rel, ROOT).config
-    ours = load_job_config(rel, spec_overrides(env, rel, []))
-    assert ours.parallel == charts_config.parallel
-    assert ours.model.path == charts_config.model.path and ours.data.path == charts_config.data.path
