@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charts.provenance import Provenance, image_reference
-from environment import Environment
+from environment import Environment, GpuNodeGroupSpec
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE
 from training import contract
 
@@ -35,15 +35,20 @@ class ClusterShape:
     worker_grace_seconds: int
     """terminationGracePeriodSeconds of worker pods (the job's checkpoint grace + a margin)."""
     provenance: Provenance = field(default_factory=Provenance)
+    group_name: str = ""
+    """The GPU node group the workers run on (empty: the spec's primary group)."""
+
+    @property
+    def group(self) -> GpuNodeGroupSpec:
+        return self.env.gpu_group(self.group_name)
 
 
-def gpu_worker_env(env: Environment) -> list[dict[str, str]]:
+def gpu_worker_env(group: GpuNodeGroupSpec) -> list[dict[str, str]]:
     """NCCL/libfabric environment of GPU workers (facts.md: the DLC, the EKS docs, the sample).
 
     NCCL_DEBUG=INFO makes NCCL log the transport it selected: the evidence the transport gate
     reads. FI_EFA_USE_DEVICE_RDMA only where the instance has GPUDirect RDMA (not g5/g6).
     """
-    group = env.primary_gpu_group
     pairs = [("NCCL_DEBUG", "INFO"), ("NCCL_SOCKET_IFNAME", "eth0")]
     if group.efa_per_node:
         pairs += [("FI_PROVIDER", "efa"), ("NCCL_NET_PLUGIN", "ofi")]
@@ -52,10 +57,9 @@ def gpu_worker_env(env: Environment) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in pairs]
 
 
-def run_record_env(env: Environment) -> list[dict[str, str]]:
+def run_record_env(env: Environment, group: GpuNodeGroupSpec) -> list[dict[str, str]]:
     """What the job records about where it ran (training/run_record.py reads these), plus the
     bucket's region: the pod role may not call GetBucketLocation, so S3 clients must be told."""
-    group = env.primary_gpu_group
     pairs = [(contract.ENV_CLUSTER, env.cluster.name), (contract.ENV_REGION, env.cluster.region),
              (contract.ENV_INSTANCE_TYPE, group.instance_type),
              # MFU's denominator: the job never guesses its GPU's peak from a device name.
@@ -64,9 +68,8 @@ def run_record_env(env: Environment) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in pairs]
 
 
-def worker_resources(env: Environment) -> dict[str, str]:
+def worker_resources(group: GpuNodeGroupSpec) -> dict[str, str]:
     """Requests = limits of one GPU worker pod (Guaranteed QoS: never the first to be evicted)."""
-    group = env.primary_gpu_group
     resources = {"cpu": str(group.pod_cpu), "memory": f"{group.pod_memory_gib}Gi",
                  GPU_RESOURCE: str(group.gpus_per_node)}
     if group.efa_per_node:
@@ -91,7 +94,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     Charts turn it into typed bindings with :func:`charts.bindings.to_bindings`.
     """
     env = shape.env
-    group = env.primary_gpu_group
+    group = shape.group
     image = image_reference(env)
     volumes, mounts = _shm()
     metadata = {"labels": dict(shape.provenance.labels), "annotations": dict(shape.provenance.annotations)}
@@ -104,7 +107,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "image": image,
             "imagePullPolicy": "IfNotPresent",
             # The head never runs GPU work; "void" keeps the NVIDIA runtime from exposing any.
-            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *run_record_env(env)],
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *run_record_env(env, group)],
             "resources": {"requests": head_resources(env), "limits": head_resources(env)},
             "volumeMounts": mounts,
         }],
@@ -120,8 +123,8 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "name": RAY_CONTAINER_WORKER,
             "image": image,
             "imagePullPolicy": "IfNotPresent",
-            "env": [*gpu_worker_env(env), *run_record_env(env)],
-            "resources": {"requests": worker_resources(env), "limits": worker_resources(env)},
+            "env": [*gpu_worker_env(group), *run_record_env(env, group)],
+            "resources": {"requests": worker_resources(group), "limits": worker_resources(group)},
             "volumeMounts": mounts,
         }],
     }

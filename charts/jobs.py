@@ -5,7 +5,7 @@ a config that synthesizes is one the job accepts. The chart adds ``--set`` overr
 facts that belong to the environment, never to the file:
 
 - GPU jobs (``parallel.use_gpu = true`` in the file): the world size and workers per node come
-  from the spec's primary GPU group. A file may ask for FEWER workers (``parallel.num_workers``,
+  from the spec's GPU group the job names (``parallel.node_group``; empty: the first group). A file may ask for FEWER workers (``parallel.num_workers``,
   a multiple of the GPUs per node); asking for more GPUs than the group has fails synth.
 - CPU jobs (the embedded ``local`` default): keep their own worker count; all of them must fit
   in one worker pod's CPUs.
@@ -48,6 +48,8 @@ class JobPlan:
     """``key=value`` items, each passed as ``--set ITEM``."""
     worker_replicas: int
     """Worker pods of the job's own cluster."""
+    node_group: str
+    """The GPU node group its workers run on."""
 
     @property
     def uses_gpu(self) -> bool:
@@ -111,14 +113,21 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
         raw = None  # load_job_config below names the problem in one line
     # A GPU job is sized by the spec, so validate it at that size (e.g. hybrid_shard needs the
     # spec's >= 2 nodes; the file alone says nothing about nodes).
-    gpu_job = isinstance(raw, dict) and raw.get("parallel", {}).get("use_gpu") is True
-    group = env.primary_gpu_group
-    where = (f"the spec's GPU group {group.name!r} has {env.world_size} = {group.desired_nodes} nodes x "
+    parallel = raw.get("parallel", {}) if isinstance(raw, dict) else {}
+    gpu_job = isinstance(parallel, dict) and parallel.get("use_gpu") is True
+    group_name = parallel.get("node_group", "") if isinstance(parallel, dict) else ""
+    try:
+        group = env.gpu_group(group_name if isinstance(group_name, str) else "")
+    except KeyError:
+        known = ", ".join(g.name for g in env.gpu_node_groups)
+        raise ChartError(f"{rel}: parallel.node_group: {group_name!r} is not a GPU node group of {env.source} "
+                         f"(known: {known})") from None
+    where = (f"the spec's GPU group {group.name!r} has {group.world_size} = {group.desired_nodes} nodes x "
              f"{group.gpus_per_node} GPUs ({group.instance_type}, {env.source})")
     sizing: list[str] = []
     if gpu_job:
-        requested = raw.get("parallel", {}).get("num_workers", env.world_size)
-        if isinstance(requested, int) and requested > env.world_size:
+        requested = parallel.get("num_workers", group.world_size)
+        if isinstance(requested, int) and requested > group.world_size:
             raise ChartError(f"{rel}: parallel.num_workers: {requested} asks for more GPUs than the cluster has: {where}")
         if isinstance(requested, int) and requested % group.gpus_per_node:
             raise ChartError(f"{rel}: parallel.num_workers: {requested} must be a multiple of the GPUs per node: {where}")
@@ -151,7 +160,7 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
     except JobConfigError as err:  # e.g. a global batch the spec's world size cannot divide
         raise ChartError(f"{err} (with the spec's overrides: {' '.join(overrides)})") from None
     return JobPlan(name=name, config_path=rel, config=config, overrides=tuple(overrides),
-                   worker_replicas=replicas)
+                   worker_replicas=replicas, node_group=group.name)
 
 
 def plan_jobs(env: Environment, jobs_dir: Path, root: Path) -> list[JobPlan]:

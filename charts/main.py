@@ -66,7 +66,7 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT) -> SynthResult:
     target = cluster_name(env)
     for plan in plans:
         RayJobChart(app, rayjob_chart_name(plan.name), env=env, plan=plan, code=code)
-        if plan.uses_gpu:
+        if plan.uses_gpu and plan.node_group == env.primary_gpu_group.name:  # the RayCluster's own group
             RayJobChart(app, rayjob_chart_name(plan.name, on_cluster=True), env=env, plan=plan,
                         code=code, on_cluster=target)
     app.synth()

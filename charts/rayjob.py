@@ -66,7 +66,7 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, provenance: P
     else:
         shape = ClusterShape(env=env, worker_replicas=plan.worker_replicas,
                              worker_grace_seconds=plan.grace_seconds + GRACE_MARGIN_SECONDS,
-                             provenance=provenance)
+                             provenance=provenance, group_name=plan.node_group)
         spec |= {
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": limits.ttl_seconds_after_finished,

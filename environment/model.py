@@ -218,6 +218,15 @@ class Environment:
         """The group the RayCluster's GPU workers and the default jobs run on."""
         return self.gpu_node_groups[0]
 
+    def gpu_group(self, name: str = "") -> GpuNodeGroupSpec:
+        """The GPU group called ``name`` (empty: the primary group); KeyError if there is none."""
+        if not name:
+            return self.primary_gpu_group
+        for group in self.gpu_node_groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
+
     @property
     def world_size(self) -> int:
         return self.primary_gpu_group.world_size

@@ -88,17 +88,17 @@ def _check_world(env: Environment, job: JobConfig) -> list[Check]:
         need = p.num_workers * p.cpus_per_worker
         return [Check(name="world size", ok=need <= cpus,
                       message=f"parallel.num_workers x cpus_per_worker = {need:g} CPUs; this machine has {cpus}")]
-    g = env.primary_gpu_group
+    g = env.gpu_group(job.parallel.node_group)
     shape = f"{g.desired_nodes} x {g.instance_type} ({g.world_size} {g.instance.gpu_model} GPUs)"
-    checks = [Check(name="world size", ok=p.num_workers <= env.world_size,
+    checks = [Check(name="world size", ok=p.num_workers <= g.world_size,
                     message=f"parallel.num_workers = {p.num_workers} needs {p.num_workers} GPUs; "
-                            f"gpu group {g.name!r} has {env.world_size}: {shape}")]
+                            f"gpu group {g.name!r} has {g.world_size}: {shape}")]
     checks.append(Check(name="workers per node", ok=p.workers_per_node <= g.gpus_per_node,
                         message=f"parallel.workers_per_node = {p.workers_per_node}; a {g.instance_type} has "
                                 f"{g.gpus_per_node} GPUs"))
-    if p.workers_per_node < g.gpus_per_node or p.num_workers < env.world_size:
+    if p.workers_per_node < g.gpus_per_node or p.num_workers < g.world_size:
         checks.append(Check(name="idle GPUs", ok=True, note=True,
-                            message=f"the job uses {p.num_workers} of {env.world_size} GPUs you pay for"))
+                            message=f"the job uses {p.num_workers} of {g.world_size} GPUs you pay for"))
     return checks
 
 
@@ -124,7 +124,7 @@ def _check_ray(env: Environment, job: JobConfig, dist_dir: str | Path, installed
 
 def _check_transport(env: Environment, job: JobConfig) -> list[Check]:
     require = job.evidence.require_transport
-    g = env.primary_gpu_group
+    g = env.gpu_group(job.parallel.node_group)
     if not job.parallel.use_gpu:
         ok = require in ("any", "single-node")
         return [Check(name="transport", ok=ok, message=f"evidence.require_transport = {require!r}"
@@ -164,7 +164,7 @@ def _network_bytes_per_node(job: JobConfig, num_params: int, param_bytes: int, s
 
 
 def _estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, mfu: float) -> dict:
-    g = env.primary_gpu_group
+    g = env.gpu_group(job.parallel.node_group)
     peak = g.instance.gpu_bf16_tflops
     per_token = flops.training_flops_per_token(shapes, job.train.seq_len)
     per_step = per_token * job.tokens_per_step
@@ -206,7 +206,7 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     if not job.parallel.use_gpu:
         plan.checks.append(Check(name="memory", ok=True, note=True, message="local CPU job: no GPU memory to check"))
         return plan
-    g = env.primary_gpu_group
+    g = env.gpu_group(job.parallel.node_group)
     plan.memory = estimate_for_job(job, shapes)
     usable = usable_bytes(g.instance.gpu_memory_gib)
     m = plan.memory
@@ -235,7 +235,7 @@ def render(plan: Plan) -> str:
         for name, value in m.rows():
             lines.append(f"  {name:<30} {value / GIB:7.2f} GiB")
         lines.append(f"  {'total':<30} {m.total / GIB:7.2f} GiB  (+10% fragmentation: {m.required / GIB:.2f} GiB; "
-                     f"usable {usable_bytes(env.primary_gpu_group.instance.gpu_memory_gib) / GIB:.2f} GiB)")
+                     f"usable {usable_bytes(env.gpu_group(job.parallel.node_group).instance.gpu_memory_gib) / GIB:.2f} GiB)")
         lines.append(f"  activations without / with checkpointing: {m.activations_without_checkpointing / GIB:.2f} / "
                      f"{m.activations_with_checkpointing / GIB:.2f} GiB")
     if plan.estimate:

@@ -82,6 +82,9 @@ class ParallelConfig:
     workers_per_node: int = 1
     """GPUs (workers) per node; the hybrid mesh shards inside a node and replicates across."""
     use_gpu: bool = False
+    node_group: str = ""
+    """The environment's GPU node group a GPU job runs on (``[[gpu_node_groups]] name``); empty =
+    the first group. The charts and the preflight size the job to it."""
     cpus_per_worker: float = 1.0
     activation_checkpointing: bool = False
     compile: bool = False

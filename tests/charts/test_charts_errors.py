@@ -107,7 +107,7 @@ def test_entrypoint_is_shell_safe_and_round_trips():
     cfg = load_job_config(ROOT / "jobs" / "smoke.toml")
     plan = JobPlan(name="smoke", config_path="jobs/smoke.toml", config=cfg,
                    overrides=(f"checkpoint.storage_path={_toml_value(hostile)}", "parallel.use_gpu=true"),
-                   worker_replicas=1)
+                   worker_replicas=1, node_group="gpu")
     argv = shlex.split(plan.entrypoint)
     assert argv == ["python", "-m", "training", "--config", "jobs/smoke.toml",
                     "--set", f"checkpoint.storage_path={hostile}", "--set", "parallel.use_gpu=true"]
