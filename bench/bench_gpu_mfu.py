@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from environment.instances import peak_bf16_tflops  # noqa: E402
 
-# Qwen2.5-1.5B (facts.md): 28 layers, hidden 1536, intermediate 8960, 12/2 heads, tied embeddings.
+# Qwen2.5-1.5B (its config.json): 28 layers, hidden 1536, intermediate 8960, 12/2 heads, tied embeddings.
 QWEN2_5_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                     num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)

@@ -22,7 +22,8 @@ def tiny_qwen2():
 def ray_cluster():
     """One local Ray cluster for the whole session (4 logical CPUs; no dashboard)."""
     ray = pytest.importorskip("ray")
-    # Each ray.train.report waits for a controller poll (pitfalls.md): poll fast in tests.
+    # Each ray.train.report waits for a controller poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by
+    # default): poll fast in tests.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
     if not ray.is_initialized():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,

@@ -20,7 +20,7 @@ Fixtures:
 - ``s3_bucket`` (session): the bucket ``raytrain-test`` created on that server; yields
   ``s3://raytrain-test``. Tests put their runs under a unique prefix (``tmp_path.name``).
 
-moto keeps objects in memory for the whole session: keep models tiny (pitfalls.md).
+moto keeps objects in memory for the whole session: keep models tiny.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 # Special ids that fit a small vocabulary (a Qwen2Config with the real ids 151643.. and a small
-# vocab fails: "Padding_idx must be within num_embeddings", pitfalls.md).
+# vocab fails: "Padding_idx must be within num_embeddings").
 TINY_VOCAB = 512
 
 

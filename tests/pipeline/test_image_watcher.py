@@ -25,7 +25,7 @@ from oci_registry import free_port
 NAME = "deep-learning-containers/ray"
 BUCKET = "raytrain-smoke-records"
 SMOKE = f"s3://{BUCKET}/runs/smoke-1/run.json"
-# Real NCCL INFO lines (facts.md): what an EFA run and a silent TCP fall-back print.
+# Real NCCL INFO lines (aws-ofi-nccl 1.20 on EFA; NCCL socket fall-back): what an EFA run and a silent TCP fall-back print.
 EFA_LINES = ["NET/OFI Selected provider is efa, fabric is efa (found 1 nics)",
              "Channel 00/0 : 0[0] -> 4[0] [send] via NET/Libfabric/0"]
 SOCKET_LINES = ["Using network Socket", "Channel 00/0 : 0[0] -> 4[0] [send] via NET/Socket/0"]

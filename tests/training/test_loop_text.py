@@ -1,6 +1,6 @@
 """On real text the loop learns: the demo corpus, the real Qwen2.5 tokenizer, the full 151,936 vocab.
 
-The one full-vocabulary training test (pitfalls.md: the output layer dominates a tiny model's
+The one full-vocabulary training test (the output layer dominates a tiny model's
 compute). One plain process runs the same loop the Ray workers run; the 2-worker equivalence is
 proven in test_loop.py and test_parallel.py.
 """

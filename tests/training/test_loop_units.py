@@ -109,7 +109,7 @@ def test_entry_point_refuses_bad_jobs_in_one_line(tmp_path, capsys, overrides, e
 
 
 def test_entry_point_reads_max_positions_from_the_model_directory(tmp_path, capsys):
-    # Given a model directory whose config.json says 128 positions (never assumed: facts.md)
+    # Given a model directory whose config.json says 128 positions (never assumed)
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 128}))
