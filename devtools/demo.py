@@ -12,7 +12,9 @@ What it does, in order (each step prints a header):
 6. submits the ``local`` RayJob's OWN entrypoint and runtimeEnvYAML, read from the synthesized
    manifest (not a copy), with ``ray job submit`` — what KubeRay's submitter does on EKS;
 7. copies the run directory (run.json, metrics, checkpoints' index) out of the bucket, renders
-   the report (Markdown + PNG) and prints where everything is, with eval before/after.
+   the report (Markdown + PNG) and prints where everything is, with eval before/after, and the
+   job's Prometheus metrics as the node's metrics endpoint served them during the run (scraped
+   every 2 s, as Prometheus scrapes the Ray pods on EKS), beside metrics.jsonl.
 Everything it started is stopped on exit, also on Ctrl-C or failure.
 
 ``--fault`` (``make demo FAULT=1``) makes one worker die mid-run (through the training
@@ -131,6 +133,7 @@ def run_demo(args: argparse.Namespace) -> dict:
     from charts.manifests import read_rayjob
     from raytrain_eks.commands.summary import render as render_summary
     from devtools.local_services import ray_head, s3_server
+    from devtools.metrics_scrape import Watcher
     from environment import load_environment
 
     total = 7
@@ -172,20 +175,37 @@ def run_demo(args: argparse.Namespace) -> dict:
             worker_env.update(RAYTRAIN_FAULT_AT_STEP=str(FAULT_STEP), RAYTRAIN_FAULT_RANK="1")
         _header(5, total, "local Ray head on 127.0.0.1")
         with ray_head(num_cpus=4, env=worker_env, keep_logs=out_dir / "ray-logs") as head:
-            print(f"    dashboard {head.dashboard_url}")
+            print(f"    dashboard {head.dashboard_url}, metrics {head.metrics_url}")
             _header(6, total, f"ray job submit: the '{job.name}' RayJob's own entrypoint and runtimeEnvYAML ({manifest.relative_to(ROOT)})")
             print(f"    entrypoint: {job.entrypoint}", flush=True)
             if args.fault:
                 print(f"    FAULT: rank 1 dies after step {FAULT_STEP}; Ray Train restarts the workers from the last checkpoint")
             submission_id = f"{job.name}-{int(time.time())}"
-            returncode = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint, job.runtime_env_yaml)
+            # Scrape the node's metrics endpoint while the job runs, as Prometheus does on EKS.
+            with Watcher(head.metrics_url) as watcher:
+                returncode = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint, job.runtime_env_yaml)
             info = _job_info(head.dashboard_url, submission_id)
             _header(7, total, "results")
             out_dir.mkdir(parents=True, exist_ok=True)
             _download_run(s3.client_env, run_uri, out_dir)
+            _print_scrape(watcher, out_dir)
             if returncode != 0:
                 raise DemoError(f"the job did not succeed ({info['status']}); its records are in {out_dir}")
     return _finish(out_dir, info, job)
+
+
+def _print_scrape(watcher, out_dir: Path) -> None:
+    """The job's metrics as the node's endpoint served them (last scrape), beside metrics.jsonl;
+    the last scrape is also kept as ``metrics-scrape.json``."""
+    from devtools.metrics_scrape import report
+
+    metrics_file = out_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] \
+        if metrics_file.is_file() else []
+    print("    Prometheus metrics " + "\n    ".join(report(watcher, rows)))
+    (out_dir / "metrics-scrape.json").write_text(json.dumps(
+        {rank: {name: {"labels": s.labels, "value": s.value} for name, s in series.items()}
+         for rank, series in watcher.last.items()}, indent=2, sort_keys=True) + "\n")
 
 
 def _job_info(dashboard_url: str, submission_id: str) -> dict:

@@ -3,9 +3,9 @@
 - :func:`s3_server`: moto's S3-compatible server (in memory) standing in for the checkpoint
   bucket. It speaks the real S3 HTTP protocol, so boto3, pyarrow and Ray's own S3 download of
   the code archive are the real clients.
-- :func:`ray_head`: a real local Ray head (`ray start --head --block`) with the dashboard on
-  loopback, so jobs go through the real `ray job submit` path, exactly as KubeRay's submitter
-  does on EKS.
+- :func:`ray_head`: a real local Ray head (`ray start --head --block`) with the dashboard and
+  the metrics endpoint on loopback, so jobs go through the real `ray job submit` path, exactly
+  as KubeRay's submitter does on EKS, and export their metrics as they do there.
 
 Both run in their own process group under a unique temp dir; on exit (normal, error, Ctrl-C)
 the group is terminated and any process still naming that temp dir is killed, so nothing is
@@ -30,10 +30,19 @@ from typing import Iterator
 LOOPBACK = "127.0.0.1"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
+def free_port(minimum: int = 0) -> int:
+    """A free loopback port, at least ``minimum``."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind((LOOPBACK, 0))
+            port = sock.getsockname()[1]
+        if port >= minimum:
+            return port
+    raise RuntimeError(f"no free port >= {minimum} on {LOOPBACK}")
+
+
+METRICS_PORT_MINIMUM = 20000
+"""Ray refuses a metrics export port inside its worker port range (10002-19999 by default)."""
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None, what: str) -> None:
@@ -126,6 +135,8 @@ class RayHead:
     gcs_address: str
     dashboard_url: str
     temp_dir: str
+    metrics_url: str = ""
+    """The node's Prometheus endpoint (Ray's metrics agent): Ray's metrics and the job's."""
 
 
 @contextlib.contextmanager
@@ -136,8 +147,10 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
     gcs_port, dash_port = free_port(), free_port()
     # Our own ports for every listener, so a test's Ray cluster on the same machine never clashes.
     agent_ports = {flag: free_port() for flag in (
-        "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
+        "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
         "--runtime-env-agent-port", "--ray-client-server-port")}
+    # The node's metrics agent (what Prometheus scrapes on EKS), on loopback like everything else.
+    agent_ports["--metrics-export-port"] = free_port(METRICS_PORT_MINIMUM)
     # Loopback only, so no token auth. On a busy 2-core machine the dashboard's module
     # processes can take longer than Ray's default 30 s to come up; give them time.
     child_env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
@@ -159,7 +172,8 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
             raise RuntimeError(f"ray start failed (exit {proc.returncode}); see {keep_logs or temp_dir}")
         dashboard = f"http://{LOOPBACK}:{dash_port}"
         _wait_http(f"{dashboard}/api/version", 360, None, "Ray head")
-        yield RayHead(gcs_address=f"{LOOPBACK}:{gcs_port}", dashboard_url=dashboard, temp_dir=temp_dir)
+        yield RayHead(gcs_address=f"{LOOPBACK}:{gcs_port}", dashboard_url=dashboard, temp_dir=temp_dir,
+                      metrics_url=f"http://{LOOPBACK}:{agent_ports['--metrics-export-port']}/metrics")
     finally:
         _kill_group(proc, marker=temp_dir)
         log.close()

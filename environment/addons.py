@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from environment import observability
 from environment.contract import EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, NODE_ROLE_LABEL
 
 if TYPE_CHECKING:  # the model imports this table; only type checkers need the reverse
@@ -36,6 +37,10 @@ def _no_values(env: "Environment") -> dict[str, Any]:
     return {}
 
 
+def _no_manifests(env: "Environment") -> list[dict[str, Any]]:
+    return []
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HelmAddon:
     """One Helm chart the cluster runs."""
@@ -53,6 +58,12 @@ class HelmAddon:
     """Whether this environment installs it (e.g. the EFA plugin only where a group has EFA)."""
     values: Callable[["Environment"], dict[str, Any]] = field(default=_no_values)
     """The chart values, derived from the environment."""
+    requires: tuple[str, ...] = ()
+    """Keys of add-ons installed before this one (e.g. the CRDs its objects use)."""
+    manifests: Callable[["Environment"], list[dict[str, Any]]] = field(default=_no_manifests)
+    """Kubernetes objects applied after the chart (e.g. dashboards as ConfigMaps: the chart's
+    own extra-objects value runs every string through Helm's template engine, which breaks
+    Grafana's ``{{label}}`` legends)."""
 
 
 def _nvidia_values(env: "Environment") -> dict[str, Any]:
@@ -76,6 +87,34 @@ def _efa_values(env: "Environment") -> dict[str, Any]:
     }
 
 
+def _observed(env: "Environment") -> bool:
+    return env.observability.enabled
+
+
+def _dcgm_values(env: "Environment") -> dict[str, Any]:
+    return {
+        # On the GPU nodes only (the chart's default tolerates only control-plane nodes).
+        "affinity": node_affinity(NODE_ROLE_LABEL, "gpu"), "tolerations": [GPU_TOLERATION],
+        # Found by the Prometheus of the stack (it selects monitors labelled with its release);
+        # honorLabels keeps the exporter's pod/namespace labels: the Ray pod holding each GPU.
+        "serviceMonitor": {"enabled": True, "honorLabels": True,
+                           "additionalLabels": {"release": observability.PROMETHEUS_RELEASE}},
+    }
+
+
+def _prometheus_values(env: "Environment") -> dict[str, Any]:
+    return {
+        # No alert receivers are configured: an Alertmanager would only take system-node memory.
+        "alertmanager": {"enabled": False},
+        "prometheus": {"additionalPodMonitors": observability.ray_pod_monitors(env.ray.namespace)},
+        # Dashboards come as labelled ConfigMaps (the entry's manifests) through Grafana's
+        # sidecar, which the chart enables by default; the admin password is generated into
+        # a Secret (never in the template): see the README.
+        "grafana": {"sidecar": {"dashboards": {"enabled": True, "label": observability.DASHBOARD_LABEL,
+                                               "labelValue": "1", "searchNamespace": "ALL"}}},
+    }
+
+
 ADDONS: tuple[HelmAddon, ...] = (
     HelmAddon(key="nvidia_device_plugin", repository="https://nvidia.github.io/k8s-device-plugin",
               chart="nvidia-device-plugin", release="nvidia-device-plugin", namespace="kube-system",
@@ -87,6 +126,14 @@ ADDONS: tuple[HelmAddon, ...] = (
               chart="kuberay-operator", release="kuberay-operator", namespace="kuberay-system",
               default_version="1.7.0", create_namespace=True,
               values=lambda env: {"nodeSelector": dict(SYSTEM_NODES)}),
+    HelmAddon(key="kube_prometheus_stack", repository="https://prometheus-community.github.io/helm-charts",
+              chart="kube-prometheus-stack", release=observability.PROMETHEUS_RELEASE,
+              namespace=observability.MONITORING_NAMESPACE, default_version="88.5.3", create_namespace=True, enabled=_observed,
+              values=_prometheus_values, manifests=lambda env: observability.dashboard_config_maps(observability.MONITORING_NAMESPACE)),
+    HelmAddon(key="dcgm_exporter", repository="https://nvidia.github.io/dcgm-exporter/helm-charts",
+              chart="dcgm-exporter", release="dcgm-exporter", namespace=observability.MONITORING_NAMESPACE, create_namespace=True,
+              default_version="4.8.2", enabled=_observed, values=_dcgm_values,
+              requires=("kube_prometheus_stack",)),  # its ServiceMonitor needs the stack's CRDs
 )
 """Every add-on, in install order."""
 

@@ -39,3 +39,16 @@ the pod role must be able to read it."""
 
 # --- image digests (spec validation, lock, the image watcher) -------------------------------
 DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
+
+# --- Ray pods as Prometheus targets (the add-on table scrapes them; network policies admit it) --
+RAY_METRICS_PORT = 8080
+"""Port of Ray's metrics agent in every Ray pod: KubeRay v1.7.0 passes
+``--metrics-export-port=8080`` and adds a container port named :data:`RAY_METRICS_PORT_NAME`
+to the head and every worker (ray-operator/controllers/ray/common/pod.go). The manifests do
+not declare it themselves: a head container that declares ANY port loses KubeRay's default head
+Service ports (GCS, dashboard, client; common/service.go getServicePorts)."""
+RAY_METRICS_PORT_NAME = "metrics"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+"""KubeRay's pod label: ``head`` or ``worker``."""
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+"""KubeRay's pod label: the RayCluster's name."""

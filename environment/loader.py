@@ -14,8 +14,8 @@ from environment.addons import ADDONS_BY_KEY
 from environment.contract import CODE_PREFIX, DIGEST_PATTERN
 from environment.instances import INSTANCE_TYPES, known_cpu_types, known_gpu_types
 from environment.model import (
-    ClusterSpec, Environment, GpuNodeGroupSpec, ImageSpec, PipelineSpec, RaySpec, StorageSpec,
-    SystemNodeGroupSpec, VersionsSpec,
+    ClusterSpec, Environment, GpuNodeGroupSpec, ImageSpec, ObservabilitySpec, PipelineSpec, RaySpec,
+    StorageSpec, SystemNodeGroupSpec, VersionsSpec,
 )
 
 KUBERNETES_VERSIONS = tuple(f"1.{minor}" for minor in range(25, 37))
@@ -41,6 +41,7 @@ class _Ctx:
 _SECTIONS: dict[str, type] = {
     "cluster": ClusterSpec, "system_node_group": SystemNodeGroupSpec,
     "image": ImageSpec, "storage": StorageSpec, "ray": RaySpec, "pipeline": PipelineSpec,
+    "observability": ObservabilitySpec,
 }
 
 

@@ -200,6 +200,15 @@ class PipelineSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ObservabilitySpec:
+    """Prometheus, Grafana and the GPU exporter (add-ons of :mod:`environment.addons`)."""
+
+    enabled: bool = True
+    """Install the DCGM exporter and kube-prometheus-stack (Prometheus scraping the Ray pods,
+    DCGM and the node exporter; Grafana with this repository's dashboards)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Environment:
     cluster: ClusterSpec
     system_node_group: SystemNodeGroupSpec = field(default_factory=SystemNodeGroupSpec)
@@ -209,6 +218,7 @@ class Environment:
     storage: StorageSpec = field(default_factory=StorageSpec)
     ray: RaySpec = field(default_factory=RaySpec)
     pipeline: PipelineSpec = field(default_factory=PipelineSpec)
+    observability: ObservabilitySpec = field(default_factory=ObservabilitySpec)
     prices: tuple[tuple[str, float], ...] = ()
     """On-demand USD/hour overrides of the instance table's estimates."""
     source: str = "environment.toml"

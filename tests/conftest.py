@@ -25,8 +25,12 @@ def ray_cluster():
     # Each ray.train.report waits for a controller poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by
     # default): poll fast in tests.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    # Workers push their metrics to the node's agent every 10 s by default: a short test run
+    # could end between two pushes. Set before ray.init so every Ray process inherits it.
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
     if not ray.is_initialized():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}})
+                 runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+                                           "RAY_metrics_report_interval_ms": "1000"}})
     yield ray
     ray.shutdown()

@@ -9,6 +9,7 @@ What lives here:
 
 - the ``RAYTRAIN_*`` environment variables the manifests set and the job reads;
 - the keys of ``metrics.jsonl`` rows and of ``run.json``;
+- the Prometheus metrics the job exports and their label keys;
 - the one definition of a steady-state throughput figure (median over the steps, the first
   excluded), used by the loop's run.json summary and by the report;
 - the code tree hash: which files travel to the pods and how their content is hashed, used by
@@ -81,6 +82,62 @@ EVAL_PERPLEXITY = "eval_perplexity"
 THROUGHPUT_KEYS = (TOKENS_PER_S, TOKENS_PER_S_PER_DEVICE, TFLOPS_PER_DEVICE, MFU, STEP_TIME_S)
 """Figures summarised by :func:`steady_median` (run.json ``throughput`` and the report)."""
 STEPS_MEASURED = "steps_measured"
+
+# --- Prometheus metrics the job exports (ray.util.metrics, served by Ray's metrics agent) ----
+# Gauges, one series per rank. Ray's exporter prefixes every user metric with ``ray_``: the
+# dashboards query ``PROMETHEUS_PREFIX + name``. No step label: one series per rank, not per step.
+PROMETHEUS_PREFIX = "ray_"
+LABEL_RUN = "run"
+"""The run name (``<storage_path>/<run>`` holds its checkpoints and records)."""
+LABEL_JOB = "job_name"
+"""The job config's ``name``. Not ``job``: Prometheus sets ``job`` on every target (the scrape
+job) and would rename ours to ``exported_job``."""
+LABEL_RANK = "rank"
+"""World rank of the worker."""
+LABEL_NODE = "node"
+"""Host name of the worker: the Ray pod's name on EKS (the DCGM exporter's ``pod`` label of the
+GPUs it holds), the machine's name locally."""
+METRIC_LABELS = (LABEL_RUN, LABEL_JOB, LABEL_RANK, LABEL_NODE)
+
+METRIC_STEP = "raytrain_step"
+METRIC_LOSS = "raytrain_loss"
+METRIC_LR = "raytrain_learning_rate"
+METRIC_GRAD_NORM = "raytrain_grad_norm"
+METRIC_TOKENS_PER_S = "raytrain_tokens_per_second_per_device"
+METRIC_COMPUTE_TOKENS_PER_S = "raytrain_compute_tokens_per_second_per_device"
+METRIC_TFLOPS = "raytrain_tflops_per_device"
+METRIC_MFU = "raytrain_mfu"
+METRIC_STEP_TIME = "raytrain_step_time_seconds"
+METRIC_COMPUTE_TIME = "raytrain_compute_time_seconds"
+METRIC_PEAK_MEMORY = "raytrain_peak_memory_bytes"
+METRIC_EVAL_LOSS = "raytrain_eval_loss"
+METRIC_CHECKPOINT_STALL = "raytrain_checkpoint_stall_seconds"
+METRIC_CHECKPOINT_WRITE = "raytrain_checkpoint_write_seconds"
+
+PROMETHEUS_METRICS: dict[str, str] = {
+    METRIC_STEP: "Last optimizer step this rank completed.",
+    METRIC_LOSS: "Training loss of the last step (token-weighted mean over the global batch).",
+    METRIC_LR: "Learning rate of the last step.",
+    METRIC_GRAD_NORM: "Gradient norm of the last step, before clipping.",
+    METRIC_TOKENS_PER_S: "Tokens per second per device over the last step's wall-clock time.",
+    METRIC_COMPUTE_TOKENS_PER_S: "Tokens per second per device over the last step's compute time only.",
+    METRIC_TFLOPS: "Achieved training TFLOP/s per device in the last step (wall clock).",
+    METRIC_MFU: "Model FLOPs utilisation of the last step, 0..1 (absent on CPU: no peak to compare with).",
+    METRIC_STEP_TIME: "Wall time of the last optimizer step, batch fetch included.",
+    METRIC_COMPUTE_TIME: "Forward, backward and optimizer time of the last step.",
+    METRIC_PEAK_MEMORY: "Peak allocated GPU memory (CPU: peak resident set) of this rank so far.",
+    METRIC_EVAL_LOSS: "Held-out loss of the last evaluation.",
+    METRIC_CHECKPOINT_STALL: "Seconds the last checkpoint held the training loop.",
+    METRIC_CHECKPOINT_WRITE: "Seconds from the last checkpoint's start until it was written and sealed "
+                             "(in the background; Ray uploads it afterwards).",
+}
+"""Every metric the job exports, with its help text."""
+
+
+def prometheus_name(metric: str) -> str:
+    """The name a scrape shows for one of :data:`PROMETHEUS_METRICS`."""
+    return PROMETHEUS_PREFIX + metric
+
 
 # --- run.json -------------------------------------------------------------------------------
 RECORD_FIELDS = (

@@ -53,6 +53,7 @@ def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from training.console import ray_train_logging_config
     from training.loop import train_loop_per_worker
     from training.parallel import backend_for
 
@@ -77,6 +78,7 @@ def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from:
             failure_config=FailureConfig(max_failures=job.checkpoint.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=job.checkpoint.keep_last),
             worker_runtime_env={"env_vars": forwarded_env()},
+            logging_config=ray_train_logging_config(),  # INFO to the log files only
         ),
     )
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, metrics, optim
+from training import contract, evaluation, metrics, optim, prometheus
 from training.config import JobConfig, job_config_from_dict
 from training.model import build_model, count_targets, loss_sum
 from training.parallel import backend_for, build_mesh, parallelize
@@ -194,6 +194,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
         world_size=ctx.world_size, device=metrics.device_name(on_gpu))
     log = metrics.MetricsLog(ctx.local_dir, enabled=ctx.rank == 0, storage=ctx.storage)
+    gauges = prometheus.for_worker(in_ray=ctx.in_ray, run=job.run_name, job=job.name, rank=ctx.rank)
     timer = metrics.StepTimer()
     t, accum = job.train, job.grad_accum_steps
     steps: list[dict[str, Any]] = []
@@ -207,6 +208,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
                                                   decode=tokenizer.decode) or {})
         if figures:
             log.write(figures)
+            gauges.evaluation(figures)
         return figures
 
     # A resumed run keeps the figure measured before ANY training (stored in the trainer state).
@@ -259,6 +261,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
             log.print(metrics.progress_line(entry, t.max_steps, timer.eta(t.max_steps - trainer.step)))
         if ckpt is not None:
             stopped = ckpt.step_end(trainer.step, {"loss": entry["loss"]}, max_steps=t.max_steps)
+        gauges.step(entry, ckpt.timings if ckpt is not None else ())  # after a checkpoint's timing
         if job.eval.every_n_steps and trainer.step % job.eval.every_n_steps == 0 and trainer.step < t.max_steps:
             held_out()
         if trainer.step % t.report_every_n_steps == 0 and trainer.step < t.max_steps:
@@ -285,6 +288,9 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train's per-worker entry: rebuild the validated job config, then :func:`train`."""
+    from training.console import quiet_worker_console
+
+    quiet_worker_console()  # Ray's per-report lines go to the log files only
     cwd = loop_config.get("cwd", "")
     if cwd and os.path.isdir(cwd):  # same machine as the driver (local runs); in a cluster the
         os.chdir(cwd)               # runtime env's working_dir is already the cwd

@@ -5,8 +5,8 @@ A module with a unique name, not conftest: several test folders have a conftest.
 
 ``default`` is the repository's environment.toml (account empty: env-agnostic). ``alternative``
 combines several changes in one synth: an account, 4 x g6.48xlarge on a capacity reservation, a
-second GPU group of p5.48xlarge on a capacity block (32 EFA interfaces), a private endpoint and
-an admin principal.
+second GPU group of p5.48xlarge on a capacity block (32 EFA interfaces), a private endpoint,
+an admin principal and no monitoring add-ons.
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def alternative_raw() -> dict:
         root_volume_gib=500, capacity="capacity-block", capacity_reservation_id=BLOCK))
     raw["storage"]["noncurrent_version_days"] = 7
     raw["storage"]["prefix"] = "team/runs"
+    raw["observability"] = {"enabled": False}
     return raw
 
 

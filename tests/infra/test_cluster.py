@@ -147,11 +147,15 @@ def _charts(synth) -> dict[str, dict]:
 def test_helm_chart_versions_equal_the_spec(variant):
     charts = _charts(variant)
     versions = variant.env.versions
-    assert {name: c["Version"] for name, c in charts.items()} == {
+    expected = {
         "nvidia-device-plugin": versions.nvidia_device_plugin,
         "aws-efa-k8s-device-plugin": versions.efa_device_plugin,
         "kuberay-operator": versions.kuberay_operator,
     }
+    if variant.env.observability.enabled:  # the default; the alternative variant turns it off
+        expected.update({"kube-prometheus-stack": versions.kube_prometheus_stack,
+                         "dcgm-exporter": versions.dcgm_exporter})
+    assert {name: c["Version"] for name, c in charts.items()} == expected
 
 
 def test_device_plugins_tolerate_the_gpu_taint_and_select_gpu_nodes(variant):

@@ -1,0 +1,101 @@
+"""The gauges the loop sets (without Ray's exporter: a recording stand-in for ``Gauge``) and the
+console handler the workers quiet. The real pipeline is tests/training/test_metrics_export.py."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from training import console, contract, prometheus
+
+ROW = {"kind": "train", "step": 7, "loss": 2.5, "lr": 1e-4, "grad_norm": 0.75, "tokens_per_s": 800.0,
+       "tokens_per_s_per_device": 400.0, "tflops_per_device": 0.5, "mfu": None, "step_time_s": 2.0,
+       "compute_s": 1.6, "peak_memory_gib": 1.5}
+
+
+class RecordingGauge:
+    made: list["RecordingGauge"] = []
+
+    def __init__(self, name, description="", tag_keys=None):
+        self.name, self.tag_keys, self.values, self.tags = name, tag_keys, [], None
+        RecordingGauge.made.append(self)
+
+    def set_default_tags(self, tags):
+        self.tags = tags
+        return self
+
+    def set(self, value, tags=None):
+        self.values.append(value)
+
+
+@pytest.fixture
+def gauges(monkeypatch):
+    import ray.util.metrics
+
+    RecordingGauge.made = []
+    monkeypatch.setattr(ray.util.metrics, "Gauge", RecordingGauge)
+    made = prometheus.for_worker(in_ray=True, run="r1", job="local", rank=1)
+    return made, {g.name: g for g in RecordingGauge.made}
+
+
+def test_step_values_of_a_metrics_row():
+    values = prometheus.step_values(ROW)
+    assert values[contract.METRIC_STEP] == 7
+    assert values[contract.METRIC_TOKENS_PER_S] == 400.0
+    assert values[contract.METRIC_COMPUTE_TOKENS_PER_S] == pytest.approx(500.0)  # 800 tokens / 1.6 s
+    assert values[contract.METRIC_PEAK_MEMORY] == 1.5 * 2**30
+    assert values[contract.METRIC_MFU] is None
+
+
+def test_one_gauge_per_metric_labelled_run_job_rank_node(gauges):
+    _, by_name = gauges
+    assert set(by_name) == set(contract.PROMETHEUS_METRICS)
+    for gauge in by_name.values():
+        assert gauge.tag_keys == contract.METRIC_LABELS  # Ray requires a tuple
+        assert gauge.tags[contract.LABEL_RUN] == "r1" and gauge.tags[contract.LABEL_JOB] == "local"
+        assert gauge.tags[contract.LABEL_RANK] == "1" and gauge.tags[contract.LABEL_NODE]
+
+
+def test_a_step_sets_its_figures_and_each_new_checkpoint_once(gauges):
+    made, by_name = gauges
+    first = SimpleNamespace(stall_s=0.2, write_s=1.5)
+    made.step(ROW, [])
+    made.step(ROW, [first])
+    made.step(ROW, [first])  # the same checkpoint again: not set again
+    assert by_name[contract.METRIC_LOSS].values == [2.5, 2.5, 2.5]
+    assert by_name[contract.METRIC_MFU].values == []  # n/a on CPU: never set, never exported
+    assert by_name[contract.METRIC_CHECKPOINT_STALL].values == [0.2]
+    assert by_name[contract.METRIC_CHECKPOINT_WRITE].values == [1.5]
+    made.evaluation({"kind": "eval", "step": 7, "eval_loss": 3.25})
+    made.evaluation(None)
+    assert by_name[contract.METRIC_EVAL_LOSS].values == [3.25]
+
+
+def test_outside_ray_nothing_is_recorded():
+    made = prometheus.for_worker(in_ray=False, run="r", job="j", rank=0)
+    made.step(ROW, [SimpleNamespace(stall_s=1.0, write_s=2.0)])
+    made.evaluation({"eval_loss": 1.0})
+    assert not made.enabled
+
+
+def test_quiet_console_keeps_the_file_handler(tmp_path):
+    # given a root logger configured like Ray Train's worker (a console and a file handler),
+    # after quieting an INFO record reaches the file only, a warning reaches both
+    logger = logging.getLogger("raytrain-test-quiet")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    shown, filed = tmp_path / "console.txt", tmp_path / "file.txt"
+    console_handler, file_handler = logging.FileHandler(shown), logging.FileHandler(filed)
+    console_handler.set_name(console.CONSOLE_HANDLER)
+    logger.handlers = [file_handler, console_handler]
+    try:
+        assert console.quiet_worker_console(logger) == 1
+        logger.info("Reporting training result 1")
+        logger.warning("a warning")
+    finally:
+        for handler in logger.handlers:
+            handler.close()
+        logger.handlers = []
+    assert shown.read_text() == "a warning\n"
+    assert filed.read_text() == "Reporting training result 1\na warning\n"

@@ -1,0 +1,92 @@
+"""The job's figures as Prometheus gauges, through Ray's own metrics API (``ray.util.metrics``).
+
+Every rank sets its gauges after each step and each evaluation. Ray's metrics agent on each node
+serves them with Ray's own metrics at ``http://<node>:<metrics-export-port>/metrics`` (8080 in
+KubeRay pods), so a Prometheus that scrapes the Ray pods sees the run while it trains. Setting a
+gauge only records the value in this process (Ray pushes to the agent every few seconds): the
+loop never waits on the network for it.
+
+One series per metric and rank, labelled run, job, rank and node (:data:`contract.METRIC_LABELS`);
+never a step label, which would make a new series every step. Outside Ray (tests, benchmarks,
+plain processes) :func:`for_worker` gives gauges that record nothing.
+"""
+from __future__ import annotations
+
+import socket
+from typing import Any, Iterable, Mapping
+
+from training import contract
+
+
+def step_values(entry: Mapping[str, Any]) -> dict[str, float | None]:
+    """The gauge values of one ``metrics.jsonl`` train row (None: nothing to export)."""
+    compute_s = entry.get(contract.COMPUTE_S)
+    per_device = entry.get(contract.TOKENS_PER_S_PER_DEVICE)
+    compute_rate = None
+    if compute_s and per_device is not None:
+        # per-device tokens of the step / compute seconds = wall-clock rate x step time / compute time
+        compute_rate = per_device * entry[contract.STEP_TIME_S] / compute_s
+    memory = entry.get(contract.PEAK_MEMORY_GIB)
+    return {
+        contract.METRIC_STEP: entry[contract.STEP],
+        contract.METRIC_LOSS: entry.get(contract.LOSS),
+        contract.METRIC_LR: entry.get(contract.LR),
+        contract.METRIC_GRAD_NORM: entry.get(contract.GRAD_NORM),
+        contract.METRIC_TOKENS_PER_S: per_device,
+        contract.METRIC_COMPUTE_TOKENS_PER_S: compute_rate,
+        contract.METRIC_TFLOPS: entry.get(contract.TFLOPS_PER_DEVICE),
+        contract.METRIC_MFU: entry.get(contract.MFU),
+        contract.METRIC_STEP_TIME: entry.get(contract.STEP_TIME_S),
+        contract.METRIC_COMPUTE_TIME: compute_s,
+        contract.METRIC_PEAK_MEMORY: None if memory is None else memory * 2**30,
+    }
+
+
+class TrainingGauges:
+    """This rank's gauges; ``tags`` None = record nothing (not inside Ray)."""
+
+    def __init__(self, tags: Mapping[str, str] | None):
+        self._gauges: dict[str, Any] = {}
+        self._checkpoints_seen = 0
+        if tags is None:
+            return
+        from ray.util.metrics import Gauge
+
+        keys = contract.METRIC_LABELS
+        self._gauges = {name: Gauge(name, description=text, tag_keys=keys).set_default_tags(dict(tags))
+                        for name, text in contract.PROMETHEUS_METRICS.items()}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._gauges)
+
+    def set(self, values: Mapping[str, float | None]) -> None:
+        for name, value in values.items():
+            if value is not None and name in self._gauges:
+                self._gauges[name].set(float(value))
+
+    def step(self, entry: Mapping[str, Any], checkpoints: Iterable[Any] = ()) -> None:
+        """After a step: its figures, and the newest finished checkpoint's timing if there is a
+        new one (``checkpoints``: the checkpoint manager's ``timings``)."""
+        self.set(step_values(entry))
+        timings = list(checkpoints)
+        if len(timings) > self._checkpoints_seen:
+            self._checkpoints_seen = len(timings)
+            self.set({contract.METRIC_CHECKPOINT_STALL: timings[-1].stall_s,
+                      contract.METRIC_CHECKPOINT_WRITE: timings[-1].write_s})
+
+    def evaluation(self, figures: Mapping[str, Any] | None) -> None:
+        """After an evaluation (``figures``: its metrics.jsonl row, None when there was no data)."""
+        if figures:
+            self.set({contract.METRIC_EVAL_LOSS: figures.get(contract.EVAL_LOSS)})
+
+
+def metric_tags(*, run: str, job: str, rank: int, node: str | None = None) -> dict[str, str]:
+    """The label values of one rank's series (Ray requires strings)."""
+    return {contract.LABEL_RUN: run, contract.LABEL_JOB: job, contract.LABEL_RANK: str(rank),
+            contract.LABEL_NODE: node or socket.gethostname()}
+
+
+def for_worker(*, in_ray: bool, run: str, job: str, rank: int) -> TrainingGauges:
+    """The gauges of one worker: exported inside a Ray worker, a no-op elsewhere."""
+    return TrainingGauges(metric_tags(run=run, job=job, rank=rank) if in_ray else None)
