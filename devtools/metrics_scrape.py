@@ -106,8 +106,8 @@ def report(watcher: Watcher, rows: list[dict[str, Any]], rank: str = "0") -> lis
     lines = [f"{watcher.url}: {watcher.scrapes} scrapes, {len(watcher.snapshots)} with the job's metrics, "
              f"{len(watcher.other_names)} other (Ray) metric names"]
     series = watcher.last.get(rank, {})
-    if not series:
-        return lines + ["no training metrics were scraped"]
+    if contract.METRIC_STEP not in series:
+        return lines + [f"no step of rank {rank} was scraped"]
     step = int(series[contract.METRIC_STEP].value)
     logged = logged_values(rows, step)
     labels = {k: v for k, v in series[contract.METRIC_STEP].labels.items() if k in contract.METRIC_LABELS}

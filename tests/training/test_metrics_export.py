@@ -79,13 +79,15 @@ def test_scraped_values_equal_metrics_jsonl_at_the_same_step(scraped):
     for snapshot in watcher.snapshots:
         for rank, series in snapshot.items():
             value = {name: one.value for name, one in series.items()}
+            if contract.METRIC_EVAL_LOSS in value:  # set first: the held-out loss before step 1
+                assert any(value[contract.METRIC_EVAL_LOSS] == pytest.approx(e, rel=1e-9) for e in evals)
+            if contract.METRIC_STEP not in value:
+                continue
             row = train[int(value[contract.METRIC_STEP])]
             # the loss is the global-batch mean, the same on every rank; so are lr and grad norm
             assert value[contract.METRIC_LOSS] == pytest.approx(row["loss"], rel=1e-9)
             assert value[contract.METRIC_LR] == pytest.approx(row["lr"], rel=1e-9)
             assert value[contract.METRIC_GRAD_NORM] == pytest.approx(row["grad_norm"], rel=1e-9)
-            if contract.METRIC_EVAL_LOSS in value:
-                assert any(value[contract.METRIC_EVAL_LOSS] == pytest.approx(e, rel=1e-9) for e in evals)
             if rank != "0":  # timings are each rank's own; metrics.jsonl holds rank 0's
                 continue
             assert value[contract.METRIC_STEP_TIME] == pytest.approx(row["step_time_s"], rel=1e-9)
