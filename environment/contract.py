@@ -52,3 +52,9 @@ RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 """KubeRay's pod label: ``head`` or ``worker``."""
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 """KubeRay's pod label: the RayCluster's name."""
+
+# --- Kubernetes versions the CDK app can build (infra/kubectl_layer.py) ----------------------
+KUBERNETES_VERSIONS: tuple[str, ...] = ("1.36",)
+"""Minor versions with a kubectl/helm Lambda layer in this CDK app: the provider's client must
+match the server's minor. Each needs the PyPI package ``aws-cdk.lambda-layer-kubectl-v1NN``
+pinned in pyproject.toml; infra/kubectl_layer.py derives the module from the version."""

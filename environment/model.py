@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import warnings
 from dataclasses import asdict, dataclass, field
 
 from environment.addons import ADDONS, ADDONS_BY_KEY
-from environment.instances import INSTANCE_TYPES, InstanceType, pod_cpu, pod_memory_gib
-
 from environment.contract import (  # noqa: F401  (re-exported for the node-group properties)
-    CODE_PREFIX, EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, GPU_TAINT_VALUE, NODE_GROUP_LABEL, NODE_ROLE_LABEL,
+    CODE_PREFIX, DIGEST_PATTERN, EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, GPU_TAINT_VALUE, KUBERNETES_VERSIONS,
+    NODE_GROUP_LABEL, NODE_ROLE_LABEL,
 )
+from environment.errors import FieldError
+from environment.instances import INSTANCE_TYPES, InstanceType, known_cpu_types, known_gpu_types, pod_cpu, pod_memory_gib
+from environment.regions import AWS_REGIONS
+from environment.rules import bucket_name_problem, schedule_problem, tag_ray_problem
+
+ENDPOINT_ACCESS = ("public", "private", "public_and_private")
+CAPACITY = ("on-demand", "capacity-reservation", "capacity-block")
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_SEMVER = re.compile(r"v?\d+\.\d+\.\d+")
 
 
 class UnlockedImageWarning(UserWarning):
@@ -40,11 +49,46 @@ class ClusterSpec:
     admin_principal_arns: tuple[str, ...] = ()
     """IAM principals given cluster-admin through EKS access entries."""
 
+    def __post_init__(self) -> None:
+        if not _DNS_LABEL.fullmatch(self.name) or len(self.name) > 40:
+            raise FieldError("name", self.name, "is not a lower-case name of 1-40 letters, digits and '-'")
+        if self.account and not re.fullmatch(r"\d{12}", self.account):
+            raise FieldError("account", self.account, "is not a 12-digit AWS account id (or empty)")
+        if self.region not in AWS_REGIONS:
+            close = [r for r in AWS_REGIONS if r.rsplit("-", 1)[0] == self.region.rsplit("-", 1)[0]]
+            hint = f"; in that area: {', '.join(close)}" if close else " (e.g. us-east-1)"
+            raise FieldError("region", self.region, f"is not an AWS region name{hint}")
+        zones = self.availability_zones
+        if len(zones) < 2 or len(set(zones)) != len(zones):
+            raise FieldError("availability_zones", list(zones), "must list at least two distinct AZs (EKS requires two)")
+        for i, az in enumerate(zones):
+            if not re.fullmatch(re.escape(self.region) + r"[a-z]", az):
+                raise FieldError(f"availability_zones[{i}]", az, f"is not an AZ of region {self.region} (e.g. {self.region}a)")
+        if self.gpu_availability_zone not in zones:
+            raise FieldError("gpu_availability_zone", self.gpu_availability_zone,
+                             f"must be one of cluster.availability_zones ({', '.join(zones)})")
+        if self.kubernetes_version not in KUBERNETES_VERSIONS:
+            raise FieldError("kubernetes_version", self.kubernetes_version,
+                             f"is not supported by this CDK app (supported: {', '.join(KUBERNETES_VERSIONS)}; "
+                             "each needs its kubectl layer)")
+        if self.endpoint_access not in ENDPOINT_ACCESS:
+            raise FieldError("endpoint_access", self.endpoint_access, f"is not allowed (allowed: {', '.join(ENDPOINT_ACCESS)})")
+        for i, arn in enumerate(self.admin_principal_arns):
+            if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
+                raise FieldError(f"admin_principal_arns[{i}]", arn, "is not an IAM role or user ARN")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SystemNodeGroupSpec:
     instance_type: str = "m7i.xlarge"
     nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.instance_type not in known_cpu_types():
+            raise FieldError("instance_type", self.instance_type,
+                             f"is not a known CPU instance type (known: {', '.join(known_cpu_types())})")
+        if not 1 <= self.nodes <= 10:
+            raise FieldError("nodes", self.nodes, "must be between 1 and 10")
 
     @property
     def instance(self) -> InstanceType:
@@ -75,6 +119,32 @@ class GpuNodeGroupSpec:
     """``on-demand``, ``capacity-reservation`` or ``capacity-block``."""
     capacity_reservation_id: str = ""
     """``cr-...`` for a capacity reservation or a capacity block; empty for on-demand."""
+
+    def __post_init__(self) -> None:
+        if not _DNS_LABEL.fullmatch(self.name):
+            raise FieldError("name", self.name, "must be a unique lower-case name (letters, digits, '-')")
+        if self.instance_type not in known_gpu_types():
+            hint = " (a CPU type: use system_node_group)" if self.instance_type in INSTANCE_TYPES else ""
+            raise FieldError("instance_type", self.instance_type,
+                             f"is not a known GPU instance type{hint} (known: {', '.join(known_gpu_types())})")
+        if self.min_nodes < 0:
+            raise FieldError("min_nodes", self.min_nodes, "must be >= 0")
+        if self.max_nodes < 1:
+            raise FieldError("max_nodes", self.max_nodes, "must be >= 1")
+        if not self.min_nodes <= self.desired_nodes <= self.max_nodes:
+            raise FieldError("desired_nodes", self.desired_nodes,
+                             f"must be between min_nodes ({self.min_nodes}) and max_nodes ({self.max_nodes})")
+        if not 50 <= self.root_volume_gib <= 16384:
+            raise FieldError("root_volume_gib", self.root_volume_gib,
+                             "must be between 50 and 16384 (the DLC image alone is tens of GB)")
+        if self.capacity not in CAPACITY:
+            raise FieldError("capacity", self.capacity, f"is not allowed (allowed: {', '.join(CAPACITY)})")
+        if self.capacity == "on-demand" and self.capacity_reservation_id:
+            raise FieldError("capacity_reservation_id", self.capacity_reservation_id,
+                             "must be empty for on-demand capacity (set capacity to capacity-reservation or capacity-block)")
+        if self.capacity != "on-demand" and not re.fullmatch(r"cr-[0-9a-f]{17}", self.capacity_reservation_id):
+            raise FieldError("capacity_reservation_id", self.capacity_reservation_id,
+                             f"is not a capacity reservation id (cr- and 17 hex digits), required for {self.capacity}")
 
     @property
     def instance(self) -> InstanceType:
@@ -130,6 +200,13 @@ class VersionsSpec:
             return self.chart(key)
         raise AttributeError(key)
 
+    def __post_init__(self) -> None:
+        for key, version in self.charts:
+            if key not in ADDONS_BY_KEY:
+                raise FieldError(key, key, f"is not a known add-on (known: {', '.join(sorted(ADDONS_BY_KEY))})")
+            if not _SEMVER.fullmatch(version):
+                raise FieldError(key, version, "is not a pinned version (e.g. 1.7.0)")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ImageSpec:
@@ -140,6 +217,21 @@ class ImageSpec:
     ray_version: str = "2.58.0"
     """The Ray inside the image: ``rayVersion`` of every RayCluster."""
     python_version: str = "3.13"
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?/[a-z0-9._/-]+", self.repository):
+            raise FieldError("repository", self.repository,
+                             "is not registry/name (e.g. public.ecr.aws/deep-learning-containers/ray)")
+        if not re.fullmatch(r"[\w][\w.-]{0,127}", self.tag):
+            raise FieldError("tag", self.tag, "is not a valid image tag")
+        if self.digest and not DIGEST_PATTERN.fullmatch(self.digest):
+            raise FieldError("digest", self.digest, "is not sha256:<64 hex digits> (or empty until `raytrain-eks lock`)")
+        if not re.fullmatch(r"\d+\.\d+\.\d+", self.ray_version):
+            raise FieldError("ray_version", self.ray_version, "is not a Ray version (e.g. 2.58.0)")
+        if problem := tag_ray_problem(self.tag, self.ray_version):
+            raise FieldError("tag", self.tag, problem)
+        if not re.fullmatch(r"3\.\d+", self.python_version):
+            raise FieldError("python_version", self.python_version, "is not a Python version (e.g. 3.13)")
 
     @property
     def locked(self) -> bool:
@@ -177,11 +269,33 @@ class StorageSpec:
     every RayJob names as its working_dir (required); ``models`` and ``data`` the base models
     and datasets that job configs name as ``s3://{bucket}/...``."""
 
+    def __post_init__(self) -> None:
+        if self.bucket_name and (problem := bucket_name_problem(self.bucket_name)):
+            raise FieldError("bucket_name", self.bucket_name, problem)
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*[A-Za-z0-9]|[A-Za-z0-9]", self.prefix) or "//" in self.prefix:
+            raise FieldError("prefix", self.prefix, "is not a key prefix (letters, digits, . _ - /, no leading or trailing /)")
+        for i, ro in enumerate(self.read_only_prefixes):
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", ro) or ro == self.prefix:
+                raise FieldError(f"read_only_prefixes[{i}]", ro,
+                                 f"is not a top-level key prefix other than storage.prefix ({self.prefix!r})")
+        if CODE_PREFIX not in self.read_only_prefixes:
+            raise FieldError("read_only_prefixes", list(self.read_only_prefixes),
+                             f"must include {CODE_PREFIX!r} (the training code archive every RayJob reads)")
+        if not 1 <= self.noncurrent_version_days <= 3650:
+            raise FieldError("noncurrent_version_days", self.noncurrent_version_days, "must be between 1 and 3650")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RaySpec:
     namespace: str = "ray"
     service_account: str = "ray-train"
+
+    def __post_init__(self) -> None:
+        for name in ("namespace", "service_account"):
+            if not _DNS_LABEL.fullmatch(getattr(self, name)):
+                raise FieldError(name, getattr(self, name), "is not a Kubernetes name (lower-case letters, digits, '-')")
+        if self.namespace in ("kube-system", "kube-public", "kube-node-lease", "default"):
+            raise FieldError("namespace", self.namespace, "is reserved: use a namespace of its own (e.g. ray)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -193,6 +307,18 @@ class PipelineSpec:
     branch: str = "main"
     watch_schedule: str = "rate(6 hours)"
     """How often the image watcher resolves the tag's digest (EventBridge schedule expression)."""
+
+    def __post_init__(self) -> None:
+        arn = r"arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}"
+        if self.connection_arn and not re.fullmatch(arn, self.connection_arn):
+            raise FieldError("connection_arn", self.connection_arn,
+                             "is not a CodeConnections connection ARN (or empty: no pipeline)")
+        if self.connection_arn and not re.fullmatch(r"[\w.-]+/[\w.-]+", self.repository):
+            raise FieldError("repository", self.repository, "is not owner/name (required with pipeline.connection_arn)")
+        if not re.fullmatch(r"[\w./-]+", self.branch) or self.branch.startswith(("/", "-")) or ".." in self.branch:
+            raise FieldError("branch", self.branch, "is not a git branch name")
+        if problem := schedule_problem(self.watch_schedule):
+            raise FieldError("watch_schedule", self.watch_schedule, problem)
 
     @property
     def enabled(self) -> bool:
@@ -222,6 +348,25 @@ class Environment:
     prices: tuple[tuple[str, float], ...] = ()
     """On-demand USD/hour overrides of the instance table's estimates."""
     source: str = "environment.toml"
+
+    def __post_init__(self) -> None:
+        """Checks across sections; a FieldError here names the absolute field."""
+        names: set[str] = set()
+        for i, group in enumerate(self.gpu_node_groups):
+            if group.name in names:
+                raise FieldError(f"gpu_node_groups[{i}].name", group.name,
+                                 "must be a unique lower-case name (letters, digits, '-')")
+            names.add(group.name)
+        for name, price in self.prices:
+            if name not in INSTANCE_TYPES:
+                raise FieldError(f"prices.{name}", name,
+                                 f"is not a known instance type (known: {', '.join(sorted(INSTANCE_TYPES))})")
+            if not price > 0:
+                raise FieldError(f"prices.{name}", price, "must be a positive number (USD per hour)")
+        if not self.storage.bucket_name and (problem := bucket_name_problem(self.bucket_name)):
+            raise FieldError("storage.bucket_name", self.bucket_name,
+                             f"(derived from cluster.name, cluster.account and cluster.region) {problem}; "
+                             "set storage.bucket_name")
 
     @property
     def primary_gpu_group(self) -> GpuNodeGroupSpec:

@@ -103,7 +103,7 @@ BAD_SPECS = [
     (lambda r: r["cluster"].update(account="1234"),
      "cluster.account: '1234' is not a 12-digit AWS account id (or empty)"),
     (lambda r: r["cluster"].update(kubernetes_version="1.20"),
-     "cluster.kubernetes_version: '1.20' is not supported (supported: 1.25,"),
+     "cluster.kubernetes_version: '1.20' is not supported by this CDK app (supported: 1.36;"),
     (lambda r: r["cluster"].update(endpoint_access="open"),
      "cluster.endpoint_access: 'open' is not allowed (allowed: public, private, public_and_private)"),
     (lambda r: r["cluster"].update(name="Ray_Train"),

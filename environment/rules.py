@@ -1,0 +1,103 @@
+"""Rules that several fields (and several tools) apply: S3 bucket names, EventBridge schedule
+expressions, the Ray version an image tag names. One function per rule, so an explicit value and a
+derived one are judged alike. Each returns the problem as text ("" = fine); callers name the field.
+"""
+from __future__ import annotations
+
+import re
+
+_BUCKET_CHARS = re.compile(r"[a-z0-9.-]+")
+_IPV4 = re.compile(r"\d{1,3}(\.\d{1,3}){3}")
+# S3 general purpose bucket naming rules (AWS S3 User Guide, "General purpose bucket naming rules").
+_BUCKET_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_BUCKET_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+
+
+def bucket_name_problem(name: str) -> str:
+    """What breaks S3's bucket naming rules in ``name`` ("" if nothing).
+
+    A dash next to a period is refused too: S3 accepted it once, but such a name fails the
+    virtual-hosted TLS certificate and is refused by newer tooling."""
+    if not 3 <= len(name) <= 63:
+        return f"is {len(name)} characters (an S3 bucket name has 3-63)"
+    if not _BUCKET_CHARS.fullmatch(name):
+        return "is not a valid S3 bucket name (3-63 of a-z 0-9 . -)"
+    if not (name[0].isalnum() and name[-1].isalnum()):
+        return "is not a valid S3 bucket name (must start and end with a letter or digit)"
+    for pair, what in (("..", "two adjacent periods"), (".-", "a period next to a dash"),
+                       ("-.", "a dash next to a period")):
+        if pair in name:
+            return f"is not a valid S3 bucket name ({what})"
+    if _IPV4.fullmatch(name):
+        return "is not a valid S3 bucket name (formatted as an IP address)"
+    for prefix in _BUCKET_RESERVED_PREFIXES:
+        if name.startswith(prefix):
+            return f"is not a valid S3 bucket name (the prefix {prefix!r} is reserved by AWS)"
+    for suffix in _BUCKET_RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            return f"is not a valid S3 bucket name (the suffix {suffix!r} is reserved by AWS)"
+    return ""
+
+
+_RATE = re.compile(r"rate\((\d+) ([a-z]+)\)")
+_RATE_UNITS = ("minute", "hour", "day")
+# EventBridge cron: minutes hours day-of-month month day-of-week year (Amazon EventBridge
+# User Guide, "Schedule expressions for rules"); (field name, characters, numeric range).
+_CRON_FIELDS = (
+    ("minutes", r"[0-9,*/-]+", (0, 59)),
+    ("hours", r"[0-9,*/-]+", (0, 23)),
+    ("day-of-month", r"[0-9,*/?LW-]+", (1, 31)),
+    ("month", r"[0-9A-Za-z,*/-]+", (1, 12)),
+    ("day-of-week", r"[0-9A-Za-z,*?L#-]+", (1, 7)),
+    ("year", r"[0-9,*/-]+", (1970, 2199)),
+)
+_SCHEDULE_HELP = "(EventBridge: rate(1 hour), rate(6 hours) or cron(0 */6 * * ? *) with 6 fields)"
+
+
+def schedule_problem(expression: str) -> str:
+    """What EventBridge would refuse in a schedule expression ("" if nothing)."""
+    rate = _RATE.fullmatch(expression)
+    if rate:
+        value, unit = int(rate.group(1)), rate.group(2)
+        if value < 1:
+            return f"is not an EventBridge schedule: the rate must be >= 1 {_SCHEDULE_HELP}"
+        want = _RATE_UNITS if value == 1 else tuple(u + "s" for u in _RATE_UNITS)
+        if unit not in want:
+            return (f"is not an EventBridge schedule: rate({value} ...) takes the unit "
+                    f"{' / '.join(want)} {_SCHEDULE_HELP}")
+        return ""
+    if expression.startswith("cron(") and expression.endswith(")"):
+        fields = expression[len("cron("):-1].split()
+        if len(fields) != 6:
+            return (f"is not an EventBridge schedule: cron(...) has {len(fields)} fields, EventBridge "
+                    f"needs 6 (minutes hours day-of-month month day-of-week year) {_SCHEDULE_HELP}")
+        for value, (name, chars, (low, high)) in zip(fields, _CRON_FIELDS):
+            if not re.fullmatch(chars, value):
+                return f"is not an EventBridge schedule: cron {name} field {value!r} {_SCHEDULE_HELP}"
+            numbers = [int(n) for n in re.findall(r"(?<![/#])\b\d+", value)]
+            if any(not low <= n <= high for n in numbers):
+                return f"is not an EventBridge schedule: cron {name} field {value!r} is outside {low}-{high}"
+        if (fields[2] == "?") == (fields[4] == "?"):
+            return ("is not an EventBridge schedule: exactly one of day-of-month and day-of-week must be '?' "
+                    + _SCHEDULE_HELP)
+        return ""
+    return f"is not an EventBridge schedule {_SCHEDULE_HELP}"
+
+
+_TAG_RAY = re.compile(r"(?:^|ray[-_]?v?)(\d+\.\d+(?:\.\d+)?)(?=$|[-_])")
+
+
+def ray_version_in_tag(tag: str) -> str:
+    """The Ray version an image tag names (``2.40.0-py311-cu121``, ``ray-2.40``), or "".
+
+    A tag like the DLC's ``train-ml-cuda-v1.1.0`` names the image's own release, not Ray's."""
+    found = _TAG_RAY.search(tag)
+    return found.group(1) if found else ""
+
+
+def tag_ray_problem(tag: str, ray_version: str) -> str:
+    """A tag that names a Ray other than ``ray_version`` ("" when it names none or the same)."""
+    named = ray_version_in_tag(tag)
+    if named and ray_version != named and not ray_version.startswith(named + "."):
+        return f"names Ray {named} but image.ray_version is {ray_version} (the rayVersion of every RayCluster)"
+    return ""
