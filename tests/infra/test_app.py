@@ -40,24 +40,19 @@ def _env(**extra) -> dict:
     return env
 
 
-def test_kubernetes_version_without_a_kubectl_layer_is_refused_before_any_construct():
-    import aws_cdk as cdk
-
-    from infra.build import build_app
-    from infra.errors import InfraSpecError
+def test_kubernetes_version_without_a_kubectl_layer_is_refused_by_the_spec():
+    # the versions the spec accepts ARE the kubectl layers of this app (one list, environment/contract.py)
     from environment import SpecError, environment_from_dict
+    from infra.kubectl_layer import KUBECTL_LAYERS
 
     raw = default_raw()
-    raw["cluster"]["kubernetes_version"] = "1.35"  # valid for EKS and the spec, no layer here
-    env = environment_from_dict(raw, "k8s.toml")
-    app = cdk.App()
-    with pytest.raises(InfraSpecError) as err:
-        build_app(env, app)
-    assert isinstance(err.value, SpecError)
+    raw["cluster"]["kubernetes_version"] = "1.35"  # valid for EKS, no layer here
+    with pytest.raises(SpecError) as err:
+        environment_from_dict(raw, "k8s.toml")
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith("k8s.toml: cluster.kubernetes_version: '1.35'") and "1.36" in message
-    assert app.node.children == []
+    assert message.startswith("k8s.toml: cluster.kubernetes_version: '1.35' is not supported by this CDK app")
+    assert f"supported: {', '.join(KUBECTL_LAYERS)}" in message
 
 
 def test_app_prints_one_line_and_exits_2_before_any_output(tmp_path):
@@ -74,7 +69,7 @@ def test_app_prints_one_line_and_exits_2_before_any_output(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1
-    assert lines[0].startswith(f"error: {spec_file}: cluster.kubernetes_version: '1.35' has no matching kubectl layer")
+    assert lines[0].startswith(f"error: {spec_file}: cluster.kubernetes_version: '1.35' is not supported by this CDK app")
     assert result.stdout == "" and not outdir.exists()
 
 
