@@ -42,6 +42,11 @@ def validate(c: Any) -> None:
     _one_of(s, "model.dtype", c.model.dtype, DTYPES)
     if not c.model.path and not c.model.config:
         raise _fail(s, "model.path", "", "is empty and model.config is empty: give a model path or a config")
+    if c.model.path and c.model.config:
+        raise _fail(s, "model.config", dict(c.model.config), "is ignored when model.path is set (remove one of them)")
+    from training.model_config import check_config_keys, check_seq_len  # stdlib; imports this module
+
+    check_config_keys(c.model.config, s)
     _one_of(s, "data.kind", c.data.kind, DATA_KINDS)
     _one_of(s, "data.on_bad_record", c.data.on_bad_record, BAD_RECORD_POLICIES)
     if c.data.kind != "synthetic" and not c.data.path:
@@ -59,6 +64,7 @@ def validate(c: Any) -> None:
     if c.model.max_position_embeddings and t.seq_len > c.model.max_position_embeddings:
         raise _fail(s, "train.seq_len", t.seq_len,
                     f"exceeds the model's max_position_embeddings ({c.model.max_position_embeddings})")
+    check_seq_len(t.seq_len, c.model.config, s)
     _positive(s, "train.lr", t.lr)
     _positive(s, "train.warmup_steps", t.warmup_steps, allow_zero=True)
     if t.warmup_steps >= t.max_steps:
@@ -92,6 +98,10 @@ def validate(c: Any) -> None:
         raise _fail(s, "checkpoint.run_name", k.run_name, "may hold only letters, digits, '.', '_' and '-'")
     if k.storage_path and "://" in k.storage_path and not k.storage_path.startswith(("s3://", "file://")):
         raise _fail(s, "checkpoint.storage_path", k.storage_path, "must be s3://bucket/prefix or a directory")
+    if k.storage_path and not k.storage_path.startswith("s3://") and p.use_gpu and c.num_nodes > 1:
+        raise _fail(s, "checkpoint.storage_path", k.storage_path,
+                    f"is a local directory but the job spans {c.num_nodes} nodes (use s3://bucket/prefix: "
+                    "every node writes its shards there)")
     _positive(s, "eval.every_n_steps", c.eval.every_n_steps, allow_zero=True)
     _positive(s, "eval.max_batches", c.eval.max_batches)
     if c.eval.exact_match and c.data.kind != "chat":

@@ -9,15 +9,13 @@ weights (``dtype = "bfloat16"``) halve memory but let AdamW round small updates 
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
-
-class ModelConfigError(ValueError):
-    """A user error about the model (one line): bad path, seq_len beyond max positions."""
+from training.model_config import (  # noqa: F401  (re-exported: the checks the driver and the worker share)
+    ModelConfigError, check_seq_len, max_positions, read_model_config,
+)
 
 
 def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
@@ -35,41 +33,6 @@ def resolve_model_path(path: str) -> str:
 
         return str(fetch_prefix(path))
     return path
-
-
-def read_model_config(path: str) -> dict[str, Any] | None:
-    """The model's config.json as a dict when it can be read without downloading weights.
-
-    Local directories and ``s3://`` prefixes (one small object) are read; a hub id returns None
-    (the worker re-validates once the model is loaded).
-    """
-    try:
-        if path.startswith("s3://"):
-            from training.data.remote import read_bytes
-
-            return json.loads(read_bytes(path.rstrip("/") + "/config.json"))
-        local = Path(path) / "config.json"
-        if local.is_file():
-            return json.loads(local.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ModelConfigError(f"model.path: cannot read config.json from {path!r}: {err}") from None
-    if Path(path).exists():
-        raise ModelConfigError(f"model.path: {path!r} holds no config.json (not a Hugging Face model directory)")
-    return None
-
-
-def max_positions(model_config: Mapping[str, Any]) -> int | None:
-    """``max_position_embeddings`` from a model's config; never assumed (facts.md)."""
-    value = model_config.get("max_position_embeddings")
-    return int(value) if value else None
-
-
-def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "job config") -> None:
-    """Refuse a sequence length beyond the model's own ``max_position_embeddings``."""
-    limit = max_positions(model_config)
-    if limit is not None and seq_len > limit:
-        raise ModelConfigError(
-            f"{source}: train.seq_len: {seq_len} exceeds the model's max_position_embeddings ({limit})")
 
 
 def build_model(model_cfg: Any, *, seq_len: int, on_gpu: bool) -> torch.nn.Module:

@@ -61,12 +61,26 @@ the others load it (``build_data(..., cache_dir=...)`` overrides the location). 
 only materialises its own samples. The held-out split is chosen per DOCUMENT from the seed and
 the document's content (``data.eval_fraction``), before packing; see ``packing.py``.
 """
-from training.data.build import DataBundle, DataStats, EvalPrompt, build_data
-from training.data.packing import IGNORE_INDEX
 from training.data.records import DataError
-from training.data.stream import PackedStream, SyntheticStream, TrainStream
+
+# The rest loads on first use (numpy, torch): the data CHECK (training/data/check.py) and the
+# records reader must import in milliseconds for `python -m training --check` and preflight.
+_LAZY = {
+    "DataBundle": "training.data.build", "DataStats": "training.data.build", "EvalPrompt": "training.data.build",
+    "build_data": "training.data.build", "IGNORE_INDEX": "training.data.packing",
+    "PackedStream": "training.data.stream", "SyntheticStream": "training.data.stream",
+    "TrainStream": "training.data.stream",
+}
 
 __all__ = [
     "DataBundle", "DataError", "DataStats", "EvalPrompt", "IGNORE_INDEX", "PackedStream",
     "SyntheticStream", "TrainStream", "build_data",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'training.data' has no attribute {name!r}")

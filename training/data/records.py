@@ -74,6 +74,17 @@ def _text_documents(reader: _Reader, source: str, text: str) -> None:
             block = []
 
 
+_ARRAY_HINT = "the file is one JSON array, not JSON Lines: write one object per line (e.g. jq -c '.[]')"
+_SHAREGPT_HINT = ("ShareGPT turns ({'from', 'value'}): convert to {\"messages\": [{\"role\": "
+                  "\"user\"|\"assistant\"|\"system\", \"content\": \"...\"}]}")
+
+
+def _found(record: dict) -> str:
+    """``; found: a, b`` (the record's own keys), to show a wrong field name next to the right one."""
+    keys = ", ".join(sorted(map(str, record))[:6])
+    return f"; found: {keys}" if keys else "; the object is empty"
+
+
 def _check_messages(value: Any) -> str | None:
     """The problem with a ``messages`` value, or None if it is a trainable chat."""
     if not isinstance(value, list) or not value:
@@ -82,6 +93,8 @@ def _check_messages(value: Any) -> str | None:
         if not isinstance(m, dict):
             return f"messages[{i}] must be an object with 'role' and 'content', got {type(m).__name__}"
         role, content = m.get("role"), m.get("content")
+        if role is None and "from" in m:
+            return f"messages[{i}] has no 'role' but 'from': {_SHAREGPT_HINT}"
         if role not in ROLES:
             return f"messages[{i}].role is {role!r}; allowed: {', '.join(ROLES)}"
         if not isinstance(content, str):
@@ -97,23 +110,28 @@ def _check_messages(value: Any) -> str | None:
 
 
 def _jsonl_documents(reader: _Reader, source: str, raw: bytes, kind: str) -> None:
+    first = True
     for number, line_bytes in enumerate(raw.split(b"\n"), 1):
         if not line_bytes.strip():
             continue
+        array_start, first = first and line_bytes.lstrip().startswith(b"["), False
         try:
             record = json.loads(line_bytes.decode("utf-8"))
         except UnicodeDecodeError:
             reader.bad(source, number, "not valid UTF-8")
             continue
         except json.JSONDecodeError as err:
-            reader.bad(source, number, f"not valid JSON ({err.msg} at column {err.colno})")
+            hint = f"; {_ARRAY_HINT}" if array_start else ""
+            reader.bad(source, number, f"not valid JSON ({err.msg} at column {err.colno}){hint}")
             continue
         if not isinstance(record, dict):
-            reader.bad(source, number, f"expected a JSON object, got {type(record).__name__}")
+            hint = f"; {_ARRAY_HINT}" if array_start and isinstance(record, list) and len(record) > 1 else ""
+            reader.bad(source, number, f"expected a JSON object, got {type(record).__name__}{hint}")
             continue
         if kind == "jsonl":
             if "text" not in record:
-                reader.bad(source, number, "missing field 'text' (expected {\"text\": \"...\"})")
+                hint = " (chat records: set data.kind = 'chat')" if "messages" in record else ""
+                reader.bad(source, number, f"missing field 'text' (expected {{\"text\": \"...\"}}{_found(record)}){hint}")
             elif not isinstance(record["text"], str):
                 reader.bad(source, number, f"field 'text' must be a string, got {type(record['text']).__name__}")
             elif not record["text"].strip():
@@ -122,7 +140,9 @@ def _jsonl_documents(reader: _Reader, source: str, raw: bytes, kind: str) -> Non
                 reader.result.documents.append(Document(source=source, line=number, text=record["text"]))
             continue
         if "messages" not in record:
-            reader.bad(source, number, "missing field 'messages' (expected {\"messages\": [{\"role\", \"content\"}, ...]})")
+            hint = f": {_SHAREGPT_HINT}" if "conversations" in record else ""
+            reader.bad(source, number, "missing field 'messages' (expected {\"messages\": [{\"role\", \"content\"}, ...]}"
+                       f"{_found(record)}){hint}")
             continue
         problem = _check_messages(record["messages"])
         if problem:

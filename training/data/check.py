@@ -1,0 +1,155 @@
+"""Check the data a job will read BEFORE any worker starts: ``python -m training --check``,
+the preflight and the job's own driver call :func:`check_data`.
+
+Standard library only (pyarrow only for ``s3://``, as the job itself). It reads the data with
+the very parser the job uses (training/data/records.py), so a file it passes is one the job
+parses, and a file it refuses fails with the same one line, naming the file and the line:
+
+- local files: read in full up to :data:`LOCAL_FULL_BYTES` each, else their first
+  :data:`HEAD_BYTES` (said in the summary);
+- ``s3://``: the objects are listed and the first :data:`HEAD_BYTES` of each is read. A prefix
+  holding ``{bucket}`` (filled in from the environment by the charts and the preflight) or an
+  S3 that cannot be reached from here is not read, and the summary says why.
+
+Beyond each record: at least one usable document, a held-out split that the configured
+``data.eval_fraction`` actually fills, and enough text for one global batch (counted as an UPPER
+bound of tokens, so a corpus is only refused when it is certainly too small).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from training.data.records import SUFFIXES, DataError, _jsonl_documents, _Reader, _text_documents
+from training.data.remote import RemoteFile, is_s3, list_files, s3_filesystem, split_s3
+
+LOCAL_FULL_BYTES = 256 * 1024**2
+"""Local files up to this size are read in full."""
+HEAD_BYTES = 4 * 1024**2
+"""Of a larger local file, and of every S3 object, the first bytes read (cut at the last newline)."""
+TOKENS_PER_MESSAGE = 8
+"""Chat template tokens around one message (Qwen's ``<|im_start|>role\\n ... <|im_end|>\\n`` is 5)."""
+PLACEHOLDER = "{bucket}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataCheck:
+    """What the check read: ``summary`` is one line for the report; ``skipped`` says why not."""
+    checked: bool
+    summary: str
+    documents: int = 0
+    files: int = 0
+    complete: bool = True
+    """Every byte of every file was read (the counts are exact, not a head's lower bound)."""
+
+
+def _head(f: RemoteFile, limit: int) -> tuple[bytes, bool]:
+    """(bytes, complete): the whole file, or its first ``limit`` bytes cut at the last newline."""
+    if not is_s3(f.uri) and f.size <= LOCAL_FULL_BYTES:
+        with open(f.uri, "rb") as handle:
+            return handle.read(), True
+    if is_s3(f.uri):
+        bucket, key = split_s3(f.uri)
+        with s3_filesystem().open_input_stream(f"{bucket}/{key}") as stream:
+            data = stream.read(limit + 1)
+    else:
+        with open(f.uri, "rb") as handle:
+            data = handle.read(limit + 1)
+    if len(data) <= limit:
+        return data, True
+    cut = data[:limit].rfind(b"\n")
+    return (data[:cut + 1] if cut >= 0 else data[:limit]), False
+
+
+def _listing(job, path: str, kind: str) -> list[RemoteFile]:
+    try:
+        return list_files(path, SUFFIXES[kind])
+    except FileNotFoundError as err:
+        wanted = "/".join(SUFFIXES[kind])
+        others = ""
+        if not is_s3(path):
+            try:
+                names = sorted({f.uri.rsplit(".", 1)[-1] for f in list_files(path)})
+                others = f"; it holds .{', .'.join(names)} files" if names else ""
+            except FileNotFoundError:
+                pass
+        raise DataError(f"{job.source}: data.path: {err} (data.kind {kind!r} reads {wanted}{others})") from None
+
+
+def _token_upper_bound(documents) -> int:
+    """At most this many tokens: a byte-level BPE token covers at least one UTF-8 byte; plus the
+    template's tokens per chat message and one separator per document."""
+    total = 0
+    for d in documents:
+        if d.messages:
+            total += sum(len(m["content"].encode("utf-8")) + TOKENS_PER_MESSAGE for m in d.messages)
+        else:
+            total += len(d.text.encode("utf-8"))
+        total += 1
+    return total
+
+
+def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
+    """Read and check ``job.data``; raises :class:`DataError` (one line) for unusable data."""
+    d = job.data
+    if d.kind == "synthetic":
+        return DataCheck(checked=False, summary="synthetic token ids: no data to read")
+    if PLACEHOLDER in d.path:
+        return DataCheck(checked=False, summary=f"{d.path} not read: {PLACEHOLDER} is filled in from environment.toml "
+                                                "(run raytrain-eks preflight --job ... to check it)")
+    try:
+        files = _listing(job, d.path, d.kind)
+    except OSError as err:  # S3 unreachable from this machine (no credentials, no network)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return DataCheck(checked=False, summary=f"{d.path} not read: S3 not reachable from here ({first[:160]})")
+    reader = _Reader(d.on_bad_record)
+    complete, read = True, 0
+    try:
+        for f in files:
+            raw, whole = _head(f, head_bytes)
+            complete &= whole
+            read += len(raw)
+            if not raw.strip():
+                reader.bad(f.uri, 1, "empty file")
+                continue
+            if d.kind == "text":
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    reader.bad(f.uri, raw[:err.start].count(b"\n") + 1, "not valid UTF-8")
+                    text = raw.decode("utf-8", errors="replace")
+                _text_documents(reader, f.uri, text)
+            else:
+                _jsonl_documents(reader, f.uri, raw, d.kind)
+    except DataError as err:
+        raise DataError(f"{job.source}: data.path: {err}") from None
+    except OSError as err:
+        raise DataError(f"{job.source}: data.path: {d.path}: cannot read ({err})") from None
+    docs = reader.result.documents
+    n = len(docs)
+    if not docs:
+        raise DataError(f"{job.source}: data.path: {d.path}: no usable {d.kind} documents "
+                        f"({reader.result.bad_records} bad records skipped in {len(files)} files)")
+    if complete:
+        _check_size(job, docs)
+    scope = "read in full" if complete else f"first {head_bytes // 1024**2} MiB of each file read"
+    bad = f", {reader.result.bad_records} bad records to skip" if reader.result.bad_records else ""
+    return DataCheck(checked=True, documents=n, files=len(files), complete=complete,
+                     summary=f"{d.path}: {n} {d.kind} documents in {len(files)} file(s), {read} bytes {scope}{bad}")
+
+
+def _check_size(job, docs) -> None:
+    d, t = job.data, job.train
+    n = len(docs)
+    if n < 2 or round(n * d.eval_fraction) < 1:
+        need = max(2, int(0.5 / d.eval_fraction) + 1)
+        raise DataError(f"{job.source}: data.path: {d.path}: {n} document(s); data.eval_fraction {d.eval_fraction:g} "
+                        f"holds out none (needs at least {need} documents, or a larger eval_fraction)")
+    n_eval = min(n - 1, round(n * d.eval_fraction))
+    # The train split is the documents not held out; at most all but the n_eval smallest.
+    sizes = sorted(_token_upper_bound([doc]) for doc in docs)
+    train_tokens = sum(sizes[n_eval:])
+    batch = t.global_batch_size * t.seq_len
+    if train_tokens < batch:
+        raise DataError(f"{job.source}: data.path: {d.path}: the train split holds at most {train_tokens} tokens, "
+                        f"less than one global batch (train.global_batch_size {t.global_batch_size} x train.seq_len "
+                        f"{t.seq_len} = {batch})")
