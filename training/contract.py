@@ -144,10 +144,15 @@ RECORD_FIELDS = (
     "schema_version", "run_dir", "kind", "is_infrastructure_check", "image", "image_digest", "code_hash",
     "spec_hash", "manifest_hash", "job_config", "job_config_hash", "cluster", "versions", "hosts", "transport",
     "throughput", "eval", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
-    "exit_code", "error", "command",
+    "exit_code", "error", "command", "failure",
 )
 """Every top-level key a finished run.json holds."""
 RECORD_STATUSES = ("running", "succeeded", "failed", "stopped")
+FAILURE = "failure"
+"""run.json: where a failed run failed, e.g. ``{"stage": "data", "rank": 0, "error_class": "DataError"}``."""
+FAILURE_STAGE = "stage"
+STAGE_DATA = "data"
+"""The data could not be read or parsed (a deterministic user error: never retried)."""
 
 
 def steady_median(rows: list[dict[str, Any]], key: str) -> Any:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from typing import Any
 
 from training import contract
 from training.config import JobConfig
+from training.data.failure import one_line, read_data_errors
 
 # Driver environment variables the workers need too (fault injection, S3 endpoint for tests,
 # report cadence): in a running cluster the actors do not inherit the driver's environment.
@@ -48,7 +50,8 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
 
 
-def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from: str = "") -> Any:
+def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from: str = "",
+                  data_error_token: str = "run") -> Any:
     """The TorchTrainer for ``job`` (not started); ``resume_from``: a checkpoint URI for a new run."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -68,7 +71,8 @@ def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from:
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"job": job.to_dict(), "source": job.source, "argv": list(argv or sys.argv),
-                           "run_dir": run_dir(job), "resume_from": resume_from, "cwd": os.getcwd()},
+                           "run_dir": run_dir(job), "resume_from": resume_from, "cwd": os.getcwd(),
+                           "data_error_token": data_error_token},
         torch_config=TorchConfig(backend=backend_for(p.use_gpu)),
         scaling_config=ScalingConfig(num_workers=p.num_workers, use_gpu=p.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
@@ -145,11 +149,20 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
     if job.checkpoint.storage_path:  # keep the reference: the flag actor lives as long as it
         stop_flag = checkpointing.forward_driver_sigterm(job.run_name, job.checkpoint.sigterm_grace_seconds)
     status, error, code = "succeeded", None, 0
+    failure: dict[str, Any] = {}
+    token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/failure.py)
     try:
-        result = build_trainer(job, argv=argv, resume_from=resume_from).fit()
+        result = build_trainer(job, argv=argv, resume_from=resume_from, data_error_token=token).fit()
         if getattr(result, "error", None):
             raise result.error
-        if _last_summary(job).get("stopped_by_signal"):
+        data_errors = read_data_errors(run_dir(job), token)
+        if data_errors:
+            # Deterministic bad input: one line, exit 2, not retried (the workers returned).
+            status, error, code = "failed", one_line(data_errors), 2
+            failure = {contract.FAILURE_STAGE: contract.STAGE_DATA, "rank": data_errors[0].get("rank"),
+                       "error_class": data_errors[0].get("error_class")}
+            print(f"error: {error}", file=sys.stderr, flush=True)
+        elif _last_summary(job).get("stopped_by_signal"):
             status, code = "stopped", 143
     except Exception as err:  # TrainingFailedError and friends: one line, details in the logs
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -165,7 +178,7 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
         record.data = read_json(record.uri)  # rank 0 added hosts, transport, throughput, eval
     except (OSError, ValueError):
         pass
-    record.finish(status=status, error=error, exit_code=code)
+    record.finish(status=status, error=error, exit_code=code, **({contract.FAILURE: failure} if failure else {}))
     del stop_flag
     print(f"run directory: {run_dir(job)} ({status})", flush=True)
     return code

@@ -148,7 +148,7 @@ class _Record:
             self.record.update(**fields)
 
 
-def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: str = "",
+def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: Any = None, resume_from: str = "",
           argv: list[str] | None = None) -> dict[str, Any]:
     """Run the job on this worker; returns the run's summary (the same on every rank)."""
     from training import checkpointing as ckpt_api
@@ -171,7 +171,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, resume_from: 
                 activation_checkpointing=job.parallel.activation_checkpointing, compile=job.parallel.compile)
     optimizer = optim.build_optimizer(model, job.train)
     scheduler = optim.build_scheduler(optimizer, job.train)
-    data, tokenizer = (data, None) if data is not None else open_data(job, ctx)
+    data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
     evidence = collect_evidence(require=job.evidence.require_transport, log_dir=NCCL_LOG_DIR if on_gpu else None,
                                 num_nodes=job.num_nodes)
     record = _Record(job, ctx, argv)
@@ -295,5 +295,20 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if cwd and os.path.isdir(cwd):  # same machine as the driver (local runs); in a cluster the
         os.chdir(cwd)               # runtime env's working_dir is already the cwd
     job = job_config_from_dict(loop_config["job"], loop_config.get("source", "<job config>"))
-    train(job, ray_context(loop_config.get("run_dir", "")), resume_from=loop_config.get("resume_from", ""),
+    ctx = ray_context(loop_config.get("run_dir", ""))
+    # Data first: a data error is deterministic, so it must end the run, not be retried by Ray
+    # (training/data/failure.py: the ranks agree, the failed ones leave a marker, all return).
+    from training.data import DataError
+    from training.data.failure import agree_on_data, storage_writer
+
+    data = tokenizer = error = None
+    try:
+        data, tokenizer = open_data(job, ctx)
+    except DataError as err:
+        error = err
+    device = torch.device("cuda", ctx.local_rank) if job.parallel.use_gpu else torch.device("cpu")
+    writer = storage_writer(ctx.storage, loop_config.get("data_error_token", "run"), ctx.rank)
+    if not agree_on_data(error, rank=ctx.rank, device=device, write=writer):
+        return
+    train(job, ctx, data=data, tokenizer=tokenizer, resume_from=loop_config.get("resume_from", ""),
           argv=loop_config.get("argv"))

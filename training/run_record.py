@@ -165,6 +165,7 @@ class RunRecord:
             "exit_code": None,
             "error": None,
             "command": list(sys.argv if command is None else command),
+            contract.FAILURE: {},
         }
         self._write()
         return self.data
