@@ -27,8 +27,10 @@ from typing import Any
 
 from charts.errors import ChartError
 from charts.provenance import short_hash
+from charts.resources import resource_problems
 from environment import Environment
 from training.config import JobConfig, JobConfigError, load_job_config, read_job_file
+from training.model_config import check_model
 
 BUCKET_PLACEHOLDER = "{bucket}"
 MAX_RAYJOB_NAME = 47
@@ -147,12 +149,20 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
         overrides += [f"parallel.num_workers={requested}", f"parallel.workers_per_node={group.gpus_per_node}",
                       "parallel.use_gpu=true"]
     else:
-        cpus = base.parallel.num_workers * base.parallel.cpus_per_worker
-        if cpus > group.pod_cpu:
-            raise ChartError(f"{rel}: parallel.num_workers: {base.parallel.num_workers} x cpus_per_worker "
-                             f"{base.parallel.cpus_per_worker} = {cpus:g} CPUs do not fit one worker pod "
-                             f"({group.pod_cpu} CPUs on {group.instance_type})")
         replicas = 1
+    problems = resource_problems(env, base)
+    if problems:
+        raise ChartError(problems[0])
+    written = base.checkpoint.storage_path
+    if written and written.rstrip("/") != env.storage_uri:
+        # The cluster's runs live in the spec's bucket; a path in the file would be replaced silently.
+        raise ChartError(f"{rel}: checkpoint.storage_path: {written!r} is set by the charts to the spec's "
+                         f"{env.storage_uri} on the cluster (a local directory is not shared between pods): "
+                         "remove it from the file")
+    try:
+        check_model(base, read_s3=False)
+    except JobConfigError as err:
+        raise ChartError(str(err)) from None
     overrides.append(f"checkpoint.storage_path={_toml_value(env.storage_uri)}")
     overrides += _placeholders(raw or {}, env.bucket_name)
     try:

@@ -38,14 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from charts.errors import ChartError
     from environment import SpecError
     from training.config import JobConfigError
+    from training.data.records import DataError
 
     args = build_parser().parse_args(argv)
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)
-    except (SpecError, JobConfigError) as err:
+    except (SpecError, JobConfigError, DataError, ChartError) as err:  # JobConfigError covers the model's
         print(f"error: {err}", file=sys.stderr)
         return 2
 

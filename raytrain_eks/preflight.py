@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from charts.resources import resource_problems
 from raytrain_eks import memory_estimate
 from raytrain_eks.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
 from environment import Environment
@@ -81,21 +82,29 @@ def manifest_ray_versions(dist_dir: str | Path) -> dict[str, set[str]]:
     return found
 
 
-def _check_world(env: Environment, job: JobConfig) -> list[Check]:
+def _check_world(env: Environment, job: JobConfig, host_model_bytes: int = 0) -> list[Check]:
     p = job.parallel
+    fit = [Check(name="pod resources", ok=False, message=m.removeprefix(f"{job.source}: "))
+           for m in resource_problems(env, job, host_model_bytes=host_model_bytes)]
     if not p.use_gpu:
-        cpus = os.cpu_count() or 1
+        # Judged against the worker pod the charts give it, never this machine: a plan must not
+        # pass or fail by where preflight happens to run. This machine is only a note.
         need = p.num_workers * p.cpus_per_worker
-        return [Check(name="world size", ok=need <= cpus,
-                      message=f"parallel.num_workers x cpus_per_worker = {need:g} CPUs; this machine has {cpus}")]
+        g = env.gpu_group(job.parallel.node_group)
+        return fit or [
+            Check(name="pod resources", ok=True,
+                  message=f"parallel.num_workers x cpus_per_worker = {need:g} CPUs of one worker pod "
+                          f"({g.pod_cpu} CPUs on {g.instance_type})"),
+            Check(name="this machine", ok=True, note=True,
+                  message=f"{os.cpu_count() or 1} CPUs here; `python -m training` locally needs {need:g}")]
     g = env.gpu_group(job.parallel.node_group)
     shape = f"{g.desired_nodes} x {g.instance_type} ({g.world_size} {g.instance.gpu_model} GPUs)"
     checks = [Check(name="world size", ok=p.num_workers <= g.world_size,
                     message=f"parallel.num_workers = {p.num_workers} needs {p.num_workers} GPUs; "
                             f"gpu group {g.name!r} has {g.world_size}: {shape}")]
-    checks.append(Check(name="workers per node", ok=p.workers_per_node <= g.gpus_per_node,
-                        message=f"parallel.workers_per_node = {p.workers_per_node}; a {g.instance_type} has "
-                                f"{g.gpus_per_node} GPUs"))
+    checks += fit or [Check(name="pod resources", ok=True,
+                            message=f"{p.workers_per_node} workers x {p.cpus_per_worker:g} CPUs + 1 GPU each in a "
+                                    f"{g.pod_cpu}-CPU, {g.gpus_per_node}-GPU worker pod ({g.instance_type})")]
     if p.workers_per_node < g.gpus_per_node or p.num_workers < g.world_size:
         checks.append(Check(name="idle GPUs", ok=True, note=True,
                             message=f"the job uses {p.num_workers} of {g.world_size} GPUs you pay for"))
@@ -132,8 +141,7 @@ def _check_transport(env: Environment, job: JobConfig) -> list[Check]:
                          " but a local CPU job uses gloo on one machine (require 'single-node' or 'any')"))]
     if require == "efa":
         if g.efa_per_node < 1:
-            return [Check(name="transport", ok=False,
-                          message=f"evidence.require_transport = 'efa' but {g.instance_type} has no EFA interface")]
+            return []  # refused by the pod-resources check (charts/resources.py)
         if job.num_nodes < 2:
             return [Check(name="transport", ok=False,
                           message=f"evidence.require_transport = 'efa' but the job spans {job.num_nodes} node "
@@ -145,6 +153,25 @@ def _check_transport(env: Environment, job: JobConfig) -> list[Check]:
                       message=f"evidence.require_transport = {require!r}: a silent fall-back to TCP sockets "
                               "would not stop this run (set 'efa')")]
     return []
+
+
+def _check_inputs(job: JobConfig) -> list[Check]:
+    """The model's config and the data, read as the job's own driver will (S3 included)."""
+    from training.data.check import check_data
+    from training.data.records import DataError
+    from training.model_config import ModelConfigError, check_model
+
+    checks = []
+    try:
+        checks.append(Check(name="model", ok=True, note=True, message=check_model(job)))
+    except ModelConfigError as err:
+        checks.append(Check(name="model", ok=False, message=str(err).removeprefix(f"{job.source}: ")))
+    try:
+        data = check_data(job)
+        checks.append(Check(name="data", ok=True, note=not data.checked, message=data.summary))
+    except DataError as err:
+        checks.append(Check(name="data", ok=False, message=str(err).removeprefix(f"{job.source}: ")))
+    return checks
 
 
 def _network_bytes_per_node(job: JobConfig, num_params: int, param_bytes: int, strategy: str = "") -> float:
@@ -195,13 +222,17 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu: {mfu!r} must be between 0 and 1")
     plan = Plan(env=env, job=job)
-    plan.checks += _check_world(env, job)
-    plan.checks += _check_ray(env, job, dist_dir, installed_ray_version() if installed_ray is None else installed_ray)
-    plan.checks += _check_transport(env, job)
     try:
         shapes, plan.shapes_source = shapes_for_job(job)
     except ShapesUnknown as err:
-        plan.checks.append(Check(name="memory", ok=False, message=str(err)))
+        shapes, unknown = None, err
+    host_bytes = shapes.num_params() * (2 if job.model.dtype == "bfloat16" else 4) if shapes else 0
+    plan.checks += _check_world(env, job, host_bytes)
+    plan.checks += _check_ray(env, job, dist_dir, installed_ray_version() if installed_ray is None else installed_ray)
+    plan.checks += _check_transport(env, job)
+    plan.checks += _check_inputs(job)
+    if shapes is None:
+        plan.checks.append(Check(name="memory", ok=False, message=str(unknown)))
         return plan
     if not job.parallel.use_gpu:
         plan.checks.append(Check(name="memory", ok=True, note=True, message="local CPU job: no GPU memory to check"))

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-PLACEHOLDER = "{bucket}"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -26,45 +23,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def check_model(job) -> str:
-    """The model's own config against the job (seq_len); returns a one-line note of what was read."""
-    from training.model_config import ModelConfigError, check_seq_len, read_model_config
-
-    tokenizer = job.model.tokenizer
-    if tokenizer and "://" not in tokenizer and not Path(tokenizer).is_dir():
-        raise ModelConfigError(f"{job.source}: model.tokenizer: {tokenizer!r} is not a directory "
-                               "(give a tokenizer directory, an s3:// prefix, or leave it empty)")
-    if not job.model.path:
-        return "model from model.config"
-    if PLACEHOLDER in job.model.path:
-        return f"{job.model.path} not read: {PLACEHOLDER} is filled in from environment.toml"
-    try:
-        model_config = read_model_config(job.model.path, job.source)
-    except ModelConfigError as err:
-        if job.model.path.startswith("s3://") and "cannot read" in str(err):
-            return f"{job.model.path} not read: S3 not reachable from here"
-        raise
-    if model_config is None:
-        return f"{job.model.path}: a hub id (checked by the workers once downloaded)"
-    check_seq_len(job.train.seq_len, model_config, source=job.source)
-    return f"{job.model.path}/config.json read"
-
-
-def validate_job(config_path: str, overrides: list[str]):
-    """The job config, checked against the model's own config where it can be read."""
-    from training.config import load_job_config
-
-    job = load_job_config(config_path, overrides)
-    check_model(job)
-    return job
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     from training.config import JobConfigError, load_job_config
     from training.data.check import check_data
     from training.data.records import DataError
+    from training.model_config import check_model
 
     try:
         job = load_job_config(args.config, args.overrides)

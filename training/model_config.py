@@ -105,3 +105,33 @@ def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "
     if limit is not None and seq_len > limit:
         raise ModelConfigError(
             f"{source}: train.seq_len: {seq_len} exceeds the model's max_position_embeddings ({limit})")
+
+
+PLACEHOLDER = "{bucket}"
+
+
+def check_model(job: Any, *, read_s3: bool = True) -> str:
+    """The job's model section against what can be read from here (the tokenizer directory, the
+    model's config.json and ``seq_len`` within its positions); returns a one-line note of what
+    was read. ``read_s3=False``: an ``s3://`` model is not read (the charts never go online)."""
+    tokenizer = job.model.tokenizer
+    if tokenizer and "://" not in tokenizer and not Path(tokenizer).is_dir():
+        raise ModelConfigError(f"{job.source}: model.tokenizer: {tokenizer!r} is not a directory "
+                               "(give a tokenizer directory, an s3:// prefix, or leave it empty)")
+    path = job.model.path
+    if not path:
+        return "model from model.config"
+    if PLACEHOLDER in path:
+        return f"{path} not read: {PLACEHOLDER} is filled in from environment.toml"
+    if path.startswith("s3://") and not read_s3:
+        return f"{path} not read (s3)"
+    try:
+        model_config = read_model_config(path, job.source)
+    except ModelConfigError as err:
+        if path.startswith("s3://") and "cannot read" in str(err):
+            return f"{path} not read: S3 not reachable from here ({str(err).rsplit(': ', 1)[-1][:120]})"
+        raise
+    if model_config is None:
+        return f"{path}: a hub id (checked by the workers once downloaded)"
+    check_seq_len(job.train.seq_len, model_config, source=job.source)
+    return f"{path}/config.json read (max_position_embeddings {max_positions(model_config)})"
