@@ -1,0 +1,116 @@
+"""Every bad input of the battery (tests/validation/cases.py) is refused in ONE line that names the
+field, by the fastest entry point that can see it."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from cases import (DATA_CASES, ENV_CASES, JOB_CASES, MODEL_DIR_CASES, PLAN_CASES, ROOT)
+from environment import SpecError, environment_from_dict, load_environment
+from training.config import JobConfigError, load_job_config
+from training.data.check import check_data
+from training.data.records import DataError
+from training.model_config import check_model
+
+LOCAL_JOB = ROOT / "jobs" / "local.toml"
+
+
+def _one_line(err: BaseException, *words: str) -> str:
+    text = str(err)
+    assert "\n" not in text, text
+    for w in words:
+        assert w in text, text
+    return text
+
+
+@pytest.fixture(scope="module")
+def raw_env() -> dict:
+    return tomllib.loads((ROOT / "environment.toml").read_text())
+
+
+@pytest.mark.parametrize("mutate,words", [c[1:] for c in ENV_CASES], ids=[c[0] for c in ENV_CASES])
+def test_environment(raw_env, mutate, words):
+    broken = copy.deepcopy(raw_env)
+    mutate(broken)
+    with pytest.raises(SpecError) as err:
+        environment_from_dict(broken, "environment.toml")
+    assert _one_line(err.value, words).startswith("environment.toml: ")
+
+
+@pytest.mark.parametrize("overrides,words", [c[1:] for c in JOB_CASES], ids=[c[0] for c in JOB_CASES])
+def test_job(overrides, words, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(JobConfigError) as err:
+        check_model(load_job_config(LOCAL_JOB.relative_to(ROOT), overrides))
+    assert _one_line(err.value, words).startswith("jobs/local.toml: ")
+
+
+def _data_job(tmp_path: Path, kind: str, name: str, content, extra: list[str]):
+    target = tmp_path / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (target.write_bytes if isinstance(content, bytes) else target.write_text)(content)
+    path = target.parent if "/" in name else target
+    return load_job_config(LOCAL_JOB, [f"data.kind={kind}", f"data.path={path}", *extra])
+
+
+@pytest.mark.parametrize("kind,name,content,extra,words", [c[1:] for c in DATA_CASES], ids=[c[0] for c in DATA_CASES])
+def test_data(tmp_path, kind, name, content, extra, words):
+    job = _data_job(tmp_path, kind, name, content, extra)
+    with pytest.raises(DataError) as err:
+        check_data(job)
+    assert _one_line(err.value, f"{LOCAL_JOB}: data.path: ", words)
+
+
+@pytest.mark.parametrize("config_json,extra,words", [c[1:] for c in MODEL_DIR_CASES], ids=[c[0] for c in MODEL_DIR_CASES])
+def test_model_directory(tmp_path, config_json, extra, words):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(config_json)
+    job = tmp_path / "job.toml"
+    text = LOCAL_JOB.read_text().replace("config = {", f'path = "{model}"\n# config = {{')
+    job.write_text(text.replace('tokenizer = "training/', f'tokenizer = "{ROOT}/training/'))
+    with pytest.raises(JobConfigError) as err:
+        check_model(load_job_config(job, extra))
+    _one_line(err.value, f"{job}: ", words.format(model=model))
+
+
+def plan(where: str, tmp_path: Path, text: str):
+    """Plan a job file against the shipped environment at synth (charts) or in preflight."""
+    from charts.jobs import plan_job
+    from raytrain_eks.preflight import run_preflight
+
+    env = load_environment(ROOT / "environment.toml")
+    (tmp_path / "jobs").mkdir(exist_ok=True)
+    path = tmp_path / "jobs" / "job.toml"
+    path.write_text(text)
+    with contextlib.chdir(tmp_path):
+        if where == "charts":
+            plan_job(env, path, tmp_path)
+            return None
+        from raytrain_eks.preflight import spec_overrides
+
+        job = load_job_config("jobs/job.toml", spec_overrides(env, "jobs/job.toml", []))
+        return run_preflight(env, job, dist_dir=tmp_path / "no-dist", installed_ray="2.58.0").refusal
+
+
+@pytest.mark.parametrize("text,where,words", [c[1:] for c in PLAN_CASES], ids=[c[0] for c in PLAN_CASES])
+def test_plan(tmp_path, text, where, words):
+    from charts.errors import ChartError
+
+    if where == "charts":
+        with pytest.raises(ChartError) as err:
+            plan(where, tmp_path, text)
+        _one_line(err.value, "jobs/job.toml: ", words)
+    else:
+        refusal = plan(where, tmp_path, text)
+        assert refusal is not None
+        assert "\n" not in refusal and words in refusal, refusal
+
+
+def test_the_battery_has_at_least_60_bad_inputs():
+    total = len(ENV_CASES) + len(JOB_CASES) + len(DATA_CASES) + len(MODEL_DIR_CASES) + len(PLAN_CASES)
+    assert total >= 60, total
