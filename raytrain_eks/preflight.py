@@ -103,8 +103,9 @@ def _check_world(env: Environment, job: JobConfig, host_model_bytes: int = 0) ->
                     message=f"parallel.num_workers = {p.num_workers} needs {p.num_workers} GPUs; "
                             f"gpu group {g.name!r} has {g.world_size}: {shape}")]
     checks += fit or [Check(name="pod resources", ok=True,
-                            message=f"{p.workers_per_node} workers x {p.cpus_per_worker:g} CPUs + 1 GPU each in a "
-                                    f"{g.pod_cpu}-CPU, {g.gpus_per_node}-GPU worker pod ({g.instance_type})")]
+                            message=f"parallel.workers_per_node = {p.workers_per_node}; a {g.instance_type} has "
+                                    f"{g.gpus_per_node} GPUs; {p.workers_per_node} x {p.cpus_per_worker:g} CPUs of "
+                                    f"its {g.pod_cpu}-CPU worker pod")]
     if p.workers_per_node < g.gpus_per_node or p.num_workers < g.world_size:
         checks.append(Check(name="idle GPUs", ok=True, note=True,
                             message=f"the job uses {p.num_workers} of {g.world_size} GPUs you pay for"))

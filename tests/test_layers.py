@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("environment", "training", "charts", "infra", "raytrain_eks", "devtools")
-TRAINING_STDLIB_MODULES = ("training.config", "training.config_checks", "training.contract")
+TRAINING_STDLIB_MODULES = ("training.config", "training.config_checks", "training.contract", "training.model_config")
 ALLOWED: dict[str, set[str]] = {
     "environment": {"environment"},
     "training": {"training"},
@@ -147,8 +147,8 @@ def test_a_violation_is_reported_with_file_and_line():
     assert check_source("training/loop.py", "def f():\n    from environment import Environment\n") == [
         "training/loop.py:2: training may not import environment (environment.Environment)"]
     assert check_source("charts/jobs.py", "from training import loop\n") == [
-        "charts/jobs.py:1: charts may import only training.config, training.config_checks, training.contract "
-        "of training (training.loop)"]
+        "charts/jobs.py:1: charts may import only training.config, training.config_checks, training.contract, "
+        "training.model_config of training (training.loop)"]
     assert check_source("charts/jobs.py", "from training import contract\nfrom training.config import JobConfig\n") == []
     assert check_source("environment/model.py", "import yaml\n") == [
         "environment/model.py:1: environment.model must import only the standard library (yaml)"]

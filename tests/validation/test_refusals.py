@@ -78,37 +78,32 @@ def test_model_directory(tmp_path, config_json, extra, words):
     _one_line(err.value, f"{job}: ", words.format(model=model))
 
 
-def plan(where: str, tmp_path: Path, text: str):
-    """Plan a job file against the shipped environment at synth (charts) or in preflight."""
+def plan(where: str, tmp_path: Path, text: str, capsys) -> str:
+    """Plan a job file against the shipped environment at synth (charts: the error's text) or
+    through ``raytrain-eks preflight`` (its one stderr line)."""
+    from charts.errors import ChartError
     from charts.jobs import plan_job
-    from raytrain_eks.preflight import run_preflight
+    from raytrain_eks.cli import main
 
-    env = load_environment(ROOT / "environment.toml")
     (tmp_path / "jobs").mkdir(exist_ok=True)
     path = tmp_path / "jobs" / "job.toml"
     path.write_text(text)
     with contextlib.chdir(tmp_path):
         if where == "charts":
-            plan_job(env, path, tmp_path)
-            return None
-        from raytrain_eks.preflight import spec_overrides
-
-        job = load_job_config("jobs/job.toml", spec_overrides(env, "jobs/job.toml", []))
-        return run_preflight(env, job, dist_dir=tmp_path / "no-dist", installed_ray="2.58.0").refusal
+            with pytest.raises(ChartError) as err:
+                plan_job(load_environment(ROOT / "environment.toml"), path, tmp_path)
+            return str(err.value)
+        code = main(["preflight", "--env", str(ROOT / "environment.toml"), "--job", "jobs/job.toml",
+                     "--dist", str(tmp_path / "no-dist")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    return err.strip()
 
 
 @pytest.mark.parametrize("text,where,words", [c[1:] for c in PLAN_CASES], ids=[c[0] for c in PLAN_CASES])
-def test_plan(tmp_path, text, where, words):
-    from charts.errors import ChartError
-
-    if where == "charts":
-        with pytest.raises(ChartError) as err:
-            plan(where, tmp_path, text)
-        _one_line(err.value, "jobs/job.toml: ", words)
-    else:
-        refusal = plan(where, tmp_path, text)
-        assert refusal is not None
-        assert "\n" not in refusal and words in refusal, refusal
+def test_plan(tmp_path, text, where, words, capsys):
+    line = plan(where, tmp_path, text, capsys)
+    assert "\n" not in line and "jobs/job.toml" in line and words in line, line
 
 
 def test_the_battery_has_at_least_60_bad_inputs():
