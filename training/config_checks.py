@@ -42,8 +42,6 @@ def validate(c: Any) -> None:
     _one_of(s, "model.dtype", c.model.dtype, DTYPES)
     if not c.model.path and not c.model.config:
         raise _fail(s, "model.path", "", "is empty and model.config is empty: give a model path or a config")
-    if c.model.path and c.model.config:
-        raise _fail(s, "model.config", dict(c.model.config), "is ignored when model.path is set (remove one of them)")
     from training.model_config import check_config_keys, check_seq_len  # stdlib; imports this module
 
     check_config_keys(c.model.config, s)

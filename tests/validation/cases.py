@@ -91,7 +91,6 @@ JOB_CASES = [
     ("model-kv-heads-3", ["model.config.num_key_value_heads=3"], "model.config.num_key_value_heads: 3 must divide num_attention_heads (4)"),
     ("model-layers-string", ['model.config.num_hidden_layers="2"'], "model.config.num_hidden_layers: '2' must be a positive integer"),
     ("seq-beyond-config-positions", ["train.seq_len=4096"], "train.seq_len: 4096 exceeds the model's max_position_embeddings (2048)"),
-    ("path-and-config", ["model.path=Qwen/Qwen2.5-0.5B"], "model.config: {"),
     ("gpu-storage-local", ["parallel.use_gpu=true", "parallel.num_workers=8", "parallel.workers_per_node=4",
                            "checkpoint.storage_path=/tmp/ckpt", "train.global_batch_size=16"],
      "checkpoint.storage_path: '/tmp/ckpt' is a local directory but the job spans 2 nodes"),
