@@ -13,6 +13,9 @@ from charts.imports.io import ray as generated
 from charts.provenance import Provenance
 from environment import Environment
 
+UPGRADE_STRATEGY = {"type": generated.RayClusterSpecUpgradeStrategyType.RECREATE}
+"""KubeRay (v1.6+) deletes every pod when the spec's hash changes (a new image digest too) and
+recreates them from the new spec; without it a re-applied cluster keeps running the old image."""
 MAX_RAYCLUSTER_NAME = 53
 """KubeRay's limit: the longest Service it derives (``-serve-svc``) must stay within 63."""
 
@@ -38,5 +41,6 @@ class RayClusterChart(cdk8s.Chart):
             self, "raycluster",
             metadata=cdk8s.ApiObjectMetadata(name=cluster_name(env), labels=provenance.labels,
                                              annotations=provenance.annotations),
-            spec=to_bindings("RayClusterSpec", ray_cluster_spec(shape)),
+            # Only on a RayCluster of our own: KubeRay rejects the field inside a RayJob.
+            spec=to_bindings("RayClusterSpec", {**ray_cluster_spec(shape), "upgradeStrategy": UPGRADE_STRATEGY}),
         )

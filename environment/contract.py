@@ -36,6 +36,9 @@ UNLOCKED = "unlocked"
 CODE_PREFIX = "code"
 """Key prefix of the content-addressed code archives every RayJob names as its working_dir;
 the pod role must be able to read it."""
+REGRESSION_REPORT_DIR = "regression"
+"""Folder inside a smoke run's directory where the pipeline's regression gate writes the
+side-by-side report against the last promoted smoke run (the pipeline role may write there)."""
 
 # --- image digests (spec validation, lock, the image watcher) -------------------------------
 DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
@@ -58,3 +61,10 @@ KUBERNETES_VERSIONS: tuple[str, ...] = ("1.36",)
 """Minor versions with a kubectl/helm Lambda layer in this CDK app: the provider's client must
 match the server's minor. Each needs the PyPI package ``aws-cdk.lambda-layer-kubectl-v1NN``
 pinned in pyproject.toml; infra/kubectl_layer.py derives the module from the version."""
+
+# --- what the pipeline adds to a smoke run's run.json ---------------------------------------
+RECORD_IMAGE_RAN = "image_ran"
+"""run.json key the pipeline writes after a smoke run: ``{"pods": {pod: imageID}, "source": ...}``
+from the pods' ``status.containerStatuses[].imageID`` (what the runtime pulled). A container
+cannot read its own imageID (the downward API has no such field), so the job records only the
+image the manifest ASKED for (``image``); promotion compares this one."""

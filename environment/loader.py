@@ -33,6 +33,7 @@ _CHECKS = {
     "str": (lambda v: isinstance(v, str), "a string"),
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
     "tuple[str, ...]": (lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v), "a list of strings"),
 }
 
@@ -64,6 +65,8 @@ def _section(source: str, cls: type, table: Any, prefix: str) -> Any:
         if not ok(value):
             raise _fail(source, f"{prefix}.{key}", value, f"is not allowed (expected {expected})")
         values[key] = tuple(value) if isinstance(value, list) else value
+        if str(fields[key].type) == "float":
+            values[key] = float(value)
     try:
         return cls(**values)
     except FieldError as err:

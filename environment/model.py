@@ -307,6 +307,12 @@ class PipelineSpec:
     branch: str = "main"
     watch_schedule: str = "rate(6 hours)"
     """How often the image watcher resolves the tag's digest (EventBridge schedule expression)."""
+    min_tokens_per_s_fraction: float = 0.9
+    """Regression gate: the smoke run's tokens/s must reach this fraction of the last promoted
+    smoke run's (the same job on the same cluster shape)."""
+    max_eval_loss_increase: float = 0.05
+    """Regression gate: the smoke run's held-out loss after training may exceed the last
+    promoted smoke run's by at most this much."""
 
     def __post_init__(self) -> None:
         arn = r"arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}"
@@ -319,6 +325,12 @@ class PipelineSpec:
             raise FieldError("branch", self.branch, "is not a git branch name")
         if problem := schedule_problem(self.watch_schedule):
             raise FieldError("watch_schedule", self.watch_schedule, problem)
+        if not 0 < self.min_tokens_per_s_fraction <= 2:
+            raise FieldError("min_tokens_per_s_fraction", self.min_tokens_per_s_fraction,
+                             "must be > 0 and <= 2 (0.9 = the new image may be 10% slower than the promoted one)")
+        if not 0 <= self.max_eval_loss_increase <= 10:
+            raise FieldError("max_eval_loss_increase", self.max_eval_loss_increase,
+                             "must be between 0 and 10 (the held-out loss the new image may add)")
 
     @property
     def enabled(self) -> bool:

@@ -1,24 +1,28 @@
 """Image-driven redeploys: a CodePipeline V2 that proves a new image digest on the cluster before
 promoting it, and the scheduled watcher that starts it.
 
-Stages (each a separate action, in this order):
+Stages (each a separate action, in this order; the logic is raytrain_eks/pipeline/):
 
-``Source``   CodeConnections (``pipeline.connection_arn``/``repository``/``branch``); a push runs
-             the pipeline with the digest committed in environment.toml.
-``Synth``    ``raytrain-eks lock --digest $IMAGE_DIGEST`` when the run carries one (the watcher's
-             runs and manual rollbacks), then ``make test``, ``cdk synth``, ``cdk8s synth``.
-``Deploy``   ``cdk deploy`` of the storage and cluster stacks (and what they depend on) from the
-             synthesized cloud assembly, through the CDK bootstrap roles.
-``Apply``    ``kubectl apply --server-side`` of the manifests, by a build role that holds an EKS
-             access entry bound to a namespaced RBAC role (infra/stacks/pipeline_access.py).
-``Smoke``    (re)creates the ``smoke`` RayJob with the new image, waits for its result, exports
-             where its run record is.
-``Promote``  a Lambda that reads the run record and promotes the digest only if the run
-             succeeded, on this digest, over the required transport (the transport gate):
-             SSM parameter + one DynamoDB history item.
+``Source``   CodeConnections (``pipeline.connection_arn``/``repository``/``branch``).
+``Synth``    chooses the digest: the run's ``IMAGE_DIGEST`` when it carries one (the watcher,
+             an explicit rollback), else the PROMOTED digest (SSM, the one source of truth: a
+             push never undoes an automatic promotion), else the committed one when it is new
+             to the pipeline; pins it with ``raytrain-eks lock --digest``; tests environment,
+             infra, charts and the pipeline (no torch, no Ray); ``cdk synth``, ``cdk8s synth``
+             (also the promoted digest's manifests into ``dist/promoted/``).
+``Deploy``   ``cdk deploy`` of the storage and cluster stacks through the CDK bootstrap roles.
+``Smoke``    the ``smoke`` RayJob on a RayCluster of its own from the new digest; the image IDs
+             its pods report become run.json's ``image_ran``; then the record gate (succeeded,
+             every pod ran this digest, the transport) and the regression gate against the last
+             promoted smoke run, whose side-by-side report lands next to the runs.
+``Apply``    the long-lived RayCluster (``upgradeStrategy: Recreate``), waiting until every pod
+             reports the new image ID, by a build role with a namespaced RBAC group
+             (infra/stacks/pipeline_access.py).
+``Promote``  a Lambda that re-checks the record and writes SSM + one DynamoDB history item.
 
-The pipeline variable ``IMAGE_DIGEST`` (default ``spec``) carries the digest. Rollback: run
-``raytrain-eks lock --digest sha256:<previous>`` and push, or start the pipeline with
+A failed Smoke or Apply rolls the long-lived cluster back to the promoted digest and records a
+``rolled-back`` history item with the reason. The pipeline variable ``IMAGE_DIGEST`` (default
+``spec``) carries an explicit digest; rolling back to an older one is an explicit run:
 ``--variables name=IMAGE_DIGEST,value=sha256:<previous>`` (README, "Rollback").
 """
 from __future__ import annotations
@@ -67,8 +71,9 @@ class PipelineStack(Stack):
         # promoter, so generated names would form a reference cycle.
         self.pipeline_name = f"{name}-image-redeploy"
 
+        table_name, parameter_name = f"{name}-image-promotions", f"/raytrain/{name}/image/promoted-digest"
         self.history_table = dynamodb.Table(
-            self, "PromotionHistory", table_name=f"{name}-image-promotions",
+            self, "PromotionHistory", table_name=table_name,
             partition_key=dynamodb.Attribute(name="image", type=dynamodb.AttributeType.STRING),
             sort_key=dynamodb.Attribute(name="at", type=dynamodb.AttributeType.STRING),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
@@ -80,9 +85,11 @@ class PipelineStack(Stack):
         # again (the value in the template does not change), so promotions are not undone by
         # a stack update.
         self.promoted_digest = ssm.StringParameter(
-            self, "PromotedDigest", parameter_name=f"/raytrain/{name}/image/promoted-digest",
-            string_value="none", description=f"Digest of {env.image.repository}:{env.image.tag} "
-                                             "last proven by the smoke run (written by the pipeline)")
+            self, "PromotedDigest", parameter_name=parameter_name,
+            # A constant description: CloudFormation rewrites Value on ANY property change, so a
+            # description naming the tag would reset the promotion whenever the tag changed.
+            string_value="none", description="Image digest last proven by the smoke run (written by the "
+                                             "pipeline; CloudFormation only creates it)")
 
         image = f"{env.image.repository}:{env.image.tag}"
         # Built from the spec's name like the pod role does: no export pins the stateful stack.
@@ -116,9 +123,16 @@ class PipelineStack(Stack):
             bucket_arn=bucket_arn, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix).role
 
         common = {"CLUSTER_NAME": name, "NAMESPACE": env.ray.namespace,
-                  "KUBERNETES_VERSION": env.cluster.kubernetes_version}
+                  "KUBERNETES_VERSION": env.cluster.kubernetes_version,
+                  # the fixed names, not tokens: the builds' variables stay plain JSON
+                  "PROMOTED_DIGEST_PARAMETER": parameter_name, "HISTORY_TABLE": table_name}
         synth = pipeline_builds.project(self, "Synth", pipeline_builds.synth_spec(),
                                         compute=codebuild.ComputeType.LARGE)
+        # The digest choice reads the promoted digest and what the pipeline already handled.
+        synth.add_to_role_policy(iam.PolicyStatement(
+            sid="ReadPromotedDigest", actions=["ssm:GetParameter"], resources=[self.promoted_digest.parameter_arn]))
+        synth.add_to_role_policy(iam.PolicyStatement(
+            sid="ReadHistory", actions=["dynamodb:Query"], resources=[self.history_table.table_arn]))
         deploy = pipeline_builds.project(self, "DeployStacks", pipeline_builds.deploy_spec(
             [storage_stack.stack_name, cluster_stack.stack_name]))
         deploy.add_to_role_policy(iam.PolicyStatement(
@@ -126,11 +140,19 @@ class PipelineStack(Stack):
             resources=[self.format_arn(service="iam", region="", resource="role",
                                        resource_name=f"cdk-{BOOTSTRAP_QUALIFIER}-{kind}-role-{self.account}-{self.region}")
                        for kind in ("deploy", "file-publishing", "lookup")]))
+        # Both may roll back: read the promoted digest, read and record history.
+        self.kubectl_role.add_to_policy(iam.PolicyStatement(
+            sid="ReadPromotedDigest", actions=["ssm:GetParameter"], resources=[self.promoted_digest.parameter_arn]))
+        self.kubectl_role.add_to_policy(iam.PolicyStatement(
+            sid="ReadAndRecordHistory", actions=["dynamodb:Query", "dynamodb:PutItem"],
+            resources=[self.history_table.table_arn]))
         apply = pipeline_builds.project(self, "ApplyManifests", pipeline_builds.apply_spec(env.bucket_name),
-                                        role=self.kubectl_role, **vpc_args)
-        smoke = pipeline_builds.project(self, "SmokeRun", pipeline_builds.smoke_spec(env),
                                         role=self.kubectl_role, timeout=Duration.minutes(
-                                            pipeline_builds.SMOKE_TIMEOUT_MINUTES + 15), **vpc_args)
+                                            2 * pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
+        smoke = pipeline_builds.project(self, "SmokeRun", pipeline_builds.smoke_spec(required_transport(env)),
+                                        role=self.kubectl_role, timeout=Duration.minutes(
+                                            pipeline_builds.SMOKE_TIMEOUT_MINUTES + pipeline_builds.APPLY_TIMEOUT_MINUTES
+                                            + 15), **vpc_args)
 
         source_output = codepipeline.Artifact("Source")
         built = codepipeline.Artifact("Built")
@@ -146,11 +168,12 @@ class PipelineStack(Stack):
             action_name="Synth", project=synth, input=source_output, outputs=[built],
             variables_namespace="Synth", environment_variables=env_vars(
                 {DIGEST_VARIABLE: digest_variable.reference(), "ENV_FILE": "environment.toml"}))
+        kubectl_vars = env_vars({"EXECUTION_ID": "#{codepipeline.PipelineExecutionId}",
+                                 "IMAGE_DIGEST": synth_action.variable("IMAGE_DIGEST"),
+                                 "TIMEOUT_SECONDS": str(60 * pipeline_builds.SMOKE_TIMEOUT_MINUTES)})
         smoke_action = actions.CodeBuildAction(
             action_name="SmokeRun", project=smoke, input=built, variables_namespace="Smoke",
-            environment_variables=env_vars({
-                "EXECUTION_ID": "#{codepipeline.PipelineExecutionId}",
-                "IMAGE_DIGEST": synth_action.variable("IMAGE_DIGEST")}))
+            environment_variables=kubectl_vars)
         self.pipeline = codepipeline.Pipeline(
             self, "Pipeline", pipeline_name=self.pipeline_name,
             pipeline_type=codepipeline.PipelineType.V2, variables=[digest_variable],
@@ -164,10 +187,12 @@ class PipelineStack(Stack):
                 codepipeline.StageProps(stage_name="Synth", actions=[synth_action]),
                 codepipeline.StageProps(stage_name="Deploy", actions=[actions.CodeBuildAction(
                     action_name="DeployStacks", project=deploy, input=built)]),
+                # The long-lived cluster changes only after the image proved itself on its own cluster.
+                codepipeline.StageProps(stage_name="Smoke", actions=[smoke_action]),
                 codepipeline.StageProps(stage_name="Apply", actions=[actions.CodeBuildAction(
                     action_name="ApplyManifests", project=apply, input=built,
-                    environment_variables=env_vars({}))]),
-                codepipeline.StageProps(stage_name="Smoke", actions=[smoke_action]),
+                    environment_variables={**kubectl_vars, "TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
+                        value=str(60 * pipeline_builds.APPLY_TIMEOUT_MINUTES))})]),
                 codepipeline.StageProps(stage_name="Promote", actions=[actions.LambdaInvokeAction(
                     action_name="Promote", lambda_=self.promoter, user_parameters={
                         "digest": synth_action.variable("IMAGE_DIGEST"),

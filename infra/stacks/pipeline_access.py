@@ -10,6 +10,7 @@ from __future__ import annotations
 from aws_cdk import Stack, aws_ec2 as ec2, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam, aws_s3 as s3
 from constructs import Construct
 
+from environment.contract import REGRESSION_REPORT_DIR as REPORT_DIR
 from infra.nag import acknowledge
 
 DEPLOYER_GROUP = "raytrain-pipeline-deployers"
@@ -36,8 +37,14 @@ class KubectlDeployer(Construct):
             sid="UpdateKubeconfig", actions=["eks:DescribeCluster"], resources=[cluster_arn]))
         self.role.add_to_policy(iam.PolicyStatement(
             sid="UploadCodeArchive", actions=["s3:PutObject"], resources=[f"{bucket_arn}/{code_prefix}/*"]))
+        # The smoke step adds image_ran to run.json; the gate reads both runs' records and
+        # metrics and writes the side-by-side report next to the run.
         self.role.add_to_policy(iam.PolicyStatement(
-            sid="ReadSmokeRecord", actions=["s3:GetObject"], resources=[f"{bucket_arn}/{runs_prefix}/*/run.json"]))
+            sid="ReadSmokeRuns", actions=["s3:GetObject"], resources=[
+                f"{bucket_arn}/{runs_prefix}/*/run.json", f"{bucket_arn}/{runs_prefix}/*/metrics.jsonl"]))
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="RecordSmokeImageAndReport", actions=["s3:PutObject"], resources=[
+                f"{bucket_arn}/{runs_prefix}/*/run.json", f"{bucket_arn}/{runs_prefix}/*/{REPORT_DIR}/*"]))
         self.access_entry = eks_l1.CfnAccessEntry(
             self, "AccessEntry", cluster_name=cluster.cluster_name, principal_arn=self.role.role_arn,
             type="STANDARD", kubernetes_groups=[DEPLOYER_GROUP])
@@ -111,6 +118,10 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
             "CDK conditions the permission on the subnets and the CodeBuild service.")
     findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/run.json"] = (
         "Read the smoke run's record: only run.json files under the runs prefix (the run name is per execution).")
+    findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/metrics.jsonl"] = (
+        "The regression gate reads the smoke runs' metrics (the run name is per execution).")
+    findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/{REPORT_DIR}/*"] = (
+        "The regression gate writes its report next to the smoke run (per execution).")
     findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*"] = (
         "Upload the code archive: only under the code prefix (names carry the content hash).")
     for finding, reason in findings.items():

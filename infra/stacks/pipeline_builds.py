@@ -1,22 +1,24 @@
-"""The CodeBuild steps of the redeploy pipeline: one buildspec per stage, as data.
+"""The CodeBuild steps of the redeploy pipeline: one buildspec per stage, as data. The logic
+lives in ``scripts/pipeline/synth.sh`` and ``python -m raytrain_eks.pipeline`` (the code the
+walk-through test runs); the buildspecs only install and call it.
 
-File names are charts/main.py's: ``dist/raycluster.k8s.yaml`` (applied on every deploy),
-``dist/rayjob-<job>-on-cluster.k8s.yaml`` (the smoke job on that RayCluster, so it runs the image
-just applied) and ``dist/code/training-<hash>.zip`` (uploaded to ``s3://<bucket>/code/``).
+File names are charts/main.py's: ``dist/raycluster.k8s.yaml`` (the long-lived cluster),
+``dist/rayjob-smoke.k8s.yaml`` (the smoke job on a cluster of its own, from the new digest),
+``dist/promoted/`` (the same at the promoted digest: the rollback target) and
+``dist/code/training-<hash>.zip`` (uploaded to ``s3://<bucket>/code/``).
 """
 from __future__ import annotations
 
 from aws_cdk import Duration, aws_codebuild as codebuild, aws_iam as iam
 from constructs import Construct
 
-from environment.contract import IMAGE_DIGEST_ANNOTATION as DIGEST_ANNOTATION
-from environment import Environment
-
-SMOKE_JOB = "smoke"
-"""jobs/smoke.toml's ``name``: the RayJob the pipeline runs before promoting."""
 SMOKE_TIMEOUT_MINUTES = 60
+APPLY_TIMEOUT_MINUTES = 30
 BUILD_IMAGE = codebuild.LinuxBuildImage.STANDARD_7_0
-FIELD_MANAGER = "raytrain-pipeline"
+PIP = "pip install --quiet --disable-pip-version-check -c requirements.lock"
+SYNTH_TESTS = "tests/environment tests/infra tests/charts tests/pipeline tests/test_drift.py"
+"""What Synth tests: the environment package, infra, charts, the pipeline (not the training
+loop: that needs torch and Ray, which the image ships and Synth never installs)."""
 KUBECTL_INSTALL = (
     # The newest patch of the cluster's minor version (kubectl supports one minor of skew).
     'curl -fsSLo /usr/local/bin/kubectl "https://dl.k8s.io/release/'
@@ -36,23 +38,23 @@ def project(scope: Construct, construct_id: str, spec: dict, *, role: iam.IRole 
 
 
 def synth_spec() -> dict:
-    """Lock (when the run carries a digest), test, synthesize; exports the digest deployed."""
+    """Choose and pin the digest (the promoted one unless this run carries one), test,
+    synthesize; exports the digest deployed. Installs the ``synth`` extra only: no torch, no Ray."""
     return {
         "version": "0.2",
-        "env": {"shell": "bash", "exported-variables": ["IMAGE_DIGEST"]},
+        "env": {"shell": "bash", "exported-variables": ["IMAGE_DIGEST"],
+                "variables": {"CDK_DISABLE_CLI_TELEMETRY": "true"}},
         "phases": {
-            "install": {"runtime-versions": {"python": "3.11", "nodejs": "20"},
-                        "commands": ["make install"]},
+            "install": {"runtime-versions": {"python": "3.11", "nodejs": "20"}, "commands": [
+                "bash scripts/install-system-deps.sh",  # the real registry the pipeline tests use
+                "python -m venv .venv",
+                f".venv/bin/{PIP} -e '.[synth]'",
+                "npm ci --no-audit --no-fund --loglevel=error",
+            ]},
             "build": {"commands": [
-                # The documented rollback path, the same command an operator runs by hand.
-                'if [ "$IMAGE_DIGEST" != "spec" ]; then '
-                '.venv/bin/raytrain-eks lock --env "$ENV_FILE" --digest "$IMAGE_DIGEST"; fi',
-                'IMAGE_DIGEST="$(.venv/bin/python -c \'import sys; from environment import load_environment; '
-                'print(load_environment(sys.argv[1]).image.digest)\' "$ENV_FILE")"',
-                'test -n "$IMAGE_DIGEST" || { echo "error: $ENV_FILE: image.digest is empty: run '
-                'raytrain-eks lock and commit, or start the pipeline with IMAGE_DIGEST"; exit 1; }',
-                "make test",
-                'make synth ENV_FILE="$ENV_FILE"',
+                'IMAGE_DIGEST="$(PYTHON=.venv/bin/python bash scripts/pipeline/synth.sh)"',
+                f".venv/bin/python -m pytest -q -m 'not slow' {SYNTH_TESTS}",
+                'PATH="$PWD/.venv/bin:$PATH" node_modules/.bin/cdk synth --quiet',
             ]},
         },
         "artifacts": {"files": ["**/*"],
@@ -75,54 +77,39 @@ def deploy_spec(stack_names: list[str]) -> dict:
     }
 
 
+def _kubectl_install() -> list[str]:
+    return [*KUBECTL_INSTALL, f"{PIP} -e '.[pipeline]'"]
+
+
 def apply_spec(bucket: str) -> dict:
-    """Upload the code archive, then server-side apply the RayCluster (the CRDs are too large
-    for client-side apply, kuberay issue 410)."""
+    """Upload the code archive, apply the long-lived RayCluster (``upgradeStrategy: Recreate``)
+    and wait until every pod reports the new image ID; on failure, roll back."""
     return {
         "version": "0.2",
         "env": {"shell": "bash"},
         "phases": {
-            "install": {"commands": list(KUBECTL_INSTALL)},
+            "install": {"runtime-versions": {"python": "3.11"}, "commands": _kubectl_install()},
             "build": {"commands": [
                 f'aws s3 cp --only-show-errors dist/code/ "s3://{bucket}/code/" --recursive '
                 '--exclude "*" --include "training-*.zip"',
-                f"kubectl apply --server-side --field-manager={FIELD_MANAGER} --force-conflicts "
-                "-f dist/raycluster.k8s.yaml",
+                'python -m raytrain_eks.pipeline apply --digest "$IMAGE_DIGEST"',
             ]},
         },
     }
 
 
-def smoke_spec(env: Environment) -> dict:
-    """Run the smoke RayJob under a run name unique to this execution (a reused name would
-    resume the previous, finished run), wait for its end, export where its record is."""
-    job = f"{SMOKE_JOB}-on-cluster"
-    run = f"{SMOKE_JOB}-$EXECUTION_ID"
-    polls = SMOKE_TIMEOUT_MINUTES * 2
+def smoke_spec(required_transport: str) -> dict:
+    """The smoke RayJob on its own cluster from the new digest, then the record and regression
+    gate; exports where its record is. On failure: roll back, fail the stage."""
     return {
         "version": "0.2",
         "env": {"shell": "bash", "exported-variables": ["SMOKE_RECORD"]},
         "phases": {
-            "install": {"commands": list(KUBECTL_INSTALL)},
+            "install": {"runtime-versions": {"python": "3.11"}, "commands": _kubectl_install()},
             "build": {"commands": [
-                # The manifests of this run carry the digest being proven (provenance annotation).
-                f'for f in dist/raycluster.k8s.yaml dist/rayjob-{job}.k8s.yaml; do '
-                f'grep -q "{DIGEST_ANNOTATION}: $IMAGE_DIGEST" "$f" || '
-                '{ echo "error: $f was not synthesized with $IMAGE_DIGEST"; exit 1; }; done',
-                f'kubectl -n "$NAMESPACE" delete rayjob {job} --ignore-not-found --wait=true',
-                f"kubectl create --dry-run=client -o json -f dist/rayjob-{job}.k8s.yaml "
-                f'| jq --arg run "{run}" \'.spec.entrypoint += " --set checkpoint.run_name=" + $run\' '
-                f"| kubectl apply --server-side --field-manager={FIELD_MANAGER} -f -",
-                # jobStatus: SUCCEEDED / FAILED / STOPPED are final (KubeRay v1.7.0 RayJob).
-                f'for i in $(seq {polls}); do '
-                f'status="$(kubectl -n "$NAMESPACE" get rayjob {job} -o jsonpath=\'{{.status.jobStatus}}\')"; '
-                'echo "smoke: ${status:-PENDING}"; '
-                'case "$status" in SUCCEEDED) break;; FAILED|STOPPED) '
-                f'kubectl -n "$NAMESPACE" describe rayjob {job} | tail -n 30; exit 1;; esac; '
-                f'sleep 30; done; test "$status" = SUCCEEDED',
-                f'SMOKE_RECORD="{env.storage_uri}/{run}/run.json"',
-                'aws s3 cp --only-show-errors "$SMOKE_RECORD" smoke-run.json',
-                "jq '{status, image, transport: .transport.transport}' smoke-run.json",
+                'SMOKE_RECORD="$(python -m raytrain_eks.pipeline smoke --digest "$IMAGE_DIGEST")"',
+                'python -m raytrain_eks.pipeline gate --digest "$IMAGE_DIGEST" --record "$SMOKE_RECORD" '
+                f"--required-transport {required_transport}",
             ]},
         },
     }

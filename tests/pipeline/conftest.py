@@ -33,6 +33,7 @@ def pushed(registry) -> dict[str, str]:
         "multi": registry.push_index(name, "train-ml-cuda-multi",
                                      {"amd64": (amd64, sizes[amd64]), "arm64": (arm64, sizes[arm64])}),
         "amd64": amd64,
+        "arm64": arm64,
     }
 
 

@@ -92,28 +92,25 @@ def test_new_digest_changes_only_image_references(two_synths):
 
 
 def test_smoke_step_gives_each_execution_its_own_run(two_synths):
-    """The Smoke stage's commands, run on the real synthesized manifests: the digest check
-    passes, and the job (through its own config parser) sees a run name unique to the execution."""
-    import yaml
-
-    from infra.stacks.pipeline_builds import smoke_spec
+    """The Smoke step's own code on the real synthesized manifests: the job of this digest runs
+    on a cluster of its own, the previous digest's manifest is refused, and the job (through its
+    own config parser) sees a run name unique to the execution."""
+    from raytrain_eks.pipeline.context import StepContext
+    from raytrain_eks.pipeline.smoke import SmokeFailed, smoke_job
     from training.config import load_job_config
 
     t = two_synths
-    commands = smoke_spec(t.new_env)["phases"]["build"]["commands"]
-    dist = t.after.files["raycluster"].parent
-    shell_env = {**os.environ, "IMAGE_DIGEST": NEW, "EXECUTION_ID": "3f1d2c4b-5a69-4e7f-8d0c-1b2a3c4d5e6f"}
-    # the guard accepts this run's manifests and refuses the previous digest's
-    digest_check = commands[0].replace("dist/", f"{dist}/")
-    assert subprocess.run(["bash", "-c", digest_check], env=shell_env).returncode == 0
-    assert subprocess.run(["bash", "-c", digest_check], env={**shell_env, "IMAGE_DIGEST": OLD},
-                          capture_output=True).returncode == 1
-    manifest = yaml.safe_load(t.after.files["rayjob-smoke-on-cluster"].read_text())
-    jq_stage = next(c for c in commands if "jq --arg run" in c).split(" | ")[1]
-    out = subprocess.run(["bash", "-c", jq_stage], input=json.dumps(manifest), capture_output=True,
-                         text=True, check=True, env=shell_env)
-    argv = shlex.split(json.loads(out.stdout)["spec"]["entrypoint"])
+    execution = "3f1d2c4b-5a69-4e7f-8d0c-1b2a3c4d5e6f"
+    ctx = StepContext(env=t.new_env, dist=t.after.files["raycluster"].parent, kube=None, s3=None, ssm=None,
+                      history=None, parameter_name="", execution_id=execution)
+    job = smoke_job(ctx, NEW)
+    assert "clusterSelector" not in job["spec"] and "rayClusterSpec" in job["spec"]
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert head["image"].endswith("@" + NEW)
+    with pytest.raises(SmokeFailed, match="synthesized for"):
+        smoke_job(ctx, OLD)
+    argv = shlex.split(job["spec"]["entrypoint"])
     overrides = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
     config = load_job_config(t.root / argv[argv.index("--config") + 1], overrides)
-    assert config.run_name == f"smoke-{shell_env['EXECUTION_ID']}"
+    assert config.run_name == f"smoke-{execution}"
     assert config.evidence.require_transport == "efa"

@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from types import SimpleNamespace
 
 import boto3
 import pytest
 
+from environment.contract import RECORD_IMAGE_RAN
 from infra.lambdas.image_watcher import handler
 from infra.lambdas.image_watcher.history import PromotionHistory
 from infra.lambdas.image_watcher.promote import promote
@@ -81,8 +83,8 @@ def world(aws, registry):
     w.watch = lambda **kw: check(config, ssm=ssm, history=history, starter=w.starter, **kw)
     w.push = lambda content: registry.push_image(NAME, config.tag, content=content)
     w.executions = lambda: cp.list_pipeline_executions(pipelineName=config.pipeline_name)["pipelineExecutionSummaries"]
-    w.smoke = lambda digest, lines=EFA_LINES, status="succeeded", key=f"runs/smoke-{suffix}/run.json": \
-        smoke_record(s3, key, config.repository, digest, lines, status)
+    w.smoke = lambda digest, lines=EFA_LINES, status="succeeded", key=f"runs/smoke-{suffix}/run.json", ran=None: \
+        smoke_record(s3, key, config.repository, digest, lines, status, ran)
     w.promote = lambda event, results: promote(
         event, ssm=ssm, s3=s3, parameter_name=config.parameter_name, history=history, results=results,
         required_transport="efa")
@@ -90,16 +92,21 @@ def world(aws, registry):
     return w
 
 
-def smoke_record(s3, key: str, repository: str, digest: str, lines: list[str], status: str) -> str:
+def smoke_record(s3, key: str, repository: str, digest: str, lines: list[str], status: str,
+                 ran: str | None = None) -> str:
     """Upload a run.json as the smoke job writes it (transport evidence from real NCCL lines
-    through training/transport.py, the producer's own code); returns its s3:// URI."""
+    through training/transport.py, the producer's own code) with the pods' image IDs the smoke
+    step adds (``ran``: the digest they report, default the one asked for); returns its URI.
+    The whole pipeline with a REAL run's record: test_pipeline_walkthrough.py."""
     ranks = []
     for rank in range(8):
         classified = classify_lines(lines)
         classified.rank, classified.host = rank, f"ip-10-0-0-{rank // 4}"
         ranks.append(classified)
     record = {"status": status, "image": f"{repository}@{digest}", "transport": aggregate(ranks),
-              "error": None if status == "succeeded" else "RuntimeError: boom"}
+              "error": None if status == "succeeded" else "RuntimeError: boom",
+              RECORD_IMAGE_RAN: {"pods": {f"smoke-k7x2q-head/ray-head": f"{repository}@{ran or digest}",
+                                          f"smoke-k7x2q-gpu-worker-0/ray-worker": f"{repository}@{digest}"}}}
     s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(record).encode())
     return f"s3://{BUCKET}/{key}"
 
@@ -184,6 +191,7 @@ OTHER_DIGEST = "sha256:" + "b" * 64
     ("socket", "transport is 'socket', required 'efa' (transport gate)"),
     ("failed", "status is 'failed', not 'succeeded': RuntimeError: boom"),
     ("other-image", "not @sha256:"),
+    ("manifest-only", "not @sha256:"),
     ("missing", "does not exist"),
 ])
 def test_promote_gates_on_the_smoke_record(world, case, expected):
@@ -192,12 +200,32 @@ def test_promote_gates_on_the_smoke_record(world, case, expected):
     uri = {"socket": lambda: world.smoke(digest, lines=SOCKET_LINES),
            "failed": lambda: world.smoke(digest, status="failed"),
            "other-image": lambda: world.smoke(OTHER_DIGEST),
+           # the manifest asked for this digest, but the head pod still runs another image
+           "manifest-only": lambda: world.smoke(digest, ran=OTHER_DIGEST),
            "missing": lambda: f"s3://{BUCKET}/runs/never-written/run.json"}[case]()
     results = RecordedResults()
     # when the pipeline's promote step runs, then it fails the job and promotes nothing
     assert world.promote(job_event(digest, uri), results) is None
     assert results.calls[0][:2] == ("failure", "job-1") and expected in results.calls[0][2], results.calls
     assert world.promoted() == "none" and world.history.promotions() == []
+
+
+def test_promote_reads_403_as_a_missing_record():
+    """Without s3:ListBucket S3 answers a missing key with 403 AccessDenied, not 404 (AWS
+    GetObject documentation); moto does not enforce IAM, so botocore's own error is raised."""
+    from botocore.exceptions import ClientError
+
+    from infra.lambdas.image_watcher.promote import PromotionError, read_record
+
+    class DeniedS3:
+        exceptions = SimpleNamespace(ClientError=ClientError)
+
+        def get_object(self, **_):
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"},
+                               "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
+
+    with pytest.raises(PromotionError, match="does not exist"):
+        read_record(DeniedS3(), SMOKE)
 
 
 def test_unreachable_registry_fails_the_invocation_and_starts_nothing(world):

@@ -60,6 +60,23 @@ def test_a_multi_arch_tag_resolves_to_its_index_digest(registry, pushed):
     assert pushed["multi"] != pushed["amd64"]
 
 
+def test_lock_refuses_an_index_without_linux_amd64_and_pins_one_with_it(registry, pushed, spec_file, capsys):
+    # given a tag whose index holds only linux/arm64 (what a GPU node of this project cannot run)
+    from oci_registry import OCI_MANIFEST
+
+    name = "deep-learning-containers/ray"
+    size = registry.manifest_size(name, pushed["arm64"], OCI_MANIFEST)
+    registry.push_index(name, "arm-only", {"arm64": (pushed["arm64"], size)})
+    spec_file.write_text(spec_file.read_text().replace('tag = "train-ml-cuda-v1.1.0"', 'tag = "arm-only"'))
+    # then lock refuses it, one line, file unchanged, naming what the index has
+    assert_one_line_failure(capsys, spec_file, [], "without linux/amd64 (it has: linux/arm64)")
+    # and the multi-arch tag with an amd64 entry is pinned (to its index digest)
+    spec_file.write_text(spec_file.read_text().replace('tag = "arm-only"', 'tag = "train-ml-cuda-multi"'))
+    code, _, err = run_lock(capsys, "--env", str(spec_file))
+    assert code == 0, err
+    assert load_environment(spec_file).image.digest == pushed["multi"]
+
+
 def assert_one_line_failure(capsys, spec_file, argv, expected: str) -> None:
     before = spec_file.read_bytes()
     code, out, err = run_lock(capsys, "--env", str(spec_file), *argv)

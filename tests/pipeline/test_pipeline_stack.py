@@ -80,7 +80,7 @@ def test_pipeline_is_v2_with_the_digest_variable_and_stages_in_order(synthesized
     assert pipeline["PipelineType"] == "V2" and pipeline["ExecutionMode"] == "QUEUED"
     [variable] = pipeline["Variables"]
     assert (variable["Name"], variable["DefaultValue"]) == ("IMAGE_DIGEST", "spec")
-    assert [s["Name"] for s in pipeline["Stages"]] == ["Source", "Synth", "Deploy", "Apply", "Smoke", "Promote"]
+    assert [s["Name"] for s in pipeline["Stages"]] == ["Source", "Synth", "Deploy", "Smoke", "Apply", "Promote"]
     [source] = pipeline["Stages"][0]["Actions"]
     assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"
     assert source["Configuration"] == {"ConnectionArn": CONNECTION, "FullRepositoryId": "example-org/raytrain-eks",
@@ -89,37 +89,52 @@ def test_pipeline_is_v2_with_the_digest_variable_and_stages_in_order(synthesized
     assert watcher_module.DIGEST_VARIABLE == pipeline_module.DIGEST_VARIABLE == "IMAGE_DIGEST"
 
 
-def test_synth_locks_the_run_digest_then_tests_and_synthesizes(synthesized):
+def test_synth_chooses_and_pins_the_digest_then_tests_without_torch_and_synthesizes(synthesized):
     _, _, template = synthesized
     pipeline = the(template, "AWS::CodePipeline::Pipeline")
     [synth] = pipeline["Stages"][1]["Actions"]
     variables = {v["name"]: v["value"] for v in json.loads(synth["Configuration"]["EnvironmentVariables"])}
     assert variables["IMAGE_DIGEST"] == "#{variables.IMAGE_DIGEST}"
-    commands = buildspec(template, "Synth")["phases"]["build"]["commands"]
-    lock = next(i for i, c in enumerate(commands) if "raytrain-eks lock" in c)
-    assert '--digest "$IMAGE_DIGEST"' in commands[lock]
-    assert lock < commands.index("make test") < next(i for i, c in enumerate(commands) if c.startswith("make synth"))
-    assert buildspec(template, "Synth")["env"]["exported-variables"] == ["IMAGE_DIGEST"]
+    assert variables["PROMOTED_DIGEST_PARAMETER"] == "/raytrain/raytrain/image/promoted-digest"
+    spec = buildspec(template, "Synth")
+    install = spec["phases"]["install"]["commands"]
+    assert any("-c requirements.lock -e '.[synth]'" in c for c in install)
+    assert not any("make install" in c or "[dev]" in c for c in install)  # no torch, no Ray
+    commands = spec["phases"]["build"]["commands"]
+    pin = next(i for i, c in enumerate(commands) if "scripts/pipeline/synth.sh" in c)
+    tests = next(i for i, c in enumerate(commands) if "pytest" in c)
+    assert pin < tests < next(i for i, c in enumerate(commands) if "cdk synth" in c)
+    assert "-m 'not slow'" in commands[tests] and "tests/training" not in commands[tests]
+    assert spec["env"]["exported-variables"] == ["IMAGE_DIGEST"]
+    # the SSM description carries no tag: a tag change must not reset the promoted digest
+    parameter = the(template, "AWS::SSM::Parameter")
+    assert env_tag(synthesized) not in parameter["Description"] and parameter["Value"] == "none"
 
 
-def test_deploy_applies_smokes_and_promotes_with_the_proven_digest(synthesized):
+def env_tag(synthesized) -> str:
+    return synthesized[0].image.tag
+
+
+def test_smoke_then_apply_then_promote_with_the_proven_digest(synthesized):
     env, built, template = synthesized
     deploy = buildspec(template, "DeployStacks")["phases"]["build"]["commands"][0]
     assert deploy.endswith(f"{built.storage.stack_name} {built.cluster.stack_name}") and "--app cdk.out" in deploy
     assert built.pipeline.stack_name not in deploy  # the pipeline never redeploys itself mid-run
-    apply = buildspec(template, "ApplyManifests")["phases"]["build"]["commands"]
-    assert any("kubectl apply --server-side" in c and "dist/raycluster.k8s.yaml" in c for c in apply)
     smoke = buildspec(template, "SmokeRun")
-    smoke_commands = "\n".join(smoke["phases"]["build"]["commands"])
-    assert "dist/rayjob-smoke-on-cluster.k8s.yaml" in smoke_commands
-    # it refuses manifests that were not synthesized with the digest being proven
-    assert 'grep -q "raytrain.io/image-digest: $IMAGE_DIGEST" "$f"' in smoke_commands
-    # a run name per execution (a reused name would resume the previous, finished run)
-    assert """jq --arg run "smoke-$EXECUTION_ID" '.spec.entrypoint += " --set checkpoint.run_name=" + $run'""" \
-        in smoke_commands
-    assert f'SMOKE_RECORD="{env.storage_uri}/smoke-$EXECUTION_ID/run.json"' in smoke_commands
+    assert smoke["phases"]["build"]["commands"] == [
+        'SMOKE_RECORD="$(python -m raytrain_eks.pipeline smoke --digest "$IMAGE_DIGEST")"',
+        'python -m raytrain_eks.pipeline gate --digest "$IMAGE_DIGEST" --record "$SMOKE_RECORD" '
+        "--required-transport efa"]
     assert smoke["env"]["exported-variables"] == ["SMOKE_RECORD"]
-    [promote] = the(template, "AWS::CodePipeline::Pipeline")["Stages"][5]["Actions"]
+    apply = buildspec(template, "ApplyManifests")["phases"]["build"]["commands"]
+    assert apply[-1] == 'python -m raytrain_eks.pipeline apply --digest "$IMAGE_DIGEST"'
+    stages = the(template, "AWS::CodePipeline::Pipeline")["Stages"]
+    for stage in (stages[3], stages[4]):
+        [action] = stage["Actions"]
+        variables = {v["name"]: v["value"] for v in json.loads(action["Configuration"]["EnvironmentVariables"])}
+        assert variables["IMAGE_DIGEST"] == "#{Synth.IMAGE_DIGEST}"
+        assert variables["HISTORY_TABLE"] == "raytrain-image-promotions"
+    [promote] = stages[5]["Actions"]
     assert promote["ActionTypeId"]["Provider"] == "Lambda"
     assert json.loads(promote["Configuration"]["UserParameters"]) == {
         "digest": "#{Synth.IMAGE_DIGEST}", "smoke_record": "#{Smoke.SMOKE_RECORD}",
@@ -204,7 +219,12 @@ def test_kubectl_builds_hold_a_namespaced_rbac_group_not_cluster_admin(synthesiz
     assert statements["UpdateKubeconfig"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:cluster/raytrain")
     bucket = env.bucket_name
     assert statements["UploadCodeArchive"]["Resource"] == _arn(f":s3:::{bucket}/code/*")
-    assert statements["ReadSmokeRecord"]["Resource"] == _arn(f":s3:::{bucket}/{env.storage.prefix}/*/run.json")
+    runs = env.storage.prefix
+    assert statements["ReadSmokeRuns"]["Resource"] == [
+        _arn(f":s3:::{bucket}/{runs}/*/run.json"), _arn(f":s3:::{bucket}/{runs}/*/metrics.jsonl")]
+    assert statements["RecordSmokeImageAndReport"]["Resource"] == [
+        _arn(f":s3:::{bucket}/{runs}/*/run.json"), _arn(f":s3:::{bucket}/{runs}/*/regression/*")]
+    assert statements["ReadAndRecordHistory"]["Action"] == ["dynamodb:Query", "dynamodb:PutItem"]
 
 
 def test_deploy_may_only_assume_the_cdk_bootstrap_roles(synthesized):

@@ -1,9 +1,11 @@
 """Promotion history: one DynamoDB item per event, listable by an operator.
 
 Table keys: ``image`` (partition, ``repository:tag``) and ``at`` (sort, ISO-8601 UTC time).
-Each item has ``event`` (``triggered`` by the watcher or ``promoted`` by the pipeline),
-``digest``, ``execution_id`` and, for promotions, ``smoke_record`` (where the smoke run's record
-lives, e.g. ``s3://bucket/runs/smoke-.../run.json``). List the newest first with::
+Each item has ``event`` (``triggered`` by the watcher, ``promoted`` by the pipeline, or
+``rolled-back`` when a run failed and the long-lived cluster was put back on the promoted
+digest), ``digest``, ``execution_id`` and, for promotions, ``smoke_record`` (where the smoke run's
+record lives, e.g. ``s3://bucket/runs/smoke-.../run.json``); a rollback also has ``reason`` and
+``rolled_back_to`` (the promoted digest, or ``none`` before the first promotion). List the newest first with::
 
     aws dynamodb query --table-name TABLE --no-scan-index-forward \\
       --key-condition-expression "image = :i" \\
@@ -17,6 +19,7 @@ from typing import Any, Iterator
 
 TRIGGERED = "triggered"
 PROMOTED = "promoted"
+ROLLED_BACK = "rolled-back"
 
 
 def utc_now() -> str:
@@ -33,11 +36,12 @@ class PromotionHistory:
     image: str
 
     def record(self, *, event: str, digest: str, execution_id: str, at: str = "",
-               smoke_record: str = "") -> dict[str, str]:
+               smoke_record: str = "", **extra: str) -> dict[str, str]:
         item = {"image": self.image, "at": at or utc_now(), "event": event, "digest": digest,
                 "execution_id": execution_id}
         if smoke_record:
             item["smoke_record"] = smoke_record
+        item.update({k: str(v) for k, v in extra.items()})
         self.client.put_item(
             TableName=self.table_name, Item={k: {"S": v} for k, v in item.items()},
             # Never overwrite an earlier event that happened to share the timestamp.
@@ -59,6 +63,10 @@ class PromotionHistory:
     def was_triggered(self, digest: str) -> bool:
         """Has the watcher already started the pipeline for ``digest`` (whatever came of it)?"""
         return any(e["event"] == TRIGGERED and e["digest"] == digest for e in self.events())
+
+    def knows(self, digest: str) -> bool:
+        """Has the pipeline handled ``digest`` before (triggered, promoted or rolled back)?"""
+        return any(e["digest"] == digest for e in self.events())
 
     def promotions(self) -> list[dict[str, str]]:
         """Promotions, newest first: the digests a rollback can return to."""

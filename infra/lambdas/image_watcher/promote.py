@@ -3,10 +3,11 @@
 Invoked by CodePipeline (Lambda invoke action) with UserParameters
 ``{"digest": ..., "smoke_record": ..., "execution_id": ...}`` resolved from the earlier stages'
 variables. It promotes only what the smoke run PROVED: it reads the run's record (run.json,
-written by training/run_record.py) and requires ``status == "succeeded"``, the image that ran
-to be pinned to this very digest, and the run's inter-node transport (training/transport.py's
-aggregate, where the worst rank wins) to be the required one (``efa`` on a multi-node EFA
-group). Then it writes the SSM parameter the watcher compares against, records the promotion,
+written by training/run_record.py, with ``image_ran`` added by the pipeline's smoke step from
+the image IDs the pods reported) and requires ``status == "succeeded"``, EVERY pod to have run
+this very digest (what ran, not what the manifest asked for), and the run's inter-node
+transport (training/transport.py's aggregate, where the worst rank wins) to be the required
+one (``efa`` on a multi-node EFA group). Then it writes the SSM parameter the watcher compares against, records the promotion,
 and reports the job's result to CodePipeline.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
-from environment.contract import DIGEST_PATTERN
+from environment.contract import DIGEST_PATTERN, RECORD_IMAGE_RAN
 
 from .history import PROMOTED, PromotionHistory
 
@@ -61,12 +62,23 @@ def parse_job(event: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
     return job["id"], {k: str(params.get(k, "")) for k in ("digest", "smoke_record", "execution_id")}
 
 
+def is_missing(err: Exception) -> bool:
+    """A missing key: 404/NoSuchKey, or 403/AccessDenied, which S3 answers instead of 404 to a
+    caller without s3:ListBucket (the promoter may read run.json files, nothing else)."""
+    response = getattr(err, "response", {}) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("NoSuchKey", "404", "AccessDenied", "403") or status in (403, 404)
+
+
 def read_record(s3: Any, uri: str) -> dict[str, Any]:
     """run.json at ``s3://bucket/key`` as a dict (PromotionError when absent or not JSON)."""
     bucket, _, key = uri.removeprefix("s3://").partition("/")
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except s3.exceptions.NoSuchKey:
+    except s3.exceptions.ClientError as err:
+        if not is_missing(err):
+            raise
         raise PromotionError(f"smoke record {uri} does not exist: nothing promoted") from None
     try:
         record = json.loads(body)
@@ -82,8 +94,14 @@ def check_smoke_record(record: Mapping[str, Any], *, digest: str, required_trans
     if record.get("status") != "succeeded":
         raise PromotionError(f"smoke run {uri} status is {record.get('status')!r}, not 'succeeded': "
                              f"{str(record.get('error') or '')[:200]}")
-    if not str(record.get("image", "")).endswith("@" + digest):
-        raise PromotionError(f"smoke run {uri} ran image {record.get('image')!r}, not @{digest}: nothing promoted")
+    ran = (record.get(RECORD_IMAGE_RAN) or {}).get("pods") or {}
+    if not ran:
+        raise PromotionError(f"smoke run {uri} has no {RECORD_IMAGE_RAN} (the image IDs its pods reported): "
+                             "nothing promoted")
+    other = sorted({image for image in ran.values() if not str(image).endswith("@" + digest)})
+    if other:
+        raise PromotionError(f"smoke run {uri} ran {', '.join(other)}, not @{digest} (asked for "
+                             f"{record.get('image')!r}): nothing promoted")
     transport = (record.get("transport") or {}).get("transport", "unknown")
     if required_transport != "any" and transport != required_transport:
         raise PromotionError(f"smoke run {uri} transport is {transport!r}, required {required_transport!r} "

@@ -95,6 +95,39 @@ def resolve_digest(location: ImageLocation, *, timeout: float = 15.0) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
+INDEX_MEDIA_TYPES = ("application/vnd.oci.image.index.v1+json",
+                     "application/vnd.docker.distribution.manifest.list.v2+json")
+REQUIRED_PLATFORM = ("linux", "amd64")
+"""What the GPU nodes run (g6 instances are x86_64)."""
+
+
+def fetch_manifest(location: ImageLocation, digest: str, *, timeout: float = 15.0) -> dict:
+    """The manifest (or index) ``digest`` names, as JSON."""
+    url = f"{location.registry_url}/v2/{location.name}/manifests/{digest}"
+    headers = {"Accept": ", ".join(MANIFEST_MEDIA_TYPES)}
+    status, reply_headers, body = _request("GET", url, headers, location, timeout)
+    if status == 401:
+        headers["Authorization"] = "Bearer " + _fetch_token(reply_headers, location, timeout)
+        status, _, body = _request("GET", url, headers, location, timeout)
+    _raise_for_status(status, location)
+    _check_manifest(body, location)
+    return json.loads(body)
+
+
+def platforms(manifest: dict) -> list[tuple[str, str]] | None:
+    """``[(os, architecture), ...]`` of an index's entries; ``None`` for a single manifest.
+    BuildKit attestation entries (``unknown/unknown``) are not platforms."""
+    if manifest.get("mediaType") not in INDEX_MEDIA_TYPES and "manifests" not in manifest:
+        return None
+    found = []
+    for entry in manifest.get("manifests") or []:
+        platform = entry.get("platform") or {}
+        pair = (platform.get("os", "unknown"), platform.get("architecture", "unknown"))
+        if pair != ("unknown", "unknown"):
+            found.append(pair)
+    return found
+
+
 def _request(method: str, url: str, headers: dict[str, str], location: ImageLocation,
              timeout: float) -> tuple[int, "http.client.HTTPMessage", bytes]:
     request = urllib.request.Request(url, headers=headers, method=method)

@@ -1,0 +1,75 @@
+"""What every step needs: the environment, the synthesized manifests, kubectl, AWS clients,
+the promotion history. Built from environment.toml plus the build's environment variables
+(the same names the watcher Lambdas read)."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from environment import Environment, load_environment
+from infra.lambdas.image_watcher.history import PromotionHistory
+from infra.lambdas.image_watcher.promote import read_record
+
+from .kube import Kubectl
+
+PROMOTED_DIR = "promoted"
+"""``dist/promoted/``: the manifests re-synthesized at the promoted digest (rollback target)."""
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+@dataclass(kw_only=True)
+class StepContext:
+    env: Environment
+    dist: Path
+    kube: Kubectl
+    s3: Any
+    ssm: Any
+    history: PromotionHistory
+    parameter_name: str
+    execution_id: str
+    poll_s: float = 30.0
+    timeout_s: float = 3600.0
+
+    @classmethod
+    def build(cls, env_file: str, dist: str, environ: Mapping[str, str] = os.environ) -> "StepContext":
+        import boto3  # the build image's pip install; imported here so the logic stays importable
+
+        env = load_environment(env_file)
+        ddb = boto3.client("dynamodb")
+        return cls(env=env, dist=Path(dist), kube=Kubectl(env.ray.namespace, environ.get("KUBECTL", "kubectl")),
+                   s3=boto3.client("s3"), ssm=boto3.client("ssm"),
+                   history=PromotionHistory(client=ddb, table_name=environ["HISTORY_TABLE"], image=image_key(env)),
+                   parameter_name=environ["PROMOTED_DIGEST_PARAMETER"],
+                   execution_id=environ.get("EXECUTION_ID", "manual"),
+                   poll_s=float(environ.get("POLL_SECONDS", 30)), timeout_s=float(environ.get("TIMEOUT_SECONDS", 3600)))
+
+    @property
+    def repository(self) -> str:
+        return self.env.image.repository
+
+    def manifest(self, name: str, *, promoted: bool = False) -> dict[str, Any] | None:
+        """A synthesized manifest as JSON (``None`` when absent, e.g. nothing promoted yet)."""
+        import yaml
+
+        path = self.dist / PROMOTED_DIR / name if promoted else self.dist / name
+        return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+    def read_json(self, uri: str) -> dict[str, Any]:
+        return read_record(self.s3, uri)
+
+    def write_json(self, uri: str, data: dict[str, Any]) -> None:
+        bucket, key = split_s3(uri)
+        self.s3.put_object(Bucket=bucket, Key=key, ContentType="application/json",
+                           Body=(json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def image_key(env: Environment) -> str:
+    """The history table's partition key (the watcher's ``repository:tag``)."""
+    return f"{env.image.repository}:{env.image.tag}"

@@ -1,0 +1,118 @@
+"""The gate before the long-lived cluster changes: the smoke record's own checks (succeeded,
+every pod ran this digest, the required transport: the promoter's very function) and the
+regression gate against the last PROMOTED smoke run:
+
+- the same inter-node transport class (an EFA run must not turn into a socket run);
+- tokens/s at least ``pipeline.min_tokens_per_s_fraction`` of the promoted run's;
+- held-out loss after training at most ``pipeline.max_eval_loss_increase`` above it.
+
+With a baseline, the side-by-side report (``raytrain-eks report BASELINE CANDIDATE``) is written
+into the bucket next to the runs, ``<storage>/<smoke run>/regression/``: on a block it says
+what moved.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from environment.contract import REGRESSION_REPORT_DIR as REPORT_DIR
+from infra.lambdas.image_watcher.promote import PromotionError, check_smoke_record
+from raytrain_eks.report import Run, eval_before_after, load_run, render_report, throughput_summary
+from training.contract import METRICS_NAME, RECORD_NAME, TOKENS_PER_S
+
+from .context import StepContext, split_s3
+from .kube import log
+
+RUN_FILES = (RECORD_NAME, METRICS_NAME)
+
+
+class GateFailed(RuntimeError):
+    """The candidate must not be promoted; one line (the rollback reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def compare(candidate: Run, baseline: Run, *, min_tokens_fraction: float, max_loss_increase: float) -> list[Check]:
+    """The three regression checks, on the figures the report shows (its own functions); a
+    figure the candidate lacks fails its check, one the promoted run lacks is not compared."""
+    transport = lambda run: (run.record.get("transport") or {}).get("transport", "unknown")  # noqa: E731
+    checks = [Check("transport", transport(candidate) == transport(baseline),
+                    f"{transport(candidate)} (promoted run: {transport(baseline)})")]
+    new, old = (throughput_summary(r).get(TOKENS_PER_S) for r in (candidate, baseline))
+    if old is None:
+        checks.append(Check("tokens_per_s", True, "promoted run has no tokens/s: not compared"))
+    else:
+        checks.append(Check("tokens_per_s", new is not None and new >= min_tokens_fraction * old,
+                            f"{new:.4g} vs {old:.4g} (at least {min_tokens_fraction:g} x required)"
+                            if new is not None else f"none vs {old:.4g}"))
+    new, old = (eval_before_after(r)[1] for r in (candidate, baseline))
+    if old is None:
+        checks.append(Check("eval_loss_after", True, "promoted run has no held-out loss: not compared"))
+    else:
+        checks.append(Check("eval_loss_after", new is not None and new <= old + max_loss_increase,
+                            f"{new:.4g} vs {old:.4g} (at most +{max_loss_increase:g} allowed)"
+                            if new is not None else f"none vs {old:.4g}"))
+    return checks
+
+
+def baseline_record(ctx: StepContext) -> str:
+    """The smoke record of the newest promotion, or "" before the first one."""
+    promotions = ctx.history.promotions()
+    return promotions[0].get("smoke_record", "") if promotions else ""
+
+
+def download_run(ctx: StepContext, record_uri: str, into: Path) -> Path:
+    """run.json and metrics.jsonl of a run into ``into/<run name>/``."""
+    bucket, key = split_s3(record_uri)
+    prefix = key.rsplit("/", 1)[0]
+    local = into / prefix.rsplit("/", 1)[-1]
+    local.mkdir(parents=True)
+    for name in RUN_FILES:
+        try:
+            ctx.s3.download_file(bucket, f"{prefix}/{name}", str(local / name))
+        except Exception as err:  # noqa: BLE001 - a run without metrics still gets compared and reported
+            log(f"gate: {name} of {record_uri} not read ({type(err).__name__})")
+    return local
+
+
+def upload_report(ctx: StepContext, report_dir: Path, candidate_uri: str) -> str:
+    bucket, key = split_s3(candidate_uri)
+    prefix = f"{key.rsplit('/', 1)[0]}/{REPORT_DIR}"
+    for path in sorted(p for p in report_dir.rglob("*") if p.is_file()):
+        ctx.s3.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(report_dir)}")
+    return f"s3://{bucket}/{prefix}/report.md"
+
+
+def gate(ctx: StepContext, *, digest: str, candidate_uri: str, required_transport: str) -> list[Check]:
+    """GateFailed unless the candidate may replace the promoted digest."""
+    candidate = ctx.read_json(candidate_uri)
+    try:
+        check_smoke_record(candidate, digest=digest, required_transport=required_transport, uri=candidate_uri)
+    except PromotionError as err:
+        raise GateFailed(str(err)) from None
+    baseline_uri = baseline_record(ctx)
+    if not baseline_uri:
+        log("gate: nothing promoted yet: no regression baseline")
+        return []
+    p = ctx.env.pipeline
+    with tempfile.TemporaryDirectory(prefix="raytrain-gate-") as tmp:
+        dirs = [download_run(ctx, uri, Path(tmp) / side)
+                for side, uri in (("promoted", baseline_uri), ("candidate", candidate_uri))]
+        old, new = (load_run(str(d)) for d in dirs)
+        checks = compare(new, old, min_tokens_fraction=p.min_tokens_per_s_fraction,
+                         max_loss_increase=p.max_eval_loss_increase)
+        render_report([str(d) for d in dirs], Path(tmp) / "report")
+        report = upload_report(ctx, Path(tmp) / "report", candidate_uri)
+    for check in checks:
+        log(f"gate: {check.name}: {'ok' if check.ok else 'REGRESSION'}: {check.detail}")
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        raise GateFailed(f"regression against the promoted run {baseline_uri}: "
+                         + "; ".join(f"{c.name} {c.detail}" for c in failed) + f" (report: {report})")
+    return checks

@@ -1,0 +1,76 @@
+"""The smoke run: the ``smoke`` RayJob on a RayCluster of its own, built from the new digest
+(``dist/rayjob-smoke.k8s.yaml``), so it cannot run on pods left over from an older image.
+
+While it runs, the image IDs its pods REPORT are collected (a container cannot read its own;
+KubeRay deletes the job's cluster after it ends). Once the RayJob is ``SUCCEEDED``/``Complete``
+(KubeRay's own success condition), they are written into the run's run.json as ``image_ran``,
+beside ``image`` (what the manifest asked for).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_IMAGE_RAN
+
+from .context import StepContext
+from .kube import image_ids, log
+
+SMOKE_JOB = "smoke"
+"""jobs/smoke.toml's ``name``: its RayJob and file ``dist/rayjob-smoke.k8s.yaml``."""
+FAILED_DEPLOYMENT = ("Failed", "ValidationFailed")
+
+
+class SmokeFailed(RuntimeError):
+    """The smoke run failed, or could not be proven; one line (the rollback reason)."""
+
+
+def run_name(execution_id: str) -> str:
+    """Unique per execution: a reused name would resume the previous, finished run."""
+    return f"{SMOKE_JOB}-{execution_id}"
+
+
+def smoke_job(ctx: StepContext, digest: str) -> dict[str, Any]:
+    job = ctx.manifest(f"rayjob-{SMOKE_JOB}.k8s.yaml")
+    if job is None:
+        raise SmokeFailed(f"{ctx.dist}/rayjob-{SMOKE_JOB}.k8s.yaml is missing: was Synth run?")
+    asked = job["metadata"].get("annotations", {}).get(IMAGE_DIGEST_ANNOTATION)
+    if asked != digest:
+        raise SmokeFailed(f"rayjob-{SMOKE_JOB}.k8s.yaml was synthesized for {asked}, not {digest}")
+    job["spec"]["entrypoint"] += f" --set checkpoint.run_name={run_name(ctx.execution_id)}"
+    return job
+
+
+def run_smoke(ctx: StepContext, digest: str) -> str:
+    """Run it, wait, record ``image_ran``; return the run.json URI. SmokeFailed otherwise."""
+    job = smoke_job(ctx, digest)
+    name = job["metadata"]["name"]
+    ctx.kube.delete("rayjob", name)
+    ctx.kube.apply(job)
+    seen: dict[str, str] = {}
+    deadline = time.monotonic() + ctx.timeout_s
+    while True:
+        current = ctx.kube.get("rayjob", name) or {}
+        status = current.get("status") or {}
+        cluster = status.get("rayClusterName")
+        if cluster:
+            seen.update({k: v for k, v in image_ids(ctx.kube.cluster_pods(cluster), ctx.repository).items() if v})
+        job_status, deployment = status.get("jobStatus", ""), status.get("jobDeploymentStatus", "")
+        log(f"smoke: {job_status or 'PENDING'} / {deployment or '-'}")
+        if job_status == "SUCCEEDED" and deployment == "Complete":
+            break
+        if job_status in ("FAILED", "STOPPED") or deployment in FAILED_DEPLOYMENT:
+            raise SmokeFailed(f"smoke RayJob {name}: {job_status or '-'} / {deployment or '-'} "
+                              f"({status.get('reason', '')}: {str(status.get('message', ''))[:200]})")
+        if time.monotonic() >= deadline:
+            raise SmokeFailed(f"smoke RayJob {name} did not finish within {ctx.timeout_s:g} s")
+        time.sleep(ctx.poll_s)
+    if not seen:
+        raise SmokeFailed(f"smoke RayJob {name}: no pod of its cluster reported an image ID")
+    uri = f"{ctx.env.storage_uri}/{run_name(ctx.execution_id)}/run.json"
+    record = ctx.read_json(uri)
+    record[RECORD_IMAGE_RAN] = {"pods": dict(sorted(seen.items())),
+                                "source": "kubectl: pod status.containerStatuses[].imageID"}
+    ctx.write_json(uri, record)
+    log(f"smoke: {uri}: image_ran {sorted(set(seen.values()))}")
+    return uri

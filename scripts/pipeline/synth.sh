@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The Synth stage's digest handling and manifests (buildspec: infra/stacks/pipeline_builds.py).
+# Pins the digest this run deploys (one source of truth: raytrain_eks/pipeline/digests.py) into
+# $ENV_FILE with the same `lock --digest` an operator runs, synthesizes dist/, and re-synthesizes
+# the promoted digest's manifests into dist/promoted/ (what an automatic rollback applies).
+# Prints the digest on its last line.
+set -euo pipefail
+ENV_FILE="${ENV_FILE:-environment.toml}"
+PYTHON="${PYTHON:-python}"
+digest="$("$PYTHON" -m raytrain_eks.pipeline --env "$ENV_FILE" choose-digest --requested "${IMAGE_DIGEST:-spec}")"
+"$PYTHON" -m raytrain_eks.cli lock --env "$ENV_FILE" --digest "$digest" >&2
+"$PYTHON" -m charts.main --env "$ENV_FILE" --outdir dist >&2
+promoted="$("$PYTHON" -m raytrain_eks.pipeline --env "$ENV_FILE" promoted-digest)"
+rm -rf dist/promoted
+if [ -n "$promoted" ] && [ "$promoted" != "$digest" ]; then
+  mkdir -p .work
+  cp "$ENV_FILE" .work/promoted-environment.toml
+  "$PYTHON" -m raytrain_eks.cli lock --env .work/promoted-environment.toml --digest "$promoted" >&2
+  "$PYTHON" -m charts.main --env .work/promoted-environment.toml --outdir dist/promoted >&2
+fi
+echo "$digest"
