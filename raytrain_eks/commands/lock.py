@@ -6,9 +6,11 @@ comments, order and every other byte stay as they were. The new file is parsed a
 environment/ before it replaces the old one (atomically, same directory), so a failed lock leaves the
 file byte-for-byte unchanged.
 
-Rollback (the documented way): ``raytrain-eks lock --digest sha256:<previous>``, commit, push;
-the pipeline redeploys, runs the smoke job on that image and promotes it again. The digests
-promoted so far are listed in the pipeline's promotion table (see README).
+A multi-arch tag resolves to its index; an index without a linux/amd64 entry is refused (the GPU
+nodes could not run it). ``--digest`` pins a given digest without asking the registry (the
+pipeline's Synth step uses it to pin the digest a run deploys). With the pipeline, the promoted
+digest is the source of truth: committing an older digest the pipeline already handled does not
+roll back; an explicit run with ``IMAGE_DIGEST=sha256:<previous>`` does (README).
 """
 from __future__ import annotations
 
@@ -34,8 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="registry base URL, e.g. https://public.ecr.aws (default: https:// + "
                              "the host of image.repository)")
     parser.add_argument("--digest", default="",
-                        help="pin this sha256:... instead of resolving the tag (rollback to a "
-                             "previously promoted digest)")
+                        help="pin this sha256:... instead of resolving the tag")
     parser.add_argument("--timeout", type=float, default=15.0, help="seconds per registry request")
 
 
