@@ -42,12 +42,24 @@ def scrape(url: str, timeout_s: float = 5.0) -> dict[str, list[Series]]:
 
 
 def job_series(samples: dict[str, list[Series]]) -> dict[str, dict[str, Series]]:
-    """The job's gauges by rank: ``{rank: {contract metric name: series}}``."""
-    by_rank: dict[str, dict[str, Series]] = {}
+    """The job's gauges by rank: ``{rank: {contract metric name: series}}``.
+
+    A rank restarted after a failure is a new Ray worker (a new ``WorkerId`` label) while the
+    agent may still serve the old one's series: per rank, the worker furthest along wins."""
+    by_worker: dict[tuple[str, str], dict[str, Series]] = {}
     for scraped, name in JOB_METRICS.items():
         for series in samples.get(scraped, []):
-            by_rank.setdefault(series.labels.get(contract.LABEL_RANK, "?"), {})[name] = series
+            key = (series.labels.get(contract.LABEL_RANK, "?"), series.labels.get("WorkerId", ""))
+            by_worker.setdefault(key, {})[name] = series
+    by_rank: dict[str, dict[str, Series]] = {}
+    for (rank, _), series in sorted(by_worker.items(), key=lambda item: _step(item[1])):
+        by_rank[rank] = series  # sorted by step: the last one kept is the furthest along
     return by_rank
+
+
+def _step(series: dict[str, Series]) -> float:
+    step = series.get(contract.METRIC_STEP)
+    return -1.0 if step is None else step.value
 
 
 @dataclass

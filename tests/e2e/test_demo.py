@@ -99,6 +99,22 @@ def test_report_and_plots_exist(demo):
     assert "held-out loss before" in stdout and "command that ran == manifest entrypoint: True" in stdout
 
 
+def test_the_jobs_metrics_were_scraped_and_agree_with_metrics_jsonl(demo):
+    # the node's metrics endpoint served every rank's gauges during the run (MFU is n/a on CPU),
+    # and rank 0's last scraped loss is the one metrics.jsonl holds for the same step
+    from training import contract
+
+    out, stdout = demo
+    scraped = json.loads((out / "metrics-scrape.json").read_text())
+    expected = set(contract.PROMETHEUS_METRICS) - {contract.METRIC_MFU}
+    assert {rank: set(series) for rank, series in scraped.items()} == {"0": expected, "1": expected}
+    step = int(scraped["0"][contract.METRIC_STEP]["value"])
+    [*_, row] = [m for m in _metrics(out) if m.get("kind") == "train" and m["step"] == step]
+    assert scraped["0"][contract.METRIC_LOSS]["value"] == pytest.approx(row["loss"], rel=1e-9)
+    assert "Prometheus metrics" in stdout
+    assert "Reporting training result" not in stdout  # in Ray Train's log files only
+
+
 def test_nothing_is_left_running(demo):
     out, _ = demo
     assert processes_matching("/tmp/rtd-") == []

@@ -99,3 +99,21 @@ def test_quiet_console_keeps_the_file_handler(tmp_path):
         logger.handlers = []
     assert shown.read_text() == "a warning\n"
     assert filed.read_text() == "Reporting training result 1\na warning\n"
+
+
+def test_a_restarted_rank_is_read_from_the_worker_furthest_along():
+    # given the agent still serves a dead worker's series beside its replacement's (same rank,
+    # another WorkerId), the scrape keeps the one at the later step
+    from devtools.metrics_scrape import job_series, parse
+
+    tags = 'run="r",job_name="j",node="n"'
+    text = "\n".join([
+        f'ray_raytrain_step{{WorkerId="old",rank="0",{tags}}} 9.0',
+        f'ray_raytrain_loss{{WorkerId="old",rank="0",{tags}}} 3.0',
+        f'ray_raytrain_step{{WorkerId="new",rank="0",{tags}}} 12.0',
+        f'ray_raytrain_loss{{WorkerId="new",rank="0",{tags}}} 2.0',
+        f'ray_raytrain_step{{WorkerId="w1",rank="1",{tags}}} 12.0',
+        "ray_tasks 4.0", ""])
+    series = job_series(parse(text))
+    assert {rank: {name: s.value for name, s in by_name.items()} for rank, by_name in series.items()} == {
+        "0": {contract.METRIC_STEP: 12.0, contract.METRIC_LOSS: 2.0}, "1": {contract.METRIC_STEP: 12.0}}
