@@ -103,7 +103,14 @@ class Watcher:
 
     @property
     def last(self) -> dict[str, dict[str, Series]]:
-        return self.snapshots[-1] if self.snapshots else {}
+        """Per rank, its series in the last scrape that held its step: once a worker exits, its
+        series leave the endpoint, the last ones first or not at all in step."""
+        latest: dict[str, dict[str, Series]] = {}
+        for snapshot in self.snapshots:
+            for rank, series in snapshot.items():
+                if contract.METRIC_STEP in series or rank not in latest:
+                    latest[rank] = series
+        return latest
 
 
 def logged_values(rows: list[dict[str, Any]], step: int) -> dict[str, float | None]:

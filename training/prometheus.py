@@ -12,10 +12,30 @@ plain processes) :func:`for_worker` gives gauges that record nothing.
 """
 from __future__ import annotations
 
+import os
 import socket
+import threading
 from typing import Any, Iterable, Mapping
 
 from training import contract
+
+REPORT_INTERVAL_ENV = "RAY_metrics_report_interval_ms"
+"""Ray's setting: how often a worker hands its metrics to the node's agent (default 10000)."""
+
+
+def refresh_interval(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds between two re-sets of every gauge: half of Ray's report interval.
+
+    Ray's exporter serves a gauge only for the report interval in which it was set: measured
+    with Ray 2.58, a gauge set once left the node's /metrics one or two intervals later while
+    its worker was still alive. Setting every last value again twice per interval keeps each
+    series continuous through slow steps, evaluations and checkpoints, until the worker exits."""
+    environ = os.environ if environ is None else environ
+    try:
+        interval_ms = float(environ.get(REPORT_INTERVAL_ENV, "10000"))
+    except ValueError:
+        interval_ms = 10000.0
+    return max(0.1, interval_ms / 2000)
 
 
 def step_values(entry: Mapping[str, Any]) -> dict[str, float | None]:
@@ -43,10 +63,14 @@ def step_values(entry: Mapping[str, Any]) -> dict[str, float | None]:
 
 
 class TrainingGauges:
-    """This rank's gauges; ``tags`` None = record nothing (not inside Ray)."""
+    """This rank's gauges; ``tags`` None = record nothing (not inside Ray). ``refresh_s``: how
+    often a daemon thread sets every gauge again with its last value (0: never)."""
 
-    def __init__(self, tags: Mapping[str, str] | None):
+    def __init__(self, tags: Mapping[str, str] | None, refresh_s: float = 0.0):
         self._gauges: dict[str, Any] = {}
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
         self._checkpoints_seen = 0
         if tags is None:
             return
@@ -55,15 +79,29 @@ class TrainingGauges:
         keys = contract.METRIC_LABELS
         self._gauges = {name: Gauge(name, description=text, tag_keys=keys).set_default_tags(dict(tags))
                         for name, text in contract.PROMETHEUS_METRICS.items()}
+        if refresh_s:
+            threading.Thread(target=self._refresh, args=(refresh_s,), name="raytrain-gauges", daemon=True).start()
 
     @property
     def enabled(self) -> bool:
         return bool(self._gauges)
 
     def set(self, values: Mapping[str, float | None]) -> None:
-        for name, value in values.items():
-            if value is not None and name in self._gauges:
-                self._gauges[name].set(float(value))
+        with self._lock:
+            for name, value in values.items():
+                if value is not None and name in self._gauges:
+                    self._last[name] = float(value)
+                    self._gauges[name].set(self._last[name])
+
+    def _refresh(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            with self._lock:
+                for name, value in self._last.items():
+                    self._gauges[name].set(value)
+
+    def close(self) -> None:
+        """Stop re-setting (the values then leave the endpoint within an interval or two)."""
+        self._stop.set()
 
     def step(self, entry: Mapping[str, Any], checkpoints: Iterable[Any] = ()) -> None:
         """After a step: its figures, and the newest finished checkpoint's timing if there is a
@@ -87,6 +125,8 @@ def metric_tags(*, run: str, job: str, rank: int, node: str | None = None) -> di
             contract.LABEL_NODE: node or socket.gethostname()}
 
 
-def for_worker(*, in_ray: bool, run: str, job: str, rank: int) -> TrainingGauges:
-    """The gauges of one worker: exported inside a Ray worker, a no-op elsewhere."""
-    return TrainingGauges(metric_tags(run=run, job=job, rank=rank) if in_ray else None)
+def for_worker(*, in_ray: bool, run: str, job: str, rank: int, refresh_s: float | None = None) -> TrainingGauges:
+    """The gauges of one worker: exported inside a Ray worker, a no-op elsewhere. ``refresh_s``:
+    None = :func:`refresh_interval`, 0 = never re-set."""
+    tags = metric_tags(run=run, job=job, rank=rank) if in_ray else None
+    return TrainingGauges(tags, refresh_interval() if refresh_s is None else refresh_s)

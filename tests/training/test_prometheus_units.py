@@ -35,7 +35,7 @@ def gauges(monkeypatch):
 
     RecordingGauge.made = []
     monkeypatch.setattr(ray.util.metrics, "Gauge", RecordingGauge)
-    made = prometheus.for_worker(in_ray=True, run="r1", job="local", rank=1)
+    made = prometheus.for_worker(in_ray=True, run="r1", job="local", rank=1, refresh_s=0)
     return made, {g.name: g for g in RecordingGauge.made}
 
 
@@ -70,6 +70,35 @@ def test_a_step_sets_its_figures_and_each_new_checkpoint_once(gauges):
     made.evaluation({"kind": "eval", "step": 7, "eval_loss": 3.25})
     made.evaluation(None)
     assert by_name[contract.METRIC_EVAL_LOSS].values == [3.25]
+
+
+def test_last_values_are_set_again_until_closed(monkeypatch):
+    # Ray serves a gauge only for the interval in which it was set: the refresher re-sets each
+    # last value (and nothing that was never set), until closed
+    import threading
+
+    import ray.util.metrics
+
+    RecordingGauge.made = []
+    monkeypatch.setattr(ray.util.metrics, "Gauge", RecordingGauge)
+    made = prometheus.for_worker(in_ray=True, run="r", job="j", rank=0, refresh_s=0.01)
+    by_name = {g.name: g for g in RecordingGauge.made}
+    made.set({contract.METRIC_LOSS: 2.0})
+    refreshed = threading.Event()
+    for _ in range(1000):
+        if len(by_name[contract.METRIC_LOSS].values) >= 3:
+            refreshed.set()
+            break
+        threading.Event().wait(0.01)
+    made.close()
+    assert refreshed.is_set()
+    assert set(by_name[contract.METRIC_LOSS].values) == {2.0}
+    assert by_name[contract.METRIC_EVAL_LOSS].values == []
+
+
+def test_the_refresh_is_half_of_rays_report_interval():
+    assert prometheus.refresh_interval({}) == 5.0  # Ray's default: 10 s
+    assert prometheus.refresh_interval({prometheus.REPORT_INTERVAL_ENV: "1000"}) == 0.5
 
 
 def test_outside_ray_nothing_is_recorded():
