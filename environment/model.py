@@ -13,174 +13,19 @@ import warnings
 from dataclasses import asdict, dataclass, field
 
 from environment.addons import ADDONS, ADDONS_BY_KEY
-from environment.contract import (  # noqa: F401  (re-exported for the node-group properties)
-    CODE_PREFIX, DIGEST_PATTERN, EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, GPU_TAINT_VALUE, KUBERNETES_VERSIONS,
-    NODE_GROUP_LABEL, NODE_ROLE_LABEL,
+from environment.cluster import (  # noqa: F401  (re-exported: every section is importable from here)
+    CAPACITY, ENDPOINT_ACCESS, ClusterSpec, GpuNodeGroupSpec, SystemNodeGroupSpec,
 )
+from environment.contract import CODE_PREFIX, DIGEST_PATTERN
 from environment.errors import FieldError
-from environment.instances import INSTANCE_TYPES, InstanceType, known_cpu_types, known_gpu_types, pod_cpu, pod_memory_gib
-from environment.regions import AWS_REGIONS
-from environment.rules import bucket_name_problem, schedule_problem, tag_ray_problem
+from environment.instances import INSTANCE_TYPES
+from environment.rules import DNS_LABEL, bucket_name_problem, schedule_problem, tag_ray_problem
 
-ENDPOINT_ACCESS = ("public", "private", "public_and_private")
-CAPACITY = ("on-demand", "capacity-reservation", "capacity-block")
-_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _SEMVER = re.compile(r"v?\d+\.\d+\.\d+")
 
 
 class UnlockedImageWarning(UserWarning):
     """The image is referenced by a moving tag: runs are not reproducible until `lock`."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ClusterSpec:
-    name: str
-    """EKS cluster name."""
-    account: str = ""
-    """12-digit AWS account id; empty = synthesize account-agnostic (deploy takes it from credentials)."""
-    region: str
-    availability_zones: tuple[str, ...]
-    """AZs of the VPC (EKS needs at least two)."""
-    gpu_availability_zone: str
-    """The ONE AZ of every GPU node: EFA traffic cannot cross AZs."""
-    kubernetes_version: str = "1.36"
-    endpoint_access: str = "public_and_private"
-    """``public``, ``private`` or ``public_and_private``."""
-    admin_principal_arns: tuple[str, ...] = ()
-    """IAM principals given cluster-admin through EKS access entries."""
-
-    def __post_init__(self) -> None:
-        if not _DNS_LABEL.fullmatch(self.name) or len(self.name) > 40:
-            raise FieldError("name", self.name, "is not a lower-case name of 1-40 letters, digits and '-'")
-        if self.account and not re.fullmatch(r"\d{12}", self.account):
-            raise FieldError("account", self.account, "is not a 12-digit AWS account id (or empty)")
-        if self.region not in AWS_REGIONS:
-            close = [r for r in AWS_REGIONS if r.rsplit("-", 1)[0] == self.region.rsplit("-", 1)[0]]
-            hint = f"; in that area: {', '.join(close)}" if close else " (e.g. us-east-1)"
-            raise FieldError("region", self.region, f"is not an AWS region name{hint}")
-        zones = self.availability_zones
-        if len(zones) < 2 or len(set(zones)) != len(zones):
-            raise FieldError("availability_zones", list(zones), "must list at least two distinct AZs (EKS requires two)")
-        for i, az in enumerate(zones):
-            if not re.fullmatch(re.escape(self.region) + r"[a-z]", az):
-                raise FieldError(f"availability_zones[{i}]", az, f"is not an AZ of region {self.region} (e.g. {self.region}a)")
-        if self.gpu_availability_zone not in zones:
-            raise FieldError("gpu_availability_zone", self.gpu_availability_zone,
-                             f"must be one of cluster.availability_zones ({', '.join(zones)})")
-        if self.kubernetes_version not in KUBERNETES_VERSIONS:
-            raise FieldError("kubernetes_version", self.kubernetes_version,
-                             f"is not supported by this CDK app (supported: {', '.join(KUBERNETES_VERSIONS)}; "
-                             "each needs its kubectl layer)")
-        if self.endpoint_access not in ENDPOINT_ACCESS:
-            raise FieldError("endpoint_access", self.endpoint_access, f"is not allowed (allowed: {', '.join(ENDPOINT_ACCESS)})")
-        for i, arn in enumerate(self.admin_principal_arns):
-            if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
-                raise FieldError(f"admin_principal_arns[{i}]", arn, "is not an IAM role or user ARN")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SystemNodeGroupSpec:
-    instance_type: str = "m7i.xlarge"
-    nodes: int = 1
-
-    def __post_init__(self) -> None:
-        if self.instance_type not in known_cpu_types():
-            raise FieldError("instance_type", self.instance_type,
-                             f"is not a known CPU instance type (known: {', '.join(known_cpu_types())})")
-        if not 1 <= self.nodes <= 10:
-            raise FieldError("nodes", self.nodes, "must be between 1 and 10")
-
-    @property
-    def instance(self) -> InstanceType:
-        return INSTANCE_TYPES[self.instance_type]
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return {NODE_ROLE_LABEL: "system", NODE_GROUP_LABEL: "system"}
-
-    @property
-    def pod_cpu(self) -> int:
-        return pod_cpu(self.instance)
-
-    @property
-    def pod_memory_gib(self) -> int:
-        return pod_memory_gib(self.instance)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GpuNodeGroupSpec:
-    name: str = "gpu"
-    instance_type: str = "g6.12xlarge"
-    min_nodes: int = 2
-    desired_nodes: int = 2
-    max_nodes: int = 2
-    root_volume_gib: int = 200
-    capacity: str = "on-demand"
-    """``on-demand``, ``capacity-reservation`` or ``capacity-block``."""
-    capacity_reservation_id: str = ""
-    """``cr-...`` for a capacity reservation or a capacity block; empty for on-demand."""
-
-    def __post_init__(self) -> None:
-        if not _DNS_LABEL.fullmatch(self.name):
-            raise FieldError("name", self.name, "must be a unique lower-case name (letters, digits, '-')")
-        if self.instance_type not in known_gpu_types():
-            hint = " (a CPU type: use system_node_group)" if self.instance_type in INSTANCE_TYPES else ""
-            raise FieldError("instance_type", self.instance_type,
-                             f"is not a known GPU instance type{hint} (known: {', '.join(known_gpu_types())})")
-        if self.min_nodes < 0:
-            raise FieldError("min_nodes", self.min_nodes, "must be >= 0")
-        if self.max_nodes < 1:
-            raise FieldError("max_nodes", self.max_nodes, "must be >= 1")
-        if not self.min_nodes <= self.desired_nodes <= self.max_nodes:
-            raise FieldError("desired_nodes", self.desired_nodes,
-                             f"must be between min_nodes ({self.min_nodes}) and max_nodes ({self.max_nodes})")
-        if not 50 <= self.root_volume_gib <= 16384:
-            raise FieldError("root_volume_gib", self.root_volume_gib,
-                             "must be between 50 and 16384 (the DLC image alone is tens of GB)")
-        if self.capacity not in CAPACITY:
-            raise FieldError("capacity", self.capacity, f"is not allowed (allowed: {', '.join(CAPACITY)})")
-        if self.capacity == "on-demand" and self.capacity_reservation_id:
-            raise FieldError("capacity_reservation_id", self.capacity_reservation_id,
-                             "must be empty for on-demand capacity (set capacity to capacity-reservation or capacity-block)")
-        if self.capacity != "on-demand" and not re.fullmatch(r"cr-[0-9a-f]{17}", self.capacity_reservation_id):
-            raise FieldError("capacity_reservation_id", self.capacity_reservation_id,
-                             f"is not a capacity reservation id (cr- and 17 hex digits), required for {self.capacity}")
-
-    @property
-    def instance(self) -> InstanceType:
-        return INSTANCE_TYPES[self.instance_type]
-
-    @property
-    def gpus_per_node(self) -> int:
-        return self.instance.gpus
-
-    @property
-    def efa_per_node(self) -> int:
-        return self.instance.max_efa_interfaces
-
-    @property
-    def world_size(self) -> int:
-        """Ray Train workers at the desired size: one per GPU."""
-        return self.desired_nodes * self.gpus_per_node
-
-    @property
-    def labels(self) -> dict[str, str]:
-        labels = {NODE_ROLE_LABEL: "gpu", NODE_GROUP_LABEL: self.name}
-        if self.efa_per_node:
-            labels[EFA_LABEL] = "true"
-        return labels
-
-    @property
-    def taints(self) -> tuple[dict[str, str], ...]:
-        return ({"key": GPU_TAINT_KEY, "value": GPU_TAINT_VALUE, "effect": GPU_TAINT_EFFECT},)
-
-    @property
-    def pod_cpu(self) -> int:
-        return pod_cpu(self.instance)
-
-    @property
-    def pod_memory_gib(self) -> int:
-        return pod_memory_gib(self.instance)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -292,7 +137,7 @@ class RaySpec:
 
     def __post_init__(self) -> None:
         for name in ("namespace", "service_account"):
-            if not _DNS_LABEL.fullmatch(getattr(self, name)):
+            if not DNS_LABEL.fullmatch(getattr(self, name)):
                 raise FieldError(name, getattr(self, name), "is not a Kubernetes name (lower-case letters, digits, '-')")
         if self.namespace in ("kube-system", "kube-public", "kube-node-lease", "default"):
             raise FieldError("namespace", self.namespace, "is reserved: use a namespace of its own (e.g. ray)")

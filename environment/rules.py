@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import re
 
+DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+"""A Kubernetes / DNS label: names of the cluster, node groups, namespace, service account."""
+
 _BUCKET_CHARS = re.compile(r"[a-z0-9.-]+")
 _IPV4 = re.compile(r"\d{1,3}(\.\d{1,3}){3}")
 # S3 general purpose bucket naming rules (AWS S3 User Guide, "General purpose bucket naming rules").

@@ -104,7 +104,8 @@ class CheckpointConfig:
     sigterm_grace_seconds: int = 120
     """Time allowed for the final checkpoint after SIGTERM; pods get this plus a margin."""
     max_failures: int = 2
-    """Worker failures Ray Train recovers from within one run (restarts from the last checkpoint)."""
+    """Worker failures Ray Train recovers from within one run (restarts from the last checkpoint).
+    Data errors are deterministic and never retried (training/data/failure.py)."""
     export_hf: bool = True
     """Consolidate the final checkpoint into a Hugging Face directory next to the checkpoints."""
 

@@ -160,7 +160,7 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
             # Deterministic bad input: one line, exit 2, not retried (the workers returned).
             status, error, code = "failed", one_line(data_errors), 2
             failure = {contract.FAILURE_STAGE: contract.STAGE_DATA, "rank": data_errors[0].get("rank"),
-                       "error_class": data_errors[0].get("error_class")}
+                       "error_class": data_errors[0].get("error_class"), "error": error}
             print(f"error: {error}", file=sys.stderr, flush=True)
         elif _last_summary(job).get("stopped_by_signal"):
             status, code = "stopped", 143
