@@ -6,6 +6,7 @@ before any output is written.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -13,7 +14,29 @@ import tempfile
 from environment import SpecError, load_environment
 
 
+def _named_spec() -> str:
+    """The spec named without the CDK (ENV_FILE, or ``-c env=...`` as the CLI passes it in
+    CDK_CONTEXT_JSON); "" when only a cdk.App can tell."""
+    if os.environ.get("ENV_FILE"):
+        return os.environ["ENV_FILE"]
+    try:
+        context = json.loads(os.environ.get("CDK_CONTEXT_JSON") or "{}")
+    except ValueError:
+        return ""
+    return context.get("env", "") if isinstance(context, dict) and isinstance(context.get("env", ""), str) else ""
+
+
 def main() -> int:
+    named = _named_spec()
+    if named:
+        # Refuse a bad spec before aws_cdk (and its node process) is even imported: one line in
+        # a fraction of a second, no JSII output.
+        try:
+            load_environment(named)
+        except SpecError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+
     import aws_cdk as cdk
 
     from infra.build import build_app
