@@ -54,3 +54,23 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_the_synth_build_test_selection_collects_without_torch_or_ray():
+    """Every test module the Synth build runs imports with torch, Ray and transformers absent."""
+    from infra.stacks.pipeline_builds import SYNTH_TESTS
+
+    probe = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {HEAVY!r}:
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+import pytest
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-m", "not slow", *{SYNTH_TESTS.split()!r}]))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "error" not in done.stdout.splitlines()[-1].lower()
