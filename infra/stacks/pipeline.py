@@ -149,7 +149,7 @@ class PipelineStack(Stack):
         apply = pipeline_builds.project(self, "ApplyManifests", pipeline_builds.apply_spec(env.bucket_name),
                                         role=self.kubectl_role, timeout=Duration.minutes(
                                             2 * pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
-        smoke = pipeline_builds.project(self, "SmokeRun", pipeline_builds.smoke_spec(required_transport(env)),
+        smoke = pipeline_builds.project(self, "SmokeRun", pipeline_builds.smoke_spec(env.bucket_name, required_transport(env)),
                                         role=self.kubectl_role, timeout=Duration.minutes(
                                             pipeline_builds.SMOKE_TIMEOUT_MINUTES + pipeline_builds.APPLY_TIMEOUT_MINUTES
                                             + 15), **vpc_args)

@@ -81,32 +81,40 @@ def _kubectl_install() -> list[str]:
     return [*KUBECTL_INSTALL, f"{PIP} -e '.[pipeline]'"]
 
 
+def upload_code(bucket: str) -> str:
+    """The content-addressed code archive every RayJob's working_dir names (idempotent)."""
+    return (f'aws s3 cp --only-show-errors dist/code/ "s3://{bucket}/code/" --recursive '
+            '--exclude "*" --include "training-*.zip"')
+
+
 def apply_spec(bucket: str) -> dict:
-    """Upload the code archive, apply the long-lived RayCluster (``upgradeStrategy: Recreate``)
-    and wait until every pod reports the new image ID; on failure, roll back."""
+    """Upload the code archive (the ``*-on-cluster`` jobs need it), apply the long-lived
+    RayCluster (``upgradeStrategy: Recreate``) and wait until every pod reports the new image
+    ID; on failure, roll back."""
     return {
         "version": "0.2",
         "env": {"shell": "bash"},
         "phases": {
             "install": {"runtime-versions": {"python": "3.11"}, "commands": _kubectl_install()},
             "build": {"commands": [
-                f'aws s3 cp --only-show-errors dist/code/ "s3://{bucket}/code/" --recursive '
-                '--exclude "*" --include "training-*.zip"',
+                upload_code(bucket),
                 'python -m raytrain_eks.pipeline apply --digest "$IMAGE_DIGEST"',
             ]},
         },
     }
 
 
-def smoke_spec(required_transport: str) -> dict:
-    """The smoke RayJob on its own cluster from the new digest, then the record and regression
-    gate; exports where its record is. On failure: roll back, fail the stage."""
+def smoke_spec(bucket: str, required_transport: str) -> dict:
+    """Upload the code archive the smoke job runs, run the smoke RayJob on its own cluster from
+    the new digest, then the record and regression gate; exports where its record is. On
+    failure: roll back, fail the stage."""
     return {
         "version": "0.2",
         "env": {"shell": "bash", "exported-variables": ["SMOKE_RECORD"]},
         "phases": {
             "install": {"runtime-versions": {"python": "3.11"}, "commands": _kubectl_install()},
             "build": {"commands": [
+                upload_code(bucket),
                 'SMOKE_RECORD="$(python -m raytrain_eks.pipeline smoke --digest "$IMAGE_DIGEST")"',
                 'python -m raytrain_eks.pipeline gate --digest "$IMAGE_DIGEST" --record "$SMOKE_RECORD" '
                 f"--required-transport {required_transport}",

@@ -248,3 +248,15 @@ def test_lambda_handler_wiring_reads_its_environment(world, aws, monkeypatch):
     result = handler.watch({}, None)
     assert result["action"] == START and result["current"] == digest
     assert len(world.executions()) == 1
+
+
+def test_a_digest_the_pipeline_rolled_back_is_not_rolled_forward_by_the_watcher(world):
+    # given a digest an explicit run (not the watcher) tried and the pipeline rolled back
+    from infra.lambdas.image_watcher.history import ROLLED_BACK
+
+    digest = world.push(b"rolled back\n")
+    world.history.record(event=ROLLED_BACK, digest=digest, execution_id="manual-1",
+                         rolled_back_to="none", reason="smoke: FAILED")
+    # then the watcher leaves it alone: only an explicit run deploys it again
+    assert world.watch()["action"] == ALREADY_TRIED
+    assert world.executions() == []

@@ -121,13 +121,17 @@ def test_smoke_then_apply_then_promote_with_the_proven_digest(synthesized):
     assert deploy.endswith(f"{built.storage.stack_name} {built.cluster.stack_name}") and "--app cdk.out" in deploy
     assert built.pipeline.stack_name not in deploy  # the pipeline never redeploys itself mid-run
     smoke = buildspec(template, "SmokeRun")
+    upload = (f'aws s3 cp --only-show-errors dist/code/ "s3://{env.bucket_name}/code/" --recursive '
+              '--exclude "*" --include "training-*.zip"')
+    # the smoke job's code archive is uploaded before the job that names it runs
     assert smoke["phases"]["build"]["commands"] == [
+        upload,
         'SMOKE_RECORD="$(python -m raytrain_eks.pipeline smoke --digest "$IMAGE_DIGEST")"',
         'python -m raytrain_eks.pipeline gate --digest "$IMAGE_DIGEST" --record "$SMOKE_RECORD" '
         "--required-transport efa"]
     assert smoke["env"]["exported-variables"] == ["SMOKE_RECORD"]
     apply = buildspec(template, "ApplyManifests")["phases"]["build"]["commands"]
-    assert apply[-1] == 'python -m raytrain_eks.pipeline apply --digest "$IMAGE_DIGEST"'
+    assert apply == [upload, 'python -m raytrain_eks.pipeline apply --digest "$IMAGE_DIGEST"']
     stages = the(template, "AWS::CodePipeline::Pipeline")["Stages"]
     for stage in (stages[3], stages[4]):
         [action] = stage["Actions"]

@@ -60,10 +60,6 @@ class PromotionHistory:
                 return
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    def was_triggered(self, digest: str) -> bool:
-        """Has the watcher already started the pipeline for ``digest`` (whatever came of it)?"""
-        return any(e["event"] == TRIGGERED and e["digest"] == digest for e in self.events())
-
     def knows(self, digest: str) -> bool:
         """Has the pipeline handled ``digest`` before (triggered, promoted or rolled back)?"""
         return any(e["digest"] == digest for e in self.events())

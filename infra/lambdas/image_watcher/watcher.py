@@ -100,7 +100,9 @@ def check(config: WatcherConfig, *, ssm: Any, history: PromotionHistory, starter
     current = resolve(ImageLocation.from_repository(config.repository, config.tag, config.registry_url))
     promoted = read_promoted(ssm, config.parameter_name)
     action = decide(current=current, promoted=promoted,
-                    already_triggered=current != promoted and history.was_triggered(current))
+                    # any event counts: a digest rolled back (automatically or by an explicit
+                    # run) is not rolled forward again behind the operator's back
+                    already_triggered=current != promoted and history.knows(current))
     result = {"image": config.image, "current": current, "promoted": promoted or "(none)", "action": action}
     if action == START:
         result["execution_id"] = starter.start(current)
