@@ -38,8 +38,10 @@ class ClusterSpec:
     """IAM principals given cluster-admin through EKS access entries."""
 
     def __post_init__(self) -> None:
-        if not DNS_LABEL.fullmatch(self.name) or len(self.name) > 40:
-            raise FieldError("name", self.name, "is not a lower-case name of 1-40 letters, digits and '-'")
+        if not DNS_LABEL.fullmatch(self.name) or len(self.name) > 40 or not self.name[0].isalpha():
+            # CloudFormation stack names (<name>-network, ...) must start with a letter.
+            raise FieldError("name", self.name, "is not a lower-case name of 1-40 letters, digits and '-' "
+                                                "starting with a letter (the stack names derive from it)")
         if self.account and not re.fullmatch(r"\d{12}", self.account):
             raise FieldError("account", self.account, "is not a 12-digit AWS account id (or empty)")
         if self.region not in AWS_REGIONS:
@@ -115,6 +117,9 @@ class GpuNodeGroupSpec:
             hint = " (a CPU type: use system_node_group)" if self.instance_type in INSTANCE_TYPES else ""
             raise FieldError("instance_type", self.instance_type,
                              f"is not a known GPU instance type{hint} (known: {', '.join(known_gpu_types())})")
+        if len(self.nodegroup_name) > 63:
+            raise FieldError("name", self.name, f"is too long: the EKS node group name {self.nodegroup_name!r} "
+                                                f"derived from it has {len(self.nodegroup_name)} characters (at most 63)")
         if self.min_nodes < 0:
             raise FieldError("min_nodes", self.min_nodes, "must be >= 0")
         if self.max_nodes < 1:
@@ -137,6 +142,11 @@ class GpuNodeGroupSpec:
     @property
     def instance(self) -> InstanceType:
         return INSTANCE_TYPES[self.instance_type]
+
+    @property
+    def nodegroup_name(self) -> str:
+        """The EKS managed node group's name: ``<name>-<instance type>`` (EKS allows 63 characters)."""
+        return f"{self.name}-{re.sub(r'[^a-z0-9]', '-', self.instance_type)}"
 
     @property
     def gpus_per_node(self) -> int:

@@ -1,7 +1,6 @@
 """One GPU managed node group from a ``[[gpu_node_groups]]`` entry of the spec."""
 from __future__ import annotations
 
-import re
 
 from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks
 from constructs import Construct
@@ -47,7 +46,7 @@ class GpuNodeGroup(Construct):
         self.nodegroup = eks.Nodegroup(
             self, "Nodegroup",
             cluster=cluster,
-            nodegroup_name=f"{group.name}-{re.sub(r'[^a-z0-9]', '-', group.instance_type)}",
+            nodegroup_name=group.nodegroup_name,
             instance_types=[ec2.InstanceType(group.instance_type)],
             capacity_type=CAPACITY_TYPES[group.capacity],
             min_size=group.min_nodes,
