@@ -129,6 +129,8 @@ def load_environment(path: str | Path = "environment.toml") -> Environment:
         raise SpecError(f"{source}: is a directory, not an environment file") from None
     except UnicodeDecodeError as err:
         raise SpecError(f"{source}: not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise SpecError(f"{source}: cannot be read ({err.strerror or err})") from None
     except tomllib.TOMLDecodeError as err:
         raise SpecError(f"{source}: not valid TOML: {err}") from None
     return environment_from_dict(raw, source)

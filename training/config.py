@@ -281,6 +281,12 @@ def read_job_file(path: str | Path, overrides: list[str] | None = None) -> dict[
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise JobConfigError(f"{source}: file not found") from None
+    except IsADirectoryError:
+        raise JobConfigError(f"{source}: is a directory, not a job config (e.g. jobs/local.toml)") from None
+    except UnicodeDecodeError as err:
+        raise JobConfigError(f"{source}: not UTF-8 text (byte {err.start}): not a job config") from None
+    except OSError as err:
+        raise JobConfigError(f"{source}: cannot be read ({err.strerror or err})") from None
     except tomllib.TOMLDecodeError as err:
         raise JobConfigError(f"{source}: not valid TOML: {err}") from None
     for dotted, text in parse_overrides(overrides or [], source=f"{source} (--set)"):

@@ -117,6 +117,10 @@ def test_job_entry_points_end_bad_input_with_one_line(tmp_path):
     broken.write_text((ROOT / "jobs" / "local.toml").read_text().replace("[train]", "[train"))
     _assert_one_line(_run(["-m", "raytrain_eks.cli", "preflight", "--job", str(broken)]), f"{broken}: not valid TOML")
     _assert_one_line(_run(["-m", "training", "--config", str(broken), "--check"]), f"{broken}: not valid TOML")
+    for not_a_job in ("jobs", "/bin/ls"):
+        _assert_one_line(_run(["-m", "training", "--config", not_a_job, "--check"]), f"{not_a_job}: ")
+        _assert_one_line(_run(["-m", "raytrain_eks.cli", "preflight", "--job", not_a_job]), f"{not_a_job}: ")
+        _assert_one_line(_run(["-m", "raytrain_eks.cli", "summary", "--env", not_a_job]), f"{not_a_job}: ")
     _assert_one_line(_run(["-m", "training", "--config", "jobs/local.toml", "--check",
                            "--set", "model.config.num_hidden_layer=2"]),
                      "model.config.num_hidden_layer: 'num_hidden_layer' is not a Qwen2Config key "
