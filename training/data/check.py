@@ -131,7 +131,8 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
                         f"({reader.result.bad_records} bad records skipped in {len(files)} files)")
     if complete:
         _check_size(job, docs)
-    scope = "read in full" if complete else f"first {head_bytes // 1024**2} MiB of each file read"
+    size = f"{head_bytes / 1024**2:g} MiB" if head_bytes >= 1024**2 else f"{head_bytes / 1024:g} KiB"
+    scope = "read in full" if complete else f"first {size} of each file read"
     bad = f", {reader.result.bad_records} bad records to skip" if reader.result.bad_records else ""
     return DataCheck(checked=True, documents=n, files=len(files), complete=complete,
                      summary=f"{d.path}: {n} {d.kind} documents in {len(files)} file(s), {read} bytes {scope}{bad}")
