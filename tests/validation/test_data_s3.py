@@ -61,3 +61,8 @@ def test_a_large_object_is_checked_by_its_head(s3_bucket, tmp_path):  # noqa: F8
     result = check_data(_job(prefix), head_bytes=4096)
     assert result.checked and not result.complete and "first 4 KiB of each file read" in result.summary
     assert 0 < result.documents < 400
+
+
+def test_a_bucket_not_yet_deployed_is_a_note_not_a_refusal(s3_server):  # noqa: F811
+    result = check_data(_job("s3://raytrain-not-deployed-yet/data/"))
+    assert not result.checked and "the bucket raytrain-not-deployed-yet does not exist (yet)" in result.summary

@@ -75,6 +75,14 @@ def _listing(job, path: str, kind: str) -> list[RemoteFile]:
         raise DataError(f"{job.source}: data.path: {err} (data.kind {kind!r} reads {wanted}{others})") from None
 
 
+def _bucket_exists(path: str) -> bool:
+    """A missing BUCKET is a plan made before the deploy (a note); a missing prefix in an
+    existing bucket is data not uploaded (refused)."""
+    from pyarrow import fs
+
+    return s3_filesystem().get_file_info(split_s3(path)[0]).type != fs.FileType.NotFound
+
+
 def _token_upper_bound(documents) -> int:
     """At most this many tokens: a byte-level BPE token covers at least one UTF-8 byte; plus the
     template's tokens per chat message and one separator per document."""
@@ -97,6 +105,10 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
         return DataCheck(checked=False, summary=f"{d.path} not read: {PLACEHOLDER} is filled in from environment.toml "
                                                 "(run raytrain-eks preflight --job ... to check it)")
     try:
+        if is_s3(d.path) and not _bucket_exists(d.path):
+            bucket = split_s3(d.path)[0]
+            return DataCheck(checked=False, summary=f"{d.path} not read: the bucket {bucket} does not exist (yet); "
+                                                    "deploy the storage stack and upload the data")
         files = _listing(job, d.path, d.kind)
     except OSError as err:  # S3 unreachable from this machine (no credentials, no network)
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
