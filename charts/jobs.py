@@ -160,7 +160,7 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
                          f"{env.storage_uri} on the cluster (a local directory is not shared between pods): "
                          "remove it from the file")
     try:
-        check_model(base, read_s3=False)
+        check_model(base, read_s3=False, local_tokenizer=False)
     except JobConfigError as err:
         raise ChartError(str(err)) from None
     overrides.append(f"checkpoint.storage_path={_toml_value(env.storage_uri)}")

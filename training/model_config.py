@@ -110,12 +110,14 @@ def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "
 PLACEHOLDER = "{bucket}"
 
 
-def check_model(job: Any, *, read_s3: bool = True) -> str:
+def check_model(job: Any, *, read_s3: bool = True, local_tokenizer: bool = True) -> str:
     """The job's model section against what can be read from here (the tokenizer directory, the
     model's config.json and ``seq_len`` within its positions); returns a one-line note of what
-    was read. ``read_s3=False``: an ``s3://`` model is not read (the charts never go online)."""
+    was read. ``read_s3=False``: an ``s3://`` model is not read (the charts never go online);
+    ``local_tokenizer=False``: a local tokenizer directory may be built later (``make install``)
+    than the manifests are synthesized."""
     tokenizer = job.model.tokenizer
-    if tokenizer and "://" not in tokenizer and not Path(tokenizer).is_dir():
+    if local_tokenizer and tokenizer and "://" not in tokenizer and not Path(tokenizer).is_dir():
         raise ModelConfigError(f"{job.source}: model.tokenizer: {tokenizer!r} is not a directory "
                                "(give a tokenizer directory, an s3:// prefix, or leave it empty)")
     path = job.model.path
