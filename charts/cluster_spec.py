@@ -16,7 +16,7 @@ from typing import Any
 
 from charts.provenance import Provenance, image_reference
 from environment import Environment, GpuNodeGroupSpec
-from environment.contract import EFA_RESOURCE, GPU_RESOURCE
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE, LOCAL_STAGING_HOST_DIR
 from training import contract
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -24,6 +24,14 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 RAY_CONTAINER_HEAD = "ray-head"
 RAY_CONTAINER_WORKER = "ray-worker"
 SHM_VOLUME = "dshm"
+STAGING_VOLUME = "local-staging"
+STAGING_MOUNT = "/mnt/raytrain-local"
+"""Where GPU workers see the node's NVMe staging directory (RAYTRAIN_CHECKPOINT_LOCAL_DIR)."""
+AUTOSCALER_RESOURCES = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
+"""The Ray autoscaler sidecar on the long-lived head (KubeRay's default asks 500m / 512Mi)."""
+IDLE_TIMEOUT_SECONDS = 300
+"""An idle GPU worker pod of the long-lived cluster goes after this; cluster-autoscaler then
+removes its node."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,6 +49,9 @@ class ClusterShape:
     @property
     def group(self) -> GpuNodeGroupSpec:
         return self.env.gpu_group(self.group_name)
+    autoscale: bool = False
+    """True for the long-lived cluster: no GPU worker until a job asks (Ray's autoscaler adds
+    pods up to the job size, cluster-autoscaler the nodes under them), so GPU nodes scale to 0."""
 
 
 def gpu_worker_env(group: GpuNodeGroupSpec) -> list[dict[str, str]]:
@@ -78,8 +89,19 @@ def worker_resources(group: GpuNodeGroupSpec) -> dict[str, str]:
 
 
 def head_resources(env: Environment) -> dict[str, str]:
-    system = env.system_node_group
-    return {"cpu": str(system.pod_cpu), "memory": f"{system.pod_memory_gib}Gi"}
+    """Small enough that the long-lived head, a RayJob's own head, the submitters and the
+    add-ons share the system nodes (``raytrain-eks preflight`` checks they fit)."""
+    return {"cpu": str(env.ray.head_cpu), "memory": f"{env.ray.head_memory_gib}Gi"}
+
+
+def _staging(group: GpuNodeGroupSpec) -> tuple[list[dict], list[dict], list[dict]]:
+    """The node's NVMe RAID0 as the checkpoint staging directory (volumes, mounts, env) of GPU
+    workers; nothing where the instance has no instance store."""
+    if not group.instance.instance_store_gb:
+        return [], [], []
+    return ([{"name": STAGING_VOLUME, "hostPath": {"path": LOCAL_STAGING_HOST_DIR, "type": "DirectoryOrCreate"}}],
+            [{"name": STAGING_VOLUME, "mountPath": STAGING_MOUNT}],
+            [{"name": contract.ENV_CHECKPOINT_LOCAL_DIR, "value": f"{STAGING_MOUNT}/checkpoints"}])
 
 
 def _shm() -> tuple[list[dict], list[dict]]:
@@ -112,23 +134,25 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "volumeMounts": mounts,
         }],
     }
+    staging_volumes, staging_mounts, staging_env = _staging(group)
     worker_pod = {
         "serviceAccountName": env.ray.service_account,
         "terminationGracePeriodSeconds": shape.worker_grace_seconds,
         "nodeSelector": {**group.labels, INSTANCE_TYPE_LABEL: group.instance_type},
         "tolerations": [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}
                         for t in group.taints],
-        "volumes": volumes,
+        "volumes": volumes + staging_volumes,
         "containers": [{
             "name": RAY_CONTAINER_WORKER,
             "image": image,
             "imagePullPolicy": "IfNotPresent",
-            "env": [*gpu_worker_env(group), *run_record_env(env, group)],
+            "env": [*gpu_worker_env(group), *run_record_env(env, group), *staging_env],
             "resources": {"requests": worker_resources(group), "limits": worker_resources(group)},
-            "volumeMounts": mounts,
+            "volumeMounts": mounts + staging_mounts,
         }],
     }
-    return {
+    workers = shape.worker_replicas
+    spec: dict[str, Any] = {
         "rayVersion": env.image.ray_version,
         "headGroupSpec": {
             # num-cpus 0: no Ray task lands on the head; the job's driver still runs there.
@@ -137,11 +161,17 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
         },
         "workerGroupSpecs": [{
             "groupName": group.name,
-            # A fixed world size: no autoscaling, min = max = replicas.
-            "replicas": shape.worker_replicas,
-            "minReplicas": shape.worker_replicas,
-            "maxReplicas": shape.worker_replicas,
+            # A job's own cluster: a fixed world size, min = max = replicas. The long-lived
+            # cluster: none until a job asks, at most the job size.
+            "replicas": 0 if shape.autoscale else workers,
+            "minReplicas": 0 if shape.autoscale else workers,
+            "maxReplicas": workers,
             "rayStartParams": {"num-gpus": str(group.gpus_per_node)},
             "template": {"metadata": metadata, "spec": worker_pod},
         }],
     }
+    if shape.autoscale:
+        spec["enableInTreeAutoscaling"] = True
+        spec["autoscalerOptions"] = {"idleTimeoutSeconds": IDLE_TIMEOUT_SECONDS,
+                                     "resources": AUTOSCALER_RESOURCES}
+    return spec

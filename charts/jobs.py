@@ -124,7 +124,7 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
         known = ", ".join(g.name for g in env.gpu_node_groups)
         raise ChartError(f"{rel}: parallel.node_group: {group_name!r} is not a GPU node group of {env.source} "
                          f"(known: {known})") from None
-    where = (f"the spec's GPU group {group.name!r} has {group.world_size} = {group.desired_nodes} nodes x "
+    where = (f"the spec's GPU group {group.name!r} has {group.world_size} = {group.job_nodes} nodes x "
              f"{group.gpus_per_node} GPUs ({group.instance_type}, {env.source})")
     sizing: list[str] = []
     if gpu_job:

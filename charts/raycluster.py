@@ -30,13 +30,14 @@ def cluster_name(env: Environment) -> str:
 
 
 class RayClusterChart(cdk8s.Chart):
-    """One RayCluster with the spec's GPU group at its desired size."""
+    """One RayCluster: a head on the system nodes, GPU workers only while a job needs them."""
 
     def __init__(self, scope: Construct, id: str, *, env: Environment, worker_grace_seconds: int):
         super().__init__(scope, id, namespace=env.ray.namespace, disable_resource_name_hashes=True)
         provenance = Provenance.for_cluster(env)
-        shape = ClusterShape(env=env, worker_replicas=env.primary_gpu_group.desired_nodes,
-                             worker_grace_seconds=worker_grace_seconds, provenance=provenance)
+        shape = ClusterShape(env=env, worker_replicas=env.primary_gpu_group.job_nodes,
+                             worker_grace_seconds=worker_grace_seconds, provenance=provenance,
+                             autoscale=True)
         generated.RayCluster(
             self, "raycluster",
             metadata=cdk8s.ApiObjectMetadata(name=cluster_name(env), labels=provenance.labels,

@@ -24,6 +24,22 @@ raylet; without the margin the kubelet's SIGKILL could land inside the checkpoin
 CLUSTER_SELECTOR_KEY = "ray.io/cluster"
 """The key KubeRay reads a target cluster's NAME from (RayJobClusterSelectorKey)."""
 ON_CLUSTER_SUFFIX = "-on-cluster"
+SUBMITTER_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+"""The submitter only runs ``ray job submit`` and follows the log. Explicit, and on the system
+nodes: KubeRay's default (500m / 200Mi, no node selector) would land wherever 500m is free."""
+
+
+def submitter_pod_template(env: Environment, provenance: Provenance) -> dict:
+    """The submitter pod: the head's image on the system nodes; KubeRay fills in the command."""
+    return {
+        "metadata": {"labels": dict(provenance.labels)},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": dict(env.system_node_group.labels),
+            "containers": [{"name": "ray-job-submitter", "image": image_reference(env),
+                            "imagePullPolicy": "IfNotPresent", "resources": SUBMITTER_RESOURCES}],
+        },
+    }
 
 
 def worker_grace_seconds(plans: list[JobPlan]) -> int:
@@ -60,6 +76,7 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, provenance: P
         "submissionMode": "K8sJobMode",
         "backoffLimit": limits.backoff_limit,
         "activeDeadlineSeconds": limits.active_deadline_minutes * 60,
+        "submitterPodTemplate": submitter_pod_template(env, provenance),
     }
     if on_cluster:
         spec["clusterSelector"] = {CLUSTER_SELECTOR_KEY: on_cluster}

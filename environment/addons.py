@@ -42,6 +42,38 @@ def _no_manifests(env: "Environment") -> list[dict[str, Any]]:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class AddonPod:
+    """What one add-on workload asks of a node, for the scheduling-fit check. Where it lands
+    (node selector, affinity, tolerations) is read from the add-on's own values, never retyped."""
+
+    name: str
+    kind: str
+    """``DaemonSet`` (one per matching node) or ``Deployment``."""
+    cpu_m: int = 0
+    """CPU request in millicores (0 = none set)."""
+    memory_mi: int = 0
+    """Memory request in MiB (0 = none set)."""
+    replicas: int = 1
+    source: str = ""
+    """Where the figure comes from (the chart's values, or ours when the values set it)."""
+    placement: dict[str, Any] | None = None
+    """nodeSelector / affinity / tolerations when they are not the add-on's top-level values
+    (a chart of several workloads); None = the add-on's values."""
+
+    def requests(self) -> dict[str, str]:
+        out = {}
+        if self.cpu_m:
+            out["cpu"] = f"{self.cpu_m}m"
+        if self.memory_mi:
+            out["memory"] = f"{self.memory_mi}Mi"
+        return out
+
+    def resources(self) -> dict[str, dict[str, str]]:
+        """requests, and a memory limit equal to the request (the values we set ourselves)."""
+        return {"requests": self.requests(), "limits": {"memory": f"{self.memory_mi}Mi"}}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HelmAddon:
     """One Helm chart the cluster runs."""
 
@@ -64,6 +96,8 @@ class HelmAddon:
     """Kubernetes objects applied after the chart (e.g. dashboards as ConfigMaps: the chart's
     own extra-objects value runs every string through Helm's template engine, which breaks
     Grafana's ``{{label}}`` legends)."""
+    pods: tuple[AddonPod, ...] = ()
+    """Its workloads and their requests (the scheduling-fit check places them)."""
 
 
 def _nvidia_values(env: "Environment") -> dict[str, Any]:
@@ -115,26 +149,110 @@ def _prometheus_values(env: "Environment") -> dict[str, Any]:
     }
 
 
+_NO_REQUESTS = "kube-prometheus-stack: no requests set by its values (none counted; not re-checked here)"
+_PROMETHEUS_PODS = (
+    AddonPod(name="prometheus", kind="Deployment", source=_NO_REQUESTS, placement={}),
+    AddonPod(name="grafana", kind="Deployment", source=_NO_REQUESTS, placement={}),
+    AddonPod(name="prometheus-operator", kind="Deployment", source=_NO_REQUESTS, placement={}),
+    AddonPod(name="kube-state-metrics", kind="Deployment", source=_NO_REQUESTS, placement={}),
+    AddonPod(name="prometheus-node-exporter", kind="DaemonSet", source=_NO_REQUESTS,
+             placement={"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]}),
+)
+
+
+KUBERAY_OPERATOR_POD = AddonPod(
+    name="kuberay-operator", kind="Deployment", cpu_m=100, memory_mi=512,
+    source="set in our values (the chart's own default is a 100m / 512Mi limit)")
+CLUSTER_AUTOSCALER_POD = AddonPod(
+    name="cluster-autoscaler", kind="Deployment", cpu_m=100, memory_mi=600,
+    source="set in our values (the autoscaler FAQ's figure; the chart sets none)")
+CLUSTER_AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
+# Cluster-autoscaler's minor version follows the Kubernetes minor; the chart's default image is
+# v1.35.0. Versions without an entry keep the chart's default.
+CLUSTER_AUTOSCALER_IMAGE_TAGS = {"1.36": "v1.36.1", "1.35": "v1.35.0"}
+SCALE_DOWN_UNNEEDED = "5m"
+"""How long a GPU node must be idle before cluster-autoscaler removes it."""
+
+
+def _kuberay_values(env: "Environment") -> dict[str, Any]:
+    return {"nodeSelector": dict(SYSTEM_NODES), "resources": KUBERAY_OPERATOR_POD.resources()}
+
+
+def _autoscaler_values(env: "Environment") -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "cloudProvider": "aws",
+        "awsRegion": env.cluster.region,
+        # Discovers every ASG tagged k8s.io/cluster-autoscaler/<cluster> (EKS tags a managed
+        # node group's ASG with it) and reads a 0-node managed group's labels and taints from
+        # DescribeNodegroup, its EFA resource from the node group's node-template tags.
+        "autoDiscovery": {"clusterName": env.cluster.name},
+        "rbac": {"serviceAccount": {"create": True, "name": CLUSTER_AUTOSCALER_SERVICE_ACCOUNT}},
+        "extraArgs": {
+            "expander": "least-waste",
+            "balance-similar-node-groups": "false",
+            "skip-nodes-with-local-storage": "false",
+            "scale-down-unneeded-time": SCALE_DOWN_UNNEEDED,
+            "scale-down-delay-after-add": SCALE_DOWN_UNNEEDED,
+        },
+        "nodeSelector": dict(SYSTEM_NODES),
+        "resources": CLUSTER_AUTOSCALER_POD.resources(),
+    }
+    tag = CLUSTER_AUTOSCALER_IMAGE_TAGS.get(env.cluster.kubernetes_version)
+    if tag:
+        values["image"] = {"tag": tag}
+    return values
+
+
 ADDONS: tuple[HelmAddon, ...] = (
     HelmAddon(key="nvidia_device_plugin", repository="https://nvidia.github.io/k8s-device-plugin",
               chart="nvidia-device-plugin", release="nvidia-device-plugin", namespace="kube-system",
-              default_version="0.20.0", values=_nvidia_values),
+              default_version="0.20.0", values=_nvidia_values,
+              pods=(AddonPod(name="nvidia-device-plugin", kind="DaemonSet",
+                             source="chart values.yaml: resources {} (none)"),)),
     HelmAddon(key="efa_device_plugin", repository="https://aws.github.io/eks-charts",
               chart="aws-efa-k8s-device-plugin", release="aws-efa-k8s-device-plugin", namespace="kube-system",
-              default_version="v0.5.32", enabled=lambda env: bool(_efa_instance_types(env)), values=_efa_values),
+              default_version="v0.5.32", enabled=lambda env: bool(_efa_instance_types(env)), values=_efa_values,
+              pods=(AddonPod(name="aws-efa-k8s-device-plugin", kind="DaemonSet", cpu_m=10, memory_mi=20,
+                             source="aws/eks-charts stable/aws-efa-k8s-device-plugin README: requests 10m / 20Mi"),)),
     HelmAddon(key="kuberay_operator", repository="https://ray-project.github.io/kuberay-helm/",
               chart="kuberay-operator", release="kuberay-operator", namespace="kuberay-system",
               default_version="1.7.0", create_namespace=True,
-              values=lambda env: {"nodeSelector": dict(SYSTEM_NODES)}),
+              values=_kuberay_values, pods=(KUBERAY_OPERATOR_POD,)),
     HelmAddon(key="kube_prometheus_stack", repository="https://prometheus-community.github.io/helm-charts",
               chart="kube-prometheus-stack", release=observability.PROMETHEUS_RELEASE,
               namespace=observability.MONITORING_NAMESPACE, default_version="88.5.3", create_namespace=True, enabled=_observed,
-              values=_prometheus_values, manifests=lambda env: observability.dashboard_config_maps(observability.MONITORING_NAMESPACE)),
+              values=_prometheus_values, manifests=lambda env: observability.dashboard_config_maps(observability.MONITORING_NAMESPACE),
+              pods=_PROMETHEUS_PODS),
     HelmAddon(key="dcgm_exporter", repository="https://nvidia.github.io/dcgm-exporter/helm-charts",
               chart="dcgm-exporter", release="dcgm-exporter", namespace=observability.MONITORING_NAMESPACE, create_namespace=True,
               default_version="4.8.2", enabled=_observed, values=_dcgm_values,
-              requires=("kube_prometheus_stack",)),  # its ServiceMonitor needs the stack's CRDs
+              requires=("kube_prometheus_stack",),  # its ServiceMonitor needs the stack's CRDs
+              pods=(AddonPod(name="dcgm-exporter", kind="DaemonSet",
+                             source="no requests counted (the chart's defaults were not checked here)"),)),
+    HelmAddon(key="cluster_autoscaler", repository="https://kubernetes.github.io/autoscaler",
+              chart="cluster-autoscaler", release="cluster-autoscaler", namespace="kube-system",
+              default_version="9.59.0", values=_autoscaler_values, pods=(CLUSTER_AUTOSCALER_POD,)),
 )
 """Every add-on, in install order."""
 
 ADDONS_BY_KEY: dict[str, HelmAddon] = {addon.key: addon for addon in ADDONS}
+
+
+TOLERATE_ALL = [{"operator": "Exists"}]
+
+EKS_ADDON_PODS: tuple[tuple[AddonPod, dict[str, Any]], ...] = (
+    # (workload, its placement) of the networking and identity add-ons EKS installs; the
+    # DaemonSets tolerate every taint, CoreDNS none of ours.
+    (AddonPod(name="aws-node", kind="DaemonSet", cpu_m=50,
+              source="vpc-cni: 25m aws-node + 25m network-policy agent (aws-vpc-cni chart values)"),
+     {"tolerations": TOLERATE_ALL}),
+    (AddonPod(name="kube-proxy", kind="DaemonSet", cpu_m=100, source="EKS kube-proxy add-on: requests 100m"),
+     {"tolerations": TOLERATE_ALL}),
+    (AddonPod(name="eks-pod-identity-agent", kind="DaemonSet",
+              source="EKS pod identity agent: no requests in its chart values (not re-checked here)"),
+     {"tolerations": TOLERATE_ALL}),
+    (AddonPod(name="coredns", kind="Deployment", cpu_m=100, memory_mi=70, replicas=2,
+              source="EKS CoreDNS add-on: 2 replicas, requests 100m / 70Mi"),
+     {"tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}]}),
+)
+"""The pods of EKS's own add-ons, with their placement (they are not in the Helm table)."""

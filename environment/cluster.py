@@ -35,7 +35,11 @@ class ClusterSpec:
     endpoint_access: str = "public_and_private"
     """``public``, ``private`` or ``public_and_private``."""
     admin_principal_arns: tuple[str, ...] = ()
-    """IAM principals given cluster-admin through EKS access entries."""
+    """IAM principals given cluster-admin through EKS access entries. The CDK app refuses an
+    empty list: CloudFormation creates the cluster, so the "cluster creator" EKS makes admin is
+    CloudFormation's execution role, never the person running ``cdk deploy``."""
+    log_retention_days: int = 30
+    """Days the control plane's CloudWatch log group keeps its logs."""
 
     def __post_init__(self) -> None:
         if not DNS_LABEL.fullmatch(self.name) or len(self.name) > 40 or not self.name[0].isalpha():
@@ -66,12 +70,17 @@ class ClusterSpec:
         for i, arn in enumerate(self.admin_principal_arns):
             if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
                 raise FieldError(f"admin_principal_arns[{i}]", arn, "is not an IAM role or user ARN")
+        if not 1 <= self.log_retention_days <= 3653:
+            raise FieldError("log_retention_days", self.log_retention_days, "must be between 1 and 3653")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SystemNodeGroupSpec:
-    instance_type: str = "m7i.xlarge"
+    instance_type: str = "m7i.2xlarge"
     nodes: int = 1
+    disk_gib: int = 100
+    """Root volume of each system node: the Ray heads and RayJob submitters run the DLC image
+    there (see ImageSpec.disk_gib); the EKS default of 20 GiB cannot hold it."""
 
     def __post_init__(self) -> None:
         if self.instance_type not in known_cpu_types():
@@ -79,6 +88,8 @@ class SystemNodeGroupSpec:
                              f"is not a known CPU instance type (known: {', '.join(known_cpu_types())})")
         if not 1 <= self.nodes <= 10:
             raise FieldError("nodes", self.nodes, "must be between 1 and 10")
+        if not 20 <= self.disk_gib <= 16384:
+            raise FieldError("disk_gib", self.disk_gib, "must be between 20 and 16384")
 
     @property
     def instance(self) -> InstanceType:
@@ -101,14 +112,21 @@ class SystemNodeGroupSpec:
 class GpuNodeGroupSpec:
     name: str = "gpu"
     instance_type: str = "g6.12xlarge"
-    min_nodes: int = 2
-    desired_nodes: int = 2
+    min_nodes: int = 0
+    """0 = scale to zero: cluster-autoscaler adds nodes while a RayJob's workers are Pending."""
+    desired_nodes: int = 0
+    """The size CloudFormation creates the group at; afterwards cluster-autoscaler owns it."""
     max_nodes: int = 2
+    """The size every GPU job runs at (its world size = max_nodes x GPUs per node)."""
     root_volume_gib: int = 200
     capacity: str = "on-demand"
     """``on-demand``, ``capacity-reservation`` or ``capacity-block``."""
     capacity_reservation_id: str = ""
     """``cr-...`` for a capacity reservation or a capacity block; empty for on-demand."""
+    placement_group: str = ""
+    """The cluster placement group a capacity reservation was created in (a targeted ODCR made in
+    a placement group is only usable there); empty = on-demand gets a placement group of its own,
+    a reservation or block gets none (a block is already co-located)."""
 
     def __post_init__(self) -> None:
         if not DNS_LABEL.fullmatch(self.name):
@@ -117,9 +135,6 @@ class GpuNodeGroupSpec:
             hint = " (a CPU type: use system_node_group)" if self.instance_type in INSTANCE_TYPES else ""
             raise FieldError("instance_type", self.instance_type,
                              f"is not a known GPU instance type{hint} (known: {', '.join(known_gpu_types())})")
-        if len(self.nodegroup_name) > 63:
-            raise FieldError("name", self.name, f"is too long: the EKS node group name {self.nodegroup_name!r} "
-                                                f"derived from it has {len(self.nodegroup_name)} characters (at most 63)")
         if self.min_nodes < 0:
             raise FieldError("min_nodes", self.min_nodes, "must be >= 0")
         if self.max_nodes < 1:
@@ -138,15 +153,15 @@ class GpuNodeGroupSpec:
         if self.capacity != "on-demand" and not re.fullmatch(r"cr-[0-9a-f]{17}", self.capacity_reservation_id):
             raise FieldError("capacity_reservation_id", self.capacity_reservation_id,
                              f"is not a capacity reservation id (cr- and 17 hex digits), required for {self.capacity}")
+        if self.placement_group and self.capacity != "capacity-reservation":
+            raise FieldError("placement_group", self.placement_group,
+                             "is only for capacity = capacity-reservation (the reservation's own placement group)")
+        if self.placement_group and not re.fullmatch(r"[\w.-]{1,255}", self.placement_group):
+            raise FieldError("placement_group", self.placement_group, "is not a placement group name")
 
     @property
     def instance(self) -> InstanceType:
         return INSTANCE_TYPES[self.instance_type]
-
-    @property
-    def nodegroup_name(self) -> str:
-        """The EKS managed node group's name: ``<name>-<instance type>`` (EKS allows 63 characters)."""
-        return f"{self.name}-{re.sub(r'[^a-z0-9]', '-', self.instance_type)}"
 
     @property
     def gpus_per_node(self) -> int:
@@ -157,9 +172,14 @@ class GpuNodeGroupSpec:
         return self.instance.max_efa_interfaces
 
     @property
+    def job_nodes(self) -> int:
+        """Nodes one GPU job runs on: the group's maximum (the autoscaler brings them up)."""
+        return self.max_nodes
+
+    @property
     def world_size(self) -> int:
-        """Ray Train workers at the desired size: one per GPU."""
-        return self.desired_nodes * self.gpus_per_node
+        """Ray Train workers of a job: one per GPU of :attr:`job_nodes` nodes."""
+        return self.job_nodes * self.gpus_per_node
 
     @property
     def labels(self) -> dict[str, str]:

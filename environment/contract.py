@@ -18,6 +18,13 @@ GPU_TAINT_EFFECT = "NoSchedule"
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
+# --- GPU nodes' NVMe instance store (infra sets it up, charts mount it) --------------------
+NVME_MOUNT = "/mnt/k8s-disks/0"
+"""Where nodeadm's RAID0 local-storage strategy mounts the NVMe array (kubelet, containerd and pod
+logs are bind-mounted below it)."""
+LOCAL_STAGING_HOST_DIR = f"{NVME_MOUNT}/raytrain"
+"""The GPU nodes' fast local directory: workers stage checkpoints there before the S3 upload."""
+
 # --- provenance labels and annotations on every manifest (charts write, pipeline reads) -----
 PROVENANCE_PREFIX = "raytrain.io"
 SPEC_HASH_LABEL = f"{PROVENANCE_PREFIX}/spec-hash"

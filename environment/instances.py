@@ -25,6 +25,12 @@ class InstanceType:
     """EFA can read/write GPU memory directly (p4d, p5): the pods then set FI_EFA_USE_DEVICE_RDMA=1.
     g5/g6 have no GPUDirect RDMA, so the variable must stay unset there."""
     hourly_usd_estimate: float = 0.0
+    max_pods: int = 0
+    """The kubelet's pod limit on the EKS AMI: ENIs x (IPv4 per ENI - 1) + 2, as listed in
+    awslabs/amazon-eks-ami templates/shared/runtime/eni-max-pods.txt (p5: network card 0 only)."""
+    instance_store_gb: int = 0
+    """Local NVMe instance store in total (GB, AWS's figure); 0 = none. GPU nodes put it in RAID0
+    for images, pod storage and checkpoint staging."""
 
     @property
     def is_gpu(self) -> bool:
@@ -74,29 +80,29 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
         # GPU types (EFA-capable sizes only: EFA is the point of this project).
         InstanceType(name="g6.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="L4",
                      gpu_memory_gib=24, max_efa_interfaces=1,
-                     network_gbps=40, hourly_usd_estimate=4.60),
+                     network_gbps=40, hourly_usd_estimate=4.60, max_pods=234, instance_store_gb=3760),
         InstanceType(name="g6.48xlarge", vcpus=192, memory_gib=768, gpus=8, gpu_model="L4",
                      gpu_memory_gib=24, max_efa_interfaces=1,
-                     network_gbps=100, hourly_usd_estimate=13.35),
+                     network_gbps=100, hourly_usd_estimate=13.35, max_pods=737, instance_store_gb=7520),
         InstanceType(name="g5.12xlarge", vcpus=48, memory_gib=192, gpus=4, gpu_model="A10G",
                      gpu_memory_gib=24, max_efa_interfaces=1,
-                     network_gbps=40, hourly_usd_estimate=5.67),
+                     network_gbps=40, hourly_usd_estimate=5.67, max_pods=737, instance_store_gb=3800),
         InstanceType(name="g5.48xlarge", vcpus=192, memory_gib=768, gpus=8, gpu_model="A10G",
                      gpu_memory_gib=24, max_efa_interfaces=1,
-                     network_gbps=100, hourly_usd_estimate=16.29),
+                     network_gbps=100, hourly_usd_estimate=16.29, max_pods=345, instance_store_gb=7600),
         InstanceType(name="p4d.24xlarge", vcpus=96, memory_gib=1152, gpus=8, gpu_model="A100",
                      gpu_memory_gib=40, max_efa_interfaces=4,
-                     network_gbps=400, gpudirect_rdma=True, hourly_usd_estimate=21.96),
+                     network_gbps=400, gpudirect_rdma=True, hourly_usd_estimate=21.96, max_pods=737, instance_store_gb=8000),
         InstanceType(name="p5.48xlarge", vcpus=192, memory_gib=2048, gpus=8, gpu_model="H100",
                      gpu_memory_gib=80, max_efa_interfaces=32,
-                     network_gbps=3200, gpudirect_rdma=True, hourly_usd_estimate=55.04),
+                     network_gbps=3200, gpudirect_rdma=True, hourly_usd_estimate=55.04, max_pods=100, instance_store_gb=30720),
         # CPU types for the system node group (operator, Ray head, add-ons).
         InstanceType(name="m7i.xlarge", vcpus=4, memory_gib=16, network_gbps=12,
-                     hourly_usd_estimate=0.2016),
+                     hourly_usd_estimate=0.2016, max_pods=58),
         InstanceType(name="m7i.2xlarge", vcpus=8, memory_gib=32, network_gbps=12,
-                     hourly_usd_estimate=0.4032),
+                     hourly_usd_estimate=0.4032, max_pods=58),
         InstanceType(name="m6i.xlarge", vcpus=4, memory_gib=16, network_gbps=12,
-                     hourly_usd_estimate=0.192),
+                     hourly_usd_estimate=0.192, max_pods=58),
     )
 }
 

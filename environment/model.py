@@ -62,8 +62,13 @@ class ImageSpec:
     ray_version: str = "2.58.0"
     """The Ray inside the image: ``rayVersion`` of every RayCluster."""
     python_version: str = "3.13"
+    disk_gib: int = 40
+    """Node disk the image takes once pulled: containerd keeps the compressed layers (~20 GB for
+    the DLC) and the unpacked snapshot. The scheduling-fit check holds node disks to it."""
 
     def __post_init__(self) -> None:
+        if not 1 <= self.disk_gib <= 1024:
+            raise FieldError("disk_gib", self.disk_gib, "must be between 1 and 1024")
         if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?/[a-z0-9._/-]+", self.repository):
             raise FieldError("repository", self.repository,
                              "is not registry/name (e.g. public.ecr.aws/deep-learning-containers/ray)")
@@ -104,7 +109,11 @@ class ImageSpec:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StorageSpec:
     bucket_name: str = ""
-    """Empty = ``raytrain-<cluster>-<account>-<region>`` (see Environment.bucket_name)."""
+    """Empty = ``raytrain-<cluster>-<account>-<region>`` (see Environment.bucket_name); the CDK
+    app then needs cluster.account (S3 names are global)."""
+    existing_bucket: bool = False
+    """true = the bucket already exists (e.g. retained by an earlier ``cdk destroy``): the storage
+    stack adopts it by name instead of creating it."""
     prefix: str = "runs"
     """Key prefix of all runs; the pod role may touch nothing outside it."""
     noncurrent_version_days: int = 30
@@ -134,6 +143,9 @@ class StorageSpec:
 class RaySpec:
     namespace: str = "ray"
     service_account: str = "ray-train"
+    head_cpu: int = 2
+    """CPUs of each Ray head pod (GCS, dashboard, the job's driver; no Ray tasks: num-cpus 0)."""
+    head_memory_gib: int = 8
 
     def __post_init__(self) -> None:
         for name in ("namespace", "service_account"):
@@ -141,6 +153,10 @@ class RaySpec:
                 raise FieldError(name, getattr(self, name), "is not a Kubernetes name (lower-case letters, digits, '-')")
         if self.namespace in ("kube-system", "kube-public", "kube-node-lease", "default"):
             raise FieldError("namespace", self.namespace, "is reserved: use a namespace of its own (e.g. ray)")
+        if not 1 <= self.head_cpu <= 64:
+            raise FieldError("head_cpu", self.head_cpu, "must be between 1 and 64")
+        if not 1 <= self.head_memory_gib <= 512:
+            raise FieldError("head_memory_gib", self.head_memory_gib, "must be between 1 and 512")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -220,6 +236,15 @@ class Environment:
                                  f"is not a known instance type (known: {', '.join(sorted(INSTANCE_TYPES))})")
             if not price > 0:
                 raise FieldError(f"prices.{name}", price, "must be a positive number (USD per hour)")
+        system = self.system_node_group.instance
+        if self.ray.head_cpu >= system.vcpus or self.ray.head_memory_gib >= system.memory_gib:
+            raise FieldError("ray.head_cpu", self.ray.head_cpu,
+                             f"with ray.head_memory_gib = {self.ray.head_memory_gib} does not fit a "
+                             f"{system.name} ({system.vcpus} vCPUs, {system.memory_gib} GiB): lower them or "
+                             "choose a bigger system_node_group.instance_type")
+        if self.storage.existing_bucket and not self.storage.bucket_name and not self.cluster.account:
+            raise FieldError("storage.existing_bucket", True,
+                             "needs the bucket's name: set storage.bucket_name (or cluster.account)")
         if not self.storage.bucket_name and (problem := bucket_name_problem(self.bucket_name)):
             raise FieldError("storage.bucket_name", self.bucket_name,
                              f"(derived from cluster.name, cluster.account and cluster.region) {problem}; "
@@ -251,13 +276,20 @@ class Environment:
         return dict(self.prices).get(instance_type, INSTANCE_TYPES[instance_type].hourly_usd_estimate)
 
     @property
-    def hourly_cost_usd(self) -> float:
-        """Estimated on-demand cost of all nodes at their desired size (EKS control plane,
-        NAT and storage not included)."""
+    def idle_hourly_cost_usd(self) -> float:
+        """Estimated on-demand cost of the nodes when no job runs (GPU groups at min_nodes)."""
         cost = self.system_node_group.nodes * self.hourly_price(self.system_node_group.instance_type)
         for group in self.gpu_node_groups:
-            cost += group.desired_nodes * self.hourly_price(group.instance_type)
+            cost += group.min_nodes * self.hourly_price(group.instance_type)
         return round(cost, 4)
+
+    @property
+    def hourly_cost_usd(self) -> float:
+        """Estimated on-demand cost while a job runs on the primary group at its job size (EKS
+        control plane, NAT and storage not included)."""
+        group = self.primary_gpu_group
+        extra = max(0, group.job_nodes - group.min_nodes) * self.hourly_price(group.instance_type)
+        return round(self.idle_hourly_cost_usd + extra, 4)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -274,12 +306,13 @@ class Environment:
 
     @property
     def bucket_name(self) -> str:
-        """The checkpoint bucket's name: the spec's, or derived from cluster, account and region
-        (S3 names are global; the account keeps two users' defaults apart)."""
+        """The checkpoint bucket's name: the spec's, or :func:`environment.names.derived_bucket_name`
+        (cluster, account, region; S3 names are global, the account keeps two users apart)."""
+        from environment.names import derived_bucket_name
+
         if self.storage.bucket_name:
             return self.storage.bucket_name
-        parts = ["raytrain", self.cluster.name, self.cluster.account, self.cluster.region]
-        return "-".join(p for p in parts if p)[:63]
+        return derived_bucket_name(self.cluster.name, self.cluster.account, self.cluster.region)
 
     @property
     def storage_uri(self) -> str:

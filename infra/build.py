@@ -11,6 +11,9 @@ from typing import Any
 
 import aws_cdk as cdk
 
+from environment.addons import ADDONS
+from infra.constructs.cluster_addons import ResolvedAddon
+from infra.errors import InfraSpecError
 from infra.kubectl_layer import kubectl_layer_factory
 from infra.nag import add_nag_checks
 from infra.stacks.cluster import ClusterStack
@@ -57,25 +60,55 @@ def new_app(env: Environment, **kwargs: Any) -> cdk.App:
     return cdk.App(context=context, **kwargs)
 
 
+def deployability_problem(env: Environment) -> str | None:
+    """What the user must choose before this spec can be deployed (None: nothing). Checked
+    before any construct (or the output directory) exists."""
+    if not env.cluster.admin_principal_arns:
+        return (f"{env.source}: cluster.admin_principal_arns: [] names nobody who may run kubectl: "
+                "add your IAM role or user ARN (EKS's creator-admin is CloudFormation's role, not you)")
+    if not env.storage.bucket_name and not env.cluster.account:
+        return (f"{env.source}: storage.bucket_name: '' cannot be derived without cluster.account "
+                "(S3 names are global): set cluster.account to your 12-digit account id, or storage.bucket_name")
+    return None
+
+
+def resolved_addons(env: Environment) -> list[ResolvedAddon]:
+    """Every enabled add-on of the table, with the spec's version and values."""
+    return [ResolvedAddon(addon=a, version=env.versions.chart(a.key), values=a.values(env),
+                          objects=a.manifests(env))
+            for a in ADDONS if a.enabled(env)]
+
+
 def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:
     """Create every stack of ``env`` in ``app`` (a new App with the AZ context if None).
 
     Raises :class:`infra.errors.InfraSpecError` (a SpecError) before creating anything when the
     spec cannot be built here (e.g. no kubectl layer for its Kubernetes version).
     """
-    kubectl_layer_factory(env)  # refuse early: before any construct exists
+    problem = deployability_problem(env)
+    if problem:
+        raise InfraSpecError(problem)
+    layer = kubectl_layer_factory(env)  # refuse early: before any construct exists
     app = app if app is not None else new_app(env)
     name = env.cluster.name
     where = cdk_environment(env)
     # Stable tags only: a tag that follows the spec (e.g. its hash, which `lock` changes) would
     # touch every resource on each change, and a placement group is REPLACED on a tag change.
     tags = {"raytrain:cluster": name}
-    network = NetworkStack(app, f"{name}-network", env_spec=env, env=where, tags=tags,
+    c = env.cluster
+    network = NetworkStack(app, f"{name}-network", availability_zones=c.availability_zones,
+                           gpu_availability_zone=c.gpu_availability_zone, env=where, tags=tags,
                            description=f"raytrain-eks {name}: VPC, NAT, S3 endpoint")
-    storage = StorageStack(app, f"{name}-storage", env_spec=env, env=where, tags=tags,
+    storage = StorageStack(app, f"{name}-storage", bucket_name=env.bucket_name, storage_uri=env.storage_uri,
+                           noncurrent_version_days=env.storage.noncurrent_version_days,
+                           existing_bucket=env.storage.existing_bucket, env=where, tags=tags,
                            description=f"raytrain-eks {name}: checkpoint bucket (retained)")
-    cluster = ClusterStack(app, f"{name}-cluster", env_spec=env, network=network, env=where,
-                           tags=tags, description=f"raytrain-eks {name}: EKS cluster, GPU nodes, add-ons")
+    cluster = ClusterStack(app, f"{name}-cluster", spec=c, system=env.system_node_group,
+                           gpu_groups=env.gpu_node_groups, ray=env.ray, addons=resolved_addons(env),
+                           bucket_name=env.bucket_name, storage_prefix=env.storage.prefix,
+                           read_only_prefixes=env.storage.read_only_prefixes, kubectl_layer=layer,
+                           network=network, env=where, tags=tags,
+                           description=f"raytrain-eks {name}: EKS cluster, GPU nodes, add-ons")
     # The pod policy names the bucket: deploy the bucket first.
     cluster.add_stack_dependency(storage)
     pipeline = None

@@ -15,6 +15,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "summary": ("raytrain_eks.commands.summary",
                 "print the environment: nodes, GPUs, world size, image, versions, cost per hour"),
+    "capacity": ("raytrain_eks.commands.capacity",
+                 "which AZs offer the GPU instance types; which reservations and Capacity Blocks match"),
     "preflight": ("raytrain_eks.commands.preflight",
                   "check a job against the environment before any spend: GPUs, Ray version, EFA, memory, cost"),
     "report": ("raytrain_eks.commands.report",

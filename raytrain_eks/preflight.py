@@ -30,6 +30,9 @@ from training import flops
 from training.config import JobConfig
 
 DEFAULT_MFU = 0.30
+SCALE_UP_MINUTES = 6.0
+"""GPU nodes start at zero for every job: cluster-autoscaler's reaction (~1 min), EC2 launch and
+node join (~3 min), the DLC image pull onto the NVMe RAID0 (~2 min for ~20 GB). An estimate."""
 _RAY_VERSION = re.compile(r"""["']?rayVersion["']?\s*:\s*["']?([0-9][\w.\-]*)""")
 
 
@@ -52,6 +55,8 @@ class Plan:
     memory: MemoryEstimate | None = None
     shapes_source: str = ""
     estimate: dict = field(default_factory=dict)
+    placements: list = field(default_factory=list)
+    """The scheduling-fit cases (raytrain_eks.fit.Placement), when cdk.out and dist/ exist."""
 
     @property
     def refusal(self) -> str | None:
@@ -98,7 +103,7 @@ def _check_world(env: Environment, job: JobConfig, host_model_bytes: int = 0) ->
             Check(name="this machine", ok=True, note=True,
                   message=f"{os.cpu_count() or 1} CPUs here; `python -m training` locally needs {need:g}")]
     g = env.gpu_group(job.parallel.node_group)
-    shape = f"{g.desired_nodes} x {g.instance_type} ({g.world_size} {g.instance.gpu_model} GPUs)"
+    shape = f"{g.job_nodes} x {g.instance_type} ({g.world_size} {g.instance.gpu_model} GPUs)"
     checks = [Check(name="world size", ok=p.num_workers <= g.world_size,
                     message=f"parallel.num_workers = {p.num_workers} needs {p.num_workers} GPUs; "
                             f"gpu group {g.name!r} has {g.world_size}: {shape}")]
@@ -207,18 +212,36 @@ def _estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, 
         hybrid = _network_bytes_per_node(job, shapes.num_params(), param_bytes, strategy="hybrid_shard")
         hybrid_s = hybrid / (g.instance.network_gbps * 1e9 / 8)
     hours = job.train.max_steps * step_s / 3600
+    from environment.addons import SCALE_DOWN_UNNEEDED
+    # Paid GPU time beyond the steps: nodes booting for the job, and idle before removal.
+    overhead_h = (SCALE_UP_MINUTES + int(SCALE_DOWN_UNNEEDED.rstrip("m"))) / 60
     return {
         "mfu": mfu, "peak_tflops": peak, "flops_per_token": per_token, "flops_per_step": per_step,
         "compute_s": compute_s, "network_bytes_per_node": net_bytes, "network_gbps": g.instance.network_gbps,
         "network_s": network_s, "step_s": step_s, "bound": "network" if network_s > compute_s else "compute",
         "tokens_per_hour": job.tokens_per_step / step_s * 3600, "run_hours": hours,
-        "hourly_usd": env.hourly_cost_usd, "run_usd": hours * env.hourly_cost_usd,
+        "hourly_usd": env.hourly_cost_usd, "run_usd": (hours + overhead_h) * env.hourly_cost_usd,
+        "overhead_h": overhead_h, "idle_hourly_usd": env.idle_hourly_cost_usd,
         "effective_mfu": mfu * compute_s / step_s, "hybrid_network_s": hybrid_s,
     }
 
 
+def _check_fit(env: Environment, plan: Plan, dist_dir: str | Path, cdk_out: str | Path) -> list[Check]:
+    """Every pod the project creates, placed on the node groups the CDK app creates."""
+    from raytrain_eks.fit_inputs import cluster_template, fit_cases
+
+    try:
+        template = cluster_template(env, Path(cdk_out))
+        plan.placements = fit_cases(env, template, Path(dist_dir))
+    except FileNotFoundError as err:
+        return [Check(name="scheduling fit", ok=True, note=True, message=f"not checked: {err}")]
+    pending = [line for p in plan.placements for line in p.pending]
+    return [Check(name="scheduling fit", ok=not pending, message=pending[0] if pending else
+                  f"every pod gets a node in {len(plan.placements)} cases ({cdk_out}/ and {dist_dir}/)")]
+
+
 def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "dist", mfu: float = DEFAULT_MFU,
-                  installed_ray: str | None = None) -> Plan:
+                  installed_ray: str | None = None, cdk_out: str | Path = "cdk.out") -> Plan:
     """Run every check; never raises for a bad plan (see :attr:`Plan.refusal`)."""
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu: {mfu!r} must be between 0 and 1")
@@ -232,6 +255,7 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     plan.checks += _check_ray(env, job, dist_dir, installed_ray_version() if installed_ray is None else installed_ray)
     plan.checks += _check_transport(env, job)
     plan.checks += _check_inputs(job)
+    plan.checks += _check_fit(env, plan, dist_dir, cdk_out)
     if shapes is None:
         plan.checks.append(Check(name="memory", ok=False, message=str(unknown)))
         return plan
@@ -286,8 +310,15 @@ def render(plan: Plan) -> str:
         lines += [
             f"  step             {e['step_s']:.2f} s ({e['bound']}-bound; effective MFU {e['effective_mfu']:.2f}); "
             f"{e['tokens_per_hour'] / 1e6:.2f} M tokens/hour",
-            f"  run              {job.train.max_steps} steps = {e['run_hours']:.2f} h; ~{e['run_usd']:.2f} USD at "
-            f"{e['hourly_usd']:.2f} USD/h for all nodes (start-up, evaluation and checkpoint uploads extra)",
+            f"  run              {job.train.max_steps} steps = {e['run_hours']:.2f} h + {e['overhead_h'] * 60:.0f} min of "
+            f"GPU nodes scaling up from zero and idling before removal; ~{e['run_usd']:.2f} USD at "
+            f"{e['hourly_usd']:.2f} USD/h for all nodes (evaluation and checkpoint uploads extra)",
+            f"  idle             {e['idle_hourly_usd']:.2f} USD/h with no job (GPU groups at min_nodes)",
         ]
+    if plan.placements:
+        from raytrain_eks.fit import render as render_fit
+
+        lines.append("scheduling fit  (node groups at their maximum size; requests / allocatable)")
+        lines += ["  " + line for p in plan.placements for line in render_fit(p).splitlines()]
     lines.append(f"verdict    {'REFUSED' if plan.refusal else 'OK'}")
     return "\n".join(lines)

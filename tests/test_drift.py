@@ -32,12 +32,15 @@ ACCOUNT = "111122223333"
 
 
 def default_raw() -> dict:
-    return tomllib.loads((ROOT / "environment.toml").read_text())
+    raw = tomllib.loads((ROOT / "environment.toml").read_text())
+    # what the CDK app requires the user to choose: who administers the cluster, and an
+    # account (it names the bucket)
+    raw["cluster"].update(account=ACCOUNT, admin_principal_arns=[f"arn:aws:iam::{ACCOUNT}:role/admin"])
+    return raw
 
 
 def large_raw() -> dict:
     raw = copy.deepcopy(default_raw())
-    raw["cluster"]["account"] = ACCOUNT
     raw["gpu_node_groups"][0].update(instance_type="g6.48xlarge", min_nodes=4, desired_nodes=4, max_nodes=4)
     return raw
 
@@ -50,6 +53,7 @@ class Both:
     manifests: dict
     """cdk8s chart name -> its one object."""
     plans: list
+    dist: Path
 
     def of_type(self, type_name: str) -> list[dict]:
         return [r for r in self.resources.values() if r["Type"] == type_name]
@@ -68,7 +72,8 @@ def synthesize_both(raw: dict, source: str, tmp: Path) -> Both:
         result = synth(env, tmp / "dist", root=ROOT)
     template = assembly.get_stack_by_name(built.cluster.stack_name).template
     manifests = {name: yaml.safe_load(path.read_text()) for name, path in result.files.items()}
-    return Both(env=env, resources=template["Resources"], manifests=manifests, plans=result.plans)
+    return Both(env=env, resources=template["Resources"], manifests=manifests, plans=result.plans,
+                dist=tmp / "dist")
 
 
 @pytest.fixture(scope="module", params=["environment.toml", "4x-g6.48xlarge"])
@@ -179,13 +184,25 @@ def test_world_size_fits_the_node_group(both):
         world = group["replicas"] * int(container["resources"]["limits"]["nvidia.com/gpu"])
         assert int(sets["parallel.num_workers"]) == world, plan.name
         ng = nodegroup_for(both, pod["nodeSelector"])
-        assert group["replicas"] <= ng["ScalingConfig"]["DesiredSize"], plan.name
+        assert group["replicas"] <= ng["ScalingConfig"]["MaxSize"], plan.name
+    # the long-lived cluster: no GPU worker while idle, at most what the group can scale to
     group, pod, _ = worker(both.manifests["raycluster"]["spec"])
-    assert group["replicas"] == nodegroup_for(both, pod["nodeSelector"])["ScalingConfig"]["DesiredSize"]
+    assert group["replicas"] == 0
+    assert group["maxReplicas"] == nodegroup_for(both, pod["nodeSelector"])["ScalingConfig"]["MaxSize"]
+
+
+def test_every_pod_gets_a_node(both):
+    # the scheduling-fit check on these very outputs: every case places every pod
+    from raytrain_eks.fit_inputs import fit_cases
+
+    cases = fit_cases(both.env, {"Resources": both.resources}, both.dist)
+    assert len(cases) >= 3
+    assert [line for c in cases for line in c.pending] == []
 
 
 def test_service_account_matches_the_pod_identity_association(both):
-    (assoc,) = [a["Properties"] for a in both.of_type("AWS::EKS::PodIdentityAssociation")]
+    (assoc,) = [a["Properties"] for a in both.of_type("AWS::EKS::PodIdentityAssociation")
+                if a["Properties"]["ServiceAccount"] == both.env.ray.service_account]
     for chart, obj in both.manifests.items():
         assert obj["metadata"]["namespace"] == assoc["Namespace"], chart
     for chart, spec in cluster_specs(both):

@@ -1,14 +1,15 @@
-"""The launch template of a GPU node group: EFA interfaces, placement group, IMDSv2, gp3 root,
-and the capacity reservation or capacity block from the spec."""
+"""The launch template of a GPU node group: EFA interfaces, placement, IMDSv2, gp3 root, the
+NVMe instance store as RAID0 (nodeadm), and the capacity reservation or capacity block."""
 from __future__ import annotations
 
-from aws_cdk import aws_ec2 as ec2
+from aws_cdk import Fn, aws_ec2 as ec2
 from constructs import Construct
 
 from environment import GpuNodeGroupSpec
 
 # The AL2023 EKS AMIs boot from /dev/xvda.
 ROOT_DEVICE = "/dev/xvda"
+MIME_BOUNDARY = "RAYTRAIN"
 
 
 def efa_network_interfaces(efa_count: int, security_group_ids: list[str]) -> list:
@@ -26,19 +27,41 @@ def efa_network_interfaces(efa_count: int, security_group_ids: list[str]) -> lis
     ]
 
 
+def raid0_user_data() -> str:
+    """MIME multi-part user data with one nodeadm NodeConfig part: the instance-store NVMe disks
+    become one RAID0 array at /mnt/k8s-disks/0, and nodeadm moves the kubelet's, containerd's and
+    the pod logs' directories onto it (image pulls and emptyDirs stop hitting the gp3 root).
+    EKS merges its own NodeConfig (cluster endpoint, CA) into this partial one."""
+    return "\n".join([
+        "MIME-Version: 1.0",
+        f'Content-Type: multipart/mixed; boundary="{MIME_BOUNDARY}"',
+        "",
+        f"--{MIME_BOUNDARY}",
+        "Content-Type: application/node.eks.aws",
+        "",
+        "apiVersion: node.eks.aws/v1alpha1",
+        "kind: NodeConfig",
+        "spec:",
+        "  instance:",
+        "    localStorage:",
+        "      strategy: RAID0",
+        "",
+        f"--{MIME_BOUNDARY}--",
+        "",
+    ])
+
+
 class EfaLaunchTemplate(Construct):
     """A launch template for one GPU node group (no AMI: the managed node group's
-    ``AL2023_X86_64_NVIDIA`` AMI type fills it in) plus its cluster placement group."""
+    ``AL2023_X86_64_NVIDIA`` AMI type fills it in). :attr:`placement_group` is the cluster
+    placement group created for an on-demand group, else None."""
 
     def __init__(self, scope: Construct, construct_id: str, *, group: GpuNodeGroupSpec,
                  security_group_ids: list[str]) -> None:
         super().__init__(scope, construct_id)
-        # Cluster strategy: all nodes in one rack-local group, lowest latency for NCCL.
-        self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+        self.placement_group: ec2.CfnPlacementGroup | None = None
         data = dict(
             network_interfaces=efa_network_interfaces(group.efa_per_node, security_group_ids),
-            placement=ec2.CfnLaunchTemplate.PlacementProperty(
-                group_name=self.placement_group.attr_group_name),
             metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
                 http_endpoint="enabled",
                 http_tokens="required",
@@ -52,12 +75,25 @@ class EfaLaunchTemplate(Construct):
                     delete_on_termination=True),
             )],
         )
+        if group.capacity == "on-demand":
+            # Cluster strategy: all nodes in one rack-local group, lowest latency for NCCL.
+            self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+            data["placement"] = ec2.CfnLaunchTemplate.PlacementProperty(
+                group_name=self.placement_group.attr_group_name)
+        elif group.placement_group:
+            # A targeted ODCR made in a placement group can only be used in that group.
+            data["placement"] = ec2.CfnLaunchTemplate.PlacementProperty(group_name=group.placement_group)
+        if group.instance.instance_store_gb:
+            data["user_data"] = Fn.base64(raid0_user_data())
         if group.capacity != "on-demand":
             data["capacity_reservation_specification"] = (
                 ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
                     capacity_reservation_target=ec2.CfnLaunchTemplate.CapacityReservationTargetProperty(
                         capacity_reservation_id=group.capacity_reservation_id)))
         if group.capacity == "capacity-block":
+            # EKS requires a capacity block's instance type in the launch template (and then
+            # none on the node group) and the capacity-block market type.
+            data["instance_type"] = group.instance_type
             data["instance_market_options"] = ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(
                 market_type="capacity-block")
         self.launch_template = ec2.CfnLaunchTemplate(

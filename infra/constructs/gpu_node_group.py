@@ -1,15 +1,16 @@
 """One GPU managed node group from a ``[[gpu_node_groups]]`` entry of the spec."""
 from __future__ import annotations
 
-
 from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks
 from constructs import Construct
 
-from infra.constructs.efa_launch_template import EfaLaunchTemplate
 from environment import GpuNodeGroupSpec
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE
+from infra.constructs.efa_launch_template import EfaLaunchTemplate
 
 # CloudFormation spells it with a lower-case "x86" (the CDK enum name does not).
 AMI_TYPE = "AL2023_x86_64_NVIDIA"
+NODE_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
 
 # Kubernetes spells taint effects in PascalCase, the EKS API in UPPER_SNAKE.
 _TAINT_EFFECTS = {"NoSchedule": eks.TaintEffect.NO_SCHEDULE,
@@ -29,10 +30,28 @@ def taint_specs(group: GpuNodeGroupSpec) -> list[eks.TaintSpec]:
             for t in group.taints]
 
 
+def node_template_tags(group: GpuNodeGroupSpec) -> dict[str, str]:
+    """What cluster-autoscaler must know to scale a 0-node group up: it reads a managed group's
+    labels and taints from DescribeNodegroup and its extended resources from the node group's
+    own node-template tags (EFA is in no instance table it has). Labels and taints are tagged
+    too, so an ASG-only reader sees the same node."""
+    tags = {f"{NODE_TEMPLATE}/label/{k}": v for k, v in group.labels.items()}
+    tags |= {f"{NODE_TEMPLATE}/taint/{t['key']}": f"{t['value']}:{t['effect']}" for t in group.taints}
+    tags[f"{NODE_TEMPLATE}/resources/{GPU_RESOURCE}"] = str(group.gpus_per_node)
+    if group.efa_per_node:
+        tags[f"{NODE_TEMPLATE}/resources/{EFA_RESOURCE}"] = str(group.efa_per_node)
+    return tags
+
+
 class GpuNodeGroup(Construct):
     """An EFA-enabled ``AL2023_X86_64_NVIDIA`` managed node group in ONE subnet, with its
-    launch template and cluster placement group. Exposes :attr:`nodegroup`,
-    :attr:`launch_template` and :attr:`placement_group`."""
+    launch template (and placement group when on-demand). Exposes :attr:`nodegroup`,
+    :attr:`launch_template` and :attr:`placement_group`.
+
+    No node group name: CloudFormation generates one, so a change to a create-only property
+    (instance type, capacity type, subnets, disk, AMI type) replaces the group instead of failing
+    on a name the old group still holds.
+    """
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
                  group: GpuNodeGroupSpec, subnets: ec2.SubnetSelection,
@@ -43,11 +62,12 @@ class GpuNodeGroup(Construct):
         self.launch_template = template.launch_template
         self.placement_group = template.placement_group
         self.spec = group
+        block = group.capacity == "capacity-block"
         self.nodegroup = eks.Nodegroup(
             self, "Nodegroup",
             cluster=cluster,
-            nodegroup_name=group.nodegroup_name,
-            instance_types=[ec2.InstanceType(group.instance_type)],
+            # A capacity block's type is in the launch template; EKS refuses it in both places.
+            instance_types=None if block else [ec2.InstanceType(group.instance_type)],
             capacity_type=CAPACITY_TYPES[group.capacity],
             min_size=group.min_nodes,
             desired_size=group.desired_nodes,
@@ -57,7 +77,8 @@ class GpuNodeGroup(Construct):
             taints=taint_specs(group),
             # What the instance type implies, visible in the console and the template.
             tags={"raytrain:gpus-per-node": str(group.gpus_per_node),
-                  "raytrain:efa-per-node": str(group.efa_per_node)},
+                  "raytrain:efa-per-node": str(group.efa_per_node),
+                  **node_template_tags(group)},
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref,
                 version=self.launch_template.attr_latest_version_number),

@@ -2,17 +2,21 @@
 the Ray namespace/service account with its Pod Identity role."""
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Stack, aws_ec2 as ec2, aws_eks_v2 as eks
+from typing import Callable
+
+from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks, aws_lambda, aws_logs as logs
 from constructs import Construct
 
-from infra.constructs.cluster_addons import ClusterAddons
+from environment import GpuNodeGroupSpec
+from environment.addons import CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
+from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
+from infra.constructs.autoscaler_identity import AutoscalerIdentity
+from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon
 from infra.constructs.efa_security_group import EfaSecurityGroup
 from infra.constructs.gpu_node_group import GpuNodeGroup
 from infra.constructs.ray_identity import RayIdentity
-from infra.kubectl_layer import kubectl_layer_factory
 from infra.nag import acknowledge_cluster_findings, acknowledge_node_role
 from infra.stacks.network import NetworkStack
-from environment import Environment
 
 ENDPOINT_ACCESS = {
     "public": eks.EndpointAccess.PUBLIC,
@@ -29,14 +33,26 @@ ALL_CONTROL_PLANE_LOGS = [
 class ClusterStack(Stack):
     """Exposes :attr:`cluster`, :attr:`system_nodegroup`, :attr:`gpu_node_groups` (one
     :class:`GpuNodeGroup` per spec entry), :attr:`pod_role`, :attr:`service_account_name`,
-    :attr:`service_account_namespace` and :attr:`addons`."""
+    :attr:`service_account_namespace`, :attr:`addons`, :attr:`autoscaler` and :attr:`log_group`.
 
-    def __init__(self, scope: Construct, construct_id: str, *, env_spec: Environment,
+    Node groups have no fixed name: CloudFormation names them, so a change to a create-only
+    property replaces a group instead of colliding with the name the old one still holds."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, spec: ClusterSpec,
+                 system: SystemNodeGroupSpec, gpu_groups: tuple[GpuNodeGroupSpec, ...],
+                 ray: RaySpec, addons: list[ResolvedAddon], bucket_name: str, storage_prefix: str,
+                 read_only_prefixes: tuple[str, ...],
+                 kubectl_layer: Callable[[Construct, str], aws_lambda.ILayerVersion],
                  network: NetworkStack, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        spec = env_spec.cluster
-        kubectl_layer = kubectl_layer_factory(env_spec)(self, "KubectlLayer")
+        layer = kubectl_layer(self, "KubectlLayer")
         private = spec.endpoint_access == "private"
+        # EKS writes control-plane logs to this group; created first, with a retention, it is
+        # not created by EKS without one.
+        self.log_group = logs.LogGroup(
+            self, "ControlPlaneLogs", log_group_name=f"/aws/eks/{spec.name}/cluster",
+            removal_policy=RemovalPolicy.DESTROY)
+        self.log_group.node.default_child.retention_in_days = retention_days(spec.log_retention_days)
         self.cluster = eks.Cluster(
             self, "Cluster",
             cluster_name=spec.name,
@@ -50,22 +66,25 @@ class ClusterStack(Stack):
             default_capacity=0,
             output_config_command=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
-                kubectl_layer=kubectl_layer,
+                kubectl_layer=layer,
                 # A private endpoint is reachable only from inside the VPC.
                 private_subnets=network.private_subnets.subnets if private else None),
         )
+        self.cluster.node.add_dependency(self.log_group)
         acknowledge_cluster_findings(self.cluster)
+        # The people who run kubectl (build_app refuses an empty list): EKS's own "creator is
+        # admin" names CloudFormation's execution role, not whoever ran cdk deploy.
         for i, arn in enumerate(spec.admin_principal_arns):
             self.cluster.grant_cluster_admin(f"Admin{i}", arn)
 
-        sys_spec = env_spec.system_node_group
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(
-            "SystemNodes", nodegroup_name="system",
+            "SystemNodes",
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
-            instance_types=[ec2.InstanceType(sys_spec.instance_type)],
-            min_size=sys_spec.nodes, desired_size=sys_spec.nodes, max_size=sys_spec.nodes,
+            instance_types=[ec2.InstanceType(system.instance_type)],
+            disk_size=system.disk_gib,
+            min_size=system.nodes, desired_size=system.nodes, max_size=system.nodes,
             subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
-            labels=sys_spec.labels)
+            labels=system.labels)
         acknowledge_node_role(self.system_nodegroup)
 
         self.efa_security_group = EfaSecurityGroup(self, "Efa", vpc=network.vpc).security_group
@@ -77,18 +96,23 @@ class ClusterStack(Stack):
             GpuNodeGroup(self, f"Gpu-{group.name}", cluster=self.cluster, group=group,
                          subnets=ec2.SubnetSelection(subnets=network.gpu_subnets.subnets),
                          security_group_ids=node_groups)
-            for group in env_spec.gpu_node_groups
+            for group in gpu_groups
         ]
         self.gpu_nodegroups = [g.nodegroup for g in self.gpu_node_groups]
         for nodegroup in self.gpu_nodegroups:
             acknowledge_node_role(nodegroup)
 
-        self.addons = ClusterAddons(self, "Addons", cluster=self.cluster, env_spec=env_spec)
         identity = RayIdentity(
-            self, "Ray", cluster=self.cluster, namespace=env_spec.ray.namespace,
-            service_account_name=env_spec.ray.service_account,
-            bucket_name=env_spec.bucket_name, prefix=env_spec.storage.prefix,
-            read_only_prefixes=env_spec.storage.read_only_prefixes)
+            self, "Ray", cluster=self.cluster, namespace=ray.namespace,
+            service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
+            read_only_prefixes=read_only_prefixes)
+        self.autoscaler = AutoscalerIdentity(
+            self, "ClusterAutoscaler", cluster=self.cluster, cluster_name=spec.name,
+            namespace="kube-system", service_account=CLUSTER_AUTOSCALER_SERVICE_ACCOUNT)
+        self.autoscaler.association.node.add_dependency(identity.agent)
+        self.addons = ClusterAddons(self, "Addons", cluster=self.cluster, addons=addons)
+        if "cluster_autoscaler" in self.addons.charts:
+            self.addons.charts["cluster_autoscaler"].node.add_dependency(self.autoscaler.association)
         self.ray_identity = identity
         self.pod_role = identity.role
         self.service_account_name = identity.service_account_name
@@ -98,4 +122,14 @@ class ClusterStack(Stack):
         CfnOutput(self, "UpdateKubeconfigCommand",
                   value=f"aws eks update-kubeconfig --name {spec.name} --region {spec.region}")
         CfnOutput(self, "PodRoleArn", value=self.pod_role.role_arn,
-                  description=f"Role of service account {env_spec.ray.namespace}/{env_spec.ray.service_account}")
+                  description=f"Role of service account {ray.namespace}/{ray.service_account}")
+
+
+# The values CloudWatch Logs accepts for RetentionInDays.
+RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
+                  2557, 2922, 3288, 3653)
+
+
+def retention_days(days: int) -> int:
+    """The smallest retention CloudWatch accepts that keeps ``days``."""
+    return next((d for d in RETENTION_DAYS if d >= days), RETENTION_DAYS[-1])

@@ -8,22 +8,20 @@ from __future__ import annotations
 from aws_cdk import RemovalPolicy, Stack, aws_ec2 as ec2, aws_logs as logs
 from constructs import Construct
 
-from environment import Environment
-
 
 class NetworkStack(Stack):
     """VPC for the EKS cluster; exposes :attr:`vpc`, :attr:`private_subnets` and
     :attr:`gpu_subnets` (the ONE private subnet in the GPU AZ)."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, env_spec: Environment, **kwargs) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, availability_zones: tuple[str, ...],
+                 gpu_availability_zone: str, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        cluster = env_spec.cluster
         self.vpc = ec2.Vpc(
             self, "Vpc",
             ip_addresses=ec2.IpAddresses.cidr("10.0.0.0/16"),
             # Explicit AZs from the spec: no lookup, and the synth is the same with or without
             # an account (env-agnostic stacks would otherwise get only two unnamed AZs).
-            availability_zones=list(cluster.availability_zones),
+            availability_zones=list(availability_zones),
             # One NAT gateway: only image pulls and AWS APIs go through it (S3 has its own
             # endpoint); a NAT per AZ would double the idle cost for no training benefit.
             nat_gateways=1,
@@ -46,4 +44,4 @@ class NetworkStack(Stack):
         self.private_subnets = self.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         self.gpu_subnets = self.vpc.select_subnets(
             subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
-            availability_zones=[cluster.gpu_availability_zone])
+            availability_zones=[gpu_availability_zone])

@@ -51,7 +51,7 @@ BOOTSTRAP_QUALIFIER = "hnb659fds"
 def required_transport(env: Environment) -> str:
     """What the smoke run must prove: EFA between nodes when the group has EFA and several nodes."""
     group = env.primary_gpu_group
-    return "efa" if group.efa_per_node and group.desired_nodes > 1 else "any"
+    return "efa" if group.efa_per_node and group.job_nodes > 1 else "any"
 
 
 class PipelineStack(Stack):

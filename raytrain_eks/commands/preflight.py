@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a job config field, e.g. --set train.seq_len=4096 (repeatable)")
     parser.add_argument("--dist", default="dist",
                         help="synthesized manifests to compare rayVersion with (default: %(default)s; skipped if absent)")
+    parser.add_argument("--cdk-out", default="cdk.out",
+                        help="synthesized CDK app whose node groups the scheduling-fit check uses "
+                             "(default: %(default)s; skipped if absent)")
     parser.add_argument("--mfu", type=float, default=None,
                         help="model FLOPs utilisation assumed for the time and cost estimate (default: 0.30)")
 
@@ -38,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        plan = run_preflight(env, job, dist_dir=args.dist, mfu=DEFAULT_MFU if args.mfu is None else args.mfu)
+        plan = run_preflight(env, job, dist_dir=args.dist, cdk_out=args.cdk_out,
+                             mfu=DEFAULT_MFU if args.mfu is None else args.mfu)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

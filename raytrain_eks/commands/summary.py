@@ -19,12 +19,12 @@ def render(env) -> str:
         f"cluster      {c.name}  EKS {c.kubernetes_version}  {c.region}  account {c.account or '(from credentials at deploy)'}",
         f"             VPC AZs {', '.join(c.availability_zones)}; GPU nodes only in {c.gpu_availability_zone}; endpoint {c.endpoint_access}",
         f"system       {env.system_node_group.nodes} x {env.system_node_group.instance_type}"
-        f"  (head pod {env.system_node_group.pod_cpu} CPU / {env.system_node_group.pod_memory_gib} GiB)",
+        f", {env.system_node_group.disk_gib} GiB disk  (each Ray head {env.ray.head_cpu} CPU / {env.ray.head_memory_gib} GiB)",
     ]
     for g in env.gpu_node_groups:
         it = g.instance
         lines.append(
-            f"gpu group    {g.name}: {g.desired_nodes} x {g.instance_type} (min {g.min_nodes}, max {g.max_nodes}),"
+            f"gpu group    {g.name}: {g.min_nodes}-{g.max_nodes} x {g.instance_type} (jobs run on {g.job_nodes}; cluster-autoscaler),"
             f" {g.gpus_per_node} x {it.gpu_model} {it.gpu_memory_gib} GB, {g.efa_per_node} EFA per node,"
             f" {g.capacity}{' ' + g.capacity_reservation_id if g.capacity_reservation_id else ''}")
         lines.append(
@@ -41,7 +41,8 @@ def render(env) -> str:
     lines.append(f"storage      {env.storage_uri}  (noncurrent versions kept {env.storage.noncurrent_version_days} d)")
     lines.append(f"pods         namespace {env.ray.namespace}, service account {env.ray.service_account}")
     lines.append(f"pipeline     {'on: ' + env.pipeline.repository + '@' + env.pipeline.branch if env.pipeline.enabled else 'off (no pipeline.connection_arn)'}")
-    lines.append(f"cost         ~{env.hourly_cost_usd:.2f} USD/hour for all nodes on demand (estimate; EKS, NAT, storage extra)")
+    lines.append(f"cost         ~{env.hourly_cost_usd:.2f} USD/hour while a job runs, ~{env.idle_hourly_cost_usd:.2f} "
+                 "USD/hour idle (nodes on demand, estimate; EKS, NAT, storage extra)")
     return "\n".join(lines)
 
 

@@ -43,7 +43,11 @@ def test_raycluster_head_is_on_system_nodes_without_gpus(default_synth):
     c = container(head["template"])
     assert env_of(c)["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert GPU_RESOURCE not in c["resources"]["limits"]
-    assert c["resources"]["limits"] == {"cpu": "3", "memory": "13Gi"}  # m7i.xlarge less reserve
+    # the spec's head size: small enough for two heads, submitters and add-ons on one system node
+    assert c["resources"]["limits"] == {"cpu": str(env.ray.head_cpu), "memory": f"{env.ray.head_memory_gib}Gi"}
+    # the long-lived cluster scales its GPU workers (and so the GPU nodes) to zero when idle
+    assert rc["spec"]["enableInTreeAutoscaling"] is True
+    assert rc["spec"]["autoscalerOptions"]["resources"]["requests"] == {"cpu": "200m", "memory": "512Mi"}
 
 
 def test_raycluster_gpu_workers_follow_the_instance_type(default_synth):
@@ -52,7 +56,8 @@ def test_raycluster_gpu_workers_follow_the_instance_type(default_synth):
     rc = default_synth.one("raycluster")
     wg = worker_group(rc["spec"])
     assert wg["groupName"] == group.name
-    assert wg["replicas"] == wg["minReplicas"] == wg["maxReplicas"] == group.desired_nodes == 2
+    assert wg["replicas"] == wg["minReplicas"] == 0  # none until a job asks
+    assert wg["maxReplicas"] == group.job_nodes == 2
     c = container(wg["template"])
     limits = c["resources"]["limits"]
     assert c["resources"]["requests"] == limits  # Guaranteed QoS
@@ -74,7 +79,12 @@ def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
         "RAYTRAIN_CLUSTER": "raytrain", "RAYTRAIN_INSTANCE_TYPE": "g6.12xlarge", "RAYTRAIN_REGION": "us-east-1",
         # the L4's peak, MFU's denominator, from the environment package's GPU table
         "RAYTRAIN_PEAK_BF16_TFLOPS": "121",
-        "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
+        "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
+        # checkpoints are staged on the node's NVMe RAID0 (a hostPath), not the gp3 root
+        "RAYTRAIN_CHECKPOINT_LOCAL_DIR": "/mnt/raytrain-local/checkpoints"}
+    [staging] = [v for v in wg["template"]["spec"]["volumes"] if "hostPath" in v]
+    assert staging["hostPath"] == {"path": "/mnt/k8s-disks/0/raytrain", "type": "DirectoryOrCreate"}
+    assert {"name": staging["name"], "mountPath": "/mnt/raytrain-local"} in container(wg["template"])["volumeMounts"]
 
 
 def test_gpudirect_rdma_is_set_only_where_the_instance_has_it():
@@ -115,8 +125,11 @@ def test_an_unlocked_image_is_labelled_as_such(large_synth):
 
 def test_rayjob_clusters_come_from_the_same_builder(default_synth):
     # The RayJob's cluster equals the RayCluster's except where the job differs: worker count,
-    # grace period and the provenance on its pod templates.
+    # grace period, the provenance on its pod templates, and the long-lived cluster's autoscaler and
+    # upgrade strategy.
     rc = copy.deepcopy(default_synth.one("raycluster")["spec"])
+    del rc["enableInTreeAutoscaling"], rc["autoscalerOptions"]
+    rc.pop("upgradeStrategy", None)  # how the long-lived cluster takes a new pod template
     for job in GPU_JOBS:
         own = copy.deepcopy(default_synth.one(f"rayjob-{job}")["spec"]["rayClusterSpec"])
         for spec in (rc, own):

@@ -38,13 +38,15 @@ def test_derived_values_follow_the_instance_type(raw):
     env = environment_from_dict(changed)
     assert env.world_size == 32
     assert env.primary_gpu_group.efa_per_node == 32
+    # a job runs on max_nodes; with no job only the system node is paid for (min_nodes 0)
     assert env.hourly_cost_usd == pytest.approx(4 * INSTANCE_TYPES["p5.48xlarge"].hourly_usd_estimate
-                                                + INSTANCE_TYPES["m7i.xlarge"].hourly_usd_estimate)
+                                                + INSTANCE_TYPES["m7i.2xlarge"].hourly_usd_estimate)
+    assert env.idle_hourly_cost_usd == pytest.approx(INSTANCE_TYPES["m7i.2xlarge"].hourly_usd_estimate)
 
 
 def test_price_override_changes_cost(raw):
     changed = copy.deepcopy(raw)
-    changed["prices"] = {"g6.12xlarge": 1.0, "m7i.xlarge": 0.5}
+    changed["prices"] = {"g6.12xlarge": 1.0, "m7i.2xlarge": 0.5}
     assert environment_from_dict(changed).hourly_cost_usd == pytest.approx(2.5)
 
 
@@ -84,6 +86,36 @@ def test_bucket_name_is_derived_unless_given(raw):
     assert environment_from_dict(changed).bucket_name == "my-ckpts"
 
 
+def test_two_accounts_never_derive_the_same_bucket(raw):
+    names = set()
+    for account in ("111122223333", "444455556666"):
+        changed = copy.deepcopy(raw)
+        changed["cluster"]["account"] = account
+        names.add(environment_from_dict(changed).bucket_name)
+    assert len(names) == 2
+
+
+def test_a_long_cluster_name_derives_a_valid_unique_bucket_name(raw):
+    from environment.rules import bucket_name_problem
+
+    derived = []
+    for name in ("a" * 39 + "b", "a" * 39 + "c"):
+        changed = copy.deepcopy(raw)
+        changed["cluster"].update(name=name, account="111122223333")
+        derived.append(environment_from_dict(changed).bucket_name)
+    assert all(len(n) <= 63 and bucket_name_problem(n) == "" for n in derived)
+    assert derived[0] != derived[1] and all(n.endswith("-111122223333-us-east-1") for n in derived)
+
+
+def test_derived_and_explicit_bucket_names_pass_one_validator(raw):
+    changed = copy.deepcopy(raw)
+    changed["storage"]["bucket_name"] = "raytrain--x"  # ok for the regex, '--' is allowed by S3
+    assert environment_from_dict(changed).bucket_name == "raytrain--x"
+    changed["storage"]["bucket_name"] = "a..b"
+    with pytest.raises(SpecError, match=r"storage.bucket_name: 'a..b' is not a valid S3 bucket name"):
+        environment_from_dict(changed)
+
+
 # (mutation, expected one-line message). Each is a mistake a user can make.
 BAD_SPECS = [
     (lambda r: r["gpu_node_groups"][0].update(instance_type="g6.12xlarg"),
@@ -115,7 +147,11 @@ BAD_SPECS = [
     (lambda r: r.update(clustr={}),
      "clustr: 'clustr' is not a known section (known: "),
     (lambda r: r["gpu_node_groups"][0].update(desired_nodes=5),
-     "gpu_node_groups[0].desired_nodes: 5 must be between min_nodes (2) and max_nodes (2)"),
+     "gpu_node_groups[0].desired_nodes: 5 must be between min_nodes (0) and max_nodes (2)"),
+    (lambda r: r["gpu_node_groups"][0].update(placement_group="my-pg"),
+     "gpu_node_groups[0].placement_group: 'my-pg' is only for capacity = capacity-reservation"),
+    (lambda r: r["storage"].update(existing_bucket=True),
+     "storage.existing_bucket: True needs the bucket's name: set storage.bucket_name (or cluster.account)"),
     (lambda r: r["gpu_node_groups"][0].update(desired_nodes="2"),
      "gpu_node_groups[0].desired_nodes: '2' is not allowed (expected an integer)"),
     (lambda r: r["gpu_node_groups"][0].update(capacity="spot"),

@@ -32,7 +32,10 @@ def test_reference_8x_l4_plan_passes_with_breakdown_and_cost(capsys):
     for term in ("parameters", "gradients", "optimizer (AdamW fp32)", "FSDP gathered working set",
                  "activations (checkpointed)", "logits + loss", "activations without / with checkpointing"):
         assert term in out
-    assert "USD at 9.40 USD/h" in out and "M tokens/hour" in out and "s/step" in out
+    # 2 x g6.12xlarge while the job runs + the m7i.2xlarge system node; GPU nodes scale from zero
+    assert "USD at 9.60 USD/h" in out and "M tokens/hour" in out and "s/step" in out
+    assert "11 min of GPU nodes scaling up from zero and idling before removal" in out
+    assert "idle             0.40 USD/h with no job" in out
 
 
 def test_too_many_gpus_is_refused_in_one_line(capsys):

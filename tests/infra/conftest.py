@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra_variants import Synthesized, alternative_raw, default_raw, synthesize
+from infra_variants import Synthesized, alternative_raw, capacity_raw, default_raw, synthesize
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +17,11 @@ def alternative(tmp_path_factory) -> Synthesized:
     return synthesize(alternative_raw(), tmp_path_factory.mktemp("cdk-alternative"), "alternative.toml")
 
 
-@pytest.fixture(scope="session", params=["default", "alternative"])
+@pytest.fixture(scope="session")
+def capacity(tmp_path_factory) -> Synthesized:
+    return synthesize(capacity_raw(), tmp_path_factory.mktemp("cdk-capacity"), "capacity.toml")
+
+
+@pytest.fixture(scope="session", params=["default", "alternative", "capacity"])
 def variant(request) -> Synthesized:
     return request.getfixturevalue(request.param)

@@ -3,7 +3,9 @@
 A module with a unique name, not conftest: several test folders have a conftest.py, and a bare
 ``from conftest import`` can pick up another folder's.
 
-``default`` is the repository's environment.toml (account empty: env-agnostic). ``alternative``
+``default`` is the repository's environment.toml (account empty: env-agnostic) with what the
+CDK app requires the user to choose filled in: an admin principal and, without an account, an
+explicit bucket name. ``alternative``
 combines several changes in one synth: an account, 4 x g6.48xlarge on a capacity reservation, a
 second GPU group of p5.48xlarge on a capacity block (32 EFA interfaces), a private endpoint,
 an admin principal and no monitoring add-ons.
@@ -24,12 +26,37 @@ BLOCK = "cr-0fedcba9876543210"
 ADMIN = f"arn:aws:iam::{ACCOUNT}:role/platform-admin"
 
 
-def default_raw() -> dict:
+DEFAULT_BUCKET = "raytrain-ci-checkpoints-example"
+
+
+def shipped_raw() -> dict:
+    """The repository's environment.toml exactly as shipped."""
     return tomllib.loads((REPO / "environment.toml").read_text())
+
+
+def default_raw() -> dict:
+    raw = shipped_raw()
+    raw["cluster"]["admin_principal_arns"] = [ADMIN]
+    raw["storage"]["bucket_name"] = DEFAULT_BUCKET
+    return raw
+
+
+def capacity_raw() -> dict:
+    """A capacity reservation made in a placement group, plus an on-demand p5.48xlarge group
+    that scales from zero."""
+    raw = copy.deepcopy(default_raw())
+    raw["cluster"]["account"] = ACCOUNT
+    raw["storage"]["bucket_name"] = ""
+    raw["gpu_node_groups"][0].update(capacity="capacity-reservation", capacity_reservation_id=RESERVATION,
+                                     placement_group="odcr-training-pg")
+    raw["gpu_node_groups"].append(dict(name="p5", instance_type="p5.48xlarge", min_nodes=0, desired_nodes=0,
+                                       max_nodes=2, root_volume_gib=500))
+    return raw
 
 
 def alternative_raw() -> dict:
     raw = copy.deepcopy(default_raw())
+    raw["storage"]["bucket_name"] = ""
     raw["cluster"].update(account=ACCOUNT, endpoint_access="private", admin_principal_arns=[ADMIN])
     raw["gpu_node_groups"][0].update(
         instance_type="g6.48xlarge", min_nodes=4, desired_nodes=4, max_nodes=4,

@@ -82,11 +82,12 @@ def test_gpu_node_group_from_the_spec(default):
     [group] = default.env.gpu_node_groups
     props = _gpu_nodegroups(default)[group.name]
     assert props["InstanceTypes"] == ["g6.12xlarge"] == [group.instance_type]
-    assert props["ScalingConfig"] == {"MinSize": 2, "DesiredSize": 2, "MaxSize": 2}
+    assert props["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}  # scale to zero
     assert props["CapacityType"] == "ON_DEMAND"
     assert props["Taints"] == [{"Key": GPU_TAINT_KEY, "Value": "true", "Effect": "NO_SCHEDULE"}]
     assert props["Labels"] == group.labels and props["Labels"][EFA_LABEL] == "true"
-    assert props["Tags"] == {"raytrain:gpus-per-node": "4", "raytrain:efa-per-node": "1"}
+    assert {k: v for k, v in props["Tags"].items() if k.startswith("raytrain:")} == {
+        "raytrain:gpus-per-node": "4", "raytrain:efa-per-node": "1"}
     assert "DiskSize" not in props  # the launch template's gp3 volume is the root disk
 
 
@@ -151,6 +152,7 @@ def test_helm_chart_versions_equal_the_spec(variant):
         "nvidia-device-plugin": versions.nvidia_device_plugin,
         "aws-efa-k8s-device-plugin": versions.efa_device_plugin,
         "kuberay-operator": versions.kuberay_operator,
+        "cluster-autoscaler": versions.cluster_autoscaler,
     }
     if variant.env.observability.enabled:  # the default; the alternative variant turns it off
         expected.update({"kube-prometheus-stack": versions.kube_prometheus_stack,
@@ -174,7 +176,10 @@ def test_device_plugins_tolerate_the_gpu_taint_and_select_gpu_nodes(variant):
 
 def test_kuberay_operator_on_system_nodes(default):
     kuberay = _charts(default)["kuberay-operator"]
-    assert json.loads(kuberay["Values"]) == {"nodeSelector": {NODE_ROLE_LABEL: "system"}}
+    values = json.loads(kuberay["Values"])
+    assert values["nodeSelector"] == {NODE_ROLE_LABEL: "system"}
+    # explicit requests: the scheduling-fit check counts exactly these
+    assert values["resources"]["requests"] == {"cpu": "100m", "memory": "512Mi"}
     assert kuberay["Repository"] == "https://ray-project.github.io/kuberay-helm/"
 
 
@@ -191,7 +196,8 @@ def test_ray_namespace_service_account_and_pod_identity(variant):
     assert account["metadata"]["namespace"] == ray.namespace
     # no IRSA annotation: its web-identity token would shadow Pod Identity in the SDKs
     assert "eks.amazonaws.com/role-arn" not in account["metadata"].get("annotations", {})
-    association = _one(variant, "AWS::EKS::PodIdentityAssociation")
+    [association] = [a["Properties"] for a in variant.resources("cluster", "AWS::EKS::PodIdentityAssociation").values()
+                     if a["Properties"]["Namespace"] == ray.namespace]
     assert (association["Namespace"], association["ServiceAccount"]) == (ray.namespace, ray.service_account)
     assert association["RoleArn"] == {"Fn::GetAtt": [_pod_role_id(variant), "Arn"]}
     # the pod-identity agent add-on, exactly once (a second one fails CloudFormation, E3019)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from infra_variants import ACCOUNT, BLOCK, RESERVATION, default_raw, synthesize
+from infra_variants import DEFAULT_BUCKET, ACCOUNT, BLOCK, RESERVATION, default_raw, synthesize
 
 
 def _gpu_groups(synth) -> dict[str, dict]:
@@ -24,7 +24,7 @@ def _template_data(synth, group: dict) -> dict:
 def test_more_bigger_gpu_nodes(default, alternative):
     # given 2 x g6.12xlarge -> 4 x g6.48xlarge, then node count, type and GPU count follow
     before, after = _gpu_groups(default)["gpu"], _gpu_groups(alternative)["gpu"]
-    assert before["ScalingConfig"]["DesiredSize"] == 2 and after["ScalingConfig"]["DesiredSize"] == 4
+    assert before["ScalingConfig"]["MaxSize"] == 2 and after["ScalingConfig"]["MaxSize"] == 4
     assert before["InstanceTypes"] == ["g6.12xlarge"] and after["InstanceTypes"] == ["g6.48xlarge"]
     assert before["Tags"]["raytrain:gpus-per-node"] == "4"
     assert after["Tags"]["raytrain:gpus-per-node"] == "8"
@@ -44,9 +44,10 @@ def test_capacity_reservation_in_the_launch_template(default, alternative):
 def test_capacity_block_group_with_32_efa_interfaces(alternative):
     h100 = _gpu_groups(alternative)["h100"]
     assert h100["CapacityType"] == "CAPACITY_BLOCK"
-    assert h100["InstanceTypes"] == ["p5.48xlarge"]
+    assert "InstanceTypes" not in h100  # EKS wants a capacity block's type in the launch template only
     assert h100["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}
     data = _template_data(alternative, h100)
+    assert data["InstanceType"] == "p5.48xlarge"
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
     assert data["CapacityReservationSpecification"]["CapacityReservationTarget"] == {
         "CapacityReservationId": BLOCK}
@@ -58,11 +59,14 @@ def test_capacity_block_group_with_32_efa_interfaces(alternative):
     assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
 
 
-def test_each_gpu_group_has_its_own_placement_group(alternative):
-    groups = _gpu_groups(alternative)
-    placements = {_template_data(alternative, g)["Placement"]["GroupName"]["Fn::GetAtt"][0]
-                  for g in groups.values()}
-    assert len(placements) == len(groups) == 2
+def test_each_on_demand_gpu_group_has_its_own_placement_group(capacity, alternative):
+    # the capacity variant: an on-demand p5 group and a reservation in a named placement group
+    groups = _gpu_groups(capacity)
+    placements = [_template_data(capacity, g)["Placement"]["GroupName"] for g in groups.values()]
+    assert "odcr-training-pg" in placements
+    assert [p["Fn::GetAtt"][1] for p in placements if isinstance(p, dict)] == ["GroupName"]
+    # a reservation without a placement group, and a capacity block, get none of their own
+    assert all("Placement" not in _template_data(alternative, g) for g in _gpu_groups(alternative).values())
 
 
 def test_account_binds_the_stacks_and_names_the_bucket(default, alternative):
@@ -71,7 +75,7 @@ def test_account_binds_the_stacks_and_names_the_bucket(default, alternative):
     default_manifest = json.loads((default.outdir / "manifest.json").read_text())
     assert default_manifest["artifacts"]["raytrain-cluster"]["environment"] == "aws://unknown-account/us-east-1"
     assert alternative.env.bucket_name == f"raytrain-raytrain-{ACCOUNT}-us-east-1"
-    assert default.env.bucket_name == "raytrain-raytrain-us-east-1"
+    assert default.env.bucket_name == DEFAULT_BUCKET  # no account: the user names the bucket
     # no lookup left for the CLI to do (it would need credentials)
     assert "missing" not in manifest and "missing" not in default_manifest
 

@@ -1,0 +1,137 @@
+"""Deploying again and by anyone: generated node-group names, unique bucket names, adopting a
+retained bucket, admin access; scale to zero; capacity modes; the NVMe RAID0 (templates)."""
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import warnings
+
+import pytest
+
+from infra_variants import ADMIN, BLOCK, RESERVATION, default_raw
+
+
+def nodegroups(synth) -> dict:
+    return synth.resources("cluster", "AWS::EKS::Nodegroup")
+
+
+def test_no_node_group_has_a_fixed_name(variant):
+    # InstanceTypes, DiskSize, CapacityType, Subnets, AmiType are create-only: with no name,
+    # CloudFormation names the replacement itself instead of failing on the old group's name
+    groups = nodegroups(variant)
+    assert len(groups) == 1 + len(variant.env.gpu_node_groups)
+    assert all("NodegroupName" not in g["Properties"] for g in groups.values())
+
+
+def test_system_nodes_sized_for_the_image_and_the_heads(default):
+    [system] = [g["Properties"] for g in nodegroups(default).values() if "DiskSize" in g["Properties"]]
+    assert (system["InstanceTypes"], system["DiskSize"]) == (["m7i.2xlarge"], 100)
+    assert system["DiskSize"] * 0.85 - 4 >= default.env.image.disk_gib
+
+
+def _refusal(raw, tmp_path) -> str:
+    from environment import SpecError, environment_from_dict
+    from infra.build import build_app
+
+    env = environment_from_dict(raw)
+    with pytest.raises(SpecError) as err:
+        build_app(env)  # refused before the App (and its output directory) exists
+    return str(err.value)
+
+
+def test_the_shipped_spec_says_what_the_user_must_set(tmp_path):
+    raw = default_raw()
+    raw["cluster"]["admin_principal_arns"] = []
+    assert _refusal(raw, tmp_path).startswith(
+        "environment.toml: cluster.admin_principal_arns: [] names nobody who may run kubectl: add your IAM role")
+    raw = default_raw()
+    raw["storage"]["bucket_name"] = ""
+    assert _refusal(raw, tmp_path) == (
+        "environment.toml: storage.bucket_name: '' cannot be derived without cluster.account (S3 names are "
+        "global): set cluster.account to your 12-digit account id, or storage.bucket_name")
+
+
+def test_admin_principals_get_cluster_admin(variant):
+    entries = variant.resources("cluster", "AWS::EKS::AccessEntry")
+    assert ADMIN in json.dumps(entries) and "AmazonEKSClusterAdminPolicy" in json.dumps(entries)
+
+
+def test_an_existing_bucket_is_adopted_not_created(tmp_path):
+    from aws_cdk.assertions import Template
+
+    from environment import environment_from_dict
+    from infra.build import build_app, new_app
+
+    raw = default_raw()
+    raw["storage"]["existing_bucket"] = True
+    env = environment_from_dict(raw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = build_app(env, new_app(env, outdir=str(tmp_path)))
+        template = Template.from_stack(built.storage).to_json()
+    assert [r for r in template.get("Resources", {}).values() if r["Type"] == "AWS::S3::Bucket"] == []
+    assert template["Outputs"]["BucketName"]["Value"] == env.bucket_name
+
+
+def test_gpu_groups_scale_from_zero_with_cluster_autoscaler(default):
+    [gpu] = [g["Properties"] for g in nodegroups(default).values() if "LaunchTemplate" in g["Properties"]]
+    assert gpu["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}
+    template = "k8s.io/cluster-autoscaler/node-template"
+    assert gpu["Tags"][f"{template}/resources/vpc.amazonaws.com/efa"] == "1"
+    assert gpu["Tags"][f"{template}/resources/nvidia.com/gpu"] == "4"
+    assert gpu["Tags"][f"{template}/taint/nvidia.com/gpu"] == "true:NoSchedule"
+    assert gpu["Tags"][f"{template}/label/raytrain.io/node-group"] == "gpu"
+    charts = default.resources("cluster", "Custom::AWSCDK-EKS-HelmChart")
+    [ca] = [c["Properties"] for c in charts.values() if c["Properties"]["Chart"] == "cluster-autoscaler"]
+    values = json.loads(ca["Values"]) if isinstance(ca["Values"], str) else ca["Values"]
+    assert values["autoDiscovery"]["clusterName"] == default.env.cluster.name
+    assert values["nodeSelector"] == {"raytrain.io/role": "system"}
+    [assoc] = [a["Properties"] for a in default.resources("cluster", "AWS::EKS::PodIdentityAssociation").values()
+               if a["Properties"]["ServiceAccount"] == "cluster-autoscaler"]
+    assert assoc["Namespace"] == "kube-system"
+    policies = json.dumps(default.resources("cluster", "AWS::IAM::Policy"))
+    assert "autoscaling:SetDesiredCapacity" in policies and "eks:DescribeNodegroup" in policies
+    assert "aws:ResourceTag/k8s.io/cluster-autoscaler/raytrain" in policies
+
+
+def test_control_plane_logs_have_a_retention(default):
+    [group] = default.resources("cluster", "AWS::Logs::LogGroup").values()
+    assert group["Properties"]["LogGroupName"] == "/aws/eks/raytrain/cluster"
+    assert group["Properties"]["RetentionInDays"] == 30
+
+
+def _templates(synth) -> dict:
+    return synth.resources("cluster", "AWS::EC2::LaunchTemplate")
+
+
+def _data(synth, reservation: str) -> dict:
+    [data] = [t["Properties"]["LaunchTemplateData"] for t in _templates(synth).values()
+              if reservation in json.dumps(t)]
+    return data
+
+
+def test_capacity_reservation_uses_its_own_placement_group(capacity):
+    data = _data(capacity, RESERVATION)
+    assert data["Placement"] == {"GroupName": "odcr-training-pg"}
+    assert data["CapacityReservationSpecification"]["CapacityReservationTarget"] == {
+        "CapacityReservationId": RESERVATION}
+    # only the on-demand p5 group gets a placement group of its own
+    assert len(capacity.resources("cluster", "AWS::EC2::PlacementGroup")) == 1
+
+
+def test_capacity_block_has_its_instance_type_in_the_launch_template(alternative):
+    data = _data(alternative, BLOCK)
+    assert data["InstanceType"] == "p5.48xlarge"
+    assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    assert "Placement" not in data
+    [block] = [g["Properties"] for g in nodegroups(alternative).values() if g["Properties"].get("CapacityType") == "CAPACITY_BLOCK"]
+    assert "InstanceTypes" not in block
+
+
+def test_gpu_nodes_put_the_nvme_instance_store_in_raid0(variant):
+    for template in _templates(variant).values():
+        user_data = template["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]
+        assert "Content-Type: multipart/mixed" in user_data
+        assert "Content-Type: application/node.eks.aws" in user_data
+        assert "kind: NodeConfig" in user_data and "strategy: RAID0" in user_data
