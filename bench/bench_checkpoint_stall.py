@@ -1,105 +1,142 @@
-"""How long a checkpoint holds the training loop: async DCP save vs a synchronous save.
+"""What periodic checkpoints cost the run: wall time of N steps with checkpoints vs without.
 
-One process, CPU, a small Qwen2 (about 20 M parameters; fp32 weights + AdamW state ~ 250 MB on
-disk per checkpoint). The loop trains and checkpoints every ``EVERY`` steps three ways:
-- ``async``: what the job does (``CheckpointManager``, async DCP + background hash/marker; the
-  upload is Ray's ASYNC mode, not part of the loop, so the report here is a no-op);
-- ``sync``: the same state with ``dcp.save`` + hashing + marker in the loop thread;
-- ``sync_with_copy``: ``sync`` plus a synchronous copy of the folder to a "storage" directory
-  (what Ray's default SYNC upload costs the loop, with a local disk instead of S3).
-Figures: mean stall per checkpoint (s), mean step time without checkpoint (s), bytes written.
-Prints ONE JSON object on the last line. Timings are noisy on shared machines: never asserted.
+The real loop (``training.loop.train``, one process, CPU, a small Qwen2, synthetic data) runs
+``STEPS`` steps three times:
+- ``none``: no checkpoints; the loop's metric reports every ``REPORT_EVERY`` steps;
+- ``checkpoints``: a checkpoint every ``EVERY`` steps (and the final one), the loop's real
+  report pattern, uploads to a SLOW storage (a local folder written at ``UPLOAD_MB_S``);
+- optionally the same against another tree (``--tree OLD``, e.g. a checkout of the commit
+  before the fix) to see what the old pattern cost.
+
+Ray Train v2's reporting is modelled as it works (``train/v2/_internal/execution/context.py``):
+an ASYNC checkpoint report starts the upload on a thread and returns; reports reach the
+controller strictly in order, so a metrics-only report waits until every earlier upload has
+finished. ``ratio`` = wall(checkpoints) / wall(none): the goal is <= 1.05. The final checkpoint
+is included (the run is not over before it is written; its upload happens after the loop).
+Prints ONE JSON object on its last line. Timings are noisy on shared machines: never asserted.
 """
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
-import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-STEPS, EVERY = 12, 2
-
-
-def build():
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    config = dict(model_type="qwen2", vocab_size=8192, hidden_size=384, intermediate_size=1024,
-                  num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
-                  max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1,
-                  eos_token_id=1)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), config
+STEPS, EVERY, REPORT_EVERY, UPLOAD_MB_S = 40, 10, 5, 20.0
+MODEL = dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, pad_token_id=8191, bos_token_id=8191,
+             eos_token_id=8191)
 
 
-class Stream:
-    def __init__(self):
-        self.position = 0
+class RayLikeReporting:
+    """Ray Train v2's ordered reports with ASYNC checkpoint uploads to a slow storage."""
 
-    def state_dict(self):
-        return {"position": self.position}
+    def __init__(self, storage: Path, mb_per_s: float):
+        self.storage, self.rate = storage, mb_per_s * 1e6
+        self.lock = threading.Condition()
+        self.issued = self.done = 0
+        self.blocked_s = 0.0
+        self.threads: list[threading.Thread] = []
 
-    def load_state_dict(self, state):
-        self.position = state["position"]
+    def _upload(self, folder: str, name: str, index: int) -> None:
+        target = self.storage / name
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_file():
+                out = target / path.relative_to(folder)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                began = time.perf_counter()
+                shutil.copyfile(path, out)
+                time.sleep(max(0.0, path.stat().st_size / self.rate - (time.perf_counter() - began)))
+        shutil.rmtree(folder, ignore_errors=True)  # delete_local_checkpoint_after_upload
+        with self.lock:
+            self.lock.wait_for(lambda: self.done == index - 1)  # the report's turn
+            self.done = index
+            self.lock.notify_all()
+
+    def checkpoint_report(self, metrics: dict, folder: str, name: str) -> None:
+        with self.lock:
+            self.issued += 1
+            index = self.issued
+        thread = threading.Thread(target=self._upload, args=(folder, name, index), daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def report(self, metrics: dict) -> None:
+        began = time.perf_counter()
+        with self.lock:
+            self.issued += 1
+            index = self.issued
+            self.lock.wait_for(lambda: self.done == index - 1)
+            self.done = index
+            self.lock.notify_all()
+        self.blocked_s += time.perf_counter() - began
+
+    def uploads_in_flight(self) -> int:
+        with self.lock:
+            return self.issued - self.done
+
+    def drain(self) -> None:
+        for thread in self.threads:
+            thread.join()
 
 
 def run(mode: str, scratch: Path) -> dict:
-    from training.checkpointing import CheckpointManager, TrainerState, copy_report
+    import torch.distributed as dist
 
-    model, optimizer, config = build()
-    trainer = TrainerState(data=Stream())
-    report = copy_report(str(scratch / "storage")) if mode == "sync_with_copy" else (lambda m, f, d: None)
-    manager = CheckpointManager(model=model, optimizer=optimizer, trainer=trainer, local_root=str(scratch / mode),
-                                run_name="bench", every_n_steps=EVERY, report=report,
-                                async_save=(mode == "async"), model_config=config)
-    step_times = []
-    for step in range(1, STEPS + 1):
-        began = time.perf_counter()
-        ids = torch.randint(2, 8192, (4, 128))
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        trainer.step = step
-        trainer.data.position += 1
-        if step % EVERY:
-            step_times.append(time.perf_counter() - began)
-        manager.step_end(step, {}, max_steps=STEPS)
-    manager.finish(STEPS, {})
-    folder = scratch / mode / "bench" / f"checkpoint_{EVERY:08d}"
-    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    periodic = [t for t in manager.timings if t.step != STEPS]  # the final one waits by design
-    final = [t for t in manager.timings if t.step == STEPS]
-    return {"stall_s": round(statistics.mean(t.stall_s for t in periodic), 3),
-            "final_stall_s": round(final[0].stall_s, 3) if final else None,
-            "write_s": round(statistics.mean(t.write_s for t in periodic), 3),
-            "step_s": round(statistics.mean(step_times), 3), "checkpoints": len(periodic), "bytes": size}
+    from training.config import job_config_from_dict
+    from training.loop import local_context, train
+
+    storage = scratch / mode / "storage"
+    job = job_config_from_dict({
+        "name": "bench-ckpt", "model": {"config": MODEL}, "data": {"kind": "synthetic"},
+        "train": {"seq_len": 128, "micro_batch_size": 4, "global_batch_size": 4, "max_steps": STEPS,
+                  "warmup_steps": 2, "log_every_n_steps": REPORT_EVERY, "report_every_n_steps": REPORT_EVERY},
+        "checkpoint": {"storage_path": str(storage) if mode != "none" else "", "every_n_steps": EVERY,
+                       "export_hf": False},
+        "eval": {"max_batches": 1, "every_n_steps": 0},
+    }, "bench")
+    reporting = RayLikeReporting(storage, UPLOAD_MB_S)
+    ctx = local_context(str(scratch / mode))
+    ctx.report, ctx.checkpoint_report = reporting.report, reporting.checkpoint_report
+    if hasattr(ctx, "uploads_in_flight"):
+        ctx.uploads_in_flight = reporting.uploads_in_flight
+    began = time.perf_counter()
+    try:
+        train(job, ctx)
+    finally:
+        dist.destroy_process_group()
+    wall = time.perf_counter() - began
+    reporting.drain()
+    uploaded = sorted(p.name for p in storage.glob("checkpoint_*")) if storage.exists() else []
+    size = sum(p.stat().st_size for p in storage.rglob("*") if p.is_file()) / max(1, len(uploaded))
+    return {"wall_s": round(wall, 2), "report_blocked_s": round(reporting.blocked_s, 2),
+            "checkpoints_uploaded": len(uploaded), "checkpoint_mb": round(size / 1e6, 1)}
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", default=str(Path(__file__).resolve().parents[1]),
+                        help="repository tree whose training package runs (default: this one)")
+    parser.add_argument("--modes", default="none,checkpoints")
+    args = parser.parse_args()
+    sys.path.insert(0, args.tree)
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
     scratch = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
     try:
-        figures = {mode: run(mode, scratch) for mode in ("async", "sync", "sync_with_copy")}
+        figures = {mode: run(mode, scratch) for mode in args.modes.split(",")}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    a, s = figures["async"], figures["sync"]
-    print(json.dumps({
-        "name": "checkpoint_stall",
-        "checkpoint_mb": round(s["bytes"] / 1e6, 1),
-        "async_stall_s": a["stall_s"], "sync_stall_s": s["stall_s"],
-        "sync_with_copy_stall_s": figures["sync_with_copy"]["stall_s"],
-        "async_write_s": a["write_s"], "async_final_stall_s": a["final_stall_s"],
-        "step_s_async": a["step_s"], "step_s_sync": s["step_s"],  # background writes share 2 cores
-        "stall_ratio_async_vs_sync": round(a["stall_s"] / s["stall_s"], 3) if s["stall_s"] else None,
-        "note": "1 process, CPU; mean over the periodic checkpoints (the final one waits by design); "
-                "the upload is Ray's ASYNC mode, outside the loop",
-    }))
+    out = {"name": "checkpoint_stall", "tree": args.tree, "steps": STEPS, "every_n_steps": EVERY,
+           "report_every_n_steps": REPORT_EVERY, "upload_mb_s": UPLOAD_MB_S, **figures}
+    if "none" in figures and "checkpoints" in figures:
+        out["ratio"] = round(figures["checkpoints"]["wall_s"] / figures["none"]["wall_s"], 3)
+    out["load_average_1m"] = round(os.getloadavg()[0], 1)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

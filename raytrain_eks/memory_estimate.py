@@ -13,6 +13,11 @@ reduction, AdamW. Terms, in bytes per GPU:
 * **FSDP working set** (sharded strategies only): the root's gathered parameters (embeddings and
   the tied output layer: the root is not resharded after forward), two decoder layers gathered at
   once (prefetch), and the unsharded fp32 gradients of the root and one layer before reduce-scatter;
+* **accumulation** (sharded strategies with ``grad_accum_steps > 1``): the loop keeps every unit
+  gathered from the first micro-batch's forward to the last one's backward (one all-gather per
+  step, training/parallel.py) and FSDP2 holds the full UNSHARDED fp32 gradient while the
+  reduce-scatter waits for the last micro-batch: ``P x c + 4 x P``. It replaces the working set
+  (everything is gathered anyway);
 * **activations** saved for backward, per token and layer, in elements of the compute dtype:
   ``11 h + 4 i + 3 kv`` (two RMSNorms with their fp32 upcast, q/k/v before and after rotary,
   the attention output, SwiGLU's gate, up, SiLU and product; SDPA/flash attention keeps no
@@ -89,6 +94,7 @@ class MemoryEstimate:
     gradients: int
     optimizer: int
     fsdp_working_set: int
+    accumulation: int
     activations: int
     logits: int
     overhead: int
@@ -99,7 +105,7 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return (self.parameters + self.gradients + self.optimizer + self.fsdp_working_set
+        return (self.parameters + self.gradients + self.optimizer + self.fsdp_working_set + self.accumulation
                 + self.activations + self.logits + self.overhead)
 
     @property
@@ -111,6 +117,7 @@ class MemoryEstimate:
         act = "activations (checkpointed)" if self.activation_checkpointing else "activations"
         return [("parameters", self.parameters), ("gradients", self.gradients),
                 ("optimizer (AdamW fp32)", self.optimizer), ("FSDP gathered working set", self.fsdp_working_set),
+                ("accumulation (gathered + fp32 grad)", self.accumulation),
                 (act, self.activations), ("logits + loss", self.logits), ("CUDA/NCCL overhead", self.overhead)]
 
 
@@ -126,7 +133,7 @@ def shard_group_size(strategy: str, world_size: int, workers_per_node: int) -> i
 
 def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, workers_per_node: int,
                     seq_len: int, micro_batch_size: int, activation_checkpointing: bool,
-                    param_bytes: int = 4, compute_bytes: int = 2) -> MemoryEstimate:
+                    param_bytes: int = 4, compute_bytes: int = 2, grad_accum_steps: int = 1) -> MemoryEstimate:
     """Per-GPU memory of one training step at the peak (end of forward / start of backward)."""
     shard = shard_group_size(strategy, world_size, workers_per_node)
     n = shapes.num_params()
@@ -135,8 +142,10 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
     tokens = seq_len * micro_batch_size
     root_params = shapes.vocab_size * h * (1 if shapes.tie_word_embeddings else 2) + h
     layer_params = shapes.layer_matmul_params()
-    working = 0
-    if shard > 1:
+    working = accumulation = 0
+    if shard > 1 and grad_accum_steps > 1:
+        accumulation = n * compute_bytes + n * 4
+    elif shard > 1:
         working = (root_params + 2 * layer_params) * compute_bytes + (root_params + layer_params) * 4
     per_token_layer = (11 * h + 4 * i + 3 * kv) * compute_bytes
     full = tokens * shapes.num_layers * per_token_layer
@@ -144,7 +153,7 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
     logits = tokens * shapes.vocab_size * (compute_bytes + 4 + 4)
     return MemoryEstimate(
         parameters=n * param_bytes // shard, gradients=n * param_bytes // shard, optimizer=8 * n // shard,
-        fsdp_working_set=working, activations=checkpointed if activation_checkpointing else full,
+        fsdp_working_set=working, accumulation=accumulation, activations=checkpointed if activation_checkpointing else full,
         logits=logits, overhead=OVERHEAD_BYTES, activations_without_checkpointing=full,
         activations_with_checkpointing=checkpointed, shard_group=shard,
         activation_checkpointing=activation_checkpointing)
@@ -155,7 +164,8 @@ def estimate_for_job(job: JobConfig, shapes: ModelShapes) -> MemoryEstimate:
     return estimate_memory(shapes, strategy=p.strategy, world_size=p.num_workers, workers_per_node=p.workers_per_node,
                            seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                            activation_checkpointing=p.activation_checkpointing,
-                           param_bytes=storage_bytes(job), compute_bytes=compute_bytes(job))
+                           param_bytes=storage_bytes(job), compute_bytes=compute_bytes(job),
+                           grad_accum_steps=job.grad_accum_steps)
 
 
 def storage_bytes(job: JobConfig) -> int:

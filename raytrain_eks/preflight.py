@@ -57,6 +57,8 @@ class Plan:
     estimate: dict = field(default_factory=dict)
     placements: list = field(default_factory=list)
     """The scheduling-fit cases (raytrain_eks.fit.Placement), when cdk.out and dist/ exist."""
+    strategies: list[dict] = field(default_factory=list)
+    """:func:`strategy_options`: every strategy's estimate, fastest first."""
 
     @property
     def refusal(self) -> str | None:
@@ -180,37 +182,54 @@ def _check_inputs(job: JobConfig) -> list[Check]:
     return checks
 
 
-def _network_bytes_per_node(job: JobConfig, num_params: int, param_bytes: int, strategy: str = "") -> float:
-    """Bytes through ONE node's network link per optimizer step (ring collectives, best case:
-    gradients reduced once per step, parameters gathered for every micro-batch's fwd and bwd)."""
+STRATEGIES = ("full_shard", "hybrid_shard", "no_shard")
+
+
+def _network_bytes_per_node(job: JobConfig, num_params: int, param_bytes: int, strategy: str = "") -> tuple[float, float]:
+    """``(gather, reduce)`` bytes through ONE node's network link per optimizer step (ring
+    collectives, line rate).
+
+    Gradients are reduced once per step, in fp32. full_shard gathers the parameters once per
+    step when accumulating (they stay gathered across the micro-batches, training/parallel.py),
+    else in forward and again in backward; hybrid_shard gathers inside the node only and
+    all-reduces the gradients across nodes; no_shard all-reduces them over every rank."""
     strategy = strategy or job.parallel.strategy
     nodes, w = job.num_nodes, job.parallel.num_workers
     if nodes < 2:
-        return 0.0
-    micro = job.grad_accum_steps
+        return 0.0, 0.0
     if strategy == "full_shard":
-        return (micro * 2 * param_bytes * num_params + 4 * num_params) * (w - 1) / w
-    # hybrid: gradients all-reduced across nodes (shards of a node together = one copy);
-    # no_shard: the full gradients all-reduced over the ring.
+        gathers = 1 if job.grad_accum_steps > 1 else 2
+        return gathers * param_bytes * num_params * (w - 1) / w, 4 * num_params * (w - 1) / w
     ring = nodes if strategy == "hybrid_shard" else w
-    return 2 * 4 * num_params * (ring - 1) / ring
+    return 0.0, 2 * 4 * num_params * (ring - 1) / ring
 
 
-def _estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, mfu: float) -> dict:
+def _exposed_network_s(job: JobConfig, compute_s: float, gather_s: float, reduce_s: float) -> float:
+    """Network time the compute cannot hide. Without accumulation the collectives overlap the
+    whole step (per-block prefetch). With it they are bunched: the gather can only hide behind
+    the first micro-batch's forward (1/3 of its compute), the gradient reduction behind the last
+    one's backward (2/3)."""
+    accum = job.grad_accum_steps
+    if accum <= 1:
+        return max(0.0, gather_s + reduce_s - compute_s)
+    micro = compute_s / accum
+    return max(0.0, gather_s - micro / 3) + max(0.0, reduce_s - 2 * micro / 3)
+
+
+def _estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, mfu: float, strategy: str = "") -> dict:
     g = env.gpu_group(job.parallel.node_group)
+    strategy = strategy or job.parallel.strategy
     peak = g.instance.gpu_bf16_tflops
     per_token = flops.training_flops_per_token(shapes, job.train.seq_len)
     per_step = per_token * job.tokens_per_step
     compute_s = per_step / (job.parallel.num_workers * peak * 1e12 * mfu)
     # FSDP gathers parameters in the compute dtype (bf16 on GPU); gradients are reduced in fp32
     param_bytes = memory_estimate.compute_bytes(job)
-    net_bytes = _network_bytes_per_node(job, shapes.num_params(), param_bytes)
-    network_s = net_bytes / (g.instance.network_gbps * 1e9 / 8) if net_bytes else 0.0
-    step_s = max(compute_s, network_s)
-    hybrid_s = None
-    if job.parallel.strategy == "full_shard" and job.num_nodes > 1:
-        hybrid = _network_bytes_per_node(job, shapes.num_params(), param_bytes, strategy="hybrid_shard")
-        hybrid_s = hybrid / (g.instance.network_gbps * 1e9 / 8)
+    gather, reduce = _network_bytes_per_node(job, shapes.num_params(), param_bytes, strategy)
+    link = g.instance.network_gbps * 1e9 / 8
+    net_bytes, network_s = gather + reduce, (gather + reduce) / link
+    exposed_s = _exposed_network_s(job, compute_s, gather / link, reduce / link)
+    step_s = compute_s + exposed_s
     hours = job.train.max_steps * step_s / 3600
     from environment.addons import SCALE_DOWN_UNNEEDED
     # Paid GPU time beyond the steps: nodes booting for the job, and idle before removal.
@@ -218,11 +237,12 @@ def _estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, 
     return {
         "mfu": mfu, "peak_tflops": peak, "flops_per_token": per_token, "flops_per_step": per_step,
         "compute_s": compute_s, "network_bytes_per_node": net_bytes, "network_gbps": g.instance.network_gbps,
-        "network_s": network_s, "step_s": step_s, "bound": "network" if network_s > compute_s else "compute",
+        "network_s": network_s, "step_s": step_s, "exposed_network_s": exposed_s,
+        "bound": "network" if network_s > compute_s else "compute",
         "tokens_per_hour": job.tokens_per_step / step_s * 3600, "run_hours": hours,
         "hourly_usd": env.hourly_cost_usd, "run_usd": (hours + overhead_h) * env.hourly_cost_usd,
         "overhead_h": overhead_h, "idle_hourly_usd": env.idle_hourly_cost_usd,
-        "effective_mfu": mfu * compute_s / step_s, "hybrid_network_s": hybrid_s,
+        "effective_mfu": mfu * compute_s / step_s, "strategy": strategy,
     }
 
 
@@ -238,6 +258,32 @@ def _check_fit(env: Environment, plan: Plan, dist_dir: str | Path, cdk_out: str 
     pending = [line for p in plan.placements for line in p.pending]
     return [Check(name="scheduling fit", ok=not pending, message=pending[0] if pending else
                   f"every pod gets a node in {len(plan.placements)} cases ({cdk_out}/ and {dist_dir}/)")]
+
+
+def strategy_options(env: Environment, job: JobConfig, shapes: flops.ModelShapes, mfu: float) -> list[dict]:
+    """Every strategy's step time and memory for this job on this spec, fastest first.
+
+    Fastest = the shortest step (compute plus the network time it cannot hide); among equal
+    steps the one with less network time. A strategy whose memory does not fit comes last.
+    """
+    usable = usable_bytes(env.gpu_group(job.parallel.node_group).instance.gpu_memory_gib)
+    options = []
+    for strategy in STRATEGIES:
+        option = _estimate_time(env, job, shapes, mfu, strategy)
+        memory = memory_estimate.estimate_memory(
+            shapes, strategy=strategy, world_size=job.parallel.num_workers, workers_per_node=job.parallel.workers_per_node,
+            seq_len=job.train.seq_len, micro_batch_size=job.train.micro_batch_size,
+            activation_checkpointing=job.parallel.activation_checkpointing, param_bytes=memory_estimate.storage_bytes(job),
+            compute_bytes=memory_estimate.compute_bytes(job), grad_accum_steps=job.grad_accum_steps)
+        option.update(required_bytes=memory.required, fits=memory.required <= usable)
+        options.append(option)
+    return sorted(options, key=lambda o: (not o["fits"], round(o["step_s"], 3), o["network_s"]))
+
+
+def best_strategy(env: Environment, job: JobConfig, mfu: float = DEFAULT_MFU) -> str:
+    """The strategy :func:`strategy_options` ranks first for ``job`` on ``env``."""
+    shapes, _ = shapes_for_job(job)
+    return strategy_options(env, job, shapes, mfu)[0]["strategy"]
 
 
 def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "dist", mfu: float = DEFAULT_MFU,
@@ -275,6 +321,13 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
         f"micro_batch_size = {job.train.micro_batch_size} needs ~{m.required / GIB:.1f} GiB per GPU "
         f"(incl. 10% fragmentation); each {g.instance.gpu_model} has {usable / GIB:.1f} GiB usable{hint}")))
     plan.estimate = _estimate_time(env, job, shapes, mfu)
+    plan.strategies = strategy_options(env, job, shapes, mfu)
+    best = plan.strategies[0]
+    if best["strategy"] != job.parallel.strategy and best["fits"]:
+        plan.checks.append(Check(name="strategy", ok=True, note=True, message=(
+            f"parallel.strategy = {job.parallel.strategy!r} takes {plan.estimate['step_s']:.2f} s/step; "
+            f"{best['strategy']!r} would take {best['step_s']:.2f} s/step (network {best['network_s']:.2f} s): "
+            f"set parallel.strategy = {best['strategy']!r}")))
     return plan
 
 
@@ -301,12 +354,15 @@ def render(plan: Plan) -> str:
             f"  FLOPs            {e['flops_per_token'] / 1e9:.2f} GFLOP/token (training = 3x forward), "
             f"{e['flops_per_step'] / 1e12:.1f} TFLOP/step ({job.tokens_per_step} tokens)",
             f"  compute          {e['compute_s']:.2f} s/step",
-            f"  network          {e['network_s']:.2f} s/step ({e['network_bytes_per_node'] / 1e9:.1f} GB per node per step "
+            f"  network          {e['network_s']:.2f} s/step, {e['exposed_network_s']:.2f} s not hidden by compute "
+            f"({e['network_bytes_per_node'] / 1e9:.1f} GB per node per step "
             f"over {e['network_gbps']} Gbit/s, at line rate)",
         ]
-        if e["hybrid_network_s"] is not None:
-            lines.append(f"                   hybrid_shard would need {e['hybrid_network_s']:.2f} s/step of network "
-                         "(parameters gathered inside a node; only gradients cross nodes)")
+        for o in plan.strategies:
+            mark = "*" if o["strategy"] == job.parallel.strategy else " "
+            lines.append(f"  {mark} {o['strategy']:<14} network {o['network_s']:5.2f} s ({o['exposed_network_s']:.2f} exposed), "
+                         f"step {o['step_s']:5.2f} s, "
+                         f"memory {o['required_bytes'] / GIB:5.1f} GiB{'' if o['fits'] else ' (does not fit)'}")
         lines += [
             f"  step             {e['step_s']:.2f} s ({e['bound']}-bound; effective MFU {e['effective_mfu']:.2f}); "
             f"{e['tokens_per_hour'] / 1e6:.2f} M tokens/hour",

@@ -50,6 +50,9 @@ class DataConfig:
     """Share of documents held out for evaluation, chosen deterministically by seed."""
     on_bad_record: str = "error"
     """``error``: stop naming file and line; ``skip``: skip and count in the run record."""
+    overlong: str = "truncate"
+    """A chat conversation longer than ``train.seq_len`` (conversations are never split across
+    blocks): ``truncate`` to its first seq_len tokens (counted in the run record) or ``refuse``."""
     seed: int = 1234
     """Shuffle seed (documents and blocks)."""
 

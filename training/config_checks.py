@@ -11,6 +11,7 @@ from typing import Any
 STRATEGIES = ("full_shard", "hybrid_shard", "no_shard")
 DATA_KINDS = ("synthetic", "text", "jsonl", "chat")
 BAD_RECORD_POLICIES = ("error", "skip")
+OVERLONG_POLICIES = ("truncate", "refuse")
 ON_EXISTING_RUN = ("resume", "refuse")
 TRANSPORTS = ("any", "efa", "socket", "single-node")
 DTYPES = ("auto", "bfloat16", "float32")
@@ -47,6 +48,7 @@ def validate(c: Any) -> None:
     check_config_keys(c.model.config, s)
     _one_of(s, "data.kind", c.data.kind, DATA_KINDS)
     _one_of(s, "data.on_bad_record", c.data.on_bad_record, BAD_RECORD_POLICIES)
+    _one_of(s, "data.overlong", c.data.overlong, OVERLONG_POLICIES)
     if c.data.kind != "synthetic" and not c.data.path:
         raise _fail(s, "data.path", "", f"is empty but data.kind is {c.data.kind!r} (give a file, directory or s3:// prefix)")
     if c.data.path and not c.data.path.startswith("s3://") and c.data.kind != "synthetic":

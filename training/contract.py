@@ -76,11 +76,30 @@ TOKENS_PER_S_PER_DEVICE = "tokens_per_s_per_device"
 TFLOPS_PER_DEVICE = "tflops_per_device"
 MFU = "mfu"
 WALL_TIME = "time"
+WALL_TOKENS_PER_S = "wall_tokens_per_s"
+"""tokens/s over wall-clock time INCLUDING checkpoint, evaluation, report and metric uploads
+(the figure a bill pays for); :data:`TOKENS_PER_S` and :data:`MFU` count only the steps' time."""
+WALL_MFU = "wall_mfu"
+"""MFU over the same wall-clock time as :data:`WALL_TOKENS_PER_S`."""
+WINDOW_S = "window_s"
+"""Wall time since the previous log step (both ends synchronised with the device)."""
+OVERHEAD_S = "overhead_s"
+"""Part of :data:`WINDOW_S` spent outside the steps (checkpoint, evaluation, report)."""
+REFUSED = "refused"
+"""Summary row key: the one-line reason the run stopped before training (e.g. the transport
+gate); the driver fails the run with it instead of letting Ray retry."""
+EXPORTED = "exported"
+"""Summary row key: where the workers wrote the Hugging Face export."""
+EXPORT_ERROR = "export_error"
+"""Summary row key: why the export failed (one line); the run's status is then failed."""
 EVAL_LOSS = "eval_loss"
 EVAL_PERPLEXITY = "eval_perplexity"
 
 THROUGHPUT_KEYS = (TOKENS_PER_S, TOKENS_PER_S_PER_DEVICE, TFLOPS_PER_DEVICE, MFU, STEP_TIME_S)
-"""Figures summarised by :func:`steady_median` (run.json ``throughput`` and the report)."""
+"""Compute-only figures summarised by :func:`steady_median` (run.json ``throughput`` and the report)."""
+WALL_KEYS = (WALL_TOKENS_PER_S, WALL_MFU)
+"""Wall-clock figures: summarised as total over total (:func:`wall_figure`), never a median,
+because the checkpoint and evaluation windows are exactly what they must not hide."""
 STEPS_MEASURED = "steps_measured"
 
 # --- Prometheus metrics the job exports (ray.util.metrics, served by Ray's metrics agent) ----
@@ -176,7 +195,18 @@ def throughput_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     memory = [r[PEAK_MEMORY_GIB] for r in rows if isinstance(r.get(PEAK_MEMORY_GIB), (int, float))]
     summary[PEAK_MEMORY_GIB] = max(memory) if memory else None
     summary[STEPS_MEASURED] = len(rows[1:] or rows)
+    for key in WALL_KEYS:
+        summary[key] = wall_figure(rows, key)
     return summary
+
+
+def wall_figure(rows: list[dict[str, Any]], key: str) -> Any:
+    """A wall-clock rate over the run: each log window's rate weighted by its wall time
+    (= total tokens / total time), the first window (warm-up) excluded when there are others."""
+    windows = [r for r in rows if isinstance(r.get(key), (int, float)) and isinstance(r.get(WINDOW_S), (int, float))]
+    steady = windows[1:] or windows
+    total = sum(r[WINDOW_S] for r in steady)
+    return sum(r[key] * r[WINDOW_S] for r in steady) / total if total > 0 else None
 
 
 # --- the code that travels to the pods -------------------------------------------------------

@@ -50,6 +50,17 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
 
 
+def worker_env(job: JobConfig) -> dict[str, str]:
+    """The workers' environment: the forwarded driver variables and, on GPU, NCCL's debug log
+    settings from process start (the loop also creates the folder before NCCL's first use)."""
+    env = forwarded_env()
+    if job.parallel.use_gpu:
+        from training.transport import NCCL_LOG_DIR, nccl_debug_env
+
+        env.update(nccl_debug_env(NCCL_LOG_DIR, env))
+    return env
+
+
 def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from: str = "",
                   data_error_token: str = "run") -> Any:
     """The TorchTrainer for ``job`` (not started); ``resume_from``: a checkpoint URI for a new run."""
@@ -81,7 +92,7 @@ def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from:
             storage_filesystem=storage_fs,
             failure_config=FailureConfig(max_failures=job.checkpoint.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=job.checkpoint.keep_last),
-            worker_runtime_env={"env_vars": forwarded_env()},
+            worker_runtime_env={"env_vars": worker_env(job)},
             logging_config=ray_train_logging_config(),  # INFO to the log files only
         ),
     )
@@ -91,12 +102,6 @@ def _cluster_shape(job: JobConfig) -> dict[str, Any]:
     p = job.parallel
     return {"nodes": job.num_nodes, "world_size": p.num_workers,
             "gpus_per_node": p.workers_per_node if p.use_gpu else 0, "workers_per_node": p.workers_per_node}
-
-
-def _tokenizer_dir(job: JobConfig) -> str:
-    from training.tokenizer import tokenizer_location
-
-    return tokenizer_location(job.model)
 
 
 def _last_summary(job: JobConfig) -> dict[str, Any]:
@@ -113,6 +118,18 @@ def _last_summary(job: JobConfig) -> dict[str, Any]:
         return {}
     summaries = [json.loads(line) for line in lines if '"kind": "summary"' in line]
     return summaries[-1] if summaries else {}
+
+
+def outcome(summary: dict[str, Any]) -> tuple[str, str | None, int]:
+    """``(status, error, exit code)`` of a fit that returned, from the loop's summary row. A
+    refusal (e.g. the transport gate) ends the workers normally, so Ray does not retry it."""
+    if summary.get(contract.REFUSED):
+        return "failed", summary[contract.REFUSED], 1
+    if summary.get(contract.EXPORT_ERROR):
+        return "failed", f"export: {summary[contract.EXPORT_ERROR]}", 1
+    if summary.get("stopped_by_signal"):
+        return "stopped", None, 143
+    return "succeeded", None, 0
 
 
 def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
@@ -162,18 +179,16 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
             failure = {contract.FAILURE_STAGE: contract.STAGE_DATA, "rank": data_errors[0].get("rank"),
                        "error_class": data_errors[0].get("error_class"), "error": error}
             print(f"error: {error}", file=sys.stderr, flush=True)
-        elif _last_summary(job).get("stopped_by_signal"):
-            status, code = "stopped", 143
+        else:
+            status, error, code = outcome(_last_summary(job))
+            if error:
+                print(f"training failed: {error}", file=sys.stderr, flush=True)
     except Exception as err:  # TrainingFailedError and friends: one line, details in the logs
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         status, error, code = "failed", f"{type(err).__name__}: {first}", 1
         print(f"training failed: {error}", file=sys.stderr, flush=True)
-    if status == "succeeded" and job.checkpoint.storage_path and job.checkpoint.export_hf:
-        try:
-            print(f"exported: {checkpointing.export_latest(run_dir(job), tokenizer_dir=_tokenizer_dir(job))}", flush=True)
-        except Exception as err:  # the checkpoints stay usable; say why the export is missing
-            status, error, code = "failed", f"export: {type(err).__name__}: {err}", 1
-            print(f"export failed: {err}", file=sys.stderr, flush=True)
+    if status == "succeeded" and _last_summary(job).get(contract.EXPORTED):
+        print(f"exported: {_last_summary(job)[contract.EXPORTED]}", flush=True)
     try:
         record.data = read_json(record.uri)  # rank 0 added hosts, transport, throughput, eval
     except (OSError, ValueError):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,11 +22,9 @@ import torch.distributed as dist
 
 from training import contract, evaluation, metrics, optim, prometheus
 from training.config import JobConfig, job_config_from_dict
-from training.model import build_model, count_targets, loss_sum
-from training.parallel import backend_for, build_mesh, parallelize
-
-NCCL_LOG_DIR = "/tmp/raytrain-nccl"
-"""Node-local folder for NCCL's INFO log (the transport evidence, training/transport.py)."""
+from training.model import build_model, export_config
+from training.parallel import build_mesh, parallelize
+from training.step import LogWindow, forward_backward
 
 
 @dataclass(kw_only=True)
@@ -50,6 +47,10 @@ class WorkerContext:
     """Node-local folder where checkpoints are written before their upload."""
     checkpoint_report: Callable[[dict[str, Any], str, str], None] | None = None
     """How a written checkpoint folder travels on (None: Ray's report inside Ray)."""
+    local_world_size: int | None = None
+    """Workers on this node (Ray's placement); None outside Ray, where it is not known."""
+    uploads_in_flight: Callable[[], int] | None = None
+    """Checkpoint uploads still running or queued (None: Ray's own count inside Ray)."""
 
 
 def ray_context(run_dir: str = "") -> WorkerContext:
@@ -64,7 +65,7 @@ def ray_context(run_dir: str = "") -> WorkerContext:
     return WorkerContext(rank=ctx.get_world_rank(), world_size=ctx.get_world_size(),
                          local_rank=ctx.get_local_rank(), storage=storage, local_dir=local_dir,
                          report=lambda m: ray.train.report(m), in_ray=True, run_dir=run_dir,
-                         checkpoint_root=local_checkpoint_root())
+                         checkpoint_root=local_checkpoint_root(), local_world_size=ctx.get_local_world_size())
 
 
 def local_context(local_dir: str, *, rank: int = 0, world_size: int = 1, run_dir: str = "") -> WorkerContext:
@@ -121,11 +122,6 @@ def open_data(job: JobConfig, ctx: WorkerContext) -> tuple[Any, Any]:
     return build_data(job, tokenizer, rank=ctx.rank, world_size=ctx.world_size), tokenizer
 
 
-def _sync(on_gpu: bool) -> None:
-    if on_gpu:
-        torch.cuda.synchronize()
-
-
 class _Record:
     """Rank 0's view of run.json: continues the driver's record (or starts one outside Ray)."""
 
@@ -148,11 +144,54 @@ class _Record:
             self.record.update(**fields)
 
 
+def _transport(job: JobConfig, on_gpu: bool) -> tuple[dict, str | None]:
+    """The run's transport evidence and, when the gate refuses it, the one-line reason."""
+    from training.transport import NCCL_LOG_DIR, TransportGate, collect_evidence
+
+    evidence = collect_evidence(require=job.evidence.require_transport, log_dir=NCCL_LOG_DIR if on_gpu else None,
+                                num_nodes=job.num_nodes, enforce=False)
+    return evidence, TransportGate(require=job.evidence.require_transport).problem(evidence)
+
+
+def _refuse(reason: str, ctx: WorkerContext, record: "_Record") -> dict[str, Any]:
+    """End the run before training, terminally: Ray would retry an exception ``max_failures``
+    times and a retry cannot change the transport. Rank 0 records the reason; the driver reads
+    it from the summary row and fails the run with this one line."""
+    summary = {contract.KIND: contract.KIND_SUMMARY, "steps": 0, contract.REFUSED: reason}
+    record.update(error=reason)
+    log = metrics.MetricsLog(ctx.local_dir, enabled=ctx.rank == 0, storage=ctx.storage)
+    log.write(summary)
+    log.print(f"refused: {reason}")
+    log.close()
+    return summary
+
+
+def tokenizer_location_of(job: JobConfig) -> str:
+    from training.tokenizer import tokenizer_location
+
+    return tokenizer_location(job.model)
+
+
+def _export(model: torch.nn.Module, ctx: WorkerContext, model_config: dict, tokenizer_dir: str) -> dict[str, Any]:
+    """Export on the workers, where the memory and the shards are (every rank gathers; rank 0
+    writes ``<run>/hf``). A failed export fails the run's status, not its training: it is
+    recorded, not raised (Ray would retry the whole training for it)."""
+    from training.checkpointing import export_model
+
+    out_uri = f"{ctx.run_dir.rstrip('/')}/hf" if ctx.run_dir else os.path.join(ctx.local_dir, "hf")
+    try:
+        written = export_model(model, out_uri, model_config=model_config, tokenizer_dir=tokenizer_dir,
+                               scratch=ctx.checkpoint_root)
+    except Exception as err:  # noqa: BLE001 - reported in one line by the driver
+        return {contract.EXPORT_ERROR: f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+    return {contract.EXPORTED: written or out_uri}
+
+
 def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: Any = None, resume_from: str = "",
           argv: list[str] | None = None) -> dict[str, Any]:
     """Run the job on this worker; returns the run's summary (the same on every rank)."""
     from training import checkpointing as ckpt_api
-    from training.transport import collect_evidence, hosts_from_evidence, nccl_debug_env
+    from training.transport import NCCL_LOG_DIR, hosts_from_evidence, prepare_nccl_logging
 
     if job.parallel.use_gpu and not torch.cuda.is_available():
         raise RuntimeError("parallel.use_gpu = true but this worker sees no CUDA device "
@@ -161,22 +200,23 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
     device = torch.device("cuda", ctx.local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-        os.environ.update(nccl_debug_env(NCCL_LOG_DIR))  # before the first NCCL collective
+        prepare_nccl_logging(NCCL_LOG_DIR)  # the folder must exist before NCCL's first collective
     # Same seed on every rank: fully_shard keeps each rank's slice of ITS OWN full copy.
     torch.manual_seed(job.train.seed)
     model = build_model(job.model, seq_len=job.train.seq_len, on_gpu=on_gpu)
-    hf_config = model.config
-    mesh = build_mesh(job.parallel.strategy, job.parallel.workers_per_node, on_gpu)
+    hf_config, model_config = model.config, export_config(model)
+    mesh = build_mesh(job.parallel.strategy, job.parallel.workers_per_node, on_gpu, ctx.local_world_size)
     parallelize(model, mesh, strategy=job.parallel.strategy, on_gpu=on_gpu,
                 activation_checkpointing=job.parallel.activation_checkpointing, compile=job.parallel.compile)
     optimizer = optim.build_optimizer(model, job.train)
     scheduler = optim.build_scheduler(optimizer, job.train)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
-    evidence = collect_evidence(require=job.evidence.require_transport, log_dir=NCCL_LOG_DIR if on_gpu else None,
-                                num_nodes=job.num_nodes)
+    evidence, refused = _transport(job, on_gpu)
     record = _Record(job, ctx, argv)
     record.update(transport=evidence, hosts=hosts_from_evidence(evidence),
                   data=data.stats.to_dict() if hasattr(data, "stats") else {})
+    if refused:
+        return _refuse(refused, ctx, record)
 
     trainer = ckpt_api.TrainerState(data=data.train, scheduler=scheduler)
     ckpt = None
@@ -188,14 +228,13 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
         ckpt = ckpt_api.CheckpointManager(
             model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root, run_name=job.run_name,
             every_n_steps=job.checkpoint.every_n_steps, report=ctx.checkpoint_report, device=device,
-            model_config=hf_config.to_dict())
+            model_config=model_config, uploads_in_flight=ctx.uploads_in_flight)
 
     throughput = metrics.ThroughputModel.for_model(
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
         world_size=ctx.world_size, device=metrics.device_name(on_gpu))
     log = metrics.MetricsLog(ctx.local_dir, enabled=ctx.rank == 0, storage=ctx.storage)
     gauges = prometheus.for_worker(in_ray=ctx.in_ray, run=job.run_name, job=job.name, rank=ctx.rank)
-    timer = metrics.StepTimer()
     t, accum = job.train, job.grad_accum_steps
     steps: list[dict[str, Any]] = []
 
@@ -218,55 +257,46 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
         trainer.extra["eval_before"] = before
     model.train()
     stopped = False
+    window = LogWindow(throughput, on_gpu=on_gpu)
     while trainer.step < t.max_steps and not stopped:
         maybe_inject_fault(trainer.step, ctx.rank, ctx)
-        timer.start()
         micro = [data.train.next_batch() for _ in range(accum)]
-        sums = torch.tensor([0.0, float(sum(count_targets(b["labels"]) for b in micro))],
-                            dtype=torch.float64, device=device)
-        counts = sums[1:].clone()
-        dist.all_reduce(counts)
-        global_targets = max(1.0, float(counts.item()))
-        compute_start = time.perf_counter()
-        for index, batch in enumerate(micro):
-            # Reduce-scatter gradients only on the last micro-batch: accumulating locally keeps
-            # the network traffic of a step independent of the accumulation count.
-            if accum > 1 and hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(index == accum - 1)
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            token_loss = loss_sum(model, batch)
-            # FSDP averages gradients over ranks: scale so the result is d(global mean)/d(theta).
-            (token_loss * (ctx.world_size / global_targets)).backward()
-            sums[0] += token_loss.detach().double()
+        sums = forward_backward(model, micro, device=device, world_size=ctx.world_size)
         grad_norm = optim.clip_gradients(model, t.grad_clip)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        _sync(on_gpu)
-        compute_s = time.perf_counter() - compute_start
-        dist.all_reduce(sums)
         trainer.step += 1
         trainer.tokens_seen += job.tokens_per_step
-        step_time = timer.stop()
-        entry = {contract.KIND: contract.KIND_TRAIN, contract.STEP: trainer.step,
-                 contract.LOSS: float(sums[0] / sums[1]) if sums[1] > 0 else float("nan"),
-                 contract.LR: lr, contract.GRAD_NORM: grad_norm, contract.TOKENS_SEEN: trainer.tokens_seen,
-                 contract.STEP_TIME_S: step_time, contract.COMPUTE_S: compute_s,
-                 contract.PEAK_MEMORY_GIB: metrics.peak_memory_gib(on_gpu), contract.WALL_TIME: time.time(),
-                 **throughput.figures(step_time)}
-        steps.append(entry)
-        log.write(entry)
-        if trainer.step % t.log_every_n_steps == 0 or trainer.step == t.max_steps:
-            log.print(metrics.progress_line(entry, t.max_steps, timer.eta(t.max_steps - trainer.step)))
+        step, last = trainer.step, trainer.step == t.max_steps
+        window.add({contract.KIND: contract.KIND_TRAIN, contract.STEP: step, contract.LR: lr,
+                    contract.TOKENS_SEEN: trainer.tokens_seen}, sums, grad_norm)
         if ckpt is not None:
-            stopped = ckpt.step_end(trainer.step, {"loss": entry["loss"]}, max_steps=t.max_steps)
-        gauges.step(entry, ckpt.timings if ckpt is not None else ())  # after a checkpoint's timing
-        if job.eval.every_n_steps and trainer.step % job.eval.every_n_steps == 0 and trainer.step < t.max_steps:
-            held_out()
-        if trainer.step % t.report_every_n_steps == 0 and trainer.step < t.max_steps:
-            log.sync()
-            ctx.report({k: v for k, v in entry.items() if v is not None})
+            with window.overhead(due=ckpt.due(step, max_steps=t.max_steps)):
+                # the checkpoint report carries the loss of the last logged step (no host sync here)
+                stopped = ckpt.step_end(step, {"loss": steps[-1][contract.LOSS] if steps else None},
+                                        max_steps=t.max_steps)
+        if job.eval.every_n_steps and step % job.eval.every_n_steps == 0 and not last:
+            with window.overhead():
+                held_out()
+        # Ray Train handles reports in order: a metrics-only report after an ASYNC checkpoint
+        # report waits for that upload. With checkpoints the metrics travel in metrics.jsonl
+        # and with each checkpoint's own report; without, a metrics-only report is harmless.
+        sync_now = step % t.report_every_n_steps == 0 and not last  # metrics.jsonl to storage
+        report_now = sync_now and ckpt is None
+        if step % t.log_every_n_steps == 0 or last or stopped or sync_now:
+            rows = window.close(metrics.peak_memory_gib(on_gpu))
+            for row in rows:
+                log.write(row)
+            steps.extend(rows)
+            gauges.step(rows[-1], ckpt.timings if ckpt is not None else ())
+            log.print(metrics.progress_line(rows[-1], t.max_steps, (window.last_step_s or 0.0) * (t.max_steps - step)))
+            if sync_now:  # booked as overhead of the next window
+                with window.overhead():
+                    log.sync()
+                    if report_now:
+                        ctx.report({k: v for k, v in rows[-1].items() if v is not None})
 
     after = None if stopped else held_out()  # the SIGTERM grace period is for the checkpoint
     figures = evaluation.before_after(before, after)
@@ -275,14 +305,17 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
     summary = {"kind": "summary", "steps": trainer.step, "tokens_seen": trainer.tokens_seen,
                "losses": [e["loss"] for e in steps], "stopped_by_signal": stopped,
                "resumed_from": trainer.restored_from, **figures}
+    if ckpt is not None and job.checkpoint.export_hf and not stopped:
+        summary.update(_export(model, ctx, model_config, tokenizer_location_of(job)))
     log.write(summary)
     log.print(evaluation.eval_line(figures))
     log.close()
     record.update(throughput=contract.throughput_summary(steps), eval={"before": before, "after": after},
                   checkpoints=[{"step": x.step, "stall_s": x.stall_s, "write_s": x.write_s} for x in ckpt.timings]
                   if ckpt is not None else [])
-    ctx.report({"step": trainer.step, "stopped_by_signal": stopped,
-                **{k: v for k, v in figures.items() if v is not None}})
+    if ckpt is None:  # with checkpoints the final checkpoint's report carries these figures
+        ctx.report({"step": trainer.step, "stopped_by_signal": stopped,
+                    **{k: v for k, v in figures.items() if v is not None}})
     return summary
 
 

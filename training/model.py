@@ -48,14 +48,24 @@ def build_model(model_cfg: Any, *, seq_len: int, on_gpu: bool) -> torch.nn.Modul
         path = resolve_model_path(model_cfg.path)
         hf_config = AutoConfig.from_pretrained(path)
         check_seq_len(seq_len, hf_config.to_dict())
+        published = hf_config.dtype  # loading with dtype= overwrites it
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     else:
         hf_config = Qwen2Config(**dict(model_cfg.config))
         check_seq_len(seq_len, hf_config.to_dict())
+        published = hf_config.dtype
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     # Training never reuses the KV cache; it only costs memory.
     model.config.use_cache = False
+    # The dtype the model was published in (bf16 for Qwen2.5), before the fp32 master copy:
+    # the export writes this one.
+    model.published_dtype = str(published or dtype).removeprefix("torch.")
     return model
+
+
+def export_config(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's config for checkpoints and the export, with the dtype it was published in."""
+    return {**model.config.to_dict(), "dtype": getattr(model, "published_dtype", None) or "float32"}
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -82,8 +92,10 @@ def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Te
     A SUM, not a mean: the loop divides by the token count of the whole global batch, so the
     loss and gradients do not depend on how the batch is split over ranks and micro batches.
     """
-    inputs = {"input_ids": batch["input_ids"]}
-    if "position_ids" in batch:  # packed documents may restart positions
+    # No cache and no attention mask: with per-document position_ids (packed data) transformers
+    # then builds a per-document causal mask; a KV cache would silently disable it.
+    inputs = {"input_ids": batch["input_ids"], "use_cache": False}
+    if "position_ids" in batch:
         inputs["position_ids"] = batch["position_ids"]
     logits = model(**inputs).logits
     shift_logits = logits[:, :-1, :].float()

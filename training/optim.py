@@ -44,8 +44,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.
     )
 
 
-def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
-    """Clip the global gradient norm (over all shards) and return it before clipping.
+def clip_gradients(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm (over all shards) and return it before clipping, as a
+    device tensor (the loop reads it on the host only at log steps).
 
     With FSDP2 the parameters are DTensors and ``clip_grad_norm_`` returns a DTensor norm whose
     ``full_tensor()`` is the same global value on every rank. ``max_norm`` 0 only measures.
@@ -54,4 +55,4 @@ def clip_gradients(model: torch.nn.Module, max_norm: float) -> float:
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
-    return float(norm)
+    return norm.detach()

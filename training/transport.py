@@ -25,25 +25,11 @@ Ray prefixes do not matter):
    The bare ``NET/Socket : Using [0]eth0:...`` init line is NOT evidence: older NCCLs initialise
    every network at start-up and print it on EFA hosts too.
 
-In the worker loop, after the process group exists, ONE call does all of it (every rank must
-call it; every rank raises on a violation, so the run fails within its first seconds)::
-
-    evidence = collect_evidence(require=config.evidence.require_transport,
-                                log_dir="/tmp/raytrain-nccl", num_nodes=config.num_nodes)
-    if rank == 0: record.update(transport=evidence, hosts=hosts_from_evidence(evidence))
-
-Capturing the lines (NCCL writes to the worker's stderr, which the process cannot read back):
-
-    env = nccl_debug_env("/tmp/raytrain-nccl")    # before NCCL initialises in the worker:
-    # either ray.init(runtime_env={"env_vars": env}) in the driver (all workers inherit it),
-    # or os.environ.update(env) at the top of the worker loop, before the first collective
-    # (torch creates NCCL communicators lazily, at the first collective on a process group).
-    ...  # init process group, then one collective, e.g. dist.all_reduce(torch.ones(1, device=dev))
-    mine = classify_file(own_nccl_log("/tmp/raytrain-nccl"))   # this rank's RankTransport
-    all_ranks = [None] * world; dist.all_gather_object(all_ranks, mine.to_dict())
-    evidence = aggregate([RankTransport.from_dict(d) for d in all_ranks])
-    TransportGate(config.evidence.require_transport).check(evidence)   # raises TransportError
-    record.update(transport=evidence)
+In the worker loop: :func:`prepare_nccl_logging` (creates the folder, sets NCCL_DEBUG*) before
+NCCL's first collective (torch creates communicators lazily), then, after the process group
+exists, ONE call on every rank: :func:`collect_evidence` runs a collective, classifies this
+rank's file, gathers every rank's class, and :class:`TransportGate` refuses a wrong transport.
+The loop turns a refusal into a recorded, terminal end of the run (a retry cannot change it).
 
 ``NCCL_DEBUG_FILE`` takes ``%h`` (host) and ``%p`` (pid), so each process writes its own file and
 the lines no longer reach stderr (the DLC's ``NCCL_DEBUG=INFO`` would otherwise flood the Ray
@@ -55,10 +41,13 @@ import glob
 import os
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 TRANSPORTS = ("efa", "socket", "single-node", "unknown")
 LOG_NAME = "nccl.%h.%p.log"
+NCCL_LOG_DIR = "/tmp/raytrain-nccl"
+"""Node-local folder for NCCL's INFO log. NCCL does not create it: when NCCL_DEBUG_FILE cannot be
+opened it silently logs to stdout, so :func:`prepare_nccl_logging` creates it first."""
 
 _CHANNEL_NET = re.compile(r"\bvia NET/([A-Za-z ]+?)/\d", re.IGNORECASE)
 _CHANNEL_LOCAL = re.compile(r"\bvia (P2P|SHM|NVLS|CollNet)/", re.IGNORECASE)
@@ -96,6 +85,8 @@ class RankTransport:
     ofi_nccl_version: str = ""
     evidence: list[str] = field(default_factory=list)
     """Up to a few verbatim log lines that decided the class."""
+    hint: str = ""
+    """What to check when the class is ``unknown`` (set where the cause is known)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,10 +103,12 @@ def classify_lines(lines: Iterable[str]) -> RankTransport:
     local_channel = ""
     nodes: list[int] = []
     announced: dict[str, str] = {}       # from "Using network" / provider lines
+    saw_info = False
     for raw in lines:
         line = raw.rstrip("\n")
         if "NCCL" not in line and "via " not in line:
             continue
+        saw_info = saw_info or "NCCL INFO" in line
         if not out.host and (m := _HOST.search(line)):
             out.host = m.group(1)
         if m := _NCCL_VERSION.search(line):
@@ -165,6 +158,8 @@ def classify_lines(lines: Iterable[str]) -> RankTransport:
         return _decide(out, "single-node", "only P2P/SHM channels, no network channel", local_channel)
     if out.network:
         out.reason = f"network {out.network!r} is neither EFA nor Socket"
+    elif not saw_info:
+        out.hint = "the log holds no NCCL INFO line: NCCL_DEBUG was not INFO when NCCL started; set NCCL_DEBUG=INFO"
     return out
 
 
@@ -196,7 +191,7 @@ def nccl_debug_env(log_dir: str, environ: dict | None = None) -> dict[str, str]:
     """Environment that makes NCCL log the transport into ``log_dir/nccl.<host>.<pid>.log``.
 
     Keeps a user's own NCCL_DEBUG/NCCL_DEBUG_SUBSYS when set (WARN would hide the evidence, so
-    it is raised to INFO). ``log_dir`` must be node-local and writable (e.g. /tmp/raytrain-nccl).
+    it is raised to INFO). ``log_dir`` must be node-local and writable (e.g. :data:`NCCL_LOG_DIR`).
     """
     environ = os.environ if environ is None else environ
     level = environ.get("NCCL_DEBUG", "").upper()
@@ -205,6 +200,38 @@ def nccl_debug_env(log_dir: str, environ: dict | None = None) -> dict[str, str]:
         "NCCL_DEBUG_SUBSYS": environ.get("NCCL_DEBUG_SUBSYS", "INIT,NET"),
         "NCCL_DEBUG_FILE": os.path.join(log_dir, LOG_NAME),
     }
+
+
+def prepare_nccl_logging(log_dir: str, environ: dict | None = None) -> dict[str, str]:
+    """Create ``log_dir`` and point NCCL's INFO log into it; call before NCCL's first collective.
+
+    Updates ``environ`` (default ``os.environ``) and returns the variables set. The folder must
+    exist before NCCL opens the file, or NCCL writes to stdout and the rank has no evidence.
+    """
+    environ = os.environ if environ is None else environ
+    os.makedirs(log_dir, exist_ok=True)
+    env = nccl_debug_env(log_dir, environ)
+    environ.update(env)
+    return env
+
+
+def missing_log_evidence(log_dir: str, environ: dict | None = None) -> RankTransport:
+    """``unknown`` for a rank whose NCCL debug file is absent, with the likely cause."""
+    environ = os.environ if environ is None else environ
+    level = environ.get("NCCL_DEBUG", "").upper()
+    target = environ.get("NCCL_DEBUG_FILE", "")
+    if level not in ("INFO", "TRACE"):
+        hint = f"NCCL_DEBUG is {level or 'unset'}: set NCCL_DEBUG=INFO so the transport can be proven"
+    elif not os.path.isdir(log_dir):
+        hint = f"folder {log_dir} does not exist, so NCCL logged to stdout instead of {target}"
+    elif not os.access(log_dir, os.W_OK):
+        hint = f"folder {log_dir} is not writable, so NCCL logged to stdout instead of {target}"
+    elif target and os.path.dirname(target) != log_dir.rstrip("/"):
+        hint = f"NCCL_DEBUG_FILE={target} points outside {log_dir}"
+    else:
+        hint = (f"NCCL_DEBUG={level} and NCCL_DEBUG_FILE={target or '(unset)'} but NCCL wrote no file for pid "
+                f"{os.getpid()}: was NCCL initialised before these variables were set?")
+    return RankTransport(reason=f"no NCCL debug file for this process in {log_dir}", hint=hint)
 
 
 def own_nccl_log(log_dir: str, pid: int | None = None) -> str | None:
@@ -265,7 +292,8 @@ class TransportGate:
         first = bad[0]
         where = f"rank {first.get('rank')} on {first.get('host') or '?'}" if first.get("rank") is not None else "a rank"
         line = f"; line: {first['evidence'][0]!r}" if first.get("evidence") else ""
-        hint = (" (set NCCL_DEBUG=INFO so the transport can be proven)" if first.get("transport") == "unknown"
+        hint = (f" ({first['hint']})" if first.get("hint")
+                else " (NCCL logged no transport line: was there a collective?)" if first.get("transport") == "unknown"
                 else " (check the EFA device plugin, vpc.amazonaws.com/efa limits, FI_PROVIDER=efa)"
                 if self.require == "efa" else "")
         raise TransportError(
@@ -273,33 +301,55 @@ class TransportGate:
             f"{len(evidence.get('ranks', [])) or 1} ranks saw {first.get('transport')!r}: "
             f"{where}: {first.get('reason')}{line}{hint}")
 
+    def problem(self, evidence: dict) -> str | None:
+        """The one-line refusal :meth:`check` would raise, or None."""
+        try:
+            self.check(evidence)
+        except TransportError as err:
+            return str(err)
+        return None
 
-def collect_evidence(*, require: str, log_dir: str | None, num_nodes: int) -> dict:
+
+def _first_nccl_collective() -> None:
+    """The first collective creates the communicator and connects its channels; only then are
+    the ``via NET/...`` lines written."""
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1, device=torch.device("cuda", torch.cuda.current_device())))
+    torch.cuda.synchronize()
+
+
+def collect_evidence(*, require: str, log_dir: str | None, num_nodes: int, enforce: bool = True,
+                     backend: str | None = None, connect: Callable[[], None] = _first_nccl_collective) -> dict:
     """Every rank: force NCCL's connections with one all-reduce, classify this rank's log, gather
     all ranks' classifications, apply the gate. Returns the aggregate (the same on every rank).
 
     Needs an initialised ``torch.distributed`` default process group; ``log_dir`` is where
-    :func:`nccl_debug_env` pointed ``NCCL_DEBUG_FILE`` (None: no file, the NCCL class is unknown).
+    :func:`prepare_nccl_logging` pointed ``NCCL_DEBUG_FILE`` (None: no file, the class is
+    unknown). ``enforce=False`` leaves the gate to the caller (:meth:`TransportGate.problem`).
+    ``backend``/``connect`` replace the process group's backend and the CUDA collective (tests).
     """
     import socket
 
-    import torch
     import torch.distributed as dist
 
-    backend = str(dist.get_backend())
+    backend = backend or str(dist.get_backend())
     if backend == "nccl":
-        # The first collective creates the communicator and connects its channels; only then
-        # are the "via NET/..." lines written.
-        dist.all_reduce(torch.ones(1, device=torch.device("cuda", torch.cuda.current_device())))
-        torch.cuda.synchronize()
-        mine = classify_file(own_nccl_log(log_dir)) if log_dir else RankTransport(reason="no NCCL debug file configured")
+        connect()
+        if not log_dir:
+            mine = RankTransport(reason="no NCCL debug file configured")
+        else:
+            found = own_nccl_log(log_dir)
+            mine = classify_file(found) if found else missing_log_evidence(log_dir)
     else:
         mine = non_nccl_evidence(backend, num_nodes)
     mine.rank, mine.host = dist.get_rank(), socket.gethostname()
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine.to_dict())
     evidence = aggregate([RankTransport.from_dict(d) for d in gathered])
-    TransportGate(require=require).check(evidence)
+    if enforce:
+        TransportGate(require=require).check(evidence)
     return evidence
 
 

@@ -34,6 +34,13 @@ def set_args(entrypoint):
     return dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
 
 
+def submitted_config(rayjob):
+    """The job config as the RayJob's entry point runs it: its file plus the charts' --set
+    (the spec's world size: a spec-sized job file alone may not validate)."""
+    return load_job_config(rayjob["metadata"]["annotations"]["raytrain.io/job-config"],
+                           [f"{k}={v}" for k, v in set_args(rayjob["spec"]["entrypoint"]).items()])
+
+
 def test_raycluster_head_is_on_system_nodes_without_gpus(default_synth):
     env = default_synth.env
     rc = default_synth.one("raycluster")
@@ -193,7 +200,7 @@ def test_large_spec_scales_world_size_and_workers(large_synth):
 def test_rayjob_lifecycle_fields(default_synth):
     for job in GPU_JOBS + ("local",):
         rj = default_synth.one(f"rayjob-{job}")
-        cfg = load_job_config(rj["metadata"]["annotations"]["raytrain.io/job-config"])
+        cfg = submitted_config(rj)
         spec = rj["spec"]
         assert spec["submissionMode"] == "K8sJobMode"
         assert spec["shutdownAfterJobFinishes"] is True
@@ -215,8 +222,8 @@ def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
         assert variant["entrypoint"] == own["entrypoint"] and variant["runtimeEnvYAML"] == own["runtimeEnvYAML"]
     # The shared cluster gives every job that may run on it its checkpoint grace.
     grace = worker_group(rc["spec"])["template"]["spec"]["terminationGracePeriodSeconds"]
-    longest = max(load_job_config(f"jobs/{f}.toml").checkpoint.sigterm_grace_seconds
-                  for f in ("smoke", "finetune-qwen2.5-1.5b", "local"))
+    longest = max(submitted_config(default_synth.one(f"rayjob-{job}")).checkpoint.sigterm_grace_seconds
+                  for job in GPU_JOBS + ("local",))
     assert grace == longest + GRACE_MARGIN_SECONDS
 
 

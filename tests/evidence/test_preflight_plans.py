@@ -114,6 +114,34 @@ def test_memory_terms_by_hand():
     assert pure_bf16.parameters == n * 2 // 8 and pure_bf16.required < e.required
 
 
+def test_accumulation_holds_the_gathered_model_and_a_full_fp32_gradient():
+    n = 1_543_714_304
+    common = dict(strategy="full_shard", world_size=8, workers_per_node=4, seq_len=2048, micro_batch_size=1,
+                  activation_checkpointing=True)
+    one = estimate_memory(QWEN2_5_1_5B, **common)
+    eight = estimate_memory(QWEN2_5_1_5B, **common, grad_accum_steps=8)
+    # parameters gathered in bf16 for the whole step + the unsharded fp32 gradient (~5.7 GiB)
+    assert eight.accumulation == n * 2 + n * 4 and eight.fsdp_working_set == 0
+    assert n * 4 / GIB == pytest.approx(5.75, abs=0.01)
+    assert eight.total - one.total == eight.accumulation - one.fsdp_working_set
+
+
+def test_shipped_finetune_job_runs_the_strategy_preflight_finds_fastest(monkeypatch):
+    from raytrain_eks.preflight import spec_overrides, strategy_options
+
+    monkeypatch.chdir(ROOT)
+    env = load_environment(ENV)
+    rel = "jobs/finetune-qwen2.5-1.5b.toml"
+    job = load_job_config(rel, spec_overrides(env, rel, []))
+    shapes, _ = shapes_for_job(job)
+    options = strategy_options(env, job, shapes, 0.30)
+    assert options[0]["fits"] and job.parallel.strategy == options[0]["strategy"]
+    chosen = options[0]
+    assert chosen["network_s"] <= chosen["compute_s"]
+    # slower strategies cost at least as much per step
+    assert all(o["step_s"] >= chosen["step_s"] for o in options[1:])
+
+
 @pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*.toml")) if (ROOT / "jobs").is_dir() else [])
 def test_shipped_job_configs_are_accepted(job, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # the configs' relative paths (data, tokenizer) are from the root

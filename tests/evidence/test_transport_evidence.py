@@ -129,3 +129,63 @@ def test_collect_evidence_on_a_gloo_process_group(tmp_path):
             transport.collect_evidence(require="efa", log_dir=None, num_nodes=1)
     finally:
         dist.destroy_process_group()
+
+
+def _nccl_writes_its_log(environ: dict, lines: str, host: str = "ip-10-0-1-23"):
+    """What NCCL's first collective does with the debug file (src/debug.cc): expand %h and %p in
+    NCCL_DEBUG_FILE and open it; when that fails it quietly logs to stdout instead."""
+    def connect() -> None:
+        target = environ["NCCL_DEBUG_FILE"].replace("%h", host).replace("%p", str(os.getpid()))
+        try:
+            with open(target, "w") as handle:
+                handle.write(lines)
+        except OSError:
+            print(lines)
+    return connect
+
+
+def _one_process_group(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    return dist
+
+
+def test_evidence_comes_out_when_the_log_folder_does_not_exist_beforehand(tmp_path, capsys):
+    # Given a node where the NCCL log folder does not exist yet (a fresh pod),
+    log_dir = str(tmp_path / "fresh-node" / "raytrain-nccl")
+    environ: dict[str, str] = {}
+    dist = _one_process_group(tmp_path)
+    try:
+        # when the worker prepares NCCL's logging (the loop's GPU set-up) and NCCL's first
+        # collective writes its INFO lines (the only injected, device-specific call),
+        transport.prepare_nccl_logging(log_dir, environ)
+        efa_lines = (FIXTURES / "efa_rank0.log").read_text()
+        evidence = transport.collect_evidence(require="efa", log_dir=log_dir, num_nodes=2, backend="nccl",
+                                              connect=_nccl_writes_its_log(environ, efa_lines))
+    finally:
+        dist.destroy_process_group()
+    # then the rank's file exists, is classified, and the efa gate passes.
+    assert os.path.isdir(log_dir) and transport.own_nccl_log(log_dir)
+    assert evidence["transport"] == "efa" and evidence["ranks"][0]["provider"] == "efa"
+    assert "NET/Libfabric" not in capsys.readouterr().out  # nothing fell back to stdout
+
+
+def test_a_missing_log_names_the_cause_not_nccl_debug_when_it_is_set(tmp_path):
+    # Given NCCL_DEBUG=INFO but a folder NCCL could not write into (it logged to stdout),
+    log_dir = str(tmp_path / "never-created")
+    environ = transport.nccl_debug_env(log_dir, environ={})
+    dist = _one_process_group(tmp_path)
+    try:
+        os.environ.update(environ)
+        evidence = transport.collect_evidence(require="any", log_dir=log_dir, num_nodes=2, backend="nccl",
+                                              connect=_nccl_writes_its_log(environ, "x NCCL INFO Using network AWS Libfabric"))
+    finally:
+        for key in environ:
+            os.environ.pop(key, None)
+        dist.destroy_process_group()
+    problem = TransportGate(require="efa").problem(evidence)
+    # then the refusal is one line that names the folder, and does not ask for NCCL_DEBUG=INFO.
+    assert problem and "\n" not in problem
+    assert "does not exist" in problem and log_dir in problem
+    assert "set NCCL_DEBUG=INFO" not in problem

@@ -108,6 +108,18 @@ def _phase(rank: int, workdir: str, phase: str, resume_from: str) -> dict:
         manager.step_end(step, {"loss": loss}, max_steps=STEPS)
     manager.finish(trainer.step, {})
     record["stall_s"] = [t.stall_s for t in manager.timings]
+    if phase == "resume":  # what this rank would fetch to restore checkpoint 4 (DCP's own plan)
+        from training.checkpointing.restore import byte_ranges, fetch_plan
+        from training.checkpointing.state import checkpoint_state
+
+        folder = Path(run) / "checkpoint_00000004"
+        state = checkpoint_state(model, optimizer, trainer, rank)
+        sizes = {p.name: p.stat().st_size for p in folder.iterdir()}
+        whole, partial = fetch_plan(state, folder, sizes)
+        spans = byte_ranges(state, folder)
+        record["reads"] = {"whole": whole, "partial_bytes": sum(n for s in partial.values() for _, n in s),
+                           "largest_partial_item": max((n for s in partial.values() for _, n in s), default=0),
+                           "sizes": sizes, "read_bytes": {k: sum(n for _, n in v) for k, v in spans.items()}}
     return record
 
 
@@ -199,6 +211,36 @@ def test_resume_skips_a_corrupt_checkpoint_and_is_bit_identical(trained):
         assert resumed[rank]["start"] == 4
         for step in ("5", "6"):
             assert resumed[rank]["steps"][step] == first[rank]["steps"][step]  # loss, position, tokens: exact
+
+
+def test_each_rank_fetches_only_its_own_shard(trained):
+    workdir, _ = trained
+    for rank, record in enumerate(_records(workdir, "resume")):
+        reads = record["reads"]
+        own = f"__{rank}_0.distcp"
+        assert reads["whole"] == [own]  # fetched whole, hash-checked
+        others = sum(size for name, size in reads["sizes"].items() if name.endswith(".distcp") and name != own)
+        # of the other rank's file only byte ranges, and only small ones: the replicated scalars
+        # (AdamW's step counters) DCP's de-duplication stored there, never a shard
+        assert reads["partial_bytes"] < 0.25 * others and reads["largest_partial_item"] < 4096, reads
+
+
+def test_another_world_size_reshards_through_dcp(trained, tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from training.checkpointing import TrainerState, restore
+
+    workdir, first = trained
+    # written by 2 ranks, restored by ONE process without FSDP
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_config()))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    trainer = TrainerState(data=CountingStream(0))
+    source = restore(model=model, optimizer=optimizer, trainer=trainer, local_root=str(tmp_path),
+                     resume_from=str(workdir / "storage" / "run" / "checkpoint_00000004"))
+    assert source.endswith("checkpoint_00000004") and trainer.step == 4
+    assert trainer.data.position == first[0]["steps"]["4"]["position"]  # rank 0's trainer state
+    assert torch.allclose(probe_logits(model), torch.load(workdir / "logits_step4.pt"), rtol=0, atol=1e-6)
 
 
 def test_export_loads_with_from_pretrained_and_gives_the_same_logits(trained, tmp_path):

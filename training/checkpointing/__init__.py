@@ -22,8 +22,7 @@ DRIVER (before ``trainer.fit``)::
               failure_config=FailureConfig(max_failures=cfg.checkpoint.max_failures),
               checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last))
     result = trainer.fit()
-    if cfg.checkpoint.export_hf:
-        export_latest(plan.run_uri, tokenizer_dir=...)         # -> <run>/hf, one process, no PG
+    # the export (cfg.checkpoint.export_hf) runs on the workers at the end: export_model
 
 WORKER (in the train function, after ``parallelize`` and building optimizer/scheduler/stream)::
 
@@ -55,7 +54,7 @@ Notes for the loop:
   are restored last, so anything seeded after restore continues the same random sequence.
 - tests and benchmarks outside Ray pass ``report=storage.copy_report(run_uri)``.
 """
-from training.checkpointing.export import export_hf, export_latest, export_local
+from training.checkpointing.export import export_hf, export_latest, export_local, export_model
 from training.checkpointing.manager import CheckpointManager, SaveTiming, checkpoint_dir_name, local_checkpoint_root
 from training.checkpointing.marker import MARKER_NAME, completeness_problem, is_complete
 from training.checkpointing.restore import restore
@@ -68,7 +67,7 @@ from training.checkpointing.storage import copy_report, find_latest_complete, li
 __all__ = [
     "CheckpointManager", "ExistingRunError", "MARKER_NAME", "ResumePlan", "SaveTiming", "TrainerState",
     "checkpoint_dir_name", "completeness_problem", "copy_report", "export_hf", "export_latest",
-    "export_local", "find_latest_complete", "forward_driver_sigterm", "install_worker_handler",
+    "export_local", "export_model", "find_latest_complete", "forward_driver_sigterm", "install_worker_handler",
     "is_complete", "list_checkpoints", "local_checkpoint_root", "plan_resume", "request_stop", "restore",
     "stop_requested",
 ]

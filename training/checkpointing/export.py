@@ -1,9 +1,15 @@
-"""Export: a complete checkpoint consolidated into a Hugging Face directory.
+"""Export: the trained model as a Hugging Face directory, in the model's OWN dtype.
 
-Runs in ONE process with no process group (DCP reads the shards of every rank and reassembles
-the full tensors, pitfalls.md). The result holds ``config.json``, ``model.safetensors`` and the
-tokenizer, loads with ``AutoModelForCausalLM.from_pretrained`` and gives the trained logits.
-Default location: ``<storage>/<run_name>/hf`` next to the checkpoints.
+The job exports at the end of training, on the workers (:func:`export_model`): the model's
+shards are gathered to rank 0's host memory (only the model, never the optimizer state), cast
+to the dtype the model was published in (bf16 for Qwen2.5; fp32 for models built from a
+config) and written next to the checkpoints: ``<storage>/<run_name>/hf``. Nothing is
+downloaded, and nothing runs on the head pod.
+
+:func:`export_local` / :func:`export_hf` consolidate a stored checkpoint in ONE process with no
+process group (DCP reassembles the full tensors, pitfalls.md), for runs exported afterwards.
+The result holds ``config.json``, ``model.safetensors`` and the tokenizer and loads with
+``AutoModelForCausalLM.from_pretrained``.
 """
 from __future__ import annotations
 
@@ -32,6 +38,59 @@ def _stored_dtype(folder: Path) -> torch.dtype:
     return torch.float32
 
 
+def export_dtype(model_config: dict, default: torch.dtype) -> torch.dtype:
+    """The dtype the model was published in (its config's ``dtype``), else ``default``."""
+    name = model_config.get("dtype") or model_config.get("torch_dtype")
+    value = getattr(torch, str(name).removeprefix("torch."), None) if name else None
+    return value if isinstance(value, torch.dtype) else default
+
+
+def _write_hf(model: torch.nn.Module, out: Path, tokenizer_dir: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    if tokenizer_dir:
+        from training.tokenizer import load_tokenizer  # local dir or s3:// prefix (fetched once)
+
+        load_tokenizer(tokenizer_dir).save_pretrained(out)
+
+
+def _upload(target: Path, out_uri: str) -> None:
+    import pyarrow.fs as pafs
+
+    fs, path = storage.filesystem_for(out_uri)
+    pafs.copy_files(str(target), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+
+def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, tokenizer_dir: str = "",
+                 scratch: str | Path = "") -> str | None:
+    """Export the live (FSDP-sharded) model to ``out_uri``; EVERY rank calls it (the gather is
+    a collective). Rank 0 writes and returns ``out_uri``; the others return None."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    # Full tensors, one at a time, to rank 0's host memory only (cpu_offload): the GPUs never
+    # hold the whole model, and the optimizer state stays where it is.
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    dtype = export_dtype(model_config, torch.float32)
+    config = AutoConfig.for_model(**{k: v for k, v in model_config.items() if k not in ("dtype", "torch_dtype")})
+    config.dtype = dtype
+    skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    skeleton.load_state_dict({key: value.to(dtype) for key, value in full.items()})
+    del full
+    with tempfile.TemporaryDirectory(prefix="raytrain-export-", dir=str(scratch) or None) as work:
+        target = Path(work) / "hf" if "://" in out_uri else Path(out_uri)
+        if target.exists():
+            shutil.rmtree(target)
+        _write_hf(skeleton, target, tokenizer_dir)
+        if "://" in out_uri:
+            _upload(target, out_uri)
+    log.info("exported the model (%s) -> %s", dtype, out_uri)
+    return out_uri
+
+
 def export_local(checkpoint_dir: str | Path, out_dir: str | Path, *, tokenizer_dir: str = "") -> Path:
     """Consolidate the complete checkpoint in ``checkpoint_dir`` into ``out_dir``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -50,13 +109,10 @@ def export_local(checkpoint_dir: str | Path, out_dir: str | Path, *, tokenizer_d
     state = {"app": {"model": model.state_dict()}}
     dcp.load(state, checkpoint_id=str(folder), no_dist=True)  # in place, into the model's tensors
     model.load_state_dict(state["app"]["model"])
+    model = model.to(export_dtype(config_dict, dtype))
+    model.config.dtype = export_dtype(config_dict, dtype)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    if tokenizer_dir:
-        from training.tokenizer import load_tokenizer  # local dir or s3:// prefix (fetched once)
-
-        load_tokenizer(tokenizer_dir).save_pretrained(out)
+    _write_hf(model, out, tokenizer_dir)
     log.info("exported %s -> %s", folder, out)
     return out
 
@@ -71,10 +127,7 @@ def export_hf(checkpoint_uri: str, out_uri: str = "", *, tokenizer_dir: str = ""
             shutil.rmtree(target)
         export_local(local, target, tokenizer_dir=tokenizer_dir)
         if "://" in out_uri:
-            import pyarrow.fs as pafs
-
-            fs, path = storage.filesystem_for(out_uri)
-            pafs.copy_files(str(target), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+            _upload(target, out_uri)
     return out_uri
 
 

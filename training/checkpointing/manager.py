@@ -9,9 +9,14 @@ How a checkpoint at step s travels (nothing here waits for S3):
 2. a background thread writes this rank's shards to ``<local_root>/<run>/checkpoint_<s>/rank_<r>``
    (DCP over a dedicated gloo group so it never interleaves with training collectives), hashes
    them, gathers every rank's file list, and rank 0 writes ``COMPLETE.json`` last;
-3. at the first step where every rank's background work is done (one tiny all-reduce per step
-   that also carries the SIGTERM flag), all ranks call ``ray.train.report(..., checkpoint=...,
-   checkpoint_upload_mode=ASYNC)``: Ray uploads each rank's folder into the same
+3. at the first step where every rank's background work is done (one tiny CPU all-reduce per
+   step over its own gloo group, no device sync, that also carries the SIGTERM flag and the
+   number of uploads in flight), all ranks call ``ray.train.report(..., checkpoint=...,
+   checkpoint_upload_mode=ASYNC)``. Ray Train hands reports to its controller strictly in
+   order: a metrics-only report issued while an upload runs would wait for it (so the loop
+   sends none while checkpointing); ASYNC uploads queue on one thread, each keeping its staged
+   copy on the node's disk, so a due checkpoint is skipped (logged, counted in
+   ``skipped_steps``) while :data:`MAX_QUEUED_UPLOADS` are still in flight. Ray uploads each rank's folder into the same
    ``<storage>/<run>/checkpoint_<s>/`` in the background, registers the checkpoint only once
    every rank's upload is done, and only then deletes checkpoints beyond ``num_to_keep``; so the
    last complete checkpoint is never deleted before a newer one is complete.
@@ -38,6 +43,9 @@ from training.checkpointing.marker import FileEntry, describe_files, write_marke
 from training.checkpointing.state import TrainerState, checkpoint_state
 
 log = logging.getLogger(__name__)
+
+MAX_QUEUED_UPLOADS = 2
+"""Uploads in flight (one running, one waiting) beyond which a due checkpoint is skipped."""
 
 ReportFn = Callable[[dict[str, Any], str, str], None]
 """``report(metrics, local_folder, checkpoint_dir_name)``: hands a finished folder onwards."""
@@ -89,7 +97,8 @@ class CheckpointManager:
     def __init__(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                  trainer: TrainerState, local_root: str, run_name: str, every_n_steps: int = 0,
                  report: ReportFn | None = None, async_save: bool = True,
-                 model_config: dict[str, Any] | None = None, device: torch.device | None = None):
+                 model_config: dict[str, Any] | None = None, device: torch.device | None = None,
+                 uploads_in_flight: Callable[[], int] | None = None):
         self.model, self.optimizer, self.trainer = model, optimizer, trainer
         self.every_n_steps = every_n_steps
         self.async_save = async_save
@@ -99,17 +108,24 @@ class CheckpointManager:
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.device = device or torch.device("cpu")
         self.root = Path(local_root) / run_name
-        self.report = report if report is not None else (ray_report if _in_ray_train() else _no_report)
+        in_ray = _in_ray_train()
+        self.report = report if report is not None else (ray_report if in_ray else _no_report)
+        self.uploads_in_flight = uploads_in_flight or (ray_uploads_in_flight if in_ray else _nothing_in_flight)
         if local_rank(self.rank) == 0:
             # folders a killed attempt never handed over; the collective below makes the others wait
             shutil.rmtree(self.root, ignore_errors=True)
         # Collective: every rank creates the group here, at the same point of the program.
         self._ckpt_group = dist.new_group(backend="gloo") if self.distributed else None
+        # The per-step agreement runs on CPU over its own group: no device sync, and never
+        # interleaved with the background thread's collectives on the group above.
+        self._agree_group = dist.new_group(backend="gloo") if self.distributed else None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt")
         self._pending: _Pending | None = None
         self.timings: list[SaveTiming] = []
         self.last_saved_step = -1
         self.stopped_by_signal = False
+        self.skipped_steps: list[int] = []
+        """Due checkpoints skipped because :data:`MAX_QUEUED_UPLOADS` were still uploading."""
 
     # -- the loop's two calls -------------------------------------------------------------------
 
@@ -119,20 +135,30 @@ class CheckpointManager:
         Every rank must call it at every step (it runs one small all-reduce): ranks agree on
         whether a SIGTERM arrived anywhere and on when a background write is finished.
         """
-        stop, pending_done = self._agree()
-        if self._pending is not None and pending_done:
+        stop, ready, queued = self._agree()
+        if self._pending is not None and ready:
             self._finalize()
         due = self.every_n_steps > 0 and step % self.every_n_steps == 0
+        final = max_steps is not None and step >= max_steps
         if stop:
             self.stopped_by_signal = True
             log.warning("rank %d: stop requested (SIGTERM/preemption): final checkpoint at step %d", self.rank, step)
-        if due or stop or (max_steps is not None and step >= max_steps):
+        if due and not (stop or final) and queued >= MAX_QUEUED_UPLOADS:
+            # The storage is slower than the cadence: queueing more would only fill the disk.
+            self.skipped_steps.append(step)
+            log.warning("rank %d: checkpoint at step %d skipped: %d uploads still in flight", self.rank, step, queued)
+        elif due or stop or final:
             # the checkpoint's metrics (Ray's Result.metrics) say why the run ended early
             self.save(step, dict(metrics or {}, stopped_by_signal=True) if stop else (metrics or {}))
         if stop:
             self.wait()
             signals.final_checkpoint_written()
         return stop
+
+    def due(self, step: int, *, max_steps: int | None = None) -> bool:
+        """Whether :meth:`step_end` at ``step`` starts a checkpoint (barring a SIGTERM): the loop
+        books that time as checkpoint overhead."""
+        return (self.every_n_steps > 0 and step % self.every_n_steps == 0) or (max_steps is not None and step >= max_steps)
 
     def finish(self, step: int, metrics: dict[str, Any] | None = None) -> None:
         """Make sure the final step is checkpointed and handed to Ray; blocks until written."""
@@ -218,19 +244,36 @@ class CheckpointManager:
 
     # -- agreement ------------------------------------------------------------------------------
 
-    def _agree(self) -> tuple[bool, bool]:
-        """(any rank asked to stop, every rank's background write is done)."""
+    def _agree(self) -> tuple[bool, bool, int]:
+        """(any rank asked to stop, every rank's write is done, most uploads in flight on a rank)."""
         stop = signals.stop_requested()
         busy = self._pending is not None and not self._pending.future.done()
+        queued = int(self.uploads_in_flight())
         if not self.distributed:
-            return stop, not busy
-        flags = torch.tensor([int(stop), int(busy)], dtype=torch.int32, device=self.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags[0].item()), not bool(flags[1].item())
+            return stop, not busy, queued
+        flags = torch.tensor([int(stop), int(busy), queued], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._agree_group)
+        return bool(flags[0]), not bool(flags[1]), int(flags[2])
 
 
 def _detached_copy(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def ray_uploads_in_flight() -> int:
+    """Reports of this worker that Ray Train has not yet handed to its controller (ASYNC
+    checkpoint uploads still running or queued); a metrics-only report would wait for them."""
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        context = get_train_context()
+        return max(0, context.report_call_index - context.current_report_index)
+    except Exception:  # another Ray version: count none (checkpoints are then never skipped)
+        return 0
+
+
+def _nothing_in_flight() -> int:
+    return 0
 
 
 def _no_report(metrics: dict[str, Any], folder: str, dir_name: str) -> None:

@@ -1,10 +1,18 @@
 """Restoring in a worker: within a run (``ray.train.get_checkpoint``) or a new run (a URI).
 
-The remote-download race (pitfalls.md, Ray issue 48726) is avoided by downloading once per node
-into our own folder: local rank 0 downloads and verifies (marker, sizes, sha256), every rank
-waits (an all-reduce that also carries "this copy is bad"), all ranks load, a barrier, then local
-rank 0 deletes the copy. A bad checkpoint is skipped with a warning naming it, and the newest
-complete one before it is tried (rank 0 chooses and broadcasts, so every rank loads the same).
+Each rank fetches ONLY what it reads, found by DCP's own load plan for its part of the state:
+the marker and DCP's ``.metadata`` (small), the shard files it reads mostly (with the world size
+unchanged: its own ``__<rank>_0.distcp``; after a change: the files its new slices overlap)
+WHOLE, with size and sha256 checked against the marker, and from the other files only the byte
+ranges it reads (the small replicated items DCP's de-duplication spreads over the ranks' files;
+their size is checked, a whole-file hash cannot be). Into its own folder (no shared temp folder: the Ray download race,
+pitfalls.md, cannot happen). An all-reduce carries "my copy is bad": then the checkpoint is
+skipped with a warning naming it, and the newest complete one before it is tried (rank 0
+chooses and broadcasts, so every rank loads the same).
+
+A different world size reshards through DCP: model and optimizer are stored as global tensors
+with their slices, and the trainer state's data position is global (consumed samples). Only the
+per-rank RNG streams cannot carry over: every rank then takes rank 0's trainer state (logged).
 """
 from __future__ import annotations
 
@@ -18,8 +26,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from training.checkpointing import storage
-from training.checkpointing.manager import local_rank
-from training.checkpointing.marker import completeness_problem, read_marker
+from training.checkpointing.marker import DCP_METADATA, MARKER_NAME, read_marker, sha256_of
 from training.checkpointing.state import TrainerState, checkpoint_state
 
 log = logging.getLogger(__name__)
@@ -42,32 +49,107 @@ def ray_checkpoint_uri() -> str | None:
     return checkpoint.path
 
 
-def _local_rank() -> int:
-    return local_rank(dist.get_rank() if _distributed() else 0)
-
-
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _any(flag: bool, device: torch.device) -> bool:
+def _any(flag: bool) -> bool:
     if not _distributed():
         return flag
-    value = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    value = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_cpu_group())
     return bool(value.item())
+
+
+_GROUPS: dict[int, Any] = {}
+
+
+def _cpu_group():
+    """A gloo group for the restore's small agreements (CPU tensors, also when training on NCCL),
+    one per default process group (tests create several in one process)."""
+    world = id(dist.group.WORLD)
+    if world not in _GROUPS:
+        _GROUPS.clear()
+        _GROUPS[world] = dist.new_group(backend="gloo")
+    return _GROUPS[world]
 
 
 def _from_rank0(value: Any) -> Any:
     if not _distributed():
         return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=_cpu_group())
     return box[0]
 
 
 def _run_of(checkpoint_uri: str) -> str:
     return checkpoint_uri.rstrip("/").rsplit("/", 1)[0]
+
+
+WHOLE_FILE_SHARE = 0.25
+"""A file of which this rank reads at least this share is fetched whole (and its sha256
+checked); from the others only the byte ranges it reads are fetched."""
+
+
+def byte_ranges(state: dict[str, Any], folder: Path) -> dict[str, list[tuple[int, int]]]:
+    """``{file: [(offset, length), ...]}`` DCP reads for ``state`` (this rank's part), from the
+    checkpoint's ``.metadata`` in ``folder``: DCP's own load plan, so it holds for any world size."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    planner = DefaultLoadPlanner()
+    planner.set_up_planner({key: value.state_dict() for key, value in state.items()}, metadata, False)
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for item in planner.create_local_plan().items:
+        info = metadata.storage_data[item.storage_index]
+        ranges.setdefault(info.relative_path, []).append((info.offset, info.length))
+    return {name: sorted(set(spans)) for name, spans in sorted(ranges.items())}
+
+
+def fetch_plan(state: dict[str, Any], folder: Path, sizes: dict[str, int]) -> tuple[list[str], dict[str, list]]:
+    """(files fetched whole, {file: byte ranges} fetched partly) for this rank. With the world
+    size unchanged the whole files are this rank's own shard; the ranges are the few small
+    replicated items DCP's de-duplication stored in other ranks' files."""
+    whole, partial = [], {}
+    for name, spans in byte_ranges(state, folder).items():
+        if sum(length for _, length in spans) >= WHOLE_FILE_SHARE * sizes.get(name, 0):
+            whole.append(name)
+        else:
+            partial[name] = spans
+    return whole, partial
+
+
+def files_to_read(state: dict[str, Any], folder: Path) -> list[str]:
+    """Every file DCP reads for ``state`` (wholly or partly)."""
+    return list(byte_ranges(state, folder))
+
+
+def _fetch(source: str, state: dict[str, Any], local: Path) -> str | None:
+    """Fetch and verify this rank's files into ``local``; the problem, or None."""
+    shutil.rmtree(local, ignore_errors=True)
+    try:
+        storage.download_files(source, [MARKER_NAME, DCP_METADATA], local)
+        marker = read_marker(local)
+        if marker is None:
+            return f"no readable {MARKER_NAME}"
+        entries = {entry["path"]: entry for entry in marker["files"]}
+        whole, partial = fetch_plan(state, local, {name: entry["size"] for name, entry in entries.items()})
+        missing = [name for name in whole + list(partial) if name not in entries]
+        if missing:
+            return f"{missing[0]} is not listed in {MARKER_NAME}"
+        storage.download_files(source, whole, local)
+        for name, spans in partial.items():
+            storage.download_ranges(source, name, spans, local, size=entries[name]["size"])
+        names = [DCP_METADATA] + whole
+    except (OSError, ValueError) as err:
+        return f"cannot download: {err}"
+    for name in names:
+        path, entry = local / name, entries[name]
+        if path.stat().st_size != entry["size"]:
+            return f"{name} has {path.stat().st_size} bytes, the marker says {entry['size']}"
+        if sha256_of(path) != entry["sha256"]:
+            return f"{name} has a different sha256 than the marker records"
+    return None
 
 
 def restore(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, trainer: TrainerState,
@@ -76,50 +158,50 @@ def restore(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
 
     Source: Ray's ``get_checkpoint()`` when this run already reported one (a restart after a
     failure), else ``resume_from`` (a checkpoint URI the driver found for a new run). Returns the
-    URI it loaded, or None (fresh start). Every rank must call it.
+    URI it loaded, or None (fresh start). Every rank must call it. ``device`` is unused (the
+    agreements run on CPU) and kept for callers.
     """
-    device = device or torch.device("cpu")
     rank = dist.get_rank() if _distributed() else 0
     world = dist.get_world_size() if _distributed() else 1
     source = _from_rank0(ray_checkpoint_uri() or resume_from or None)
     tried: set[str] = set()
     while source:
-        local = Path(local_root) / "restore" / Path(source.rstrip("/")).name
-        problem, mismatch, written_by = None, False, None
-        if _local_rank() == 0:
-            shutil.rmtree(local, ignore_errors=True)
-            try:
-                storage.download(source, local)
-                problem = completeness_problem(local)
-            except OSError as err:
-                problem = f"cannot download: {err}"
-            written_by = (read_marker(local) or {}).get("world_size") if problem is None else None
-            if written_by is not None and written_by != world:
-                mismatch = True
-        if _any(mismatch, device):  # older checkpoints of the run have the same world size: stop
-            raise RuntimeError(f"checkpoint {source} was written by {written_by or 'another number of'} ranks and "
-                               f"this run has {world}: the trainer state (data position, RNG) is per rank; "
-                               "run with the same number of workers or choose a new checkpoint.run_name")
-        if _any(problem is not None, device):  # also the barrier: the copy is complete before anyone loads
+        written_by = _from_rank0((storage.read_remote_marker(source) or {}).get("world_size") if rank == 0 else None)
+        # Same world size: every rank its own trainer state. Otherwise rank 0's (the data
+        # position is global; per-rank RNG streams cannot be mapped onto another world size).
+        trainer_rank = rank if written_by in (None, world) else 0
+        if trainer_rank != rank and rank == 0:
+            log.warning("checkpoint %s was written by %s ranks, this run has %d: resharding through DCP "
+                        "(every rank continues rank 0's RNG state)", source, written_by, world)
+        state = checkpoint_state(model, optimizer, trainer, trainer_rank)
+        local = Path(local_root) / "restore" / Path(source.rstrip("/")).name / f"rank_{rank}"
+        problem = _fetch(source, state, local)
+        if _any(problem is not None):
             if problem:
-                log.warning("skipping checkpoint %s: %s", source, problem)
+                log.warning("skipping checkpoint %s on rank %d: %s", source, rank, problem)
             tried.add(source)
-            if _local_rank() == 0:
-                shutil.rmtree(local, ignore_errors=True)
+            shutil.rmtree(local, ignore_errors=True)
             source = _from_rank0(_previous(source, tried) if rank == 0 else None)
             continue
-        dcp.load(checkpoint_state(model, optimizer, trainer, rank), checkpoint_id=str(local),
-                 no_dist=not _distributed())
+        # Each rank reads its own folder: checkpoint_id may differ per rank.
+        dcp.load(state, checkpoint_id=str(local), no_dist=not _distributed())
         if _distributed():
-            dist.barrier()  # everyone has read the files before they go
-        if _local_rank() == 0:
-            shutil.rmtree(local, ignore_errors=True)
+            dist.barrier(group=_cpu_group())
+        shutil.rmtree(local, ignore_errors=True)
+        _remove_if_empty(local.parent)
         trainer.restored_from = source
         log.info("rank %d restored step %d from %s", rank, trainer.step, source)
         return source
     if tried:
         log.warning("no complete checkpoint left after skipping %s: starting from step 0", sorted(tried))
     return None
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()  # the last rank of the node to finish removes the checkpoint's folder
+    except OSError:
+        pass
 
 
 def _previous(source: str, tried: set[str]) -> str | None:

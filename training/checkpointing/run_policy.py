@@ -38,8 +38,8 @@ def plan_resume(*, storage_path: str, run_name: str, on_existing_run: str, max_s
                 world_size: int | None = None, source: str = "job config") -> ResumePlan:
     """Apply the policy; raises :class:`ExistingRunError` (one line) when the run must not start.
 
-    ``world_size`` (parallel.num_workers), when given, must equal the checkpoint's: the trainer
-    state (data position, RNG) is stored per rank."""
+    ``world_size`` (parallel.num_workers) may differ from the checkpoint's: the workers reshard
+    through DCP (checkpoints are taken at step boundaries, where the data position is global)."""
     run = storage.run_uri(storage_path, run_name)
     if not storage.run_exists(run):
         return ResumePlan(run_uri=run, existed=False)
@@ -58,9 +58,7 @@ def plan_resume(*, storage_path: str, run_name: str, on_existing_run: str, max_s
             "to continue it, or choose a new checkpoint.run_name)")
     written_by = (latest.marker or {}).get("world_size")
     if world_size is not None and written_by is not None and written_by != world_size:
-        raise ExistingRunError(
-            f"{source}: parallel.num_workers: {world_size} differs from the {written_by} ranks that wrote "
-            f"run {run_name!r}'s checkpoint {latest.uri} (resume with {written_by} workers, or choose a new "
-            "checkpoint.run_name)")
+        log.warning("run %s was written by %d ranks and resumes on %d: the workers reshard the checkpoint",
+                    run_name, written_by, world_size)
     log.info("resuming run %s from step %d (%s)", run_name, latest.step, latest.uri)
     return ResumePlan(run_uri=run, existed=True, resume_from=latest.uri, resume_step=latest.step)

@@ -23,7 +23,7 @@ from training.data.remote import cache_root, node_lock
 from training.data.stream import PackedStream, SyntheticStream, TrainStream, eval_batches_for_rank
 from training.data.tokenize import chat_prompt_and_answer, tokenize_documents
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: per-document position ids, whole-conversation packing
 SYNTHETIC_VOCAB_DEFAULT = 151_936
 SYNTHETIC_EVAL_BLOCKS = 16
 
@@ -48,7 +48,14 @@ class DataStats:
     target_fraction: float = 1.0
     """Share of train-block tokens that are training targets (labels != -100)."""
     tokens_dropped: int = 0
-    """Tail tokens that did not fill a last block."""
+    """Tokens not trained on: the tail that did not fill a last block (text), the cut-off part of
+    truncated conversations and the conversations dropped (chat)."""
+    packing_efficiency: float = 1.0
+    """Share of the train blocks' tokens that are real (1 - padding_fraction)."""
+    documents_truncated: int = 0
+    """Conversations longer than train.seq_len, truncated (``data.overlong = "truncate"``)."""
+    documents_dropped: int = 0
+    """Conversations with no target left after truncation, not trained on."""
     bad_records_skipped: int = 0
     files: int = 0
 
@@ -74,6 +81,7 @@ class DataBundle:
     """Held-out chat prompts, the SAME list on every rank (empty for non-chat data)."""
     _eval_ids: np.ndarray | None = None
     _eval_labels: np.ndarray | None = None
+    _eval_positions: np.ndarray | None = None
     _rank: int = 0
     _world_size: int = 1
     _micro: int = 1
@@ -84,7 +92,8 @@ class DataBundle:
         (see ``eval_batches_for_rank``); at most ``max_batches`` (default ``eval.max_batches``)."""
         return eval_batches_for_rank(self._eval_ids, self._eval_labels, rank=self._rank,
                                      world_size=self._world_size, micro_batch_size=self._micro,
-                                     max_batches=max_batches if max_batches is not None else self._max_eval_batches)
+                                     max_batches=max_batches if max_batches is not None else self._max_eval_batches,
+                                     position_ids=self._eval_positions)
 
 
 def _tokenizer_fingerprint(tokenizer) -> str:
@@ -104,10 +113,9 @@ def build_packed(cfg, tokenizer, separator_id: int) -> tuple[dict[str, np.ndarra
     train_idx, eval_idx = split_documents(read.documents, d.eval_fraction, d.seed)
     tokenized = tokenize_documents(tokenizer, read.documents, d.kind)
     is_chat = d.kind == "chat"
-    train = pack([tokenized[i] for i in train_idx], cfg.train.seq_len, separator_id,
-                 train_separator=not is_chat, seed=d.seed)
-    held = pack([tokenized[i] for i in eval_idx], cfg.train.seq_len, separator_id,
-                train_separator=not is_chat, seed=d.seed + 1)
+    options = dict(train_separator=not is_chat, whole_documents=is_chat, overlong=d.overlong, source=d.path)
+    train = pack([tokenized[i] for i in train_idx], cfg.train.seq_len, separator_id, seed=d.seed, **options)
+    held = pack([tokenized[i] for i in eval_idx], cfg.train.seq_len, separator_id, seed=d.seed + 1, **options)
     prompts = []
     if is_chat:
         for i in eval_idx:
@@ -118,13 +126,16 @@ def build_packed(cfg, tokenizer, separator_id: int) -> tuple[dict[str, np.ndarra
         eval_documents=len(eval_idx), tokens=train.real_tokens, blocks=train.num_blocks,
         eval_blocks=held.num_blocks, padding_fraction=train.padding_fraction,
         target_fraction=float((train.labels != -100).mean()), tokens_dropped=train.tokens_dropped,
+        packing_efficiency=train.efficiency, documents_truncated=train.documents_truncated,
+        documents_dropped=train.documents_dropped,
         bad_records_skipped=read.bad_records, files=len(read.files),
     )
-    arrays = {"train_ids": train.input_ids, "train_labels": train.labels,
-              "eval_ids": held.input_ids, "eval_labels": held.labels}
+    arrays = {"train_ids": train.input_ids, "train_labels": train.labels, "train_positions": train.position_ids,
+              "eval_ids": held.input_ids, "eval_labels": held.labels, "eval_positions": held.position_ids}
     # The stream's fingerprint is the CONTENT of the train blocks, so a resume elsewhere (another
     # node, a fresh download with new mtimes) is accepted exactly when it would see the same samples.
-    digest = hashlib.sha256(train.input_ids.tobytes() + train.labels.tobytes()).hexdigest()[:24]
+    digest = hashlib.sha256(train.input_ids.tobytes() + train.labels.tobytes()
+                            + train.position_ids.tobytes()).hexdigest()[:24]
     meta = {"stats": stats.to_dict(), "eval_prompts": prompts, "files": read.fingerprint, "blocks_sha256": digest}
     return arrays, meta
 
@@ -139,7 +150,7 @@ def _cache_key(cfg, tokenizer, separator_id: int) -> str:
     except FileNotFoundError as err:
         raise DataError(f"{err} (data.kind {d.kind!r} reads {'/'.join(SUFFIXES[d.kind])})") from None
     key = {"format": CACHE_FORMAT, "kind": d.kind, "files": listing, "seq_len": cfg.train.seq_len,
-           "eval_fraction": d.eval_fraction, "seed": d.seed, "on_bad_record": d.on_bad_record,
+           "eval_fraction": d.eval_fraction, "seed": d.seed, "on_bad_record": d.on_bad_record, "overlong": d.overlong,
            "tokenizer": _tokenizer_fingerprint(tokenizer), "separator": separator_id}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -181,7 +192,9 @@ def build_data(cfg, tokenizer, *, rank: int, world_size: int, cache_dir: str | P
         stats = DataStats(kind="synthetic", is_synthetic=True, eval_blocks=SYNTHETIC_EVAL_BLOCKS)
         return DataBundle(train=stream, stats=stats, _eval_ids=eval_ids, _eval_labels=eval_ids.copy(), **place)
     arrays, meta, _ = load_packed(cfg, tokenizer, cache_dir=cache_dir)
-    stream = PackedStream(arrays["train_ids"], arrays["train_labels"], fingerprint=meta["blocks_sha256"], **common)
+    stream = PackedStream(arrays["train_ids"], arrays["train_labels"], arrays["train_positions"],
+                          fingerprint=meta["blocks_sha256"], **common)
     prompts = [EvalPrompt(**p) for p in meta["eval_prompts"]]
     return DataBundle(train=stream, stats=DataStats(**meta["stats"]), eval_prompts=prompts,
-                      _eval_ids=arrays["eval_ids"], _eval_labels=arrays["eval_labels"], **place)
+                      _eval_ids=arrays["eval_ids"], _eval_labels=arrays["eval_labels"],
+                      _eval_positions=arrays["eval_positions"], **place)

@@ -65,17 +65,18 @@ class TrainStream(abc.ABC):
         return list(range(start, start + self.micro_batch_size))
 
     def next_batch(self) -> dict[str, torch.Tensor]:
-        """``{"input_ids", "labels"}``: LongTensor [micro_batch_size, seq_len]; labels aligned
-        with input_ids (the model shifts), -100 = not a target."""
+        """``{"input_ids", "labels"[, "position_ids"]}``: LongTensor [micro_batch_size, seq_len];
+        labels aligned with input_ids (the model shifts), -100 = not a target; packed data adds
+        the per-document ``position_ids`` (attention stays inside each document)."""
         rows = [self.sample(g) for g in self.global_indices(self._served)]
         self._served += 1
-        ids = torch.from_numpy(np.stack([r[0] for r in rows]).astype(np.int64))
-        labels = torch.from_numpy(np.stack([r[1] for r in rows]).astype(np.int64))
-        return {"input_ids": ids, "labels": labels}
+        names = ("input_ids", "labels", "position_ids")
+        return {name: torch.from_numpy(np.stack([r[k] for r in rows]).astype(np.int64))
+                for k, name in enumerate(names[:len(rows[0])])}
 
     @abc.abstractmethod
-    def sample(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        """Sequence ``g`` of the global sample order: (input_ids, labels) as int arrays."""
+    def sample(self, g: int) -> tuple[np.ndarray, ...]:
+        """Sequence ``g`` of the global sample order: (input_ids, labels[, position_ids])."""
 
     @property
     def epoch(self) -> int:
@@ -108,9 +109,9 @@ class TrainStream(abc.ABC):
 class PackedStream(TrainStream):
     """Packed blocks, reshuffled every epoch with a permutation seeded by (seed, epoch)."""
 
-    def __init__(self, input_ids: np.ndarray, labels: np.ndarray, **kwargs):
+    def __init__(self, input_ids: np.ndarray, labels: np.ndarray, position_ids: np.ndarray | None = None, **kwargs):
         super().__init__(seq_len=int(input_ids.shape[1]), **kwargs)
-        self.input_ids, self.labels = input_ids, labels
+        self.input_ids, self.labels, self.position_ids = input_ids, labels, position_ids
         self.num_blocks = int(input_ids.shape[0])
         self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
 
@@ -124,9 +125,11 @@ class PackedStream(TrainStream):
         epoch, pos = divmod(g, self.num_blocks)
         return int(self._permutation(epoch)[pos])
 
-    def sample(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+    def sample(self, g: int) -> tuple[np.ndarray, ...]:
         b = self.block_index(g)
-        return self.input_ids[b], self.labels[b]
+        if self.position_ids is None:
+            return self.input_ids[b], self.labels[b]
+        return self.input_ids[b], self.labels[b], self.position_ids[b]
 
     @property
     def epoch(self) -> int:
@@ -149,7 +152,8 @@ class SyntheticStream(TrainStream):
 
 
 def eval_batches_for_rank(input_ids: np.ndarray, labels: np.ndarray, *, rank: int, world_size: int,
-                          micro_batch_size: int, max_batches: int | None) -> list[dict[str, torch.Tensor]]:
+                          micro_batch_size: int, max_batches: int | None,
+                          position_ids: np.ndarray | None = None) -> list[dict[str, torch.Tensor]]:
     """Held-out blocks dealt round-robin: every rank gets the SAME number of batches (FSDP needs
     all ranks in each forward); slots past the last block repeat a block with labels all -100,
     so they add no tokens to a loss computed as sum over tokens / count of targets."""
@@ -160,11 +164,16 @@ def eval_batches_for_rank(input_ids: np.ndarray, labels: np.ndarray, *, rank: in
         rounds = min(rounds, max_batches)
     batches = []
     for j in range(rounds):
-        ids, labs = [], []
+        ids, labs, pos = [], [], []
         for i in range(micro_batch_size):
             e = j * per_round + rank * micro_batch_size + i
             ids.append(input_ids[e % n])
             labs.append(labels[e] if e < n else np.full(input_ids.shape[1], IGNORE_INDEX, dtype=labels.dtype))
-        batches.append({"input_ids": torch.from_numpy(np.stack(ids).astype(np.int64)),
-                        "labels": torch.from_numpy(np.stack(labs).astype(np.int64))})
+            if position_ids is not None:
+                pos.append(position_ids[e % n])
+        batch = {"input_ids": torch.from_numpy(np.stack(ids).astype(np.int64)),
+                 "labels": torch.from_numpy(np.stack(labs).astype(np.int64))}
+        if pos:
+            batch["position_ids"] = torch.from_numpy(np.stack(pos).astype(np.int64))
+        batches.append(batch)
     return batches
