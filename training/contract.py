@@ -76,13 +76,20 @@ TOKENS_PER_S_PER_DEVICE = "tokens_per_s_per_device"
 TFLOPS_PER_DEVICE = "tflops_per_device"
 MFU = "mfu"
 WALL_TIME = "time"
+COMPUTE_TOKENS_PER_S = "compute_tokens_per_s"
+"""tokens/s over the steps' own time (:data:`COMPUTE_S`): checkpoint, evaluation and report
+work left out. :data:`TOKENS_PER_S`, :data:`TFLOPS_PER_DEVICE` and :data:`MFU` are over the
+wall-clock :data:`STEP_TIME_S`, which includes them."""
+COMPUTE_MFU = "compute_mfu"
+"""MFU over the steps' own time, like :data:`COMPUTE_TOKENS_PER_S`."""
 WALL_TOKENS_PER_S = "wall_tokens_per_s"
-"""tokens/s over wall-clock time INCLUDING checkpoint, evaluation, report and metric uploads
-(the figure a bill pays for); :data:`TOKENS_PER_S` and :data:`MFU` count only the steps' time."""
+"""run.json: tokens over the whole wall-clock time of the run's steady windows (total over
+total, :func:`wall_figure`): the figure a bill pays for."""
 WALL_MFU = "wall_mfu"
-"""MFU over the same wall-clock time as :data:`WALL_TOKENS_PER_S`."""
+"""run.json: MFU over the same wall-clock time as :data:`WALL_TOKENS_PER_S`."""
 WINDOW_S = "window_s"
-"""Wall time since the previous log step (both ends synchronised with the device)."""
+"""Wall time since the previous log step (both ends synchronised with the device); the
+throughput figures of a row are over this window (on its last row)."""
 OVERHEAD_S = "overhead_s"
 """Part of :data:`WINDOW_S` spent outside the steps (checkpoint, evaluation, report)."""
 REFUSED = "refused"
@@ -95,11 +102,12 @@ EXPORT_ERROR = "export_error"
 EVAL_LOSS = "eval_loss"
 EVAL_PERPLEXITY = "eval_perplexity"
 
-THROUGHPUT_KEYS = (TOKENS_PER_S, TOKENS_PER_S_PER_DEVICE, TFLOPS_PER_DEVICE, MFU, STEP_TIME_S)
-"""Compute-only figures summarised by :func:`steady_median` (run.json ``throughput`` and the report)."""
-WALL_KEYS = (WALL_TOKENS_PER_S, WALL_MFU)
-"""Wall-clock figures: summarised as total over total (:func:`wall_figure`), never a median,
-because the checkpoint and evaluation windows are exactly what they must not hide."""
+THROUGHPUT_KEYS = (TOKENS_PER_S, TOKENS_PER_S_PER_DEVICE, TFLOPS_PER_DEVICE, MFU, STEP_TIME_S,
+                   COMPUTE_TOKENS_PER_S, COMPUTE_MFU)
+"""Figures summarised by :func:`steady_median` (run.json ``throughput`` and the report)."""
+WALL_KEYS = {WALL_TOKENS_PER_S: TOKENS_PER_S, WALL_MFU: MFU}
+"""run.json's wall-clock figures and the row figure each is made of: total over total
+(:func:`wall_figure`), never a median, which would hide the checkpoint and evaluation windows."""
 STEPS_MEASURED = "steps_measured"
 
 # --- Prometheus metrics the job exports (ray.util.metrics, served by Ray's metrics agent) ----
@@ -195,8 +203,8 @@ def throughput_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     memory = [r[PEAK_MEMORY_GIB] for r in rows if isinstance(r.get(PEAK_MEMORY_GIB), (int, float))]
     summary[PEAK_MEMORY_GIB] = max(memory) if memory else None
     summary[STEPS_MEASURED] = len(rows[1:] or rows)
-    for key in WALL_KEYS:
-        summary[key] = wall_figure(rows, key)
+    for key, row_key in WALL_KEYS.items():
+        summary[key] = wall_figure(rows, row_key)
     return summary
 
 

@@ -43,12 +43,7 @@ def step_values(entry: Mapping[str, Any]) -> dict[str, float | None]:
     compute_s = entry.get(contract.COMPUTE_S)
     per_device = entry.get(contract.TOKENS_PER_S_PER_DEVICE)
     compute_rate = None
-    wall, total = entry.get(contract.WALL_TOKENS_PER_S), entry.get(contract.TOKENS_PER_S)
-    if wall is not None and total and per_device is not None:
-        # a log window's row (training/step.py): tokens_per_s counts the steps' own time,
-        # wall_tokens_per_s the whole window (checkpoint, evaluation and report included)
-        per_device, compute_rate = per_device * wall / total, per_device
-    elif compute_s and per_device is not None:
+    if compute_s and per_device is not None:
         # per-device tokens of the step / compute seconds = wall-clock rate x step time / compute time
         compute_rate = per_device * entry[contract.STEP_TIME_S] / compute_s
     memory = entry.get(contract.PEAK_MEMORY_GIB)

@@ -51,11 +51,12 @@ def forward_backward(model: torch.nn.Module, micro: list[dict[str, torch.Tensor]
 class LogWindow:
     """The steps between two log steps: their pending device values and their wall time.
 
-    Two rates per window, under one definition (:mod:`training.contract`):
-    compute-only (``tokens_per_s``, ``mfu``): the window's tokens over its wall time minus the
-    time spent in checkpoint, evaluation and report work (:meth:`overhead`); wall-clock
-    (``wall_tokens_per_s``, ``wall_mfu``): over the whole wall time. Both ends of a window are
-    synchronised with the device, so queued GPU work is never counted in the wrong window.
+    Two rates per window, under one definition (:mod:`training.contract`): wall-clock
+    (``tokens_per_s``, ``mfu`` over ``step_time_s``): the window's wall time per step, checkpoint,
+    evaluation and report work included; compute-only (``compute_tokens_per_s``,
+    ``compute_mfu`` over ``compute_s``): minus the time booked in :meth:`overhead`. Both ends of
+    a window are synchronised with the device, so queued GPU work is never counted in the wrong
+    window.
     """
 
     def __init__(self, throughput: Any, *, on_gpu: bool):
@@ -103,11 +104,11 @@ class LogWindow:
             steps = len(rows)
             compute = max(wall - self.overhead_s, 1e-9)
             self.last_step_s = wall / steps
-            wall_figures = self.throughput.figures(wall / steps)
-            rows[-1].update(self.throughput.figures(compute / steps))
-            rows[-1].update({contract.STEP_TIME_S: compute / steps, contract.COMPUTE_S: compute / steps,
-                             contract.WALL_TOKENS_PER_S: wall_figures[contract.TOKENS_PER_S],
-                             contract.WALL_MFU: wall_figures[contract.MFU],
+            compute_figures = self.throughput.figures(compute / steps)
+            rows[-1].update(self.throughput.figures(wall / steps))
+            rows[-1].update({contract.STEP_TIME_S: wall / steps, contract.COMPUTE_S: compute / steps,
+                             contract.COMPUTE_TOKENS_PER_S: compute_figures[contract.TOKENS_PER_S],
+                             contract.COMPUTE_MFU: compute_figures[contract.MFU],
                              contract.WINDOW_S: wall, contract.OVERHEAD_S: self.overhead_s,
                              contract.PEAK_MEMORY_GIB: peak_memory_gib, contract.WALL_TIME: time.time()})
         self.pending, self.overhead_s, self.started = [], 0.0, now

@@ -127,12 +127,12 @@ def test_accumulation_holds_the_gathered_model_and_a_full_fp32_gradient():
 
 
 def test_shipped_finetune_job_runs_the_strategy_preflight_finds_fastest(monkeypatch):
-    from raytrain_eks.preflight import spec_overrides, strategy_options
+    from charts.jobs import plan_job
+    from raytrain_eks.preflight import strategy_options
 
     monkeypatch.chdir(ROOT)
     env = load_environment(ENV)
-    rel = "jobs/finetune-qwen2.5-1.5b.toml"
-    job = load_job_config(rel, spec_overrides(env, rel, []))
+    job = plan_job(env, Path("jobs/finetune-qwen2.5-1.5b.toml"), ROOT).config  # sized as the charts size it
     shapes, _ = shapes_for_job(job)
     options = strategy_options(env, job, shapes, 0.30)
     assert options[0]["fits"] and job.parallel.strategy == options[0]["strategy"]
