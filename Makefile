@@ -12,7 +12,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 ENV_FILE ?= environment.toml
 PYTEST_ARGS ?=
 
-.PHONY: install demo test synth cdk-synth cdk8s-synth bench summary imports clean
+.PHONY: install demo test synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
 
 TOKENIZER := training/assets/qwen2.5-tokenizer/tokenizer.json
 
@@ -57,6 +57,10 @@ test: install
 
 bench: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py
+
+# The GPU path on this machine's GPUs (< 8 min); skips cleanly without one. One JSON line.
+gpu-check: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/gpu_check.py
 
 clean:
 	rm -rf cdk.out dist .work bench/results

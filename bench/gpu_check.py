@@ -1,0 +1,137 @@
+"""`make gpu-check`: the GPU path as the job really runs it, on the GPUs of this machine (< 8 min).
+
+1. bf16 MFU at Qwen2.5-1.5B shapes (bench/bench_gpu_mfu.py, the job's parallelize()).
+2. The real entry point (``python -m training``) with ``parallel.use_gpu = true`` and NCCL on 1
+   GPU, and on 2 when there are 2: a small Qwen2, synthetic data, checkpoints to a local
+   storage folder, the workers' export. Asserts NCCL's log file exists for every rank and the
+   transport is classified (``single-node`` on one machine; the job requires it, so a missing
+   log fails the run).
+3. A resume of that run (more steps, same run name): it must continue from the last checkpoint.
+
+Without a GPU it prints ``{"name": "gpu_check", "skipped": ...}`` and exits 0. Prints ONE JSON
+line; exit 1 when a check failed. Run: ``.venv/bin/python bench/gpu_check.py``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NCCL_LOG_DIR = "/tmp/raytrain-nccl"  # training.transport.NCCL_LOG_DIR (imported below when torch is there)
+JOB = """\
+name = "gpu-check"
+[model]
+config = {{ hidden_size = 1024, intermediate_size = 2816, num_hidden_layers = 8, num_attention_heads = 16, num_key_value_heads = 4, vocab_size = 151936, max_position_embeddings = 2048, dtype = "bfloat16" }}
+[data]
+kind = "synthetic"
+[train]
+seq_len = 1024
+micro_batch_size = 1
+global_batch_size = {global_batch}
+max_steps = {steps}
+warmup_steps = 2
+log_every_n_steps = 5
+report_every_n_steps = 5
+[parallel]
+strategy = "full_shard"
+num_workers = {gpus}
+workers_per_node = {gpus}
+use_gpu = true
+cpus_per_worker = 1
+[checkpoint]
+storage_path = "{storage}"
+every_n_steps = 10
+export_hf = true
+[eval]
+max_batches = 2
+[evidence]
+require_transport = "single-node"
+"""
+
+
+def _last_json(text: str) -> dict:
+    lines = [line for line in text.strip().splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def _run(cmd: list[str], timeout: int, env: dict | None = None) -> tuple[int, str, float]:
+    began = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - began
+
+
+def _train(gpus: int, steps: int, storage: Path, timeout: int) -> tuple[int, str, float]:
+    job = storage / f"gpu-check-{gpus}.toml"
+    job.write_text(JOB.format(gpus=gpus, global_batch=4 * gpus, steps=steps, storage=storage / f"runs-{gpus}"))
+    env = dict(os.environ, RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5")
+    return _run([sys.executable, "-m", "training", "--config", str(job)], timeout, env)
+
+
+def _entry_point(gpus: int, storage: Path) -> dict:
+    """Train 20 steps, then resume to 25 steps; the checks on run.json, the NCCL logs, the export."""
+    out: dict = {"gpus": gpus}
+    before = set(Path(NCCL_LOG_DIR).glob("nccl.*.log")) if Path(NCCL_LOG_DIR).is_dir() else set()
+    code, log, seconds = _train(gpus, 20, storage, timeout=120)
+    out.update(train_exit=code, train_s=round(seconds, 1))
+    run = storage / f"runs-{gpus}" / "gpu-check"
+    record = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
+    transport = record.get("transport") or {}
+    new_logs = set(Path(NCCL_LOG_DIR).glob("nccl.*.log")) - before if Path(NCCL_LOG_DIR).is_dir() else set()
+    throughput = record.get("throughput") or {}
+    out.update(transport=transport.get("transport"), nccl_logs=len(new_logs),
+               tokens_per_s=throughput.get("tokens_per_s"), mfu=throughput.get("mfu"),
+               compute_mfu=throughput.get("compute_mfu"), wall_mfu=throughput.get("wall_mfu"),
+               checkpoint_stall_s=[c.get("stall_s") for c in record.get("checkpoints") or []])
+    safetensors = run / "hf" / "model.safetensors"
+    if safetensors.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(safetensors), "pt") as tensors:
+            out["export_dtypes"] = sorted({str(tensors.get_tensor(k).dtype) for k in list(tensors.keys())[:4]})
+    code2, log2, seconds2 = _train(gpus, 25, storage, timeout=90)
+    resumed = "resuming gpu-check from step 20" in log2
+    out.update(resume_exit=code2, resume_s=round(seconds2, 1), resumed_from_step_20=resumed)
+    problems = []
+    if code or code2:
+        problems.append(f"exit codes {code}/{code2}: " + (log if code else log2).strip().splitlines()[-1][-300:])
+    if out["transport"] in (None, "unknown") or out["nccl_logs"] < gpus:
+        problems.append(f"transport {out['transport']!r} with {out['nccl_logs']} NCCL log files for {gpus} ranks")
+    if out.get("export_dtypes") != ["torch.bfloat16"]:
+        problems.append(f"export dtypes {out.get('export_dtypes')}")
+    if not resumed:
+        problems.append("the second run did not resume from step 20")
+    out["problems"] = problems
+    return out
+
+
+def main() -> int:
+    began = time.perf_counter()
+    try:
+        import torch
+    except ImportError:
+        print(json.dumps({"name": "gpu_check", "skipped": "torch is not installed"}))
+        return 0
+    if not torch.cuda.is_available():
+        print(json.dumps({"name": "gpu_check", "skipped": "no GPU (torch.cuda.is_available() is false)"}))
+        return 0
+    gpus = torch.cuda.device_count()
+    result: dict = {"name": "gpu_check", "device": torch.cuda.get_device_name(), "gpus": gpus}
+    code, log, seconds = _run([sys.executable, "bench/bench_gpu_mfu.py", "--seq", "2048", "--steps", "6"], 120)
+    result["mfu_1_5b"] = {k: v for k, v in _last_json(log).items() if k in ("mfu", "tflops", "tokens_per_s",
+                                                                                "step_s", "peak_memory_gib")}
+    result["mfu_1_5b"]["seconds"] = round(seconds, 1)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        result["runs"] = [_entry_point(n, Path(scratch)) for n in sorted({1, min(2, gpus)})]
+    problems = [p for run in result["runs"] for p in run["problems"]] + ([] if code == 0 else ["MFU benchmark failed"])
+    result.update(ok=not problems, wall_s=round(time.perf_counter() - began, 1))
+    print(json.dumps(result))
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
