@@ -1,11 +1,13 @@
-"""Host overhead per step: the time outside forward, backward and optimizer, as a % of step time.
+"""Host overhead: the share of wall time spent outside the optimizer steps, and the cost of the
+host-device syncs the loop now makes only at log steps.
 
 A real Ray Train run (2 CPU workers, tiny Qwen2, synthetic data) through ``training.launch``'s
 TorchTrainer, with the job's metric reporting on (``ray.train.report`` every
 ``report_every_n_steps`` at Ray's DEFAULT controller poll interval, metrics.jsonl, the progress
-line). Per step: wall interval between consecutive step records (everything: data, the token-count
-all-reduce, compute, metrics, reports) minus ``compute_s`` (forward + backward + clipping +
-optimizer). Prints ONE JSON object on its last line. Run: ``.venv/bin/python bench/bench_host_overhead.py``.
+line). The loop books every second outside the steps (report, metrics upload, evaluation,
+checkpoint) as ``overhead_s`` of its log window (training/step.py): overhead % = sum of
+overhead_s / sum of window_s over the steady windows (the first, warm-up, excluded). Prints ONE
+JSON object on its last line. Run: ``.venv/bin/python bench/bench_host_overhead.py``.
 """
 from __future__ import annotations
 
@@ -46,21 +48,17 @@ def main() -> None:
         finally:
             ray.shutdown()
         lines = Path(run_dir(job), "metrics.jsonl").read_text().splitlines()
-    steps = [r for r in map(json.loads, lines) if r["kind"] == "train"]
-    rows = []
-    for previous, current in zip(steps[1:], steps[2:]):  # the first step carries warm-up
-        interval = current["time"] - previous["time"]
-        rows.append((interval, current["compute_s"], current["step"] % REPORT_EVERY == 1))
-    overhead = [(i - c) / i for i, c, _ in rows]
-    after_report = [(i - c) / i for i, c, r in rows if r]
+    windows = [r for r in map(json.loads, lines) if r["kind"] == "train" and "window_s" in r][1:]
+    overhead = [r["overhead_s"] / r["window_s"] for r in windows]
+    after_report = [r["overhead_s"] / r["window_s"] for r in windows if (r["step"] - 1) % REPORT_EVERY == 0]
     print(json.dumps({
-        "name": "host_overhead", "device": "cpu", "workers": 2, "steps_measured": len(rows),
+        "name": "host_overhead", "device": "cpu", "workers": 2, "windows_measured": len(windows),
         "report_every_n_steps": REPORT_EVERY,
         "health_check_interval_s": float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")),
-        "median_step_s": round(statistics.median(i for i, _, _ in rows), 4),
-        "median_compute_s": round(statistics.median(c for _, c, _ in rows), 4),
+        "median_step_s": round(statistics.median(r["step_time_s"] for r in windows), 4),
+        "median_compute_s": round(statistics.median(r["compute_s"] for r in windows), 4),
+        "host_overhead_pct": round(100 * sum(r["overhead_s"] for r in windows) / sum(r["window_s"] for r in windows), 2),
         "host_overhead_median_pct": round(100 * statistics.median(overhead), 2),
-        "host_overhead_mean_pct": round(100 * statistics.mean(overhead), 2),
         "host_overhead_after_report_steps_pct": round(100 * statistics.mean(after_report), 2) if after_report else None,
         "load_average_1m": round(os.getloadavg()[0], 1),
     }))

@@ -24,6 +24,7 @@ from training import contract, evaluation, metrics, optim, prometheus
 from training.config import JobConfig, job_config_from_dict
 from training.model import build_model, export_config
 from training.parallel import build_mesh, parallelize
+from training.outcomes import export_on_workers, refuse, transport_evidence
 from training.step import LogWindow, forward_backward
 
 
@@ -144,49 +145,6 @@ class _Record:
             self.record.update(**fields)
 
 
-def _transport(job: JobConfig, on_gpu: bool) -> tuple[dict, str | None]:
-    """The run's transport evidence and, when the gate refuses it, the one-line reason."""
-    from training.transport import NCCL_LOG_DIR, TransportGate, collect_evidence
-
-    evidence = collect_evidence(require=job.evidence.require_transport, log_dir=NCCL_LOG_DIR if on_gpu else None,
-                                num_nodes=job.num_nodes, enforce=False)
-    return evidence, TransportGate(require=job.evidence.require_transport).problem(evidence)
-
-
-def _refuse(reason: str, ctx: WorkerContext, record: "_Record") -> dict[str, Any]:
-    """End the run before training, terminally: Ray would retry an exception ``max_failures``
-    times and a retry cannot change the transport. Rank 0 records the reason; the driver reads
-    it from the summary row and fails the run with this one line."""
-    summary = {contract.KIND: contract.KIND_SUMMARY, "steps": 0, contract.REFUSED: reason}
-    record.update(error=reason)
-    log = metrics.MetricsLog(ctx.local_dir, enabled=ctx.rank == 0, storage=ctx.storage)
-    log.write(summary)
-    log.print(f"refused: {reason}")
-    log.close()
-    return summary
-
-
-def tokenizer_location_of(job: JobConfig) -> str:
-    from training.tokenizer import tokenizer_location
-
-    return tokenizer_location(job.model)
-
-
-def _export(model: torch.nn.Module, ctx: WorkerContext, model_config: dict, tokenizer_dir: str) -> dict[str, Any]:
-    """Export on the workers, where the memory and the shards are (every rank gathers; rank 0
-    writes ``<run>/hf``). A failed export fails the run's status, not its training: it is
-    recorded, not raised (Ray would retry the whole training for it)."""
-    from training.checkpointing import export_model
-
-    out_uri = f"{ctx.run_dir.rstrip('/')}/hf" if ctx.run_dir else os.path.join(ctx.local_dir, "hf")
-    try:
-        written = export_model(model, out_uri, model_config=model_config, tokenizer_dir=tokenizer_dir,
-                               scratch=ctx.checkpoint_root)
-    except Exception as err:  # noqa: BLE001 - reported in one line by the driver
-        return {contract.EXPORT_ERROR: f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
-    return {contract.EXPORTED: written or out_uri}
-
-
 def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: Any = None, resume_from: str = "",
           argv: list[str] | None = None) -> dict[str, Any]:
     """Run the job on this worker; returns the run's summary (the same on every rank)."""
@@ -211,12 +169,12 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
     optimizer = optim.build_optimizer(model, job.train)
     scheduler = optim.build_scheduler(optimizer, job.train)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
-    evidence, refused = _transport(job, on_gpu)
+    evidence, refused = transport_evidence(job, on_gpu)
     record = _Record(job, ctx, argv)
     record.update(transport=evidence, hosts=hosts_from_evidence(evidence),
                   data=data.stats.to_dict() if hasattr(data, "stats") else {})
     if refused:
-        return _refuse(refused, ctx, record)
+        return refuse(refused, ctx, record)
 
     trainer = ckpt_api.TrainerState(data=data.train, scheduler=scheduler)
     ckpt = None
@@ -306,7 +264,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
                "losses": [e["loss"] for e in steps], "stopped_by_signal": stopped,
                "resumed_from": trainer.restored_from, **figures}
     if ckpt is not None and job.checkpoint.export_hf and not stopped:
-        summary.update(_export(model, ctx, model_config, tokenizer_location_of(job)))
+        summary.update(export_on_workers(model, ctx, model_config, job))
     log.write(summary)
     log.print(evaluation.eval_line(figures))
     log.close()

@@ -1,0 +1,51 @@
+"""How a worker's run ends outside the steps: refused before training (the transport gate) or
+exported after it. Both are recorded for the driver, never raised: Ray Train would retry an
+exception ``max_failures`` times, and a retry changes neither the transport nor the export.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from training import contract, metrics
+from training.config import JobConfig
+
+
+def transport_evidence(job: JobConfig, on_gpu: bool) -> tuple[dict, str | None]:
+    """The run's transport evidence and, when the gate refuses it, the one-line reason."""
+    from training.transport import NCCL_LOG_DIR, TransportGate, collect_evidence
+
+    evidence = collect_evidence(require=job.evidence.require_transport, log_dir=NCCL_LOG_DIR if on_gpu else None,
+                                num_nodes=job.num_nodes, enforce=False)
+    return evidence, TransportGate(require=job.evidence.require_transport).problem(evidence)
+
+
+def refuse(reason: str, ctx: Any, record: Any) -> dict[str, Any]:
+    """End the run before training, terminally: Ray would retry an exception ``max_failures``
+    times and a retry cannot change the transport. Rank 0 records the reason; the driver reads
+    it from the summary row and fails the run with this one line."""
+    summary = {contract.KIND: contract.KIND_SUMMARY, "steps": 0, contract.REFUSED: reason}
+    record.update(error=reason)
+    log = metrics.MetricsLog(ctx.local_dir, enabled=ctx.rank == 0, storage=ctx.storage)
+    log.write(summary)
+    log.print(f"refused: {reason}")
+    log.close()
+    return summary
+
+
+def export_on_workers(model: torch.nn.Module, ctx: Any, model_config: dict, job: JobConfig) -> dict[str, Any]:
+    """Export on the workers, where the memory and the shards are (every rank gathers; rank 0
+    writes ``<run>/hf``). A failed export fails the run's status, not its training: it is
+    recorded, not raised (Ray would retry the whole training for it)."""
+    from training.checkpointing import export_model
+    from training.tokenizer import tokenizer_location
+
+    out_uri = f"{ctx.run_dir.rstrip('/')}/hf" if ctx.run_dir else os.path.join(ctx.local_dir, "hf")
+    try:
+        written = export_model(model, out_uri, model_config=model_config, tokenizer_dir=tokenizer_location(job.model),
+                               scratch=ctx.checkpoint_root)
+    except Exception as err:  # noqa: BLE001 - reported in one line by the driver
+        return {contract.EXPORT_ERROR: f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+    return {contract.EXPORTED: written or out_uri}
