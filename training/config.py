@@ -129,6 +129,22 @@ class EvidenceConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class AcceptConfig:
+    """Acceptance criteria, declared before the run; the record's verdict judges them
+    (training/verdict.py). 0 (or ``any``) = no such criterion."""
+    eval_loss_after_max: float = 0.0
+    """Held-out loss after training at most this."""
+    improvement_min: float = 0.0
+    """Held-out loss before minus after at least this (loss units, not a ratio)."""
+    exact_match_min: float = 0.0
+    """Exact match after training at least this share (needs eval.exact_match)."""
+    tokens_per_s_min: float = 0.0
+    """Steady-state tokens/s over all devices at least this."""
+    transport: str = "any"
+    """NCCL's transport of the finished run must be this (a miss is an execution failure)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RayJobConfig:
     """How Kubernetes runs the job as a KubeRay RayJob (read by charts/, ignored by the job)."""
     active_deadline_minutes: int = 240
@@ -153,6 +169,7 @@ class JobConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     rayjob: RayJobConfig = field(default_factory=RayJobConfig)
+    accept: AcceptConfig = field(default_factory=AcceptConfig)
     source: str = "<job config>"
     """Where this config came from (for error messages)."""
 
@@ -189,7 +206,7 @@ class JobConfig:
 _SECTIONS = {
     "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
     "checkpoint": CheckpointConfig, "eval": EvalConfig, "evidence": EvidenceConfig,
-    "rayjob": RayJobConfig,
+    "rayjob": RayJobConfig, "accept": AcceptConfig,
 }
 
 

@@ -110,3 +110,15 @@ def validate(c: Any) -> None:
     _positive(s, "rayjob.active_deadline_minutes", c.rayjob.active_deadline_minutes)
     _positive(s, "rayjob.backoff_limit", c.rayjob.backoff_limit, allow_zero=True)
     _positive(s, "rayjob.ttl_seconds_after_finished", c.rayjob.ttl_seconds_after_finished, allow_zero=True)
+    _validate_accept(c)
+
+
+def _validate_accept(c: Any) -> None:
+    s, a = c.source, c.accept
+    for name in ("eval_loss_after_max", "improvement_min", "exact_match_min", "tokens_per_s_min"):
+        _positive(s, f"accept.{name}", getattr(a, name), allow_zero=True)
+    if a.exact_match_min > 1:
+        raise _fail(s, "accept.exact_match_min", a.exact_match_min, "must be a share between 0 and 1")
+    if a.exact_match_min and not c.eval.exact_match:
+        raise _fail(s, "accept.exact_match_min", a.exact_match_min, "needs eval.exact_match = true (else it is never measured)")
+    _one_of(s, "accept.transport", a.transport, TRANSPORTS)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -50,6 +51,22 @@ ENV_CACHE_DIR = "RAYTRAIN_CACHE_DIR"
 """Node-local cache of data, tokenizer and model files fetched from S3."""
 ENV_CHECKPOINT_LOCAL_DIR = "RAYTRAIN_CHECKPOINT_LOCAL_DIR"
 """Node-local folder where checkpoints are staged before their upload."""
+ENV_GIT_COMMIT = "RAYTRAIN_GIT_COMMIT"
+"""Git commit of the tree the manifests were synthesized from (empty: not a git checkout)."""
+ENV_GIT_DIRTY = "RAYTRAIN_GIT_DIRTY"
+"""``true`` when :data:`SOURCE_PATHS` had uncommitted changes at synth, ``false`` when clean."""
+ENV_SOURCE_HASH = "RAYTRAIN_SOURCE_HASH"
+"""Tree hash of every file that shapes a run (:data:`SOURCE_PATHS`), computed at synth."""
+ENV_SPEC_TEXT = "RAYTRAIN_SPEC_B64"
+"""The full text of the environment spec the manifests were synthesized from, base64 (UTF-8):
+one line keeps the manifest's ``runtimeEnvYAML`` a plain block. ``base64 -d`` reads it."""
+ENV_MANIFEST_NAME = "RAYTRAIN_MANIFEST_NAME"
+"""The chart (file stem in dist/) of the manifest the pod belongs to, e.g. ``rayjob-local``."""
+ENV_NODE_NAME = "RAYTRAIN_NODE_NAME"
+"""The Kubernetes node of the pod (downward API ``spec.nodeName``)."""
+ENV_AZ = "RAYTRAIN_AVAILABILITY_ZONE"
+"""The availability zone of a GPU worker pod: the spec's GPU zone, where every GPU node is (the
+downward API does not expose node labels such as topology.kubernetes.io/zone)."""
 ENV_PREFIX = "RAYTRAIN_"
 """Every variable above starts with this; the driver forwards them to its workers."""
 
@@ -172,6 +189,9 @@ RECORD_FIELDS = (
     "spec_hash", "manifest_hash", "job_config", "job_config_hash", "cluster", "versions", "hosts", "transport",
     "throughput", "eval", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
     "exit_code", "error", "command", "failure",
+    # identity and what ran (the reproducibility review):
+    "source", "manifest_name", "environment_spec", "inputs", "ranks", "nccl_logs", "reproducibility",
+    "verdict",
 )
 """Every top-level key a finished run.json holds."""
 RECORD_STATUSES = ("running", "succeeded", "failed", "stopped")
@@ -180,6 +200,26 @@ FAILURE = "failure"
 FAILURE_STAGE = "stage"
 STAGE_DATA = "data"
 """The data could not be read or parsed (a deterministic user error: never retried)."""
+
+
+MANIFEST_HASH_PENDING = "manifest-hash-pending"
+"""What :data:`ENV_MANIFEST_HASH` holds while a manifest is hashed (:func:`manifest_hash`)."""
+_MANIFEST_HASH_VALUE = re.compile(rf"({ENV_MANIFEST_HASH}: )(\S+)")
+
+
+def manifest_hash(text: str) -> str:
+    """THE hash of a rendered manifest: sha256 of its text with the value of
+    :data:`ENV_MANIFEST_HASH` replaced by :data:`MANIFEST_HASH_PENDING`, so the hash can be written
+    into the very file it describes (no circularity) and recomputed from that file. The charts set
+    it; ``raytrain-eks reproduce`` recomputes it from a re-synthesized manifest."""
+    blank = _MANIFEST_HASH_VALUE.sub(lambda m: m.group(1) + MANIFEST_HASH_PENDING, text)
+    return "sha256:" + hashlib.sha256(blank.encode()).hexdigest()
+
+
+def fill_manifest_hash(text: str) -> str:
+    """``text`` with every :data:`ENV_MANIFEST_HASH` value set to :func:`manifest_hash` of it."""
+    digest = manifest_hash(text)
+    return _MANIFEST_HASH_VALUE.sub(lambda m: m.group(1) + digest, text)
 
 
 def steady_median(rows: list[dict[str, Any]], key: str) -> Any:
@@ -223,6 +263,21 @@ CODE_DIRS = ("training", "jobs")
 exactly these."""
 _SKIP_DIRS = frozenset({"__pycache__"})
 _SKIP_SUFFIXES = (".pyc", ".pyo")
+
+
+SOURCE_PATHS = ("training", "jobs", "charts", "environment", "requirements.lock", "cdk8s.yaml")
+"""Every file that shapes a run, relative to the repository root: the job's code and configs
+(what runs), the chart and spec code plus the pinned cdk8s (what renders the manifests). The
+environment spec itself is recorded as text; the operator CLI, infra/ (CloudFormation) and
+devtools/ do not change what a RayJob runs."""
+
+
+def source_files(root: str | Path) -> list[tuple[str, Path]]:
+    """``(name, file)`` of :data:`SOURCE_PATHS` under ``root`` (a missing single file is skipped)."""
+    root = Path(root)
+    dirs = [p for p in SOURCE_PATHS if (root / p).is_dir()]
+    files = [(p, root / p) for p in SOURCE_PATHS if (root / p).is_file()]
+    return sorted(code_files(root, dirs) + files)
 
 
 def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS) -> list[tuple[str, Path]]:

@@ -11,7 +11,7 @@ import sys
 import uuid
 from typing import Any
 
-from training import contract
+from training import contract, verdict
 from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
 
@@ -133,7 +133,9 @@ def outcome(summary: dict[str, Any]) -> tuple[str, str | None, int]:
 
 
 def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
-    """Fit the job; returns the process exit code (0 succeeded, 1 failed, 2 refused, 143 stopped)."""
+    """Fit the job; returns the process exit code: the verdict's (training/verdict.py: 0 accepted,
+    1 execution-failed, 3 rejected), 2 refused input (before start, or data the job cannot read),
+    143 stopped by SIGTERM (resumable)."""
     import ray
 
     from training import checkpointing
@@ -165,7 +167,7 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
     stop_flag = None
     if job.checkpoint.storage_path:  # keep the reference: the flag actor lives as long as it
         stop_flag = checkpointing.forward_driver_sigterm(job.run_name, job.checkpoint.sigterm_grace_seconds)
-    status, error, code = "succeeded", None, 0
+    status, error, code = "succeeded", None, None
     failure: dict[str, Any] = {}
     token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/failure.py)
     try:
@@ -180,12 +182,17 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
                        "error_class": data_errors[0].get("error_class"), "error": error}
             print(f"error: {error}", file=sys.stderr, flush=True)
         else:
-            status, error, code = outcome(_last_summary(job))
+            summary = _last_summary(job)
+            status, error, code = outcome(summary)
+            failure = verdict.failure_of_summary(summary) or {}
             if error:
                 print(f"training failed: {error}", file=sys.stderr, flush=True)
     except Exception as err:  # TrainingFailedError and friends: one line, details in the logs
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        status, error, code = "failed", f"{type(err).__name__}: {first}", 1
+        status, error = "failed", f"{type(err).__name__}: {first}"
+        # The worker names the stage in the record; this is for failures it could not write.
+        text = verdict.describe_exception(err) + " " + str(err)
+        failure = {contract.FAILURE_STAGE: verdict.failure_stage(text), "error": error, "rank": None}
         print(f"training failed: {error}", file=sys.stderr, flush=True)
     if status == "succeeded" and _last_summary(job).get(contract.EXPORTED):
         print(f"exported: {_last_summary(job)[contract.EXPORTED]}", flush=True)
@@ -193,7 +200,11 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
         record.data = read_json(record.uri)  # rank 0 added hosts, transport, throughput, eval
     except (OSError, ValueError):
         pass
-    record.finish(status=status, error=error, exit_code=code, **({contract.FAILURE: failure} if failure else {}))
+    if failure and not (record.data.get(contract.FAILURE) or {}).get(contract.FAILURE_STAGE):
+        record.data[contract.FAILURE] = failure
+    # The exit code is the verdict's, except 2 (refused data); finish() gives a stop its 143.
+    final = record.finish(status=status, error=error, exit_code=2 if code == 2 else None)
     del stop_flag
     print(f"run directory: {run_dir(job)} ({status})", flush=True)
-    return code
+    print(f"verdict: {verdict.headline(final.get('verdict'))}", flush=True)
+    return final["exit_code"]

@@ -147,8 +147,44 @@ class _Record:
 
 def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: Any = None, resume_from: str = "",
           argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the job on this worker; returns the run's summary (the same on every rank)."""
+    """Run the job on this worker; returns the run's summary (the same on every rank).
+
+    A failure is recorded with its stage (training/verdict.py) before it propagates. Outside Ray
+    this call is the whole run, so rank 0 also finishes the record (status + verdict); inside
+    Ray the driver does (training/launch.py)."""
+    from training.facts import upload_nccl_log
+    from training.transport import NCCL_LOG_DIR
+    from training.verdict import describe_exception, failure_stage
+
+    try:
+        summary = _train(job, ctx, data=data, tokenizer=tokenizer, resume_from=resume_from, argv=argv)
+    except Exception as err:
+        upload_nccl_log(ctx.run_dir, ctx.rank, NCCL_LOG_DIR if job.parallel.use_gpu else None)
+        if ctx.rank == 0 and ctx.run_dir:
+            text = describe_exception(err)
+            record = _Record(job, ctx, argv)
+            record.update(**{contract.FAILURE: {contract.FAILURE_STAGE: failure_stage(text), "error": text,
+                                                "error_class": type(err).__name__, "rank": ctx.rank}})
+            if not ctx.in_ray:
+                record.record.finish(status="failed", error=text.split(" <- ")[0])
+        raise
+    upload_nccl_log(ctx.run_dir, ctx.rank, NCCL_LOG_DIR if job.parallel.use_gpu else None)
+    if ctx.rank == 0 and ctx.run_dir and not ctx.in_ray:
+        from training.launch import outcome
+        from training.verdict import failure_of_summary
+
+        status, error, _ = outcome(summary)
+        record = _Record(job, ctx, argv)
+        if failure_of_summary(summary):
+            record.update(**{contract.FAILURE: failure_of_summary(summary)})
+        record.record.finish(status=status, error=error)
+    return summary
+
+
+def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, resume_from: str,
+           argv: list[str] | None) -> dict[str, Any]:
     from training import checkpointing as ckpt_api
+    from training.facts import gather
     from training.transport import NCCL_LOG_DIR, hosts_from_evidence, prepare_nccl_logging
 
     if job.parallel.use_gpu and not torch.cuda.is_available():
@@ -171,8 +207,9 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
     evidence, refused = transport_evidence(job, on_gpu)
     record = _Record(job, ctx, argv)
+    facts = gather(job, rank=ctx.rank, world_size=ctx.world_size, data=data, on_gpu=on_gpu, run_dir=ctx.run_dir)
     record.update(transport=evidence, hosts=hosts_from_evidence(evidence),
-                  data=data.stats.to_dict() if hasattr(data, "stats") else {})
+                  data=data.stats.to_dict() if hasattr(data, "stats") else {}, **(facts or {}))
     if refused:
         return refuse(refused, ctx, record)
 

@@ -23,6 +23,7 @@ Every write replaces the whole file (a local write is atomic via rename; an S3 P
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -33,9 +34,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from training import contract
+from training import contract, verdict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+_REPLACED = frozenset({"versions"})
+"""Fields a later update replaces whole: rank 0's worker's versions replace the driver's."""
 
 
 def _now() -> str:
@@ -57,61 +60,61 @@ def image_from_env(environ: dict | None = None) -> tuple[str, str]:
     return reference, digest
 
 
-def _package_version(name: str) -> str:
-    from importlib import metadata
+def driver_versions() -> dict[str, Any]:
+    """What the driver can say before a worker reports: where the versions will come from. The
+    driver runs on the head pod (CPU, no GPU driver), so GPU, driver, CUDA and NCCL are read by
+    rank 0's worker (:func:`training.facts.collect_versions`) and replace this."""
+    return {"read_on": f"driver on {socket.gethostname()} (replaced by rank 0's worker when it starts)",
+            "python": platform.python_version()}
 
+
+def spec_text(environ: dict) -> str | dict:
+    """The environment spec's text from :data:`~training.contract.ENV_SPEC_TEXT` (base64)."""
+    encoded = environ.get(contract.ENV_SPEC_TEXT, "")
+    if not encoded:
+        return {"absent": f"{contract.ENV_SPEC_TEXT} unset (not started from a synthesized manifest)"}
     try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return ""
+        return base64.b64decode(encoded).decode("utf-8")
+    except (ValueError, UnicodeDecodeError) as err:
+        return {"absent": f"{contract.ENV_SPEC_TEXT} is not base64 UTF-8: {err}"}
 
 
-def _aws_ofi_nccl() -> str:
-    """Where the DLC's aws-ofi-nccl plugin lives (its version comes from the NCCL log)."""
-    for candidate in ("/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", "/opt/amazon/ofi-nccl/lib64/libnccl-net-ofi.so",
-                      "/opt/aws-ofi-nccl/lib/libnccl-net.so", "/opt/amazon/efa/lib/libnccl-net-ofi.so"):
-        if os.path.exists(candidate):
-            return candidate
-    return ""
-
-
-def _efa_installer() -> str:
-    try:
-        text = Path("/opt/amazon/efa_installed_packages").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        if "installer version" in line.lower():
-            return line.split(":", 1)[-1].strip()
-    return ""
-
-
-def collect_versions() -> dict[str, str]:
-    """Versions of everything that shapes a result; ``""`` where absent (no CUDA on CPU).
-
-    Reads installed package metadata (never imports ray/transformers); imports torch only if it
-    is already imported or installed, for its CUDA and NCCL versions.
-    """
-    versions = {
-        "python": platform.python_version(),
-        "ray": _package_version("ray"),
-        "torch": _package_version("torch"),
-        "transformers": _package_version("transformers"),
-        "pyarrow": _package_version("pyarrow"),
-        "cuda": "", "nccl": "", "gpu": "",
-        "aws_ofi_nccl": "", "aws_ofi_nccl_path": _aws_ofi_nccl(), "efa_installer": _efa_installer(),
+def source_identity(environ: dict) -> dict[str, Any]:
+    """Git commit + dirty flag + source hash, captured when the manifests were synthesized."""
+    commit = environ.get(contract.ENV_GIT_COMMIT, "")
+    dirty = environ.get(contract.ENV_GIT_DIRTY, "")
+    return {
+        "git_commit": commit or {"absent": f"{contract.ENV_GIT_COMMIT} unset or the synth tree was no git checkout"},
+        "git_dirty": {"true": True, "false": False}.get(dirty, {"absent": f"{contract.ENV_GIT_DIRTY} unset"}),
+        "hash": environ.get(contract.ENV_SOURCE_HASH, ""),
+        "paths": list(contract.SOURCE_PATHS),
     }
-    if versions["torch"]:
-        import torch  # the job imports it anyway; here only for versions
 
-        versions["cuda"] = torch.version.cuda or ""
-        if torch.cuda.is_available():
-            try:
-                versions["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
-            except (RuntimeError, AttributeError, TypeError):
-                pass
-            versions["gpu"] = torch.cuda.get_device_name(0)
-    return versions
+
+def declare_reproducibility(record: dict[str, Any]) -> dict[str, Any]:
+    """The level a run CAN be reproduced at, from what its record pins (never verified here:
+    ``raytrain-eks reproduce`` verifies infrastructure; only a repeated run shows result).
+
+    - infrastructure: the manifest (its hash), a locked image digest and a clean git commit;
+    - execution: plus the seeds and the data's content hash (the same data order);
+    - result: bit-identical losses; a claim only a second run can check.
+    """
+    source = record.get("source") or {}
+    missing = [name for name, ok in (
+        ("manifest hash", bool(record.get("manifest_hash"))),
+        ("image digest (the image is a tag)", bool(record.get("image_digest"))),
+        ("git commit", isinstance(source.get("git_commit"), str)),
+        ("clean tree (synthesized with uncommitted changes)", source.get("git_dirty") is False),
+    ) if not ok]
+    data = (record.get("inputs") or {}).get("data") or {}
+    config = record.get("job_config") or {}
+    seeded = isinstance(data.get("train_blocks_sha256"), str) and "seed" in (config.get("train") or {})
+    level = "none" if missing else ("execution" if seeded else "infrastructure")
+    return {"declared": level, "missing_for_infrastructure": missing,
+            "execution_pins": {"train.seed": (config.get("train") or {}).get("seed"),
+                               "data.seed": (config.get("data") or {}).get("seed"),
+                               "train_blocks_sha256": data.get("train_blocks_sha256")},
+            "verified": "none (run `raytrain-eks reproduce` on this run directory)"}
 
 
 class RunRecord:
@@ -151,7 +154,7 @@ class RunRecord:
                                 "manifest": env.get(contract.ENV_JOB_CONFIG_HASH, "")},
             "cluster": {"instance_type": env.get(contract.ENV_INSTANCE_TYPE, ""), "cluster": env.get(contract.ENV_CLUSTER, ""),
                         **(cluster or {})},
-            "versions": versions if versions is not None else collect_versions(),
+            "versions": versions if versions is not None else driver_versions(),
             "hosts": {"driver": socket.gethostname()},
             "transport": {"transport": "unknown", "ranks": []},
             "throughput": {},
@@ -166,6 +169,10 @@ class RunRecord:
             "error": None,
             "command": list(sys.argv if command is None else command),
             contract.FAILURE: {},
+            "source": source_identity(env),
+            "manifest_name": env.get(contract.ENV_MANIFEST_NAME, ""),
+            "environment_spec": {"hash": env.get(contract.ENV_SPEC_HASH, ""), "text": spec_text(env)},
+            "inputs": {}, "ranks": [], "nccl_logs": [], "reproducibility": {}, "verdict": None,
         }
         self._write()
         return self.data
@@ -176,15 +183,15 @@ class RunRecord:
         Transport evidence also fills ``versions.nccl`` / ``versions.aws_ofi_nccl`` when they are
         empty: NCCL's own log is the only reliable source of the plugin's version.
         """
-        if isinstance(fields.get("transport"), dict):
-            fields.setdefault("versions", {}).update(self._versions_from_log(fields["transport"]))
         for key, value in fields.items():
             if key not in contract.RECORD_FIELDS:
                 raise KeyError(f"run record has no field {key!r} (fields: {', '.join(contract.RECORD_FIELDS)})")
-            if isinstance(value, dict) and isinstance(self.data.get(key), dict):
+            if isinstance(value, dict) and isinstance(self.data.get(key), dict) and key not in _REPLACED:
                 self.data[key] = {**self.data[key], **value}
             else:
                 self.data[key] = value
+        if isinstance(self.data.get("transport"), dict) and isinstance(self.data.get("versions"), dict):
+            self.data["versions"].update(self._versions_from_log(self.data["transport"]))
         self._write()
         return self.data
 
@@ -193,7 +200,7 @@ class RunRecord:
         found = {}
         for rank in evidence.get("ranks", []):
             for field_name, key in (("nccl_version", "nccl"), ("ofi_nccl_version", "aws_ofi_nccl")):
-                if rank.get(field_name) and not known.get(key) and key not in found:
+                if rank.get(field_name) and not isinstance(known.get(key), str) and key not in found:
                     found[key] = rank[field_name]
         return found
 
@@ -205,9 +212,13 @@ class RunRecord:
         end = datetime.now(timezone.utc)
         started = datetime.fromisoformat(self.data["start_time"]) if self.data.get("start_time") else end
         fields.update(status=status, error=error, end_time=end.isoformat(timespec="seconds"),
-                      exit_code=exit_code if exit_code is not None else (0 if status == "succeeded" else 1),
                       duration_s=round((end - started).total_seconds(), 3))
-        return self.update(**fields)
+        self.update(**fields)
+        self.data["verdict"] = verdict.judge(self.data)
+        self.data["reproducibility"] = declare_reproducibility(self.data)
+        if exit_code is None:
+            exit_code = 143 if status == "stopped" else verdict.exit_code(self.data["verdict"])
+        return self.update(exit_code=exit_code)
 
     def _write(self) -> None:
         write_json(self.uri, self.data)

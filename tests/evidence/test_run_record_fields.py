@@ -60,6 +60,8 @@ def test_record_holds_every_field_at_start_and_end(tmp_path):
     assert final["eval"] == {"before": {"loss": 3.0, "ppl": 20.1}, "after": {"loss": 2.5, "ppl": 12.2}}
     assert final["hosts"]["4"] == "ip-10-0-1-57" and "driver" in final["hosts"]
     assert final["versions"] == {"python": "3.13.0", "aws_ofi_nccl": "1.20.0", "nccl": "2.29.7+cuda13.0"}
+    assert final["verdict"] == {"verdict": "accepted", "criteria": [],
+                                "reason": "completed; no [accept] criteria declared"}
     assert final["end_time"] >= final["start_time"] and final["duration_s"] >= 0
 
 
@@ -74,12 +76,31 @@ def test_failed_run_records_the_error_and_unknown_fields_are_refused(tmp_path):
     assert final["status"] == "failed" and final["exit_code"] == 1 and "socket" in final["error"]
 
 
-def test_collect_versions_reads_the_installed_stack():
-    versions = run_record.collect_versions()
+def test_collect_versions_reads_the_installed_stack_and_says_why_gpu_facts_are_absent():
+    from training.facts import collect_versions
+
+    versions = collect_versions(on_gpu=False)
     from importlib import metadata
     assert versions["ray"] == metadata.version("ray") and versions["torch"] == metadata.version("torch")
     assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert set(versions) >= {"cuda", "nccl", "aws_ofi_nccl", "transformers"}
+    assert versions["kernel"] and versions["read_on"].startswith("rank-0 worker")
+    # This machine has no GPU: every GPU fact is absent WITH its reason, never empty or guessed.
+    for key in ("gpu", "nccl"):
+        assert versions[key] == {"absent": "CPU run (gloo backend): no GPU, no NCCL"}
+    for key in ("nvidia_driver", "efa_installer", "aws_ofi_nccl"):
+        assert isinstance(versions[key], str) or versions[key].get("absent") or versions[key].get("path")
+
+
+def test_finish_judges_the_record_against_its_declared_criteria(tmp_path):
+    record = RunRecord(str(tmp_path), environ=ENV)
+    record.start(job_config={"name": "x", "accept": {"eval_loss_after_max": 2.0, "transport": "efa"}},
+                 is_infrastructure_check=False, versions={})
+    record.update(transport={"transport": "efa", "ranks": []},
+                  eval={"before": {"eval_loss": 3.0}, "after": {"eval_loss": 2.5}})
+    final = record.finish(status="succeeded")
+    assert final["verdict"]["verdict"] == "rejected" and final["verdict"]["criterion"] == "eval_loss_after_max"
+    assert final["exit_code"] == 3
+    assert final["source"]["git_commit"] == {"absent": "RAYTRAIN_GIT_COMMIT unset or the synth tree was no git checkout"}
 
 
 def test_code_hash_changes_with_the_code(tmp_path):
