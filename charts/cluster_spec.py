@@ -68,15 +68,21 @@ def gpu_worker_env(group: GpuNodeGroupSpec) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in pairs]
 
 
-def run_record_env(env: Environment, group: GpuNodeGroupSpec) -> list[dict[str, str]]:
-    """What the job records about where it ran (training/run_record.py reads these), plus the
-    bucket's region: the pod role may not call GetBucketLocation, so S3 clients must be told."""
-    pairs = [(contract.ENV_CLUSTER, env.cluster.name), (contract.ENV_REGION, env.cluster.region),
+def run_record_env(env: Environment, group: GpuNodeGroupSpec, *, gpu_worker: bool = False) -> list[dict[str, Any]]:
+    """What the job records about where it ran (training/facts.py reads these), plus the
+    bucket's region: the pod role may not call GetBucketLocation, so S3 clients must be told.
+
+    The node name comes from the downward API (no extra pod privileges). Node labels (zone,
+    instance type) are not exposed that way; every GPU node is in the spec's GPU zone, so GPU
+    workers are told that zone; the head (system nodes span zones) is not."""
+    node = {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    zone = [(contract.ENV_AZ, env.cluster.gpu_availability_zone)] if gpu_worker else []
+    pairs = zone + [(contract.ENV_CLUSTER, env.cluster.name), (contract.ENV_REGION, env.cluster.region),
              (contract.ENV_INSTANCE_TYPE, group.instance_type),
              # MFU's denominator: the job never guesses its GPU's peak from a device name.
              (contract.ENV_PEAK_TFLOPS, f"{group.instance.gpu_bf16_tflops:g}"),
              ("AWS_REGION", env.cluster.region), ("AWS_DEFAULT_REGION", env.cluster.region)]
-    return [{"name": k, "value": v} for k, v in pairs]
+    return [node] + [{"name": k, "value": v} for k, v in pairs]
 
 
 def worker_resources(group: GpuNodeGroupSpec) -> dict[str, str]:
@@ -146,7 +152,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "name": RAY_CONTAINER_WORKER,
             "image": image,
             "imagePullPolicy": "IfNotPresent",
-            "env": [*gpu_worker_env(group), *run_record_env(env, group), *staging_env],
+            "env": [*gpu_worker_env(group), *run_record_env(env, group, gpu_worker=True), *staging_env],
             "resources": {"requests": worker_resources(group), "limits": worker_resources(group)},
             "volumeMounts": mounts + staging_mounts,
         }],

@@ -39,18 +39,26 @@ class SynthResult:
     """Chart name -> manifest file."""
     code: "CodeBundle"
     plans: list["JobPlan"]
+    source: "SourceIdentity"
+    """Git commit, dirty flag, source hash and spec text the RayJobs carry."""
+    manifest_hashes: dict[str, str]
+    """Chart name -> :func:`training.contract.manifest_hash` of its file (RayJobs only)."""
 
 
-def synth(env, outdir: str | Path, *, root: Path = ROOT) -> SynthResult:
-    """Build the code archive and every chart from ``env`` and ``<root>/jobs/*.toml``."""
+def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") -> SynthResult:
+    """Build the code archive and every chart from ``env`` and ``<root>/jobs/*.toml``;
+    ``spec_text`` (the environment file's text) travels in every RayJob for the run record."""
     from charts.jobs import plan_jobs
     from charts.code_bundle import build_code_bundle
+    from charts.provenance import SourceIdentity
+    from training.contract import fill_manifest_hash, manifest_hash
 
     root = Path(root).resolve()
     outdir = Path(outdir).resolve()
     with contextlib.chdir(root):  # job configs name paths relative to where the job runs
         plans = plan_jobs(env, root / "jobs", root)  # user errors surface before the slow imports
         code = build_code_bundle(root, outdir / "code")
+        source = SourceIdentity.capture(root, spec_text)
 
     import cdk8s
 
@@ -65,17 +73,22 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT) -> SynthResult:
     RayClusterChart(app, RAYCLUSTER_CHART, env=env, worker_grace_seconds=worker_grace_seconds(plans))
     target = cluster_name(env)
     for plan in plans:
-        RayJobChart(app, rayjob_chart_name(plan.name), env=env, plan=plan, code=code)
+        RayJobChart(app, rayjob_chart_name(plan.name), env=env, plan=plan, code=code, source=source)
         if plan.uses_gpu and plan.node_group == env.primary_gpu_group.name:  # the RayCluster's own group
             RayJobChart(app, rayjob_chart_name(plan.name, on_cluster=True), env=env, plan=plan,
-                        code=code, on_cluster=target)
+                        code=code, on_cluster=target, source=source)
     app.synth()
     names = [RAYCLUSTER_CHART] + [c.node.id for c in app.charts if c.node.id != RAYCLUSTER_CHART]
     files = {name: outdir / f"{name}.k8s.yaml" for name in names}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
         raise RuntimeError(f"cdk8s wrote no {', '.join(missing)}")  # a bug: file naming changed
-    return SynthResult(files=files, code=code, plans=plans)
+    hashes = {}
+    for name, path in files.items():
+        if name != RAYCLUSTER_CHART:  # each RayJob carries its own file's hash (the job records it)
+            path.write_text(fill_manifest_hash(path.read_text(encoding="utf-8")), encoding="utf-8")
+            hashes[name] = manifest_hash(path.read_text(encoding="utf-8"))
+    return SynthResult(files=files, code=code, plans=plans, source=source, manifest_hashes=hashes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             _ = env.image.reference
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
-        result = synth(env, args.outdir, root=Path(args.root))
+        result = synth(env, args.outdir, root=Path(args.root), spec_text=Path(args.env).read_text(encoding="utf-8"))
     except (SpecError, ChartError, JobConfigError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -104,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<40} {os.path.relpath(path)}")
     print(f"{'code':<40} {os.path.relpath(result.code.path)}  "
           f"(upload to {result.code.uri(env.bucket_name)})")
+    identity = result.source
+    print(f"{'source':<40} git {identity.git_commit[:12] or 'none (not a git checkout)'}"
+          f"{' + uncommitted changes' if identity.dirty else ''}, source hash {identity.source_hash}")
     return 0
 
 

@@ -8,15 +8,20 @@ raytrain.io/code-hash`` answers "which code, which config, which image ran". Has
 """
 from __future__ import annotations
 
+import base64
 import hashlib
+import subprocess
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from environment import Environment, UnlockedImageWarning
 from environment.contract import (
     CODE_HASH_LABEL, CODE_URI_ANNOTATION, IMAGE_ANNOTATION, IMAGE_DIGEST_ANNOTATION, IMAGE_LOCKED_LABEL,
-    JOB_CONFIG_ANNOTATION, JOB_CONFIG_HASH_LABEL, JOB_LABEL, SPEC_HASH_LABEL, UNLOCKED,
+    GIT_COMMIT_LABEL, GIT_DIRTY_LABEL, JOB_CONFIG_ANNOTATION, JOB_CONFIG_HASH_LABEL, JOB_LABEL, SPEC_HASH_LABEL,
+    UNLOCKED,
 )
+from training import contract
 
 
 
@@ -30,6 +35,41 @@ def image_reference(env: Environment) -> str:
 
 def short_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SourceIdentity:
+    """The tree the manifests are synthesized from, captured at synth and carried to the pods
+    (RayJob labels + the job's environment): ``git_commit`` is empty outside a git checkout;
+    ``dirty`` means uncommitted changes under :data:`training.contract.SOURCE_PATHS` (edits
+    elsewhere, e.g. the README, cannot change a run)."""
+    git_commit: str = ""
+    dirty: bool = False
+    source_hash: str = ""
+    spec_text: str = ""
+
+    @classmethod
+    def capture(cls, root: Path, spec_text: str = "") -> "SourceIdentity":
+        def git(*args: str) -> str:
+            try:
+                out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.SubprocessError):
+                return ""
+            return out.stdout.strip() if out.returncode == 0 else ""
+
+        commit = git("rev-parse", "--verify", "HEAD")
+        changes = git("status", "--porcelain", "--", *contract.SOURCE_PATHS) if commit else ""
+        return cls(git_commit=commit, dirty=bool(changes), spec_text=spec_text,
+                   source_hash=contract.tree_hash(contract.source_files(root)))
+
+    def env_vars(self) -> dict[str, str]:
+        """What the job's runtime environment carries (run.json ``source`` and ``environment_spec``)."""
+        return {contract.ENV_GIT_COMMIT: self.git_commit, contract.ENV_GIT_DIRTY: "true" if self.dirty else "false",
+                contract.ENV_SOURCE_HASH: self.source_hash,
+                contract.ENV_SPEC_TEXT: base64.b64encode(self.spec_text.encode()).decode()}
+
+    def labels(self) -> dict[str, str]:
+        return {GIT_COMMIT_LABEL: self.git_commit or "none", GIT_DIRTY_LABEL: "true" if self.dirty else "false"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,9 +94,10 @@ class Provenance:
         )
 
     def for_job(self, *, job: str, code_hash: str, code_uri: str, config_hash: str,
-                config_path: str) -> "Provenance":
-        """This provenance plus the job's code and config."""
+                config_path: str, source: SourceIdentity | None = None) -> "Provenance":
+        """This provenance plus the job's code, config and source tree."""
         return Provenance(
-            labels={**self.labels, JOB_LABEL: job, CODE_HASH_LABEL: code_hash, JOB_CONFIG_HASH_LABEL: config_hash},
+            labels={**self.labels, JOB_LABEL: job, CODE_HASH_LABEL: code_hash, JOB_CONFIG_HASH_LABEL: config_hash,
+                    **(source.labels() if source else {})},
             annotations={**self.annotations, CODE_URI_ANNOTATION: code_uri, JOB_CONFIG_ANNOTATION: config_path},
         )

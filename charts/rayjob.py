@@ -11,7 +11,7 @@ from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.errors import ChartError
 from charts.imports.io import ray as generated
 from charts.jobs import MAX_RAYJOB_NAME, JobPlan
-from charts.provenance import Provenance, image_reference
+from charts.provenance import Provenance, SourceIdentity, image_reference
 from charts.code_bundle import CodeBundle
 from environment import Environment
 from training import contract
@@ -50,9 +50,12 @@ def worker_grace_seconds(plans: list[JobPlan]) -> int:
     return longest + GRACE_MARGIN_SECONDS
 
 
-def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle) -> str:
+def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle, *, source: SourceIdentity | None = None,
+                     manifest_name: str = "") -> str:
     """The Ray runtime environment: the code archive as working_dir (Ray downloads and unpacks
-    it on every node; no pip, no py_modules) and the provenance the run record reports."""
+    it on every node; no pip, no py_modules) and the provenance the run record reports. The
+    manifest hash is a placeholder here: charts.main fills it in the written file
+    (:func:`training.contract.fill_manifest_hash`)."""
     return yaml.safe_dump({
         "working_dir": code.uri(env.bucket_name),
         "env_vars": {
@@ -60,18 +63,21 @@ def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle) -> str:
             contract.ENV_SPEC_HASH: env.spec_hash,
             contract.ENV_JOB_CONFIG_HASH: plan.config_hash,
             contract.ENV_IMAGE: image_reference(env),
+            contract.ENV_MANIFEST_NAME: manifest_name,
+            contract.ENV_MANIFEST_HASH: contract.MANIFEST_HASH_PENDING,
+            **(source.env_vars() if source else {}),
         },
-    }, sort_keys=True, default_flow_style=False)
+    }, sort_keys=True, default_flow_style=False, width=1 << 20)
 
 
 def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, provenance: Provenance,
-                on_cluster: str | None) -> dict:
+                on_cluster: str | None, source: SourceIdentity | None = None, manifest_name: str = "") -> dict:
     """The RayJob spec as Kubernetes JSON; ``on_cluster`` = the RayCluster to target, or None
     for a cluster of its own that is deleted after the job."""
     limits = plan.config.rayjob
     spec: dict = {
         "entrypoint": plan.entrypoint,
-        "runtimeEnvYAML": runtime_env_yaml(env, plan, code),
+        "runtimeEnvYAML": runtime_env_yaml(env, plan, code, source=source, manifest_name=manifest_name),
         # The submitter is a Kubernetes Job running `ray job submit`: its log is the job's log.
         "submissionMode": "K8sJobMode",
         "backoffLimit": limits.backoff_limit,
@@ -96,7 +102,7 @@ class RayJobChart(cdk8s.Chart):
     """One RayJob: ``on_cluster=None`` brings its own cluster; a name targets that RayCluster."""
 
     def __init__(self, scope: Construct, id: str, *, env: Environment, plan: JobPlan,
-                 code: CodeBundle, on_cluster: str | None = None):
+                 code: CodeBundle, on_cluster: str | None = None, source: SourceIdentity | None = None):
         super().__init__(scope, id, namespace=env.ray.namespace, disable_resource_name_hashes=True)
         name = plan.name + (ON_CLUSTER_SUFFIX if on_cluster else "")
         if len(name) > MAX_RAYJOB_NAME:
@@ -104,10 +110,10 @@ class RayJobChart(cdk8s.Chart):
                              f"{name!r} (at most {MAX_RAYJOB_NAME} characters)")
         provenance = Provenance.for_cluster(env).for_job(
             job=plan.name, code_hash=code.content_hash, code_uri=code.uri(env.bucket_name),
-            config_hash=plan.config_hash, config_path=plan.config_path)
+            config_hash=plan.config_hash, config_path=plan.config_path, source=source)
         generated.RayJob(
             self, "rayjob",
             metadata=cdk8s.ApiObjectMetadata(name=name, labels=provenance.labels,
                                              annotations=provenance.annotations),
-            spec=to_bindings("RayJobSpec", rayjob_spec(env, plan, code, provenance, on_cluster)),
+            spec=to_bindings("RayJobSpec", rayjob_spec(env, plan, code, provenance, on_cluster, source, id)),
         )

@@ -84,12 +84,12 @@ class Synth:
         return obj
 
 
-def run_synth(env: Environment, outdir: Path) -> Synth:
+def run_synth(env: Environment, outdir: Path, spec_text: str = "") -> Synth:
     from charts.main import synth
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an unlocked image warns; the charts label it instead
-        result = synth(env, outdir, root=ROOT)
+        result = synth(env, outdir, root=ROOT, spec_text=spec_text)
     docs = {name: [d for d in yaml.safe_load_all(path.read_text()) if d]
             for name, path in result.files.items()}
     return Synth(env=env, result=result, docs=docs)

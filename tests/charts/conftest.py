@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import pytest
-from charts_testspec import Synth, large_env, make_env, run_synth
+from charts_testspec import SPEC_TOML, Synth, large_env, make_env, run_synth
 
 
 @pytest.fixture(scope="session")
 def default_synth(tmp_path_factory) -> Synth:
-    return run_synth(make_env(), tmp_path_factory.mktemp("dist-default"))
+    return run_synth(make_env(), tmp_path_factory.mktemp("dist-default"), spec_text=SPEC_TOML)
 
 
 @pytest.fixture(scope="session")

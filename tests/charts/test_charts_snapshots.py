@@ -10,6 +10,7 @@ check both values). Regenerate after an intended change:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,14 @@ CHARTS = ["raycluster", "rayjob-smoke", "rayjob-smoke-on-cluster", "rayjob-finet
 
 def normalized(text: str, result) -> str:
     text = text.replace(result.code.content_hash, "<code-hash>")
+    # The source tree's identity changes with every commit and edit (the targeted tests check it).
+    source = result.source
+    text = text.replace(source.source_hash, "<source-hash>")
+    if source.git_commit:
+        text = text.replace(source.git_commit, "<git-commit>")
+    text = re.sub(r"(RAYTRAIN_GIT_DIRTY: |raytrain.io/git-dirty: )['\"]?(true|false)['\"]?", r"\1<git-dirty>", text)
+    for digest in result.manifest_hashes.values():
+        text = text.replace(digest, "<manifest-hash>")
     for plan in result.plans:
         text = text.replace(plan.config_hash, "<job-config-hash>")
     return text
