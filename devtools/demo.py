@@ -236,8 +236,12 @@ def _finish(out_dir: Path, info: dict, job) -> dict:
         print(f"    resumed after the fault from {resumed[-1].get('resumed_from')}")
     same = info["entrypoint"] == job.entrypoint
     print(f"    command that ran == manifest entrypoint: {same}")
+    from training.verdict import headline
+
+    print(f"    verdict:   {headline(record.get('verdict'))}")
+    print(f"    reproduce: raytrain-eks reproduce {out_dir}   |   all runs: raytrain-eks runs {out_dir.parent}")
     return {"out_dir": str(out_dir), "before": before, "after": after, "entrypoint_identical": same,
-            "status": record.get("status")}
+            "status": record.get("status"), "verdict": (record.get("verdict") or {}).get("verdict")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "check a job against the environment before any spend: GPUs, Ray version, EFA, memory, cost"),
     "report": ("raytrain_eks.commands.report",
                "render a run (or two side by side) as Markdown + PNG plots from run.json and metrics"),
+    "runs": ("raytrain_eks.commands.runs",
+             "list the runs under a storage prefix: time, image digest, commit, job, verdict, tokens/s, eval"),
+    "reproduce": ("raytrain_eks.commands.reproduce",
+                  "re-create a run's manifests from its run.json: byte-identical, or each difference named"),
     "lock": ("raytrain_eks.commands.lock",
              "resolve the image tag to its digest through the registry and pin it in the spec"),
 }

@@ -26,7 +26,7 @@ def container(template):
 
 
 def env_of(c):
-    return {e["name"]: e["value"] for e in c.get("env", [])}
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
 
 
 def set_args(entrypoint):
@@ -87,6 +87,8 @@ def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
         # the L4's peak, MFU's denominator, from the environment package's GPU table
         "RAYTRAIN_PEAK_BF16_TFLOPS": "121",
         "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
+        # where each rank ran: the node from the downward API, the zone from the spec
+        "RAYTRAIN_NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}}, "RAYTRAIN_AVAILABILITY_ZONE": "us-east-1a",
         # checkpoints are staged on the node's NVMe RAID0 (a hostPath), not the gp3 root
         "RAYTRAIN_CHECKPOINT_LOCAL_DIR": "/mnt/raytrain-local/checkpoints"}
     [staging] = [v for v in wg["template"]["spec"]["volumes"] if "hostPath" in v]
