@@ -112,11 +112,28 @@ def eval_before_after(run: Run) -> tuple[float | None, float | None]:
     if losses:
         return losses[0][1], losses[-1][1]
     ev = run.record.get("eval") or {}
-    get = lambda side: (ev.get(side) or {}).get("loss") if isinstance(ev.get(side), dict) else None  # noqa: E731
+    get = lambda side: (ev[side].get(contract.EVAL_LOSS, ev[side].get("loss"))  # noqa: E731
+                        if isinstance(ev.get(side), dict) else None)
     return get("before"), get("after")
 
 
-def plot_runs(runs: list[Run], out_dir: Path) -> dict[str, str]:
+def marker_steps(run: Run) -> dict[str, list[int]]:
+    """Steps where a checkpoint was written and where the held-out loss was measured."""
+    ckpts = [c.get("step") for c in run.record.get("checkpoints") or [] if isinstance(c, dict)]
+    return {"checkpoint": sorted({s for s in ckpts if isinstance(s, int)}),
+            "eval": sorted({r[contract.STEP] for r in run.evals if isinstance(r.get(contract.STEP), int)})}
+
+
+def _mark(ax, runs: list[Run]) -> None:
+    """Checkpoint steps as dotted lines, eval steps as dashed ones (each labelled once)."""
+    for kind, style, color in (("checkpoint", ":", "tab:green"), ("eval", "--", "tab:purple")):
+        steps = sorted({s for run in runs for s in marker_steps(run)[kind]})
+        for index, step in enumerate(steps):
+            ax.axvline(step, linestyle=style, color=color, alpha=0.5, linewidth=1,
+                       label=f"{kind} steps" if index == 0 else None)
+
+
+def plot_runs(runs: list[Run], out_dir: Path, names: list[str] | None = None) -> dict[str, str]:
     """One PNG per metric, every run on the same axes; returns {stem: file name} for those drawn."""
     import matplotlib
 
@@ -136,7 +153,8 @@ def plot_runs(runs: list[Run], out_dir: Path) -> dict[str, str]:
                 # B dashed over A solid: identical curves (same seed) stay visible as one.
                 ax.plot(xs, ys, linestyle="-" if index == 0 else "--", marker="o" if len(points) < 30 else None,
                         markersize=3 if index == 0 else 5, fillstyle="full" if index == 0 else "none",
-                        label=f"{'AB'[index] if len(runs) > 1 else ''} {run.name}".strip())
+                        label=(names or [])[index] if names else run.name)
+        _mark(ax, runs)
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_xlabel("step")
         ax.set_ylabel(label)
@@ -242,8 +260,14 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
 
 
 def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
-    title = runs[0].name if len(runs) == 1 else f"{runs[0].name} (A) vs {runs[1].name} (B)"
-    lines = [f"# Run report: {title}", ""]
+    from raytrain_eks import report_story as story
+
+    names = story.labels(runs)
+    title = runs[0].name if len(runs) == 1 else f"{names[0]} vs {names[1]}"
+    lines = [f"# Run report: {title}", "", *story.verdict_lines(runs)]
+    if len(runs) == 2:
+        lines += story.comparison_paragraph(runs, [throughput_summary(r) for r in runs],
+                                            [eval_before_after(r) for r in runs])
     rows = [_summary_rows(run) for run in runs]
     columns = ["A", "B"] if len(runs) == 2 else ["value"]
     lines += ["| | " + " | ".join(columns) + " |", "|---|" + "---|" * len(runs)]
@@ -280,7 +304,9 @@ def render_report(run_dirs: list[str], out_dir: str | Path) -> Path:
     runs = [load_run(d) for d in run_dirs]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = plot_runs(runs, out)
+    from raytrain_eks.report_story import labels
+
+    plots = plot_runs(runs, out, labels(runs))
     path = out / "report.md"
     path.write_text(render_markdown(runs, plots), encoding="utf-8")
     return path

@@ -6,6 +6,7 @@ from typing import Any
 
 from training import contract
 from training.run_record import read_json
+from training.verdict import of_record
 
 COLUMNS = ("run", "started", "image digest", "commit", "job", "verdict", "tokens/s", "eval before -> after")
 
@@ -33,7 +34,7 @@ def _loss(figures: Any) -> float | None:
 
 
 def row(run_dir: str, record: dict[str, Any]) -> dict[str, Any]:
-    verdict = record.get("verdict") or {}
+    verdict = of_record(record) or {}
     source = record.get("source") or {}
     commit = source.get("git_commit") if isinstance(source.get("git_commit"), str) else ""
     evals = record.get("eval") or {}

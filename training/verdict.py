@@ -161,3 +161,9 @@ def headline(verdict: dict[str, Any] | None) -> str:
     name = verdict["verdict"].upper()
     where = verdict.get("stage") or verdict.get("criterion")
     return f"{name}{f' ({where})' if where else ''}: {verdict.get('reason', '')}"
+
+
+def of_record(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The record's verdict; for a finished record written before verdicts, judged now by the
+    same rules (its ``[accept]`` is absent, so completion alone decides)."""
+    return record.get("verdict") or judge(record)

@@ -1,8 +1,12 @@
 """`raytrain-eks report RUN_DIR [RUN_DIR_B]`: a run as Markdown + PNG plots, or two side by side.
 
 RUN_DIR is a run's directory in storage (local or s3://) holding run.json and metrics.jsonl.
-With two runs the report lists every difference in their records (image, code, config, cluster,
-versions, transport) so a throughput difference can be attributed.
+The report leads with the verdict. With two runs it labels them by the factor that differs,
+says in one paragraph what that did to throughput and held-out loss, and lists every difference
+in their records (image, code, config, cluster, versions, transport).
+
+Exit codes for one run: its verdict's (0 accepted, 3 rejected, 1 execution-failed, 4 no verdict
+yet); 0 for a comparison; 2 when a run cannot be read.
 """
 from __future__ import annotations
 
@@ -31,4 +35,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"report: {path}")
-    return 0
+    if len(args.runs) == 2:
+        return 0
+    from raytrain_eks.report import load_run
+    from training.verdict import exit_code, headline, of_record
+
+    verdict = of_record(load_run(args.runs[0]).record)
+    print(f"verdict: {headline(verdict)}")
+    return exit_code(verdict)

@@ -93,3 +93,29 @@ def test_missing_run_dir_is_one_line_exit_2(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "neither run.json nor metrics.jsonl" in err
+
+
+def test_report_leads_with_the_verdict_and_a_comparison_opens_with_the_factor_that_changed(tmp_path, capsys):
+    from raytrain_eks.report import marker_steps
+
+    b_dir = tmp_path / "b"
+    shutil.copytree(RUNS / "efa-full", b_dir)
+    b = json.loads((b_dir / "run.json").read_text())
+    b["job_config"]["train"]["lr"] = 2e-4
+    b["checkpoints"] = [{"step": 10, "stall_s": 0.1, "write_s": 1.0}, {"step": 20, "stall_s": 0.1, "write_s": 1.0}]
+    b["throughput"]["tokens_per_s"] = 1.0  # the metrics rows decide; the record's copy is not used
+    (b_dir / "run.json").write_text(json.dumps(b))
+    assert marker_steps(load_run(str(b_dir))) == {"checkpoint": [10, 20], "eval": [0, 10, 20]}
+
+    # one run: the verdict is the first thing said, and the exit code is the verdict's
+    assert main(["report", str(b_dir), "--out", str(tmp_path / "one")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "verdict: ACCEPTED: completed; no [accept] criteria declared"
+    lines = (tmp_path / "one" / "report.md").read_text().splitlines()
+    assert lines[2] == "**Verdict: ACCEPTED: completed; no [accept] criteria declared**"
+
+    # A's record states no lr (the job's default applied): the factor is still named
+    text = render_report([str(RUNS / "efa-full"), str(b_dir)], tmp_path / "two").read_text()
+    assert text.startswith("# Run report: A (train.lr=None) vs B (train.lr=0.0002)\n")
+    paragraph = text.split("## What changed\n\n", 1)[1].split("\n", 1)[0]
+    assert paragraph.startswith("B differs from A in one factor, `train.lr`: None -> 0.0002.")
+    assert "Steady-state throughput is unchanged" in paragraph and "Verdicts: A accepted, B accepted." in paragraph
