@@ -117,22 +117,6 @@ def eval_before_after(run: Run) -> tuple[float | None, float | None]:
     return get("before"), get("after")
 
 
-def marker_steps(run: Run) -> dict[str, list[int]]:
-    """Steps where a checkpoint was written and where the held-out loss was measured."""
-    ckpts = [c.get("step") for c in run.record.get("checkpoints") or [] if isinstance(c, dict)]
-    return {"checkpoint": sorted({s for s in ckpts if isinstance(s, int)}),
-            "eval": sorted({r[contract.STEP] for r in run.evals if isinstance(r.get(contract.STEP), int)})}
-
-
-def _mark(ax, runs: list[Run]) -> None:
-    """Checkpoint steps as dotted lines, eval steps as dashed ones (each labelled once)."""
-    for kind, style, color in (("checkpoint", ":", "tab:green"), ("eval", "--", "tab:purple")):
-        steps = sorted({s for run in runs for s in marker_steps(run)[kind]})
-        for index, step in enumerate(steps):
-            ax.axvline(step, linestyle=style, color=color, alpha=0.5, linewidth=1,
-                       label=f"{kind} steps" if index == 0 else None)
-
-
 def plot_runs(runs: list[Run], out_dir: Path, names: list[str] | None = None) -> dict[str, str]:
     """One PNG per metric, every run on the same axes; returns {stem: file name} for those drawn."""
     import matplotlib
@@ -140,6 +124,8 @@ def plot_runs(runs: list[Run], out_dir: Path, names: list[str] | None = None) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
+
+    from raytrain_eks.report_story import mark_steps
 
     drawn = {}
     for stem, key, label in PLOTS:
@@ -154,7 +140,7 @@ def plot_runs(runs: list[Run], out_dir: Path, names: list[str] | None = None) ->
                 ax.plot(xs, ys, linestyle="-" if index == 0 else "--", marker="o" if len(points) < 30 else None,
                         markersize=3 if index == 0 else 5, fillstyle="full" if index == 0 else "none",
                         label=(names or [])[index] if names else run.name)
-        _mark(ax, runs)
+        mark_steps(ax, runs)
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_xlabel("step")
         ax.set_ylabel(label)

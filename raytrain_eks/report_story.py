@@ -1,5 +1,6 @@
-"""The prose of a report: the verdict it leads with, and for two runs the factor that differs
-and one paragraph on what it did to throughput and held-out loss.
+"""The prose and marks of a report: the verdict it leads with, checkpoint and eval steps on the
+plots, and for two runs the factor that differs and one paragraph on what it did to throughput
+and held-out loss.
 
 A "factor" is a leaf of the inputs that can change a result: the job config (minus names and
 storage locations, which differ between any two runs), the image, the code, the spec, the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from training.contract import STEP
 from training.verdict import headline, of_record
 
 _NOT_FACTORS = ("name", "description", "checkpoint.run_name", "checkpoint.storage_path")
@@ -96,3 +98,19 @@ def comparison_paragraph(runs: list[Any], throughput: list[dict], evals: list[tu
         text += (" This factor does not change the work per step, so a throughput difference here is run-to-run "
                  "noise of the machine, not an effect of the change.")
     return ["## What changed", "", text, ""]
+
+
+def marker_steps(run: Any) -> dict[str, list[int]]:
+    """Steps where a checkpoint was written and where the held-out loss was measured."""
+    ckpts = [c.get("step") for c in run.record.get("checkpoints") or [] if isinstance(c, dict)]
+    return {"checkpoint": sorted({s for s in ckpts if isinstance(s, int)}),
+            "eval": sorted({r[STEP] for r in run.evals if isinstance(r.get(STEP), int)})}
+
+
+def mark_steps(ax: Any, runs: list[Any]) -> None:
+    """Checkpoint steps as dotted lines, eval steps as dashed ones (each labelled once)."""
+    for kind, style, color in (("checkpoint", ":", "tab:green"), ("eval", "--", "tab:purple")):
+        steps = sorted({s for run in runs for s in marker_steps(run)[kind]})
+        for index, step in enumerate(steps):
+            ax.axvline(step, linestyle=style, color=color, alpha=0.5, linewidth=1,
+                       label=f"{kind} steps" if index == 0 else None)

@@ -19,6 +19,11 @@ API::
                   eval={"before": {"loss": 3.1, "ppl": 22.2}}, checkpoints=[...])
     record.finish(status="succeeded")               # or finish(status="failed", error=str(err))
 
+:meth:`RunRecord.finish` also writes the ``verdict`` (training/verdict.py: accepted, rejected or
+execution-failed, judged against the job config's ``[accept]``), the exit code that goes with
+it, and the ``reproducibility`` level the record pins. What ran (versions, per-rank placement,
+inputs' fingerprints) comes from rank 0's worker (training/facts.py), not from the driver.
+
 Every write replaces the whole file (a local write is atomic via rename; an S3 PUT is atomic).
 """
 from __future__ import annotations

@@ -96,7 +96,7 @@ def test_missing_run_dir_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_report_leads_with_the_verdict_and_a_comparison_opens_with_the_factor_that_changed(tmp_path, capsys):
-    from raytrain_eks.report import marker_steps
+    from raytrain_eks.report_story import marker_steps
 
     b_dir = tmp_path / "b"
     shutil.copytree(RUNS / "efa-full", b_dir)
