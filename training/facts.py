@@ -8,7 +8,7 @@ rank 0 by one collective; rank 0 writes them into run.json.
 A fact that cannot be read is recorded as absent WITH the reason (:func:`absent`), never
 guessed: ``{"absent": "no NVIDIA driver on this node (/proc/driver/nvidia/version missing)"}``.
 
-Standard library only at import; torch is imported when present (the DLC has it).
+Standard library only at import; torch and boto3 (both in the DLC) are imported when used.
 """
 from __future__ import annotations
 
@@ -96,11 +96,8 @@ def collect_versions(on_gpu: bool) -> dict[str, Any]:
         "efa_installer": _efa_installer(),
         "aws_ofi_nccl": _aws_ofi_nccl(),
     }
-    try:
-        import torch
-    except ImportError:
-        return {**versions, "cuda": absent("torch not installed"), "nccl": absent("torch not installed"),
-                "gpu": absent("torch not installed")}
+    import torch  # the job's own dependency: present wherever this runs
+
     versions["cuda"] = torch.version.cuda or absent("torch built without CUDA (CPU build)")
     if on_gpu and torch.cuda.is_available():
         versions["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())
@@ -161,10 +158,8 @@ def tree_fingerprint(root: str | Path) -> dict[str, Any]:
 
 def s3_fingerprint(uri: str) -> dict[str, Any]:
     """ETag and version id of every object under an ``s3://`` prefix (boto3, as in the DLC)."""
-    try:
-        import boto3
-    except ImportError:
-        return absent("boto3 not installed: no S3 ETag/version id")
+    import boto3  # in the DLC (Ray's runtime-env agent downloads working_dir with it)
+
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     client = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
     objects = []
