@@ -147,37 +147,17 @@ class _Record:
 
 def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: Any = None, resume_from: str = "",
           argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the job on this worker; returns the run's summary (the same on every rank).
+    """Run the job on this worker; returns the run's summary (the same on every rank). How it
+    ended is recorded by :func:`training.outcomes.worker_ended` (outside Ray it finishes the record)."""
+    from training.outcomes import worker_ended
 
-    A failure is recorded with its stage (training/verdict.py) before it propagates. Outside Ray
-    this call is the whole run, so rank 0 also finishes the record (status + verdict); inside
-    Ray the driver does (training/launch.py)."""
-    from training.facts import upload_nccl_log
-    from training.transport import NCCL_LOG_DIR
-    from training.verdict import describe_exception, failure_stage
-
+    open_record = lambda: _Record(job, ctx, argv)  # noqa: E731  (rank 0's record, opened when needed)
     try:
         summary = _train(job, ctx, data=data, tokenizer=tokenizer, resume_from=resume_from, argv=argv)
     except Exception as err:
-        upload_nccl_log(ctx.run_dir, ctx.rank, NCCL_LOG_DIR if job.parallel.use_gpu else None)
-        if ctx.rank == 0 and ctx.run_dir:
-            text = describe_exception(err)
-            record = _Record(job, ctx, argv)
-            record.update(**{contract.FAILURE: {contract.FAILURE_STAGE: failure_stage(text), "error": text,
-                                                "error_class": type(err).__name__, "rank": ctx.rank}})
-            if not ctx.in_ray:
-                record.record.finish(status="failed", error=text.split(" <- ")[0])
+        worker_ended(job, ctx, open_record, error=err)
         raise
-    upload_nccl_log(ctx.run_dir, ctx.rank, NCCL_LOG_DIR if job.parallel.use_gpu else None)
-    if ctx.rank == 0 and ctx.run_dir and not ctx.in_ray:
-        from training.launch import outcome
-        from training.verdict import failure_of_summary
-
-        status, error, _ = outcome(summary)
-        record = _Record(job, ctx, argv)
-        if failure_of_summary(summary):
-            record.update(**{contract.FAILURE: failure_of_summary(summary)})
-        record.record.finish(status=status, error=error)
+    worker_ended(job, ctx, open_record, summary=summary)
     return summary
 
 
