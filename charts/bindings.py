@@ -9,6 +9,8 @@ The classes check every field name and type: a misspelled or mistyped field fail
 """
 from __future__ import annotations
 
+import enum
+import re
 from typing import Any
 
 from charts.imports.io import ray as generated
@@ -19,11 +21,23 @@ _STRING_MAP_KEYS = {"labels", "annotations", "nodeSelector", "rayStartParams", "
 """Maps of user data whose keys are not field names (they keep their spelling)."""
 
 
+def _enum_member(cls: type[enum.Enum], path: str, value: str) -> enum.Enum:
+    """A CRD enum value (``token``) as the generated member (``TOKEN``, serialised back as ``token``)."""
+    wanted = re.sub(r"[^a-z0-9]", "", value.lower())
+    for member in cls:
+        if re.sub(r"[^a-z0-9]", "", member.name.lower()) == wanted:
+            return member
+    raise TypeError(f"{path}: {value!r} is not one of {', '.join(m.name.lower() for m in cls)}")
+
+
 def to_bindings(path: str, value: Any) -> Any:
     """Convert ``value`` (JSON at the binding class ``path``, e.g. ``"RayJobSpec"``)."""
     if isinstance(value, list):
         return [to_bindings(path, item) for item in value]
     if not isinstance(value, dict):
+        cls = getattr(generated, path, None)
+        if isinstance(value, str) and isinstance(cls, type) and issubclass(cls, enum.Enum):
+            return _enum_member(cls, path, value)
         return value
     cls = getattr(generated, path, None)
     if cls is None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from charts.errors import ChartError
+from charts.pod_security import EFA_CAPABILITIES, container_security, secure_pod
 from charts.provenance import Provenance, image_reference
 from environment import Environment, GpuNodeGroupSpec
-from environment.contract import EFA_RESOURCE, GPU_RESOURCE, LOCAL_STAGING_HOST_DIR
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE, LOCAL_STAGING_HOST_DIR, RAY_PEER_LABEL
 from training import contract
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -32,6 +34,14 @@ AUTOSCALER_RESOURCES = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits"
 IDLE_TIMEOUT_SECONDS = 300
 """An idle GPU worker pod of the long-lived cluster goes after this; cluster-autoscaler then
 removes its node."""
+TOKEN_AUTH = {"mode": "token"}
+"""Ray's token authentication: KubeRay creates a Secret named after the RayCluster (a random
+token under ``auth_token``) and injects ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` into the
+head, the workers, their ``wait-gcs-ready`` init containers, the autoscaler sidecar and a
+RayJob's submitter, so GCS, dashboard and job API refuse any caller without the token. Set
+explicitly: KubeRay v1.7.0 turns it on only when ``mode`` says ``token``."""
+MIN_TOKEN_AUTH_RAY = (2, 52)
+"""KubeRay v1.7.0 refuses token mode for an older ``rayVersion``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,6 +52,8 @@ class ClusterShape:
     """GPU worker pods (one per node: each takes every GPU and EFA interface of its node)."""
     worker_grace_seconds: int
     """terminationGracePeriodSeconds of worker pods (the job's checkpoint grace + a margin)."""
+    cluster_label: str
+    """Value of the Ray-cluster label on its pods: what its network policy admits."""
     provenance: Provenance = field(default_factory=Provenance)
     group_name: str = ""
     """The GPU node group the workers run on (empty: the spec's primary group)."""
@@ -124,8 +136,13 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     env = shape.env
     group = shape.group
     image = image_reference(env)
+    ray_version = tuple(int(p) for p in env.image.ray_version.split(".")[:2])
+    if ray_version < MIN_TOKEN_AUTH_RAY:
+        raise ChartError(f"{env.source}: image.ray_version: {env.image.ray_version!r} is too old for "
+                         f"Ray's token authentication (needs {'.'.join(map(str, MIN_TOKEN_AUTH_RAY))}.0 or newer)")
     volumes, mounts = _shm()
-    metadata = {"labels": dict(shape.provenance.labels), "annotations": dict(shape.provenance.annotations)}
+    metadata = {"labels": {**shape.provenance.labels, RAY_PEER_LABEL: shape.cluster_label},
+                "annotations": dict(shape.provenance.annotations)}
     head_pod = {
         "serviceAccountName": env.ray.service_account,
         "nodeSelector": dict(env.system_node_group.labels),
@@ -158,12 +175,16 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
         }],
     }
     workers = shape.worker_replicas
+    worker_capabilities = EFA_CAPABILITIES if group.efa_per_node else ()
     spec: dict[str, Any] = {
         "rayVersion": env.image.ray_version,
+        "authOptions": dict(TOKEN_AUTH),
         "headGroupSpec": {
             # num-cpus 0: no Ray task lands on the head; the job's driver still runs there.
             "rayStartParams": {"num-cpus": "0", "num-gpus": "0"},
-            "template": {"metadata": metadata, "spec": head_pod},
+            # The autoscaler sidecar (long-lived cluster) is the one caller of the Kubernetes
+            # API: only that head keeps a service-account token.
+            "template": {"metadata": metadata, "spec": secure_pod(head_pod, automount_token=shape.autoscale)},
         },
         "workerGroupSpecs": [{
             "groupName": group.name,
@@ -173,11 +194,12 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "minReplicas": 0 if shape.autoscale else workers,
             "maxReplicas": workers,
             "rayStartParams": {"num-gpus": str(group.gpus_per_node)},
-            "template": {"metadata": metadata, "spec": worker_pod},
+            "template": {"metadata": metadata, "spec": secure_pod(worker_pod, worker_capabilities)},
         }],
     }
     if shape.autoscale:
         spec["enableInTreeAutoscaling"] = True
         spec["autoscalerOptions"] = {"idleTimeoutSeconds": IDLE_TIMEOUT_SECONDS,
-                                     "resources": AUTOSCALER_RESOURCES}
+                                     "resources": AUTOSCALER_RESOURCES,
+                                     "securityContext": container_security()}
     return spec

@@ -5,6 +5,7 @@ Output, one file per chart (names are stable; the demo and the README rely on th
 - ``dist/raycluster.k8s.yaml``                 the long-lived RayCluster (named after the cluster)
 - ``dist/rayjob-<job>.k8s.yaml``               each job on a cluster of its own, deleted after it
 - ``dist/rayjob-<job>-on-cluster.k8s.yaml``    each GPU job on the long-lived RayCluster
+- ``dist/network-policy.k8s.yaml``             one NetworkPolicy per Ray cluster above (apply first)
 - ``dist/code/training-<hash>.zip``            the code archive the RayJobs' working_dir names
 
 ``<job>`` is the job config's ``name`` (jobs/local.toml -> ``rayjob-local.k8s.yaml``).
@@ -25,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RAYCLUSTER_CHART = "raycluster"
+NETWORK_POLICY_CHART = "network-policy"
 
 
 def rayjob_chart_name(job: str, on_cluster: bool = False) -> str:
@@ -62,6 +64,7 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") ->
 
     import cdk8s
 
+    from charts.network_policy import NetworkPolicyChart, raycluster_label, rayjob_label
     from charts.raycluster import RayClusterChart, cluster_name
     from charts.rayjob import RayJobChart, worker_grace_seconds
     for stale in outdir.glob("*.k8s.yaml"):
@@ -77,6 +80,8 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") ->
         if plan.uses_gpu and plan.node_group == env.primary_gpu_group.name:  # the RayCluster's own group
             RayJobChart(app, rayjob_chart_name(plan.name, on_cluster=True), env=env, plan=plan,
                         code=code, on_cluster=target, source=source)
+    NetworkPolicyChart(app, NETWORK_POLICY_CHART, env=env, cluster_labels=[
+        raycluster_label(target), *(rayjob_label(plan.name) for plan in plans)])
     app.synth()
     names = [RAYCLUSTER_CHART] + [c.node.id for c in app.charts if c.node.id != RAYCLUSTER_CHART]
     files = {name: outdir / f"{name}.k8s.yaml" for name in names}
@@ -85,7 +90,7 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") ->
         raise RuntimeError(f"cdk8s wrote no {', '.join(missing)}")  # a bug: file naming changed
     hashes = {}
     for name, path in files.items():
-        if name != RAYCLUSTER_CHART:  # each RayJob carries its own file's hash (the job records it)
+        if name not in (RAYCLUSTER_CHART, NETWORK_POLICY_CHART):  # each RayJob carries its own file's hash
             path.write_text(fill_manifest_hash(path.read_text(encoding="utf-8")), encoding="utf-8")
             hashes[name] = manifest_hash(path.read_text(encoding="utf-8"))
     return SynthResult(files=files, code=code, plans=plans, source=source, manifest_hashes=hashes)

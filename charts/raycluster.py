@@ -10,6 +10,7 @@ from charts.bindings import to_bindings
 from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.errors import ChartError
 from charts.imports.io import ray as generated
+from charts.network_policy import raycluster_label
 from charts.provenance import Provenance
 from environment import Environment
 
@@ -37,7 +38,7 @@ class RayClusterChart(cdk8s.Chart):
         provenance = Provenance.for_cluster(env)
         shape = ClusterShape(env=env, worker_replicas=env.primary_gpu_group.job_nodes,
                              worker_grace_seconds=worker_grace_seconds, provenance=provenance,
-                             autoscale=True)
+                             autoscale=True, cluster_label=raycluster_label(cluster_name(env)))
         generated.RayCluster(
             self, "raycluster",
             metadata=cdk8s.ApiObjectMetadata(name=cluster_name(env), labels=provenance.labels,

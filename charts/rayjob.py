@@ -11,9 +11,12 @@ from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.errors import ChartError
 from charts.imports.io import ray as generated
 from charts.jobs import MAX_RAYJOB_NAME, JobPlan
+from charts.network_policy import raycluster_label, rayjob_label
+from charts.pod_security import secure_pod
 from charts.provenance import Provenance, SourceIdentity, image_reference
 from charts.code_bundle import CodeBundle
 from environment import Environment
+from environment.contract import RAY_PEER_LABEL
 from training import contract
 
 GRACE_MARGIN_SECONDS = 30
@@ -24,22 +27,10 @@ raylet; without the margin the kubelet's SIGKILL could land inside the checkpoin
 CLUSTER_SELECTOR_KEY = "ray.io/cluster"
 """The key KubeRay reads a target cluster's NAME from (RayJobClusterSelectorKey)."""
 ON_CLUSTER_SUFFIX = "-on-cluster"
+SUBMITTER_CONTAINER = "ray-job-submitter"
 SUBMITTER_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 """The submitter only runs ``ray job submit`` and follows the log. Explicit, and on the system
 nodes: KubeRay's default (500m / 200Mi, no node selector) would land wherever 500m is free."""
-
-
-def submitter_pod_template(env: Environment, provenance: Provenance) -> dict:
-    """The submitter pod: the head's image on the system nodes; KubeRay fills in the command."""
-    return {
-        "metadata": {"labels": dict(provenance.labels)},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": dict(env.system_node_group.labels),
-            "containers": [{"name": "ray-job-submitter", "image": image_reference(env),
-                            "imagePullPolicy": "IfNotPresent", "resources": SUBMITTER_RESOURCES}],
-        },
-    }
 
 
 def worker_grace_seconds(plans: list[JobPlan]) -> int:
@@ -70,6 +61,21 @@ def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle, *, sourc
     }, sort_keys=True, default_flow_style=False, width=1 << 20)
 
 
+def submitter_pod_template(env: Environment, cluster_label: str, provenance: Provenance) -> dict:
+    """The submitter Job's pod: the head's image on the system nodes (``ray job submit``; KubeRay
+    fills in the command and, with token auth, ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN``), hardened
+    like the Ray pods and labelled as a member of the Ray cluster it submits to, so that
+    cluster's network policy admits it."""
+    pod = {
+        "restartPolicy": "Never",  # a Job's pods may not restart in place
+        "nodeSelector": dict(env.system_node_group.labels),
+        "containers": [{"name": SUBMITTER_CONTAINER, "image": image_reference(env),
+                        "imagePullPolicy": "IfNotPresent", "resources": SUBMITTER_RESOURCES}],
+    }
+    return {"metadata": {"labels": {**provenance.labels, RAY_PEER_LABEL: cluster_label}},
+            "spec": secure_pod(pod)}
+
+
 def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, provenance: Provenance,
                 on_cluster: str | None, source: SourceIdentity | None = None, manifest_name: str = "") -> dict:
     """The RayJob spec as Kubernetes JSON; ``on_cluster`` = the RayCluster to target, or None
@@ -82,14 +88,16 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, provenance: P
         "submissionMode": "K8sJobMode",
         "backoffLimit": limits.backoff_limit,
         "activeDeadlineSeconds": limits.active_deadline_minutes * 60,
-        "submitterPodTemplate": submitter_pod_template(env, provenance),
     }
+    cluster_label = raycluster_label(on_cluster) if on_cluster else rayjob_label(plan.name)
+    spec["submitterPodTemplate"] = submitter_pod_template(env, cluster_label, provenance)
     if on_cluster:
         spec["clusterSelector"] = {CLUSTER_SELECTOR_KEY: on_cluster}
     else:
         shape = ClusterShape(env=env, worker_replicas=plan.worker_replicas,
                              worker_grace_seconds=plan.grace_seconds + GRACE_MARGIN_SECONDS,
-                             provenance=provenance, group_name=plan.node_group)
+                             provenance=provenance, group_name=plan.node_group,
+                             cluster_label=cluster_label)
         spec |= {
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": limits.ttl_seconds_after_finished,

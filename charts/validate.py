@@ -73,8 +73,11 @@ def crd_errors(obj: dict, strict_mode: bool = True) -> list[str]:
 
 
 def pod_templates(obj: dict) -> Iterator[tuple[str, dict]]:
-    """``(where, template)`` of every pod template inside a RayCluster or RayJob."""
+    """``(where, template)`` of every pod template inside a RayCluster or RayJob (head,
+    worker groups, and a RayJob's submitter)."""
     spec = obj["spec"]
+    if obj["kind"] == "RayJob" and "submitterPodTemplate" in spec:
+        yield "spec.submitterPodTemplate", spec["submitterPodTemplate"]
     cluster = spec if obj["kind"] == "RayCluster" else spec.get("rayClusterSpec")
     if not cluster:
         return

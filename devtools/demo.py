@@ -111,11 +111,13 @@ def submit_command(dashboard_url: str, submission_id: str, entrypoint: str, runt
 
 
 def submit_and_follow(dashboard_url: str, submission_id: str, entrypoint: str, runtime_env_yaml: str,
-                      *, attempts: int = 30) -> int:
+                      *, auth_env: dict[str, str], attempts: int = 30) -> int:
     """Submit (retrying while the head's job agent is still registering, as KubeRay's submitter
-    does), then stream the job's logs until it ends. Returns 0 when the job SUCCEEDED."""
+    does), then stream the job's logs until it ends. Returns 0 when the job SUCCEEDED.
+    ``auth_env``: the head's ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN`` (KubeRay injects the same
+    two into its submitter)."""
     # (Ray re-joins the words after `--` with shlex.join: the job's entrypoint is the manifest's.)
-    env = _tool_env({"RAY_AUTH_MODE": "disabled"})
+    env = _tool_env(auth_env)
     cmd = submit_command(dashboard_url, submission_id, entrypoint, runtime_env_yaml)
     for attempt in range(attempts):
         proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True)
@@ -126,7 +128,7 @@ def submit_and_follow(dashboard_url: str, submission_id: str, entrypoint: str, r
         time.sleep(2)
     subprocess.run([str(BIN / "ray"), "job", "logs", "--follow", "--address", dashboard_url, submission_id],
                    cwd=ROOT, env=env)
-    return 0 if _job_info(dashboard_url, submission_id)["status"] == "SUCCEEDED" else 1
+    return 0 if _job_info(dashboard_url, submission_id, auth_env)["status"] == "SUCCEEDED" else 1
 
 
 def run_demo(args: argparse.Namespace) -> dict:
@@ -183,8 +185,9 @@ def run_demo(args: argparse.Namespace) -> dict:
             submission_id = f"{job.name}-{int(time.time())}"
             # Scrape the node's metrics endpoint while the job runs, as Prometheus does on EKS.
             with Watcher(head.metrics_url) as watcher:
-                returncode = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint, job.runtime_env_yaml)
-            info = _job_info(head.dashboard_url, submission_id)
+                returncode = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint, job.runtime_env_yaml,
+                                               auth_env=head.client_env)
+            info = _job_info(head.dashboard_url, submission_id, head.client_env)
             _header(7, total, "results")
             out_dir.mkdir(parents=True, exist_ok=True)
             _download_run(s3.client_env, run_uri, out_dir)
@@ -208,10 +211,11 @@ def _print_scrape(watcher, out_dir: Path) -> None:
          for rank, series in watcher.last.items()}, indent=2, sort_keys=True) + "\n")
 
 
-def _job_info(dashboard_url: str, submission_id: str) -> dict:
+def _job_info(dashboard_url: str, submission_id: str, auth_env: dict[str, str]) -> dict:
     from ray.job_submission import JobSubmissionClient
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray's client reads the mode and token from the environment (it caches them per process).
+    os.environ.update(auth_env)
     info = JobSubmissionClient(dashboard_url).get_job_info(submission_id)
     return {"submission_id": submission_id, "status": getattr(info.status, "value", str(info.status)),
             "entrypoint": info.entrypoint}

@@ -3,9 +3,12 @@
 - :func:`s3_server`: moto's S3-compatible server (in memory) standing in for the checkpoint
   bucket. It speaks the real S3 HTTP protocol, so boto3, pyarrow and Ray's own S3 download of
   the code archive are the real clients.
-- :func:`ray_head`: a real local Ray head (`ray start --head --block`) with the dashboard and
-  the metrics endpoint on loopback, so jobs go through the real `ray job submit` path, exactly
-  as KubeRay's submitter does on EKS, and export their metrics as they do there.
+- :func:`ray_head`: a real local Ray head (`ray start --head`) with the dashboard and the
+  metrics endpoint on loopback and Ray's token authentication ON, as on EKS: a fresh random
+  token per head, given to Ray in ``RAY_AUTH_TOKEN`` (never written to ``~/.ray``), and to
+  clients in :attr:`RayHead.client_env`, so jobs go through the real authenticated
+  `ray job submit` path, exactly as KubeRay's submitter does with the token KubeRay injects,
+  and export their metrics as they do there.
 
 Both run in their own process group under a unique temp dir; on exit (normal, error, Ctrl-C)
 the group is terminated and any process still naming that temp dir is killed, so nothing is
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -23,7 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -45,13 +49,14 @@ METRICS_PORT_MINIMUM = 20000
 """Ray refuses a metrics export port inside its worker port range (10002-19999 by default)."""
 
 
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None, what: str) -> None:
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None, what: str,
+               headers: dict[str, str] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
         try:
-            with urllib.request.urlopen(url, timeout=2):
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2):
                 return
         except OSError:
             time.sleep(0.5)
@@ -130,6 +135,10 @@ def s3_server(port: int | None = None) -> Iterator[S3Server]:
         _kill_group(proc)
 
 
+AUTH_MODE = "token"
+"""Ray's authentication mode on the local head: the same as on EKS (the RayClusters' authOptions)."""
+
+
 @dataclass(frozen=True)
 class RayHead:
     gcs_address: str
@@ -137,6 +146,12 @@ class RayHead:
     temp_dir: str
     metrics_url: str = ""
     """The node's Prometheus endpoint (Ray's metrics agent): Ray's metrics and the job's."""
+    auth_token: str = field(default="", repr=False)
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """What any Ray client (``ray job submit``, ``JobSubmissionClient``) needs to be let in."""
+        return {"RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": self.auth_token}
 
 
 @contextlib.contextmanager
@@ -151,9 +166,11 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
         "--runtime-env-agent-port", "--ray-client-server-port")}
     # The node's metrics agent (what Prometheus scrapes on EKS), on loopback like everything else.
     agent_ports["--metrics-export-port"] = free_port(METRICS_PORT_MINIMUM)
-    # Loopback only, so no token auth. On a busy 2-core machine the dashboard's module
-    # processes can take longer than Ray's default 30 s to come up; give them time.
-    child_env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+    token = secrets.token_hex(32)
+    # Token auth as on EKS, with a token of this head's own. On a busy 2-core machine the
+    # dashboard's module processes can take longer than Ray's default 30 s to come up.
+    child_env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": token,
+                 "RAY_USAGE_STATS_ENABLED": "0",
                  "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300",
                  # The job's `python` must be this environment's, as the image's is on EKS.
                  "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
@@ -171,9 +188,10 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
         if proc.wait(timeout=600) != 0:
             raise RuntimeError(f"ray start failed (exit {proc.returncode}); see {keep_logs or temp_dir}")
         dashboard = f"http://{LOOPBACK}:{dash_port}"
-        _wait_http(f"{dashboard}/api/version", 360, None, "Ray head")
+        _wait_http(f"{dashboard}/api/version", 360, None, "Ray head", {"Authorization": f"Bearer {token}"})
         yield RayHead(gcs_address=f"{LOOPBACK}:{gcs_port}", dashboard_url=dashboard, temp_dir=temp_dir,
-                      metrics_url=f"http://{LOOPBACK}:{agent_ports['--metrics-export-port']}/metrics")
+                      metrics_url=f"http://{LOOPBACK}:{agent_ports['--metrics-export-port']}/metrics",
+                      auth_token=token)
     finally:
         _kill_group(proc, marker=temp_dir)
         log.close()

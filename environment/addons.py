@@ -11,6 +11,7 @@ Standard library only (the values are plain dictionaries).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from environment import observability
@@ -18,6 +19,9 @@ from environment.contract import EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, NOD
 
 if TYPE_CHECKING:  # the model imports this table; only type checkers need the reverse
     from environment.model import Environment
+
+CRD_DIR = Path(__file__).resolve().parents[1] / "charts" / "crds"
+"""The pinned CRD files (one per chart version); the cdk8s bindings are generated from them too."""
 
 GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}
 SYSTEM_NODES = {NODE_ROLE_LABEL: "system"}
@@ -98,6 +102,10 @@ class HelmAddon:
     Grafana's ``{{label}}`` legends)."""
     pods: tuple[AddonPod, ...] = ()
     """Its workloads and their requests (the scheduling-fit check places them)."""
+    crds: Callable[[str], Path] | None = None
+    """chart version -> the file of the CRDs this chart ships, if Helm must UPGRADE them: Helm
+    installs a chart's ``crds/`` once and never upgrades them, so these are installed as a chart
+    of their own (as templates, which ``helm upgrade`` does upgrade) before the add-on."""
 
 
 def _nvidia_values(env: "Environment") -> dict[str, Any]:
@@ -217,7 +225,8 @@ ADDONS: tuple[HelmAddon, ...] = (
     HelmAddon(key="kuberay_operator", repository="https://ray-project.github.io/kuberay-helm/",
               chart="kuberay-operator", release="kuberay-operator", namespace="kuberay-system",
               default_version="1.7.0", create_namespace=True,
-              values=_kuberay_values, pods=(KUBERAY_OPERATOR_POD,)),
+              values=_kuberay_values, pods=(KUBERAY_OPERATOR_POD,),
+              crds=lambda version: CRD_DIR / f"kuberay-v{version}.yaml"),
     HelmAddon(key="kube_prometheus_stack", repository="https://prometheus-community.github.io/helm-charts",
               chart="kube-prometheus-stack", release=observability.PROMETHEUS_RELEASE,
               namespace=observability.MONITORING_NAMESPACE, default_version="88.5.3", create_namespace=True, enabled=_observed,
@@ -256,3 +265,32 @@ EKS_ADDON_PODS: tuple[tuple[AddonPod, dict[str, Any]], ...] = (
      {"tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}]}),
 )
 """The pods of EKS's own add-ons, with their placement (they are not in the Helm table)."""
+
+
+# --- EKS managed add-ons (AWS::EKS::Addon): the cluster's networking, DNS and credentials -----
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EksAddon:
+    """One EKS managed add-on, pinned per Kubernetes minor version."""
+
+    name: str
+    """The EKS add-on name."""
+    versions: dict[str, str]
+    """Kubernetes minor version -> the add-on version pinned for it."""
+
+
+# Versions from the EKS user guide's per-version tables (CoreDNS, kube-proxy). vpc-cni and the
+# Pod Identity agent are not tied to a Kubernetes minor: the newest version the sources showed.
+# Check before a bump: aws eks describe-addon-versions --kubernetes-version <v> --addon-name <n>
+EKS_ADDONS: tuple[EksAddon, ...] = (
+    EksAddon(name="eks-pod-identity-agent", versions={v: "v1.3.9-eksbuild.3" for v in ("1.33", "1.34", "1.35", "1.36")}),
+    EksAddon(name="vpc-cni", versions={v: "v1.20.1-eksbuild.3" for v in ("1.33", "1.34", "1.35", "1.36")}),
+    EksAddon(name="kube-proxy", versions={"1.33": "v1.33.10-eksbuild.13", "1.34": "v1.34.6-eksbuild.13",
+                                          "1.35": "v1.35.3-eksbuild.13", "1.36": "v1.36.0-eksbuild.14"}),
+    EksAddon(name="coredns", versions={"1.33": "v1.12.4-eksbuild.18", "1.34": "v1.13.2-eksbuild.11",
+                                       "1.35": "v1.14.3-eksbuild.3", "1.36": "v1.14.3-eksbuild.3"}),
+)
+"""vpc-cni, CoreDNS, kube-proxy and the Pod Identity agent as EKS add-ons (never the
+self-managed bootstrap copies): upgraded by EKS, each at a version pinned for the cluster."""
+
+EKS_ADDONS_BY_NAME: dict[str, EksAddon] = {a.name: a for a in EKS_ADDONS}

@@ -5,6 +5,7 @@ field; the loader adds the file and the section path). Standard library only.
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -34,6 +35,9 @@ class ClusterSpec:
     kubernetes_version: str = "1.36"
     endpoint_access: str = "public_and_private"
     """``public``, ``private`` or ``public_and_private``."""
+    public_access_cidrs: tuple[str, ...] = ()
+    """CIDRs that may reach the PUBLIC API endpoint; required with a public endpoint (write
+    ``["0.0.0.0/0"]`` to open it to everyone, knowingly); empty with a private one."""
     admin_principal_arns: tuple[str, ...] = ()
     """IAM principals given cluster-admin through EKS access entries. The CDK app refuses an
     empty list: CloudFormation creates the cluster, so the "cluster creator" EKS makes admin is
@@ -67,6 +71,18 @@ class ClusterSpec:
                              "each needs its kubectl layer)")
         if self.endpoint_access not in ENDPOINT_ACCESS:
             raise FieldError("endpoint_access", self.endpoint_access, f"is not allowed (allowed: {', '.join(ENDPOINT_ACCESS)})")
+        for i, cidr in enumerate(self.public_access_cidrs):
+            try:
+                ipaddress.IPv4Network(cidr)
+            except ValueError:
+                raise FieldError(f"public_access_cidrs[{i}]", cidr, "is not an IPv4 CIDR (e.g. 203.0.113.0/24)") from None
+        if self.endpoint_access == "private" and self.public_access_cidrs:
+            raise FieldError("public_access_cidrs", list(self.public_access_cidrs),
+                             "must be empty with endpoint_access = 'private' (there is no public endpoint)")
+        if self.endpoint_access != "private" and not self.public_access_cidrs:
+            raise FieldError("public_access_cidrs", [],
+                             f"must list who may reach the public API endpoint (endpoint_access = "
+                             f"{self.endpoint_access!r}); write [\"0.0.0.0/0\"] to open it to everyone")
         for i, arn in enumerate(self.admin_principal_arns):
             if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
                 raise FieldError(f"admin_principal_arns[{i}]", arn, "is not an IAM role or user ARN")

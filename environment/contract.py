@@ -65,6 +65,15 @@ RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 """KubeRay's pod label: the RayCluster's name."""
 
+# --- Ray pods inside the cluster (charts label them, the network policies select them) ------
+RAY_PEER_LABEL = f"{PROVENANCE_PREFIX}/ray-cluster"
+"""On every pod of one Ray cluster (head, workers) AND on the submitter that talks to it: the
+network policy of that cluster admits exactly the pods carrying its value. KubeRay's own
+:data:`RAY_CLUSTER_LABEL` cannot serve: a RayJob's cluster name gets a random suffix at run
+time, and the submitter does not carry it."""
+RAY_DASHBOARD_PORT = 8265
+"""The Ray dashboard: the job-submission API the submitter and the KubeRay operator call."""
+
 # --- Kubernetes versions the CDK app can build (infra/kubectl_layer.py) ----------------------
 KUBERNETES_VERSIONS: tuple[str, ...] = ("1.36",)
 """Minor versions with a kubectl/helm Lambda layer in this CDK app: the provider's client must

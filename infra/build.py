@@ -73,10 +73,19 @@ def deployability_problem(env: Environment) -> str | None:
 
 
 def resolved_addons(env: Environment) -> list[ResolvedAddon]:
-    """Every enabled add-on of the table, with the spec's version and values."""
-    return [ResolvedAddon(addon=a, version=env.versions.chart(a.key), values=a.values(env),
-                          objects=a.manifests(env))
-            for a in ADDONS if a.enabled(env)]
+    """Every enabled add-on of the table, with the spec's version, values and pinned CRDs."""
+    resolved = []
+    for a in ADDONS:
+        if not a.enabled(env):
+            continue
+        version = env.versions.chart(a.key)
+        crd_file = a.crds(version) if a.crds is not None else None
+        if crd_file is not None and not crd_file.is_file():
+            raise InfraSpecError(f"{env.source}: versions.{a.key}: {version!r} has no pinned CRDs "
+                                 f"(add {crd_file.name} from that release to {crd_file.parent})")
+        resolved.append(ResolvedAddon(addon=a, version=version, values=a.values(env),
+                                      objects=a.manifests(env), crd_file=crd_file))
+    return resolved
 
 
 def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:

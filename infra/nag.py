@@ -10,10 +10,10 @@ from constructs import IConstruct
 
 MANAGED = "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{}]"
 
-# The AWS managed policies EKS documents as required for managed node groups' node role.
+# The AWS managed policies EKS documents as required for managed node groups' node role (the
+# CNI policy is not among them here: the VPC CNI has a Pod Identity role of its own).
 NODE_ROLE_POLICIES = {
     "AmazonEKSWorkerNodePolicy": "kubelet registration and node describe calls",
-    "AmazonEKS_CNI_Policy": "the VPC CNI assigns pod IPs on the node's ENIs",
     "AmazonEC2ContainerRegistryReadOnly": "pulls the EKS add-on images (VPC CNI, kube-proxy, "
                                           "pod-identity agent) from Amazon ECR",
 }
@@ -43,10 +43,10 @@ def acknowledge(scope: IConstruct, rule_id: str, reason: str) -> None:
     cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=rule_id, reason=reason))
 
 
-def acknowledge_node_role(nodegroup: eks.Nodegroup) -> None:
-    """The managed policies of a managed node group's node role (required by EKS)."""
+def acknowledge_node_role(role: IConstruct) -> None:
+    """The managed policies of the managed node groups' node role (required by EKS)."""
     for policy, why in NODE_ROLE_POLICIES.items():
-        acknowledge(nodegroup, MANAGED.format(policy),
+        acknowledge(role, MANAGED.format(policy),
                     f"EKS requires {policy} on a managed node group's node role: {why}.")
 
 
@@ -79,3 +79,24 @@ def acknowledge_cluster_findings(cluster: eks.Cluster) -> None:
     acknowledge(framework, f"AwsSolutions-IAM5[Resource::<{handler_arn}.Arn>:*]",
                 CDK_OWNED + "the framework may invoke any VERSION of the one kubectl handler "
                 "function (the :* is the version qualifier).")
+
+
+def acknowledge_chart_asset_read(cluster: eks.Cluster) -> None:
+    """The read grant aws_eks_v2 gives the kubectl handler on the CDK asset bucket when a Helm
+    chart is deployed from a local chart asset (the CRD charts)."""
+    stack = cdk.Stack.of(cluster)
+
+    def literal(value: str, pseudo: str) -> str:
+        return value if not cdk.Token.is_unresolved(value) else f"<AWS::{pseudo}>"
+
+    bucket = (cdk.DefaultStackSynthesizer.DEFAULT_FILE_ASSETS_BUCKET_NAME
+              .replace("${Qualifier}", cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER)
+              .replace("${AWS::AccountId}", literal(stack.account, "AccountId"))
+              .replace("${AWS::Region}", literal(stack.region, "Region")))
+    handler = cluster.node.find_child("KubectlProvider").node.find_child("Handler")
+    why = CDK_OWNED + "its handler downloads the CRD chart archives from the CDK asset bucket: "
+    for action in ("s3:GetObject*", "s3:GetBucket*", "s3:List*"):
+        acknowledge(handler, f"AwsSolutions-IAM5[Action::{action}]",
+                    why + f"{action} is the read set of Asset.grantRead, on that bucket only.")
+    acknowledge(handler, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket}/*]",
+                why + "asset object keys are content hashes, unknown until synthesis.")

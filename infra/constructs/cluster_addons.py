@@ -3,16 +3,28 @@
 cluster-autoscaler on the system nodes, Prometheus, Grafana and the GPU exporter, and whatever
 else the table holds, each after the add-ons it requires, with its companion objects after it.
 The caller resolves which entries are enabled, their versions, values and objects
-(infra/build.py, from the spec)."""
+(infra/build.py, from the spec).
+
+An add-on whose entry names its CRDs gets them from a chart of their own, built here from the
+pinned CRD file of the add-on's version, with the CRDs as TEMPLATES: Helm installs a chart's
+``crds/`` directory once and never upgrades it, but upgrades templates with every release. A
+version bump changes the file, hence the chart asset, hence the release: the CRDs are upgraded
+before the operator (Helm never stores the client-side last-applied annotation that makes these
+CRDs too large for ``kubectl apply``). The add-on's own chart keeps its ``crds/`` for kinds this
+project does not use (Helm skips the ones that already exist).
+"""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import Stage, aws_eks_v2 as eks, aws_s3_assets as s3_assets
 from constructs import Construct
 
 from environment.addons import HelmAddon
+from infra.nag import acknowledge_chart_asset_read
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -22,6 +34,8 @@ class ResolvedAddon:
     version: str
     values: dict[str, Any]
     objects: list[dict[str, Any]] = field(default_factory=list)
+    crd_file: Path | None = None
+    """The pinned CRDs of this version, for an add-on whose CRDs must be upgraded with it."""
 
 
 def construct_id(key: str) -> str:
@@ -29,13 +43,33 @@ def construct_id(key: str) -> str:
     return "".join(part.capitalize() for part in key.split("_"))
 
 
+def crd_chart_name(addon: HelmAddon) -> str:
+    return f"{addon.release}-crds"
+
+
+def write_crd_chart(addon: HelmAddon, version: str, crd_file: Path, outdir: Path) -> Path:
+    """A Helm chart directory holding ``crd_file`` as its one template; its version is the
+    add-on's (a leading ``v`` dropped: chart versions are SemVer). Returns the directory."""
+    text = crd_file.read_text(encoding="utf-8")
+    chart = outdir / f"{crd_chart_name(addon)}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    (chart / "templates").mkdir(parents=True, exist_ok=True)
+    (chart / "Chart.yaml").write_text(
+        f"apiVersion: v2\nname: {crd_chart_name(addon)}\nversion: {version.lstrip('v')}\n"
+        f"appVersion: \"{version}\"\ndescription: CRDs of {addon.chart} {version}, upgraded with it\n",
+        encoding="utf-8")
+    (chart / "templates" / "crds.yaml").write_text(text, encoding="utf-8")
+    return chart
+
+
 class ClusterAddons(Construct):
-    """One ``HelmChart`` per resolved add-on; :attr:`charts` maps the add-on key to it."""
+    """One ``HelmChart`` per resolved add-on; :attr:`charts` maps the add-on key to it and
+    :attr:`crd_charts` the key to its CRD chart, where it has one."""
 
     def __init__(self, scope: Construct, construct_id_: str, *, cluster: eks.Cluster,
                  addons: list[ResolvedAddon]) -> None:
         super().__init__(scope, construct_id_)
         self.charts: dict[str, eks.HelmChart] = {}
+        self.crd_charts: dict[str, eks.HelmChart] = {}
         for item in addons:
             addon = item.addon
             chart = self.charts[addon.key] = eks.HelmChart(
@@ -46,7 +80,21 @@ class ClusterAddons(Construct):
             for required in addon.requires:  # ADDONS lists them first
                 if required in self.charts:
                     chart.node.add_dependency(self.charts[required])
+            if item.crd_file is not None:
+                self.crd_charts[addon.key] = self._crd_chart(cluster, item)
+                chart.node.add_dependency(self.crd_charts[addon.key])
             if item.objects:  # after the chart: its namespace and CRDs exist by then
                 manifest = eks.KubernetesManifest(self, f"{construct_id(addon.key)}Objects", cluster=cluster,
                                                   manifest=item.objects, overwrite=True)
                 manifest.node.add_dependency(chart)
+
+    def _crd_chart(self, cluster: eks.Cluster, item: ResolvedAddon) -> eks.HelmChart:
+        addon = item.addon
+        staging = Path(Stage.of(self).outdir) / ".crd-charts"
+        directory = write_crd_chart(addon, item.version, item.crd_file, staging)
+        asset = s3_assets.Asset(self, f"{construct_id(addon.key)}CrdChart", path=str(directory))
+        acknowledge_chart_asset_read(cluster)
+        return eks.HelmChart(
+            self, f"{construct_id(addon.key)}Crds", cluster=cluster, chart_asset=asset,
+            release=crd_chart_name(addon), namespace=addon.namespace,
+            create_namespace=addon.create_namespace or None)

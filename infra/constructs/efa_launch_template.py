@@ -65,8 +65,8 @@ class EfaLaunchTemplate(Construct):
             metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
                 http_endpoint="enabled",
                 http_tokens="required",
-                # 2 hops: containers behind the node's network namespace still reach IMDS.
-                http_put_response_hop_limit=2,
+                # 1 hop: pods cannot reach IMDS (see infra/constructs/node_security.py).
+                http_put_response_hop_limit=1,
             ),
             block_device_mappings=[ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
                 device_name=ROOT_DEVICE,

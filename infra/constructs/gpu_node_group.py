@@ -1,7 +1,7 @@
 """One GPU managed node group from a ``[[gpu_node_groups]]`` entry of the spec."""
 from __future__ import annotations
 
-from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks
+from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
 from environment import GpuNodeGroupSpec
@@ -55,7 +55,7 @@ class GpuNodeGroup(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
                  group: GpuNodeGroupSpec, subnets: ec2.SubnetSelection,
-                 security_group_ids: list[str]) -> None:
+                 security_group_ids: list[str], node_role: iam.IRole) -> None:
         super().__init__(scope, construct_id)
         template = EfaLaunchTemplate(self, "Template", group=group,
                                      security_group_ids=security_group_ids)
@@ -66,6 +66,7 @@ class GpuNodeGroup(Construct):
         self.nodegroup = eks.Nodegroup(
             self, "Nodegroup",
             cluster=cluster,
+            node_role=node_role,
             # A capacity block's type is in the launch template; EKS refuses it in both places.
             instance_types=None if block else [ec2.InstanceType(group.instance_type)],
             capacity_type=CAPACITY_TYPES[group.capacity],

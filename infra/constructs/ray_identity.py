@@ -1,14 +1,20 @@
-"""The Ray namespace, its service account, and the pod role behind it (EKS Pod Identity).
+"""The Ray namespace, its network policies, its service account, and the pod role behind it
+(EKS Pod Identity).
 
 The pod role may read and write objects under ``s3://<bucket>/<prefix>/``, list the one bucket,
 READ the spec's read-only prefixes (the code archive, base models, datasets), and
-nothing else: no ``s3:*``, no ``Resource: *``.
+nothing else: no ``s3:*``, no ``Resource: *``; every statement holds only for a bucket owned by
+this account (``s3:ResourceAccount``), so a same-named bucket elsewhere is never trusted.
+
+The namespace comes with its default-deny ingress and the two admitted outside callers
+(:func:`environment.network_policy.namespace_policies`), so no Ray pod ever runs unprotected.
 """
 from __future__ import annotations
 
 from aws_cdk import Stack, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
+from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
 
 # Object-level actions Ray Train's pyarrow S3 filesystem uses for checkpoints: read, write,
@@ -22,26 +28,32 @@ OBJECT_ACTIONS = (
 )
 
 
-def checkpoint_policy_statements(bucket_arn: str, prefix: str,
+def same_account(account: str) -> dict:
+    """The condition that pins S3 access to buckets owned by ``account``."""
+    return {"StringEquals": {"s3:ResourceAccount": account}}
+
+
+def checkpoint_policy_statements(bucket_arn: str, prefix: str, account: str,
                                  read_only_prefixes: tuple[str, ...] = ()) -> list[iam.PolicyStatement]:
-    """Least privilege on one bucket: read/write one prefix, read-only on a few others."""
+    """Least privilege on one bucket of ``account``: read/write one prefix, read-only on a few others."""
+    owned = same_account(account)
     statements = [
         iam.PolicyStatement(
             sid="CheckpointObjects", actions=list(OBJECT_ACTIONS),
-            resources=[f"{bucket_arn}/{prefix}/*"]),
+            resources=[f"{bucket_arn}/{prefix}/*"], conditions=owned),
     ]
     if read_only_prefixes:
         # Ray's runtime-env agent downloads the code archive (working_dir) with the pod's
         # credentials; jobs read their base model and data from here. Never written by pods.
         statements.append(iam.PolicyStatement(
             sid="ReadJobInputs", actions=["s3:GetObject"],
-            resources=[f"{bucket_arn}/{p}/*" for p in read_only_prefixes]))
+            resources=[f"{bucket_arn}/{p}/*" for p in read_only_prefixes], conditions=owned))
     statements.append(iam.PolicyStatement(
         # On the one bucket, without an s3:prefix condition: HeadBucket (pyarrow's and Ray's
         # "does the bucket exist" check before every write) is authorised by s3:ListBucket and
         # sends no prefix, so a prefix-conditioned grant would deny it and every run would fail
         # at start. Listing reveals key names only; objects stay confined to the prefixes above.
-        sid="ListCheckpointBucket", actions=["s3:ListBucket"], resources=[bucket_arn]))
+        sid="ListCheckpointBucket", actions=["s3:ListBucket"], resources=[bucket_arn], conditions=owned))
     return statements
 
 
@@ -57,35 +69,37 @@ class RayIdentity(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
                  namespace: str, service_account_name: str, bucket_name: str, prefix: str,
+                 pod_identity_agent: Construct, operator_namespace: str,
                  read_only_prefixes: tuple[str, ...] = ()) -> None:
         super().__init__(scope, construct_id)
         self.namespace = namespace
         self.service_account_name = service_account_name
         labels = {"app.kubernetes.io/part-of": "raytrain-eks"}
-        # One manifest, applied in order: the namespace, then the service account in it.
+        # One manifest, applied in order: the namespace, its network policies, then the service
+        # account (no token automount: nothing in the Ray pods calls the Kubernetes API).
+        self.network_policies = namespace_policies(namespace, operator_namespace)
         self.manifest = cluster.add_manifest(
             "RayNamespaceAndServiceAccount",
             {"apiVersion": "v1", "kind": "Namespace",
              "metadata": {"name": namespace, "labels": labels}},
-            {"apiVersion": "v1", "kind": "ServiceAccount",
+            *self.network_policies,
+            {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
              "metadata": {"name": service_account_name, "namespace": namespace, "labels": labels}})
         self.role = iam.Role(
             self, "PodRole",
             description=f"Ray pods ({namespace}/{service_account_name}): checkpoints under one prefix, read-only inputs",
             # EKS Pod Identity assumes the role with session tags: both actions are required.
             assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")))
-        self.agent = eks.Addon(self, "PodIdentityAgent", cluster=cluster,
-                               addon_name="eks-pod-identity-agent")
         self.association = eks.CfnPodIdentityAssociation(
             self, "Association", cluster_name=cluster.cluster_name, namespace=namespace,
             service_account=service_account_name, role_arn=self.role.role_arn)
-        self.association.node.add_dependency(self.agent)
+        self.association.node.add_dependency(pod_identity_agent)
         # The bucket lives in the storage stack; its name is spec-derived, so the ARN is built
         # here instead of imported (no cross-stack export pins the stateful stack).
-        partition = Stack.of(self).partition
-        bucket_arn = f"arn:{partition}:s3:::{bucket_name}"
-        self.policy = iam.Policy(self, "CheckpointAccess",
-                                 statements=checkpoint_policy_statements(bucket_arn, prefix, read_only_prefixes))
+        stack = Stack.of(self)
+        bucket_arn = f"arn:{stack.partition}:s3:::{bucket_name}"
+        self.policy = iam.Policy(self, "CheckpointAccess", statements=checkpoint_policy_statements(
+            bucket_arn, prefix, stack.account, read_only_prefixes))
         self.policy.attach_to_role(self.role)
         acknowledge(
             self.policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/*]",

@@ -8,14 +8,16 @@ from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 
 from constructs import Construct
 
 from environment import GpuNodeGroupSpec
-from environment.addons import CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
+from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
 from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
 from infra.constructs.autoscaler_identity import AutoscalerIdentity
 from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon
 from infra.constructs.efa_security_group import EfaSecurityGroup
 from infra.constructs.gpu_node_group import GpuNodeGroup
+from infra.constructs.managed_addons import ManagedAddons
+from infra.constructs.node_security import node_role, system_launch_template
 from infra.constructs.ray_identity import RayIdentity
-from infra.nag import acknowledge_cluster_findings, acknowledge_node_role
+from infra.nag import acknowledge_cluster_findings
 from infra.stacks.network import NetworkStack
 
 ENDPOINT_ACCESS = {
@@ -23,6 +25,14 @@ ENDPOINT_ACCESS = {
     "private": eks.EndpointAccess.PRIVATE,
     "public_and_private": eks.EndpointAccess.PUBLIC_AND_PRIVATE,
 }
+
+
+def endpoint_access(access: str, public_cidrs: tuple[str, ...]) -> eks.EndpointAccess:
+    """The spec's endpoint access; a public endpoint admits only the spec's CIDRs."""
+    chosen = ENDPOINT_ACCESS[access]
+    return chosen if access == "private" else chosen.only_from(*public_cidrs)
+
+
 ALL_CONTROL_PLANE_LOGS = [
     eks.ClusterLoggingTypes.API, eks.ClusterLoggingTypes.AUDIT,
     eks.ClusterLoggingTypes.AUTHENTICATOR, eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
@@ -59,7 +69,10 @@ class ClusterStack(Stack):
             version=eks.KubernetesVersion.of(spec.kubernetes_version),
             vpc=network.vpc,
             vpc_subnets=[ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)],
-            endpoint_access=ENDPOINT_ACCESS[spec.endpoint_access],
+            endpoint_access=endpoint_access(spec.endpoint_access, spec.public_access_cidrs),
+            # No self-managed vpc-cni/CoreDNS/kube-proxy: ManagedAddons installs them as EKS
+            # add-ons (upgraded by EKS, the CNI on its own role).
+            bootstrap_self_managed_addons=False,
             cluster_logging=ALL_CONTROL_PLANE_LOGS,
             # Managed node groups, not EKS Auto Mode (the default): EFA needs our launch template.
             default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
@@ -77,15 +90,20 @@ class ClusterStack(Stack):
         for i, arn in enumerate(spec.admin_principal_arns):
             self.cluster.grant_cluster_admin(f"Admin{i}", arn)
 
+        self.managed_addons = ManagedAddons(self, "ManagedAddons", cluster=self.cluster,
+                                            kubernetes_version=spec.kubernetes_version)
+        self.node_role = node_role(self, "NodeRole")
+        # The disk is in the launch template (EKS refuses a disk size beside one).
+        system_template = system_launch_template(self, "SystemLaunchTemplate", disk_gib=system.disk_gib)
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(
-            "SystemNodes",
+            "SystemNodes", node_role=self.node_role,
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
             instance_types=[ec2.InstanceType(system.instance_type)],
-            disk_size=system.disk_gib,
             min_size=system.nodes, desired_size=system.nodes, max_size=system.nodes,
             subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
-            labels=system.labels)
-        acknowledge_node_role(self.system_nodegroup)
+            labels=system.labels,
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=system_template.ref, version=system_template.attr_latest_version_number))
 
         self.efa_security_group = EfaSecurityGroup(self, "Efa", vpc=network.vpc).security_group
         # The cluster security group keeps node <-> control plane and pod traffic working;
@@ -95,21 +113,25 @@ class ClusterStack(Stack):
         self.gpu_node_groups = [
             GpuNodeGroup(self, f"Gpu-{group.name}", cluster=self.cluster, group=group,
                          subnets=ec2.SubnetSelection(subnets=network.gpu_subnets.subnets),
-                         security_group_ids=node_groups)
+                         security_group_ids=node_groups, node_role=self.node_role)
             for group in gpu_groups
         ]
         self.gpu_nodegroups = [g.nodegroup for g in self.gpu_node_groups]
-        for nodegroup in self.gpu_nodegroups:
-            acknowledge_node_role(nodegroup)
+        # Nodes become Ready only with the CNI and kube-proxy running; CoreDNS needs a node.
+        for nodegroup in [self.system_nodegroup, *self.gpu_nodegroups]:
+            nodegroup.node.add_dependency(*self.managed_addons.before_nodes)
+        self.managed_addons.addons["coredns"].node.add_dependency(self.system_nodegroup)
 
         identity = RayIdentity(
             self, "Ray", cluster=self.cluster, namespace=ray.namespace,
             service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
+            pod_identity_agent=self.managed_addons.pod_identity_agent,
+            operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace,
             read_only_prefixes=read_only_prefixes)
         self.autoscaler = AutoscalerIdentity(
             self, "ClusterAutoscaler", cluster=self.cluster, cluster_name=spec.name,
             namespace="kube-system", service_account=CLUSTER_AUTOSCALER_SERVICE_ACCOUNT)
-        self.autoscaler.association.node.add_dependency(identity.agent)
+        self.autoscaler.association.node.add_dependency(self.managed_addons.pod_identity_agent)
         self.addons = ClusterAddons(self, "Addons", cluster=self.cluster, addons=addons)
         if "cluster_autoscaler" in self.addons.charts:
             self.addons.charts["cluster_autoscaler"].node.add_dependency(self.autoscaler.association)

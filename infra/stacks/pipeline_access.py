@@ -22,6 +22,8 @@ DEPLOYER_RULES = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ALL_VERBS},
     {"apiGroups": [""], "resources": ["pods", "pods/log", "services", "events"], "verbs": READ_VERBS},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": READ_VERBS},
+    # dist/network-policy.k8s.yaml: one policy per Ray cluster, applied with the RayCluster.
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ALL_VERBS},
 ]
 
 
@@ -35,16 +37,21 @@ class KubectlDeployer(Construct):
                              description=f"Pipeline kubectl: RBAC group {DEPLOYER_GROUP} in namespace {namespace}")
         self.role.add_to_policy(iam.PolicyStatement(
             sid="UpdateKubeconfig", actions=["eks:DescribeCluster"], resources=[cluster_arn]))
+        # Only in a bucket of this account: never a same-named bucket elsewhere.
+        owned = {"StringEquals": {"s3:ResourceAccount": Stack.of(self).account}}
         self.role.add_to_policy(iam.PolicyStatement(
-            sid="UploadCodeArchive", actions=["s3:PutObject"], resources=[f"{bucket_arn}/{code_prefix}/*"]))
+            sid="UploadCodeArchive", actions=["s3:PutObject"], resources=[f"{bucket_arn}/{code_prefix}/*"],
+            conditions=owned))
         # The smoke step adds image_ran to run.json; the gate reads both runs' records and
         # metrics and writes the side-by-side report next to the run.
         self.role.add_to_policy(iam.PolicyStatement(
             sid="ReadSmokeRuns", actions=["s3:GetObject"], resources=[
-                f"{bucket_arn}/{runs_prefix}/*/run.json", f"{bucket_arn}/{runs_prefix}/*/metrics.jsonl"]))
+                f"{bucket_arn}/{runs_prefix}/*/run.json", f"{bucket_arn}/{runs_prefix}/*/metrics.jsonl"],
+            conditions=owned))
         self.role.add_to_policy(iam.PolicyStatement(
             sid="RecordSmokeImageAndReport", actions=["s3:PutObject"], resources=[
-                f"{bucket_arn}/{runs_prefix}/*/run.json", f"{bucket_arn}/{runs_prefix}/*/{REPORT_DIR}/*"]))
+                f"{bucket_arn}/{runs_prefix}/*/run.json", f"{bucket_arn}/{runs_prefix}/*/{REPORT_DIR}/*"],
+            conditions=owned))
         self.access_entry = eks_l1.CfnAccessEntry(
             self, "AccessEntry", cluster_name=cluster.cluster_name, principal_arn=self.role.role_arn,
             type="STANDARD", kubernetes_groups=[DEPLOYER_GROUP])
@@ -82,50 +89,85 @@ def acknowledge_artifact_bucket(bucket: s3.IBucket) -> None:
 
 def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list, promoter,
                         bucket_name: str, code_prefix: str, runs_prefix: str, in_vpc: bool) -> None:
-    """The wildcard findings (AwsSolutions-IAM5) of the pipeline stack, each with its reason.
+    """The cdk-nag findings of the pipeline stack, each acknowledged ON THE ONE RESOURCE that has
+    it and for that exact finding, with its own reason: a new wildcard anywhere in the stack,
+    or a known one on another resource, still fails the synth.
 
     cdk-nag matches acknowledgements by the finding's exact text, so they are spelled out from
     the resources' logical IDs. Every wildcard is confined to a resource of this pipeline; the
-    only ``Resource: *`` statements are the two that IAM cannot scope (reasons below).
+    only ``Resource: *`` statements are the ones IAM cannot scope (reasons below).
     """
     def logical_id(construct) -> str:
         return stack.get_logical_id(construct.node.default_child)
+
+    def at(path: str):
+        node = stack
+        for part in path.split("/"):
+            node = node.node.find_child(part)
+        return node
 
     def literal(value: str, pseudo: str) -> str:
         return value if value and not value.startswith("${Token") else f"<AWS::{pseudo}>"
 
     region, account = literal(stack.region, "Region"), literal(stack.account, "AccountId")
-    artifact_reason = ("CodePipeline/CodeBuild artifact access as CDK grants it: object-level "
-                       "actions on this pipeline's own artifact bucket only.")
-    findings = {f"Action::{action}": artifact_reason for action in (
-        "s3:GetObject*", "s3:GetBucket*", "s3:List*", "s3:DeleteObject*", "s3:Abort*")}
-    findings[f"Resource::<{logical_id(artifacts)}.Arn>/*"] = artifact_reason
+    artifact_objects = f"Resource::<{logical_id(artifacts)}.Arn>/*"
+    read = {
+        "Action::s3:GetObject*": "reads the input artifacts (source or synthesized templates) of its stage",
+        "Action::s3:GetBucket*": "reads the artifact bucket's location and settings (S3 SDK transfers)",
+        "Action::s3:List*": "lists the artifact keys of its execution",
+        artifact_objects: "touches artifact objects only inside this pipeline's own artifact bucket",
+    }
+    write = {**read,
+             "Action::s3:DeleteObject*": "replaces an output artifact of a retried action",
+             "Action::s3:Abort*": "aborts a failed multipart upload of a large artifact"}
+    by_owner: dict = {}
+
+    def add(owner, finding: str, reason: str) -> None:
+        by_owner.setdefault(owner, {})[finding] = reason
+
+    kubectl_role = at("KubectlDeployer/Role")
+    artifact_users = [(at("Pipeline/Role"), "the pipeline", write),
+                      (at("Pipeline/Source/Source/CodePipelineActionRole"), "the source action", write)]
     for project in projects:
+        owner = project.role
         pid = logical_id(project)
-        findings[f"Resource::arn:<AWS::Partition>:logs:{region}:{account}:log-group:/aws/codebuild/<{pid}>:*"] = (
-            "Log streams of this CodeBuild project's own log group (names are per build).")
-        findings[f"Resource::arn:<AWS::Partition>:codebuild:{region}:{account}:report-group/<{pid}>-*"] = (
-            "Test report groups of this CodeBuild project only (created per project by CodeBuild).")
-    findings[f"Resource::<{logical_id(promoter)}.Arn>:*"] = (
-        "The pipeline may invoke the promoter function's versions/aliases (CDK's Lambda invoke action).")
-    findings["Resource::*"] = (
-        "codepipeline:PutJobSuccessResult/PutJobFailureResult (promoter), lambda:ListFunctions "
-        "(the pipeline's Lambda invoke action) and, for a private endpoint, CodeBuild's "
-        "ec2:Describe*/CreateNetworkInterface support no resource-level permissions.")
+        add(owner, f"Resource::arn:<AWS::Partition>:logs:{region}:{account}:log-group:/aws/codebuild/<{pid}>:*",
+            f"Log streams of the {project.node.id} project's own log group (stream names are per build).")
+        add(owner, f"Resource::arn:<AWS::Partition>:codebuild:{region}:{account}:report-group/<{pid}>-*",
+            f"Test report groups of the {project.node.id} project only (CodeBuild names them per project).")
+        artifact_users.append((owner, f"the {project.node.id} build", write if project.node.id == "Synth" else read))
+        vpc_policy = project.node.try_find_child("PolicyDocument")
+        if vpc_policy is not None:
+            add(vpc_policy, "Resource::*", f"CodeBuild's VPC support for {project.node.id} (private endpoint): "
+                "ec2:Describe* and CreateNetworkInterface have no resource-level permissions.")
+    for owner, who, findings in artifact_users:
+        for finding, why in findings.items():
+            add(owner, finding, f"CodePipeline artifact access as CDK grants it to {who}: {why}.")
+    promote = at("Pipeline/Promote/Promote/CodePipelineActionRole")
+    add(promote, f"Resource::<{logical_id(promoter)}.Arn>:*",
+        "The Promote action may invoke the promoter function's versions/aliases (CDK's Lambda invoke action).")
+    add(promote, "Resource::*", "lambda:ListFunctions (CDK's Lambda invoke action) has no resource-level permission.")
+    add(promoter.role, "Resource::*",
+        "codepipeline:PutJobSuccessResult/PutJobFailureResult have no resource-level permissions.")
+    run_record = f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/run.json"
+    add(promoter.role, run_record, "The promoter reads the smoke run's record: run.json files under the runs "
+        "prefix only (the run name is per execution).")
+    add(kubectl_role, run_record, "The smoke build reads the record of the run it started and adds the "
+        "image that ran: run.json files under the runs prefix only (the run name is per execution).")
+    add(kubectl_role, f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/metrics.jsonl",
+        "The regression gate reads the smoke runs' metrics (the run name is per execution).")
+    add(kubectl_role, f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/{REPORT_DIR}/*",
+        "The regression gate writes its report next to the smoke run (per execution).")
+    add(kubectl_role, f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*",
+        "The apply build uploads the code archive: only under the code prefix (names carry the content hash).")
     if in_vpc:
-        findings["Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:network-interface/*"] = (
+        add(kubectl_role, "Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:network-interface/*",
             "CodeBuild in the VPC (private endpoint) attaches network interfaces it creates per build; "
             "CDK conditions the permission on the subnets and the CodeBuild service.")
-    findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/run.json"] = (
-        "Read the smoke run's record: only run.json files under the runs prefix (the run name is per execution).")
-    findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/metrics.jsonl"] = (
-        "The regression gate reads the smoke runs' metrics (the run name is per execution).")
-    findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/{REPORT_DIR}/*"] = (
-        "The regression gate writes its report next to the smoke run (per execution).")
-    findings[f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*"] = (
-        "Upload the code archive: only under the code prefix (names carry the content hash).")
-    for finding, reason in findings.items():
-        acknowledge(stack, f"AwsSolutions-IAM5[{finding}]", reason)
-    acknowledge(stack, "AwsSolutions-CB4",
-                "Build artifacts are encrypted at rest with S3-managed keys in an SSL-only bucket; "
-                "they hold the synthesized templates and manifests, no secrets.")
+    for owner, findings in by_owner.items():
+        for finding, reason in findings.items():
+            acknowledge(owner, f"AwsSolutions-IAM5[{finding}]", reason)
+    for project in projects:
+        acknowledge(project, "AwsSolutions-CB4",
+                    f"The {project.node.id} build's artifacts are encrypted at rest with S3-managed keys in "
+                    "an SSL-only bucket; they hold synthesized templates and manifests, no secrets.")

@@ -73,6 +73,7 @@ def run(ctx, args: argparse.Namespace) -> int:
             gate(ctx, digest=args.digest, candidate_uri=args.record, required_transport=args.required_transport)
         else:
             cluster = ctx.manifest(CLUSTER_FILE)
+            ctx.apply_network_policies()
             ctx.kube.apply(cluster)
             wait_for_image(ctx.kube, cluster, repository=ctx.repository, digest=args.digest,
                            timeout_s=ctx.timeout_s, poll_s=ctx.poll_s)

@@ -61,6 +61,18 @@ class StepContext:
         path = self.dist / PROMOTED_DIR / name if promoted else self.dist / name
         return yaml.safe_load(path.read_text()) if path.is_file() else None
 
+    def apply_network_policies(self) -> None:
+        """Server-side apply every Ray cluster's NetworkPolicy (``dist/network-policy.k8s.yaml``)
+        before a cluster is created: the namespace denies ingress by default, so a cluster
+        without its policy never comes up."""
+        import yaml
+
+        from charts.main import NETWORK_POLICY_CHART
+
+        path = self.dist / f"{NETWORK_POLICY_CHART}.k8s.yaml"
+        for policy in (d for d in yaml.safe_load_all(path.read_text()) if d):
+            self.kube.apply(policy)
+
     def read_json(self, uri: str) -> dict[str, Any]:
         return read_record(self.s3, uri)
 

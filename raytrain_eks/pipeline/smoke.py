@@ -46,6 +46,7 @@ def run_smoke(ctx: StepContext, digest: str) -> str:
     job = smoke_job(ctx, digest)
     name = job["metadata"]["name"]
     ctx.kube.delete("rayjob", name)
+    ctx.apply_network_policies()
     ctx.kube.apply(job)
     seen: dict[str, str] = {}
     deadline = time.monotonic() + ctx.timeout_s

@@ -31,6 +31,7 @@ region = "us-east-1"
 availability_zones = ["us-east-1a", "us-east-1b"]
 gpu_availability_zone = "us-east-1a"
 kubernetes_version = "1.36"
+public_access_cidrs = ["203.0.113.0/24"]
 
 [system_node_group]
 instance_type = "m7i.xlarge"

@@ -99,7 +99,7 @@ def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
 def test_gpudirect_rdma_is_set_only_where_the_instance_has_it():
     # p5 has GPUDirect RDMA over EFA; g6 (the default) does not and must not claim it.
     p5 = make_env(instance_type="p5.48xlarge")
-    spec = ray_cluster_spec(ClusterShape(env=p5, worker_replicas=2, worker_grace_seconds=60))
+    spec = ray_cluster_spec(ClusterShape(env=p5, worker_replicas=2, worker_grace_seconds=60, cluster_label="c"))
     c = container(worker_group(spec)["template"])
     assert env_of(c)["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert c["resources"]["limits"][EFA_RESOURCE] == "32" and c["resources"]["limits"][GPU_RESOURCE] == "8"
@@ -236,7 +236,7 @@ def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
 
 def test_code_travels_as_working_dir_only(default_synth):
     code = default_synth.result.code
-    for chart, (obj,) in default_synth.docs.items():
+    for chart, (obj, *_) in default_synth.docs.items():
         if obj["kind"] != "RayJob":
             continue
         runtime_env = yaml.safe_load(obj["spec"]["runtimeEnvYAML"])
@@ -255,7 +255,9 @@ def test_code_travels_as_working_dir_only(default_synth):
 def test_names_are_valid_kuberay_names(default_synth):
     import re
 
-    for chart, (obj,) in default_synth.docs.items():
+    for chart, (obj, *_) in default_synth.docs.items():
+        if not obj["apiVersion"].startswith("ray.io/"):
+            continue
         name = obj["metadata"]["name"]
         limit = 53 if obj["kind"] == "RayCluster" else 47
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= limit, name

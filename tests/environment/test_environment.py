@@ -136,6 +136,13 @@ BAD_SPECS = [
      "cluster.account: '1234' is not a 12-digit AWS account id (or empty)"),
     (lambda r: r["cluster"].update(kubernetes_version="1.20"),
      "cluster.kubernetes_version: '1.20' is not supported by this CDK app (supported: 1.36;"),
+    (lambda r: r["cluster"].update(public_access_cidrs=[]),
+     "cluster.public_access_cidrs: [] must list who may reach the public API endpoint (endpoint_access = "
+     "'public_and_private'); write [\"0.0.0.0/0\"] to open it to everyone"),
+    (lambda r: r["cluster"].update(public_access_cidrs=["10.0.0.1/8"]),
+     "cluster.public_access_cidrs[0]: '10.0.0.1/8' is not an IPv4 CIDR (e.g. 203.0.113.0/24)"),
+    (lambda r: r["cluster"].update(endpoint_access="private"),
+     "cluster.public_access_cidrs: ['0.0.0.0/0'] must be empty with endpoint_access = 'private'"),
     (lambda r: r["cluster"].update(endpoint_access="open"),
      "cluster.endpoint_access: 'open' is not allowed (allowed: public, private, public_and_private)"),
     (lambda r: r["cluster"].update(name="Ray_Train"),

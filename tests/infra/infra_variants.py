@@ -57,7 +57,8 @@ def capacity_raw() -> dict:
 def alternative_raw() -> dict:
     raw = copy.deepcopy(default_raw())
     raw["storage"]["bucket_name"] = ""
-    raw["cluster"].update(account=ACCOUNT, endpoint_access="private", admin_principal_arns=[ADMIN])
+    raw["cluster"].update(account=ACCOUNT, endpoint_access="private", public_access_cidrs=[],
+                          admin_principal_arns=[ADMIN])
     raw["gpu_node_groups"][0].update(
         instance_type="g6.48xlarge", min_nodes=4, desired_nodes=4, max_nodes=4,
         capacity="capacity-reservation", capacity_reservation_id=RESERVATION)

@@ -141,8 +141,8 @@ def _cluster_id(synth) -> str:
 
 
 def _charts(synth) -> dict[str, dict]:
-    return {r["Properties"]["Chart"]: r["Properties"]
-            for r in synth.resources("cluster", "Custom::AWSCDK-EKS-HelmChart").values()}
+    return {r["Properties"]["Chart"]: r["Properties"]  # charts from a repository (not the CRD charts)
+            for r in synth.resources("cluster", "Custom::AWSCDK-EKS-HelmChart").values() if "Chart" in r["Properties"]}
 
 
 def test_helm_chart_versions_equal_the_spec(variant):
@@ -226,17 +226,20 @@ def test_pod_policy_is_least_privilege_on_the_prefix(variant):
     [policy] = policies  # nothing else is attached to the pod role
     statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
     arn = lambda suffix: {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":s3:::{bucket}{suffix}"]]}
+    # every statement: only for a bucket of this account, never a same-named one elsewhere
+    owned = {"StringEquals": {"s3:ResourceAccount": env.cluster.account or {"Ref": "AWS::AccountId"}}}
     assert statements["CheckpointObjects"] == {
-        "Sid": "CheckpointObjects", "Effect": "Allow", "Resource": arn(f"/{prefix}/*"),
+        "Sid": "CheckpointObjects", "Effect": "Allow", "Resource": arn(f"/{prefix}/*"), "Condition": owned,
         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
                    "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]}
     read_only = env.storage.read_only_prefixes
     assert statements["ReadJobInputs"] == {
         "Sid": "ReadJobInputs", "Effect": "Allow", "Action": "s3:GetObject",
-        "Resource": [arn(f"/{ro}/*") for ro in read_only]}
+        "Resource": [arn(f"/{ro}/*") for ro in read_only], "Condition": owned}
     # HeadBucket needs s3:ListBucket with no prefix: unconditioned, but on this one bucket only
     assert statements["ListCheckpointBucket"] == {
-        "Sid": "ListCheckpointBucket", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn("")}
+        "Sid": "ListCheckpointBucket", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn(""),
+        "Condition": owned}
     assert set(statements) == {"CheckpointObjects", "ReadJobInputs", "ListCheckpointBucket"}
     text = json.dumps(policy)
     assert '"s3:*"' not in text and '"Resource": "*"' not in text

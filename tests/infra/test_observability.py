@@ -15,8 +15,8 @@ MANIFEST = "Custom::AWSCDK-EKS-KubernetesResource"
 
 
 def _charts(synth) -> dict[str, tuple[str, dict]]:
-    return {r["Properties"]["Chart"]: (logical_id, r)
-            for logical_id, r in synth.resources("cluster", HELM).items()}
+    return {r["Properties"]["Chart"]: (logical_id, r)  # charts from a repository (not the CRD charts)
+            for logical_id, r in synth.resources("cluster", HELM).items() if "Chart" in r["Properties"]}
 
 
 def _manifests(synth) -> dict[str, tuple[list, dict]]:

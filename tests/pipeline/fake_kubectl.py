@@ -65,6 +65,9 @@ def run_job(job: dict, scenario: dict) -> None:
 
 def apply(state: dict, obj: dict, scenario: dict) -> None:
     kind, name = obj["kind"], obj["metadata"]["name"]
+    if kind == "NetworkPolicy":  # a Ray cluster's policy, applied before the cluster
+        state.setdefault("network_policies", []).append(name)
+        return
     with open(ROOT / "applied.jsonl", "a") as log:
         spec = obj["spec"] if kind == "RayCluster" else obj["spec"]["rayClusterSpec"]
         log.write(json.dumps({"kind": kind, "name": name, "image": head_image(spec),

@@ -35,7 +35,7 @@ def synthesized(tmp_path_factory):
 
     raw = tomllib.loads((REPO / "environment.toml").read_text())
     # private endpoint: the richer path (kubectl builds inside the VPC) is the one synthesized
-    raw["cluster"].update(account=ACCOUNT, endpoint_access="private",
+    raw["cluster"].update(account=ACCOUNT, endpoint_access="private", public_access_cidrs=[],
                           admin_principal_arns=[f"arn:aws:iam::{ACCOUNT}:role/admin"])
     raw["image"]["digest"] = DIGEST
     raw["pipeline"].update(connection_arn=CONNECTION, repository="example-org/raytrain-eks",
