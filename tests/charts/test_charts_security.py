@@ -36,7 +36,9 @@ def test_every_pod_template_is_hardened(variant, request):
     seen = set()
     for where, template in every_template(synth):
         spec = template["spec"]
-        assert spec["automountServiceAccountToken"] is False, where
+        # the token only where the Ray autoscaler sidecar runs (it calls the Kubernetes API)
+        autoscaling_head = where.startswith("raycluster:") and "headGroupSpec" in where
+        assert spec["automountServiceAccountToken"] is autoscaling_head, where
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
         assert "hostNetwork" not in spec and "hostPID" not in spec and "hostIPC" not in spec, where
         for c in spec["containers"]:
@@ -49,6 +51,12 @@ def test_every_pod_template_is_hardened(variant, request):
             assert sc["capabilities"].get("add") == expected, where
         seen |= {kind for kind in ("headGroupSpec", "workerGroupSpecs", "submitterPodTemplate") if kind in where}
     assert seen == {"headGroupSpec", "workerGroupSpecs", "submitterPodTemplate"}
+    # the autoscaler sidecar KubeRay adds to the long-lived head is hardened the same way
+    rc = synth.one("raycluster")["spec"]
+    assert rc["enableInTreeAutoscaling"] is True
+    assert rc["autoscalerOptions"]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def test_every_ray_cluster_runs_with_token_auth(default_synth):

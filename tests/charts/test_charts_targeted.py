@@ -138,6 +138,7 @@ def test_rayjob_clusters_come_from_the_same_builder(default_synth):
     # upgrade strategy.
     rc = copy.deepcopy(default_synth.one("raycluster")["spec"])
     del rc["enableInTreeAutoscaling"], rc["autoscalerOptions"]
+    rc["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"] = False  # the autoscaler's token
     rc.pop("upgradeStrategy", None)  # how the long-lived cluster takes a new pod template
     for job in GPU_JOBS:
         own = copy.deepcopy(default_synth.one(f"rayjob-{job}")["spec"]["rayClusterSpec"])
