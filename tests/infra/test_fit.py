@@ -47,9 +47,9 @@ def _old_system_node(default, dist: Path, tmp_path: Path) -> tuple[dict, Path]:
     13 GiB, no Ray autoscaler, no submitterPodTemplate (KubeRay's default submitter)."""
     template = copy.deepcopy(default.json("cluster"))
     for resource in template["Resources"].values():
-        if resource["Type"] == "AWS::EKS::Nodegroup" and "DiskSize" in resource["Properties"]:
+        if resource["Type"] == "AWS::EKS::Nodegroup" and resource["Properties"]["Labels"].get("raytrain.io/role") == "system":
             resource["Properties"]["InstanceTypes"] = ["m7i.xlarge"]
-            del resource["Properties"]["DiskSize"]
+            del resource["Properties"]["LaunchTemplate"]  # then: no launch template, EKS's default disk
     old = tmp_path / "dist"
     shutil.copytree(dist, old)
     for path in old.glob("*.k8s.yaml"):

@@ -25,9 +25,12 @@ def test_no_node_group_has_a_fixed_name(variant):
 
 
 def test_system_nodes_sized_for_the_image_and_the_heads(default):
-    [system] = [g["Properties"] for g in nodegroups(default).values() if "DiskSize" in g["Properties"]]
-    assert (system["InstanceTypes"], system["DiskSize"]) == (["m7i.2xlarge"], 100)
-    assert system["DiskSize"] * 0.85 - 4 >= default.env.image.disk_gib
+    [system] = [g["Properties"] for g in nodegroups(default).values() if g["Properties"]["Labels"]["raytrain.io/role"] == "system"]
+    # the disk is in the system launch template (beside the IMDS settings)
+    data = default.json("cluster")["Resources"][system["LaunchTemplate"]["Id"]["Ref"]]["Properties"]["LaunchTemplateData"]
+    [root] = data["BlockDeviceMappings"]
+    assert (system["InstanceTypes"], root["Ebs"]["VolumeSize"]) == (["m7i.2xlarge"], 100)
+    assert root["Ebs"]["VolumeSize"] * 0.85 - 4 >= default.env.image.disk_gib
 
 
 def _refusal(raw, tmp_path) -> str:
@@ -75,7 +78,7 @@ def test_an_existing_bucket_is_adopted_not_created(tmp_path):
 
 
 def test_gpu_groups_scale_from_zero_with_cluster_autoscaler(default):
-    [gpu] = [g["Properties"] for g in nodegroups(default).values() if "LaunchTemplate" in g["Properties"]]
+    [gpu] = [g["Properties"] for g in nodegroups(default).values() if g["Properties"]["Labels"]["raytrain.io/role"] == "gpu"]
     assert gpu["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}
     template = "k8s.io/cluster-autoscaler/node-template"
     assert gpu["Tags"][f"{template}/resources/vpc.amazonaws.com/efa"] == "1"
@@ -83,7 +86,7 @@ def test_gpu_groups_scale_from_zero_with_cluster_autoscaler(default):
     assert gpu["Tags"][f"{template}/taint/nvidia.com/gpu"] == "true:NoSchedule"
     assert gpu["Tags"][f"{template}/label/raytrain.io/node-group"] == "gpu"
     charts = default.resources("cluster", "Custom::AWSCDK-EKS-HelmChart")
-    [ca] = [c["Properties"] for c in charts.values() if c["Properties"]["Chart"] == "cluster-autoscaler"]
+    [ca] = [c["Properties"] for c in charts.values() if c["Properties"].get("Chart") == "cluster-autoscaler"]
     values = json.loads(ca["Values"]) if isinstance(ca["Values"], str) else ca["Values"]
     assert values["autoDiscovery"]["clusterName"] == default.env.cluster.name
     assert values["nodeSelector"] == {"raytrain.io/role": "system"}
@@ -102,7 +105,9 @@ def test_control_plane_logs_have_a_retention(default):
 
 
 def _templates(synth) -> dict:
-    return synth.resources("cluster", "AWS::EC2::LaunchTemplate")
+    """The GPU groups' launch templates (the system group's holds only its disk and IMDS settings)."""
+    return {k: t for k, t in synth.resources("cluster", "AWS::EC2::LaunchTemplate").items()
+            if "NetworkInterfaces" in t["Properties"]["LaunchTemplateData"]}
 
 
 def _data(synth, reservation: str) -> dict:
