@@ -65,8 +65,9 @@ def run_job(job: dict, scenario: dict) -> None:
 
 def apply(state: dict, obj: dict, scenario: dict) -> None:
     kind, name = obj["kind"], obj["metadata"]["name"]
+    with open(ROOT / "applied-kinds.txt", "a") as log:
+        log.write(f"{kind} {name}\n")
     if kind == "NetworkPolicy":  # a Ray cluster's policy, applied before the cluster
-        state.setdefault("network_policies", []).append(name)
         return
     with open(ROOT / "applied.jsonl", "a") as log:
         spec = obj["spec"] if kind == "RayCluster" else obj["spec"]["rayClusterSpec"]

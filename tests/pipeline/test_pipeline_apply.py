@@ -93,3 +93,6 @@ def test_apply_passes_once_every_pod_reports_the_new_image(workspace):
     assert done.returncode == 0, done.stderr
     assert "pods of raytrain run @" + CANDIDATE in done.stderr
     assert list(history.events()) == []
+    # every Ray cluster's network policy first: the namespace denies ingress by default
+    kinds = [line.split()[0] for line in (kube / "applied-kinds.txt").read_text().splitlines()]
+    assert kinds.index("RayCluster") > 0 and set(kinds[:kinds.index("RayCluster")]) == {"NetworkPolicy"}
