@@ -90,7 +90,8 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") ->
         raise RuntimeError(f"cdk8s wrote no {', '.join(missing)}")  # a bug: file naming changed
     hashes = {}
     for name, path in files.items():
-        if name != RAYCLUSTER_CHART:  # each RayJob carries its own file's hash (the job records it)
+        # Each RayJob carries its own file's hash (the job records it); the others run no job.
+        if name not in (RAYCLUSTER_CHART, NETWORK_POLICY_CHART):
             path.write_text(fill_manifest_hash(path.read_text(encoding="utf-8")), encoding="utf-8")
             hashes[name] = manifest_hash(path.read_text(encoding="utf-8"))
     return SynthResult(files=files, code=code, plans=plans, source=source, manifest_hashes=hashes)

@@ -17,7 +17,7 @@ def _runtime_env(synth, chart: str) -> dict:
 
 def test_each_rayjob_carries_the_hash_of_its_own_file(default_synth):
     result = default_synth.result
-    assert set(result.manifest_hashes) == set(result.files) - {"raycluster"}
+    assert set(result.manifest_hashes) == set(result.files) - {"raycluster", "network-policy"}
     for chart, digest in result.manifest_hashes.items():
         text = result.files[chart].read_text()
         assert _runtime_env(default_synth, chart)[contract.ENV_MANIFEST_HASH] == digest
