@@ -150,3 +150,12 @@ def test_a_version_without_pinned_crds_is_refused(tmp_path):
     raw["versions"]["kuberay_operator"] = "1.99.0"
     with pytest.raises(SpecError, match=r"versions.kuberay_operator: '1.99.0' has no pinned CRDs \(add kuberay-v1.99.0.yaml"):
         synthesize(raw, tmp_path, "environment.toml")
+
+
+def test_every_supported_kubernetes_version_has_pinned_managed_addons():
+    from environment.addons import EKS_ADDONS
+    from environment.contract import KUBERNETES_VERSIONS
+
+    for addon in EKS_ADDONS:
+        assert set(KUBERNETES_VERSIONS) <= set(addon.versions), addon.name
+        assert all(v.startswith("v") and "-eksbuild." in v for v in addon.versions.values()), addon.name
