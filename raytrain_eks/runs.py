@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from environment.contract import RECORD_IMAGE_RAN
 from training import contract
 from training.run_record import read_json
 from training.verdict import of_record
@@ -33,6 +34,14 @@ def _loss(figures: Any) -> float | None:
     return figures.get(contract.EVAL_LOSS) if isinstance(figures, dict) else None
 
 
+def digest_that_ran(record: dict[str, Any]) -> str:
+    """The image digest the pods reported (``image_ran``, written by the pipeline's smoke step)
+    when there is exactly one; else the digest the manifest asked for."""
+    pods = (record.get(RECORD_IMAGE_RAN) or {}).get("pods") or {}
+    ran = {image_id.rsplit("@", 1)[-1] for image_id in pods.values() if "@" in image_id}
+    return ran.pop() if len(ran) == 1 else record.get("image_digest") or ""
+
+
 def row(run_dir: str, record: dict[str, Any]) -> dict[str, Any]:
     verdict = of_record(record) or {}
     source = record.get("source") or {}
@@ -41,7 +50,7 @@ def row(run_dir: str, record: dict[str, Any]) -> dict[str, Any]:
     return {
         "run": run_dir.rstrip("/").rsplit("/", 1)[-1],
         "started": record.get("start_time") or "",
-        "image digest": record.get("image_digest") or "(tag/local)",
+        "image digest": digest_that_ran(record) or "(tag/local)",
         "commit": (commit[:12] + ("+dirty" if source.get("git_dirty") is True else "")) if commit else "-",
         "job": (record.get("job_config") or {}).get("name", ""),
         "verdict": verdict.get("verdict") or "none",

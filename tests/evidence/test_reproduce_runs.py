@@ -82,3 +82,14 @@ def test_reproduce_names_each_difference_and_refuses_a_record_without_identity(t
     assert main(["reproduce", str(tmp_path / "plain")]) == 2
     err = capsys.readouterr().err
     assert "source.git_commit, environment_spec.text, manifest_name, manifest_hash missing" in err
+
+
+def test_runs_shows_the_digest_the_pods_reported_and_filters_on_it():
+    from raytrain_eks.runs import filter_rows, row
+
+    asked, ran = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    record = {"image_digest": asked, "job_config": {"name": "smoke"}, "status": "succeeded",
+              "image_ran": {"pods": {"head/ray-head": f"repo@{ran}", "worker/ray-worker": f"repo@{ran}"}}}
+    listed = row("s3://b/runs/smoke-1", record)
+    assert listed["image digest"] == ran and listed["run"] == "smoke-1" and listed["verdict"] == "accepted"
+    assert filter_rows([listed], digest="sha256:bbbb") == [listed] and filter_rows([listed], digest=asked) == []
