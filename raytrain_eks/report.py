@@ -28,8 +28,9 @@ PLOTS = (  # file stem, metric key, y label
 )
 INPUTS = ("kind", "is_infrastructure_check", "image", "image_digest", "code_hash", "spec_hash", "manifest_hash", "job_config",
           "job_config_hash", "cluster", "versions", "command", "data", "schema_version")
-RUNTIME = ("transport", "hosts")
-OUTCOMES = ("status", "exit_code", "error", "throughput", "eval", "checkpoints", "duration_s")
+RUNTIME = ("transport", "hosts", "ranks", "nccl_logs")
+OUTCOMES = ("status", "exit_code", "error", "throughput", "eval", "checkpoints", "duration_s", "verdict", "failure",
+            "reproducibility")
 IDENTITY = ("run_dir", "start_time", "end_time")
 
 

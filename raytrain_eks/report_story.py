@@ -108,9 +108,12 @@ def marker_steps(run: Any) -> dict[str, list[int]]:
 
 
 def mark_steps(ax: Any, runs: list[Any]) -> None:
-    """Checkpoint steps as dotted lines, eval steps as dashed ones (each labelled once)."""
-    for kind, style, color in (("checkpoint", ":", "tab:green"), ("eval", "--", "tab:purple")):
-        steps = sorted({s for run in runs for s in marker_steps(run)[kind]})
-        for index, step in enumerate(steps):
-            ax.axvline(step, linestyle=style, color=color, alpha=0.5, linewidth=1,
-                       label=f"{kind} steps" if index == 0 else None)
+    """Eval steps as dashed vertical lines, checkpoint steps as triangles on the top edge (they
+    often coincide with eval steps; two line styles on one x would hide one of them)."""
+    steps = {kind: sorted({s for run in runs for s in marker_steps(run)[kind]}) for kind in ("checkpoint", "eval")}
+    for index, step in enumerate(steps["eval"]):
+        ax.axvline(step, linestyle="--", color="tab:purple", alpha=0.4, linewidth=1,
+                   label="eval steps" if index == 0 else None)
+    if steps["checkpoint"]:
+        ax.plot(steps["checkpoint"], [1.0] * len(steps["checkpoint"]), linestyle="none", marker="v", markersize=8,
+                color="tab:green", transform=ax.get_xaxis_transform(), clip_on=False, label="checkpoint steps")

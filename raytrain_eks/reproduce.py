@@ -186,7 +186,9 @@ def compare_runs(run_a: str, run_b: str) -> dict[str, Any]:
     """Execution (same pins: seeds, data content, config) and result (bit-identical losses)."""
     a, b = (read_json(f"{r.rstrip('/')}/{contract.RECORD_NAME}") for r in (run_a, run_b))
     pins_a, pins_b = ((r.get("reproducibility") or {}).get("execution_pins") for r in (a, b))
-    same_config = (a.get("job_config_hash") or {}).get("ran") == (b.get("job_config_hash") or {}).get("ran")
+    from raytrain_eks.report_story import factors
+
+    same_config = not factors(a, b)  # names and storage locations aside, nothing that shapes a run differs
     execution = bool(pins_a) and pins_a == pins_b and same_config
     losses_a, losses_b = _losses(run_a), _losses(run_b)
     result = execution and bool(losses_a) and losses_a == losses_b
