@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         for what, old, new in outcome.differences:
             print(f"  differs    {what}: recorded {_short(old)} -> now {_short(new)}")
     levels = ["infrastructure"] if outcome.verified == "infrastructure" else []
+    pair: dict = {}
     if args.against:
         pair = compare_runs(args.run, args.against)
         if levels and pair["execution"]:
@@ -54,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"second run   same pins and config: {'yes' if pair['execution'] else 'no'}; losses "
               f"{'bit-identical' if pair['result'] else f'differ from step {first}' if first else 'not comparable'}"
               f" ({pair['steps'][0]} vs {pair['steps'][1]} steps)")
-    print(f"verified     {levels[-1] if levels else 'none'}"
+    held = ("result" if pair["result"] else "execution" if pair["execution"] else "") if args.against else ""
+    why = ("" if levels else f" (the levels build on infrastructure, which is unverified; the pair alone shows "
+                             f"{held})" if held else "")
+    print(f"verified     {levels[-1] if levels else 'none'}{why}"
           f"{'' if args.against else ' (execution and result need a second run: --against RUN_DIR_2)'}")
     return 0 if outcome.identical else 1
