@@ -206,5 +206,8 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
     final = record.finish(status=status, error=error, exit_code=2 if code == 2 else None)
     del stop_flag
     print(f"run directory: {run_dir(job)} ({status})", flush=True)
-    print(f"verdict: {verdict.headline(final.get('verdict'))}", flush=True)
+    judged = final.get("verdict") or {}
+    # A failure's reason is the error line above: the verdict adds only its stage (one line per error).
+    print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED
+                         else verdict.headline(judged)), flush=True)
     return final["exit_code"]
