@@ -93,3 +93,20 @@ def test_runs_shows_the_digest_the_pods_reported_and_filters_on_it():
     listed = row("s3://b/runs/smoke-1", record)
     assert listed["image digest"] == ran and listed["run"] == "smoke-1" and listed["verdict"] == "accepted"
     assert filter_rows([listed], digest="sha256:bbbb") == [listed] and filter_rows([listed], digest=asked) == []
+
+
+def test_runs_lists_the_runs_under_an_s3_prefix_and_fingerprints_read_etags(moto_s3, capsys):
+    from training.facts import fingerprint
+
+    prefix = "s3://runs-111122223333/runs"
+    for name, accept in (("good", {}), ("bad", {"eval_loss_after_max": 0.1})):
+        record = RunRecord(f"{prefix}/{name}", environ={})
+        record.start(job_config={"name": "smoke", "accept": accept}, is_infrastructure_check=True, versions={})
+        record.update(eval={"before": {"eval_loss": 3.0}, "after": {"eval_loss": 2.0}})
+        record.finish(status="succeeded")
+    assert main(["runs", prefix, "--verdict", "rejected"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[0] == "bad" and "3.000 -> 2.000" in out[1] and out[-1] == f"1 of 2 run(s) under {prefix}"
+    # an S3 input is fingerprinted by its objects' ETags (pyarrow uploads multipart: "<md5>-<parts>")
+    found = fingerprint(f"{prefix}/good")
+    assert [o["key"] for o in found["objects"]] == ["runs/good/run.json"] and found["objects"][0]["etag"]
