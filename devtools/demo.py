@@ -214,9 +214,11 @@ def _print_scrape(watcher, out_dir: Path) -> None:
 def _job_info(dashboard_url: str, submission_id: str, auth_env: dict[str, str]) -> dict:
     from ray.job_submission import JobSubmissionClient
 
-    # Ray's client reads the mode and token from the environment (it caches them per process).
-    os.environ.update(auth_env)
-    info = JobSubmissionClient(dashboard_url).get_job_info(submission_id)
+    # The token goes in the request's own header: Ray's client reads RAY_AUTH_MODE once per
+    # process and caches it, so an environment set after anything imported Ray is not seen.
+    token = auth_env.get("RAY_AUTH_TOKEN", "")
+    headers = {"authorization": f"Bearer {token}"} if token else None
+    info = JobSubmissionClient(dashboard_url, headers=headers).get_job_info(submission_id)
     return {"submission_id": submission_id, "status": getattr(info.status, "value", str(info.status)),
             "entrypoint": info.entrypoint}
 

@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{job.source}: ok ({job.parallel.num_workers} workers, {job.parallel.strategy}, "
               f"{job.train.max_steps} steps of {job.tokens_per_step} tokens)")
+        if job.parallel.use_gpu and job.parallel.num_workers == 1:
+            print("  size   not checked here: a GPU job is sized to its node group by the charts "
+                  "(`raytrain-eks preflight` checks it at that size)")
         print(f"  model  {model_note}")
         print(f"  data   {data.summary}")
         return 0

@@ -81,7 +81,10 @@ def validate(c: Any) -> None:
     if p.num_workers % p.workers_per_node:
         raise _fail(s, "parallel.num_workers", p.num_workers,
                     f"must be a multiple of parallel.workers_per_node ({p.workers_per_node})")
-    if p.strategy == "hybrid_shard" and c.num_nodes < 2:
+    # A GPU job still at one worker has not been sized yet: the charts and the preflight set its
+    # size from the environment's node group and validate it again at that size.
+    unsized_gpu_job = p.use_gpu and p.num_workers == 1
+    if p.strategy == "hybrid_shard" and c.num_nodes < 2 and not unsized_gpu_job:
         raise _fail(s, "parallel.strategy", p.strategy,
                     f"needs >= 2 nodes (num_workers {p.num_workers} / workers_per_node {p.workers_per_node} = {c.num_nodes})")
     per_step = p.num_workers * t.micro_batch_size

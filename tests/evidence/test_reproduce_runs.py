@@ -98,7 +98,7 @@ def test_runs_shows_the_digest_the_pods_reported_and_filters_on_it():
 def test_runs_lists_the_runs_under_an_s3_prefix_and_fingerprints_read_etags(moto_s3, capsys):
     from training.facts import fingerprint
 
-    prefix = "s3://runs-111122223333/runs"
+    prefix = "s3://runs-111122223333/listing"  # a prefix of its own: the moto server is per session
     for name, accept in (("good", {}), ("bad", {"eval_loss_after_max": 0.1})):
         record = RunRecord(f"{prefix}/{name}", environ={})
         record.start(job_config={"name": "smoke", "accept": accept}, is_infrastructure_check=True, versions={})
@@ -109,4 +109,4 @@ def test_runs_lists_the_runs_under_an_s3_prefix_and_fingerprints_read_etags(moto
     assert out[1].split()[0] == "bad" and "3.000 -> 2.000" in out[1] and out[-1] == f"1 of 2 run(s) under {prefix}"
     # an S3 input is fingerprinted by its objects' ETags (pyarrow uploads multipart: "<md5>-<parts>")
     found = fingerprint(f"{prefix}/good")
-    assert [o["key"] for o in found["objects"]] == ["runs/good/run.json"] and found["objects"][0]["etag"]
+    assert [o["key"] for o in found["objects"]] == ["listing/good/run.json"] and found["objects"][0]["etag"]

@@ -9,6 +9,8 @@ the old spec back byte for byte, so it synthesizes the old manifests.
 """
 from __future__ import annotations
 
+import base64
+
 import json
 import os
 import re
@@ -20,6 +22,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from training import contract
 
 from charts.main import synth
 from raytrain_eks.commands.lock import lock
@@ -73,6 +77,14 @@ def test_new_digest_changes_only_image_references(two_synths):
         for old_line, new_line in zip(old_lines, new_lines):
             if old_line == new_line:
                 assert OLD not in new_line
+                continue
+            key, _, old_value = old_line.strip().partition(": ")
+            if key == contract.ENV_MANIFEST_HASH:  # the hash of the manifest it sits in
+                assert new_line.strip().partition(": ")[2] != old_value
+                continue
+            if key == contract.ENV_SPEC_TEXT:  # the spec's text, base64: the same text, new digest
+                decode = lambda line: base64.b64decode(line.strip().partition(": ")[2]).decode()  # noqa: E731
+                assert decode(old_line).replace(OLD, NEW) == decode(new_line), chart
                 continue
             # each changed line is the old one with the digest (and the spec hash) swapped
             assert OLD in old_line or old_env.spec_hash in old_line, (chart, old_line)
