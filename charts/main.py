@@ -52,6 +52,7 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") ->
     ``spec_text`` (the environment file's text) travels in every RayJob for the run record."""
     from charts.jobs import plan_jobs
     from charts.code_bundle import build_code_bundle
+    from environment.contract import CODE_PREFIX
     from charts.provenance import SourceIdentity
     from training.contract import fill_manifest_hash, manifest_hash
 
@@ -59,7 +60,7 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") ->
     outdir = Path(outdir).resolve()
     with contextlib.chdir(root):  # job configs name paths relative to where the job runs
         plans = plan_jobs(env, root / "jobs", root)  # user errors surface before the slow imports
-        code = build_code_bundle(root, outdir / "code")
+        code = build_code_bundle(root, outdir / CODE_PREFIX)  # dist/ mirrors the bucket's layout
         source = SourceIdentity.capture(root, spec_text)
 
     import cdk8s
@@ -69,7 +70,7 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") ->
     from charts.rayjob import RayJobChart, worker_grace_seconds
     for stale in outdir.glob("*.k8s.yaml"):
         stale.unlink()
-    for stale in (outdir / "code").glob("training-*.zip"):
+    for stale in (outdir / CODE_PREFIX).glob("training-*.zip"):
         if stale != code.path:
             stale.unlink()
     app = cdk8s.App(outdir=str(outdir), yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)

@@ -161,8 +161,10 @@ def run_demo(args: argparse.Namespace) -> dict:
 
     manifest = ROOT / "dist" / f"rayjob-{LOCAL_JOB}.k8s.yaml"
     job = read_rayjob(manifest)
-    code_zip = ROOT / "dist" / "code" / Path(job.working_dir).name
+    from environment.contract import CODE_PREFIX
     from training.config import load_job_config
+
+    code_zip = ROOT / "dist" / CODE_PREFIX / Path(job.working_dir).name
     run_uri = f"{env.storage_uri}/{load_job_config(ROOT / 'jobs' / f'{LOCAL_JOB}.toml').run_name}"
     out_dir = Path(args.out) if args.out else ROOT / ".work" / "demo" / time.strftime("%Y%m%d-%H%M%S")
 
