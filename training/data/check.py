@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.data.records import SUFFIXES, DataError, _jsonl_documents, _Reader, _text_documents
+from training.data.records import SUFFIXES, DataError, _Reader, parse_file
 from training.data.remote import RemoteFile, is_s3, list_files, s3_filesystem, split_s3
 
 LOCAL_FULL_BYTES = 256 * 1024**2
@@ -123,15 +123,7 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
             if not raw.strip():
                 reader.bad(f.uri, 1, "empty file")
                 continue
-            if d.kind == "text":
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    reader.bad(f.uri, raw[:err.start].count(b"\n") + 1, "not valid UTF-8")
-                    text = raw.decode("utf-8", errors="replace")
-                _text_documents(reader, f.uri, text)
-            else:
-                _jsonl_documents(reader, f.uri, raw, d.kind)
+            parse_file(reader, f.uri, raw, d.kind)
     except DataError as err:
         raise DataError(f"{job.source}: data.path: {err}") from None
     except OSError as err:

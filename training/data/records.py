@@ -152,6 +152,20 @@ def _jsonl_documents(reader: _Reader, source: str, raw: bytes, kind: str) -> Non
         reader.result.documents.append(Document(source=source, line=number, messages=messages))
 
 
+def parse_file(reader: _Reader, source: str, raw: bytes, kind: str) -> None:
+    """The documents of one file's bytes, by data kind: THE parser the job and the data check
+    share (a new kind is a branch here and its suffixes in :data:`SUFFIXES`)."""
+    if kind == "text":
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            reader.bad(source, raw[:err.start].count(b"\n") + 1, "not valid UTF-8")
+            text = raw.decode("utf-8", errors="replace")
+        _text_documents(reader, source, text)
+    else:
+        _jsonl_documents(reader, source, raw, kind)
+
+
 def read_documents(path: str, kind: str, *, on_bad_record: str = "error") -> ReadResult:
     """Every document under ``path`` (file, directory or ``s3://`` prefix), in file and line order."""
     if kind not in SUFFIXES:
@@ -168,15 +182,7 @@ def read_documents(path: str, kind: str, *, on_bad_record: str = "error") -> Rea
         if not raw.strip():
             reader.bad(f.uri, 1, "empty file")
             continue
-        if kind == "text":
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                reader.bad(f.uri, raw[:err.start].count(b"\n") + 1, "not valid UTF-8")
-                text = raw.decode("utf-8", errors="replace")
-            _text_documents(reader, f.uri, text)
-        else:
-            _jsonl_documents(reader, f.uri, raw, kind)
+        parse_file(reader, f.uri, raw, kind)
     if not reader.result.documents:
         raise DataError(f"{path}: no usable {kind} documents "
                         f"({reader.result.bad_records} bad records skipped in {len(files)} files)")
