@@ -90,8 +90,29 @@ class ClusterSpec:
             raise FieldError("log_retention_days", self.log_retention_days, "must be between 1 and 3653")
 
 
+class _NodeSizing:
+    """What a node group's instance type gives its pods (both kinds of group)."""
+
+    __slots__ = ()
+    instance_type: str
+
+    @property
+    def instance(self) -> InstanceType:
+        return INSTANCE_TYPES[self.instance_type]
+
+    @property
+    def pod_cpu(self) -> int:
+        """Whole CPUs one pod may request on a node of this group."""
+        return pod_cpu(self.instance)
+
+    @property
+    def pod_memory_gib(self) -> int:
+        """GiB one pod may request on a node of this group."""
+        return pod_memory_gib(self.instance)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SystemNodeGroupSpec:
+class SystemNodeGroupSpec(_NodeSizing):
     instance_type: str = "m7i.2xlarge"
     nodes: int = 1
     disk_gib: int = 100
@@ -108,24 +129,12 @@ class SystemNodeGroupSpec:
             raise FieldError("disk_gib", self.disk_gib, "must be between 20 and 16384")
 
     @property
-    def instance(self) -> InstanceType:
-        return INSTANCE_TYPES[self.instance_type]
-
-    @property
     def labels(self) -> dict[str, str]:
         return {NODE_ROLE_LABEL: "system", NODE_GROUP_LABEL: "system"}
 
-    @property
-    def pod_cpu(self) -> int:
-        return pod_cpu(self.instance)
-
-    @property
-    def pod_memory_gib(self) -> int:
-        return pod_memory_gib(self.instance)
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class GpuNodeGroupSpec:
+class GpuNodeGroupSpec(_NodeSizing):
     name: str = "gpu"
     instance_type: str = "g6.12xlarge"
     min_nodes: int = 0
@@ -176,10 +185,6 @@ class GpuNodeGroupSpec:
             raise FieldError("placement_group", self.placement_group, "is not a placement group name")
 
     @property
-    def instance(self) -> InstanceType:
-        return INSTANCE_TYPES[self.instance_type]
-
-    @property
     def gpus_per_node(self) -> int:
         return self.instance.gpus
 
@@ -207,11 +212,3 @@ class GpuNodeGroupSpec:
     @property
     def taints(self) -> tuple[dict[str, str], ...]:
         return ({"key": GPU_TAINT_KEY, "value": GPU_TAINT_VALUE, "effect": GPU_TAINT_EFFECT},)
-
-    @property
-    def pod_cpu(self) -> int:
-        return pod_cpu(self.instance)
-
-    @property
-    def pod_memory_gib(self) -> int:
-        return pod_memory_gib(self.instance)
