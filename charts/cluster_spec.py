@@ -67,7 +67,8 @@ class ClusterShape:
 
 
 def gpu_worker_env(group: GpuNodeGroupSpec) -> list[dict[str, str]]:
-    """NCCL/libfabric environment of GPU workers (facts.md: the DLC, the EKS docs, the sample).
+    """NCCL/libfabric environment of GPU workers (as the DLC, the EKS EFA docs and AWS's
+    Ray Train sample set it: socket interface eth0, libfabric provider efa, the OFI NCCL plugin).
 
     NCCL_DEBUG=INFO makes NCCL log the transport it selected: the evidence the transport gate
     reads. FI_EFA_USE_DEVICE_RDMA only where the instance has GPUDirect RDMA (not g5/g6).

@@ -1,6 +1,6 @@
 """Per-GPU memory of an FSDP2 fine-tune, term by term, before any GPU is paid for.
 
-The model (how the job in training/ runs, issue 5): parameters stored in the job's dtype (fp32
+The model (how the job in training/ runs): parameters stored in the job's dtype (fp32
 master weights unless ``model.dtype = "bfloat16"``), FSDP2 ``fully_shard`` per decoder layer then
 the root, MixedPrecisionPolicy bf16 compute on GPU (c = 2 bytes; 4 on CPU) with fp32 gradient
 reduction, AdamW. Terms, in bytes per GPU:
@@ -46,7 +46,8 @@ FRAGMENTATION = 1.10
 USABLE_FRACTION = 0.93
 
 # Shapes used when model.path is not a readable local directory (an s3:// prefix or a hub id):
-# matched case-insensitively against the last path component. Hand-checked against facts.md.
+# matched case-insensitively against the last path component. Hand-checked against each
+# model's published config.json.
 KNOWN_MODELS: dict[str, ModelShapes] = {
     "qwen2.5-1.5b": QWEN2_5_1_5B,
 }

@@ -98,7 +98,8 @@ class ModelShapes:
         return self.num_layers * per_layer + embeddings + h  # + final norm
 
 
-# Hand-checked shapes of the reference model (facts.md; the model's config.json wins when readable).
+# Shapes of Qwen2.5-1.5B as its published config.json states them (28 layers, hidden 1536,
+# intermediate 8960, 12 query / 2 KV heads, vocab 151936, tied embeddings); a readable config.json wins.
 QWEN2_5_1_5B = ModelShapes(hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
                            num_kv_heads=2, vocab_size=151936, tie_word_embeddings=True, qkv_bias=True)
 

@@ -27,7 +27,7 @@ def storage_location(job: JobConfig) -> tuple[str, Any]:
     """``(storage_path, storage_filesystem)`` for RunConfig.
 
     ``s3://`` goes through our own pyarrow S3 file system (it honours ``AWS_ENDPOINT_URL``), and
-    then the path drops the scheme (pitfalls.md). Empty = Ray's default local directory.
+    then the path drops the scheme (Ray Train's rule for a custom ``storage_filesystem``). Empty = Ray's default local directory.
     """
     path = job.checkpoint.storage_path or DEFAULT_STORAGE
     if path.startswith("s3://"):

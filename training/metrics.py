@@ -4,7 +4,8 @@ Rank 0 appends one JSON object per step (and per evaluation) to ``metrics.jsonl`
 run directory and mirrors the file into the run's storage (local directory or S3) at the report
 cadence and at the end, so a report can be rendered from storage alone. It also prints a console
 progress line. Reporting to Ray happens in the loop at ``train.report_every_n_steps``: every
-``ray.train.report`` waits for a controller poll (pitfalls.md), so never every step.
+``ray.train.report`` waits for a controller poll (``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s by
+default), so never every step.
 """
 from __future__ import annotations
 

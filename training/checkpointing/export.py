@@ -7,7 +7,7 @@ config) and written next to the checkpoints: ``<storage>/<run_name>/hf``. Nothin
 downloaded, and nothing runs on the head pod.
 
 :func:`export_local` / :func:`export_hf` consolidate a stored checkpoint in ONE process with no
-process group (DCP reassembles the full tensors, pitfalls.md), for runs exported afterwards.
+process group (DCP reassembles the full tensors when no process group exists), for runs exported afterwards.
 The result holds ``config.json``, ``model.safetensors`` and the tokenizer and loads with
 ``AutoModelForCausalLM.from_pretrained``.
 """

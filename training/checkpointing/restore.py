@@ -5,8 +5,8 @@ the marker and DCP's ``.metadata`` (small), the shard files it reads mostly (wit
 unchanged: its own ``__<rank>_0.distcp``; after a change: the files its new slices overlap)
 WHOLE, with size and sha256 checked against the marker, and from the other files only the byte
 ranges it reads (the small replicated items DCP's de-duplication spreads over the ranks' files;
-their size is checked, a whole-file hash cannot be). Into its own folder (no shared temp folder: the Ray download race,
-pitfalls.md, cannot happen). An all-reduce carries "my copy is bad": then the checkpoint is
+their size is checked, a whole-file hash cannot be). Into its own folder (no shared temp folder: Ray's race, where workers sharing a
+checkpoint id download into one temp folder and read half-written files, cannot happen). An all-reduce carries "my copy is bad": then the checkpoint is
 skipped with a warning naming it, and the newest complete one before it is tried (rank 0
 chooses and broadcasts, so every rank loads the same).
 

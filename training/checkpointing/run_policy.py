@@ -5,7 +5,7 @@
   ``<storage>/<run_name>/`` (incomplete ones are skipped with a warning naming them);
 - ``refuse``: stop with one line naming the run and its location.
 Either way a run that already reached ``train.max_steps`` is refused with one line: Ray Train
-would otherwise "finish" it again by training zero steps (pitfalls.md).
+would otherwise "finish" it again by training zero steps (the same storage path and run name resume silently).
 """
 from __future__ import annotations
 
