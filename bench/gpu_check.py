@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NCCL_LOG_DIR = "/tmp/raytrain-nccl"  # training.transport.NCCL_LOG_DIR (imported below when torch is there)
+sys.path.insert(0, str(ROOT))
+
+from training.nccl_log import NCCL_LOG_DIR  # noqa: E402  (standard library only: no torch needed)
+
 JOB = """\
 name = "gpu-check"
 [model]

@@ -55,7 +55,7 @@ def worker_env(job: JobConfig) -> dict[str, str]:
     settings from process start (the loop also creates the folder before NCCL's first use)."""
     env = forwarded_env()
     if job.parallel.use_gpu:
-        from training.transport import NCCL_LOG_DIR, nccl_debug_env
+        from training.nccl_log import NCCL_LOG_DIR, nccl_debug_env
 
         env.update(nccl_debug_env(NCCL_LOG_DIR, env))
     return env

@@ -165,7 +165,8 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
            argv: list[str] | None) -> dict[str, Any]:
     from training import checkpointing as ckpt_api
     from training.facts import gather
-    from training.transport import NCCL_LOG_DIR, hosts_from_evidence, prepare_nccl_logging
+    from training.nccl_log import NCCL_LOG_DIR, prepare_nccl_logging
+    from training.transport import hosts_from_evidence
 
     if job.parallel.use_gpu and not torch.cuda.is_available():
         raise RuntimeError("parallel.use_gpu = true but this worker sees no CUDA device "

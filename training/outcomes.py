@@ -15,7 +15,8 @@ from training.config import JobConfig
 
 def transport_evidence(job: JobConfig, on_gpu: bool) -> tuple[dict, str | None]:
     """The run's transport evidence and, when the gate refuses it, the one-line reason."""
-    from training.transport import NCCL_LOG_DIR, TransportGate, collect_evidence
+    from training.nccl_log import NCCL_LOG_DIR
+    from training.transport import TransportGate, collect_evidence
 
     evidence = collect_evidence(require=job.evidence.require_transport, log_dir=NCCL_LOG_DIR if on_gpu else None,
                                 num_nodes=job.num_nodes, enforce=False)
@@ -58,7 +59,7 @@ def worker_ended(job: JobConfig, ctx: Any, open_record: Any, *, summary: dict | 
     record with its status and verdict (inside Ray the driver does)."""
     from training.facts import upload_nccl_log
     from training.launch import outcome
-    from training.transport import NCCL_LOG_DIR
+    from training.nccl_log import NCCL_LOG_DIR
     from training.verdict import describe_exception, failure_of_summary, failure_stage
 
     upload_nccl_log(ctx.run_dir, ctx.rank, NCCL_LOG_DIR if job.parallel.use_gpu else None)

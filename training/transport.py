@@ -25,7 +25,7 @@ Ray prefixes do not matter):
    The bare ``NET/Socket : Using [0]eth0:...`` init line is NOT evidence: older NCCLs initialise
    every network at start-up and print it on EFA hosts too.
 
-In the worker loop: :func:`prepare_nccl_logging` (creates the folder, sets NCCL_DEBUG*) before
+In the worker loop: :func:`training.nccl_log.prepare_nccl_logging` (creates the folder, sets NCCL_DEBUG*) before
 NCCL's first collective (torch creates communicators lazily), then, after the process group
 exists, ONE call on every rank: :func:`collect_evidence` runs a collective, classifies this
 rank's file, gathers every rank's class, and :class:`TransportGate` refuses a wrong transport.
@@ -33,21 +33,18 @@ The loop turns a refusal into a recorded, terminal end of the run (a retry canno
 
 ``NCCL_DEBUG_FILE`` takes ``%h`` (host) and ``%p`` (pid), so each process writes its own file and
 the lines no longer reach stderr (the DLC's ``NCCL_DEBUG=INFO`` would otherwise flood the Ray
-logs). On CPU (gloo) there are no NCCL lines: use :func:`non_nccl_evidence`.
+logs). On CPU (gloo) there are no NCCL lines: use :func:`non_nccl_evidence`. Where NCCL logs to is :mod:`training.nccl_log`.
 """
 from __future__ import annotations
 
-import glob
 import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
+from training import nccl_log
+
 TRANSPORTS = ("efa", "socket", "single-node", "unknown")
-LOG_NAME = "nccl.%h.%p.log"
-NCCL_LOG_DIR = "/tmp/raytrain-nccl"
-"""Node-local folder for NCCL's INFO log. NCCL does not create it: when NCCL_DEBUG_FILE cannot be
-opened it silently logs to stdout, so :func:`prepare_nccl_logging` creates it first."""
 
 _CHANNEL_NET = re.compile(r"\bvia NET/([A-Za-z ]+?)/\d", re.IGNORECASE)
 _CHANNEL_LOCAL = re.compile(r"\bvia (P2P|SHM|NVLS|CollNet)/", re.IGNORECASE)
@@ -187,57 +184,10 @@ def classify_file(path: str | None) -> RankTransport:
         return classify_lines(handle)
 
 
-def nccl_debug_env(log_dir: str, environ: dict | None = None) -> dict[str, str]:
-    """Environment that makes NCCL log the transport into ``log_dir/nccl.<host>.<pid>.log``.
-
-    Keeps a user's own NCCL_DEBUG/NCCL_DEBUG_SUBSYS when set (WARN would hide the evidence, so
-    it is raised to INFO). ``log_dir`` must be node-local and writable (e.g. :data:`NCCL_LOG_DIR`).
-    """
-    environ = os.environ if environ is None else environ
-    level = environ.get("NCCL_DEBUG", "").upper()
-    return {
-        "NCCL_DEBUG": level if level in ("INFO", "TRACE") else "INFO",
-        "NCCL_DEBUG_SUBSYS": environ.get("NCCL_DEBUG_SUBSYS", "INIT,NET"),
-        "NCCL_DEBUG_FILE": os.path.join(log_dir, LOG_NAME),
-    }
-
-
-def prepare_nccl_logging(log_dir: str, environ: dict | None = None) -> dict[str, str]:
-    """Create ``log_dir`` and point NCCL's INFO log into it; call before NCCL's first collective.
-
-    Updates ``environ`` (default ``os.environ``) and returns the variables set. The folder must
-    exist before NCCL opens the file, or NCCL writes to stdout and the rank has no evidence.
-    """
-    environ = os.environ if environ is None else environ
-    os.makedirs(log_dir, exist_ok=True)
-    env = nccl_debug_env(log_dir, environ)
-    environ.update(env)
-    return env
-
-
 def missing_log_evidence(log_dir: str, environ: dict | None = None) -> RankTransport:
     """``unknown`` for a rank whose NCCL debug file is absent, with the likely cause."""
-    environ = os.environ if environ is None else environ
-    level = environ.get("NCCL_DEBUG", "").upper()
-    target = environ.get("NCCL_DEBUG_FILE", "")
-    if level not in ("INFO", "TRACE"):
-        hint = f"NCCL_DEBUG is {level or 'unset'}: set NCCL_DEBUG=INFO so the transport can be proven"
-    elif not os.path.isdir(log_dir):
-        hint = f"folder {log_dir} does not exist, so NCCL logged to stdout instead of {target}"
-    elif not os.access(log_dir, os.W_OK):
-        hint = f"folder {log_dir} is not writable, so NCCL logged to stdout instead of {target}"
-    elif target and os.path.dirname(target) != log_dir.rstrip("/"):
-        hint = f"NCCL_DEBUG_FILE={target} points outside {log_dir}"
-    else:
-        hint = (f"NCCL_DEBUG={level} and NCCL_DEBUG_FILE={target or '(unset)'} but NCCL wrote no file for pid "
-                f"{os.getpid()}: was NCCL initialised before these variables were set?")
-    return RankTransport(reason=f"no NCCL debug file for this process in {log_dir}", hint=hint)
-
-
-def own_nccl_log(log_dir: str, pid: int | None = None) -> str | None:
-    """This process's NCCL debug file in ``log_dir`` (NCCL expands %h to the short host name)."""
-    matches = sorted(glob.glob(os.path.join(log_dir, f"nccl.*.{pid or os.getpid()}.log")))
-    return matches[-1] if matches else None
+    return RankTransport(reason=f"no NCCL debug file for this process in {log_dir}",
+                         hint=nccl_log.missing_log_cause(log_dir, environ))
 
 
 def non_nccl_evidence(backend: str, num_nodes: int, host: str = "", rank: int | None = None) -> RankTransport:
@@ -340,7 +290,7 @@ def collect_evidence(*, require: str, log_dir: str | None, num_nodes: int, enfor
         if not log_dir:
             mine = RankTransport(reason="no NCCL debug file configured")
         else:
-            found = own_nccl_log(log_dir)
+            found = nccl_log.own_nccl_log(log_dir)
             mine = classify_file(found) if found else missing_log_evidence(log_dir)
     else:
         mine = non_nccl_evidence(backend, num_nodes)
