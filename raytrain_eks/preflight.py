@@ -8,10 +8,8 @@ without runs locally on CPU (the demo) and is checked against this machine. Chec
   manifests under ``dist/`` (when present), and vs the installed Ray for local jobs;
 * transport: ``require_transport = "efa"`` needs an EFA interface per node and >= 2 nodes;
 * memory per GPU (:mod:`raytrain_eks.memory_estimate`), breakdown printed;
-* time and cost at a stated MFU: compute time from the model's FLOPs, and the network time of
-  FSDP's collectives through each node's link (the bound on 40 Gbps g6 nodes). Calibration: for
-  the AWS sample (full shard, 8 L4, seq 128) this model gives ~2 s/step; the sample measured
-  1.93 s over EFA.
+* time and cost at a stated MFU, and every strategy ranked (:mod:`raytrain_eks.step_time`);
+* every pod placed on a node (:mod:`raytrain_eks.fit`).
 
 A refused plan prints its report, then ONE line saying why on stderr; the command exits 2.
 """
@@ -23,16 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from charts.resources import resource_problems
-from raytrain_eks import memory_estimate
 from raytrain_eks.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
+from raytrain_eks.step_time import DEFAULT_MFU, estimate_time, strategy_options
 from environment import Environment
-from training import flops
 from training.config import JobConfig
 
-DEFAULT_MFU = 0.30
-SCALE_UP_MINUTES = 6.0
-"""GPU nodes start at zero for every job: cluster-autoscaler's reaction (~1 min), EC2 launch and
-node join (~3 min), the DLC image pull onto the NVMe RAID0 (~2 min for ~20 GB). An estimate."""
 _RAY_VERSION = re.compile(r"""["']?rayVersion["']?\s*:\s*["']?([0-9][\w.\-]*)""")
 
 
@@ -182,70 +175,6 @@ def _check_inputs(job: JobConfig) -> list[Check]:
     return checks
 
 
-STRATEGIES = ("full_shard", "hybrid_shard", "no_shard")
-
-
-def _network_bytes_per_node(job: JobConfig, num_params: int, param_bytes: int, strategy: str = "") -> tuple[float, float]:
-    """``(gather, reduce)`` bytes through ONE node's network link per optimizer step (ring
-    collectives, line rate).
-
-    Gradients are reduced once per step, in fp32. full_shard gathers the parameters once per
-    step when accumulating (they stay gathered across the micro-batches, training/parallel.py),
-    else in forward and again in backward; hybrid_shard gathers inside the node only and
-    all-reduces the gradients across nodes; no_shard all-reduces them over every rank."""
-    strategy = strategy or job.parallel.strategy
-    nodes, w = job.num_nodes, job.parallel.num_workers
-    if nodes < 2:
-        return 0.0, 0.0
-    if strategy == "full_shard":
-        gathers = 1 if job.grad_accum_steps > 1 else 2
-        return gathers * param_bytes * num_params * (w - 1) / w, 4 * num_params * (w - 1) / w
-    ring = nodes if strategy == "hybrid_shard" else w
-    return 0.0, 2 * 4 * num_params * (ring - 1) / ring
-
-
-def _exposed_network_s(job: JobConfig, compute_s: float, gather_s: float, reduce_s: float) -> float:
-    """Network time the compute cannot hide. Without accumulation the collectives overlap the
-    whole step (per-block prefetch). With it they are bunched: the gather can only hide behind
-    the first micro-batch's forward (1/3 of its compute), the gradient reduction behind the last
-    one's backward (2/3)."""
-    accum = job.grad_accum_steps
-    if accum <= 1:
-        return max(0.0, gather_s + reduce_s - compute_s)
-    micro = compute_s / accum
-    return max(0.0, gather_s - micro / 3) + max(0.0, reduce_s - 2 * micro / 3)
-
-
-def _estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, mfu: float, strategy: str = "") -> dict:
-    g = env.gpu_group(job.parallel.node_group)
-    strategy = strategy or job.parallel.strategy
-    peak = g.instance.gpu_bf16_tflops
-    per_token = flops.training_flops_per_token(shapes, job.train.seq_len)
-    per_step = per_token * job.tokens_per_step
-    compute_s = per_step / (job.parallel.num_workers * peak * 1e12 * mfu)
-    # FSDP gathers parameters in the compute dtype (bf16 on GPU); gradients are reduced in fp32
-    param_bytes = memory_estimate.compute_bytes(job)
-    gather, reduce = _network_bytes_per_node(job, shapes.num_params(), param_bytes, strategy)
-    link = g.instance.network_gbps * 1e9 / 8
-    net_bytes, network_s = gather + reduce, (gather + reduce) / link
-    exposed_s = _exposed_network_s(job, compute_s, gather / link, reduce / link)
-    step_s = compute_s + exposed_s
-    hours = job.train.max_steps * step_s / 3600
-    from environment.addons import SCALE_DOWN_UNNEEDED
-    # Paid GPU time beyond the steps: nodes booting for the job, and idle before removal.
-    overhead_h = (SCALE_UP_MINUTES + int(SCALE_DOWN_UNNEEDED.rstrip("m"))) / 60
-    return {
-        "mfu": mfu, "peak_tflops": peak, "flops_per_token": per_token, "flops_per_step": per_step,
-        "compute_s": compute_s, "network_bytes_per_node": net_bytes, "network_gbps": g.instance.network_gbps,
-        "network_s": network_s, "step_s": step_s, "exposed_network_s": exposed_s,
-        "bound": "network" if network_s > compute_s else "compute",
-        "tokens_per_hour": job.tokens_per_step / step_s * 3600, "run_hours": hours,
-        "hourly_usd": env.hourly_cost_usd, "run_usd": (hours + overhead_h) * env.hourly_cost_usd,
-        "overhead_h": overhead_h, "idle_hourly_usd": env.idle_hourly_cost_usd,
-        "effective_mfu": mfu * compute_s / step_s, "strategy": strategy,
-    }
-
-
 def _check_fit(env: Environment, plan: Plan, dist_dir: str | Path, cdk_out: str | Path) -> list[Check]:
     """Every pod the project creates, placed on the node groups the CDK app creates."""
     from raytrain_eks.fit_inputs import cluster_template, fit_cases
@@ -258,32 +187,6 @@ def _check_fit(env: Environment, plan: Plan, dist_dir: str | Path, cdk_out: str 
     pending = [line for p in plan.placements for line in p.pending]
     return [Check(name="scheduling fit", ok=not pending, message=pending[0] if pending else
                   f"every pod gets a node in {len(plan.placements)} cases ({cdk_out}/ and {dist_dir}/)")]
-
-
-def strategy_options(env: Environment, job: JobConfig, shapes: flops.ModelShapes, mfu: float) -> list[dict]:
-    """Every strategy's step time and memory for this job on this spec, fastest first.
-
-    Fastest = the shortest step (compute plus the network time it cannot hide); among equal
-    steps the one with less network time. A strategy whose memory does not fit comes last.
-    """
-    usable = usable_bytes(env.gpu_group(job.parallel.node_group).instance.gpu_memory_gib)
-    options = []
-    for strategy in STRATEGIES:
-        option = _estimate_time(env, job, shapes, mfu, strategy)
-        memory = memory_estimate.estimate_memory(
-            shapes, strategy=strategy, world_size=job.parallel.num_workers, workers_per_node=job.parallel.workers_per_node,
-            seq_len=job.train.seq_len, micro_batch_size=job.train.micro_batch_size,
-            activation_checkpointing=job.parallel.activation_checkpointing, param_bytes=memory_estimate.storage_bytes(job),
-            compute_bytes=memory_estimate.compute_bytes(job), grad_accum_steps=job.grad_accum_steps)
-        option.update(required_bytes=memory.required, fits=memory.required <= usable)
-        options.append(option)
-    return sorted(options, key=lambda o: (not o["fits"], round(o["step_s"], 3), o["network_s"]))
-
-
-def best_strategy(env: Environment, job: JobConfig, mfu: float = DEFAULT_MFU) -> str:
-    """The strategy :func:`strategy_options` ranks first for ``job`` on ``env``."""
-    shapes, _ = shapes_for_job(job)
-    return strategy_options(env, job, shapes, mfu)[0]["strategy"]
 
 
 def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "dist", mfu: float = DEFAULT_MFU,
@@ -320,7 +223,7 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
         f"{job.model.path or 'model'} {job.parallel.strategy} at train.seq_len = {job.train.seq_len} x "
         f"micro_batch_size = {job.train.micro_batch_size} needs ~{m.required / GIB:.1f} GiB per GPU "
         f"(incl. 10% fragmentation); each {g.instance.gpu_model} has {usable / GIB:.1f} GiB usable{hint}")))
-    plan.estimate = _estimate_time(env, job, shapes, mfu)
+    plan.estimate = estimate_time(env, job, shapes, mfu)
     plan.strategies = strategy_options(env, job, shapes, mfu)
     best = plan.strategies[0]
     if best["strategy"] != job.parallel.strategy and best["fits"]:

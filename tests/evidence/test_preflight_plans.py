@@ -128,7 +128,7 @@ def test_accumulation_holds_the_gathered_model_and_a_full_fp32_gradient():
 
 def test_shipped_finetune_job_runs_the_strategy_preflight_finds_fastest(monkeypatch):
     from charts.jobs import plan_job
-    from raytrain_eks.preflight import strategy_options
+    from raytrain_eks.step_time import strategy_options
 
     monkeypatch.chdir(ROOT)
     env = load_environment(ENV)
