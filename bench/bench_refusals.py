@@ -21,19 +21,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "validation"))
 
 from cases import DATA_CASES, ENV_CASES, JOB_CASES  # noqa: E402
-
-
-def _toml(raw: dict) -> str:
-    out = []
-    for key, value in raw.items():
-        tables = value if isinstance(value, list) else [value]
-        for table in tables:
-            out.append(f"[[{key}]]" if isinstance(value, list) else f"[{key}]")
-            out += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
-    return "\n".join(out) + "\n"
+from toml_writer import toml_text  # noqa: E402
 
 
 def _time(argv: list[str], env: dict | None = None, repeat: int = 3) -> dict:
@@ -56,7 +48,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         env_file = tmp_path / "environment.toml"
-        env_file.write_text(_toml(bad_env))
+        env_file.write_text(toml_text(bad_env))
         data = tmp_path / "corpus.jsonl"
         data.write_text('{"text": "fine"}\n' * 30 + '{"content": "wrong field"}\n')
         local = "jobs/local.toml"

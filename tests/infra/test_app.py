@@ -10,27 +10,9 @@ import sys
 import pytest
 
 from infra_variants import REPO, alternative_raw, default_raw
+from toml_writer import toml_text
 
 CDK = REPO / "node_modules" / ".bin" / "cdk"
-
-
-def _toml(raw: dict) -> str:
-    """Tiny TOML writer for the spec's shapes (tables, one array of tables, scalars, lists)."""
-    def value(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return str(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(value(i) for i in v) + "]"
-        return json.dumps(v)
-    lines = []
-    for section, body in raw.items():
-        tables = body if isinstance(body, list) else [body]
-        for table in tables:
-            lines.append(f"[[{section}]]" if isinstance(body, list) else f"[{section}]")
-            lines += [f"{k} = {value(v)}" for k, v in table.items()]
-    return "\n".join(lines) + "\n"
 
 
 def _env(**extra) -> dict:
@@ -61,7 +43,7 @@ def test_app_prints_one_line_and_exits_2_before_any_output(tmp_path):
     raw = default_raw()
     raw["cluster"]["kubernetes_version"] = "1.35"
     spec_file = tmp_path / "bad.toml"
-    spec_file.write_text(_toml(raw))
+    spec_file.write_text(toml_text(raw))
     outdir = tmp_path / "cdk.out"
     result = subprocess.run(
         [sys.executable, "app.py"], cwd=REPO, capture_output=True, text=True, timeout=120,
@@ -90,7 +72,7 @@ def test_cdk_cli_synth_offline_with_an_account(tmp_path):
     # given an account in the spec and no credentials or network, when the real CLI synthesizes,
     # then it needs no lookup (the AZ context comes from the spec) and writes every template
     spec_file = tmp_path / "account.toml"
-    spec_file.write_text(_toml(alternative_raw()))
+    spec_file.write_text(toml_text(alternative_raw()))
     outdir = tmp_path / "cdk.out"
     workdir = tmp_path / "project"
     workdir.mkdir()

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from spawn_ranks import spawn_ranks
 from tiny_qwen import tiny_qwen2_config
 
 SEQ_LEN, ROWS, STEPS = 16, 4, 2
@@ -78,9 +77,7 @@ def _worker(rank: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def counts():
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_worker, args=(out_dir,), nprocs=2, join=True)
-        return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(2)]
+    return spawn_ranks(_worker)
 
 
 @pytest.mark.slow

@@ -14,8 +14,8 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from spawn_ranks import spawn_ranks
 from tiny_qwen import tiny_qwen2_config
 from training.config import job_config_from_dict
 from training.parallel import mesh_plan
@@ -106,9 +106,7 @@ def _two_rank_worker(rank: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_rank_results():
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_two_rank_worker, args=(out_dir,), nprocs=2, join=True)
-        return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(2)]
+    return spawn_ranks(_two_rank_worker)
 
 
 @pytest.fixture(scope="module")
