@@ -1,6 +1,6 @@
 """The training code as ONE content-addressed zip: how the job's code reaches the pods.
 
-Choice: ``training/`` and ``jobs/`` are packed into ``training-<sha256[:16]>.zip`` during synth
+Choice: ``training/``, ``jobs/`` and ``spec_schema/`` (the job config's parser) are packed into ``training-<sha256[:16]>.zip`` during synth
 (``dist/code/``), uploaded to ``s3://<bucket>/code/``, and every RayJob names it in its
 ``runtimeEnvYAML`` as ``working_dir: s3://<bucket>/code/training-<hash>.zip``.
 
@@ -27,8 +27,8 @@ The hash covers the tree, not the zip bytes: sha256 over the sorted ``(path, sha
 list, so a different zlib cannot change the name of identical code. The zip itself is also
 deterministic (sorted entries, fixed timestamps and modes, no ``__pycache__``).
 
-The zip holds TWO top-level folders (``training/`` and ``jobs/``): Ray strips a single top-level
-folder from remote zips, and with two it keeps the layout, so the unpacked working directory is
+The zip holds several top-level folders (:data:`training.contract.CODE_DIRS`): Ray strips a single
+top-level folder from remote zips, and with more it keeps the layout, so the unpacked working directory is
 the repository root as far as the job is concerned (``python -m training --config jobs/x.toml``).
 """
 from __future__ import annotations

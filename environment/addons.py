@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from environment import observability
 from environment.contract import EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, NODE_ROLE_LABEL
 
-if TYPE_CHECKING:  # the model imports this table; only type checkers need the reverse
-    from environment.model import Environment
+Environment = Any
+"""An :class:`environment.model.Environment`. Not imported: the model reads this table (default
+chart versions), so importing it back would make the two modules a cycle."""
 
 CRD_DIR = Path(__file__).resolve().parents[1] / "charts" / "crds"
 """The pinned CRD files (one per chart version); the cdk8s bindings are generated from them too."""

@@ -50,7 +50,7 @@ class ClusterSpec:
             # CloudFormation stack names (<name>-network, ...) must start with a letter.
             raise FieldError("name", self.name, "is not a lower-case name of 1-40 letters, digits and '-' "
                                                 "starting with a letter (the stack names derive from it)")
-        if self.account and not re.fullmatch(r"\d{12}", self.account):
+        if self.account and not re.fullmatch(r"(?a)\d{12}", self.account):
             raise FieldError("account", self.account, "is not a 12-digit AWS account id (or empty)")
         if self.region not in AWS_REGIONS:
             close = [r for r in AWS_REGIONS if r.rsplit("-", 1)[0] == self.region.rsplit("-", 1)[0]]
@@ -84,7 +84,7 @@ class ClusterSpec:
                              f"must list who may reach the public API endpoint (endpoint_access = "
                              f"{self.endpoint_access!r}); write [\"0.0.0.0/0\"] to open it to everyone")
         for i, arn in enumerate(self.admin_principal_arns):
-            if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
+            if not re.fullmatch(r"(?a)arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
                 raise FieldError(f"admin_principal_arns[{i}]", arn, "is not an IAM role or user ARN")
         if not 1 <= self.log_retention_days <= 3653:
             raise FieldError("log_retention_days", self.log_retention_days, "must be between 1 and 3653")
@@ -181,7 +181,7 @@ class GpuNodeGroupSpec(_NodeSizing):
         if self.placement_group and self.capacity != "capacity-reservation":
             raise FieldError("placement_group", self.placement_group,
                              "is only for capacity = capacity-reservation (the reservation's own placement group)")
-        if self.placement_group and not re.fullmatch(r"[\w.-]{1,255}", self.placement_group):
+        if self.placement_group and not re.fullmatch(r"(?a)[\w.-]{1,255}", self.placement_group):
             raise FieldError("placement_group", self.placement_group, "is not a placement group name")
 
     @property

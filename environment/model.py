@@ -21,7 +21,7 @@ from environment.errors import FieldError
 from environment.instances import INSTANCE_TYPES
 from environment.rules import DNS_LABEL, bucket_name_problem, schedule_problem, tag_ray_problem
 
-_SEMVER = re.compile(r"v?\d+\.\d+\.\d+")
+_SEMVER = re.compile(r"(?a)v?\d+\.\d+\.\d+")
 
 
 class UnlockedImageWarning(UserWarning):
@@ -72,15 +72,15 @@ class ImageSpec:
         if not re.fullmatch(r"[a-z0-9.-]+(:\d+)?/[a-z0-9._/-]+", self.repository):
             raise FieldError("repository", self.repository,
                              "is not registry/name (e.g. public.ecr.aws/deep-learning-containers/ray)")
-        if not re.fullmatch(r"[\w][\w.-]{0,127}", self.tag):
+        if not re.fullmatch(r"(?a)[\w][\w.-]{0,127}", self.tag):
             raise FieldError("tag", self.tag, "is not a valid image tag")
         if self.digest and not DIGEST_PATTERN.fullmatch(self.digest):
             raise FieldError("digest", self.digest, "is not sha256:<64 hex digits> (or empty until `raytrain-eks lock`)")
-        if not re.fullmatch(r"\d+\.\d+\.\d+", self.ray_version):
+        if not re.fullmatch(r"(?a)\d+\.\d+\.\d+", self.ray_version):
             raise FieldError("ray_version", self.ray_version, "is not a Ray version (e.g. 2.58.0)")
         if problem := tag_ray_problem(self.tag, self.ray_version):
             raise FieldError("tag", self.tag, problem)
-        if not re.fullmatch(r"3\.\d+", self.python_version):
+        if not re.fullmatch(r"(?a)3\.\d+", self.python_version):
             raise FieldError("python_version", self.python_version, "is not a Python version (e.g. 3.13)")
 
     @property
@@ -176,11 +176,11 @@ class PipelineSpec:
     promoted smoke run's by at most this much."""
 
     def __post_init__(self) -> None:
-        arn = r"arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}"
+        arn = r"(?a)arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}"
         if self.connection_arn and not re.fullmatch(arn, self.connection_arn):
             raise FieldError("connection_arn", self.connection_arn,
                              "is not a CodeConnections connection ARN (or empty: no pipeline)")
-        if self.connection_arn and not re.fullmatch(r"[\w.-]+/[\w.-]+", self.repository):
+        if self.connection_arn and not re.fullmatch(r"(?a)[\w.-]+/[\w.-]+", self.repository):
             raise FieldError("repository", self.repository, "is not owner/name (required with pipeline.connection_arn)")
         if not re.fullmatch(r"[\w./-]+", self.branch) or self.branch.startswith(("/", "-")) or ".." in self.branch:
             raise FieldError("branch", self.branch, "is not a git branch name")
@@ -224,6 +224,9 @@ class Environment:
 
     def __post_init__(self) -> None:
         """Checks across sections; a FieldError here names the absolute field."""
+        if not self.gpu_node_groups:
+            raise FieldError("gpu_node_groups", [], "has no group: list at least one [[gpu_node_groups]] table "
+                                                    "(the GPU nodes the jobs run on)")
         names: set[str] = set()
         for i, group in enumerate(self.gpu_node_groups):
             if group.name in names:

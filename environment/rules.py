@@ -10,7 +10,7 @@ DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 """A Kubernetes / DNS label: names of the cluster, node groups, namespace, service account."""
 
 _BUCKET_CHARS = re.compile(r"[a-z0-9.-]+")
-_IPV4 = re.compile(r"\d{1,3}(\.\d{1,3}){3}")
+_IPV4 = re.compile(r"(?a)\d{1,3}(\.\d{1,3}){3}")
 # S3 general purpose bucket naming rules (AWS S3 User Guide, "General purpose bucket naming rules").
 _BUCKET_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
 _BUCKET_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
@@ -42,7 +42,7 @@ def bucket_name_problem(name: str) -> str:
     return ""
 
 
-_RATE = re.compile(r"rate\((\d+) ([a-z]+)\)")
+_RATE = re.compile(r"(?a)rate\((\d+) ([a-z]+)\)")
 _RATE_UNITS = ("minute", "hour", "day")
 # EventBridge cron: minutes hours day-of-month month day-of-week year (Amazon EventBridge
 # User Guide, "Schedule expressions for rules"); (field name, characters, numeric range).
@@ -77,7 +77,7 @@ def schedule_problem(expression: str) -> str:
         for value, (name, chars, (low, high)) in zip(fields, _CRON_FIELDS):
             if not re.fullmatch(chars, value):
                 return f"is not an EventBridge schedule: cron {name} field {value!r} {_SCHEDULE_HELP}"
-            numbers = [int(n) for n in re.findall(r"(?<![/#])\b\d+", value)]
+            numbers = [int(n) for n in re.findall(r"(?a)(?<![/#])\b\d+", value)]
             if any(not low <= n <= high for n in numbers):
                 return f"is not an EventBridge schedule: cron {name} field {value!r} is outside {low}-{high}"
         if (fields[2] == "?") == (fields[4] == "?"):
@@ -87,7 +87,7 @@ def schedule_problem(expression: str) -> str:
     return f"is not an EventBridge schedule {_SCHEDULE_HELP}"
 
 
-_TAG_RAY = re.compile(r"(?:^|ray[-_]?v?)(\d+\.\d+(?:\.\d+)?)(?=$|[-_])")
+_TAG_RAY = re.compile(r"(?a)(?:^|ray[-_]?v?)(\d+\.\d+(?:\.\d+)?)(?=$|[-_])")
 
 
 def ray_version_in_tag(tag: str) -> str:

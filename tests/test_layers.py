@@ -2,8 +2,10 @@
 
 Layers (lowest first):
 
-- ``environment``: the environment spec; the standard library only.
-- ``training``: the job that runs in the DLC; nothing of ``environment``, ``infra``, ``charts``,
+- ``spec_schema``: the schema engine of both TOML files; the standard library only, nothing of
+  the repository.
+- ``environment``: the environment spec; the standard library and ``spec_schema`` only.
+- ``training``: the job that runs in the DLC; ``spec_schema``, nothing of ``environment``, ``infra``, ``charts``,
   the CLI or the developer tooling. Its ``config``, ``config_checks`` and ``contract`` modules
   are standard-library only, because ``charts`` imports them.
 - ``charts``: may import ``environment`` and training's stdlib-only modules; never ``infra``,
@@ -16,6 +18,10 @@ Layers (lowest first):
 Every ``import`` counts, also one inside a function: a deferred import is still a dependency.
 An import inside ``try: ... except ImportError`` (a back-up import that hides a missing layer)
 is refused everywhere. A violation fails with ``file:line: what``.
+
+Inside each package the files form no cycle either (a module importing one that imports it
+back, directly or through others, TYPE_CHECKING imports included): a cycle means neither file
+can be read, tested or moved alone.
 """
 from __future__ import annotations
 
@@ -24,14 +30,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("environment", "training", "charts", "infra", "raytrain_eks", "devtools")
+PACKAGES = ("spec_schema", "environment", "training", "charts", "infra", "raytrain_eks", "devtools")
 TRAINING_STDLIB_MODULES = ("training.config", "training.config_checks", "training.contract", "training.model_config")
+STDLIB_PACKAGES = ("spec_schema", "environment")
 ALLOWED: dict[str, set[str]] = {
-    "environment": {"environment"},
-    "training": {"training"},
-    "charts": {"charts", "environment", "training"},  # training: only its stdlib modules (below)
-    "infra": {"infra", "environment"},
-    "raytrain_eks": {"raytrain_eks", "environment", "training", "charts", "infra"},
+    "spec_schema": {"spec_schema"},
+    "environment": {"environment", "spec_schema"},
+    "training": {"training", "spec_schema"},
+    "charts": {"charts", "environment", "training", "spec_schema"},  # training: only its stdlib modules (below)
+    "infra": {"infra", "environment", "spec_schema"},
+    "raytrain_eks": {"raytrain_eks", "environment", "training", "charts", "infra", "spec_schema"},
     "devtools": set(PACKAGES),
 }
 GENERATED = ("charts/imports/",)
@@ -83,7 +91,7 @@ def check_source(rel: str, source: str) -> list[str]:
                 elif package == "charts" and top == "training" and not target.startswith(TRAINING_STDLIB_MODULES):
                     problems.append(f"{where}: charts may import only {', '.join(TRAINING_STDLIB_MODULES)} of training"
                                     f" ({target})")
-            elif (package == "environment" or module.startswith(TRAINING_STDLIB_MODULES)) and top and \
+            elif (package in STDLIB_PACKAGES or module.startswith(TRAINING_STDLIB_MODULES)) and top and \
                     top not in sys.stdlib_module_names and top != "__future__":
                 problems.append(f"{where}: {module} must import only the standard library ({target})")
     return problems
@@ -127,6 +135,36 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def module_graph() -> dict[str, set[str]]:
+    """``module -> the modules of its own package it imports`` for every repository file (a
+    ``from pkg import name`` of a submodule counts as that submodule)."""
+    modules = {}
+    for path in repository_files():
+        rel = path.relative_to(ROOT).as_posix()
+        if not rel.startswith(GENERATED):
+            modules[rel.removesuffix(".py").replace("/", ".").removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = _imported_modules(node, module, is_package)
+            if isinstance(node, ast.ImportFrom):
+                base = targets[0] if len(targets) == 1 and targets[0] not in PACKAGES else None
+                if base is not None:  # `from training.data import check`: the submodule if it is one
+                    targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != module and target.split(".")[0] == module.split(".")[0]:
+                    graph[module].add(target)
+    return graph
+
+
+def test_no_file_imports_itself_back_inside_a_package():
+    found = cycles(module_graph())
+    assert found == [], "\n" + "\n".join(" -> ".join(c) for c in found)
+
+
 def test_every_import_follows_the_layers():
     problems = [p for path in repository_files()
                 for p in check_source(path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8"))]
@@ -161,3 +199,8 @@ def test_a_violation_is_reported_with_file_and_line():
         "raytrain_eks/cli.py:1: raytrain_eks may not import devtools (devtools.demo)"]
     assert check_source("infra/lambdas/image_watcher/watcher.py", "from .registry import resolve_digest\n") == []
     assert cycles({"a": {"b"}, "b": {"a"}}) and not cycles({"a": {"b"}, "b": set()})
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert check_source("spec_schema/engine.py", "import yaml\n") == [
+        "spec_schema/engine.py:1: spec_schema.engine must import only the standard library (yaml)"]
+    assert check_source("spec_schema/engine.py", "from environment import SpecError\n") == [
+        "spec_schema/engine.py:1: spec_schema may not import environment (environment.SpecError)"]

@@ -6,22 +6,28 @@ cdk8s charts and the preflight all call :func:`load_job_config`, so they validat
 code the job runs. This module imports nothing outside the standard library (a test proves it),
 so charts/ and the CLI can use it without torch or ray.
 
-Every error a user can cause is a :class:`JobConfigError` whose text is one line naming the file,
-the field, the bad value and what is allowed.
+The schema engine (spec_schema/, shared with environment.toml) checks the file's shape; each
+section below owns its rules (``__post_init__``, raising :class:`FieldError` on its own field),
+and :class:`JobConfig` the rules across sections. Every error a user can cause is a
+:class:`JobConfigError` whose text is one line naming the file, the field, the bad value and
+what is allowed.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from spec_schema import FieldError, build_section, read_toml
 from training.config_checks import (  # noqa: F401  (re-exported: one schema, one place to import from)
-    BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, ON_EXISTING_RUN, STRATEGIES, TRANSPORTS, JobConfigError, _fail, validate,
+    BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, ON_EXISTING_RUN, OVERLONG_POLICIES, STRATEGIES, TRANSPORTS,
+    JobConfigError, one_of, positive,
 )
-
+from training.model_config import check_config_keys, max_positions
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
@@ -39,6 +45,19 @@ class ModelConfig:
     max_position_embeddings: int = 0
     """Read from the model's config.json by the job; 0 here means 'not known yet'."""
 
+    def __post_init__(self) -> None:
+        one_of(self, "dtype", DTYPES)
+        if not self.path and not self.config:
+            raise FieldError("path", "", "is empty and model.config is empty: give a model path or a config")
+        check_config_keys(self.config)
+        positive(self, "max_position_embeddings", allow_zero=True)
+
+    @property
+    def known_max_positions(self) -> int | None:
+        """The model's positions as far as the file says (``max_position_embeddings`` or the
+        config table's), None when only the model's own config.json can tell."""
+        return self.max_position_embeddings or max_positions(self.config)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DataConfig:
@@ -55,6 +74,18 @@ class DataConfig:
     blocks): ``truncate`` to its first seq_len tokens (counted in the run record) or ``refuse``."""
     seed: int = 1234
     """Shuffle seed (documents and blocks)."""
+
+    def __post_init__(self) -> None:
+        one_of(self, "kind", DATA_KINDS)
+        one_of(self, "on_bad_record", BAD_RECORD_POLICIES)
+        one_of(self, "overlong", OVERLONG_POLICIES)
+        if self.kind != "synthetic" and not self.path:
+            raise FieldError("path", "", f"is empty but data.kind is {self.kind!r} (give a file, directory or s3:// prefix)")
+        if self.path and not self.path.startswith("s3://") and self.kind != "synthetic":
+            if not Path(self.path).exists():
+                raise FieldError("path", self.path, "does not exist")
+        if not 0.0 < self.eval_fraction < 0.5:
+            raise FieldError("eval_fraction", self.eval_fraction, "must be between 0 and 0.5 (exclusive)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,6 +107,17 @@ class TrainConfig:
     report_every_n_steps: int = 10
     """Cadence of ``ray.train.report`` for metrics (each report waits for a controller poll)."""
 
+    def __post_init__(self) -> None:
+        positive(self, "seq_len", "micro_batch_size", "global_batch_size", "max_steps", "log_every_n_steps",
+                 "report_every_n_steps", "lr")
+        if self.seq_len < 8:
+            raise FieldError("seq_len", self.seq_len, "must be >= 8")
+        positive(self, "warmup_steps", "weight_decay", "grad_clip", allow_zero=True)
+        if self.warmup_steps >= self.max_steps:
+            raise FieldError("warmup_steps", self.warmup_steps, f"must be < train.max_steps ({self.max_steps})")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise FieldError("min_lr_ratio", self.min_lr_ratio, "must be between 0 and 1")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelConfig:
@@ -91,6 +133,19 @@ class ParallelConfig:
     cpus_per_worker: float = 1.0
     activation_checkpointing: bool = False
     compile: bool = False
+
+    def __post_init__(self) -> None:
+        one_of(self, "strategy", STRATEGIES)
+        positive(self, "num_workers", "workers_per_node", "cpus_per_worker")
+        if self.num_workers % self.workers_per_node:
+            raise FieldError("num_workers", self.num_workers,
+                             f"must be a multiple of parallel.workers_per_node ({self.workers_per_node})")
+
+    @property
+    def sized(self) -> bool:
+        """False for a GPU job still at one worker: the charts and the preflight size it from
+        the environment's node group (and validate it again at that size)."""
+        return not (self.use_gpu and self.num_workers == 1)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,6 +167,15 @@ class CheckpointConfig:
     export_hf: bool = True
     """Consolidate the final checkpoint into a Hugging Face directory next to the checkpoints."""
 
+    def __post_init__(self) -> None:
+        positive(self, "keep_last", "sigterm_grace_seconds")
+        positive(self, "every_n_steps", "max_failures", allow_zero=True)
+        one_of(self, "on_existing_run", ON_EXISTING_RUN)
+        if self.run_name and not re.fullmatch(r"(?a)[A-Za-z0-9][A-Za-z0-9._-]{0,127}", self.run_name):
+            raise FieldError("run_name", self.run_name, "may hold only letters, digits, '.', '_' and '-'")
+        if self.storage_path and "://" in self.storage_path and not self.storage_path.startswith(("s3://", "file://")):
+            raise FieldError("storage_path", self.storage_path, "must be s3://bucket/prefix or a directory")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EvalConfig:
@@ -121,11 +185,18 @@ class EvalConfig:
     exact_match: bool = False
     """Generation-based exact match for prompt/answer (chat) data."""
 
+    def __post_init__(self) -> None:
+        positive(self, "every_n_steps", allow_zero=True)
+        positive(self, "max_batches")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EvidenceConfig:
     require_transport: str = "any"
     """Fail fast unless NCCL's inter-node transport is this (``efa`` on EKS)."""
+
+    def __post_init__(self) -> None:
+        one_of(self, "require_transport", TRANSPORTS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,6 +214,12 @@ class AcceptConfig:
     transport: str = "any"
     """NCCL's transport of the finished run must be this (a miss is an execution failure)."""
 
+    def __post_init__(self) -> None:
+        positive(self, "eval_loss_after_max", "improvement_min", "exact_match_min", "tokens_per_s_min", allow_zero=True)
+        if self.exact_match_min > 1:
+            raise FieldError("exact_match_min", self.exact_match_min, "must be a share between 0 and 1")
+        one_of(self, "transport", TRANSPORTS)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RayJobConfig:
@@ -154,6 +231,10 @@ class RayJobConfig:
     last checkpoint in storage). Worker failures inside a run are ``checkpoint.max_failures``."""
     ttl_seconds_after_finished: int = 300
     """Seconds the finished job's cluster stays up for ``kubectl logs`` before it is deleted."""
+
+    def __post_init__(self) -> None:
+        positive(self, "active_deadline_minutes")
+        positive(self, "backoff_limit", "ttl_seconds_after_finished", allow_zero=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -172,6 +253,33 @@ class JobConfig:
     accept: AcceptConfig = field(default_factory=AcceptConfig)
     source: str = "<job config>"
     """Where this config came from (for error messages)."""
+
+    def __post_init__(self) -> None:
+        """Rules across sections; a FieldError here names the absolute field."""
+        if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?", self.name):
+            raise FieldError("name", self.name, "is not a lower-case DNS label of at most 40 characters")
+        t, p, k = self.train, self.parallel, self.checkpoint
+        limit = self.model.known_max_positions
+        if limit and t.seq_len > limit:
+            raise FieldError("train.seq_len", t.seq_len, f"exceeds the model's max_position_embeddings ({limit})")
+        if p.strategy == "hybrid_shard" and self.num_nodes < 2 and p.sized:
+            raise FieldError("parallel.strategy", p.strategy,
+                             f"needs >= 2 nodes (num_workers {p.num_workers} / workers_per_node {p.workers_per_node} = "
+                             f"{self.num_nodes})")
+        per_step = p.num_workers * t.micro_batch_size
+        if t.global_batch_size % per_step:
+            raise FieldError("train.global_batch_size", t.global_batch_size,
+                             f"must be divisible by num_workers x micro_batch_size ({p.num_workers} x "
+                             f"{t.micro_batch_size} = {per_step})")
+        if k.storage_path and not k.storage_path.startswith("s3://") and p.use_gpu and self.num_nodes > 1:
+            raise FieldError("checkpoint.storage_path", k.storage_path,
+                             f"is a local directory but the job spans {self.num_nodes} nodes (use s3://bucket/prefix: "
+                             "every node writes its shards there)")
+        if self.eval.exact_match and self.data.kind != "chat":
+            raise FieldError("eval.exact_match", True, "needs data.kind = 'chat' (prompt/answer data)")
+        if self.accept.exact_match_min and not self.eval.exact_match:
+            raise FieldError("accept.exact_match_min", self.accept.exact_match_min,
+                             "needs eval.exact_match = true (else it is never measured)")
 
     @property
     def run_name(self) -> str:
@@ -203,50 +311,6 @@ class JobConfig:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
 
-_SECTIONS = {
-    "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
-    "checkpoint": CheckpointConfig, "eval": EvalConfig, "evidence": EvidenceConfig,
-    "rayjob": RayJobConfig, "accept": AcceptConfig,
-}
-
-
-def _coerce(source: str, where: str, value: Any, expected: Any) -> Any:
-    """Check a TOML value against a dataclass field type (bool is not an int here)."""
-    kind = expected if isinstance(expected, str) else getattr(expected, "__name__", str(expected))
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        raise _fail(source, where, value, "is not allowed (expected true or false)")
-    if kind == "int":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _fail(source, where, value, "is not allowed (expected an integer)")
-    if kind == "float":
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _fail(source, where, value, "is not allowed (expected a number)")
-    if kind == "str":
-        if isinstance(value, str):
-            return value
-        raise _fail(source, where, value, "is not allowed (expected a string)")
-    if kind.startswith("Mapping"):
-        if isinstance(value, dict):
-            return dict(value)
-        raise _fail(source, where, value, "is not allowed (expected a table)")
-    raise TypeError(f"unsupported field type {expected!r}")  # a bug in this module
-
-
-def _build_section(cls: type, table: Mapping[str, Any], prefix: str, source: str) -> Any:
-    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
-    kwargs = {}
-    for key, value in table.items():
-        where = f"{prefix}{key}"
-        if key not in known:
-            raise _fail(source, where, key, f"is not a known field (known: {', '.join(sorted(known))})")
-        kwargs[key] = _coerce(source, where, value, known[key].type)
-    return cls(**kwargs)
-
-
 def _set_dotted(raw: dict[str, Any], dotted: str, text: str, source: str) -> None:
     """Apply one ``--set section.key=value`` override; the value is parsed as a TOML value."""
     try:
@@ -258,7 +322,7 @@ def _set_dotted(raw: dict[str, Any], dotted: str, text: str, source: str) -> Non
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise _fail(source, dotted, text, "cannot be set: its parent is not a table")
+            raise JobConfigError(f"{source}: {dotted}: {text!r} cannot be set: its parent is not a table")
     node[parts[-1]] = value
 
 
@@ -273,42 +337,15 @@ def parse_overrides(items: list[str], source: str = "--set") -> list[tuple[str, 
 
 
 def job_config_from_dict(raw: Mapping[str, Any], source: str) -> JobConfig:
-    raw = dict(raw)
-    top = {f.name for f in dataclasses.fields(JobConfig) if f.name != "source"}
-    for key in raw:
-        if key not in top:
-            raise _fail(source, key, key, f"is not a known field (known: {', '.join(sorted(top))})")
-    if "name" not in raw:
-        raise JobConfigError(f"{source}: name: missing (a lower-case DNS label, e.g. 'smoke')")
-    kwargs: dict[str, Any] = {"source": source}
-    for key, value in raw.items():
-        if key in _SECTIONS:
-            if not isinstance(value, dict):
-                raise _fail(source, key, value, "is not allowed (expected a table)")
-            kwargs[key] = _build_section(_SECTIONS[key], value, f"{key}.", source)
-        else:
-            kwargs[key] = _coerce(source, key, value, "str")
-    config = JobConfig(**kwargs)
-    validate(config)
-    return config
+    """A job config from its table (the file's, or the driver's copy handed to the workers)."""
+    return build_section(JobConfig, dict(raw), source=source, error=JobConfigError, extra={"source": source})
 
 
 def read_job_file(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """The job config file as a table, with the ``section.key=value`` overrides applied, not yet
     validated: what callers that size a job (the charts, the preflight) read first."""
     source = str(path)
-    try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise JobConfigError(f"{source}: file not found") from None
-    except IsADirectoryError:
-        raise JobConfigError(f"{source}: is a directory, not a job config (e.g. jobs/local.toml)") from None
-    except UnicodeDecodeError as err:
-        raise JobConfigError(f"{source}: not UTF-8 text (byte {err.start}): not a job config") from None
-    except OSError as err:
-        raise JobConfigError(f"{source}: cannot be read ({err.strerror or err})") from None
-    except tomllib.TOMLDecodeError as err:
-        raise JobConfigError(f"{source}: not valid TOML: {err}") from None
+    raw = read_toml(path, JobConfigError, "jobs/local.toml")
     for dotted, text in parse_overrides(overrides or [], source=f"{source} (--set)"):
         _set_dotted(raw, dotted, text, source)
     return raw

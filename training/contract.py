@@ -258,14 +258,14 @@ def wall_figure(rows: list[dict[str, Any]], key: str) -> Any:
 
 
 # --- the code that travels to the pods -------------------------------------------------------
-CODE_DIRS = ("training", "jobs")
+CODE_DIRS = ("training", "jobs", "spec_schema")
 """Folders of the repository packed into the code archive; the job's working directory holds
-exactly these."""
+exactly these (spec_schema: the engine that parses the job config)."""
 _SKIP_DIRS = frozenset({"__pycache__"})
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 
 
-SOURCE_PATHS = ("training", "jobs", "charts", "environment", "requirements.lock", "cdk8s.yaml")
+SOURCE_PATHS = ("training", "jobs", "spec_schema", "charts", "environment", "requirements.lock", "cdk8s.yaml")
 """Every file that shapes a run, relative to the repository root: the job's code and configs
 (what runs), the chart and spec code plus the pinned cdk8s (what renders the manifests). The
 environment spec itself is recorded as text; the operator CLI, infra/ (CloudFormation) and

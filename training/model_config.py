@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from spec_schema import FieldError, unknown
 from training.config_checks import JobConfigError
 
 # Keyword arguments transformers' Qwen2Config (5.x) accepts: its own and PretrainedConfig's
@@ -36,24 +37,23 @@ class ModelConfigError(JobConfigError):
     A JobConfigError, so every entry point that refuses a job config refuses these alike."""
 
 
-def check_config_keys(config: Mapping[str, Any], source: str, where: str = "model.config") -> None:
+def check_config_keys(config: Mapping[str, Any]) -> None:
     """Refuse a key Qwen2Config does not know (closest valid name suggested) and shapes that
-    cannot build a model (non-positive sizes, heads that do not divide the hidden size)."""
+    cannot build a model (non-positive sizes, heads that do not divide the hidden size), as a
+    :class:`FieldError` of the ``[model]`` section (``config.<key>``)."""
     known = QWEN2_CONFIG_KEYS | QWEN2_LEGACY_KEYS
     for key in config:
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(QWEN2_CONFIG_KEYS))}"
-            raise ModelConfigError(f"{source}: {where}.{key}: {key!r} is not a Qwen2Config key ({hint})")
+            raise FieldError(f"config.{key}", key, unknown(key, known, "Qwen2Config key").allowed)
     for key in _POSITIVE_INT_KEYS:
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ModelConfigError(f"{source}: {where}.{key}: {value!r} must be a positive integer")
+            raise FieldError(f"config.{key}", value, "must be a positive integer")
     hidden, heads, kv = config.get("hidden_size"), config.get("num_attention_heads"), config.get("num_key_value_heads")
     if hidden and heads and hidden % heads:
-        raise ModelConfigError(f"{source}: {where}.num_attention_heads: {heads!r} must divide hidden_size ({hidden})")
+        raise FieldError("config.num_attention_heads", heads, f"must divide hidden_size ({hidden})")
     if heads and kv and heads % kv:
-        raise ModelConfigError(f"{source}: {where}.num_key_value_heads: {kv!r} must divide num_attention_heads ({heads})")
+        raise FieldError("config.num_key_value_heads", kv, f"must divide num_attention_heads ({heads})")
 
 
 def read_model_config(path: str, source: str = "job config") -> dict[str, Any] | None:

@@ -1,4 +1,4 @@
-"""The code archive: deterministic, content-addressed, holding training/ and jobs/ only."""
+"""The code archive: deterministic, content-addressed, holding training/, jobs/ and spec_schema/ only."""
 from __future__ import annotations
 
 import zipfile
@@ -9,7 +9,7 @@ from charts.code_bundle import build_code_bundle
 
 def tree(root: Path) -> Path:
     for rel, text in {"training/__init__.py": "", "training/__main__.py": "print('hi')\n",
-                      "training/data/x.py": "X = 1\n", "jobs/a.toml": 'name = "a"\n',
+                      "training/data/x.py": "X = 1\n", "jobs/a.toml": 'name = "a"\n', "spec_schema/__init__.py": "",
                       "training/__pycache__/x.cpython-311.pyc": "junk", "training/y.pyc": "junk",
                       "training/.hidden": "no", "README.md": "not shipped"}.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -37,11 +37,12 @@ def test_archive_holds_sorted_sources_with_fixed_metadata(tmp_path):
     with zipfile.ZipFile(bundle.path) as zf:
         names = zf.namelist()
         infos = zf.infolist()
-    assert names == ["jobs/a.toml", "training/__init__.py", "training/__main__.py", "training/data/x.py"]
+    assert names == ["jobs/a.toml", "spec_schema/__init__.py", "training/__init__.py", "training/__main__.py",
+                     "training/data/x.py"]
     assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
     assert {i.external_attr >> 16 for i in infos} == {0o644}
-    # Two top-level folders: Ray keeps the layout (it strips a lone top-level folder).
-    assert {n.split("/")[0] for n in names} == {"training", "jobs"}
+    # Several top-level folders: Ray keeps the layout (it strips a lone top-level folder).
+    assert {n.split("/")[0] for n in names} == {"training", "jobs", "spec_schema"}
 
 
 def test_unpacked_archive_runs_as_the_job_working_directory(tmp_path):

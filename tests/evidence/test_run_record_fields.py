@@ -104,8 +104,8 @@ def test_finish_judges_the_record_against_its_declared_criteria(tmp_path):
 
 
 def test_code_hash_changes_with_the_code(tmp_path):
-    (tmp_path / "training").mkdir()
-    (tmp_path / "jobs").mkdir()
+    for folder in c.CODE_DIRS:
+        (tmp_path / folder).mkdir()
     (tmp_path / "training" / "a.py").write_text("x = 1\n")
     before = run_record.code_hash(tmp_path)
     (tmp_path / "training" / "__pycache__").mkdir()
