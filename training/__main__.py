@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.check:
-        print(f"{job.source}: ok ({job.parallel.num_workers} workers, {job.parallel.strategy}, "
-              f"{job.train.max_steps} steps of {job.tokens_per_step} tokens)")
-        if job.parallel.use_gpu and job.parallel.num_workers == 1:
+        print(f"{job.source}: ok ({_workers(job)}, {job.parallel.strategy}, "
+              f"{_count(job.train.max_steps, 'step')} of {job.tokens_per_step} tokens)")
+        if not job.parallel.sized:
             print("  size   not checked here: a GPU job is sized to its node group by the charts "
                   "(`raytrain-eks preflight` checks it at that size)")
         print(f"  model  {model_note}")
@@ -50,6 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     from training.launch import run
 
     return run(job, argv=[sys.executable, "-m", "training", *argv])
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _workers(job) -> str:
+    """The world size as the file gives it; a GPU job's comes from its node group."""
+    if not job.parallel.sized:
+        return "GPU workers: one per GPU of its node group"
+    return _count(job.parallel.num_workers, "worker")
 
 
 if __name__ == "__main__":

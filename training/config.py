@@ -24,8 +24,8 @@ from typing import Any, Mapping
 
 from spec_schema import FieldError, build_section, read_toml
 from training.config_checks import (  # noqa: F401  (re-exported: one schema, one place to import from)
-    BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, ON_EXISTING_RUN, OVERLONG_POLICIES, STRATEGIES, TRANSPORTS,
-    JobConfigError, one_of, positive,
+    BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, ON_EXISTING_RUN, OVERLONG_POLICIES, STRATEGIES,
+    TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive,
 )
 from training.model_config import check_config_keys, max_positions
 
@@ -86,6 +86,9 @@ class DataConfig:
                 raise FieldError("path", self.path, "does not exist")
         if not 0.0 < self.eval_fraction < 0.5:
             raise FieldError("eval_fraction", self.eval_fraction, "must be between 0 and 0.5 (exclusive)")
+        # numpy's SeedSequence (the shuffles: np.random.default_rng([seed, epoch])) takes only
+        # non-negative entropy; a negative seed would fail in the workers.
+        positive(self, "seed", allow_zero=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,6 +120,9 @@ class TrainConfig:
             raise FieldError("warmup_steps", self.warmup_steps, f"must be < train.max_steps ({self.max_steps})")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise FieldError("min_lr_ratio", self.min_lr_ratio, "must be between 0 and 1")
+        if not TORCH_SEED_RANGE[0] <= self.seed <= TORCH_SEED_RANGE[1]:
+            raise FieldError("seed", self.seed, f"must be between {TORCH_SEED_RANGE[0]} and {TORCH_SEED_RANGE[1]} "
+                                                "(torch.manual_seed's range)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,7 +179,8 @@ class CheckpointConfig:
         one_of(self, "on_existing_run", ON_EXISTING_RUN)
         if self.run_name and not re.fullmatch(r"(?a)[A-Za-z0-9][A-Za-z0-9._-]{0,127}", self.run_name):
             raise FieldError("run_name", self.run_name, "may hold only letters, digits, '.', '_' and '-'")
-        if self.storage_path and "://" in self.storage_path and not self.storage_path.startswith(("s3://", "file://")):
+        if self.storage_path and "://" in self.storage_path and not re.fullmatch(r"s3://[^/]+(/.*)?|file://.+",
+                                                                                   self.storage_path):
             raise FieldError("storage_path", self.storage_path, "must be s3://bucket/prefix or a directory")
 
 
@@ -235,6 +242,11 @@ class RayJobConfig:
     def __post_init__(self) -> None:
         positive(self, "active_deadline_minutes")
         positive(self, "backoff_limit", "ttl_seconds_after_finished", allow_zero=True)
+        for name, value, limit in (("active_deadline_minutes", self.active_deadline_minutes, INT32_MAX // 60),
+                                   ("backoff_limit", self.backoff_limit, INT32_MAX),
+                                   ("ttl_seconds_after_finished", self.ttl_seconds_after_finished, INT32_MAX)):
+            if value > limit:
+                raise FieldError(name, value, f"must be <= {limit} (the RayJob field is a 32-bit integer)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -275,6 +287,10 @@ class JobConfig:
             raise FieldError("checkpoint.storage_path", k.storage_path,
                              f"is a local directory but the job spans {self.num_nodes} nodes (use s3://bucket/prefix: "
                              "every node writes its shards there)")
+        for where, every in (("checkpoint.every_n_steps", k.every_n_steps), ("eval.every_n_steps", self.eval.every_n_steps)):
+            if every > t.max_steps:
+                raise FieldError(where, every, f"is more than train.max_steps ({t.max_steps}): it would never fall "
+                                               "inside the run (0 = only at the end)")
         if self.eval.exact_match and self.data.kind != "chat":
             raise FieldError("eval.exact_match", True, "needs data.kind = 'chat' (prompt/answer data)")
         if self.accept.exact_match_min and not self.eval.exact_match:

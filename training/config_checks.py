@@ -16,6 +16,13 @@ OVERLONG_POLICIES = ("truncate", "refuse")
 ON_EXISTING_RUN = ("resume", "refuse")
 TRANSPORTS = ("any", "efa", "socket", "single-node")
 DTYPES = ("auto", "bfloat16", "float32")
+INT32_MAX = 2**31 - 1
+"""The RayJob's ``activeDeadlineSeconds``, ``backoffLimit`` and ``ttlSecondsAfterFinished`` are
+``format: int32`` in KubeRay v1.7.0's CRD (config/crd/bases/ray.io_rayjobs.yaml): the API server
+refuses a larger value at ``kubectl apply``."""
+TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
+"""What ``torch.manual_seed`` accepts (torch 2.13 torch/random.py: "must be within the inclusive
+range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff]"; outside, a RuntimeError in the workers)."""
 
 
 class JobConfigError(SchemaError):

@@ -6,8 +6,8 @@ bad model section in a fraction of a second, with the same code the job runs.
 """
 from __future__ import annotations
 
-import difflib
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,6 +30,19 @@ QWEN2_LEGACY_KEYS: frozenset[str] = frozenset({"rope_theta", "rope_scaling", "to
 """Older spellings Qwen2Config still converts (rope_theta -> rope_parameters, torch_dtype -> dtype)."""
 _POSITIVE_INT_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads", "vocab_size", "max_position_embeddings")
+QWEN2_TYPES: dict[str, tuple[type, ...]] = {
+    "vocab_size": (int,), "hidden_size": (int,), "intermediate_size": (int,), "num_hidden_layers": (int,),
+    "num_attention_heads": (int,), "num_key_value_heads": (int,), "hidden_act": (str,),
+    "max_position_embeddings": (int,), "initializer_range": (float,), "rms_norm_eps": (float,),
+    "use_cache": (bool,), "tie_word_embeddings": (bool,), "use_sliding_window": (bool,), "sliding_window": (int,),
+    "max_window_layers": (int,), "attention_dropout": (float, int),
+}
+"""The scalar fields of transformers 5.13's Qwen2Config, a ``@strict`` dataclass
+(models/qwen2/configuration_qwen2.py; huggingface_hub's dataclasses.py ``_validate_simple_type``:
+``isinstance`` exactly, a bool is no int and an int is no float): another type fails the model's
+construction in the workers, so it is refused here (a test compares the table with the class)."""
+QWEN2_DEFAULTS = {"hidden_size": 4096, "num_attention_heads": 32}
+"""Qwen2Config's defaults for the keys a shape check needs when the table leaves them out."""
 
 
 class ModelConfigError(JobConfigError):
@@ -49,11 +62,25 @@ def check_config_keys(config: Mapping[str, Any]) -> None:
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise FieldError(f"config.{key}", value, "must be a positive integer")
-    hidden, heads, kv = config.get("hidden_size"), config.get("num_attention_heads"), config.get("num_key_value_heads")
-    if hidden and heads and hidden % heads:
+    for key, types in QWEN2_TYPES.items():
+        value = config.get(key)
+        if value is not None and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):
+            names = " or ".join({int: "an integer", float: "a number with a decimal point (e.g. 1.0)", bool: "true or false",
+                                 str: "a string"}[t] for t in types)
+            raise FieldError(f"config.{key}", value, f"is not allowed (Qwen2Config takes {names})")
+    # The model is built from the table over Qwen2Config's defaults: judge the shape it will have.
+    hidden = config.get("hidden_size", QWEN2_DEFAULTS["hidden_size"])
+    heads = config.get("num_attention_heads", QWEN2_DEFAULTS["num_attention_heads"])
+    kv = config.get("num_key_value_heads", heads)
+    if hidden % heads:
         raise FieldError("config.num_attention_heads", heads, f"must divide hidden_size ({hidden})")
-    if heads and kv and heads % kv:
+    if heads % kv:
         raise FieldError("config.num_key_value_heads", kv, f"must divide num_attention_heads ({heads})")
+    if (hidden // heads) % 2:
+        # Rotary embeddings rotate pairs of channels (modeling_qwen2.py: inv_freq over
+        # arange(0, head_dim, 2)); an odd head size fails the first forward pass.
+        raise FieldError("config.num_attention_heads", heads,
+                         f"gives an odd head size ({hidden} / {heads} = {hidden // heads}); rotary embeddings need an even one")
 
 
 def read_model_config(path: str, source: str = "job config") -> dict[str, Any] | None:
@@ -107,6 +134,24 @@ def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "
             f"{source}: train.seq_len: {seq_len} exceeds the model's max_position_embeddings ({limit})")
 
 
+_HUB_ID = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)
+
+
+def hub_id_problem(name: str) -> str:
+    """Why ``name`` cannot be a Hugging Face hub repo id ("" if it can): huggingface_hub 1.33's
+    ``validate_repo_id`` (utils/_validators.py), the check ``from_pretrained`` applies before it
+    asks the hub. A path that does not exist (``/x``, ``./x``, ``a/b/c``) is no repo id either."""
+    if name.count("/") > 1:
+        return "a hub id is repo_name or namespace/repo_name"
+    if not _HUB_ID.fullmatch(name):
+        return "a hub id holds only letters, digits, '-', '_' and '.', not at the start or end of a part, at most 96"
+    if "--" in name or ".." in name:
+        return "a hub id holds no '--' or '..'"
+    if name.endswith(".git"):
+        return "a hub id does not end in '.git'"
+    return ""
+
+
 PLACEHOLDER = "{bucket}"
 
 
@@ -134,6 +179,9 @@ def check_model(job: Any, *, read_s3: bool = True, local_tokenizer: bool = True)
             return f"{path} not read: S3 not reachable from here ({str(err).rsplit(': ', 1)[-1][:120]})"
         raise
     if model_config is None:
+        if problem := hub_id_problem(path):
+            raise ModelConfigError(f"{job.source}: model.path: {path!r} does not exist here and is not a Hugging Face "
+                                   f"hub id ({problem}): give a model directory, an s3:// prefix or a hub id (org/name)")
         return f"{path}: a hub id (checked by the workers once downloaded)"
     check_seq_len(job.train.seq_len, model_config, source=job.source)
     return f"{path}/config.json read (max_position_embeddings {max_positions(model_config)})"

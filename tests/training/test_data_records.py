@@ -23,7 +23,7 @@ BAD_FILES = {
                                 "content must be a string, got int"),
     "chat-no-assistant": ("chat", GOOD_CHAT + "\n" + json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n",
                           2, "no assistant message"),
-    "chat-messages-not-list": ("chat", '{"messages": "hello"}\n' + GOOD_CHAT + "\n", 1, "non-empty list, got str"),
+    "chat-messages-not-list": ("chat", '{"messages": "hello"}\n' + GOOD_CHAT + "\n", 1, "must be a list of messages, got str"),
 }
 
 

@@ -87,8 +87,10 @@ def _found(record: dict) -> str:
 
 def _check_messages(value: Any) -> str | None:
     """The problem with a ``messages`` value, or None if it is a trainable chat."""
-    if not isinstance(value, list) or not value:
-        return f"field 'messages' must be a non-empty list, got {type(value).__name__}"
+    if not isinstance(value, list):
+        return f"field 'messages' must be a list of messages, got {type(value).__name__}"
+    if not value:
+        return "field 'messages' is an empty list (a chat needs at least one message)"
     for i, m in enumerate(value):
         if not isinstance(m, dict):
             return f"messages[{i}] must be an object with 'role' and 'content', got {type(m).__name__}"
