@@ -74,6 +74,8 @@ class ClusterSpec:
         for i, cidr in enumerate(self.public_access_cidrs):
             try:
                 ipaddress.IPv4Network(cidr)
+                if "/" not in cidr:  # EKS takes CIDR blocks only: an address needs its /32
+                    raise ValueError(cidr)
             except ValueError:
                 raise FieldError(f"public_access_cidrs[{i}]", cidr, "is not an IPv4 CIDR (e.g. 203.0.113.0/24)") from None
         if self.endpoint_access == "private" and self.public_access_cidrs:
@@ -86,6 +88,12 @@ class ClusterSpec:
         for i, arn in enumerate(self.admin_principal_arns):
             if not re.fullmatch(r"(?a)arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
                 raise FieldError(f"admin_principal_arns[{i}]", arn, "is not an IAM role or user ARN")
+        for name in ("public_access_cidrs", "admin_principal_arns"):
+            # EKS makes one access entry per principal: a second one for the same ARN fails the deploy.
+            values = getattr(self, name)
+            if dup := next((v for i, v in enumerate(values) if v in values[:i]), None):
+                raise FieldError(f"{name}[{values.index(dup, values.index(dup) + 1)}]", dup,
+                                 f"is listed twice in cluster.{name} (each entry once)")
         if not 1 <= self.log_retention_days <= 3653:
             raise FieldError("log_retention_days", self.log_retention_days, "must be between 1 and 3653")
 

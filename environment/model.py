@@ -82,6 +82,9 @@ class ImageSpec:
             raise FieldError("tag", self.tag, problem)
         if not re.fullmatch(r"(?a)3\.\d+", self.python_version):
             raise FieldError("python_version", self.python_version, "is not a Python version (e.g. 3.13)")
+        if int(self.python_version.split(".")[1]) < 11:
+            raise FieldError("python_version", self.python_version,
+                             "is older than the training package needs (3.11 or newer: it reads TOML with tomllib)")
 
     @property
     def locked(self) -> bool:
@@ -132,6 +135,8 @@ class StorageSpec:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", ro) or ro == self.prefix:
                 raise FieldError(f"read_only_prefixes[{i}]", ro,
                                  f"is not a top-level key prefix other than storage.prefix ({self.prefix!r})")
+        if len(set(self.read_only_prefixes)) != len(self.read_only_prefixes):
+            raise FieldError("read_only_prefixes", list(self.read_only_prefixes), "lists a prefix twice (each once)")
         if CODE_PREFIX not in self.read_only_prefixes:
             raise FieldError("read_only_prefixes", list(self.read_only_prefixes),
                              f"must include {CODE_PREFIX!r} (the training code archive every RayJob reads)")

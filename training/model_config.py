@@ -35,12 +35,19 @@ QWEN2_TYPES: dict[str, tuple[type, ...]] = {
     "num_attention_heads": (int,), "num_key_value_heads": (int,), "hidden_act": (str,),
     "max_position_embeddings": (int,), "initializer_range": (float,), "rms_norm_eps": (float,),
     "use_cache": (bool,), "tie_word_embeddings": (bool,), "use_sliding_window": (bool,), "sliding_window": (int,),
-    "max_window_layers": (int,), "attention_dropout": (float, int),
+    "max_window_layers": (int,), "attention_dropout": (float, int), "rope_parameters": (dict,),
 }
 """The scalar fields of transformers 5.13's Qwen2Config, a ``@strict`` dataclass
 (models/qwen2/configuration_qwen2.py; huggingface_hub's dataclasses.py ``_validate_simple_type``:
 ``isinstance`` exactly, a bool is no int and an int is no float): another type fails the model's
 construction in the workers, so it is refused here (a test compares the table with the class)."""
+QWEN2_ACTIVATIONS: frozenset[str] = frozenset({
+    "gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
+    "gelu_accurate", "hardswish", "laplace", "leaky_relu", "linear", "mish", "quick_gelu", "relu", "relu2", "relu6",
+    "sigmoid", "silu", "sqrtsoftplus", "swish", "tanh", "prelu", "xielu",
+})
+"""``hidden_act`` values: the keys of transformers 5.13's ``ACT2CLS`` (activations.py); another
+name is a KeyError when the workers build the MLP (a test compares the set with the table)."""
 QWEN2_DEFAULTS = {"hidden_size": 4096, "num_attention_heads": 32}
 """Qwen2Config's defaults for the keys a shape check needs when the table leaves them out."""
 
@@ -66,8 +73,11 @@ def check_config_keys(config: Mapping[str, Any]) -> None:
         value = config.get(key)
         if value is not None and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):
             names = " or ".join({int: "an integer", float: "a number with a decimal point (e.g. 1.0)", bool: "true or false",
-                                 str: "a string"}[t] for t in types)
+                                 str: "a string", dict: "a table"}[t] for t in types)
             raise FieldError(f"config.{key}", value, f"is not allowed (Qwen2Config takes {names})")
+    if "hidden_act" in config and config["hidden_act"] not in QWEN2_ACTIVATIONS:
+        raise FieldError("config.hidden_act", config["hidden_act"],
+                         f"is not an activation transformers knows (known: {', '.join(sorted(QWEN2_ACTIVATIONS))})")
     # The model is built from the table over Qwen2Config's defaults: judge the shape it will have.
     hidden = config.get("hidden_size", QWEN2_DEFAULTS["hidden_size"])
     heads = config.get("num_attention_heads", QWEN2_DEFAULTS["num_attention_heads"])

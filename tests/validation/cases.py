@@ -87,10 +87,10 @@ ENV_CASES = [
 # (id, --set overrides on the local job, words): refused by load_job_config or check_model
 JOB_CASES = [
     ("model-key-typo", ["model.config.num_hidden_layer=2"],
-     "model.config.num_hidden_layer: 'num_hidden_layer' is not a Qwen2Config key (did you mean 'num_hidden_layers'?)"),
-    ("model-key-typo-hidden", ["model.config.hidden_sise=64"], "model.config.hidden_sise: 'hidden_sise' is not a Qwen2Config key (did you mean 'hidden_size'?)"),
+     "model.config.num_hidden_layer: 'num_hidden_layer' is not a known Qwen2Config key (known: "),
+    ("model-key-typo-hidden", ["model.config.hidden_sise=64"], "vocab_size; did you mean 'hidden_size'?)"),
     ("model-key-typo-rope", ["model.config.rope_thetta=10000.0"], "did you mean 'rope_theta'?"),
-    ("model-key-unknown", ["model.config.flash=true"], "model.config.flash: 'flash' is not a Qwen2Config key (known: "),
+    ("model-key-unknown", ["model.config.flash=true"], "model.config.flash: 'flash' is not a known Qwen2Config key (known: "),
     ("model-vocab-0", ["model.config.vocab_size=0"], "model.config.vocab_size: 0 must be a positive integer"),
     ("model-heads-3", ["model.config.num_attention_heads=3"], "model.config.num_attention_heads: 3 must divide hidden_size (64)"),
     ("model-kv-heads-3", ["model.config.num_key_value_heads=3"], "model.config.num_key_value_heads: 3 must divide num_attention_heads (4)"),

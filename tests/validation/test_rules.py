@@ -124,8 +124,9 @@ def test_job_entry_points_end_bad_input_with_one_line(tmp_path):
         _assert_one_line(_run(["-m", "raytrain_eks.cli", "summary", "--env", not_a_job]), f"{not_a_job}: ")
     _assert_one_line(_run(["-m", "training", "--config", "jobs/local.toml", "--check",
                            "--set", "model.config.num_hidden_layer=2"]),
-                     "model.config.num_hidden_layer: 'num_hidden_layer' is not a Qwen2Config key "
-                     "(did you mean 'num_hidden_layers'?)")
+                     "model.config.num_hidden_layer: 'num_hidden_layer' is not a known Qwen2Config key (known: ")
+    _assert_one_line(_run(["-m", "training", "--config", "jobs/local.toml", "--check",
+                           "--set", "model.config.num_hidden_layer=2"]), "; did you mean 'num_hidden_layers'?)")
 
 
 def test_check_passes_every_shipped_job_and_says_what_it_did_not_read():
