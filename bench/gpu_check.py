@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from training.nccl_log import NCCL_LOG_DIR  # noqa: E402  (standard library only: no torch needed)
+from training import contract  # noqa: E402  (standard library only: no torch needed)
+from training.nccl_log import NCCL_LOG_DIR  # noqa: E402
 
 JOB = """\
 name = "gpu-check"
@@ -87,8 +88,8 @@ def _entry_point(gpus: int, storage: Path) -> dict:
     new_logs = set(Path(NCCL_LOG_DIR).glob("nccl.*.log")) - before if Path(NCCL_LOG_DIR).is_dir() else set()
     throughput = record.get("throughput") or {}
     out.update(transport=transport.get("transport"), nccl_logs=len(new_logs),
-               tokens_per_s=throughput.get("tokens_per_s"), mfu=throughput.get("mfu"),
-               compute_mfu=throughput.get("compute_mfu"), wall_mfu=throughput.get("wall_mfu"),
+               tokens_per_s=throughput.get(contract.TOKENS_PER_S), mfu=throughput.get(contract.MFU),
+               compute_mfu=throughput.get(contract.COMPUTE_MFU), wall_mfu=throughput.get(contract.WALL_MFU),
                checkpoint_stall_s=[c.get("stall_s") for c in record.get("checkpoints") or []])
     safetensors = run / "hf" / "model.safetensors"
     if safetensors.is_file():

@@ -30,9 +30,9 @@ from charts.provenance import short_hash
 from charts.resources import resource_problems
 from environment import Environment
 from training.config import JobConfig, JobConfigError, load_job_config, read_job_file
+from training.contract import BUCKET_PLACEHOLDER
 from training.model_config import check_model
 
-BUCKET_PLACEHOLDER = "{bucket}"
 MAX_RAYJOB_NAME = 47
 """KubeRay appends 6 characters to a RayJob's name for its cluster (limit 53): 53 - 6."""
 

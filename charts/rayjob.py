@@ -16,7 +16,7 @@ from charts.pod_security import secure_pod
 from charts.provenance import Provenance, SourceIdentity, image_reference
 from charts.code_bundle import CodeBundle
 from environment import Environment
-from environment.contract import RAY_PEER_LABEL
+from environment.contract import RAY_CLUSTER_LABEL, RAY_PEER_LABEL
 from training import contract
 
 GRACE_MARGIN_SECONDS = 30
@@ -24,7 +24,6 @@ GRACE_MARGIN_SECONDS = 30
 terminationGracePeriodSeconds: after the final checkpoint is written the worker still has to
 finish the upload's last request, report to the controller and let ``ray stop`` tear down the
 raylet; without the margin the kubelet's SIGKILL could land inside the checkpoint itself."""
-CLUSTER_SELECTOR_KEY = "ray.io/cluster"
 """The key KubeRay reads a target cluster's NAME from (RayJobClusterSelectorKey)."""
 ON_CLUSTER_SUFFIX = "-on-cluster"
 SUBMITTER_CONTAINER = "ray-job-submitter"
@@ -92,7 +91,7 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, provenance: P
     cluster_label = raycluster_label(on_cluster) if on_cluster else rayjob_label(plan.name)
     spec["submitterPodTemplate"] = submitter_pod_template(env, cluster_label, provenance)
     if on_cluster:
-        spec["clusterSelector"] = {CLUSTER_SELECTOR_KEY: on_cluster}
+        spec["clusterSelector"] = {RAY_CLUSTER_LABEL: on_cluster}
     else:
         shape = ClusterShape(env=env, worker_replicas=plan.worker_replicas,
                              worker_grace_seconds=plan.grace_seconds + GRACE_MARGIN_SECONDS,

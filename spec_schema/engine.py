@@ -21,7 +21,8 @@ def read_toml(path: str | Path, error: type[SchemaError], example: str) -> dict[
     it. ``example`` names a file of the right kind (a directory given by mistake)."""
     source = str(path)
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        # utf-8-sig: an editor's byte-order mark is no reason to refuse a file
+        return tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise error(f"{source}: file not found") from None
     except IsADirectoryError:

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from spec_schema import FieldError, build_section, read_toml
 from training.config_checks import (  # noqa: F401  (re-exported: one schema, one place to import from)
     BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, ON_EXISTING_RUN, OVERLONG_POLICIES, STRATEGIES,
-    TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive,
+    TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive, s3_problem,
 )
 from training.model_config import check_config_keys, max_positions
 
@@ -47,6 +47,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         one_of(self, "dtype", DTYPES)
+        s3_problem(self, "path", "tokenizer")
         if not self.path and not self.config:
             raise FieldError("path", "", "is empty and model.config is empty: give a model path or a config")
         check_config_keys(self.config)
@@ -79,6 +80,7 @@ class DataConfig:
         one_of(self, "kind", DATA_KINDS)
         one_of(self, "on_bad_record", BAD_RECORD_POLICIES)
         one_of(self, "overlong", OVERLONG_POLICIES)
+        s3_problem(self, "path")
         if self.kind != "synthetic" and not self.path:
             raise FieldError("path", "", f"is empty but data.kind is {self.kind!r} (give a file, directory or s3:// prefix)")
         if self.path and not self.path.startswith("s3://") and self.kind != "synthetic":
@@ -179,9 +181,9 @@ class CheckpointConfig:
         one_of(self, "on_existing_run", ON_EXISTING_RUN)
         if self.run_name and not re.fullmatch(r"(?a)[A-Za-z0-9][A-Za-z0-9._-]{0,127}", self.run_name):
             raise FieldError("run_name", self.run_name, "may hold only letters, digits, '.', '_' and '-'")
-        if self.storage_path and "://" in self.storage_path and not re.fullmatch(r"s3://[^/]+(/.*)?|file://.+",
-                                                                                   self.storage_path):
+        if self.storage_path and "://" in self.storage_path and not self.storage_path.startswith(("s3://", "file://")):
             raise FieldError("storage_path", self.storage_path, "must be s3://bucket/prefix or a directory")
+        s3_problem(self, "storage_path")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -5,6 +5,7 @@ build on it without importing each other back.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from spec_schema import FieldError, SchemaError
@@ -23,6 +24,18 @@ refuses a larger value at ``kubectl apply``."""
 TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
 """What ``torch.manual_seed`` accepts (torch 2.13 torch/random.py: "must be within the inclusive
 range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff]"; outside, a RuntimeError in the workers)."""
+
+
+S3_URI = re.compile(r"s3://[^/]+(/.*)?")
+"""An ``s3://`` value: a bucket (or the placeholder the charts fill in), then an optional key."""
+
+
+def s3_problem(section: Any, *names: str) -> None:
+    """Each named ``s3://`` field names a bucket (a bare ``s3://`` would fail deep in the job)."""
+    for name in names:
+        value = getattr(section, name)
+        if value.startswith("s3://") and not S3_URI.fullmatch(value):
+            raise FieldError(name, value, "is not s3://bucket/prefix (a bucket name, then the key prefix)")
 
 
 class JobConfigError(SchemaError):

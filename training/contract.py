@@ -257,6 +257,11 @@ def wall_figure(rows: list[dict[str, Any]], key: str) -> Any:
     return sum(r[key] * r[WINDOW_S] for r in steady) / total if total > 0 else None
 
 
+BUCKET_PLACEHOLDER = "{bucket}"
+"""Written in a job config string (``s3://{bucket}/models/x``): the charts fill in the
+environment's bucket; the job's own checks leave such a path unread."""
+
+
 # --- the code that travels to the pods -------------------------------------------------------
 CODE_DIRS = ("training", "jobs", "spec_schema")
 """Folders of the repository packed into the code archive; the job's working directory holds

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from spec_schema import FieldError, unknown
 from training.config_checks import JobConfigError
+from training.contract import BUCKET_PLACEHOLDER
 
 # Keyword arguments transformers' Qwen2Config (5.x) accepts: its own and PretrainedConfig's
 # (a test compares this with inspect.signature(Qwen2Config.__init__)). Qwen2Config keeps ANY
@@ -67,8 +68,8 @@ def check_config_keys(config: Mapping[str, Any]) -> None:
             raise FieldError(f"config.{key}", key, unknown(key, known, "Qwen2Config key").allowed)
     for key in _POSITIVE_INT_KEYS:
         value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise FieldError(f"config.{key}", value, "must be a positive integer")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31):
+            raise FieldError(f"config.{key}", value, "must be a positive integer (below 2**31)")
     for key, types in QWEN2_TYPES.items():
         value = config.get(key)
         if value is not None and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):
@@ -162,9 +163,6 @@ def hub_id_problem(name: str) -> str:
     return ""
 
 
-PLACEHOLDER = "{bucket}"
-
-
 def check_model(job: Any, *, read_s3: bool = True, local_tokenizer: bool = True) -> str:
     """The job's model section against what can be read from here (the tokenizer directory, the
     model's config.json and ``seq_len`` within its positions); returns a one-line note of what
@@ -178,8 +176,8 @@ def check_model(job: Any, *, read_s3: bool = True, local_tokenizer: bool = True)
     path = job.model.path
     if not path:
         return "model from model.config"
-    if PLACEHOLDER in path:
-        return f"{path} not read: {PLACEHOLDER} is filled in from environment.toml"
+    if BUCKET_PLACEHOLDER in path:
+        return f"{path} not read: {BUCKET_PLACEHOLDER} is filled in from environment.toml"
     if path.startswith("s3://") and not read_s3:
         return f"{path} not read (s3)"
     try:

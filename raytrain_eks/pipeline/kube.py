@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from environment.contract import RAY_CLUSTER_LABEL
+
 FIELD_MANAGER = "raytrain-pipeline"
-CLUSTER_LABEL = "ray.io/cluster"
-"""KubeRay's label on every pod of a RayCluster (head and workers)."""
 
 
 class KubeError(RuntimeError):
@@ -52,7 +52,7 @@ class Kubectl:
         self.run("delete", kind, name, "--ignore-not-found", "--wait=true")
 
     def cluster_pods(self, cluster: str) -> list[dict[str, Any]]:
-        return json.loads(self.run("get", "pods", "-l", f"{CLUSTER_LABEL}={cluster}", "-o", "json"))["items"]
+        return json.loads(self.run("get", "pods", "-l", f"{RAY_CLUSTER_LABEL}={cluster}", "-o", "json"))["items"]
 
 
 def image_ids(pods: list[dict[str, Any]], repository: str) -> dict[str, str]:

@@ -116,7 +116,7 @@ JOB_CASES = [
     ("model-key-typo-hidden", ["model.config.hidden_sise=64"], "vocab_size; did you mean 'hidden_size'?)"),
     ("model-key-typo-rope", ["model.config.rope_thetta=10000.0"], "did you mean 'rope_theta'?"),
     ("model-key-unknown", ["model.config.flash=true"], "model.config.flash: 'flash' is not a known Qwen2Config key (known: "),
-    ("model-vocab-0", ["model.config.vocab_size=0"], "model.config.vocab_size: 0 must be a positive integer"),
+    ("model-vocab-0", ["model.config.vocab_size=0"], "model.config.vocab_size: 0 must be a positive integer (below 2**31)"),
     ("model-heads-3", ["model.config.num_attention_heads=3"], "model.config.num_attention_heads: 3 must divide hidden_size (64)"),
     ("model-kv-heads-3", ["model.config.num_key_value_heads=3"], "model.config.num_key_value_heads: 3 must divide num_attention_heads (4)"),
     ("model-layers-string", ['model.config.num_hidden_layers="2"'], "model.config.num_hidden_layers: '2' must be a positive integer"),
@@ -142,7 +142,7 @@ JOB_CASES = [
     ("checkpoint-every-beyond-steps", ["checkpoint.every_n_steps=41"],
      "checkpoint.every_n_steps: 41 is more than train.max_steps (40)"),
     ("eval-every-beyond-steps", ["eval.every_n_steps=100"], "eval.every_n_steps: 100 is more than train.max_steps (40)"),
-    ("storage-s3-no-bucket", ["checkpoint.storage_path='s3://'"], "checkpoint.storage_path: 's3://' must be s3://bucket/prefix"),
+    ("storage-s3-no-bucket", ["checkpoint.storage_path='s3://'"], "checkpoint.storage_path: 's3://' is not s3://bucket/prefix"),
     ("model-hidden-default-heads", ["model.config.hidden_size=100"],
      "model.config.num_attention_heads: 4 gives an odd head size (100 / 4 = 25)"),
     ("model-eps-int", ["model.config.rms_norm_eps=1"], "model.config.rms_norm_eps: 1 is not allowed (Qwen2Config takes a number"),
@@ -152,6 +152,10 @@ JOB_CASES = [
      "model.path: '/no/such/model' does not exist here and is not a Hugging Face hub id"),
     ("model-path-relative-missing", ["model.path=./models/qwen"], "model.path: './models/qwen' does not exist here"),
     ("name-number", ["name=5"], "name: 5 is not allowed (expected a string)"),
+    ("data-s3-no-bucket", ["data.kind=jsonl", "data.path='s3://'"], "data.path: 's3://' is not s3://bucket/prefix"),
+    ("model-s3-no-bucket", ["model.path='s3:///models/x'"], "model.path: 's3:///models/x' is not s3://bucket/prefix"),
+    ("model-size-huge", ["model.config.vocab_size=99999999999999999999"],
+     "model.config.vocab_size: 99999999999999999999 must be a positive integer (below 2**31)"),
     ("section-not-table", ["train='fast'"], "train: 'fast' is not allowed (expected a table)"),
 ]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from training.contract import BUCKET_PLACEHOLDER
 from training.data.records import SUFFIXES, DataError, _Reader, parse_file
 from training.data.remote import RemoteFile, is_s3, list_files, s3_filesystem, split_s3
 
@@ -28,7 +29,6 @@ HEAD_BYTES = 4 * 1024**2
 """Of a larger local file, and of every S3 object, the first bytes read (cut at the last newline)."""
 TOKENS_PER_MESSAGE = 8
 """Chat template tokens around one message (Qwen's ``<|im_start|>role\\n ... <|im_end|>\\n`` is 5)."""
-PLACEHOLDER = "{bucket}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,8 +101,8 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
     d = job.data
     if d.kind == "synthetic":
         return DataCheck(checked=False, summary="synthetic token ids: no data to read")
-    if PLACEHOLDER in d.path:
-        return DataCheck(checked=False, summary=f"{d.path} not read: {PLACEHOLDER} is filled in from environment.toml "
+    if BUCKET_PLACEHOLDER in d.path:
+        return DataCheck(checked=False, summary=f"{d.path} not read: {BUCKET_PLACEHOLDER} is filled in from environment.toml "
                                                 "(run raytrain-eks preflight --job ... to check it)")
     try:
         if is_s3(d.path) and not _bucket_exists(d.path):
