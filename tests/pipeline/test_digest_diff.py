@@ -38,7 +38,7 @@ def snapshot(tmp_path: Path) -> Path:
     """The folders synth reads (jobs/ and the training/ code it bundles), copied once: both
     synths see the same code even while someone edits the working tree."""
     root = tmp_path / "repo"
-    for folder in ("training", "jobs"):
+    for folder in contract.CODE_DIRS:
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     return root
 

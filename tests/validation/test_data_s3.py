@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cases import LOCAL_JOB
 from fixtures_s3 import s3_bucket, s3_server  # noqa: F401  (one server per session)
 from training.config import load_job_config
 from training.data.check import check_data
@@ -26,7 +27,7 @@ def _put(uri: str, body: bytes) -> None:
 
 
 def _job(path: str):
-    return load_job_config(ROOT / "jobs" / "local.toml", [f"data.path={path}"])
+    return load_job_config(LOCAL_JOB, [f"data.path={path}"])
 
 
 def test_s3_objects_are_listed_and_read(s3_bucket, tmp_path):  # noqa: F811

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from cases import (DATA_CASES, ENV_CASES, JOB_CASES, MODEL_DIR_CASES, PLAN_CASES, ROOT)
+from cases import (DATA_CASES, ENV_CASES, JOB_CASES, LOCAL_JOB, MODEL_DIR_CASES, PLAN_CASES, ROOT)
 from environment import SpecError, environment_from_dict, load_environment
 from training.config import JobConfigError, load_job_config
 from training.data.check import check_data
 from training.data.records import DataError
 from training.model_config import check_model
 
-LOCAL_JOB = ROOT / "jobs" / "local.toml"
 
 
 def _one_line(err: BaseException, *words: str) -> str:
@@ -46,7 +45,7 @@ def test_job(overrides, words, monkeypatch):
     monkeypatch.chdir(ROOT)
     with pytest.raises(JobConfigError) as err:
         check_model(load_job_config(LOCAL_JOB.relative_to(ROOT), overrides))
-    assert _one_line(err.value, words).startswith("jobs/local.toml: ")
+    assert _one_line(err.value, words).startswith(f"{LOCAL_JOB.relative_to(ROOT)}: ")
 
 
 def _data_job(tmp_path: Path, kind: str, name: str, content, extra: list[str]):

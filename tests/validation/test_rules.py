@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cases import LOCAL_JOB
 from environment.rules import bucket_name_problem, ray_version_in_tag, schedule_problem, tag_ray_problem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,7 @@ def test_preflight_of_a_local_job_does_not_depend_on_this_machine(monkeypatch):
 
     monkeypatch.chdir(ROOT)
     env = load_environment(ROOT / "environment.toml")
-    job = load_job_config("jobs/local.toml")
+    job = load_job_config(LOCAL_JOB)
     verdicts = []
     for cpus in (1, 2, 96):
         monkeypatch.setattr(os, "cpu_count", lambda cpus=cpus: cpus)
@@ -95,7 +96,7 @@ def test_entry_points_end_a_bad_spec_with_one_line(tmp_path):
     env = _bad_env(tmp_path)
     words = ("pipeline.watch_schedule: 'rate(1 hours)'",)
     _assert_one_line(_run(["-m", "raytrain_eks.cli", "summary", "--env", str(env)]), *words)
-    _assert_one_line(_run(["-m", "raytrain_eks.cli", "preflight", "--env", str(env), "--job", "jobs/local.toml"]), *words)
+    _assert_one_line(_run(["-m", "raytrain_eks.cli", "preflight", "--env", str(env), "--job", str(LOCAL_JOB)]), *words)
     _assert_one_line(_run(["-m", "charts.main", "--env", str(env), "--outdir", str(tmp_path / "dist")]), *words)
     assert not (tmp_path / "dist").exists()
 
@@ -115,17 +116,17 @@ def test_cdk_app_ends_a_bad_spec_with_one_line_and_no_jsii_stack(tmp_path):
 
 def test_job_entry_points_end_bad_input_with_one_line(tmp_path):
     broken = tmp_path / "broken.toml"
-    broken.write_text((ROOT / "jobs" / "local.toml").read_text().replace("[train]", "[train"))
+    broken.write_text(LOCAL_JOB.read_text().replace("[train]", "[train"))
     _assert_one_line(_run(["-m", "raytrain_eks.cli", "preflight", "--job", str(broken)]), f"{broken}: not valid TOML")
     _assert_one_line(_run(["-m", "training", "--config", str(broken), "--check"]), f"{broken}: not valid TOML")
     for not_a_job in ("jobs", "/bin/ls"):
         _assert_one_line(_run(["-m", "training", "--config", not_a_job, "--check"]), f"{not_a_job}: ")
         _assert_one_line(_run(["-m", "raytrain_eks.cli", "preflight", "--job", not_a_job]), f"{not_a_job}: ")
         _assert_one_line(_run(["-m", "raytrain_eks.cli", "summary", "--env", not_a_job]), f"{not_a_job}: ")
-    _assert_one_line(_run(["-m", "training", "--config", "jobs/local.toml", "--check",
+    _assert_one_line(_run(["-m", "training", "--config", str(LOCAL_JOB), "--check",
                            "--set", "model.config.num_hidden_layer=2"]),
                      "model.config.num_hidden_layer: 'num_hidden_layer' is not a known Qwen2Config key (known: ")
-    _assert_one_line(_run(["-m", "training", "--config", "jobs/local.toml", "--check",
+    _assert_one_line(_run(["-m", "training", "--config", str(LOCAL_JOB), "--check",
                            "--set", "model.config.num_hidden_layer=2"]), "; did you mean 'num_hidden_layers'?)")
 
 
