@@ -101,10 +101,6 @@ class ImageSpec:
         return f"{self.repository}:{self.tag}"
 
     @property
-    def registry(self) -> str:
-        return self.repository.split("/", 1)[0]
-
-    @property
     def name(self) -> str:
         return self.repository.split("/", 1)[1]
 
@@ -275,10 +271,6 @@ class Environment:
     @property
     def world_size(self) -> int:
         return self.primary_gpu_group.world_size
-
-    @property
-    def total_gpus(self) -> int:
-        return sum(g.world_size for g in self.gpu_node_groups)
 
     def hourly_price(self, instance_type: str) -> float:
         return dict(self.prices).get(instance_type, INSTANCE_TYPES[instance_type].hourly_usd_estimate)

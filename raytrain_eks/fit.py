@@ -33,7 +33,6 @@ KERNEL_MEMORY_SHARE = 0.05
 EVICTION_MEMORY_MIB = 100
 IMAGE_GC_HIGH_SHARE = 0.85
 OS_DISK_GIB = 4
-SCALARS = ("cpu", "memory")
 
 
 def kube_reserved_cpu_m(vcpus: int) -> float:

@@ -26,8 +26,6 @@ PLOTS = (  # file stem, metric key, y label
     ("tokens_per_s", contract.TOKENS_PER_S, "tokens/s (all devices)"),
     ("mfu", contract.MFU, "MFU"),
 )
-INPUTS = ("kind", "is_infrastructure_check", "image", "image_digest", "code_hash", "spec_hash", "manifest_hash", "job_config",
-          "job_config_hash", "cluster", "versions", "command", "data", "schema_version")
 RUNTIME = ("transport", "hosts", "ranks", "nccl_logs")
 OUTCOMES = ("status", "exit_code", "error", "throughput", "eval", "checkpoints", "duration_s", "verdict", "failure",
             "reproducibility")

@@ -13,7 +13,6 @@ import json
 import os
 import resource
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -153,24 +152,3 @@ class MetricsLog:
         if self.enabled:
             self.sync()
             self._file.close()
-
-
-class StepTimer:
-    """Wall time per step and an ETA from the mean of the steps so far (first step excluded:
-    it includes warm-up such as compilation and allocator growth)."""
-
-    def __init__(self) -> None:
-        self.durations: list[float] = []
-        self._start = 0.0
-
-    def start(self) -> None:
-        self._start = time.perf_counter()
-
-    def stop(self) -> float:
-        elapsed = time.perf_counter() - self._start
-        self.durations.append(elapsed)
-        return elapsed
-
-    def eta(self, steps_left: int) -> float:
-        steady = self.durations[1:] or self.durations
-        return steps_left * sum(steady) / max(1, len(steady))

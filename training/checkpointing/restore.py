@@ -119,11 +119,6 @@ def fetch_plan(state: dict[str, Any], folder: Path, sizes: dict[str, int]) -> tu
     return whole, partial
 
 
-def files_to_read(state: dict[str, Any], folder: Path) -> list[str]:
-    """Every file DCP reads for ``state`` (wholly or partly)."""
-    return list(byte_ranges(state, folder))
-
-
 def _fetch(source: str, state: dict[str, Any], local: Path) -> str | None:
     """Fetch and verify this rank's files into ``local``; the problem, or None."""
     shutil.rmtree(local, ignore_errors=True)

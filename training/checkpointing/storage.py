@@ -24,7 +24,6 @@ from training.checkpointing.marker import MARKER_NAME
 
 log = logging.getLogger(__name__)
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
-RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
