@@ -172,6 +172,8 @@ class GpuNodeGroupSpec(_NodeSizing):
             raise FieldError("min_nodes", self.min_nodes, "must be >= 0")
         if self.max_nodes < 1:
             raise FieldError("max_nodes", self.max_nodes, "must be >= 1")
+        if self.min_nodes > self.max_nodes:
+            raise FieldError("min_nodes", self.min_nodes, f"must be <= max_nodes ({self.max_nodes})")
         if not self.min_nodes <= self.desired_nodes <= self.max_nodes:
             raise FieldError("desired_nodes", self.desired_nodes,
                              f"must be between min_nodes ({self.min_nodes}) and max_nodes ({self.max_nodes})")

@@ -110,6 +110,8 @@ ENV_CASES = [
     ("versions-typo", lambda r: r["versions"].update(kuberay_opertor="1.7.0"),
      "versions.kuberay_opertor: 'kuberay_opertor' is not a known add-on (known: "),
     ("head-cpu-bool", lambda r: r["ray"].update(head_cpu=True), "ray.head_cpu: True is not allowed (expected an integer)"),
+    ("min-over-max", lambda r: r["gpu_node_groups"][0].update(min_nodes=3, desired_nodes=3),
+     "gpu_node_groups[0].min_nodes: 3 must be <= max_nodes (2)"),
     ("section-not-table", lambda r: r.update(storage="s3://x"), "storage: 's3://x' is not allowed (expected a table)"),
 ]
 
