@@ -57,7 +57,8 @@ class ModelConfig:
     def known_max_positions(self) -> int | None:
         """The model's positions as far as the file says (``max_position_embeddings`` or the
         config table's), None when only the model's own config.json can tell."""
-        return self.max_position_embeddings or max_positions(self.config)
+        known = [n for n in (self.max_position_embeddings, max_positions(self.config)) if n]
+        return min(known) if known else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
