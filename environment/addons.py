@@ -102,10 +102,32 @@ class HelmAddon:
     Grafana's ``{{label}}`` legends)."""
     pods: tuple[AddonPod, ...] = ()
     """Its workloads and their requests (the scheduling-fit check places them)."""
+    helm_timeout_s: int = 0
+    """What Helm may wait (``--timeout``), sized to what the chart does at install; 0 = the
+    chart only applies objects (no hook Jobs, no ``--wait``): :data:`APPLY_ONLY_TIMEOUT_S`."""
     crds: Callable[[str], Path] | None = None
     """chart version -> the file of the CRDs this chart ships, if Helm must UPGRADE them: Helm
     installs a chart's ``crds/`` once and never upgrades them, so these are installed as a chart
     of their own (as templates, which ``helm upgrade`` does upgrade) before the add-on."""
+
+
+# Helm's own default is 300 s (helm/helm v3 cmd/helm/install.go ``--timeout``); aws-cdk-lib
+# 2.275's aws_eks_v2 HelmChart passes ``--timeout`` only when a timeout is set and never
+# ``--wait`` by default, and its handler is a Lambda function of 15 minutes that also runs
+# ``aws eks update-kubeconfig`` first: a Helm timeout must stay well below 900 s.
+APPLY_ONLY_TIMEOUT_S = 180
+"""A chart with no hook Jobs, installed without ``--wait``: Helm only sends objects to the API."""
+HOOK_JOBS_TIMEOUT_S = 600
+"""A chart whose install runs hook Jobs (Helm waits for each to complete): each Job's pod is
+scheduled on a system node and pulls its image there before it runs; the nodes are already
+Ready (every chart depends on the system node group and CoreDNS)."""
+HANDLER_LIMIT_S = 900
+"""The kubectl handler Lambda function's timeout (aws-cdk-lib 2.275 kubectl-provider.js)."""
+
+
+def helm_timeout_s(addon: "HelmAddon") -> int:
+    """The ``--timeout`` Helm gets for ``addon``'s release."""
+    return addon.helm_timeout_s or APPLY_ONLY_TIMEOUT_S
 
 
 def _nvidia_values(env: "Environment") -> dict[str, Any]:
@@ -230,6 +252,9 @@ ADDONS: tuple[HelmAddon, ...] = (
     HelmAddon(key="kube_prometheus_stack", repository="https://prometheus-community.github.io/helm-charts",
               chart="kube-prometheus-stack", release=observability.PROMETHEUS_RELEASE,
               namespace=observability.MONITORING_NAMESPACE, default_version="88.5.3", create_namespace=True, enabled=_observed,
+              # The prometheus-operator admission webhook's certificate: a pre-install Job
+              # creates it, a post-install Job patches it into the webhooks.
+              helm_timeout_s=HOOK_JOBS_TIMEOUT_S,
               values=_prometheus_values, manifests=lambda env: observability.dashboard_config_maps(observability.MONITORING_NAMESPACE),
               pods=_PROMETHEUS_PODS),
     HelmAddon(key="dcgm_exporter", repository="https://nvidia.github.io/dcgm-exporter/helm-charts",

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Stage, aws_eks_v2 as eks, aws_s3_assets as s3_assets
+from aws_cdk import Duration, Stage, aws_eks_v2 as eks, aws_s3_assets as s3_assets
 from constructs import Construct
 
-from environment.addons import HelmAddon
+from environment.addons import APPLY_ONLY_TIMEOUT_S, HelmAddon, helm_timeout_s
 from infra.nag import acknowledge_chart_asset_read
 
 
@@ -76,7 +76,8 @@ class ClusterAddons(Construct):
                 self, construct_id(addon.key), cluster=cluster,
                 repository=addon.repository, chart=addon.chart, release=addon.release,
                 version=item.version, namespace=addon.namespace,
-                create_namespace=addon.create_namespace or None, values=item.values)
+                create_namespace=addon.create_namespace or None, values=item.values,
+                timeout=Duration.seconds(helm_timeout_s(addon)))
             for required in addon.requires:  # ADDONS lists them first
                 if required in self.charts:
                     chart.node.add_dependency(self.charts[required])
@@ -97,4 +98,5 @@ class ClusterAddons(Construct):
         return eks.HelmChart(
             self, f"{construct_id(addon.key)}Crds", cluster=cluster, chart_asset=asset,
             release=crd_chart_name(addon), namespace=addon.namespace,
-            create_namespace=addon.create_namespace or None)
+            create_namespace=addon.create_namespace or None,
+            timeout=Duration.seconds(APPLY_ONLY_TIMEOUT_S))

@@ -14,6 +14,7 @@ from infra.constructs.autoscaler_identity import AutoscalerIdentity
 from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon
 from infra.constructs.efa_security_group import EfaSecurityGroup
 from infra.constructs.gpu_node_group import GpuNodeGroup
+from infra.constructs.kubernetes_order import kubernetes_objects_after
 from infra.constructs.managed_addons import ManagedAddons
 from infra.constructs.node_security import node_role, system_launch_template
 from infra.constructs.ray_identity import RayIdentity
@@ -121,6 +122,9 @@ class ClusterStack(Stack):
         for nodegroup in [self.system_nodegroup, *self.gpu_nodegroups]:
             nodegroup.node.add_dependency(*self.managed_addons.before_nodes)
         self.managed_addons.addons["coredns"].node.add_dependency(self.system_nodegroup)
+        # Every chart and manifest after both (aws_eks_v2 orders them after the control plane only).
+        kubernetes_objects_after(self, self.system_nodegroup.node.default_child,
+                                 self.managed_addons.addons["coredns"])
 
         identity = RayIdentity(
             self, "Ray", cluster=self.cluster, namespace=ray.namespace,
