@@ -29,9 +29,12 @@ ENDPOINT_ACCESS = {
 
 
 def endpoint_access(access: str, public_cidrs: tuple[str, ...]) -> eks.EndpointAccess:
-    """The spec's endpoint access; a public endpoint admits only the spec's CIDRs."""
+    """The spec's endpoint access; a public endpoint admits only the spec's CIDRs.
+
+    A public-only endpoint is left as it is: aws_eks_v2's ``onlyFrom`` refuses it (it cannot be
+    narrowed there), and the spec admits it only open to every address, EKS's default."""
     chosen = ENDPOINT_ACCESS[access]
-    return chosen if access == "private" else chosen.only_from(*public_cidrs)
+    return chosen if access in ("private", "public") else chosen.only_from(*public_cidrs)
 
 
 ALL_CONTROL_PLANE_LOGS = [
