@@ -35,7 +35,7 @@ class _AfterNodes:
     def visit(self, node: IConstruct) -> None:
         if isinstance(node, CfnResource) and node.cfn_resource_type in KUBERNETES_RESOURCE_TYPES:
             for prerequisite in self._prerequisites:
-                node.add_dependency(prerequisite)
+                node.node.add_dependency(prerequisite)
 
 
 def kubernetes_objects_after(stack: Stack, *prerequisites: CfnResource) -> None:

@@ -18,7 +18,8 @@ from infra.constructs.kubernetes_order import kubernetes_objects_after
 from infra.constructs.managed_addons import ManagedAddons
 from infra.constructs.node_security import node_role, system_launch_template
 from infra.constructs.ray_identity import RayIdentity
-from infra.nag import acknowledge_cluster_findings
+from infra.nag import acknowledge, acknowledge_cluster_findings
+from infra.nag_rules import ENDPOINT_RULE, OPEN_TO_ALL
 from infra.stacks.network import NetworkStack
 
 ENDPOINT_ACCESS = {
@@ -89,6 +90,11 @@ class ClusterStack(Stack):
         )
         self.cluster.node.add_dependency(self.log_group)
         acknowledge_cluster_findings(self.cluster)
+        if spec.endpoint_access != "private" and OPEN_TO_ALL in spec.public_access_cidrs:
+            # The spec chose it; an endpoint open to all that the spec did not ask for still fails.
+            acknowledge(self.cluster, ENDPOINT_RULE,
+                        f"cluster.public_access_cidrs lists {OPEN_TO_ALL} in the spec: the API endpoint is open "
+                        "to every address by the user's choice (authentication still required); narrow it there.")
         # The people who run kubectl (build_app refuses an empty list): EKS's own "creator is
         # admin" names CloudFormation's execution role, not whoever ran cdk deploy.
         for i, arn in enumerate(spec.admin_principal_arns):
