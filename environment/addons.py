@@ -204,8 +204,18 @@ SCALE_DOWN_UNNEEDED = "5m"
 """How long a GPU node must be idle before cluster-autoscaler removes it."""
 
 
+CHART_DEFAULT_DELETED = None
+"""A value that removes the chart's default for that key: Helm merges user values into the
+chart's map by map and deletes a key whose user value is null (helm/helm v3
+pkg/chartutil/coalesce.go ``coalesceValues``: "if the value is nil, delete the key")."""
+
+
 def _kuberay_values(env: "Environment") -> dict[str, Any]:
-    return {"nodeSelector": dict(SYSTEM_NODES), "resources": KUBERAY_OPERATOR_POD.resources()}
+    resources = KUBERAY_OPERATOR_POD.resources()
+    # The chart's values.yaml sets limits {cpu: 100m, memory: 512Mi}: without this the merge keeps
+    # its CPU limit, and the operator is throttled reconciling many pods at once.
+    resources["limits"]["cpu"] = CHART_DEFAULT_DELETED
+    return {"nodeSelector": dict(SYSTEM_NODES), "resources": resources}
 
 
 def _autoscaler_values(env: "Environment") -> dict[str, Any]:

@@ -16,6 +16,7 @@ project does not use (Helm skips the ones that already exist).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,14 @@ class ResolvedAddon:
     objects: list[dict[str, Any]] = field(default_factory=list)
     crd_file: Path | None = None
     """The pinned CRDs of this version, for an add-on whose CRDs must be upgraded with it."""
+
+
+def _has_null(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(v is None or _has_null(v) for v in value.values())
+    if isinstance(value, list):
+        return any(v is None or _has_null(v) for v in value)
+    return False
 
 
 def construct_id(key: str) -> str:
@@ -78,6 +87,11 @@ class ClusterAddons(Construct):
                 version=item.version, namespace=addon.namespace,
                 create_namespace=addon.create_namespace or None, values=item.values,
                 timeout=Duration.seconds(helm_timeout_s(addon)))
+            if _has_null(item.values):
+                # jsii drops None on the way to aws_eks_v2 (and JSON.stringify an undefined), but a
+                # null is how Helm deletes a chart default: write the values verbatim instead.
+                chart.node.find_child("Resource").node.default_child.add_property_override(
+                    "Values", json.dumps(item.values, separators=(",", ":")))
             for required in addon.requires:  # ADDONS lists them first
                 if required in self.charts:
                     chart.node.add_dependency(self.charts[required])
