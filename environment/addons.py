@@ -170,6 +170,12 @@ def _prometheus_values(env: "Environment") -> dict[str, Any]:
     return {
         # No alert receivers are configured: an Alertmanager would only take system-node memory.
         "alertmanager": {"enabled": False},
+        # Helm installs a chart's crds/ once and never upgrades them; this chart's own remedy
+        # (its crds subchart, templates/upgrade/job.yaml) is a pre-install/pre-upgrade hook Job
+        # that server-side applies the CRDs of this chart version, forcing ownership. It runs
+        # on the system nodes; busybox pinned (the chart's default tag is "latest").
+        "crds": {"upgradeJob": {"enabled": True, "nodeSelector": dict(SYSTEM_NODES),
+                                "image": {"busybox": {"tag": PROMETHEUS_CRD_JOB_BUSYBOX}}}},
         "prometheus": {"additionalPodMonitors": observability.ray_pod_monitors(env.ray.namespace)},
         # Dashboards come as labelled ConfigMaps (the entry's manifests) through Grafana's
         # sidecar, which the chart enables by default; the admin password is generated into
@@ -179,6 +185,7 @@ def _prometheus_values(env: "Environment") -> dict[str, Any]:
     }
 
 
+PROMETHEUS_CRD_JOB_BUSYBOX = "1.37.0"
 _NO_REQUESTS = "kube-prometheus-stack: no requests set by its values (none counted; not re-checked here)"
 _PROMETHEUS_PODS = (
     AddonPod(name="prometheus", kind="Deployment", source=_NO_REQUESTS, placement={}),
@@ -262,8 +269,8 @@ ADDONS: tuple[HelmAddon, ...] = (
     HelmAddon(key="kube_prometheus_stack", repository="https://prometheus-community.github.io/helm-charts",
               chart="kube-prometheus-stack", release=observability.PROMETHEUS_RELEASE,
               namespace=observability.MONITORING_NAMESPACE, default_version="88.5.3", create_namespace=True, enabled=_observed,
-              # The prometheus-operator admission webhook's certificate: a pre-install Job
-              # creates it, a post-install Job patches it into the webhooks.
+              # Three hook Jobs: the CRD upgrade Job and the admission webhook's certificate
+              # Job (pre-install/pre-upgrade), the Job patching it into the webhooks (post-).
               helm_timeout_s=HOOK_JOBS_TIMEOUT_S,
               values=_prometheus_values, manifests=lambda env: observability.dashboard_config_maps(observability.MONITORING_NAMESPACE),
               pods=_PROMETHEUS_PODS),

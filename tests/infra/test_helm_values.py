@@ -43,3 +43,22 @@ def test_the_kuberay_operator_runs_without_a_cpu_limit(default):
     assert "cpu" not in effective["limits"]
     assert effective["limits"]["memory"] == effective["requests"]["memory"] == "512Mi"
     assert effective["requests"]["cpu"] == "100m"
+
+
+# prometheus-community/helm-charts tag kube-prometheus-stack-88.5.3 charts/kube-prometheus-stack/values.yaml
+PROMETHEUS_CHART_CRDS = {"enabled": True, "upgradeJob": {"enabled": False, "forceConflicts": True,
+                                                         "image": {"busybox": {"tag": "latest"}}}}
+
+
+def test_the_monitoring_stack_upgrades_its_crds_with_each_release(variant):
+    charts = [r["Properties"] for r in variant.resources("cluster", "Custom::AWSCDK-EKS-HelmChart").values()
+              if r["Properties"].get("Chart") == "kube-prometheus-stack"]
+    if not variant.env.observability.enabled:
+        assert charts == []
+        return
+    [chart] = charts
+    crds = coalesce({"crds": PROMETHEUS_CHART_CRDS}, json.loads(chart["Values"]))["crds"]
+    # the chart's pre-install/pre-upgrade Job applies the version's CRDs server-side, forcing ownership
+    assert crds["enabled"] and crds["upgradeJob"]["enabled"] and crds["upgradeJob"]["forceConflicts"]
+    assert crds["upgradeJob"]["image"]["busybox"]["tag"] != "latest"
+    assert crds["upgradeJob"]["nodeSelector"] == {"raytrain.io/role": "system"}
