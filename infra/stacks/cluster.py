@@ -2,6 +2,7 @@
 the Ray namespace/service account with its Pod Identity role."""
 from __future__ import annotations
 
+import hashlib
 from typing import Callable
 
 from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks, aws_lambda, aws_logs as logs
@@ -97,8 +98,8 @@ class ClusterStack(Stack):
                         "to every address by the user's choice (authentication still required); narrow it there.")
         # The people who run kubectl (build_app refuses an empty list): EKS's own "creator is
         # admin" names CloudFormation's execution role, not whoever ran cdk deploy.
-        for i, arn in enumerate(spec.admin_principal_arns):
-            self.cluster.grant_cluster_admin(f"Admin{i}", arn)
+        for arn in spec.admin_principal_arns:
+            self.cluster.grant_cluster_admin(admin_construct_id(arn), arn)
 
         self.managed_addons = ManagedAddons(self, "ManagedAddons", cluster=self.cluster,
                                             kubernetes_version=spec.kubernetes_version)
@@ -158,6 +159,13 @@ class ClusterStack(Stack):
                   value=f"aws eks update-kubeconfig --name {spec.name} --region {spec.region}")
         CfnOutput(self, "PodRoleArn", value=self.pod_role.role_arn,
                   description=f"Role of service account {ray.namespace}/{ray.service_account}")
+
+
+def admin_construct_id(arn: str) -> str:
+    """A construct id that follows the principal, not its place in the list: an access entry's
+    PrincipalArn is create-only, so with ids by position, reordering the list would replace each
+    entry by one for a principal whose old entry still exists, and EKS refuses the duplicate."""
+    return "Admin" + hashlib.sha256(arn.encode()).hexdigest()[:12]
 
 
 # The values CloudWatch Logs accepts for RetentionInDays.
