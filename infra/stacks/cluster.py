@@ -147,6 +147,10 @@ class ClusterStack(Stack):
             namespace="kube-system", service_account=CLUSTER_AUTOSCALER_SERVICE_ACCOUNT)
         self.autoscaler.association.node.add_dependency(self.managed_addons.pod_identity_agent)
         self.addons = ClusterAddons(self, "Addons", cluster=self.cluster, addons=addons)
+        # On delete, the Ray namespace goes while the operator still runs: KubeRay puts a finalizer
+        # on every RayJob (ray.io/rayjob-finalizer) that only the operator removes, and kubectl
+        # delete of a namespace holding one waits past the kubectl handler's 15 minutes.
+        identity.manifest.node.add_dependency(self.addons.charts["kuberay_operator"])
         if "cluster_autoscaler" in self.addons.charts:
             self.addons.charts["cluster_autoscaler"].node.add_dependency(self.autoscaler.association)
         self.ray_identity = identity

@@ -15,6 +15,7 @@ handler runs in a Lambda function of 15 minutes (aws-eks-v2/lib/kubectl-provider
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -130,3 +131,18 @@ def test_the_hook_chart_is_known_to_run_hook_jobs(release):
     # "helm.sh/hook": pre-install,pre-upgrade / post-install,post-upgrade) are on by default.
     [addon] = [a for a in ADDONS if a.release == release]
     assert addon.helm_timeout_s == HOOK_JOBS_TIMEOUT_S
+
+
+def test_the_ray_namespace_is_deleted_while_the_kuberay_operator_runs(variant):
+    # ray-project/kuberay tag v1.7.0 ray-operator/controllers/ray/rayjob_controller.go: every RayJob
+    # gets the finalizer ray.io/rayjob-finalizer (utils.RayJobStopJobFinalizer), which only the
+    # operator removes; aws-cdk-lib 2.275's kubectl handler deletes a manifest with a plain
+    # `kubectl delete -f` (apply/__init__.py), which waits for finalizers. CloudFormation deletes
+    # in the reverse order of creation, so the namespace must come after the operator's chart.
+    resources = variant.json("cluster")["Resources"]
+    before = _prerequisites(resources)
+    [namespace] = [rid for rid, r in resources.items() if r["Type"] == "Custom::AWSCDK-EKS-KubernetesResource"
+                   and '"kind":"Namespace"' in json.dumps(r["Properties"].get("Manifest", "")).replace('\\"', '"').replace(" ", "")]
+    [operator] = [rid for rid, r in resources.items() if r["Type"] == "Custom::AWSCDK-EKS-HelmChart"
+                  and r["Properties"].get("Chart") == "kuberay-operator"]
+    assert operator in before[namespace]
