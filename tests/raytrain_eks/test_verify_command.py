@@ -254,3 +254,15 @@ def test_capacity_blocks_are_not_counted_against_on_demand_quotas(registry):
     raw["gpu_node_groups"][0].update(capacity="capacity-block", capacity_reservation_id="cr-0fedcba9876543210")
     needs = verify.vcpu_needs(environment_from_dict(raw, "environment.toml"))
     assert needs == {STANDARD: [("system 1 x m7i.2xlarge", 8)]}
+
+
+def test_no_credentials_is_one_line_per_check_not_a_traceback():
+    from botocore.exceptions import NoCredentialsError
+
+    def check():
+        raise NoCredentialsError()
+
+    [finding] = verify.run_checks([("quota", check)])
+    assert not finding.ok and finding.line() == (
+        "FAIL  quota: could not check: Unable to locate credentials -- fix: configure AWS credentials "
+        "(aws configure / AWS_PROFILE)")
