@@ -7,6 +7,8 @@ check returns :class:`Finding` lines, one per problem, each with its fix.
 - the On-Demand vCPU quotas cover every node group at its maximum size (Service Quotas);
 - a named capacity reservation or Capacity Block exists and fits its group;
 - the CDK bootstrap stack exists, at a version this CDK accepts (CloudFormation);
+- nothing a first deploy would collide with is left: a retained bucket the spec does not adopt,
+  a control-plane log group of the same name;
 - the credentials are the spec's account (STS);
 - the pinned image digest resolves and can run on linux/amd64 (the registry).
 
@@ -25,9 +27,6 @@ from environment.instances import INSTANCE_TYPES
 from raytrain_eks.capacity import USABLE_STATES, Reservation, offered_zones
 from raytrain_eks.chart_index import ChartIndexError, IndexCache, index_url, matches
 
-CDK_TOOLKIT_STACK = "CDKToolkit"
-MIN_BOOTSTRAP_VERSION = 6
-"""aws-cdk-lib 2.275 core/lib/stack-synthesizers/default-synthesizer.js MIN_BOOTSTRAP_STACK_VERSION."""
 
 # Service Quotas codes of the EC2 On-Demand vCPU quotas, by instance family (the letters before
 # the generation digit); "Running On-Demand <families> instances".
@@ -36,12 +35,12 @@ VCPU_QUOTAS = {
     "L-DB2E81BA": ("G and VT", ("g", "vt")),
     "L-417A185B": ("P", ("p",)),
 }
-OK_STACK_STATES = ("CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE")
 
 # What each check calls, for the fix of a check the credentials may not run.
 ACTIONS = {"account": "sts:GetCallerIdentity", "eks-addon": "eks:DescribeAddonVersions",
            "gpu-az": "ec2:DescribeInstanceTypeOfferings", "quota": "servicequotas:GetServiceQuota",
-           "reservation": "ec2:DescribeCapacityReservations", "bootstrap": "cloudformation:DescribeStacks"}
+           "reservation": "ec2:DescribeCapacityReservations", "bootstrap": "cloudformation:DescribeStacks",
+           "leftover": "cloudformation:DescribeStacks, s3:ListBucket, logs:DescribeLogGroups"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,24 +55,16 @@ class Finding:
             f"FAIL  {self.check}: {self.message} -- fix: {self.fix}"
 
 
-def _ok(check: str, message: str) -> Finding:
+def passed(check: str, message: str) -> Finding:
     return Finding(check=check, ok=True, message=message)
 
 
-def _fail(check: str, message: str, fix: str) -> Finding:
+def failed(check: str, message: str, fix: str) -> Finding:
     return Finding(check=check, ok=False, message=message, fix=fix)
 
 
 def _listed(values: list[str], most: int = 6) -> str:
     return ", ".join(values[:most]) + (f", ... ({len(values)} in all)" if len(values) > most else "") if values else "none"
-
-
-def check_account(env: Environment, sts) -> list[Finding]:
-    account = sts.get_caller_identity()["Account"]
-    if env.cluster.account and env.cluster.account != account:
-        return [_fail("account", f"the credentials are for account {account}, {env.source} cluster.account is "
-                      f"{env.cluster.account}", "use the spec's account's credentials (AWS_PROFILE), or correct cluster.account")]
-    return [_ok("account", f"credentials for account {account}")]
 
 
 def check_eks_addons(env: Environment, eks) -> list[Finding]:
@@ -90,12 +81,12 @@ def check_eks_addons(env: Environment, eks) -> list[Finding]:
                 offered += [v["addonVersion"] for v in item.get("addonVersions", [])
                             if any(c.get("clusterVersion") == k8s for c in v.get("compatibilities", []))]
         if pin is None:
-            out.append(_fail("eks-addon", f"{addon.name}: no version pinned for Kubernetes {k8s} (offered: {_listed(offered)})",
+            out.append(failed("eks-addon", f"{addon.name}: no version pinned for Kubernetes {k8s} (offered: {_listed(offered)})",
                              f"add \"{k8s}\" to {addon.name}'s versions in environment/addons.py EKS_ADDONS"))
         elif pin in offered:
-            out.append(_ok("eks-addon", f"{addon.name} {pin} is offered for Kubernetes {k8s}"))
+            out.append(passed("eks-addon", f"{addon.name} {pin} is offered for Kubernetes {k8s}"))
         else:
-            out.append(_fail("eks-addon", f"{addon.name} {pin} is not offered for Kubernetes {k8s} (offered: {_listed(offered)})",
+            out.append(failed("eks-addon", f"{addon.name} {pin} is not offered for Kubernetes {k8s} (offered: {_listed(offered)})",
                              f"pin one of the offered versions for \"{k8s}\" in environment/addons.py EKS_ADDONS"))
     return out
 
@@ -110,13 +101,13 @@ def check_charts(env: Environment, index: IndexCache, mirror: str = "") -> list[
         try:
             listed = index.versions(url, addon.chart)
         except ChartIndexError as err:
-            out.append(_fail("helm-chart", f"{addon.chart} {version}: {err}",
+            out.append(failed("helm-chart", f"{addon.chart} {version}: {err}",
                              "check the network path to the repository (or pass --helm-repo-mirror)"))
             continue
         if any(matches(version, v) for v in listed):
-            out.append(_ok("helm-chart", f"{addon.chart} {version} is in {addon.repository}"))
+            out.append(passed("helm-chart", f"{addon.chart} {version} is in {addon.repository}"))
         else:
-            out.append(_fail("helm-chart", f"{addon.chart} {version} is not in {url} (newest: {_listed(listed, 4)})",
+            out.append(failed("helm-chart", f"{addon.chart} {version} is not in {url} (newest: {_listed(listed, 4)})",
                              f"set versions.{addon.key} in {env.source} to a listed version"))
     return out
 
@@ -127,9 +118,9 @@ def check_gpu_zones(env: Environment, ec2) -> list[Finding]:
     for group in env.gpu_node_groups:
         zones = offered_zones(ec2, group.instance_type)
         if gpu_az in zones:
-            out.append(_ok("gpu-az", f"group {group.name}: {group.instance_type} is offered in {gpu_az}"))
+            out.append(passed("gpu-az", f"group {group.name}: {group.instance_type} is offered in {gpu_az}"))
         else:
-            out.append(_fail("gpu-az", f"group {group.name}: {group.instance_type} is not offered in {gpu_az} "
+            out.append(failed("gpu-az", f"group {group.name}: {group.instance_type} is not offered in {gpu_az} "
                              f"(offered in: {_listed(zones)})",
                              f"set cluster.gpu_availability_zone in {env.source} to one of those AZs (or another instance_type)"))
     return out
@@ -164,7 +155,7 @@ def check_quotas(env: Environment, quotas) -> list[Finding]:
     out = []
     for code, parts in vcpu_needs(env).items():
         if code.startswith("unknown:"):
-            out.append(_fail("quota", f"no On-Demand vCPU quota known for {code.split(':', 1)[1]}",
+            out.append(failed("quota", f"no On-Demand vCPU quota known for {code.split(':', 1)[1]}",
                              "add its family to raytrain_eks/verify.py VCPU_QUOTAS"))
             continue
         need = sum(v for _, v in parts)
@@ -172,9 +163,9 @@ def check_quotas(env: Environment, quotas) -> list[Finding]:
         what = f"On-Demand {VCPU_QUOTAS[code][0]} vCPUs in {env.cluster.region}: quota {value}, " \
                f"needed {need} ({' + '.join(p for p, _ in parts)})"
         if value >= need:
-            out.append(_ok("quota", what))
+            out.append(passed("quota", what))
         else:
-            out.append(_fail("quota", what, f"request {code} >= {need} in Service Quotas (EC2, {env.cluster.region}), "
+            out.append(failed("quota", what, f"request {code} >= {need} in Service Quotas (EC2, {env.cluster.region}), "
                              "or lower max_nodes in " + env.source))
     return out
 
@@ -194,7 +185,7 @@ def check_reservations(env: Environment, ec2) -> list[Finding]:
                 raise
             found = []
         if not found:
-            out.append(_fail("reservation", f"{where} is not in this account and region",
+            out.append(failed("reservation", f"{where} is not in this account and region",
                              "run `raytrain-eks capacity` and set capacity_reservation_id to one it lists"))
             continue
         r = Reservation.from_api(found[0])
@@ -213,32 +204,12 @@ def check_reservations(env: Environment, ec2) -> list[Finding]:
             wrong.append(f"it was made in placement group {r.placement_group or '(none)'}, "
                          f"the group names {group.placement_group or '(none)'}")
         if wrong:
-            out.append(_fail("reservation", f"{where}: " + "; ".join(wrong),
+            out.append(failed("reservation", f"{where}: " + "; ".join(wrong),
                              f"correct [[gpu_node_groups]] {group.name} in {env.source} "
                              f"(`raytrain-eks capacity` prints the fields to set)"))
         else:
-            out.append(_ok("reservation", f"{where} is a usable {r.kind} of {r.total} x {r.instance_type} in {r.availability_zone}"))
+            out.append(passed("reservation", f"{where} is a usable {r.kind} of {r.total} x {r.instance_type} in {r.availability_zone}"))
     return out
-
-
-def check_bootstrap(env: Environment, cloudformation) -> list[Finding]:
-    from botocore.exceptions import ClientError
-
-    fix = f"cdk bootstrap aws://{env.cluster.account or '<account>'}/{env.cluster.region}"
-    try:
-        [stack] = cloudformation.describe_stacks(StackName=CDK_TOOLKIT_STACK)["Stacks"]
-    except ClientError as err:
-        if "does not exist" not in str(err):
-            raise
-        return [_fail("bootstrap", f"no {CDK_TOOLKIT_STACK} stack in {env.cluster.region}", fix)]
-    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-    version = int(outputs.get("BootstrapVersion", "0") or 0)
-    if stack["StackStatus"] not in OK_STACK_STATES:
-        return [_fail("bootstrap", f"{CDK_TOOLKIT_STACK} is {stack['StackStatus']}", fix)]
-    if version < MIN_BOOTSTRAP_VERSION:
-        return [_fail("bootstrap", f"{CDK_TOOLKIT_STACK} is at bootstrap version {version}, "
-                      f"this CDK needs {MIN_BOOTSTRAP_VERSION} or later", fix)]
-    return [_ok("bootstrap", f"{CDK_TOOLKIT_STACK} version {version} in {env.cluster.region}")]
 
 
 def check_image(env: Environment, registry_url: str = "", timeout: float = 15.0) -> list[Finding]:
@@ -248,20 +219,20 @@ def check_image(env: Environment, registry_url: str = "", timeout: float = 15.0)
 
     image = env.image
     if not image.digest:
-        return [_fail("image", f"{image.repository}:{image.tag} is not pinned (image.digest is empty)",
+        return [failed("image", f"{image.repository}:{image.tag} is not pinned (image.digest is empty)",
                       f"raytrain-eks lock --env {env.source}")]
     try:
         location = ImageLocation.from_repository(image.repository, image.tag, registry_url)
         found = platforms(fetch_manifest(location, image.digest, timeout=timeout))
     except RegistryError as err:
-        return [_fail("image", f"{image.repository}@{image.digest}: {err}",
+        return [failed("image", f"{image.repository}@{image.digest}: {err}",
                       f"raytrain-eks lock --env {env.source} (pins the digest the tag has now)")]
     if found is not None and REQUIRED_PLATFORM not in found:
-        return [_fail("image", f"{image.repository}@{image.digest} is an index without {'/'.join(REQUIRED_PLATFORM)} "
+        return [failed("image", f"{image.repository}@{image.digest} is an index without {'/'.join(REQUIRED_PLATFORM)} "
                       f"(it has: {', '.join('/'.join(p) for p in found) or 'none'})",
                       "pin a digest that has linux/amd64 (raytrain-eks lock --digest ...)")]
     kind = "an index with linux/amd64" if found is not None else "a single-platform manifest"
-    return [_ok("image", f"{image.repository}@{image.digest} resolves ({kind})")]
+    return [passed("image", f"{image.repository}@{image.digest} resolves ({kind})")]
 
 
 def run_checks(checks: list[tuple[str, Callable[[], list[Finding]]]]) -> list[Finding]:
@@ -274,8 +245,8 @@ def run_checks(checks: list[tuple[str, Callable[[], list[Finding]]]]) -> list[Fi
             out += check()
         except ClientError as err:
             error: dict[str, Any] = err.response.get("Error", {})
-            out.append(_fail(name, f"could not check: {error.get('Code', 'error')}: {error.get('Message', err)}",
+            out.append(failed(name, f"could not check: {error.get('Code', 'error')}: {error.get('Message', err)}",
                              f"allow {ACTIONS.get(name, 'the call')} to these credentials, and retry"))
         except BotoCoreError as err:
-            out.append(_fail(name, f"could not check: {err}", "configure AWS credentials (aws configure / AWS_PROFILE)"))
+            out.append(failed(name, f"could not check: {err}", "configure AWS credentials (aws configure / AWS_PROFILE)"))
     return out

@@ -21,6 +21,7 @@ from infra.constructs.node_security import node_role, system_launch_template
 from infra.constructs.ray_identity import RayIdentity
 from infra.nag import acknowledge, acknowledge_cluster_findings
 from infra.nag_rules import ENDPOINT_RULE, OPEN_TO_ALL
+from infra.stack_names import control_plane_log_group
 from infra.stacks.network import NetworkStack
 
 ENDPOINT_ACCESS = {
@@ -66,7 +67,7 @@ class ClusterStack(Stack):
         # EKS writes control-plane logs to this group; created first, with a retention, it is
         # not created by EKS without one.
         self.log_group = logs.LogGroup(
-            self, "ControlPlaneLogs", log_group_name=f"/aws/eks/{spec.name}/cluster",
+            self, "ControlPlaneLogs", log_group_name=control_plane_log_group(spec.name),
             removal_policy=RemovalPolicy.DESTROY)
         self.log_group.node.default_child.retention_in_days = retention_days(spec.log_retention_days)
         self.cluster = eks.Cluster(

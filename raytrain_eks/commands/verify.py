@@ -29,7 +29,7 @@ def make_client(service: str, region: str):
 
 def run(args: argparse.Namespace) -> int:
     from environment import load_environment
-    from raytrain_eks import verify
+    from raytrain_eks import verify, verify_account
     from raytrain_eks.chart_index import IndexCache, http_fetch
 
     env = load_environment(args.env)
@@ -40,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
 
     index = IndexCache(http_fetch(args.timeout))
     findings = verify.run_checks([
-        ("account", lambda: verify.check_account(env, client("sts"))),
-        ("bootstrap", lambda: verify.check_bootstrap(env, client("cloudformation"))),
+        ("account", lambda: verify_account.check_account(env, client("sts"))),
+        ("bootstrap", lambda: verify_account.check_bootstrap(env, client("cloudformation"))),
+        ("leftover", lambda: verify_account.check_leftovers(env, client("cloudformation"), client("s3"), client("logs"))),
         ("eks-addon", lambda: verify.check_eks_addons(env, client("eks"))),
         ("helm-chart", lambda: verify.check_charts(env, index, args.helm_repo_mirror)),
         ("gpu-az", lambda: verify.check_gpu_zones(env, client("ec2"))),

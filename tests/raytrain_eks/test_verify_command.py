@@ -12,7 +12,7 @@ from botocore.stub import Stubber
 
 from environment import environment_from_dict
 from environment.addons import ADDONS, EKS_ADDONS
-from raytrain_eks import verify
+from raytrain_eks import verify, verify_account
 from raytrain_eks.chart_index import IndexCache, http_fetch, matches
 from raytrain_eks.cli import main
 from raytrain_eks.commands import verify as verify_command
@@ -108,7 +108,7 @@ def test_a_good_spec_passes_every_check(tmp_path, moto, registry, charts, monkey
     rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw_spec(registry)), charts[1])
     assert failures(lines) == [] and rc == 0 and err == ""
     checks = {line.split()[1].rstrip(":") for line in lines if line.startswith("ok")}
-    assert checks == {"account", "bootstrap", "eks-addon", "helm-chart", "gpu-az", "quota", "image"}
+    assert checks == {"account", "bootstrap", "leftover", "eks-addon", "helm-chart", "gpu-az", "quota", "image"}
     assert sum(line.startswith("ok    eks-addon") for line in lines) == len(EKS_ADDONS)
     assert lines[-1].endswith("checks passed")
 
@@ -204,10 +204,10 @@ def test_no_or_an_old_bootstrap_stack(moto, registry):
                           gpu_availability_zone="us-west-2a")
     env = environment_from_dict(raw, "environment.toml")
     cfn = moto.client("cloudformation", "us-west-2")
-    [missing] = verify.check_bootstrap(env, cfn)
+    [missing] = verify_account.check_bootstrap(env, cfn)
     assert not missing.ok and missing.fix == f"cdk bootstrap aws://{MOTO_ACCOUNT}/us-west-2"
     create_bootstrap_stack(moto, "us-west-2", 5)
-    [old] = verify.check_bootstrap(env, cfn)
+    [old] = verify_account.check_bootstrap(env, cfn)
     assert not old.ok and "bootstrap version 5, this CDK needs 6" in old.message
 
 
@@ -266,3 +266,23 @@ def test_no_credentials_is_one_line_per_check_not_a_traceback():
     assert not finding.ok and finding.line() == (
         "FAIL  quota: could not check: Unable to locate credentials -- fix: configure AWS credentials "
         "(aws configure / AWS_PROFILE)")
+
+
+def test_what_a_first_deploy_would_collide_with(tmp_path, moto, registry, charts, monkeypatch, capsys):
+    # CloudFormation creates a named resource and fails if the name is taken: a bucket kept by an
+    # earlier deploy (the storage stack retains it), a log group of the cluster's name
+    raw = raw_spec(registry)
+    raw["cluster"]["name"] = "leftovers"
+    env = environment_from_dict(raw, "environment.toml")
+    moto.client("s3", REGION).create_bucket(Bucket=env.bucket_name)
+    moto.client("logs", REGION).create_log_group(logGroupName="/aws/eks/leftovers/cluster")
+    use_clients(monkeypatch, moto)
+    rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
+    found = failures(lines)
+    assert rc == 2 and len(found) == 2
+    assert f"bucket {env.bucket_name} already exists" in found[0] and "storage.existing_bucket = true" in found[0]
+    assert "aws logs delete-log-group --log-group-name /aws/eks/leftovers/cluster" in found[1]
+    raw["storage"]["existing_bucket"] = True
+    moto.client("logs", REGION).delete_log_group(logGroupName="/aws/eks/leftovers/cluster")
+    rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
+    assert rc == 0 and any("adopted by the storage stack" in line for line in lines)
