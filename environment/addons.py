@@ -103,10 +103,32 @@ class HelmAddon:
     Grafana's ``{{label}}`` legends)."""
     pods: tuple[AddonPod, ...] = ()
     """Its workloads and their requests (the scheduling-fit check places them)."""
+    helm_timeout_s: int = 0
+    """What Helm may wait (``--timeout``), sized to what the chart does at install; 0 = the
+    chart only applies objects (no hook Jobs, no ``--wait``): :data:`APPLY_ONLY_TIMEOUT_S`."""
     crds: Callable[[str], Path] | None = None
     """chart version -> the file of the CRDs this chart ships, if Helm must UPGRADE them: Helm
     installs a chart's ``crds/`` once and never upgrades them, so these are installed as a chart
     of their own (as templates, which ``helm upgrade`` does upgrade) before the add-on."""
+
+
+# Helm's own default is 300 s (helm/helm v3 cmd/helm/install.go ``--timeout``); aws-cdk-lib
+# 2.275's aws_eks_v2 HelmChart passes ``--timeout`` only when a timeout is set and never
+# ``--wait`` by default, and its handler is a Lambda function of 15 minutes that also runs
+# ``aws eks update-kubeconfig`` first: a Helm timeout must stay well below 900 s.
+APPLY_ONLY_TIMEOUT_S = 180
+"""A chart with no hook Jobs, installed without ``--wait``: Helm only sends objects to the API."""
+HOOK_JOBS_TIMEOUT_S = 600
+"""A chart whose install runs hook Jobs (Helm waits for each to complete): each Job's pod is
+scheduled on a system node and pulls its image there before it runs; the nodes are already
+Ready (every chart depends on the system node group and CoreDNS)."""
+HANDLER_LIMIT_S = 900
+"""The kubectl handler Lambda function's timeout (aws-cdk-lib 2.275 kubectl-provider.js)."""
+
+
+def helm_timeout_s(addon: "HelmAddon") -> int:
+    """The ``--timeout`` Helm gets for ``addon``'s release."""
+    return addon.helm_timeout_s or APPLY_ONLY_TIMEOUT_S
 
 
 def _nvidia_values(env: "Environment") -> dict[str, Any]:
@@ -149,6 +171,12 @@ def _prometheus_values(env: "Environment") -> dict[str, Any]:
     return {
         # No alert receivers are configured: an Alertmanager would only take system-node memory.
         "alertmanager": {"enabled": False},
+        # Helm installs a chart's crds/ once and never upgrades them; this chart's own remedy
+        # (its crds subchart, templates/upgrade/job.yaml) is a pre-install/pre-upgrade hook Job
+        # that server-side applies the CRDs of this chart version, forcing ownership. It runs
+        # on the system nodes; busybox pinned (the chart's default tag is "latest").
+        "crds": {"upgradeJob": {"enabled": True, "nodeSelector": dict(SYSTEM_NODES),
+                                "image": {"busybox": {"tag": PROMETHEUS_CRD_JOB_BUSYBOX}}}},
         "prometheus": {"additionalPodMonitors": observability.ray_pod_monitors(env.ray.namespace)},
         # Dashboards come as labelled ConfigMaps (the entry's manifests) through Grafana's
         # sidecar, which the chart enables by default; the admin password is generated into
@@ -158,6 +186,7 @@ def _prometheus_values(env: "Environment") -> dict[str, Any]:
     }
 
 
+PROMETHEUS_CRD_JOB_BUSYBOX = "1.37.0"
 _NO_REQUESTS = "kube-prometheus-stack: no requests set by its values (none counted; not re-checked here)"
 _PROMETHEUS_PODS = (
     AddonPod(name="prometheus", kind="Deployment", source=_NO_REQUESTS, placement={}),
@@ -183,8 +212,18 @@ SCALE_DOWN_UNNEEDED = "5m"
 """How long a GPU node must be idle before cluster-autoscaler removes it."""
 
 
+CHART_DEFAULT_DELETED = None
+"""A value that removes the chart's default for that key: Helm merges user values into the
+chart's map by map and deletes a key whose user value is null (helm/helm v3
+pkg/chartutil/coalesce.go ``coalesceValues``: "if the value is nil, delete the key")."""
+
+
 def _kuberay_values(env: "Environment") -> dict[str, Any]:
-    return {"nodeSelector": dict(SYSTEM_NODES), "resources": KUBERAY_OPERATOR_POD.resources()}
+    resources = KUBERAY_OPERATOR_POD.resources()
+    # The chart's values.yaml sets limits {cpu: 100m, memory: 512Mi}: without this the merge keeps
+    # its CPU limit, and the operator is throttled reconciling many pods at once.
+    resources["limits"]["cpu"] = CHART_DEFAULT_DELETED
+    return {"nodeSelector": dict(SYSTEM_NODES), "resources": resources}
 
 
 def _autoscaler_values(env: "Environment") -> dict[str, Any]:
@@ -231,6 +270,9 @@ ADDONS: tuple[HelmAddon, ...] = (
     HelmAddon(key="kube_prometheus_stack", repository="https://prometheus-community.github.io/helm-charts",
               chart="kube-prometheus-stack", release=observability.PROMETHEUS_RELEASE,
               namespace=observability.MONITORING_NAMESPACE, default_version="88.5.3", create_namespace=True, enabled=_observed,
+              # Three hook Jobs: the CRD upgrade Job and the admission webhook's certificate
+              # Job (pre-install/pre-upgrade), the Job patching it into the webhooks (post-).
+              helm_timeout_s=HOOK_JOBS_TIMEOUT_S,
               values=_prometheus_values, manifests=lambda env: observability.dashboard_config_maps(observability.MONITORING_NAMESPACE),
               pods=_PROMETHEUS_PODS),
     HelmAddon(key="dcgm_exporter", repository="https://nvidia.github.io/dcgm-exporter/helm-charts",

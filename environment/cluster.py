@@ -18,6 +18,8 @@ from environment.regions import AWS_REGIONS
 from environment.rules import DNS_LABEL
 
 ENDPOINT_ACCESS = ("public", "private", "public_and_private")
+OPEN_TO_ALL = "0.0.0.0/0"
+"""The public_access_cidrs entry that admits every address (EKS's own default)."""
 CAPACITY = ("on-demand", "capacity-reservation", "capacity-block")
 
 
@@ -85,6 +87,12 @@ class ClusterSpec:
             raise FieldError("public_access_cidrs", [],
                              f"must list who may reach the public API endpoint (endpoint_access = "
                              f"{self.endpoint_access!r}); write [\"0.0.0.0/0\"] to open it to everyone")
+        if self.endpoint_access == "public" and self.public_access_cidrs != (OPEN_TO_ALL,):
+            # aws-cdk-lib 2.275 aws_eks_v2 EndpointAccess.onlyFrom() refuses a public-only
+            # endpoint ("Use PUBLIC_AND_PRIVATE.onlyFrom() instead"): EKS itself would accept it.
+            raise FieldError("public_access_cidrs", list(self.public_access_cidrs),
+                             "cannot narrow a public-only endpoint (endpoint_access = 'public'): use "
+                             "endpoint_access = 'public_and_private' with these CIDRs, or [\"0.0.0.0/0\"]")
         for i, arn in enumerate(self.admin_principal_arns):
             if not re.fullmatch(r"(?a)arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
                 raise FieldError(f"admin_principal_arns[{i}]", arn, "is not an IAM role or user ARN")

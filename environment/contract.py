@@ -14,6 +14,20 @@ EFA_LABEL = "raytrain.io/efa"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "true"
 GPU_TAINT_EFFECT = "NoSchedule"
+# cluster-autoscaler's AWS provider tells a GPU node by this label (its presence; the value
+# names the GPU): a node carrying it whose nvidia.com/gpu is not yet advertised counts as
+# not ready instead of as "no GPU", so the autoscaler does not add nodes for the same pods again
+# (kubernetes/autoscaler cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go GPULabel).
+GPU_ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+GPU_ACCELERATOR_VALUES = {"L4": "nvidia-l4", "A10G": "nvidia-a10g", "A100": "nvidia-tesla-a100",
+                          "H100": "nvidia-h100"}
+"""GPU model -> the label value (the names of that file's availableGPUTypes where it has one)."""
+
+
+def gpu_accelerator(gpu_model: str) -> str:
+    return GPU_ACCELERATOR_VALUES.get(gpu_model, f"nvidia-{gpu_model.lower()}")
+
+
 # The pod-side resource names the device plugins advertise.
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"

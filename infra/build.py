@@ -16,6 +16,7 @@ from infra.constructs.cluster_addons import ResolvedAddon
 from infra.errors import InfraSpecError
 from infra.kubectl_layer import kubectl_layer_factory
 from infra.nag import add_nag_checks
+from infra.stack_names import stack_name
 from infra.stacks.cluster import ClusterStack
 from infra.stacks.network import NetworkStack
 from infra.stacks.storage import StorageStack
@@ -66,6 +67,11 @@ def deployability_problem(env: Environment) -> str | None:
     if not env.cluster.admin_principal_arns:
         return (f"{env.source}: cluster.admin_principal_arns: [] names nobody who may run kubectl: "
                 "add your IAM role or user ARN (EKS's creator-admin is CloudFormation's role, not you)")
+    admins = env.cluster.admin_principal_arns
+    repeated = sorted({a for a in admins if admins.count(a) > 1})
+    if repeated:
+        return (f"{env.source}: cluster.admin_principal_arns: {repeated[0]!r} is listed twice "
+                "(EKS holds one access entry per principal): list each principal once")
     if not env.storage.bucket_name and not env.cluster.account:
         return (f"{env.source}: storage.bucket_name: '' cannot be derived without cluster.account "
                 "(S3 names are global): set cluster.account to your 12-digit account id, or storage.bucket_name")
@@ -105,14 +111,14 @@ def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:
     # touch every resource on each change, and a placement group is REPLACED on a tag change.
     tags = {"raytrain:cluster": name}
     c = env.cluster
-    network = NetworkStack(app, f"{name}-network", availability_zones=c.availability_zones,
+    network = NetworkStack(app, stack_name(name, "network"), availability_zones=c.availability_zones,
                            gpu_availability_zone=c.gpu_availability_zone, env=where, tags=tags,
                            description=f"raytrain-eks {name}: VPC, NAT, S3 endpoint")
-    storage = StorageStack(app, f"{name}-storage", bucket_name=env.bucket_name, storage_uri=env.storage_uri,
+    storage = StorageStack(app, stack_name(name, "storage"), bucket_name=env.bucket_name, storage_uri=env.storage_uri,
                            noncurrent_version_days=env.storage.noncurrent_version_days,
                            existing_bucket=env.storage.existing_bucket, env=where, tags=tags,
                            description=f"raytrain-eks {name}: checkpoint bucket (retained)")
-    cluster = ClusterStack(app, f"{name}-cluster", spec=c, system=env.system_node_group,
+    cluster = ClusterStack(app, stack_name(name, "cluster"), spec=c, system=env.system_node_group,
                            gpu_groups=env.gpu_node_groups, ray=env.ray, addons=resolved_addons(env),
                            bucket_name=env.bucket_name, storage_prefix=env.storage.prefix,
                            read_only_prefixes=env.storage.read_only_prefixes, kubectl_layer=layer,
@@ -124,7 +130,7 @@ def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:
     if env.pipeline.enabled:
         from infra.stacks.pipeline import PipelineStack  # written separately; heavy, optional
 
-        pipeline = PipelineStack(app, f"{name}-pipeline", env_spec=env, cluster_stack=cluster,
+        pipeline = PipelineStack(app, stack_name(name, "pipeline"), env_spec=env, cluster_stack=cluster,
                                  storage_stack=storage, env=where)
     add_nag_checks(app)
     return BuiltApp(app=app, network=network, storage=storage, cluster=cluster, pipeline=pipeline)

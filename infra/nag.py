@@ -30,11 +30,14 @@ CDK_OWNED = "Created and scoped by aws-cdk-lib's aws_eks_v2 kubectl provider, no
 
 
 def add_nag_checks(app: cdk.App) -> None:
-    """Run cdk-nag's AwsSolutions pack as a synth-time validation plugin: any unacknowledged
-    finding fails ``app.synth()`` (and ``cdk synth``) with a report."""
+    """Run cdk-nag's AwsSolutions pack and our own Raytrain pack as synth-time validation
+    plugins: any unacknowledged finding fails ``app.synth()`` (and ``cdk synth``) with a report."""
     from cdk_nag import AwsSolutionsChecks
 
-    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    from infra.nag_rules import RaytrainChecks
+
+    # AwsSolutions' EKS rules do not see an aws_eks_v2 cluster; ours do (infra/nag_rules.py).
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app), RaytrainChecks(app))
 
 
 def acknowledge(scope: IConstruct, rule_id: str, reason: str) -> None:

@@ -15,6 +15,9 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "summary": ("raytrain_eks.commands.summary",
                 "print the environment: nodes, GPUs, world size, image, versions, cost per hour"),
+    "verify": ("raytrain_eks.commands.verify",
+               "before deploy and before a job: add-on and chart pins, GPU AZ, vCPU quotas, reservations, "
+               "CDK bootstrap, image digest"),
     "capacity": ("raytrain_eks.commands.capacity",
                  "which AZs offer the GPU instance types; which reservations and Capacity Blocks match"),
     "preflight": ("raytrain_eks.commands.preflight",

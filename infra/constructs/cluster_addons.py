@@ -16,14 +16,15 @@ project does not use (Helm skips the ones that already exist).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Stage, aws_eks_v2 as eks, aws_s3_assets as s3_assets
+from aws_cdk import Duration, Stage, aws_eks_v2 as eks, aws_s3_assets as s3_assets
 from constructs import Construct
 
-from environment.addons import HelmAddon
+from environment.addons import APPLY_ONLY_TIMEOUT_S, HelmAddon, helm_timeout_s
 from infra.nag import acknowledge_chart_asset_read
 
 
@@ -36,6 +37,14 @@ class ResolvedAddon:
     objects: list[dict[str, Any]] = field(default_factory=list)
     crd_file: Path | None = None
     """The pinned CRDs of this version, for an add-on whose CRDs must be upgraded with it."""
+
+
+def _has_null(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(v is None or _has_null(v) for v in value.values())
+    if isinstance(value, list):
+        return any(v is None or _has_null(v) for v in value)
+    return False
 
 
 def construct_id(key: str) -> str:
@@ -76,7 +85,13 @@ class ClusterAddons(Construct):
                 self, construct_id(addon.key), cluster=cluster,
                 repository=addon.repository, chart=addon.chart, release=addon.release,
                 version=item.version, namespace=addon.namespace,
-                create_namespace=addon.create_namespace or None, values=item.values)
+                create_namespace=addon.create_namespace or None, values=item.values,
+                timeout=Duration.seconds(helm_timeout_s(addon)))
+            if _has_null(item.values):
+                # jsii drops None on the way to aws_eks_v2 (and JSON.stringify an undefined), but a
+                # null is how Helm deletes a chart default: write the values verbatim instead.
+                chart.node.find_child("Resource").node.default_child.add_property_override(
+                    "Values", json.dumps(item.values, separators=(",", ":")))
             for required in addon.requires:  # ADDONS lists them first
                 if required in self.charts:
                     chart.node.add_dependency(self.charts[required])
@@ -97,4 +112,5 @@ class ClusterAddons(Construct):
         return eks.HelmChart(
             self, f"{construct_id(addon.key)}Crds", cluster=cluster, chart_asset=asset,
             release=crd_chart_name(addon), namespace=addon.namespace,
-            create_namespace=addon.create_namespace or None)
+            create_namespace=addon.create_namespace or None,
+            timeout=Duration.seconds(APPLY_ONLY_TIMEOUT_S))

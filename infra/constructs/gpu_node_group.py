@@ -5,7 +5,7 @@ from aws_cdk import aws_ec2 as ec2, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
 from environment import GpuNodeGroupSpec
-from environment.contract import EFA_RESOURCE, GPU_RESOURCE
+from environment.contract import EFA_RESOURCE, GPU_ACCELERATOR_LABEL, GPU_RESOURCE, gpu_accelerator
 from infra.constructs.efa_launch_template import EfaLaunchTemplate
 
 # CloudFormation spells it with a lower-case "x86" (the CDK enum name does not).
@@ -30,12 +30,18 @@ def taint_specs(group: GpuNodeGroupSpec) -> list[eks.TaintSpec]:
             for t in group.taints]
 
 
+def node_labels(group: GpuNodeGroupSpec) -> dict[str, str]:
+    """The group's labels and cluster-autoscaler's GPU label. Kept off ``group.labels``: the
+    RayCluster selects nodes by those, and a changed selector recreates every Ray pod."""
+    return {**group.labels, GPU_ACCELERATOR_LABEL: gpu_accelerator(group.instance.gpu_model)}
+
+
 def node_template_tags(group: GpuNodeGroupSpec) -> dict[str, str]:
     """What cluster-autoscaler must know to scale a 0-node group up: it reads a managed group's
     labels and taints from DescribeNodegroup and its extended resources from the node group's
     own node-template tags (EFA is in no instance table it has). Labels and taints are tagged
     too, so an ASG-only reader sees the same node."""
-    tags = {f"{NODE_TEMPLATE}/label/{k}": v for k, v in group.labels.items()}
+    tags = {f"{NODE_TEMPLATE}/label/{k}": v for k, v in node_labels(group).items()}
     tags |= {f"{NODE_TEMPLATE}/taint/{t['key']}": f"{t['value']}:{t['effect']}" for t in group.taints}
     tags[f"{NODE_TEMPLATE}/resources/{GPU_RESOURCE}"] = str(group.gpus_per_node)
     if group.efa_per_node:
@@ -74,7 +80,7 @@ class GpuNodeGroup(Construct):
             desired_size=group.desired_nodes,
             max_size=group.max_nodes,
             subnets=subnets,
-            labels=group.labels,
+            labels=node_labels(group),
             taints=taint_specs(group),
             # What the instance type implies, visible in the console and the template.
             tags={"raytrain:gpus-per-node": str(group.gpus_per_node),

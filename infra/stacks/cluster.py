@@ -2,6 +2,7 @@
 the Ray namespace/service account with its Pod Identity role."""
 from __future__ import annotations
 
+import hashlib
 from typing import Callable
 
 from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_ec2 as ec2, aws_eks_v2 as eks, aws_lambda, aws_logs as logs
@@ -14,10 +15,13 @@ from infra.constructs.autoscaler_identity import AutoscalerIdentity
 from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon
 from infra.constructs.efa_security_group import EfaSecurityGroup
 from infra.constructs.gpu_node_group import GpuNodeGroup
+from infra.constructs.kubernetes_order import kubernetes_objects_after
 from infra.constructs.managed_addons import ManagedAddons
 from infra.constructs.node_security import node_role, system_launch_template
 from infra.constructs.ray_identity import RayIdentity
-from infra.nag import acknowledge_cluster_findings
+from infra.nag import acknowledge, acknowledge_cluster_findings
+from infra.nag_rules import ENDPOINT_RULE, OPEN_TO_ALL
+from infra.stack_names import control_plane_log_group
 from infra.stacks.network import NetworkStack
 
 ENDPOINT_ACCESS = {
@@ -28,9 +32,12 @@ ENDPOINT_ACCESS = {
 
 
 def endpoint_access(access: str, public_cidrs: tuple[str, ...]) -> eks.EndpointAccess:
-    """The spec's endpoint access; a public endpoint admits only the spec's CIDRs."""
+    """The spec's endpoint access; a public endpoint admits only the spec's CIDRs.
+
+    A public-only endpoint is left as it is: aws_eks_v2's ``onlyFrom`` refuses it (it cannot be
+    narrowed there), and the spec admits it only open to every address, EKS's default."""
     chosen = ENDPOINT_ACCESS[access]
-    return chosen if access == "private" else chosen.only_from(*public_cidrs)
+    return chosen if access in ("private", "public") else chosen.only_from(*public_cidrs)
 
 
 ALL_CONTROL_PLANE_LOGS = [
@@ -60,7 +67,7 @@ class ClusterStack(Stack):
         # EKS writes control-plane logs to this group; created first, with a retention, it is
         # not created by EKS without one.
         self.log_group = logs.LogGroup(
-            self, "ControlPlaneLogs", log_group_name=f"/aws/eks/{spec.name}/cluster",
+            self, "ControlPlaneLogs", log_group_name=control_plane_log_group(spec.name),
             removal_policy=RemovalPolicy.DESTROY)
         self.log_group.node.default_child.retention_in_days = retention_days(spec.log_retention_days)
         self.cluster = eks.Cluster(
@@ -85,10 +92,15 @@ class ClusterStack(Stack):
         )
         self.cluster.node.add_dependency(self.log_group)
         acknowledge_cluster_findings(self.cluster)
+        if spec.endpoint_access != "private" and OPEN_TO_ALL in spec.public_access_cidrs:
+            # The spec chose it; an endpoint open to all that the spec did not ask for still fails.
+            acknowledge(self.cluster, ENDPOINT_RULE,
+                        f"cluster.public_access_cidrs lists {OPEN_TO_ALL} in the spec: the API endpoint is open "
+                        "to every address by the user's choice (authentication still required); narrow it there.")
         # The people who run kubectl (build_app refuses an empty list): EKS's own "creator is
         # admin" names CloudFormation's execution role, not whoever ran cdk deploy.
-        for i, arn in enumerate(spec.admin_principal_arns):
-            self.cluster.grant_cluster_admin(f"Admin{i}", arn)
+        for arn in spec.admin_principal_arns:
+            self.cluster.grant_cluster_admin(admin_construct_id(arn), arn)
 
         self.managed_addons = ManagedAddons(self, "ManagedAddons", cluster=self.cluster,
                                             kubernetes_version=spec.kubernetes_version)
@@ -121,6 +133,9 @@ class ClusterStack(Stack):
         for nodegroup in [self.system_nodegroup, *self.gpu_nodegroups]:
             nodegroup.node.add_dependency(*self.managed_addons.before_nodes)
         self.managed_addons.addons["coredns"].node.add_dependency(self.system_nodegroup)
+        # Every chart and manifest after both (aws_eks_v2 orders them after the control plane only).
+        kubernetes_objects_after(self, self.system_nodegroup.node.default_child,
+                                 self.managed_addons.addons["coredns"])
 
         identity = RayIdentity(
             self, "Ray", cluster=self.cluster, namespace=ray.namespace,
@@ -133,6 +148,10 @@ class ClusterStack(Stack):
             namespace="kube-system", service_account=CLUSTER_AUTOSCALER_SERVICE_ACCOUNT)
         self.autoscaler.association.node.add_dependency(self.managed_addons.pod_identity_agent)
         self.addons = ClusterAddons(self, "Addons", cluster=self.cluster, addons=addons)
+        # On delete, the Ray namespace goes while the operator still runs: KubeRay puts a finalizer
+        # on every RayJob (ray.io/rayjob-finalizer) that only the operator removes, and kubectl
+        # delete of a namespace holding one waits past the kubectl handler's 15 minutes.
+        identity.manifest.node.add_dependency(self.addons.charts["kuberay_operator"])
         if "cluster_autoscaler" in self.addons.charts:
             self.addons.charts["cluster_autoscaler"].node.add_dependency(self.autoscaler.association)
         self.ray_identity = identity
@@ -145,6 +164,13 @@ class ClusterStack(Stack):
                   value=f"aws eks update-kubeconfig --name {spec.name} --region {spec.region}")
         CfnOutput(self, "PodRoleArn", value=self.pod_role.role_arn,
                   description=f"Role of service account {ray.namespace}/{ray.service_account}")
+
+
+def admin_construct_id(arn: str) -> str:
+    """A construct id that follows the principal, not its place in the list: an access entry's
+    PrincipalArn is create-only, so with ids by position, reordering the list would replace each
+    entry by one for a principal whose old entry still exists, and EKS refuses the duplicate."""
+    return "Admin" + hashlib.sha256(arn.encode()).hexdigest()[:12]
 
 
 # The values CloudWatch Logs accepts for RetentionInDays.

@@ -6,7 +6,7 @@ import json
 
 from aws_cdk.assertions import Match
 
-from environment.contract import EFA_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL
+from environment.contract import EFA_LABEL, GPU_ACCELERATOR_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL
 
 
 def _one(synth, type_name: str) -> dict:
@@ -85,10 +85,19 @@ def test_gpu_node_group_from_the_spec(default):
     assert props["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}  # scale to zero
     assert props["CapacityType"] == "ON_DEMAND"
     assert props["Taints"] == [{"Key": GPU_TAINT_KEY, "Value": "true", "Effect": "NO_SCHEDULE"}]
-    assert props["Labels"] == group.labels and props["Labels"][EFA_LABEL] == "true"
+    assert props["Labels"] == {**group.labels, GPU_ACCELERATOR_LABEL: "nvidia-l4"} and props["Labels"][EFA_LABEL] == "true"
     assert {k: v for k, v in props["Tags"].items() if k.startswith("raytrain:")} == {
         "raytrain:gpus-per-node": "4", "raytrain:efa-per-node": "1"}
     assert "DiskSize" not in props  # the launch template's gp3 volume is the root disk
+
+
+def test_gpu_nodes_carry_the_autoscalers_gpu_label_also_at_zero_nodes(variant):
+    # cluster-autoscaler's AWS provider (cloudprovider/aws/aws_cloud_provider.go GPULabel) knows
+    # a GPU node by this label; a 0-node group's template takes it from the node-template tags
+    for props in _gpu_nodegroups(variant).values():
+        value = props["Labels"][GPU_ACCELERATOR_LABEL]
+        assert value.startswith("nvidia-")
+        assert props["Tags"][f"k8s.io/cluster-autoscaler/node-template/label/{GPU_ACCELERATOR_LABEL}"] == value
 
 
 def test_efa_launch_template(default):

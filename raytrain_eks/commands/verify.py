@@ -1,0 +1,60 @@
+"""`raytrain-eks verify`: what no offline synth can check, asked of the user's account, the chart
+repositories and the image registry before `cdk deploy` and before a job (read-only calls).
+
+Prints one line per check (``ok`` or ``FAIL ... -- fix: ...``); exits 0 when every check
+passes, 2 when any fails (as the other commands do for a problem the user must fix).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", default="environment.toml", help="environment spec (default: %(default)s)")
+    parser.add_argument("--helm-repo-mirror", default="",
+                        help="read every chart index from URL/<repository host and path>/index.yaml "
+                             "(a caching proxy) instead of the repositories themselves")
+    parser.add_argument("--registry-url", default="",
+                        help="image registry base URL (default: https:// + the host of image.repository)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default: %(default)s)")
+
+
+def make_client(service: str, region: str):
+    """One boto3 client (the tests replace this to point at moto's server or a Stubber)."""
+    import boto3
+
+    return boto3.client(service, region_name=region)
+
+
+def run(args: argparse.Namespace) -> int:
+    from environment import load_environment
+    from raytrain_eks import verify, verify_account
+    from raytrain_eks.chart_index import IndexCache, http_fetch
+
+    env = load_environment(args.env)
+    region = env.cluster.region
+
+    def client(service: str):
+        return make_client(service, region)
+
+    index = IndexCache(http_fetch(args.timeout))
+    findings = verify.run_checks([
+        ("account", lambda: verify_account.check_account(env, client("sts"))),
+        ("bootstrap", lambda: verify_account.check_bootstrap(env, client("cloudformation"))),
+        ("leftover", lambda: verify_account.check_leftovers(env, client("cloudformation"), client("s3"), client("logs"))),
+        ("eks-addon", lambda: verify.check_eks_addons(env, client("eks"))),
+        ("helm-chart", lambda: verify.check_charts(env, index, args.helm_repo_mirror)),
+        ("gpu-az", lambda: verify.check_gpu_zones(env, client("ec2"))),
+        ("quota", lambda: verify.check_quotas(env, client("service-quotas"))),
+        ("reservation", lambda: verify.check_reservations(env, client("ec2"))),
+        ("image", lambda: verify.check_image(env, args.registry_url, args.timeout)),
+    ])
+    for finding in findings:
+        print(finding.line())
+    failed = [f for f in findings if not f.ok]
+    if failed:
+        print(f"error: {args.env}: {len(failed)} of {len(findings)} checks failed (see FAIL above)", file=sys.stderr)
+        return 2
+    print(f"{args.env}: all {len(findings)} checks passed")
+    return 0

@@ -1,0 +1,87 @@
+"""The account-side checks of `raytrain-eks verify` (see :mod:`raytrain_eks.verify`): whose
+credentials these are, whether CDK is bootstrapped, and what a first deploy would collide with."""
+from __future__ import annotations
+
+from environment import Environment
+from raytrain_eks.verify import Finding, failed, passed
+
+CDK_TOOLKIT_STACK = "CDKToolkit"
+MIN_BOOTSTRAP_VERSION = 6
+"""aws-cdk-lib 2.275 core/lib/stack-synthesizers/default-synthesizer.js MIN_BOOTSTRAP_STACK_VERSION."""
+OK_STACK_STATES = ("CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE")
+
+
+def check_account(env: Environment, sts) -> list[Finding]:
+    account = sts.get_caller_identity()["Account"]
+    if env.cluster.account and env.cluster.account != account:
+        return [failed("account", f"the credentials are for account {account}, {env.source} cluster.account is "
+                      f"{env.cluster.account}", "use the spec's account's credentials (AWS_PROFILE), or correct cluster.account")]
+    return [passed("account", f"credentials for account {account}")]
+
+
+def check_bootstrap(env: Environment, cloudformation) -> list[Finding]:
+    from botocore.exceptions import ClientError
+
+    fix = f"cdk bootstrap aws://{env.cluster.account or '<account>'}/{env.cluster.region}"
+    try:
+        [stack] = cloudformation.describe_stacks(StackName=CDK_TOOLKIT_STACK)["Stacks"]
+    except ClientError as err:
+        if "does not exist" not in str(err):
+            raise
+        return [failed("bootstrap", f"no {CDK_TOOLKIT_STACK} stack in {env.cluster.region}", fix)]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    version = int(outputs.get("BootstrapVersion", "0") or 0)
+    if stack["StackStatus"] not in OK_STACK_STATES:
+        return [failed("bootstrap", f"{CDK_TOOLKIT_STACK} is {stack['StackStatus']}", fix)]
+    if version < MIN_BOOTSTRAP_VERSION:
+        return [failed("bootstrap", f"{CDK_TOOLKIT_STACK} is at bootstrap version {version}, "
+                      f"this CDK needs {MIN_BOOTSTRAP_VERSION} or later", fix)]
+    return [passed("bootstrap", f"{CDK_TOOLKIT_STACK} version {version} in {env.cluster.region}")]
+
+
+def _stack_exists(cloudformation, name: str) -> bool:
+    from botocore.exceptions import ClientError
+
+    try:
+        stacks = cloudformation.describe_stacks(StackName=name)["Stacks"]
+    except ClientError as err:
+        if "does not exist" in str(err):
+            return False
+        raise
+    return any(s["StackStatus"] != "DELETE_COMPLETE" for s in stacks)
+
+
+def check_leftovers(env: Environment, cloudformation, s3, logs) -> list[Finding]:
+    """What a first deploy (or one after ``cdk destroy``) would collide with: a create fails on a
+    name that already exists, and the stack rolls back."""
+    from botocore.exceptions import ClientError
+
+    from infra.stack_names import control_plane_log_group, stack_name
+
+    out = []
+    bucket = env.bucket_name
+    if not _stack_exists(cloudformation, stack_name(env.cluster.name, "storage")):
+        try:
+            s3.head_bucket(Bucket=bucket)
+            exists = True
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+                raise
+            exists = False
+        if exists and not env.storage.existing_bucket:
+            out.append(failed("leftover", f"bucket {bucket} already exists (kept by an earlier deploy?)",
+                             f"set storage.existing_bucket = true in {env.source} to adopt it"))
+        elif not exists and env.storage.existing_bucket:
+            out.append(failed("leftover", f"storage.existing_bucket = true but bucket {bucket} does not exist",
+                             f"set storage.existing_bucket = false in {env.source}"))
+        else:
+            out.append(passed("leftover", f"bucket {bucket}: {'adopted' if exists else 'created'} by the storage stack"))
+    if not _stack_exists(cloudformation, stack_name(env.cluster.name, "cluster")):
+        group = control_plane_log_group(env.cluster.name)
+        found = logs.describe_log_groups(logGroupNamePrefix=group).get("logGroups", [])
+        if any(g["logGroupName"] == group for g in found):
+            out.append(failed("leftover", f"log group {group} already exists (the cluster stack creates it)",
+                             f"aws logs delete-log-group --log-group-name {group} --region {env.cluster.region}"))
+        else:
+            out.append(passed("leftover", f"no log group {group} in the way"))
+    return out
