@@ -176,10 +176,12 @@ def reproduce(run: str, *, repo: Path = REPO) -> Outcome:
     return outcome
 
 
-def _losses(run: str) -> list[float]:
+def _losses(run: str) -> dict[int, float]:
+    """``{step: loss}``, the last write winning after a resume (raytrain_eks/metrics_rows.py)."""
+    from raytrain_eks.metrics_rows import values_by_step
     from raytrain_eks.report import load_run
 
-    return [row.get(contract.LOSS) for row in load_run(run).train]
+    return values_by_step(load_run(run).train, contract.LOSS)
 
 
 def compare_runs(run_a: str, run_b: str) -> dict[str, Any]:
@@ -190,8 +192,10 @@ def compare_runs(run_a: str, run_b: str) -> dict[str, Any]:
 
     same_config = not factors(a, b)  # names and storage locations aside, nothing that shapes a run differs
     execution = bool(pins_a) and pins_a == pins_b and same_config
+    from raytrain_eks.metrics_rows import first_difference
+
     losses_a, losses_b = _losses(run_a), _losses(run_b)
     result = execution and bool(losses_a) and losses_a == losses_b
     return {"execution": execution, "result": result, "pins": [pins_a, pins_b], "same_config": same_config,
             "steps": [len(losses_a), len(losses_b)],
-            "first_loss_difference": next((i + 1 for i, (x, y) in enumerate(zip(losses_a, losses_b)) if x != y), None)}
+            "first_loss_difference": first_difference(losses_a, losses_b)}

@@ -11,7 +11,7 @@ import sys
 import uuid
 from typing import Any
 
-from training import contract, verdict
+from training import contract, run_logs, verdict
 from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
 
@@ -210,4 +210,5 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
     # A failure's reason is the error line above: the verdict adds only its stage (one line per error).
     print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED
                          else verdict.headline(judged)), flush=True)
+    run_logs.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_logs.py
     return final["exit_code"]
