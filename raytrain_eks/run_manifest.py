@@ -63,6 +63,9 @@ def unique_run_name(job: str, now: float | None = None) -> str:
 def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Path, spec_text: str,
               root: Path = ROOT, on_cluster: bool = False) -> RunManifests:
     """Write ``rayjob-<run>.k8s.yaml``, ``network-policy.k8s.yaml`` and the code archive into ``outdir``."""
+    from charts.main import quiet_node_floor_warning
+
+    quiet_node_floor_warning()
     import cdk8s
 
     from charts.code_bundle import build_code_bundle

@@ -80,14 +80,16 @@ def reconcile(state: dict, job: dict) -> None:
             status.update(jobDeploymentStatus="Running", dashboardURL=f"{status['rayClusterName']}-head-svc:8265")
             fake["running_since"] = fake["reconciles"]
     elif deployment == "Running":
+        # jobStatus is what the dashboard says of the Ray job: PENDING, then RUNNING, then the
+        # outcome once the job ended (the submitter's `ray job submit` follows it to its end).
         ray_status = status.get("jobStatus") or ""
-        if ray_status in ("", "PENDING") and fake["reconciles"] - fake["running_since"] >= 1:
-            ray_status = "RUNNING" if ray_status == "PENDING" else "PENDING"
-        elif ray_status == "RUNNING" and (fake["submitter_done"] or
-                                          fake["reconciles"] - fake["running_since"] >= state["submitter_runs"]):
-            ray_status = state["outcome"]
-            publish_results(state, job)
+        if fake["submitter_done"] or fake["reconciles"] - fake["running_since"] > state["submitter_runs"]:
+            if ray_status not in TERMINAL_JOB:
+                ray_status = state["outcome"]
+                publish_results(state, job)
             fake["submitter_done"] = True
+        else:
+            ray_status = "PENDING" if ray_status == "" else "RUNNING"
         status["jobStatus"] = ray_status
         if ray_status in TERMINAL_JOB and fake["submitter_done"]:
             failed = ray_status == "FAILED"

@@ -47,7 +47,7 @@ def test_a_resumed_run_reads_one_row_per_step_and_names_the_resume(tmp_path):
 
 
 def test_reproduce_against_a_resumed_run_compares_step_by_step(tmp_path):
-    # before: "losses differ from step 12" (file position 16 held step 11 against step 16)
+    # before the fix: "losses differ from step 16" (file position 16 held step 11 against step 16)
     pair = compare_runs(str(_run(tmp_path, "resumed", RESUMED)), str(_run(tmp_path, "straight", list(range(1, 21)))))
     assert pair["first_loss_difference"] is None and pair["result"] is True
     assert pair["steps"] == [20, 20]

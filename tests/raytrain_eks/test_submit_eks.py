@@ -78,15 +78,16 @@ def test_submit_follows_the_rayjob_through_kuberays_states_to_the_verdict(cluste
     assert code == exit_code(of_record(record)), out
     lines = [line.strip() for line in out.splitlines()]
     order = ["RayJob smoke-a1: Initializing (cluster smoke-a1-x7k2p)", "1 pod(s) waiting for a node",
-             "1 pod(s) pulling the image", "RayJob smoke-a1: Running (cluster", "RayJob smoke-a1: Running / PENDING",
-             "RayJob smoke-a1: Running / RUNNING", "step 10/20 loss 9.81", "RayJob smoke-a1: Complete / SUCCEEDED",
-             "==> smoke-a1: Complete / SUCCEEDED", "verdict:"]
+             "1 pod(s) pulling the image", "RayJob smoke-a1: Running (cluster", "step 10/20 loss 9.81",
+             "RayJob smoke-a1: Complete / SUCCEEDED",
+             "==> smoke-a1: Complete / SUCCEEDED", "verdict:   "]
     positions = [next((i for i, line in enumerate(lines) if line.startswith(want)), -1) for want in order]
     assert -1 not in positions and positions == sorted(positions), out
     calls = cluster.state()["calls"]
     applied = [c[-1] for c in calls if c[0] == "apply"]
     assert applied[0].endswith("network-policy.k8s.yaml") and applied[1].endswith("rayjob-smoke-a1.k8s.yaml")
-    assert sum(c[:2] == ["get", "rayjob"] for c in calls) >= 8  # followed, not done at the first poll
+    # followed, not done at the first poll: New, Initializing until the cluster is ready, Running, Complete
+    assert sum(c[:2] == ["get", "rayjob"] for c in calls) >= 6
     # the code archive the RayJob names is in the bucket, and the results came back
     job = cluster.state()["rayjobs"]["smoke-a1"]
     working_dir = json.dumps(job["spec"]["runtimeEnvYAML"]).split("working_dir: ")[1].split("\\n")[0]
