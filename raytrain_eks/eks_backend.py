@@ -59,6 +59,18 @@ def get_rayjob(name: str, namespace: str) -> dict[str, Any] | None:
     return json.loads(proc.stdout)
 
 
+def find_rayjob(run: str, namespace: str) -> tuple[str, dict[str, Any]] | None:
+    """``(RayJob name, RayJob)`` of a run: its own cluster's, or ``<run>-on-cluster`` on the
+    long-lived RayCluster (charts/rayjob.py names it so)."""
+    from charts.rayjob import ON_CLUSTER_SUFFIX
+
+    for name in (run, run + ON_CLUSTER_SUFFIX):
+        found = get_rayjob(name, namespace)
+        if found is not None:
+            return name, found
+    return None
+
+
 def list_rayjobs(namespace: str) -> list[dict[str, Any]]:
     """The RayJobs this project created (they carry the job label)."""
     return json.loads(kubectl("get", "rayjob", "-n", namespace, "-l", JOB_LABEL, "-o", "json").stdout).get("items", [])

@@ -36,6 +36,8 @@ class RunManifests:
     run: str
     job: str
     """The job config's ``name``."""
+    rayjob_name: str
+    """The RayJob's name: the run's, plus ``-on-cluster`` for a run on the long-lived RayCluster."""
     rayjob: Path
     network_policy: Path
     code_path: Path
@@ -54,9 +56,12 @@ def check_run_name(name: str, flag: str) -> str:
     return name
 
 
-def unique_run_name(job: str, now: float | None = None) -> str:
-    """``<job>-<MMDD-HHMMSS>``, the job's name cut so the whole fits a RayJob name."""
-    stem = job[:MAX_RAYJOB_NAME - STAMP_CHARS].rstrip("-")
+def unique_run_name(job: str, now: float | None = None, *, on_cluster: bool = False) -> str:
+    """``<job>-<MMDD-HHMMSS>``, the job's name cut so the whole (and an on-cluster RayJob's
+    suffix) fits a RayJob name."""
+    from charts.rayjob import ON_CLUSTER_SUFFIX
+
+    stem = job[:MAX_RAYJOB_NAME - STAMP_CHARS - (len(ON_CLUSTER_SUFFIX) if on_cluster else 0)].rstrip("-")
     return f"{stem}-{time.strftime(STAMP, time.gmtime(now))}"
 
 
@@ -74,7 +79,7 @@ def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Pa
     from charts.network_policy import NetworkPolicyChart, raycluster_label, rayjob_label
     from charts.provenance import SourceIdentity
     from charts.raycluster import cluster_name
-    from charts.rayjob import RayJobChart
+    from charts.rayjob import ON_CLUSTER_SUFFIX, RayJobChart
     from environment.contract import CODE_PREFIX
     from training.contract import fill_manifest_hash
 
@@ -104,6 +109,38 @@ def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Pa
     app.synth()
     rayjob = outdir / f"{chart}.k8s.yaml"
     rayjob.write_text(fill_manifest_hash(rayjob.read_text(encoding="utf-8")), encoding="utf-8")
-    return RunManifests(run=run, job=plan.config.name, rayjob=rayjob, network_policy=outdir / f"{NETWORK_POLICY_CHART}.k8s.yaml",
+    return RunManifests(run=run, job=plan.config.name, rayjob_name=run + (ON_CLUSTER_SUFFIX if target else ""), rayjob=rayjob, network_policy=outdir / f"{NETWORK_POLICY_CHART}.k8s.yaml",
                         code_path=code.path, code_uri=code.uri(env.bucket_name), run_uri=f"{env.storage_uri}/{run}",
                         namespace=env.ray.namespace, on_cluster=target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m raytrain_eks.run_manifest``: one run's manifests, as ``submit`` writes them
+    (``raytrain-eks reproduce`` runs this in the recorded commit's tree)."""
+    import argparse
+    import sys
+
+    from environment import load_environment
+
+    parser = argparse.ArgumentParser(prog="python -m raytrain_eks.run_manifest", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--outdir", required=True)
+    parser.add_argument("--root", default=str(ROOT))
+    parser.add_argument("--on-cluster", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        written = synth_run(load_environment(args.env), Path(args.root) / args.job, run=args.run,
+                            overrides=args.overrides, outdir=Path(args.outdir), root=Path(args.root),
+                            spec_text=Path(args.env).read_text(encoding="utf-8"), on_cluster=args.on_cluster)
+    except ChartError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(written.rayjob)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -22,8 +22,9 @@ def run(args: argparse.Namespace) -> int:
     from training.run_logs import RUN_LOGS_DIR
 
     env = load_environment(args.env)
-    if eks.get_rayjob(args.run, env.ray.namespace) is not None:
-        proc = eks.kubectl("logs", *(["-f"] if args.follow else []), f"job/{args.run}", "-n", env.ray.namespace,
+    found = eks.find_rayjob(args.run, env.ray.namespace)
+    if found is not None:
+        proc = eks.kubectl("logs", *(["-f"] if args.follow else []), f"job/{found[0]}", "-n", env.ray.namespace,
                            check=False, capture=False)
         if proc.returncode == 0:
             return 0

@@ -18,7 +18,8 @@ def run(args: argparse.Namespace) -> int:
     from raytrain_eks import eks_backend as eks
 
     env = load_environment(args.env)
-    rayjob = eks.get_rayjob(args.run, env.ray.namespace)
+    found = eks.find_rayjob(args.run, env.ray.namespace)
+    rayjob = found[1] if found else None
     if rayjob is None:
         print(f"error: status: no RayJob {args.run!r} in namespace {env.ray.namespace} (raytrain-eks list)", file=sys.stderr)
         return 2

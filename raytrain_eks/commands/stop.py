@@ -24,10 +24,11 @@ def run(args: argparse.Namespace) -> int:
 
     env = load_environment(args.env)
     namespace = env.ray.namespace
-    if eks.get_rayjob(args.run, namespace) is None:
+    found = eks.find_rayjob(args.run, namespace)
+    if found is None:
         print(f"error: stop: no RayJob {args.run!r} in namespace {namespace} (raytrain-eks list)", file=sys.stderr)
         return 2
-    eks.kubectl("delete", "rayjob", args.run, "-n", namespace, "--wait=true")
+    eks.kubectl("delete", "rayjob", found[0], "-n", namespace, "--wait=true")
     policy = ray_cluster_policy(rayjob_label(args.run), namespace)["metadata"]["name"]
     eks.kubectl("delete", "networkpolicy", policy, "-n", namespace, "--ignore-not-found")
     print(f"stopped {args.run}: RayJob deleted (KubeRay stops the Ray job); storage kept: "

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                          "(moto's S3 in memory, a Ray head of its own)")
     env = load_environment(args.env)
     run_name = (check_run_name(args.resume, "--resume") if args.resume else check_run_name(args.name, "--name")
-                if args.name else unique_run_name(_job_name(job, args.overrides)))
+                if args.name else unique_run_name(_job_name(job, args.overrides), on_cluster=args.on_cluster))
     out_dir = Path(args.out) if args.out else ROOT / ".work" / "runs" / run_name
     manifests = synth_run(env, job, run=run_name, overrides=args.overrides, outdir=out_dir / "manifests",
                           spec_text=Path(args.env).read_text(encoding="utf-8"), on_cluster=args.on_cluster)
@@ -107,12 +107,12 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
     else:
         print(f"    code archive already in the bucket: {manifests.code_uri}")
     eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
-    if resume and eks.get_rayjob(manifests.run, manifests.namespace) is not None:
+    if resume and eks.get_rayjob(manifests.rayjob_name, manifests.namespace) is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.
-        eks.kubectl("delete", "rayjob", manifests.run, "-n", manifests.namespace, "--wait=true")
+        eks.kubectl("delete", "rayjob", manifests.rayjob_name, "-n", manifests.namespace, "--wait=true")
     eks.apply(str(manifests.rayjob))
-    print(f"    RayJob {manifests.run} applied (Ctrl-C detaches; the run goes on)")
-    final = eks.follow(manifests.run, manifests.namespace, poll_s=poll_s)
+    print(f"    RayJob {manifests.rayjob_name} applied (Ctrl-C detaches; the run goes on)")
+    final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s)
     deployment, job_status = eks.phase(final)
     print(f"==> {manifests.run}: {deployment}{' / ' + job_status if job_status else ''}")
     copied = download_run(client, manifests.run_uri, out_dir)
