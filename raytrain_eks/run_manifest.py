@@ -45,6 +45,8 @@ class RunManifests:
     run_uri: str
     """``s3://<bucket>/<prefix>/<run>``: where the run's records, checkpoints and model land."""
     namespace: str
+    region: str
+    """The environment's region (the bucket's)."""
     on_cluster: str = ""
 
 
@@ -111,7 +113,7 @@ def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Pa
     rayjob.write_text(fill_manifest_hash(rayjob.read_text(encoding="utf-8")), encoding="utf-8")
     return RunManifests(run=run, job=plan.config.name, rayjob_name=run + (ON_CLUSTER_SUFFIX if target else ""), rayjob=rayjob, network_policy=outdir / f"{NETWORK_POLICY_CHART}.k8s.yaml",
                         code_path=code.path, code_uri=code.uri(env.bucket_name), run_uri=f"{env.storage_uri}/{run}",
-                        namespace=env.ray.namespace, on_cluster=target)
+                        namespace=env.ray.namespace, region=env.cluster.region, on_cluster=target)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,12 +15,13 @@ MODEL_DIR = "hf"
 """The exported model's folder inside a run directory (training/outcomes.py writes ``<run>/hf``)."""
 
 
-def s3_client(client_env: dict[str, str] | None = None) -> Any:
-    """boto3's S3 client; ``client_env`` (a local server's endpoint and keys) or the default chain."""
+def s3_client(client_env: dict[str, str] | None = None, *, region: str | None = None) -> Any:
+    """boto3's S3 client: ``client_env`` (a local server's endpoint and keys), or the default
+    credential chain in ``region`` (the environment's: the bucket lives there)."""
     import boto3
 
     if not client_env:
-        return boto3.client("s3")
+        return boto3.client("s3", region_name=region)
     return boto3.client("s3", endpoint_url=client_env["AWS_ENDPOINT_URL"], region_name=client_env["AWS_DEFAULT_REGION"],
                         aws_access_key_id=client_env["AWS_ACCESS_KEY_ID"],
                         aws_secret_access_key=client_env["AWS_SECRET_ACCESS_KEY"])

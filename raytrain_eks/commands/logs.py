@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         if proc.returncode == 0:
             return 0
     bucket, key = split_uri(f"{env.storage_uri}/{args.run}/{RUN_LOGS_DIR}/driver.log")
-    client = s3_client()
+    client = s3_client(region=env.cluster.region)
     try:
         body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
     except client.exceptions.NoSuchKey:

@@ -94,7 +94,7 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
     from raytrain_eks import eks_backend as eks
     from raytrain_eks.run_results import download_run, finish, run_exists, s3_client, upload_if_missing
 
-    client = s3_client()
+    client = s3_client(region=manifests.region)
     exists = run_exists(client, manifests.run_uri)
     if resume and not exists:
         raise ChartError(f"submit: --resume: {manifests.run!r} has nothing in {manifests.run_uri} to resume "
