@@ -1,5 +1,5 @@
 """`raytrain-eks submit/status/logs/stop/list` on EKS, against a kubectl double whose RayJobs
-move as KubeRay v1.7.0's controller moves them (tests/raytrain_eks/fake_kubectl.py cites
+move as KubeRay v1.7.0's controller moves them (tests/raytrain_eks/kubectl_double.py cites
 ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``, ``rayjob_controller.go``): New ->
 Initializing (pods wait for a node, then for the image) -> Running (PENDING -> RUNNING) ->
 Complete/Failed, terminal only once the submitter has finished. The bucket is moto's.
@@ -18,7 +18,7 @@ from fixtures_s3 import s3_server  # noqa: F401  (session moto server; sets AWS_
 from raytrain_eks.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-FAKE = Path(__file__).with_name("fake_kubectl.py")
+FAKE = Path(__file__).with_name("kubectl_double.py")
 FIXTURE_RUN = ROOT / "tests" / "evidence" / "fixtures" / "runs" / "efa-full"
 DRIVER_LOG = "step 10/20 loss 9.81 tokens/s 530 ETA 12 s\neval step 10: held-out loss 9.90\ncheckpoint step 10\nverdict: ACCEPTED\n"
 
