@@ -47,6 +47,17 @@ class SynthResult:
     """Chart name -> :func:`training.contract.manifest_hash` of its file (RayJobs only)."""
 
 
+SUPPORTED_NODE_FLOOR = "20"
+"""The oldest Node.js major this project runs cdk8s and cdk on (the Makefile silences the same)."""
+
+
+def quiet_node_floor_warning() -> None:
+    """jsii's Node runtime warns that Node 20 is past its end of life on a line outside its JSON
+    protocol, which jsii's Python side prints raw, as ``b'...'``. Silence that one version (the
+    variable lists the majors jsii stays quiet for), before the first import of cdk8s starts Node."""
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", SUPPORTED_NODE_FLOOR)
+
+
 def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") -> SynthResult:
     """Build the code archive and every chart from ``env`` and ``<root>/jobs/*.toml``;
     ``spec_text`` (the environment file's text) travels in every RayJob for the run record."""
@@ -104,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outdir", default=os.environ.get("CDK8S_OUTDIR", "dist"))
     parser.add_argument("--root", default=str(ROOT), help="the tree holding training/ and jobs/")
     args = parser.parse_args(argv)
+    quiet_node_floor_warning()
 
     from charts.errors import ChartError
     from environment import SpecError, UnlockedImageWarning, load_environment

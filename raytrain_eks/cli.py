@@ -22,6 +22,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "which AZs offer the GPU instance types; which reservations and Capacity Blocks match"),
     "preflight": ("raytrain_eks.commands.preflight",
                   "check a job against the environment before any spend: GPUs, Ray version, EFA, memory, cost"),
+    "submit": ("raytrain_eks.commands.submit",
+               "run a job: synthesize, upload, apply, follow its log, then fetch the report, model and verdict"),
+    "status": ("raytrain_eks.commands.status", "where a submitted run stands (KubeRay's RayJob status)"),
+    "logs": ("raytrain_eks.commands.logs", "a run's driver log: streamed from the cluster, or the copy in storage"),
+    "stop": ("raytrain_eks.commands.stop", "stop a run: delete its RayJob (KubeRay stops the job); storage stays"),
+    "list": ("raytrain_eks.commands.list", "the submitted runs the cluster knows, with their status"),
     "report": ("raytrain_eks.commands.report",
                "render a run (or two side by side) as Markdown + PNG plots from run.json and metrics"),
     "runs": ("raytrain_eks.commands.runs",
@@ -52,13 +58,33 @@ def main(argv: list[str] | None = None) -> int:
     from training.config import JobConfigError
     from training.data.records import DataError
 
+    from raytrain_eks.eks_backend import KubectlError
+
     args = build_parser().parse_args(argv)
     module = importlib.import_module(args._module)
     try:
-        return int(module.run(args) or 0)
+        code = int(module.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
     except (SpecError, JobConfigError, DataError, ChartError) as err:  # JobConfigError covers the model's
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KubectlError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """``raytrain-eks ... | head``: the reader left. Python's own advice (the signal module's
+    "Note on SIGPIPE"): point stdout at devnull so the exit flush does not raise again, and exit
+    as a SIGPIPE'd command does (128 + 13)."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ class Run:
     train: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    resumes: list[int] = field(default_factory=list)
+    """The first step each resumed attempt logged again (raytrain_eks/metrics_rows.py)."""
 
     @property
     def name(self) -> str:
@@ -86,6 +88,13 @@ def load_run(run_dir: str) -> Run:
             run.train.append(row)
     if not (run.record or run.train or run.evals):
         raise FileNotFoundError(f"{run_dir}: neither {RECORD_NAME} nor {METRICS_NAME} could be read")
+    from raytrain_eks.metrics_rows import by_step
+
+    run.train, run.resumes = by_step(run.train)
+    run.evals, _ = by_step(run.evals)
+    if run.resumes:
+        run.notes.append(f"resumed {len(run.resumes)} time(s), logging again from step "
+                         f"{', '.join(map(str, run.resumes))}: each step shows its last write")
     return run
 
 

@@ -114,6 +114,11 @@ def mark_steps(ax: Any, runs: list[Any]) -> None:
     for index, step in enumerate(steps["eval"]):
         ax.axvline(step, linestyle="--", color="tab:purple", alpha=0.4, linewidth=1,
                    label="eval steps" if index == 0 else None)
+    resumes = sorted({s for run in runs for s in getattr(run, "resumes", [])})
+    for index, step in enumerate(resumes):
+        # Drawn where the restarted attempt logged again: the steps right of it are its writes.
+        ax.axvline(step, linestyle="-", color="tab:red", alpha=0.6, linewidth=1.5,
+                   label="resumed here" if index == 0 else None)
     if steps["checkpoint"]:
         ax.plot(steps["checkpoint"], [1.0] * len(steps["checkpoint"]), linestyle="none", marker="v", markersize=8,
                 color="tab:green", transform=ax.get_xaxis_transform(), clip_on=False, label="checkpoint steps")

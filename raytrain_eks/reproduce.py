@@ -19,6 +19,7 @@ Reproducibility levels (declared in the record, verified here):
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -113,6 +114,39 @@ def _synth(tree: Path, spec_text: str, work: Path) -> Path:
     return outdir
 
 
+def submitted_run(record: dict, name: str) -> tuple[str, str, list[str]] | None:
+    """``(job config, run, the user's --set items)`` when ``raytrain-eks submit`` made the run:
+    its entrypoint carries ``--set checkpoint.run_name=<run>`` right after the user's items
+    (raytrain_eks/run_manifest.py) and its manifest is ``rayjob-<run>``."""
+    argv = list(record.get("command") or [])
+    items = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--set"]
+    runs = [i for i, item in enumerate(items) if item.startswith("checkpoint.run_name=")]
+    if "--config" not in argv or not runs:
+        return None
+    run = items[runs[0]].split("=", 1)[1]
+    if name != f"rayjob-{run}":
+        return None
+    return argv[argv.index("--config") + 1], run, items[:runs[0]]
+
+
+def _synth_run(tree: Path, spec_text: str, work: Path, submitted: tuple[str, str, list[str]],
+               on_cluster: bool) -> Path:
+    """That tree's ``python -m raytrain_eks.run_manifest``: the run's manifests as submit wrote them."""
+    config, run, overrides = submitted
+    spec = work / "environment.toml"
+    spec.write_text(spec_text, encoding="utf-8")
+    outdir = work / ("dist-on-cluster" if on_cluster else "dist")
+    if not (tree / "raytrain_eks" / "run_manifest.py").is_file():
+        raise ReproduceError("the recorded tree has no raytrain_eks/run_manifest.py: the run was not made by submit")
+    cmd = [sys.executable, "-m", "raytrain_eks.run_manifest", "--env", str(spec), "--job", config, "--run", run,
+           "--outdir", str(outdir), "--root", str(tree), *(a for item in overrides for a in ("--set", item)),
+           *(["--on-cluster"] if on_cluster else [])]
+    out = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
+    if out.returncode:
+        raise ReproduceError(f"re-synthesis failed: {(out.stderr or out.stdout).strip().splitlines()[-1]}")
+    return outdir
+
+
 def _differences(record: dict, manifest: dict) -> list[tuple[str, Any, Any]]:
     """(what, recorded, re-synthesized) for every recorded fact the new manifest states otherwise."""
     env_vars = json.loads(json.dumps(__import__("yaml").safe_load(manifest["spec"]["runtimeEnvYAML"])["env_vars"]))
@@ -149,8 +183,18 @@ def reproduce(run: str, *, repo: Path = REPO) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="raytrain-reproduce-") as tmp:
         work = Path(tmp)
         tree, temporary = _tree_for(commit, Path(repo), work, notes)
+        submitted = submitted_run(record, name)
         try:
-            outdir = _synth(tree, spec_text, work)
+            if submitted is None:
+                outdir = _synth(tree, spec_text, work)
+            else:  # a submitted run: the same manifest on its own cluster or on the long-lived one
+                outdir = _synth_run(tree, spec_text, work, submitted, on_cluster=False)
+                path = outdir / f"{name}.k8s.yaml"
+                if contract.manifest_hash(path.read_text(encoding="utf-8")) != recorded_hash:
+                    with contextlib.suppress(ReproduceError):
+                        other = _synth_run(tree, spec_text, work, submitted, on_cluster=True)
+                        if contract.manifest_hash((other / f"{name}.k8s.yaml").read_text(encoding="utf-8")) == recorded_hash:
+                            outdir = other
         finally:
             if temporary:
                 subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)],
@@ -176,10 +220,12 @@ def reproduce(run: str, *, repo: Path = REPO) -> Outcome:
     return outcome
 
 
-def _losses(run: str) -> list[float]:
+def _losses(run: str) -> dict[int, float]:
+    """``{step: loss}``, the last write winning after a resume (raytrain_eks/metrics_rows.py)."""
+    from raytrain_eks.metrics_rows import values_by_step
     from raytrain_eks.report import load_run
 
-    return [row.get(contract.LOSS) for row in load_run(run).train]
+    return values_by_step(load_run(run).train, contract.LOSS)
 
 
 def compare_runs(run_a: str, run_b: str) -> dict[str, Any]:
@@ -190,8 +236,10 @@ def compare_runs(run_a: str, run_b: str) -> dict[str, Any]:
 
     same_config = not factors(a, b)  # names and storage locations aside, nothing that shapes a run differs
     execution = bool(pins_a) and pins_a == pins_b and same_config
+    from raytrain_eks.metrics_rows import first_difference
+
     losses_a, losses_b = _losses(run_a), _losses(run_b)
     result = execution and bool(losses_a) and losses_a == losses_b
     return {"execution": execution, "result": result, "pins": [pins_a, pins_b], "same_config": same_config,
             "steps": [len(losses_a), len(losses_b)],
-            "first_loss_difference": next((i + 1 for i, (x, y) in enumerate(zip(losses_a, losses_b)) if x != y), None)}
+            "first_loss_difference": first_difference(losses_a, losses_b)}

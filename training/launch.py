@@ -11,7 +11,7 @@ import sys
 import uuid
 from typing import Any
 
-from training import contract, verdict
+from training import contract, run_logs, verdict
 from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
 
@@ -67,13 +67,14 @@ def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from training.console import ray_train_logging_config
+    from training.console import ray_train_logging_config, without_preemption_watcher
     from training.loop import train_loop_per_worker
     from training.parallel import backend_for
 
     # Ray Train would chdir each worker into its trial folder: the job config's relative paths
     # (data, tokenizer) must keep resolving against the job's working directory.
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
+    without_preemption_watcher()  # training/console.py: its error line on every run
     p = job.parallel
     resources = {"CPU": p.cpus_per_worker}
     if p.use_gpu:
@@ -210,4 +211,5 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
     # A failure's reason is the error line above: the verdict adds only its stage (one line per error).
     print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED
                          else verdict.headline(judged)), flush=True)
+    run_logs.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_logs.py
     return final["exit_code"]

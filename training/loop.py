@@ -59,14 +59,16 @@ def ray_context(run_dir: str = "") -> WorkerContext:
     import ray.train
 
     from training.checkpointing import local_checkpoint_root
+    from training.run_logs import scratch_key
 
     ctx = ray.train.get_context()
     storage = ctx.get_storage()
-    local_dir = os.path.join(tempfile.gettempdir(), "raytrain-runs", ctx.get_experiment_name())
+    key = scratch_key(run_dir, ctx.get_experiment_name())  # training/run_logs.py: by storage location
+    local_dir = os.path.join(tempfile.gettempdir(), "raytrain-runs", key)
     return WorkerContext(rank=ctx.get_world_rank(), world_size=ctx.get_world_size(),
                          local_rank=ctx.get_local_rank(), storage=storage, local_dir=local_dir,
                          report=lambda m: ray.train.report(m), in_ray=True, run_dir=run_dir,
-                         checkpoint_root=local_checkpoint_root(), local_world_size=ctx.get_local_world_size())
+                         checkpoint_root=os.path.join(local_checkpoint_root(), key), local_world_size=ctx.get_local_world_size())
 
 
 def local_context(local_dir: str, *, rank: int = 0, world_size: int = 1, run_dir: str = "") -> WorkerContext:

@@ -119,3 +119,26 @@ def test_nothing_is_left_running(demo):
     out, _ = demo
     assert processes_matching("/tmp/rtd-") == []
     assert processes_matching("moto_server -H 127.0.0.1") == []
+
+
+def test_the_resumed_runs_report_reads_by_step_and_marks_the_resume(demo):
+    # metrics.jsonl holds the steps after the step-10 checkpoint twice (before and after the
+    # fault); the report shows each step once, its last write, and names the resume
+    from raytrain_eks.report import load_run
+
+    out, _ = demo
+    run = load_run(str(out))
+    steps = [r["step"] for r in run.train]
+    assert steps == sorted(set(steps)) and run.resumes, run.resumes
+    assert all(10 < step <= 16 for step in run.resumes), run.resumes
+    assert "resumed 1 time(s), logging again from step" in (out / "report" / "report.md").read_text()
+
+
+def test_the_exported_model_loads_and_generates(demo):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, _ = demo
+    model = AutoModelForCausalLM.from_pretrained(out / "hf")
+    tokenizer = AutoTokenizer.from_pretrained(out / "hf")
+    ids = tokenizer("Checkpoints land in", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] == ids.shape[1] + 3

@@ -1,0 +1,36 @@
+"""`raytrain-eks stop RUN`: delete the run's RayJob. KubeRay v1.7.0 stops the Ray job first
+when it is not finished (``rayjob_controller.go``: the RayJobStopJobFinalizer calls the
+dashboard's StopJob), also on the long-lived RayCluster, which stays; a run's own cluster goes
+with its RayJob. The run's storage (checkpoints, run.json) stays: ``submit --resume RUN``
+continues it.
+
+Exit codes: 0 deleted, 2 no such run."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="the run's name (printed by submit; raytrain-eks list)")
+    parser.add_argument("--env", default="environment.toml", help="environment spec (default environment.toml)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from charts.network_policy import rayjob_label
+    from environment import load_environment
+    from environment.network_policy import ray_cluster_policy
+    from raytrain_eks import eks_backend as eks
+
+    env = load_environment(args.env)
+    namespace = env.ray.namespace
+    found = eks.find_rayjob(args.run, namespace)
+    if found is None:
+        print(f"error: stop: no RayJob {args.run!r} in namespace {namespace} (raytrain-eks list)", file=sys.stderr)
+        return 2
+    eks.kubectl("delete", "rayjob", found[0], "-n", namespace, "--wait=true")
+    policy = ray_cluster_policy(rayjob_label(args.run), namespace)["metadata"]["name"]
+    eks.kubectl("delete", "networkpolicy", policy, "-n", namespace, "--ignore-not-found")
+    print(f"stopped {args.run}: RayJob deleted (KubeRay stops the Ray job); storage kept: "
+          f"{env.storage_uri}/{args.run} (raytrain-eks submit JOB --resume {args.run})")
+    return 0

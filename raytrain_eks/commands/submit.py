@@ -1,0 +1,123 @@
+"""`raytrain-eks submit JOB`: one command from a job file to the verdict.
+
+Synthesizes that job's RayJob under a new, unique run name (``<job>-<MMDD-HHMMSS>``; ``--name``
+to choose one, ``--resume RUN`` to continue a run from its last checkpoint), uploads the
+content-addressed code archive when the bucket lacks it, applies the run's NetworkPolicy when
+missing, applies the RayJob and follows it: pods waiting for nodes and images, then the
+driver's log (each logged step's loss, tokens/s and ETA, evaluations, checkpoints). At the end
+it copies run.json, the metrics, the logs and the exported model out of storage into
+``--out`` (default ``.work/runs/<run>``), renders the report, prints the verdict and exits
+with its code (0 accepted, 3 rejected, 1 execution-failed, 4 no verdict; 2 bad input).
+
+On EKS, Ctrl-C detaches: the run goes on (``raytrain-eks status/logs/stop RUN``).
+``--local`` runs it on this machine instead (a real Ray head and moto's S3 server on
+127.0.0.1, as ``make demo`` does); there Ctrl-C stops the run with the services.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+DEFAULT_POLL_S = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOB", help="job config under jobs/, e.g. jobs/finetune-qwen2.5-1.5b.toml")
+    parser.add_argument("--env", default="environment.toml", help="environment spec (default environment.toml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one job field for this run, e.g. --set train.max_steps=200 (repeatable)")
+    names = parser.add_mutually_exclusive_group()
+    names.add_argument("--name", default="", metavar="RUN", help="name the new run (default <job>-<MMDD-HHMMSS>)")
+    names.add_argument("--resume", default="", metavar="RUN", help="continue this run from its last checkpoint")
+    parser.add_argument("--local", action="store_true",
+                        help="run on this machine: a Ray head and moto's S3 server on 127.0.0.1 (the embedded local default)")
+    parser.add_argument("--on-cluster", action="store_true", help="EKS: run on the long-lived RayCluster (GPU jobs)")
+    parser.add_argument("--out", default="", help="where the run's results go (default .work/runs/<run>)")
+    parser.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_S, help=argparse.SUPPRESS)
+
+
+def _job_name(job: Path, overrides: list[str]) -> str:
+    from raytrain_eks.run_manifest import ROOT
+    from training.config import load_job_config
+
+    with contextlib.chdir(ROOT):
+        return load_job_config(job, overrides).name
+
+
+def run(args: argparse.Namespace) -> int:
+    from charts.errors import ChartError
+    from environment import load_environment
+    from raytrain_eks.run_manifest import ROOT, check_run_name, synth_run, unique_run_name
+
+    job = Path(args.job)
+    if not job.is_file():
+        raise ChartError(f"submit: {args.job}: no such job file (the jobs are in {ROOT / 'jobs'})")
+    if args.local and (args.resume or args.on_cluster):
+        flag = "--resume" if args.resume else "--on-cluster"
+        raise ChartError(f"submit --local: {flag}: the local run's storage and cluster live for one submit only "
+                         "(moto's S3 in memory, a Ray head of its own)")
+    env = load_environment(args.env)
+    run_name = (check_run_name(args.resume, "--resume") if args.resume else check_run_name(args.name, "--name")
+                if args.name else unique_run_name(_job_name(job, args.overrides), on_cluster=args.on_cluster))
+    out_dir = Path(args.out) if args.out else ROOT / ".work" / "runs" / run_name
+    manifests = synth_run(env, job, run=run_name, overrides=args.overrides, outdir=out_dir / "manifests",
+                          spec_text=Path(args.env).read_text(encoding="utf-8"), on_cluster=args.on_cluster)
+    print(f"run {run_name}: {'resumes' if args.resume else 'new'}, job {manifests.job}, storage {manifests.run_uri}")
+    print(f"    RayJob {manifests.rayjob}")
+    if args.local:
+        return _local(manifests, out_dir)
+    try:
+        return _eks(manifests, out_dir, resume=bool(args.resume), poll_s=args.poll_seconds)
+    except KeyboardInterrupt:
+        print(f"\nsubmit: detached; the run goes on. raytrain-eks status {run_name} | logs {run_name} | stop {run_name}",
+              file=sys.stderr)
+        return 130
+
+
+def _local(manifests, out_dir: Path) -> int:
+    from raytrain_eks.local_backend import run_local
+    from raytrain_eks.run_results import finish
+
+    ran = run_local(rayjob=manifests.rayjob, run_uri=manifests.run_uri, code_path=manifests.code_path, out_dir=out_dir)
+    print(f"==> {manifests.run}: Ray job {ran.status}")
+    if "run.json" not in ran.copied:
+        print(f"submit: the run wrote no run.json (Ray job {ran.status}); Ray's logs are in {out_dir / 'ray-logs'}",
+              file=sys.stderr)
+        return 1
+    return finish(out_dir)
+
+
+def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
+    from charts.errors import ChartError
+    from raytrain_eks import eks_backend as eks
+    from raytrain_eks.run_results import download_run, finish, run_exists, s3_client, upload_if_missing
+
+    client = s3_client(region=manifests.region)
+    exists = run_exists(client, manifests.run_uri)
+    if resume and not exists:
+        raise ChartError(f"submit: --resume: {manifests.run!r} has nothing in {manifests.run_uri} to resume "
+                         "(raytrain-eks list shows the runs)")
+    if not resume and exists:
+        raise ChartError(f"submit: --name: {manifests.run_uri} already holds a run: it would resume it "
+                         f"(say so with --resume {manifests.run}, or choose another name)")
+    if upload_if_missing(client, manifests.code_path, manifests.code_uri):
+        print(f"    code archive uploaded: {manifests.code_uri}")
+    else:
+        print(f"    code archive already in the bucket: {manifests.code_uri}")
+    eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
+    if resume and eks.get_rayjob(manifests.rayjob_name, manifests.namespace) is not None:
+        # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.
+        eks.kubectl("delete", "rayjob", manifests.rayjob_name, "-n", manifests.namespace, "--wait=true")
+    eks.apply(str(manifests.rayjob))
+    print(f"    RayJob {manifests.rayjob_name} applied (Ctrl-C detaches; the run goes on)")
+    final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s)
+    deployment, job_status = eks.phase(final)
+    print(f"==> {manifests.run}: {deployment}{' / ' + job_status if job_status else ''}")
+    copied = download_run(client, manifests.run_uri, out_dir)
+    if "run.json" not in copied:
+        print(f"submit: the run wrote no run.json to {manifests.run_uri} (raytrain-eks logs {manifests.run})",
+              file=sys.stderr)
+        return 1
+    return finish(out_dir)

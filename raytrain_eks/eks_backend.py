@@ -1,0 +1,163 @@
+"""The EKS backend of ``raytrain-eks submit/status/logs/stop/list``: kubectl against the
+cluster's KubeRay operator, boto3 against the run's bucket.
+
+Following a RayJob reads the status KubeRay v1.7.0's controller writes
+(``ray-project/kuberay``, tag ``ray-operator/v1.7.0``, ``ray-operator/controllers/ray/rayjob_controller.go``
+and ``ray-operator/apis/ray/v1/rayjob_types.go``): ``status.jobDeploymentStatus`` goes
+``""`` (New) -> ``Initializing`` (the RayCluster is created; the job waits until the cluster's
+state is ``ready``: nodes scale up, images pull) -> ``Running`` (the submitter Job runs
+``ray job submit``; ``status.jobStatus`` goes ``PENDING`` -> ``RUNNING``) -> ``Complete``
+(jobStatus ``SUCCEEDED`` or ``STOPPED``) or ``Failed`` (``reason`` says why: ``AppFailed``,
+``DeadlineExceeded``, ...). ``ValidationFailed`` comes right after ``kubectl apply`` when the
+controller refuses the spec (the apply itself succeeds). Deleting a RayJob whose job is not
+terminal makes the controller stop the Ray job first (its ``RayJobStopJobFinalizer``), also for
+a job on the long-lived RayCluster, which stays.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from environment.contract import JOB_LABEL
+
+TERMINAL = ("Complete", "Failed", "ValidationFailed")
+"""The jobDeploymentStatus values after which KubeRay changes nothing (rayjob_types.go:
+IsJobDeploymentTerminal, plus the validation refusal)."""
+NEW = "New"
+"""How ``status.jobDeploymentStatus == ""`` is shown (rayjob_types.go: JobDeploymentStatusNew)."""
+
+
+class KubectlError(RuntimeError):
+    """kubectl failed; the message is its last stderr line."""
+
+
+def kubectl(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
+    exe = shutil.which("kubectl")
+    if exe is None:
+        raise KubectlError("kubectl is not on PATH (install it and run the cluster stack's UpdateKubeconfigCommand)")
+    proc = subprocess.run([exe, *args], text=True, capture_output=capture)
+    if check and proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout or "").strip().splitlines()
+        raise KubectlError(f"kubectl {' '.join(args[:3])}: {lines[-1] if lines else f'exit {proc.returncode}'}")
+    return proc
+
+
+def _not_found(proc: subprocess.CompletedProcess) -> bool:
+    return proc.returncode != 0 and "NotFound" in (proc.stderr or "")
+
+
+def get_rayjob(name: str, namespace: str) -> dict[str, Any] | None:
+    proc = kubectl("get", "rayjob", name, "-n", namespace, "-o", "json", check=False)
+    if _not_found(proc):
+        return None
+    if proc.returncode != 0:
+        kubectl("get", "rayjob", name, "-n", namespace, "-o", "json")  # raises with kubectl's own line
+    return json.loads(proc.stdout)
+
+
+def find_rayjob(run: str, namespace: str) -> tuple[str, dict[str, Any]] | None:
+    """``(RayJob name, RayJob)`` of a run: its own cluster's, or ``<run>-on-cluster`` on the
+    long-lived RayCluster (charts/rayjob.py names it so)."""
+    from charts.rayjob import ON_CLUSTER_SUFFIX
+
+    for name in (run, run + ON_CLUSTER_SUFFIX):
+        found = get_rayjob(name, namespace)
+        if found is not None:
+            return name, found
+    return None
+
+
+def list_rayjobs(namespace: str) -> list[dict[str, Any]]:
+    """The RayJobs this project created (they carry the job label)."""
+    return json.loads(kubectl("get", "rayjob", "-n", namespace, "-l", JOB_LABEL, "-o", "json").stdout).get("items", [])
+
+
+def phase(rayjob: dict[str, Any]) -> tuple[str, str]:
+    """``(jobDeploymentStatus, jobStatus)`` with New for the empty deployment status."""
+    status = rayjob.get("status") or {}
+    return status.get("jobDeploymentStatus") or NEW, status.get("jobStatus") or ""
+
+
+def apply(path: str) -> None:
+    # The KubeRay CRDs are too large for client-side apply's last-applied annotation.
+    kubectl("apply", "--server-side", "-f", path)
+
+
+def apply_policy_if_missing(policy_file: str, namespace: str, say: Callable[[str], None]) -> None:
+    """Apply the run's NetworkPolicy unless each policy in the file exists (the namespace denies
+    ingress by default: without it the cluster's pods never reach each other)."""
+    import yaml
+
+    with open(policy_file, encoding="utf-8") as handle:
+        names = [d["metadata"]["name"] for d in yaml.safe_load_all(handle) if d]
+    missing = [n for n in names if _not_found(kubectl("get", "networkpolicy", n, "-n", namespace, check=False))]
+    if missing:
+        apply(policy_file)
+        say(f"    network policy applied: {', '.join(missing)}")
+
+
+def pod_waits(cluster: str, namespace: str) -> list[str]:
+    """Why the cluster's pods are not running yet, one line per reason (Kubernetes pod status)."""
+    if not cluster:
+        return []
+    proc = kubectl("get", "pods", "-n", namespace, "-l", f"ray.io/cluster={cluster}", "-o", "json", check=False)
+    if proc.returncode != 0:
+        return []
+    reasons: dict[str, int] = {}
+    for pod in json.loads(proc.stdout).get("items", []):
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                why = ("waiting for a node (cluster-autoscaler scale-up, ~6 min for GPU nodes)"
+                       if cond.get("reason") == "Unschedulable" else f"not scheduled: {cond.get('reason')}")
+                reasons[why] = reasons.get(why, 0) + 1
+        for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason in ("ContainerCreating", "PodInitializing"):
+                why = "pulling the image / starting containers"
+            elif reason in ("ErrImagePull", "ImagePullBackOff", "CrashLoopBackOff"):
+                why = f"{reason}: {waiting.get('message', '')}".strip()
+            else:
+                continue
+            reasons[why] = reasons.get(why, 0) + 1
+    return [f"{n} pod(s) {why}" for why, n in sorted(reasons.items())]
+
+
+def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], None] = print,
+           stream_logs: bool = True) -> dict[str, Any]:
+    """Print each status transition and why pods wait, stream the submitter's log (the driver's
+    log: each step's loss, tokens/s and ETA, evaluations, checkpoints) once the job runs, and
+    return the RayJob as it ended."""
+    seen: tuple[Any, ...] = ()
+    logged = False
+    while True:
+        rayjob = get_rayjob(name, namespace)
+        if rayjob is None:
+            raise KubectlError(f"RayJob {name} is gone (deleted: `raytrain-eks stop` or kubectl)")
+        deployment, job_status = phase(rayjob)
+        status = rayjob.get("status") or {}
+        waits = pod_waits(status.get("rayClusterName", ""), namespace) if deployment == "Initializing" else []
+        now = (deployment, job_status, tuple(waits))
+        if now != seen:
+            say(f"    RayJob {name}: {deployment}{' / ' + job_status if job_status else ''}"
+                f"{' (cluster ' + status['rayClusterName'] + ')' if status.get('rayClusterName') else ''}")
+            for line in waits:
+                say(f"      {line}")
+            seen = now
+        if deployment in TERMINAL:
+            if status.get("reason") or status.get("message"):
+                say(f"    {status.get('reason', '')}: {status.get('message', '')}".rstrip(": "))
+            return rayjob
+        if deployment == "Running" and stream_logs and not logged:
+            # The submitter's log is `ray job submit`'s, which follows the driver's log to its end.
+            logged = subprocess.run([shutil.which("kubectl") or "kubectl", "logs", "-f", f"job/{name}",
+                                     "-n", namespace]).returncode == 0
+            sys.stdout.flush()
+            if logged:
+                continue  # the job has ended or is ending: read its final status now
+        time.sleep(poll_s)

@@ -1,0 +1,205 @@
+"""Services a local run needs (`make demo`, `raytrain-eks submit --local`), started on 127.0.0.1 only and always stopped again.
+
+- :func:`s3_server`: moto's S3-compatible server (in memory) standing in for the checkpoint
+  bucket. It speaks the real S3 HTTP protocol, so boto3, pyarrow and Ray's own S3 download of
+  the code archive are the real clients.
+- :func:`ray_head`: a real local Ray head (`ray start --head`) with the dashboard and the
+  metrics endpoint on loopback and Ray's token authentication ON, as on EKS: a fresh random
+  token per head, given to Ray in ``RAY_AUTH_TOKEN`` (never written to ``~/.ray``), and to
+  clients in :attr:`RayHead.client_env`, so jobs go through the real authenticated
+  `ray job submit` path, exactly as KubeRay's submitter does with the token KubeRay injects,
+  and export their metrics as they do there.
+
+Both run in their own process group under a unique temp dir; on exit (normal, error, Ctrl-C)
+the group is terminated and any process still naming that temp dir is killed, so nothing is
+left running.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(minimum: int = 0) -> int:
+    """A free loopback port, at least ``minimum``."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind((LOOPBACK, 0))
+            port = sock.getsockname()[1]
+        if port >= minimum:
+            return port
+    raise RuntimeError(f"no free port >= {minimum} on {LOOPBACK}")
+
+
+METRICS_PORT_MINIMUM = 20000
+"""Ray refuses a metrics export port inside its worker port range (10002-19999 by default)."""
+
+
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None, what: str,
+               headers: dict[str, str] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
+
+
+def _kill_group(proc: subprocess.Popen, marker: str | None = None, grace_s: float = 10.0) -> None:
+    """Terminate the process group, then every process that still names ``marker``
+    (SIGTERM, a grace period, then SIGKILL)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+    if not marker:
+        return
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0), (signal.SIGKILL, 5.0)):
+        left = processes_matching(marker)
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and processes_matching(marker):
+            time.sleep(0.2)
+
+
+def processes_matching(marker: str) -> list[int]:
+    """PIDs (other than ours) whose command line contains ``marker``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint_url: str
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """Environment for any S3 client (boto3, pyarrow, Ray) to use this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ENDPOINT_URL_S3": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+
+@contextlib.contextmanager
+def s3_server(port: int | None = None) -> Iterator[S3Server]:
+    port = port or free_port()
+    moto = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(moto), "-H", LOOPBACK, "-p", str(port)], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://{LOOPBACK}:{port}"
+        _wait_http(f"{url}/moto-api/", 60, proc, "moto S3 server")
+        yield S3Server(endpoint_url=url)
+    finally:
+        _kill_group(proc)
+
+
+AUTH_MODE = "token"
+"""Ray's authentication mode on the local head: the same as on EKS (the RayClusters' authOptions)."""
+
+
+@dataclass(frozen=True)
+class RayHead:
+    gcs_address: str
+    dashboard_url: str
+    temp_dir: str
+    metrics_url: str = ""
+    """The node's Prometheus endpoint (Ray's metrics agent): Ray's metrics and the job's."""
+    auth_token: str = field(default="", repr=False)
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """What any Ray client (``ray job submit``, ``JobSubmissionClient``) needs to be let in."""
+        return {"RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": self.auth_token}
+
+
+@contextlib.contextmanager
+def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path | None = None) -> Iterator[RayHead]:
+    """A local Ray head with ``num_cpus`` logical CPUs; ``env`` reaches every Ray worker.
+    ``keep_logs``: a directory that receives Ray's session logs when the head stops."""
+    temp_dir = tempfile.mkdtemp(prefix="rtd-", dir="/tmp")  # short: Ray's socket paths are limited
+    gcs_port, dash_port = free_port(), free_port()
+    # Our own ports for every listener, so a test's Ray cluster on the same machine never clashes.
+    agent_ports = {flag: free_port() for flag in (
+        "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+        "--runtime-env-agent-port", "--ray-client-server-port")}
+    # The node's metrics agent (what Prometheus scrapes on EKS), on loopback like everything else.
+    agent_ports["--metrics-export-port"] = free_port(METRICS_PORT_MINIMUM)
+    token = secrets.token_hex(32)
+    # Token auth as on EKS, with a token of this head's own. On a busy 2-core machine the
+    # dashboard's module processes can take longer than Ray's default 30 s to come up.
+    child_env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": token,
+                 "RAY_USAGE_STATS_ENABLED": "0",
+                 "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300",
+                 # The job's `python` must be this environment's, as the image's is on EKS.
+                 "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    ray = Path(sys.executable).with_name("ray")
+    # Not --block: with --block, ANY Ray subprocess that exits (the Ray Client server often
+    # times out on a busy 2-core machine, and we never use it) takes the whole head down.
+    # Everything Ray starts names our unique temp dir, which is how we stop it precisely.
+    cmd = [str(ray), "start", "--head", f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
+           f"--num-cpus={num_cpus}", "--num-gpus=0", "--include-dashboard=true",
+           f"--dashboard-host={LOOPBACK}", f"--dashboard-port={dash_port}", f"--temp-dir={temp_dir}",
+           "--disable-usage-stats", *(f"{flag}={port}" for flag, port in agent_ports.items())]
+    log = open(Path(temp_dir) / "ray-start.log", "w")
+    proc = subprocess.Popen(cmd, env=child_env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        if proc.wait(timeout=600) != 0:
+            raise RuntimeError(f"ray start failed (exit {proc.returncode}); see {keep_logs or temp_dir}")
+        dashboard = f"http://{LOOPBACK}:{dash_port}"
+        _wait_http(f"{dashboard}/api/version", 360, None, "Ray head", {"Authorization": f"Bearer {token}"})
+        yield RayHead(gcs_address=f"{LOOPBACK}:{gcs_port}", dashboard_url=dashboard, temp_dir=temp_dir,
+                      metrics_url=f"http://{LOOPBACK}:{agent_ports['--metrics-export-port']}/metrics",
+                      auth_token=token)
+    finally:
+        _kill_group(proc, marker=temp_dir)
+        log.close()
+        if keep_logs is not None:
+            logs = Path(temp_dir) / "session_latest" / "logs"
+            with contextlib.suppress(OSError):
+                shutil.copytree(logs if logs.is_dir() else temp_dir, keep_logs, dirs_exist_ok=True,
+                                ignore_dangling_symlinks=True, symlinks=False)
+            with contextlib.suppress(OSError):
+                shutil.copy(Path(temp_dir) / "ray-start.log", keep_logs)
+        shutil.rmtree(temp_dir, ignore_errors=True)

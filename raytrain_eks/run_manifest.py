@@ -1,0 +1,148 @@
+"""One run's manifests: a job file + ``--set`` overrides + a run name -> its RayJob, the
+NetworkPolicy its cluster needs, and the content-addressed code archive both name.
+
+A run is named uniquely (``<job>-<MMDD-HHMMSS>``) unless the user names or resumes one: Ray
+Train resumes whatever run directory ``<storage>/<run name>`` already holds, so a reused name
+would silently continue an old run from its checkpoint, even after the data changed. The run
+name is the RayJob's name (``kubectl get rayjob RUN``), its cluster's network-policy label and
+``checkpoint.run_name`` (the run's directory in storage).
+
+The RayJob is synthesized by the charts' own builder (:func:`charts.jobs.plan_job`, the sizing
+the preflight checks, and :class:`charts.rayjob.RayJobChart`), so a submitted run is exactly
+what ``make synth`` writes for that job, plus the run name and the user's overrides in its
+entrypoint.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from charts.errors import ChartError
+from charts.jobs import MAX_RAYJOB_NAME
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+STAMP = "%m%d-%H%M%S"
+STAMP_CHARS = len(time.strftime(STAMP)) + 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunManifests:
+    """What :func:`synth_run` wrote for one run."""
+    run: str
+    job: str
+    """The job config's ``name``."""
+    rayjob_name: str
+    """The RayJob's name: the run's, plus ``-on-cluster`` for a run on the long-lived RayCluster."""
+    rayjob: Path
+    network_policy: Path
+    code_path: Path
+    code_uri: str
+    run_uri: str
+    """``s3://<bucket>/<prefix>/<run>``: where the run's records, checkpoints and model land."""
+    namespace: str
+    region: str
+    """The environment's region (the bucket's)."""
+    on_cluster: str = ""
+
+
+def check_run_name(name: str, flag: str) -> str:
+    """``name`` when it can name a RayJob (and its cluster); else a one-line :class:`ChartError`."""
+    if not RUN_NAME.match(name) or len(name) > MAX_RAYJOB_NAME:
+        raise ChartError(f"submit: {flag}: {name!r} is not a run name (lowercase letters, digits and '-', "
+                         f"starting with a letter, at most {MAX_RAYJOB_NAME} characters: it names the RayJob)")
+    return name
+
+
+def unique_run_name(job: str, now: float | None = None, *, on_cluster: bool = False) -> str:
+    """``<job>-<MMDD-HHMMSS>``, the job's name cut so the whole (and an on-cluster RayJob's
+    suffix) fits a RayJob name."""
+    from charts.rayjob import ON_CLUSTER_SUFFIX
+
+    stem = job[:MAX_RAYJOB_NAME - STAMP_CHARS - (len(ON_CLUSTER_SUFFIX) if on_cluster else 0)].rstrip("-")
+    return f"{stem}-{time.strftime(STAMP, time.gmtime(now))}"
+
+
+def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Path, spec_text: str,
+              root: Path = ROOT, on_cluster: bool = False) -> RunManifests:
+    """Write ``rayjob-<run>.k8s.yaml``, ``network-policy.k8s.yaml`` and the code archive into ``outdir``."""
+    from charts.main import quiet_node_floor_warning
+
+    quiet_node_floor_warning()
+    import cdk8s
+
+    from charts.code_bundle import build_code_bundle
+    from charts.jobs import plan_job
+    from charts.main import NETWORK_POLICY_CHART, rayjob_chart_name
+    from charts.network_policy import NetworkPolicyChart, raycluster_label, rayjob_label
+    from charts.provenance import SourceIdentity
+    from charts.raycluster import cluster_name
+    from charts.rayjob import ON_CLUSTER_SUFFIX, RayJobChart
+    from environment.contract import CODE_PREFIX
+    from training.contract import fill_manifest_hash
+
+    root = Path(root).resolve()
+    path = Path(job_path).resolve()
+    if not path.is_relative_to(root / "jobs"):
+        raise ChartError(f"submit: {job_path}: a job file must be under {root / 'jobs'} "
+                         "(it travels to the cluster in the code archive)")
+    with contextlib.chdir(root):
+        run_overrides = [*overrides, f"checkpoint.run_name={run}"]
+        plan = plan_job(env, path, root, run_overrides)
+        # The user's overrides go first in the entrypoint, the environment's after them (they win).
+        plan = dataclasses.replace(plan, name=run, overrides=(*run_overrides, *plan.overrides))
+        code = build_code_bundle(root, outdir / CODE_PREFIX)
+        source = SourceIdentity.capture(root, spec_text)
+    if on_cluster and not plan.uses_gpu:
+        raise ChartError(f"submit: {job_path}: --on-cluster runs GPU jobs on the long-lived RayCluster; "
+                         "this job is a CPU job (it brings its own cluster)")
+    for stale in outdir.glob("*.k8s.yaml"):
+        stale.unlink()
+    target = cluster_name(env) if on_cluster else ""
+    chart = rayjob_chart_name(run)
+    app = cdk8s.App(outdir=str(outdir), yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
+    RayJobChart(app, chart, env=env, plan=plan, code=code, on_cluster=target or None, source=source)
+    NetworkPolicyChart(app, NETWORK_POLICY_CHART, env=env,
+                       cluster_labels=[raycluster_label(target) if target else rayjob_label(run)])
+    app.synth()
+    rayjob = outdir / f"{chart}.k8s.yaml"
+    rayjob.write_text(fill_manifest_hash(rayjob.read_text(encoding="utf-8")), encoding="utf-8")
+    return RunManifests(run=run, job=plan.config.name, rayjob_name=run + (ON_CLUSTER_SUFFIX if target else ""), rayjob=rayjob, network_policy=outdir / f"{NETWORK_POLICY_CHART}.k8s.yaml",
+                        code_path=code.path, code_uri=code.uri(env.bucket_name), run_uri=f"{env.storage_uri}/{run}",
+                        namespace=env.ray.namespace, region=env.cluster.region, on_cluster=target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m raytrain_eks.run_manifest``: one run's manifests, as ``submit`` writes them
+    (``raytrain-eks reproduce`` runs this in the recorded commit's tree)."""
+    import argparse
+    import sys
+
+    from environment import load_environment
+
+    parser = argparse.ArgumentParser(prog="python -m raytrain_eks.run_manifest", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--outdir", required=True)
+    parser.add_argument("--root", default=str(ROOT))
+    parser.add_argument("--on-cluster", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        written = synth_run(load_environment(args.env), Path(args.root) / args.job, run=args.run,
+                            overrides=args.overrides, outdir=Path(args.outdir), root=Path(args.root),
+                            spec_text=Path(args.env).read_text(encoding="utf-8"), on_cluster=args.on_cluster)
+    except ChartError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(written.rayjob)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""A finished run's results, copied out of its storage and judged: records, the exported model,
+the report and the verdict. Used by ``raytrain-eks submit`` (both backends) and ``make demo``.
+
+What is copied: ``run.json``, ``metrics.jsonl``, the logs and NCCL logs, and the exported
+Hugging Face model (``<run>/hf/``: weights, config and tokenizer, so ``from_pretrained`` loads
+the folder). The checkpoint shards stay in storage: they are for resuming, not for using.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+RECORD_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".log")
+MODEL_DIR = "hf"
+"""The exported model's folder inside a run directory (training/outcomes.py writes ``<run>/hf``)."""
+
+
+def s3_client(client_env: dict[str, str] | None = None, *, region: str | None = None) -> Any:
+    """boto3's S3 client: ``client_env`` (a local server's endpoint and keys), or the default
+    credential chain in ``region`` (the environment's: the bucket lives there)."""
+    import boto3
+
+    if not client_env:
+        return boto3.client("s3", region_name=region)
+    return boto3.client("s3", endpoint_url=client_env["AWS_ENDPOINT_URL"], region_name=client_env["AWS_DEFAULT_REGION"],
+                        aws_access_key_id=client_env["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=client_env["AWS_SECRET_ACCESS_KEY"])
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def list_keys(client: Any, uri: str) -> list[str]:
+    bucket, prefix = split_uri(uri)
+    keys: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix.rstrip("/") + "/"):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+    return keys
+
+
+def wanted(relative: str) -> bool:
+    """A run directory's file worth copying out: records and logs, and the whole exported model."""
+    if relative.startswith(f"{MODEL_DIR}/"):
+        return True
+    name = Path(relative).name
+    return relative.endswith(RECORD_SUFFIXES) and not relative.startswith("checkpoint") and "__" not in name
+
+
+def download_run(client: Any, run_uri: str, dest: Path) -> list[str]:
+    """Copy the run's records and exported model into ``dest``; returns the relative paths copied."""
+    bucket, prefix = split_uri(run_uri)
+    base = prefix.rstrip("/") + "/"
+    copied = []
+    for key in list_keys(client, run_uri):
+        relative = key[len(base):]
+        if not wanted(relative):
+            continue
+        target = dest / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        client.download_file(bucket, key, str(target))
+        copied.append(relative)
+    return copied
+
+
+def upload_if_missing(client: Any, local: Path, uri: str, *, create_bucket: bool = False) -> bool:
+    """Upload ``local`` to ``uri`` unless an object is there already (the name is its content's
+    hash, so an object of that name IS this file); returns whether it uploaded."""
+    from botocore.exceptions import ClientError
+
+    bucket, key = split_uri(uri)
+    if create_bucket:
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+    try:
+        client.head_object(Bucket=bucket, Key=key)
+        return False
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+            raise
+    client.upload_file(str(local), bucket, key)
+    return True
+
+
+def run_exists(client: Any, run_uri: str) -> bool:
+    """Whether storage already holds anything of this run (a record, metrics or a checkpoint)."""
+    bucket, prefix = split_uri(run_uri)
+    page = client.list_objects_v2(Bucket=bucket, Prefix=prefix.rstrip("/") + "/", MaxKeys=1)
+    return bool(page.get("KeyCount") or page.get("Contents"))
+
+
+def finish(out_dir: Path, say=print) -> int:
+    """Render the report of the run copied into ``out_dir``, print where everything is and the
+    verdict; returns the verdict's exit code (training/verdict.py)."""
+    from raytrain_eks.report import eval_before_after, load_run, render_report
+    from training.verdict import exit_code, headline, of_record
+
+    report = render_report([str(out_dir)], out_dir / "report")
+    run = load_run(str(out_dir))
+    before, after = eval_before_after(run)
+    say(f"    run.json:  {out_dir / 'run.json'}  (status {run.record.get('status')})")
+    say(f"    report:    {report}  (+ PNG plots beside it)")
+    if (out_dir / MODEL_DIR / "config.json").is_file():
+        say(f"    model:     {out_dir / MODEL_DIR}  (transformers: AutoModelForCausalLM.from_pretrained(...))")
+    if before is not None and after is not None:
+        say(f"    held-out loss before {before:.4f} -> after {after:.4f}")
+    if run.resumes:
+        say(f"    resumed:   logged again from step {', '.join(map(str, run.resumes))} (the report shows each step's last write)")
+    verdict = of_record(run.record)
+    say(f"    verdict:   {headline(verdict)}")
+    return exit_code(verdict)

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""A kubectl double for `raytrain-eks submit/status/logs/stop/list`, with a KubeRay controller
+that moves a RayJob through the states KubeRay v1.7.0 writes, one reconcile per `get`.
+
+Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
+``ray-operator/controllers/ray/rayjob_controller.go`` (Reconcile's switch on
+``status.jobDeploymentStatus``) and ``ray-operator/apis/ray/v1/rayjob_types.go``:
+
+- ``""`` (New): the controller adds its stop-job finalizer and initialises the status
+  (initRayJobStatusIfNeed): ``jobId``, ``rayClusterName`` (``<name>-<5 chars>``, or the
+  clusterSelector's cluster), ``jobStatus = ""``, ``startTime``; -> ``Initializing``.
+- ``Initializing``: stays while the RayCluster is not ``ready`` (here: ``cluster_ready_after``
+  reconciles; its pods meanwhile report Unschedulable, then ContainerCreating); then, in
+  K8sJobMode, creates the submitter Job; -> ``Running``.
+- ``Running``: ``jobStatus`` is the dashboard's (PENDING, then RUNNING). Terminal only when the
+  Ray job is terminal AND the submitter has finished (K8sJobMode, kuberay PR 1919): then
+  ``Complete`` (SUCCEEDED/STOPPED) or ``Failed`` with ``reason = AppFailed`` (FAILED), and
+  ``endTime``.
+- delete: a RayJob whose jobStatus is not terminal gets StopJob on its Ray job first (the
+  finalizer); the double records the stopped job id.
+
+The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log; the submitter
+finishes when it has been streamed (or after ``submitter_runs`` reconciles in RUNNING). When the
+Ray job ends the double copies the scripted results into the run's storage, as the job does.
+State: the JSON file ``$FAKE_KUBECTL_STATE``; every call is appended to its ``calls``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+TERMINAL_JOB = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def load() -> dict:
+    return json.loads(Path(os.environ["FAKE_KUBECTL_STATE"]).read_text())
+
+
+def save(state: dict) -> None:
+    Path(os.environ["FAKE_KUBECTL_STATE"]).write_text(json.dumps(state, indent=1))
+
+
+def not_found(kind: str, name: str) -> int:
+    print(f'Error from server (NotFound): {kind} "{name}" not found', file=sys.stderr)
+    return 1
+
+
+def publish_results(state: dict, job: dict) -> None:
+    """What the job itself does at its end: run.json, metrics, logs and model in storage."""
+    import boto3
+
+    source = state.get("results_dir")
+    if not source:
+        return
+    bucket, _, prefix = state["run_uri"].format(run=job["metadata"]["name"]).removeprefix("s3://").partition("/")
+    client = boto3.client("s3")
+    for path in Path(source).rglob("*"):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(source).as_posix()}")
+
+
+def reconcile(state: dict, job: dict) -> None:
+    status = job.setdefault("status", {})
+    fake = job.setdefault("_fake", {"reconciles": 0, "submitter_done": False})
+    fake["reconciles"] += 1
+    deployment = status.get("jobDeploymentStatus", "")
+    name = job["metadata"]["name"]
+    if deployment == "":
+        job["metadata"].setdefault("finalizers", []).append("ray.io/rayjob-stopjob-finalizer")
+        selector = (job["spec"].get("clusterSelector") or {}).get("ray.io/cluster")
+        status.update(jobId=f"{name}-abcde", rayClusterName=selector or f"{name}-x7k2p", jobStatus="",
+                      jobDeploymentStatus="Initializing", startTime="2026-12-01T20:00:00Z")
+        fake["initializing_since"] = fake["reconciles"]
+    elif deployment == "Initializing":
+        if fake["reconciles"] - fake["initializing_since"] >= state["cluster_ready_after"]:
+            status.update(jobDeploymentStatus="Running", dashboardURL=f"{status['rayClusterName']}-head-svc:8265")
+            fake["running_since"] = fake["reconciles"]
+    elif deployment == "Running":
+        # jobStatus is what the dashboard says of the Ray job: PENDING, then RUNNING, then the
+        # outcome once the job ended (the submitter's `ray job submit` follows it to its end).
+        ray_status = status.get("jobStatus") or ""
+        if fake["submitter_done"] or fake["reconciles"] - fake["running_since"] > state["submitter_runs"]:
+            if ray_status not in TERMINAL_JOB:
+                ray_status = state["outcome"]
+                publish_results(state, job)
+            fake["submitter_done"] = True
+        else:
+            ray_status = "PENDING" if ray_status == "" else "RUNNING"
+        status["jobStatus"] = ray_status
+        if ray_status in TERMINAL_JOB and fake["submitter_done"]:
+            failed = ray_status == "FAILED"
+            status.update(jobDeploymentStatus="Failed" if failed else "Complete", endTime="2026-12-01T20:30:00Z",
+                          **({"reason": "AppFailed", "message": "Job entrypoint command failed with exit code 1"}
+                             if failed else {}))
+
+
+def pods(state: dict, cluster: str) -> list[dict]:
+    job = next((j for j in state["rayjobs"].values() if j.get("status", {}).get("rayClusterName") == cluster), None)
+    if job is None or job["status"].get("jobDeploymentStatus") != "Initializing":
+        return []
+    waited = job["_fake"]["reconciles"] - job["_fake"]["initializing_since"]
+    head = {"metadata": {"name": f"{cluster}-head"}, "status": {"phase": "Running", "conditions": [
+        {"type": "PodScheduled", "status": "True"}]}}
+    if waited < state["cluster_ready_after"] // 2:
+        worker = {"status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]}}
+    else:
+        worker = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                             "containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+    return [head, {"metadata": {"name": f"{cluster}-gpu-worker-0"}, **worker}]
+
+
+def main(argv: list[str]) -> int:
+    state = load()
+    state.setdefault("calls", []).append(argv)
+    try:
+        return dispatch(state, argv)
+    finally:
+        save(state)
+
+
+def _opt(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1] if flag in argv else ""
+
+
+def dispatch(state: dict, argv: list[str]) -> int:
+    verb, rest = argv[0], argv[1:]
+    if verb == "apply":
+        assert "--server-side" in rest, "the KubeRay CRDs need server-side apply"
+        for doc in yaml.safe_load_all(Path(_opt(rest, "-f")).read_text()):
+            if not doc:
+                continue
+            store = state["rayjobs"] if doc["kind"] == "RayJob" else state.setdefault("policies", {})
+            if doc["kind"] == "RayJob" and doc["metadata"]["name"] in store:
+                print(f'Error: RayJob "{doc["metadata"]["name"]}" exists', file=sys.stderr)
+                return 1
+            store[doc["metadata"]["name"]] = doc
+        return 0
+    if verb == "get" and rest[0] == "rayjob":
+        if len(rest) > 1 and not rest[1].startswith("-"):
+            job = state["rayjobs"].get(rest[1])
+            if job is None:
+                return not_found("rayjobs.ray.io", rest[1])
+            reconcile(state, job)
+            print(json.dumps({k: v for k, v in job.items() if k != "_fake"}))
+            return 0
+        items = [{k: v for k, v in j.items() if k != "_fake"} for j in state["rayjobs"].values()]
+        print(json.dumps({"items": items}))
+        return 0
+    if verb == "get" and rest[0] == "networkpolicy":
+        return 0 if rest[1] in state.get("policies", {}) else not_found("networkpolicies.networking.k8s.io", rest[1])
+    if verb == "get" and rest[0] == "pods":
+        print(json.dumps({"items": pods(state, _opt(rest, "-l").removeprefix("ray.io/cluster="))}))
+        return 0
+    if verb == "logs":
+        name = next(a for a in rest if a.startswith("job/")).removeprefix("job/")
+        job = state["rayjobs"].get(name)
+        if job is None or job.get("status", {}).get("jobDeploymentStatus") not in ("Running", "Complete", "Failed"):
+            print(f'error: pods for job "{name}" not found', file=sys.stderr)
+            return 1
+        sys.stdout.write(state.get("driver_log", ""))
+        if "-f" in rest:  # following ends when the submitter's container exits
+            job["_fake"]["submitter_done"] = True
+        return 0
+    if verb == "delete":
+        kind, name = rest[0], rest[1]
+        if kind == "rayjob":
+            job = state["rayjobs"].pop(name, None)
+            if job is None:
+                return not_found("rayjobs.ray.io", name)
+            if (job.get("status") or {}).get("jobStatus") not in TERMINAL_JOB:
+                state.setdefault("stopped_jobs", []).append(job.get("status", {}).get("jobId", ""))
+            return 0
+        if kind == "networkpolicy":
+            if state.get("policies", {}).pop(name, None) is None and "--ignore-not-found" not in rest:
+                return not_found("networkpolicies.networking.k8s.io", name)
+            return 0
+    print(f"fake kubectl: unsupported: {argv}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

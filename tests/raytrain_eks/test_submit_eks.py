@@ -1,0 +1,162 @@
+"""`raytrain-eks submit/status/logs/stop/list` on EKS, against a kubectl double whose RayJobs
+move as KubeRay v1.7.0's controller moves them (tests/raytrain_eks/kubectl_double.py cites
+``ray-project/kuberay`` tag ``ray-operator/v1.7.0``, ``rayjob_controller.go``): New ->
+Initializing (pods wait for a node, then for the image) -> Running (PENDING -> RUNNING) ->
+Complete/Failed, terminal only once the submitter has finished. The bucket is moto's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures_s3 import s3_server  # noqa: F401  (session moto server; sets AWS_ENDPOINT_URL)
+from raytrain_eks.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = Path(__file__).with_name("kubectl_double.py")
+FIXTURE_RUN = ROOT / "tests" / "evidence" / "fixtures" / "runs" / "efa-full"
+DRIVER_LOG = "step 10/20 loss 9.81 tokens/s 530 ETA 12 s\neval step 10: held-out loss 9.90\ncheckpoint step 10\nverdict: ACCEPTED\n"
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch, s3_server):  # noqa: F811
+    import boto3
+
+    from environment import load_environment
+
+    env = load_environment(ROOT / "environment.toml")
+    client = boto3.client("s3")
+    if env.bucket_name not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=env.bucket_name)
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURE_RUN, results)
+    (results / "logs").mkdir()
+    (results / "logs" / "driver.log").write_text(DRIVER_LOG)
+    state = tmp_path / "kubectl.json"
+    state.write_text(json.dumps({"rayjobs": {}, "cluster_ready_after": 4, "submitter_runs": 3, "outcome": "SUCCEEDED",
+                                 "results_dir": str(results), "run_uri": env.storage_uri + "/{run}",
+                                 "driver_log": DRIVER_LOG}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} "$@"\n')
+    (bin_dir / "kubectl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_KUBECTL_STATE", str(state))
+    monkeypatch.chdir(ROOT)
+
+    class Cluster:
+        storage = env.storage_uri
+        bucket = env.bucket_name
+        s3 = client
+
+        @staticmethod
+        def state() -> dict:
+            return json.loads(state.read_text())
+
+        @staticmethod
+        def set(**values) -> None:
+            state.write_text(json.dumps({**json.loads(state.read_text()), **values}))
+
+    return Cluster
+
+
+def submit(tmp_path, *args: str) -> int:
+    return main(["submit", "jobs/smoke.toml", "--poll-seconds", "0", "--out", str(tmp_path / "out"), *args])
+
+
+def test_submit_follows_the_rayjob_through_kuberays_states_to_the_verdict(cluster, tmp_path, capfd):
+    from training.verdict import exit_code, of_record
+
+    code = submit(tmp_path, "--name", "smoke-a1", "--set", "train.max_steps=20")
+    out = capfd.readouterr().out
+    record = json.loads((FIXTURE_RUN / "run.json").read_text())
+    assert code == exit_code(of_record(record)), out
+    lines = [line.strip() for line in out.splitlines()]
+    order = ["RayJob smoke-a1: Initializing (cluster smoke-a1-x7k2p)", "1 pod(s) waiting for a node",
+             "1 pod(s) pulling the image", "RayJob smoke-a1: Running (cluster", "step 10/20 loss 9.81",
+             "RayJob smoke-a1: Complete / SUCCEEDED",
+             "==> smoke-a1: Complete / SUCCEEDED", "verdict:   "]
+    positions = [next((i for i, line in enumerate(lines) if line.startswith(want)), -1) for want in order]
+    assert -1 not in positions and positions == sorted(positions), out
+    calls = cluster.state()["calls"]
+    applied = [c[-1] for c in calls if c[0] == "apply"]
+    assert applied[0].endswith("network-policy.k8s.yaml") and applied[1].endswith("rayjob-smoke-a1.k8s.yaml")
+    # followed, not done at the first poll: New, Initializing until the cluster is ready, Running, Complete
+    assert sum(c[:2] == ["get", "rayjob"] for c in calls) >= 6
+    # the code archive the RayJob names is in the bucket, and the results came back
+    job = cluster.state()["rayjobs"]["smoke-a1"]
+    working_dir = json.dumps(job["spec"]["runtimeEnvYAML"]).split("working_dir: ")[1].split("\\n")[0]
+    bucket, _, key = working_dir.removeprefix("s3://").partition("/")
+    cluster.s3.head_object(Bucket=bucket, Key=key)
+    assert "--set train.max_steps=20" in job["spec"]["entrypoint"]
+    assert "checkpoint.run_name=smoke-a1" in job["spec"]["entrypoint"]
+    assert (tmp_path / "out" / "run.json").is_file() and (tmp_path / "out" / "report" / "report.md").is_file()
+
+
+def test_a_second_submit_refuses_a_used_name_and_resume_continues_it(cluster, tmp_path, capfd):
+    submit(tmp_path, "--name", "smoke-b1")
+    capfd.readouterr()
+    assert submit(tmp_path, "--name", "smoke-b1") == 2
+    assert "already holds a run: it would resume it (say so with --resume smoke-b1" in capfd.readouterr().err
+    assert submit(tmp_path, "--resume", "smoke-nothing") == 2
+    assert "has nothing in" in capfd.readouterr().err
+    code = submit(tmp_path, "--resume", "smoke-b1")
+    out = capfd.readouterr().out
+    assert code in (0, 3), out
+    assert "run smoke-b1: resumes" in out and "code archive already in the bucket" in out
+    calls = cluster.state()["calls"]
+    assert ["delete", "rayjob", "smoke-b1", "-n", "ray", "--wait=true"] in calls
+    # the network policy existed already: applied once, for the first submit only
+    assert sum(c[0] == "apply" and c[-1].endswith("network-policy.k8s.yaml") for c in calls) == 1
+
+
+def test_status_list_logs_and_stop(cluster, tmp_path, capfd):
+    cluster.set(cluster_ready_after=100)
+    from charts.main import synth  # noqa: F401  (the manifests come from submit below)
+
+    # a run that stays Initializing: Ctrl-C detaches, the RayJob stays
+    import raytrain_eks.eks_backend as eks
+
+    real = eks.follow
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    eks.follow = interrupted
+    try:
+        assert submit(tmp_path, "--name", "smoke-c1") == 130
+    finally:
+        eks.follow = real
+    assert "detached; the run goes on" in capfd.readouterr().err
+    assert "smoke-c1" in cluster.state()["rayjobs"]
+
+    assert main(["status", "smoke-c1"]) == 0
+    out = capfd.readouterr().out
+    assert "status     Initializing" in out and "cluster    smoke-c1-x7k2p" in out
+    assert "waiting    1 pod(s) waiting for a node" in out
+
+    assert main(["list"]) == 0
+    table = capfd.readouterr().out.splitlines()
+    assert table[0].split() == ["run", "job", "config", "status", "job", "status", "started"]
+    assert table[1].split()[:3] == ["smoke-c1", "jobs/smoke.toml", "Initializing"]
+
+    assert main(["stop", "smoke-c1"]) == 0
+    assert "stopped smoke-c1" in capfd.readouterr().out
+    state = cluster.state()
+    assert "smoke-c1" not in state["rayjobs"] and state["stopped_jobs"] == ["smoke-c1-abcde"]
+    assert "ray-rayjob-smoke-c1" not in state.get("policies", {})
+    assert main(["stop", "smoke-c1"]) == 2
+
+
+def test_logs_come_from_storage_once_the_rayjob_is_gone(cluster, tmp_path, capfd):
+    key = cluster.storage.removeprefix(f"s3://{cluster.bucket}/") + "/smoke-gone/logs/driver.log"
+    cluster.s3.put_object(Bucket=cluster.bucket, Key=key, Body=DRIVER_LOG.encode())
+    assert main(["logs", "smoke-gone"]) == 0
+    assert capfd.readouterr().out == DRIVER_LOG
+    assert main(["logs", "smoke-never"]) == 2
+    assert "has no submitter pod and no s3://" in capfd.readouterr().err
