@@ -11,6 +11,11 @@ from infra.constructs.efa_launch_template import EfaLaunchTemplate
 # CloudFormation spells it with a lower-case "x86" (the CDK enum name does not).
 AMI_TYPE = "AL2023_x86_64_NVIDIA"
 NODE_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
+UPDATE_STRATEGY = "MINIMAL"
+"""How EKS replaces a GPU group's nodes on a version update (a new launch template version, a
+new AMI release): the old node first, then its successor. EKS's DEFAULT launches the new
+instances first, and in a capacity reservation or capacity block sized to the group (or a full
+cluster placement group) there is no slot for them: the update fails and rolls back."""
 
 # Kubernetes spells taint effects in PascalCase, the EKS API in UPPER_SNAKE.
 _TAINT_EFFECTS = {"NoSchedule": eks.TaintEffect.NO_SCHEDULE,
@@ -89,7 +94,10 @@ class GpuNodeGroup(Construct):
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref,
                 version=self.launch_template.attr_latest_version_number),
+            # One node at a time (EKS requires a maximum unavailable beside the strategy).
+            max_unavailable=1,
         )
+        self.nodegroup.node.default_child.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)
         # Set on the L1: aws-cdk-lib 2.275 checks ami_type against its own list of GPU
         # instance families, which lacks P5 (p5.48xlarge would be refused as "not GPU").
         self.nodegroup.node.default_child.add_property_override("AmiType", AMI_TYPE)

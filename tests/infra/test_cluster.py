@@ -270,3 +270,19 @@ def test_stack_attributes_other_code_uses(default):
     assert cluster.pod_role is not None and default.built.storage.bucket is not None
     assert default.built.pipeline is None
     assert default.built.cluster.stack_name == "raytrain-cluster"
+
+
+def test_gpu_node_groups_replace_nodes_old_first_on_a_version_update(variant):
+    """EKS API reference, NodegroupUpdateConfig.updateStrategy
+    (https://docs.aws.amazon.com/eks/latest/APIReference/API_NodegroupUpdateConfig.html): "The
+    default strategy ... launches the new instances first, before terminating the old instances.
+    The minimal strategy ... terminates the old instances before launching the new instances ...
+    useful ... with hardware accelerators such as GPUs"; maxUnavailable or its percentage "is
+    required to have a value". EKS Capacity Blocks guide
+    (https://docs.aws.amazon.com/eks/latest/userguide/capacity-blocks-mng.html): when upgrading a
+    node group with Capacity Blocks the desired size must be 0, since there is no slot for a new
+    instance. aws-eks-v2/lib/managed-nodegroup.js writes no UpdateConfig unless maxUnavailable is
+    given, so a GPU group would get the surge-first DEFAULT: a new launch template version then
+    cannot launch in a reservation the group fills, and the update fails."""
+    for name, props in _gpu_nodegroups(variant).items():
+        assert props.get("UpdateConfig") == {"MaxUnavailable": 1, "UpdateStrategy": "MINIMAL"}, name
