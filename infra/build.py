@@ -67,11 +67,6 @@ def deployability_problem(env: Environment) -> str | None:
     if not env.cluster.admin_principal_arns:
         return (f"{env.source}: cluster.admin_principal_arns: [] names nobody who may run kubectl: "
                 "add your IAM role or user ARN (EKS's creator-admin is CloudFormation's role, not you)")
-    admins = env.cluster.admin_principal_arns
-    repeated = sorted({a for a in admins if admins.count(a) > 1})
-    if repeated:
-        return (f"{env.source}: cluster.admin_principal_arns: {repeated[0]!r} is listed twice "
-                "(EKS holds one access entry per principal): list each principal once")
     if not env.storage.bucket_name and not env.cluster.account:
         return (f"{env.source}: storage.bucket_name: '' cannot be derived without cluster.account "
                 "(S3 names are global): set cluster.account to your 12-digit account id, or storage.bucket_name")
