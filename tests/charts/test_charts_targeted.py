@@ -9,10 +9,13 @@ from charts_testspec import ACCOUNT, TEST_DIGEST, make_env
 
 from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.raycluster import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
-from charts.rayjob import GRACE_MARGIN_SECONDS
+from charts.rayjob import GRACE_MARGIN_SECONDS, PRE_RUNNING_FACTOR
+from environment.addons import SCALE_UP_MINUTES
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL
 from training.config import load_job_config
 
+PRE_RUNNING_SECONDS = PRE_RUNNING_FACTOR * SCALE_UP_MINUTES * 60
+"""Seconds a RayJob may take to reach Running: a multiple of the scale-up + image-pull estimate."""
 GPU_JOBS = ("smoke", "finetune-qwen")
 
 
@@ -224,7 +227,7 @@ def test_rayjob_lifecycle_fields(default_synth):
         assert spec["shutdownAfterJobFinishes"] is True
         assert spec["ttlSecondsAfterFinished"] == cfg.rayjob.ttl_seconds_after_finished
         assert spec["backoffLimit"] == cfg.rayjob.backoff_limit
-        assert spec["preRunningDeadlineSeconds"] == 3 * 6 * 60  # 3 x the scale-up + image-pull estimate
+        assert spec["preRunningDeadlineSeconds"] == PRE_RUNNING_SECONDS
         assert spec["activeDeadlineSeconds"] == cfg.rayjob.active_deadline_minutes * 60 > 0
         grace = worker_group(spec["rayClusterSpec"])["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace == cfg.checkpoint.sigterm_grace_seconds + GRACE_MARGIN_SECONDS
@@ -253,7 +256,7 @@ def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
             <= LONG_LIVED_CHECKPOINT_GRACE_SECONDS
         # KubeRay refuses backoffLimit with clusterSelector; the scale-up deadline still applies
         variant = default_synth.one(f"rayjob-{job}-on-cluster")["spec"]
-        assert "backoffLimit" not in variant and variant["preRunningDeadlineSeconds"] == 3 * 6 * 60
+        assert "backoffLimit" not in variant and variant["preRunningDeadlineSeconds"] == PRE_RUNNING_SECONDS
 
 
 def test_code_travels_as_working_dir_only(default_synth):
