@@ -29,12 +29,26 @@ from charts.errors import ChartError
 from charts.provenance import short_hash
 from charts.resources import resource_problems
 from environment import Environment
+from environment.addons import SCALE_UP_MINUTES
 from training.config import JobConfig, JobConfigError, load_job_config, read_job_file
 from training.model_config import check_model
 
 BUCKET_PLACEHOLDER = "{bucket}"
 MAX_RAYJOB_NAME = 47
 """KubeRay appends 6 characters to a RayJob's name for its cluster (limit 53): 53 - 6."""
+PRE_RUNNING_FACTOR = 3
+"""``preRunningDeadlineSeconds`` = this many times the scale-up and image-pull estimate
+(:data:`environment.addons.SCALE_UP_MINUTES`): a job whose cluster never gets capacity fails
+(``PreRunningDeadlineExceeded``) instead of waiting out ``activeDeadlineSeconds``. KubeRay counts
+both deadlines from the same start (the RayJob's ``status.startTime``, set before its cluster is
+created) and checks the active one first, so ``rayjob.active_deadline_minutes`` must be longer.
+With ``rayjob.backoff_limit`` > 0 KubeRay retries a PreRunningDeadlineExceeded (only
+DeadlineExceeded is never retried): a job that never gets capacity waits up to
+(backoff_limit + 1) x this deadline."""
+
+
+def pre_running_deadline_seconds() -> int:
+    return int(PRE_RUNNING_FACTOR * SCALE_UP_MINUTES * 60)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,6 +167,12 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
     problems = resource_problems(env, base)
     if problems:
         raise ChartError(problems[0])
+    active, pre_running = base.rayjob.active_deadline_minutes * 60, pre_running_deadline_seconds()
+    if active <= pre_running:
+        raise ChartError(f"{rel}: rayjob.active_deadline_minutes: {base.rayjob.active_deadline_minutes} is not longer "
+                         f"than the {pre_running / 60:g} minutes the job's cluster may take to come up "
+                         "(preRunningDeadlineSeconds, counted from the same start): the job would be killed "
+                         "before its cluster is up")
     written = base.checkpoint.storage_path
     if written and written.rstrip("/") != env.storage_uri:
         # The cluster's runs live in the spec's bucket; a path in the file would be replaced silently.

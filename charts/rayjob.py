@@ -10,21 +10,16 @@ from charts.bindings import to_bindings
 from charts.cluster_spec import GRACE_MARGIN_SECONDS, ClusterShape, ray_cluster_spec
 from charts.errors import ChartError
 from charts.imports.io import ray as generated
-from charts.jobs import MAX_RAYJOB_NAME, JobPlan
+from charts.jobs import MAX_RAYJOB_NAME, JobPlan, pre_running_deadline_seconds
 from charts.network_policy import raycluster_label, rayjob_label
 from charts.pod_security import secure_pod
 from charts.provenance import POD_TEMPLATE_LABELS, Provenance, SourceIdentity, image_reference
 from charts.raycluster import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
 from charts.code_bundle import CodeBundle
 from environment import Environment
-from environment.addons import SCALE_UP_MINUTES
 from environment.contract import RAY_PEER_LABEL
 from training import contract
 
-PRE_RUNNING_FACTOR = 3
-"""``preRunningDeadlineSeconds`` = this many times the scale-up and image-pull estimate
-(:data:`environment.addons.SCALE_UP_MINUTES`): a job whose cluster never gets capacity fails
-(``PreRunningDeadlineExceeded``) instead of waiting out ``activeDeadlineSeconds``."""
 CLUSTER_SELECTOR_KEY = "ray.io/cluster"
 """The key KubeRay reads a target cluster's NAME from (RayJobClusterSelectorKey)."""
 ON_CLUSTER_SUFFIX = "-on-cluster"
@@ -32,10 +27,6 @@ SUBMITTER_CONTAINER = "ray-job-submitter"
 SUBMITTER_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 """The submitter only runs ``ray job submit`` and follows the log. Explicit, and on the system
 nodes: KubeRay's default (500m / 200Mi, no node selector) would land wherever 500m is free."""
-
-
-def pre_running_deadline_seconds() -> int:
-    return int(PRE_RUNNING_FACTOR * SCALE_UP_MINUTES * 60)
 
 
 def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle, *, source: SourceIdentity | None = None,
