@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from charts_oracles.kuberay_validation import UNSUPPORTED, validate, validate_rayjob
+from charts_oracles.kuberay_validation import UNSUPPORTED, validate, validate_rayjob, validate_rayjob_spec
 
 VARIANTS = ["default_synth", "large_synth"]
 
@@ -54,3 +54,38 @@ def test_on_cluster_jobs_carry_no_backoff_limit(default_synth):
     for chart, obj in kuberay_objects(default_synth):
         if obj["kind"] == "RayJob" and "clusterSelector" in obj["spec"]:
             assert "backoffLimit" not in obj["spec"], chart
+
+
+def test_the_oracle_reads_runtime_env_yaml_as_kuberay_does(default_synth):
+    # dashboardclient.UnmarshalRuntimeEnvYAML: into map[string]interface{}; a YAML list fails
+    own = default_synth.one("rayjob-smoke")
+    listed = {**own, "spec": {**own["spec"], "runtimeEnvYAML": "- working_dir\n"}}
+    assert validate_rayjob_spec(listed).startswith("failed to unmarshal RuntimeEnvYAML")
+    assert validate_rayjob_spec({**own, "spec": {**own["spec"], "runtimeEnvYAML": ""}}) is None
+
+
+def test_the_derived_cluster_carries_the_rayjobs_annotations(default_synth):
+    # constructRayClusterForRayJob copies the RayJob's annotations: the RayCluster controller
+    # then sees e.g. ray.io/ft-enabled with a RAY_REDIS_ADDRESS-free head as GCS FT enabled
+    own = default_synth.one("rayjob-smoke")
+    head = own["spec"]["rayClusterSpec"]["headGroupSpec"]
+    redis_env = [*head["template"]["spec"]["containers"][0].get("env", []), {"name": "RAY_REDIS_ADDRESS", "value": "r:6379"}]
+    containers = [{**head["template"]["spec"]["containers"][0], "env": redis_env}]
+    spec = {**own["spec"], "rayClusterSpec": {**own["spec"]["rayClusterSpec"], "headGroupSpec": {
+        **head, "template": {**head["template"], "spec": {**head["template"]["spec"], "containers": containers}}}}}
+    bad = {**own, "spec": spec}
+    assert validate(bad).startswith("The RayJob spec is invalid: RAY_REDIS_ADDRESS is set")
+    annotated = {**bad, "metadata": {**own["metadata"], "annotations": {
+        **own["metadata"].get("annotations", {}), "ray.io/ft-enabled": "true"}}}
+    assert validate(annotated) is None
+
+
+def test_the_oracle_refuses_a_restarting_head_in_sidecar_mode(default_synth):
+    # ValidateRayJobSpec: SidecarMode needs the head's restartPolicy Never or unset
+    own = default_synth.one("rayjob-smoke")
+    head = own["spec"]["rayClusterSpec"]["headGroupSpec"]
+    spec = {k: v for k, v in own["spec"].items() if k != "submitterPodTemplate"}
+    spec |= {"submissionMode": "SidecarMode", "rayClusterSpec": {**own["spec"]["rayClusterSpec"], "headGroupSpec": {
+        **head, "template": {**head["template"], "spec": {**head["template"]["spec"], "restartPolicy": "Always"}}}}}
+    assert validate_rayjob_spec({**own, "spec": spec}) == \
+        "restartPolicy for head Pod should be Never or unset when using SidecarMode"

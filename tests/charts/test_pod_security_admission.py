@@ -57,6 +57,24 @@ def test_the_checks_see_a_root_image_and_an_injected_capability():
     assert run_as_non_root({**pod, "spec": {**pod["spec"], "hostUsers": False}}) is None
 
 
+def test_restricted_keeps_the_proc_mount_check_for_user_namespace_pods():
+    # policy/check_procMount_restricted.go (1.35+): overrides the baseline check, without its
+    # relaxation for hostUsers: false (check_procMount_baseline.go procMount1_35baseline)
+    pod = {"metadata": {}, "spec": {"hostUsers": False,
+                                    "containers": [{"name": "a", "securityContext": {"procMount": "Unmasked"}}]}}
+    assert [v.split(":")[0] for v in violations(pod, "baseline")] == []
+    assert "procMount_restricted" in [v.split(":")[0] for v in violations(pod, "restricted")]
+
+
+def test_an_empty_apparmor_annotation_is_allowed():
+    # policy/check_appArmorProfile.go allowedAnnotationValue: empty, runtime/default, localhost/*
+    key = "container.apparmor.security.beta.kubernetes.io/a"
+    pod = {"metadata": {"annotations": {key: ""}}, "spec": {"containers": [{"name": "a"}]}}
+    assert violations(pod, "baseline") == []
+    assert violations({**pod, "metadata": {"annotations": {key: "unconfined"}}}, "baseline") == [
+        f"appArmorProfile: ['{key}'] set a forbidden AppArmor profile"]
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_ray_pod_is_guaranteed(variant, request):
     # Head and workers are never the first to be evicted under node memory pressure.

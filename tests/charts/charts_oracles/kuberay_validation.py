@@ -6,7 +6,7 @@ Port of ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``,
 ``ValidateRayClusterUpgradeOptions``, ``ValidateRayClusterSpec`` (with
 ``validateRayGroupResources``, ``validateRayGroupLabels``, ``validateWorkerGroupIdleTimeout``,
 ``validateWorkerGroupPriority``), ``ValidateRayJobMetadata`` and ``ValidateRayJobSpec`` (with
-``validateDeletionConfiguration``). Constants from ``utils/constant.go`` (name limits, label
+``validateDeletionConfiguration``), and ``dashboardclient.UnmarshalRuntimeEnvYAML``. Constants from ``utils/constant.go`` (name limits, label
 keys). Like the Go code, each function returns the FIRST error's message, or None.
 
 Left out, because the charts emit none of the fields they judge (a test asserts that): GCS fault
@@ -247,6 +247,10 @@ def validate_rayjob_spec(obj: dict) -> str | None:
             return "Currently, SidecarMode doesn't support SubmitterPodTemplate"
         if "submitterConfig" in spec:
             return "Currently, SidecarMode doesn't support SubmitterConfig"
+        head_restart = (((spec.get("rayClusterSpec") or {}).get("headGroupSpec") or {}).get("template") or {}).get(
+            "spec", {}).get("restartPolicy", "")
+        if head_restart not in ("", "Never"):
+            return "restartPolicy for head Pod should be Never or unset when using SidecarMode"
     cluster = spec.get("rayClusterSpec")
     if cluster is not None:
         if (cluster.get("authOptions") or {}).get("enableK8sTokenAuth") is True:
@@ -254,10 +258,14 @@ def validate_rayjob_spec(obj: dict) -> str | None:
         err = validate_raycluster_spec(cluster, obj["metadata"].get("annotations"))
         if err:
             return f"The RayJob spec is invalid: {err}"
-    try:  # dashboardclient.UnmarshalRuntimeEnvYAML: YAML validity only
-        yaml.safe_load(spec.get("runtimeEnvYAML", "") or "")
+    # utils/dashboardclient/dashboard_httpclient.go UnmarshalRuntimeEnvYAML: sigs.k8s.io/yaml into
+    # RuntimeEnvType (map[string]interface{}): a mapping, or nothing; a list or a scalar fails.
+    try:
+        runtime_env = yaml.safe_load(spec.get("runtimeEnvYAML", "") or "")
     except yaml.YAMLError as err:
-        return f"runtimeEnvYAML is not valid YAML: {err}"
+        return f"failed to unmarshal RuntimeEnvYAML: {err}"
+    if runtime_env is not None and not isinstance(runtime_env, dict):
+        return f"failed to unmarshal RuntimeEnvYAML: a {type(runtime_env).__name__} is not a map"
     if spec.get("activeDeadlineSeconds") is not None and spec["activeDeadlineSeconds"] <= 0:
         return "The RayJob spec is invalid: activeDeadlineSeconds must be a positive integer"
     if spec.get("preRunningDeadlineSeconds") is not None and spec["preRunningDeadlineSeconds"] <= 0:
@@ -283,6 +291,10 @@ def validate(obj: dict) -> str | None:
     err = validate_rayjob(obj)
     if err or "rayClusterSpec" not in obj["spec"]:
         return err
+    # constructRayClusterForRayJob: the RayJob's own labels and annotations, plus the origin label
+    metadata = obj["metadata"]
     derived = {"kind": "RayCluster", "spec": obj["spec"]["rayClusterSpec"],
-               "metadata": {"name": f"{obj['metadata']['name']}-abcde", "labels": {ORIGINATED_FROM_CRD: "RayJob"}}}
+               "metadata": {"name": f"{metadata['name']}-abcde",
+                            "labels": {**(metadata.get("labels") or {}), ORIGINATED_FROM_CRD: "RayJob"},
+                            "annotations": dict(metadata.get("annotations") or {})}}
     return validate_raycluster(derived)

@@ -6,7 +6,8 @@ Port of ``kubernetes/pod-security-admission`` tag ``v0.36.2`` (the staging copy 
 API server runs). ``visitContainers`` (``policy/visitor.go``) visits init, regular and ephemeral
 containers. A restricted check that "overrides" a baseline one replaces it at restricted
 (``OverrideCheckIDs``): restrictedVolumes replaces hostPathVolumes, capabilities_restricted
-replaces capabilities_baseline, seccompProfile_restricted replaces seccompProfile_baseline.
+replaces capabilities_baseline, seccompProfile_restricted replaces seccompProfile_baseline,
+procMount_restricted replaces procMount.
 
 Each check returns None (allowed) or ``"<check id>: <forbidden detail>"``.
 """
@@ -64,16 +65,23 @@ def host_ports(pod: Pod) -> str | None:
     return f"hostPorts: containers {bad} use hostPort" if bad else None
 
 
+APPARMOR_TYPES = {"RuntimeDefault", "Localhost"}
+
+
 def app_armor_profile(pod: Pod) -> str | None:
+    """check_appArmorProfile.go: a type other than RuntimeDefault/Localhost, or a beta annotation
+    other than empty, ``runtime/default`` or ``localhost/...``."""
     spec, bad = pod["spec"], []
-    if ((spec.get("securityContext") or {}).get("appArmorProfile") or {}).get("type") == "Unconfined":
+    pod_profile = (spec.get("securityContext") or {}).get("appArmorProfile")
+    if pod_profile and pod_profile.get("type") not in APPARMOR_TYPES:
         bad.append("pod")
-    bad += [c["name"] for c in _containers(spec) if (_sc(c).get("appArmorProfile") or {}).get("type") == "Unconfined"]
+    bad += [c["name"] for c in _containers(spec)
+            if _sc(c).get("appArmorProfile") and _sc(c)["appArmorProfile"].get("type") not in APPARMOR_TYPES]
     for key, value in (pod.get("metadata", {}).get("annotations") or {}).items():
         if key.startswith("container.apparmor.security.beta.kubernetes.io/") and not (
-                value == "runtime/default" or value.startswith("localhost/")):
+                value == "" or value == "runtime/default" or value.startswith("localhost/")):
             bad.append(key)
-    return f"appArmorProfile: {bad} set an unconfined AppArmor profile" if bad else None
+    return f"appArmorProfile: {bad} set a forbidden AppArmor profile" if bad else None
 
 
 SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
@@ -87,17 +95,31 @@ def se_linux_options(pod: Pod) -> str | None:
     return f"seLinuxOptions: {bad} set forbidden SELinux options" if bad else None
 
 
+def _proc_mount_1_0(pod: Pod) -> list[str]:
+    return [c["name"] for c in _containers(pod["spec"]) if _sc(c).get("procMount", "Default") != "Default"]
+
+
 def proc_mount(pod: Pod) -> str | None:
+    """check_procMount_baseline.go (1.35: relaxed for a user-namespace pod)."""
     if _user_namespace(pod["spec"]):
         return None
-    bad = [c["name"] for c in _containers(pod["spec"]) if _sc(c).get("procMount", "Default") != "Default"]
+    bad = _proc_mount_1_0(pod)
     return f"procMount: containers {bad} must not set securityContext.procMount" if bad else None
+
+
+def proc_mount_restricted(pod: Pod) -> str | None:
+    """check_procMount_restricted.go (1.35+, overrides ``procMount``): no user-namespace relaxation."""
+    bad = _proc_mount_1_0(pod)
+    return f"procMount_restricted: containers {bad} must not set securityContext.procMount" if bad else None
 
 
 def seccomp_baseline(pod: Pod) -> str | None:
     spec = pod["spec"]
-    bad = ["pod"] if ((spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "Unconfined" else []
-    bad += [c["name"] for c in _containers(spec) if (_sc(c).get("seccompProfile") or {}).get("type") == "Unconfined"]
+    valid = {"RuntimeDefault", "Localhost"}  # validSeccomp
+    pod_profile = (spec.get("securityContext") or {}).get("seccompProfile")
+    bad = ["pod"] if pod_profile and pod_profile.get("type") not in valid else []
+    bad += [c["name"] for c in _containers(spec)
+            if _sc(c).get("seccompProfile") and _sc(c)["seccompProfile"].get("type") not in valid]
     return f"seccompProfile_baseline: {bad} must not set securityContext.seccompProfile.type to Unconfined" if bad else None
 
 
@@ -219,10 +241,10 @@ BASELINE: dict[str, Callable[[Pod], str | None]] = {
 RESTRICTED: dict[str, Callable[[Pod], str | None]] = {
     "restrictedVolumes": restricted_volumes, "allowPrivilegeEscalation": allow_privilege_escalation,
     "runAsNonRoot": run_as_non_root, "runAsUser": run_as_user, "seccompProfile_restricted": seccomp_restricted,
-    "capabilities_restricted": capabilities_restricted,
+    "capabilities_restricted": capabilities_restricted, "procMount_restricted": proc_mount_restricted,
 }
 OVERRIDES = {"restrictedVolumes": "hostPathVolumes", "capabilities_restricted": "capabilities_baseline",
-             "seccompProfile_restricted": "seccompProfile_baseline"}
+             "seccompProfile_restricted": "seccompProfile_baseline", "procMount_restricted": "procMount"}
 
 
 def violations(pod: Pod, level: str) -> list[str]:
