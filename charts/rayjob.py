@@ -27,6 +27,15 @@ SUBMITTER_CONTAINER = "ray-job-submitter"
 SUBMITTER_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 """The submitter only runs ``ray job submit`` and follows the log. Explicit, and on the system
 nodes: KubeRay's default (500m / 200Mi, no node selector) would land wherever 500m is free."""
+SUBMITTER_BACKOFF_LIMIT = 10
+"""``submitterConfig.backoffLimit``: the submitter Job's pod retries. KubeRay v1.7.0 defaults it
+to 2 (rayjob_controller.go ``createNewK8sJob``) and marks the RayJob Failed once the submitter
+Job fails, even while the Ray job still runs (``checkSubmitterAndUpdateStatusIfNeeded``): its
+cluster is then deleted (after the TTL, or at once for a retry). ``ray job logs --follow`` exits
+non-zero when the dashboard's websocket closes abnormally, so a long job could be killed by
+three dropped log streams. A retried pod first asks ``ray job status`` and only reattaches to the
+log (KubeRay's submit command never submits twice); with the Job's exponential pod backoff
+(10 s doubling, at most 6 min) ten retries give up after about 35 minutes of failures."""
 
 
 def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle, *, source: SourceIdentity | None = None,
@@ -79,6 +88,7 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, on_cluster: s
     }
     cluster_label = raycluster_label(on_cluster) if on_cluster else rayjob_label(plan.name)
     spec["submitterPodTemplate"] = submitter_pod_template(env, cluster_label)
+    spec["submitterConfig"] = {"backoffLimit": SUBMITTER_BACKOFF_LIMIT}
     if on_cluster:
         # No backoffLimit: KubeRay v1.7.0 parks a RayJob with clusterSelector and backoffLimit > 0
         # in ValidationFailed (utils/validation.go ValidateRayJobSpec); a retry needs a new cluster.

@@ -84,7 +84,7 @@ def test_the_oracle_refuses_a_restarting_head_in_sidecar_mode(default_synth):
     # ValidateRayJobSpec: SidecarMode needs the head's restartPolicy Never or unset
     own = default_synth.one("rayjob-smoke")
     head = own["spec"]["rayClusterSpec"]["headGroupSpec"]
-    spec = {k: v for k, v in own["spec"].items() if k != "submitterPodTemplate"}
+    spec = {k: v for k, v in own["spec"].items() if k not in ("submitterPodTemplate", "submitterConfig")}
     spec |= {"submissionMode": "SidecarMode", "rayClusterSpec": {**own["spec"]["rayClusterSpec"], "headGroupSpec": {
         **head, "template": {**head["template"], "spec": {**head["template"]["spec"], "restartPolicy": "Always"}}}}}
     assert validate_rayjob_spec({**own, "spec": spec}) == \

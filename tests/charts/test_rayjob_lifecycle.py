@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from charts_oracles.kuberay_rayjob_lifecycle import (DEADLINE_EXCEEDED, PRE_RUNNING_DEADLINE_EXCEEDED,
-                                                      attempts_without_capacity, initializing_verdict,
-                                                      running_verdict)
+from charts_oracles.kuberay_rayjob_lifecycle import (DEADLINE_EXCEEDED, DEFAULT_SUBMITTER_BACKOFF_LIMIT,
+                                                      PRE_RUNNING_DEADLINE_EXCEEDED, attempts_without_capacity,
+                                                      initializing_verdict, running_verdict,
+                                                      submitter_fails_the_rayjob)
 from test_charts_errors import gpu_job, job_root, plan_error
 
 from charts.jobs import pre_running_deadline_seconds
+from charts.rayjob import SUBMITTER_BACKOFF_LIMIT
 
 
 def rayjobs(synth):
@@ -45,3 +47,12 @@ def test_an_active_deadline_not_past_the_pre_running_one_is_refused(tmp_path, mi
         f"jobs/bad.toml: rayjob.active_deadline_minutes: {minutes} is not longer than the "
         f"{pre_running_deadline_seconds() / 60:g} minutes the job's cluster may take to come up "
         "(preRunningDeadlineSeconds, counted from the same start): the job would be killed before its cluster is up")
+
+
+def test_a_dropped_log_stream_does_not_fail_a_running_job(default_synth):
+    # `ray job logs --follow` exits non-zero on an abnormal websocket close; three such drops
+    # would fail the RayJob (and delete its cluster) under KubeRay's default submitter backoff
+    for chart, spec in rayjobs(default_synth):
+        assert not submitter_fails_the_rayjob(spec, DEFAULT_SUBMITTER_BACKOFF_LIMIT + 1), chart
+        assert not submitter_fails_the_rayjob(spec, SUBMITTER_BACKOFF_LIMIT), chart
+        assert submitter_fails_the_rayjob(spec, SUBMITTER_BACKOFF_LIMIT + 1), chart

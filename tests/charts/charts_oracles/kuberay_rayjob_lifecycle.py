@@ -56,3 +56,18 @@ def attempts_without_capacity(spec: dict) -> int:
     while retried(spec, initializing_verdict(spec, first) or "", failed):
         failed += 1
     return failed
+
+
+DEFAULT_SUBMITTER_BACKOFF_LIMIT = 2
+"""rayjob_controller.go ``createNewK8sJob``: the submitter Job's ``backoffLimit`` unless
+``submitterConfig.backoffLimit`` is set."""
+
+
+def submitter_fails_the_rayjob(spec: dict, failed_submitter_pods: int) -> bool:
+    """K8sJobMode, ``checkSubmitterAndUpdateStatusIfNeeded``: the RayJob turns Failed when its
+    submitter Job has failed, i.e. after backoffLimit + 1 failed pods (batch/v1 Job), whatever
+    the Ray job itself is doing."""
+    if spec.get("submissionMode", "K8sJobMode") != "K8sJobMode":
+        return False
+    limit = (spec.get("submitterConfig") or {}).get("backoffLimit", DEFAULT_SUBMITTER_BACKOFF_LIMIT)
+    return failed_submitter_pods > limit
