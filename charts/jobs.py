@@ -13,14 +13,18 @@ facts that belong to the environment, never to the file:
 - ``{bucket}`` inside any string of the file (e.g. ``model.path = "s3://{bucket}/models/x"``)
   is replaced by the spec's bucket name, so no file retypes a derived name.
 
-Each override is one ``--set`` argument and the entrypoint is ``shlex.join``-ed: every value is
-shell-safe, whatever the spec holds.
+Each override is one ``--set`` argument and the entrypoint is ``shlex.join``-ed. The entrypoint
+meets a shell twice: KubeRay's submitter runs it inside a bash script, and ``ray job submit``
+re-joins its arguments with ``subprocess.list2cmdline`` (which quotes spaces and double quotes
+only) for the job supervisor's ``/bin/sh``. A value with a character the second shell would
+expand or split on (:data:`SHELL_SPECIAL`) fails synth in one line.
 """
 from __future__ import annotations
 
 import json
 import shlex
 import tomllib
+from subprocess import list2cmdline
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,8 @@ from training.config import JobConfig, JobConfigError, load_job_config, read_job
 from training.model_config import check_model
 
 BUCKET_PLACEHOLDER = "{bucket}"
+SHELL_SPECIAL = frozenset("$`'\\!;&|<>(){}*?[]~#\n\r\t")
+"""What /bin/sh would expand, split on or choke on after ``list2cmdline`` (see above)."""
 MAX_RAYJOB_NAME = 47
 """KubeRay appends 6 characters to a RayJob's name for its cluster (limit 53): 53 - 6."""
 PRE_RUNNING_FACTOR = 3
@@ -98,6 +104,11 @@ def _toml_value(value: Any) -> str:
             return value
         return json.dumps(value)
     return json.dumps(value)  # numbers and booleans: TOML spells them as JSON does
+
+
+def survives_ray_job_submit(arg: str) -> bool:
+    """Whether ``arg`` reaches the job unchanged after ``ray job submit`` re-quotes it for a shell."""
+    return not set(arg) & SHELL_SPECIAL and shlex.split(list2cmdline([arg])) == [arg]
 
 
 def _placeholders(raw: dict[str, Any], bucket: str, prefix: str = "") -> list[str]:
@@ -189,6 +200,12 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
         config = load_job_config(rel, user_overrides + overrides)
     except JobConfigError as err:  # e.g. a global batch the spec's world size cannot divide
         raise ChartError(f"{err} (with the spec's overrides: {' '.join(overrides)})") from None
+    for item in [rel, *overrides]:
+        if not survives_ray_job_submit(item):
+            key, value = item.split("=", 1) if item is not rel else ("config path", item)
+            special = " ".join(sorted(SHELL_SPECIAL - set("\n\r\t")))
+            raise ChartError(f"{rel}: {key}: {value!r} cannot reach the job: ray job submit hands the entrypoint "
+                             f"to a shell again, so it may not contain any of {special} or a tab or line break")
     return JobPlan(name=name, config_path=rel, config=config, overrides=tuple(overrides),
                    worker_replicas=replicas, node_group=group.name)
 
