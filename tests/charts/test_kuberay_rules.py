@@ -89,3 +89,28 @@ def test_the_oracle_refuses_a_restarting_head_in_sidecar_mode(default_synth):
         **head, "template": {**head["template"], "spec": {**head["template"]["spec"], "restartPolicy": "Always"}}}}}
     assert validate_rayjob_spec({**own, "spec": spec}) == \
         "restartPolicy for head Pod should be Never or unset when using SidecarMode"
+
+
+KUBERAY_APPENDED_ENV = ("RAY_CLUSTER_NAME", "RAY_CLUSTER_NAMESPACE", "RAY_CLOUD_INSTANCE_ID", "RAY_NODE_TYPE_NAME",
+                        "KUBERAY_GEN_RAY_START_CMD", "FQ_RAY_IP", "RAY_IP", "RAY_USAGE_STATS_EXTRA_TAGS")
+"""common/pod.go setContainerEnvVars / setInitContainerEnvVars (v1.7.0): appended to the Ray (and
+init) containers without looking for an existing entry; a template that set one would carry it
+twice, and the later (KubeRay's) would win."""
+
+
+def test_templates_leave_kuberays_appended_env_alone(default_synth):
+    for chart, obj in kuberay_objects(default_synth):
+        spec = obj["spec"].get("rayClusterSpec", obj["spec"])
+        if "headGroupSpec" not in spec:
+            continue
+        for template in [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec["workerGroupSpecs"]]:
+            for container in template["spec"]["containers"]:
+                assert not {e["name"] for e in container.get("env", [])} & set(KUBERAY_APPENDED_ENV), chart
+
+
+def test_every_runtime_env_survives_the_submitters_bash(default_synth):
+    from charts_oracles.ray_job_submit import runtime_env_argument_survives
+    for chart, obj in kuberay_objects(default_synth):
+        if obj["kind"] == "RayJob":
+            assert runtime_env_argument_survives(obj["spec"]["runtimeEnvYAML"]), chart
+    assert not runtime_env_argument_survives("env_vars: {A: $(reboot)}")

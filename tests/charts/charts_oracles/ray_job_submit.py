@@ -28,3 +28,12 @@ def job_argv(entrypoint: str) -> list[str] | None:
         return shlex.split(command)                        # the job supervisor's /bin/sh
     except ValueError:                                     # e.g. an unterminated quote
         return None
+
+
+def runtime_env_argument_survives(runtime_env_yaml: str) -> bool:
+    """common/job.go: ``--runtime-env-json`` gets ``strconv.Quote(YAMLToJSON(runtimeEnvYAML))``, a
+    double-quoted word of the submitter's bash script, where ``$`` and backticks still expand."""
+    import json
+
+    import yaml
+    return not set(json.dumps(yaml.safe_load(runtime_env_yaml) or {})) & set("$`")
