@@ -255,7 +255,8 @@ def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
     for job in GPU_JOBS:
         assert submitted_config(default_synth.one(f"rayjob-{job}")).checkpoint.sigterm_grace_seconds \
             <= LONG_LIVED_CHECKPOINT_GRACE_SECONDS
-        # KubeRay refuses backoffLimit with clusterSelector; the scale-up deadline still applies
+        # KubeRay refuses backoffLimit with clusterSelector. The pre-running deadline bounds only the
+        # long-lived head's readiness: its GPU workers scale up while the RayJob is Running
         variant = default_synth.one(f"rayjob-{job}-on-cluster")["spec"]
         assert "backoffLimit" not in variant and variant["preRunningDeadlineSeconds"] == PRE_RUNNING_SECONDS
 
