@@ -17,6 +17,8 @@ from charts.imports.io import ray as generated
 
 _QUANTITY_KEYS = {"limits", "requests"}
 """Maps of int-or-string quantities: one generated class per JSON path, built from strings."""
+_QUANTITY_FIELDS = {"sizeLimit"}
+"""Single int-or-string quantities (an emptyDir's ``sizeLimit``), built from their string."""
 _STRING_MAP_KEYS = {"labels", "annotations", "nodeSelector", "rayStartParams", "clusterSelector"}
 """Maps of user data whose keys are not field names (they keep their spelling)."""
 
@@ -54,6 +56,8 @@ def to_bindings(path: str, value: Any) -> Any:
         child = path + key[0].upper() + key[1:]
         if key in _QUANTITY_KEYS:
             kwargs[python_name[key]] = {k: getattr(generated, child).from_string(v) for k, v in item.items()}
+        elif key in _QUANTITY_FIELDS:
+            kwargs[python_name[key]] = getattr(generated, child).from_string(item)
         elif key in _STRING_MAP_KEYS:
             kwargs[python_name[key]] = dict(item)
         else:

@@ -11,16 +11,22 @@ node-group labels and taints -> nodeSelector and tolerations; image and Ray vers
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from charts.errors import ChartError
-from charts.pod_security import EFA_CAPABILITIES, container_security, secure_pod
-from charts.provenance import Provenance, image_reference
+from charts.pod_security import container_security, secure_pod
+from charts.provenance import POD_TEMPLATE_LABELS, image_reference
 from environment import Environment, GpuNodeGroupSpec
-from environment.contract import EFA_RESOURCE, GPU_RESOURCE, LOCAL_STAGING_HOST_DIR, RAY_PEER_LABEL
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE, RAY_PEER_LABEL
 from training import contract
 
+GRACE_MARGIN_SECONDS = 30
+"""Added to a job's ``checkpoint.sigterm_grace_seconds`` for the worker pods'
+terminationGracePeriodSeconds: after the final checkpoint is written the worker still has to
+finish the upload's last request, report to the controller and let ``ray stop`` tear down the
+raylet; without the margin the kubelet's SIGKILL could land inside the checkpoint itself."""
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """Well-known label the kubelet puts on every node: the worker nodeSelector pins the type too."""
 RAY_CONTAINER_HEAD = "ray-head"
@@ -28,9 +34,13 @@ RAY_CONTAINER_WORKER = "ray-worker"
 SHM_VOLUME = "dshm"
 STAGING_VOLUME = "local-staging"
 STAGING_MOUNT = "/mnt/raytrain-local"
-"""Where GPU workers see the node's NVMe staging directory (RAYTRAIN_CHECKPOINT_LOCAL_DIR)."""
-AUTOSCALER_RESOURCES = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
-"""The Ray autoscaler sidecar on the long-lived head (KubeRay's default asks 500m / 512Mi)."""
+"""Where GPU workers see their checkpoint staging emptyDir (RAYTRAIN_CHECKPOINT_LOCAL_DIR)."""
+STAGING_DISK_FRACTION = 0.9
+"""Of the NVMe RAID0 the staging emptyDir may fill: the rest (and the image, on the same array)
+stays for the kubelet's own files and logs, so the kubelet evicts the pod before the disk fills."""
+AUTOSCALER_RESOURCES = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"cpu": "200m", "memory": "512Mi"}}
+"""The Ray autoscaler sidecar on the long-lived head (KubeRay's default asks 500m / 512Mi).
+Requests = limits: the head pod's QoS class is Guaranteed only if every container's are."""
 IDLE_TIMEOUT_SECONDS = 300
 """An idle GPU worker pod of the long-lived cluster goes after this; cluster-autoscaler then
 removes its node."""
@@ -54,7 +64,6 @@ class ClusterShape:
     """terminationGracePeriodSeconds of worker pods (the job's checkpoint grace + a margin)."""
     cluster_label: str
     """Value of the Ray-cluster label on its pods: what its network policy admits."""
-    provenance: Provenance = field(default_factory=Provenance)
     group_name: str = ""
     """The GPU node group the workers run on (empty: the spec's primary group)."""
 
@@ -64,6 +73,9 @@ class ClusterShape:
     autoscale: bool = False
     """True for the long-lived cluster: no GPU worker until a job asks (Ray's autoscaler adds
     pods up to the job size, cluster-autoscaler the nodes under them), so GPU nodes scale to 0."""
+    cpu_job_cpus: float = 0
+    """A CPU job's cluster: its one worker pod asks for these CPUs (its Ray workers' together)
+    and no GPU or EFA. 0: GPU workers taking whole nodes."""
 
 
 def gpu_worker_env(group: GpuNodeGroupSpec) -> list[dict[str, str]]:
@@ -98,6 +110,13 @@ def run_record_env(env: Environment, group: GpuNodeGroupSpec, *, gpu_worker: boo
     return [node] + [{"name": k, "value": v} for k, v in pairs]
 
 
+def cpu_worker_resources(group: GpuNodeGroupSpec, cpus: float) -> dict[str, str]:
+    """Requests = limits of a CPU job's worker pod: its CPUs (whole), and the node's memory per
+    CPU for each of them."""
+    whole = max(1, math.ceil(cpus))
+    return {"cpu": str(whole), "memory": f"{math.ceil(whole * group.pod_memory_gib / group.pod_cpu)}Gi"}
+
+
 def worker_resources(group: GpuNodeGroupSpec) -> dict[str, str]:
     """Requests = limits of one GPU worker pod (Guaranteed QoS: never the first to be evicted)."""
     resources = {"cpu": str(group.pod_cpu), "memory": f"{group.pod_memory_gib}Gi",
@@ -113,20 +132,63 @@ def head_resources(env: Environment) -> dict[str, str]:
     return {"cpu": str(env.ray.head_cpu), "memory": f"{env.ray.head_memory_gib}Gi"}
 
 
-def _staging(group: GpuNodeGroupSpec) -> tuple[list[dict], list[dict], list[dict]]:
-    """The node's NVMe RAID0 as the checkpoint staging directory (volumes, mounts, env) of GPU
-    workers; nothing where the instance has no instance store."""
+def staging_gib(env: Environment, group: GpuNodeGroupSpec) -> int:
+    """``sizeLimit`` of the staging emptyDir: :data:`STAGING_DISK_FRACTION` of the NVMe RAID0,
+    less the image (containerd's folder is on the same array)."""
+    return int(group.instance.instance_store_gb * 10**9 / 2**30 * STAGING_DISK_FRACTION) - env.image.disk_gib
+
+
+def _staging(env: Environment, group: GpuNodeGroupSpec) -> tuple[list[dict], list[dict], list[dict]]:
+    """The checkpoint staging directory (volumes, mounts, env) of GPU workers: an emptyDir, which
+    sits on the node's NVMe RAID0 (nodeadm's RAID0 local-storage strategy bind-mounts the
+    kubelet's folder onto the array: infra/constructs/efa_launch_template.py), sized so the
+    kubelet evicts the pod before the disk fills; a hostPath would do the same and fail Pod
+    Security's baseline. Nothing where the instance has no instance store."""
     if not group.instance.instance_store_gb:
         return [], [], []
-    return ([{"name": STAGING_VOLUME, "hostPath": {"path": LOCAL_STAGING_HOST_DIR, "type": "DirectoryOrCreate"}}],
+    return ([{"name": STAGING_VOLUME, "emptyDir": {"sizeLimit": f"{staging_gib(env, group)}Gi"}}],
             [{"name": STAGING_VOLUME, "mountPath": STAGING_MOUNT}],
             [{"name": contract.ENV_CHECKPOINT_LOCAL_DIR, "value": f"{STAGING_MOUNT}/checkpoints"}])
 
 
-def _shm() -> tuple[list[dict], list[dict]]:
-    """/dev/shm as memory: the container default (64 MiB) starves NCCL and the object store."""
-    return ([{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
+def _shm(memory: str) -> tuple[list[dict], list[dict]]:
+    """/dev/shm as memory: the container default (64 MiB) starves NCCL and the object store.
+    Sized to the container's memory limit, as KubeRay sizes its own (common/pod.go
+    ``makeEmptyDirVolume``), which it skips once the template mounts ``/dev/shm``."""
+    return ([{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": memory}}],
             [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}])
+
+
+def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
+    """The worker pod spec: a GPU worker takes its node's GPUs, EFA interfaces, CPUs and memory
+    and stages checkpoints on the NVMe; a CPU job's worker takes its CPUs only."""
+    env, group = shape.env, shape.group
+    if shape.cpu_job_cpus:
+        resources = cpu_worker_resources(group, shape.cpu_job_cpus)
+        # No GPU requested: "void" keeps the NVIDIA runtime from exposing the node's GPUs anyway.
+        pod_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *run_record_env(env, group)]
+        staging_volumes, staging_mounts = [], []
+    else:
+        resources = worker_resources(group)
+        staging_volumes, staging_mounts, staging_env = _staging(env, group)
+        pod_env = [*gpu_worker_env(group), *run_record_env(env, group, gpu_worker=True), *staging_env]
+    volumes, mounts = _shm(resources["memory"])
+    return {
+        "serviceAccountName": env.ray.service_account,
+        "terminationGracePeriodSeconds": shape.worker_grace_seconds,
+        "nodeSelector": {**group.labels, INSTANCE_TYPE_LABEL: group.instance_type},
+        "tolerations": [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}
+                        for t in group.taints],
+        "volumes": volumes + staging_volumes,
+        "containers": [{
+            "name": RAY_CONTAINER_WORKER,
+            "image": image_reference(env),
+            "imagePullPolicy": "IfNotPresent",
+            "env": pod_env,
+            "resources": {"requests": resources, "limits": dict(resources)},
+            "volumeMounts": mounts + staging_mounts,
+        }],
+    }
 
 
 def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
@@ -141,9 +203,9 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     if ray_version < MIN_TOKEN_AUTH_RAY:
         raise ChartError(f"{env.source}: image.ray_version: {env.image.ray_version!r} is too old for "
                          f"Ray's token authentication (needs {'.'.join(map(str, MIN_TOKEN_AUTH_RAY))}.0 or newer)")
-    volumes, mounts = _shm()
-    metadata = {"labels": {**shape.provenance.labels, RAY_PEER_LABEL: shape.cluster_label},
-                "annotations": dict(shape.provenance.annotations)}
+    metadata = {"labels": {**POD_TEMPLATE_LABELS, RAY_PEER_LABEL: shape.cluster_label}}
+    head_memory = head_resources(env)["memory"]
+    volumes, mounts = _shm(head_memory)
     head_pod = {
         "serviceAccountName": env.ray.service_account,
         "nodeSelector": dict(env.system_node_group.labels),
@@ -158,25 +220,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "volumeMounts": mounts,
         }],
     }
-    staging_volumes, staging_mounts, staging_env = _staging(group)
-    worker_pod = {
-        "serviceAccountName": env.ray.service_account,
-        "terminationGracePeriodSeconds": shape.worker_grace_seconds,
-        "nodeSelector": {**group.labels, INSTANCE_TYPE_LABEL: group.instance_type},
-        "tolerations": [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}
-                        for t in group.taints],
-        "volumes": volumes + staging_volumes,
-        "containers": [{
-            "name": RAY_CONTAINER_WORKER,
-            "image": image,
-            "imagePullPolicy": "IfNotPresent",
-            "env": [*gpu_worker_env(group), *run_record_env(env, group, gpu_worker=True), *staging_env],
-            "resources": {"requests": worker_resources(group), "limits": worker_resources(group)},
-            "volumeMounts": mounts + staging_mounts,
-        }],
-    }
     workers = shape.worker_replicas
-    worker_capabilities = EFA_CAPABILITIES if group.efa_per_node else ()
     spec: dict[str, Any] = {
         "rayVersion": env.image.ray_version,
         "authOptions": dict(TOKEN_AUTH),
@@ -191,11 +235,14 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "groupName": group.name,
             # A job's own cluster: a fixed world size, min = max = replicas. The long-lived
             # cluster: none until a job asks, at most the job size.
-            "replicas": 0 if shape.autoscale else workers,
+            # The long-lived cluster leaves ``replicas`` to Ray's autoscaler (the CRD defaults it
+            # to 0): a re-applied manifest that set it would conflict with the autoscaler's
+            # writes under server-side apply, or scale a running job's workers back to 0.
+            **({} if shape.autoscale else {"replicas": workers}),
             "minReplicas": 0 if shape.autoscale else workers,
             "maxReplicas": workers,
-            "rayStartParams": {"num-gpus": str(group.gpus_per_node)},
-            "template": {"metadata": metadata, "spec": secure_pod(worker_pod, worker_capabilities)},
+            "rayStartParams": {"num-gpus": "0" if shape.cpu_job_cpus else str(group.gpus_per_node)},
+            "template": {"metadata": metadata, "spec": secure_pod(_worker_pod(shape))},
         }],
     }
     if shape.autoscale:

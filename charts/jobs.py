@@ -13,14 +13,18 @@ facts that belong to the environment, never to the file:
 - ``{bucket}`` inside any string of the file (e.g. ``model.path = "s3://{bucket}/models/x"``)
   is replaced by the spec's bucket name, so no file retypes a derived name.
 
-Each override is one ``--set`` argument and the entrypoint is ``shlex.join``-ed: every value is
-shell-safe, whatever the spec holds.
+Each override is one ``--set`` argument and the entrypoint is ``shlex.join``-ed. The entrypoint
+meets a shell twice: KubeRay's submitter runs it inside a bash script, and ``ray job submit``
+re-joins its arguments with ``subprocess.list2cmdline`` (which quotes spaces and double quotes
+only) for the job supervisor's ``/bin/sh``. A value with a character the second shell would
+expand or split on (:data:`SHELL_SPECIAL`) fails synth in one line.
 """
 from __future__ import annotations
 
 import json
 import shlex
 import tomllib
+from subprocess import list2cmdline
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,12 +33,28 @@ from charts.errors import ChartError
 from charts.provenance import short_hash
 from charts.resources import resource_problems
 from environment import Environment
+from environment.addons import SCALE_UP_MINUTES
 from training.config import JobConfig, JobConfigError, load_job_config, read_job_file
 from training.contract import BUCKET_PLACEHOLDER
 from training.model_config import check_model
 
+SHELL_SPECIAL = frozenset("$`'\\!;&|<>(){}*?[]~#\n\r\t")
+"""What /bin/sh would expand, split on or choke on after ``list2cmdline`` (see above)."""
 MAX_RAYJOB_NAME = 47
 """KubeRay appends 6 characters to a RayJob's name for its cluster (limit 53): 53 - 6."""
+PRE_RUNNING_FACTOR = 3
+"""``preRunningDeadlineSeconds`` = this many times the scale-up and image-pull estimate
+(:data:`environment.addons.SCALE_UP_MINUTES`): a job whose cluster never gets capacity fails
+(``PreRunningDeadlineExceeded``) instead of waiting out ``activeDeadlineSeconds``. KubeRay counts
+both deadlines from the same start (the RayJob's ``status.startTime``, set before its cluster is
+created) and checks the active one first, so ``rayjob.active_deadline_minutes`` must be longer.
+With ``rayjob.backoff_limit`` > 0 KubeRay retries a PreRunningDeadlineExceeded (only
+DeadlineExceeded is never retried): a job that never gets capacity waits up to
+(backoff_limit + 1) x this deadline."""
+
+
+def pre_running_deadline_seconds() -> int:
+    return int(PRE_RUNNING_FACTOR * SCALE_UP_MINUTES * 60)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,6 +104,11 @@ def _toml_value(value: Any) -> str:
             return value
         return json.dumps(value)
     return json.dumps(value)  # numbers and booleans: TOML spells them as JSON does
+
+
+def survives_ray_job_submit(arg: str) -> bool:
+    """Whether ``arg`` reaches the job unchanged after ``ray job submit`` re-quotes it for a shell."""
+    return not set(arg) & SHELL_SPECIAL and shlex.split(list2cmdline([arg])) == [arg]
 
 
 def _placeholders(raw: dict[str, Any], bucket: str, prefix: str = "") -> list[str]:
@@ -153,6 +178,12 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
     problems = resource_problems(env, base)
     if problems:
         raise ChartError(problems[0])
+    active, pre_running = base.rayjob.active_deadline_minutes * 60, pre_running_deadline_seconds()
+    if active <= pre_running:
+        raise ChartError(f"{rel}: rayjob.active_deadline_minutes: {base.rayjob.active_deadline_minutes} is not longer "
+                         f"than the {pre_running / 60:g} minutes the job's cluster may take to come up "
+                         "(preRunningDeadlineSeconds, counted from the same start): the job would be killed "
+                         "before its cluster is up")
     written = base.checkpoint.storage_path
     if written and written.rstrip("/") != env.storage_uri:
         # The cluster's runs live in the spec's bucket; a path in the file would be replaced silently.
@@ -169,6 +200,12 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
         config = load_job_config(rel, user_overrides + overrides)
     except JobConfigError as err:  # e.g. a global batch the spec's world size cannot divide
         raise ChartError(f"{err} (with the spec's overrides: {' '.join(overrides)})") from None
+    for item in [rel, *overrides]:
+        if not survives_ray_job_submit(item):
+            key, value = item.split("=", 1) if item is not rel else ("config path", item)
+            special = " ".join(sorted(SHELL_SPECIAL - set("\n\r\t")))
+            raise ChartError(f"{rel}: {key}: {value!r} cannot reach the job: ray job submit hands the entrypoint "
+                             f"to a shell again, so it may not contain any of {special} or a tab or line break")
     return JobPlan(name=name, config_path=rel, config=config, overrides=tuple(overrides),
                    worker_replicas=replicas, node_group=group.name)
 

@@ -78,14 +78,14 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") ->
 
     from charts.network_policy import NetworkPolicyChart, raycluster_label, rayjob_label
     from charts.raycluster import RayClusterChart, cluster_name
-    from charts.rayjob import RayJobChart, worker_grace_seconds
+    from charts.rayjob import RayJobChart
     for stale in outdir.glob("*.k8s.yaml"):
         stale.unlink()
     for stale in (outdir / CODE_PREFIX).glob("training-*.zip"):
         if stale != code.path:
             stale.unlink()
     app = cdk8s.App(outdir=str(outdir), yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
-    RayClusterChart(app, RAYCLUSTER_CHART, env=env, worker_grace_seconds=worker_grace_seconds(plans))
+    RayClusterChart(app, RAYCLUSTER_CHART, env=env)
     target = cluster_name(env)
     for plan in plans:
         RayJobChart(app, rayjob_chart_name(plan.name), env=env, plan=plan, code=code, source=source)

@@ -1,17 +1,19 @@
 """The security settings of every pod the project creates (Ray heads, workers, submitters).
 
 - No privilege escalation, the container runtime's default seccomp profile, and every Linux
-  capability dropped. Ray, NCCL over sockets and the S3 clients need none of them.
+  capability dropped, on every container, none added back. Ray, NCCL (sockets or EFA) and the
+  S3 clients need none. KubeRay copies the Ray container's ``securityContext`` to the
+  ``wait-gcs-ready`` init container it injects into workers, and the autoscaler sidecar gets
+  :func:`container_security` through ``autoscalerOptions``, so the pods KubeRay creates pass the
+  Ray namespace's Pod Security level ``baseline`` (:data:`environment.contract.POD_SECURITY_LABELS`,
+  enforced) and every ``restricted`` check but ``runAsNonRoot`` (the DLC runs as root).
 - EFA: the AWS EFA device plugin hands the ``/dev/infiniband`` devices to the pod, so no
   privileged mode is needed (EKS user guide, "Run machine learning training on Amazon EKS with
   Elastic Fabric Adapter": the device plugin "does not require a Pod to run in privileged
-  mode"; AWS's own EKS training manifests set no capabilities at all). The one capability kept,
-  on GPU workers with EFA only, is ``IPC_LOCK``: libfabric's EFA provider pins the buffers it
-  registers with the NIC, and the kernel lets a process pin more than its ``RLIMIT_MEMLOCK``
-  only with ``IPC_LOCK``. That limit inside the container is inherited from containerd (the
-  AL2023 runtime spec sets only ``RLIMIT_NOFILE``), so without the capability NCCL's EFA
-  transport would depend on a node setting this project does not own. Pinned pages stay
-  charged to the pod's memory limit (Guaranteed QoS), so the capability adds no way past it.
+  mode"). libfabric's EFA provider pins the buffers it registers with the NIC, up to
+  ``RLIMIT_MEMLOCK``; that limit comes from the GPU node's containerd runtime spec
+  (:data:`environment.contract.EFA_MEMLOCK_RLIMIT`), not from the capability ``IPC_LOCK``,
+  which baseline forbids. Pinned pages stay charged to the pod's memory limit.
 - No Kubernetes service-account token: nothing in these pods calls the Kubernetes API, except
   the Ray autoscaler sidecar KubeRay adds to the long-lived cluster's head (it scales the
   RayCluster's worker group through the API), so that one head keeps its token. EKS
@@ -26,24 +28,18 @@ from __future__ import annotations
 
 from typing import Any
 
-EFA_CAPABILITIES = ("IPC_LOCK",)
-"""Added back on GPU workers with EFA interfaces (see the module docstring for why)."""
 SECCOMP = {"type": "RuntimeDefault"}
 
 
-def container_security(add: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``securityContext`` of one container: nothing but ``add`` among the capabilities."""
-    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
-    if add:
-        capabilities["add"] = list(add)
+def container_security() -> dict[str, Any]:
+    """``securityContext`` of one container: no capability at all."""
     return {"allowPrivilegeEscalation": False, "privileged": False,
-            "capabilities": capabilities, "seccompProfile": dict(SECCOMP)}
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": dict(SECCOMP)}
 
 
-def secure_pod(pod: dict[str, Any], add: tuple[str, ...] = (), *, automount_token: bool = False) -> dict[str, Any]:
-    """``pod`` (a pod spec) with the pod- and container-level settings above. KubeRay copies the
-    Ray container's ``securityContext`` to the ``wait-gcs-ready`` init container it injects.
+def secure_pod(pod: dict[str, Any], *, automount_token: bool = False) -> dict[str, Any]:
+    """``pod`` (a pod spec) with the pod- and container-level settings above.
     ``automount_token``: only for a pod that calls the Kubernetes API (the autoscaling head)."""
-    containers = [{**c, "securityContext": container_security(add)} for c in pod["containers"]]
+    containers = [{**c, "securityContext": container_security()} for c in pod["containers"]]
     return {**pod, "automountServiceAccountToken": automount_token,
             "securityContext": {"seccompProfile": dict(SECCOMP)}, "containers": containers}

@@ -1,10 +1,16 @@
 """Labels and annotations that say what a manifest was built from.
 
-Every RayCluster, RayJob and pod template carries the spec's hash and the image; every RayJob
-also the code archive's hash and the job config's hash, so ``kubectl get rayjob -L
+Every RayCluster and RayJob carries, on its OWN metadata, the spec's hash and the image; every
+RayJob also the code archive's hash and the job config's hash, so ``kubectl get rayjob -L
 raytrain.io/code-hash`` answers "which code, which config, which image ran". Hashes are labels
 (selectable, 16 hex fit the 63-character limit); the digest and URIs are annotations (a
 ``sha256:...`` digest is not a valid label value).
+
+Pod templates carry none of it (:data:`POD_TEMPLATE_LABELS` only): KubeRay's Recreate upgrade
+hashes the whole RayCluster spec, templates' labels and annotations included, but not the
+object's metadata (ray-operator/controllers/ray/utils/util.go,
+``GenerateHashWithoutReplicasAndWorkersToDelete``), so a spec-wide hash in a template would
+delete the long-lived cluster's pods on an edit of ``[prices]``.
 """
 from __future__ import annotations
 
@@ -23,6 +29,10 @@ from environment.contract import (
 )
 from training import contract
 
+
+
+POD_TEMPLATE_LABELS = {"app.kubernetes.io/part-of": "raytrain-eks"}
+"""The only provenance on a pod template: constant, so it never changes the Recreate hash."""
 
 
 def image_reference(env: Environment) -> str:
@@ -82,7 +92,7 @@ class Provenance:
     def for_cluster(cls, env: Environment) -> "Provenance":
         return cls(
             labels={
-                "app.kubernetes.io/part-of": "raytrain-eks",
+                **POD_TEMPLATE_LABELS,
                 "app.kubernetes.io/managed-by": "cdk8s",
                 SPEC_HASH_LABEL: env.spec_hash,
                 IMAGE_LOCKED_LABEL: "true" if env.image.locked else "false",

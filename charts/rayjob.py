@@ -7,37 +7,33 @@ import yaml
 from constructs import Construct
 
 from charts.bindings import to_bindings
-from charts.cluster_spec import ClusterShape, ray_cluster_spec
+from charts.cluster_spec import GRACE_MARGIN_SECONDS, ClusterShape, ray_cluster_spec
 from charts.errors import ChartError
 from charts.imports.io import ray as generated
-from charts.jobs import MAX_RAYJOB_NAME, JobPlan
+from charts.jobs import MAX_RAYJOB_NAME, JobPlan, pre_running_deadline_seconds
 from charts.network_policy import raycluster_label, rayjob_label
 from charts.pod_security import secure_pod
-from charts.provenance import Provenance, SourceIdentity, image_reference
+from charts.provenance import POD_TEMPLATE_LABELS, Provenance, SourceIdentity, image_reference
+from charts.raycluster import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
 from charts.code_bundle import CodeBundle
 from environment import Environment
 from environment.contract import RAY_CLUSTER_LABEL, RAY_PEER_LABEL
 from training import contract
 
-GRACE_MARGIN_SECONDS = 30
-"""Added to the job's ``checkpoint.sigterm_grace_seconds`` for the worker pods'
-terminationGracePeriodSeconds: after the final checkpoint is written the worker still has to
-finish the upload's last request, report to the controller and let ``ray stop`` tear down the
-raylet; without the margin the kubelet's SIGKILL could land inside the checkpoint itself."""
-"""The key KubeRay reads a target cluster's NAME from (RayJobClusterSelectorKey)."""
 ON_CLUSTER_SUFFIX = "-on-cluster"
 SUBMITTER_CONTAINER = "ray-job-submitter"
 SUBMITTER_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 """The submitter only runs ``ray job submit`` and follows the log. Explicit, and on the system
 nodes: KubeRay's default (500m / 200Mi, no node selector) would land wherever 500m is free."""
-
-
-def worker_grace_seconds(plans: list[JobPlan]) -> int:
-    """Grace of a cluster that may run any of these jobs: the longest checkpoint grace + margin."""
-    from training.config import CheckpointConfig
-
-    longest = max((p.grace_seconds for p in plans), default=CheckpointConfig().sigterm_grace_seconds)
-    return longest + GRACE_MARGIN_SECONDS
+SUBMITTER_BACKOFF_LIMIT = 10
+"""``submitterConfig.backoffLimit``: the submitter Job's pod retries. KubeRay v1.7.0 defaults it
+to 2 (rayjob_controller.go ``createNewK8sJob``) and marks the RayJob Failed once the submitter
+Job fails, even while the Ray job still runs (``checkSubmitterAndUpdateStatusIfNeeded``): its
+cluster is then deleted (after the TTL, or at once for a retry). ``ray job logs --follow`` exits
+non-zero when the dashboard's websocket closes abnormally, so a long job could be killed by
+three dropped log streams. A retried pod first asks ``ray job status`` and only reattaches to the
+log (KubeRay's submit command never submits twice); with the Job's exponential pod backoff
+(10 s doubling, at most 6 min) ten retries give up after about 35 minutes of failures."""
 
 
 def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle, *, source: SourceIdentity | None = None,
@@ -60,7 +56,7 @@ def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle, *, sourc
     }, sort_keys=True, default_flow_style=False, width=1 << 20)
 
 
-def submitter_pod_template(env: Environment, cluster_label: str, provenance: Provenance) -> dict:
+def submitter_pod_template(env: Environment, cluster_label: str) -> dict:
     """The submitter Job's pod: the head's image on the system nodes (``ray job submit``; KubeRay
     fills in the command and, with token auth, ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN``), hardened
     like the Ray pods and labelled as a member of the Ray cluster it submits to, so that
@@ -71,12 +67,12 @@ def submitter_pod_template(env: Environment, cluster_label: str, provenance: Pro
         "containers": [{"name": SUBMITTER_CONTAINER, "image": image_reference(env),
                         "imagePullPolicy": "IfNotPresent", "resources": SUBMITTER_RESOURCES}],
     }
-    return {"metadata": {"labels": {**provenance.labels, RAY_PEER_LABEL: cluster_label}},
+    return {"metadata": {"labels": {**POD_TEMPLATE_LABELS, RAY_PEER_LABEL: cluster_label}},
             "spec": secure_pod(pod)}
 
 
-def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, provenance: Provenance,
-                on_cluster: str | None, source: SourceIdentity | None = None, manifest_name: str = "") -> dict:
+def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, on_cluster: str | None,
+                source: SourceIdentity | None = None, manifest_name: str = "") -> dict:
     """The RayJob spec as Kubernetes JSON; ``on_cluster`` = the RayCluster to target, or None
     for a cluster of its own that is deleted after the job."""
     limits = plan.config.rayjob
@@ -85,19 +81,28 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, provenance: P
         "runtimeEnvYAML": runtime_env_yaml(env, plan, code, source=source, manifest_name=manifest_name),
         # The submitter is a Kubernetes Job running `ray job submit`: its log is the job's log.
         "submissionMode": "K8sJobMode",
-        "backoffLimit": limits.backoff_limit,
         "activeDeadlineSeconds": limits.active_deadline_minutes * 60,
+        "preRunningDeadlineSeconds": pre_running_deadline_seconds(),
     }
     cluster_label = raycluster_label(on_cluster) if on_cluster else rayjob_label(plan.name)
-    spec["submitterPodTemplate"] = submitter_pod_template(env, cluster_label, provenance)
+    spec["submitterPodTemplate"] = submitter_pod_template(env, cluster_label)
+    spec["submitterConfig"] = {"backoffLimit": SUBMITTER_BACKOFF_LIMIT}
     if on_cluster:
+        # No backoffLimit: KubeRay v1.7.0 parks a RayJob with clusterSelector and backoffLimit > 0
+        # in ValidationFailed (utils/validation.go ValidateRayJobSpec); a retry needs a new cluster.
         spec["clusterSelector"] = {RAY_CLUSTER_LABEL: on_cluster}
+        longest = LONG_LIVED_CHECKPOINT_GRACE_SECONDS
+        if plan.grace_seconds > longest:
+            raise ChartError(f"{plan.config_path}: checkpoint.sigterm_grace_seconds: {plan.grace_seconds} is longer "
+                             f"than the long-lived RayCluster's workers wait on SIGTERM (at most {longest}): "
+                             "its -on-cluster RayJob would be killed inside its final checkpoint")
     else:
+        cpus = 0 if plan.uses_gpu else plan.config.parallel.num_workers * plan.config.parallel.cpus_per_worker
         shape = ClusterShape(env=env, worker_replicas=plan.worker_replicas,
                              worker_grace_seconds=plan.grace_seconds + GRACE_MARGIN_SECONDS,
-                             provenance=provenance, group_name=plan.node_group,
-                             cluster_label=cluster_label)
+                             group_name=plan.node_group, cluster_label=cluster_label, cpu_job_cpus=cpus)
         spec |= {
+            "backoffLimit": limits.backoff_limit,
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": limits.ttl_seconds_after_finished,
             "rayClusterSpec": ray_cluster_spec(shape),
@@ -122,5 +127,5 @@ class RayJobChart(cdk8s.Chart):
             self, "rayjob",
             metadata=cdk8s.ApiObjectMetadata(name=name, labels=provenance.labels,
                                              annotations=provenance.annotations),
-            spec=to_bindings("RayJobSpec", rayjob_spec(env, plan, code, provenance, on_cluster, source, id)),
+            spec=to_bindings("RayJobSpec", rayjob_spec(env, plan, code, on_cluster, source, id)),
         )

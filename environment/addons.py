@@ -208,6 +208,10 @@ CLUSTER_AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
 # Cluster-autoscaler's minor version follows the Kubernetes minor; the chart's default image is
 # v1.35.0. Versions without an entry keep the chart's default.
 CLUSTER_AUTOSCALER_IMAGE_TAGS = {"1.36": "v1.36.1", "1.35": "v1.35.0"}
+SCALE_UP_MINUTES = 6.0
+"""GPU nodes start at zero for every job: cluster-autoscaler's reaction (~1 min), EC2 launch and
+node join (~3 min), the DLC image pull onto the NVMe RAID0 (~2 min for ~20 GB). An estimate:
+the preflight's cost line counts it, the RayJobs' preRunningDeadlineSeconds derive from it."""
 SCALE_DOWN_UNNEEDED = "5m"
 """How long a GPU node must be idle before cluster-autoscaler removes it."""
 

@@ -36,8 +36,33 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 NVME_MOUNT = "/mnt/k8s-disks/0"
 """Where nodeadm's RAID0 local-storage strategy mounts the NVMe array (kubelet, containerd and pod
 logs are bind-mounted below it)."""
-LOCAL_STAGING_HOST_DIR = f"{NVME_MOUNT}/raytrain"
-"""The GPU nodes' fast local directory: workers stage checkpoints there before the S3 upload."""
+EFA_MEMLOCK_BYTES = 9 * 10**18
+"""RLIMIT_MEMLOCK of every container on an EFA node: far above any node's memory (x86-64
+addresses at most 2^57 bytes), so in effect unlimited. Not RLIM_INFINITY (2^64-1): nodeadm
+merges ``baseRuntimeSpec`` through ``map[string]interface{}`` (awslabs/amazon-eks-ami
+``nodeadm/internal/util/merge.go``, Go's encoding/json), so every number passes through a
+float64 and comes back as its shortest decimal; 2^64-1 would come back as 18446744073709552000,
+which overflows the spec's uint64 and containerd could not load the runtime spec at all. This
+value survives that round trip digit for digit."""
+EFA_MEMLOCK_RLIMIT = {"type": "RLIMIT_MEMLOCK", "hard": EFA_MEMLOCK_BYTES, "soft": EFA_MEMLOCK_BYTES}
+"""What the GPU nodes' containerd base runtime spec must give every container (nodeadm
+NodeConfig ``spec.containerd.baseRuntimeSpec.process.rlimits``, see
+``infra/constructs/efa_launch_template.py``): libfabric's EFA provider pins the buffers it
+registers with the NIC, up to RLIMIT_MEMLOCK. Set on the node, not as the pod capability
+IPC_LOCK, which Pod Security's baseline level forbids."""
+
+# --- the Ray namespace's Pod Security admission (infra labels it, charts' pods must pass) --
+POD_SECURITY_LABELS = {
+    "pod-security.kubernetes.io/enforce": "baseline",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "restricted",
+    "pod-security.kubernetes.io/warn-version": "latest",
+    "pod-security.kubernetes.io/audit": "restricted",
+    "pod-security.kubernetes.io/audit-version": "latest",
+}
+"""Labels of the Ray namespace: the API server refuses a pod that fails ``baseline`` (host
+paths, host namespaces, added capabilities, privileged); it warns on and audits what
+``restricted`` would refuse (the DLC runs as root)."""
 
 # --- provenance labels and annotations on every manifest (charts write, pipeline reads) -----
 PROVENANCE_PREFIX = "raytrain.io"

@@ -6,7 +6,7 @@ cannot hide; and the strategy ranking built on it. Calibration: for the AWS samp
 from __future__ import annotations
 
 from environment import Environment
-from environment.addons import SCALE_DOWN_UNNEEDED
+from environment.addons import SCALE_DOWN_UNNEEDED, SCALE_UP_MINUTES
 from raytrain_eks import memory_estimate
 from raytrain_eks.memory_estimate import usable_bytes
 from training import flops
@@ -14,9 +14,6 @@ from training.config import JobConfig
 from training.config_checks import STRATEGIES
 
 DEFAULT_MFU = 0.30
-SCALE_UP_MINUTES = 6.0
-"""GPU nodes start at zero for every job: cluster-autoscaler's reaction (~1 min), EC2 launch and
-node join (~3 min), the DLC image pull onto the NVMe RAID0 (~2 min for ~20 GB). An estimate."""
 
 
 def _network_bytes_per_node(job: JobConfig, num_params: int, param_bytes: int, strategy: str = "") -> tuple[float, float]:

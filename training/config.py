@@ -236,9 +236,11 @@ class RayJobConfig:
     """How Kubernetes runs the job as a KubeRay RayJob (read by charts/, ignored by the job)."""
     active_deadline_minutes: int = 240
     """RayJob ``activeDeadlineSeconds`` / 60: a hung job stops paying for GPUs after this."""
-    backoff_limit: int = 1
+    backoff_limit: int = 0
     """RayJob ``backoffLimit``: whole-job retries, each on a NEW RayCluster (resumes from the
-    last checkpoint in storage). Worker failures inside a run are ``checkpoint.max_failures``."""
+    last checkpoint in storage), after ANY failure, deterministic ones too; none by default.
+    Only a job's own cluster retries (KubeRay refuses it with ``clusterSelector``). Worker
+    failures inside a run are ``checkpoint.max_failures``."""
     ttl_seconds_after_finished: int = 300
     """Seconds the finished job's cluster stays up for ``kubectl logs`` before it is deleted."""
 

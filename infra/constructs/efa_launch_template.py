@@ -1,11 +1,14 @@
 """The launch template of a GPU node group: EFA interfaces, placement, IMDSv2, gp3 root, the
-NVMe instance store as RAID0 (nodeadm), and the capacity reservation or capacity block."""
+NVMe instance store as RAID0 and the EFA memlock limit (nodeadm), and the capacity reservation or capacity block."""
 from __future__ import annotations
+
+import json
 
 from aws_cdk import Fn, aws_ec2 as ec2
 from constructs import Construct
 
 from environment import GpuNodeGroupSpec
+from environment.contract import EFA_MEMLOCK_RLIMIT
 
 # The AL2023 EKS AMIs boot from /dev/xvda.
 ROOT_DEVICE = "/dev/xvda"
@@ -27,11 +30,30 @@ def efa_network_interfaces(efa_count: int, security_group_ids: list[str]) -> lis
     ]
 
 
-def raid0_user_data() -> str:
-    """MIME multi-part user data with one nodeadm NodeConfig part: the instance-store NVMe disks
-    become one RAID0 array at /mnt/k8s-disks/0, and nodeadm moves the kubelet's, containerd's and
-    the pod logs' directories onto it (image pulls and emptyDirs stop hitting the gp3 root).
-    EKS merges its own NodeConfig (cluster endpoint, CA) into this partial one."""
+NODEADM_DEFAULT_RLIMITS = [{"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}]
+"""``process.rlimits`` of nodeadm's default containerd base runtime spec
+(awslabs/amazon-eks-ami ``nodeadm/internal/containerd/base-runtime-spec.json``). nodeadm merges a
+NodeConfig's ``baseRuntimeSpec`` into that default with mergo's override (``nodeadm/internal/util/
+merge.go``): objects merge key by key but a list REPLACES the default's, so a spec that lists
+RLIMIT_MEMLOCK must list RLIMIT_NOFILE again or every container falls back to containerd's own."""
+
+
+def node_config_user_data(*, raid0: bool, memlock: bool) -> str:
+    """MIME multi-part user data with one nodeadm NodeConfig part (EKS merges its own NodeConfig,
+    cluster endpoint and CA, into this partial one):
+
+    - ``raid0``: the instance-store NVMe disks become one RAID0 array at /mnt/k8s-disks/0, and
+      nodeadm moves the kubelet's, containerd's and the pod logs' directories onto it (image
+      pulls and emptyDirs stop hitting the gp3 root);
+    - ``memlock``: containerd's base runtime spec gives every container
+      :data:`environment.contract.EFA_MEMLOCK_RLIMIT` (and nodeadm's default RLIMIT_NOFILE, see
+      :data:`NODEADM_DEFAULT_RLIMITS`): libfabric's EFA provider pins what it registers."""
+    spec = []
+    if raid0:
+        spec += ["  instance:", "    localStorage:", "      strategy: RAID0"]
+    if memlock:
+        rlimits = json.dumps(NODEADM_DEFAULT_RLIMITS + [EFA_MEMLOCK_RLIMIT])
+        spec += ["  containerd:", "    baseRuntimeSpec:", "      process:", f"        rlimits: {rlimits}"]
     return "\n".join([
         "MIME-Version: 1.0",
         f'Content-Type: multipart/mixed; boundary="{MIME_BOUNDARY}"',
@@ -42,9 +64,7 @@ def raid0_user_data() -> str:
         "apiVersion: node.eks.aws/v1alpha1",
         "kind: NodeConfig",
         "spec:",
-        "  instance:",
-        "    localStorage:",
-        "      strategy: RAID0",
+        *spec,
         "",
         f"--{MIME_BOUNDARY}--",
         "",
@@ -83,8 +103,9 @@ class EfaLaunchTemplate(Construct):
         elif group.placement_group:
             # A targeted ODCR made in a placement group can only be used in that group.
             data["placement"] = ec2.CfnLaunchTemplate.PlacementProperty(group_name=group.placement_group)
-        if group.instance.instance_store_gb:
-            data["user_data"] = Fn.base64(raid0_user_data())
+        if group.instance.instance_store_gb or group.efa_per_node:
+            data["user_data"] = Fn.base64(node_config_user_data(
+                raid0=bool(group.instance.instance_store_gb), memlock=bool(group.efa_per_node)))
         if group.capacity != "on-demand":
             data["capacity_reservation_specification"] = (
                 ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(

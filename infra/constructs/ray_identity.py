@@ -14,6 +14,7 @@ from __future__ import annotations
 from aws_cdk import Stack, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
+from environment.contract import POD_SECURITY_LABELS
 from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
 
@@ -80,8 +81,9 @@ class RayIdentity(Construct):
         self.network_policies = namespace_policies(namespace, operator_namespace)
         self.manifest = cluster.add_manifest(
             "RayNamespaceAndServiceAccount",
+            # Pod Security: baseline enforced, restricted warned and audited.
             {"apiVersion": "v1", "kind": "Namespace",
-             "metadata": {"name": namespace, "labels": labels}},
+             "metadata": {"name": namespace, "labels": {**labels, **POD_SECURITY_LABELS}}},
             *self.network_policies,
             {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
              "metadata": {"name": service_account_name, "namespace": namespace, "labels": labels}})

@@ -136,3 +136,29 @@ def test_a_gpu_job_is_validated_at_the_spec_size(tmp_path):
         [plan] = plan_jobs(make_env(), root / "jobs", root)
     assert plan.config.parallel.strategy == "hybrid_shard"
     assert (plan.config.parallel.num_workers, plan.config.parallel.workers_per_node) == (8, 4)
+
+
+def test_every_entrypoint_reaches_the_job_unchanged(default_synth):
+    # through KubeRay's submitter bash and ray job submit's list2cmdline + /bin/sh
+    from charts_oracles.ray_job_submit import job_argv
+    entrypoints = {chart: o["spec"]["entrypoint"] for chart, objs in default_synth.docs.items()
+                   for o in objs if o["kind"] == "RayJob"}
+    assert entrypoints
+    for chart, entrypoint in entrypoints.items():
+        assert job_argv(entrypoint) == shlex.split(entrypoint), chart
+
+
+def test_the_oracle_sees_what_the_second_shell_breaks():
+    from charts_oracles.ray_job_submit import job_argv
+    hostile = shlex.join(["python", "--set", "data.path=s3://b/it's $(x)"])
+    assert shlex.split(hostile)[-1] == "data.path=s3://b/it's $(x)"  # survives the first shell
+    assert job_argv(hostile) is None                                  # not the second
+    assert job_argv(shlex.join(["python", "--set", 'x="8"', "--set", "y=a b"])) == ["python", "--set", 'x="8"', "--set", "y=a b"]
+
+
+def test_a_value_the_job_shell_would_break_is_refused(tmp_path):
+    text = (ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml").read_text().replace(
+        'path = "s3://{bucket}/data/chat/"', 'path = "s3://{bucket}/data/it\'s $(chat)/"')
+    message = plan_error(job_root(tmp_path, bad=text))
+    assert message.startswith("jobs/bad.toml: data.path: \"s3://raytrain-raytrain-111122223333-us-east-1/data/it's "
+                              "$(chat)/\" cannot reach the job: ray job submit hands the entrypoint to a shell again")

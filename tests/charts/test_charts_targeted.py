@@ -8,10 +8,15 @@ import yaml
 from charts_testspec import ACCOUNT, TEST_DIGEST, make_env
 
 from charts.cluster_spec import ClusterShape, ray_cluster_spec
+from charts.raycluster import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
+from charts.jobs import PRE_RUNNING_FACTOR
 from charts.rayjob import GRACE_MARGIN_SECONDS
+from environment.addons import SCALE_UP_MINUTES
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL
 from training.config import load_job_config
 
+PRE_RUNNING_SECONDS = PRE_RUNNING_FACTOR * SCALE_UP_MINUTES * 60
+"""Seconds a RayJob may take to reach Running: a multiple of the scale-up + image-pull estimate."""
 GPU_JOBS = ("smoke", "finetune-qwen")
 
 
@@ -63,7 +68,9 @@ def test_raycluster_gpu_workers_follow_the_instance_type(default_synth):
     rc = default_synth.one("raycluster")
     wg = worker_group(rc["spec"])
     assert wg["groupName"] == group.name
-    assert wg["replicas"] == wg["minReplicas"] == 0  # none until a job asks
+    # none until a job asks; replicas is the autoscaler's (the CRD defaults it to 0), so a
+    # re-apply with server-side apply never conflicts with it
+    assert "replicas" not in wg and wg["minReplicas"] == 0
     assert wg["maxReplicas"] == group.job_nodes == 2
     c = container(wg["template"])
     limits = c["resources"]["limits"]
@@ -89,10 +96,12 @@ def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
         "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
         # where each rank ran: the node from the downward API, the zone from the spec
         "RAYTRAIN_NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}}, "RAYTRAIN_AVAILABILITY_ZONE": "us-east-1a",
-        # checkpoints are staged on the node's NVMe RAID0 (a hostPath), not the gp3 root
+        # checkpoints are staged in an emptyDir: on the node's NVMe RAID0 (the kubelet's folder
+        # is bind-mounted onto it), not the gp3 root
         "RAYTRAIN_CHECKPOINT_LOCAL_DIR": "/mnt/raytrain-local/checkpoints"}
-    [staging] = [v for v in wg["template"]["spec"]["volumes"] if "hostPath" in v]
-    assert staging["hostPath"] == {"path": "/mnt/k8s-disks/0/raytrain", "type": "DirectoryOrCreate"}
+    [staging] = [v for v in wg["template"]["spec"]["volumes"] if v["name"] == "local-staging"]
+    # 90 % of 4 x 940 GB, less the 40 GiB image on the same array
+    assert staging == {"name": "local-staging", "emptyDir": {"sizeLimit": "3111Gi"}}
     assert {"name": staging["name"], "mountPath": "/mnt/raytrain-local"} in container(wg["template"])["volumeMounts"]
 
 
@@ -108,7 +117,9 @@ def test_gpudirect_rdma_is_set_only_where_the_instance_has_it():
 def test_shm_is_a_memory_volume_on_every_pod(default_synth):
     spec = default_synth.one("raycluster")["spec"]
     for template in (spec["headGroupSpec"]["template"], worker_group(spec)["template"]):
-        assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in template["spec"]["volumes"]
+        # sized to the container's memory limit (as KubeRay sizes its own, which it then skips)
+        memory = container(template)["resources"]["limits"]["memory"]
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": memory}} in template["spec"]["volumes"]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container(template)["volumeMounts"]
 
 
@@ -186,8 +197,16 @@ def test_local_job_keeps_its_own_cpu_workers(default_synth):
     assert set(sets) == {"checkpoint.storage_path"}
     cfg = load_job_config("jobs/local.toml")
     assert (cfg.parallel.num_workers, cfg.parallel.use_gpu) == (2, False)
-    assert worker_group(rj["spec"]["rayClusterSpec"])["replicas"] == 1
+    wg = worker_group(rj["spec"]["rayClusterSpec"])
+    assert wg["replicas"] == 1
     assert "rayjob-local-on-cluster" not in default_synth.docs  # CPU jobs have no GPU-cluster variant
+    # sized to its CPUs (2 workers x 1 CPU), the node's memory per CPU (160 GiB / 40), no GPU,
+    # no EFA, no NVMe staging; Ray is told of no GPU, and the NVIDIA runtime exposes none
+    c = container(wg["template"])
+    assert c["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
+    assert wg["rayStartParams"]["num-gpus"] == "0"
+    assert env_of(c)["NVIDIA_VISIBLE_DEVICES"] == "void" and "FI_PROVIDER" not in env_of(c)
+    assert [v["name"] for v in wg["template"]["spec"]["volumes"]] == ["dshm"]
 
 
 def test_large_spec_scales_world_size_and_workers(large_synth):
@@ -209,6 +228,7 @@ def test_rayjob_lifecycle_fields(default_synth):
         assert spec["shutdownAfterJobFinishes"] is True
         assert spec["ttlSecondsAfterFinished"] == cfg.rayjob.ttl_seconds_after_finished
         assert spec["backoffLimit"] == cfg.rayjob.backoff_limit
+        assert spec["preRunningDeadlineSeconds"] == PRE_RUNNING_SECONDS
         assert spec["activeDeadlineSeconds"] == cfg.rayjob.active_deadline_minutes * 60 > 0
         grace = worker_group(spec["rayClusterSpec"])["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace == cfg.checkpoint.sigterm_grace_seconds + GRACE_MARGIN_SECONDS
@@ -228,11 +248,17 @@ def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
         for env_vars in ours:
             del env_vars["RAYTRAIN_MANIFEST_NAME"], env_vars["RAYTRAIN_MANIFEST_HASH"]
         assert ours[0] == ours[1]
-    # The shared cluster gives every job that may run on it its checkpoint grace.
+    # The shared cluster's grace is fixed (not the longest of jobs/: adding a job must not
+    # change its pod templates), and covers every job that may run on it.
     grace = worker_group(rc["spec"])["template"]["spec"]["terminationGracePeriodSeconds"]
-    longest = max(submitted_config(default_synth.one(f"rayjob-{job}")).checkpoint.sigterm_grace_seconds
-                  for job in GPU_JOBS + ("local",))
-    assert grace == longest + GRACE_MARGIN_SECONDS
+    assert grace == LONG_LIVED_CHECKPOINT_GRACE_SECONDS + GRACE_MARGIN_SECONDS
+    for job in GPU_JOBS:
+        assert submitted_config(default_synth.one(f"rayjob-{job}")).checkpoint.sigterm_grace_seconds \
+            <= LONG_LIVED_CHECKPOINT_GRACE_SECONDS
+        # KubeRay refuses backoffLimit with clusterSelector. The pre-running deadline bounds only the
+        # long-lived head's readiness: its GPU workers scale up while the RayJob is Running
+        variant = default_synth.one(f"rayjob-{job}-on-cluster")["spec"]
+        assert "backoffLimit" not in variant and variant["preRunningDeadlineSeconds"] == PRE_RUNNING_SECONDS
 
 
 def test_code_travels_as_working_dir_only(default_synth):

@@ -10,7 +10,6 @@ from charts_testspec import ROOT, spec_raw
 from charts.code_bundle import CodeBundle
 from charts.errors import ChartError
 from charts.jobs import plan_job
-from charts.provenance import Provenance
 from charts.rayjob import rayjob_spec
 from environment import environment_from_dict
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE
@@ -48,7 +47,7 @@ def test_a_job_that_names_the_p5_group_is_sized_and_placed_there(tmp_path, monke
     assert (plan.node_group, plan.worker_replicas) == ("p5", 2)
     assert (plan.config.parallel.num_workers, plan.config.parallel.workers_per_node) == (16, 8)
     code = CodeBundle(path=Path("training-0000000000000000.zip"), content_hash="0" * 16, files=1)
-    spec = rayjob_spec(env, plan, code, Provenance.for_cluster(env), None)
+    spec = rayjob_spec(env, plan, code, None)
     (group,) = spec["rayClusterSpec"]["workerGroupSpecs"]
     pod = group["template"]["spec"]
     (container,) = pod["containers"]

@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 
 from environment.addons import ADDONS_BY_KEY, EKS_ADDONS_BY_NAME
+from environment.contract import POD_SECURITY_LABELS
 from environment.network_policy import namespace_policies
 
 CNI_POLICY = "AmazonEKS_CNI_Policy"
@@ -109,6 +110,12 @@ def test_namespace_comes_with_its_network_policies_and_no_token_automount(varian
     for doc in docs:
         kubernetes_validate.validate(doc, f"{variant.env.cluster.kubernetes_version}.0", strict=True)
     assert docs[-1]["automountServiceAccountToken"] is False
+    # Pod Security: baseline enforced (tests/charts/test_pod_security_admission.py proves every
+    # pod KubeRay creates passes it), restricted warned and audited
+    labels = docs[0]["metadata"]["labels"]
+    assert {k: v for k, v in labels.items() if k.startswith("pod-security.kubernetes.io/")} == POD_SECURITY_LABELS
+    assert POD_SECURITY_LABELS["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert POD_SECURITY_LABELS["pod-security.kubernetes.io/warn"] == POD_SECURITY_LABELS["pod-security.kubernetes.io/audit"] == "restricted"
 
 
 def test_kuberay_crds_come_from_a_chart_of_their_own_before_the_operator(default):

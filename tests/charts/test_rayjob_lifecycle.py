@@ -1,0 +1,58 @@
+"""Every synthesized RayJob's deadlines and retries as KubeRay v1.7.0's controller runs them
+(charts_oracles/kuberay_rayjob_lifecycle.py), and the job configs that would defeat them."""
+from __future__ import annotations
+
+import pytest
+from charts_oracles.kuberay_rayjob_lifecycle import (DEADLINE_EXCEEDED, DEFAULT_SUBMITTER_BACKOFF_LIMIT,
+                                                      PRE_RUNNING_DEADLINE_EXCEEDED, attempts_without_capacity,
+                                                      initializing_verdict, running_verdict,
+                                                      submitter_fails_the_rayjob)
+from test_charts_errors import gpu_job, job_root, plan_error
+
+from charts.jobs import pre_running_deadline_seconds
+from charts.rayjob import SUBMITTER_BACKOFF_LIMIT
+
+
+def rayjobs(synth):
+    return [(chart, o["spec"]) for chart, objs in synth.docs.items() for o in objs if o["kind"] == "RayJob"]
+
+
+def test_a_cluster_that_never_comes_up_fails_on_the_pre_running_deadline(default_synth):
+    jobs = rayjobs(default_synth)
+    assert jobs
+    for chart, spec in jobs:
+        pre = spec["preRunningDeadlineSeconds"]
+        assert initializing_verdict(spec, pre - 1) is None, chart
+        assert initializing_verdict(spec, pre) == PRE_RUNNING_DEADLINE_EXCEEDED, chart
+        # once running, only the active deadline applies, counted from the same start
+        assert running_verdict(spec, spec["activeDeadlineSeconds"]) == DEADLINE_EXCEEDED, chart
+
+
+def test_the_oracle_checks_the_active_deadline_first():
+    # rayjob_controller.go, Initializing: checkActiveDeadline... before checkPreRunningDeadline...
+    spec = {"activeDeadlineSeconds": 600, "preRunningDeadlineSeconds": 1080}
+    assert initializing_verdict(spec, 1080) == DEADLINE_EXCEEDED
+
+
+def test_a_pre_running_failure_is_retried_up_to_the_backoff_limit(default_synth):
+    for chart, spec in rayjobs(default_synth):
+        expected = 1 + spec.get("backoffLimit", 0)
+        assert attempts_without_capacity(spec) == expected, chart
+
+
+@pytest.mark.parametrize("minutes", [1, int(pre_running_deadline_seconds() / 60)])
+def test_an_active_deadline_not_past_the_pre_running_one_is_refused(tmp_path, minutes):
+    job = gpu_job(extra=f"[rayjob]\nactive_deadline_minutes = {minutes}")
+    assert plan_error(job_root(tmp_path, bad=job)) == (
+        f"jobs/bad.toml: rayjob.active_deadline_minutes: {minutes} is not longer than the "
+        f"{pre_running_deadline_seconds() / 60:g} minutes the job's cluster may take to come up "
+        "(preRunningDeadlineSeconds, counted from the same start): the job would be killed before its cluster is up")
+
+
+def test_a_dropped_log_stream_does_not_fail_a_running_job(default_synth):
+    # `ray job logs --follow` exits non-zero on an abnormal websocket close; three such drops
+    # would fail the RayJob (and delete its cluster) under KubeRay's default submitter backoff
+    for chart, spec in rayjobs(default_synth):
+        assert not submitter_fails_the_rayjob(spec, DEFAULT_SUBMITTER_BACKOFF_LIMIT + 1), chart
+        assert not submitter_fails_the_rayjob(spec, SUBMITTER_BACKOFF_LIMIT), chart
+        assert submitter_fails_the_rayjob(spec, SUBMITTER_BACKOFF_LIMIT + 1), chart
