@@ -194,6 +194,13 @@ RECORD_FIELDS = (
     "verdict",
 )
 """Every top-level key a finished run.json holds."""
+WORKER_RECORD_FIELDS = ("versions", "ranks", "inputs", "nccl_logs", "transport", "hosts", "data", "throughput",
+                        "eval", "checkpoints")
+"""The run.json fields only the workers can read (what ran on the GPU nodes, what they measured).
+Rank 0 returns them with its summary; the driver, run.json's only writer, merges them once."""
+WORKER_FACTS = "facts"
+"""Key of :data:`WORKER_RECORD_FIELDS` in the summary rank 0 returns (``Result.return_value``);
+never written to metrics.jsonl."""
 RECORD_STATUSES = ("running", "succeeded", "failed", "stopped")
 FAILURE = "failure"
 """run.json: where a failed run failed, e.g. ``{"stage": "data", "rank": 0, "error_class": "DataError"}``."""

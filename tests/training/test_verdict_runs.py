@@ -1,5 +1,6 @@
 """Each verdict from a REAL run: the `local` job (the demo's) trained in one plain process with
-the loop the Ray workers run, its record finished by ``train()`` as outside Ray.
+the loop the Ray workers run, its record written by the driver's own code
+(:func:`training.launch.run_in_process`: start, train, merge what rank 0 returned, finish).
 
 - accepted: jobs/local.toml's own ``[accept]`` criteria, shortened to a few steps;
 - rejected: the same run with an eval criterion no model reaches; the run itself succeeds;
@@ -24,8 +25,9 @@ SHORT = ["parallel.num_workers=1", "parallel.workers_per_node=1", "train.global_
          "train.max_steps=12", "eval.every_n_steps=0", "eval.max_batches=2", "checkpoint.every_n_steps=0"]
 
 
-def _run(tmp_path: Path, monkeypatch, overrides: list[str]) -> tuple[dict, BaseException | None]:
-    from training.loop import local_context, train
+def _run(tmp_path: Path, monkeypatch, overrides: list[str]) -> tuple[dict, str | None]:
+    from training.launch import run_in_process
+    from training.loop import local_context
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("RAYTRAIN_CACHE_DIR", str(tmp_path / "cache"))
@@ -33,14 +35,13 @@ def _run(tmp_path: Path, monkeypatch, overrides: list[str]) -> tuple[dict, BaseE
     run_dir = tmp_path / "runs" / job.run_name
     (tmp_path / "local").mkdir()
     ctx = local_context(str(tmp_path / "local"), run_dir=str(run_dir))
-    error = None
     try:
-        train(job, ctx)
-    except Exception as err:  # the record must say what failed
-        error = err
+        final = run_in_process(job, ctx)  # never raises: the record must say what failed
     finally:
         dist.destroy_process_group()
-    return json.loads((run_dir / "run.json").read_text()), error
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record == json.loads(json.dumps(final, default=str))  # what it returned is what it wrote
+    return record, record["error"]
 
 
 @pytest.mark.slow
@@ -93,7 +94,7 @@ def test_bad_data_is_an_execution_failure_of_the_data_stage(tmp_path, monkeypatc
 def test_a_transport_that_cannot_be_met_locally_is_an_execution_failure(tmp_path, monkeypatch):
     record, error = _run(tmp_path, monkeypatch, ["evidence.require_transport=efa"])
     # the gate refuses the run before its first step (ending the workers, so Ray does not retry)
-    assert error is None and record["status"] == "failed" and record["throughput"] == {}
+    assert record["status"] == "failed" and record["throughput"] == {} and "require_transport" in error
     verdict = record["verdict"]
     assert verdict["verdict"] == "execution-failed" and verdict["stage"] == "transport", verdict
     assert "single-node" in verdict["reason"]
