@@ -3,7 +3,8 @@ the loop the Ray workers run, its record written by the driver's own code
 (:func:`training.launch.run_in_process`: start, train, merge what rank 0 returned, finish).
 
 - accepted: jobs/local.toml's own ``[accept]`` criteria, shortened to a few steps;
-- rejected: the same run with an eval criterion no model reaches; the run itself succeeds;
+- rejected: the same run (ONE training, shared by both tests: a criterion does not change what
+  trains) finished with an eval criterion no model reaches; the run itself succeeds;
 - execution-failed: a corrupt data file (stage ``data``), and ``require_transport = "efa"``
   on a CPU machine (stage ``transport``, refused by the gate); both stop before the first step.
 """
@@ -16,6 +17,7 @@ import pytest
 import torch.distributed as dist
 
 from training.config import load_job_config
+from training.run_record import RunRecord
 from training.verdict import EXIT_CODES, exit_code
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,9 +46,16 @@ def _run(tmp_path: Path, monkeypatch, overrides: list[str]) -> tuple[dict, str |
     return record, record["error"]
 
 
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """The `local` job's short run with its own criteria, trained once for the module."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return _run(tmp_path_factory.mktemp("local-run"), monkeypatch, [])
+
+
 @pytest.mark.slow
-def test_the_local_job_with_its_declared_criteria_is_accepted(tmp_path, monkeypatch):
-    record, error = _run(tmp_path, monkeypatch, [])
+def test_the_local_job_with_its_declared_criteria_is_accepted(local_run):
+    record, error = local_run
     assert error is None and record["status"] == "succeeded"
     accept = record["job_config"]["accept"]
     assert accept["eval_loss_after_max"] and accept["improvement_min"]  # the file declares criteria
@@ -69,9 +78,15 @@ def test_the_local_job_with_its_declared_criteria_is_accepted(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_an_unreachable_eval_criterion_rejects_a_run_that_succeeded(tmp_path, monkeypatch):
-    record, error = _run(tmp_path, monkeypatch, ["accept.eval_loss_after_max=0.01"])
-    assert error is None and record["status"] == "succeeded" and record["eval"]["after"]["eval_loss"] > 0.01
+def test_an_unreachable_eval_criterion_rejects_a_run_that_succeeded(local_run, tmp_path):
+    # The same run's record as the driver held it before its final write, its job config
+    # carrying the unreachable criterion (as `accept.eval_loss_after_max=0.01` would have set).
+    ran, _ = local_run
+    job_config = {**ran["job_config"], "accept": {**ran["job_config"]["accept"], "eval_loss_after_max": 0.01}}
+    pending = RunRecord(str(tmp_path))
+    pending.data = {**ran, "job_config": job_config, "status": "running", "verdict": None, "exit_code": None}
+    record = pending.finish(status="succeeded")
+    assert record["error"] is None and record["eval"]["after"]["eval_loss"] > 0.01
     verdict = record["verdict"]
     assert verdict["verdict"] == "rejected" and verdict["criterion"] == "eval_loss_after_max"
     assert "required 0.01" in verdict["reason"]
