@@ -9,7 +9,6 @@ raytrain.io/code-hash`` answers "which code, which config, which image ran". Has
 from __future__ import annotations
 
 import base64
-import hashlib
 import subprocess
 import warnings
 from dataclasses import dataclass, field
@@ -31,10 +30,6 @@ def image_reference(env: Environment) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnlockedImageWarning)
         return env.image.reference
-
-
-def short_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

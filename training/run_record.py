@@ -31,7 +31,6 @@ Every write replaces the whole file (a local write is atomic via rename; an S3 P
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import platform
@@ -144,7 +143,6 @@ class RunRecord:
         $RAYTRAIN_CLUSTER}``; give at least ``nodes``, ``gpus_per_node`` and ``world_size``.
         """
         env = self._environ
-        canonical = json.dumps(job_config, sort_keys=True, separators=(",", ":"), default=str)
         self.data = {
             "schema_version": SCHEMA_VERSION,
             "run_dir": self.run_dir,
@@ -157,7 +155,7 @@ class RunRecord:
             "spec_hash": env.get(contract.ENV_SPEC_HASH, ""),
             "manifest_hash": env.get(contract.ENV_MANIFEST_HASH, ""),
             "job_config": job_config,
-            "job_config_hash": {"ran": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
+            "job_config_hash": {"ran": contract.job_config_hash(job_config),
                                 "manifest": env.get(contract.ENV_JOB_CONFIG_HASH, "")},
             "cluster": {"instance_type": env.get(contract.ENV_INSTANCE_TYPE, ""), "cluster": env.get(contract.ENV_CLUSTER, ""),
                         **(cluster or {})},
@@ -178,7 +176,7 @@ class RunRecord:
             contract.FAILURE: {},
             "source": source_identity(env),
             "manifest_name": env.get(contract.ENV_MANIFEST_NAME, ""),
-            "environment_spec": {"hash": env.get(contract.ENV_SPEC_HASH, ""), "text": spec_text(env)},
+            "environment_spec": {"text": spec_text(env)},  # its hash: spec_hash (contract.HASHES)
             "inputs": {}, "ranks": [], "nccl_logs": [], "reproducibility": {}, "verdict": None,
         }
         self._write()

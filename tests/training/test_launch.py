@@ -90,3 +90,25 @@ def test_a_collective_fails_after_minutes_not_rays_half_hour(tmp_path):
     trainer = launch.build_trainer(_job(str(tmp_path), use_gpu=False))
     assert trainer.backend_config.timeout_s < TorchConfig().timeout_s
     assert trainer.backend_config.timeout_s == launch.COLLECTIVE_TIMEOUT_S
+
+
+def test_every_throughput_figure_of_the_record_has_one_definition():
+    rows = [{contract.STEP: s, contract.TOKENS_PER_S: 10.0, contract.WINDOW_S: 1.0, contract.PEAK_MEMORY_GIB: 1.0}
+            for s in (1, 2)]
+    figures = set(contract.throughput_summary(rows)) - {contract.PEAK_MEMORY_GIB, contract.STEPS_MEASURED}
+    assert figures == set(contract.FIGURES)
+    assert set(contract.HASHES) == {"code_hash", "source.hash", "spec_hash", "job_config_hash", "manifest_hash"}
+    assert all(key.split(".")[0] in contract.RECORD_FIELDS for key in contract.HASHES)
+
+
+def test_the_manifest_carries_a_prefix_of_the_job_config_hash_the_job_records(tmp_path):
+    # One definition (contract.job_config_hash): the chart's label/environment value and the
+    # record's "ran" are the same hash, the label a prefix (a label value takes no ':').
+    from charts.jobs import JobPlan
+
+    job = _job(str(tmp_path))
+    plan = JobPlan(name=job.name, config_path="jobs/x.toml", config=job, overrides=(), worker_replicas=1,
+                   node_group="gpu")
+    ran = read_json(launch.start_record(job, ["python"]).uri)["job_config_hash"]["ran"]
+    assert ran == contract.job_config_hash(job.to_dict())
+    assert ran.removeprefix("sha256:").startswith(plan.config_hash) and len(plan.config_hash) == contract.LABEL_HASH_CHARS
