@@ -207,7 +207,7 @@ RECORD_FIELDS = (
     "exit_code", "error", "command", "failure",
     # identity and what ran (the reproducibility review):
     "source", "manifest_name", "environment_spec", "inputs", "ranks", "nccl_logs", "reproducibility",
-    "verdict",
+    "verdict", "definitions",
 )
 """Every top-level key a finished run.json holds."""
 WORKER_RECORD_FIELDS = ("versions", "ranks", "inputs", "nccl_logs", "transport", "hosts", "data", "throughput",

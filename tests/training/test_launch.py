@@ -99,6 +99,11 @@ def test_every_throughput_figure_of_the_record_has_one_definition():
     assert figures == set(contract.FIGURES)
     assert set(contract.HASHES) == {"code_hash", "source.hash", "spec_hash", "job_config_hash", "manifest_hash"}
     assert all(key.split(".")[0] in contract.RECORD_FIELDS for key in contract.HASHES)
+    # and the record says which: its own definitions section
+    record = RunRecord("/nonexistent", environ={})
+    record._write = lambda: None  # noqa: SLF001  (nothing to write here)
+    assert record.start(job_config={}, is_infrastructure_check=True)["definitions"] == {
+        "hashes": contract.HASHES, "throughput": contract.FIGURES}
 
 
 def test_the_manifest_carries_a_prefix_of_the_job_config_hash_the_job_records(tmp_path):
