@@ -17,7 +17,7 @@ from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
 from training.facts import NCCL_ENV_PREFIXES
 from training.run_record import RunRecord
-from training.verdict import outcome  # noqa: F401  (the status of a returned run, named here too)
+from training.verdict import outcome
 
 # Driver environment variables the workers need too (fault injection, S3 endpoint for tests,
 # report cadence): in a running cluster the actors do not inherit the driver's environment.
@@ -167,7 +167,7 @@ def finish_record(record: RunRecord, *, returned: dict[str, Any] | None, error: 
         failure = {contract.FAILURE_STAGE: verdict.failure_stage(text), "error": message,
                    "error_class": type(error).__name__, "rank": None}
     else:
-        status, message, _ = verdict.outcome(summary)
+        status, message, _ = outcome(summary)
         failure = verdict.failure_of_summary(summary) or {}
     fields = {key: value for key, value in facts.items() if key in contract.WORKER_RECORD_FIELDS}
     if failure:

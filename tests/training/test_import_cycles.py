@@ -7,7 +7,6 @@ training package's files.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from test_layers import ROOT, _imported_modules
 
