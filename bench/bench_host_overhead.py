@@ -44,7 +44,7 @@ def main() -> None:
         }, "bench")
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
         try:
-            build_trainer(job, argv=sys.argv).fit()
+            build_trainer(job).fit()
         finally:
             ray.shutdown()
         lines = Path(run_dir(job), "metrics.jsonl").read_text().splitlines()

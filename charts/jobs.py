@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from charts.errors import ChartError
-from charts.provenance import short_hash
 from charts.resources import resource_problems
 from environment import Environment
 from environment.addons import SCALE_UP_MINUTES
+from training import contract
 from training.config import JobConfig, JobConfigError, load_job_config, read_job_file
 from training.contract import BUCKET_PLACEHOLDER
 from training.model_config import check_model
@@ -87,7 +87,7 @@ class JobPlan:
     @property
     def config_hash(self) -> str:
         """Hash of the effective config (file + overrides): equal hashes, equal runs."""
-        return short_hash(self.config.canonical_json())
+        return contract.label_hash(contract.job_config_hash(self.config.to_dict()))
 
     @property
     def grace_seconds(self) -> int:

@@ -15,7 +15,6 @@ delete the long-lived cluster's pods on an edit of ``[prices]``.
 from __future__ import annotations
 
 import base64
-import hashlib
 import subprocess
 import warnings
 from dataclasses import dataclass, field
@@ -41,10 +40,6 @@ def image_reference(env: Environment) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnlockedImageWarning)
         return env.image.reference
-
-
-def short_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

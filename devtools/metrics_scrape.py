@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from training import contract
 from training.prometheus import step_values
@@ -74,6 +74,9 @@ class Watcher:
     errors: int = 0
     other_names: set[str] = field(default_factory=set)
     """Names of the other metrics the endpoint served (Ray's own)."""
+    on_snapshot: Callable[[dict[str, dict[str, Series]]], None] | None = None
+    """Called with each scrape that held the job's gauges (per rank, its series): what a test
+    waits on instead of sampling."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -89,6 +92,8 @@ class Watcher:
                 series = job_series(samples)
                 if series:
                     self.snapshots.append(series)
+                    if self.on_snapshot is not None:
+                        self.on_snapshot(series)
             self._stop.wait(self.interval_s)
 
     def __enter__(self) -> "Watcher":

@@ -34,3 +34,12 @@ def ray_cluster():
                                            "RAY_metrics_report_interval_ms": "1000"}})
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """`-m "not slow"` is the inner loop: a test that starts Ray (takes ``ray_cluster``) must be
+    marked slow, or the fast set would start a cluster."""
+    unmarked = [item.nodeid for item in items if "ray_cluster" in getattr(item, "fixturenames", ())
+                and item.get_closest_marker("slow") is None]
+    if unmarked:
+        raise pytest.UsageError("tests that start Ray must be marked slow: " + ", ".join(unmarked))

@@ -18,6 +18,7 @@ What lives here:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -126,6 +127,21 @@ WALL_KEYS = {WALL_TOKENS_PER_S: TOKENS_PER_S, WALL_MFU: MFU}
 """run.json's wall-clock figures and the row figure each is made of: total over total
 (:func:`wall_figure`), never a median, which would hide the checkpoint and evaluation windows."""
 STEPS_MEASURED = "steps_measured"
+FIGURES = {
+    TOKENS_PER_S: "tokens/s of ALL devices over a step's wall-clock time (STEP_TIME_S); run.json: steady_median",
+    TOKENS_PER_S_PER_DEVICE: "TOKENS_PER_S / world size; run.json: steady_median",
+    COMPUTE_TOKENS_PER_S: "tokens/s of ALL devices over the steps' own time (COMPUTE_S); run.json: steady_median",
+    WALL_TOKENS_PER_S: "run.json only: tokens of ALL devices over the whole wall-clock time of the steady windows "
+                       "(total over total, wall_figure)",
+    TFLOPS_PER_DEVICE: "achieved TFLOP/s of one device over the wall-clock step time; run.json: steady_median",
+    MFU: "TFLOPS_PER_DEVICE / the device's peak (ENV_PEAK_TFLOPS); None on CPU; run.json: steady_median",
+    COMPUTE_MFU: "MFU over the steps' own time (COMPUTE_S); run.json: steady_median",
+    WALL_MFU: "run.json only: MFU over the same time as WALL_TOKENS_PER_S (total over total)",
+    STEP_TIME_S: "wall time of one optimizer step; run.json: steady_median",
+}
+"""One definition per throughput figure: which devices (all or one), over which time (wall-clock
+step, compute, whole run) and how run.json summarises it. The Prometheus gauges are per device
+(:data:`PROMETHEUS_METRICS`)."""
 
 # --- Prometheus metrics the job exports (ray.util.metrics, served by Ray's metrics agent) ----
 # Gauges, one series per rank. Ray's exporter prefixes every user metric with ``ray_``: the
@@ -191,15 +207,50 @@ RECORD_FIELDS = (
     "exit_code", "error", "command", "failure",
     # identity and what ran (the reproducibility review):
     "source", "manifest_name", "environment_spec", "inputs", "ranks", "nccl_logs", "reproducibility",
-    "verdict",
+    "verdict", "definitions",
 )
 """Every top-level key a finished run.json holds."""
+WORKER_RECORD_FIELDS = ("versions", "ranks", "inputs", "nccl_logs", "transport", "hosts", "data", "throughput",
+                        "eval", "checkpoints")
+"""The run.json fields only the workers can read (what ran on the GPU nodes, what they measured).
+Rank 0 returns them with its summary; the driver, run.json's only writer, merges them once."""
+WORKER_FACTS = "facts"
+"""Key of :data:`WORKER_RECORD_FIELDS` in the summary rank 0 returns (``Result.return_value``);
+never written to metrics.jsonl."""
 RECORD_STATUSES = ("running", "succeeded", "failed", "stopped")
 FAILURE = "failure"
 """run.json: where a failed run failed, e.g. ``{"stage": "data", "rank": 0, "error_class": "DataError"}``."""
 FAILURE_STAGE = "stage"
 STAGE_DATA = "data"
 """The data could not be read or parsed (a deterministic user error: never retried)."""
+
+
+# --- the five hashes of a run: run.json key -> what it is the hash of ------------------------
+HASHES = {
+    "code_hash": "tree_hash of the code archive (CODE_DIRS); 'ran': recomputed by the job from the files that "
+                 "ran, 'manifest': the archive the manifest names (ENV_CODE_HASH)",
+    "source.hash": "tree_hash of every file that shapes a run (SOURCE_PATHS), taken at synth (ENV_SOURCE_HASH)",
+    "spec_hash": "hash of the environment spec the manifests were synthesized from (ENV_SPEC_HASH)",
+    "job_config_hash": "job_config_hash() of the resolved job config; 'ran': the job's, 'manifest': its "
+                       "label_hash() as the manifest carries it (ENV_JOB_CONFIG_HASH)",
+    "manifest_hash": "manifest_hash() of the rendered manifest the pod belongs to (ENV_MANIFEST_HASH)",
+}
+"""One name and one definition per hash; nothing else in a record is called a hash."""
+LABEL_HASH_CHARS = 16
+"""Hex digits of a hash in a Kubernetes label value (which takes no ``:``) or a short name."""
+
+
+def job_config_hash(config: dict[str, Any]) -> str:
+    """THE hash of a resolved job config (file + overrides, ``JobConfig.to_dict()``): sha256 of
+    its canonical JSON. Equal hashes, equal runs."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def label_hash(full: str) -> str:
+    """The first :data:`LABEL_HASH_CHARS` hex digits of a ``sha256:...`` hash (what a manifest's
+    label and environment carry; a prefix of the record's whole hash)."""
+    return full.removeprefix("sha256:")[:LABEL_HASH_CHARS]
 
 
 MANIFEST_HASH_PENDING = "manifest-hash-pending"

@@ -3,7 +3,7 @@
 The driver of a RayJob runs on the head pod (a CPU node, ``NVIDIA_VISIBLE_DEVICES=void``): GPU,
 driver, CUDA and NCCL read there are empty or wrong. So rank 0's worker reads the versions
 (:func:`collect_versions`) and every rank its own placement (:func:`rank_facts`), gathered to
-rank 0 by one collective; rank 0 writes them into run.json.
+rank 0 by one collective; rank 0 returns them to the driver, which writes them into run.json.
 
 A fact that cannot be read is recorded as absent WITH the reason (:func:`absent`), never
 guessed: ``{"absent": "no NVIDIA driver on this node (/proc/driver/nvidia/version missing)"}``.

@@ -6,20 +6,33 @@ Train's checkpoints, ``metrics.jsonl`` and ``run.json`` side by side.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import uuid
-from typing import Any
+from typing import Any, Mapping
 
 from training import contract, run_logs, verdict
 from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
+from training.facts import NCCL_ENV_PREFIXES
+from training.run_record import RunRecord
+from training.verdict import outcome
 
 # Driver environment variables the workers need too (fault injection, S3 endpoint for tests,
 # report cadence): in a running cluster the actors do not inherit the driver's environment.
 FORWARDED_ENV_PREFIXES = (contract.ENV_PREFIX, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "AWS_ENDPOINT_URL", "AWS_REGION",
                           "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                          "AWS_SESSION_TOKEN", "AWS_PROFILE", "NCCL_")
+                          "AWS_SESSION_TOKEN", "AWS_PROFILE")
+SUBMITTED_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Set by Ray's job supervisor on a submitted job's driver: JSON whose ``runtime_env`` is the
+job's own (the RayJob's runtimeEnvYAML), the parent of every actor's runtime env."""
+COLLECTIVE_TIMEOUT_S = 600
+"""TorchConfig ``timeout_s``: how long a collective may wait before the process group fails it
+(NCCL's watchdog aborts; Ray restarts the workers up to ``checkpoint.max_failures``). Ray's
+default is 1800 s: a rank lost in a collective held every GPU of the job for half an hour. The
+longest legitimate wait is one rank reaching a collective late (a model or checkpoint still
+loading on it), minutes, not half an hour."""
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), "ray_results")
 
 
@@ -45,14 +58,36 @@ def run_dir(job: JobConfig) -> str:
     return os.path.join(os.path.abspath(path.removeprefix("file://")), job.run_name)
 
 
-def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def job_network_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The job's OWN NCCL_*/FI_* variables (:data:`training.facts.NCCL_ENV_PREFIXES`).
+
+    In a submitted job (a RayJob) the driver runs on the head pod, whose NCCL/libfabric
+    settings (the image's, for a CPU node) are not the job's: the GPU pods set their own, and a
+    forwarded head value would override them. The job's own are those of its runtime env, which
+    Ray's job supervisor hands the driver in :data:`SUBMITTED_JOB_ENV` (ray 2.58.0,
+    dashboard/modules/job/job_supervisor.py ``_get_driver_env_vars``). Outside a submitted job
+    the driver's environment is the job's."""
+    if SUBMITTED_JOB_ENV in environ:
+        try:
+            own = (json.loads(environ[SUBMITTED_JOB_ENV]).get("runtime_env") or {}).get("env_vars") or {}
+        except (ValueError, AttributeError):
+            own = {}
+    else:
+        own = environ
+    return {k: str(v) for k, v in own.items() if k.startswith(NCCL_ENV_PREFIXES)}
+
+
+def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the driver hands its workers: :data:`FORWARDED_ENV_PREFIXES` and the job's own
+    network variables (:func:`job_network_env`)."""
     environ = os.environ if environ is None else environ
-    return {k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+    return {**{k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}, **job_network_env(environ)}
 
 
 def worker_env(job: JobConfig) -> dict[str, str]:
     """The workers' environment: the forwarded driver variables and, on GPU, NCCL's debug log
-    settings from process start (the loop also creates the folder before NCCL's first use)."""
+    settings from process start (the worker creates the folder before its first collective:
+    :func:`training.nccl_log.prepare_worker`)."""
     env = forwarded_env()
     if job.parallel.use_gpu:
         from training.nccl_log import NCCL_LOG_DIR, nccl_debug_env
@@ -61,8 +96,7 @@ def worker_env(job: JobConfig) -> dict[str, str]:
     return env
 
 
-def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from: str = "",
-                  data_error_token: str = "run") -> Any:
+def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: str = "run") -> Any:
     """The TorchTrainer for ``job`` (not started); ``resume_from``: a checkpoint URI for a new run."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -82,10 +116,9 @@ def build_trainer(job: JobConfig, *, argv: list[str] | None = None, resume_from:
     storage_path, storage_fs = storage_location(job)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"job": job.to_dict(), "source": job.source, "argv": list(argv or sys.argv),
-                           "run_dir": run_dir(job), "resume_from": resume_from, "cwd": os.getcwd(),
-                           "data_error_token": data_error_token},
-        torch_config=TorchConfig(backend=backend_for(p.use_gpu)),
+        train_loop_config={"job": job.to_dict(), "source": job.source, "run_dir": run_dir(job),
+                           "resume_from": resume_from, "cwd": os.getcwd(), "data_error_token": data_error_token},
+        torch_config=TorchConfig(backend=backend_for(p.use_gpu), timeout_s=COLLECTIVE_TIMEOUT_S),
         scaling_config=ScalingConfig(num_workers=p.num_workers, use_gpu=p.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
             name=job.run_name,
@@ -105,32 +138,59 @@ def _cluster_shape(job: JobConfig) -> dict[str, Any]:
             "gpus_per_node": p.workers_per_node if p.use_gpu else 0, "workers_per_node": p.workers_per_node}
 
 
-def _last_summary(job: JobConfig) -> dict[str, Any]:
-    """The loop's final ``summary`` line from the run's metrics.jsonl ({} if there is none)."""
-    import json
+def start_record(job: JobConfig, argv: list[str], where: str = "") -> RunRecord:
+    """run.json's first write (status ``running``), by the driver, its only writer; ``where``:
+    the run directory (default :func:`run_dir`)."""
+    record = RunRecord(where or run_dir(job))
+    record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
+                 cluster=_cluster_shape(job), command=argv)
+    return record
 
-    from training.checkpointing.storage import filesystem_for
 
+def finish_record(record: RunRecord, *, returned: dict[str, Any] | None, error: BaseException | None = None,
+                  data_errors: list[dict] | None = None) -> dict[str, Any]:
+    """The driver's one merge and run.json's final write: how the run ended (the data markers,
+    the error the fit raised, or the summary rank 0 returned) and the workers' facts
+    (:data:`training.contract.WORKER_RECORD_FIELDS`); then the verdict and its exit code."""
+    summary = dict(returned or {})
+    facts = summary.pop(contract.WORKER_FACTS, None) or {}
+    code = None
+    if data_errors:
+        # Deterministic bad input: one line, exit 2, not retried (the workers returned).
+        status, message, code = "failed", one_line(data_errors), 2
+        failure = {contract.FAILURE_STAGE: contract.STAGE_DATA, "rank": data_errors[0].get("rank"),
+                   "error_class": data_errors[0].get("error_class"), "error": message}
+    elif error is not None:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        status, message = "failed", f"{type(error).__name__}: {first}"
+        # The cause chain and Ray's text of the worker errors name the real failure behind a wrapper.
+        text = verdict.describe_exception(error) + " " + str(error)
+        failure = {contract.FAILURE_STAGE: verdict.failure_stage(text), "error": message,
+                   "error_class": type(error).__name__, "rank": None}
+    else:
+        status, message, _ = outcome(summary)
+        failure = verdict.failure_of_summary(summary) or {}
+    fields = {key: value for key, value in facts.items() if key in contract.WORKER_RECORD_FIELDS}
+    if failure:
+        fields[contract.FAILURE] = failure
+    # The exit code is the verdict's, except 2 (refused data); finish() gives a stop its 143.
+    return record.finish(status=status, error=message, exit_code=code, **fields)
+
+
+def run_in_process(job: JobConfig, ctx: Any, *, argv: list[str] | None = None, **train_args: Any) -> dict[str, Any]:
+    """The driver and the worker of ONE plain process (tests, benchmarks; no Ray): rank 0 starts
+    the record, :func:`training.loop.train` runs, rank 0 finishes the record as :func:`run`
+    does, in ``ctx.run_dir``. Returns the final record ({} on other ranks and without a run
+    directory); never raises a training error."""
+    from training.loop import train
+
+    record = start_record(job, list(argv or sys.argv), ctx.run_dir) if ctx.rank == 0 and ctx.run_dir else None
+    returned, error = None, None
     try:
-        fs, path = filesystem_for(f"{run_dir(job)}/metrics.jsonl")
-        with fs.open_input_stream(path) as stream:
-            lines = stream.read().decode("utf-8").splitlines()
-    except (OSError, ValueError):
-        return {}
-    summaries = [json.loads(line) for line in lines if '"kind": "summary"' in line]
-    return summaries[-1] if summaries else {}
-
-
-def outcome(summary: dict[str, Any]) -> tuple[str, str | None, int]:
-    """``(status, error, exit code)`` of a fit that returned, from the loop's summary row. A
-    refusal (e.g. the transport gate) ends the workers normally, so Ray does not retry it."""
-    if summary.get(contract.REFUSED):
-        return "failed", summary[contract.REFUSED], 1
-    if summary.get(contract.EXPORT_ERROR):
-        return "failed", f"export: {summary[contract.EXPORT_ERROR]}", 1
-    if summary.get("stopped_by_signal"):
-        return "stopped", None, 143
-    return "succeeded", None, 0
+        returned = train(job, ctx, **train_args)
+    except Exception as err:  # noqa: BLE001 - the record says what failed, as run() does
+        error = err
+    return finish_record(record, returned=returned, error=error) if record is not None else {}
 
 
 def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
@@ -140,7 +200,6 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
     import ray
 
     from training import checkpointing
-    from training.run_record import RunRecord, read_json
 
     argv = list(argv or sys.argv)
     resume_from = ""
@@ -160,53 +219,29 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
         # RAY_ADDRESS (set in a RayJob) connects to the cluster; otherwise a local one starts.
         # A submitted job (`ray job submit`, KubeRay) already carries its runtime env, and Ray
         # refuses a second one that repeats its keys: forward ours only outside a submitted job.
-        submitted = "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
+        submitted = SUBMITTED_JOB_ENV in os.environ
         ray.init(**({} if submitted else {"runtime_env": {"env_vars": forwarded_env()}}), log_to_driver=True)
-    record = RunRecord(run_dir(job))
-    record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
-                 cluster=_cluster_shape(job), command=argv)
+    record = start_record(job, argv)
     stop_flag = None
     if job.checkpoint.storage_path:  # keep the reference: the flag actor lives as long as it
         stop_flag = checkpointing.forward_driver_sigterm(job.run_name, job.checkpoint.sigterm_grace_seconds)
-    status, error, code = "succeeded", None, None
-    failure: dict[str, Any] = {}
     token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/failure.py)
+    returned, error, data_errors = None, None, []
     try:
-        result = build_trainer(job, argv=argv, resume_from=resume_from, data_error_token=token).fit()
+        result = build_trainer(job, resume_from=resume_from, data_error_token=token).fit()
         if getattr(result, "error", None):
             raise result.error
         data_errors = read_data_errors(run_dir(job), token)
-        if data_errors:
-            # Deterministic bad input: one line, exit 2, not retried (the workers returned).
-            status, error, code = "failed", one_line(data_errors), 2
-            failure = {contract.FAILURE_STAGE: contract.STAGE_DATA, "rank": data_errors[0].get("rank"),
-                       "error_class": data_errors[0].get("error_class"), "error": error}
-            print(f"error: {error}", file=sys.stderr, flush=True)
-        else:
-            summary = _last_summary(job)
-            status, error, code = outcome(summary)
-            failure = verdict.failure_of_summary(summary) or {}
-            if error:
-                print(f"training failed: {error}", file=sys.stderr, flush=True)
+        returned = result.return_value  # rank 0's summary and facts (None after a data refusal)
     except Exception as err:  # TrainingFailedError and friends: one line, details in the logs
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        status, error = "failed", f"{type(err).__name__}: {first}"
-        # The worker names the stage in the record; this is for failures it could not write.
-        text = verdict.describe_exception(err) + " " + str(err)
-        failure = {contract.FAILURE_STAGE: verdict.failure_stage(text), "error": error, "rank": None}
-        print(f"training failed: {error}", file=sys.stderr, flush=True)
-    if status == "succeeded" and _last_summary(job).get(contract.EXPORTED):
-        print(f"exported: {_last_summary(job)[contract.EXPORTED]}", flush=True)
-    try:
-        record.data = read_json(record.uri)  # rank 0 added hosts, transport, throughput, eval
-    except (OSError, ValueError):
-        pass
-    if failure and not (record.data.get(contract.FAILURE) or {}).get(contract.FAILURE_STAGE):
-        record.data[contract.FAILURE] = failure
-    # The exit code is the verdict's, except 2 (refused data); finish() gives a stop its 143.
-    final = record.finish(status=status, error=error, exit_code=2 if code == 2 else None)
+        error = err
+    final = finish_record(record, returned=returned, error=error, data_errors=data_errors)
     del stop_flag
-    print(f"run directory: {run_dir(job)} ({status})", flush=True)
+    if final.get("error"):
+        print(f"{'error' if data_errors else 'training failed'}: {final['error']}", file=sys.stderr, flush=True)
+    elif (returned or {}).get(contract.EXPORTED):
+        print(f"exported: {returned[contract.EXPORTED]}", flush=True)
+    print(f"run directory: {run_dir(job)} ({final['status']})", flush=True)
     judged = final.get("verdict") or {}
     # A failure's reason is the error line above: the verdict adds only its stage (one line per error).
     print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, metrics, optim, prometheus
+from training import contract, evaluation, metrics, nccl_log, optim, prometheus
 from training.config import JobConfig, job_config_from_dict
 from training.model import build_model, export_config
 from training.parallel import build_mesh, parallelize
@@ -125,49 +125,25 @@ def open_data(job: JobConfig, ctx: WorkerContext) -> tuple[Any, Any]:
     return build_data(job, tokenizer, rank=ctx.rank, world_size=ctx.world_size), tokenizer
 
 
-class _Record:
-    """Rank 0's view of run.json: continues the driver's record (or starts one outside Ray)."""
+def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: Any = None,
+          resume_from: str = "") -> dict[str, Any]:
+    """Run the job on this worker; returns the run's summary (the same on every rank). Rank 0's
+    also carries, under :data:`training.contract.WORKER_FACTS`, the run.json fields the workers
+    read (:data:`training.contract.WORKER_RECORD_FIELDS`): the driver merges them into the record
+    once (:func:`training.launch.finish_record`). A worker writes metrics and its NCCL log, never
+    run.json."""
+    from training.facts import upload_nccl_log
 
-    def __init__(self, job: JobConfig, ctx: WorkerContext, argv: list[str] | None):
-        from training.run_record import RunRecord, read_json
-
-        self.record = RunRecord(ctx.run_dir) if ctx.rank == 0 and ctx.run_dir else None
-        if self.record is None:
-            return
-        try:
-            self.record.data = read_json(self.record.uri)
-        except (OSError, ValueError):
-            self.record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
-                              cluster={"nodes": job.num_nodes, "world_size": ctx.world_size,
-                                       "gpus_per_node": job.parallel.workers_per_node if job.parallel.use_gpu else 0},
-                              command=argv)
-
-    def update(self, **fields: Any) -> None:
-        if self.record is not None:
-            self.record.update(**fields)
-
-
-def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: Any = None, resume_from: str = "",
-          argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the job on this worker; returns the run's summary (the same on every rank). How it
-    ended is recorded by :func:`training.outcomes.worker_ended` (outside Ray it finishes the record)."""
-    from training.outcomes import worker_ended
-
-    open_record = lambda: _Record(job, ctx, argv)  # noqa: E731  (rank 0's record, opened when needed)
+    nccl_log.prepare_worker(job.parallel.use_gpu)  # before ANY collective: NCCL opens its file once
     try:
-        summary = _train(job, ctx, data=data, tokenizer=tokenizer, resume_from=resume_from, argv=argv)
-    except Exception as err:
-        worker_ended(job, ctx, open_record, error=err)
-        raise
-    worker_ended(job, ctx, open_record, summary=summary)
-    return summary
+        return _train(job, ctx, data=data, tokenizer=tokenizer, resume_from=resume_from)
+    finally:
+        upload_nccl_log(ctx.run_dir, ctx.rank, nccl_log.NCCL_LOG_DIR if job.parallel.use_gpu else None)
 
 
-def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, resume_from: str,
-           argv: list[str] | None) -> dict[str, Any]:
+def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, resume_from: str) -> dict[str, Any]:
     from training import checkpointing as ckpt_api
     from training.facts import gather
-    from training.nccl_log import NCCL_LOG_DIR, prepare_nccl_logging
     from training.transport import hosts_from_evidence
 
     if job.parallel.use_gpu and not torch.cuda.is_available():
@@ -177,7 +153,6 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     device = torch.device("cuda", ctx.local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-        prepare_nccl_logging(NCCL_LOG_DIR)  # the folder must exist before NCCL's first collective
     # Same seed on every rank: fully_shard keeps each rank's slice of ITS OWN full copy.
     torch.manual_seed(job.train.seed)
     model = build_model(job.model, seq_len=job.train.seq_len, on_gpu=on_gpu)
@@ -189,12 +164,13 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     scheduler = optim.build_scheduler(optimizer, job.train)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
     evidence, refused = transport_evidence(job, on_gpu)
-    record = _Record(job, ctx, argv)
+    # What this run's workers read for run.json; rank 0 returns it with the summary.
     facts = gather(job, rank=ctx.rank, world_size=ctx.world_size, data=data, on_gpu=on_gpu, run_dir=ctx.run_dir)
-    record.update(transport=evidence, hosts=hosts_from_evidence(evidence),
-                  data=data.stats.to_dict() if hasattr(data, "stats") else {}, **(facts or {}))
+    if facts is not None:
+        facts.update(transport=evidence, hosts=hosts_from_evidence(evidence),
+                     data=data.stats.to_dict() if hasattr(data, "stats") else {})
     if refused:
-        return refuse(refused, ctx, record)
+        return _returned(refuse(refused, ctx), facts)
 
     trainer = ckpt_api.TrainerState(data=data.train, scheduler=scheduler)
     ckpt = None
@@ -280,6 +256,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     figures = evaluation.before_after(before, after)
     if ckpt is not None:
         ckpt.finish(trainer.step, {"loss": steps[-1]["loss"] if steps else float("nan"), **figures})
+        gauges.checkpoints(ckpt.timings)  # the writes that ended after the last step
     summary = {"kind": "summary", "steps": trainer.step, "tokens_seen": trainer.tokens_seen,
                "losses": [e["loss"] for e in steps], "stopped_by_signal": stopped,
                "resumed_from": trainer.restored_from, **figures}
@@ -288,17 +265,25 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     log.write(summary)
     log.print(evaluation.eval_line(figures))
     log.close()
-    record.update(throughput=contract.throughput_summary(steps), eval={"before": before, "after": after},
-                  checkpoints=[{"step": x.step, "stall_s": x.stall_s, "write_s": x.write_s} for x in ckpt.timings]
-                  if ckpt is not None else [])
+    if facts is not None:
+        facts.update(throughput=contract.throughput_summary(steps), eval={"before": before, "after": after},
+                     checkpoints=[{"step": x.step, "stall_s": x.stall_s, "write_s": x.write_s} for x in ckpt.timings]
+                     if ckpt is not None else [])
     if ckpt is None:  # with checkpoints the final checkpoint's report carries these figures
         ctx.report({"step": trainer.step, "stopped_by_signal": stopped,
                     **{k: v for k, v in figures.items() if v is not None}})
-    return summary
+    return _returned(summary, facts)
 
 
-def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train's per-worker entry: rebuild the validated job config, then :func:`train`."""
+def _returned(summary: dict[str, Any], facts: dict[str, Any] | None) -> dict[str, Any]:
+    """What :func:`train` hands back: the summary row (as logged), plus rank 0's facts."""
+    return {**summary, contract.WORKER_FACTS: facts} if facts is not None else summary
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
+    """Ray Train's per-worker entry: rebuild the validated job config, then :func:`train`. Its
+    return value on rank 0 reaches the driver as ``Result.return_value`` (None: the data was
+    refused, the driver reads the markers)."""
     from training.console import quiet_worker_console
 
     quiet_worker_console()  # Ray's per-report lines go to the log files only
@@ -306,6 +291,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if cwd and os.path.isdir(cwd):  # same machine as the driver (local runs); in a cluster the
         os.chdir(cwd)               # runtime env's working_dir is already the cwd
     job = job_config_from_dict(loop_config["job"], loop_config.get("source", "<job config>"))
+    nccl_log.prepare_worker(job.parallel.use_gpu)  # before ANY collective (agree_on_data below is the first)
     ctx = ray_context(loop_config.get("run_dir", ""))
     # Data first: a data error is deterministic, so it must end the run, not be retried by Ray
     # (training/data/failure.py: the ranks agree, the failed ones leave a marker, all return).
@@ -320,6 +306,5 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     device = torch.device("cuda", ctx.local_rank) if job.parallel.use_gpu else torch.device("cpu")
     writer = storage_writer(ctx.storage, loop_config.get("data_error_token", "run"), ctx.rank)
     if not agree_on_data(error, rank=ctx.rank, device=device, write=writer):
-        return
-    train(job, ctx, data=data, tokenizer=tokenizer, resume_from=loop_config.get("resume_from", ""),
-          argv=loop_config.get("argv"))
+        return None
+    return train(job, ctx, data=data, tokenizer=tokenizer, resume_from=loop_config.get("resume_from", ""))

@@ -44,6 +44,26 @@ def prepare_nccl_logging(log_dir: str, environ: dict | None = None) -> dict[str,
     return env
 
 
+def prepare_worker(on_gpu: bool, environ: dict | None = None) -> str | None:
+    """A worker's first act, before ANY collective of the process: on GPU, point NCCL's log into
+    :data:`NCCL_LOG_DIR`; on any backend, create the folder ``NCCL_DEBUG_FILE`` names (the
+    driver sets it from the worker's start, :func:`nccl_debug_env`). Returns that folder (None
+    when NCCL_DEBUG_FILE is unset).
+
+    NCCL opens its debug file once, in its lazy initialisation at the process's first collective
+    (NVIDIA/nccl, src/debug.cc ``ncclDebugInit``: ``fopen`` of NCCL_DEBUG_FILE, stdout when that
+    fails); the process group's creation is not one (torch creates communicators lazily). A
+    collective before this call would leave the rank without its log for the whole process."""
+    environ = os.environ if environ is None else environ
+    if on_gpu:
+        prepare_nccl_logging(NCCL_LOG_DIR, environ)
+    target = environ.get("NCCL_DEBUG_FILE", "")
+    folder = os.path.dirname(target)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    return folder or None
+
+
 def missing_log_cause(log_dir: str, environ: dict | None = None) -> str:
     """Why this process has no NCCL debug file in ``log_dir``: the likely cause, in one line."""
     environ = os.environ if environ is None else environ

@@ -1,6 +1,7 @@
 """How a worker's run ends outside the steps: refused before training (the transport gate) or
-exported after it. Both are recorded for the driver, never raised: Ray Train would retry an
-exception ``max_failures`` times, and a retry changes neither the transport nor the export.
+exported after it. Both end in the summary row the workers return, never raised: Ray Train
+would retry an exception ``max_failures`` times, and a retry changes neither the transport nor
+the export. The driver turns the summary into the record's status (:func:`training.verdict.outcome`).
 """
 from __future__ import annotations
 
@@ -23,12 +24,11 @@ def transport_evidence(job: JobConfig, on_gpu: bool) -> tuple[dict, str | None]:
     return evidence, TransportGate(require=job.evidence.require_transport).problem(evidence)
 
 
-def refuse(reason: str, ctx: Any, record: Any) -> dict[str, Any]:
+def refuse(reason: str, ctx: Any) -> dict[str, Any]:
     """End the run before training, terminally: Ray would retry an exception ``max_failures``
-    times and a retry cannot change the transport. Rank 0 records the reason; the driver reads
-    it from the summary row and fails the run with this one line."""
+    times and a retry cannot change the transport. The driver reads the reason from the summary
+    row and fails the run with this one line."""
     summary = {contract.KIND: contract.KIND_SUMMARY, "steps": 0, contract.REFUSED: reason}
-    record.update(error=reason)
     log = metrics.MetricsLog(ctx.local_dir, enabled=ctx.rank == 0, storage=ctx.storage)
     log.write(summary)
     log.print(f"refused: {reason}")
@@ -50,33 +50,3 @@ def export_on_workers(model: torch.nn.Module, ctx: Any, model_config: dict, job:
     except Exception as err:  # noqa: BLE001 - reported in one line by the driver
         return {contract.EXPORT_ERROR: f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
     return {contract.EXPORTED: written or out_uri}
-
-
-def worker_ended(job: JobConfig, ctx: Any, open_record: Any, *, summary: dict | None = None,
-                 error: BaseException | None = None) -> None:
-    """Every rank: upload its NCCL log next to run.json. Rank 0: record a failure's stage
-    (training/verdict.py); outside Ray, where ``train()`` is the whole run, also finish the
-    record with its status and verdict (inside Ray the driver does)."""
-    from training.facts import upload_nccl_log
-    from training.launch import outcome
-    from training.nccl_log import NCCL_LOG_DIR
-    from training.verdict import describe_exception, failure_of_summary, failure_stage
-
-    upload_nccl_log(ctx.run_dir, ctx.rank, NCCL_LOG_DIR if job.parallel.use_gpu else None)
-    if ctx.rank != 0 or not ctx.run_dir:
-        return
-    if error is not None:
-        text = describe_exception(error)
-        failure = {contract.FAILURE_STAGE: failure_stage(text), "error": text,
-                   "error_class": type(error).__name__, "rank": ctx.rank}
-        status, message = "failed", text.split(" <- ")[0]
-    else:
-        failure = failure_of_summary(summary or {})
-        status, message, _ = outcome(summary or {})
-    if failure is None and ctx.in_ray:
-        return
-    record = open_record()
-    if failure:
-        record.update(**{contract.FAILURE: failure})
-    if not ctx.in_ray:
-        record.record.finish(status=status, error=message)

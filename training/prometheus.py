@@ -107,7 +107,13 @@ class TrainingGauges:
         """After a step: its figures, and the newest finished checkpoint's timing if there is a
         new one (``checkpoints``: the checkpoint manager's ``timings``)."""
         self.set(step_values(entry))
-        timings = list(checkpoints)
+        self.checkpoints(checkpoints)
+
+    def checkpoints(self, timings: Iterable[Any]) -> None:
+        """The newest finished checkpoint's timing, if it is new. Also after the final
+        checkpoint has been written: an async write that ends after the last step would
+        otherwise never be exported."""
+        timings = list(timings)
         if len(timings) > self._checkpoints_seen:
             self._checkpoints_seen = len(timings)
             self.set({contract.METRIC_CHECKPOINT_STALL: timings[-1].stall_s,

@@ -1,7 +1,9 @@
 """run.json: what produced a run, written next to its checkpoints at start and at the end.
 
 Standard library only at import (pyarrow and torch are imported when used: the DLC has both).
-Rank 0 owns the record; other ranks send it their facts (host, transport) through a collective.
+The driver is the record's only writer (training/launch.py): it writes it at start and, once
+the fit returned, merges what rank 0 returned (:data:`~training.contract.WORKER_RECORD_FIELDS`:
+every rank's facts gathered by one collective, the figures it measured) in the final write.
 
 The environment variables the manifests set on every Ray pod are named in
 :mod:`training.contract` (``ENV_*``).
@@ -15,9 +17,9 @@ API::
     record = RunRecord(run_dir)                     # local directory or "s3://bucket/prefix/run"
     record.start(job_config=config.to_dict(), is_infrastructure_check=config.is_infrastructure_check,
                  cluster={"nodes": 2, "gpus_per_node": 4, "world_size": 8})
-    record.update(hosts={"0": "ip-10-0-0-1", ...}, transport=evidence, throughput={...},
-                  eval={"before": {"loss": 3.1, "ppl": 22.2}}, checkpoints=[...])
-    record.finish(status="succeeded")               # or finish(status="failed", error=str(err))
+    record.finish(status="succeeded", hosts={"0": "ip-10-0-0-1", ...}, transport=evidence,
+                  throughput={...}, eval={"before": {"loss": 3.1, "ppl": 22.2}}, checkpoints=[...])
+    # or finish(status="failed", error=str(err)); update(**fields) rewrites it in between
 
 :meth:`RunRecord.finish` also writes the ``verdict`` (training/verdict.py: accepted, rejected or
 execution-failed, judged against the job config's ``[accept]``), the exit code that goes with
@@ -29,7 +31,6 @@ Every write replaces the whole file (a local write is atomic via rename; an S3 P
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import platform
@@ -69,7 +70,7 @@ def driver_versions() -> dict[str, Any]:
     """What the driver can say before a worker reports: where the versions will come from. The
     driver runs on the head pod (CPU, no GPU driver), so GPU, driver, CUDA and NCCL are read by
     rank 0's worker (:func:`training.facts.collect_versions`) and replace this."""
-    return {"read_on": f"driver on {socket.gethostname()} (replaced by rank 0's worker when it starts)",
+    return {"read_on": f"driver on {socket.gethostname()} (replaced by what rank 0's worker returns)",
             "python": platform.python_version()}
 
 
@@ -123,7 +124,7 @@ def declare_reproducibility(record: dict[str, Any]) -> dict[str, Any]:
 
 
 class RunRecord:
-    """The run record of one run directory; only rank 0 should write it."""
+    """The run record of one run directory; only the driver writes it."""
 
     def __init__(self, run_dir: str, environ: dict | None = None) -> None:
         self.run_dir = run_dir.rstrip("/")
@@ -142,7 +143,6 @@ class RunRecord:
         $RAYTRAIN_CLUSTER}``; give at least ``nodes``, ``gpus_per_node`` and ``world_size``.
         """
         env = self._environ
-        canonical = json.dumps(job_config, sort_keys=True, separators=(",", ":"), default=str)
         self.data = {
             "schema_version": SCHEMA_VERSION,
             "run_dir": self.run_dir,
@@ -155,7 +155,7 @@ class RunRecord:
             "spec_hash": env.get(contract.ENV_SPEC_HASH, ""),
             "manifest_hash": env.get(contract.ENV_MANIFEST_HASH, ""),
             "job_config": job_config,
-            "job_config_hash": {"ran": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest(),
+            "job_config_hash": {"ran": contract.job_config_hash(job_config),
                                 "manifest": env.get(contract.ENV_JOB_CONFIG_HASH, "")},
             "cluster": {"instance_type": env.get(contract.ENV_INSTANCE_TYPE, ""), "cluster": env.get(contract.ENV_CLUSTER, ""),
                         **(cluster or {})},
@@ -176,8 +176,10 @@ class RunRecord:
             contract.FAILURE: {},
             "source": source_identity(env),
             "manifest_name": env.get(contract.ENV_MANIFEST_NAME, ""),
-            "environment_spec": {"hash": env.get(contract.ENV_SPEC_HASH, ""), "text": spec_text(env)},
+            "environment_spec": {"text": spec_text(env)},  # its hash: spec_hash (contract.HASHES)
             "inputs": {}, "ranks": [], "nccl_logs": [], "reproducibility": {}, "verdict": None,
+            # what each hash and throughput figure of this record is (one definition each)
+            "definitions": {"hashes": dict(contract.HASHES), "throughput": dict(contract.FIGURES)},
         }
         self._write()
         return self.data

@@ -81,6 +81,18 @@ def failure_of_summary(summary: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def outcome(summary: dict[str, Any]) -> tuple[str, str | None, int]:
+    """``(status, error, exit code)`` of a worker run that returned, from its summary row. A
+    refusal (e.g. the transport gate) ends the workers normally, so Ray does not retry it."""
+    if summary.get(contract.REFUSED):
+        return "failed", summary[contract.REFUSED], 1
+    if summary.get(contract.EXPORT_ERROR):
+        return "failed", f"export: {summary[contract.EXPORT_ERROR]}", 1
+    if summary.get("stopped_by_signal"):
+        return "stopped", None, 143
+    return "succeeded", None, 0
+
+
 def _criterion(name: str, required: Any, measured: Any, met: bool) -> dict[str, Any]:
     return {"criterion": name, "required": required, "measured": measured, "met": bool(met)}
 

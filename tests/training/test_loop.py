@@ -4,7 +4,8 @@ ONE fit (they cost ~30 s each) with checkpoints every 2 steps and a fault inject
 after step 4: Ray restarts the workers, they restore the newest checkpoint Ray had registered
 (step 2, unless its async write was still under way: then step 0) and finish. Compared with the same
 loop in one plain process (same global batch, no fault): equal losses for every step, so the
-resume continued exactly; plus metrics.jsonl, run.json and the before/after eval.
+resume continued exactly; plus metrics.jsonl, the run.json the driver merges from what rank 0 returns, and the
+before/after eval.
 """
 from __future__ import annotations
 
@@ -44,16 +45,19 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def ray_fit(ray_cluster, tmp_path_factory):
-    from training.launch import build_trainer, run_dir
+    from training.launch import build_trainer, finish_record, run_dir, start_record
 
     storage = str(tmp_path_factory.mktemp("storage"))
     job = _job(storage, workers=2, micro=1)
+    record = start_record(job, ["python", "-m", "training", "--config", "test"])  # as the driver does
     os.environ.update(RAYTRAIN_FAULT_AT_STEP=str(FAULT_AFTER), RAYTRAIN_FAULT_RANK="1")
     try:  # the trainer forwards RAYTRAIN_* to its workers when it is built
-        trainer = build_trainer(job, argv=["python", "-m", "training", "--config", "test"])
+        trainer = build_trainer(job)
     finally:
         del os.environ["RAYTRAIN_FAULT_AT_STEP"], os.environ["RAYTRAIN_FAULT_RANK"]
-    return job, trainer.fit(), Path(run_dir(job))
+    result = trainer.fit()
+    finish_record(record, returned=result.return_value, error=result.error)
+    return job, result, Path(run_dir(job))
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +119,8 @@ def test_metrics_jsonl_holds_every_figure(ray_fit):
 @pytest.mark.slow
 def test_run_record_and_checkpoints(ray_fit):
     job, _, run = ray_fit
-    record = json.loads((run / "run.json").read_text())  # written by rank 0 (no driver here)
+    record = json.loads((run / "run.json").read_text())  # the driver merged what rank 0 returned
+    assert record["status"] == "succeeded" and record["verdict"]["verdict"] == "accepted"
     assert record["kind"] == "infrastructure_check"  # synthetic tokens
     assert record["transport"]["transport"] == "single-node"
     assert {"0", "1"} <= set(record["hosts"])

@@ -2,12 +2,16 @@
 
 ONE ``TorchTrainer.fit``: 2 Ray workers (FSDP2 on gloo) train a tiny Qwen2 for 8 steps,
 checkpointing every 2, while a thread scrapes the node's metrics endpoint as Prometheus does on
-EKS. Every scrape must agree with what rank 0 wrote to metrics.jsonl (and run.json) for the same
-step; Ray's per-report lines must be in Ray Train's log files and not on the console.
+EKS. The workers stay alive after training until one scrape has held every metric of every
+rank (the event, waited for with a bound), so no assertion depends on when the scrapes fell. Every scrape must agree with what rank 0 wrote to metrics.jsonl (and returned for run.json) for
+the same step; Ray's per-report lines must be in Ray Train's log files and not on the console.
 """
 from __future__ import annotations
 
 import json
+import os
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,28 +38,66 @@ def _job(storage: str):
     }, "test")
 
 
+HOLD_LIMIT_S = 180
+"""The longest the workers wait, after training, for the scrapes to have seen everything."""
+# MFU has no peak to compare with on CPU: never set, so never exported
+EXPECTED = set(contract.PROMETHEUS_METRICS) - {contract.METRIC_MFU}
+
+
+def _held_worker(config: dict) -> dict | None:
+    """The real worker entry, then held alive (its gauges stay served) until the test has seen
+    every metric of every rank in one scrape, or :data:`HOLD_LIMIT_S` passed."""
+    import time
+
+    from training.loop import train_loop_per_worker
+
+    returned = train_loop_per_worker(config)
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while not os.path.exists(config["release"]) and time.monotonic() < deadline:
+        time.sleep(0.1)  # a file written by the test process: the only signal both share here
+    return returned
+
+
+def _complete(snapshot: dict) -> bool:
+    return {rank: set(series) for rank, series in snapshot.items()} == {"0": EXPECTED, "1": EXPECTED}
+
+
 @pytest.fixture(scope="module")
 def scraped(ray_cluster, tmp_path_factory):
     import ray
 
     from devtools.metrics_scrape import Watcher, report
-    from training.launch import build_trainer, run_dir
+    from training import launch, loop
 
     [node] = [n for n in ray.nodes() if n["Alive"]]
     url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
     job = _job(str(tmp_path_factory.mktemp("storage")))
-    with Watcher(url, interval_s=0.5) as watcher:
-        result = build_trainer(job, argv=["python", "-m", "training", "--config", "test"]).fit()
+    release = tmp_path_factory.mktemp("release") / "seen-everything"
+    seen_everything = threading.Event()
+
+    def on_snapshot(snapshot: dict) -> None:
+        if _complete(snapshot):
+            seen_everything.set()
+            release.touch()  # the workers may exit now
+
+    # The workers cannot import this test module: they get _held_worker by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "train_loop_per_worker", _held_worker)  # build_trainer takes it from there
+        trainer = launch.build_trainer(job)
+    trainer.train_loop_config["release"] = str(release)
+    with Watcher(url, interval_s=0.5, on_snapshot=on_snapshot) as watcher:
+        result = trainer.fit()
     assert result.error is None
-    run = Path(run_dir(job))
+    run = Path(launch.run_dir(job))
     rows = [json.loads(line) for line in (run / contract.METRICS_NAME).read_text().splitlines() if line.strip()]
-    record = json.loads((run / contract.RECORD_NAME).read_text())
+    record = result.return_value[contract.WORKER_FACTS]  # rank 0's run.json fields
     print("\n".join(report(watcher, rows)))  # what the demo prints (pytest -s shows it)
-    return job, watcher, rows, record
+    return job, watcher, rows, record, seen_everything.is_set()
 
 
 def test_every_metric_is_scraped_for_every_rank_with_its_labels(scraped):
-    job, watcher, _, _ = scraped
+    job, watcher, _, _, complete = scraped
     assert watcher.snapshots, f"no scrape held the job's metrics ({watcher.scrapes} scrapes, {watcher.errors} errors)"
     seen: dict[str, set[str]] = {}
     for snapshot in watcher.snapshots:
@@ -67,16 +109,15 @@ def test_every_metric_is_scraped_for_every_rank_with_its_labels(scraped):
                 assert one.labels[contract.LABEL_RANK] == rank
                 assert one.labels[contract.LABEL_NODE]
                 assert "step" not in one.labels  # one series per rank, not per step
-    # MFU has no peak to compare with on CPU: never set, so never exported
-    expected = set(contract.PROMETHEUS_METRICS) - {contract.METRIC_MFU}
-    assert seen == {"0": expected, "1": expected}
+    assert seen == {"0": EXPECTED, "1": EXPECTED}
     # every value stays served, not only in the interval it was set in (the held-out loss was
-    # set at step 4, the checkpoint timings a step after each save): one scrape holds them all
-    assert {rank: set(series) for rank, series in watcher.last.items()} == {"0": expected, "1": expected}
+    # set at step 4, the checkpoint timings after each write ended): one scrape holds them all
+    last = {rank: set(series) for rank, series in watcher.last.items()}
+    assert complete and last == {"0": EXPECTED, "1": EXPECTED}, {r: EXPECTED - names for r, names in last.items()}
 
 
 def test_scraped_values_equal_metrics_jsonl_at_the_same_step(scraped):
-    _, watcher, rows, record = scraped
+    _, watcher, rows, record, _ = scraped
     train = {r["step"]: r for r in rows if r["kind"] == "train"}
     evals = [r["eval_loss"] for r in rows if r["kind"] == "eval"]
     checked = 0
@@ -111,14 +152,14 @@ def test_scraped_values_equal_metrics_jsonl_at_the_same_step(scraped):
 
 def test_ray_trains_own_checkpoint_timers_are_served_too(scraped):
     # the training dashboard's upload panel reads these Ray Train metrics
-    _, watcher, _, _ = scraped
+    _, watcher, _, _, _ = scraped
     assert {"ray_train_checkpoint_transfer_total_time_s", "ray_train_report_total_blocked_time_s"} <= watcher.other_names
 
 
 def test_reports_go_to_ray_trains_log_files_not_the_console(scraped):
     import ray
 
-    job, _, _, _ = scraped
+    job, _, _, _, _ = scraped
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
     ours = set()
     for path in (logs / "train").glob("ray-train-app-worker-*.log"):

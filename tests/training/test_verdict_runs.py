@@ -1,8 +1,10 @@
 """Each verdict from a REAL run: the `local` job (the demo's) trained in one plain process with
-the loop the Ray workers run, its record finished by ``train()`` as outside Ray.
+the loop the Ray workers run, its record written by the driver's own code
+(:func:`training.launch.run_in_process`: start, train, merge what rank 0 returned, finish).
 
 - accepted: jobs/local.toml's own ``[accept]`` criteria, shortened to a few steps;
-- rejected: the same run with an eval criterion no model reaches; the run itself succeeds;
+- rejected: the same run (ONE training, shared by both tests: a criterion does not change what
+  trains) finished with an eval criterion no model reaches; the run itself succeeds;
 - execution-failed: a corrupt data file (stage ``data``), and ``require_transport = "efa"``
   on a CPU machine (stage ``transport``, refused by the gate); both stop before the first step.
 """
@@ -15,6 +17,7 @@ import pytest
 import torch.distributed as dist
 
 from training.config import load_job_config
+from training.run_record import RunRecord
 from training.verdict import EXIT_CODES, exit_code
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,8 +27,9 @@ SHORT = ["parallel.num_workers=1", "parallel.workers_per_node=1", "train.global_
          "train.max_steps=12", "eval.every_n_steps=0", "eval.max_batches=2", "checkpoint.every_n_steps=0"]
 
 
-def _run(tmp_path: Path, monkeypatch, overrides: list[str]) -> tuple[dict, BaseException | None]:
-    from training.loop import local_context, train
+def _run(tmp_path: Path, monkeypatch, overrides: list[str]) -> tuple[dict, str | None]:
+    from training.launch import run_in_process
+    from training.loop import local_context
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("RAYTRAIN_CACHE_DIR", str(tmp_path / "cache"))
@@ -33,19 +37,25 @@ def _run(tmp_path: Path, monkeypatch, overrides: list[str]) -> tuple[dict, BaseE
     run_dir = tmp_path / "runs" / job.run_name
     (tmp_path / "local").mkdir()
     ctx = local_context(str(tmp_path / "local"), run_dir=str(run_dir))
-    error = None
     try:
-        train(job, ctx)
-    except Exception as err:  # the record must say what failed
-        error = err
+        final = run_in_process(job, ctx)  # never raises: the record must say what failed
     finally:
         dist.destroy_process_group()
-    return json.loads((run_dir / "run.json").read_text()), error
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record == json.loads(json.dumps(final, default=str))  # what it returned is what it wrote
+    return record, record["error"]
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """The `local` job's short run with its own criteria, trained once for the module."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return _run(tmp_path_factory.mktemp("local-run"), monkeypatch, [])
 
 
 @pytest.mark.slow
-def test_the_local_job_with_its_declared_criteria_is_accepted(tmp_path, monkeypatch):
-    record, error = _run(tmp_path, monkeypatch, [])
+def test_the_local_job_with_its_declared_criteria_is_accepted(local_run):
+    record, error = local_run
     assert error is None and record["status"] == "succeeded"
     accept = record["job_config"]["accept"]
     assert accept["eval_loss_after_max"] and accept["improvement_min"]  # the file declares criteria
@@ -68,9 +78,15 @@ def test_the_local_job_with_its_declared_criteria_is_accepted(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_an_unreachable_eval_criterion_rejects_a_run_that_succeeded(tmp_path, monkeypatch):
-    record, error = _run(tmp_path, monkeypatch, ["accept.eval_loss_after_max=0.01"])
-    assert error is None and record["status"] == "succeeded" and record["eval"]["after"]["eval_loss"] > 0.01
+def test_an_unreachable_eval_criterion_rejects_a_run_that_succeeded(local_run, tmp_path):
+    # The same run's record as the driver held it before its final write, its job config
+    # carrying the unreachable criterion (as `accept.eval_loss_after_max=0.01` would have set).
+    ran, _ = local_run
+    job_config = {**ran["job_config"], "accept": {**ran["job_config"]["accept"], "eval_loss_after_max": 0.01}}
+    pending = RunRecord(str(tmp_path))
+    pending.data = {**ran, "job_config": job_config, "status": "running", "verdict": None, "exit_code": None}
+    record = pending.finish(status="succeeded")
+    assert record["error"] is None and record["eval"]["after"]["eval_loss"] > 0.01
     verdict = record["verdict"]
     assert verdict["verdict"] == "rejected" and verdict["criterion"] == "eval_loss_after_max"
     assert "required 0.01" in verdict["reason"]
@@ -93,7 +109,7 @@ def test_bad_data_is_an_execution_failure_of_the_data_stage(tmp_path, monkeypatc
 def test_a_transport_that_cannot_be_met_locally_is_an_execution_failure(tmp_path, monkeypatch):
     record, error = _run(tmp_path, monkeypatch, ["evidence.require_transport=efa"])
     # the gate refuses the run before its first step (ending the workers, so Ray does not retry)
-    assert error is None and record["status"] == "failed" and record["throughput"] == {}
+    assert record["status"] == "failed" and record["throughput"] == {} and "require_transport" in error
     verdict = record["verdict"]
     assert verdict["verdict"] == "execution-failed" and verdict["stage"] == "transport", verdict
     assert "single-node" in verdict["reason"]
