@@ -85,7 +85,9 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, provenance: P
         "runtimeEnvYAML": runtime_env_yaml(env, plan, code, source=source, manifest_name=manifest_name),
         # The submitter is a Kubernetes Job running `ray job submit`: its log is the job's log.
         "submissionMode": "K8sJobMode",
-        "backoffLimit": limits.backoff_limit,
+        # KubeRay v1.7.0 refuses backoffLimit > 0 with a clusterSelector (utils/validation.go:575-576:
+        # the RayJob goes ValidationFailed): a job on the long-lived RayCluster never retries.
+        "backoffLimit": 0 if on_cluster else limits.backoff_limit,
         "activeDeadlineSeconds": limits.active_deadline_minutes * 60,
     }
     cluster_label = raycluster_label(on_cluster) if on_cluster else rayjob_label(plan.name)

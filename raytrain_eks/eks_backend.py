@@ -9,7 +9,13 @@ state is ``ready``: nodes scale up, images pull) -> ``Running`` (the submitter J
 ``ray job submit``; ``status.jobStatus`` goes ``PENDING`` -> ``RUNNING``) -> ``Complete``
 (jobStatus ``SUCCEEDED`` or ``STOPPED``) or ``Failed`` (``reason`` says why: ``AppFailed``,
 ``DeadlineExceeded``, ...). ``ValidationFailed`` comes right after ``kubectl apply`` when the
-controller refuses the spec (the apply itself succeeds). Deleting a RayJob whose job is not
+controller refuses the spec (the apply itself succeeds; e.g. ``backoffLimit > 0`` with a
+``clusterSelector``, utils/validation.go:575-576). With ``backoffLimit`` left, a failed attempt
+never shows ``Failed``: the same reconcile writes ``Retrying`` (rayjob_controller.go:452,
+542-555), which deletes the cluster and clears ``rayClusterName``, ``jobId`` and ``jobStatus``
+on the way back to New (rayjob_controller.go:366-410); ``status.failed`` counts the failed
+attempts. ``kubectl apply --server-side`` of a RayJob that exists succeeds and keeps its status:
+a finished RayJob is not run again (rayjob_controller.go:420-447). Deleting a RayJob whose job is not
 terminal makes the controller stop the Ray job first (its ``RayJobStopJobFinalizer``), also for
 a job on the long-lived RayCluster, which stays.
 """
@@ -135,17 +141,24 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
     return the RayJob as it ended."""
     seen: tuple[Any, ...] = ()
     logged = False
+    job_id = None
     while True:
         rayjob = get_rayjob(name, namespace)
         if rayjob is None:
             raise KubectlError(f"RayJob {name} is gone (deleted: `raytrain-eks stop` or kubectl)")
         deployment, job_status = phase(rayjob)
         status = rayjob.get("status") or {}
+        if status.get("jobId") and status["jobId"] != job_id:
+            # A new attempt (after Retrying) is a new Ray job on a new cluster: stream its log too.
+            job_id, logged = status["jobId"], False
         waits = pod_waits(status.get("rayClusterName", ""), namespace) if deployment == "Initializing" else []
         now = (deployment, job_status, tuple(waits))
         if now != seen:
             say(f"    RayJob {name}: {deployment}{' / ' + job_status if job_status else ''}"
                 f"{' (cluster ' + status['rayClusterName'] + ')' if status.get('rayClusterName') else ''}")
+            if deployment == "Retrying":
+                say(f"      attempt {status.get('failed', 1)} failed; KubeRay retries on a new cluster "
+                    f"(rayjob.backoff_limit {(rayjob.get('spec') or {}).get('backoffLimit', 0)})")
             for line in waits:
                 say(f"      {line}")
             seen = now

@@ -107,7 +107,15 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
     else:
         print(f"    code archive already in the bucket: {manifests.code_uri}")
     eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
-    if resume and eks.get_rayjob(manifests.rayjob_name, manifests.namespace) is not None:
+    existing = eks.get_rayjob(manifests.rayjob_name, manifests.namespace)
+    if existing is not None and not resume:
+        # Server-side apply onto it would succeed and change nothing that runs: KubeRay does not
+        # run a finished RayJob again (rayjob_controller.go:420-447), and a live one is someone's run.
+        deployment, job_status = eks.phase(existing)
+        raise ChartError(f"submit: --name: RayJob {manifests.rayjob_name} already exists ({deployment}"
+                         f"{' / ' + job_status if job_status else ''}): raytrain-eks stop {manifests.run}, "
+                         "or choose another name")
+    if existing is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.
         eks.kubectl("delete", "rayjob", manifests.rayjob_name, "-n", manifests.namespace, "--wait=true")
     eks.apply(str(manifests.rayjob))

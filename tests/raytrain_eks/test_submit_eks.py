@@ -160,3 +160,61 @@ def test_logs_come_from_storage_once_the_rayjob_is_gone(cluster, tmp_path, capfd
     assert capfd.readouterr().out == DRIVER_LOG
     assert main(["logs", "smoke-never"]) == 2
     assert "has no submitter pod and no s3://" in capfd.readouterr().err
+
+
+def test_a_failed_attempt_is_retried_on_a_new_cluster_and_followed_to_the_end(cluster, tmp_path, capfd):
+    # KubeRay v1.7.0 rayjob_controller.go:452, 518-556: with backoffLimit left, a failed attempt
+    # is written as Retrying (never Failed); Retrying -> New clears the cluster and the job id
+    # (366-410), so the next attempt has a new cluster, a new Ray job and its own log.
+    cluster.set(outcomes=["FAILED", "SUCCEEDED"])
+    code = submit(tmp_path, "--name", "smoke-r1", "--set", "rayjob.backoff_limit=1")
+    out = capfd.readouterr().out
+    assert code in (0, 3), out
+    lines = [line.strip() for line in out.splitlines()]
+    order = ["RayJob smoke-r1: Running (cluster smoke-r1-x7k2p)", "step 10/20 loss 9.81",
+             "RayJob smoke-r1: Retrying / FAILED", "attempt 1 failed; KubeRay retries on a new cluster",
+             "RayJob smoke-r1: Initializing (cluster smoke-r1-r1x7k)", "RayJob smoke-r1: Running (cluster smoke-r1-r1x7k)",
+             "RayJob smoke-r1: Complete / SUCCEEDED"]
+    positions = [next((i for i, line in enumerate(lines) if line.startswith(want)), -1) for want in order]
+    assert -1 not in positions and positions == sorted(positions), out
+    assert not any(line.startswith("RayJob smoke-r1: Failed") for line in lines), out
+    assert sum(c[0] == "logs" for c in cluster.state()["calls"]) == 2  # each attempt's log streamed
+
+
+def test_on_cluster_rayjob_passes_kuberays_validation(cluster, tmp_path, capfd):
+    # KubeRay v1.7.0 utils/validation.go:575-576: backoffLimit > 0 with a clusterSelector is
+    # ValidationFailed. The on-cluster manifest carries backoffLimit 0 whatever the job says.
+    code = submit(tmp_path, "--name", "smoke-o1", "--on-cluster", "--set", "rayjob.backoff_limit=1")
+    out = capfd.readouterr().out
+    assert code in (0, 3), out
+    job = cluster.state()["rayjobs"]["smoke-o1-on-cluster"]
+    assert job["spec"]["backoffLimit"] == 0 and job["status"]["jobDeploymentStatus"] == "Complete", out
+
+
+def test_the_double_refuses_backoff_with_a_cluster_selector_as_kuberay_does(cluster, tmp_path, capfd):
+    import yaml
+
+    import raytrain_eks.eks_backend as eks
+
+    manifest = tmp_path / "rayjob.yaml"
+    manifest.write_text(yaml.safe_dump({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "bad"},
+                                        "spec": {"backoffLimit": 1, "clusterSelector": {"ray.io/cluster": "c"}}}))
+    eks.apply(str(manifest))
+    final = eks.follow("bad", "ray", poll_s=0, say=lambda line: None)
+    assert eks.phase(final)[0] == "ValidationFailed"
+    assert final["status"]["reason"] == "ValidationFailed" and "ClusterSelector" in final["status"]["message"]
+    # server-side apply of an existing RayJob succeeds and keeps its status (no re-run)
+    eks.apply(str(manifest))
+    assert eks.get_rayjob("bad", "ray")["status"]["jobDeploymentStatus"] == "ValidationFailed"
+
+
+def test_a_new_run_name_with_a_leftover_rayjob_is_refused(cluster, tmp_path, capfd):
+    # A RayJob of that name with nothing in storage (it was refused, or failed before writing):
+    # applying onto it would succeed and run nothing (rayjob_controller.go:420-447).
+    cluster.set(rayjobs={"smoke-l1": {"kind": "RayJob", "metadata": {"name": "smoke-l1"}, "spec": {},
+                                      "status": {"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed"},
+                                      "_fake": {"reconciles": 0, "submitter_done": False}}})
+    assert submit(tmp_path, "--name", "smoke-l1") == 2
+    err = capfd.readouterr().err
+    assert "RayJob smoke-l1 already exists (ValidationFailed): raytrain-eks stop smoke-l1" in err, err
+    assert not any(c[0] == "apply" and c[-1].endswith("rayjob-smoke-l1.k8s.yaml") for c in cluster.state()["calls"])
