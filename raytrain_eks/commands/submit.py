@@ -115,6 +115,12 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
         raise ChartError(f"submit: --name: RayJob {manifests.rayjob_name} already exists ({deployment}"
                          f"{' / ' + job_status if job_status else ''}): raytrain-eks stop {manifests.run}, "
                          "or choose another name")
+    if existing is not None and eks.phase(existing)[0] not in eks.TERMINAL:
+        # Deleting it stops its Ray job (the finalizer), but its cluster goes in the background
+        # (owner references): its workers could still write checkpoints beside the new attempt.
+        deployment, job_status = eks.phase(existing)
+        raise ChartError(f"submit: --resume: RayJob {manifests.rayjob_name} is still {deployment}"
+                         f"{' / ' + job_status if job_status else ''}: raytrain-eks stop {manifests.run} first")
     if existing is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.
         eks.kubectl("delete", "rayjob", manifests.rayjob_name, "-n", manifests.namespace, "--wait=true")

@@ -218,3 +218,17 @@ def test_a_new_run_name_with_a_leftover_rayjob_is_refused(cluster, tmp_path, cap
     err = capfd.readouterr().err
     assert "RayJob smoke-l1 already exists (ValidationFailed): raytrain-eks stop smoke-l1" in err, err
     assert not any(c[0] == "apply" and c[-1].endswith("rayjob-smoke-l1.k8s.yaml") for c in cluster.state()["calls"])
+
+
+def test_resume_refuses_a_run_whose_rayjob_is_still_live(cluster, tmp_path, capfd):
+    # Deleting a live RayJob stops its Ray job (rayjob_controller.go:112-137) but its RayCluster
+    # goes in the background (owner reference): its workers could write beside the new attempt.
+    key = cluster.storage.removeprefix(f"s3://{cluster.bucket}/") + "/smoke-v1/run.json"
+    cluster.s3.put_object(Bucket=cluster.bucket, Key=key, Body=b"{}")
+    cluster.set(rayjobs={"smoke-v1": {"kind": "RayJob", "metadata": {"name": "smoke-v1"}, "spec": {},
+                                      "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+                                      "_fake": {"reconciles": 0, "submitter_done": False, "running_since": 0}}},
+                submitter_runs=1000)
+    assert submit(tmp_path, "--resume", "smoke-v1") == 2
+    assert "RayJob smoke-v1 is still Running / RUNNING: raytrain-eks stop smoke-v1 first" in capfd.readouterr().err
+    assert not any(c[0] == "delete" for c in cluster.state()["calls"])
