@@ -128,6 +128,11 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
     print(f"    RayJob {manifests.rayjob_name} applied (Ctrl-C detaches; the run goes on)")
     final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s)
     deployment, job_status = eks.phase(final)
+    if deployment == "ValidationFailed":
+        # KubeRay refused the spec before creating anything (rayjob_controller.go:144-161): no
+        # cluster ran, so storage has nothing of it; the RayJob stays until deleted.
+        raise ChartError(f"submit: KubeRay refused RayJob {manifests.rayjob_name}: "
+                         f"{(final.get('status') or {}).get('message', '')} (raytrain-eks stop {manifests.run} removes it)")
     print(f"==> {manifests.run}: {deployment}{' / ' + job_status if job_status else ''}")
     copied = download_run(client, manifests.run_uri, out_dir)
     if "run.json" not in copied:

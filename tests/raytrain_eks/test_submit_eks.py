@@ -232,3 +232,26 @@ def test_resume_refuses_a_run_whose_rayjob_is_still_live(cluster, tmp_path, capf
     assert submit(tmp_path, "--resume", "smoke-v1") == 2
     assert "RayJob smoke-v1 is still Running / RUNNING: raytrain-eks stop smoke-v1 first" in capfd.readouterr().err
     assert not any(c[0] == "delete" for c in cluster.state()["calls"])
+
+
+def test_a_spec_kuberay_refuses_ends_submit_with_its_message_and_exit_2(cluster, tmp_path, capfd, monkeypatch):
+    # ValidationFailed (rayjob_controller.go:144-161) runs nothing: no storage to look for.
+    import yaml
+
+    import raytrain_eks.eks_backend as eks
+
+    real = eks.apply
+
+    def refused_spec(path: str) -> None:
+        docs = list(yaml.safe_load_all(Path(path).read_text()))
+        for doc in docs:
+            if doc and doc.get("kind") == "RayJob":
+                doc["spec"] |= {"clusterSelector": {"ray.io/cluster": "raytrain"}, "backoffLimit": 1}
+        Path(path).write_text(yaml.safe_dump_all(docs))
+        real(path)
+
+    monkeypatch.setattr(eks, "apply", refused_spec)
+    assert submit(tmp_path, "--name", "smoke-x1") == 2
+    captured = capfd.readouterr()
+    assert "KubeRay refused RayJob smoke-x1: The RayJob spec is invalid: BackoffLimit is incompatible" in captured.err
+    assert "RayJob smoke-x1: ValidationFailed" in captured.out and "wrote no run.json" not in captured.err
