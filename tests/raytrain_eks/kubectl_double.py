@@ -31,7 +31,9 @@ Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
 - delete: a RayJob whose jobStatus is not terminal gets StopJob on its Ray job first (the
   finalizer, rayjob_controller.go:112-137); the double records the stopped job id.
 
-The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log; the submitter
+The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log (with
+``submitter_restarts``, the first streams end half-way, as when the submitter's pod dies and its
+Job starts a new one that prints the log from the start); the submitter
 finishes when it has been streamed (or after ``submitter_runs`` reconciles in RUNNING). When the
 Ray job ends the double copies the scripted results into the run's storage, as the job does.
 State: the JSON file ``$FAKE_KUBECTL_STATE``; every call is appended to its ``calls``.
@@ -202,7 +204,16 @@ def dispatch(state: dict, argv: list[str]) -> int:
         if job is None or job.get("status", {}).get("jobDeploymentStatus") not in ("Running", "Complete", "Failed"):
             print(f'error: pods for job "{name}" not found', file=sys.stderr)
             return 1
-        sys.stdout.write(state.get("driver_log", ""))
+        log = state.get("driver_log", "")
+        restarts = state.get("submitter_restarts", 0)
+        if "-f" in rest and job["_fake"].get("submitter_failures", 0) < restarts:
+            # the submitter's container dies half-way (kubectl still exits 0); its Job starts a
+            # new pod whose `ray job logs --follow` prints the log from the start (common/job.go:119-130)
+            job["_fake"]["submitter_failures"] = job["_fake"].get("submitter_failures", 0) + 1
+            lines = log.splitlines(keepends=True)
+            sys.stdout.write("".join(lines[:len(lines) // 2]))
+            return 0
+        sys.stdout.write(log)
         if "-f" in rest:  # following ends when the submitter's container exits
             job["_fake"]["submitter_done"] = True
         return 0

@@ -255,3 +255,16 @@ def test_a_spec_kuberay_refuses_ends_submit_with_its_message_and_exit_2(cluster,
     captured = capfd.readouterr()
     assert "KubeRay refused RayJob smoke-x1: The RayJob spec is invalid: BackoffLimit is incompatible" in captured.err
     assert "RayJob smoke-x1: ValidationFailed" in captured.out and "wrote no run.json" not in captured.err
+
+
+def test_a_restarted_submitter_is_streamed_on_without_repeating_lines(cluster, tmp_path, capfd):
+    # kubectl logs -f exits 0 when the submitter's container exits, whatever its code; the
+    # submitter Job's next pod runs `ray job logs --follow`, which starts from the top
+    # (KubeRay v1.7.0 rayjob_controller.go:718, common/job.go:119-130).
+    cluster.set(submitter_restarts=1)
+    code = submit(tmp_path, "--name", "smoke-s1")
+    out = capfd.readouterr().out
+    assert code in (0, 3), out
+    for line in DRIVER_LOG.splitlines():
+        assert out.count(line) == 1, (line, out)
+    assert sum(c[0] == "logs" for c in cluster.state()["calls"]) == 2
