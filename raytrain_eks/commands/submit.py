@@ -123,7 +123,9 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
                          f"{' / ' + job_status if job_status else ''}: raytrain-eks stop {manifests.run} first")
     if existing is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.
-        eks.kubectl("delete", "rayjob", manifests.rayjob_name, "-n", manifests.namespace, "--wait=true")
+        # Foreground: wait until its own cluster (a controller reference) is gone too.
+        eks.kubectl("delete", "rayjob", manifests.rayjob_name, "-n", manifests.namespace,
+                    "--cascade=foreground", "--wait=true")
     eks.apply(str(manifests.rayjob))
     print(f"    RayJob {manifests.rayjob_name} applied (Ctrl-C detaches; the run goes on)")
     final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s)

@@ -225,6 +225,13 @@ def dispatch(state: dict, argv: list[str]) -> int:
                 return not_found("rayjobs.ray.io", name)
             if (job.get("status") or {}).get("jobStatus") not in TERMINAL_JOB:
                 state.setdefault("stopped_jobs", []).append(job.get("status", {}).get("jobId", ""))
+            # its own RayCluster is a controller reference of the RayJob (rayjob_controller.go:1021):
+            # the garbage collector deletes it (before the RayJob goes with --cascade=foreground);
+            # a clusterSelector cluster is not owned and stays
+            cluster = (job.get("status") or {}).get("rayClusterName")
+            if cluster and not job["spec"].get("clusterSelector"):
+                state.setdefault("deleted_clusters", []).append(
+                    {"cluster": cluster, "foreground": "--cascade=foreground" in rest})
             return 0
         if kind == "networkpolicy":
             if state.get("policies", {}).pop(name, None) is None and "--ignore-not-found" not in rest:

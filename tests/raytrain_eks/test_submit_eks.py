@@ -110,7 +110,7 @@ def test_a_second_submit_refuses_a_used_name_and_resume_continues_it(cluster, tm
     assert code in (0, 3), out
     assert "run smoke-b1: resumes" in out and "code archive already in the bucket" in out
     calls = cluster.state()["calls"]
-    assert ["delete", "rayjob", "smoke-b1", "-n", "ray", "--wait=true"] in calls
+    assert ["delete", "rayjob", "smoke-b1", "-n", "ray", "--cascade=foreground", "--wait=true"] in calls
     # the network policy existed already: applied once, for the first submit only
     assert sum(c[0] == "apply" and c[-1].endswith("network-policy.k8s.yaml") for c in calls) == 1
 
@@ -149,6 +149,8 @@ def test_status_list_logs_and_stop(cluster, tmp_path, capfd):
     assert "stopped smoke-c1" in capfd.readouterr().out
     state = cluster.state()
     assert "smoke-c1" not in state["rayjobs"] and state["stopped_jobs"] == ["smoke-c1-abcde"]
+    # its own cluster went with it, and stop waited for that (foreground deletion)
+    assert state["deleted_clusters"] == [{"cluster": "smoke-c1-x7k2p", "foreground": True}]
     assert "ray-rayjob-smoke-c1" not in state.get("policies", {})
     assert main(["stop", "smoke-c1"]) == 2
 
