@@ -136,7 +136,7 @@ def pod_waits(cluster: str, namespace: str) -> list[str]:
 
 def stream_submitter_log(name: str, namespace: str, *, skip: int, say: Callable[[str], None]) -> tuple[int, int]:
     """``kubectl logs -f job/NAME`` (the submitter Job is named after the RayJob,
-    rayjob_controller.go:723), printing the lines after the first ``skip``; (exit code, lines read)."""
+    rayjob_controller.go:724), printing the lines after the first ``skip``; (exit code, lines read)."""
     proc = subprocess.Popen([shutil.which("kubectl") or "kubectl", "logs", "-f", f"job/{name}", "-n", namespace],
                             stdout=subprocess.PIPE, text=True, errors="replace")
     count = 0

@@ -140,6 +140,10 @@ def test_status_list_logs_and_stop(cluster, tmp_path, capfd):
     assert "status     Initializing" in out and "cluster    smoke-c1-x7k2p" in out
     assert "waiting    1 pod(s) waiting for a node" in out
 
+    # no submitter Job before the cluster is ready (rayjob_controller.go:230-232): no log yet
+    assert main(["logs", "smoke-c1"]) == 2
+    assert "run 'smoke-c1' is Initializing: no log yet" in capfd.readouterr().err
+
     assert main(["list"]) == 0
     table = capfd.readouterr().out.splitlines()
     assert table[0].split() == ["run", "job", "config", "status", "job", "status", "started"]
