@@ -9,7 +9,13 @@ state is ``ready``: nodes scale up, images pull) -> ``Running`` (the submitter J
 ``ray job submit``; ``status.jobStatus`` goes ``PENDING`` -> ``RUNNING``) -> ``Complete``
 (jobStatus ``SUCCEEDED`` or ``STOPPED``) or ``Failed`` (``reason`` says why: ``AppFailed``,
 ``DeadlineExceeded``, ...). ``ValidationFailed`` comes right after ``kubectl apply`` when the
-controller refuses the spec (the apply itself succeeds). Deleting a RayJob whose job is not
+controller refuses the spec (the apply itself succeeds; e.g. ``backoffLimit > 0`` with a
+``clusterSelector``, utils/validation.go:575-576). With ``backoffLimit`` left, a failed attempt
+never shows ``Failed``: the same reconcile writes ``Retrying`` (rayjob_controller.go:452,
+542-555), which deletes the cluster and clears ``rayClusterName``, ``jobId`` and ``jobStatus``
+on the way back to New (rayjob_controller.go:366-410); ``status.failed`` counts the failed
+attempts. ``kubectl apply --server-side`` of a RayJob that exists succeeds and keeps its status:
+a finished RayJob is not run again (rayjob_controller.go:420-447). Deleting a RayJob whose job is not
 terminal makes the controller stop the Ray job first (its ``RayJobStopJobFinalizer``), also for
 a job on the long-lived RayCluster, which stays.
 """
@@ -128,24 +134,46 @@ def pod_waits(cluster: str, namespace: str) -> list[str]:
     return [f"{n} pod(s) {why}" for why, n in sorted(reasons.items())]
 
 
+def stream_submitter_log(name: str, namespace: str, *, skip: int, say: Callable[[str], None]) -> tuple[int, int]:
+    """``kubectl logs -f job/NAME`` (the submitter Job is named after the RayJob,
+    rayjob_controller.go:724), printing the lines after the first ``skip``; (exit code, lines read)."""
+    proc = subprocess.Popen([shutil.which("kubectl") or "kubectl", "logs", "-f", f"job/{name}", "-n", namespace],
+                            stdout=subprocess.PIPE, text=True, errors="replace")
+    count = 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        count += 1
+        if count > skip:
+            say(line.rstrip("\n"))
+    sys.stdout.flush()
+    return proc.wait(), count
+
+
 def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], None] = print,
            stream_logs: bool = True) -> dict[str, Any]:
     """Print each status transition and why pods wait, stream the submitter's log (the driver's
     log: each step's loss, tokens/s and ETA, evaluations, checkpoints) once the job runs, and
     return the RayJob as it ended."""
     seen: tuple[Any, ...] = ()
-    logged = False
+    printed = 0  # log lines of this attempt already shown
+    job_id = None
     while True:
         rayjob = get_rayjob(name, namespace)
         if rayjob is None:
             raise KubectlError(f"RayJob {name} is gone (deleted: `raytrain-eks stop` or kubectl)")
         deployment, job_status = phase(rayjob)
         status = rayjob.get("status") or {}
+        if status.get("jobId") and status["jobId"] != job_id:
+            # A new attempt (after Retrying) is a new Ray job on a new cluster: stream its log too.
+            job_id, printed = status["jobId"], 0
         waits = pod_waits(status.get("rayClusterName", ""), namespace) if deployment == "Initializing" else []
         now = (deployment, job_status, tuple(waits))
         if now != seen:
             say(f"    RayJob {name}: {deployment}{' / ' + job_status if job_status else ''}"
                 f"{' (cluster ' + status['rayClusterName'] + ')' if status.get('rayClusterName') else ''}")
+            if deployment == "Retrying":
+                say(f"      attempt {status.get('failed', 1)} failed; KubeRay retries on a new cluster "
+                    f"(rayjob.backoff_limit {(rayjob.get('spec') or {}).get('backoffLimit', 0)})")
             for line in waits:
                 say(f"      {line}")
             seen = now
@@ -153,11 +181,15 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
             if status.get("reason") or status.get("message"):
                 say(f"    {status.get('reason', '')}: {status.get('message', '')}".rstrip(": "))
             return rayjob
-        if deployment == "Running" and stream_logs and not logged:
-            # The submitter's log is `ray job submit`'s, which follows the driver's log to its end.
-            logged = subprocess.run([shutil.which("kubectl") or "kubectl", "logs", "-f", f"job/{name}",
-                                     "-n", namespace]).returncode == 0
-            sys.stdout.flush()
-            if logged:
-                continue  # the job has ended or is ending: read its final status now
+        if deployment == "Running" and stream_logs and job_status not in ("SUCCEEDED", "FAILED", "STOPPED"):
+            # The submitter's log follows the driver's log to its end. kubectl exits 0 when the
+            # submitter's container exits, whatever its code; KubeRay's submitter Job restarts a
+            # failed one (backoffLimit 2, rayjob_controller.go:718) and the new pod runs
+            # `ray job logs --follow` of the same Ray job, which prints its log from the start
+            # (common/job.go:119-130): stream again, skipping the lines already shown.
+            rc, seen_lines = stream_submitter_log(name, namespace, skip=printed, say=say)
+            if rc == 0 and seen_lines > printed:
+                printed = seen_lines
+                continue  # the job has ended, or its submitter restarts: read the status now
+            # nothing new (a finished submitter KubeRay has not marked yet, or no pod yet): wait
         time.sleep(poll_s)

@@ -33,6 +33,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
     except client.exceptions.NoSuchKey:
+        if found is not None:
+            # KubeRay creates the submitter Job (named after the RayJob) only once the cluster is
+            # ready (rayjob_controller.go:230-232, 724): before that there is no log anywhere yet.
+            deployment, job_status = eks.phase(found[1])
+            print(f"error: logs: run {args.run!r} is {deployment}{' / ' + job_status if job_status else ''}: "
+                  f"no log yet (raytrain-eks status {args.run})", file=sys.stderr)
+            return 2
         print(f"error: logs: run {args.run!r} has no submitter pod and no s3://{bucket}/{key}", file=sys.stderr)
         return 2
     sys.stdout.write(body.decode("utf-8", errors="replace"))

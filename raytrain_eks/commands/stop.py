@@ -1,7 +1,8 @@
 """`raytrain-eks stop RUN`: delete the run's RayJob. KubeRay v1.7.0 stops the Ray job first
 when it is not finished (``rayjob_controller.go``: the RayJobStopJobFinalizer calls the
-dashboard's StopJob), also on the long-lived RayCluster, which stays; a run's own cluster goes
-with its RayJob. The run's storage (checkpoints, run.json) stays: ``submit --resume RUN``
+dashboard's StopJob), also on the long-lived RayCluster, which stays; a run's own cluster (owned
+by its RayJob, rayjob_controller.go:1021) goes with it, and ``stop`` waits for that (foreground
+deletion). The run's storage (checkpoints, run.json) stays: ``submit --resume RUN``
 continues it.
 
 Exit codes: 0 deleted, 2 no such run."""
@@ -28,7 +29,10 @@ def run(args: argparse.Namespace) -> int:
     if found is None:
         print(f"error: stop: no RayJob {args.run!r} in namespace {namespace} (raytrain-eks list)", file=sys.stderr)
         return 2
-    eks.kubectl("delete", "rayjob", found[0], "-n", namespace, "--wait=true")
+    # Foreground: the RayJob goes only after what it owns (its own RayCluster, the submitter Job;
+    # rayjob_controller.go:1021, 743 set them as controller references) is gone, so the return
+    # means the cluster's pods have stopped. A clusterSelector cluster is not owned: it stays.
+    eks.kubectl("delete", "rayjob", found[0], "-n", namespace, "--cascade=foreground", "--wait=true")
     policy = ray_cluster_policy(rayjob_label(args.run), namespace)["metadata"]["name"]
     eks.kubectl("delete", "networkpolicy", policy, "-n", namespace, "--ignore-not-found")
     print(f"stopped {args.run}: RayJob deleted (KubeRay stops the Ray job); storage kept: "

@@ -107,13 +107,34 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
     else:
         print(f"    code archive already in the bucket: {manifests.code_uri}")
     eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
-    if resume and eks.get_rayjob(manifests.rayjob_name, manifests.namespace) is not None:
+    existing = eks.get_rayjob(manifests.rayjob_name, manifests.namespace)
+    if existing is not None and not resume:
+        # Server-side apply onto it would succeed and change nothing that runs: KubeRay does not
+        # run a finished RayJob again (rayjob_controller.go:420-447), and a live one is someone's run.
+        deployment, job_status = eks.phase(existing)
+        raise ChartError(f"submit: --name: RayJob {manifests.rayjob_name} already exists ({deployment}"
+                         f"{' / ' + job_status if job_status else ''}): raytrain-eks stop {manifests.run}, "
+                         "or choose another name")
+    if existing is not None and eks.phase(existing)[0] not in eks.TERMINAL:
+        # Deleting it stops its Ray job (the finalizer), but its cluster goes in the background
+        # (owner references): its workers could still write checkpoints beside the new attempt.
+        deployment, job_status = eks.phase(existing)
+        raise ChartError(f"submit: --resume: RayJob {manifests.rayjob_name} is still {deployment}"
+                         f"{' / ' + job_status if job_status else ''}: raytrain-eks stop {manifests.run} first")
+    if existing is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.
-        eks.kubectl("delete", "rayjob", manifests.rayjob_name, "-n", manifests.namespace, "--wait=true")
+        # Foreground: wait until its own cluster (a controller reference) is gone too.
+        eks.kubectl("delete", "rayjob", manifests.rayjob_name, "-n", manifests.namespace,
+                    "--cascade=foreground", "--wait=true")
     eks.apply(str(manifests.rayjob))
     print(f"    RayJob {manifests.rayjob_name} applied (Ctrl-C detaches; the run goes on)")
     final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s)
     deployment, job_status = eks.phase(final)
+    if deployment == "ValidationFailed":
+        # KubeRay refused the spec before creating anything (rayjob_controller.go:144-161): no
+        # cluster ran, so storage has nothing of it; the RayJob stays until deleted.
+        raise ChartError(f"submit: KubeRay refused RayJob {manifests.rayjob_name}: "
+                         f"{(final.get('status') or {}).get('message', '')} (raytrain-eks stop {manifests.run} removes it)")
     print(f"==> {manifests.run}: {deployment}{' / ' + job_status if job_status else ''}")
     copied = download_run(client, manifests.run_uri, out_dir)
     if "run.json" not in copied:

@@ -242,6 +242,9 @@ def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
         assert variant["clusterSelector"] == {"ray.io/cluster": rc["metadata"]["name"]}
         assert "rayClusterSpec" not in variant and "shutdownAfterJobFinishes" not in variant
         assert "ttlSecondsAfterFinished" not in variant  # KubeRay: only with shutdownAfterJobFinishes
+        # KubeRay v1.7.0 utils/validation.go:575-576: backoffLimit > 0 with a clusterSelector is
+        # ValidationFailed; the own-cluster variant keeps the job's retries.
+        assert variant.get("backoffLimit", 0) == 0 and own["backoffLimit"] == submitted_config(default_synth.one(f"rayjob-{job}")).rayjob.backoff_limit
         assert variant["entrypoint"] == own["entrypoint"]
         # the same runtime env, except each names its own manifest (and that file's hash)
         ours = [yaml.safe_load(v["runtimeEnvYAML"])["env_vars"] for v in (variant, own)]

@@ -16,10 +16,24 @@ Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
   Ray job is terminal AND the submitter has finished (K8sJobMode, kuberay PR 1919): then
   ``Complete`` (SUCCEEDED/STOPPED) or ``Failed`` with ``reason = AppFailed`` (FAILED), and
   ``endTime``.
+- validation, before the switch on every reconcile (rayjob_controller.go:144-161): a spec
+  KubeRay refuses goes ``ValidationFailed`` with ``reason = ValidationFailed`` and the error as
+  ``message``; modelled: ``backoffLimit > 0`` with a ``clusterSelector`` (utils/validation.go:575-576).
+- retries: a ``Failed`` RayJob with ``status.failed < backoffLimit + 1`` (reason not
+  ``DeadlineExceeded``) becomes ``Retrying`` in the same reconcile, so ``Failed`` is never seen
+  then (rayjob_controller.go:452, 518-556); ``Retrying`` deletes the cluster and the submitter,
+  clears ``rayClusterName``, ``jobId``, ``jobStatus``, ``reason``, ``message`` and goes back to
+  New (rayjob_controller.go:366-410): the next attempt has a new cluster and a new Ray job.
+  ``outcomes`` (one per attempt) scripts the attempts; ``outcome`` the rest.
+- ``kubectl apply --server-side`` of a RayJob that exists succeeds (exit 0): it changes the
+  spec and keeps the status, and a ``Complete``/``Failed`` RayJob is not run again
+  (rayjob_controller.go:420-447 only cleans up).
 - delete: a RayJob whose jobStatus is not terminal gets StopJob on its Ray job first (the
-  finalizer); the double records the stopped job id.
+  finalizer, rayjob_controller.go:112-137); the double records the stopped job id.
 
-The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log; the submitter
+The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log (with
+``submitter_restarts``, the first streams end half-way, as when the submitter's pod dies and its
+Job starts a new one that prints the log from the start); the submitter
 finishes when it has been streamed (or after ``submitter_runs`` reconciles in RUNNING). When the
 Ray job ends the double copies the scripted results into the run's storage, as the job does.
 State: the JSON file ``$FAKE_KUBECTL_STATE``; every call is appended to its ``calls``.
@@ -56,7 +70,11 @@ def publish_results(state: dict, job: dict) -> None:
     source = state.get("results_dir")
     if not source:
         return
-    bucket, _, prefix = state["run_uri"].format(run=job["metadata"]["name"]).removeprefix("s3://").partition("/")
+    # the job writes under its run name (checkpoint.run_name in the entrypoint), which is not the
+    # RayJob's name for a job on the long-lived cluster (<run>-on-cluster)
+    entry = job["spec"].get("entrypoint", "")
+    run = entry.split("checkpoint.run_name=")[1].split()[0] if "checkpoint.run_name=" in entry else job["metadata"]["name"]
+    bucket, _, prefix = state["run_uri"].format(run=run).removeprefix("s3://").partition("/")
     client = boto3.client("s3")
     for path in Path(source).rglob("*"):
         if path.is_file():
@@ -69,10 +87,26 @@ def reconcile(state: dict, job: dict) -> None:
     fake["reconciles"] += 1
     deployment = status.get("jobDeploymentStatus", "")
     name = job["metadata"]["name"]
-    if deployment == "":
-        job["metadata"].setdefault("finalizers", []).append("ray.io/rayjob-stopjob-finalizer")
-        selector = (job["spec"].get("clusterSelector") or {}).get("ray.io/cluster")
-        status.update(jobId=f"{name}-abcde", rayClusterName=selector or f"{name}-x7k2p", jobStatus="",
+    spec = job["spec"]
+    if deployment in ("Complete", "Failed", "ValidationFailed"):
+        return
+    if spec.get("clusterSelector") and (spec.get("backoffLimit") or 0) > 0:
+        status.update(jobDeploymentStatus="ValidationFailed", reason="ValidationFailed",
+                      message="The RayJob spec is invalid: BackoffLimit is incompatible with ClusterSelector mode")
+        return
+    attempt = status.get("failed", 0)
+    if deployment == "Retrying":
+        for key in ("rayClusterName", "jobId", "reason", "message", "dashboardURL"):
+            status.pop(key, None)
+        status.update(jobStatus="", jobDeploymentStatus="")
+        fake["submitter_done"] = False
+    elif deployment == "":
+        if "ray.io/rayjob-stopjob-finalizer" not in job["metadata"].setdefault("finalizers", []):
+            job["metadata"]["finalizers"].append("ray.io/rayjob-stopjob-finalizer")
+        selector = (spec.get("clusterSelector") or {}).get("ray.io/cluster")
+        suffix = "abcde" if attempt == 0 else f"retry{attempt}"
+        cluster = "x7k2p" if attempt == 0 else f"r{attempt}x7k"
+        status.update(jobId=f"{name}-{suffix}", rayClusterName=selector or f"{name}-{cluster}", jobStatus="",
                       jobDeploymentStatus="Initializing", startTime="2026-12-01T20:00:00Z")
         fake["initializing_since"] = fake["reconciles"]
     elif deployment == "Initializing":
@@ -85,7 +119,8 @@ def reconcile(state: dict, job: dict) -> None:
         ray_status = status.get("jobStatus") or ""
         if fake["submitter_done"] or fake["reconciles"] - fake["running_since"] > state["submitter_runs"]:
             if ray_status not in TERMINAL_JOB:
-                ray_status = state["outcome"]
+                outcomes = state.get("outcomes") or []
+                ray_status = outcomes[attempt] if attempt < len(outcomes) else state["outcome"]
                 publish_results(state, job)
             fake["submitter_done"] = True
         else:
@@ -96,6 +131,10 @@ def reconcile(state: dict, job: dict) -> None:
             status.update(jobDeploymentStatus="Failed" if failed else "Complete", endTime="2026-12-01T20:30:00Z",
                           **({"reason": "AppFailed", "message": "Job entrypoint command failed with exit code 1"}
                              if failed else {}))
+            if failed:
+                status["failed"] = attempt + 1
+                if status["failed"] < (spec.get("backoffLimit") or 0) + 1:
+                    status["jobDeploymentStatus"] = "Retrying"  # same reconcile: Failed is never written
 
 
 def pods(state: dict, cluster: str) -> list[dict]:
@@ -136,9 +175,11 @@ def dispatch(state: dict, argv: list[str]) -> int:
             if not doc:
                 continue
             store = state["rayjobs"] if doc["kind"] == "RayJob" else state.setdefault("policies", {})
-            if doc["kind"] == "RayJob" and doc["metadata"]["name"] in store:
-                print(f'Error: RayJob "{doc["metadata"]["name"]}" exists', file=sys.stderr)
-                return 1
+            old = store.get(doc["metadata"]["name"])
+            if doc["kind"] == "RayJob" and old is not None:
+                # server-side apply of an existing object: the spec changes, the status stays
+                old["spec"] = doc["spec"]
+                continue
             store[doc["metadata"]["name"]] = doc
         return 0
     if verb == "get" and rest[0] == "rayjob":
@@ -163,7 +204,16 @@ def dispatch(state: dict, argv: list[str]) -> int:
         if job is None or job.get("status", {}).get("jobDeploymentStatus") not in ("Running", "Complete", "Failed"):
             print(f'error: pods for job "{name}" not found', file=sys.stderr)
             return 1
-        sys.stdout.write(state.get("driver_log", ""))
+        log = state.get("driver_log", "")
+        restarts = state.get("submitter_restarts", 0)
+        if "-f" in rest and job["_fake"].get("submitter_failures", 0) < restarts:
+            # the submitter's container dies half-way (kubectl still exits 0); its Job starts a
+            # new pod whose `ray job logs --follow` prints the log from the start (common/job.go:119-130)
+            job["_fake"]["submitter_failures"] = job["_fake"].get("submitter_failures", 0) + 1
+            lines = log.splitlines(keepends=True)
+            sys.stdout.write("".join(lines[:len(lines) // 2]))
+            return 0
+        sys.stdout.write(log)
         if "-f" in rest:  # following ends when the submitter's container exits
             job["_fake"]["submitter_done"] = True
         return 0
@@ -175,6 +225,13 @@ def dispatch(state: dict, argv: list[str]) -> int:
                 return not_found("rayjobs.ray.io", name)
             if (job.get("status") or {}).get("jobStatus") not in TERMINAL_JOB:
                 state.setdefault("stopped_jobs", []).append(job.get("status", {}).get("jobId", ""))
+            # its own RayCluster is a controller reference of the RayJob (rayjob_controller.go:1021):
+            # the garbage collector deletes it (before the RayJob goes with --cascade=foreground);
+            # a clusterSelector cluster is not owned and stays
+            cluster = (job.get("status") or {}).get("rayClusterName")
+            if cluster and not job["spec"].get("clusterSelector"):
+                state.setdefault("deleted_clusters", []).append(
+                    {"cluster": cluster, "foreground": "--cascade=foreground" in rest})
             return 0
         if kind == "networkpolicy":
             if state.get("policies", {}).pop(name, None) is None and "--ignore-not-found" not in rest:

@@ -110,7 +110,7 @@ def test_a_second_submit_refuses_a_used_name_and_resume_continues_it(cluster, tm
     assert code in (0, 3), out
     assert "run smoke-b1: resumes" in out and "code archive already in the bucket" in out
     calls = cluster.state()["calls"]
-    assert ["delete", "rayjob", "smoke-b1", "-n", "ray", "--wait=true"] in calls
+    assert ["delete", "rayjob", "smoke-b1", "-n", "ray", "--cascade=foreground", "--wait=true"] in calls
     # the network policy existed already: applied once, for the first submit only
     assert sum(c[0] == "apply" and c[-1].endswith("network-policy.k8s.yaml") for c in calls) == 1
 
@@ -140,6 +140,10 @@ def test_status_list_logs_and_stop(cluster, tmp_path, capfd):
     assert "status     Initializing" in out and "cluster    smoke-c1-x7k2p" in out
     assert "waiting    1 pod(s) waiting for a node" in out
 
+    # no submitter Job before the cluster is ready (rayjob_controller.go:230-232): no log yet
+    assert main(["logs", "smoke-c1"]) == 2
+    assert "run 'smoke-c1' is Initializing: no log yet" in capfd.readouterr().err
+
     assert main(["list"]) == 0
     table = capfd.readouterr().out.splitlines()
     assert table[0].split() == ["run", "job", "config", "status", "job", "status", "started"]
@@ -149,6 +153,8 @@ def test_status_list_logs_and_stop(cluster, tmp_path, capfd):
     assert "stopped smoke-c1" in capfd.readouterr().out
     state = cluster.state()
     assert "smoke-c1" not in state["rayjobs"] and state["stopped_jobs"] == ["smoke-c1-abcde"]
+    # its own cluster went with it, and stop waited for that (foreground deletion)
+    assert state["deleted_clusters"] == [{"cluster": "smoke-c1-x7k2p", "foreground": True}]
     assert "ray-rayjob-smoke-c1" not in state.get("policies", {})
     assert main(["stop", "smoke-c1"]) == 2
 
@@ -160,3 +166,111 @@ def test_logs_come_from_storage_once_the_rayjob_is_gone(cluster, tmp_path, capfd
     assert capfd.readouterr().out == DRIVER_LOG
     assert main(["logs", "smoke-never"]) == 2
     assert "has no submitter pod and no s3://" in capfd.readouterr().err
+
+
+def test_a_failed_attempt_is_retried_on_a_new_cluster_and_followed_to_the_end(cluster, tmp_path, capfd):
+    # KubeRay v1.7.0 rayjob_controller.go:452, 518-556: with backoffLimit left, a failed attempt
+    # is written as Retrying (never Failed); Retrying -> New clears the cluster and the job id
+    # (366-410), so the next attempt has a new cluster, a new Ray job and its own log.
+    cluster.set(outcomes=["FAILED", "SUCCEEDED"])
+    code = submit(tmp_path, "--name", "smoke-r1", "--set", "rayjob.backoff_limit=1")
+    out = capfd.readouterr().out
+    assert code in (0, 3), out
+    lines = [line.strip() for line in out.splitlines()]
+    order = ["RayJob smoke-r1: Running (cluster smoke-r1-x7k2p)", "step 10/20 loss 9.81",
+             "RayJob smoke-r1: Retrying / FAILED", "attempt 1 failed; KubeRay retries on a new cluster",
+             "RayJob smoke-r1: Initializing (cluster smoke-r1-r1x7k)", "RayJob smoke-r1: Running (cluster smoke-r1-r1x7k)",
+             "RayJob smoke-r1: Complete / SUCCEEDED"]
+    positions = [next((i for i, line in enumerate(lines) if line.startswith(want)), -1) for want in order]
+    assert -1 not in positions and positions == sorted(positions), out
+    assert not any(line.startswith("RayJob smoke-r1: Failed") for line in lines), out
+    assert sum(c[0] == "logs" for c in cluster.state()["calls"]) == 2  # each attempt's log streamed
+
+
+def test_on_cluster_rayjob_passes_kuberays_validation(cluster, tmp_path, capfd):
+    # KubeRay v1.7.0 utils/validation.go:575-576: backoffLimit > 0 with a clusterSelector is
+    # ValidationFailed. The on-cluster manifest carries backoffLimit 0 whatever the job says.
+    code = submit(tmp_path, "--name", "smoke-o1", "--on-cluster", "--set", "rayjob.backoff_limit=1")
+    out = capfd.readouterr().out
+    assert code in (0, 3), out
+    job = cluster.state()["rayjobs"]["smoke-o1-on-cluster"]
+    assert job["spec"]["backoffLimit"] == 0 and job["status"]["jobDeploymentStatus"] == "Complete", out
+
+
+def test_the_double_refuses_backoff_with_a_cluster_selector_as_kuberay_does(cluster, tmp_path, capfd):
+    import yaml
+
+    import raytrain_eks.eks_backend as eks
+
+    manifest = tmp_path / "rayjob.yaml"
+    manifest.write_text(yaml.safe_dump({"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "bad"},
+                                        "spec": {"backoffLimit": 1, "clusterSelector": {"ray.io/cluster": "c"}}}))
+    eks.apply(str(manifest))
+    final = eks.follow("bad", "ray", poll_s=0, say=lambda line: None)
+    assert eks.phase(final)[0] == "ValidationFailed"
+    assert final["status"]["reason"] == "ValidationFailed" and "ClusterSelector" in final["status"]["message"]
+    # server-side apply of an existing RayJob succeeds and keeps its status (no re-run)
+    eks.apply(str(manifest))
+    assert eks.get_rayjob("bad", "ray")["status"]["jobDeploymentStatus"] == "ValidationFailed"
+
+
+def test_a_new_run_name_with_a_leftover_rayjob_is_refused(cluster, tmp_path, capfd):
+    # A RayJob of that name with nothing in storage (it was refused, or failed before writing):
+    # applying onto it would succeed and run nothing (rayjob_controller.go:420-447).
+    cluster.set(rayjobs={"smoke-l1": {"kind": "RayJob", "metadata": {"name": "smoke-l1"}, "spec": {},
+                                      "status": {"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed"},
+                                      "_fake": {"reconciles": 0, "submitter_done": False}}})
+    assert submit(tmp_path, "--name", "smoke-l1") == 2
+    err = capfd.readouterr().err
+    assert "RayJob smoke-l1 already exists (ValidationFailed): raytrain-eks stop smoke-l1" in err, err
+    assert not any(c[0] == "apply" and c[-1].endswith("rayjob-smoke-l1.k8s.yaml") for c in cluster.state()["calls"])
+
+
+def test_resume_refuses_a_run_whose_rayjob_is_still_live(cluster, tmp_path, capfd):
+    # Deleting a live RayJob stops its Ray job (rayjob_controller.go:112-137) but its RayCluster
+    # goes in the background (owner reference): its workers could write beside the new attempt.
+    key = cluster.storage.removeprefix(f"s3://{cluster.bucket}/") + "/smoke-v1/run.json"
+    cluster.s3.put_object(Bucket=cluster.bucket, Key=key, Body=b"{}")
+    cluster.set(rayjobs={"smoke-v1": {"kind": "RayJob", "metadata": {"name": "smoke-v1"}, "spec": {},
+                                      "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+                                      "_fake": {"reconciles": 0, "submitter_done": False, "running_since": 0}}},
+                submitter_runs=1000)
+    assert submit(tmp_path, "--resume", "smoke-v1") == 2
+    assert "RayJob smoke-v1 is still Running / RUNNING: raytrain-eks stop smoke-v1 first" in capfd.readouterr().err
+    assert not any(c[0] == "delete" for c in cluster.state()["calls"])
+
+
+def test_a_spec_kuberay_refuses_ends_submit_with_its_message_and_exit_2(cluster, tmp_path, capfd, monkeypatch):
+    # ValidationFailed (rayjob_controller.go:144-161) runs nothing: no storage to look for.
+    import yaml
+
+    import raytrain_eks.eks_backend as eks
+
+    real = eks.apply
+
+    def refused_spec(path: str) -> None:
+        docs = list(yaml.safe_load_all(Path(path).read_text()))
+        for doc in docs:
+            if doc and doc.get("kind") == "RayJob":
+                doc["spec"] |= {"clusterSelector": {"ray.io/cluster": "raytrain"}, "backoffLimit": 1}
+        Path(path).write_text(yaml.safe_dump_all(docs))
+        real(path)
+
+    monkeypatch.setattr(eks, "apply", refused_spec)
+    assert submit(tmp_path, "--name", "smoke-x1") == 2
+    captured = capfd.readouterr()
+    assert "KubeRay refused RayJob smoke-x1: The RayJob spec is invalid: BackoffLimit is incompatible" in captured.err
+    assert "RayJob smoke-x1: ValidationFailed" in captured.out and "wrote no run.json" not in captured.err
+
+
+def test_a_restarted_submitter_is_streamed_on_without_repeating_lines(cluster, tmp_path, capfd):
+    # kubectl logs -f exits 0 when the submitter's container exits, whatever its code; the
+    # submitter Job's next pod runs `ray job logs --follow`, which starts from the top
+    # (KubeRay v1.7.0 rayjob_controller.go:718, common/job.go:119-130).
+    cluster.set(submitter_restarts=1)
+    code = submit(tmp_path, "--name", "smoke-s1")
+    out = capfd.readouterr().out
+    assert code in (0, 3), out
+    for line in DRIVER_LOG.splitlines():
+        assert out.count(line) == 1, (line, out)
+    assert sum(c[0] == "logs" for c in cluster.state()["calls"]) == 2
