@@ -91,6 +91,14 @@ class ParallelConfig:
     cpus_per_worker: float = 1.0
     activation_checkpointing: bool = False
     compile: bool = False
+    keep_params_gathered: bool = False
+    """With gradient accumulation: keep each block's parameters gathered from the first micro
+    batch's forward to the last one's backward (one all-gather per block per step instead of
+    two per micro batch), at the cost of the unsharded bf16 parameters for the whole step. The
+    preflight's memory plan says whether it fits."""
+    grad_reduce_dtype: str = "float32"
+    """Gradient reduce-scatter/all-reduce dtype on GPU: ``float32`` or ``bfloat16`` (half the
+    bytes on the network; the master weights and AdamW stay fp32)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,6 +15,7 @@ OVERLONG_POLICIES = ("truncate", "refuse")
 ON_EXISTING_RUN = ("resume", "refuse")
 TRANSPORTS = ("any", "efa", "socket", "single-node")
 DTYPES = ("auto", "bfloat16", "float32")
+REDUCE_DTYPES = ("float32", "bfloat16")
 
 
 class JobConfigError(ValueError):
@@ -75,6 +76,7 @@ def validate(c: Any) -> None:
     _positive(s, "train.grad_clip", t.grad_clip, allow_zero=True)
     p = c.parallel
     _one_of(s, "parallel.strategy", p.strategy, STRATEGIES)
+    _one_of(s, "parallel.grad_reduce_dtype", p.grad_reduce_dtype, REDUCE_DTYPES)
     _positive(s, "parallel.num_workers", p.num_workers)
     _positive(s, "parallel.workers_per_node", p.workers_per_node)
     _positive(s, "parallel.cpus_per_worker", p.cpus_per_worker)
