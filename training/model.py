@@ -90,8 +90,8 @@ def count_targets(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
-def loss_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                device: torch.device | None = None) -> tuple[dict[str, Any], torch.Tensor]:
+def loss_inputs(model: torch.nn.Module | None, batch: dict[str, torch.Tensor], device: torch.device | None = None,
+                *, packed: bool | None = None) -> tuple[dict[str, Any], torch.Tensor]:
     """The model kwargs and the target token ids of a batch, prepared from its HOST copy.
 
     Only positions whose next token is a target are sent through the output layer
@@ -100,6 +100,7 @@ def loss_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
     ``rows * seq_len`` tokens (every row starts a document, so the result is the same) so that
     the indices can differ per row; the document layout travels as attention kwargs. Indices
     and layout are computed here, on the host, so the device never waits for a host read.
+    ``packed`` None: whether ``model`` uses packed attention.
     """
     from training.attention import document_layout, uses_packed_attention
 
@@ -110,7 +111,7 @@ def loss_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
     row, col = torch.nonzero(is_target, as_tuple=True)
     targets = labels[:, 1:][is_target].long()
     move = (lambda t: t) if device is None else (lambda t: t.to(device, non_blocking=True))
-    if uses_packed_attention(model):
+    if uses_packed_attention(model) if packed is None else packed:
         if positions is None:
             positions = torch.arange(seq_len).expand(rows, -1)
         layout = document_layout(positions, rows, seq_len)
@@ -152,7 +153,12 @@ def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: tor
     ``batch`` should be the host copy (``device`` then receives the inputs); a batch already on
     the device works too, at the price of a host read for the target indices.
     """
-    inputs, targets = loss_inputs(model, batch, device)
+    return loss_from_inputs(model, *loss_inputs(model, batch, device))
+
+
+def loss_from_inputs(model: torch.nn.Module, inputs: dict[str, Any], targets: torch.Tensor) -> torch.Tensor:
+    """The device half of :func:`loss_sum`, on what :func:`loss_inputs` prepared."""
+    inputs = dict(inputs)
     rows, cols = inputs.pop("_rows", None), inputs.pop("_cols", None)
     logits = model(**inputs).logits
     logits = logits[0] if rows is None else logits[rows, cols]

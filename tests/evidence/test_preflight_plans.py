@@ -100,7 +100,8 @@ def test_memory_terms_by_hand():
                         micro_batch_size=1, activation_checkpointing=False)
     n = 1_543_714_304
     assert e.parameters == n * 4 // 8 and e.optimizer == n * 8 // 8   # fp32 master weights, sharded 8 ways
-    assert e.logits == 2048 * 151936 * 10                     # bf16 logits + fp32 log-softmax + fp32 grad
+    # bf16 logits and their gradient at (at most) every position + one 512-token fp32 chunk and its gradient
+    assert e.logits == 2048 * 151936 * 4 + 512 * 151936 * 8
     assert e.activations == 2048 * 28 * (11 * 1536 + 4 * 8960 + 3 * 256) * 2
     hybrid = estimate_memory(QWEN2_5_1_5B, strategy="hybrid_shard", world_size=8, workers_per_node=4, seq_len=2048,
                              micro_batch_size=1, activation_checkpointing=False)
@@ -114,16 +115,17 @@ def test_memory_terms_by_hand():
     assert pure_bf16.parameters == n * 2 // 8 and pure_bf16.required < e.required
 
 
-def test_accumulation_holds_the_gathered_model_and_a_full_fp32_gradient():
+def test_sharded_accumulation_costs_nothing_and_kept_gathered_parameters_cost_the_bf16_model():
     n = 1_543_714_304
     common = dict(strategy="full_shard", world_size=8, workers_per_node=4, seq_len=2048, micro_batch_size=1,
                   activation_checkpointing=True)
     one = estimate_memory(QWEN2_5_1_5B, **common)
     eight = estimate_memory(QWEN2_5_1_5B, **common, grad_accum_steps=8)
-    # parameters gathered in bf16 for the whole step + the unsharded fp32 gradient (~5.7 GiB)
-    assert eight.accumulation == n * 2 + n * 4 and eight.fsdp_working_set == 0
-    assert n * 4 / GIB == pytest.approx(5.75, abs=0.01)
-    assert eight.total - one.total == eight.accumulation - one.fsdp_working_set
+    kept = estimate_memory(QWEN2_5_1_5B, **common, grad_accum_steps=8, keep_gathered=True)
+    # every micro batch reduce-scatters: no unsharded fp32 gradient outlives a block's backward
+    assert eight.accumulation == 0 and eight.total == one.total
+    # parameters gathered in bf16 for the whole step (~2.9 GiB)
+    assert kept.accumulation == n * 2 and kept.total - one.total == n * 2
 
 
 def test_shipped_finetune_job_runs_the_strategy_preflight_finds_fastest(monkeypatch):

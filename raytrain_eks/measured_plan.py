@@ -1,0 +1,132 @@
+"""Figures of the full-size job MEASURED on CPU by the real code (bench/bench_full_size_plan.py),
+and the step-time prediction built on them, for the preflight.
+
+The bench builds the model from its config under fake tensors on a fake process group of
+2 x g6.12xlarge (8 ranks, 4 per node) and measures peak memory per GPU (FSDP2's memory tracker),
+FLOPs executed per micro batch (recompute included) and the bytes of every collective per step.
+``bench/bench_full_size_plan.py --publish`` writes them to ``measured_plan.json`` beside this
+module; :func:`lookup` finds the measurement of a job, :func:`predict` turns counts into time.
+
+Prediction (per GPU, per optimizer step of ``A`` micro batches):
+
+- compute: FLOPs executed / (peak bf16 x :data:`SUSTAINED_FRACTION`);
+- collectives: ring bytes each GPU sends (all-gather and reduce-scatter ``(n-1)/n`` of the
+  buffer, all-reduce twice that), over PCIe inside a node (:data:`PCIE_GBYTES_PER_S`) and over
+  the node's one EFA link across nodes (shared by the node's GPUs in hybrid shard's replicate
+  rings; a world ring crosses it once per node);
+- exposed: per micro batch, the collective time its compute cannot hide (links in parallel);
+- MFU: model FLOPs (training/flops.py) / (step time x peak).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from environment.instances import INSTANCE_TYPES
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "full_size_plan.json"
+PUBLISHED = Path(__file__).resolve().parent / "measured_plan.json"
+
+SUSTAINED_FRACTION = 0.5
+"""Share of the peak bf16 rate the step's kernels sustain on an L4 (its 72 W power cap holds
+large bf16 matmuls near half the datasheet peak). An assumption until ``make gpu-check`` measures it."""
+PCIE_GBYTES_PER_S = 12.0
+"""Ring bandwidth per GPU inside a g6.12xlarge (L4s on PCIe Gen4 x16, no NVLink: NCCL goes
+through host memory). An assumption, stated so a measurement can replace it."""
+
+MODEL_CONFIGS: dict[str, dict] = {
+    "Qwen2.5-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "Qwen2.5-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False),
+}
+"""The published config.json shapes (Qwen/Qwen2.5-1.5B-Instruct, Qwen/Qwen2.5-7B-Instruct)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    instance: str = "g6.12xlarge"
+    nodes: int = 2
+
+    @property
+    def gpus_per_node(self) -> int:
+        return INSTANCE_TYPES[self.instance].gpus
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "gpus_per_node": self.gpus_per_node, "world_size": self.world_size}
+
+
+def _links(entry: dict, strategy: str, cluster: Cluster) -> tuple[float, float]:
+    """(PCIe bytes per GPU, EFA bytes per node) of one collective entry."""
+    n = entry["group_size"]
+    sent = entry["bytes"] * (n - 1) / n * (2 if entry["kind"] == "all_reduce" else 1)
+    if cluster.nodes < 2:
+        return sent, 0.0
+    if n == cluster.world_size and strategy != "hybrid_shard":  # one ring over every GPU
+        return sent, sent
+    if strategy == "hybrid_shard" and n == cluster.nodes:  # the replicate rings, one per GPU of a node
+        return 0.0, sent * cluster.gpus_per_node
+    return sent, 0.0
+
+
+def predict(result: dict, cluster: Cluster) -> dict:
+    """Step time and MFU of a measured variant on ``cluster`` (see the module docstring)."""
+    instance = INSTANCE_TYPES[cluster.instance]
+    peak = instance.gpu_bf16_tflops * 1e12
+    accum = result["global_batch_size"] // (cluster.world_size * result["micro_batch_size"])
+    micro_s = result["executed_flops_per_micro_batch"] / (peak * SUSTAINED_FRACTION)
+    link = instance.network_gbps * 1e9 / 8
+    pcie = efa = 0.0
+    exposed = 0.0
+    for micro in ("first", "last"):
+        pcie_m = efa_m = 0.0
+        for entry in result["collectives"]:
+            per_micro = entry.get(f"{micro}_bytes", entry["bytes"] / accum)
+            p, e = _links({**entry, "bytes": per_micro}, result["strategy"], cluster)
+            pcie_m, efa_m = pcie_m + p, efa_m + e
+        weight = accum - 1 if micro == "first" else 1
+        pcie, efa = pcie + weight * pcie_m, efa + weight * efa_m
+        exposed += weight * max(0.0, max(pcie_m / (PCIE_GBYTES_PER_S * 1e9), efa_m / link) - micro_s)
+    compute_s = accum * micro_s
+    step_s = compute_s + exposed
+    model_flops = accum * result["model_flops_per_micro_batch"]
+    return {"grad_accum_steps": accum, "compute_s": round(compute_s, 3), "exposed_comm_s": round(exposed, 3),
+            "step_s": round(step_s, 3), "mfu": round(model_flops / (step_s * peak), 4),
+            "executed_over_model_flops": round(result["executed_flops_per_micro_batch"]
+                                               / result["model_flops_per_micro_batch"], 3),
+            "pcie_bytes_per_gpu": int(pcie), "efa_bytes_per_node": int(efa),
+            "sustained_fraction": SUSTAINED_FRACTION, "pcie_gbytes_per_s": PCIE_GBYTES_PER_S}
+
+
+def load(path: Path = PUBLISHED) -> list[dict]:
+    """The published measurements (empty when none are)."""
+    if not path.is_file():
+        return []
+    return json.loads(path.read_text(encoding="utf-8"))["results"]
+
+
+def model_name(shapes) -> str | None:
+    """The measured model with these shapes (training.flops.ModelShapes), if any."""
+    for name, config in MODEL_CONFIGS.items():
+        if (shapes.hidden_size, shapes.num_layers, shapes.vocab_size) == (
+                config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]):
+            return name
+    return None
+
+
+def lookup(results: list[dict], *, model: str, strategy: str, seq_len: int, micro_batch_size: int,
+           activation_checkpointing: bool, reduce_dtype: str = "float32", keep_gathered: bool = False) -> dict | None:
+    """The shipped code's measurement of exactly this plan, or None."""
+    for r in results:
+        if (r["code"], r["model"], r["strategy"], r["seq_len"], r["micro_batch_size"], r["activation_checkpointing"],
+                r["reduce_dtype"], r["keep_gathered"]) == ("after", model, strategy, seq_len, micro_batch_size,
+                                                           activation_checkpointing, reduce_dtype, keep_gathered):
+            return r
+    return None
