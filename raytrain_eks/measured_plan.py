@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from environment.instances import INSTANCE_TYPES
+from raytrain_eks.memory_estimate import FRAGMENTATION, OVERHEAD_BYTES, PUBLISHED_CONFIGS
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "full_size_plan.json"
 PUBLISHED = Path(__file__).resolve().parent / "measured_plan.json"
@@ -35,15 +36,7 @@ PCIE_GBYTES_PER_S = 12.0
 """Ring bandwidth per GPU inside a g6.12xlarge (L4s on PCIe Gen4 x16, no NVLink: NCCL goes
 through host memory). An assumption, stated so a measurement can replace it."""
 
-MODEL_CONFIGS: dict[str, dict] = {
-    "Qwen2.5-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                         rms_norm_eps=1e-6, tie_word_embeddings=True),
-    "Qwen2.5-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
-                       rms_norm_eps=1e-6, tie_word_embeddings=False),
-}
-"""The published config.json shapes (Qwen/Qwen2.5-1.5B-Instruct, Qwen/Qwen2.5-7B-Instruct)."""
+MODEL_CONFIGS = PUBLISHED_CONFIGS
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +112,30 @@ def model_name(shapes) -> str | None:
                 config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]):
             return name
     return None
+
+
+def required_bytes(result: dict) -> int:
+    """What a measured plan must fit: the tracked tensors' peak plus the CUDA/NCCL overhead and
+    the fragmentation allowance the memory model adds (raytrain_eks/memory_estimate.py)."""
+    return int((result["peak_bytes"] + OVERHEAD_BYTES) * FRAGMENTATION)
+
+
+def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> dict | None:
+    """The measurement of ``job``'s exact plan on its cluster (same GPU type and node count as
+    measured), with its prediction for the job's global batch; None when not measured."""
+    results = load() if results is None else results
+    name = model_name(shapes)
+    p, t = job.parallel, job.train
+    cluster = Cluster(instance=instance, nodes=job.num_nodes)
+    if name is None or not p.use_gpu or instance not in INSTANCE_TYPES or p.num_workers != cluster.world_size:
+        return None
+    found = lookup(results, model=name, strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+                   activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
+                   keep_gathered=p.keep_params_gathered)
+    if found is None or job.grad_accum_steps < 2:  # measured with accumulation
+        return None
+    found = {**found, "global_batch_size": t.global_batch_size}
+    return {**found, "prediction": predict(found, cluster), "required_bytes": required_bytes(found)}
 
 
 def lookup(results: list[dict], *, model: str, strategy: str, seq_len: int, micro_batch_size: int,

@@ -49,8 +49,20 @@ USABLE_FRACTION = 0.93
 # Shapes used when model.path is not a readable local directory (an s3:// prefix or a hub id):
 # matched case-insensitively against the last path component. Hand-checked against each
 # model's published config.json.
+PUBLISHED_CONFIGS: dict[str, dict] = {
+    "Qwen2.5-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "Qwen2.5-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False),
+}
+"""The published config.json shapes of Qwen/Qwen2.5-1.5B-Instruct and Qwen/Qwen2.5-7B-Instruct
+(the bench builds these models from them; the table below sizes them)."""
+
 KNOWN_MODELS: dict[str, ModelShapes] = {
     "qwen2.5-1.5b": QWEN2_5_1_5B,
+    "qwen2.5-7b": ModelShapes.from_hf_config({"model_type": "qwen2", **PUBLISHED_CONFIGS["Qwen2.5-7B"]}),
 }
 
 

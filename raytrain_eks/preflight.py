@@ -22,6 +22,8 @@ from pathlib import Path
 
 from charts.resources import resource_problems
 from raytrain_eks.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
+from raytrain_eks import measured_plan
+from raytrain_eks.plan_advice import advise
 from raytrain_eks.step_time import DEFAULT_MFU, estimate_time, strategy_options
 from environment import Environment
 from training.config import JobConfig
@@ -52,6 +54,8 @@ class Plan:
     """The scheduling-fit cases (raytrain_eks.fit.Placement), when cdk.out and dist/ exist."""
     strategies: list[dict] = field(default_factory=list)
     """:func:`strategy_options`: every strategy's estimate, fastest first."""
+    measured: dict | None = None
+    """This exact plan as bench/bench_full_size_plan.py measured it (raytrain_eks/measured_plan.py)."""
 
     @property
     def refusal(self) -> str | None:
@@ -215,14 +219,21 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     plan.memory = estimate_for_job(job, shapes)
     usable = usable_bytes(g.instance.gpu_memory_gib)
     m = plan.memory
-    fits = m.required <= usable
-    hint = "" if fits or job.parallel.activation_checkpointing else "; try parallel.activation_checkpointing = true"
-    if not fits and job.parallel.activation_checkpointing:
-        hint = "; lower train.seq_len or train.micro_batch_size"
+    measured = measured_plan.load()
+
+    def required(candidate: JobConfig) -> int:  # the measured figure where that exact plan was measured
+        found = measured_plan.for_job(candidate, shapes, g.instance_type, measured)
+        return found["required_bytes"] if found else estimate_for_job(candidate, shapes).required
+
+    plan.measured = measured_plan.for_job(job, shapes, g.instance_type, measured)
+    need = required(job)
+    fits = need <= usable
+    hint = "" if fits else "; " + advise(job, shapes, usable, g.instance.gpus, required)
+    source = "measured" if plan.measured else "incl. 10% fragmentation"
     plan.checks.append(Check(name="memory", ok=fits, message=(
         f"{job.model.path or 'model'} {job.parallel.strategy} at train.seq_len = {job.train.seq_len} x "
-        f"micro_batch_size = {job.train.micro_batch_size} needs ~{m.required / GIB:.1f} GiB per GPU "
-        f"(incl. 10% fragmentation); each {g.instance.gpu_model} has {usable / GIB:.1f} GiB usable{hint}")))
+        f"micro_batch_size = {job.train.micro_batch_size} needs ~{need / GIB:.1f} GiB per GPU "
+        f"({source}); each {g.instance.gpu_model} has {usable / GIB:.1f} GiB usable{hint}")))
     plan.estimate = estimate_time(env, job, shapes, mfu)
     plan.strategies = strategy_options(env, job, shapes, mfu)
     best = plan.strategies[0]
@@ -250,6 +261,18 @@ def render(plan: Plan) -> str:
                      f"usable {usable_bytes(env.gpu_group(job.parallel.node_group).instance.gpu_memory_gib) / GIB:.2f} GiB)")
         lines.append(f"  activations without / with checkpointing: {m.activations_without_checkpointing / GIB:.2f} / "
                      f"{m.activations_with_checkpointing / GIB:.2f} GiB")
+    if plan.measured:
+        r, pr = plan.measured, plan.measured["prediction"]
+        comm = ", ".join(f"{c['kind']} over {c['group_size']}: {c['bytes'] / 1e9:.1f} GB" for c in r["collectives"])
+        lines += [
+            "measured   bench/bench_full_size_plan.py (the job's code on fake tensors, fake 2-node process group)",
+            f"  peak memory      {r['peak_bytes'] / GIB:.2f} GiB of tensors per GPU; with overhead and fragmentation "
+            f"{r['required_bytes'] / GIB:.2f} GiB (the hand formula says {plan.memory.required / GIB:.2f})",
+            f"  FLOPs            executed / model = {pr['executed_over_model_flops']:.2f} (recompute and skipped "
+            f"logits show); per GPU per step: {comm}",
+            f"  predicted step   {pr['step_s']:.2f} s ({pr['compute_s']:.2f} compute at {pr['sustained_fraction']:.0%} "
+            f"of peak + {pr['exposed_comm_s']:.2f} exposed collectives), MFU {pr['mfu']:.2f}",
+        ]
     if plan.estimate:
         e = plan.estimate
         lines += [

@@ -164,3 +164,52 @@ def test_preflight_checks_the_shape_the_charts_synthesize(capsys, tmp_path):
     code, out, err = preflight(capsys, "--set", "parallel.num_workers=4", "--set", "train.global_batch_size=16", job=str(job))
     assert code == 2 and "require_transport = 'efa' but the job spans 1 node" in err
 
+
+
+def test_a_plan_that_does_not_fit_is_told_the_change_that_would(capsys):
+    too_big = ("--set", "train.seq_len=8192", "--set", "train.micro_batch_size=2", "--set", "train.global_batch_size=32",
+               "--set", "parallel.activation_checkpointing=false")
+    code, _, err = preflight(capsys, *too_big)
+    assert code == 2 and "set parallel.activation_checkpointing = true (then ~" in err
+    # the advised change, applied, passes the memory check
+    code, out, err = preflight(capsys, *too_big[:-1], "parallel.activation_checkpointing=true")
+    assert "PASS  memory" in out, err
+
+
+def test_qwen2_5_7b_on_two_l4_nodes_is_told_how_many_nodes_full_shard_needs(capsys):
+    from raytrain_eks.memory_estimate import KNOWN_MODELS
+
+    code, _, err = preflight(capsys, "--set", "model.path=s3://bucket/models/Qwen2.5-7B-Instruct")
+    assert code == 2 and err.count("\n") == 1
+    assert "no setting fits 2 node(s): full shard with activation checkpointing needs" in err
+    nodes = int(err.split("checkpointing needs ")[1].split(" nodes")[0])
+    shapes = KNOWN_MODELS["qwen2.5-7b"]
+    assert shapes.num_params() == 7_615_616_512  # Qwen2.5-7B's published parameter count
+    wider = estimate_memory(shapes, strategy="full_shard", world_size=nodes * 4, workers_per_node=4, seq_len=2048,
+                            micro_batch_size=1, activation_checkpointing=True, grad_accum_steps=2)
+    narrower = estimate_memory(shapes, strategy="full_shard", world_size=(nodes - 1) * 4, workers_per_node=4,
+                               seq_len=2048, micro_batch_size=1, activation_checkpointing=True, grad_accum_steps=2)
+    assert wider.required <= usable_bytes(24) < narrower.required
+
+
+def test_measured_collectives_become_link_bytes_and_time():
+    """Ring collectives: each GPU sends (n-1)/n of an all-gather or reduce-scatter buffer and
+    twice that of an all-reduce; hybrid shard's replicate rings (one per GPU of a node) share
+    the node's EFA link."""
+    from raytrain_eks.measured_plan import PCIE_GBYTES_PER_S, SUSTAINED_FRACTION, Cluster, predict
+
+    gb = 10**9
+    result = {"strategy": "hybrid_shard", "global_batch_size": 64, "micro_batch_size": 1,
+              "executed_flops_per_micro_batch": int(121e12 * SUSTAINED_FRACTION),  # 1 s per micro batch
+              "model_flops_per_micro_batch": int(121e12 * SUSTAINED_FRACTION),
+              "collectives": [
+                  {"kind": "all_gather", "group_size": 4, "bytes": 8 * 4 * gb, "first_bytes": 4 * gb, "last_bytes": 4 * gb},
+                  {"kind": "all_reduce", "group_size": 2, "bytes": 3 * gb, "first_bytes": 0, "last_bytes": 3 * gb}]}
+    p = predict(result, Cluster())
+    assert p["grad_accum_steps"] == 8 and p["compute_s"] == 8.0
+    assert p["pcie_bytes_per_gpu"] == 8 * 3 * gb            # 3/4 of each 4 GB gather
+    assert p["efa_bytes_per_node"] == 4 * 3 * gb            # 2 x 1/2 x 3 GB per GPU, 4 GPUs per node
+    efa_s = 12 * gb / (40e9 / 8)                             # 2.4 s on the last micro batch
+    pcie_s = 3 * gb / (PCIE_GBYTES_PER_S * 1e9)              # 0.25 s per micro batch: hidden
+    assert pcie_s < 1.0 and p["exposed_comm_s"] == pytest.approx(efa_s - 1.0, abs=1e-3)
+    assert p["mfu"] == pytest.approx(SUSTAINED_FRACTION * 8 / (8 + efa_s - 1.0), abs=1e-3)
