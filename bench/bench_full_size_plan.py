@@ -182,16 +182,22 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
         collectives = _Collectives()
         executed = 0
         with tracker:
-            for step in range(2):  # the first creates AdamW's state; the peak is the steady one
+            # AdamW's state first (as after any earlier step), without a forward/backward
+            for param in model.parameters():
+                param.grad = torch.zeros_like(param)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            with collectives:
                 for index in range(MEASURED_ACCUM):
                     tracker.reset_mod_stats()  # per-module stats are per forward; the peak is kept
                     (begin_micro_batch if code == "after" else _todays_begin_micro_batch)(model, index, MEASURED_ACCUM)
-                    counter = FlopCounterMode(display=False, custom_mapping=_flop_mapping())
                     collectives.micro = index
-                    with counter, (collectives if step == 1 else _Nothing()):
+                    counter = FlopCounterMode(display=False, custom_mapping=_flop_mapping()) if index == 0 else _Nothing()
+                    with counter:
                         loss = loss_from_inputs(model, *prepared) if code == "after" else _todays_loss(model, batch)
                         loss.backward()
-                    executed = counter.get_total_flops()
+                    if index == 0:
+                        executed = counter.get_total_flops()
                 end_accumulation(model, MEASURED_ACCUM)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)

@@ -80,8 +80,8 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_g
         for layer in decoder_layers(model):
             layer.compile()
     kwargs = {"mesh": mesh}
-    if on_gpu:
-        kwargs["mp_policy"] = mixed_precision_policy(reduce_dtype)
+    if on_gpu or reduce_dtype != "float32":  # on CPU: fp32 compute, the reduction dtype as asked
+        kwargs["mp_policy"] = mixed_precision_policy(reduce_dtype, param_dtype="bfloat16" if on_gpu else None)
     for layer, reshard in reshard_plan(model, strategy):
         fully_shard(layer, reshard_after_forward=reshard, **kwargs)
     model._raytrain_strategy = strategy  # the accumulation helpers restore this plan
@@ -89,13 +89,14 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_g
     return model
 
 
-def mixed_precision_policy(reduce_dtype: str = "float32"):
+def mixed_precision_policy(reduce_dtype: str = "float32", param_dtype: str | None = "bfloat16"):
     """bf16 all-gathers and compute; gradients reduced in ``reduce_dtype`` (fp32 by default;
     bf16 halves the reduce-scatter and cross-node all-reduce bytes). The master weights, the
     sharded gradients FSDP2 accumulates into and AdamW stay fp32 either way."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype))
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype) if param_dtype else None,
+                                reduce_dtype=getattr(torch, reduce_dtype))
 
 
 def reshard_plan(model: torch.nn.Module, strategy: str) -> list[tuple[torch.nn.Module, bool]]:
