@@ -48,13 +48,18 @@ _COLLECTIVES = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_s
                 "all_reduce")
 
 
-def _batch() -> dict[str, torch.Tensor]:
-    ids = torch.randint(0, 150000, (MICRO_BATCH, SEQ_LEN), generator=torch.Generator().manual_seed(0))
-    positions = torch.cat([torch.arange(n) for n in DOC_LENGTHS]).expand(MICRO_BATCH, -1).contiguous()
+def packed_chat_batch(rows: int = MICRO_BATCH, seq_len: int = SEQ_LEN) -> dict[str, torch.Tensor]:
+    """Host tensors of ``rows`` packed blocks: :data:`DOC_LENGTHS` scaled to ``seq_len``, each
+    document's first 40 % a prompt (label -100), positions restarting at every document."""
+    lengths = [n * seq_len // sum(DOC_LENGTHS) for n in DOC_LENGTHS]
+    lengths[-1] += seq_len - sum(lengths)
+    ids = torch.randint(0, 150000, (rows, seq_len), generator=torch.Generator().manual_seed(0))
+    positions = torch.cat([torch.arange(n) for n in lengths]).expand(rows, -1).contiguous()
     labels = ids.clone()
     at = 0
-    for n in DOC_LENGTHS:
+    for n in lengths:
         labels[:, at:at + int(n * 0.4)] = -100
+        labels[:, at] = -100
         at += n
     return {"input_ids": ids, "labels": labels, "position_ids": positions}
 
@@ -165,7 +170,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
     plan = mesh_plan(strategy, cluster.world_size, cluster.gpus_per_node)
     mesh = init_device_mesh("cpu", plan.shape, mesh_dim_names=plan.dim_names)
     config = Qwen2Config(**MODEL_CONFIGS[model_name])
-    batch = _batch()
+    batch = packed_chat_batch()
     prepared = loss_inputs(None, batch, packed=True)  # host work, before the fake mode
     began = time.perf_counter()
     with FakeTensorMode(allow_non_fake_inputs=True):
