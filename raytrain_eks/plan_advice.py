@@ -1,4 +1,5 @@
-"""When a plan does not fit the GPU's memory: the change that would make it fit.
+"""When a plan does not fit the GPU's memory: the change that would make it fit; when it fits
+with room to spare: the faster settings that still fit (:func:`spare_memory`).
 
 Changes are tried cumulatively, cheapest in throughput first: activation checkpointing, no
 parameters kept gathered across micro batches, full shard (parameters, gradients and AdamW over
@@ -63,3 +64,20 @@ def advise(job: JobConfig, shapes: ModelShapes, usable: int, gpus_per_node: int,
             return (f"no setting fits {job.num_nodes} node(s): full shard with activation checkpointing needs "
                     f"{nodes} nodes (parallel.num_workers = {workers}, ~{size(bigger) / 1024**3:.1f} GiB per GPU)")
     return "no setting fits: the model's sharded state alone exceeds the GPU memory at 64 nodes"
+
+
+def spare_memory(job: JobConfig, usable: int, required: Callable[[JobConfig], int]) -> list[str]:
+    """For a plan that fits: the faster settings it also fits with (activation checkpointing
+    off: no recompute; parameters kept gathered across micro batches: one all-gather per step)."""
+    notes = []
+    candidate = job
+    if job.parallel.activation_checkpointing:
+        off = _with(candidate, "parallel", activation_checkpointing=False)
+        if required(off) <= usable:
+            notes.append(f"parallel.activation_checkpointing = false (no recompute; ~{required(off) / 1024**3:.1f} GiB)")
+            candidate = off
+    if job.grad_accum_steps > 1 and not job.parallel.keep_params_gathered and job.parallel.strategy != "no_shard":
+        kept = _with(candidate, "parallel", keep_params_gathered=True)
+        if required(kept) <= usable:
+            notes.append(f"parallel.keep_params_gathered = true (one all-gather per step; ~{required(kept) / 1024**3:.1f} GiB)")
+    return notes

@@ -23,7 +23,7 @@ from pathlib import Path
 from charts.resources import resource_problems
 from raytrain_eks.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
 from raytrain_eks import measured_plan
-from raytrain_eks.plan_advice import advise
+from raytrain_eks.plan_advice import advise, spare_memory
 from raytrain_eks.step_time import DEFAULT_MFU, estimate_time, strategy_options
 from environment import Environment
 from training.config import JobConfig
@@ -234,6 +234,11 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
         f"{job.model.path or 'model'} {job.parallel.strategy} at train.seq_len = {job.train.seq_len} x "
         f"micro_batch_size = {job.train.micro_batch_size} needs ~{need / GIB:.1f} GiB per GPU "
         f"({source}); each {g.instance.gpu_model} has {usable / GIB:.1f} GiB usable{hint}")))
+    faster = spare_memory(job, usable, required) if fits else []
+    if faster:
+        plan.checks.append(Check(name="memory to spare", ok=True, note=True, message=(
+            "the plan also fits with " + " and ".join(faster) + ": set " +
+            ", ".join(f.split(" (")[0] for f in faster))))
     plan.estimate = estimate_time(env, job, shapes, mfu)
     plan.strategies = strategy_options(env, job, shapes, mfu)
     best = plan.strategies[0]

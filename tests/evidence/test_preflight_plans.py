@@ -213,3 +213,14 @@ def test_measured_collectives_become_link_bytes_and_time():
     pcie_s = 3 * gb / (PCIE_GBYTES_PER_S * 1e9)              # 0.25 s per micro batch: hidden
     assert pcie_s < 1.0 and p["exposed_comm_s"] == pytest.approx(efa_s - 1.0, abs=1e-3)
     assert p["mfu"] == pytest.approx(SUSTAINED_FRACTION * 8 / (8 + efa_s - 1.0), abs=1e-3)
+
+
+def test_a_plan_with_memory_to_spare_is_told_the_faster_settings_that_still_fit(capsys):
+    code, out, _ = preflight(capsys)
+    assert code == 0
+    note = next(line for line in out.splitlines() if "memory to spare" in line)
+    assert "set parallel.activation_checkpointing = false, parallel.keep_params_gathered = true" in note
+    # applied, the plan still passes the memory check
+    code, out, err = preflight(capsys, "--set", "parallel.activation_checkpointing=false",
+                               "--set", "parallel.keep_params_gathered=true")
+    assert "PASS  memory" in out and "memory to spare" not in out, err
