@@ -41,9 +41,10 @@ SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH = 2048, 1, 64  # jobs/finetune-qwen2.5-1.5b.t
 DOC_LENGTHS = (700, 420, 310, 618)
 """Packed chat block: four conversations filling 2048 tokens; each one's last 60 % (the
 assistant's reply) are the targets."""
-MEASURED_ACCUM = 2
-"""Micro batches measured per step: the first shows a non-last micro batch's collectives, the
-second the last one's; a step of ``A`` is ``(A - 1) x first + last`` (the schedule is the same)."""
+MEASURED_ACCUM = 3
+"""Micro batches measured per step: the first, a middle one and the last show each kind's
+collectives (a schedule that keeps parameters gathered gathers only in the first); a step of
+``A`` is ``first + (A - 2) x middle + last``."""
 _COLLECTIVES = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
                 "all_reduce")
 
@@ -234,14 +235,14 @@ def _per_step(rows: list[dict], accum: int) -> list[dict]:
     """Bytes per collective kind and group size for one step of ``accum`` micro batches."""
     out: dict[tuple[str, int], dict] = {}
     for row in rows:
-        last = row["micro"] == MEASURED_ACCUM - 1
-        weight = 1 if last else accum - 1
+        which = "first" if row["micro"] == 0 else "last" if row["micro"] == MEASURED_ACCUM - 1 else "middle"
+        weight = (accum - 2) / (MEASURED_ACCUM - 2) if which == "middle" else 1
         entry = out.setdefault((row["kind"], row["group_size"]),
                                {"kind": row["kind"], "group_size": row["group_size"], "calls": 0, "bytes": 0,
-                                "first_bytes": 0, "last_bytes": 0})
+                                "first_bytes": 0, "middle_bytes": 0, "last_bytes": 0})
         entry["calls"] += weight
         entry["bytes"] += weight * row["bytes"]
-        entry["last_bytes" if last else "first_bytes"] += row["bytes"]
+        entry[f"{which}_bytes"] += row["bytes"] / (MEASURED_ACCUM - 2 if which == "middle" else 1)
     return sorted(out.values(), key=lambda e: (e["kind"], e["group_size"]))
 
 
@@ -259,6 +260,27 @@ VARIANTS_7B = (
 )
 
 
+def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
+    """The results as a Markdown table (predictions recomputed by measured_plan.predict)."""
+    from raytrain_eks.measured_plan import required_bytes
+
+    gib, gb = 1024**3, 1e9
+    rows = ["| model | code | checkpointing | reduce | kept gathered | strategy | peak GiB/GPU (tensors) | with overhead + 10% "
+            "| FLOPs executed / model | all-gather GB | reduce-scatter GB | all-reduce GB | PCIe GB/GPU | EFA GB/node "
+            "| compute s | exposed s | step s | MFU |", "|" + "---|" * 18]
+    for r in results:
+        p = predict(r, cluster)
+        comm = {kind: sum(c["bytes"] for c in r["collectives"] if c["kind"] == kind) / gb
+                for kind in ("all_gather", "reduce_scatter", "all_reduce")}
+        rows.append(f"| {r['model']} | {r['code']} | {'on' if r['activation_checkpointing'] else 'off'} | {r['reduce_dtype']} "
+                    f"| {'yes' if r['keep_gathered'] else 'no'} | {r['strategy']} | {r['peak_bytes'] / gib:.2f} "
+                    f"| {required_bytes(r) / gib:.2f} | {p['executed_over_model_flops']:.3f} | {comm['all_gather']:.1f} "
+                    f"| {comm['reduce_scatter']:.1f} | {comm['all_reduce']:.1f} | {p['pcie_bytes_per_gpu'] / gb:.1f} "
+                    f"| {p['efa_bytes_per_node'] / gb:.1f} | {p['compute_s']:.2f} | {p['exposed_comm_s']:.2f} "
+                    f"| {p['step_s']:.2f} | {p['mfu']:.3f} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -267,8 +289,12 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--variants", default="", help="indices into the model's variant list (default: all)")
     parser.add_argument("--publish", action="store_true", help=f"also write {PUBLISHED.name} for the preflight")
+    parser.add_argument("--table", action="store_true", help="print the results file as a Markdown table and exit")
     args = parser.parse_args()
     cluster = Cluster()
+    if args.table:
+        print(table(json.loads(Path(args.out).read_text())["results"], cluster))
+        return
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cluster.world_size)
     results = []
     for name in args.models.split(","):

@@ -78,13 +78,14 @@ def predict(result: dict, cluster: Cluster) -> dict:
     link = instance.network_gbps * 1e9 / 8
     pcie = efa = 0.0
     exposed = 0.0
-    for micro in ("first", "last"):
+    for micro in ("first", "middle", "last"):
         pcie_m = efa_m = 0.0
         for entry in result["collectives"]:
-            per_micro = entry.get(f"{micro}_bytes", entry["bytes"] / accum)
+            # measured over 2 micro batches (a schedule whose middle ones repeat the first): first
+            per_micro = entry.get(f"{micro}_bytes", entry.get("first_bytes", entry["bytes"] / accum))
             p, e = _links({**entry, "bytes": per_micro}, result["strategy"], cluster)
             pcie_m, efa_m = pcie_m + p, efa_m + e
-        weight = accum - 1 if micro == "first" else 1
+        weight = max(0, accum - 2) if micro == "middle" else 1
         pcie, efa = pcie + weight * pcie_m, efa + weight * efa_m
         exposed += weight * max(0.0, max(pcie_m / (PCIE_GBYTES_PER_S * 1e9), efa_m / link) - micro_s)
     compute_s = accum * micro_s
