@@ -103,7 +103,8 @@ def load(path: Path = PUBLISHED) -> list[dict]:
     """The published measurements (empty when none are)."""
     if not path.is_file():
         return []
-    return json.loads(path.read_text(encoding="utf-8"))["results"]
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return [{"cluster": data["cluster"], **r} for r in data["results"]]
 
 
 def model_name(shapes) -> str | None:
@@ -122,15 +123,17 @@ def required_bytes(result: dict) -> int:
 
 
 def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> dict | None:
-    """The measurement of ``job``'s exact plan on its cluster (same GPU type and node count as
-    measured), with its prediction for the job's global batch; None when not measured."""
+    """The measurement of ``job``'s exact plan on its cluster (the same GPU type and node count
+    as measured), with its prediction for the job's global batch; None when not measured."""
     results = load() if results is None else results
     name = model_name(shapes)
     p, t = job.parallel, job.train
     cluster = Cluster(instance=instance, nodes=job.num_nodes)
     if name is None or not p.use_gpu or instance not in INSTANCE_TYPES or p.num_workers != cluster.world_size:
         return None
-    found = lookup(results, model=name, strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+    measured_here = [r for r in results if (r.get("cluster") or {}).get("instance") == instance
+                     and (r.get("cluster") or {}).get("nodes") == cluster.nodes]
+    found = lookup(measured_here, model=name, strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                    activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
                    keep_gathered=p.keep_params_gathered)
     if found is None or job.grad_accum_steps < 2:  # measured with accumulation

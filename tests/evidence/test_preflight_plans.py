@@ -224,3 +224,19 @@ def test_a_plan_with_memory_to_spare_is_told_the_faster_settings_that_still_fit(
     code, out, err = preflight(capsys, "--set", "parallel.activation_checkpointing=false",
                                "--set", "parallel.keep_params_gathered=true")
     assert "PASS  memory" in out and "memory to spare" not in out, err
+
+
+def test_the_shipped_job_is_checked_with_its_measured_figures_and_only_on_the_measured_cluster(capsys, monkeypatch):
+    from dataclasses import replace
+
+    from raytrain_eks import measured_plan
+
+    monkeypatch.chdir(ROOT)
+    code, out, err = preflight(capsys, job="jobs/finetune-qwen2.5-1.5b.toml")
+    assert code == 0, err
+    assert "GiB per GPU (measured)" in out and "predicted step" in out and "executed / model" in out
+    job = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct"])
+    shapes, _ = shapes_for_job(job)
+    assert measured_plan.for_job(job, shapes, "g6.12xlarge") is not None       # 2 nodes: measured
+    wider = replace(job, parallel=replace(job.parallel, num_workers=12))
+    assert measured_plan.for_job(wider, shapes, "g6.12xlarge") is None         # 3 nodes: not measured
