@@ -18,7 +18,7 @@ parameters gathered and the unsharded fp32 gradient kept until the last micro ba
 few lines are repeated here as ``_todays_*``). "after" is the shipped code.
 
 Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]``
-(about a minute per variant). Writes ``bench/results/full_size_plan.json``; the preflight reads it
+(a few minutes per variant on an idle machine; ``make bench`` runs them all). Writes ``bench/results/full_size_plan.json``; the preflight reads it
 (raytrain_eks/measured_plan.py).
 """
 from __future__ import annotations
@@ -316,7 +316,9 @@ def main() -> None:
     out.write_text(text)
     if args.publish:
         PUBLISHED.write_text(text)
-    print(json.dumps({"written": str(out), "variants": len(results)}))
+    print(json.dumps({"name": "full_size_plan", "written": str(out), "variants": len(results),
+                      "peak_gib": {f"{r['model']} {r['code']} ckpt={r['activation_checkpointing']} kept={r['keep_gathered']} "
+                                   f"reduce={r['reduce_dtype']}": round(r["peak_bytes"] / 1024**3, 2) for r in results}}))
 
 
 if __name__ == "__main__":
