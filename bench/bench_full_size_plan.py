@@ -18,8 +18,9 @@ parameters gathered and the unsharded fp32 gradient kept until the last micro ba
 few lines are repeated here as ``_todays_*``). "after" is the shipped code.
 
 Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]``
-(a few minutes per variant on an idle machine; ``make bench`` runs them all). Writes ``bench/results/full_size_plan.json``; the preflight reads it
-(raytrain_eks/measured_plan.py).
+(a few minutes per variant on an idle machine; ``make bench`` runs them all). Writes
+``bench/results/full_size_plan.json``; ``--publish`` also writes the copy the preflight reads
+(raytrain_eks/measured_plan.json); ``--table`` prints the results as Markdown.
 """
 from __future__ import annotations
 
