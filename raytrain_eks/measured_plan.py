@@ -151,3 +151,18 @@ def lookup(results: list[dict], *, model: str, strategy: str, seq_len: int, micr
                                                            activation_checkpointing, reduce_dtype, keep_gathered):
             return r
     return None
+
+
+def render(found: dict, *, hand_required: int) -> list[str]:
+    """The preflight's lines for a measured plan (:func:`for_job`)."""
+    gib, p = 1024**3, found["prediction"]
+    comm = ", ".join(f"{c['kind']} over {c['group_size']}: {c['bytes'] / 1e9:.1f} GB" for c in found["collectives"])
+    return [
+        "measured   bench/bench_full_size_plan.py (the job's code on fake tensors, fake 2-node process group)",
+        f"  peak memory      {found['peak_bytes'] / gib:.2f} GiB of tensors per GPU; with overhead and fragmentation "
+        f"{found['required_bytes'] / gib:.2f} GiB (the hand formula says {hand_required / gib:.2f})",
+        f"  FLOPs            executed / model = {p['executed_over_model_flops']:.2f} (recompute and skipped "
+        f"logits show); per GPU per step: {comm}",
+        f"  predicted step   {p['step_s']:.2f} s ({p['compute_s']:.2f} compute at {p['sustained_fraction']:.0%} "
+        f"of peak + {p['exposed_comm_s']:.2f} exposed collectives), MFU {p['mfu']:.2f}",
+    ]

@@ -267,17 +267,7 @@ def render(plan: Plan) -> str:
         lines.append(f"  activations without / with checkpointing: {m.activations_without_checkpointing / GIB:.2f} / "
                      f"{m.activations_with_checkpointing / GIB:.2f} GiB")
     if plan.measured:
-        r, pr = plan.measured, plan.measured["prediction"]
-        comm = ", ".join(f"{c['kind']} over {c['group_size']}: {c['bytes'] / 1e9:.1f} GB" for c in r["collectives"])
-        lines += [
-            "measured   bench/bench_full_size_plan.py (the job's code on fake tensors, fake 2-node process group)",
-            f"  peak memory      {r['peak_bytes'] / GIB:.2f} GiB of tensors per GPU; with overhead and fragmentation "
-            f"{r['required_bytes'] / GIB:.2f} GiB (the hand formula says {plan.memory.required / GIB:.2f})",
-            f"  FLOPs            executed / model = {pr['executed_over_model_flops']:.2f} (recompute and skipped "
-            f"logits show); per GPU per step: {comm}",
-            f"  predicted step   {pr['step_s']:.2f} s ({pr['compute_s']:.2f} compute at {pr['sustained_fraction']:.0%} "
-            f"of peak + {pr['exposed_comm_s']:.2f} exposed collectives), MFU {pr['mfu']:.2f}",
-        ]
+        lines += measured_plan.render(plan.measured, hand_required=plan.memory.required)
     if plan.estimate:
         e = plan.estimate
         lines += [
