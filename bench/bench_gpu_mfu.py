@@ -1,8 +1,11 @@
-"""MFU of one GPU at Qwen2.5-1.5B shapes: random init, bf16, seq 4096, the job's parallelize().
+"""MFU of one GPU at Qwen2.5-1.5B shapes: random init, packed chat blocks, the job's code.
 
-Same code path as the job: training.model.loss_sum, training.parallel.parallelize (FSDP2 on a
-1-rank NCCL mesh, MixedPrecisionPolicy bf16/fp32, activation checkpointing), AdamW; FLOPs from
-training/flops.py (the model's real shapes, attention included), peak from its bf16 table.
+Same code path as the job: packed-document attention (training/attention.py), the target-only
+chunked loss on the host batch (training.model.loss_sum), training.parallel.parallelize (FSDP2
+on a 1-rank NCCL mesh, bf16 compute, optional activation checkpointing and compile), fused
+AdamW; FLOPs from training/flops.py (the model's real shapes), peak from its bf16 table. To fit
+ONE 24 GB GPU the weights, gradients and AdamW state are bf16 (12.4 GB for 1.5B; the job's fp32
+master copy is sharded over 4-8 GPUs): the step's compute, what MFU measures, is the same.
 Without a GPU it prints ``{"name": "gpu_mfu", "skipped": "no GPU", ...}`` and exits 0.
 Prints ONE JSON object on its last line. Run: ``python bench/bench_gpu_mfu.py [--seq 4096]``.
 """
@@ -22,15 +25,12 @@ import torch  # noqa: E402
 
 from environment.instances import peak_bf16_tflops  # noqa: E402
 
-# Qwen2.5-1.5B (its config.json): 28 layers, hidden 1536, intermediate 8960, 12/2 heads, tied embeddings.
-QWEN2_5_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                    num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
-                    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+from raytrain_eks.memory_estimate import PUBLISHED_CONFIGS  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--micro-batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
@@ -44,8 +44,11 @@ def main() -> None:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, Qwen2Config
 
+    from bench_full_size_plan import packed_chat_batch
     from training import flops
-    from training.model import loss_sum
+    from training.attention import use_packed_attention
+    from training.model import count_targets, loss_sum
+    from training.optim import adamw_kernel
     from training.parallel import build_mesh, parallelize
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -53,21 +56,21 @@ def main() -> None:
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
     torch.manual_seed(0)
-    config = Qwen2Config(**QWEN2_5_1_5B)
-    # fp32 master weights; the MixedPrecisionPolicy gathers and computes in bf16.
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    config = Qwen2Config(**PUBLISHED_CONFIGS["Qwen2.5-1.5B"])
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.config.use_cache = False
+    use_packed_attention(model)
     parallelize(model, build_mesh("full_shard", 1, on_gpu=True), strategy="full_shard", on_gpu=True,
                 activation_checkpointing=not args.no_activation_checkpointing, compile=args.compile)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
-    ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq), device="cuda")
-    batch = {"input_ids": ids, "labels": ids.clone()}
-    targets = args.micro_batch * (args.seq - 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, **adamw_kernel(model))
+    batch = packed_chat_batch(args.micro_batch, args.seq)  # host tensors, as the loop hands them over
+    targets = count_targets(batch["labels"])
+    device = torch.device("cuda", 0)
     times = []
     for _ in range(args.warmup + args.steps):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        (loss_sum(model, batch) / targets).backward()
+        (loss_sum(model, batch, device) / targets).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -88,6 +91,7 @@ def main() -> None:
         "tflops": round(flops.achieved_tflops(tokens_per_s, per_token), 2),
         "mfu": round(mfu, 4) if mfu is not None else None,
         "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
         "torch": torch.__version__,
     }))
     dist.destroy_process_group()

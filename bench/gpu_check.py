@@ -1,6 +1,11 @@
 """`make gpu-check`: the GPU path as the job really runs it, on the GPUs of this machine (< 8 min).
 
 1. bf16 MFU at Qwen2.5-1.5B shapes (bench/bench_gpu_mfu.py, the job's parallelize()).
+1b. The shipped per-GPU profile through the real entry point: Qwen2.5-1.5B (random init from
+   its published config), packed chat data (the demo corpus, the real tokenizer), seq_len, micro
+   batch, accumulation 2 and the parallel settings of jobs/finetune-qwen2.5-1.5b.toml, over
+   this machine's GPUs (hybrid shard on one node is full shard inside it; below 4 GPUs the
+   weights are bf16 so 1.5B fits); reports tokens/s, MFU and peak memory from run.json.
 2. The real entry point (``python -m training``) with ``parallel.use_gpu = true`` and NCCL on 1
    GPU, and on 2 when there are 2: a small Qwen2, synthetic data, checkpoints to a local
    storage folder, the workers' export. Asserts NCCL's log file exists for every rank and the
@@ -56,6 +61,51 @@ max_batches = 2
 [evidence]
 require_transport = "single-node"
 """
+
+
+SHIPPED_JOB = ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml"
+
+
+def _profile_job(gpus: int, storage: Path) -> str:
+    """The shipped job's per-GPU profile as a job file for this machine (see the module docstring)."""
+    import tomllib
+
+    from raytrain_eks.memory_estimate import PUBLISHED_CONFIGS
+
+    shipped = tomllib.loads(SHIPPED_JOB.read_text())
+    train, parallel = shipped["train"], shipped["parallel"]
+    config = ", ".join(f"{k} = {json.dumps(v)}" for k, v in PUBLISHED_CONFIGS["Qwen2.5-1.5B"].items())
+    keep = {k: v for k, v in parallel.items() if k in ("activation_checkpointing", "keep_params_gathered",
+                                                        "grad_reduce_dtype", "compile")}
+    lines = [
+        'name = "gpu-check-profile"',
+        "[model]", f"config = {{ {config} }}", 'tokenizer = "training/assets/qwen2.5-tokenizer"',
+        f'dtype = "{"auto" if gpus >= 4 else "bfloat16"}"',
+        "[data]", 'kind = "chat"', 'path = "training/assets/demo_corpus/chat"',
+        "[train]", f"seq_len = {train['seq_len']}", f"micro_batch_size = {train.get('micro_batch_size', 1)}",
+        f"global_batch_size = {2 * gpus * train.get('micro_batch_size', 1)}", "max_steps = 12", "warmup_steps = 2",
+        "log_every_n_steps = 4", "report_every_n_steps = 4",
+        "[parallel]", 'strategy = "full_shard"', f"num_workers = {gpus}", f"workers_per_node = {gpus}",
+        "use_gpu = true", *(f"{k} = {json.dumps(v)}" for k, v in keep.items()),
+        "[checkpoint]", f'storage_path = "{storage / "runs-profile"}"', "every_n_steps = 1000",
+        "[eval]", "max_batches = 1",
+        "[evidence]", 'require_transport = "single-node"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _profile(gpus: int, storage: Path) -> dict:
+    job = storage / "gpu-check-profile.toml"
+    job.write_text(_profile_job(gpus, storage))
+    code, log, seconds = _run([sys.executable, "-m", "training", "--config", str(job)], 300,
+                              dict(os.environ, RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5"))
+    run = storage / "runs-profile" / "gpu-check-profile"
+    record = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
+    throughput = record.get("throughput") or {}
+    out = {"gpus": gpus, "exit": code, "seconds": round(seconds, 1), **{k: throughput.get(k) for k in (
+        "tokens_per_s", "mfu", "compute_mfu", "peak_memory_gib")}}
+    out["problems"] = [] if code == 0 else [f"profile exit {code}: " + log.strip().splitlines()[-1][-300:]]
+    return out
 
 
 def _last_json(text: str) -> dict:
@@ -127,11 +177,13 @@ def main() -> int:
     result: dict = {"name": "gpu_check", "device": torch.cuda.get_device_name(), "gpus": gpus}
     code, log, seconds = _run([sys.executable, "bench/bench_gpu_mfu.py", "--seq", "2048", "--steps", "6"], 120)
     result["mfu_1_5b"] = {k: v for k, v in _last_json(log).items() if k in ("mfu", "tflops", "tokens_per_s",
-                                                                                "step_s", "peak_memory_gib")}
+                                                                                "step_s", "peak_memory_gib", "peak_reserved_gib")}
     result["mfu_1_5b"]["seconds"] = round(seconds, 1)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        result["profile"] = _profile(gpus, Path(scratch))
         result["runs"] = [_entry_point(n, Path(scratch)) for n in sorted({1, min(2, gpus)})]
-    problems = [p for run in result["runs"] for p in run["problems"]] + ([] if code == 0 else ["MFU benchmark failed"])
+    problems = [p for run in [result["profile"], *result["runs"]] for p in run["problems"]] + (
+        [] if code == 0 else ["MFU benchmark failed"])
     result.update(ok=not problems, wall_s=round(time.perf_counter() - began, 1))
     print(json.dumps(result))
     return 0 if not problems else 1

@@ -13,19 +13,19 @@ reduction, AdamW. Terms, in bytes per GPU:
 * **FSDP working set** (sharded strategies only): the root's gathered parameters (embeddings and
   the tied output layer: the root is not resharded after forward), two decoder layers gathered at
   once (prefetch), and the unsharded fp32 gradients of the root and one layer before reduce-scatter;
-* **accumulation** (sharded strategies with ``grad_accum_steps > 1``): the loop keeps every unit
-  gathered from the first micro-batch's forward to the last one's backward (one all-gather per
-  step, training/parallel.py) and FSDP2 holds the full UNSHARDED fp32 gradient while the
-  reduce-scatter waits for the last micro-batch: ``P x c + 4 x P``. It replaces the working set
-  (everything is gathered anyway);
+* **accumulation** (sharded strategies with ``grad_accum_steps > 1``): every micro-batch
+  reduce-scatters into the sharded gradient (training/parallel.py), so nothing beyond the
+  working set, unless ``parallel.keep_params_gathered``: then every unit stays gathered from the
+  first forward to the last backward, ``P x c``;
 * **activations** saved for backward, per token and layer, in elements of the compute dtype:
   ``11 h + 4 i + 3 kv`` (two RMSNorms with their fp32 upcast, q/k/v before and after rotary,
   the attention output, SwiGLU's gate, up, SiLU and product; SDPA/flash attention keeps no
   ``seq x seq`` scores). With activation checkpointing per layer: the layer inputs (``h`` per
   layer) plus ONE layer's full activations, recomputed in backward;
-* **logits**: ``tokens x vocab x (2 + 4 + 4)`` bytes: the bf16 logits, the fp32 log-softmax that
-  cross-entropy saves after transformers' upcast, and its fp32 gradient in backward. At Qwen's
-  151,936-word vocabulary this is ~6 GB at 4096 tokens: often the largest single term;
+* **logits**: the output layer runs on target positions only and the cross-entropy in chunks
+  (training/model.py): at most ``tokens x vocab x 2c`` (the compute-dtype logits and their
+  gradient; every token a target) plus ONE chunk's fp32 logits and gradient,
+  ``CE_CHUNK_TOKENS x vocab x 8``;
 * **overhead**: CUDA context, NCCL buffers and cuBLAS workspaces, a flat 1.5 GiB.
 
 The sum is compared with the usable memory of the GPU (its nominal size less 7 % for the driver)
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from training.config import JobConfig
 from training.flops import QWEN2_5_1_5B, ModelShapes
+from training.model_config import CE_CHUNK_TOKENS
 
 GIB = 1024**3
 OVERHEAD_BYTES = int(1.5 * GIB)
@@ -48,8 +49,20 @@ USABLE_FRACTION = 0.93
 # Shapes used when model.path is not a readable local directory (an s3:// prefix or a hub id):
 # matched case-insensitively against the last path component. Hand-checked against each
 # model's published config.json.
+PUBLISHED_CONFIGS: dict[str, dict] = {
+    "Qwen2.5-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "Qwen2.5-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False),
+}
+"""The published config.json shapes of Qwen/Qwen2.5-1.5B-Instruct and Qwen/Qwen2.5-7B-Instruct
+(the bench builds these models from them; the table below sizes them)."""
+
 KNOWN_MODELS: dict[str, ModelShapes] = {
     "qwen2.5-1.5b": QWEN2_5_1_5B,
+    "qwen2.5-7b": ModelShapes.from_hf_config({"model_type": "qwen2", **PUBLISHED_CONFIGS["Qwen2.5-7B"]}),
 }
 
 
@@ -118,7 +131,7 @@ class MemoryEstimate:
         act = "activations (checkpointed)" if self.activation_checkpointing else "activations"
         return [("parameters", self.parameters), ("gradients", self.gradients),
                 ("optimizer (AdamW fp32)", self.optimizer), ("FSDP gathered working set", self.fsdp_working_set),
-                ("accumulation (gathered + fp32 grad)", self.accumulation),
+                ("accumulation (kept gathered)", self.accumulation),
                 (act, self.activations), ("logits + loss", self.logits), ("CUDA/NCCL overhead", self.overhead)]
 
 
@@ -134,7 +147,8 @@ def shard_group_size(strategy: str, world_size: int, workers_per_node: int) -> i
 
 def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, workers_per_node: int,
                     seq_len: int, micro_batch_size: int, activation_checkpointing: bool,
-                    param_bytes: int = 4, compute_bytes: int = 2, grad_accum_steps: int = 1) -> MemoryEstimate:
+                    param_bytes: int = 4, compute_bytes: int = 2, grad_accum_steps: int = 1,
+                    keep_gathered: bool = False) -> MemoryEstimate:
     """Per-GPU memory of one training step at the peak (end of forward / start of backward)."""
     shard = shard_group_size(strategy, world_size, workers_per_node)
     n = shapes.num_params()
@@ -144,14 +158,14 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
     root_params = shapes.vocab_size * h * (1 if shapes.tie_word_embeddings else 2) + h
     layer_params = shapes.layer_matmul_params()
     working = accumulation = 0
-    if shard > 1 and grad_accum_steps > 1:
-        accumulation = n * compute_bytes + n * 4
-    elif shard > 1:
+    if shard > 1:
         working = (root_params + 2 * layer_params) * compute_bytes + (root_params + layer_params) * 4
+        if grad_accum_steps > 1 and keep_gathered:
+            accumulation = n * compute_bytes
     per_token_layer = (11 * h + 4 * i + 3 * kv) * compute_bytes
     full = tokens * shapes.num_layers * per_token_layer
     checkpointed = tokens * shapes.num_layers * h * compute_bytes + tokens * per_token_layer
-    logits = tokens * shapes.vocab_size * (compute_bytes + 4 + 4)
+    logits = tokens * shapes.vocab_size * 2 * compute_bytes + min(tokens, CE_CHUNK_TOKENS) * shapes.vocab_size * 8
     return MemoryEstimate(
         parameters=n * param_bytes // shard, gradients=n * param_bytes // shard, optimizer=8 * n // shard,
         fsdp_working_set=working, accumulation=accumulation, activations=checkpointed if activation_checkpointing else full,
@@ -166,7 +180,7 @@ def estimate_for_job(job: JobConfig, shapes: ModelShapes) -> MemoryEstimate:
                            seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                            activation_checkpointing=p.activation_checkpointing,
                            param_bytes=storage_bytes(job), compute_bytes=compute_bytes(job),
-                           grad_accum_steps=job.grad_accum_steps)
+                           grad_accum_steps=job.grad_accum_steps, keep_gathered=p.keep_params_gathered)
 
 
 def storage_bytes(job: JobConfig) -> int:

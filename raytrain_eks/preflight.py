@@ -22,6 +22,8 @@ from pathlib import Path
 
 from charts.resources import resource_problems
 from raytrain_eks.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
+from raytrain_eks import measured_plan
+from raytrain_eks.plan_advice import advise, spare_memory
 from raytrain_eks.step_time import DEFAULT_MFU, estimate_time, strategy_options
 from environment import Environment
 from training.config import JobConfig
@@ -52,6 +54,8 @@ class Plan:
     """The scheduling-fit cases (raytrain_eks.fit.Placement), when cdk.out and dist/ exist."""
     strategies: list[dict] = field(default_factory=list)
     """:func:`strategy_options`: every strategy's estimate, fastest first."""
+    measured: dict | None = None
+    """This exact plan as bench/bench_full_size_plan.py measured it (raytrain_eks/measured_plan.py)."""
 
     @property
     def refusal(self) -> str | None:
@@ -215,14 +219,26 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     plan.memory = estimate_for_job(job, shapes)
     usable = usable_bytes(g.instance.gpu_memory_gib)
     m = plan.memory
-    fits = m.required <= usable
-    hint = "" if fits or job.parallel.activation_checkpointing else "; try parallel.activation_checkpointing = true"
-    if not fits and job.parallel.activation_checkpointing:
-        hint = "; lower train.seq_len or train.micro_batch_size"
+    measured = measured_plan.load()
+
+    def required(candidate: JobConfig) -> int:  # the measured figure where that exact plan was measured
+        found = measured_plan.for_job(candidate, shapes, g.instance_type, measured)
+        return found["required_bytes"] if found else estimate_for_job(candidate, shapes).required
+
+    plan.measured = measured_plan.for_job(job, shapes, g.instance_type, measured)
+    need = required(job)
+    fits = need <= usable
+    hint = "" if fits else "; " + advise(job, shapes, usable, g.instance.gpus, required)
+    source = "measured" if plan.measured else "incl. 10% fragmentation"
     plan.checks.append(Check(name="memory", ok=fits, message=(
         f"{job.model.path or 'model'} {job.parallel.strategy} at train.seq_len = {job.train.seq_len} x "
-        f"micro_batch_size = {job.train.micro_batch_size} needs ~{m.required / GIB:.1f} GiB per GPU "
-        f"(incl. 10% fragmentation); each {g.instance.gpu_model} has {usable / GIB:.1f} GiB usable{hint}")))
+        f"micro_batch_size = {job.train.micro_batch_size} needs ~{need / GIB:.1f} GiB per GPU "
+        f"({source}); each {g.instance.gpu_model} has {usable / GIB:.1f} GiB usable{hint}")))
+    faster = spare_memory(job, usable, required) if fits else []
+    if faster:
+        plan.checks.append(Check(name="memory to spare", ok=True, note=True, message=(
+            "the plan also fits with " + " and ".join(faster) + ": set " +
+            ", ".join(f.split(" (")[0] for f in faster))))
     plan.estimate = estimate_time(env, job, shapes, mfu)
     plan.strategies = strategy_options(env, job, shapes, mfu)
     best = plan.strategies[0]
@@ -250,6 +266,8 @@ def render(plan: Plan) -> str:
                      f"usable {usable_bytes(env.gpu_group(job.parallel.node_group).instance.gpu_memory_gib) / GIB:.2f} GiB)")
         lines.append(f"  activations without / with checkpointing: {m.activations_without_checkpointing / GIB:.2f} / "
                      f"{m.activations_with_checkpointing / GIB:.2f} GiB")
+    if plan.measured:
+        lines += measured_plan.render(plan.measured, hand_required=plan.memory.required)
     if plan.estimate:
         e = plan.estimate
         lines += [

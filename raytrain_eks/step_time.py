@@ -20,31 +20,38 @@ def _network_bytes_per_node(job: JobConfig, num_params: int, param_bytes: int, s
     """``(gather, reduce)`` bytes through ONE node's network link per optimizer step (ring
     collectives, line rate).
 
-    Gradients are reduced once per step, in fp32. full_shard gathers the parameters once per
-    step when accumulating (they stay gathered across the micro-batches, training/parallel.py),
-    else in forward and again in backward; hybrid_shard gathers inside the node only and
-    all-reduces the gradients across nodes; no_shard all-reduces them over every rank."""
+    Gradients are reduced in ``parallel.grad_reduce_dtype``. full_shard reduce-scatters every
+    micro batch (training/parallel.py) and gathers the parameters in each micro batch's forward
+    and backward, or once per step with ``parallel.keep_params_gathered``; hybrid_shard gathers
+    and reduce-scatters inside the node only (PCIe, not counted here) and all-reduces the
+    gradients across nodes once per step; no_shard all-reduces them over every rank once."""
     strategy = strategy or job.parallel.strategy
-    nodes, w = job.num_nodes, job.parallel.num_workers
+    nodes, w, accum = job.num_nodes, job.parallel.num_workers, job.grad_accum_steps
+    reduce_bytes = 2 if job.parallel.grad_reduce_dtype == "bfloat16" and job.parallel.use_gpu else 4
     if nodes < 2:
         return 0.0, 0.0
     if strategy == "full_shard":
-        gathers = 1 if job.grad_accum_steps > 1 else 2
-        return gathers * param_bytes * num_params * (w - 1) / w, 4 * num_params * (w - 1) / w
+        gathers = 1 if accum > 1 and job.parallel.keep_params_gathered else 2 * accum
+        return gathers * param_bytes * num_params * (w - 1) / w, accum * reduce_bytes * num_params * (w - 1) / w
     ring = nodes if strategy == "hybrid_shard" else w
-    return 0.0, 2 * 4 * num_params * (ring - 1) / ring
+    return 0.0, 2 * reduce_bytes * num_params * (ring - 1) / ring
 
 
-def _exposed_network_s(job: JobConfig, compute_s: float, gather_s: float, reduce_s: float) -> float:
-    """Network time the compute cannot hide. Without accumulation the collectives overlap the
-    whole step (per-block prefetch). With it they are bunched: the gather can only hide behind
-    the first micro-batch's forward (1/3 of its compute), the gradient reduction behind the last
-    one's backward (2/3)."""
+def _exposed_network_s(job: JobConfig, compute_s: float, gather_s: float, reduce_s: float, strategy: str) -> float:
+    """Network time the compute cannot hide. Collectives that run in every micro batch overlap
+    the whole step (per-block prefetch); those that run once per step are bunched: a gather
+    kept for the step hides only behind the first micro batch's forward (1/3 of its compute),
+    a once-per-step gradient all-reduce behind the last one's backward (2/3)."""
     accum = job.grad_accum_steps
     if accum <= 1:
         return max(0.0, gather_s + reduce_s - compute_s)
     micro = compute_s / accum
-    return max(0.0, gather_s - micro / 3) + max(0.0, reduce_s - 2 * micro / 3)
+    once_gathered = job.parallel.keep_params_gathered
+    per_micro = (0.0 if once_gathered else gather_s) + (reduce_s if strategy == "full_shard" else 0.0)
+    bunched = max(0.0, gather_s - micro / 3) if once_gathered else 0.0
+    if strategy != "full_shard":
+        bunched += max(0.0, reduce_s - 2 * micro / 3)
+    return max(0.0, per_micro - compute_s) + bunched
 
 
 def estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, mfu: float, strategy: str = "") -> dict:
@@ -59,7 +66,7 @@ def estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, m
     gather, reduce = _network_bytes_per_node(job, shapes.num_params(), param_bytes, strategy)
     link = g.instance.network_gbps * 1e9 / 8
     net_bytes, network_s = gather + reduce, (gather + reduce) / link
-    exposed_s = _exposed_network_s(job, compute_s, gather / link, reduce / link)
+    exposed_s = _exposed_network_s(job, compute_s, gather / link, reduce / link, strategy)
     step_s = compute_s + exposed_s
     hours = job.train.max_steps * step_s / 3600
     # Paid GPU time beyond the steps: nodes booting for the job, and idle before removal.
@@ -90,7 +97,8 @@ def strategy_options(env: Environment, job: JobConfig, shapes: flops.ModelShapes
             shapes, strategy=strategy, world_size=job.parallel.num_workers, workers_per_node=job.parallel.workers_per_node,
             seq_len=job.train.seq_len, micro_batch_size=job.train.micro_batch_size,
             activation_checkpointing=job.parallel.activation_checkpointing, param_bytes=memory_estimate.storage_bytes(job),
-            compute_bytes=memory_estimate.compute_bytes(job), grad_accum_steps=job.grad_accum_steps)
+            compute_bytes=memory_estimate.compute_bytes(job), grad_accum_steps=job.grad_accum_steps,
+            keep_gathered=job.parallel.keep_params_gathered)
         option.update(required_bytes=memory.required, fits=memory.required <= usable)
         options.append(option)
     return sorted(options, key=lambda o: (not o["fits"], round(o["step_s"], 3), o["network_s"]))

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from spec_schema import FieldError, build_section, read_toml
 from training.config_checks import (  # noqa: F401  (re-exported: one schema, one place to import from)
-    BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, ON_EXISTING_RUN, OVERLONG_POLICIES, STRATEGIES,
+    BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, ON_EXISTING_RUN, OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES,
     TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive, s3_problem,
 )
 from training.model_config import check_config_keys, max_positions
@@ -142,9 +142,18 @@ class ParallelConfig:
     cpus_per_worker: float = 1.0
     activation_checkpointing: bool = False
     compile: bool = False
+    keep_params_gathered: bool = False
+    """With gradient accumulation: keep each block's parameters gathered from the first micro
+    batch's forward to the last one's backward (one all-gather per block per step instead of
+    two per micro batch), at the cost of the unsharded bf16 parameters for the whole step. The
+    preflight's memory plan says whether it fits."""
+    grad_reduce_dtype: str = "float32"
+    """Gradient reduce-scatter/all-reduce dtype on GPU: ``float32`` or ``bfloat16`` (half the
+    bytes on the network; the master weights and AdamW stay fp32)."""
 
     def __post_init__(self) -> None:
         one_of(self, "strategy", STRATEGIES)
+        one_of(self, "grad_reduce_dtype", REDUCE_DTYPES)
         positive(self, "num_workers", "workers_per_node", "cpus_per_worker")
         if self.num_workers % self.workers_per_node:
             raise FieldError("num_workers", self.num_workers,

@@ -24,6 +24,7 @@ refuses a larger value at ``kubectl apply``."""
 TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
 """What ``torch.manual_seed`` accepts (torch 2.13 torch/random.py: "must be within the inclusive
 range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff]"; outside, a RuntimeError in the workers)."""
+REDUCE_DTYPES = ("float32", "bfloat16")
 
 
 S3_URI = re.compile(r"s3://[^/]+(/.*)?")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from training.model_config import (  # noqa: F401  (re-exported: the checks the driver and the worker share)
-    ModelConfigError, check_seq_len, max_positions, read_model_config,
+    CE_CHUNK_TOKENS, ModelConfigError, check_seq_len, max_positions, read_model_config,
 )
 
 
@@ -57,6 +57,10 @@ def build_model(model_cfg: Any, *, seq_len: int, on_gpu: bool) -> torch.nn.Modul
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     # Training never reuses the KV cache; it only costs memory.
     model.config.use_cache = False
+    # Packed documents attend within themselves with no dense mask (training/attention.py).
+    from training.attention import use_packed_attention
+
+    use_packed_attention(model)
     # The dtype the model was published in (bf16 for Qwen2.5), before the fp32 master copy:
     # the export writes this one.
     model.published_dtype = str(published or dtype).removeprefix("torch.")
@@ -86,20 +90,76 @@ def count_targets(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
-def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def loss_inputs(model: torch.nn.Module | None, batch: dict[str, torch.Tensor], device: torch.device | None = None,
+                *, packed: bool | None = None) -> tuple[dict[str, Any], torch.Tensor]:
+    """The model kwargs and the target token ids of a batch, prepared from its HOST copy.
+
+    Only positions whose next token is a target are sent through the output layer
+    (``logits_to_keep`` = their flat indices): prompt and padding rows never get logits. With
+    packed attention (training/attention.py) the ``[rows, seq_len]`` batch runs as ONE row of
+    ``rows * seq_len`` tokens (every row starts a document, so the result is the same) so that
+    the indices can differ per row; the document layout travels as attention kwargs. Indices
+    and layout are computed here, on the host, so the device never waits for a host read.
+    ``packed`` None: whether ``model`` uses packed attention.
+    """
+    from training.attention import document_layout, uses_packed_attention
+
+    ids, labels = batch["input_ids"], batch["labels"]
+    rows, seq_len = ids.shape
+    positions = batch.get("position_ids")
+    is_target = labels[:, 1:] != IGNORE_INDEX
+    row, col = torch.nonzero(is_target, as_tuple=True)
+    targets = labels[:, 1:][is_target].long()
+    move = (lambda t: t) if device is None else (lambda t: t.to(device, non_blocking=True))
+    if uses_packed_attention(model) if packed is None else packed:
+        if positions is None:
+            positions = torch.arange(seq_len).expand(rows, -1)
+        layout = document_layout(positions, rows, seq_len)
+        inputs = {"input_ids": move(ids.reshape(1, -1)), "position_ids": move(positions.reshape(1, -1)),
+                  "logits_to_keep": move(row * seq_len + col), **layout.kwargs(device)}
+    else:
+        # The model builds its own (dense) mask from position_ids: one row per sequence.
+        inputs = {"input_ids": move(ids), "_rows": move(row), "_cols": move(col)}
+        if positions is not None:
+            inputs["position_ids"] = move(positions)
+    return {"use_cache": False, **inputs}, move(targets)
+
+
+def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+
+
+def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor,
+                              chunk: int = CE_CHUNK_TOKENS) -> torch.Tensor:
+    """Summed cross-entropy of ``[tokens, vocab]`` logits, ``chunk`` tokens at a time, in float32.
+
+    Each chunk is checkpointed: its float32 copy is made in forward, dropped, and made again in
+    backward, so at most one chunk's float32 logits exist at any time.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    if logits.shape[0] == 0:
+        return logits.sum().float()  # still connected to the graph: every rank runs backward
+    parts = [checkpoint(_chunk_loss, logits[lo:lo + chunk], targets[lo:lo + chunk], use_reentrant=False)
+             for lo in range(0, logits.shape[0], chunk)]
+    return torch.stack(parts).sum()
+
+
+def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
     """Summed next-token cross-entropy of a batch (labels aligned with ``input_ids``, shifted here).
 
     A SUM, not a mean: the loop divides by the token count of the whole global batch, so the
     loss and gradients do not depend on how the batch is split over ranks and micro batches.
+    ``batch`` should be the host copy (``device`` then receives the inputs); a batch already on
+    the device works too, at the price of a host read for the target indices.
     """
-    # No cache and no attention mask: with per-document position_ids (packed data) transformers
-    # then builds a per-document causal mask; a KV cache would silently disable it.
-    inputs = {"input_ids": batch["input_ids"], "use_cache": False}
-    if "position_ids" in batch:
-        inputs["position_ids"] = batch["position_ids"]
+    return loss_from_inputs(model, *loss_inputs(model, batch, device))
+
+
+def loss_from_inputs(model: torch.nn.Module, inputs: dict[str, Any], targets: torch.Tensor) -> torch.Tensor:
+    """The device half of :func:`loss_sum`, on what :func:`loss_inputs` prepared."""
+    inputs = dict(inputs)
+    rows, cols = inputs.pop("_rows", None), inputs.pop("_cols", None)
     logits = model(**inputs).logits
-    shift_logits = logits[:, :-1, :].float()
-    shift_labels = batch["labels"][:, 1:]
-    return torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1),
-        ignore_index=IGNORE_INDEX, reduction="sum")
+    logits = logits[0] if rows is None else logits[rows, cols]
+    return chunked_cross_entropy_sum(logits, targets)

@@ -58,6 +58,12 @@ class ModelConfigError(JobConfigError):
     A JobConfigError, so every entry point that refuses a job config refuses these alike."""
 
 
+CE_CHUNK_TOKENS = 512
+"""Target tokens per cross-entropy chunk (training/model.py): one chunk's float32 logits and
+their gradient exist at a time, 512 x 151,936 x 4 B = 0.3 GB each for Qwen2.5, instead of
+float32 logits for every position of the batch. The memory plan counts the same chunk."""
+
+
 def check_config_keys(config: Mapping[str, Any]) -> None:
     """Refuse a key Qwen2Config does not know (closest valid name suggested) and shapes that
     cannot build a model (non-positive sizes, heads that do not divide the hidden size), as a

@@ -31,8 +31,15 @@ def build_optimizer(model: torch.nn.Module, train_cfg) -> torch.optim.Optimizer:
             (decay if param.ndim >= 2 else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": train_cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    # foreach=True is the fast path for DTensor parameters as well.
-    return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
+    return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=(0.9, 0.95), eps=1e-8, **adamw_kernel(model))
+
+
+def adamw_kernel(model: torch.nn.Module) -> dict[str, bool]:
+    """``fused=True`` (one kernel for the whole update, DTensor shards included, as torchtitan
+    runs FSDP2) when the parameters are on a GPU; ``foreach=True`` elsewhere (the CPU path
+    the tests and the demo run)."""
+    on_gpu = any(p.is_cuda for p in model.parameters())
+    return {"fused": True} if on_gpu else {"foreach": True}
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.lr_scheduler.LambdaLR:

@@ -64,10 +64,11 @@ def build_mesh(strategy: str, workers_per_node: int, on_gpu: bool, local_world_s
 
 
 def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_gpu: bool,
-                activation_checkpointing: bool = False, compile: bool = False) -> torch.nn.Module:
+                activation_checkpointing: bool = False, compile: bool = False,
+                keep_gathered: bool = False, reduce_dtype: str = "float32") -> torch.nn.Module:
     """Apply activation checkpointing, optional compile and FSDP2 to ``model`` in place.
 
-    On GPU parameters are gathered in bfloat16 and gradients reduced in float32
+    On GPU parameters are gathered in bfloat16 and gradients reduced in ``reduce_dtype``
     (``MixedPrecisionPolicy``); on CPU everything stays float32.
     """
     from torch.distributed.fsdp import fully_shard
@@ -79,19 +80,23 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_g
         for layer in decoder_layers(model):
             layer.compile()
     kwargs = {"mesh": mesh}
-    if on_gpu:
-        kwargs["mp_policy"] = mixed_precision_policy()
+    if on_gpu or reduce_dtype != "float32":  # on CPU: fp32 compute, the reduction dtype as asked
+        kwargs["mp_policy"] = mixed_precision_policy(reduce_dtype, param_dtype="bfloat16" if on_gpu else None)
     for layer, reshard in reshard_plan(model, strategy):
         fully_shard(layer, reshard_after_forward=reshard, **kwargs)
     model._raytrain_strategy = strategy  # the accumulation helpers restore this plan
+    model._raytrain_keep_gathered = keep_gathered  # parameters stay gathered across micro-batches
     return model
 
 
-def mixed_precision_policy():
-    """bf16 all-gathers and compute, fp32 gradient reduction (the master weights stay fp32)."""
+def mixed_precision_policy(reduce_dtype: str = "float32", param_dtype: str | None = "bfloat16"):
+    """bf16 all-gathers and compute; gradients reduced in ``reduce_dtype`` (fp32 by default;
+    bf16 halves the reduce-scatter and cross-node all-reduce bytes). The master weights, the
+    sharded gradients FSDP2 accumulates into and AdamW stay fp32 either way."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype) if param_dtype else None,
+                                reduce_dtype=getattr(torch, reduce_dtype))
 
 
 def reshard_plan(model: torch.nn.Module, strategy: str) -> list[tuple[torch.nn.Module, bool]]:
@@ -107,29 +112,39 @@ def reshard_plan(model: torch.nn.Module, strategy: str) -> list[tuple[torch.nn.M
 
 
 def begin_micro_batch(model: torch.nn.Module, index: int, count: int) -> None:
-    """Gradient accumulation with ONE all-gather per FSDP unit per optimizer step.
+    """Gradient accumulation with SHARDED gradients: call before each micro-batch.
 
-    ``set_requires_gradient_sync(False)`` alone skips only the reduce-scatter: the parameters
-    would still be all-gathered again in every micro-batch's forward and backward. So during
-    accumulation the parameters stay unsharded from the first forward until the last backward,
-    which reshards them and reduce-scatters the accumulated gradient once. The price is memory:
-    the unsharded parameters and an unsharded fp32 gradient for the whole step (the preflight's
-    memory model counts both). Call before each micro-batch; :func:`end_accumulation` after.
+    Every micro-batch's backward reduce-scatters its gradients into the sharded fp32 gradient
+    (FSDP2 accumulates there), so no unsharded gradient outlives a block's backward and the
+    gradient traffic overlaps every micro-batch's compute instead of bunching into the last
+    one. Only hybrid shard's cross-node all-reduce (``set_requires_all_reduce``) waits for the
+    last micro-batch: the network (EFA) carries it once per step.
+
+    Parameters are re-gathered per micro-batch (the plan ``parallelize`` chose), unless
+    ``parallelize(keep_gathered=True)``: then they stay unsharded from the first forward to the
+    last backward (one all-gather per unit per step), which costs the unsharded bf16 parameters
+    for the whole step: the memory plan decides (``parallel.keep_params_gathered``).
+    Call :func:`end_accumulation` after the last micro-batch.
     """
     if count <= 1 or not hasattr(model, "set_requires_gradient_sync"):
         return
     last = index == count - 1
     if index == 0:
-        for module, _ in reshard_plan(model, getattr(model, "_raytrain_strategy", "full_shard")):
-            module.set_reshard_after_forward(False, recurse=False)
-    model.set_requires_gradient_sync(last)
-    model.set_reshard_after_backward(last)
+        model.set_requires_gradient_sync(True)
+        if getattr(model, "_raytrain_keep_gathered", False):
+            for module, _ in reshard_plan(model, getattr(model, "_raytrain_strategy", "full_shard")):
+                module.set_reshard_after_forward(False, recurse=False)
+    model.set_requires_all_reduce(last)
+    if getattr(model, "_raytrain_keep_gathered", False):
+        model.set_reshard_after_backward(last)
 
 
 def end_accumulation(model: torch.nn.Module, count: int) -> None:
-    """Restore the per-unit resharding plan after an accumulated step (evaluation and the next
-    step's memory use see the plan ``parallelize`` chose)."""
+    """Restore the per-unit plan after an accumulated step (evaluation and the next step's
+    memory use see the plan ``parallelize`` chose)."""
     if count <= 1 or not hasattr(model, "set_requires_gradient_sync"):
         return
+    model.set_requires_gradient_sync(True)
+    model.set_reshard_after_backward(True)
     for module, reshard in reshard_plan(model, getattr(model, "_raytrain_strategy", "full_shard")):
         module.set_reshard_after_forward(reshard, recurse=False)

@@ -37,8 +37,7 @@ def forward_backward(model: torch.nn.Module, micro: list[dict[str, torch.Tensor]
     loss_total = torch.zeros(1, dtype=torch.float64, device=device)
     for index, batch in enumerate(micro):
         begin_micro_batch(model, index, len(micro))
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-        token_loss = loss_sum(model, batch)
+        token_loss = loss_sum(model, batch, device)  # the host batch: indices and layout need no device read
         # FSDP averages gradients over ranks: scale so the result is d(global mean)/d(theta).
         (token_loss * scale.to(token_loss.dtype)).backward()
         loss_total += token_loss.detach().double()

@@ -100,7 +100,8 @@ def test_memory_terms_by_hand():
                         micro_batch_size=1, activation_checkpointing=False)
     n = 1_543_714_304
     assert e.parameters == n * 4 // 8 and e.optimizer == n * 8 // 8   # fp32 master weights, sharded 8 ways
-    assert e.logits == 2048 * 151936 * 10                     # bf16 logits + fp32 log-softmax + fp32 grad
+    # bf16 logits and their gradient at (at most) every position + one 512-token fp32 chunk and its gradient
+    assert e.logits == 2048 * 151936 * 4 + 512 * 151936 * 8
     assert e.activations == 2048 * 28 * (11 * 1536 + 4 * 8960 + 3 * 256) * 2
     hybrid = estimate_memory(QWEN2_5_1_5B, strategy="hybrid_shard", world_size=8, workers_per_node=4, seq_len=2048,
                              micro_batch_size=1, activation_checkpointing=False)
@@ -114,16 +115,17 @@ def test_memory_terms_by_hand():
     assert pure_bf16.parameters == n * 2 // 8 and pure_bf16.required < e.required
 
 
-def test_accumulation_holds_the_gathered_model_and_a_full_fp32_gradient():
+def test_sharded_accumulation_costs_nothing_and_kept_gathered_parameters_cost_the_bf16_model():
     n = 1_543_714_304
     common = dict(strategy="full_shard", world_size=8, workers_per_node=4, seq_len=2048, micro_batch_size=1,
                   activation_checkpointing=True)
     one = estimate_memory(QWEN2_5_1_5B, **common)
     eight = estimate_memory(QWEN2_5_1_5B, **common, grad_accum_steps=8)
-    # parameters gathered in bf16 for the whole step + the unsharded fp32 gradient (~5.7 GiB)
-    assert eight.accumulation == n * 2 + n * 4 and eight.fsdp_working_set == 0
-    assert n * 4 / GIB == pytest.approx(5.75, abs=0.01)
-    assert eight.total - one.total == eight.accumulation - one.fsdp_working_set
+    kept = estimate_memory(QWEN2_5_1_5B, **common, grad_accum_steps=8, keep_gathered=True)
+    # every micro batch reduce-scatters: no unsharded fp32 gradient outlives a block's backward
+    assert eight.accumulation == 0 and eight.total == one.total
+    # parameters gathered in bf16 for the whole step (~2.9 GiB)
+    assert kept.accumulation == n * 2 and kept.total - one.total == n * 2
 
 
 def test_shipped_finetune_job_runs_the_strategy_preflight_finds_fastest(monkeypatch):
@@ -162,3 +164,79 @@ def test_preflight_checks_the_shape_the_charts_synthesize(capsys, tmp_path):
     code, out, err = preflight(capsys, "--set", "parallel.num_workers=4", "--set", "train.global_batch_size=16", job=str(job))
     assert code == 2 and "require_transport = 'efa' but the job spans 1 node" in err
 
+
+
+def test_a_plan_that_does_not_fit_is_told_the_change_that_would(capsys):
+    too_big = ("--set", "train.seq_len=8192", "--set", "train.micro_batch_size=2", "--set", "train.global_batch_size=32",
+               "--set", "parallel.activation_checkpointing=false")
+    code, _, err = preflight(capsys, *too_big)
+    assert code == 2 and "set parallel.activation_checkpointing = true (then ~" in err
+    # the advised change, applied, passes the memory check
+    code, out, err = preflight(capsys, *too_big[:-1], "parallel.activation_checkpointing=true")
+    assert "PASS  memory" in out, err
+
+
+def test_qwen2_5_7b_on_two_l4_nodes_is_told_how_many_nodes_full_shard_needs(capsys):
+    from raytrain_eks.memory_estimate import KNOWN_MODELS
+
+    code, _, err = preflight(capsys, "--set", "model.path=s3://bucket/models/Qwen2.5-7B-Instruct")
+    assert code == 2 and err.count("\n") == 1
+    assert "no setting fits 2 node(s): full shard with activation checkpointing needs" in err
+    nodes = int(err.split("checkpointing needs ")[1].split(" nodes")[0])
+    shapes = KNOWN_MODELS["qwen2.5-7b"]
+    assert shapes.num_params() == 7_615_616_512  # Qwen2.5-7B's published parameter count
+    wider = estimate_memory(shapes, strategy="full_shard", world_size=nodes * 4, workers_per_node=4, seq_len=2048,
+                            micro_batch_size=1, activation_checkpointing=True, grad_accum_steps=2)
+    narrower = estimate_memory(shapes, strategy="full_shard", world_size=(nodes - 1) * 4, workers_per_node=4,
+                               seq_len=2048, micro_batch_size=1, activation_checkpointing=True, grad_accum_steps=2)
+    assert wider.required <= usable_bytes(24) < narrower.required
+
+
+def test_measured_collectives_become_link_bytes_and_time():
+    """Ring collectives: each GPU sends (n-1)/n of an all-gather or reduce-scatter buffer and
+    twice that of an all-reduce; hybrid shard's replicate rings (one per GPU of a node) share
+    the node's EFA link."""
+    from raytrain_eks.measured_plan import PCIE_GBYTES_PER_S, SUSTAINED_FRACTION, Cluster, predict
+
+    gb = 10**9
+    result = {"strategy": "hybrid_shard", "global_batch_size": 64, "micro_batch_size": 1,
+              "executed_flops_per_micro_batch": int(121e12 * SUSTAINED_FRACTION),  # 1 s per micro batch
+              "model_flops_per_micro_batch": int(121e12 * SUSTAINED_FRACTION),
+              "collectives": [
+                  {"kind": "all_gather", "group_size": 4, "bytes": 8 * 4 * gb, "first_bytes": 4 * gb, "last_bytes": 4 * gb},
+                  {"kind": "all_reduce", "group_size": 2, "bytes": 3 * gb, "first_bytes": 0, "last_bytes": 3 * gb}]}
+    p = predict(result, Cluster())
+    assert p["grad_accum_steps"] == 8 and p["compute_s"] == 8.0
+    assert p["pcie_bytes_per_gpu"] == 8 * 3 * gb            # 3/4 of each 4 GB gather
+    assert p["efa_bytes_per_node"] == 4 * 3 * gb            # 2 x 1/2 x 3 GB per GPU, 4 GPUs per node
+    efa_s = 12 * gb / (40e9 / 8)                             # 2.4 s on the last micro batch
+    pcie_s = 3 * gb / (PCIE_GBYTES_PER_S * 1e9)              # 0.25 s per micro batch: hidden
+    assert pcie_s < 1.0 and p["exposed_comm_s"] == pytest.approx(efa_s - 1.0, abs=1e-3)
+    assert p["mfu"] == pytest.approx(SUSTAINED_FRACTION * 8 / (8 + efa_s - 1.0), abs=1e-3)
+
+
+def test_a_plan_with_memory_to_spare_is_told_the_faster_settings_that_still_fit(capsys):
+    code, out, _ = preflight(capsys)
+    assert code == 0
+    note = next(line for line in out.splitlines() if "memory to spare" in line)
+    assert "set parallel.activation_checkpointing = false, parallel.keep_params_gathered = true" in note
+    # applied, the plan still passes the memory check
+    code, out, err = preflight(capsys, "--set", "parallel.activation_checkpointing=false",
+                               "--set", "parallel.keep_params_gathered=true")
+    assert "PASS  memory" in out and "memory to spare" not in out, err
+
+
+def test_the_shipped_job_is_checked_with_its_measured_figures_and_only_on_the_measured_cluster(capsys, monkeypatch):
+    from dataclasses import replace
+
+    from raytrain_eks import measured_plan
+
+    monkeypatch.chdir(ROOT)
+    code, out, err = preflight(capsys, job="jobs/finetune-qwen2.5-1.5b.toml")
+    assert code == 0, err
+    assert "GiB per GPU (measured)" in out and "predicted step" in out and "executed / model" in out
+    job = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct"])
+    shapes, _ = shapes_for_job(job)
+    assert measured_plan.for_job(job, shapes, "g6.12xlarge") is not None       # 2 nodes: measured
+    wider = replace(job, parallel=replace(job.parallel, num_workers=12))
+    assert measured_plan.for_job(wider, shapes, "g6.12xlarge") is None         # 3 nodes: not measured

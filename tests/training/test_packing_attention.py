@@ -78,3 +78,175 @@ def test_overlong_conversations_truncate_or_refuse():
         pack(docs, seq_len, ENDOFTEXT, train_separator=False, seed=0, whole_documents=True, overlong="refuse",
              source="chat/arithmetic.jsonl")
     assert "\n" not in str(caught.value) and "chat/arithmetic.jsonl" in str(caught.value)
+
+
+# --- packed attention without a dense mask (training/attention.py) and the target-only loss ---
+
+def _tiny(packed: bool, layers: int = 2):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from training.attention import use_packed_attention
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**tiny_qwen2_config(num_hidden_layers=layers)))
+    if packed:
+        use_packed_attention(model)
+    return model
+
+
+def _packed_batch(rows: int = 3, seq_len: int = 40, seed: int = 5) -> dict[str, torch.Tensor]:
+    """Rows of several documents each (positions restart at 0), prompt tokens with label -100."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 500, (rows, seq_len), generator=gen)
+    positions = torch.empty(rows, seq_len, dtype=torch.long)
+    for row in range(rows):
+        cuts = sorted(torch.randperm(seq_len - 2, generator=gen)[:row + 1].add(1).tolist())
+        starts = [0, *cuts]
+        for lo, hi in zip(starts, [*cuts, seq_len]):
+            positions[row, lo:hi] = torch.arange(hi - lo)
+    labels = ids.clone()
+    labels[positions == 0] = -100  # a document's first token is not a target
+    labels[torch.rand(rows, seq_len, generator=gen) < 0.3] = -100  # prompt tokens
+    return {"input_ids": ids, "labels": labels, "position_ids": positions}
+
+
+def _todays_loss(model, batch) -> torch.Tensor:
+    """The loss as it was computed before training/attention.py: transformers' sdpa path with its
+    dense per-document mask, full-vocabulary logits copied to float32."""
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+    shift_logits = logits[:, :-1, :].float()
+    return torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)),
+                                             batch["labels"][:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+
+
+def test_document_boundaries_follow_transformers_packed_sequence_rule():
+    """Oracle: transformers 5.13 ``masking_utils.find_packed_sequence_indices`` (huggingface/
+    transformers, v5.13.0, src/transformers/masking_utils.py) decides where a packed document
+    starts; the layout's documents are its segments, plus a start at every row."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    from training.attention import document_layout
+
+    batch = _packed_batch()
+    rows, seq_len = batch["input_ids"].shape
+    segments = find_packed_sequence_indices(batch["position_ids"])
+    expected = [0]
+    for row in range(rows):
+        lengths = torch.unique_consecutive(segments[row], return_counts=True)[1].tolist()
+        for length in lengths:
+            expected.append(expected[-1] + length)
+    layout = document_layout(batch["position_ids"], rows, seq_len)
+    assert layout.cu_seqlens.tolist() == expected
+    assert layout.cu_seqlens.dtype == torch.int32 and layout.max_len == max(b - a for a, b in zip(expected, expected[1:]))
+    assert document_layout(None, 2, 8).cu_seqlens.tolist() == [0, 8, 16]
+
+
+def test_packed_attention_document_equals_document_alone():
+    model = _tiny(packed=True).eval()
+    gen = torch.Generator().manual_seed(3)
+    a, b = (torch.randint(0, 500, (n,), generator=gen) for n in (23, 17))
+    ids = torch.cat([a, b]).unsqueeze(0)
+    positions = torch.cat([torch.arange(23), torch.arange(17)]).unsqueeze(0)
+    with torch.no_grad():
+        together = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0]
+        alone_a = model(input_ids=a.unsqueeze(0), use_cache=False).logits[0]
+        alone_b = model(input_ids=b.unsqueeze(0), use_cache=False).logits[0]
+        unmasked = _tiny(packed=False).eval()(input_ids=ids, use_cache=False).logits[0, 23:]
+    assert (together[:23] - alone_a).abs().max().item() < 1e-4
+    assert (together[23:] - alone_b).abs().max().item() < 1e-4
+    assert (unmasked - alone_b).abs().max().item() > 1e-2  # the test can tell the difference
+
+
+def test_no_mask_tensor_reaches_sdpa_in_the_training_loss(monkeypatch):
+    """The job's loss (training.model.loss_sum on a model from build_model) calls SDPA only with
+    ``attn_mask=None`` and ``is_causal=True``: no dense [rows, 1, seq, seq] mask is built."""
+    from types import SimpleNamespace
+
+    from training.model import build_model, loss_sum
+
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask", args[3] if len(args) > 3 else None), kwargs.get("is_causal")))
+        return original(*args, **kwargs)
+
+    model = build_model(SimpleNamespace(dtype="float32", path="", config=tiny_qwen2_config()), seq_len=40, on_gpu=False)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    loss_sum(model, _packed_batch()).backward()
+    assert calls, "SDPA was not called"
+    masks = [type(mask).__name__ for mask, _ in calls if mask is not None]
+    assert not masks, f"{len(masks)} of {len(calls)} SDPA calls got an attention mask ({masks[0]})"
+    assert all(causal is True for _, causal in calls)
+
+
+def test_new_loss_and_gradients_equal_todays_on_cpu():
+    from training.model import loss_sum
+
+    batch = _packed_batch()
+    today, new = _tiny(packed=False), _tiny(packed=True)
+    before = _todays_loss(today, batch)
+    after = loss_sum(new, batch)
+    before.backward()
+    after.backward()
+    assert after.item() == pytest.approx(before.item(), abs=1e-4)
+    for (name, p_today), p_new in zip(today.named_parameters(), new.parameters()):
+        assert (p_today.grad - p_new.grad).abs().max().item() < 1e-4, name
+
+
+def test_loss_without_packed_attention_gives_the_same_sum():
+    """A model left on transformers' own attention takes the per-row path of loss_sum."""
+    from training.model import loss_sum
+
+    batch = _packed_batch()
+    model = _tiny(packed=False)
+    assert loss_sum(model, batch).item() == pytest.approx(_todays_loss(model, batch).item(), abs=1e-4)
+
+
+def test_chunked_cross_entropy_equals_one_pass_and_keeps_no_float32_copy_of_all_logits():
+    from training.model import chunked_cross_entropy_sum
+
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(37, 50, generator=gen).to(torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, 50, (37,), generator=gen)
+    reference = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+    (ref_grad,) = torch.autograd.grad(reference, logits)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        chunked = chunked_cross_entropy_sum(logits, targets, chunk=8)
+    (grad,) = torch.autograd.grad(chunked, logits)
+    assert chunked.item() == pytest.approx(reference.item(), rel=1e-6)
+    assert (grad.float() - ref_grad.float()).abs().max().item() < 1e-2
+    # what autograd keeps from forward to backward: the bf16 chunks, never a float32 [37, 50]
+    assert not [t for t in saved if t.dtype == torch.float32 and t.numel() > 8 * 50]
+    empty = chunked_cross_entropy_sum(logits[:0], targets[:0])
+    assert empty.item() == 0.0 and empty.requires_grad
+
+
+def test_gpu_branch_calls_varlen_flash_attention_with_the_packers_layout(monkeypatch):
+    """The CUDA branch runs on CPU with only the device decision and the kernel injected: the
+    kernel gets the flattened tokens, the packer's cu_seqlens (int32, on the tensors' device),
+    causal window (-1, 0) and GQA without repeated keys/values (torch 2.13
+    ``torch/nn/attention/varlen.py``: ``window_size == (-1, 0)`` is causal; ``enable_gqa``)."""
+    from training import attention
+    from training.model import loss_sum
+
+    seen = []
+
+    def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size, enable_gqa):
+        seen.append({"q": tuple(q.shape), "k": tuple(k.shape), "cu": cu_q.tolist(), "cu_dtype": cu_q.dtype,
+                     "same_cu": cu_q is cu_k, "max": (max_q, max_k), "window": window_size, "gqa": enable_gqa})
+        return attention._per_document_sdpa(q, k, v, cu_q.tolist(), scale)
+
+    batch = _packed_batch()
+    model = _tiny(packed=True)
+    on_cpu = loss_sum(model, batch).item()
+    monkeypatch.setattr(attention, "_on_accelerator", lambda tensor: True)
+    monkeypatch.setattr(attention, "_varlen_attn", fake_varlen)
+    on_gpu_branch = loss_sum(model, batch).item()
+    layout = attention.document_layout(batch["position_ids"], 3, 40)
+    assert len(seen) == 2  # one call per decoder layer
+    assert seen[0] == {"q": (120, 4, 16), "k": (120, 2, 16), "cu": layout.cu_seqlens.tolist(),
+                       "cu_dtype": torch.int32, "same_cu": True, "max": (layout.max_len,) * 2,
+                       "window": (-1, 0), "gqa": True}
+    assert on_gpu_branch == pytest.approx(on_cpu, abs=1e-5)

@@ -106,9 +106,11 @@ def export_local(checkpoint_dir: str | Path, out_dir: str | Path, *, tokenizer_d
     config = AutoConfig.for_model(**config_dict)
     dtype = _stored_dtype(folder)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    state = {"app": {"model": model.state_dict()}}
+    from training.checkpointing.state import drop_tied, restore_tied
+
+    state = {"app": {"model": drop_tied(model, model.state_dict())}}  # tied tensors are stored once
     dcp.load(state, checkpoint_id=str(folder), no_dist=True)  # in place, into the model's tensors
-    model.load_state_dict(state["app"]["model"])
+    model.load_state_dict(restore_tied(model, state["app"]["model"]))
     model = model.to(export_dtype(config_dict, dtype))
     model.config.dtype = export_dtype(config_dict, dtype)
     out = Path(out_dir)

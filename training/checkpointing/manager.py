@@ -86,6 +86,16 @@ class _Pending:
     started: float = field(default_factory=time.perf_counter)
 
 
+def pinned_stager():
+    """DCP's stager into PINNED host memory, reused across saves. Staging stays synchronous: the
+    next optimizer step may only change the parameters once their copy is taken; the write to
+    disk and the upload run in the background."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    return DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
+                                        use_async_staging=False, use_non_blocking_copy=False))
+
+
 class CheckpointManager:
     """Saves the model, optimizer and trainer state every ``every_n_steps`` and at the end.
 
@@ -120,6 +130,9 @@ class CheckpointManager:
         # interleaved with the background thread's collectives on the group above.
         self._agree_group = dist.new_group(backend="gloo") if self.distributed else None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckpt")
+        # One stager for the run: its pinned host buffers are made at the first save and reused
+        # by every later one (keyed by the shards' storages), instead of pageable copies per save.
+        self._stager = pinned_stager() if self.async_save and self.device.type == "cuda" else None
         self._pending: _Pending | None = None
         self.timings: list[SaveTiming] = []
         self.last_saved_step = -1
@@ -166,6 +179,8 @@ class CheckpointManager:
             self.save(step, metrics or {})
         self.wait()
         self._executor.shutdown(wait=True)
+        if self._stager is not None:
+            self._stager.close()
 
     # -- saving ---------------------------------------------------------------------------------
 
@@ -185,7 +200,7 @@ class CheckpointManager:
             future = self._executor.submit(self._write_and_seal, staged, folder, step)
         elif self.async_save:  # GPU: DCP stages device -> host memory, then writes in a thread
             written = dcp.async_save(state, checkpoint_id=str(folder), process_group=self._ckpt_group,
-                                     no_dist=not self.distributed)
+                                     no_dist=not self.distributed, async_stager=self._stager)
             future = self._executor.submit(self._seal_after, written, folder, step)
         else:
             dcp.save(state, checkpoint_id=str(folder), process_group=self._ckpt_group, no_dist=not self.distributed)

@@ -1,0 +1,326 @@
+"""Per-GPU memory, FLOPs and collective bytes of the FULL-SIZE job, measured on CPU by the real code.
+
+No GPU and no weights: the model is built from its config under ``FakeTensorMode`` (shapes and
+dtypes only), rank 0 of a fake process group of 2 x 4 ranks (2 x g6.12xlarge) runs the job's
+own code (``training.parallel.parallelize`` on the shipped mesh, ``training.model.loss_inputs``
+/ ``loss_from_inputs``, ``training.step``'s accumulation helpers, AdamW), and torch measures:
+
+- memory: ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (every tensor FSDP2,
+  autograd and the optimizer allocate, by category), peak over a second optimizer step;
+- FLOPs executed: ``torch.utils.flop_counter.FlopCounterMode`` over one micro batch (forward +
+  backward, recompute included), against the model FLOPs of training/flops.py;
+- collectives: every ``torch.distributed`` collective FSDP2 issues, with its buffer bytes and
+  group (intra-node shard group / cross-node replicate group), per micro batch.
+
+"today" is the code before training/attention.py (commit f6968c4): transformers' sdpa path with
+its dense per-document mask, full-vocabulary logits copied to fp32, accumulation with the
+parameters gathered and the unsharded fp32 gradient kept until the last micro batch (their
+few lines are repeated here as ``_todays_*``). "after" is the shipped code.
+
+Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]``
+(a few minutes per variant on an idle machine; ``make bench`` runs them all). Writes
+``bench/results/full_size_plan.json``; ``--publish`` also writes the copy the preflight reads
+(raytrain_eks/measured_plan.json); ``--table`` prints the results as Markdown.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from raytrain_eks.measured_plan import MODEL_CONFIGS, PUBLISHED, RESULTS, Cluster, predict  # noqa: E402
+
+SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH = 2048, 1, 64  # jobs/finetune-qwen2.5-1.5b.toml
+DOC_LENGTHS = (700, 420, 310, 618)
+"""Packed chat block: four conversations filling 2048 tokens; each one's last 60 % (the
+assistant's reply) are the targets."""
+MEASURED_ACCUM = 3
+"""Micro batches measured per step: the first, a middle one and the last show each kind's
+collectives (a schedule that keeps parameters gathered gathers only in the first); a step of
+``A`` is ``first + (A - 2) x middle + last``."""
+_COLLECTIVES = ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
+                "all_reduce")
+
+
+def packed_chat_batch(rows: int = MICRO_BATCH, seq_len: int = SEQ_LEN) -> dict[str, torch.Tensor]:
+    """Host tensors of ``rows`` packed blocks: :data:`DOC_LENGTHS` scaled to ``seq_len``, each
+    document's first 40 % a prompt (label -100), positions restarting at every document."""
+    lengths = [n * seq_len // sum(DOC_LENGTHS) for n in DOC_LENGTHS]
+    lengths[-1] += seq_len - sum(lengths)
+    ids = torch.randint(0, 150000, (rows, seq_len), generator=torch.Generator().manual_seed(0))
+    positions = torch.cat([torch.arange(n) for n in lengths]).expand(rows, -1).contiguous()
+    labels = ids.clone()
+    at = 0
+    for n in lengths:
+        labels[:, at:at + int(n * 0.4)] = -100
+        labels[:, at] = -100
+        at += n
+    return {"input_ids": ids, "labels": labels, "position_ids": positions}
+
+
+_KINDS = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
+          "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter", "all_reduce": "all_reduce"}
+
+
+def _buffer(name: str, args: tuple, kwargs: dict) -> int:
+    """Bytes of the collective's full buffer: the gathered output, the input to reduce-scatter,
+    the all-reduced tensor."""
+    if name.startswith("all_gather"):
+        tensor = kwargs.get("output_tensor", args[0] if args else None)
+    elif name.startswith("reduce_scatter"):
+        tensor = kwargs.get("input", kwargs.get("input_tensor", args[1] if len(args) > 1 else None))
+    else:
+        tensor = kwargs.get("tensor", args[0] if args else None)
+    return tensor.numel() * tensor.element_size()
+
+
+class _Collectives:
+    """Wraps the torch.distributed collectives: per micro batch, per kind and group size."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+        self.micro = 0
+        self.originals = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+
+    def __enter__(self):
+        for name, original in self.originals.items():
+            def counted(*args, _name=name, _original=original, **kwargs):
+                group = kwargs.get("group")
+                if group is not None:  # the step's own token-count all-reduces use the default group
+                    self.rows.append({"micro": self.micro, "kind": _KINDS[_name], "group_size": dist.get_world_size(group),
+                                      "bytes": _buffer(_name, args, kwargs)})
+                return _original(*args, **kwargs)
+            setattr(dist, name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self.originals.items():
+            setattr(dist, name, original)
+
+
+def _todays_mask(config, batch):
+    """The dense mask transformers' sdpa path builds from packed position_ids (built here, before
+    the fake mode, because its packed-sequence check reads a tensor on the host)."""
+    from transformers.masking_utils import create_causal_mask
+
+    config = type(config)(**config.to_dict())
+    config._attn_implementation = "sdpa"
+    embeds = torch.empty(*batch["input_ids"].shape, 1)
+    return create_causal_mask(config=config, inputs_embeds=embeds, attention_mask=None, past_key_values=None,
+                              position_ids=batch["position_ids"])
+
+
+def _todays_loss(model, batch):
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"],
+                   use_cache=False).logits
+    shift = logits[:, :-1, :].float()
+    return torch.nn.functional.cross_entropy(shift.reshape(-1, shift.size(-1)), batch["labels"][:, 1:].reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+
+
+def _todays_begin_micro_batch(model, index, count):
+    from training.parallel import reshard_plan
+
+    if index == 0:
+        for module, _ in reshard_plan(model, model._raytrain_strategy):
+            module.set_reshard_after_forward(False, recurse=False)
+    model.set_requires_gradient_sync(index == count - 1)
+    model.set_reshard_after_backward(index == count - 1)
+
+
+def _flop_mapping():
+    """CPU flash attention is not in torch's FLOP table: count it with torch's own SDPA formulas
+    (keys/values expanded to the query heads, as the GPU kernels' counts are)."""
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+
+    def fwd(query_shape, key_shape, value_shape, *args, **kwargs):
+        return fc.sdpa_flop_count(query_shape, (*key_shape[:1], query_shape[1], *key_shape[2:]),
+                                  (*value_shape[:1], query_shape[1], *value_shape[2:]))
+
+    def bwd(grad_out_shape, query_shape, key_shape, value_shape, *args, **kwargs):
+        return fc.sdpa_backward_flop_count(grad_out_shape, query_shape,
+                                           (*key_shape[:1], query_shape[1], *key_shape[2:]),
+                                           (*value_shape[:1], query_shape[1], *value_shape[2:]))
+
+    return {aten._scaled_dot_product_flash_attention_for_cpu: fwd,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd}
+
+
+def measure(model_name: str, *, code: str, activation_checkpointing: bool, strategy: str = "hybrid_shard",
+            reduce_dtype: str = "float32", keep_gathered: bool = False, cluster: Cluster = Cluster()) -> dict:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from training import flops
+    from training.attention import use_packed_attention
+    from training.model import loss_from_inputs, loss_inputs
+    from training.parallel import begin_micro_batch, end_accumulation, mesh_plan, parallelize
+
+    plan = mesh_plan(strategy, cluster.world_size, cluster.gpus_per_node)
+    mesh = init_device_mesh("cpu", plan.shape, mesh_dim_names=plan.dim_names)
+    config = Qwen2Config(**MODEL_CONFIGS[model_name])
+    batch = packed_chat_batch()
+    prepared = loss_inputs(None, batch, packed=True)  # host work, before the fake mode
+    began = time.perf_counter()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.config.use_cache = False
+        if code == "after":
+            use_packed_attention(model)
+        else:
+            batch = {**batch, "attention_mask": _todays_mask(config, batch)}
+        parallelize(model, mesh, strategy=strategy, on_gpu=True, activation_checkpointing=activation_checkpointing,
+                    keep_gathered=keep_gathered, reduce_dtype=reduce_dtype)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=False)  # per tensor: no foreach temporaries
+        tracker = FSDPMemTracker(model, optimizer)
+        collectives = _Collectives()
+        executed = 0
+        with tracker:
+            # AdamW's state first (as after any earlier step), without a forward/backward
+            for param in model.parameters():
+                param.grad = torch.zeros_like(param)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            with collectives:
+                for index in range(MEASURED_ACCUM):
+                    tracker.reset_mod_stats()  # per-module stats are per forward; the peak is kept
+                    (begin_micro_batch if code == "after" else _todays_begin_micro_batch)(model, index, MEASURED_ACCUM)
+                    collectives.micro = index
+                    counter = FlopCounterMode(display=False, custom_mapping=_flop_mapping()) if index == 0 else _Nothing()
+                    with counter:
+                        loss = loss_from_inputs(model, *prepared) if code == "after" else _todays_loss(model, batch)
+                        loss.backward()
+                    if index == 0:
+                        executed = counter.get_total_flops()
+                end_accumulation(model, MEASURED_ACCUM)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        peak = tracker.get_tracker_snapshot("peak")
+    device = next(iter(peak))
+    breakdown = {key: int(value) for key, value in peak[device].items()}
+    shapes = flops.ModelShapes.from_hf_config(config.to_dict())
+    model_flops = flops.training_flops_per_token(shapes, SEQ_LEN) * SEQ_LEN * MICRO_BATCH
+    result = {"model": model_name, "code": code, "strategy": strategy, "activation_checkpointing": activation_checkpointing,
+              "reduce_dtype": reduce_dtype, "keep_gathered": keep_gathered, "seq_len": SEQ_LEN,
+              "micro_batch_size": MICRO_BATCH, "global_batch_size": GLOBAL_BATCH, "doc_lengths": list(DOC_LENGTHS),
+              "peak_bytes": breakdown.pop("Total"), "peak_breakdown": breakdown,
+              "executed_flops_per_micro_batch": int(executed), "model_flops_per_micro_batch": int(model_flops),
+              "collectives": _per_step(collectives.rows, GLOBAL_BATCH // (cluster.world_size * MICRO_BATCH)),
+              "measure_s": round(time.perf_counter() - began, 1)}
+    result["prediction"] = predict(result, cluster)
+    return result
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _per_step(rows: list[dict], accum: int) -> list[dict]:
+    """Bytes per collective kind and group size for one step of ``accum`` micro batches."""
+    out: dict[tuple[str, int], dict] = {}
+    for row in rows:
+        which = "first" if row["micro"] == 0 else "last" if row["micro"] == MEASURED_ACCUM - 1 else "middle"
+        weight = (accum - 2) / (MEASURED_ACCUM - 2) if which == "middle" else 1
+        entry = out.setdefault((row["kind"], row["group_size"]),
+                               {"kind": row["kind"], "group_size": row["group_size"], "calls": 0, "bytes": 0,
+                                "first_bytes": 0, "middle_bytes": 0, "last_bytes": 0})
+        entry["calls"] += weight
+        entry["bytes"] += weight * row["bytes"]
+        entry[f"{which}_bytes"] += row["bytes"] / (MEASURED_ACCUM - 2 if which == "middle" else 1)
+    return sorted(out.values(), key=lambda e: (e["kind"], e["group_size"]))
+
+
+VARIANTS = (
+    {"code": "today", "activation_checkpointing": True},
+    {"code": "today", "activation_checkpointing": False},
+    {"code": "after", "activation_checkpointing": True},
+    {"code": "after", "activation_checkpointing": False},
+    {"code": "after", "activation_checkpointing": False, "reduce_dtype": "bfloat16"},
+    {"code": "after", "activation_checkpointing": False, "keep_gathered": True, "reduce_dtype": "bfloat16"},
+)
+VARIANTS_7B = (
+    {"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard"},
+    {"code": "after", "activation_checkpointing": True, "strategy": "full_shard"},
+)
+
+
+def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
+    """The results as a Markdown table (predictions recomputed by measured_plan.predict)."""
+    from raytrain_eks.measured_plan import required_bytes
+
+    gib, gb = 1024**3, 1e9
+    rows = ["| model | code | checkpointing | reduce | kept gathered | strategy | peak GiB/GPU (tensors) | with overhead + 10% "
+            "| FLOPs executed / model | all-gather GB | reduce-scatter GB | all-reduce GB | PCIe GB/GPU | EFA GB/node "
+            "| compute s | exposed s | step s | MFU |", "|" + "---|" * 18]
+    for r in results:
+        p = predict(r, cluster)
+        comm = {kind: sum(c["bytes"] for c in r["collectives"] if c["kind"] == kind) / gb
+                for kind in ("all_gather", "reduce_scatter", "all_reduce")}
+        rows.append(f"| {r['model']} | {r['code']} | {'on' if r['activation_checkpointing'] else 'off'} | {r['reduce_dtype']} "
+                    f"| {'yes' if r['keep_gathered'] else 'no'} | {r['strategy']} | {r['peak_bytes'] / gib:.2f} "
+                    f"| {required_bytes(r) / gib:.2f} | {p['executed_over_model_flops']:.3f} | {comm['all_gather']:.1f} "
+                    f"| {comm['reduce_scatter']:.1f} | {comm['all_reduce']:.1f} | {p['pcie_bytes_per_gpu'] / gb:.1f} "
+                    f"| {p['efa_bytes_per_node'] / gb:.1f} | {p['compute_s']:.2f} | {p['exposed_comm_s']:.2f} "
+                    f"| {p['step_s']:.2f} | {p['mfu']:.3f} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="Qwen2.5-1.5B,Qwen2.5-7B")
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--variants", default="", help="indices into the model's variant list (default: all)")
+    parser.add_argument("--publish", action="store_true", help=f"also write {PUBLISHED.name} for the preflight")
+    parser.add_argument("--table", action="store_true", help="print the results file as a Markdown table and exit")
+    args = parser.parse_args()
+    cluster = Cluster()
+    if args.table:
+        print(table(json.loads(Path(args.out).read_text())["results"], cluster))
+        return
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cluster.world_size)
+    results = []
+    for name in args.models.split(","):
+        variants = VARIANTS if name == "Qwen2.5-1.5B" else VARIANTS_7B
+        chosen = [int(i) for i in args.variants.split(",")] if args.variants else range(len(variants))
+        for variant in (variants[i] for i in chosen):
+            results.append(measure(name, cluster=cluster, **variant))
+            print(json.dumps({k: results[-1][k] for k in ("model", "code", "activation_checkpointing", "peak_bytes",
+                                                          "measure_s")}), file=sys.stderr, flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # a run of some variants replaces those and keeps the others already measured
+    key = lambda r: tuple(r[k] for k in ("model", "code", "strategy", "activation_checkpointing", "reduce_dtype",
+                                         "keep_gathered", "seq_len", "micro_batch_size"))
+    previous = json.loads(out.read_text())["results"] if out.is_file() else []
+    fresh = {key(r) for r in results}
+    results = [r for r in previous if key(r) not in fresh] + results
+    text = json.dumps({"cluster": cluster.to_dict(), "results": results}, indent=1) + "\n"
+    out.write_text(text)
+    if args.publish:
+        PUBLISHED.write_text(text)
+    print(json.dumps({"name": "full_size_plan", "written": str(out), "variants": len(results),
+                      "peak_gib": {f"{r['model']} {r['code']} ckpt={r['activation_checkpointing']} kept={r['keep_gathered']} "
+                                   f"reduce={r['reduce_dtype']}": round(r["peak_bytes"] / 1024**3, 2) for r in results}}))
+
+
+if __name__ == "__main__":
+    main()

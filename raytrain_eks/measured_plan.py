@@ -1,0 +1,168 @@
+"""Figures of the full-size job MEASURED on CPU by the real code (bench/bench_full_size_plan.py),
+and the step-time prediction built on them, for the preflight.
+
+The bench builds the model from its config under fake tensors on a fake process group of
+2 x g6.12xlarge (8 ranks, 4 per node) and measures peak memory per GPU (FSDP2's memory tracker),
+FLOPs executed per micro batch (recompute included) and the bytes of every collective per step.
+``bench/bench_full_size_plan.py --publish`` writes them to ``measured_plan.json`` beside this
+module; :func:`lookup` finds the measurement of a job, :func:`predict` turns counts into time.
+
+Prediction (per GPU, per optimizer step of ``A`` micro batches):
+
+- compute: FLOPs executed / (peak bf16 x :data:`SUSTAINED_FRACTION`);
+- collectives: ring bytes each GPU sends (all-gather and reduce-scatter ``(n-1)/n`` of the
+  buffer, all-reduce twice that), over PCIe inside a node (:data:`PCIE_GBYTES_PER_S`) and over
+  the node's one EFA link across nodes (shared by the node's GPUs in hybrid shard's replicate
+  rings; a world ring crosses it once per node);
+- exposed: per micro batch, the collective time its compute cannot hide (links in parallel);
+- MFU: model FLOPs (training/flops.py) / (step time x peak).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from environment.instances import INSTANCE_TYPES
+from raytrain_eks.memory_estimate import FRAGMENTATION, OVERHEAD_BYTES, PUBLISHED_CONFIGS
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "full_size_plan.json"
+PUBLISHED = Path(__file__).resolve().parent / "measured_plan.json"
+
+SUSTAINED_FRACTION = 0.5
+"""Share of the peak bf16 rate the step's kernels sustain on an L4 (its 72 W power cap holds
+large bf16 matmuls near half the datasheet peak). An assumption until ``make gpu-check`` measures it."""
+PCIE_GBYTES_PER_S = 12.0
+"""Ring bandwidth per GPU inside a g6.12xlarge (L4s on PCIe Gen4 x16, no NVLink: NCCL goes
+through host memory). An assumption, stated so a measurement can replace it."""
+
+MODEL_CONFIGS = PUBLISHED_CONFIGS
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    instance: str = "g6.12xlarge"
+    nodes: int = 2
+
+    @property
+    def gpus_per_node(self) -> int:
+        return INSTANCE_TYPES[self.instance].gpus
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "gpus_per_node": self.gpus_per_node, "world_size": self.world_size}
+
+
+def _links(entry: dict, strategy: str, cluster: Cluster) -> tuple[float, float]:
+    """(PCIe bytes per GPU, EFA bytes per node) of one collective entry."""
+    n = entry["group_size"]
+    sent = entry["bytes"] * (n - 1) / n * (2 if entry["kind"] == "all_reduce" else 1)
+    if cluster.nodes < 2:
+        return sent, 0.0
+    if n == cluster.world_size and strategy != "hybrid_shard":  # one ring over every GPU
+        return sent, sent
+    if strategy == "hybrid_shard" and n == cluster.nodes:  # the replicate rings, one per GPU of a node
+        return 0.0, sent * cluster.gpus_per_node
+    return sent, 0.0
+
+
+def predict(result: dict, cluster: Cluster) -> dict:
+    """Step time and MFU of a measured variant on ``cluster`` (see the module docstring)."""
+    instance = INSTANCE_TYPES[cluster.instance]
+    peak = instance.gpu_bf16_tflops * 1e12
+    accum = result["global_batch_size"] // (cluster.world_size * result["micro_batch_size"])
+    micro_s = result["executed_flops_per_micro_batch"] / (peak * SUSTAINED_FRACTION)
+    link = instance.network_gbps * 1e9 / 8
+    pcie = efa = 0.0
+    exposed = 0.0
+    for micro in ("first", "middle", "last"):
+        pcie_m = efa_m = 0.0
+        for entry in result["collectives"]:
+            # measured over 2 micro batches (a schedule whose middle ones repeat the first): first
+            per_micro = entry.get(f"{micro}_bytes", entry.get("first_bytes", entry["bytes"] / accum))
+            p, e = _links({**entry, "bytes": per_micro}, result["strategy"], cluster)
+            pcie_m, efa_m = pcie_m + p, efa_m + e
+        weight = max(0, accum - 2) if micro == "middle" else 1
+        pcie, efa = pcie + weight * pcie_m, efa + weight * efa_m
+        exposed += weight * max(0.0, max(pcie_m / (PCIE_GBYTES_PER_S * 1e9), efa_m / link) - micro_s)
+    compute_s = accum * micro_s
+    step_s = compute_s + exposed
+    model_flops = accum * result["model_flops_per_micro_batch"]
+    return {"grad_accum_steps": accum, "compute_s": round(compute_s, 3), "exposed_comm_s": round(exposed, 3),
+            "step_s": round(step_s, 3), "mfu": round(model_flops / (step_s * peak), 4),
+            "executed_over_model_flops": round(result["executed_flops_per_micro_batch"]
+                                               / result["model_flops_per_micro_batch"], 3),
+            "pcie_bytes_per_gpu": int(pcie), "efa_bytes_per_node": int(efa),
+            "sustained_fraction": SUSTAINED_FRACTION, "pcie_gbytes_per_s": PCIE_GBYTES_PER_S}
+
+
+def load(path: Path = PUBLISHED) -> list[dict]:
+    """The published measurements (empty when none are)."""
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return [{"cluster": data["cluster"], **r} for r in data["results"]]
+
+
+def model_name(shapes) -> str | None:
+    """The measured model with these shapes (training.flops.ModelShapes), if any."""
+    for name, config in MODEL_CONFIGS.items():
+        if (shapes.hidden_size, shapes.num_layers, shapes.vocab_size) == (
+                config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]):
+            return name
+    return None
+
+
+def required_bytes(result: dict) -> int:
+    """What a measured plan must fit: the tracked tensors' peak plus the CUDA/NCCL overhead and
+    the fragmentation allowance the memory model adds (raytrain_eks/memory_estimate.py)."""
+    return int((result["peak_bytes"] + OVERHEAD_BYTES) * FRAGMENTATION)
+
+
+def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> dict | None:
+    """The measurement of ``job``'s exact plan on its cluster (the same GPU type and node count
+    as measured), with its prediction for the job's global batch; None when not measured."""
+    results = load() if results is None else results
+    name = model_name(shapes)
+    p, t = job.parallel, job.train
+    cluster = Cluster(instance=instance, nodes=job.num_nodes)
+    if name is None or not p.use_gpu or instance not in INSTANCE_TYPES or p.num_workers != cluster.world_size:
+        return None
+    measured_here = [r for r in results if (r.get("cluster") or {}).get("instance") == instance
+                     and (r.get("cluster") or {}).get("nodes") == cluster.nodes]
+    found = lookup(measured_here, model=name, strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+                   activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
+                   keep_gathered=p.keep_params_gathered)
+    if found is None or job.grad_accum_steps < 2:  # measured with accumulation
+        return None
+    found = {**found, "global_batch_size": t.global_batch_size}
+    return {**found, "prediction": predict(found, cluster), "required_bytes": required_bytes(found)}
+
+
+def lookup(results: list[dict], *, model: str, strategy: str, seq_len: int, micro_batch_size: int,
+           activation_checkpointing: bool, reduce_dtype: str = "float32", keep_gathered: bool = False) -> dict | None:
+    """The shipped code's measurement of exactly this plan, or None."""
+    for r in results:
+        if (r["code"], r["model"], r["strategy"], r["seq_len"], r["micro_batch_size"], r["activation_checkpointing"],
+                r["reduce_dtype"], r["keep_gathered"]) == ("after", model, strategy, seq_len, micro_batch_size,
+                                                           activation_checkpointing, reduce_dtype, keep_gathered):
+            return r
+    return None
+
+
+def render(found: dict, *, hand_required: int) -> list[str]:
+    """The preflight's lines for a measured plan (:func:`for_job`)."""
+    gib, p = 1024**3, found["prediction"]
+    comm = ", ".join(f"{c['kind']} over {c['group_size']}: {c['bytes'] / 1e9:.1f} GB" for c in found["collectives"])
+    return [
+        "measured   bench/bench_full_size_plan.py (the job's code on fake tensors, fake 2-node process group)",
+        f"  peak memory      {found['peak_bytes'] / gib:.2f} GiB of tensors per GPU; with overhead and fragmentation "
+        f"{found['required_bytes'] / gib:.2f} GiB (the hand formula says {hand_required / gib:.2f})",
+        f"  FLOPs            executed / model = {p['executed_over_model_flops']:.2f} (recompute and skipped "
+        f"logits show); per GPU per step: {comm}",
+        f"  predicted step   {p['step_s']:.2f} s ({p['compute_s']:.2f} compute at {p['sustained_fraction']:.0%} "
+        f"of peak + {p['exposed_comm_s']:.2f} exposed collectives), MFU {p['mfu']:.2f}",
+    ]

@@ -1,0 +1,83 @@
+"""When a plan does not fit the GPU's memory: the change that would make it fit; when it fits
+with room to spare: the faster settings that still fit (:func:`spare_memory`).
+
+Changes are tried cumulatively, cheapest in throughput first: activation checkpointing, no
+parameters kept gathered across micro batches, full shard (parameters, gradients and AdamW over
+every GPU instead of one node's), micro batch 1, then shorter sequences down to 512. A plan that
+still does not fit is told how many nodes of its GPU type full shard would need. Each candidate is
+sized by the memory model (:mod:`raytrain_eks.memory_estimate`), or by the measured figure where
+bench/bench_full_size_plan.py measured that exact plan (:mod:`raytrain_eks.measured_plan`).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from raytrain_eks.memory_estimate import estimate_for_job
+from training.config import JobConfig
+from training.flops import ModelShapes
+
+MIN_SEQ_LEN = 512
+
+
+def _with(job: JobConfig, section: str, **values) -> JobConfig:
+    return replace(job, **{section: replace(getattr(job, section), **values)})
+
+
+def _steps(job: JobConfig) -> list[tuple[str, Callable[[JobConfig], JobConfig]]]:
+    p, t = job.parallel, job.train
+    steps: list[tuple[str, Callable[[JobConfig], JobConfig]]] = []
+    if not p.activation_checkpointing:
+        steps.append(("parallel.activation_checkpointing = true", lambda j: _with(j, "parallel", activation_checkpointing=True)))
+    if p.keep_params_gathered:
+        steps.append(("parallel.keep_params_gathered = false", lambda j: _with(j, "parallel", keep_params_gathered=False)))
+    if p.strategy != "full_shard" and p.num_workers > 1:
+        steps.append(("parallel.strategy = 'full_shard'", lambda j: _with(j, "parallel", strategy="full_shard")))
+    if t.micro_batch_size > 1:
+        steps.append(("train.micro_batch_size = 1", lambda j: _with(j, "train", micro_batch_size=1)))
+    seq = t.seq_len // 2
+    while seq >= MIN_SEQ_LEN:
+        steps.append((f"train.seq_len = {seq}", lambda j, s=seq: _with(j, "train", seq_len=s)))
+        seq //= 2
+    return steps
+
+
+def advise(job: JobConfig, shapes: ModelShapes, usable: int, gpus_per_node: int,
+           required: Callable[[JobConfig], int] | None = None) -> str:
+    """One phrase: the changes (cumulative) after which the plan fits, or the nodes it needs."""
+    size = required or (lambda j: estimate_for_job(j, shapes).required)
+    changes: list[str] = []
+    candidate = job
+    for label, change in _steps(job):
+        candidate = change(candidate)
+        if label.startswith("train.seq_len") and changes and changes[-1].startswith("train.seq_len"):
+            changes[-1] = label
+        else:
+            changes.append(label)
+        if size(candidate) <= usable:
+            return "set " + ", ".join(changes) + f" (then ~{size(candidate) / 1024**3:.1f} GiB per GPU)"
+    widest = _with(job, "parallel", strategy="full_shard", activation_checkpointing=True, keep_params_gathered=False)
+    for nodes in range(job.num_nodes + 1, 65):
+        workers = nodes * gpus_per_node
+        bigger = _with(widest, "parallel", num_workers=workers)
+        if size(bigger) <= usable:
+            return (f"no setting fits {job.num_nodes} node(s): full shard with activation checkpointing needs "
+                    f"{nodes} nodes (parallel.num_workers = {workers}, ~{size(bigger) / 1024**3:.1f} GiB per GPU)")
+    return "no setting fits: the model's sharded state alone exceeds the GPU memory at 64 nodes"
+
+
+def spare_memory(job: JobConfig, usable: int, required: Callable[[JobConfig], int]) -> list[str]:
+    """For a plan that fits: the faster settings it also fits with (activation checkpointing
+    off: no recompute; parameters kept gathered across micro batches: one all-gather per step)."""
+    notes = []
+    candidate = job
+    if job.parallel.activation_checkpointing:
+        off = _with(candidate, "parallel", activation_checkpointing=False)
+        if required(off) <= usable:
+            notes.append(f"parallel.activation_checkpointing = false (no recompute; ~{required(off) / 1024**3:.1f} GiB)")
+            candidate = off
+    if job.grad_accum_steps > 1 and not job.parallel.keep_params_gathered and job.parallel.strategy != "no_shard":
+        kept = _with(candidate, "parallel", keep_params_gathered=True)
+        if required(kept) <= usable:
+            notes.append(f"parallel.keep_params_gathered = true (one all-gather per step; ~{required(kept) / 1024**3:.1f} GiB)")
+    return notes
