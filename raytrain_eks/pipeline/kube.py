@@ -84,7 +84,11 @@ def runs_digest(image_id: str, digest: str) -> bool:
 def manifest_hash(manifest: dict[str, Any]) -> str:
     """The hash :data:`APPLIED_ANNOTATION` carries (of the manifest without that annotation)."""
     bare = json.loads(json.dumps(manifest))
-    (bare["metadata"].get("annotations") or {}).pop(APPLIED_ANNOTATION, None)
+    annotations = bare["metadata"].get("annotations")
+    if annotations is not None:
+        annotations.pop(APPLIED_ANNOTATION, None)
+        if not annotations:
+            del bare["metadata"]["annotations"]
     return hashlib.sha256(json.dumps(bare, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
 
 

@@ -15,7 +15,7 @@ containerd would. Each modelled behaviour follows ``ray-project/kuberay`` tag
   when head + desired workers exist and all run; ``observedGeneration`` follows the generation
   it reconciled. One reconcile per ``get raycluster``: new pods start Pending with no image ID and
   run (Ready, ``imageID`` = the reference they were pulled by, as containerd reports) at the next
-  reconcile; with scenario ``crashloop_head`` the head never becomes Ready.
+  reconcile; a head on the scenario's ``crashloop_image`` (a digest) never becomes Ready.
 - RayJob status (``rayjob_controller.go``): deployment ``""`` -> ``Initializing`` (the job's own
   RayCluster is created) -> ``Running`` with job status ``PENDING`` -> ``RUNNING`` -> terminal
   (``SUCCEEDED``/``Complete`` or ``FAILED``/``Failed``), one step per ``get rayjob``. On SUCCEEDED
@@ -98,7 +98,9 @@ def reconcile(cluster: dict, scenario: dict) -> None:
             p["status"]["phase"] = "Running"
             for c in p["status"]["containerStatuses"]:
                 c["imageID"] = c["image"]  # containerd: the reference the pod was pulled by
-            ready = not (scenario.get("crashloop_head") and p["metadata"]["labels"]["ray.io/node-type"] == "head")
+            bad = scenario.get("crashloop_image")
+            ready = not (bad and p["metadata"]["labels"]["ray.io/node-type"] == "head"
+                         and p["status"]["containerStatuses"][0]["image"].endswith("@" + bad))
             p["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
             for c in p["status"]["containerStatuses"]:
                 c["ready"] = ready
