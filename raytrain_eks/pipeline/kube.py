@@ -26,7 +26,8 @@ is still on the promoted manifest."""
 READY_STATE = "ready"
 """KubeRay v1.7.0 ``rayv1.Ready``: set by raycluster_controller.go calculateStatus when the
 cluster has its desired pods (head + DesiredWorkerReplicas, autoscaled ones included) all
-running."""
+Running and Ready (utils/util.go CheckAllPodsRunning). It is never reset: after a Recreate the
+old ``ready`` stays while the new pods start, so the pods themselves are checked too."""
 
 
 class KubeError(RuntimeError):
@@ -142,8 +143,9 @@ def wait_ready(kube: Kubectl, cluster: dict[str, Any], *, repository: str, diges
     name = cluster["metadata"]["name"]
     deadline = clock() + timeout_s
     while True:
+        live = kube.get("raycluster", name)
         pods = kube.cluster_pods(name)
-        why = not_ready(kube.get("raycluster", name), pods, repository=repository, digest=digest)
+        why = not_ready(live, pods, repository=repository, digest=digest)
         if not why:
             log(f"apply: RayCluster {name} ready, all {len(pods)} pods Ready on @{digest}")
             return image_ids(pods, repository)

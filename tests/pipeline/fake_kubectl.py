@@ -11,9 +11,10 @@ containerd would. Each modelled behaviour follows ``ray-project/kuberay`` tag
   min / max / workersToDelete, tolerations and scheduling gates, and upgradeStrategy), ported in
   :func:`recreate_hash`. An unchanged spec, or a change without Recreate, leaves running pods
   (and their image IDs) alone.
-- RayCluster status (``raycluster_controller.go`` ``calculateStatus``): ``state: ready`` only
-  when head + desired workers exist and all run; ``observedGeneration`` follows the generation
-  it reconciled. One reconcile per ``get raycluster``: new pods start Pending with no image ID and
+- RayCluster status (``raycluster_controller.go`` ``calculateStatus``): ``state: ready`` once
+  head + desired workers exist and all are Running and Ready (``utils/util.go``
+  ``CheckAllPodsRunning``), and never reset afterwards; ``observedGeneration`` follows the
+  generation it reconciled. One reconcile per ``get raycluster``: new pods start Pending with no image ID and
   run (Ready, ``imageID`` = the reference they were pulled by, as containerd reports) at the next
   reconcile; a head on the scenario's ``crashloop_image`` (a digest) never becomes Ready.
 - RayJob status (``rayjob_controller.go``): deployment ``""`` -> ``Initializing`` (the job's own
@@ -105,10 +106,13 @@ def reconcile(cluster: dict, scenario: dict) -> None:
             for c in p["status"]["containerStatuses"]:
                 c["ready"] = ready
     spec = cluster["object"]["spec"]
-    running = all(p["status"]["phase"] == "Running" for p in cluster["pods"])
-    status = {"observedGeneration": cluster["object"]["metadata"]["generation"]}
+    # utils/util.go CheckAllPodsRunning: phase Running and the Ready condition True
+    running = all(p["status"]["phase"] == "Running" and p["status"]["conditions"][0]["status"] == "True"
+                  for p in cluster["pods"])
+    status = dict(cluster["object"].get("status") or {})
+    status["observedGeneration"] = cluster["object"]["metadata"]["generation"]
     if len(cluster["pods"]) == desired_workers(spec) + 1 and running:
-        status["state"] = "ready"
+        status["state"] = "ready"  # calculateStatus never resets it (sticky across a Recreate)
     cluster["object"]["status"] = status
 
 
