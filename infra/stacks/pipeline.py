@@ -199,7 +199,9 @@ class PipelineStack(Stack):
                  CONFIG_VARIABLE: fingerprint(env)}))
         kubectl_vars = env_vars({"EXECUTION_ID": "#{codepipeline.PipelineExecutionId}",
                                  "IMAGE_DIGEST": synth_action.variable("IMAGE_DIGEST"),
-                                 "TIMEOUT_SECONDS": str(60 * pipeline_builds.SMOKE_TIMEOUT_MINUTES)})
+                                 "TIMEOUT_SECONDS": str(60 * pipeline_builds.SMOKE_TIMEOUT_MINUTES),
+                                 # each project's timeout = its step's wait + a rollback's + 15 min
+                                 "ROLLBACK_TIMEOUT_SECONDS": str(60 * pipeline_builds.APPLY_TIMEOUT_MINUTES)})
         smoke_action = actions.CodeBuildAction(
             action_name="SmokeRun", project=smoke, input=built, variables_namespace="Smoke",
             environment_variables=kubectl_vars)

@@ -41,6 +41,8 @@ class StepContext:
     execution_id: str
     poll_s: float = 30.0
     timeout_s: float = 3600.0
+    rollback_timeout_s: float = 1800.0
+    """A rollback's own wait, apart from the step's: the build's timeout covers both."""
 
     @classmethod
     def build(cls, env_file: str, dist: str, environ: Mapping[str, str] = os.environ) -> "StepContext":
@@ -53,7 +55,9 @@ class StepContext:
                    history=PromotionHistory(client=ddb, table_name=environ["HISTORY_TABLE"], image=image_key(env)),
                    parameter_name=environ["PROMOTED_DIGEST_PARAMETER"],
                    execution_id=environ.get("EXECUTION_ID", "manual"),
-                   poll_s=float(environ.get("POLL_SECONDS", 30)), timeout_s=float(environ.get("TIMEOUT_SECONDS", 3600)))
+                   poll_s=float(environ.get("POLL_SECONDS", 30)), timeout_s=float(environ.get("TIMEOUT_SECONDS", 3600)),
+                   rollback_timeout_s=float(environ.get("ROLLBACK_TIMEOUT_SECONDS",
+                                                        environ.get("TIMEOUT_SECONDS", 1800))))
 
     @property
     def repository(self) -> str:

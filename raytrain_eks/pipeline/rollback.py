@@ -3,7 +3,8 @@ one ``rolled-back`` history item with the reason and the outcome.
 
 The target is the manifest the newest promotion's own Apply put on the cluster (its ``applied``
 history item), byte for byte: not this commit's configuration with the old image. The cluster
-is re-applied only when its :data:`.kube.APPLIED_ANNOTATION` differs from that manifest's hash:
+is re-applied only when its :data:`.kube.APPLIED_ANNOTATION` (set by every Apply) is present
+and differs from that manifest's hash:
 after a failed smoke or gate, or an Apply refused because another execution promoted, the
 long-lived cluster was never touched, and no apply is issued. A promotion recorded before the
 ``applied`` items existed falls back to ``dist/promoted/`` (this commit at the promoted digest).
@@ -41,13 +42,18 @@ def rollback(ctx: StepContext, *, failed_digest: str, reason: str) -> dict[str, 
         outcome = f"{source}: nothing to roll back to; long-lived cluster untouched"
     else:
         name = target["metadata"]["name"]
-        if live_manifest_hash(ctx.kube, name) == manifest_hash(target):
+        live = live_manifest_hash(ctx.kube, name)
+        if live == manifest_hash(target):
             outcome = f"long-lived cluster untouched: still on {source} (@{promoted})"
+        elif not live:
+            # Every Apply of this pipeline marks what it applied: an unmarked (or absent)
+            # cluster was not changed by this run, and re-applying would restart it.
+            outcome = "long-lived cluster untouched: no manifest of this pipeline's Apply on it"
         else:
             try:
                 ctx.kube.apply(target)
                 wait_ready(ctx.kube, target, repository=ctx.repository, digest=promoted,
-                           timeout_s=ctx.timeout_s, poll_s=ctx.poll_s)
+                           timeout_s=ctx.rollback_timeout_s, poll_s=ctx.poll_s)
                 outcome = f"long-lived cluster re-applied: {source} (@{promoted})"
             except KubeError as err:
                 outcome = f"re-apply of {source} failed too: {err}"

@@ -252,3 +252,21 @@ def test_a_digest_the_pipeline_rolled_back_is_not_rolled_forward_by_the_watcher(
     # then the watcher leaves it alone: only an explicit run deploys it again
     assert world.watch()["action"] == ALREADY_TRIED
     assert world.executions() == []
+
+
+def test_a_new_digest_the_gpu_nodes_cannot_run_is_recorded_and_never_started(world, registry, pushed):
+    """The tag moves to an index without linux/amd64 (the rule `lock` applies, one function):
+    the watcher starts nothing and records why, once."""
+    from oci_registry import OCI_MANIFEST
+
+    from infra.lambdas.image_watcher.watcher import REJECTED
+
+    arm64 = pushed["arm64"]
+    index = registry.push_index(NAME, world.config.tag,
+                                {"arm64": (arm64, registry.manifest_size(NAME, arm64, OCI_MANIFEST))})
+    result = world.watch()
+    assert result["action"] == REJECTED and "without linux/amd64 (it has: linux/arm64)" in result["reason"]
+    assert world.executions() == []
+    [event] = list(world.history.events())
+    assert (event["event"], event["digest"]) == (REJECTED, index)
+    assert world.watch()["action"] == ALREADY_TRIED and world.executions() == []

@@ -285,3 +285,15 @@ def test_lambda_asset_is_self_contained_and_uses_the_same_registry_client():
     out = subprocess.run([sys.executable, "-I", "-c", probe, str(staged)], capture_output=True, text=True,
                          cwd=staged, check=True)
     assert out.stdout.strip().startswith(str(staged))
+
+
+def test_each_kubectl_build_outlives_its_wait_plus_a_rollback(synthesized):
+    _, _, template = synthesized
+    projects = resources(template, "AWS::CodeBuild::Project")
+    stages = the(template, "AWS::CodePipeline::Pipeline")["Stages"]
+    for stage in stages[3:]:
+        [action] = stage["Actions"]
+        variables = {v["name"]: v["value"] for v in json.loads(action["Configuration"]["EnvironmentVariables"])}
+        project = projects[action["Configuration"]["ProjectName"]["Ref"]]["Properties"]
+        waits = int(variables["TIMEOUT_SECONDS"]) + int(variables["ROLLBACK_TIMEOUT_SECONDS"])
+        assert project["TimeoutInMinutes"] * 60 >= waits + 10 * 60, stage["Name"]
