@@ -179,7 +179,8 @@ class PipelineStack(Stack):
                                             + 15), **vpc_args)
         promote = pipeline_builds.project(self, "PromoteDigest", pipeline_builds.promote_spec(required_transport(env)),
                                           role=self.kubectl_role, timeout=Duration.minutes(
-                                              pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
+                                              pipeline_builds.PROMOTE_TIMEOUT_MINUTES
+                                              + pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
 
         source_output = codepipeline.Artifact("Source")
         built = codepipeline.Artifact("Built")
@@ -229,7 +230,9 @@ class PipelineStack(Stack):
                 codepipeline.StageProps(stage_name="Promote", actions=[actions.CodeBuildAction(
                     action_name="PromoteDigest", project=promote, input=built, environment_variables={
                         **kubectl_vars, "SMOKE_RECORD": codebuild.BuildEnvironmentVariable(
-                            value=smoke_action.variable("SMOKE_RECORD"))})]),
+                            value=smoke_action.variable("SMOKE_RECORD")),
+                        "TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
+                            value=str(60 * pipeline_builds.PROMOTE_TIMEOUT_MINUTES))})]),
             ])
         source_role = self.node.find_child("Pipeline").node.find_child("Source").node.find_child(
             "Source").node.find_child("CodePipelineActionRole")

@@ -16,6 +16,9 @@ from constructs import Construct
 
 SMOKE_TIMEOUT_MINUTES = 60
 APPLY_TIMEOUT_MINUTES = 30
+PROMOTE_TIMEOUT_MINUTES = 5
+"""Promote waits for nothing itself (reads, one transaction, one write); a rollback has its own
+budget, APPLY_TIMEOUT_MINUTES (ROLLBACK_TIMEOUT_SECONDS)."""
 BUILD_IMAGE = codebuild.LinuxBuildImage.STANDARD_7_0
 NODE_RUNTIME = "22"
 """Node.js 22 (maintenance LTS; 20 reached its end of life in April 2026), a runtime of the
