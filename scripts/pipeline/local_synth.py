@@ -3,11 +3,12 @@ this machine, the way CodeBuild runs it: in a fresh copy of the tree (what the S
 ``CODEBUILD_CLONE_REF`` full clone gives: the files of one commit plus ``.git``), on a spec
 whose committed digest is locked, with moto's server for SSM, DynamoDB and CodePipeline.
 
-    python scripts/pipeline/local_synth.py OUT_DIR [--no-git]
+    python scripts/pipeline/local_synth.py OUT_DIR [--no-git] [--keep-going]
 
 ``--no-git`` deletes ``.git`` first (CodePipeline's default zip artifact), to show what breaks
 without it. The install phase is replaced by links to this checkout's ``.venv`` and
-``node_modules``. Prints each command with its exit status; exits with the first non-zero one.
+``node_modules``. Prints each command with its exit status; exits with the first non-zero one
+(``--keep-going``: runs the rest too, as a diagnosis; CodeBuild stops at the first).
 """
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--no-git", action="store_true")
+    parser.add_argument("--keep-going", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from environment import load_environment
@@ -117,14 +119,20 @@ def main() -> int:
     environ.pop("PYTHONPATH", None)
     print(f"tree: {tree} ({'no .git' if args.no_git else 'a fresh clone with .git'}), "
           f"committed digest {env.image.digest}")
+    first_failure = 0
     for command in SYNTH_COMMANDS:
         start = time.monotonic()
         done = subprocess.run(["bash", "-c", command], cwd=tree, env=environ, capture_output=True, text=True)
-        print(f"$ {command}\n  exit {done.returncode} ({time.monotonic() - start:.0f} s)")
+        print(f"$ {command}\n  exit {done.returncode} ({time.monotonic() - start:.0f} s)", flush=True)
         if done.returncode:
-            print((done.stdout + done.stderr)[-3000:])
-            return done.returncode
-        print("  " + ((done.stderr.strip().splitlines() or [""])[-1])[:300])
+            print((done.stdout + done.stderr)[-3000:], flush=True)
+            first_failure = first_failure or done.returncode
+            if not args.keep_going:
+                return done.returncode
+            continue
+        print("  " + ((done.stderr.strip().splitlines() or [""])[-1])[:300], flush=True)
+    if first_failure:
+        return first_failure
     print(f"dist/pipeline-run.json: {(tree / 'dist' / 'pipeline-run.json').read_text().strip()}")
     return 0
 
