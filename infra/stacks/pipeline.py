@@ -3,8 +3,11 @@ promoting it, and the scheduled watcher that starts it.
 
 Stages (each a separate action, in this order; the logic is raytrain_eks/pipeline/):
 
-``Source``   CodeConnections (``pipeline.connection_arn``/``repository``/``branch``).
-``Synth``    chooses the digest: the run's ``IMAGE_DIGEST`` when it carries one (the watcher,
+``Source``   CodeConnections (``pipeline.connection_arn``/``repository``/``branch``), as a
+             full clone (``CODEBUILD_CLONE_REF``): the run record's identity is the commit.
+``Synth``    refuses the run CodePipeline starts by itself when the pipeline is created, and a
+             pipeline stack deployed from another configuration (``check-run``); tests the
+             committed tree; chooses the digest: the run's ``IMAGE_DIGEST`` when it carries one (the watcher,
              an explicit rollback), else the PROMOTED digest (SSM, the one source of truth: a
              push never undoes an automatic promotion), else the committed one when it is new
              to the pipeline; pins it with ``raytrain-eks lock --digest``; tests environment,
@@ -15,13 +18,17 @@ Stages (each a separate action, in this order; the logic is raytrain_eks/pipelin
              its pods report become run.json's ``image_ran``; then the record gate (succeeded,
              every pod ran this digest, the transport) and the regression gate against the last
              promoted smoke run, whose side-by-side report lands next to the runs.
-``Apply``    the long-lived RayCluster (``upgradeStrategy: Recreate``), waiting until every pod
-             reports the new image ID, by a build role with a namespaced RBAC group
+``Apply``    unless another execution promoted since Synth: the long-lived RayCluster
+             (``upgradeStrategy: Recreate``), waiting until it is ready with every pod Ready on
+             the new image ID, by a build role with a namespaced RBAC group
              (infra/stacks/pipeline_access.py).
-``Promote``  a Lambda that re-checks the record and writes SSM + one DynamoDB history item.
+``Promote``  re-checks the record; compare-and-swap on the promoted digest Synth saw (history
+             item in the same transaction), then SSM. A CodeBuild step, not a Lambda: a failure
+             here must put the cluster back, which takes kubectl.
 
-A failed Smoke or Apply rolls the long-lived cluster back to the promoted digest and records a
-``rolled-back`` history item with the reason. The pipeline variable ``IMAGE_DIGEST`` (default
+A failed Smoke, Apply or Promote records a ``rolled-back`` history item with the reason; the
+long-lived cluster is re-applied only when it differs from the manifest the last promotion
+applied (after a failed smoke it was never touched). The pipeline variable ``IMAGE_DIGEST`` (default
 ``spec``) carries an explicit digest; rolling back to an older one is an explicit run:
 ``--variables name=IMAGE_DIGEST,value=sha256:<previous>`` (README, "Rollback").
 """
@@ -36,6 +43,7 @@ from aws_cdk import (
 from constructs import Construct
 
 from infra.stacks import pipeline_access, pipeline_builds
+from infra.stacks.pipeline_config import CONFIG_VARIABLE, fingerprint, kubectl_in_vpc, required_transport
 from infra.stacks.pipeline_watcher import WatcherFunctions
 from environment.contract import CODE_PREFIX
 from environment import Environment
@@ -48,16 +56,22 @@ DIGEST_FROM_SPEC = "spec"
 BOOTSTRAP_QUALIFIER = "hnb659fds"
 
 
-def required_transport(env: Environment) -> str:
-    """What the smoke run must prove: EFA between nodes when the group has EFA and several nodes."""
-    group = env.primary_gpu_group
-    return "efa" if group.efa_per_node and group.job_nodes > 1 else "any"
+def connection_actions(connection_arn: str, *names: str) -> list[str]:
+    """IAM actions on a connection, in the service prefix of its ARN (``codeconnections`` for
+    connections created since July 2024, ``codestar-connections`` before): a policy's prefix
+    must match the resource's. Both when the ARN is not literal."""
+    service = connection_arn.split(":")[2] if connection_arn.count(":") >= 5 else ""
+    prefixes = [service] if service in CONNECTION_SERVICES else list(CONNECTION_SERVICES)
+    return [f"{prefix}:{name}" for prefix in prefixes for name in names]
+
+
+CONNECTION_SERVICES = ("codeconnections", "codestar-connections")
 
 
 class PipelineStack(Stack):
     """The redeploy pipeline, the watcher, the promoted-digest parameter and the history table.
 
-    Exposes :attr:`pipeline`, :attr:`watcher`, :attr:`promoter`, :attr:`promoted_digest`,
+    Exposes :attr:`pipeline`, :attr:`watcher`, :attr:`promoted_digest`,
     :attr:`history_table`, :attr:`kubectl_role` and :attr:`pipeline_name`.
     """
 
@@ -98,10 +112,8 @@ class PipelineStack(Stack):
             self, "Watcher", image_repository=env.image.repository, image_tag=env.image.tag,
             parameter=self.promoted_digest, table=self.history_table,
             pipeline_arn=self.format_arn(service="codepipeline", resource=self.pipeline_name),
-            pipeline_name=self.pipeline_name, required_transport=required_transport(env),
-            smoke_bucket_arn=bucket_arn,
-            smoke_prefix=env.storage.prefix)
-        self.watcher, self.promoter = functions.watcher, functions.promoter
+            pipeline_name=self.pipeline_name)
+        self.watcher = functions.watcher
         self.schedule = events.Rule(
             self, "WatchSchedule", schedule=events.Schedule.expression(env.pipeline.watch_schedule),
             description=f"Resolve {image} and start {self.pipeline_name} for a new digest",
@@ -115,8 +127,8 @@ class PipelineStack(Stack):
             removal_policy=RemovalPolicy.RETAIN)
         pipeline_access.acknowledge_artifact_bucket(artifacts)
 
-        private = env.cluster.endpoint_access == "private"
-        vpc_args = pipeline_access.private_endpoint_access(self, cluster) if private else {}
+        in_vpc = kubectl_in_vpc(env)
+        vpc_args = pipeline_access.private_endpoint_access(self, cluster) if in_vpc else {}
         self.kubectl_role = pipeline_access.KubectlDeployer(
             self, "KubectlDeployer", cluster=cluster, namespace=env.ray.namespace,
             cluster_arn=self.format_arn(service="eks", resource="cluster", resource_name=name),
@@ -128,6 +140,15 @@ class PipelineStack(Stack):
                   "PROMOTED_DIGEST_PARAMETER": parameter_name, "HISTORY_TABLE": table_name}
         synth = pipeline_builds.project(self, "Synth", pipeline_builds.synth_spec(),
                                         compute=codebuild.ComputeType.LARGE)
+        pipeline_arn = self.format_arn(service="codepipeline", resource=self.pipeline_name)
+        # check-run: the trigger of this execution, and stopping the creation run.
+        synth.add_to_role_policy(iam.PolicyStatement(
+            sid="StopCreationRun", actions=["codepipeline:GetPipelineExecution", "codepipeline:StopPipelineExecution"],
+            resources=[pipeline_arn]))
+        # The full clone (CODEBUILD_CLONE_REF): CDK grants the codestar-connections form only.
+        synth.add_to_role_policy(iam.PolicyStatement(
+            sid="CloneThroughConnection", resources=[env.pipeline.connection_arn],
+            actions=connection_actions(env.pipeline.connection_arn, "UseConnection", "GetConnectionToken")))
         # The digest choice reads the promoted digest and what the pipeline already handled.
         synth.add_to_role_policy(iam.PolicyStatement(
             sid="ReadPromotedDigest", actions=["ssm:GetParameter"], resources=[self.promoted_digest.parameter_arn]))
@@ -140,11 +161,14 @@ class PipelineStack(Stack):
             resources=[self.format_arn(service="iam", region="", resource="role",
                                        resource_name=f"cdk-{BOOTSTRAP_QUALIFIER}-{kind}-role-{self.account}-{self.region}")
                        for kind in ("deploy", "file-publishing", "lookup")]))
-        # Both may roll back: read the promoted digest, read and record history.
+        # All three may roll back: read the promoted digest, read and record history; Promote
+        # swaps the promoted item (a transaction of UpdateItem + PutItem) and writes SSM.
         self.kubectl_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadPromotedDigest", actions=["ssm:GetParameter"], resources=[self.promoted_digest.parameter_arn]))
+            sid="ReadAndWritePromotedDigest", actions=["ssm:GetParameter", "ssm:PutParameter"],
+            resources=[self.promoted_digest.parameter_arn]))
         self.kubectl_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadAndRecordHistory", actions=["dynamodb:Query", "dynamodb:PutItem"],
+            sid="ReadAndRecordHistory",
+            actions=["dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
             resources=[self.history_table.table_arn]))
         apply = pipeline_builds.project(self, "ApplyManifests", pipeline_builds.apply_spec(env.bucket_name),
                                         role=self.kubectl_role, timeout=Duration.minutes(
@@ -153,6 +177,10 @@ class PipelineStack(Stack):
                                         role=self.kubectl_role, timeout=Duration.minutes(
                                             pipeline_builds.SMOKE_TIMEOUT_MINUTES + pipeline_builds.APPLY_TIMEOUT_MINUTES
                                             + 15), **vpc_args)
+        promote = pipeline_builds.project(self, "PromoteDigest", pipeline_builds.promote_spec(required_transport(env)),
+                                          role=self.kubectl_role, timeout=Duration.minutes(
+                                              pipeline_builds.PROMOTE_TIMEOUT_MINUTES
+                                              + pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
 
         source_output = codepipeline.Artifact("Source")
         built = codepipeline.Artifact("Built")
@@ -167,23 +195,29 @@ class PipelineStack(Stack):
         synth_action = actions.CodeBuildAction(
             action_name="Synth", project=synth, input=source_output, outputs=[built],
             variables_namespace="Synth", environment_variables=env_vars(
-                {DIGEST_VARIABLE: digest_variable.reference(), "ENV_FILE": "environment.toml"}))
+                {DIGEST_VARIABLE: digest_variable.reference(), "ENV_FILE": "environment.toml",
+                 "PIPELINE_NAME": self.pipeline_name, "EXECUTION_ID": "#{codepipeline.PipelineExecutionId}",
+                 CONFIG_VARIABLE: fingerprint(env)}))
         kubectl_vars = env_vars({"EXECUTION_ID": "#{codepipeline.PipelineExecutionId}",
                                  "IMAGE_DIGEST": synth_action.variable("IMAGE_DIGEST"),
-                                 "TIMEOUT_SECONDS": str(60 * pipeline_builds.SMOKE_TIMEOUT_MINUTES)})
+                                 "TIMEOUT_SECONDS": str(60 * pipeline_builds.SMOKE_TIMEOUT_MINUTES),
+                                 # each project's timeout = its step's wait + a rollback's + 15 min
+                                 "ROLLBACK_TIMEOUT_SECONDS": str(60 * pipeline_builds.APPLY_TIMEOUT_MINUTES)})
         smoke_action = actions.CodeBuildAction(
             action_name="SmokeRun", project=smoke, input=built, variables_namespace="Smoke",
             environment_variables=kubectl_vars)
         self.pipeline = codepipeline.Pipeline(
             self, "Pipeline", pipeline_name=self.pipeline_name,
             pipeline_type=codepipeline.PipelineType.V2, variables=[digest_variable],
-            # One run at a time, none dropped: a watcher run must not be superseded by a push.
+            # One execution per stage at a time, none dropped (a watcher run must not be superseded
+            # by a push); executions still overlap across stages, hence the compare-and-swap.
             execution_mode=codepipeline.ExecutionMode.QUEUED,
             artifact_bucket=artifacts, cross_account_keys=False, restart_execution_on_update=False,
             stages=[
                 codepipeline.StageProps(stage_name="Source", actions=[actions.CodeStarConnectionsSourceAction(
                     action_name="Source", connection_arn=env.pipeline.connection_arn, owner=owner,
-                    repo=repo, branch=env.pipeline.branch, output=source_output)]),
+                    repo=repo, branch=env.pipeline.branch, output=source_output,
+                    code_build_clone_output=True)]),
                 codepipeline.StageProps(stage_name="Synth", actions=[synth_action]),
                 codepipeline.StageProps(stage_name="Deploy", actions=[actions.CodeBuildAction(
                     action_name="DeployStacks", project=deploy, input=built)]),
@@ -193,16 +227,22 @@ class PipelineStack(Stack):
                     action_name="ApplyManifests", project=apply, input=built,
                     environment_variables={**kubectl_vars, "TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
                         value=str(60 * pipeline_builds.APPLY_TIMEOUT_MINUTES))})]),
-                codepipeline.StageProps(stage_name="Promote", actions=[actions.LambdaInvokeAction(
-                    action_name="Promote", lambda_=self.promoter, user_parameters={
-                        "digest": synth_action.variable("IMAGE_DIGEST"),
-                        "smoke_record": smoke_action.variable("SMOKE_RECORD"),
-                        "execution_id": "#{codepipeline.PipelineExecutionId}"})]),
+                codepipeline.StageProps(stage_name="Promote", actions=[actions.CodeBuildAction(
+                    action_name="PromoteDigest", project=promote, input=built, environment_variables={
+                        **kubectl_vars, "SMOKE_RECORD": codebuild.BuildEnvironmentVariable(
+                            value=smoke_action.variable("SMOKE_RECORD")),
+                        "TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
+                            value=str(60 * pipeline_builds.PROMOTE_TIMEOUT_MINUTES))})]),
             ])
+        source_role = self.node.find_child("Pipeline").node.find_child("Source").node.find_child(
+            "Source").node.find_child("CodePipelineActionRole")
+        source_role.add_to_principal_policy(iam.PolicyStatement(
+            sid="UseConnection", resources=[env.pipeline.connection_arn],
+            actions=connection_actions(env.pipeline.connection_arn, "UseConnection")))
         pipeline_access.acknowledge_pipeline(
-            self, artifacts=artifacts, projects=[synth, deploy, apply, smoke], promoter=self.promoter,
+            self, artifacts=artifacts, projects=[synth, deploy, apply, smoke, promote],
             bucket_name=env.bucket_name, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix,
-            in_vpc=private)
+            in_vpc=in_vpc)
 
         CfnOutput(self, "PipelineName", value=self.pipeline_name)
         CfnOutput(self, "PromotedDigestParameter", value=self.promoted_digest.parameter_name)

@@ -1,7 +1,7 @@
 """Who may do what on the cluster from the pipeline, and the cdk-nag findings of the pipeline
 stack that are acknowledged (each with its reason).
 
-The Apply and Smoke builds share one IAM role. Its EKS access entry carries NO access policy
+The Smoke, Apply and Promote builds share one IAM role. Its EKS access entry carries NO access policy
 (the EKS-managed policies are either cluster-admin or miss KubeRay's custom resources); it maps
 the role to a Kubernetes group bound to :data:`DEPLOYER_RULES` in the Ray namespace only.
 """
@@ -87,7 +87,7 @@ def acknowledge_artifact_bucket(bucket: s3.IBucket) -> None:
                 "history and CloudTrail record who ran what, so access logs add nothing.")
 
 
-def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list, promoter,
+def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
                         bucket_name: str, code_prefix: str, runs_prefix: str, in_vpc: bool) -> None:
     """The cdk-nag findings of the pipeline stack, each acknowledged ON THE ONE RESOURCE that has
     it and for that exact finding, with its own reason: a new wildcard anywhere in the stack,
@@ -143,17 +143,10 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
     for owner, who, findings in artifact_users:
         for finding, why in findings.items():
             add(owner, finding, f"CodePipeline artifact access as CDK grants it to {who}: {why}.")
-    promote = at("Pipeline/Promote/Promote/CodePipelineActionRole")
-    add(promote, f"Resource::<{logical_id(promoter)}.Arn>:*",
-        "The Promote action may invoke the promoter function's versions/aliases (CDK's Lambda invoke action).")
-    add(promote, "Resource::*", "lambda:ListFunctions (CDK's Lambda invoke action) has no resource-level permission.")
-    add(promoter.role, "Resource::*",
-        "codepipeline:PutJobSuccessResult/PutJobFailureResult have no resource-level permissions.")
     run_record = f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/run.json"
-    add(promoter.role, run_record, "The promoter reads the smoke run's record: run.json files under the runs "
-        "prefix only (the run name is per execution).")
     add(kubectl_role, run_record, "The smoke build reads the record of the run it started and adds the "
-        "image that ran: run.json files under the runs prefix only (the run name is per execution).")
+        "image that ran; Promote re-reads it: run.json files under the runs prefix only (the run name is "
+        "per execution).")
     add(kubectl_role, f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/metrics.jsonl",
         "The regression gate reads the smoke runs' metrics (the run name is per execution).")
     add(kubectl_role, f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/{REPORT_DIR}/*",

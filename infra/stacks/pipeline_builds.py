@@ -4,7 +4,9 @@ walk-through test runs); the buildspecs only install and call it.
 
 File names are charts/main.py's: ``dist/raycluster.k8s.yaml`` (the long-lived cluster),
 ``dist/rayjob-smoke.k8s.yaml`` (the smoke job on a cluster of its own, from the new digest),
-``dist/promoted/`` (the same at the promoted digest: the rollback target) and
+``dist/promoted/`` (the same at the promoted digest: the rollback target when the promotion
+predates the ``applied`` history items), ``dist/pipeline-run.json`` (the digest this run deploys
+and the promoted digest its Synth saw: the compare-and-swap of Apply and Promote) and
 ``dist/code/training-<hash>.zip`` (uploaded to ``s3://<bucket>/code/``).
 """
 from __future__ import annotations
@@ -14,7 +16,13 @@ from constructs import Construct
 
 SMOKE_TIMEOUT_MINUTES = 60
 APPLY_TIMEOUT_MINUTES = 30
+PROMOTE_TIMEOUT_MINUTES = 5
+"""Promote waits for nothing itself (reads, one transaction, one write); a rollback has its own
+budget, APPLY_TIMEOUT_MINUTES (ROLLBACK_TIMEOUT_SECONDS)."""
 BUILD_IMAGE = codebuild.LinuxBuildImage.STANDARD_7_0
+NODE_RUNTIME = "22"
+"""Node.js 22 (maintenance LTS; 20 reached its end of life in April 2026), a runtime of the
+Ubuntu standard:7.0 image (CodeBuild "Available runtimes")."""
 PIP = "pip install --quiet --disable-pip-version-check -c requirements.lock"
 SYNTH_TESTS = "tests/environment tests/infra tests/charts tests/pipeline tests/test_drift.py"
 """What Synth tests: the environment package, infra, charts, the pipeline (not the training
@@ -37,25 +45,34 @@ def project(scope: Construct, construct_id: str, spec: dict, *, role: iam.IRole 
         timeout=timeout, **kwargs)
 
 
+SYNTH_COMMANDS = [
+    ".venv/bin/python -m raytrain_eks.pipeline check-run",
+    f".venv/bin/python -m pytest -q -m 'not slow' {SYNTH_TESTS}",
+    'IMAGE_DIGEST="$(PYTHON=.venv/bin/python bash scripts/pipeline/synth.sh)"',
+    'PATH="$PWD/.venv/bin:$PATH" node_modules/.bin/cdk synth --quiet',
+]
+"""The Synth build's commands, in order (the walk-through runs exactly these)."""
+
+
 def synth_spec() -> dict:
-    """Choose and pin the digest (the promoted one unless this run carries one), test,
-    synthesize; exports the digest deployed. Installs the ``synth`` extra only: no torch, no Ray."""
+    """Refuse the pipeline's creation run and a stale pipeline stack (``check-run``), test the
+    committed tree, choose and pin the digest (the promoted one unless this run carries one),
+    synthesize; exports the digest deployed. Installs the ``synth`` extra only: no torch, no Ray.
+
+    The source is a full clone (``CODEBUILD_CLONE_REF``): the manifests' identity is the commit,
+    which only ``.git`` knows. The tests run BEFORE the digest is pinned, on what was committed."""
     return {
         "version": "0.2",
         "env": {"shell": "bash", "exported-variables": ["IMAGE_DIGEST"],
                 "variables": {"CDK_DISABLE_CLI_TELEMETRY": "true"}},
         "phases": {
-            "install": {"runtime-versions": {"python": "3.11", "nodejs": "20"}, "commands": [
+            "install": {"runtime-versions": {"python": "3.11", "nodejs": NODE_RUNTIME}, "commands": [
                 "bash scripts/install-system-deps.sh",  # the real registry the pipeline tests use
                 "python -m venv .venv",
                 f".venv/bin/{PIP} -e '.[synth]'",
                 "npm ci --no-audit --no-fund --loglevel=error",
             ]},
-            "build": {"commands": [
-                'IMAGE_DIGEST="$(PYTHON=.venv/bin/python bash scripts/pipeline/synth.sh)"',
-                f".venv/bin/python -m pytest -q -m 'not slow' {SYNTH_TESTS}",
-                'PATH="$PWD/.venv/bin:$PATH" node_modules/.bin/cdk synth --quiet',
-            ]},
+            "build": {"commands": SYNTH_COMMANDS},
         },
         "artifacts": {"files": ["**/*"],
                       "exclude-paths": [".venv/**/*", "node_modules/**/*", ".git/**/*"]},
@@ -68,7 +85,7 @@ def deploy_spec(stack_names: list[str]) -> dict:
         "version": "0.2",
         "env": {"shell": "bash", "variables": {"CDK_DISABLE_CLI_TELEMETRY": "true"}},
         "phases": {
-            "install": {"runtime-versions": {"nodejs": "20"},
+            "install": {"runtime-versions": {"nodejs": NODE_RUNTIME},
                         "commands": ["npm ci --no-audit --no-fund --loglevel=error"]},
             "build": {"commands": [
                 "node_modules/.bin/cdk deploy --app cdk.out --require-approval never --progress events "
@@ -89,8 +106,8 @@ def upload_code(bucket: str) -> str:
 
 def apply_spec(bucket: str) -> dict:
     """Upload the code archive (the ``*-on-cluster`` jobs need it), apply the long-lived
-    RayCluster (``upgradeStrategy: Recreate``) and wait until every pod reports the new image
-    ID; on failure, roll back."""
+    RayCluster (``upgradeStrategy: Recreate``) unless another execution promoted since Synth,
+    and wait until it is ready with every pod Ready on the new image; on failure, roll back."""
     return {
         "version": "0.2",
         "env": {"shell": "bash"},
@@ -117,6 +134,23 @@ def smoke_spec(bucket: str, required_transport: str) -> dict:
                 upload_code(bucket),
                 'SMOKE_RECORD="$(python -m raytrain_eks.pipeline smoke --digest "$IMAGE_DIGEST")"',
                 'python -m raytrain_eks.pipeline gate --digest "$IMAGE_DIGEST" --record "$SMOKE_RECORD" '
+                f"--required-transport {required_transport}",
+            ]},
+        },
+    }
+
+
+def promote_spec(required_transport: str) -> dict:
+    """The compare-and-swap promotion (raytrain_eks/pipeline/promote_step.py); on failure the
+    long-lived cluster goes back to the promoted manifest in the same build, and the history
+    says why."""
+    return {
+        "version": "0.2",
+        "env": {"shell": "bash"},
+        "phases": {
+            "install": {"runtime-versions": {"python": "3.11"}, "commands": _kubectl_install()},
+            "build": {"commands": [
+                'python -m raytrain_eks.pipeline promote --digest "$IMAGE_DIGEST" --record "$SMOKE_RECORD" '
                 f"--required-transport {required_transport}",
             ]},
         },

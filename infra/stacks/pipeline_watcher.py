@@ -1,5 +1,7 @@
-"""The two Lambdas of the redeploy pipeline (code in infra/lambdas/image_watcher/) with
-least-privilege roles: each may touch exactly the parameter, table, pipeline and objects it needs.
+"""The watcher Lambda of the redeploy pipeline (code in infra/lambdas/image_watcher/) with a
+least-privilege role: it may touch exactly the parameter, table and pipeline it needs. (Promotion
+is a CodeBuild step, raytrain_eks/pipeline/promote_step.py: a failure after Apply must roll the
+cluster back, which needs kubectl.)
 
 The asset holds ``image_watcher/`` (with the registry client the ``lock`` command also uses) and
 the standard-library ``environment`` package (the digest format), staged into one folder at synth
@@ -19,9 +21,6 @@ from constructs import Construct
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 """The newest Lambda Python (cdk-nag L1); the code is valid on 3.11+."""
-# codepipeline:PutJob*Result has no resource-level permissions (Service Authorization
-# Reference: "Resource types: -"), so these two actions need Resource "*".
-JOB_RESULT_ACTIONS = ["codepipeline:PutJobSuccessResult", "codepipeline:PutJobFailureResult"]
 
 
 def stage_asset() -> str:
@@ -38,18 +37,17 @@ def stage_asset() -> str:
 
 
 class WatcherFunctions(Construct):
-    """Exposes :attr:`watcher` (scheduled) and :attr:`promoter` (the Promote action)."""
+    """Exposes :attr:`watcher` (scheduled)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, image_repository: str, image_tag: str,
                  parameter: ssm.StringParameter, table: dynamodb.Table, pipeline_arn: str,
-                 pipeline_name: str, required_transport: str, smoke_bucket_arn: str,
-                 smoke_prefix: str) -> None:
+                 pipeline_name: str) -> None:
         super().__init__(scope, construct_id)
         code = lambda_.Code.from_asset(stage_asset())
         environment = {
             "IMAGE_REPOSITORY": image_repository, "IMAGE_TAG": image_tag,
             "PROMOTED_DIGEST_PARAMETER": parameter.parameter_name, "HISTORY_TABLE": table.table_name,
-            "PIPELINE_NAME": pipeline_name, "REQUIRED_TRANSPORT": required_transport,
+            "PIPELINE_NAME": pipeline_name,
         }
         self.watcher = self._function("ImageWatcher", "image_watcher.handler.watch", code, environment,
                                       "Resolve the image tag; start the pipeline for a new digest", [
@@ -59,16 +57,6 @@ class WatcherFunctions(Construct):
                                 resources=[table.table_arn]),
             iam.PolicyStatement(sid="StartPipeline", actions=["codepipeline:StartPipelineExecution"],
                                 resources=[pipeline_arn]),
-        ])
-        self.promoter = self._function("Promoter", "image_watcher.handler.promote", code, environment,
-                                       "Promote a digest the smoke run proved", [
-            iam.PolicyStatement(sid="WritePromotedDigest", actions=["ssm:PutParameter"],
-                                resources=[parameter.parameter_arn]),
-            iam.PolicyStatement(sid="RecordPromotion", actions=["dynamodb:Query", "dynamodb:PutItem"],
-                                resources=[table.table_arn]),
-            iam.PolicyStatement(sid="ReadSmokeRecord", actions=["s3:GetObject"],
-                                resources=[f"{smoke_bucket_arn}/{smoke_prefix}/*/run.json"]),
-            iam.PolicyStatement(sid="ReportJobResult", actions=JOB_RESULT_ACTIONS, resources=["*"]),
         ])
 
     def _function(self, construct_id: str, handler: str, code: lambda_.Code, environment: dict,

@@ -101,9 +101,7 @@ def lock(env_path: str, *, registry_url: str = "", digest: str = "", timeout: fl
     import tomllib
 
     from environment.contract import DIGEST_PATTERN
-    from infra.lambdas.image_watcher.registry import (
-        REQUIRED_PLATFORM, ImageLocation, fetch_manifest, platforms, resolve_digest,
-    )
+    from infra.lambdas.image_watcher.registry import ImageLocation, platform_problem, resolve_digest
     from environment import environment_from_dict, load_environment
 
     env = load_environment(env_path)
@@ -115,11 +113,9 @@ def lock(env_path: str, *, registry_url: str = "", digest: str = "", timeout: fl
         location = ImageLocation.from_repository(env.image.repository, env.image.tag, registry_url)
         new = resolve_digest(location, timeout=timeout)
         # A multi-arch tag pins its index: the nodes can run it only if it has their platform.
-        found = platforms(fetch_manifest(location, new, timeout=timeout))
-        if found is not None and REQUIRED_PLATFORM not in found:
-            raise LockError(f"{location.display} is an image index without {'/'.join(REQUIRED_PLATFORM)} "
-                            f"(it has: {', '.join('/'.join(p) for p in found) or 'no platforms'}): "
-                            "the GPU nodes cannot run it")
+        problem = platform_problem(location, new, timeout=timeout)
+        if problem:
+            raise LockError(problem)
     path = Path(env_path)
     raw = path.read_bytes()
     text = raw.decode("utf-8")

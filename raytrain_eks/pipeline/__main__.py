@@ -2,12 +2,16 @@
 
 Results go to stdout (one line, for the buildspec to export), progress to stderr. Exit 1 when a
 step fails (after rolling back), 2 for a bad invocation. Environment: ``PROMOTED_DIGEST_PARAMETER``,
-``HISTORY_TABLE``, ``EXECUTION_ID`` (smoke run name), ``POLL_SECONDS``, ``TIMEOUT_SECONDS``.
+``HISTORY_TABLE``, ``EXECUTION_ID`` (smoke run name), ``POLL_SECONDS``, ``TIMEOUT_SECONDS``;
+``check-run`` also ``PIPELINE_NAME`` and ``PIPELINE_CONFIG``.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,13 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default="environment.toml")
     parser.add_argument("--dist", default="dist")
     steps = parser.add_subparsers(dest="step", required=True)
+    steps.add_parser("check-run", help="refuse the creation run and a stale pipeline stack")
     choose = steps.add_parser("choose-digest", help="print the digest this run deploys")
     choose.add_argument("--requested", default="spec", help="the run's IMAGE_DIGEST variable")
+    choose.add_argument("--run-file", default="", help="also write the choice and the promoted digest seen here")
     steps.add_parser("promoted-digest", help="print the promoted digest ('' before the first promotion)")
-    for name in ("smoke", "gate", "apply", "rollback"):
+    for name in ("smoke", "gate", "apply", "promote", "rollback"):
         step = steps.add_parser(name)
         step.add_argument("--digest", required=True, help="the candidate digest of this run")
-        if name == "gate":
+        if name in ("gate", "promote"):
             step.add_argument("--record", required=True, help="s3:// URI of the smoke run's run.json")
             step.add_argument("--required-transport", default="any")
         if name == "rollback":
@@ -30,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from environment import SpecError
 
+    if args.step == "check-run":
+        return check_run(args)
     from .context import StepContext
 
     try:
@@ -40,14 +48,36 @@ def main(argv: list[str] | None = None) -> int:
     return run(ctx, args)
 
 
+def check_run(args: argparse.Namespace, environ=os.environ) -> int:
+    import boto3
+
+    from environment import SpecError, load_environment
+    from infra.stacks.pipeline_config import CONFIG_VARIABLE, fingerprint
+
+    from .run_checks import RunRefused, check_run as check
+
+    try:
+        env = load_environment(args.env)
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        trigger = check(codepipeline=boto3.client("codepipeline"), pipeline_name=environ["PIPELINE_NAME"],
+                        execution_id=environ["EXECUTION_ID"], deployed=environ.get(CONFIG_VARIABLE, ""),
+                        committed=fingerprint(env), stack_hint=f"cdk deploy {env.cluster.name}-pipeline")
+    except RunRefused as err:
+        print(f"error: check-run: {err}", file=sys.stderr)
+        return 1
+    print(f"check-run: {trigger or 'unknown'} trigger; pipeline configuration matches the commit", file=sys.stderr)
+    return 0
+
+
 def run(ctx, args: argparse.Namespace) -> int:
     from infra.lambdas.image_watcher.watcher import read_promoted
 
     from .digests import DigestError, choose
-    from .gate import GateFailed, gate
-    from .kube import KubeError, log, wait_for_image
-    from .rollback import CLUSTER_FILE, rollback
-    from .smoke import SmokeFailed, run_smoke
+    from .kube import log
+    from .rollback import rollback
 
     if args.step == "promoted-digest":
         print(read_promoted(ctx.ssm, ctx.parameter_name))
@@ -61,27 +91,44 @@ def run(ctx, args: argparse.Namespace) -> int:
             print(f"error: {args.env}: {err}", file=sys.stderr)
             return 2
         log(f"deploying {choice.digest}: {choice.reason}")
+        if args.run_file:
+            Path(args.run_file).write_text(json.dumps({"digest": choice.digest, "promoted_at_synth": promoted}) + "\n")
         print(choice.digest)
         return 0
     if args.step == "rollback":
         rollback(ctx, failed_digest=args.digest, reason=args.reason)
         return 0
     try:
-        if args.step == "smoke":
-            print(run_smoke(ctx, args.digest))
-        elif args.step == "gate":
-            gate(ctx, digest=args.digest, candidate_uri=args.record, required_transport=args.required_transport)
-        else:
-            cluster = ctx.manifest(CLUSTER_FILE)
-            ctx.apply_network_policies()
-            ctx.kube.apply(cluster)
-            wait_for_image(ctx.kube, cluster, repository=ctx.repository, digest=args.digest,
-                           timeout_s=ctx.timeout_s, poll_s=ctx.poll_s)
-    except (SmokeFailed, GateFailed, KubeError) as err:
-        log(f"error: {args.step}: {err}")
-        rollback(ctx, failed_digest=args.digest, reason=f"{args.step}: {err}")
+        print(step(ctx, args) or "")
+    except Exception as err:  # noqa: BLE001 - every failure is rolled back and recorded, then fails the build
+        log(f"error: {args.step}: {type(err).__name__}: {err}")
+        try:
+            rollback(ctx, failed_digest=args.digest, reason=f"{args.step}: {err}")
+        except Exception as again:  # noqa: BLE001 - the build fails either way; say both
+            log(f"error: rollback after {args.step} failed too: {type(again).__name__}: {again}")
         return 1
     return 0
+
+
+def step(ctx, args: argparse.Namespace) -> str:
+    if args.step == "smoke":
+        from .smoke import run_smoke
+
+        return run_smoke(ctx, args.digest)
+    if args.step == "gate":
+        from .gate import gate
+
+        gate(ctx, digest=args.digest, candidate_uri=args.record, required_transport=args.required_transport)
+        return ""
+    if args.step == "apply":
+        from .apply_step import apply
+
+        apply(ctx, args.digest)
+        return ""
+    from .promote_step import promote_step
+
+    promote_step(ctx, digest=args.digest, record_uri=args.record, required_transport=args.required_transport)
+    return ""
 
 
 if __name__ == "__main__":

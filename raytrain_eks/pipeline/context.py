@@ -16,7 +16,12 @@ from infra.lambdas.image_watcher.promote import read_record
 from .kube import Kubectl
 
 PROMOTED_DIR = "promoted"
-"""``dist/promoted/``: the manifests re-synthesized at the promoted digest (rollback target)."""
+"""``dist/promoted/``: the manifests re-synthesized at the promoted digest (the rollback target
+when the promotion has no ``applied`` history item)."""
+RUN_FILE = "pipeline-run.json"
+"""``dist/pipeline-run.json``, written by Synth's digest choice: ``digest`` (what this run
+deploys) and ``promoted_at_synth`` (the promoted digest it saw, "" for none): Apply and Promote
+compare-and-swap on it."""
 
 
 def split_s3(uri: str) -> tuple[str, str]:
@@ -36,6 +41,8 @@ class StepContext:
     execution_id: str
     poll_s: float = 30.0
     timeout_s: float = 3600.0
+    rollback_timeout_s: float = 1800.0
+    """A rollback's own wait, apart from the step's: the build's timeout covers both."""
 
     @classmethod
     def build(cls, env_file: str, dist: str, environ: Mapping[str, str] = os.environ) -> "StepContext":
@@ -48,7 +55,9 @@ class StepContext:
                    history=PromotionHistory(client=ddb, table_name=environ["HISTORY_TABLE"], image=image_key(env)),
                    parameter_name=environ["PROMOTED_DIGEST_PARAMETER"],
                    execution_id=environ.get("EXECUTION_ID", "manual"),
-                   poll_s=float(environ.get("POLL_SECONDS", 30)), timeout_s=float(environ.get("TIMEOUT_SECONDS", 3600)))
+                   poll_s=float(environ.get("POLL_SECONDS", 30)), timeout_s=float(environ.get("TIMEOUT_SECONDS", 3600)),
+                   rollback_timeout_s=float(environ.get("ROLLBACK_TIMEOUT_SECONDS",
+                                                        environ.get("TIMEOUT_SECONDS", 1800))))
 
     @property
     def repository(self) -> str:
@@ -60,6 +69,14 @@ class StepContext:
 
         path = self.dist / PROMOTED_DIR / name if promoted else self.dist / name
         return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+    def run_file(self) -> dict[str, str]:
+        path = self.dist / RUN_FILE
+        if not path.is_file():
+            from .kube import KubeError
+
+            raise KubeError(f"{path} is missing: was Synth run?")
+        return json.loads(path.read_text())
 
     def apply_network_policies(self) -> None:
         """Server-side apply every Ray cluster's NetworkPolicy (``dist/network-policy.k8s.yaml``)

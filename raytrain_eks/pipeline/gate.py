@@ -1,6 +1,10 @@
 """The gate before the long-lived cluster changes: the smoke record's own checks (succeeded,
 every pod ran this digest, the required transport: the promoter's very function) and the
-regression gate against the last PROMOTED smoke run:
+regression gate against the newest COMPARABLE promoted smoke run of ANOTHER digest (a re-proof
+of the promoted digest is not its own bar, so the bar cannot ratchet): same world size,
+instance type and job config (:func:`comparable`). With none (before the first promotion, a
+changed job or cluster, or a baseline whose objects are gone) the gate says so, names why, and
+judges the record checks only:
 
 - the same inter-node transport class (an EFA run must not turn into a socket run);
 - tokens/s at least ``pipeline.min_tokens_per_s_fraction`` of the promoted run's;
@@ -61,10 +65,33 @@ def compare(candidate: Run, baseline: Run, *, min_tokens_fraction: float, max_lo
     return checks
 
 
-def baseline_record(ctx: StepContext) -> str:
-    """The smoke record of the newest promotion, or "" before the first one."""
-    promotions = ctx.history.promotions()
-    return promotions[0].get("smoke_record", "") if promotions else ""
+def comparable(candidate: dict, baseline: dict) -> str:
+    """Why two smoke records cannot be compared ("" when they can)."""
+    def facts(record: dict) -> dict:
+        cluster = record.get("cluster") or {}
+        return {"world size": cluster.get("world_size"), "instance type": cluster.get("instance_type"),
+                "job config": (record.get("job_config_hash") or {}).get("ran")}
+    new, old = facts(candidate), facts(baseline)
+    return "; ".join(f"{k} {new[k]} vs {old[k]}" for k in new if new[k] != old[k])
+
+
+def baseline_record(ctx: StepContext, candidate: dict, digest: str) -> tuple[str, str]:
+    """``(uri, "")`` of the newest comparable promoted run of another digest, or ``("", why not)``."""
+    skipped = []
+    for promotion in ctx.history.promotions():
+        uri = promotion.get("smoke_record", "")
+        if not uri or promotion["digest"] == digest:
+            continue
+        try:
+            record = ctx.read_json(uri)
+        except PromotionError as err:
+            skipped.append(f"{uri}: {err}")
+            continue
+        why = comparable(candidate, record)
+        if not why:
+            return uri, ""
+        skipped.append(f"{uri}: not comparable ({why})")
+    return "", "; ".join(skipped[:3]) or "no promoted run of another digest yet"
 
 
 def download_run(ctx: StepContext, record_uri: str, into: Path) -> Path:
@@ -96,10 +123,10 @@ def gate(ctx: StepContext, *, digest: str, candidate_uri: str, required_transpor
         check_smoke_record(candidate, digest=digest, required_transport=required_transport, uri=candidate_uri)
     except PromotionError as err:
         raise GateFailed(str(err)) from None
-    baseline_uri = baseline_record(ctx)
+    baseline_uri, why_none = baseline_record(ctx, candidate, digest)
     if not baseline_uri:
-        log("gate: nothing promoted yet: no regression baseline")
-        return []
+        log(f"gate: regression: not comparable, no baseline ({why_none}); record checks only")
+        return [Check("regression", True, f"not comparable: {why_none}")]
     p = ctx.env.pipeline
     with tempfile.TemporaryDirectory(prefix="raytrain-gate-") as tmp:
         dirs = [download_run(ctx, uri, Path(tmp) / side)

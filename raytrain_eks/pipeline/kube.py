@@ -1,5 +1,6 @@
-"""kubectl, as the pipeline uses it: server-side apply, JSON reads, and the wait for the image
-IDs the pods REPORT (``status.containerStatuses[].imageID``: what the runtime actually pulled).
+"""kubectl, as the pipeline uses it: server-side apply, JSON reads, and the wait until the
+RayCluster is ready with every pod Ready on the image ID it REPORTS
+(``status.containerStatuses[].imageID``: what the runtime actually pulled).
 
 containerd reports ``repo@sha256:<digest>`` (the digest the pod was pulled by: the index digest
 for a multi-arch image); dockershim prefixed it with ``docker-pullable://``. Both end in
@@ -7,6 +8,7 @@ for a multi-arch image); dockershim prefixed it with ``docker-pullable://``. Bot
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -17,6 +19,15 @@ from typing import Any, Callable
 from environment.contract import RAY_CLUSTER_LABEL
 
 FIELD_MANAGER = "raytrain-pipeline"
+APPLIED_ANNOTATION = "raytrain.io/applied-manifest"
+"""On the RayCluster object (metadata, not the spec: KubeRay's Recreate hash covers only the
+spec), the hash of the manifest the pipeline applied: tells a rollback whether the live cluster
+is still on the promoted manifest."""
+READY_STATE = "ready"
+"""KubeRay v1.7.0 ``rayv1.Ready``: set by raycluster_controller.go calculateStatus when the
+cluster has its desired pods (head + DesiredWorkerReplicas, autoscaled ones included) all
+Running and Ready (utils/util.go CheckAllPodsRunning). It is never reset: after a Recreate the
+old ``ready`` stays while the new pods start, so the pods themselves are checked too."""
 
 
 class KubeError(RuntimeError):
@@ -71,26 +82,73 @@ def runs_digest(image_id: str, digest: str) -> bool:
     return bool(image_id) and image_id.endswith("@" + digest)
 
 
-def expected_pods(cluster: dict[str, Any]) -> int:
-    """Head + every worker group's replicas, as the RayCluster manifest asks."""
-    groups = cluster["spec"].get("workerGroupSpecs") or []
-    return 1 + sum(int(g.get("replicas", g.get("minReplicas", 0)) or 0) for g in groups)
+def manifest_hash(manifest: dict[str, Any]) -> str:
+    """The hash :data:`APPLIED_ANNOTATION` carries (of the manifest without that annotation)."""
+    bare = json.loads(json.dumps(manifest))
+    annotations = bare["metadata"].get("annotations")
+    if annotations is not None:
+        annotations.pop(APPLIED_ANNOTATION, None)
+        if not annotations:
+            del bare["metadata"]["annotations"]
+    return hashlib.sha256(json.dumps(bare, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
 
 
-def wait_for_image(kube: Kubectl, cluster: dict[str, Any], *, repository: str, digest: str, timeout_s: float,
-                   poll_s: float, clock: Callable[[], float] = time.monotonic) -> dict[str, str]:
-    """Wait until the cluster has exactly its expected pods and EVERY one reports ``digest``;
-    returns the image IDs. KubeError (with what the pods report) on timeout."""
-    name, want = cluster["metadata"]["name"], expected_pods(cluster)
+def annotated(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as the pipeline applies it: with its own hash in :data:`APPLIED_ANNOTATION`."""
+    out = json.loads(json.dumps(manifest))
+    out["metadata"].setdefault("annotations", {})[APPLIED_ANNOTATION] = manifest_hash(manifest)
+    return out
+
+
+def live_manifest_hash(kube: "Kubectl", name: str) -> str:
+    """The :data:`APPLIED_ANNOTATION` of the live RayCluster ("" when absent or not ours)."""
+    live = kube.get("raycluster", name) or {}
+    return (live.get("metadata", {}).get("annotations") or {}).get(APPLIED_ANNOTATION, "")
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """The pod's ``Ready`` condition, or (without conditions) every container ready."""
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    if "Ready" in conditions:
+        return conditions["Ready"] == "True"
+    statuses = status.get("containerStatuses") or []
+    return bool(statuses) and all(c.get("ready") for c in statuses)
+
+
+def not_ready(cluster: dict[str, Any] | None, pods: list[dict[str, Any]], *, repository: str, digest: str) -> str:
+    """Why the RayCluster is not ready on ``digest`` ("" when it is): KubeRay's own state for
+    the generation just applied, a head pod, every pod Ready, every container of the image on
+    the digest. Any number of workers: an on-cluster job's autoscaled ones count as well."""
+    if cluster is None:
+        return "RayCluster not found"
+    status = cluster.get("status") or {}
+    if int(status.get("observedGeneration") or 0) < int(cluster["metadata"].get("generation") or 0):
+        return f"KubeRay has not reconciled generation {cluster['metadata'].get('generation')} yet"
+    if status.get("state") != READY_STATE:
+        return f"state {status.get('state') or '(none)'}" + (f": {status['reason']}" if status.get("reason") else "")
+    if not any(p["metadata"].get("labels", {}).get("ray.io/node-type") == "head" for p in pods):
+        return "no head pod"
+    unready = sorted(p["metadata"]["name"] for p in pods if not pod_ready(p))
+    if unready:
+        return f"pods not Ready: {', '.join(unready)}"
+    stale = sorted({i or "(not pulled)" for i in image_ids(pods, repository).values() if not runs_digest(i, digest)})
+    return f"pods report {', '.join(stale)}" if stale else ""
+
+
+def wait_ready(kube: Kubectl, cluster: dict[str, Any], *, repository: str, digest: str, timeout_s: float,
+               poll_s: float, clock: Callable[[], float] = time.monotonic) -> dict[str, str]:
+    """Wait until :func:`not_ready` says nothing; returns the image IDs. KubeError (with the
+    last reason) once ``timeout_s`` has passed."""
+    name = cluster["metadata"]["name"]
     deadline = clock() + timeout_s
     while True:
-        ids = image_ids(kube.cluster_pods(name), repository)
-        pods = {key.split("/")[0] for key in ids}
-        if len(pods) == want and all(runs_digest(i, digest) for i in ids.values()):
-            log(f"apply: all {want} pods of {name} run @{digest}")
-            return ids
+        live = kube.get("raycluster", name)
+        pods = kube.cluster_pods(name)
+        why = not_ready(live, pods, repository=repository, digest=digest)
+        if not why:
+            log(f"apply: RayCluster {name} ready, all {len(pods)} pods Ready on @{digest}")
+            return image_ids(pods, repository)
         if clock() >= deadline:
-            stale = sorted({i or "(not pulled)" for i in ids.values() if not runs_digest(i, digest)})
-            raise KubeError(f"RayCluster {name}: {len(pods)}/{want} pods, not all on @{digest} after "
-                            f"{timeout_s:g} s (they report: {', '.join(stale) or 'nothing'})")
+            raise KubeError(f"RayCluster {name} not ready on @{digest} after {timeout_s:g} s: {why}")
         time.sleep(poll_s)

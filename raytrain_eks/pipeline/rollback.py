@@ -1,37 +1,62 @@
-"""Automatic rollback: put the long-lived RayCluster back on the promoted digest and record why.
+"""Automatic rollback: the long-lived RayCluster back on what the last promotion applied, and
+one ``rolled-back`` history item with the reason and the outcome.
 
-The candidate never reaches the long-lived cluster before smoke and gate pass (the smoke run
-has a cluster of its own), so after a smoke or gate failure this re-applies what is already
-there and returns at once; after a failed Apply it recreates the pods on the promoted image.
-Either way the history gets one ``rolled-back`` item naming the failed digest and the reason.
+The target is the manifest the newest promotion's own Apply put on the cluster (its ``applied``
+history item), byte for byte: not this commit's configuration with the old image. The cluster
+is re-applied only when its :data:`.kube.APPLIED_ANNOTATION` (set by every Apply) is present
+and differs from that manifest's hash:
+after a failed smoke or gate, or an Apply refused because another execution promoted, the
+long-lived cluster was never touched, and no apply is issued. A promotion recorded before the
+``applied`` items existed falls back to ``dist/promoted/`` (this commit at the promoted digest).
 """
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from infra.lambdas.image_watcher.history import ROLLED_BACK
 from infra.lambdas.image_watcher.watcher import read_promoted
 
 from .context import StepContext
-from .kube import KubeError, log, wait_for_image
+from .kube import KubeError, annotated, live_manifest_hash, log, manifest_hash, wait_ready
 
 CLUSTER_FILE = "raycluster.k8s.yaml"
 
 
-def rollback(ctx: StepContext, *, failed_digest: str, reason: str) -> dict[str, str]:
-    promoted = read_promoted(ctx.ssm, ctx.parameter_name)
-    cluster = ctx.manifest(CLUSTER_FILE, promoted=True) if promoted and promoted != failed_digest else None
+def promoted_manifest(ctx: StepContext) -> tuple[str, dict[str, Any] | None, str]:
+    """``(digest, manifest, where from)`` of the newest promotion; manifest None before any."""
+    promotions = ctx.history.promotions()
+    promoted = promotions[0]["digest"] if promotions else read_promoted(ctx.ssm, ctx.parameter_name)
     if not promoted:
-        outcome = "nothing promoted yet: nothing to roll back to"
-    elif promoted == failed_digest:
-        outcome = "the failed digest is the promoted one: an older one needs an explicit IMAGE_DIGEST run"
+        return "", None, "nothing promoted yet"
+    applied = ctx.history.applied(promotions[0]["execution_id"]) if promotions else None
+    if applied is not None:
+        return promoted, json.loads(applied["manifest"]), f"the manifest execution {applied['execution_id']} applied"
+    fallback = ctx.manifest(CLUSTER_FILE, promoted=True)
+    return promoted, annotated(fallback) if fallback else None, "dist/promoted (this commit at the promoted digest)"
+
+
+def rollback(ctx: StepContext, *, failed_digest: str, reason: str) -> dict[str, str]:
+    promoted, target, source = promoted_manifest(ctx)
+    if target is None:
+        outcome = f"{source}: nothing to roll back to; long-lived cluster untouched"
     else:
-        outcome = "cluster on the promoted digest"
-    if cluster is not None:
-        try:
-            ctx.kube.apply(cluster)
-            wait_for_image(ctx.kube, cluster, repository=ctx.repository, digest=promoted,
-                           timeout_s=ctx.timeout_s, poll_s=ctx.poll_s)
-        except KubeError as err:
-            outcome = f"re-apply of the promoted digest failed too: {err}"
+        name = target["metadata"]["name"]
+        live = live_manifest_hash(ctx.kube, name)
+        if live == manifest_hash(target):
+            outcome = f"long-lived cluster untouched: still on {source} (@{promoted})"
+        elif not live:
+            # Every Apply of this pipeline marks what it applied: an unmarked (or absent)
+            # cluster was not changed by this run, and re-applying would restart it.
+            outcome = "long-lived cluster untouched: no manifest of this pipeline's Apply on it"
+        else:
+            try:
+                ctx.kube.apply(target)
+                wait_ready(ctx.kube, target, repository=ctx.repository, digest=promoted,
+                           timeout_s=ctx.rollback_timeout_s, poll_s=ctx.poll_s)
+                outcome = f"long-lived cluster re-applied: {source} (@{promoted})"
+            except KubeError as err:
+                outcome = f"re-apply of {source} failed too: {err}"
     log(f"rollback: {failed_digest} -> {promoted or 'none'}: {reason} ({outcome})")
     return ctx.history.record(event=ROLLED_BACK, digest=failed_digest, execution_id=ctx.execution_id,
                               rolled_back_to=promoted or "none", reason=reason[:1000], outcome=outcome[:500])

@@ -2,15 +2,18 @@
 # The Synth stage's digest handling and manifests (buildspec: infra/stacks/pipeline_builds.py).
 # Pins the digest this run deploys (one source of truth: raytrain_eks/pipeline/digests.py) into
 # $ENV_FILE with the same `lock --digest` an operator runs, synthesizes dist/, and re-synthesizes
-# the promoted digest's manifests into dist/promoted/ (what an automatic rollback applies).
-# Prints the digest on its last line.
+# the promoted digest's manifests into dist/promoted/ (the rollback target for a promotion made
+# before Apply recorded its manifest). dist/pipeline-run.json keeps the digest and the promoted
+# digest this choice saw (Apply and Promote compare-and-swap on it). Prints the digest last.
 set -euo pipefail
 ENV_FILE="${ENV_FILE:-environment.toml}"
 PYTHON="${PYTHON:-python}"
-digest="$("$PYTHON" -m raytrain_eks.pipeline --env "$ENV_FILE" choose-digest --requested "${IMAGE_DIGEST:-spec}")"
+mkdir -p dist
+digest="$("$PYTHON" -m raytrain_eks.pipeline --env "$ENV_FILE" choose-digest --requested "${IMAGE_DIGEST:-spec}" \
+  --run-file dist/pipeline-run.json)"
 "$PYTHON" -m raytrain_eks.cli lock --env "$ENV_FILE" --digest "$digest" >&2
 "$PYTHON" -m charts.main --env "$ENV_FILE" --outdir dist >&2
-promoted="$("$PYTHON" -m raytrain_eks.pipeline --env "$ENV_FILE" promoted-digest)"
+promoted="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_at_synth"])' dist/pipeline-run.json)"
 rm -rf dist/promoted
 if [ -n "$promoted" ] && [ "$promoted" != "$digest" ]; then
   mkdir -p .work

@@ -1,19 +1,35 @@
-"""A fake ``kubectl`` for the pipeline walk-through: it keeps the cluster's objects in a JSON
-file, records every apply, and answers the reads the pipeline steps make the way KubeRay v1.7.0
-and containerd would:
+"""A fake ``kubectl`` for the pipeline tests: it keeps the cluster's objects in a JSON file,
+records every apply, and answers the reads the pipeline steps make the way KubeRay v1.7.0 and
+containerd would. Each modelled behaviour follows ``ray-project/kuberay`` tag
+``ray-operator/v1.7.0``:
 
-- a RayCluster applied with ``upgradeStrategy: Recreate`` gets all its pods recreated, reporting
-  ``imageID = <the manifest's image>`` (containerd reports the reference the pod was pulled by);
-  without it (or with ``stuck_pods`` in the scenario) the running pods keep their old image ID;
-- a RayJob gets a cluster of its own (``<name>-<5 chars>``, pods on the RayJob's image) and ends
-  with the scenario's ``smoke_result``. On SUCCEEDED it "runs" the job: the run directory of the
-  real local training run (``run_source``) is copied to ``<storage_path>/<run_name>/`` of its
-  entrypoint, in the (moto) bucket, as Ray Train would have written it.
+- RayCluster Recreate (``ray-operator/controllers/ray/raycluster_controller.go``
+  ``shouldRecreatePodsForUpgrade``): pods are recreated only when ``spec.upgradeStrategy.type``
+  is ``Recreate`` AND the head pod's ``ray.io/upgrade-strategy-recreate-hash`` annotation differs
+  from the spec's hash; the hash is ``utils/util.go`` ``GenerateHashWithoutReplicasAndWorkersToDelete``
+  (the whole spec, pod-template labels and annotations included, less workers' replicas /
+  min / max / workersToDelete, tolerations and scheduling gates, and upgradeStrategy), ported in
+  :func:`recreate_hash`. An unchanged spec, or a change without Recreate, leaves running pods
+  (and their image IDs) alone.
+- RayCluster status (``raycluster_controller.go`` ``calculateStatus``): ``state: ready`` once
+  head + desired workers exist and all are Running and Ready (``utils/util.go``
+  ``CheckAllPodsRunning``), and never reset afterwards; ``observedGeneration`` follows the
+  generation it reconciled. One reconcile per ``get raycluster``: new pods start Pending with no image ID and
+  run (Ready, ``imageID`` = the reference they were pulled by, as containerd reports) at the next
+  reconcile; a head on the scenario's ``crashloop_image`` (a digest) never becomes Ready.
+- RayJob status (``rayjob_controller.go``): deployment ``""`` -> ``Initializing`` (the job's own
+  RayCluster is created) -> ``Running`` with job status ``PENDING`` -> ``RUNNING`` -> terminal
+  (``SUCCEEDED``/``Complete`` or ``FAILED``/``Failed``), one step per ``get rayjob``. On SUCCEEDED
+  the job "runs": the real local training run (``run_source``) is copied to
+  ``<storage_path>/<run_name>/`` of its entrypoint, in the (moto) bucket.
 
 State lives in ``$FAKE_KUBE_DIR``: ``state.json``, ``applied.jsonl``, ``scenario.json``.
 """
 from __future__ import annotations
 
+import base64
+import copy
+import hashlib
 import json
 import os
 import re
@@ -21,6 +37,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(os.environ["FAKE_KUBE_DIR"])
+HASH_KEY = "ray.io/upgrade-strategy-recreate-hash"  # utils/constant.go UpgradeStrategyRecreateHashKey
+JOB_STEPS = [("", "Initializing"), ("PENDING", "Running"), ("RUNNING", "Running")]
 
 
 def load(name: str, default):
@@ -32,22 +50,70 @@ def save(state: dict) -> None:
     (ROOT / "state.json").write_text(json.dumps(state, indent=1))
 
 
-def pod(name: str, cluster: str, container: str, image_id: str) -> dict:
-    return {"metadata": {"name": name, "labels": {"ray.io/cluster": cluster}},
-            "status": {"phase": "Running", "containerStatuses": [
-                {"name": container, "image": image_id, "imageID": image_id, "ready": True}]}}
+def recreate_hash(spec: dict) -> str:
+    """utils/util.go GenerateHashWithoutReplicasAndWorkersToDelete at ray-operator/v1.7.0 (sha1 of
+    the JSON, base32hex). Key order differs from Go's struct order; equal specs still hash equal."""
+    muted = copy.deepcopy(spec)
+    for field in ("tolerations", "schedulingGates"):
+        muted["headGroupSpec"]["template"].get("spec", {}).pop(field, None)
+    for group in muted.get("workerGroupSpecs") or []:
+        for field in ("replicas", "maxReplicas", "minReplicas"):
+            group.pop(field, None)
+        (group.get("scaleStrategy") or {}).pop("workersToDelete", None)
+        for field in ("tolerations", "schedulingGates"):
+            group["template"].get("spec", {}).pop(field, None)
+    muted.pop("upgradeStrategy", None)
+    digest = hashlib.sha1(json.dumps(muted, sort_keys=True, separators=(",", ":")).encode()).digest()
+    return base64.b32hexencode(digest).decode()
 
 
-def cluster_pods(name: str, spec: dict, image_id: str) -> list[dict]:
-    pods = [pod(f"{name}-head-x1", name, "ray-head", image_id)]
+def pod(name: str, cluster: str, node_type: str, container: str, image: str, spec_hash: str) -> dict:
+    return {"metadata": {"name": name, "labels": {"ray.io/cluster": cluster, "ray.io/node-type": node_type},
+                         "annotations": {HASH_KEY: spec_hash}},
+            "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
+                       "containerStatuses": [{"name": container, "image": image, "imageID": "", "ready": False}]}}
+
+
+def cluster_pods(name: str, spec: dict) -> list[dict]:
+    h = recreate_hash(spec)
+    pods = [pod(f"{name}-head-x1", name, "head", "ray-head", head_image(spec), h)]
     for group in spec.get("workerGroupSpecs") or []:
-        pods += [pod(f"{name}-{group['groupName']}-worker-{i}", name, "ray-worker", image_id)
+        image = group["template"]["spec"]["containers"][0]["image"]
+        pods += [pod(f"{name}-{group['groupName']}-worker-{i}", name, "worker", "ray-worker", image, h)
                  for i in range(int(group.get("replicas", 0)))]
     return pods
 
 
 def head_image(spec: dict) -> str:
     return spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def desired_workers(spec: dict) -> int:
+    return sum(int(g.get("replicas", 0)) for g in spec.get("workerGroupSpecs") or [])
+
+
+def reconcile(cluster: dict, scenario: dict) -> None:
+    """One KubeRay reconcile + kubelet step for a RayCluster entry of the state."""
+    for p in cluster["pods"]:
+        if p["status"]["phase"] == "Pending":
+            p["status"]["phase"] = "Running"
+            for c in p["status"]["containerStatuses"]:
+                c["imageID"] = c["image"]  # containerd: the reference the pod was pulled by
+            bad = scenario.get("crashloop_image")
+            ready = not (bad and p["metadata"]["labels"]["ray.io/node-type"] == "head"
+                         and p["status"]["containerStatuses"][0]["image"].endswith("@" + bad))
+            p["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+            for c in p["status"]["containerStatuses"]:
+                c["ready"] = ready
+    spec = cluster["object"]["spec"]
+    # utils/util.go CheckAllPodsRunning: phase Running and the Ready condition True
+    running = all(p["status"]["phase"] == "Running" and p["status"]["conditions"][0]["status"] == "True"
+                  for p in cluster["pods"])
+    status = dict(cluster["object"].get("status") or {})
+    status["observedGeneration"] = cluster["object"]["metadata"]["generation"]
+    if len(cluster["pods"]) == desired_workers(spec) + 1 and running:
+        status["state"] = "ready"  # calculateStatus never resets it (sticky across a Recreate)
+    cluster["object"]["status"] = status
 
 
 def run_job(job: dict, scenario: dict) -> None:
@@ -63,34 +129,72 @@ def run_job(job: dict, scenario: dict) -> None:
             s3.upload_file(str(path), bucket, f"{prefix}/{run}/{path.name}")
 
 
+def apply_cluster(state: dict, obj: dict) -> bool:
+    """Server-side apply of a RayCluster; True when its pods were (re)created."""
+    name = obj["metadata"]["name"]
+    old = state["clusters"].get(name)
+    if old is None:
+        obj = {**obj, "metadata": {**obj["metadata"], "generation": 1}}
+        state["clusters"][name] = {"object": obj, "pods": cluster_pods(name, obj["spec"])}
+        return True
+    generation = old["object"]["metadata"]["generation"] + (old["object"]["spec"] != obj["spec"])
+    old["object"] = {**obj, "metadata": {**obj["metadata"], "generation": generation},
+                     "status": old["object"].get("status", {})}
+    recreate = (obj["spec"].get("upgradeStrategy") or {}).get("type") == "Recreate"
+    head = next((p for p in old["pods"] if p["metadata"]["labels"]["ray.io/node-type"] == "head"), None)
+    actual = head["metadata"]["annotations"].get(HASH_KEY, "") if head else ""
+    if recreate and actual and actual != recreate_hash(obj["spec"]):
+        old["pods"] = cluster_pods(name, obj["spec"])
+        return True
+    return False
+
+
 def apply(state: dict, obj: dict, scenario: dict) -> None:
     kind, name = obj["kind"], obj["metadata"]["name"]
     with open(ROOT / "applied-kinds.txt", "a") as log:
         log.write(f"{kind} {name}\n")
     if kind == "NetworkPolicy":  # a Ray cluster's policy, applied before the cluster
         return
+    if kind == "RayCluster":
+        recreated = apply_cluster(state, obj)
+    else:
+        state["rayjobs"][name] = {**obj, "status": {}}
+        recreated = True
     with open(ROOT / "applied.jsonl", "a") as log:
         spec = obj["spec"] if kind == "RayCluster" else obj["spec"]["rayClusterSpec"]
-        log.write(json.dumps({"kind": kind, "name": name, "image": head_image(spec),
+        log.write(json.dumps({"kind": kind, "name": name, "image": head_image(spec), "recreated": recreated,
                               "upgradeStrategy": obj["spec"].get("upgradeStrategy")}) + "\n")
-    if kind == "RayCluster":
-        old = state["clusters"].get(name)
-        recreate = (obj["spec"].get("upgradeStrategy") or {}).get("type") == "Recreate"
-        if old and (not recreate or scenario.get("stuck_pods")):
-            return  # KubeRay leaves running pods alone: they report their old image ID
-        state["clusters"][name] = cluster_pods(name, obj["spec"], head_image(obj["spec"]))
-    elif kind == "RayJob":
-        cluster = f"{name}-k7x2q"
-        result = scenario.get("smoke_result", "SUCCEEDED")
-        state["clusters"][cluster] = cluster_pods(cluster, obj["spec"]["rayClusterSpec"],
-                                                  head_image(obj["spec"]["rayClusterSpec"]))
-        state["rayjobs"][name] = {**obj, "status": {
-            "jobStatus": result, "rayClusterName": cluster,
-            "jobDeploymentStatus": "Complete" if result == "SUCCEEDED" else "Failed",
-            "reason": "" if result == "SUCCEEDED" else "AppFailed",
-            "message": "" if result == "SUCCEEDED" else "Job entrypoint command failed with exit code 1"}}
-        if result == "SUCCEEDED":
-            run_job(obj, scenario)
+
+
+def step_job(state: dict, name: str, scenario: dict) -> dict | None:
+    """One rayjob_controller.go reconcile of the job's deployment status."""
+    job = state["rayjobs"].get(name)
+    if job is None:
+        return None
+    status = job["status"]
+    cluster = f"{name}-k7x2q"
+    done = status.get("jobDeploymentStatus") in ("Complete", "Failed")
+    if not done:
+        index = status.get("step", -1) + 1
+        if index == 0:
+            status["rayClusterName"] = cluster
+            state["clusters"][cluster] = {"object": {"metadata": {"name": cluster, "generation": 1},
+                                                     "spec": job["spec"]["rayClusterSpec"]},
+                                          "pods": cluster_pods(cluster, job["spec"]["rayClusterSpec"])}
+        else:
+            reconcile(state["clusters"][cluster], {})
+        if index < len(JOB_STEPS):
+            status["jobStatus"], status["jobDeploymentStatus"] = JOB_STEPS[index]
+            status["step"] = index
+        else:
+            result = scenario.get("smoke_result", "SUCCEEDED")
+            ok = result == "SUCCEEDED"
+            status.update(jobStatus=result, jobDeploymentStatus="Complete" if ok else "Failed",
+                          reason="" if ok else "AppFailed",
+                          message="" if ok else "Job entrypoint command failed with exit code 1")
+            if ok:
+                run_job(job, scenario)
+    return job
 
 
 def main(argv: list[str]) -> int:
@@ -104,11 +208,16 @@ def main(argv: list[str]) -> int:
     elif verb == "delete":
         state["rayjobs"].pop(rest[1], None)
     elif verb == "get" and rest[0] == "rayjob":
-        job = state["rayjobs"].get(rest[1])
+        job = step_job(state, rest[1], scenario)
         print(json.dumps(job) if job else "")
+    elif verb == "get" and rest[0] == "raycluster":
+        cluster = state["clusters"].get(rest[1])
+        if cluster is not None:
+            reconcile(cluster, scenario)
+        print(json.dumps(cluster["object"]) if cluster else "")
     elif verb == "get" and rest[0] == "pods":
         selector = rest[rest.index("-l") + 1].split("=", 1)[1]
-        print(json.dumps({"items": state["clusters"].get(selector, [])}))
+        print(json.dumps({"items": (state["clusters"].get(selector) or {}).get("pods", [])}))
     else:
         print(f"fake kubectl: unsupported: {argv}", file=sys.stderr)
         return 1

@@ -1,6 +1,5 @@
 """The image watcher and the promotion step: moto's server (SSM, DynamoDB, CodePipeline) on
-127.0.0.1 for AWS, the real local registry for the digest. Only CodePipeline's job-result calls
-(which moto lacks) go through a recorder behind the narrow ``JobResults`` interface.
+127.0.0.1 for AWS, the real local registry for the digest.
 """
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ import pytest
 
 from environment.contract import RECORD_IMAGE_RAN
 from infra.lambdas.image_watcher import handler
-from infra.lambdas.image_watcher.history import PromotionHistory
-from infra.lambdas.image_watcher.promote import promote
+from infra.lambdas.image_watcher.history import PromotionHistory, Superseded
+from infra.lambdas.image_watcher.promote import PromotionError, promote
 from infra.lambdas.image_watcher.watcher import (
     ALREADY_TRIED, START, UP_TO_DATE, CodePipelineStarter, WatcherConfig, check, decide,
 )
@@ -31,17 +30,6 @@ SMOKE = f"s3://{BUCKET}/runs/smoke-1/run.json"
 EFA_LINES = ["NET/OFI Selected provider is efa, fabric is efa (found 1 nics)",
              "Channel 00/0 : 0[0] -> 4[0] [send] via NET/Libfabric/0"]
 SOCKET_LINES = ["Using network Socket", "Channel 00/0 : 0[0] -> 4[0] [send] via NET/Socket/0"]
-
-
-class RecordedResults:
-    def __init__(self):
-        self.calls: list[tuple] = []
-
-    def success(self, job_id):
-        self.calls.append(("success", job_id))
-
-    def failure(self, job_id, message):
-        self.calls.append(("failure", job_id, message))
 
 
 @pytest.fixture
@@ -85,9 +73,9 @@ def world(aws, registry):
     w.executions = lambda: cp.list_pipeline_executions(pipelineName=config.pipeline_name)["pipelineExecutionSummaries"]
     w.smoke = lambda digest, lines=EFA_LINES, status="succeeded", key=f"runs/smoke-{suffix}/run.json", ran=None: \
         smoke_record(s3, key, config.repository, digest, lines, status, ran)
-    w.promote = lambda event, results: promote(
-        event, ssm=ssm, s3=s3, parameter_name=config.parameter_name, history=history, results=results,
-        required_transport="efa")
+    w.promote = lambda digest, record=SMOKE, expected="", execution="exec-1": promote(
+        ssm=ssm, s3=s3, parameter_name=config.parameter_name, history=history, digest=digest,
+        smoke_record=record, execution_id=execution, expected=expected, required_transport="efa")
     w.promoted = lambda: ssm.get_parameter(Name=config.parameter_name)["Parameter"]["Value"]
     return w
 
@@ -109,12 +97,6 @@ def smoke_record(s3, key: str, repository: str, digest: str, lines: list[str], s
                                           f"smoke-k7x2q-gpu-worker-0/ray-worker": f"{repository}@{digest}"}}}
     s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(record).encode())
     return f"s3://{BUCKET}/{key}"
-
-
-def job_event(digest: str, smoke_record: str = SMOKE, job_id: str = "job-1") -> dict:
-    params = json.dumps({"digest": digest, "smoke_record": smoke_record, "execution_id": "exec-1"})
-    return {"CodePipeline.job": {"id": job_id, "data": {"actionConfiguration": {
-        "configuration": {"FunctionName": "promote", "UserParameters": params}}}}}
 
 
 def test_decide_is_the_whole_policy():
@@ -147,10 +129,8 @@ def test_promotion_then_tag_moves_then_rollback(world):
     old = world.push(b"old\n")
     world.watch()
     # the pipeline proved it: promote
-    results = RecordedResults()
     record = world.smoke(old)
-    item = world.promote(job_event(old, record), results)
-    assert results.calls == [("success", "job-1")]
+    item = world.promote(old, record)
     assert world.promoted() == old and item["smoke_record"] == record
     assert world.watch()["action"] == UP_TO_DATE
     # the tag moves to a new image: one new run for the new digest
@@ -159,7 +139,7 @@ def test_promotion_then_tag_moves_then_rollback(world):
     assert (moved["action"], moved["current"], moved["promoted"]) == (START, new, old)
     assert len(world.executions()) == 2
     # the new digest fails its smoke run; an operator rolls back by promoting the old one again
-    world.promote(job_event(old, record, job_id="job-2"), results)
+    world.promote(old, record, expected=old, execution="exec-2")
     # then the watcher does not re-propose the digest that was already tried
     assert world.watch()["action"] == ALREADY_TRIED
     assert len(world.executions()) == 2
@@ -176,12 +156,24 @@ def test_promotion_then_tag_moves_then_rollback(world):
     ({"digest": "sha256:" + "a" * 64, "smoke_record": ""}, "is not an s3:// URI"),
 ])
 def test_promote_refuses_bad_input_and_promotes_nothing(world, params, expected):
-    event = job_event("x")
-    event["CodePipeline.job"]["data"]["actionConfiguration"]["configuration"]["UserParameters"] = json.dumps(params)
-    results = RecordedResults()
-    assert world.promote(event, results) is None
-    assert results.calls[0][:2] == ("failure", "job-1") and expected in results.calls[0][2]
+    with pytest.raises(PromotionError, match=expected):
+        world.promote(params["digest"], params["smoke_record"])
     assert world.promoted() == "none" and list(world.history.events()) == []
+
+
+def test_promotion_is_a_compare_and_swap_on_the_digest_synth_saw(world):
+    """Two executions whose Synth both saw nothing promoted: the first promotes, the second is
+    superseded, and neither SSM nor the history gets its digest."""
+    first, second = world.push(b"first cas\n"), world.push(b"second cas\n")
+    world.promote(first, world.smoke(first, key="runs/smoke-a/run.json"), expected="", execution="exec-a")
+    with pytest.raises(Superseded, match="another execution promoted meanwhile"):
+        world.promote(second, world.smoke(second, key="runs/smoke-b/run.json"), expected="", execution="exec-b")
+    assert world.promoted() == first and world.history.promoted() == first
+    assert [p["digest"] for p in world.history.promotions()] == [first]
+    # the DynamoDB swap itself refuses a stale expectation even when SSM was not yet written
+    with pytest.raises(Superseded):
+        world.history.promote(expected="", digest=second, execution_id="exec-c", smoke_record=SMOKE)
+    assert [p["digest"] for p in world.history.promotions()] == [first]
 
 
 OTHER_DIGEST = "sha256:" + "b" * 64
@@ -203,10 +195,10 @@ def test_promote_gates_on_the_smoke_record(world, case, expected):
            # the manifest asked for this digest, but the head pod still runs another image
            "manifest-only": lambda: world.smoke(digest, ran=OTHER_DIGEST),
            "missing": lambda: f"s3://{BUCKET}/runs/never-written/run.json"}[case]()
-    results = RecordedResults()
-    # when the pipeline's promote step runs, then it fails the job and promotes nothing
-    assert world.promote(job_event(digest, uri), results) is None
-    assert results.calls[0][:2] == ("failure", "job-1") and expected in results.calls[0][2], results.calls
+    # when the pipeline's promote step runs, then it fails and promotes nothing
+    with pytest.raises(PromotionError) as raised:
+        world.promote(digest, uri)
+    assert expected in str(raised.value)
     assert world.promoted() == "none" and world.history.promotions() == []
 
 
@@ -260,3 +252,21 @@ def test_a_digest_the_pipeline_rolled_back_is_not_rolled_forward_by_the_watcher(
     # then the watcher leaves it alone: only an explicit run deploys it again
     assert world.watch()["action"] == ALREADY_TRIED
     assert world.executions() == []
+
+
+def test_a_new_digest_the_gpu_nodes_cannot_run_is_recorded_and_never_started(world, registry, pushed):
+    """The tag moves to an index without linux/amd64 (the rule `lock` applies, one function):
+    the watcher starts nothing and records why, once."""
+    from oci_registry import OCI_MANIFEST
+
+    from infra.lambdas.image_watcher.watcher import REJECTED
+
+    arm64 = pushed["arm64"]
+    index = registry.push_index(NAME, world.config.tag,
+                                {"arm64": (arm64, registry.manifest_size(NAME, arm64, OCI_MANIFEST))})
+    result = world.watch()
+    assert result["action"] == REJECTED and "without linux/amd64 (it has: linux/arm64)" in result["reason"]
+    assert world.executions() == []
+    [event] = list(world.history.events())
+    assert (event["event"], event["digest"]) == (REJECTED, index)
+    assert world.watch()["action"] == ALREADY_TRIED and world.executions() == []

@@ -1,7 +1,9 @@
-"""The Apply step against a fake kubectl whose pods do NOT pick up the new image (what KubeRay
-does to a running cluster without ``upgradeStrategy: Recreate``, or a node that cannot pull):
-Apply must not pass on the manifest's word; it times out on the image IDs the pods report, rolls
-the cluster back to the promoted digest and records why. moto for SSM and DynamoDB."""
+"""The Apply step against the fake kubectl (fake_kubectl.py: KubeRay v1.7.0's Recreate hash rule
+and RayCluster status): Apply must not pass on the manifest's word. It waits for KubeRay's
+``ready`` state and every pod Ready on the image ID it reports; a crash-looping head or pods
+that keep the old image fail it, and the cluster goes back to the manifest the last promotion
+applied; an Apply that another execution's promotion superseded touches nothing. moto for SSM
+and DynamoDB."""
 from __future__ import annotations
 
 import json
@@ -14,10 +16,11 @@ from pathlib import Path
 
 import boto3
 import pytest
+import yaml
 
 from charts.main import synth
 from environment import load_environment
-from infra.lambdas.image_watcher.history import ROLLED_BACK, PromotionHistory
+from infra.lambdas.image_watcher.history import APPLIED, ROLLED_BACK, PromotionHistory
 from raytrain_eks.commands.lock import lock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,45 +57,98 @@ def workspace(tmp_path, aws):
                "AWS_SECRET_ACCESS_KEY": "testing", "HISTORY_TABLE": table, "PROMOTED_DIGEST_PARAMETER": parameter,
                "POLL_SECONDS": "0.05", "TIMEOUT_SECONDS": "1", "EXECUTION_ID": "exec-apply"}
     history = PromotionHistory(client=ddb, table_name=table, image=f"{env.image.repository}:{env.image.tag}")
-    return tmp_path, kube, environ, history
+    # what Synth writes next to the manifests: the digest and the promoted digest it saw
+    for dist, digest in ((tmp_path / "dist", CANDIDATE), (tmp_path / "dist" / "promoted", PROMOTED)):
+        (dist / "pipeline-run.json").write_text(json.dumps({"digest": digest, "promoted_at_synth": PROMOTED}))
+    return tmp_path, kube, environ, history, ssm, parameter
 
 
-def apply_step(tmp_path, environ, digest):
+def apply_step(workdir, environ, digest, execution="exec-apply"):
     return subprocess.run([sys.executable, "-m", "raytrain_eks.pipeline", "apply", "--digest", digest],
-                          cwd=tmp_path, env=environ, capture_output=True, text=True)
+                          cwd=workdir, env={**environ, "EXECUTION_ID": execution}, capture_output=True, text=True)
+
+
+def applied(kube: Path) -> list[dict]:
+    path = kube / "applied.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
 def applied_images(kube: Path) -> list[str]:
-    return [json.loads(line)["image"].rsplit("@", 1)[1] for line in (kube / "applied.jsonl").read_text().splitlines()]
+    return [row["image"].rsplit("@", 1)[1] for row in applied(kube)]
 
 
-def test_apply_waits_for_the_reported_image_and_rolls_back_when_pods_keep_the_old_one(workspace):
-    tmp_path, kube, environ, history = workspace
-    # given the long-lived cluster runs the promoted digest
+def promoted_cluster(tmp_path, kube, environ, history):
+    """The long-lived cluster as the promotion of PROMOTED left it (its own Apply + promote)."""
     (kube / "scenario.json").write_text(json.dumps({}))
-    shutil.copytree(tmp_path / "dist" / "promoted", tmp_path / "promoted-only" / "dist")
-    shutil.copy(tmp_path / "environment.toml", tmp_path / "promoted-only" / "environment.toml")
-    done = apply_step(tmp_path / "promoted-only", environ, PROMOTED)
+    workdir = tmp_path / "promoted-only"
+    shutil.copytree(tmp_path / "dist" / "promoted", workdir / "dist")
+    shutil.copy(tmp_path / "environment.toml", workdir / "environment.toml")
+    done = apply_step(workdir, environ, PROMOTED, execution="exec-promoted")
     assert done.returncode == 0, done.stderr
-    # when the candidate is applied but the pods keep reporting the promoted image
-    (kube / "scenario.json").write_text(json.dumps({"stuck_pods": True}))
+    history.promote(expected="", digest=PROMOTED, execution_id="exec-promoted", smoke_record="s3://b/run.json")
+
+
+def test_apply_waits_for_every_pod_ready_and_rolls_back_a_crash_looping_head(workspace):
+    tmp_path, kube, environ, history, _, _ = workspace
+    promoted_cluster(tmp_path, kube, environ, history)
+    # when the candidate's pods come up on the new image but the head never becomes Ready
+    (kube / "scenario.json").write_text(json.dumps({"crashloop_image": CANDIDATE}))
     done = apply_step(tmp_path, environ, CANDIDATE)
-    # then Apply fails on what the pods report, and the promoted manifest is applied again
+    # then Apply fails on readiness, not on the image ID alone, and the promoted manifest is back
     assert done.returncode == 1
-    assert f"not all on @{CANDIDATE}" in done.stderr and f"@{PROMOTED}" in done.stderr
+    assert f"not ready on @{CANDIDATE}" in done.stderr and "pods not Ready: raytrain-head-x1" in done.stderr
     assert applied_images(kube) == [PROMOTED, CANDIDATE, PROMOTED]
+    assert [row["recreated"] for row in applied(kube)] == [True, True, True]
     [event] = [e for e in history.events() if e["event"] == ROLLED_BACK]
     assert event["digest"] == CANDIDATE and event["rolled_back_to"] == PROMOTED
-    assert event["reason"].startswith("apply: RayCluster") and event["outcome"] == "cluster on the promoted digest"
+    assert event["reason"].startswith("apply: RayCluster")
+    assert event["outcome"].startswith("long-lived cluster re-applied: the manifest execution exec-promoted applied")
 
 
-def test_apply_passes_once_every_pod_reports_the_new_image(workspace):
-    tmp_path, kube, environ, history = workspace
+def test_apply_fails_while_pods_keep_the_old_image(workspace):
+    """KubeRay recreates pods only with upgradeStrategy Recreate (raycluster_controller.go
+    shouldRecreatePodsForUpgrade): without it the running pods keep reporting the old image."""
+    tmp_path, kube, environ, history, _, _ = workspace
+    promoted_cluster(tmp_path, kube, environ, history)
+    manifest = tmp_path / "dist" / "raycluster.k8s.yaml"
+    cluster = yaml.safe_load(manifest.read_text())
+    del cluster["spec"]["upgradeStrategy"]
+    manifest.write_text(yaml.safe_dump(cluster))
+    done = apply_step(tmp_path, environ, CANDIDATE)
+    assert done.returncode == 1 and f"pods report {REPO_NAME(tmp_path)}@{PROMOTED}" in done.stderr
+    # the rollback re-applies the promoted manifest; its spec hash is the one the (never
+    # recreated) pods carry, so KubeRay leaves them running
+    assert applied_images(kube) == [PROMOTED, CANDIDATE, PROMOTED]
+    assert [row["recreated"] for row in applied(kube)] == [True, False, False]
+
+
+def REPO_NAME(tmp_path) -> str:  # noqa: N802 - the image repository of the workspace's spec
+    return load_environment(tmp_path / "environment.toml").image.repository
+
+
+def test_apply_passes_once_the_cluster_is_ready_on_the_new_image(workspace):
+    tmp_path, kube, environ, history, _, _ = workspace
     (kube / "scenario.json").write_text(json.dumps({}))
     done = apply_step(tmp_path, environ, CANDIDATE)
     assert done.returncode == 0, done.stderr
-    assert "pods of raytrain run @" + CANDIDATE in done.stderr
-    assert list(history.events()) == []
+    assert f"pods Ready on @{CANDIDATE}" in done.stderr
+    [event] = list(history.events())
+    assert event["event"] == APPLIED and event["digest"] == CANDIDATE
+    assert json.loads(event["manifest"])["metadata"]["annotations"]["raytrain.io/applied-manifest"] == \
+        event["manifest_hash"]
     # every Ray cluster's network policy first: the namespace denies ingress by default
     kinds = [line.split()[0] for line in (kube / "applied-kinds.txt").read_text().splitlines()]
     assert kinds.index("RayCluster") > 0 and set(kinds[:kinds.index("RayCluster")]) == {"NetworkPolicy"}
+
+
+def test_an_apply_superseded_by_another_promotion_touches_nothing(workspace):
+    tmp_path, kube, environ, history, ssm, parameter = workspace
+    promoted_cluster(tmp_path, kube, environ, history)
+    # another execution promoted a third digest after this run's Synth
+    newer = "sha256:" + "3" * 64
+    ssm.put_parameter(Name=parameter, Value=newer, Type="String", Overwrite=True)
+    done = apply_step(tmp_path, environ, CANDIDATE)
+    assert done.returncode == 1 and "superseded" in done.stderr
+    assert applied_images(kube) == [PROMOTED]  # no apply issued
+    [event] = [e for e in history.events() if e["event"] == ROLLED_BACK]
+    assert event["outcome"].startswith("long-lived cluster untouched")

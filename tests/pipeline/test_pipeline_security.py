@@ -37,7 +37,7 @@ def _build(tmp_path, mutate=None):
 
 def test_a_new_wildcard_fails_cdk_nag_even_where_wildcards_are_acknowledged(tmp_path):
     # given the Synth build's role, which holds acknowledged artifact wildcards, when it gets a
-    # Resource: * statement (acknowledged elsewhere in the stack for the promoter), the synth fails
+    # Resource: * statement (acknowledged elsewhere in the stack for CodeBuild in the VPC), the synth fails
     from aws_cdk import aws_iam as iam
 
     def widen(stack):

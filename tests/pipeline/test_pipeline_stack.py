@@ -19,6 +19,7 @@ import pytest
 from infra.lambdas.image_watcher import watcher as watcher_module
 from infra.stacks import pipeline as pipeline_module
 from infra.stacks.pipeline_access import DEPLOYER_GROUP
+from infra.stacks.pipeline_config import fingerprint
 from infra.stacks.pipeline_watcher import stage_asset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,8 +85,9 @@ def test_pipeline_is_v2_with_the_digest_variable_and_stages_in_order(synthesized
     assert [s["Name"] for s in pipeline["Stages"]] == ["Source", "Synth", "Deploy", "Smoke", "Apply", "Promote"]
     [source] = pipeline["Stages"][0]["Actions"]
     assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"
+    # a full clone: the manifests' identity (the commit) needs .git, which the default zip lacks
     assert source["Configuration"] == {"ConnectionArn": CONNECTION, "FullRepositoryId": "example-org/raytrain-eks",
-                                       "BranchName": "release"}
+                                       "BranchName": "release", "OutputArtifactFormat": "CODEBUILD_CLONE_REF"}
     # the watcher and the stack agree on the variable's name
     assert watcher_module.DIGEST_VARIABLE == pipeline_module.DIGEST_VARIABLE == "IMAGE_DIGEST"
 
@@ -102,10 +104,15 @@ def test_synth_chooses_and_pins_the_digest_then_tests_without_torch_and_synthesi
     assert any("-c requirements.lock -e '.[synth]'" in c for c in install)
     assert not any("make install" in c or "[dev]" in c for c in install)  # no torch, no Ray
     commands = spec["phases"]["build"]["commands"]
+    check = next(i for i, c in enumerate(commands) if "raytrain_eks.pipeline check-run" in c)
     pin = next(i for i, c in enumerate(commands) if "scripts/pipeline/synth.sh" in c)
     tests = next(i for i, c in enumerate(commands) if "pytest" in c)
-    assert pin < tests < next(i for i, c in enumerate(commands) if "cdk synth" in c)
+    # refuse first, then test what was committed, then pin and synthesize
+    assert check == 0 < tests < pin < next(i for i, c in enumerate(commands) if "cdk synth" in c)
     assert "-m 'not slow'" in commands[tests] and "tests/training" not in commands[tests]
+    assert spec["phases"]["install"]["runtime-versions"]["nodejs"] == "22"  # Node 20 is past its end of life
+    assert variables["PIPELINE_CONFIG"] == fingerprint(synthesized[0])
+    assert variables["EXECUTION_ID"] == "#{codepipeline.PipelineExecutionId}"
     assert spec["env"]["exported-variables"] == ["IMAGE_DIGEST"]
     # the SSM description carries no tag: a tag change must not reset the promoted digest
     parameter = the(template, "AWS::SSM::Parameter")
@@ -133,17 +140,20 @@ def test_smoke_then_apply_then_promote_with_the_proven_digest(synthesized):
     assert smoke["env"]["exported-variables"] == ["SMOKE_RECORD"]
     apply = buildspec(template, "ApplyManifests")["phases"]["build"]["commands"]
     assert apply == [upload, 'python -m raytrain_eks.pipeline apply --digest "$IMAGE_DIGEST"']
+    # Promote is a build in the kubectl role: a failure after Apply is rolled back right there
+    promote = buildspec(template, "PromoteDigest")["phases"]["build"]["commands"]
+    assert promote == ['python -m raytrain_eks.pipeline promote --digest "$IMAGE_DIGEST" --record "$SMOKE_RECORD" '
+                       "--required-transport efa"]
     stages = the(template, "AWS::CodePipeline::Pipeline")["Stages"]
-    for stage in (stages[3], stages[4]):
+    for stage in (stages[3], stages[4], stages[5]):
         [action] = stage["Actions"]
+        assert action["ActionTypeId"]["Provider"] == "CodeBuild"
         variables = {v["name"]: v["value"] for v in json.loads(action["Configuration"]["EnvironmentVariables"])}
         assert variables["IMAGE_DIGEST"] == "#{Synth.IMAGE_DIGEST}"
         assert variables["HISTORY_TABLE"] == "raytrain-image-promotions"
-    [promote] = stages[5]["Actions"]
-    assert promote["ActionTypeId"]["Provider"] == "Lambda"
-    assert json.loads(promote["Configuration"]["UserParameters"]) == {
-        "digest": "#{Synth.IMAGE_DIGEST}", "smoke_record": "#{Smoke.SMOKE_RECORD}",
-        "execution_id": "#{codepipeline.PipelineExecutionId}"}
+    assert variables["SMOKE_RECORD"] == "#{Smoke.SMOKE_RECORD}"
+    handlers = [v["Properties"].get("Handler", "") for v in resources(template, "AWS::Lambda::Function").values()]
+    assert [h for h in handlers if h.startswith("image_watcher.")] == ["image_watcher.handler.watch"]
 
 
 def test_watcher_runs_on_the_spec_schedule_with_its_environment(synthesized):
@@ -160,7 +170,7 @@ def test_watcher_runs_on_the_spec_schedule_with_its_environment(synthesized):
     assert props["Environment"]["Variables"] == {
         "IMAGE_REPOSITORY": env.image.repository, "IMAGE_TAG": env.image.tag,
         "PROMOTED_DIGEST_PARAMETER": {"Ref": parameter_id}, "HISTORY_TABLE": {"Ref": table_id},
-        "PIPELINE_NAME": "raytrain-image-redeploy", "REQUIRED_TRANSPORT": "efa"}
+        "PIPELINE_NAME": "raytrain-image-redeploy"}
     assert table["Properties"]["TableName"] == "raytrain-image-promotions"
     assert [k["AttributeName"] for k in table["Properties"]["KeySchema"]] == ["image", "at"]
     assert table["Properties"]["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] is True
@@ -193,8 +203,6 @@ def test_resource_star_only_where_iam_has_no_resource_level_permissions(synthesi
             if s["Resource"] == "*" or "*" in (s["Resource"] if isinstance(s["Resource"], list) else []):
                 star_actions |= set([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
     assert star_actions == {
-        # no resource-level permissions exist for these (Service Authorization Reference)
-        "codepipeline:PutJobSuccessResult", "codepipeline:PutJobFailureResult", "lambda:ListFunctions",
         # CodeBuild inside the VPC (private endpoint only): ENI lifecycle and VPC lookups
         "ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:DeleteNetworkInterface",
         "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DescribeDhcpOptions", "ec2:DescribeVpcs"}
@@ -208,7 +216,31 @@ def test_private_endpoint_kubectl_builds_run_in_the_vpc_admitted_on_443(synthesi
     assert ingress["SourceSecurityGroupId"] == {"Fn::GetAtt": [group_id, "GroupId"]}
     assert "ClusterSecurityGroupId" in json.dumps(ingress["GroupId"])  # the EKS cluster security group
     in_vpc = {k for k, v in resources(template, "AWS::CodeBuild::Project").items() if "VpcConfig" in v["Properties"]}
-    assert sorted(k.rstrip("0123456789ABCDEF") for k in in_vpc) == ["ApplyManifests", "SmokeRun"]
+    assert sorted(k.rstrip("0123456789ABCDEF") for k in in_vpc) == ["ApplyManifests", "PromoteDigest", "SmokeRun"]
+
+
+def test_kubectl_builds_join_the_vpc_whenever_the_private_endpoint_is_on():
+    """With public_and_private the public endpoint admits only public_access_cidrs, which
+    CodeBuild's addresses are not in: the kubectl builds must reach the private endpoint."""
+    from environment import environment_from_dict
+    from infra.stacks.pipeline_config import kubectl_in_vpc
+
+    raw = tomllib.loads((REPO / "environment.toml").read_text())
+    for access, cidrs, in_vpc in (("private", [], True), ("public_and_private", ["203.0.113.0/24"], True),
+                                  ("public", ["203.0.113.0/24"], False)):
+        raw["cluster"].update(endpoint_access=access, public_access_cidrs=cidrs)
+        assert kubectl_in_vpc(environment_from_dict(raw)) is in_vpc, access
+
+
+def test_connection_permissions_use_the_service_prefix_of_the_connection_arn(synthesized):
+    _, _, template = synthesized
+    synth = [s for s in policy_statements(template, "SynthRole") if s.get("Sid") == "CloneThroughConnection"]
+    assert synth == [{"Sid": "CloneThroughConnection", "Effect": "Allow", "Resource": CONNECTION,
+                      "Action": ["codeconnections:UseConnection", "codeconnections:GetConnectionToken"]}]
+    source = policy_statements(template, "SourceCodePipelineActionRole")
+    assert any(s.get("Action") == "codeconnections:UseConnection" and s["Resource"] == CONNECTION for s in source)
+    old = "arn:aws:codestar-connections:us-east-1:111122223333:connection/x"
+    assert pipeline_module.connection_actions(old, "UseConnection") == ["codestar-connections:UseConnection"]
 
 
 def test_kubectl_builds_hold_a_namespaced_rbac_group_not_cluster_admin(synthesized):
@@ -229,7 +261,9 @@ def test_kubectl_builds_hold_a_namespaced_rbac_group_not_cluster_admin(synthesiz
         _arn(f":s3:::{bucket}/{runs}/*/run.json"), _arn(f":s3:::{bucket}/{runs}/*/metrics.jsonl")]
     assert statements["RecordSmokeImageAndReport"]["Resource"] == [
         _arn(f":s3:::{bucket}/{runs}/*/run.json"), _arn(f":s3:::{bucket}/{runs}/*/regression/*")]
-    assert statements["ReadAndRecordHistory"]["Action"] == ["dynamodb:Query", "dynamodb:PutItem"]
+    assert statements["ReadAndRecordHistory"]["Action"] == [
+        "dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]
+    assert statements["ReadAndWritePromotedDigest"]["Action"] == ["ssm:GetParameter", "ssm:PutParameter"]
 
 
 def test_deploy_may_only_assume_the_cdk_bootstrap_roles(synthesized):
@@ -251,3 +285,15 @@ def test_lambda_asset_is_self_contained_and_uses_the_same_registry_client():
     out = subprocess.run([sys.executable, "-I", "-c", probe, str(staged)], capture_output=True, text=True,
                          cwd=staged, check=True)
     assert out.stdout.strip().startswith(str(staged))
+
+
+def test_each_kubectl_build_outlives_its_wait_plus_a_rollback(synthesized):
+    _, _, template = synthesized
+    projects = resources(template, "AWS::CodeBuild::Project")
+    stages = the(template, "AWS::CodePipeline::Pipeline")["Stages"]
+    for stage in stages[3:]:
+        [action] = stage["Actions"]
+        variables = {v["name"]: v["value"] for v in json.loads(action["Configuration"]["EnvironmentVariables"])}
+        project = projects[action["Configuration"]["ProjectName"]["Ref"]]["Properties"]
+        waits = int(variables["TIMEOUT_SECONDS"]) + int(variables["ROLLBACK_TIMEOUT_SECONDS"])
+        assert project["TimeoutInMinutes"] * 60 >= waits + 10 * 60, stage["Name"]

@@ -1,14 +1,12 @@
-"""Lambda entry points (``image_watcher.handler.watch`` / ``image_watcher.handler.promote``).
+"""Lambda entry point (``image_watcher.handler.watch``).
 
-Only wiring: environment variables -> boto3 clients -> the logic in watcher.py / promote.py.
+Only wiring: environment variables -> boto3 clients -> the logic in watcher.py.
 """
 from __future__ import annotations
 
 import json
-import os
 
 from .history import PromotionHistory
-from .promote import CodePipelineJobResults, promote as promote_digest
 from .watcher import CodePipelineStarter, WatcherConfig, check
 
 
@@ -29,13 +27,3 @@ def watch(event, context):
                    starter=CodePipelineStarter(_client("codepipeline"), config.pipeline_name))
     print(json.dumps(result))
     return result
-
-
-def promote(event, context):
-    """Invoked by the pipeline's Promote stage."""
-    config = WatcherConfig.from_environ()
-    item = promote_digest(event, ssm=_client("ssm"), s3=_client("s3"), parameter_name=config.parameter_name,
-                          history=_history(config), results=CodePipelineJobResults(_client("codepipeline")),
-                          required_transport=os.environ.get("REQUIRED_TRANSPORT", "efa"))
-    print(json.dumps({"promoted": item}))
-    return item

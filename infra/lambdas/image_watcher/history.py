@@ -1,11 +1,18 @@
 """Promotion history: one DynamoDB item per event, listable by an operator.
 
 Table keys: ``image`` (partition, ``repository:tag``) and ``at`` (sort, ISO-8601 UTC time).
-Each item has ``event`` (``triggered`` by the watcher, ``promoted`` by the pipeline, or
-``rolled-back`` when a run failed and the long-lived cluster was put back on the promoted
-digest), ``digest``, ``execution_id`` and, for promotions, ``smoke_record`` (where the smoke run's
-record lives, e.g. ``s3://bucket/runs/smoke-.../run.json``); a rollback also has ``reason`` and
-``rolled_back_to`` (the promoted digest, or ``none`` before the first promotion). List the newest first with::
+Each item has ``event`` (``triggered`` by the watcher; ``applied`` when the pipeline's Apply
+put a manifest on the long-lived cluster, with the ``manifest`` JSON and its ``manifest_hash``;
+``promoted``; or ``rolled-back`` when a run failed, with ``reason``, ``rolled_back_to`` and
+``outcome``: what the long-lived cluster was left on), ``digest``, ``execution_id`` and, for
+promotions, ``smoke_record`` (where the smoke run's record lives, e.g.
+``s3://bucket/runs/smoke-.../run.json``).
+
+One more item per image, at ``at = "~promoted"`` (sorts after every timestamp), holds the
+promoted digest the pipeline serializes on: :meth:`PromotionHistory.promote` swaps it only if
+it still holds the digest the run's Synth saw, in the same transaction as the ``promoted``
+item, so two overlapping executions cannot both promote (the later one is superseded). The
+SSM parameter is written after it, for the watcher and for reading. List the newest first with::
 
     aws dynamodb query --table-name TABLE --no-scan-index-forward \\
       --key-condition-expression "image = :i" \\
@@ -18,8 +25,15 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 TRIGGERED = "triggered"
+APPLIED = "applied"
 PROMOTED = "promoted"
 ROLLED_BACK = "rolled-back"
+POINTER_AT = "~promoted"
+"""Sort key of the promoted-digest item (not an event: :meth:`PromotionHistory.events` skips it)."""
+
+
+class Superseded(RuntimeError):
+    """The promoted digest is no longer the one this run's Synth saw; one line."""
 
 
 def utc_now() -> str:
@@ -42,20 +56,55 @@ class PromotionHistory:
         if smoke_record:
             item["smoke_record"] = smoke_record
         item.update({k: str(v) for k, v in extra.items()})
-        self.client.put_item(
-            TableName=self.table_name, Item={k: {"S": v} for k, v in item.items()},
-            # Never overwrite an earlier event that happened to share the timestamp.
-            ConditionExpression="attribute_not_exists(#at)", ExpressionAttributeNames={"#at": "at"})
+        self.client.put_item(**self._put(item))
         return item
+
+    def _put(self, item: dict[str, str]) -> dict[str, Any]:
+        return {"TableName": self.table_name, "Item": {k: {"S": v} for k, v in item.items()},
+                # Never overwrite an earlier event that happened to share the timestamp.
+                "ConditionExpression": "attribute_not_exists(#at)", "ExpressionAttributeNames": {"#at": "at"}}
+
+    def promote(self, *, expected: str, digest: str, execution_id: str, smoke_record: str,
+                **extra: str) -> dict[str, str]:
+        """Compare-and-swap: make ``digest`` the promoted one if the promoted digest is still
+        ``expected`` ("" = nothing promoted yet), and record the ``promoted`` item in the same
+        DynamoDB transaction. :class:`Superseded` when another execution promoted meanwhile."""
+        item = {"image": self.image, "at": utc_now(), "event": PROMOTED, "digest": digest,
+                "execution_id": execution_id, "smoke_record": smoke_record,
+                **{k: str(v) for k, v in extra.items()}}
+        condition = "attribute_not_exists(#d)" if not expected else "#d = :expected"
+        values = {":digest": {"S": digest}, ":at": {"S": item["at"]}}
+        if expected:
+            values[":expected"] = {"S": expected}
+        try:
+            self.client.transact_write_items(TransactItems=[
+                {"Update": {"TableName": self.table_name,
+                            "Key": {"image": {"S": self.image}, "at": {"S": POINTER_AT}},
+                            "UpdateExpression": "SET #d = :digest, promoted_at = :at",
+                            "ConditionExpression": condition, "ExpressionAttributeNames": {"#d": "digest"},
+                            "ExpressionAttributeValues": values}},
+                {"Put": self._put(item)}])
+        except self.client.exceptions.TransactionCanceledException:
+            raise Superseded(f"the promoted digest is no longer {expected or 'none'} (now "
+                             f"{self.promoted() or 'none'}): another execution promoted meanwhile; "
+                             f"{digest} is not promoted") from None
+        return item
+
+    def promoted(self) -> str:
+        """The digest of the promoted-digest item ("" before the first CAS promotion)."""
+        reply = self.client.get_item(TableName=self.table_name, ConsistentRead=True,
+                                     Key={"image": {"S": self.image}, "at": {"S": POINTER_AT}})
+        return reply.get("Item", {}).get("digest", {}).get("S", "")
 
     def events(self, *, newest_first: bool = True) -> Iterator[dict[str, str]]:
         kwargs = {"TableName": self.table_name, "KeyConditionExpression": "image = :i",
                   "ExpressionAttributeValues": {":i": {"S": self.image}},
-                  "ScanIndexForward": not newest_first}
+                  "ScanIndexForward": not newest_first, "ConsistentRead": True}
         while True:
             page = self.client.query(**kwargs)
             for item in page.get("Items", []):
-                yield {k: v["S"] for k, v in item.items()}
+                if item["at"]["S"] != POINTER_AT:
+                    yield {k: v["S"] for k, v in item.items()}
             if "LastEvaluatedKey" not in page:
                 return
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
@@ -67,3 +116,7 @@ class PromotionHistory:
     def promotions(self) -> list[dict[str, str]]:
         """Promotions, newest first: the digests a rollback can return to."""
         return [e for e in self.events() if e["event"] == PROMOTED]
+
+    def applied(self, execution_id: str) -> dict[str, str] | None:
+        """The ``applied`` item of one execution (the manifest its Apply put on the cluster)."""
+        return next((e for e in self.events() if e["event"] == APPLIED and e["execution_id"] == execution_id), None)

@@ -1,65 +1,29 @@
-"""The pipeline's last action: promote the digest the smoke run proved.
+"""The pipeline's last step: promote the digest the smoke run proved (``python -m
+raytrain_eks.pipeline promote``, a CodeBuild action in the kubectl role, so that a failure
+after Apply is rolled back in the same build and recorded).
 
-Invoked by CodePipeline (Lambda invoke action) with UserParameters
-``{"digest": ..., "smoke_record": ..., "execution_id": ...}`` resolved from the earlier stages'
-variables. It promotes only what the smoke run PROVED: it reads the run's record (run.json,
-written by training/run_record.py, with ``image_ran`` added by the pipeline's smoke step from
-the image IDs the pods reported) and requires ``status == "succeeded"``, EVERY pod to have run
-this very digest (what ran, not what the manifest asked for), and the run's inter-node
-transport (training/transport.py's aggregate, where the worst rank wins) to be the required
-one (``efa`` on a multi-node EFA group). Then it writes the SSM parameter the watcher compares against, records the promotion,
-and reports the job's result to CodePipeline.
+It promotes only what the smoke run PROVED: it reads the run's record (run.json, written by
+training/run_record.py, with ``image_ran`` added by the pipeline's smoke step from the image IDs
+the pods reported) and requires ``status == "succeeded"``, EVERY pod to have run this very
+digest (what ran, not what the manifest asked for), and the run's inter-node transport
+(training/transport.py's aggregate, where the worst rank wins) to be the required one (``efa``
+on a multi-node EFA group). Then a compare-and-swap on the digest the run's Synth saw
+(:meth:`PromotionHistory.promote`: the promoted item and the history item in one transaction),
+and only then the SSM parameter the watcher compares against.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping
 
 from environment.contract import DIGEST_PATTERN, RECORD_IMAGE_RAN
 
-from .history import PROMOTED, PromotionHistory
-
-
-class JobResults(Protocol):
-    """The two CodePipeline job calls (moto has no job API: tests pass a recorder)."""
-
-    def success(self, job_id: str) -> None: ...
-
-    def failure(self, job_id: str, message: str) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class CodePipelineJobResults:
-    client: Any
-
-    def success(self, job_id: str) -> None:
-        self.client.put_job_success_result(jobId=job_id)
-
-    def failure(self, job_id: str, message: str) -> None:
-        self.client.put_job_failure_result(
-            jobId=job_id, failureDetails={"type": "JobFailed", "message": message[:5000]})
+from .history import PromotionHistory, Superseded
+from .watcher import read_promoted
 
 
 class PromotionError(ValueError):
-    """The action's input is unusable; the message becomes the pipeline's failure line."""
-
-
-def parse_job(event: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
-    """``(job_id, {"digest", "smoke_record", "execution_id"})`` from a CodePipeline job event."""
-    job = event["CodePipeline.job"]
-    raw = job["data"]["actionConfiguration"]["configuration"].get("UserParameters", "")
-    try:
-        params = json.loads(raw)
-    except ValueError:
-        raise PromotionError(f"UserParameters is not JSON: {raw[:80]!r}") from None
-    if not isinstance(params, dict):
-        raise PromotionError(f"UserParameters is not a JSON object: {raw[:80]!r}")
-    if not DIGEST_PATTERN.fullmatch(str(params.get("digest", ""))):
-        raise PromotionError(f"digest {params.get('digest')!r} is not sha256:<64 hex>: nothing promoted")
-    if not str(params.get("smoke_record", "")).startswith("s3://"):
-        raise PromotionError(f"smoke_record {params.get('smoke_record')!r} is not an s3:// URI: nothing promoted")
-    return job["id"], {k: str(params.get(k, "")) for k in ("digest", "smoke_record", "execution_id")}
+    """The smoke record does not prove the digest; one line (the rollback reason)."""
 
 
 def is_missing(err: Exception) -> bool:
@@ -108,21 +72,21 @@ def check_smoke_record(record: Mapping[str, Any], *, digest: str, required_trans
                              "(transport gate): nothing promoted")
 
 
-def promote(event: Mapping[str, Any], *, ssm: Any, s3: Any, parameter_name: str, history: PromotionHistory,
-            results: JobResults, required_transport: str) -> dict[str, str] | None:
-    """Promote and report success; on any bad input or failed gate report failure (and
-    promote nothing)."""
-    job_id = event["CodePipeline.job"]["id"]
-    try:
-        _, params = parse_job(event)
-        record = read_record(s3, params["smoke_record"])
-        check_smoke_record(record, digest=params["digest"], required_transport=required_transport,
-                           uri=params["smoke_record"])
-    except PromotionError as err:
-        results.failure(job_id, str(err))
-        return None
-    ssm.put_parameter(Name=parameter_name, Value=params["digest"], Type="String", Overwrite=True)
-    item = history.record(event=PROMOTED, digest=params["digest"], execution_id=params["execution_id"],
-                          smoke_record=params["smoke_record"])
-    results.success(job_id)
+def promote(*, ssm: Any, s3: Any, parameter_name: str, history: PromotionHistory, digest: str,
+            smoke_record: str, execution_id: str, expected: str, required_transport: str) -> dict[str, str]:
+    """Promote ``digest`` if its smoke record proves it and the promoted digest is still
+    ``expected`` (what Synth saw). PromotionError or Superseded otherwise; nothing promoted."""
+    if not DIGEST_PATTERN.fullmatch(digest):
+        raise PromotionError(f"digest {digest!r} is not sha256:<64 hex>: nothing promoted")
+    if not smoke_record.startswith("s3://"):
+        raise PromotionError(f"smoke_record {smoke_record!r} is not an s3:// URI: nothing promoted")
+    check_smoke_record(read_record(s3, smoke_record), digest=digest, required_transport=required_transport,
+                       uri=smoke_record)
+    # The parameter too: a stack deployed before the promoted item existed has only SSM.
+    current = read_promoted(ssm, parameter_name)
+    if current != expected:
+        raise Superseded(f"the promoted digest is {current or 'none'}, not {expected or 'none'} as at Synth: "
+                         f"another execution promoted meanwhile; {digest} is not promoted")
+    item = history.promote(expected=expected, digest=digest, execution_id=execution_id, smoke_record=smoke_record)
+    ssm.put_parameter(Name=parameter_name, Value=digest, Type="String", Overwrite=True)
     return item

@@ -114,6 +114,16 @@ def fetch_manifest(location: ImageLocation, digest: str, *, timeout: float = 15.
     return json.loads(body)
 
 
+def platform_problem(location: "ImageLocation", digest: str, *, timeout: float = 15.0) -> str:
+    """Why the GPU nodes cannot run ``digest`` (one line), or "" when they can: an image index
+    (multi-arch tag) must have a :data:`REQUIRED_PLATFORM` entry; a single manifest is taken as is."""
+    found = platforms(fetch_manifest(location, digest, timeout=timeout))
+    if found is not None and REQUIRED_PLATFORM not in found:
+        return (f"{location.display} is an image index without {'/'.join(REQUIRED_PLATFORM)} "
+                f"(it has: {', '.join('/'.join(p) for p in found) or 'no platforms'}): the GPU nodes cannot run it")
+    return ""
+
+
 def platforms(manifest: dict) -> list[tuple[str, str]] | None:
     """``[(os, architecture), ...]`` of an index's entries; ``None`` for a single manifest.
     BuildKit attestation entries (``unknown/unknown``) are not platforms."""

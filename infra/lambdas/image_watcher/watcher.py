@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from environment.contract import DIGEST_PATTERN
 
-from .registry import ImageLocation, resolve_digest
+from .registry import ImageLocation, platform_problem, resolve_digest
 
 from .history import TRIGGERED, PromotionHistory
 
@@ -22,6 +22,9 @@ DIGEST_VARIABLE = "IMAGE_DIGEST"
 UP_TO_DATE = "up-to-date"
 ALREADY_TRIED = "already-tried"
 START = "start"
+REJECTED = "rejected"
+"""Also the history event: a new digest the GPU nodes cannot run (no linux/amd64 in its index);
+recorded, so it is not looked at again, and never started."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,20 +94,26 @@ def read_promoted(ssm: Any, parameter_name: str) -> str:
 
 
 def check(config: WatcherConfig, *, ssm: Any, history: PromotionHistory, starter: PipelineStarter,
-          resolve: Callable[[ImageLocation], str] = resolve_digest) -> dict[str, str]:
+          resolve: Callable[[ImageLocation], str] = resolve_digest,
+          platform: Callable[[ImageLocation, str], str] = platform_problem) -> dict[str, str]:
     """One watch: resolve, compare, maybe start. Returns what happened (logged by the handler).
 
     A registry failure raises RegistryError: the invocation fails and shows in the Lambda's
     Errors metric rather than passing silently.
     """
-    current = resolve(ImageLocation.from_repository(config.repository, config.tag, config.registry_url))
+    location = ImageLocation.from_repository(config.repository, config.tag, config.registry_url)
+    current = resolve(location)
     promoted = read_promoted(ssm, config.parameter_name)
     action = decide(current=current, promoted=promoted,
                     # any event counts: a digest rolled back (automatically or by an explicit
                     # run) is not rolled forward again behind the operator's back
                     already_triggered=current != promoted and history.knows(current))
     result = {"image": config.image, "current": current, "promoted": promoted or "(none)", "action": action}
-    if action == START:
+    problem = platform(location, current) if action == START else ""
+    if problem:
+        result["action"], result["reason"] = REJECTED, problem
+        history.record(event=REJECTED, digest=current, execution_id="none", reason=problem[:1000])
+    elif action == START:
         result["execution_id"] = starter.start(current)
         history.record(event=TRIGGERED, digest=current, execution_id=result["execution_id"])
     return result
