@@ -254,6 +254,7 @@ VARIANTS = (
     {"code": "after", "activation_checkpointing": False},
     {"code": "after", "activation_checkpointing": False, "reduce_dtype": "bfloat16"},
     {"code": "after", "activation_checkpointing": False, "keep_gathered": True, "reduce_dtype": "bfloat16"},
+    {"code": "after", "activation_checkpointing": False, "keep_gathered": True},
 )
 VARIANTS_7B = (
     {"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard"},

@@ -83,12 +83,50 @@ def _measure(rank: int, accum: int, strategy: str = "full_shard", keep_gathered:
             "group_all_reduces_per_step": counter.counts["all_reduce"] / STEPS, "losses": losses}
 
 
+ACCUM_8 = 8
+
+
+def _grads_after_eight(rank: int, strategy: str, reduce_dtype: str) -> dict:
+    """Run 8 micro batches of one row by hand (training/parallel.py's schedule, as
+    training/step.py's ``forward_backward`` runs it) and record, after micro batch 0, the dtype
+    of each unit's held-back partial sum and whether any ``.grad`` exists; then the full
+    gradient after the last micro batch."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from training.model import loss_sum
+    from training.parallel import begin_micro_batch, build_mesh, end_accumulation, parallelize
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**tiny_qwen2_config(num_hidden_layers=2)))
+    parallelize(model, build_mesh(strategy, 1, on_gpu=False), strategy=strategy, on_gpu=False,
+                reduce_dtype=reduce_dtype)
+    ids = torch.randint(0, 500, (ACCUM_8, SEQ_LEN), generator=torch.Generator().manual_seed(23 + rank))
+    partial_dtypes, grads_after_first = [], None
+    for index in range(ACCUM_8):
+        begin_micro_batch(model, index, ACCUM_8)
+        row = {"input_ids": ids[index:index + 1], "labels": ids[index:index + 1].clone()}
+        (loss_sum(model, row, torch.device("cpu")) / (ACCUM_8 * SEQ_LEN)).backward()
+        if index == 0:
+            groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules()
+                      if hasattr(m, "_get_fsdp_state")]
+            partial_dtypes = sorted({str(g._partial_reduce_output.dtype) if g._partial_reduce_output is not None
+                                     else "none" for g in groups})
+            grads_after_first = sum(p.grad is not None for p in model.parameters())
+    end_accumulation(model, ACCUM_8)
+    grad = torch.cat([p.grad.full_tensor().flatten() for p in model.parameters()])
+    return {"partial_dtypes_after_first": partial_dtypes, "grads_after_first": grads_after_first,
+            "grad": grad.tolist()}
+
+
 def _worker(rank: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"file://{os.path.join(out_dir, 'store')}")
     results = {str(accum): _measure(rank, accum) for accum in (1, 4)}
     results["4-gathered"] = _measure(rank, 4, keep_gathered=True)
     results.update({f"hybrid-{accum}": _measure(rank, accum, "hybrid_shard") for accum in (1, 4)})
     results["4-bf16-reduce"] = _measure(rank, 4, reduce_dtype="bfloat16")
+    for strategy in ("hybrid_shard", "full_shard"):
+        for dtype in ("float32", "bfloat16"):
+            results[f"8-{strategy}-{dtype}"] = _grads_after_eight(rank, strategy, dtype)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(results, handle)
     dist.destroy_process_group()
@@ -142,3 +180,42 @@ def test_bf16_gradient_reduction_keeps_the_losses(counts):
         assert bf16["reduce_scatters_per_step"] == fp32["reduce_scatters_per_step"]
         assert bf16["losses"] == pytest.approx(fp32["losses"], abs=1e-3)
         assert bf16["losses"][-1] != fp32["losses"][-1]  # the bf16 reduction did run
+
+
+def _relative(a: list[float], b: list[float]) -> float:
+    a, b = torch.tensor(a), torch.tensor(b)
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.slow
+def test_hybrid_shard_bf16_reduce_sums_held_back_micro_batches_in_bf16(counts):
+    """Oracle (pytorch v2.13.0, torch/distributed/fsdp/_fully_shard/): while hybrid shard's
+    all-reduce is held back (``set_requires_all_reduce(False)``), ``_fsdp_collectives.py``
+    ``foreach_reduce`` allocates the reduce-scatter output in ``reduce_dtype`` (:612-616), adds
+    it to ``partial_reduce_output`` (:636-640) and returns (:641-649) before the cast to the
+    parameter dtype (:696) and before ``.grad`` is written (:710-754);
+    ``_fsdp_param_group.py`` keeps that buffer across backwards (``_partial_reduce_output``,
+    :680-711). So with a bf16 reduction the held-back micro batches are summed in bf16 and no
+    ``.grad`` exists until the last one. Mesh (2 nodes, 1 worker each)."""
+    for rank in counts:
+        bf16, fp32 = rank["8-hybrid_shard-bfloat16"], rank["8-hybrid_shard-float32"]
+        assert bf16["partial_dtypes_after_first"] == ["torch.bfloat16"], bf16["partial_dtypes_after_first"]
+        assert bf16["grads_after_first"] == 0
+        assert fp32["partial_dtypes_after_first"] == ["torch.float32"]
+        assert fp32["grads_after_first"] == 0
+
+
+@pytest.mark.slow
+def test_full_shard_bf16_reduce_accumulates_in_fp32(counts):
+    """full_shard has no all-reduce group: every micro batch's bf16 reduce-scatter output is cast
+    to fp32 (_fsdp_collectives.py:696) and added to the fp32 ``.grad`` (:710-754); nothing is
+    held back. Its difference from the fp32 reduction is one bf16 rounding per micro batch,
+    smaller than the held-back bf16 sum's of hybrid shard."""
+    for rank in counts:
+        bf16 = rank["8-full_shard-bfloat16"]
+        assert bf16["partial_dtypes_after_first"] == ["none"] and bf16["grads_after_first"] > 0
+        full = _relative(bf16["grad"], rank["8-full_shard-float32"]["grad"])
+        hybrid = _relative(rank["8-hybrid_shard-bfloat16"]["grad"], rank["8-hybrid_shard-float32"]["grad"])
+        print(f"relative gradient difference bf16 vs fp32 reduce, 8 micro batches: "
+              f"hybrid_shard {hybrid:.2e}, full_shard {full:.2e}")
+        assert 0 < full < hybrid, (full, hybrid)
