@@ -59,7 +59,12 @@ def advise(job: JobConfig, shapes: ModelShapes, usable: int, gpus_per_node: int,
     widest = _with(job, "parallel", strategy="full_shard", activation_checkpointing=True, keep_params_gathered=False)
     for nodes in range(job.num_nodes + 1, 65):
         workers = nodes * gpus_per_node
-        bigger = _with(widest, "parallel", num_workers=workers)
+        # the global batch rounded up to a multiple of the wider world (the config requires it;
+        # the memory per GPU does not depend on it)
+        per_step = workers * widest.train.micro_batch_size
+        batch = -(-widest.train.global_batch_size // per_step) * per_step
+        bigger = replace(widest, parallel=replace(widest.parallel, num_workers=workers),
+                         train=replace(widest.train, global_batch_size=batch))
         if size(bigger) <= usable:
             return (f"no setting fits {job.num_nodes} node(s): full shard with activation checkpointing needs "
                     f"{nodes} nodes (parallel.num_workers = {workers}, ~{size(bigger) / 1024**3:.1f} GiB per GPU)")

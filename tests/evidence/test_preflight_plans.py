@@ -238,5 +238,5 @@ def test_the_shipped_job_is_checked_with_its_measured_figures_and_only_on_the_me
     job = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct"])
     shapes, _ = shapes_for_job(job)
     assert measured_plan.for_job(job, shapes, "g6.12xlarge") is not None       # 2 nodes: measured
-    wider = replace(job, parallel=replace(job.parallel, num_workers=12))
+    wider = replace(job, parallel=replace(job.parallel, num_workers=12), train=replace(job.train, global_batch_size=48))
     assert measured_plan.for_job(wider, shapes, "g6.12xlarge") is None         # 3 nodes: not measured
