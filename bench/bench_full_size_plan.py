@@ -214,7 +214,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
     shapes = flops.ModelShapes.from_hf_config(config.to_dict())
     model_flops = flops.training_flops_per_token(shapes, SEQ_LEN) * SEQ_LEN * MICRO_BATCH
     result = {"model": model_name, "code": code, "strategy": strategy, "activation_checkpointing": activation_checkpointing,
-              "reduce_dtype": reduce_dtype, "keep_gathered": keep_gathered, "seq_len": SEQ_LEN,
+              "reduce_dtype": reduce_dtype, "keep_gathered": keep_gathered, "compile": False, "seq_len": SEQ_LEN,
               "micro_batch_size": MICRO_BATCH, "global_batch_size": GLOBAL_BATCH, "doc_lengths": list(DOC_LENGTHS),
               "peak_bytes": breakdown.pop("Total"), "peak_breakdown": breakdown,
               "executed_flops_per_micro_batch": int(executed), "model_flops_per_micro_batch": int(model_flops),
@@ -309,8 +309,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # a run of some variants replaces those and keeps the others already measured
-    key = lambda r: tuple(r[k] for k in ("model", "code", "strategy", "activation_checkpointing", "reduce_dtype",
-                                         "keep_gathered", "seq_len", "micro_batch_size"))
+    key = lambda r: tuple(r.get(k, False) for k in ("model", "code", "strategy", "activation_checkpointing",
+                                                    "reduce_dtype", "keep_gathered", "compile", "seq_len",
+                                                    "micro_batch_size"))
     previous = json.loads(out.read_text())["results"] if out.is_file() else []
     fresh = {key(r) for r in results}
     results = [r for r in previous if key(r) not in fresh] + results

@@ -149,7 +149,9 @@ class ParallelConfig:
     preflight's memory plan says whether it fits."""
     grad_reduce_dtype: str = "float32"
     """Gradient reduce-scatter/all-reduce dtype on GPU: ``float32`` or ``bfloat16`` (half the
-    bytes on the network; the master weights and AdamW stay fp32)."""
+    bytes on the network; the master weights and AdamW stay fp32). ``bfloat16`` only with
+    full_shard or without accumulation: hybrid_shard and no_shard would sum the micro batches in
+    bf16 (refused)."""
 
     def __post_init__(self) -> None:
         one_of(self, "strategy", STRATEGIES)
@@ -297,6 +299,12 @@ class JobConfig:
             raise FieldError("train.global_batch_size", t.global_batch_size,
                              f"must be divisible by num_workers x micro_batch_size ({p.num_workers} x "
                              f"{t.micro_batch_size} = {per_step})")
+        if p.grad_reduce_dtype == "bfloat16" and p.strategy != "full_shard" and self.grad_accum_steps > 1:
+            # FSDP2 holds the all-reduce back until the last micro batch and sums the held-back
+            # ones in the reduce dtype, before the fp32 gradient exists (tests/training/test_accumulation.py).
+            raise FieldError("parallel.grad_reduce_dtype", p.grad_reduce_dtype,
+                             f"with {p.strategy} and {self.grad_accum_steps} micro batches per step would sum the "
+                             "micro batches in bf16, not fp32 (use float32, or full_shard)")
         if k.storage_path and not k.storage_path.startswith("s3://") and p.use_gpu and self.num_nodes > 1:
             raise FieldError("checkpoint.storage_path", k.storage_path,
                              f"is a local directory but the job spans {self.num_nodes} nodes (use s3://bucket/prefix: "

@@ -91,8 +91,12 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_g
 
 def mixed_precision_policy(reduce_dtype: str = "float32", param_dtype: str | None = "bfloat16"):
     """bf16 all-gathers and compute; gradients reduced in ``reduce_dtype`` (fp32 by default;
-    bf16 halves the reduce-scatter and cross-node all-reduce bytes). The master weights, the
-    sharded gradients FSDP2 accumulates into and AdamW stay fp32 either way."""
+    bf16 halves the reduce-scatter and cross-node all-reduce bytes). The master weights and
+    AdamW stay fp32 either way. The micro batches are summed in fp32 only where FSDP2 casts each
+    one to the fp32 ``.grad``: full_shard, or a single micro batch. While hybrid_shard's or
+    no_shard's all-reduce is held back (:func:`begin_micro_batch`), FSDP2 sums them in a
+    ``reduce_dtype`` buffer (torch 2.13 ``_fsdp_collectives.py`` ``foreach_reduce``), so the job
+    config refuses bf16 there (training/config.py)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype) if param_dtype else None,
@@ -114,11 +118,13 @@ def reshard_plan(model: torch.nn.Module, strategy: str) -> list[tuple[torch.nn.M
 def begin_micro_batch(model: torch.nn.Module, index: int, count: int) -> None:
     """Gradient accumulation with SHARDED gradients: call before each micro-batch.
 
-    Every micro-batch's backward reduce-scatters its gradients into the sharded fp32 gradient
-    (FSDP2 accumulates there), so no unsharded gradient outlives a block's backward and the
-    gradient traffic overlaps every micro-batch's compute instead of bunching into the last
-    one. Only hybrid shard's cross-node all-reduce (``set_requires_all_reduce``) waits for the
-    last micro-batch: the network (EFA) carries it once per step.
+    Every micro-batch's backward reduce-scatters its gradients into a sharded buffer, so no
+    unsharded gradient outlives a block's backward and the gradient traffic overlaps every
+    micro-batch's compute instead of bunching into the last one. full_shard adds each one to the
+    sharded fp32 gradient. hybrid shard's (and no_shard's) all-reduce (``set_requires_all_reduce``)
+    waits for the last micro-batch, so the network (EFA) carries it once per step. Until then
+    FSDP2 sums the reduce-scatter outputs in a buffer of the reduce dtype, and ``.grad`` is None
+    (fp32 because the config refuses a bf16 reduction there; :func:`mixed_precision_policy`).
 
     Parameters are re-gathered per micro-batch (the plan ``parallelize`` chose), unless
     ``parallelize(keep_gathered=True)``: then they stay unsharded from the first forward to the

@@ -75,7 +75,18 @@ BAD = [
     (["modle.path=x"], "modle: 'modle' is not a known field (known: "),
     (["name=Bad_Name"], "name: 'Bad_Name' is not a lower-case DNS label"),
     (["parallel.use_gpu=1"], "parallel.use_gpu: 1 is not allowed (expected true or false)"),
+    (["parallel.strategy=no_shard", "parallel.grad_reduce_dtype=bfloat16"],
+     "parallel.grad_reduce_dtype: 'bfloat16' with no_shard and 2 micro batches per step would sum the micro batches "
+     "in bf16, not fp32 (use float32, or full_shard)"),
 ]
+
+
+def test_bf16_reduce_is_accepted_where_fp32_accumulation_holds(job):
+    """full_shard casts every micro batch to the fp32 gradient; one micro batch holds nothing back."""
+    assert load_job_config(job, ["parallel.grad_reduce_dtype=bfloat16"]).parallel.grad_reduce_dtype == "bfloat16"
+    single = load_job_config(job, ["parallel.strategy=no_shard", "parallel.grad_reduce_dtype=bfloat16",
+                                   "train.global_batch_size=4"])
+    assert single.grad_accum_steps == 1
 
 
 @pytest.mark.parametrize("overrides,message", BAD, ids=[m for _, m in BAD])
