@@ -16,10 +16,6 @@ import torch.distributed as dist
 from training.model import count_targets, loss_sum
 
 
-def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
-
-
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]], *,
              device: torch.device, max_batches: int, step: int) -> dict[str, Any] | None:
@@ -41,8 +37,8 @@ def evaluate(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]],
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, target tokens
     for batch in local[:n_batches]:
-        batch = _to(batch, device)
-        totals[0] += loss_sum(model, batch).double()
+        # the host batch, as training/step.py passes it: indices and layout computed on the host, then moved
+        totals[0] += loss_sum(model, batch, device).double()
         totals[1] += count_targets(batch["labels"])
     dist.all_reduce(totals)
     model.train(was_training)

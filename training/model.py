@@ -100,7 +100,8 @@ def loss_inputs(model: torch.nn.Module | None, batch: dict[str, torch.Tensor], d
     ``rows * seq_len`` tokens (every row starts a document, so the result is the same) so that
     the indices can differ per row; the document layout travels as attention kwargs. Indices
     and layout are computed here, on the host, so the device never waits for a host read.
-    ``packed`` None: whether ``model`` uses packed attention.
+    The layout goes to ``device``, or (None) to the device ``input_ids`` are on: flash attention
+    needs it beside the tokens. ``packed`` None: whether ``model`` uses packed attention.
     """
     from training.attention import document_layout, uses_packed_attention
 
@@ -116,7 +117,8 @@ def loss_inputs(model: torch.nn.Module | None, batch: dict[str, torch.Tensor], d
             positions = torch.arange(seq_len).expand(rows, -1)
         layout = document_layout(positions, rows, seq_len)
         inputs = {"input_ids": move(ids.reshape(1, -1)), "position_ids": move(positions.reshape(1, -1)),
-                  "logits_to_keep": move(row * seq_len + col), **layout.kwargs(device)}
+                  "logits_to_keep": move(row * seq_len + col),
+                  **layout.kwargs(ids.device if device is None else device)}  # the layout goes where the ids go
     else:
         # The model builds its own (dense) mask from position_ids: one row per sequence.
         inputs = {"input_ids": move(ids), "_rows": move(row), "_cols": move(col)}

@@ -250,3 +250,41 @@ def test_gpu_branch_calls_varlen_flash_attention_with_the_packers_layout(monkeyp
                        "cu_dtype": torch.int32, "same_cu": True, "max": (layout.max_len,) * 2,
                        "window": (-1, 0), "gqa": True}
     assert on_gpu_branch == pytest.approx(on_cpu, abs=1e-5)
+
+
+def test_the_layout_goes_to_the_device_of_the_ids():
+    """A batch already on the device, passed without ``device=``: the layout kwargs go where
+    ``input_ids`` are (flash attention needs them there; a model without FSDP2's root moving its
+    arguments would otherwise fail). ``meta`` is the second device a CPU machine has."""
+    from training.model import loss_inputs
+
+    batch = _packed_batch()
+    on_device = {**batch, "input_ids": batch["input_ids"].to("meta"), "position_ids": batch["position_ids"]}
+    inputs, _ = loss_inputs(None, on_device, packed=True)
+    assert inputs["cu_seq_lens_q"].device == inputs["cu_seq_lens_k"].device == torch.device("meta")
+    host, _ = loss_inputs(None, batch, packed=True)
+    assert host["cu_seq_lens_q"].device == torch.device("cpu")
+    moved, _ = loss_inputs(None, batch, torch.device("meta"), packed=True)
+    assert moved["cu_seq_lens_q"].device == moved["input_ids"].device == torch.device("meta")
+
+
+def test_evaluation_passes_the_host_batch_and_the_device(monkeypatch):
+    """training/evaluation.py hands ``loss_sum`` the host batch and ``device``, as training/step.py
+    does, so the indices and the layout are computed on the host and moved with the tokens."""
+    import torch.distributed as dist
+
+    from training import evaluation
+
+    seen = []
+
+    def fake_loss_sum(model, batch, device=None):
+        seen.append(({k: v.device for k, v in batch.items()}, device))
+        return torch.tensor(1.0)
+
+    monkeypatch.setattr(evaluation, "loss_sum", fake_loss_sum)
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None: None)
+    batch = _packed_batch()
+    device = torch.device("cpu")
+    figures = evaluation.evaluate(torch.nn.Linear(1, 1), [batch], device=device, max_batches=4, step=0)
+    assert figures["eval_batches_per_rank"] == 1
+    assert seen == [({k: torch.device("cpu") for k in batch}, device)]
