@@ -135,7 +135,7 @@ def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> di
                      and (r.get("cluster") or {}).get("nodes") == cluster.nodes]
     found = lookup(measured_here, model=name, strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                    activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
-                   keep_gathered=p.keep_params_gathered)
+                   keep_gathered=p.keep_params_gathered, compile=p.compile)
     if found is None or job.grad_accum_steps < 2:  # measured with accumulation
         return None
     found = {**found, "global_batch_size": t.global_batch_size}
@@ -143,12 +143,15 @@ def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> di
 
 
 def lookup(results: list[dict], *, model: str, strategy: str, seq_len: int, micro_batch_size: int,
-           activation_checkpointing: bool, reduce_dtype: str = "float32", keep_gathered: bool = False) -> dict | None:
-    """The shipped code's measurement of exactly this plan, or None."""
+           activation_checkpointing: bool, reduce_dtype: str = "float32", keep_gathered: bool = False,
+           compile: bool = False) -> dict | None:
+    """The shipped code's measurement of exactly this plan, or None. A row without ``compile``
+    was measured uncompiled (bench/bench_full_size_plan.py never compiles)."""
     for r in results:
         if (r["code"], r["model"], r["strategy"], r["seq_len"], r["micro_batch_size"], r["activation_checkpointing"],
-                r["reduce_dtype"], r["keep_gathered"]) == ("after", model, strategy, seq_len, micro_batch_size,
-                                                           activation_checkpointing, reduce_dtype, keep_gathered):
+                r["reduce_dtype"], r["keep_gathered"], r.get("compile", False)) == (
+                "after", model, strategy, seq_len, micro_batch_size, activation_checkpointing, reduce_dtype,
+                keep_gathered, compile):
             return r
     return None
 

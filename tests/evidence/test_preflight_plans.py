@@ -240,3 +240,18 @@ def test_the_shipped_job_is_checked_with_its_measured_figures_and_only_on_the_me
     assert measured_plan.for_job(job, shapes, "g6.12xlarge") is not None       # 2 nodes: measured
     wider = replace(job, parallel=replace(job.parallel, num_workers=12), train=replace(job.train, global_batch_size=48))
     assert measured_plan.for_job(wider, shapes, "g6.12xlarge") is None         # 3 nodes: not measured
+
+
+def test_a_measured_figure_applies_only_to_the_plan_measured_uncompiled(monkeypatch):
+    """bench/bench_full_size_plan.py measures without torch.compile: a compiled plan has no
+    measured figure (and the preflight falls back to the hand model)."""
+    from dataclasses import replace
+
+    from raytrain_eks import measured_plan
+
+    monkeypatch.chdir(ROOT)
+    job = load_job_config("jobs/finetune-qwen2.5-1.5b.toml", ["parallel.num_workers=8", "parallel.workers_per_node=4"])
+    shapes, _ = shapes_for_job(job)
+    assert measured_plan.for_job(job, shapes, "g6.12xlarge") is not None
+    compiled = replace(job, parallel=replace(job.parallel, compile=True))
+    assert measured_plan.for_job(compiled, shapes, "g6.12xlarge") is None
