@@ -239,15 +239,29 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
         plan.checks.append(Check(name="memory to spare", ok=True, note=True, message=(
             "the plan also fits with " + " and ".join(faster) + ": set " +
             ", ".join(f.split(" (")[0] for f in faster))))
-    plan.estimate = estimate_time(env, job, shapes, mfu)
+    hand = estimate_time(env, job, shapes, mfu)
+    plan.estimate = measured_time(hand, plan.measured, job) if plan.measured else hand
     plan.strategies = strategy_options(env, job, shapes, mfu)
     best = plan.strategies[0]
-    if best["strategy"] != job.parallel.strategy and best["fits"]:
+    if best["strategy"] != job.parallel.strategy and best["fits"]:  # both from the hand model: comparable
         plan.checks.append(Check(name="strategy", ok=True, note=True, message=(
-            f"parallel.strategy = {job.parallel.strategy!r} takes {plan.estimate['step_s']:.2f} s/step; "
+            f"parallel.strategy = {job.parallel.strategy!r} takes {hand['step_s']:.2f} s/step; "
             f"{best['strategy']!r} would take {best['step_s']:.2f} s/step (network {best['network_s']:.2f} s): "
             f"set parallel.strategy = {best['strategy']!r}")))
     return plan
+
+
+def measured_time(hand: dict, measured: dict, job: JobConfig) -> dict:
+    """The time and cost figures with the measured plan's predicted step in place of the hand
+    model's (the same run overheads and prices); ``hand_step_s`` keeps the hand model's."""
+    p = measured["prediction"]
+    step_s = p["step_s"]
+    hours = job.train.max_steps * step_s / 3600
+    return {**hand, "source": "measured", "hand_step_s": hand["step_s"], "step_s": step_s,
+            "compute_s": p["compute_s"], "exposed_network_s": p["exposed_comm_s"], "effective_mfu": p["mfu"],
+            "bound": "network" if p["exposed_comm_s"] > p["compute_s"] else "compute",
+            "tokens_per_hour": job.tokens_per_step / step_s * 3600, "run_hours": hours,
+            "run_usd": (hours + hand["overhead_h"]) * hand["hourly_usd"]}
 
 
 def render(plan: Plan) -> str:
@@ -270,15 +284,28 @@ def render(plan: Plan) -> str:
         lines += measured_plan.render(plan.measured, hand_required=plan.memory.required)
     if plan.estimate:
         e = plan.estimate
-        lines += [
-            f"time and cost at MFU {e['mfu']:.2f} (peak {e['peak_tflops']:g} TFLOP/s bf16 per GPU)",
-            f"  FLOPs            {e['flops_per_token'] / 1e9:.2f} GFLOP/token (training = 3x forward), "
-            f"{e['flops_per_step'] / 1e12:.1f} TFLOP/step ({job.tokens_per_step} tokens)",
-            f"  compute          {e['compute_s']:.2f} s/step",
-            f"  network          {e['network_s']:.2f} s/step, {e['exposed_network_s']:.2f} s not hidden by compute "
-            f"({e['network_bytes_per_node'] / 1e9:.1f} GB per node per step "
-            f"over {e['network_gbps']} Gbit/s, at line rate)",
-        ]
+        if e.get("source") == "measured":
+            p = plan.measured["prediction"]
+            lines += [
+                f"time and cost from the measured plan's predicted step (above); the hand model at MFU "
+                f"{e['mfu']:.2f} would say {e['hand_step_s']:.2f} s/step",
+                f"  compute          {e['compute_s']:.2f} s/step (FLOPs executed at {p['sustained_fraction']:.0%} of "
+                f"peak {e['peak_tflops']:g} TFLOP/s bf16 per GPU)",
+                f"  collectives      {e['exposed_network_s']:.2f} s/step not hidden by compute (PCIe "
+                f"{p['pcie_bytes_per_gpu'] / 1e9:.1f} GB per GPU at {p['pcie_gbytes_per_s']:g} GB/s, EFA "
+                f"{p['efa_bytes_per_node'] / 1e9:.1f} GB per node over {e['network_gbps']} Gbit/s, per step)",
+                f"  strategies       the hand model at MFU {e['mfu']:.2f}:",
+            ]
+        else:
+            lines += [
+                f"time and cost at MFU {e['mfu']:.2f} (peak {e['peak_tflops']:g} TFLOP/s bf16 per GPU)",
+                f"  FLOPs            {e['flops_per_token'] / 1e9:.2f} GFLOP/token (training = 3x forward), "
+                f"{e['flops_per_step'] / 1e12:.1f} TFLOP/step ({job.tokens_per_step} tokens)",
+                f"  compute          {e['compute_s']:.2f} s/step",
+                f"  network          {e['network_s']:.2f} s/step, {e['exposed_network_s']:.2f} s not hidden by compute "
+                f"({e['network_bytes_per_node'] / 1e9:.1f} GB per node per step "
+                f"over {e['network_gbps']} Gbit/s, at line rate)",
+            ]
         for o in plan.strategies:
             mark = "*" if o["strategy"] == job.parallel.strategy else " "
             lines.append(f"  {mark} {o['strategy']:<14} network {o['network_s']:5.2f} s ({o['exposed_network_s']:.2f} exposed), "

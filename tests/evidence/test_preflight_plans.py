@@ -255,3 +255,31 @@ def test_a_measured_figure_applies_only_to_the_plan_measured_uncompiled(monkeypa
     assert measured_plan.for_job(job, shapes, "g6.12xlarge") is not None
     compiled = replace(job, parallel=replace(job.parallel, compile=True))
     assert measured_plan.for_job(compiled, shapes, "g6.12xlarge") is None
+
+
+def test_time_and_cost_use_the_measured_step_where_the_exact_plan_was_measured(capsys, monkeypatch):
+    """The shipped job was measured (bench/bench_full_size_plan.py): the step, tokens/hour and
+    the run's cost come from its predicted step, the hand model's step is named beside it. An
+    unmeasured plan keeps the hand model at the stated MFU."""
+    from raytrain_eks import measured_plan
+
+    monkeypatch.chdir(ROOT)
+    code, out, err = preflight(capsys, job="jobs/finetune-qwen2.5-1.5b.toml")
+    assert code == 0, err
+    env = load_environment(ENV)
+    from charts.jobs import plan_job
+
+    job = plan_job(env, Path("jobs/finetune-qwen2.5-1.5b.toml"), ROOT).config
+    shapes, _ = shapes_for_job(job)
+    step_s = measured_plan.for_job(job, shapes, "g6.12xlarge")["prediction"]["step_s"]
+    plan = run_preflight(env, job, dist_dir="/nonexistent-dist")
+    e = plan.estimate
+    assert e["source"] == "measured" and e["step_s"] == step_s and e["hand_step_s"] != step_s
+    assert e["run_hours"] == pytest.approx(job.train.max_steps * step_s / 3600)
+    assert e["run_usd"] == pytest.approx((e["run_hours"] + e["overhead_h"]) * e["hourly_usd"])
+    assert "time and cost from the measured plan's predicted step" in out
+    assert f"would say {e['hand_step_s']:.2f} s/step" in out
+    assert f"  step             {step_s:.2f} s" in out and f"~{e['run_usd']:.2f} USD at" in out
+    # not measured (the reference plan): the hand model, as stated
+    code, out, err = preflight(capsys)
+    assert code == 0 and "time and cost at MFU 0.30" in out and "measured plan's predicted step" not in out
