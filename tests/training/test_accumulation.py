@@ -196,7 +196,8 @@ def test_hybrid_shard_bf16_reduce_sums_held_back_micro_batches_in_bf16(counts):
     parameter dtype (:696) and before ``.grad`` is written (:710-754);
     ``_fsdp_param_group.py`` keeps that buffer across backwards (``_partial_reduce_output``,
     :680-711). So with a bf16 reduction the held-back micro batches are summed in bf16 and no
-    ``.grad`` exists until the last one. Mesh (2 nodes, 1 worker each)."""
+    ``.grad`` exists until the last one. Mesh (2 nodes, 1 worker each): the (world, 1) mesh
+    no_shard also runs on, with the same all-reduce group."""
     for rank in counts:
         bf16, fp32 = rank["8-hybrid_shard-bfloat16"], rank["8-hybrid_shard-float32"]
         assert bf16["partial_dtypes_after_first"] == ["torch.bfloat16"], bf16["partial_dtypes_after_first"]
