@@ -127,6 +127,7 @@ def _worker(rank: int, out_dir: str) -> None:
     for strategy in ("hybrid_shard", "full_shard"):
         for dtype in ("float32", "bfloat16"):
             results[f"8-{strategy}-{dtype}"] = _grads_after_eight(rank, strategy, dtype)
+    results["8-no_shard-bfloat16"] = _grads_after_eight(rank, "no_shard", "bfloat16")
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(results, handle)
     dist.destroy_process_group()
@@ -196,14 +197,16 @@ def test_hybrid_shard_bf16_reduce_sums_held_back_micro_batches_in_bf16(counts):
     parameter dtype (:696) and before ``.grad`` is written (:710-754);
     ``_fsdp_param_group.py`` keeps that buffer across backwards (``_partial_reduce_output``,
     :680-711). So with a bf16 reduction the held-back micro batches are summed in bf16 and no
-    ``.grad`` exists until the last one. Mesh (2 nodes, 1 worker each): the (world, 1) mesh
-    no_shard also runs on, with the same all-reduce group."""
+    ``.grad`` exists until the last one. Mesh (2 nodes, 1 worker each), and no_shard's
+    (world, 1) mesh."""
     for rank in counts:
         bf16, fp32 = rank["8-hybrid_shard-bfloat16"], rank["8-hybrid_shard-float32"]
         assert bf16["partial_dtypes_after_first"] == ["torch.bfloat16"], bf16["partial_dtypes_after_first"]
         assert bf16["grads_after_first"] == 0
         assert fp32["partial_dtypes_after_first"] == ["torch.float32"]
         assert fp32["grads_after_first"] == 0
+        no_shard = rank["8-no_shard-bfloat16"]
+        assert no_shard["partial_dtypes_after_first"] == ["torch.bfloat16"] and no_shard["grads_after_first"] == 0
 
 
 @pytest.mark.slow
