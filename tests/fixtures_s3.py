@@ -85,6 +85,20 @@ def start_s3_server() -> S3Server:
     return _RUNNING[0]
 
 
+SESSION_S3_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+                        "AWS_REGION", "AWS_EC2_METADATA_DISABLED")
+"""What :func:`start_s3_server` exports into ``os.environ`` for the rest of the session."""
+
+
+@pytest.fixture
+def no_session_s3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a test whose outcome must not depend on whether an earlier test started the session's
+    moto server (its variables stay in ``os.environ``): without them, the preflight's S3 checks
+    see no endpoint, as on a machine with no AWS access, whatever ran before."""
+    for name in SESSION_S3_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     yield start_s3_server()

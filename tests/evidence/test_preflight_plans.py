@@ -12,6 +12,11 @@ from raytrain_eks.preflight import run_preflight
 from environment import load_environment
 from training.config import load_job_config
 from training.flops import QWEN2_5_1_5B
+from fixtures_s3 import no_session_s3  # noqa: F401  (a fixture)
+
+# The plans read S3 through the preflight: the session's moto server, when an earlier test
+# started it, must not decide their outcome.
+pytestmark = pytest.mark.usefixtures("no_session_s3")
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = str(ROOT / "environment.toml")

@@ -15,6 +15,11 @@ from training.config import JobConfigError, load_job_config
 from training.data.check import check_data
 from training.data.records import DataError
 from training.model_config import check_model
+from fixtures_s3 import no_session_s3  # noqa: F401  (a fixture)
+
+# The plans read S3 through the preflight: the session's moto server, when an earlier test
+# started it, must not decide their outcome.
+pytestmark = pytest.mark.usefixtures("no_session_s3")
 
 
 
