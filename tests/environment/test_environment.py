@@ -5,7 +5,6 @@ import copy
 import re
 import subprocess
 import sys
-import tomllib
 import warnings
 from pathlib import Path
 
@@ -13,13 +12,14 @@ import pytest
 
 from environment import SpecError, UnlockedImageWarning, environment_from_dict, load_environment
 from environment.instances import INSTANCE_TYPES
+from spec_template import template_raw
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def raw() -> dict:
-    return tomllib.loads((ROOT / "environment.toml").read_text())
+    return template_raw()
 
 
 def test_shipped_environment_loads_and_derives_the_reference_cluster():
