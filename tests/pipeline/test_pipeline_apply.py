@@ -152,3 +152,58 @@ def test_an_apply_superseded_by_another_promotion_touches_nothing(workspace):
     assert applied_images(kube) == [PROMOTED]  # no apply issued
     [event] = [e for e in history.events() if e["event"] == ROLLED_BACK]
     assert event["outcome"].startswith("long-lived cluster untouched")
+
+
+def step(workdir, environ, execution, *args):
+    return subprocess.run([sys.executable, "-m", "raytrain_eks.pipeline", *args], cwd=workdir,
+                          env={**environ, "EXECUTION_ID": execution}, capture_output=True, text=True)
+
+
+def smoke_record(aws, digest: str, repository: str) -> str:
+    """A run.json that proves ``digest`` (what the smoke step writes; infra/lambdas/image_watcher/promote.py)."""
+    from environment.contract import RECORD_IMAGE_RAN
+
+    s3 = boto3.client("s3", **aws)
+    bucket = f"records-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="run.json", Body=json.dumps(
+        {"status": "succeeded", RECORD_IMAGE_RAN: {"pods": {"raytrain-head-x": f"{repository}@{digest}"}}}))
+    return f"s3://{bucket}/run.json"
+
+
+def test_an_overlapping_runs_failed_smoke_leaves_the_applying_run_alone(workspace, aws):
+    """CodePipeline V2 QUEUED mode (https://docs.aws.amazon.com/codepipeline/latest/userguide/concepts-how-it-works.html):
+    one execution per stage at a time, so run A can be between Apply and Promote while run B
+    fails Smoke. B never touched the cluster: its rollback must not put the last promotion back
+    over A's rollout, and A still promotes what it applied."""
+    tmp_path, kube, environ, history, ssm, parameter = workspace
+    promoted_cluster(tmp_path, kube, environ, history)
+    # given run A applied the candidate (synth -> smoke -> gate -> apply)
+    done = apply_step(tmp_path, environ, CANDIDATE, execution="exec-A")
+    assert done.returncode == 0, done.stderr
+    # when run B's smoke fails: its build rolls back
+    other = "sha256:" + "4" * 64
+    done = step(tmp_path, environ, "exec-B", "rollback", "--digest", other, "--reason", "smoke: failed")
+    assert done.returncode == 0, done.stderr
+    [event] = [e for e in history.events() if e["event"] == ROLLED_BACK]
+    assert event["digest"] == other and event["outcome"].startswith("long-lived cluster untouched: another execution")
+    # then A promotes, and the live cluster is still on A's image: B applied nothing
+    done = step(tmp_path, environ, "exec-A", "promote", "--digest", CANDIDATE,
+                "--record", smoke_record(aws, CANDIDATE, REPO_NAME(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    assert applied_images(kube) == [PROMOTED, CANDIDATE]
+    assert ssm.get_parameter(Name=parameter)["Parameter"]["Value"] == CANDIDATE
+
+
+def test_promote_refuses_when_another_apply_replaced_this_runs_manifest(workspace, aws):
+    tmp_path, kube, environ, history, ssm, parameter = workspace
+    promoted_cluster(tmp_path, kube, environ, history)
+    assert apply_step(tmp_path, environ, CANDIDATE, execution="exec-A").returncode == 0
+    # another execution's Apply put the promoted manifest back on the cluster since
+    done = apply_step(tmp_path / "promoted-only", environ, PROMOTED, execution="exec-C")
+    assert done.returncode == 0, done.stderr
+    done = step(tmp_path, environ, "exec-A", "promote", "--digest", CANDIDATE,
+                "--record", smoke_record(aws, CANDIDATE, REPO_NAME(tmp_path)))
+    assert done.returncode == 1 and "is not on this run's Apply" in done.stderr
+    assert ssm.get_parameter(Name=parameter)["Parameter"]["Value"] == PROMOTED  # nothing promoted
+    assert applied_images(kube) == [PROMOTED, CANDIDATE, PROMOTED]  # and A's rollback applied nothing
