@@ -116,10 +116,23 @@ def pod_ready(pod: dict[str, Any]) -> bool:
     return bool(statuses) and all(c.get("ready") for c in statuses)
 
 
-def not_ready(cluster: dict[str, Any] | None, pods: list[dict[str, Any]], *, repository: str, digest: str) -> str:
+def head_uid(pods: list[dict[str, Any]]) -> str:
+    """The head pod's uid ("" without one)."""
+    return next((p["metadata"].get("uid", "") for p in pods
+                 if p["metadata"].get("labels", {}).get("ray.io/node-type") == "head"), "")
+
+
+def not_ready(cluster: dict[str, Any] | None, pods: list[dict[str, Any]], *, repository: str, digest: str,
+              replaced_head: str = "") -> str:
     """Why the RayCluster is not ready on ``digest`` ("" when it is): KubeRay's own state for
-    the generation just applied, a head pod, every pod Ready, every container of the image on
-    the digest. Any number of workers: an on-cluster job's autoscaled ones count as well."""
+    the generation just applied, a head pod (another than the uid ``replaced_head``, when the
+    spec changed), every pod Ready and none Terminating, every container of the image on the
+    digest. Any number of workers: an on-cluster job's autoscaled ones count as well.
+
+    A Recreate (KubeRay ``ray-operator/v1.7.0`` raycluster_controller.go ``reconcilePods``)
+    deletes every pod, then creates the new head in a later reconcile: meanwhile the old pods
+    are Terminating (``metadata.deletionTimestamp`` set, Kubernetes API conventions) and still
+    Running and Ready, and ``state`` stays ``ready``."""
     if cluster is None:
         return "RayCluster not found"
     status = cluster.get("status") or {}
@@ -127,8 +140,14 @@ def not_ready(cluster: dict[str, Any] | None, pods: list[dict[str, Any]], *, rep
         return f"KubeRay has not reconciled generation {cluster['metadata'].get('generation')} yet"
     if status.get("state") != READY_STATE:
         return f"state {status.get('state') or '(none)'}" + (f": {status['reason']}" if status.get("reason") else "")
-    if not any(p["metadata"].get("labels", {}).get("ray.io/node-type") == "head" for p in pods):
+    terminating = sorted(p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp"))
+    if terminating:
+        return f"pods Terminating: {', '.join(terminating)}"
+    head = head_uid(pods) if any(p["metadata"].get("labels", {}).get("ray.io/node-type") == "head" for p in pods) else None
+    if head is None:
         return "no head pod"
+    if replaced_head and head == replaced_head:
+        return f"the head pod is still the one from before the apply (uid {replaced_head})"
     unready = sorted(p["metadata"]["name"] for p in pods if not pod_ready(p))
     if unready:
         return f"pods not Ready: {', '.join(unready)}"
@@ -137,7 +156,7 @@ def not_ready(cluster: dict[str, Any] | None, pods: list[dict[str, Any]], *, rep
 
 
 def wait_ready(kube: Kubectl, cluster: dict[str, Any], *, repository: str, digest: str, timeout_s: float,
-               poll_s: float, clock: Callable[[], float] = time.monotonic) -> dict[str, str]:
+               poll_s: float, clock: Callable[[], float] = time.monotonic, replaced_head: str = "") -> dict[str, str]:
     """Wait until :func:`not_ready` says nothing; returns the image IDs. KubeError (with the
     last reason) once ``timeout_s`` has passed."""
     name = cluster["metadata"]["name"]
@@ -145,7 +164,7 @@ def wait_ready(kube: Kubectl, cluster: dict[str, Any], *, repository: str, diges
     while True:
         live = kube.get("raycluster", name)
         pods = kube.cluster_pods(name)
-        why = not_ready(live, pods, repository=repository, digest=digest)
+        why = not_ready(live, pods, repository=repository, digest=digest, replaced_head=replaced_head)
         if not why:
             log(f"apply: RayCluster {name} ready, all {len(pods)} pods Ready on @{digest}")
             return image_ids(pods, repository)

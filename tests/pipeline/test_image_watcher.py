@@ -176,6 +176,36 @@ def test_promotion_is_a_compare_and_swap_on_the_digest_synth_saw(world):
     assert [p["digest"] for p in world.history.promotions()] == [first]
 
 
+def test_the_first_swap_promotes_over_a_digest_only_ssm_holds(world):
+    """A stack deployed before the ``~promoted`` item existed has the promoted digest in SSM only:
+    Synth expects it, and the first compare-and-swap promotion must not be Superseded for ever."""
+    d1, d2 = world.push(b"ssm only\n"), world.push(b"after ssm\n")
+    world.ssm.put_parameter(Name=world.config.parameter_name, Value=d1, Type="String", Overwrite=True)
+    assert world.history.promoted() == ""  # no pointer item
+    world.promote(d2, world.smoke(d2), expected=d1)
+    assert world.promoted() == d2 and world.history.promoted() == d2
+    # from then on the item decides: an expectation of the old SSM digest is stale
+    with pytest.raises(Superseded):
+        world.promote(d1, world.smoke(d1, key="runs/smoke-old/run.json"), expected=d1, execution="exec-2")
+
+
+def test_the_promoted_item_wins_over_a_failed_ssm_write_and_promote_repairs_it(world):
+    from infra.lambdas.image_watcher.promote import promoted_digest
+
+    d1, d2 = world.push(b"item first\n"), world.push(b"item second\n")
+    world.promote(d1, world.smoke(d1))
+    # given the SSM write after the transaction failed (SSM still holds the placeholder)
+    world.ssm.put_parameter(Name=world.config.parameter_name, Value="none", Type="String", Overwrite=True)
+    # then what Synth reads is the item's digest, and the next promotion expecting it goes through
+    assert promoted_digest(world.ssm, world.config.parameter_name, world.history) == d1
+    assert world.promoted() == "none"  # reading repairs nothing
+    with pytest.raises(PromotionError):  # a run refused on its record still repairs SSM from the item
+        world.promote(d2, f"s3://{BUCKET}/runs/never-written/run.json", expected=d1, execution="exec-2")
+    assert world.promoted() == d1
+    world.promote(d2, world.smoke(d2, key="runs/smoke-d2/run.json"), expected=d1, execution="exec-3")
+    assert world.promoted() == d2 and world.history.promoted() == d2
+
+
 OTHER_DIGEST = "sha256:" + "b" * 64
 
 

@@ -144,8 +144,9 @@ def test_apply_passes_once_the_cluster_is_ready_on_the_new_image(workspace):
 def test_an_apply_superseded_by_another_promotion_touches_nothing(workspace):
     tmp_path, kube, environ, history, ssm, parameter = workspace
     promoted_cluster(tmp_path, kube, environ, history)
-    # another execution promoted a third digest after this run's Synth
+    # another execution promoted a third digest after this run's Synth (the swap, then SSM)
     newer = "sha256:" + "3" * 64
+    history.promote(expected=PROMOTED, digest=newer, execution_id="exec-other", smoke_record="s3://b/run.json")
     ssm.put_parameter(Name=parameter, Value=newer, Type="String", Overwrite=True)
     done = apply_step(tmp_path, environ, CANDIDATE)
     assert done.returncode == 1 and "superseded" in done.stderr
@@ -207,3 +208,41 @@ def test_promote_refuses_when_another_apply_replaced_this_runs_manifest(workspac
     assert done.returncode == 1 and "is not on this run's Apply" in done.stderr
     assert ssm.get_parameter(Name=parameter)["Parameter"]["Value"] == PROMOTED  # nothing promoted
     assert applied_images(kube) == [PROMOTED, CANDIDATE, PROMOTED]  # and A's rollback applied nothing
+
+
+def test_apply_waits_out_a_recreates_terminating_pods_for_a_new_head(workspace):
+    """KubeRay v1.7.0 (raycluster_controller.go reconcilePods) deletes every pod on a Recreate and
+    creates the new head in a later reconcile: the old pods stay Running and Ready while
+    Terminating (fake_kubectl.py), and ``state`` stays ``ready``. A configuration change on the
+    same digest must not pass on them."""
+    tmp_path, kube, environ, history, _, _ = workspace
+    promoted_cluster(tmp_path, kube, environ, history)
+    state = lambda: json.loads((kube / "state.json").read_text())["clusters"]  # noqa: E731
+    [name] = [n for n in state() if not n.startswith("rayjob")]
+    before = {p["metadata"]["uid"] for p in state()[name]["pods"]}
+    manifest = tmp_path / "promoted-only" / "dist" / "raycluster.k8s.yaml"
+    cluster = yaml.safe_load(manifest.read_text())
+    cluster["spec"]["headGroupSpec"]["template"].setdefault("metadata", {}).setdefault("labels", {})["team"] = "b"
+    manifest.write_text(yaml.safe_dump(cluster))
+    done = apply_step(tmp_path / "promoted-only", environ, PROMOTED, execution="exec-config")
+    assert done.returncode == 0, done.stderr
+    assert applied(kube)[-1]["recreated"] is True
+    # Apply returned only once every pod was a new one, none of them Terminating
+    pods = state()[name]["pods"]
+    assert not any(p["metadata"].get("deletionTimestamp") for p in pods)
+    assert not before & {p["metadata"]["uid"] for p in pods}
+
+
+def test_a_terminating_pod_is_not_ready():
+    from raytrain_eks.pipeline.kube import not_ready
+
+    cluster = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "state": "ready"}}
+    head = {"metadata": {"name": "h", "uid": "u1", "labels": {"ray.io/node-type": "head"},
+                         "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "containerStatuses": [{"name": "ray-head", "image": "r@" + PROMOTED, "imageID": "r@" + PROMOTED}]}}
+    assert not_ready(cluster, [head], repository="r", digest=PROMOTED) == "pods Terminating: h"
+    del head["metadata"]["deletionTimestamp"]
+    assert not_ready(cluster, [head], repository="r", digest=PROMOTED) == ""
+    assert not_ready(cluster, [head], repository="r", digest=PROMOTED, replaced_head="u1").startswith(
+        "the head pod is still the one from before the apply")
