@@ -30,6 +30,15 @@ Running and Ready (utils/util.go CheckAllPodsRunning). It is never reset: after 
 old ``ready`` stays while the new pods start, so the pods themselves are checked too."""
 
 
+REQUEST_TIMEOUT_S = 60
+"""kubectl's ``--request-timeout`` on every call (kubectl reference, global flags: "The length
+of time to wait before giving up on a single server request"), so an API server that stops
+answering ends the step with a recorded failure and a rollback, not at the build's timeout."""
+DELETE_TIMEOUT_S = 300
+"""``kubectl delete --wait --timeout``: how long a delete waits for the object to be gone (a
+finalizer that never finishes: "The length of time to wait before giving up on a delete")."""
+
+
 class KubeError(RuntimeError):
     """kubectl failed or the cluster did not reach the wanted state; one line."""
 
@@ -42,10 +51,19 @@ def log(message: str) -> None:
 class Kubectl:
     namespace: str
     binary: str = "kubectl"
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    margin_s: float = 30
+    """What the process may take beyond its requests' and waits' bounds (start-up, auth plugin)."""
 
-    def run(self, *args: str, stdin: str | None = None) -> str:
-        command = [self.binary, "-n", self.namespace, *args]
-        done = subprocess.run(command, input=stdin, capture_output=True, text=True)
+    def run(self, *args: str, stdin: str | None = None, wait_s: float = 0) -> str:
+        """One kubectl call, bounded: ``--request-timeout`` per server request, and the process
+        itself to that plus ``wait_s`` (what the call waits for on purpose) plus a margin."""
+        command = [self.binary, "-n", self.namespace, *args, f"--request-timeout={self.request_timeout_s:g}s"]
+        bound = self.request_timeout_s + wait_s + self.margin_s
+        try:
+            done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=bound)
+        except subprocess.TimeoutExpired:
+            raise KubeError(f"{' '.join(command[:5])} ... did not finish in {bound:g} s") from None
         if done.returncode != 0:
             raise KubeError(f"{' '.join(command[:5])} ... failed: {done.stderr.strip()[-300:]}")
         return done.stdout
@@ -60,7 +78,8 @@ class Kubectl:
         return json.loads(out) if out.strip() else None
 
     def delete(self, kind: str, name: str) -> None:
-        self.run("delete", kind, name, "--ignore-not-found", "--wait=true")
+        self.run("delete", kind, name, "--ignore-not-found", "--wait=true", f"--timeout={DELETE_TIMEOUT_S}s",
+                 wait_s=DELETE_TIMEOUT_S)
 
     def cluster_pods(self, cluster: str) -> list[dict[str, Any]]:
         return json.loads(self.run("get", "pods", "-l", f"{RAY_CLUSTER_LABEL}={cluster}", "-o", "json"))["items"]
