@@ -31,12 +31,13 @@ old ``ready`` stays while the new pods start, so the pods themselves are checked
 
 
 REQUEST_TIMEOUT_S = 60
-"""kubectl's ``--request-timeout`` on every call (kubectl reference, global flags: "The length
-of time to wait before giving up on a single server request"), so an API server that stops
+"""kubectl's ``--request-timeout`` on every call (https://kubernetes.io/docs/reference/kubectl/kubectl/,
+global options: "The length of time to wait before giving up on a single server request"), so an API server that stops
 answering ends the step with a recorded failure and a rollback, not at the build's timeout."""
 DELETE_TIMEOUT_S = 300
-"""``kubectl delete --wait --timeout``: how long a delete waits for the object to be gone (a
-finalizer that never finishes: "The length of time to wait before giving up on a delete")."""
+"""``kubectl delete --wait --timeout``: how long a delete waits for the object to be gone, e.g.
+behind a finalizer that never finishes (https://kubernetes.io/docs/reference/kubectl/generated/kubectl_delete/:
+"The length of time to wait before giving up on a delete")."""
 
 
 class KubeError(RuntimeError):

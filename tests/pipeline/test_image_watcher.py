@@ -125,6 +125,54 @@ def test_new_digest_starts_the_pipeline_once_with_the_digest_as_variable(world):
     assert (event["event"], event["digest"], event["execution_id"]) == ("triggered", digest, first["execution_id"])
 
 
+class EndedRuns:
+    """The real starter (moto), with the status of each execution it started set by the test:
+    moto's executions report Succeeded at once (it runs no actions)."""
+
+    def __init__(self, starter, status="InProgress"):
+        self.starter, self.statuses, self.default = starter, {}, status
+
+    def start(self, digest, attempt=1):
+        execution = self.starter.start(digest, attempt)
+        self.statuses[execution] = self.default
+        return execution
+
+    def status(self, execution_id):
+        return self.statuses[execution_id]
+
+
+def test_a_digest_whose_runs_never_reached_smoke_is_retried_once_they_ended(world):
+    from infra.lambdas.image_watcher.watcher import MAX_ATTEMPTS
+
+    starter = EndedRuns(world.starter)
+    watch = lambda: check(world.config, ssm=world.ssm, history=world.history, starter=starter)  # noqa: E731
+    digest = world.push(b"synth refused\n")
+    first = watch()
+    assert first["action"] == START
+    # while its execution runs, it is not started again
+    assert watch()["action"] == ALREADY_TRIED
+    # when Synth refused it (a stale pipeline stack: the execution failed, no other event)
+    starter.statuses[first["execution_id"]] = "Failed"
+    second = watch()
+    assert second["action"] == START and second["attempt"] == "2" and second["execution_id"] != first["execution_id"]
+    # up to MAX_ATTEMPTS starts in all
+    for _ in range(MAX_ATTEMPTS):
+        starter.statuses = dict.fromkeys(starter.statuses, "Failed")
+        watch()
+    assert [e["event"] for e in world.history.events()] == ["triggered"] * MAX_ATTEMPTS
+    assert {e["digest"] for e in world.history.events()} == {digest}
+
+
+def test_a_digest_that_reached_smoke_is_not_retried(world):
+    starter = EndedRuns(world.starter, status="Failed")
+    digest = world.push(b"smoke failed\n")
+    first = check(world.config, ssm=world.ssm, history=world.history, starter=starter)
+    # its smoke failed: the build rolled back and recorded it
+    world.history.record(event="rolled-back", digest=digest, execution_id=first["execution_id"],
+                         rolled_back_to="none", reason="smoke: failed", outcome="untouched")
+    assert check(world.config, ssm=world.ssm, history=world.history, starter=starter)["action"] == ALREADY_TRIED
+
+
 def test_promotion_then_tag_moves_then_rollback(world):
     old = world.push(b"old\n")
     world.watch()
