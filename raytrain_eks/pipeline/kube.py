@@ -163,10 +163,9 @@ def not_ready(cluster: dict[str, Any] | None, pods: list[dict[str, Any]], *, rep
     terminating = sorted(p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp"))
     if terminating:
         return f"pods Terminating: {', '.join(terminating)}"
-    head = head_uid(pods) if any(p["metadata"].get("labels", {}).get("ray.io/node-type") == "head" for p in pods) else None
-    if head is None:
+    if not any(p["metadata"].get("labels", {}).get("ray.io/node-type") == "head" for p in pods):
         return "no head pod"
-    if replaced_head and head == replaced_head:
+    if replaced_head and head_uid(pods) == replaced_head:
         return f"the head pod is still the one from before the apply (uid {replaced_head})"
     unready = sorted(p["metadata"]["name"] for p in pods if not pod_ready(p))
     if unready:
