@@ -149,11 +149,12 @@ class PipelineStack(Stack):
         synth.add_to_role_policy(iam.PolicyStatement(
             sid="CloneThroughConnection", resources=[env.pipeline.connection_arn],
             actions=connection_actions(env.pipeline.connection_arn, "UseConnection", "GetConnectionToken")))
-        # The digest choice reads the promoted digest and what the pipeline already handled.
+        # The digest choice reads the promoted digest (the ~promoted item, else SSM) and what the
+        # pipeline already handled. It writes nothing: Promote repairs SSM from the item.
         synth.add_to_role_policy(iam.PolicyStatement(
             sid="ReadPromotedDigest", actions=["ssm:GetParameter"], resources=[self.promoted_digest.parameter_arn]))
         synth.add_to_role_policy(iam.PolicyStatement(
-            sid="ReadHistory", actions=["dynamodb:Query"], resources=[self.history_table.table_arn]))
+            sid="ReadHistory", actions=["dynamodb:Query", "dynamodb:GetItem"], resources=[self.history_table.table_arn]))
         deploy = pipeline_builds.project(self, "DeployStacks", pipeline_builds.deploy_spec(
             [storage_stack.stack_name, cluster_stack.stack_name]))
         deploy.add_to_role_policy(iam.PolicyStatement(

@@ -55,7 +55,9 @@ class WatcherFunctions(Construct):
                                 resources=[parameter.parameter_arn]),
             iam.PolicyStatement(sid="ReadAndRecordHistory", actions=["dynamodb:Query", "dynamodb:PutItem"],
                                 resources=[table.table_arn]),
-            iam.PolicyStatement(sid="StartPipeline", actions=["codepipeline:StartPipelineExecution"],
+            # GetPipelineExecution: whether a digest's last run ended before Smoke (a retry)
+            iam.PolicyStatement(sid="StartPipeline", actions=["codepipeline:StartPipelineExecution",
+                                                              "codepipeline:GetPipelineExecution"],
                                 resources=[pipeline_arn]),
         ])
 

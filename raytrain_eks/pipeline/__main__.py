@@ -73,17 +73,17 @@ def check_run(args: argparse.Namespace, environ=os.environ) -> int:
 
 
 def run(ctx, args: argparse.Namespace) -> int:
-    from infra.lambdas.image_watcher.watcher import read_promoted
+    from infra.lambdas.image_watcher.promote import promoted_digest
 
     from .digests import DigestError, choose
     from .kube import log
     from .rollback import rollback
 
     if args.step == "promoted-digest":
-        print(read_promoted(ctx.ssm, ctx.parameter_name))
+        print(promoted_digest(ctx.ssm, ctx.parameter_name, ctx.history))
         return 0
     if args.step == "choose-digest":
-        committed, promoted = ctx.env.image.digest, read_promoted(ctx.ssm, ctx.parameter_name)
+        committed, promoted = ctx.env.image.digest, promoted_digest(ctx.ssm, ctx.parameter_name, ctx.history)
         try:
             choice = choose(requested=args.requested, committed=committed, promoted=promoted,
                             known_to_pipeline=bool(committed) and ctx.history.knows(committed))

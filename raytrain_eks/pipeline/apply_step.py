@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 
 from infra.lambdas.image_watcher.history import APPLIED, Superseded
-from infra.lambdas.image_watcher.watcher import read_promoted
+from infra.lambdas.image_watcher.promote import promoted_digest
 
 from .context import StepContext
-from .kube import KubeError, annotated, log, manifest_hash, wait_ready
+from .kube import KubeError, annotated, head_uid, live_manifest_hash, log, manifest_hash, wait_ready
 from .rollback import CLUSTER_FILE
 
 
@@ -22,11 +22,36 @@ def check_not_superseded(ctx: StepContext, digest: str) -> str:
     run = ctx.run_file()
     if run.get("digest") != digest:
         raise KubeError(f"dist/ was synthesized for {run.get('digest')}, not {digest}")
-    seen, now = run.get("promoted_at_synth", ""), read_promoted(ctx.ssm, ctx.parameter_name)
+    seen, now = run.get("promoted_at_synth", ""), promoted_digest(ctx.ssm, ctx.parameter_name, ctx.history)
     if now != seen:
         raise Superseded(f"the promoted digest changed since Synth ({seen or 'none'} -> {now}): this run is "
                          f"superseded and applies nothing")
     return seen
+
+
+def _head_template(manifest: dict) -> dict:
+    """The head's pod template less what KubeRay's Recreate hash leaves out of it (tolerations,
+    scheduling gates: ``ray-operator/v1.7.0`` utils/util.go GenerateHashWithoutReplicasAndWorkersToDelete)."""
+    template = json.loads(json.dumps(manifest["spec"]["headGroupSpec"]["template"]))
+    for field in ("tolerations", "schedulingGates"):
+        template.get("spec", {}).pop(field, None)
+    return template
+
+
+def replaced_head(ctx: StepContext, manifest: dict) -> str:
+    """The uid of the live head pod this apply must replace ("" when none must be): with
+    upgradeStrategy Recreate, a change of the head's pod template changes KubeRay's hash, so
+    every pod is deleted and a new head (a new uid) created; until then the old one may still
+    look ready. The previous manifest is the one the live annotation names (its ``applied`` item)."""
+    if (manifest["spec"].get("upgradeStrategy") or {}).get("type") != "Recreate":
+        return ""
+    name = manifest["metadata"]["name"]
+    live = live_manifest_hash(ctx.kube, name)
+    previous = next((e for e in ctx.history.events() if e["event"] == APPLIED and e.get("manifest_hash") == live),
+                    None) if live else None
+    if previous is None or _head_template(json.loads(previous["manifest"])) == _head_template(manifest):
+        return ""
+    return head_uid(ctx.kube.cluster_pods(name))
 
 
 def apply(ctx: StepContext, digest: str) -> None:
@@ -35,6 +60,7 @@ def apply(ctx: StepContext, digest: str) -> None:
     if cluster is None:
         raise KubeError(f"{ctx.dist}/{CLUSTER_FILE} is missing: was Synth run?")
     manifest = annotated(cluster)
+    old_head = replaced_head(ctx, manifest)
     ctx.history.record(event=APPLIED, digest=digest, execution_id=ctx.execution_id,
                        manifest=json.dumps(manifest, sort_keys=True, separators=(",", ":")),
                        manifest_hash=manifest_hash(manifest))
@@ -42,4 +68,4 @@ def apply(ctx: StepContext, digest: str) -> None:
     ctx.kube.apply(manifest)
     log(f"apply: RayCluster {manifest['metadata']['name']} applied at @{digest}")
     wait_ready(ctx.kube, manifest, repository=ctx.repository, digest=digest,
-               timeout_s=ctx.timeout_s, poll_s=ctx.poll_s)
+               timeout_s=ctx.timeout_s, poll_s=ctx.poll_s, replaced_head=old_head)

@@ -30,6 +30,16 @@ Running and Ready (utils/util.go CheckAllPodsRunning). It is never reset: after 
 old ``ready`` stays while the new pods start, so the pods themselves are checked too."""
 
 
+REQUEST_TIMEOUT_S = 60
+"""kubectl's ``--request-timeout`` on every call (https://kubernetes.io/docs/reference/kubectl/kubectl/,
+global options: "The length of time to wait before giving up on a single server request"), so an API server that stops
+answering ends the step with a recorded failure and a rollback, not at the build's timeout."""
+DELETE_TIMEOUT_S = 300
+"""``kubectl delete --wait --timeout``: how long a delete waits for the object to be gone, e.g.
+behind a finalizer that never finishes (https://kubernetes.io/docs/reference/kubectl/generated/kubectl_delete/:
+"The length of time to wait before giving up on a delete")."""
+
+
 class KubeError(RuntimeError):
     """kubectl failed or the cluster did not reach the wanted state; one line."""
 
@@ -42,10 +52,19 @@ def log(message: str) -> None:
 class Kubectl:
     namespace: str
     binary: str = "kubectl"
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    margin_s: float = 30
+    """What the process may take beyond its requests' and waits' bounds (start-up, auth plugin)."""
 
-    def run(self, *args: str, stdin: str | None = None) -> str:
-        command = [self.binary, "-n", self.namespace, *args]
-        done = subprocess.run(command, input=stdin, capture_output=True, text=True)
+    def run(self, *args: str, stdin: str | None = None, wait_s: float = 0) -> str:
+        """One kubectl call, bounded: ``--request-timeout`` per server request, and the process
+        itself to that plus ``wait_s`` (what the call waits for on purpose) plus a margin."""
+        command = [self.binary, "-n", self.namespace, *args, f"--request-timeout={self.request_timeout_s:g}s"]
+        bound = self.request_timeout_s + wait_s + self.margin_s
+        try:
+            done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=bound)
+        except subprocess.TimeoutExpired:
+            raise KubeError(f"{' '.join(command[:5])} ... did not finish in {bound:g} s") from None
         if done.returncode != 0:
             raise KubeError(f"{' '.join(command[:5])} ... failed: {done.stderr.strip()[-300:]}")
         return done.stdout
@@ -60,7 +79,8 @@ class Kubectl:
         return json.loads(out) if out.strip() else None
 
     def delete(self, kind: str, name: str) -> None:
-        self.run("delete", kind, name, "--ignore-not-found", "--wait=true")
+        self.run("delete", kind, name, "--ignore-not-found", "--wait=true", f"--timeout={DELETE_TIMEOUT_S}s",
+                 wait_s=DELETE_TIMEOUT_S)
 
     def cluster_pods(self, cluster: str) -> list[dict[str, Any]]:
         return json.loads(self.run("get", "pods", "-l", f"{RAY_CLUSTER_LABEL}={cluster}", "-o", "json"))["items"]
@@ -116,10 +136,23 @@ def pod_ready(pod: dict[str, Any]) -> bool:
     return bool(statuses) and all(c.get("ready") for c in statuses)
 
 
-def not_ready(cluster: dict[str, Any] | None, pods: list[dict[str, Any]], *, repository: str, digest: str) -> str:
+def head_uid(pods: list[dict[str, Any]]) -> str:
+    """The head pod's uid ("" without one)."""
+    return next((p["metadata"].get("uid", "") for p in pods
+                 if p["metadata"].get("labels", {}).get("ray.io/node-type") == "head"), "")
+
+
+def not_ready(cluster: dict[str, Any] | None, pods: list[dict[str, Any]], *, repository: str, digest: str,
+              replaced_head: str = "") -> str:
     """Why the RayCluster is not ready on ``digest`` ("" when it is): KubeRay's own state for
-    the generation just applied, a head pod, every pod Ready, every container of the image on
-    the digest. Any number of workers: an on-cluster job's autoscaled ones count as well."""
+    the generation just applied, a head pod (another than the uid ``replaced_head``, when the
+    spec changed), every pod Ready and none Terminating, every container of the image on the
+    digest. Any number of workers: an on-cluster job's autoscaled ones count as well.
+
+    A Recreate (KubeRay ``ray-operator/v1.7.0`` raycluster_controller.go ``reconcilePods``)
+    deletes every pod, then creates the new head in a later reconcile: meanwhile the old pods
+    are Terminating (``metadata.deletionTimestamp`` set, Kubernetes API conventions) and still
+    Running and Ready, and ``state`` stays ``ready``."""
     if cluster is None:
         return "RayCluster not found"
     status = cluster.get("status") or {}
@@ -127,8 +160,13 @@ def not_ready(cluster: dict[str, Any] | None, pods: list[dict[str, Any]], *, rep
         return f"KubeRay has not reconciled generation {cluster['metadata'].get('generation')} yet"
     if status.get("state") != READY_STATE:
         return f"state {status.get('state') or '(none)'}" + (f": {status['reason']}" if status.get("reason") else "")
+    terminating = sorted(p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp"))
+    if terminating:
+        return f"pods Terminating: {', '.join(terminating)}"
     if not any(p["metadata"].get("labels", {}).get("ray.io/node-type") == "head" for p in pods):
         return "no head pod"
+    if replaced_head and head_uid(pods) == replaced_head:
+        return f"the head pod is still the one from before the apply (uid {replaced_head})"
     unready = sorted(p["metadata"]["name"] for p in pods if not pod_ready(p))
     if unready:
         return f"pods not Ready: {', '.join(unready)}"
@@ -137,7 +175,7 @@ def not_ready(cluster: dict[str, Any] | None, pods: list[dict[str, Any]], *, rep
 
 
 def wait_ready(kube: Kubectl, cluster: dict[str, Any], *, repository: str, digest: str, timeout_s: float,
-               poll_s: float, clock: Callable[[], float] = time.monotonic) -> dict[str, str]:
+               poll_s: float, clock: Callable[[], float] = time.monotonic, replaced_head: str = "") -> dict[str, str]:
     """Wait until :func:`not_ready` says nothing; returns the image IDs. KubeError (with the
     last reason) once ``timeout_s`` has passed."""
     name = cluster["metadata"]["name"]
@@ -145,7 +183,7 @@ def wait_ready(kube: Kubectl, cluster: dict[str, Any], *, repository: str, diges
     while True:
         live = kube.get("raycluster", name)
         pods = kube.cluster_pods(name)
-        why = not_ready(live, pods, repository=repository, digest=digest)
+        why = not_ready(live, pods, repository=repository, digest=digest, replaced_head=replaced_head)
         if not why:
             log(f"apply: RayCluster {name} ready, all {len(pods)} pods Ready on @{digest}")
             return image_ids(pods, repository)

@@ -3,10 +3,11 @@ one ``rolled-back`` history item with the reason and the outcome.
 
 The target is the manifest the newest promotion's own Apply put on the cluster (its ``applied``
 history item), byte for byte: not this commit's configuration with the old image. The cluster
-is re-applied only when its :data:`.kube.APPLIED_ANNOTATION` (set by every Apply) is present
-and differs from that manifest's hash:
-after a failed smoke or gate, or an Apply refused because another execution promoted, the
-long-lived cluster was never touched, and no apply is issued. A promotion recorded before the
+is re-applied only when its :data:`.kube.APPLIED_ANNOTATION` (set by every Apply) differs from
+that manifest's hash AND equals the hash THIS execution's Apply recorded: QUEUED mode runs one
+execution per stage at a time, so run A can be in Apply or Promote while run B fails Smoke; B
+never touched the cluster and must not put the old promotion over A's rollout. After a failed
+smoke or gate, or an Apply refused because another execution promoted, no apply is issued. A promotion recorded before the
 ``applied`` items existed falls back to ``dist/promoted/`` (this commit at the promoted digest).
 """
 from __future__ import annotations
@@ -36,6 +37,12 @@ def promoted_manifest(ctx: StepContext) -> tuple[str, dict[str, Any] | None, str
     return promoted, annotated(fallback) if fallback else None, "dist/promoted (this commit at the promoted digest)"
 
 
+def own_applied_hash(ctx: StepContext) -> str:
+    """The manifest hash this execution's own Apply put on the cluster ("" if it applied nothing)."""
+    applied = ctx.history.applied(ctx.execution_id)
+    return applied.get("manifest_hash", "") if applied else ""
+
+
 def rollback(ctx: StepContext, *, failed_digest: str, reason: str) -> dict[str, str]:
     promoted, target, source = promoted_manifest(ctx)
     if target is None:
@@ -49,6 +56,10 @@ def rollback(ctx: StepContext, *, failed_digest: str, reason: str) -> dict[str, 
             # Every Apply of this pipeline marks what it applied: an unmarked (or absent)
             # cluster was not changed by this run, and re-applying would restart it.
             outcome = "long-lived cluster untouched: no manifest of this pipeline's Apply on it"
+        elif live != own_applied_hash(ctx):
+            # QUEUED mode overlaps executions across stages: another execution's Apply is on
+            # the cluster (it may be promoting it now); this run never touched it.
+            outcome = f"long-lived cluster untouched: another execution's Apply is on it ({live})"
         else:
             try:
                 ctx.kube.apply(target)

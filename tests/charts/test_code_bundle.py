@@ -4,7 +4,10 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from charts.code_bundle import build_code_bundle
+from devtools.tokenizer_build import DEFAULT_OUT as TOKENIZER_DIR
 
 
 def tree(root: Path) -> Path:
@@ -69,9 +72,16 @@ def test_rayjob_entrypoints_pass_the_jobs_own_check_in_the_unpacked_archive(defa
         zf.extractall(tmp_path / "wd")
     env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     env.pop("PYTHONPATH", None)  # only the archive's code: the repository must not leak in
+    unbuilt = []
     for job in ("local", "smoke"):  # finetune's model lives in S3: not reachable here
+        if not (ROOT / TOKENIZER_DIR).is_dir() and TOKENIZER_DIR in (ROOT / "jobs" / f"{job}.toml").read_text():
+            unbuilt.append(job)  # its tokenizer is built offline, never committed
+            continue
         submission = read_rayjob(default_synth.result.files[f"rayjob-{job}"])
         proc = subprocess.run(["bash", "-c", submission.entrypoint + " --check"], cwd=tmp_path / "wd",
                               env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith(f"jobs/{job}.toml: ok"), proc.stdout
+    if unbuilt:
+        pytest.skip(f"jobs {', '.join(unbuilt)} not checked: {TOKENIZER_DIR} is absent (build it with "
+                    f"`python -m devtools.tokenizer_build`; it needs transformers, which Synth does not install)")

@@ -3,7 +3,8 @@
 A module with a unique name, not conftest: several test folders have a conftest.py, and a bare
 ``from conftest import`` can pick up another folder's.
 
-``default`` is the repository's environment.toml (account empty: env-agnostic) with what the
+``default`` is the repository's spec template (tests/spec_template.py: account empty,
+env-agnostic, whatever a deployment committed) with what the
 CDK app requires the user to choose filled in: an admin principal and, without an account, an
 explicit bucket name. ``alternative``
 combines several changes in one synth: an account, 4 x g6.48xlarge on a capacity reservation, a
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 import copy
 import json
-import tomllib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from spec_template import template_raw
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "111122223333"
@@ -29,13 +31,8 @@ ADMIN = f"arn:aws:iam::{ACCOUNT}:role/platform-admin"
 DEFAULT_BUCKET = "raytrain-ci-checkpoints-example"
 
 
-def shipped_raw() -> dict:
-    """The repository's environment.toml exactly as shipped."""
-    return tomllib.loads((REPO / "environment.toml").read_text())
-
-
 def default_raw() -> dict:
-    raw = shipped_raw()
+    raw = template_raw()
     raw["cluster"]["admin_principal_arns"] = [ADMIN]
     raw["storage"]["bucket_name"] = DEFAULT_BUCKET
     return raw

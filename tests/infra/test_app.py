@@ -16,7 +16,9 @@ CDK = REPO / "node_modules" / ".bin" / "cdk"
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    """This process's environment without AWS settings or ENV_FILE (which app.py reads before
+    the context, and the Synth build sets), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "ENV_FILE"}
     env.update(CDK_DISABLE_CLI_TELEMETRY="true", JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20",
                PATH=f"{REPO / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}", **extra)
     return env

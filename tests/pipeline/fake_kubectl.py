@@ -14,7 +14,10 @@ containerd would. Each modelled behaviour follows ``ray-project/kuberay`` tag
 - RayCluster status (``raycluster_controller.go`` ``calculateStatus``): ``state: ready`` once
   head + desired workers exist and all are Running and Ready (``utils/util.go``
   ``CheckAllPodsRunning``), and never reset afterwards; ``observedGeneration`` follows the
-  generation it reconciled. One reconcile per ``get raycluster``: new pods start Pending with no image ID and
+  generation it reconciled. A Recreate (``reconcilePods``) deletes every pod first: they stay
+  Running and Ready with ``metadata.deletionTimestamp`` set (Terminating) for one reconcile, and
+  the new pods (new ``uid``) are created in the next one. One reconcile per ``get raycluster``:
+  new pods start Pending with no image ID and
   run (Ready, ``imageID`` = the reference they were pulled by, as containerd reports) at the next
   reconcile; a head on the scenario's ``crashloop_image`` (a digest) never becomes Ready.
 - RayJob status (``rayjob_controller.go``): deployment ``""`` -> ``Initializing`` (the job's own
@@ -34,6 +37,7 @@ import json
 import os
 import re
 import sys
+import uuid
 from pathlib import Path
 
 ROOT = Path(os.environ["FAKE_KUBE_DIR"])
@@ -68,7 +72,8 @@ def recreate_hash(spec: dict) -> str:
 
 
 def pod(name: str, cluster: str, node_type: str, container: str, image: str, spec_hash: str) -> dict:
-    return {"metadata": {"name": name, "labels": {"ray.io/cluster": cluster, "ray.io/node-type": node_type},
+    return {"metadata": {"name": name, "uid": str(uuid.uuid4()),
+                         "labels": {"ray.io/cluster": cluster, "ray.io/node-type": node_type},
                          "annotations": {HASH_KEY: spec_hash}},
             "status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
                        "containerStatuses": [{"name": container, "image": image, "imageID": "", "ready": False}]}}
@@ -94,6 +99,12 @@ def desired_workers(spec: dict) -> int:
 
 def reconcile(cluster: dict, scenario: dict) -> None:
     """One KubeRay reconcile + kubelet step for a RayCluster entry of the state."""
+    terminating = [p for p in cluster["pods"] if p["metadata"].get("deletionTimestamp")]
+    if terminating:
+        if cluster.pop("terminating_seen", False):  # gone: the new pods are created now
+            cluster["pods"] = cluster_pods(cluster["object"]["metadata"]["name"], cluster["object"]["spec"])
+        else:
+            cluster["terminating_seen"] = True  # still Terminating for this reconcile
     for p in cluster["pods"]:
         if p["status"]["phase"] == "Pending":
             p["status"]["phase"] = "Running"
@@ -144,7 +155,9 @@ def apply_cluster(state: dict, obj: dict) -> bool:
     head = next((p for p in old["pods"] if p["metadata"]["labels"]["ray.io/node-type"] == "head"), None)
     actual = head["metadata"]["annotations"].get(HASH_KEY, "") if head else ""
     if recreate and actual and actual != recreate_hash(obj["spec"]):
-        old["pods"] = cluster_pods(name, obj["spec"])
+        for p in old["pods"]:  # deleted: Terminating, still Running and Ready, until the next reconcile
+            p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        old.pop("terminating_seen", None)
         return True
     return False
 

@@ -125,6 +125,54 @@ def test_new_digest_starts_the_pipeline_once_with_the_digest_as_variable(world):
     assert (event["event"], event["digest"], event["execution_id"]) == ("triggered", digest, first["execution_id"])
 
 
+class EndedRuns:
+    """The real starter (moto), with the status of each execution it started set by the test:
+    moto's executions report Succeeded at once (it runs no actions)."""
+
+    def __init__(self, starter, status="InProgress"):
+        self.starter, self.statuses, self.default = starter, {}, status
+
+    def start(self, digest, attempt=1):
+        execution = self.starter.start(digest, attempt)
+        self.statuses[execution] = self.default
+        return execution
+
+    def status(self, execution_id):
+        return self.statuses[execution_id]
+
+
+def test_a_digest_whose_runs_never_reached_smoke_is_retried_once_they_ended(world):
+    from infra.lambdas.image_watcher.watcher import MAX_ATTEMPTS
+
+    starter = EndedRuns(world.starter)
+    watch = lambda: check(world.config, ssm=world.ssm, history=world.history, starter=starter)  # noqa: E731
+    digest = world.push(b"synth refused\n")
+    first = watch()
+    assert first["action"] == START
+    # while its execution runs, it is not started again
+    assert watch()["action"] == ALREADY_TRIED
+    # when Synth refused it (a stale pipeline stack: the execution failed, no other event)
+    starter.statuses[first["execution_id"]] = "Failed"
+    second = watch()
+    assert second["action"] == START and second["attempt"] == "2" and second["execution_id"] != first["execution_id"]
+    # up to MAX_ATTEMPTS starts in all
+    for _ in range(MAX_ATTEMPTS):
+        starter.statuses = dict.fromkeys(starter.statuses, "Failed")
+        watch()
+    assert [e["event"] for e in world.history.events()] == ["triggered"] * MAX_ATTEMPTS
+    assert {e["digest"] for e in world.history.events()} == {digest}
+
+
+def test_a_digest_that_reached_smoke_is_not_retried(world):
+    starter = EndedRuns(world.starter, status="Failed")
+    digest = world.push(b"smoke failed\n")
+    first = check(world.config, ssm=world.ssm, history=world.history, starter=starter)
+    # its smoke failed: the build rolled back and recorded it
+    world.history.record(event="rolled-back", digest=digest, execution_id=first["execution_id"],
+                         rolled_back_to="none", reason="smoke: failed", outcome="untouched")
+    assert check(world.config, ssm=world.ssm, history=world.history, starter=starter)["action"] == ALREADY_TRIED
+
+
 def test_promotion_then_tag_moves_then_rollback(world):
     old = world.push(b"old\n")
     world.watch()
@@ -174,6 +222,36 @@ def test_promotion_is_a_compare_and_swap_on_the_digest_synth_saw(world):
     with pytest.raises(Superseded):
         world.history.promote(expected="", digest=second, execution_id="exec-c", smoke_record=SMOKE)
     assert [p["digest"] for p in world.history.promotions()] == [first]
+
+
+def test_the_first_swap_promotes_over_a_digest_only_ssm_holds(world):
+    """A stack deployed before the ``~promoted`` item existed has the promoted digest in SSM only:
+    Synth expects it, and the first compare-and-swap promotion must not be Superseded for ever."""
+    d1, d2 = world.push(b"ssm only\n"), world.push(b"after ssm\n")
+    world.ssm.put_parameter(Name=world.config.parameter_name, Value=d1, Type="String", Overwrite=True)
+    assert world.history.promoted() == ""  # no pointer item
+    world.promote(d2, world.smoke(d2), expected=d1)
+    assert world.promoted() == d2 and world.history.promoted() == d2
+    # from then on the item decides: an expectation of the old SSM digest is stale
+    with pytest.raises(Superseded):
+        world.promote(d1, world.smoke(d1, key="runs/smoke-old/run.json"), expected=d1, execution="exec-2")
+
+
+def test_the_promoted_item_wins_over_a_failed_ssm_write_and_promote_repairs_it(world):
+    from infra.lambdas.image_watcher.promote import promoted_digest
+
+    d1, d2 = world.push(b"item first\n"), world.push(b"item second\n")
+    world.promote(d1, world.smoke(d1))
+    # given the SSM write after the transaction failed (SSM still holds the placeholder)
+    world.ssm.put_parameter(Name=world.config.parameter_name, Value="none", Type="String", Overwrite=True)
+    # then what Synth reads is the item's digest, and the next promotion expecting it goes through
+    assert promoted_digest(world.ssm, world.config.parameter_name, world.history) == d1
+    assert world.promoted() == "none"  # reading repairs nothing
+    with pytest.raises(PromotionError):  # a run refused on its record still repairs SSM from the item
+        world.promote(d2, f"s3://{BUCKET}/runs/never-written/run.json", expected=d1, execution="exec-2")
+    assert world.promoted() == d1
+    world.promote(d2, world.smoke(d2, key="runs/smoke-d2/run.json"), expected=d1, execution="exec-3")
+    assert world.promoted() == d2 and world.history.promoted() == d2
 
 
 OTHER_DIGEST = "sha256:" + "b" * 64

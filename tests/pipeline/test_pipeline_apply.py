@@ -144,11 +144,105 @@ def test_apply_passes_once_the_cluster_is_ready_on_the_new_image(workspace):
 def test_an_apply_superseded_by_another_promotion_touches_nothing(workspace):
     tmp_path, kube, environ, history, ssm, parameter = workspace
     promoted_cluster(tmp_path, kube, environ, history)
-    # another execution promoted a third digest after this run's Synth
+    # another execution promoted a third digest after this run's Synth (the swap, then SSM)
     newer = "sha256:" + "3" * 64
+    history.promote(expected=PROMOTED, digest=newer, execution_id="exec-other", smoke_record="s3://b/run.json")
     ssm.put_parameter(Name=parameter, Value=newer, Type="String", Overwrite=True)
     done = apply_step(tmp_path, environ, CANDIDATE)
     assert done.returncode == 1 and "superseded" in done.stderr
     assert applied_images(kube) == [PROMOTED]  # no apply issued
     [event] = [e for e in history.events() if e["event"] == ROLLED_BACK]
     assert event["outcome"].startswith("long-lived cluster untouched")
+
+
+def step(workdir, environ, execution, *args):
+    return subprocess.run([sys.executable, "-m", "raytrain_eks.pipeline", *args], cwd=workdir,
+                          env={**environ, "EXECUTION_ID": execution}, capture_output=True, text=True)
+
+
+def smoke_record(aws, digest: str, repository: str) -> str:
+    """A run.json that proves ``digest`` (what the smoke step writes; infra/lambdas/image_watcher/promote.py)."""
+    from environment.contract import RECORD_IMAGE_RAN
+
+    s3 = boto3.client("s3", **aws)
+    bucket = f"records-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="run.json", Body=json.dumps(
+        {"status": "succeeded", RECORD_IMAGE_RAN: {"pods": {"raytrain-head-x": f"{repository}@{digest}"}}}))
+    return f"s3://{bucket}/run.json"
+
+
+def test_an_overlapping_runs_failed_smoke_leaves_the_applying_run_alone(workspace, aws):
+    """CodePipeline V2 QUEUED mode (https://docs.aws.amazon.com/codepipeline/latest/userguide/concepts-how-it-works.html):
+    one execution per stage at a time, so run A can be between Apply and Promote while run B
+    fails Smoke. B never touched the cluster: its rollback must not put the last promotion back
+    over A's rollout, and A still promotes what it applied."""
+    tmp_path, kube, environ, history, ssm, parameter = workspace
+    promoted_cluster(tmp_path, kube, environ, history)
+    # given run A applied the candidate (synth -> smoke -> gate -> apply)
+    done = apply_step(tmp_path, environ, CANDIDATE, execution="exec-A")
+    assert done.returncode == 0, done.stderr
+    # when run B's smoke fails: its build rolls back
+    other = "sha256:" + "4" * 64
+    done = step(tmp_path, environ, "exec-B", "rollback", "--digest", other, "--reason", "smoke: failed")
+    assert done.returncode == 0, done.stderr
+    [event] = [e for e in history.events() if e["event"] == ROLLED_BACK]
+    assert event["digest"] == other and event["outcome"].startswith("long-lived cluster untouched: another execution")
+    # then A promotes, and the live cluster is still on A's image: B applied nothing
+    done = step(tmp_path, environ, "exec-A", "promote", "--digest", CANDIDATE,
+                "--record", smoke_record(aws, CANDIDATE, REPO_NAME(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    assert applied_images(kube) == [PROMOTED, CANDIDATE]
+    assert ssm.get_parameter(Name=parameter)["Parameter"]["Value"] == CANDIDATE
+
+
+def test_promote_refuses_when_another_apply_replaced_this_runs_manifest(workspace, aws):
+    tmp_path, kube, environ, history, ssm, parameter = workspace
+    promoted_cluster(tmp_path, kube, environ, history)
+    assert apply_step(tmp_path, environ, CANDIDATE, execution="exec-A").returncode == 0
+    # another execution's Apply put the promoted manifest back on the cluster since
+    done = apply_step(tmp_path / "promoted-only", environ, PROMOTED, execution="exec-C")
+    assert done.returncode == 0, done.stderr
+    done = step(tmp_path, environ, "exec-A", "promote", "--digest", CANDIDATE,
+                "--record", smoke_record(aws, CANDIDATE, REPO_NAME(tmp_path)))
+    assert done.returncode == 1 and "is not on this run's Apply" in done.stderr
+    assert ssm.get_parameter(Name=parameter)["Parameter"]["Value"] == PROMOTED  # nothing promoted
+    assert applied_images(kube) == [PROMOTED, CANDIDATE, PROMOTED]  # and A's rollback applied nothing
+
+
+def test_apply_waits_out_a_recreates_terminating_pods_for_a_new_head(workspace):
+    """KubeRay v1.7.0 (raycluster_controller.go reconcilePods) deletes every pod on a Recreate and
+    creates the new head in a later reconcile: the old pods stay Running and Ready while
+    Terminating (fake_kubectl.py), and ``state`` stays ``ready``. A configuration change on the
+    same digest must not pass on them."""
+    tmp_path, kube, environ, history, _, _ = workspace
+    promoted_cluster(tmp_path, kube, environ, history)
+    state = lambda: json.loads((kube / "state.json").read_text())["clusters"]  # noqa: E731
+    [name] = [n for n in state() if not n.startswith("rayjob")]
+    before = {p["metadata"]["uid"] for p in state()[name]["pods"]}
+    manifest = tmp_path / "promoted-only" / "dist" / "raycluster.k8s.yaml"
+    cluster = yaml.safe_load(manifest.read_text())
+    cluster["spec"]["headGroupSpec"]["template"].setdefault("metadata", {}).setdefault("labels", {})["team"] = "b"
+    manifest.write_text(yaml.safe_dump(cluster))
+    done = apply_step(tmp_path / "promoted-only", environ, PROMOTED, execution="exec-config")
+    assert done.returncode == 0, done.stderr
+    assert applied(kube)[-1]["recreated"] is True
+    # Apply returned only once every pod was a new one, none of them Terminating
+    pods = state()[name]["pods"]
+    assert not any(p["metadata"].get("deletionTimestamp") for p in pods)
+    assert not before & {p["metadata"]["uid"] for p in pods}
+
+
+def test_a_terminating_pod_is_not_ready():
+    from raytrain_eks.pipeline.kube import not_ready
+
+    cluster = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "state": "ready"}}
+    head = {"metadata": {"name": "h", "uid": "u1", "labels": {"ray.io/node-type": "head"},
+                         "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "containerStatuses": [{"name": "ray-head", "image": "r@" + PROMOTED, "imageID": "r@" + PROMOTED}]}}
+    assert not_ready(cluster, [head], repository="r", digest=PROMOTED) == "pods Terminating: h"
+    del head["metadata"]["deletionTimestamp"]
+    assert not_ready(cluster, [head], repository="r", digest=PROMOTED) == ""
+    assert not_ready(cluster, [head], repository="r", digest=PROMOTED, replaced_head="u1").startswith(
+        "the head pod is still the one from before the apply")

@@ -189,7 +189,8 @@ def test_watcher_may_only_read_the_parameter_use_the_table_and_start_this_pipeli
     statements = {s.get("Sid"): s for s in policy_statements(template, "WatcherImageWatcherRole")}
     assert set(statements) == {"WriteOwnLogs", "ReadPromotedDigest", "ReadAndRecordHistory", "StartPipeline"}
     assert statements["ReadPromotedDigest"]["Action"] == "ssm:GetParameter"
-    assert statements["StartPipeline"]["Action"] == "codepipeline:StartPipelineExecution"
+    assert statements["StartPipeline"]["Action"] == ["codepipeline:StartPipelineExecution",
+                                                     "codepipeline:GetPipelineExecution"]
     assert statements["StartPipeline"]["Resource"] == _arn(f":codepipeline:us-east-1:{ACCOUNT}:raytrain-image-redeploy")
     assert statements["ReadAndRecordHistory"]["Action"] == ["dynamodb:Query", "dynamodb:PutItem"]
     assert all(s["Resource"] != "*" for s in statements.values())

@@ -10,9 +10,10 @@ promotions, ``smoke_record`` (where the smoke run's record lives, e.g.
 
 One more item per image, at ``at = "~promoted"`` (sorts after every timestamp), holds the
 promoted digest the pipeline serializes on: :meth:`PromotionHistory.promote` swaps it only if
-it still holds the digest the run's Synth saw, in the same transaction as the ``promoted``
-item, so two overlapping executions cannot both promote (the later one is superseded). The
-SSM parameter is written after it, for the watcher and for reading. List the newest first with::
+it still holds the digest the run's Synth saw (or does not exist yet: the first such
+promotion), in the same transaction as the ``promoted`` item, so two overlapping executions cannot both promote (the later one is superseded). The
+SSM parameter is written after it, for the watcher and for reading; the item wins where they
+disagree, and Promote repairs the parameter from it (promote.py ``promoted_digest``). List the newest first with::
 
     aws dynamodb query --table-name TABLE --no-scan-index-forward \\
       --key-condition-expression "image = :i" \\
@@ -72,7 +73,9 @@ class PromotionHistory:
         item = {"image": self.image, "at": utc_now(), "event": PROMOTED, "digest": digest,
                 "execution_id": execution_id, "smoke_record": smoke_record,
                 **{k: str(v) for k, v in extra.items()}}
-        condition = "attribute_not_exists(#d)" if not expected else "#d = :expected"
+        # No item yet: the first compare-and-swap promotion, whatever SSM held before it (a stack
+        # deployed before the item existed); from then on the item decides.
+        condition = "attribute_not_exists(#d)" if not expected else "attribute_not_exists(#d) OR #d = :expected"
         values = {":digest": {"S": digest}, ":at": {"S": item["at"]}}
         if expected:
             values[":expected"] = {"S": expected}

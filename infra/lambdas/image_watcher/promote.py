@@ -72,6 +72,19 @@ def check_smoke_record(record: Mapping[str, Any], *, digest: str, required_trans
                              "(transport gate): nothing promoted")
 
 
+def promoted_digest(ssm: Any, parameter_name: str, history: PromotionHistory, *, repair: bool = False) -> str:
+    """The promoted digest: the ``~promoted`` item's (what the compare-and-swap acts on), or the
+    SSM parameter's while that item does not exist yet (a stack deployed before it). With
+    ``repair``, an SSM parameter that disagrees with the item (its write after the transaction
+    failed) is set to the item's digest."""
+    pointer = history.promoted()
+    if not pointer:
+        return read_promoted(ssm, parameter_name)
+    if repair and read_promoted(ssm, parameter_name) != pointer:
+        ssm.put_parameter(Name=parameter_name, Value=pointer, Type="String", Overwrite=True)
+    return pointer
+
+
 def promote(*, ssm: Any, s3: Any, parameter_name: str, history: PromotionHistory, digest: str,
             smoke_record: str, execution_id: str, expected: str, required_transport: str) -> dict[str, str]:
     """Promote ``digest`` if its smoke record proves it and the promoted digest is still
@@ -80,10 +93,11 @@ def promote(*, ssm: Any, s3: Any, parameter_name: str, history: PromotionHistory
         raise PromotionError(f"digest {digest!r} is not sha256:<64 hex>: nothing promoted")
     if not smoke_record.startswith("s3://"):
         raise PromotionError(f"smoke_record {smoke_record!r} is not an s3:// URI: nothing promoted")
+    # The promoted item, else the parameter (a stack deployed before the item existed has only
+    # SSM); first, so that even a refused run repairs an SSM write that failed after a promotion.
+    current = promoted_digest(ssm, parameter_name, history, repair=True)
     check_smoke_record(read_record(s3, smoke_record), digest=digest, required_transport=required_transport,
                        uri=smoke_record)
-    # The parameter too: a stack deployed before the promoted item existed has only SSM.
-    current = read_promoted(ssm, parameter_name)
     if current != expected:
         raise Superseded(f"the promoted digest is {current or 'none'}, not {expected or 'none'} as at Synth: "
                          f"another execution promoted meanwhile; {digest} is not promoted")
