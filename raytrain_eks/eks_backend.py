@@ -21,6 +21,8 @@ a job on the long-lived RayCluster, which stays.
 """
 from __future__ import annotations
 
+import argparse
+
 import json
 import shutil
 import subprocess
@@ -40,6 +42,12 @@ NEW = "New"
 class KubectlError(RuntimeError):
     """kubectl failed; the message is its last stderr line."""
 
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments every command about one submitted run takes (status, logs, stop)."""
+    parser.add_argument("run", metavar="RUN", help="the run's name (printed by submit; raytrain-eks list)")
+    parser.add_argument("--env", default="environment.toml", help="environment spec (default environment.toml)")
 
 def kubectl(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
     exe = shutil.which("kubectl")

@@ -10,8 +10,9 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", metavar="RUN", help="the run's name (printed by submit; raytrain-eks list)")
-    parser.add_argument("--env", default="environment.toml", help="environment spec (default environment.toml)")
+    from raytrain_eks.eks_backend import add_run_arguments
+
+    add_run_arguments(parser)
     parser.add_argument("-f", "--follow", action="store_true", help="keep streaming until the job ends")
 
 
