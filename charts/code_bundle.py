@@ -67,15 +67,16 @@ class CodeBundle:
         return f"s3://{bucket}/{self.key()}"
 
 
-def bundle_files(root: Path) -> list[tuple[str, Path]]:
-    """``(archive name, file)`` of every file that travels (:func:`training.contract.code_files`)."""
-    return contract.code_files(root, BUNDLED_DIRS)
+def bundle_files(root: Path, jobs: Path | None = None) -> list[tuple[str, Path]]:
+    """``(archive name, file)`` of every file that travels (:func:`training.contract.code_files`);
+    ``jobs`` (default ``root/jobs``) travels as ``jobs/``."""
+    return contract.code_files(root, BUNDLED_DIRS, jobs)
 
 
-def build_code_bundle(root: str | Path, outdir: str | Path) -> CodeBundle:
+def build_code_bundle(root: str | Path, outdir: str | Path, jobs: str | Path | None = None) -> CodeBundle:
     """Write ``<outdir>/training-<hash>.zip`` (unless an identical one is there) and describe it."""
     root = Path(root).resolve()
-    files = bundle_files(root)
+    files = bundle_files(root, Path(jobs).resolve() if jobs is not None else None)
     content_hash = contract.tree_hash(files)  # the same hash the job recomputes from what ran
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)

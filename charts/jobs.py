@@ -121,14 +121,17 @@ def _placeholders(raw: dict[str, Any], bucket: str, prefix: str = "") -> list[st
     return found
 
 
-def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str, ...] | list[str] = ()) -> JobPlan:
+def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str, ...] | list[str] = (),
+             *, config_path: str | None = None) -> JobPlan:
     """Resolve one job config file against the environment: THE sizing of a job, used by the
     charts (which synthesize it) and by the preflight (which checks it), so both see one shape.
 
     ``root`` is the directory the job runs in (the archive's root = the repository root) and
     must be the current directory: the config's relative paths (data, tokenizer) are checked
     from there, as the job will resolve them. ``user_overrides`` (the preflight's ``--set``)
-    count as part of the file; the environment's overrides come after them and win."""
+    count as part of the file; the environment's overrides come after them and win.
+    ``config_path`` is where the file lies in the code archive, what the entrypoint names
+    (default: its path relative to ``root``)."""
     if Path.cwd().resolve() != root.resolve():
         raise RuntimeError(f"plan_job must run in {root} (is in {Path.cwd()})")  # a bug in the caller
     resolved = path.resolve()
@@ -200,19 +203,23 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
         config = load_job_config(rel, user_overrides + overrides)
     except JobConfigError as err:  # e.g. a global batch the spec's world size cannot divide
         raise ChartError(f"{err} (with the spec's overrides: {' '.join(overrides)})") from None
-    for item in [rel, *overrides]:
+    entry = config_path or rel
+    for item in [entry, *overrides]:
         if not survives_ray_job_submit(item):
-            key, value = item.split("=", 1) if item is not rel else ("config path", item)
+            key, value = item.split("=", 1) if item is not entry else ("config path", item)
             special = " ".join(sorted(SHELL_SPECIAL - set("\n\r\t")))
             raise ChartError(f"{rel}: {key}: {value!r} cannot reach the job: ray job submit hands the entrypoint "
                              f"to a shell again, so it may not contain any of {special} or a tab or line break")
-    return JobPlan(name=name, config_path=rel, config=config, overrides=tuple(overrides),
+    return JobPlan(name=name, config_path=entry, config=config, overrides=tuple(overrides),
                    worker_replicas=replicas, node_group=group.name)
 
 
 def plan_jobs(env: Environment, jobs_dir: Path, root: Path) -> list[JobPlan]:
-    """Every ``*.toml`` under ``jobs_dir``, sorted; two files with one name are refused."""
-    plans = [plan_job(env, p, root) for p in sorted(jobs_dir.glob("*.toml"))]
+    """Every ``*.toml`` under ``jobs_dir``, sorted; two files with one name are refused. The
+    folder travels as the archive's ``jobs/`` (:func:`charts.code_bundle.build_code_bundle`),
+    so each entrypoint names ``jobs/<file>`` wherever the folder lies here."""
+    plans = [plan_job(env, p, root, config_path=f"{contract.JOBS_DIR}/{p.name}")
+             for p in sorted(jobs_dir.glob("*.toml"))]
     seen: dict[str, str] = {}
     for plan in plans:
         if plan.name in seen:

@@ -58,21 +58,25 @@ def quiet_node_floor_warning() -> None:
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", SUPPORTED_NODE_FLOOR)
 
 
-def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "") -> SynthResult:
-    """Build the code archive and every chart from ``env`` and ``<root>/jobs/*.toml``;
-    ``spec_text`` (the environment file's text) travels in every RayJob for the run record."""
+def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "",
+          jobs: Path | None = None) -> SynthResult:
+    """Build the code archive and every chart from ``env`` and ``<jobs>/*.toml`` (default
+    ``<root>/jobs``; the folder travels as the archive's ``jobs/``, so tests plan fixture copies
+    without touching the shipped jobs); ``spec_text`` (the environment file's text) travels in
+    every RayJob for the run record."""
     from charts.jobs import plan_jobs
     from charts.code_bundle import build_code_bundle
     from environment.contract import CODE_PREFIX
     from charts.provenance import SourceIdentity
-    from training.contract import fill_manifest_hash, manifest_hash
+    from training.contract import JOBS_DIR, fill_manifest_hash, manifest_hash
 
     root = Path(root).resolve()
+    jobs = Path(jobs).resolve() if jobs is not None else root / JOBS_DIR
     outdir = Path(outdir).resolve()
     with contextlib.chdir(root):  # job configs name paths relative to where the job runs
-        plans = plan_jobs(env, root / "jobs", root)  # user errors surface before the slow imports
-        code = build_code_bundle(root, outdir / CODE_PREFIX)  # dist/ mirrors the bucket's layout
-        source = SourceIdentity.capture(root, spec_text)
+        plans = plan_jobs(env, jobs, root)  # user errors surface before the slow imports
+        code = build_code_bundle(root, outdir / CODE_PREFIX, jobs)  # dist/ mirrors the bucket's layout
+        source = SourceIdentity.capture(root, spec_text, jobs)
 
     import cdk8s
 

@@ -54,7 +54,10 @@ class SourceIdentity:
     spec_text: str = ""
 
     @classmethod
-    def capture(cls, root: Path, spec_text: str = "") -> "SourceIdentity":
+    def capture(cls, root: Path, spec_text: str = "", jobs: Path | None = None) -> "SourceIdentity":
+        """``jobs``: the folder packed as the archive's ``jobs/`` (default ``root/jobs``); it
+        replaces ``root/jobs`` in the source hash and, where it lies in the checkout, in the
+        dirty check."""
         def git(*args: str) -> str:
             try:
                 out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
@@ -63,9 +66,14 @@ class SourceIdentity:
             return out.stdout.strip() if out.returncode == 0 else ""
 
         commit = git("rev-parse", "--verify", "HEAD")
-        changes = git("status", "--porcelain", "--", *contract.SOURCE_PATHS) if commit else ""
+        paths = list(contract.SOURCE_PATHS)
+        if jobs is not None:
+            paths.remove(contract.JOBS_DIR)
+            if jobs.resolve().is_relative_to(root.resolve()):
+                paths.append(jobs.resolve().relative_to(root.resolve()).as_posix())
+        changes = git("status", "--porcelain", "--", *paths) if commit else ""
         return cls(git_commit=commit, dirty=bool(changes), spec_text=spec_text,
-                   source_hash=contract.tree_hash(contract.source_files(root)))
+                   source_hash=contract.tree_hash(contract.source_files(root, jobs)))
 
     def env_vars(self) -> dict[str, str]:
         """What the job's runtime environment carries (run.json ``source`` and ``environment_spec``)."""

@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from charts.main import NETWORK_POLICY_CHART
+from fixture_paths import FIXTURE_JOBS
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCOUNT = "111122223333"
@@ -71,7 +72,7 @@ def synthesize_both(raw: dict, source: str, tmp: Path) -> Both:
         warnings.simplefilter("ignore")  # an unlocked image warns; both sides label it
         built = build_app(env, new_app(env, outdir=str(tmp / "cdk.out")))
         assembly = built.app.synth()
-        result = synth(env, tmp / "dist", root=ROOT)
+        result = synth(env, tmp / "dist", root=ROOT, jobs=FIXTURE_JOBS)
     template = assembly.get_stack_by_name(built.cluster.stack_name).template
     manifests = {name: yaml.safe_load(path.read_text()) for name, path in result.files.items()
                  if name != NETWORK_POLICY_CHART}  # one file of many policies, no Ray objects

@@ -314,37 +314,43 @@ environment's bucket; the job's own checks leave such a path unread."""
 
 
 # --- the code that travels to the pods -------------------------------------------------------
-CODE_DIRS = ("training", "jobs", "spec_schema")
+JOBS_DIR = "jobs"
+"""The folder of job configs, in the repository and in the code archive (``--config jobs/<name>.toml``)."""
+CODE_DIRS = ("training", JOBS_DIR, "spec_schema")
 """Folders of the repository packed into the code archive; the job's working directory holds
 exactly these (spec_schema: the engine that parses the job config)."""
 _SKIP_DIRS = frozenset({"__pycache__"})
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 
 
-SOURCE_PATHS = ("training", "jobs", "spec_schema", "charts", "environment", "requirements.lock", "cdk8s.yaml")
+SOURCE_PATHS = ("training", JOBS_DIR, "spec_schema", "charts", "environment", "requirements.lock", "cdk8s.yaml")
 """Every file that shapes a run, relative to the repository root: the job's code and configs
 (what runs), the chart and spec code plus the pinned cdk8s (what renders the manifests). The
 environment spec itself is recorded as text; the operator CLI, infra/ (CloudFormation) and
 devtools/ do not change what a RayJob runs."""
 
 
-def source_files(root: str | Path) -> list[tuple[str, Path]]:
-    """``(name, file)`` of :data:`SOURCE_PATHS` under ``root`` (a missing single file is skipped)."""
+def source_files(root: str | Path, jobs: str | Path | None = None) -> list[tuple[str, Path]]:
+    """``(name, file)`` of :data:`SOURCE_PATHS` under ``root`` (a missing single file is skipped);
+    ``jobs`` as in :func:`code_files`."""
     root = Path(root)
-    dirs = [p for p in SOURCE_PATHS if (root / p).is_dir()]
+    dirs = [p for p in SOURCE_PATHS if (root / p).is_dir() or (p == JOBS_DIR and jobs is not None)]
     files = [(p, root / p) for p in SOURCE_PATHS if (root / p).is_file()]
-    return sorted(code_files(root, dirs) + files)
+    return sorted(code_files(root, dirs, jobs) + files)
 
 
-def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS) -> list[tuple[str, Path]]:
+def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS,
+               jobs: str | Path | None = None) -> list[tuple[str, Path]]:
     """``(archive name, file)`` of every file under ``root/<dir>`` that travels, sorted by name.
 
+    ``jobs`` (default ``root/jobs``) is the folder that travels as ``jobs/``: the chart tests pack
+    fixture copies there, so an edit of a shipped job changes none of their inputs.
     Hidden entries, ``__pycache__`` and compiled files stay behind; a missing folder is an error
     (an archive without it could not run)."""
     root = Path(root)
     found = []
     for top in dirs:
-        base = root / top
+        base = Path(jobs) if top == JOBS_DIR and jobs is not None else root / top
         if not base.is_dir():
             raise FileNotFoundError(f"{base}: missing (the code archive needs {', '.join(dirs)})")
         for dirpath, dirnames, filenames in os.walk(base):
@@ -353,7 +359,7 @@ def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS) -> list[tuple[
                 path = Path(dirpath, filename)
                 if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES) or not path.is_file():
                     continue
-                found.append((path.relative_to(root).as_posix(), path))
+                found.append((f"{top}/{path.relative_to(base).as_posix()}", path))
     return sorted(found)
 
 

@@ -3,9 +3,10 @@ name: ``from conftest import`` would pick whichever conftest another test folder
 
 The bindings import alone costs ~5 s without bytecode caching, a synth ~2 s more: conftest.py
 runs each variant ONCE per session. The specs are written here, not read from environment.toml:
-a user editing their environment must not break the snapshots. ``default`` = the shipped defaults (2 x g6.12xlarge) with an
-account and a locked image (the digest is a test value, not a real image); ``large`` =
-4 x g6.48xlarge, unlocked.
+a user editing their environment must not break the snapshots. The jobs are the fixture
+copies (``FIXTURE_JOBS``) for the same reason: editing a shipped job breaks no chart test.
+``default`` = the shipped defaults (2 x g6.12xlarge) with an account and a locked image (the
+digest is a test value, not a real image); ``large`` = 4 x g6.48xlarge, unlocked.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from environment import Environment, environment_from_dict
+from fixture_paths import FIXTURE_JOBS
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "111122223333"
@@ -90,7 +92,7 @@ def run_synth(env: Environment, outdir: Path, spec_text: str = "") -> Synth:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an unlocked image warns; the charts label it instead
-        result = synth(env, outdir, root=ROOT, spec_text=spec_text)
+        result = synth(env, outdir, root=ROOT, spec_text=spec_text, jobs=FIXTURE_JOBS)
     docs = {name: [d for d in yaml.safe_load_all(path.read_text()) if d]
             for name, path in result.files.items()}
     return Synth(env=env, result=result, docs=docs)

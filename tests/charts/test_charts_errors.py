@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from charts_testspec import ROOT, SPEC_TOML, large_env, make_env
+from fixture_paths import FIXTURE_JOBS
 
 from charts.errors import ChartError
 from charts.jobs import JobPlan, _toml_value, plan_jobs
@@ -104,7 +105,7 @@ def test_cli_prints_error_and_exits_2(tmp_path):
 def test_entrypoint_is_shell_safe_and_round_trips():
     # Whatever a value holds, the shell hands the job exactly the argv the chart meant.
     hostile = "s3://bucket/it's; rm -rf / $(reboot) `x` \"q\""
-    cfg = load_job_config(ROOT / "jobs" / "smoke.toml")
+    cfg = load_job_config(FIXTURE_JOBS / "smoke.toml")
     plan = JobPlan(name="smoke", config_path="jobs/smoke.toml", config=cfg,
                    overrides=(f"checkpoint.storage_path={_toml_value(hostile)}", "parallel.use_gpu=true"),
                    worker_replicas=1, node_group="gpu")
@@ -157,7 +158,7 @@ def test_the_oracle_sees_what_the_second_shell_breaks():
 
 
 def test_a_value_the_job_shell_would_break_is_refused(tmp_path):
-    text = (ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml").read_text().replace(
+    text = (FIXTURE_JOBS / "finetune-qwen2.5-1.5b.toml").read_text().replace(
         'path = "s3://{bucket}/data/chat/"', 'path = "s3://{bucket}/data/it\'s $(chat)/"')
     message = plan_error(job_root(tmp_path, bad=text))
     assert message.startswith("jobs/bad.toml: data.path: \"s3://raytrain-raytrain-111122223333-us-east-1/data/it's "

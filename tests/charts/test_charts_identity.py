@@ -7,6 +7,7 @@ import subprocess
 
 import yaml
 from charts_testspec import ROOT, SPEC_TOML
+from fixture_paths import FIXTURE_JOBS
 
 from training import contract
 
@@ -31,14 +32,16 @@ def test_each_rayjob_carries_the_hash_of_its_own_file(default_synth):
 def test_git_identity_and_spec_text_travel_to_the_job(default_synth):
     env_vars = _runtime_env(default_synth, "rayjob-local")
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *contract.SOURCE_PATHS],
+    # The synth packs the fixture jobs as jobs/: they stand in for ROOT/jobs in both checks.
+    paths = [p for p in contract.SOURCE_PATHS if p != contract.JOBS_DIR] + [FIXTURE_JOBS.relative_to(ROOT).as_posix()]
+    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *paths],
                                 capture_output=True, text=True).stdout.strip())
     assert env_vars[contract.ENV_GIT_COMMIT] == head
     assert env_vars[contract.ENV_GIT_DIRTY] == ("true" if dirty else "false")
     labels = default_synth.one("rayjob-local")["metadata"]["labels"]
     assert labels["raytrain.io/git-commit"] == head
     assert base64.b64decode(env_vars[contract.ENV_SPEC_TEXT]).decode() == SPEC_TOML
-    assert env_vars[contract.ENV_SOURCE_HASH] == contract.tree_hash(contract.source_files(ROOT))
+    assert env_vars[contract.ENV_SOURCE_HASH] == contract.tree_hash(contract.source_files(ROOT, FIXTURE_JOBS))
 
 
 def test_gpu_workers_learn_their_node_from_the_downward_api_and_their_zone_from_the_spec(default_synth):

@@ -67,6 +67,7 @@ def test_rayjob_entrypoints_pass_the_jobs_own_check_in_the_unpacked_archive(defa
 
     from charts.manifests import read_rayjob
     from charts_testspec import ROOT
+    from fixture_paths import FIXTURE_JOBS
 
     with zipfile.ZipFile(default_synth.result.code.path) as zf:
         zf.extractall(tmp_path / "wd")
@@ -74,7 +75,7 @@ def test_rayjob_entrypoints_pass_the_jobs_own_check_in_the_unpacked_archive(defa
     env.pop("PYTHONPATH", None)  # only the archive's code: the repository must not leak in
     unbuilt = []
     for job in ("local", "smoke"):  # finetune's model lives in S3: not reachable here
-        if not (ROOT / TOKENIZER_DIR).is_dir() and TOKENIZER_DIR in (ROOT / "jobs" / f"{job}.toml").read_text():
+        if not (ROOT / TOKENIZER_DIR).is_dir() and TOKENIZER_DIR in (FIXTURE_JOBS / f"{job}.toml").read_text():
             unbuilt.append(job)  # its tokenizer is built offline, never committed
             continue
         submission = read_rayjob(default_synth.result.files[f"rayjob-{job}"])

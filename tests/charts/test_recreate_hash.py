@@ -9,8 +9,7 @@ import pytest
 import yaml
 from charts_oracles.recreate_hash import recreate_hash
 from charts_testspec import ROOT, make_env, spec_raw
-
-from training.contract import CODE_DIRS
+from fixture_paths import FIXTURE_JOBS
 
 EXTRA_JOB = '''name = "extra"
 [model]
@@ -25,10 +24,10 @@ sigterm_grace_seconds = 500
 '''
 
 
-def raycluster_hash(env, tmp_path, root=ROOT) -> str:
+def raycluster_hash(env, tmp_path, jobs=FIXTURE_JOBS) -> str:
     from charts.main import synth
 
-    result = synth(env, tmp_path / "dist", root=root)
+    result = synth(env, tmp_path / "dist", root=ROOT, jobs=jobs)
     (rc,) = [d for d in yaml.safe_load_all(result.files["raycluster"].read_text()) if d]
     return recreate_hash(rc["spec"])
 
@@ -48,26 +47,25 @@ def test_prices_and_pipeline_edits_leave_the_cluster_alone(baseline, tmp_path):
     assert raycluster_hash(env, tmp_path) == baseline
 
 
-def tree_with(tmp_path, job_text: str):
-    """A copy of the code tree with one more job config."""
-    root = tmp_path / "tree"
-    for folder in CODE_DIRS:
-        shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "jobs" / "extra.toml").write_text(job_text)
-    return root
+def jobs_with(tmp_path, job_text: str):
+    """A copy of the fixture jobs with one more job config."""
+    jobs = tmp_path / "jobs"
+    shutil.copytree(FIXTURE_JOBS, jobs)
+    (jobs / "extra.toml").write_text(job_text)
+    return jobs
 
 
 def test_adding_a_job_leaves_the_cluster_alone(baseline, tmp_path):
     # its checkpoint grace (500 s) is longer than any shipped job's, yet the cluster's is fixed
-    assert raycluster_hash(make_env(), tmp_path, root=tree_with(tmp_path, EXTRA_JOB)) == baseline
+    assert raycluster_hash(make_env(), tmp_path, jobs=jobs_with(tmp_path, EXTRA_JOB)) == baseline
 
 
 def test_a_job_longer_than_the_cluster_grace_is_refused_in_one_line(tmp_path):
     from charts.errors import ChartError
 
-    root = tree_with(tmp_path, EXTRA_JOB.replace("= 500", "= 900"))
+    jobs = jobs_with(tmp_path, EXTRA_JOB.replace("= 500", "= 900"))
     with pytest.raises(ChartError) as err:
-        raycluster_hash(make_env(), tmp_path, root=root)
+        raycluster_hash(make_env(), tmp_path, jobs=jobs)
     assert str(err.value) == ("jobs/extra.toml: checkpoint.sigterm_grace_seconds: 900 is longer than the long-lived "
                               "RayCluster's workers wait on SIGTERM (at most 600): its -on-cluster RayJob would be "
                               "killed inside its final checkpoint")

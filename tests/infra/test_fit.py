@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fixture_paths import FIXTURE_JOBS
 from raytrain_eks.fit import NodeGroup, Pod, allocatable, place
 from raytrain_eks.fit_inputs import fit_cases, read_manifests
 
@@ -24,7 +25,7 @@ def dist(default, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fit-dist")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        synth(default.env, out, root=REPO)
+        synth(default.env, out, root=REPO, jobs=FIXTURE_JOBS)
     return out
 
 

@@ -28,6 +28,7 @@ from training import contract
 from charts.main import synth
 from raytrain_eks.commands.lock import lock
 from environment import load_environment
+from fixture_paths import FIXTURE_JOBS
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = "sha256:" + "0123456789abcdef" * 4
@@ -36,10 +37,11 @@ NEW = "sha256:" + "fedcba9876543210" * 4
 
 def snapshot(tmp_path: Path) -> Path:
     """The folders synth reads (jobs/ and the training/ code it bundles), copied once: both
-    synths see the same code even while someone edits the working tree."""
+    synths see the same code even while someone edits the working tree. jobs/ are the fixture copies."""
     root = tmp_path / "repo"
     for folder in contract.CODE_DIRS:
-        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        source = FIXTURE_JOBS if folder == contract.JOBS_DIR else REPO / folder
+        shutil.copytree(source, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 

@@ -20,6 +20,7 @@ import yaml
 
 from charts.main import synth
 from environment import load_environment
+from fixture_paths import FIXTURE_JOBS
 from infra.lambdas.image_watcher.history import APPLIED, ROLLED_BACK, PromotionHistory
 from raytrain_eks.commands.lock import lock
 
@@ -34,10 +35,10 @@ def workspace(tmp_path, aws):
     shutil.copy(REPO / "environment.toml", env_file)
     # dist/ at the candidate digest, dist/promoted/ at the promoted one (what Synth writes)
     lock(str(env_file), digest=PROMOTED)
-    synth(load_environment(env_file), tmp_path / "dist" / "promoted")
+    synth(load_environment(env_file), tmp_path / "dist" / "promoted", jobs=FIXTURE_JOBS)
     lock(str(env_file), digest=CANDIDATE)
     env = load_environment(env_file)
-    synth(env, tmp_path / "dist")
+    synth(env, tmp_path / "dist", jobs=FIXTURE_JOBS)
     suffix = uuid.uuid4().hex[:8]
     ssm, ddb = boto3.client("ssm", **aws), boto3.client("dynamodb", **aws)
     parameter, table = f"/raytrain/apply-{suffix}/promoted", f"apply-{suffix}"

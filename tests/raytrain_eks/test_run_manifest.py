@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixture_paths import FIXTURE_JOBS
 
 from charts.errors import ChartError
 from charts.jobs import MAX_RAYJOB_NAME
@@ -51,7 +52,7 @@ def test_the_rayjob_is_the_runs_with_the_users_overrides_first(tmp_path):
 def test_a_job_outside_jobs_is_refused(tmp_path):
     env = load_environment(ROOT / "environment.toml")
     outside = tmp_path / "mine.toml"
-    outside.write_text((ROOT / "jobs" / "local.toml").read_text())
+    outside.write_text((FIXTURE_JOBS / "local.toml").read_text())
     with pytest.raises(ChartError, match="a job file must be under"):
         synth_run(env, outside, run="r1", overrides=[], outdir=tmp_path / "m", spec_text="")
 

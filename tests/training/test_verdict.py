@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import pytest
+from fixture_paths import FIXTURE_JOBS
 
 from training import verdict
 from training.config import JobConfigError, load_job_config
-
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def _record(status="succeeded", accept=None, before=3.0, after=2.0, transport="efa", **extra):
@@ -55,5 +54,5 @@ def test_a_missing_figure_never_meets_a_criterion_and_transport_is_execution():
 ])
 def test_bad_criteria_are_refused_in_one_line(override, message):
     with pytest.raises(JobConfigError) as caught:
-        load_job_config(ROOT / "jobs" / "local.toml", [override])
+        load_job_config(FIXTURE_JOBS / "local.toml", [override])
     assert message in str(caught.value) and "jobs/local.toml" in str(caught.value)

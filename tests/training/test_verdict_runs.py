@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from fixture_paths import FIXTURE_JOBS
 
 from training.config import load_job_config
 from training.run_record import RunRecord
@@ -33,7 +34,7 @@ def _run(tmp_path: Path, monkeypatch, overrides: list[str]) -> tuple[dict, str |
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("RAYTRAIN_CACHE_DIR", str(tmp_path / "cache"))
-    job = load_job_config(ROOT / "jobs" / "local.toml", SHORT + overrides)
+    job = load_job_config(FIXTURE_JOBS / "local.toml", SHORT + overrides)
     run_dir = tmp_path / "runs" / job.run_name
     (tmp_path / "local").mkdir()
     ctx = local_context(str(tmp_path / "local"), run_dir=str(run_dir))

@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fixture_paths import FIXTURE_JOBS
+
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURE_JOBS = ROOT / "tests" / "fixtures" / "jobs"
-"""Copies of the shipped jobs the tests start from: editing a shipped job (a product, tested
-as one: it loads, passes --check, synthesizes) changes no test's input."""
 LOCAL_JOB = FIXTURE_JOBS / "local.toml"
 
 CHAT_OK = {"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]}

@@ -1,0 +1,131 @@
+"""The shipped jobs (jobs/*.toml) as products: each loads, passes the job's own ``--check`` and
+the preflight, and synthesizes with the shipped environment.toml into RayJobs that validate.
+
+Every other test starts from the copies in tests/fixtures/jobs (``fixture_paths.FIXTURE_JOBS``):
+this module is the one an edit of a shipped job can break, and it covers a new shipped job
+without an edit (each test is parametrized over the folder).
+"""
+from __future__ import annotations
+
+import contextlib
+import tomllib
+import warnings
+from pathlib import Path
+
+import pytest
+from fixture_paths import FIXTURE_JOBS
+from fixtures_s3 import no_session_s3  # noqa: F401  (a fixture: the preflight's outcome must not hang on the session's S3)
+
+from environment import load_environment
+from training.contract import BUCKET_PLACEHOLDER, JOBS_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((ROOT / JOBS_DIR).glob("*.toml"))
+ENV_FILE = ROOT / "environment.toml"
+
+
+def test_jobs_are_shipped():
+    # an empty folder would parametrize every test below away and pass in silence
+    assert SHIPPED
+
+
+@pytest.mark.parametrize("job", SHIPPED, ids=lambda p: p.stem)
+def test_a_shipped_job_loads(job, monkeypatch):
+    from training.config import load_job_config
+
+    monkeypatch.chdir(ROOT)  # the configs' relative paths (data, tokenizer) are from the root
+    assert load_job_config(job.relative_to(ROOT)).name
+
+
+@pytest.mark.parametrize("job", SHIPPED, ids=lambda p: p.stem)
+def test_a_shipped_job_passes_its_check_and_says_what_it_did_not_read(job, monkeypatch, capsys):
+    from training.__main__ import main
+
+    monkeypatch.chdir(ROOT)
+    rel = job.relative_to(ROOT).as_posix()
+    code = main(["--config", rel, "--check"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert out.out.startswith(f"{rel}: ok"), out.out
+    if BUCKET_PLACEHOLDER in tomllib.loads(job.read_text()).get("data", {}).get("path", ""):
+        assert "not read: {bucket} is filled in from environment.toml" in out.out
+
+
+@pytest.mark.parametrize("job", SHIPPED, ids=lambda p: p.stem)
+@pytest.mark.usefixtures("no_session_s3")
+def test_a_shipped_job_passes_the_preflight(job, monkeypatch, capsys):
+    from raytrain_eks.cli import main
+
+    monkeypatch.chdir(ROOT)
+    code = main(["preflight", "--env", str(ENV_FILE), "--job", job.relative_to(ROOT).as_posix(),
+                 "--dist", "/nonexistent-dist"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "verdict    OK" in out.out
+
+
+@pytest.fixture(scope="module")
+def shipped_synth(tmp_path_factory):
+    """One synth of the shipped jobs with the shipped spec, as ``cdk8s synth`` runs it."""
+    from charts.main import synth
+
+    outdir = tmp_path_factory.mktemp("shipped-dist")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unlocked image warns; the charts label it instead
+        result = synth(load_environment(ENV_FILE), outdir, root=ROOT, spec_text=ENV_FILE.read_text())
+    return result
+
+
+@pytest.mark.parametrize("job", SHIPPED, ids=lambda p: p.stem)
+def test_a_shipped_job_synthesizes_its_rayjob(shipped_synth, job):
+    import yaml
+
+    from charts.main import rayjob_chart_name
+
+    by_path = {plan.config_path: plan for plan in shipped_synth.plans}
+    plan = by_path[f"{JOBS_DIR}/{job.name}"]  # the entrypoint names the file as the archive holds it
+    charts = [rayjob_chart_name(plan.name)]
+    if plan.uses_gpu and plan.node_group == load_environment(ENV_FILE).primary_gpu_group.name:
+        charts.append(rayjob_chart_name(plan.name, on_cluster=True))
+    for chart in charts:
+        (rayjob,) = [d for d in yaml.safe_load_all(shipped_synth.files[chart].read_text()) if d]
+        assert rayjob["kind"] == "RayJob" and rayjob["spec"]["entrypoint"] == plan.entrypoint, chart
+
+
+def test_the_shipped_manifests_validate(shipped_synth):
+    from charts.main import RAYCLUSTER_CHART
+    from charts.validate import manifest_errors
+
+    version = load_environment(ENV_FILE).cluster.kubernetes_version
+    checked, errors = manifest_errors(shipped_synth.files[RAYCLUSTER_CHART].parent, version)
+    assert errors == [] and checked >= len(SHIPPED) + 1
+
+
+def test_the_chart_tests_plan_and_pack_the_fixture_copies_not_the_shipped_jobs(tmp_path):
+    """The separation: a synth from the fixture folder reads nothing under ROOT/jobs. Shown on a
+    tree whose jobs/ is a broken copy of the shipped one: the fixture synth still plans, packs and
+    hashes exactly the fixture files."""
+    from charts.code_bundle import bundle_files
+    from charts.jobs import plan_jobs
+    from charts.provenance import SourceIdentity
+    from training import contract
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for folder in contract.SOURCE_PATHS:
+        if (ROOT / folder).is_dir() and folder != JOBS_DIR:
+            (tree / folder).symlink_to(ROOT / folder, target_is_directory=True)
+    (tree / JOBS_DIR).mkdir()
+    for job in SHIPPED:
+        (tree / JOBS_DIR / job.name).write_text(job.read_text().replace("[train]", "[train"))  # not TOML any more
+    env = load_environment(ENV_FILE)
+    with contextlib.chdir(tree):
+        plans = plan_jobs(env, FIXTURE_JOBS, tree)
+    assert sorted(p.config_path for p in plans) == sorted(f"{JOBS_DIR}/{p.name}" for p in FIXTURE_JOBS.glob("*.toml"))
+    packed = dict(bundle_files(tree, FIXTURE_JOBS))
+    fixture_files = {f"{JOBS_DIR}/{p.name}": p for p in FIXTURE_JOBS.glob("*.toml")}
+    assert {name: path for name, path in packed.items() if name.startswith(f"{JOBS_DIR}/")} == fixture_files
+    assert not any(path.is_relative_to(tree / JOBS_DIR) for path in packed.values())
+    hashed = contract.source_files(tree, FIXTURE_JOBS)
+    assert not any(path.is_relative_to(tree / JOBS_DIR) for _, path in hashed)
+    assert SourceIdentity.capture(tree, jobs=FIXTURE_JOBS).source_hash == contract.tree_hash(hashed)
