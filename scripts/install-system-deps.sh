@@ -4,7 +4,7 @@
 #
 #   docker-registry  Debian's build of the CNCF distribution registry (`registry` v2): a REAL
 #                    OCI distribution server the `lock` command and the image watcher are tested
-#                    against on 127.0.0.1 (tests/pipeline/conftest.py starts it).
+#                    against on 127.0.0.1 (tests/fixtures_pipeline.py starts it).
 #   jq               the pipeline's Smoke step rewrites the RayJob with jq; a test runs that step.
 set -euo pipefail
 

@@ -1,5 +1,6 @@
 """Synthesize each spec variant ONCE per session (a synth costs ~5-10 s on 2 cores, more cold).
-The variants themselves are in infra_variants.py."""
+The variants themselves are in infra_variants.py. A plain module (tests/infra and tests/raytrain_eks
+both use the synthesized app): each folder's conftest.py imports the fixtures it needs."""
 from __future__ import annotations
 
 import pytest

@@ -42,7 +42,7 @@ def pushed(registry) -> dict[str, str]:
 def spec_file(tmp_path, registry) -> Path:
     """A copy of the repository's environment.toml whose image lives in the local registry,
     unlocked (the committed spec may be locked: the pipeline's Synth runs these tests)."""
-    source = Path(__file__).resolve().parents[2] / "environment.toml"
+    source = Path(__file__).resolve().parents[1] / "environment.toml"
     text = re.sub(r'(?m)^digest = "[^"]*"', 'digest = ""', source.read_text()).replace(
         'repository = "public.ecr.aws/deep-learning-containers/ray"',
         f'repository = "{registry.host}/deep-learning-containers/ray"')

@@ -1,4 +1,5 @@
-"""Fixtures for the evidence tests: moto's S3 server on loopback (one per session)."""
+"""Fixtures for the run-record and report tests (imported where they are used): moto's S3 server
+on loopback (one per session)."""
 from __future__ import annotations
 
 import os

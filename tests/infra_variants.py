@@ -21,7 +21,7 @@ from pathlib import Path
 
 from spec_template import template_raw
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 ACCOUNT = "111122223333"
 RESERVATION = "cr-0123456789abcdef0"
 BLOCK = "cr-0fedcba9876543210"

@@ -24,9 +24,11 @@ NODE_RUNTIME = "22"
 """Node.js 22 (maintenance LTS; 20 reached its end of life in April 2026), a runtime of the
 Ubuntu standard:7.0 image (CodeBuild "Available runtimes")."""
 PIP = "pip install --quiet --disable-pip-version-check -c requirements.lock"
-SYNTH_TESTS = "tests/environment tests/infra tests/charts tests/pipeline tests/test_drift.py"
-"""What Synth tests: the environment package, infra, charts, the pipeline (not the training
-loop: that needs torch and Ray, which the image ships and Synth never installs)."""
+SYNTH_TESTS = ("tests/environment tests/infra tests/charts tests/raytrain_eks/pipeline tests/raytrain_eks/test_lock.py "
+               "tests/raytrain_eks/test_fit.py tests/raytrain_eks/test_capacity_command.py tests/test_drift.py")
+"""What Synth tests: the environment package, infra (with the image watcher Lambda), charts, the
+pipeline's steps, ``lock``, the fit check and the capacity report (not the training loop: that
+needs torch and Ray, which the image ships and Synth never installs)."""
 KUBECTL_INSTALL = (
     # The newest patch of the cluster's minor version (kubectl supports one minor of skew).
     'curl -fsSLo /usr/local/bin/kubectl "https://dl.k8s.io/release/'

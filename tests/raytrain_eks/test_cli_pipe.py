@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("argv", [["summary"], ["runs", str(ROOT / "tests" / "evidence" / "fixtures" / "runs")],
+@pytest.mark.parametrize("argv", [["summary"], ["runs", str(ROOT / "tests" / "fixtures" / "runs")],
                                   ["--help"]])
 def test_a_closed_pipe_is_no_traceback(argv):
     proc = subprocess.Popen([sys.executable, "-m", "raytrain_eks.cli", *argv], cwd=ROOT,

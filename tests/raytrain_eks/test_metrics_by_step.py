@@ -16,7 +16,7 @@ import pytest
 from raytrain_eks.report import load_run, render_report
 from raytrain_eks.reproduce import compare_runs
 
-FIXTURE = Path(__file__).parents[1] / "evidence" / "fixtures" / "runs" / "efa-full"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "runs" / "efa-full"
 
 
 def _loss(step: int) -> float:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("no_session_s3")
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = str(ROOT / "environment.toml")
-JOBS = Path(__file__).parent / "fixtures" / "jobs"
+JOBS = ROOT / "tests" / "fixtures" / "preflight_jobs"
 REFERENCE = str(JOBS / "reference_8xl4.toml")
 
 

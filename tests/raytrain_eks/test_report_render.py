@@ -9,7 +9,7 @@ from pathlib import Path
 from raytrain_eks.cli import main
 from raytrain_eks.report import differences, load_run, render_report, throughput_summary
 
-RUNS = Path(__file__).parent / "fixtures" / "runs"
+RUNS = Path(__file__).parents[1] / "fixtures" / "runs"
 
 
 def png_size(path: Path) -> tuple[int, int]:

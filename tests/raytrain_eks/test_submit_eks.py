@@ -19,7 +19,7 @@ from raytrain_eks.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("kubectl_double.py")
-FIXTURE_RUN = ROOT / "tests" / "evidence" / "fixtures" / "runs" / "efa-full"
+FIXTURE_RUN = ROOT / "tests" / "fixtures" / "runs" / "efa-full"
 DRIVER_LOG = "step 10/20 loss 9.81 tokens/s 530 ETA 12 s\neval step 10: held-out loss 9.90\ncheckpoint step 10\nverdict: ACCEPTED\n"
 
 

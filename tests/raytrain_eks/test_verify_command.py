@@ -40,7 +40,7 @@ def moto():
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    from pipeline.oci_registry import OCI_MANIFEST, REGISTRY_BINARY, LocalRegistry, start_registry, stop
+    from oci_registry import OCI_MANIFEST, REGISTRY_BINARY, LocalRegistry, start_registry, stop
 
     if REGISTRY_BINARY is None:
         pytest.fail("docker-registry is not installed: run scripts/install-system-deps.sh")

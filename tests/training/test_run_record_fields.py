@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures_runs_s3 import _moto_server, moto_s3  # noqa: F401  (fixtures)
 
 from training import run_record
 from training import contract as c

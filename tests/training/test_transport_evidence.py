@@ -10,7 +10,7 @@ from training import transport
 from training import nccl_log
 from training.transport import RankTransport, TransportError, TransportGate
 
-FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "nccl"
 
 
 def classify(name: str) -> RankTransport:

@@ -30,7 +30,7 @@ from raytrain_eks.commands.lock import lock
 from environment import load_environment
 from fixture_paths import FIXTURE_JOBS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 OLD = "sha256:" + "0123456789abcdef" * 4
 NEW = "sha256:" + "fedcba9876543210" * 4
 

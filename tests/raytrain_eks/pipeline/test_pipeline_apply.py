@@ -24,7 +24,7 @@ from fixture_paths import FIXTURE_JOBS
 from infra.lambdas.image_watcher.history import APPLIED, ROLLED_BACK, PromotionHistory
 from raytrain_eks.commands.lock import lock
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROMOTED = "sha256:" + "1" * 64
 CANDIDATE = "sha256:" + "2" * 64
 

@@ -38,7 +38,7 @@ from infra.lambdas.image_watcher.watcher import ALREADY_TRIED, START, UP_TO_DATE
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NAME = "deep-learning-containers/ray"
 
 

@@ -14,7 +14,7 @@ from environment import environment_from_dict
 from infra.stacks.pipeline_config import fingerprint
 from raytrain_eks.pipeline.run_checks import RunRefused, check_run
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class Pipeline:
