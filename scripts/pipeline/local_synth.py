@@ -62,7 +62,7 @@ def aws_side(env) -> dict[str, str]:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    sys.path.insert(0, str(ROOT / "tests" / "pipeline"))
+    sys.path.insert(0, str(ROOT / "tests"))
     from oci_registry import free_port
 
     port = free_port()
