@@ -2,7 +2,8 @@
 the loop the Ray workers run, its record written by the driver's own code
 (:func:`training.launch.run_in_process`: start, train, merge what rank 0 returned, finish).
 
-- accepted: jobs/local.toml's own ``[accept]`` criteria, shortened to a few steps;
+- accepted: the local job's own ``[accept]`` criteria (tests/fixtures/jobs/local.toml, a copy of
+  the shipped one), shortened to a few steps;
 - rejected: the same run (ONE training, shared by both tests: a criterion does not change what
   trains) finished with an eval criterion no model reaches; the run itself succeeds;
 - execution-failed: a corrupt data file (stage ``data``), and ``require_transport = "efa"``
