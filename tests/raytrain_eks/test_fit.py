@@ -90,7 +90,7 @@ def test_preflight_runs_the_fit_check_and_refuses_in_one_line(default, dist, tmp
     from raytrain_eks.preflight import render, run_preflight
     from training.config import load_job_config
 
-    job = load_job_config(str(REPO / "jobs/smoke.toml"), ["parallel.num_workers=8", "parallel.workers_per_node=4"])
+    job = load_job_config(str(FIXTURE_JOBS / "smoke.toml"), ["parallel.num_workers=8", "parallel.workers_per_node=4"])
     plan = run_preflight(default.env, job, dist_dir=dist, cdk_out=default.outdir, installed_ray="2.58.0")
     [fit] = [c for c in plan.checks if c.name == "scheduling fit"]
     assert fit.ok and "every pod gets a node" in fit.message

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from cases import ROOT
+from fixture_paths import FIXTURE_JOBS
 from environment import load_environment
 from training.config import load_job_config
 
@@ -56,7 +57,7 @@ def test_a_byte_order_mark_is_not_an_error(tmp_path):
 
 
 def test_a_gpu_job_check_says_how_it_is_sized():
-    out = _run("-m", "training", "--config", "jobs/smoke.toml", "--check")
+    out = _run("-m", "training", "--config", str(FIXTURE_JOBS.relative_to(ROOT) / "smoke.toml"), "--check")
     assert out.returncode == 0, out.stderr
     first = out.stdout.splitlines()[0]
     assert "1 workers" not in first and "1 worker," not in first and "one per GPU of its node group" in first
