@@ -11,6 +11,9 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PYTHONDONTWRITEBYTECODE := 1
 ENV_FILE ?= environment.toml
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): one per core of the 2-core machines the suite is sized for;
+# 0 runs the tests in this process. tests/conftest.py says how the work is split.
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
 
@@ -53,7 +56,7 @@ demo: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" ENV_FILE=$(ENV_FILE) FAULT=$(FAULT) bash scripts/demo.sh
 
 test: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py

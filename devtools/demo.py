@@ -94,25 +94,28 @@ def run_demo(args: argparse.Namespace) -> dict:
         print(f"    cdk synth: skipped, the spec is not deployable yet: {not_deployable}")
     else:
         _run([str(NODE_BIN / "cdk"), "synth", "--quiet"], "cdk synth (CloudFormation -> cdk.out/)", env=spec_env, quiet=True)
-    _run([str(NODE_BIN / "cdk8s"), "synth", "--no-check-upgrade"], "cdk8s synth (manifests -> dist/)", env=spec_env, quiet=True)
-    _run([sys.executable, "-m", "charts.validate", "dist"], "validate manifests (KubeRay CRDs, Kubernetes schema)", quiet=True)
+    dist = (ROOT / args.dist).resolve()  # relative to the repository, like the tools it runs
+    _run([str(NODE_BIN / "cdk8s"), "synth", "--no-check-upgrade", "--output", str(dist)],
+         f"cdk8s synth (manifests -> {args.dist}/)", env=spec_env, quiet=True)
+    _run([sys.executable, "-m", "charts.validate", str(dist)], "validate manifests (KubeRay CRDs, Kubernetes schema)", quiet=True)
 
     _header(3, total, "preflight")
-    _run([sys.executable, "-m", "raytrain_eks.cli", "preflight", "--env", str(env_path), "--job", f"jobs/{LOCAL_JOB}.toml"],
+    _run([sys.executable, "-m", "raytrain_eks.cli", "preflight", "--env", str(env_path), "--job", f"jobs/{LOCAL_JOB}.toml",
+          "--dist", str(dist)],
          "preflight", quiet=False)
 
-    manifest = ROOT / "dist" / f"rayjob-{LOCAL_JOB}.k8s.yaml"
+    manifest = dist / f"rayjob-{LOCAL_JOB}.k8s.yaml"
     job = read_rayjob(manifest)
     from environment.contract import CODE_PREFIX
     from training.config import load_job_config
 
-    code_zip = ROOT / "dist" / CODE_PREFIX / Path(job.working_dir).name
+    code_zip = dist / CODE_PREFIX / Path(job.working_dir).name
     run_uri = f"{env.storage_uri}/{load_job_config(ROOT / 'jobs' / f'{LOCAL_JOB}.toml').run_name}"
     out_dir = Path(args.out) if args.out else ROOT / ".work" / "demo" / time.strftime("%Y%m%d-%H%M%S")
 
     _header(4, total, "local run: moto's S3 server and a real Ray head on 127.0.0.1 (both stop with the demo); "
                       f"ray job submit of the '{job.name}' RayJob's own entrypoint and runtimeEnvYAML "
-                      f"({manifest.relative_to(ROOT)})")
+                      f"({manifest})")
     cluster_env = {}
     if args.fault:
         # Set on the Ray cluster (like a chaos tool would), not in the job: the submitted
@@ -172,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default=os.environ.get("ENV_FILE", "environment.toml"))
     parser.add_argument("--fault", action="store_true", default=os.environ.get("FAULT", "") not in ("", "0"))
     parser.add_argument("--skip-cdk", action="store_true", help="do not synthesize the CloudFormation templates")
+    parser.add_argument("--dist", default="dist", help="where the manifests and the code archive are synthesized (default dist)")
     parser.add_argument("--out", default="", help="where the run's records and report go (default .work/demo/<time>)")
     args = parser.parse_args(argv)
     # Ctrl-C and SIGTERM unwind through the context managers, which stop Ray and the S3 server.

@@ -112,6 +112,9 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
             info = job_info(head.dashboard_url, submission_id, head.client_env)
             out_dir.mkdir(parents=True, exist_ok=True)
             copied = download_run(client, run_uri, out_dir)
+    # Where the run's own services ran: their temp dir and address name every process they
+    # started, so "nothing of this run is left running" can be checked for this run alone.
     (out_dir / "ray_job.json").write_text(json.dumps(
-        {**info, "manifest_entrypoint": job.entrypoint, "manifest_runtime_env_yaml": job.runtime_env_yaml}, indent=2) + "\n")
+        {**info, "manifest_entrypoint": job.entrypoint, "manifest_runtime_env_yaml": job.runtime_env_yaml,
+         "ray_temp_dir": head.temp_dir, "storage_endpoint": s3.endpoint_url}, indent=2) + "\n")
     return LocalRun(status=status, info=info, out_dir=out_dir, copied=copied)

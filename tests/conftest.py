@@ -1,14 +1,19 @@
-"""Shared fixtures: a tiny Qwen2 config and ONE local Ray cluster per test session.
+"""Shared fixtures: a tiny Qwen2 config, ONE local Ray cluster and ONE local run per test session.
 
 Every ``TorchTrainer.fit`` costs ~20-30 s of start-up on 2 cores, and ``ray.init`` itself a few
-seconds more: tests that need Ray take ``ray_cluster`` and share the same one.
+seconds more: tests that need Ray take ``ray_cluster`` and share the same one. Tests that only
+read what a run left (its record, metrics, report, model) take ``local_run``: one
+``raytrain-eks submit jobs/local.toml --local`` for all of them.
 """
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
+from shared_run import submit_local
 from tiny_qwen import TINY_VOCAB, tiny_qwen2_config  # noqa: F401  (re-exported)
 
 
@@ -36,10 +41,52 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def local_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """``(out dir, the finished process)`` of ONE ``raytrain-eks submit jobs/local.toml --local``:
+    moto's S3 server and a real Ray head on 127.0.0.1, the RayJob's own entrypoint submitted with
+    ``ray job submit``, the records, report and model copied to the out dir."""
+    out = tmp_path_factory.mktemp("local-run")
+    return out, submit_local(out)
+
+
+SHARED_RUN_FIXTURES = ("ray_cluster", "local_run")
+"""Session fixtures that start Ray: a test taking one is slow, and is scheduled as described in
+:func:`pytest_collection_modifyitems`."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """`-m "not slow"` is the inner loop: a test that starts Ray (takes ``ray_cluster``) must be
-    marked slow, or the fast set would start a cluster."""
-    unmarked = [item.nodeid for item in items if "ray_cluster" in getattr(item, "fixturenames", ())
+    """`-m "not slow"` is the inner loop: a test that starts Ray (takes a fixture of
+    ``SHARED_RUN_FIXTURES``) must be marked slow, or the fast set would start a cluster.
+
+    Then the order: modules that train (slow) first, each module kept in one piece (a module
+    fixture is set up once), the rest after. In parallel (``-n``) the long units start first
+    instead of ending the run alone; see :func:`pytest_xdist_make_scheduler`."""
+    unmarked = [item.nodeid for item in items if set(SHARED_RUN_FIXTURES) & set(getattr(item, "fixturenames", ()))
                 and item.get_closest_marker("slow") is None]
     if unmarked:
         raise pytest.UsageError("tests that start Ray must be marked slow: " + ", ".join(unmarked))
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    shared_run = {item.path for item in items if "local_run" in getattr(item, "fixturenames", ())}
+    rank = {path: 0 if path in shared_run or "e2e" in path.parts else 1 if path in slow_modules else 2
+            for path in {item.path for item in items}}
+    items.sort(key=lambda item: rank[item.path])  # stable: the order inside each rank is kept
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``make test`` runs the suite on every core (pytest-xdist, ``--dist loadgroup``). A unit of
+    work is a whole module (its module fixtures are set up once), or every module marked
+    ``xdist_group(name)`` together: the modules that read the session's ``local_run`` share one
+    worker, so the run is trained once. Units go out in collection order (slow first)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    config.option.loadscopereorder = False  # keep the collection's order (xdist sorts by size)
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleOrGroup(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return scope if scope != nodeid else nodeid.split("::", 1)[0]
+
+    return ModuleOrGroup(config, log)

@@ -15,7 +15,10 @@ CROSS_CUTTING = {
 
 
 def _folders(base: Path) -> list[Path]:
-    return sorted(p for p in base.iterdir() if p.is_dir() and p.name != "__pycache__" and not p.name.startswith("."))
+    """The folders of ``base`` that hold files: a folder git emptied by a move keeps only its
+    ``__pycache__`` in a working tree, and is not part of the tree."""
+    return sorted(p for p in base.iterdir() if p.is_dir() and p.name != "__pycache__" and not p.name.startswith(".")
+                  and any(f.is_file() and "__pycache__" not in f.parts for f in p.rglob("*")))
 
 
 def _code_folder(path: Path) -> bool:

@@ -3,7 +3,8 @@ read from the synthesized manifest, submitted with `ray job submit` to a real lo
 moto's S3 server as checkpoint storage; one worker is killed mid-run and the run resumes.
 
 One demo run (a few minutes on 2 cores) backs every assertion below. The CloudFormation synth is
-skipped here (tests/infra covers it); everything else is the demo's own path.
+skipped here (tests/infra covers it); everything else is the demo's own path. Its manifests go to
+a folder of the test's own (``--dist``): a test run leaves the checkout's dist/ alone.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools.local_services import processes_matching
+from left_running import left_running
 from training.config import load_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,11 +27,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    proc = subprocess.run([sys.executable, "-m", "devtools.demo", "--skip-cdk", "--fault", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    dist = tmp_path_factory.mktemp("demo-dist")
+    proc = subprocess.run([sys.executable, "-m", "devtools.demo", "--skip-cdk", "--fault", "--out", str(out),
+                           "--dist", str(dist)], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     (out / "demo.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    return out, proc.stdout
+    return out, proc.stdout, dist
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -38,9 +40,9 @@ def _metrics(out: Path) -> list[dict]:
 
 
 def test_the_command_that_ran_is_the_manifests_entrypoint(demo):
-    out, _ = demo
+    out, _, dist = demo
     ran = json.loads((out / "ray_job.json").read_text())
-    manifest = yaml.safe_load_all((ROOT / "dist" / "rayjob-local.k8s.yaml").read_text())
+    manifest = yaml.safe_load_all((dist / "rayjob-local.k8s.yaml").read_text())
     [rayjob] = [d for d in manifest if d and d["kind"] == "RayJob"]
     assert ran["status"] == "SUCCEEDED"
     # byte-identical: what Ray ran, what the manifest says, and what the job saw as its argv
@@ -51,9 +53,9 @@ def test_the_command_that_ran_is_the_manifests_entrypoint(demo):
 
 
 def test_run_record_holds_the_evidence(demo):
-    out, _ = demo
+    out, _, dist = demo
     record = json.loads((out / "run.json").read_text())
-    manifest = next(d for d in yaml.safe_load_all((ROOT / "dist" / "rayjob-local.k8s.yaml").read_text())
+    manifest = next(d for d in yaml.safe_load_all((dist / "rayjob-local.k8s.yaml").read_text())
                     if d and d["kind"] == "RayJob")
     labels = manifest["metadata"]["labels"]
     assert record["status"] == "succeeded" and record["exit_code"] == 0 and not record["error"]
@@ -75,7 +77,7 @@ def test_run_record_holds_the_evidence(demo):
 
 
 def test_resume_after_the_injected_fault_is_continuous(demo):
-    out, stdout = demo
+    out, stdout, _ = demo
     job = load_job_config(ROOT / "jobs" / "local.toml")
     train = [m for m in _metrics(out) if m.get("kind") == "train"]
     summaries = [m for m in _metrics(out) if m.get("kind") == "summary"]
@@ -93,7 +95,7 @@ def test_resume_after_the_injected_fault_is_continuous(demo):
 
 
 def test_report_and_plots_exist(demo):
-    out, stdout = demo
+    out, stdout, _ = demo
     report = out / "report" / "report.md"
     assert report.is_file() and (out / "report" / "loss.png").stat().st_size > 1000
     assert "held-out loss before" in stdout and "command that ran == manifest entrypoint: True" in stdout
@@ -104,7 +106,7 @@ def test_the_jobs_metrics_were_scraped_and_agree_with_metrics_jsonl(demo):
     # and rank 0's last scraped loss is the one metrics.jsonl holds for the same step
     from training import contract
 
-    out, stdout = demo
+    out, stdout, _ = demo
     scraped = json.loads((out / "metrics-scrape.json").read_text())
     expected = set(contract.PROMETHEUS_METRICS) - {contract.METRIC_MFU}
     assert {rank: set(series) for rank, series in scraped.items()} == {"0": expected, "1": expected}
@@ -116,9 +118,8 @@ def test_the_jobs_metrics_were_scraped_and_agree_with_metrics_jsonl(demo):
 
 
 def test_nothing_is_left_running(demo):
-    out, _ = demo
-    assert processes_matching("/tmp/rtd-") == []
-    assert processes_matching("moto_server -H 127.0.0.1") == []
+    out, _, _ = demo
+    assert left_running(out) == {}
 
 
 def test_the_resumed_runs_report_reads_by_step_and_marks_the_resume(demo):
@@ -126,7 +127,7 @@ def test_the_resumed_runs_report_reads_by_step_and_marks_the_resume(demo):
     # fault); the report shows each step once, its last write, and names the resume
     from raytrain_eks.report import load_run
 
-    out, _ = demo
+    out, _, _ = demo
     run = load_run(str(out))
     steps = [r["step"] for r in run.train]
     assert steps == sorted(set(steps)) and run.resumes, run.resumes
@@ -137,7 +138,7 @@ def test_the_resumed_runs_report_reads_by_step_and_marks_the_resume(demo):
 def test_the_exported_model_loads_and_generates(demo):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out, _ = demo
+    out, _, _ = demo
     model = AutoModelForCausalLM.from_pretrained(out / "hf")
     tokenizer = AutoTokenizer.from_pretrained(out / "hf")
     ids = tokenizer("Checkpoints land in", return_tensors="pt").input_ids

@@ -4,34 +4,28 @@ report and a model that loads.
 The local backend is the demo's: moto's S3 server and a real Ray head on 127.0.0.1 with token
 auth; the RayJob is synthesized for this run (its own name, the user's --set in its entrypoint),
 its entrypoint and runtimeEnvYAML submitted with `ray job submit`, as KubeRay's submitter does.
-One submit (a few minutes on 2 cores) backs every assertion below.
+The session's one local run (``local_run`` in tests/conftest.py: the local job shortened with
+--set) backs every assertion below.
 """
 from __future__ import annotations
 
 import json
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from raytrain_eks.local_services import processes_matching
+from shared_run import LOCAL_RUN_SETS
+from left_running import left_running
 
-ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local_run")]
 
 
-@pytest.fixture(scope="module")
-def submitted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("submit")
-    proc = subprocess.run([sys.executable, "-m", "raytrain_eks.cli", "submit", "jobs/local.toml", "--local",
-                           "--set", "train.report_every_n_steps=10", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    (out / "submit.log").write_text(proc.stdout + proc.stderr)
-    return out, proc
+@pytest.fixture
+def submitted(local_run):
+    return local_run
 
 
 def test_one_command_ends_in_the_verdict_and_its_exit_code(submitted):
@@ -47,10 +41,12 @@ def test_one_command_ends_in_the_verdict_and_its_exit_code(submitted):
     assert record["run_dir"].endswith(f"/{run.group(1)}")
     manifest = next(d for d in yaml.safe_load_all((out / "manifests" / f"rayjob-{run.group(1)}.k8s.yaml").read_text()) if d)
     assert manifest["metadata"]["name"] == run.group(1)
-    # the user's --set travels in the entrypoint, before the environment's overrides
+    # the user's --set travel in the entrypoint, in order, before the environment's overrides
     argv = shlex.split(manifest["spec"]["entrypoint"])
-    assert argv[argv.index("--set") + 1] == "train.report_every_n_steps=10"
-    assert record["job_config"]["train"]["report_every_n_steps"] == 10
+    sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
+    assert sets[:len(LOCAL_RUN_SETS)] == list(LOCAL_RUN_SETS) and len(sets) > len(LOCAL_RUN_SETS), sets
+    assert record["job_config"]["train"]["report_every_n_steps"] == 3
+    assert record["job_config"]["train"]["max_steps"] == 12
     ran = json.loads((out / "ray_job.json").read_text())
     assert ran["status"] == "SUCCEEDED" and ran["entrypoint"] == manifest["spec"]["entrypoint"]
 
@@ -91,5 +87,5 @@ def test_every_run_prints_no_preemption_watcher_error(submitted):
 
 
 def test_nothing_is_left_running(submitted):
-    assert processes_matching("/tmp/rtd-") == []
-    assert processes_matching("moto_server -H 127.0.0.1") == []
+    out, _ = submitted
+    assert left_running(out) == {}

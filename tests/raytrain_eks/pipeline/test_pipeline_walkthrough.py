@@ -10,8 +10,9 @@ execution has a workspace of its own (its artifacts), starting from the committe
 is locked), so two executions can be interleaved stage by stage as CodePipeline's QUEUED mode
 does. Not run: ``cdk deploy`` (needs an account); Synth's tests and ``cdk synth``
 (scripts/pipeline/local_synth.py runs the whole command list). The smoke run's record is the
-output of ONE real local training run (``python -m training --config jobs/local.toml``), which
-the fake kubectl "runs" by copying it into the bucket under the smoke run's name.
+output of the session's ONE real local training run (``local_run`` in tests/conftest.py:
+``raytrain-eks submit jobs/local.toml --local``), which the fake kubectl "runs" by copying it into
+the bucket under the smoke run's name.
 
 The story of one image tag: the committed digest is promoted; the watcher's new digest is
 promoted; a push keeps it; a failing smoke run and a regression leave the long-lived cluster
@@ -36,34 +37,22 @@ from training.contract import EVAL_LOSS
 from infra.lambdas.image_watcher.history import PROMOTED, ROLLED_BACK, PromotionHistory
 from infra.lambdas.image_watcher.watcher import ALREADY_TRIED, START, UP_TO_DATE, CodePipelineStarter, WatcherConfig, check
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local_run")]
 
 REPO = Path(__file__).resolve().parents[3]
 NAME = "deep-learning-containers/ray"
 
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory) -> Path:
-    """ONE real run of the local job (tiny Qwen2, 2 CPU workers under Ray Train), few steps."""
-    out = tmp_path_factory.mktemp("real-run")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
-    done = subprocess.run(
-        [sys.executable, "-m", "training", "--config", "jobs/local.toml",
-         "--set", f"checkpoint.storage_path={out}", "--set", "checkpoint.run_name=smoke-local",
-         "--set", "train.max_steps=6", "--set", "train.report_every_n_steps=3",
-         "--set", "checkpoint.every_n_steps=0", "--set", "checkpoint.export_hf=false",
-         "--set", "eval.every_n_steps=0", "--set", "eval.max_batches=2",
-         # 6 steps cannot meet the local job's model criteria (its 40 steps do): the smoke gate
-         # judges the image, so this run keeps only the transport criterion.
-         "--set", "accept.eval_loss_after_max=0", "--set", "accept.improvement_min=0"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    run_dir = out / "smoke-local"
+def real_run(local_run, tmp_path_factory) -> Path:
+    """The record and metrics of the session's ONE real local run (tests/conftest.py
+    ``local_run``: the local job under Ray Train on 2 CPU workers, submitted as a user does)."""
+    out, done = local_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # only the record and the metrics: checkpoints are not part of what the pipeline reads
-    keep = run_dir.parent / "record"
-    keep.mkdir()
+    keep = tmp_path_factory.mktemp("record")
     for name in ("run.json", "metrics.jsonl"):
-        (keep / name).write_bytes((run_dir / name).read_bytes())
+        (keep / name).write_bytes((out / name).read_bytes())
     return keep
 
 

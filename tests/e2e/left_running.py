@@ -1,0 +1,19 @@
+"""What a finished local run left running: its own processes only, found by the temp dir its
+Ray head ran in and the address of its S3 server (both recorded in ``ray_job.json``), so another
+run on the same machine (a parallel test, a user's demo) is not mistaken for this one's."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from raytrain_eks.local_services import processes_matching
+
+
+def left_running(out: Path) -> dict[str, list[int]]:
+    """``{marker: pids}`` for each of the run's services that still has a process; {} when none."""
+    ran = json.loads((out / "ray_job.json").read_text())
+    port = ran["storage_endpoint"].rsplit(":", 1)[1]
+    # /proc cmdlines end with the argument separator: the trailing space keeps port 5486 from
+    # matching 54863.
+    markers = [ran["ray_temp_dir"], f"moto_server -H 127.0.0.1 -p {port} "]
+    return {marker: pids for marker in markers if (pids := processes_matching(marker))}
