@@ -6,15 +6,29 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from typing import Callable
 
 import torch.multiprocessing as mp
 
 
+def _run_then_exit(rank: int, worker: Callable[..., None], out_dir: str, *args) -> None:
+    """The worker, then an exit that skips interpreter finalization. A rank's results are on
+    disk once it returns; what finalization does after that is not under test, and on a loaded
+    machine it can abort: gloo's C++ worker threads may still hold tensors whose release needs
+    the GIL of an interpreter that is being torn down (SIGABRT, "terminate called without an
+    active exception"; pytorch/pytorch#179291 describes the mechanism). A worker that raises
+    still fails the spawn with its traceback."""
+    worker(rank, out_dir, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def spawn_ranks(worker: Callable[..., None], *args, nprocs: int = 2) -> list[dict]:
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(worker, args=(out_dir, *args), nprocs=nprocs, join=True)
+        mp.spawn(_run_then_exit, args=(worker, out_dir, *args), nprocs=nprocs, join=True)
         results = []
         for rank in range(nprocs):
             with open(os.path.join(out_dir, f"rank{rank}.json")) as handle:
