@@ -181,6 +181,12 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
     cmd = [str(ray), "start", "--head", f"--node-ip-address={LOOPBACK}", f"--port={gcs_port}",
            f"--num-cpus={num_cpus}", "--num-gpus=0", "--include-dashboard=true",
            f"--dashboard-host={LOOPBACK}", f"--dashboard-port={dash_port}", f"--temp-dir={temp_dir}",
+           # Workers' own gRPC ports from the OS, as ray.init's local clusters get them: `ray start`
+           # defaults to the fixed range 10002-19999, which a second head on the machine shares
+           # (a process of one then fails to bind a port a worker of the other holds). With 0
+           # the raylet keeps no port pool and workers bind random ports (ray-project/ray 2.58,
+           # src/ray/raylet/worker_pool.cc, WorkerPool(): free_ports_ only when both are != 0).
+           "--min-worker-port=0", "--max-worker-port=0",
            "--disable-usage-stats", *(f"{flag}={port}" for flag, port in agent_ports.items())]
     log = open(Path(temp_dir) / "ray-start.log", "w")
     proc = subprocess.Popen(cmd, env=child_env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
