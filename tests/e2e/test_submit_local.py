@@ -46,7 +46,7 @@ def test_one_command_ends_in_the_verdict_and_its_exit_code(submitted):
     sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
     assert sets[:len(LOCAL_RUN_SETS)] == list(LOCAL_RUN_SETS) and len(sets) > len(LOCAL_RUN_SETS), sets
     assert record["job_config"]["train"]["report_every_n_steps"] == 3
-    assert record["job_config"]["train"]["max_steps"] == 12
+    assert record["job_config"]["train"]["max_steps"] == 10
     ran = json.loads((out / "ray_job.json").read_text())
     assert ran["status"] == "SUCCEEDED" and ran["entrypoint"] == manifest["spec"]["entrypoint"]
 
