@@ -56,7 +56,7 @@ demo: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" ENV_FILE=$(ENV_FILE) FAULT=$(FAULT) bash scripts/demo.sh
 
 test: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 bench: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py

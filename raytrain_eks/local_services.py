@@ -34,19 +34,28 @@ from typing import Iterator
 LOOPBACK = "127.0.0.1"
 
 
-def free_port(minimum: int = 0) -> int:
-    """A free loopback port, at least ``minimum``."""
-    for _ in range(100):
+PICKED_PORTS = range(20000, 32768)
+"""Where :func:`free_port` picks: between Ray's default worker range (10002-19999, which Ray
+refuses a metrics port in) and Linux's ephemeral range (32768-60999), from which the OS gives
+every ``bind(0)`` and outgoing connection its port, Ray's workers' own among them. A port picked
+here and bound seconds later (``ray start`` on a busy machine) is not taken meanwhile by one of
+those; only another explicit pick could take it."""
+
+
+def free_port() -> int:
+    """A loopback port of :data:`PICKED_PORTS` that is free now, chosen at random so two
+    processes picking at once rarely choose the same one."""
+    import random
+
+    for _ in range(200):
+        port = random.randrange(PICKED_PORTS.start, PICKED_PORTS.stop)
         with socket.socket() as sock:
-            sock.bind((LOOPBACK, 0))
-            port = sock.getsockname()[1]
-        if port >= minimum:
-            return port
-    raise RuntimeError(f"no free port >= {minimum} on {LOOPBACK}")
-
-
-METRICS_PORT_MINIMUM = 20000
-"""Ray refuses a metrics export port inside its worker port range (10002-19999 by default)."""
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1} on {LOOPBACK}")
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None, what: str,
@@ -165,13 +174,18 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
         "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
         "--runtime-env-agent-port", "--ray-client-server-port")}
     # The node's metrics agent (what Prometheus scrapes on EKS), on loopback like everything else.
-    agent_ports["--metrics-export-port"] = free_port(METRICS_PORT_MINIMUM)
+    agent_ports["--metrics-export-port"] = free_port()
     token = secrets.token_hex(32)
     # Token auth as on EKS, with a token of this head's own. On a busy 2-core machine the
     # dashboard's module processes can take longer than Ray's default 30 s to come up.
     child_env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": token,
                  "RAY_USAGE_STATS_ENABLED": "0",
                  "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300",
+                 # The dashboard's and the autoscaler's own metrics servers default to fixed
+                 # ports (ray/dashboard/consts.py DASHBOARD_METRIC_PORT 44227,
+                 # ray/autoscaler/_private/constants.py AUTOSCALER_METRIC_PORT 44217): a second
+                 # head would fail to bind them and register the first head's address.
+                 "DASHBOARD_METRIC_PORT": str(free_port()), "AUTOSCALER_METRIC_PORT": str(free_port()),
                  # The job's `python` must be this environment's, as the image's is on EKS.
                  "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     ray = Path(sys.executable).with_name("ray")
@@ -183,9 +197,10 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
            f"--dashboard-host={LOOPBACK}", f"--dashboard-port={dash_port}", f"--temp-dir={temp_dir}",
            # Workers' own gRPC ports from the OS, as ray.init's local clusters get them: `ray start`
            # defaults to the fixed range 10002-19999, which a second head on the machine shares
-           # (a process of one then fails to bind a port a worker of the other holds). With 0
-           # the raylet keeps no port pool and workers bind random ports (ray-project/ray 2.58,
-           # src/ray/raylet/worker_pool.cc, WorkerPool(): free_ports_ only when both are != 0).
+           # (a process of one then fails to bind a port a worker of the other holds). With a
+           # minimum of 0 the raylet keeps no port pool and workers bind OS-assigned ports
+           # (ray-project/ray 2.58, src/ray/raylet/worker_pool.cc, WorkerPool(): the pool
+           # free_ports_ is built only for a non-zero range or an explicit list).
            "--min-worker-port=0", "--max-worker-port=0",
            "--disable-usage-stats", *(f"{flag}={port}" for flag, port in agent_ports.items())]
     log = open(Path(temp_dir) / "ray-start.log", "w")

@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import shutil
-import socket
 import subprocess
 import tarfile
 import time
@@ -21,16 +20,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from raytrain_eks.local_services import free_port  # noqa: F401  (one port picker; re-exported)
+
 REGISTRY_BINARY = shutil.which("docker-registry") or shutil.which("registry")
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def sha256(data: bytes) -> str:

@@ -19,7 +19,6 @@ import functools
 import http.server
 import json
 import logging
-import socket
 import threading
 import urllib.parse
 from dataclasses import dataclass
@@ -28,16 +27,14 @@ from pathlib import Path
 import boto3
 from botocore.stub import Stubber
 
+from raytrain_eks.local_services import free_port  # noqa: F401  (one port picker; re-exported)
+
 from environment.addons import ADDONS, EKS_ADDONS
 
 MOTO_ACCOUNT = "123456789012"
 """The account moto's STS answers for."""
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -49,15 +49,15 @@ def _run(tmp_path: Path, monkeypatch, overrides: list[str]) -> tuple[dict, str |
 
 
 @pytest.fixture(scope="module")
-def local_run(tmp_path_factory):
+def verdict_run(tmp_path_factory):
     """The `local` job's short run with its own criteria, trained once for the module."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         return _run(tmp_path_factory.mktemp("local-run"), monkeypatch, [])
 
 
 @pytest.mark.slow
-def test_the_local_job_with_its_declared_criteria_is_accepted(local_run):
-    record, error = local_run
+def test_the_local_job_with_its_declared_criteria_is_accepted(verdict_run):
+    record, error = verdict_run
     assert error is None and record["status"] == "succeeded"
     accept = record["job_config"]["accept"]
     assert accept["eval_loss_after_max"] and accept["improvement_min"]  # the file declares criteria
@@ -80,10 +80,10 @@ def test_the_local_job_with_its_declared_criteria_is_accepted(local_run):
 
 
 @pytest.mark.slow
-def test_an_unreachable_eval_criterion_rejects_a_run_that_succeeded(local_run, tmp_path):
+def test_an_unreachable_eval_criterion_rejects_a_run_that_succeeded(verdict_run, tmp_path):
     # The same run's record as the driver held it before its final write, its job config
     # carrying the unreachable criterion (as `accept.eval_loss_after_max=0.01` would have set).
-    ran, _ = local_run
+    ran, _ = verdict_run
     job_config = {**ran["job_config"], "accept": {**ran["job_config"]["accept"], "eval_loss_after_max": 0.01}}
     pending = RunRecord(str(tmp_path))
     pending.data = {**ran, "job_config": job_config, "status": "running", "verdict": None, "exit_code": None}
