@@ -33,6 +33,11 @@ def ray_cluster():
     # Workers push their metrics to the node's agent every 10 s by default: a short test run
     # could end between two pushes. Set before ray.init so every Ray process inherits it.
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
+    # The autoscaler's metrics server defaults to one fixed port (AUTOSCALER_METRIC_PORT, 44217):
+    # a second test process's cluster would fail to bind it.
+    from raytrain_eks.local_services import free_port
+
+    os.environ.setdefault("AUTOSCALER_METRIC_PORT", str(free_port()))
     if not ray.is_initialized():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
