@@ -163,11 +163,9 @@ class RayHead:
         return {"RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": self.auth_token}
 
 
-@contextlib.contextmanager
-def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path | None = None) -> Iterator[RayHead]:
-    """A local Ray head with ``num_cpus`` logical CPUs; ``env`` reaches every Ray worker.
-    ``keep_logs``: a directory that receives Ray's session logs when the head stops."""
-    temp_dir = tempfile.mkdtemp(prefix="rtd-", dir="/tmp")  # short: Ray's socket paths are limited
+def _start_head(num_cpus: int, env: dict[str, str] | None, temp_dir: str, token: str, log) -> tuple:
+    """``ray start --head`` with ports picked now: ``(gcs port, dashboard port, agent ports, the
+    running ``ray start``)``."""
     gcs_port, dash_port = free_port(), free_port()
     # Our own ports for every listener, so a test's Ray cluster on the same machine never clashes.
     agent_ports = {flag: free_port() for flag in (
@@ -175,7 +173,6 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
         "--runtime-env-agent-port", "--ray-client-server-port")}
     # The node's metrics agent (what Prometheus scrapes on EKS), on loopback like everything else.
     agent_ports["--metrics-export-port"] = free_port()
-    token = secrets.token_hex(32)
     # Token auth as on EKS, with a token of this head's own. On a busy 2-core machine the
     # dashboard's module processes can take longer than Ray's default 30 s to come up.
     child_env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": token,
@@ -203,11 +200,36 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
            # free_ports_ is built only for a non-zero range or an explicit list).
            "--min-worker-port=0", "--max-worker-port=0",
            "--disable-usage-stats", *(f"{flag}={port}" for flag, port in agent_ports.items())]
-    log = open(Path(temp_dir) / "ray-start.log", "w")
     proc = subprocess.Popen(cmd, env=child_env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    return gcs_port, dash_port, agent_ports, proc
+
+
+@contextlib.contextmanager
+def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path | None = None) -> Iterator[RayHead]:
+    """A local Ray head with ``num_cpus`` logical CPUs; ``env`` reaches every Ray worker.
+    ``keep_logs``: a directory that receives Ray's session logs when the head stops."""
+    temp_dir = tempfile.mkdtemp(prefix="rtd-", dir="/tmp")  # short: Ray's socket paths are limited
+    token = secrets.token_hex(32)
+    log = open(Path(temp_dir) / "ray-start.log", "a")
+    # Ports are picked here and bound by Ray seconds later: on a busy machine another process can
+    # take one in between, and `ray start` exits 1. A second try, with ports picked afresh,
+    # starts the head; a second failure is reported with the end of Ray's own output.
+    for attempt in (1, 2):
+        gcs_port, dash_port, agent_ports, proc = _start_head(num_cpus, env, temp_dir, token, log)
+        try:
+            code = proc.wait(timeout=600)
+        except BaseException:
+            _kill_group(proc, marker=temp_dir)
+            raise
+        if code == 0:
+            break
+        _kill_group(proc, marker=temp_dir)
+        if attempt == 2:
+            log.close()
+            tail = " | ".join((Path(temp_dir) / "ray-start.log").read_text(errors="replace").strip().splitlines()[-4:])
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise RuntimeError(f"ray start failed twice (exit {code}): {tail}")
     try:
-        if proc.wait(timeout=600) != 0:
-            raise RuntimeError(f"ray start failed (exit {proc.returncode}); see {keep_logs or temp_dir}")
         dashboard = f"http://{LOOPBACK}:{dash_port}"
         _wait_http(f"{dashboard}/api/version", 360, None, "Ray head", {"Authorization": f"Bearer {token}"})
         yield RayHead(gcs_address=f"{LOOPBACK}:{gcs_port}", dashboard_url=dashboard, temp_dir=temp_dir,
