@@ -135,15 +135,20 @@ def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor,
                               chunk: int = CE_CHUNK_TOKENS) -> torch.Tensor:
     """Summed cross-entropy of ``[tokens, vocab]`` logits, ``chunk`` tokens at a time, in float32.
 
-    Each chunk is checkpointed: its float32 copy is made in forward, dropped, and made again in
-    backward, so at most one chunk's float32 logits exist at any time.
+    Every chunk but the last is checkpointed: its float32 copy is made in forward, dropped, and
+    made again in backward, so at most one chunk's float32 logits exist at any time. The last
+    chunk keeps what it saved: nothing runs between its forward and its backward (the loss is
+    the end of forward, and autograd runs the newest chunk's backward first), so recomputing it
+    would cost its work again for no memory. A batch of one chunk is never recomputed.
     """
     from torch.utils.checkpoint import checkpoint
 
     if logits.shape[0] == 0:
         return logits.sum().float()  # still connected to the graph: every rank runs backward
+    starts = range(0, logits.shape[0], chunk)
     parts = [checkpoint(_chunk_loss, logits[lo:lo + chunk], targets[lo:lo + chunk], use_reentrant=False)
-             for lo in range(0, logits.shape[0], chunk)]
+             for lo in starts[:-1]]
+    parts.append(_chunk_loss(logits[starts[-1]:], targets[starts[-1]:]))
     return torch.stack(parts).sum()
 
 

@@ -223,6 +223,63 @@ def test_chunked_cross_entropy_equals_one_pass_and_keeps_no_float32_copy_of_all_
     assert empty.item() == 0.0 and empty.requires_grad
 
 
+def _log_softmax_runs(fn) -> int:
+    """How many times ``fn`` computes a log-softmax (forward and checkpoint recomputes)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        runs = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._log_softmax.default:
+                Count.runs += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.runs
+
+
+@pytest.mark.parametrize("tokens", [5, 8, 37])
+def test_chunked_cross_entropy_recomputes_every_chunk_but_the_last(tokens):
+    from training.model import chunked_cross_entropy_sum
+
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(tokens, 50, generator=gen).requires_grad_()
+    targets = torch.randint(0, 50, (tokens,), generator=gen)
+    chunks = -(-tokens // 8)
+    # forward: one per chunk; backward: the checkpointed ones again, never the last
+    assert _log_softmax_runs(lambda: chunked_cross_entropy_sum(logits, targets, chunk=8).backward()) \
+        == chunks + chunks - 1
+
+
+@pytest.mark.parametrize("tokens", [512, 1536])
+def test_keeping_the_last_chunk_costs_no_memory(tokens):
+    """Measured by torch's MemTracker: the peak of forward + backward is not above the plan that
+    checkpoints every chunk (the last chunk's saved float32 copy dies before any recompute)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.checkpoint import checkpoint
+
+    from training import model
+
+    def every_chunk_checkpointed(logits, targets, chunk):
+        return torch.stack([checkpoint(model._chunk_loss, logits[lo:lo + chunk], targets[lo:lo + chunk],
+                                       use_reentrant=False) for lo in range(0, logits.shape[0], chunk)]).sum()
+
+    def peak(loss_fn) -> int:
+        gen = torch.Generator().manual_seed(3)
+        hidden = torch.randn(tokens, 32, generator=gen, dtype=torch.bfloat16).requires_grad_()
+        weight = torch.randn(8000, 32, generator=gen, dtype=torch.bfloat16).requires_grad_()
+        targets = torch.randint(0, 8000, (tokens,), generator=gen)
+        tracker = MemTracker()
+        with tracker:
+            loss_fn(hidden @ weight.T, targets, 512).backward()
+        [(_, stats)] = tracker.get_tracker_snapshot("peak").items()
+        return stats["Total"]
+
+    assert peak(model.chunked_cross_entropy_sum) <= peak(every_chunk_checkpointed)
+
+
 def test_gpu_branch_calls_varlen_flash_attention_with_the_packers_layout(monkeypatch):
     """The CUDA branch runs on CPU with only the device decision and the kernel injected: the
     kernel gets the flattened tokens, the packer's cu_seqlens (int32, on the tensors' device),
