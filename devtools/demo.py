@@ -37,8 +37,18 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 NODE_BIN = ROOT / "node_modules" / ".bin"
 LOCAL_JOB = "local"
-FAULT_STEP = 15
-"""Where ``--fault`` kills a worker: after the step-10 checkpoint, before the step-20 one."""
+
+
+def fault_step(job) -> int:
+    """Where ``--fault`` kills a worker: after the last step before the job's second checkpoint
+    whose metrics reached storage (a ``train.report_every_n_steps`` step). The run resumes from
+    the first checkpoint and redoes steps that are already on record, so the two can be compared."""
+    every, report = job.checkpoint.every_n_steps, job.train.report_every_n_steps
+    synced = [step for step in range(every + 1, 2 * every) if step % report == 0]
+    if not synced:
+        raise DemoError(f"jobs/{LOCAL_JOB}.toml: train.report_every_n_steps = {report} leaves no reported step between "
+                        f"the checkpoints at {every} and {2 * every}; --fault needs one (a value below {every})")
+    return synced[-1]
 
 
 class DemoError(RuntimeError):
@@ -110,7 +120,8 @@ def run_demo(args: argparse.Namespace) -> dict:
     from training.config import load_job_config
 
     code_zip = dist / CODE_PREFIX / Path(job.working_dir).name
-    run_uri = f"{env.storage_uri}/{load_job_config(ROOT / 'jobs' / f'{LOCAL_JOB}.toml').run_name}"
+    local_job = load_job_config(ROOT / "jobs" / f"{LOCAL_JOB}.toml")
+    run_uri = f"{env.storage_uri}/{local_job.run_name}"
     out_dir = Path(args.out) if args.out else ROOT / ".work" / "demo" / time.strftime("%Y%m%d-%H%M%S")
 
     _header(4, total, "local run: moto's S3 server and a real Ray head on 127.0.0.1 (both stop with the demo); "
@@ -120,8 +131,9 @@ def run_demo(args: argparse.Namespace) -> dict:
     if args.fault:
         # Set on the Ray cluster (like a chaos tool would), not in the job: the submitted
         # command and runtime env stay exactly the manifest's.
-        cluster_env.update(RAYTRAIN_FAULT_AT_STEP=str(FAULT_STEP), RAYTRAIN_FAULT_RANK="1")
-        print(f"    FAULT: rank 1 dies after step {FAULT_STEP}; Ray Train restarts the workers from the last checkpoint")
+        at = fault_step(local_job)
+        cluster_env.update(RAYTRAIN_FAULT_AT_STEP=str(at), RAYTRAIN_FAULT_RANK="1")
+        print(f"    FAULT: rank 1 dies after step {at}; Ray Train restarts the workers from the last checkpoint")
     watchers: list = []
 
     def scrape(head):

@@ -163,6 +163,11 @@ class RayHead:
         return {"RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": self.auth_token}
 
 
+def dashboard_url(port: int) -> str:
+    """The head's dashboard (job API and state API) on loopback."""
+    return f"http://{LOOPBACK}:{port}"
+
+
 def _start_head(num_cpus: int, env: dict[str, str] | None, temp_dir: str, token: str, log) -> tuple:
     """``ray start --head`` with ports picked now: ``(gcs port, dashboard port, agent ports, the
     running ``ray start``)``."""
@@ -183,6 +188,11 @@ def _start_head(num_cpus: int, env: dict[str, str] | None, temp_dir: str, token:
                  # ray/autoscaler/_private/constants.py AUTOSCALER_METRIC_PORT 44217): a second
                  # head would fail to bind them and register the first head's address.
                  "DASHBOARD_METRIC_PORT": str(free_port()), "AUTOSCALER_METRIC_PORT": str(free_port()),
+                 # Where Ray's state API is, for every process this head starts: asked with no
+                 # address (Ray Train's PlacementGroupCleaner actor does), Ray 2.58 otherwise scans
+                 # the machine's raylets (ray/dashboard/utils.py get_address_for_submission_client)
+                 # and fails while another Ray instance runs on it.
+                 "RAY_API_SERVER_ADDRESS": dashboard_url(dash_port),
                  # The job's `python` must be this environment's, as the image's is on EKS.
                  "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     ray = Path(sys.executable).with_name("ray")
@@ -230,7 +240,7 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
             shutil.rmtree(temp_dir, ignore_errors=True)
             raise RuntimeError(f"ray start failed twice (exit {code}): {tail}")
     try:
-        dashboard = f"http://{LOOPBACK}:{dash_port}"
+        dashboard = dashboard_url(dash_port)
         _wait_http(f"{dashboard}/api/version", 360, None, "Ray head", {"Authorization": f"Bearer {token}"})
         yield RayHead(gcs_address=f"{LOOPBACK}:{gcs_port}", dashboard_url=dashboard, temp_dir=temp_dir,
                       metrics_url=f"http://{LOOPBACK}:{agent_ports['--metrics-export-port']}/metrics",
