@@ -43,11 +43,13 @@ def fault_step(job) -> int:
     """Where ``--fault`` kills a worker: after the last step before the job's second checkpoint
     whose metrics reached storage (a ``train.report_every_n_steps`` step). The run resumes from
     the first checkpoint and redoes steps that are already on record, so the two can be compared."""
-    every, report = job.checkpoint.every_n_steps, job.train.report_every_n_steps
-    synced = [step for step in range(every + 1, 2 * every) if step % report == 0]
+    every, report, last = job.checkpoint.every_n_steps, job.train.report_every_n_steps, job.train.max_steps
+    # the hook runs before a step: a fault after step k needs a step k + 1
+    synced = [step for step in range(every + 1, min(2 * every, last)) if step % report == 0] if every > 0 else []
     if not synced:
-        raise DemoError(f"jobs/{LOCAL_JOB}.toml: train.report_every_n_steps = {report} leaves no reported step between "
-                        f"the checkpoints at {every} and {2 * every}; --fault needs one (a value below {every})")
+        raise DemoError(f"jobs/{LOCAL_JOB}.toml: --fault needs a reported step (train.report_every_n_steps = {report}) "
+                        f"after the first checkpoint (checkpoint.every_n_steps = {every}), before the second one and "
+                        f"before the last step (train.max_steps = {last})")
     return synced[-1]
 
 
@@ -138,7 +140,7 @@ def run_demo(args: argparse.Namespace) -> dict:
 
     def scrape(head):
         # Scrape the node's metrics endpoint while the job runs, as Prometheus does on EKS.
-        watchers.append(Watcher(head.metrics_url))
+        watchers.append(Watcher(head.metrics_url, run=local_job.run_name))
         return watchers[-1]
 
     ran = run_local(rayjob=manifest, run_uri=run_uri, code_path=code_zip, out_dir=out_dir, cluster_env=cluster_env,

@@ -41,14 +41,18 @@ def scrape(url: str, timeout_s: float = 5.0) -> dict[str, list[Series]]:
         return parse(response.read().decode("utf-8"))
 
 
-def job_series(samples: dict[str, list[Series]]) -> dict[str, dict[str, Series]]:
-    """The job's gauges by rank: ``{rank: {contract metric name: series}}``.
+def job_series(samples: dict[str, list[Series]], run: str | None = None) -> dict[str, dict[str, Series]]:
+    """The job's gauges by rank: ``{rank: {contract metric name: series}}``; with ``run``, only
+    the series labelled with that run (the agent serves every worker of its node, and keeps a
+    finished worker's series for a while, so another run's may still be there).
 
     A rank restarted after a failure is a new Ray worker (a new ``WorkerId`` label) while the
     agent may still serve the old one's series: per rank, the worker furthest along wins."""
     by_worker: dict[tuple[str, str], dict[str, Series]] = {}
     for scraped, name in JOB_METRICS.items():
         for series in samples.get(scraped, []):
+            if run is not None and series.labels.get(contract.LABEL_RUN) != run:
+                continue
             key = (series.labels.get(contract.LABEL_RANK, "?"), series.labels.get("WorkerId", ""))
             by_worker.setdefault(key, {})[name] = series
     by_rank: dict[str, dict[str, Series]] = {}
@@ -65,10 +69,11 @@ def _step(series: dict[str, Series]) -> float:
 @dataclass
 class Watcher:
     """Scrapes ``url`` every ``interval_s`` in a thread; keeps each scrape that held the job's
-    gauges (``snapshots``) and counts the others."""
+    gauges (``snapshots``; with ``run``, that run's only) and counts the others."""
 
     url: str
     interval_s: float = 2.0
+    run: str | None = None
     snapshots: list[dict[str, dict[str, Series]]] = field(default_factory=list)
     scrapes: int = 0
     errors: int = 0
@@ -89,7 +94,7 @@ class Watcher:
             else:
                 self.scrapes += 1
                 self.other_names.update(name for name in samples if name not in JOB_METRICS)
-                series = job_series(samples)
+                series = job_series(samples, self.run)
                 if series:
                     self.snapshots.append(series)
                     if self.on_snapshot is not None:

@@ -1,8 +1,9 @@
 """The loop under Ray Train: 2 workers (FSDP2 full_shard on gloo) through the real TorchTrainer.
 
 ONE fit (they cost ~30 s each) with checkpoints every 2 steps and a fault injected on rank 1
-after step 4: Ray restarts the workers, they restore the newest checkpoint Ray had registered
-(step 2, unless its async write was still under way: then step 0) and finish. Compared with the same
+after step 4, whose checkpoint has only just started its background write: the fault hook
+settles it first (written, reported, committed by Ray Train), so Ray restarts the workers, they
+restore step 4 and finish. Compared with the same
 loop in one plain process (same global batch, no fault): equal losses for every step, so the
 resume continued exactly; plus metrics.jsonl, the run.json the driver merges from what rank 0 returns, and the
 before/after eval.
@@ -82,8 +83,9 @@ def test_two_ray_workers_match_one_process_across_a_fault(ray_fit, single_proces
     assert (run / f"fault-injected-at-step-{FAULT_AFTER}-rank-1").exists()
     summary = _read_jsonl(run / "metrics.jsonl")[-1]
     resumed = int(summary["resumed_from"].rsplit("_", 1)[1]) if summary["resumed_from"] else 0
-    assert resumed in (0, 2), summary["resumed_from"]
-    print(f"restarted from step {resumed}")
+    # the step-4 checkpoint is reported only at a later step's agreement: without the settle it
+    # is never handed to Ray before the fault, and the restart finds step 2 (or nothing)
+    assert resumed == FAULT_AFTER, summary["resumed_from"]
     train = [r for r in _read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
     # Attempt 1 logged steps 1..4; attempt 2 restored step `resumed` and logged the rest again.
     steps = list(range(1, FAULT_AFTER + 1)) + list(range(resumed + 1, STEPS + 1))

@@ -86,7 +86,9 @@ def scraped(ray_cluster, tmp_path_factory):
         patch.setattr(loop, "train_loop_per_worker", _held_worker)  # build_trainer takes it from there
         trainer = launch.build_trainer(job)
     trainer.train_loop_config["release"] = str(release)
-    with Watcher(url, interval_s=0.5, on_snapshot=on_snapshot) as watcher:
+    # This run's series only: the session's cluster served other tests' runs, and the node's
+    # agent keeps a finished worker's series for a while.
+    with Watcher(url, interval_s=0.5, run=job.run_name, on_snapshot=on_snapshot) as watcher:
         result = trainer.fit()
     assert result.error is None
     run = Path(launch.run_dir(job))

@@ -146,3 +146,18 @@ def test_a_restarted_rank_is_read_from_the_worker_furthest_along():
     series = job_series(parse(text))
     assert {rank: {name: s.value for name, s in by_name.items()} for rank, by_name in series.items()} == {
         "0": {contract.METRIC_STEP: 12.0, contract.METRIC_LOSS: 2.0}, "1": {contract.METRIC_STEP: 12.0}}
+
+
+def test_the_scrape_of_a_run_ignores_the_series_another_run_left_on_the_node():
+    # given the node's agent still serves a finished run's series beside this run's, a scrape
+    # for this run keeps only its own; without a run it keeps what is furthest along
+    from devtools.metrics_scrape import job_series, parse
+
+    text = "\n".join([
+        'ray_raytrain_step{WorkerId="a",rank="0",run="earlier",job_name="j",node="n"} 40.0',
+        'ray_raytrain_step{WorkerId="b",rank="0",run="this",job_name="j",node="n"} 3.0',
+        'ray_raytrain_loss{WorkerId="b",rank="0",run="this",job_name="j",node="n"} 5.0', ""])
+    mine = job_series(parse(text), "this")
+    assert {rank: {name: s.labels["run"] for name, s in by_name.items()} for rank, by_name in mine.items()} == {
+        "0": {contract.METRIC_STEP: "this", contract.METRIC_LOSS: "this"}}
+    assert job_series(parse(text))["0"][contract.METRIC_STEP].labels["run"] == "earlier"

@@ -67,6 +67,10 @@ def ray_report(metrics: dict[str, Any], folder: str, dir_name: str) -> None:
                      delete_local_checkpoint_after_upload=True)
 
 
+SETTLE_TIMEOUT_S = 600.0
+"""The longest :meth:`CheckpointManager.settle` waits for Ray Train to commit a reported checkpoint."""
+
+
 @dataclass(kw_only=True, slots=True)
 class SaveTiming:
     """How long one checkpoint held the loop (stall) and how long it took in total (write)."""
@@ -220,6 +224,26 @@ class CheckpointManager:
             self._pending.future.result()
             self._pending.timing.stall_s += time.perf_counter() - began
             self._finalize()
+
+    def settle(self, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+        """Every rank, at the same point: wait until the pending checkpoint is written, sealed and
+        reported, every rank got here, and Ray Train committed every checkpoint this worker
+        reported (``ray.train.get_all_reported_checkpoints`` in ``COMMITTED`` mode, ray 2.58
+        ``train/v2/api/train_fn_utils.py``: it blocks until the controller has processed every
+        ``ray.train.report`` of this worker; ``timeout_s`` bounds it). Then a restart's
+        ``get_checkpoint()`` returns the newest checkpoint the run saved."""
+        self.wait()  # its report is a collective of Ray Train's: every rank calls settle
+        if self.distributed:
+            dist.barrier(group=self._agree_group)
+        if not _in_ray_train() or not self.timings:
+            return
+        import ray.train
+
+        newest = checkpoint_dir_name(self.timings[-1].step)
+        committed = ray.train.get_all_reported_checkpoints(
+            consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=timeout_s)
+        if not any(Path(c.checkpoint.path).name == newest for c in committed):
+            log.warning("rank %d: Ray Train had not committed %s after %.0f s", self.rank, newest, timeout_s)
 
     def _write_and_seal(self, staged: dict[str, Any], folder: Path, step: int) -> None:
         dcp.save(staged, checkpoint_id=str(folder), process_group=self._ckpt_group, no_dist=not self.distributed)
