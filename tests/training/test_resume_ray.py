@@ -2,9 +2,10 @@
 
 Four ``TorchTrainer.fit`` calls:
 1. ``ref``: 8 uninterrupted steps (the reference), checkpoint every 2.
-2. ``faulty``: 6 steps; rank 1 dies after step 5 (the loop's RAYTRAIN_FAULT_AT_STEP hook); Ray
-   restarts the workers, they restore via ``get_checkpoint`` and every replayed step equals
-   the reference bit for bit (loss and data position).
+2. ``faulty``: 6 steps; rank 1 dies after step 5 (the loop's RAYTRAIN_FAULT_AT_STEP hook, which
+   first settles the step-4 checkpoint); Ray restarts the workers, they restore it via
+   ``get_checkpoint`` and every replayed step equals the reference bit for bit (loss and data
+   position).
 3. ``faulty`` again, max 8 steps, on a "new cluster": Ray's own run snapshot is deleted first,
    so the only thing left is the run name and storage; ``plan_resume`` finds the newest
    complete checkpoint (6) and steps 7-8 equal the reference.
@@ -54,7 +55,7 @@ def _train_fn(config: dict) -> None:
     with open(out / f"{config['name']}.rank{rank}.jsonl", "a") as log:
         log.write(json.dumps({"attempt_restored": restored, "start": trainer.step}) + "\n")
         for step in range(trainer.step + 1, config["max_steps"] + 1):
-            maybe_inject_fault(step - 1, rank, wctx)
+            maybe_inject_fault(step - 1, rank, wctx, settle=manager.settle)  # as the loop calls it
             loss = train_step(model, optimizer, scheduler, stream)
             trainer.step = step
             log.write(json.dumps({"step": step, "loss": loss, "position": stream.position}) + "\n")
@@ -120,16 +121,15 @@ def test_failure_then_resume_is_bit_identical_and_a_new_cluster_continues_from_s
     from training.checkpointing.storage import filesystem_for
 
     prefix, out = storage
-    # sleep: leave Ray time to register the async step-2/4 checkpoints before the fault (on a
-    # busy 2-core machine a fault right after a save can otherwise find none registered yet)
-    result = _fit("faulty", prefix, out, max_steps=6, every=2, sleep=1.0,
+    # the fault hook settles first: the step-4 checkpoint is committed by Ray Train before rank 1 dies
+    result = _fit("faulty", prefix, out, max_steps=6, every=2,
                   env={"RAYTRAIN_FAULT_AT_STEP": "5", "RAYTRAIN_FAULT_RANK": "1"})
     assert result.error is None
     for rank in range(WORLD):
         attempts, rows = _steps(out, "faulty", rank)
         assert len(attempts) == 2, attempts  # one failure, one restart
         resumed_at = attempts[1]["start"]
-        assert attempts[1]["attempt_restored"].endswith(f"checkpoint_{resumed_at:08d}") and resumed_at >= 2
+        assert attempts[1]["attempt_restored"].endswith(f"checkpoint_{resumed_at:08d}") and resumed_at == 4
         after = [r for r in rows[5:]]  # first attempt ran steps 1-5
         assert [r["step"] for r in after] == list(range(resumed_at + 1, 7))
         for row in after:
