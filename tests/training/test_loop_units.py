@@ -168,3 +168,34 @@ def test_exact_match_counts_whole_answers_and_stops_at_the_stop_token(tmp_path):
     assert figures["exact_match"] == pytest.approx(0.5)
     assert figures["exact_match_prompts"] == 2
     assert figures["exact_match_samples"][1] == {"answer": "5", "generated": "5 6"}
+
+
+def test_fault_hook_settles_on_every_rank_at_the_fault_step_only(tmp_path, monkeypatch):
+    # Given the fault set for rank 1 after step 3: at other steps nothing happens; at step 3 rank 0
+    # settles and goes on, rank 1 settles BEFORE it writes its marker and exits
+    from training import loop
+
+    monkeypatch.setenv("RAYTRAIN_FAULT_AT_STEP", "3")
+    monkeypatch.setenv("RAYTRAIN_FAULT_RANK", "1")
+    events: list[str] = []
+    exits: list[int] = []
+    monkeypatch.setattr(loop.os, "_exit", lambda code: exits.append(code) or events.append("exit"))
+
+    def settle() -> None:
+        events.append("settle" + ("+marker" if (tmp_path / "fault-injected-at-step-3-rank-1").exists() else ""))
+
+    ctx = loop.WorkerContext(rank=1, world_size=2, local_rank=1, local_dir=str(tmp_path))
+    for step in (1, 2, 4):
+        loop.maybe_inject_fault(step, 0, ctx, settle=settle)
+        loop.maybe_inject_fault(step, 1, ctx, settle=settle)
+    assert events == []
+    loop.maybe_inject_fault(3, 0, ctx, settle=settle)
+    assert events == ["settle"] and exits == []
+    loop.maybe_inject_fault(3, 1, ctx, settle=settle)
+    assert events == ["settle", "settle", "exit"] and exits == [1]
+    # the retry (marker present): every rank still settles, nobody exits
+    loop.maybe_inject_fault(3, 1, ctx, settle=settle)
+    assert events[-1] == "settle+marker" and exits == [1]
+    monkeypatch.delenv("RAYTRAIN_FAULT_AT_STEP")
+    loop.maybe_inject_fault(3, 1, ctx, settle=settle)
+    assert len(events) == 4

@@ -240,10 +240,13 @@ class CheckpointManager:
         import ray.train
 
         newest = checkpoint_dir_name(self.timings[-1].step)
+        began = time.perf_counter()
         committed = ray.train.get_all_reported_checkpoints(
             consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=timeout_s)
-        if not any(Path(c.checkpoint.path).name == newest for c in committed):
-            log.warning("rank %d: Ray Train had not committed %s after %.0f s", self.rank, newest, timeout_s)
+        names = [Path(c.checkpoint.path).name for c in committed]
+        if newest not in names:
+            log.warning("rank %d: Ray Train returned %s without %s after %.0f s (limit %.0f s)", self.rank,
+                        names or "no checkpoint", newest, time.perf_counter() - began, timeout_s)
 
     def _write_and_seal(self, staged: dict[str, Any], folder: Path, step: int) -> None:
         dcp.save(staged, checkpoint_id=str(folder), process_group=self._ckpt_group, no_dist=not self.distributed)
