@@ -193,6 +193,9 @@ PROMETHEUS_METRICS: dict[str, str] = {
                              "(in the background; Ray uploads it afterwards).",
 }
 """Every metric the job exports, with its help text."""
+EVENT_METRICS = (METRIC_EVAL_LOSS, METRIC_CHECKPOINT_STALL, METRIC_CHECKPOINT_WRITE)
+"""Set at an evaluation or a checkpoint, not at every step: a rank serves them only from its
+first such event until it exits, which can be seconds."""
 
 
 def prometheus_name(metric: str) -> str:

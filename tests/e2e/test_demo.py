@@ -103,14 +103,19 @@ def test_report_and_plots_exist(demo):
 
 
 def test_the_jobs_metrics_were_scraped_and_agree_with_metrics_jsonl(demo):
-    # the node's metrics endpoint served every rank's gauges during the run (MFU is n/a on CPU),
-    # and rank 0's last scraped loss is the one metrics.jsonl holds for the same step
+    # the node's metrics endpoint served every rank's per-step gauges during the run (MFU is n/a
+    # on CPU), and rank 0's last scraped loss is the one metrics.jsonl holds for the same step.
+    # The evaluation and checkpoint gauges live from their event until the worker exits, which
+    # a scrape every 2 s may miss: tests/training/test_metrics_export.py waits for those.
     from training import contract
 
     out, stdout, _ = demo
     scraped = json.loads((out / "metrics-scrape.json").read_text())
-    expected = set(contract.PROMETHEUS_METRICS) - {contract.METRIC_MFU}
-    assert {rank: set(series) for rank, series in scraped.items()} == {"0": expected, "1": expected}
+    exported = set(contract.PROMETHEUS_METRICS) - {contract.METRIC_MFU}
+    every_step = exported - set(contract.EVENT_METRICS)
+    assert set(scraped) == {"0", "1"}
+    for rank, series in scraped.items():
+        assert every_step <= set(series) <= exported, (rank, sorted(series))
     step = int(scraped["0"][contract.METRIC_STEP]["value"])
     [*_, row] = [m for m in _metrics(out) if m.get("kind") == "train" and m["step"] == step]
     assert scraped["0"][contract.METRIC_LOSS]["value"] == pytest.approx(row["loss"], rel=1e-9)

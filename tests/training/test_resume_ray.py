@@ -1,15 +1,15 @@
 """Resume with Ray Train and S3 (moto on 127.0.0.1): 2 CPU workers, FSDP2 on gloo, tiny Qwen2.
 
-Four ``TorchTrainer.fit`` calls:
-1. ``ref``: 8 uninterrupted steps (the reference), checkpoint every 2.
-2. ``faulty``: 6 steps; rank 1 dies after step 5 (the loop's RAYTRAIN_FAULT_AT_STEP hook, which
+The reference: 8 uninterrupted steps of the same model and data on 2 plain gloo processes (no
+Ray, no checkpoints). Then three ``TorchTrainer.fit`` calls:
+1. ``faulty``: 6 steps; rank 1 dies after step 5 (the loop's RAYTRAIN_FAULT_AT_STEP hook, which
    first settles the step-4 checkpoint); Ray restarts the workers, they restore it via
    ``get_checkpoint`` and every replayed step equals the reference bit for bit (loss and data
    position).
-3. ``faulty`` again, max 8 steps, on a "new cluster": Ray's own run snapshot is deleted first,
+2. ``faulty`` again, max 8 steps, on a "new cluster": Ray's own run snapshot is deleted first,
    so the only thing left is the run name and storage; ``plan_resume`` finds the newest
    complete checkpoint (6) and steps 7-8 equal the reference.
-4. ``sigterm``: SIGTERM to one worker mid-run -> every rank stops at the same step with a
+3. ``sigterm``: SIGTERM to one worker mid-run -> every rank stops at the same step with a
    complete checkpoint of that step in S3, and the run ends cleanly.
 """
 from __future__ import annotations
@@ -109,11 +109,32 @@ def storage(s3_bucket, ray_cluster, tmp_path_factory):  # noqa: F811
     return f"{s3_bucket}/resume-{out.name}", out
 
 
+def _reference_rank(rank: int, out_dir: str, max_steps: int) -> None:
+    """One rank of the reference: the same model, data and steps as ``_train_fn``, uninterrupted,
+    in a plain gloo process with no checkpoints. One intra-op thread, as a Ray Train worker with
+    its one CPU runs (ray 2.58 ``ray/_private/utils.py`` ``set_omp_num_threads_if_unset``:
+    OMP_NUM_THREADS = the worker's assigned CPUs)."""
+    import torch.distributed as dist
+    from test_checkpoint_dcp import build, train_step
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, init_method=f"file://{out_dir}/store")
+    model, optimizer, scheduler, stream = build(rank)
+    rows = []
+    for step in range(1, max_steps + 1):
+        loss = train_step(model, optimizer, scheduler, stream)
+        rows.append({"step": step, "loss": loss, "position": stream.position})
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rows": rows}))
+    dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
-def reference(storage):
-    prefix, out = storage
-    _fit("ref", prefix, out, max_steps=8, every=2)
-    return {rank: {r["step"]: r for r in _steps(out, "ref", rank)[1]} for rank in range(WORLD)}
+def reference():
+    """8 uninterrupted steps per rank: what every step of a resumed run must equal."""
+    from spawn_ranks import spawn_ranks
+
+    ranks = spawn_ranks(_reference_rank, 8, nprocs=WORLD)
+    return {rank: {r["step"]: r for r in ranks[rank]["rows"]} for rank in range(WORLD)}
 
 
 def test_failure_then_resume_is_bit_identical_and_a_new_cluster_continues_from_s3(storage, reference):
@@ -130,7 +151,8 @@ def test_failure_then_resume_is_bit_identical_and_a_new_cluster_continues_from_s
         assert len(attempts) == 2, attempts  # one failure, one restart
         resumed_at = attempts[1]["start"]
         assert attempts[1]["attempt_restored"].endswith(f"checkpoint_{resumed_at:08d}") and resumed_at == 4
-        after = [r for r in rows[5:]]  # first attempt ran steps 1-5
+        assert rows[:5] == [reference[rank][step] for step in range(1, 6)]  # the first attempt ran steps 1-5
+        after = rows[5:]
         assert [r["step"] for r in after] == list(range(resumed_at + 1, 7))
         for row in after:
             assert row == reference[rank][row["step"]]  # loss and data position, exactly

@@ -60,20 +60,20 @@ def test_the_job_entry_point_refuses_bad_data_before_ray_starts(tmp_path):
     print(f"refused in {elapsed:.2f} s")
 
 
-# Ray without its dashboard (as tests/conftest.py starts it): on a loaded 2-core machine the
-# dashboard's modules time out and take the node's start-up with them.
+# A driver of its own (its output is what is under test) on the session's Ray cluster
+# (tests/conftest.py ``ray_cluster``): a second cluster would cost its start-up again.
 WORKER_RUN = """
 import sys
 import ray
 from training.config import load_job_config
 from training.launch import run
-ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True)
+ray.init(address=sys.argv[2], log_to_driver=True)
 sys.exit(run(load_job_config(sys.argv[1])))
 """
 
 
-@pytest.mark.slow  # starts Ray and 2 workers
-def test_a_data_error_seen_by_the_workers_is_one_line_and_not_retried(tmp_path):
+@pytest.mark.slow  # starts 2 Ray Train workers
+def test_a_data_error_seen_by_the_workers_is_one_line_and_not_retried(tmp_path, ray_cluster):
     # given bad data that the driver's check does not see (the check is bypassed: launch.run is
     # called directly) and a job allowing 2 worker failures
     storage = tmp_path / "runs"
@@ -81,8 +81,9 @@ def test_a_data_error_seen_by_the_workers_is_one_line_and_not_retried(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAYTRAIN_CACHE_DIR": str(tmp_path / "cache"),
            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", WORKER_RUN, str(job)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env=env)
+    address = ray_cluster.get_runtime_context().gcs_address
+    out = subprocess.run([sys.executable, "-c", WORKER_RUN, str(job), address], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env=env)
     elapsed = time.perf_counter() - start
     text = out.stdout + out.stderr
     # then the driver prints ONE error line (what, where, which rank) and exits 2
@@ -102,5 +103,5 @@ def test_a_data_error_seen_by_the_workers_is_one_line_and_not_retried(tmp_path):
     # and no worker ran twice: one marker per rank, from this one attempt
     markers = sorted(p.name for p in (storage / "bad-data").glob("data-error-*"))
     assert len(markers) == 2 and len({m.split("-rank-")[0] for m in markers}) == 1, markers
-    print(f"failed in {elapsed:.1f} s with Ray's start-up; {record['duration_s']:.1f} s from the run's start "
+    print(f"failed in {elapsed:.1f} s with the driver's start-up; {record['duration_s']:.1f} s from the run's start "
           "(Ray up, before the workers) to its one line")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.local_services import processes_matching, ray_head
+from raytrain_eks.local_services import processes_matching, ray_head
 
 pytestmark = pytest.mark.slow  # starts a Ray head
 RAY = str(Path(sys.executable).with_name("ray"))
