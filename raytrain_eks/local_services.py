@@ -97,6 +97,39 @@ def _kill_group(proc: subprocess.Popen, marker: str | None = None, grace_s: floa
             time.sleep(0.2)
 
 
+def _executable(pid: int) -> str:
+    try:
+        return Path((Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")).name
+    except OSError:
+        return ""
+
+
+def _stop_ray(marker: str, grace_s: float = 10.0) -> None:
+    """Stop the Ray processes naming ``marker`` in the order ``ray stop`` does (ray 2.58
+    ``ray/scripts/scripts.py`` ``stop``: the raylet first, then the other processes, the GCS
+    last; each bucket SIGTERM, then SIGKILL after its share of the grace period). All at once,
+    the GCS outlives its SIGTERM and the head takes the whole grace period to stop."""
+    pids = processes_matching(marker)
+    names = {pid: _executable(pid) for pid in pids}
+    buckets = ([p for p in pids if names[p] == "raylet"],
+               [p for p in pids if names[p] not in ("raylet", "gcs_server")],
+               [p for p in pids if names[p] == "gcs_server"])
+    for bucket in buckets:
+        for sig, wait_s in ((signal.SIGTERM, grace_s / len(buckets)), (signal.SIGKILL, 5.0)):
+            alive = [pid for pid in bucket if pid in processes_matching(marker)]
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + wait_s
+            while alive and time.monotonic() < deadline:
+                left = set(processes_matching(marker))
+                alive = [pid for pid in alive if pid in left]
+                if alive:
+                    time.sleep(0.1)
+            if not alive:
+                break
+
+
 def processes_matching(marker: str) -> list[int]:
     """PIDs (other than ours) whose command line contains ``marker``."""
     pids = []
@@ -246,7 +279,8 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
                       metrics_url=f"http://{LOOPBACK}:{agent_ports['--metrics-export-port']}/metrics",
                       auth_token=token)
     finally:
-        _kill_group(proc, marker=temp_dir)
+        _stop_ray(temp_dir)
+        _kill_group(proc, marker=temp_dir)  # whatever is left: nothing of this head stays running
         log.close()
         if keep_logs is not None:
             logs = Path(temp_dir) / "session_latest" / "logs"
