@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -97,35 +98,75 @@ def _kill_group(proc: subprocess.Popen, marker: str | None = None, grace_s: floa
             time.sleep(0.2)
 
 
-def _executable(pid: int) -> str:
-    try:
-        return Path((Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")).name
-    except OSError:
-        return ""
+def _processes() -> dict[int, tuple[int, str, str]]:
+    """Every process but ours: ``{pid: (parent pid, state, command line)}`` from /proc."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            stat = (entry / "stat").read_text(errors="replace")
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()  # after "pid (comm)": state, parent pid, ...
+        table[int(entry.name)] = (int(fields[1]), fields[0], cmdline)
+    return table
 
 
-def _stop_ray(marker: str, grace_s: float = 10.0) -> None:
-    """Stop the Ray processes naming ``marker`` in the order ``ray stop`` does (ray 2.58
-    ``ray/scripts/scripts.py`` ``stop``: the raylet first, then the other processes, the GCS
-    last; each bucket SIGTERM, then SIGKILL after its share of the grace period). All at once,
-    the GCS outlives its SIGTERM and the head takes the whole grace period to stop."""
-    pids = processes_matching(marker)
-    names = {pid: _executable(pid) for pid in pids}
-    buckets = ([p for p in pids if names[p] == "raylet"],
-               [p for p in pids if names[p] not in ("raylet", "gcs_server")],
-               [p for p in pids if names[p] == "gcs_server"])
+def running(pids) -> list[int]:
+    """Those of ``pids`` that still run (a zombie has exited: it only waits to be reaped)."""
+    table = _processes()
+    return [pid for pid in pids if pid in table and table[pid][1] != "Z"]
+
+
+def head_processes(temp_dir: str, gcs_address: str) -> list[int]:
+    """Every running process of one local Ray head: those whose command line names its temp dir
+    or its GCS address, and all their descendants. The descendants matter: Ray's workers and
+    agents rename themselves (``ray::IDLE``, ``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``:
+    ray 2.58 ``_private/worker.py``, ``dashboard/agent.py``, ``_private/runtime_env/agent/main.py``)
+    and so name neither; the Ray Client server names only the GCS address
+    (``_private/services.py`` ``start_ray_client_server``)."""
+    table = _processes()
+    address = re.compile(re.escape(gcs_address) + r"(?!\d)")
+    roots = [pid for pid, (_, state, cmdline) in table.items()
+             if state != "Z" and (temp_dir in cmdline or address.search(cmdline))]
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return sorted(pid for pid in found if table[pid][1] != "Z")
+
+
+def _stop_ray(temp_dir: str, gcs_address: str, grace_s: float = 10.0) -> None:
+    """Stop every process of the head (:func:`head_processes`) in the order ``ray stop`` does
+    (ray 2.58 ``ray/scripts/scripts.py`` ``stop``: the raylet first, then the other processes,
+    the GCS last; each bucket SIGTERM, then SIGKILL after its share of the grace period). All at
+    once, the GCS outlives its SIGTERM and the head takes the whole grace period to stop."""
+    table = _processes()
+    pids = head_processes(temp_dir, gcs_address)
+
+    def executable(pid: int) -> str:
+        return Path(table[pid][2].split(" ", 1)[0]).name
+
+    buckets = ([p for p in pids if executable(p) == "raylet"],
+               [p for p in pids if executable(p) not in ("raylet", "gcs_server")],
+               [p for p in pids if executable(p) == "gcs_server"])
     for bucket in buckets:
         for sig, wait_s in ((signal.SIGTERM, grace_s / len(buckets)), (signal.SIGKILL, 5.0)):
-            alive = [pid for pid in bucket if pid in processes_matching(marker)]
+            alive = running(bucket)
             for pid in alive:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + wait_s
             while alive and time.monotonic() < deadline:
-                left = set(processes_matching(marker))
-                alive = [pid for pid in alive if pid in left]
-                if alive:
-                    time.sleep(0.1)
+                time.sleep(0.1)
+                alive = running(alive)
             if not alive:
                 break
 
@@ -279,7 +320,7 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
                       metrics_url=f"http://{LOOPBACK}:{agent_ports['--metrics-export-port']}/metrics",
                       auth_token=token)
     finally:
-        _stop_ray(temp_dir)
+        _stop_ray(temp_dir, f"{LOOPBACK}:{gcs_port}")
         _kill_group(proc, marker=temp_dir)  # whatever is left: nothing of this head stays running
         log.close()
         if keep_logs is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from raytrain_eks.local_services import processes_matching, ray_head
+from raytrain_eks.local_services import head_processes, processes_matching, ray_head, running
 
 pytestmark = pytest.mark.slow  # starts a Ray head
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -31,17 +31,24 @@ def head():
     process that looks like a raylet to Ray's own scan of local processes (ray 2.58
     ``_private/services.py`` ``_find_address_from_flag``/``_is_raylet_process``: the executable's
     name contains "raylet" and its command line has ``--gcs-address=``). Stopped at the end,
-    leaving nothing of its own running."""
+    leaving nothing of its own running, renamed processes included."""
     decoy = subprocess.Popen(["raylet", "-c", "import time; time.sleep(900)", "--gcs-address=127.0.0.1:9"],
                              executable=sys.executable)
     try:
         with ray_head(num_cpus=1) as started:
             yield started
             temp_dir = started.temp_dir
+            # the head's processes before it stops: its daemons, and those that renamed
+            # themselves and name neither its temp dir nor its GCS address any more (the
+            # agents and workers, ray::...; the dashboard's modules, ray-dashboard-...)
+            tree = head_processes(started.temp_dir, started.gcs_address)
+            commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace") for pid in tree]
     finally:
         decoy.kill()
         decoy.wait()
-    assert processes_matching(temp_dir) == []
+    assert any(c.startswith("ray::DashboardAgent") for c in commands), commands
+    assert any(c.startswith("ray-dashboard-JobHead") for c in commands), commands
+    assert running(tree) == [] and processes_matching(temp_dir) == []
 
 
 def test_local_head_requires_the_token_and_accepts_it(head):

@@ -86,7 +86,8 @@ def _fit(name: str, storage: str, out: Path, *, max_steps: int, every: int, env:
         run_config=RunConfig(name=name, storage_path=storage.removeprefix("s3://"), storage_filesystem=fs,
                              failure_config=FailureConfig(max_failures=1),
                              checkpoint_config=CheckpointConfig(num_to_keep=2),
-                             worker_runtime_env={"env_vars": {**aws, **(env or {}),
+                             # one intra-op thread, as the reference runs, whatever the caller exported
+                             worker_runtime_env={"env_vars": {**aws, **(env or {}), "OMP_NUM_THREADS": "1",
                                                               "PYTHONPATH": _pythonpath()}}),
     )
     return trainer.fit()
@@ -111,9 +112,9 @@ def storage(s3_bucket, ray_cluster, tmp_path_factory):  # noqa: F811
 
 def _reference_rank(rank: int, out_dir: str, max_steps: int) -> None:
     """One rank of the reference: the same model, data and steps as ``_train_fn``, uninterrupted,
-    in a plain gloo process with no checkpoints. One intra-op thread, as a Ray Train worker with
-    its one CPU runs (ray 2.58 ``ray/_private/utils.py`` ``set_omp_num_threads_if_unset``:
-    OMP_NUM_THREADS = the worker's assigned CPUs)."""
+    in a plain gloo process with no checkpoints. One intra-op thread, as ``_fit``'s workers run
+    (their OMP_NUM_THREADS=1 is what Ray would set for one CPU, ray 2.58 ``ray/_private/utils.py``
+    ``set_omp_num_threads_if_unset``, but only where the caller exported none)."""
     import torch.distributed as dist
     from test_checkpoint_dcp import build, train_step
 
