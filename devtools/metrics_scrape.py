@@ -17,6 +17,8 @@ from training.prometheus import step_values
 
 JOB_METRICS = {contract.prometheus_name(name): name for name in contract.PROMETHEUS_METRICS}
 """Scraped name -> the contract's metric name."""
+EVERY_STEP = set(contract.PROMETHEUS_METRICS) - set(contract.EVENT_METRICS) - {contract.METRIC_MFU}
+"""The gauges a rank sets at every step (MFU too, but only where the device has a known peak)."""
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,13 @@ class Watcher:
 
     @property
     def last(self) -> dict[str, dict[str, Series]]:
-        """Per rank, its series in the last scrape that held its step: once a worker exits, its
-        series leave the endpoint, the last ones first or not at all in step."""
+        """Per rank, its series in the last scrape that held all its per-step gauges: once a
+        worker exits, the agent drops its series one metric at a time (each at its own age), so
+        a scrape at that moment holds only some of them."""
         latest: dict[str, dict[str, Series]] = {}
         for snapshot in self.snapshots:
             for rank, series in snapshot.items():
-                if contract.METRIC_STEP in series or rank not in latest:
+                if EVERY_STEP <= set(series) or rank not in latest:
                     latest[rank] = series
         return latest
 

@@ -30,7 +30,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 LOOPBACK = "127.0.0.1"
 
@@ -98,8 +98,18 @@ def _kill_group(proc: subprocess.Popen, marker: str | None = None, grace_s: floa
             time.sleep(0.2)
 
 
-def _processes() -> dict[int, tuple[int, str, str]]:
-    """Every process but ours: ``{pid: (parent pid, state, command line)}`` from /proc."""
+class _Process(NamedTuple):
+    parent: int
+    state: str
+    name: str
+    """The kernel's name of the process (``comm``: the executable's, or the one Ray set)."""
+    started: int
+    """Start time in clock ticks since boot: a pid the kernel reused has another."""
+    cmdline: str
+
+
+def _processes() -> dict[int, _Process]:
+    """Every process but ours, from /proc (``stat`` fields as proc(5) lists them)."""
     table = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -109,66 +119,80 @@ def _processes() -> dict[int, tuple[int, str, str]]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[-1].split()  # after "pid (comm)": state, parent pid, ...
-        table[int(entry.name)] = (int(fields[1]), fields[0], cmdline)
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 1:].split()  # state, parent pid, ..., start time (22nd field)
+        table[int(entry.name)] = _Process(int(fields[1]), fields[0], name, int(fields[19]), cmdline)
     return table
 
 
 def running(pids) -> list[int]:
     """Those of ``pids`` that still run (a zombie has exited: it only waits to be reaped)."""
     table = _processes()
-    return [pid for pid in pids if pid in table and table[pid][1] != "Z"]
+    return [pid for pid in pids if pid in table and table[pid].state != "Z"]
 
 
-def head_processes(temp_dir: str, gcs_address: str) -> list[int]:
-    """Every running process of one local Ray head: those whose command line names its temp dir
-    or its GCS address, and all their descendants. The descendants matter: Ray's workers and
-    agents rename themselves (``ray::IDLE``, ``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``:
-    ray 2.58 ``_private/worker.py``, ``dashboard/agent.py``, ``_private/runtime_env/agent/main.py``)
-    and so name neither; the Ray Client server names only the GCS address
-    (``_private/services.py`` ``start_ray_client_server``)."""
-    table = _processes()
+def head_processes(temp_dir: str, gcs_address: str, table: dict[int, _Process] | None = None) -> list[int]:
+    """Every running process of one local Ray head (in ``table``, default: now): those whose
+    command line names its temp dir or its GCS address, and all their descendants. The
+    descendants matter: Ray's workers and agents rename themselves (``ray::IDLE``,
+    ``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``: ray 2.58 ``_private/worker.py``,
+    ``dashboard/agent.py``, ``_private/runtime_env/agent/main.py``) and so name neither; the Ray
+    Client server names only the GCS address (``_private/services.py`` ``start_ray_client_server``)."""
+    table = _processes() if table is None else table
     address = re.compile(re.escape(gcs_address) + r"(?!\d)")
-    roots = [pid for pid, (_, state, cmdline) in table.items()
-             if state != "Z" and (temp_dir in cmdline or address.search(cmdline))]
+    roots = [pid for pid, proc in table.items()
+             if proc.state != "Z" and (temp_dir in proc.cmdline or address.search(proc.cmdline))]
     children: dict[int, list[int]] = {}
-    for pid, (parent, _, _) in table.items():
-        children.setdefault(parent, []).append(pid)
+    for pid, proc in table.items():
+        children.setdefault(proc.parent, []).append(pid)
     found, todo = set(), list(roots)
     while todo:
         pid = todo.pop()
         if pid not in found:
             found.add(pid)
             todo.extend(children.get(pid, []))
-    return sorted(pid for pid in found if table[pid][1] != "Z")
+    return sorted(pid for pid in found if table[pid].state != "Z")
+
+
+def _alive(snapshot: dict[int, _Process]) -> dict[int, _Process]:
+    """Those of ``snapshot`` still running as the same process (not a reused pid, not a zombie)."""
+    table = _processes()
+    return {pid: proc for pid, proc in snapshot.items()
+            if pid in table and table[pid].started == proc.started and table[pid].state != "Z"}
 
 
 def _stop_ray(temp_dir: str, gcs_address: str, grace_s: float = 10.0) -> None:
     """Stop every process of the head (:func:`head_processes`) in the order ``ray stop`` does
     (ray 2.58 ``ray/scripts/scripts.py`` ``stop``: the raylet first, then the other processes,
-    the GCS last; each bucket SIGTERM, then SIGKILL after its share of the grace period). All at
-    once, the GCS outlives its SIGTERM and the head takes the whole grace period to stop."""
-    table = _processes()
-    pids = head_processes(temp_dir, gcs_address)
-
-    def executable(pid: int) -> str:
-        return Path(table[pid][2].split(" ", 1)[0]).name
-
-    buckets = ([p for p in pids if executable(p) == "raylet"],
-               [p for p in pids if executable(p) not in ("raylet", "gcs_server")],
-               [p for p in pids if executable(p) == "gcs_server"])
+    the GCS last; each bucket SIGTERM, then SIGKILL after its share of the grace period), then
+    SIGKILL whatever the head started meanwhile. All at once, the GCS outlives its SIGTERM and
+    the head takes the whole grace period to stop."""
+    table = _processes()  # ONE reading: the buckets and the tree are of the same moment
+    head = {pid: table[pid] for pid in head_processes(temp_dir, gcs_address, table)}
+    buckets = ({p: v for p, v in head.items() if v.name == "raylet"},
+               {p: v for p, v in head.items() if v.name not in ("raylet", "gcs_server")},
+               {p: v for p, v in head.items() if v.name == "gcs_server"})
     for bucket in buckets:
-        for sig, wait_s in ((signal.SIGTERM, grace_s / len(buckets)), (signal.SIGKILL, 5.0)):
-            alive = running(bucket)
-            for pid in alive:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while alive and time.monotonic() < deadline:
-                time.sleep(0.1)
-                alive = running(alive)
-            if not alive:
-                break
+        _signal_and_wait(bucket, grace_s / len(buckets))
+    late = _processes()
+    _signal_and_wait({pid: late[pid] for pid in head_processes(temp_dir, gcs_address, late)}, 0.0)
+
+
+def _signal_and_wait(processes: dict[int, _Process], term_s: float) -> None:
+    """SIGTERM (skipped when ``term_s`` is 0), up to ``term_s`` for them to exit, then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, term_s), (signal.SIGKILL, 5.0)):
+        if sig == signal.SIGTERM and term_s <= 0:
+            continue
+        alive = _alive(processes)
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = _alive(alive)
+        if not alive:
+            return
 
 
 def processes_matching(marker: str) -> list[int]:
@@ -254,7 +278,11 @@ def _start_head(num_cpus: int, env: dict[str, str] | None, temp_dir: str, token:
     agent_ports["--metrics-export-port"] = free_port()
     # Token auth as on EKS, with a token of this head's own. On a busy 2-core machine the
     # dashboard's module processes can take longer than Ray's default 30 s to come up.
-    child_env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": token,
+    child_env = {
+        # Workers push their metrics to the node's agent every 10 s by default (ray 2.58
+        # ``metrics_report_interval_ms``); a local job is short: every second, unless set.
+        "RAY_metrics_report_interval_ms": "1000",
+        **os.environ, **(env or {}), "RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": token,
                  "RAY_USAGE_STATS_ENABLED": "0",
                  "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300",
                  # The dashboard's and the autoscaler's own metrics servers default to fixed
@@ -303,10 +331,12 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
         try:
             code = proc.wait(timeout=600)
         except BaseException:
+            _stop_ray(temp_dir, f"{LOOPBACK}:{gcs_port}")
             _kill_group(proc, marker=temp_dir)
             raise
         if code == 0:
             break
+        _stop_ray(temp_dir, f"{LOOPBACK}:{gcs_port}")  # what a half-started head left
         _kill_group(proc, marker=temp_dir)
         if attempt == 2:
             log.close()

@@ -161,3 +161,16 @@ def test_the_scrape_of_a_run_ignores_the_series_another_run_left_on_the_node():
     assert {rank: {name: s.labels["run"] for name, s in by_name.items()} for rank, by_name in mine.items()} == {
         "0": {contract.METRIC_STEP: "this", contract.METRIC_LOSS: "this"}}
     assert job_series(parse(text))["0"][contract.METRIC_STEP].labels["run"] == "earlier"
+
+
+def test_the_last_scrape_of_a_rank_is_one_that_held_all_its_per_step_gauges():
+    # given a worker whose series leave the endpoint one metric at a time as it exits (the
+    # agent drops each at its own age), the last scrape holding only its step does not
+    # replace the last complete one
+    from devtools.metrics_scrape import EVERY_STEP, Series, Watcher
+
+    full = {name: Series({"rank": "0"}, 1.0) for name in EVERY_STEP}
+    partial = {contract.METRIC_STEP: Series({"rank": "0"}, 2.0)}
+    watcher = Watcher(url="http://127.0.0.1:9/metrics", snapshots=[{"0": full}, {"0": partial}])
+    assert watcher.last == {"0": full}
+    assert Watcher(url="", snapshots=[{"0": partial}]).last == {"0": partial}  # nothing better seen

@@ -56,7 +56,9 @@ def workspace(tmp_path, aws):
                "FAKE_KUBE_DIR": str(kube), "AWS_ENDPOINT_URL": aws["endpoint_url"],
                "AWS_DEFAULT_REGION": aws["region_name"], "AWS_ACCESS_KEY_ID": "testing",
                "AWS_SECRET_ACCESS_KEY": "testing", "HISTORY_TABLE": table, "PROMOTED_DIGEST_PARAMETER": parameter,
-               "POLL_SECONDS": "0.05", "TIMEOUT_SECONDS": "1", "EXECUTION_ID": "exec-apply"}
+               # A wait that succeeds ends on its event (the fake advances one reconcile per
+               # poll): its bound is generous. NEVER_READY is for the applies that cannot succeed.
+               "POLL_SECONDS": "0.05", "TIMEOUT_SECONDS": "300", "EXECUTION_ID": "exec-apply"}
     history = PromotionHistory(client=ddb, table_name=table, image=f"{env.image.repository}:{env.image.tag}")
     # what Synth writes next to the manifests: the digest and the promoted digest it saw
     for dist, digest in ((tmp_path / "dist", CANDIDATE), (tmp_path / "dist" / "promoted", PROMOTED)):
@@ -64,9 +66,15 @@ def workspace(tmp_path, aws):
     return tmp_path, kube, environ, history, ssm, parameter
 
 
-def apply_step(workdir, environ, digest, execution="exec-apply"):
+NEVER_READY = {"TIMEOUT_SECONDS": "6", "ROLLBACK_TIMEOUT_SECONDS": "300"}
+"""An apply that never gets ready fails at its timeout, so that one is short: long enough for the
+few polls (one reconcile each) that bring the fake to its steady state even on a loaded machine.
+Its rollback succeeds, and ends on its event."""
+
+
+def apply_step(workdir, environ, digest, execution="exec-apply", **env):
     return subprocess.run([sys.executable, "-m", "raytrain_eks.pipeline", "apply", "--digest", digest],
-                          cwd=workdir, env={**environ, "EXECUTION_ID": execution}, capture_output=True, text=True)
+                          cwd=workdir, env={**environ, "EXECUTION_ID": execution, **env}, capture_output=True, text=True)
 
 
 def applied(kube: Path) -> list[dict]:
@@ -94,7 +102,7 @@ def test_apply_waits_for_every_pod_ready_and_rolls_back_a_crash_looping_head(wor
     promoted_cluster(tmp_path, kube, environ, history)
     # when the candidate's pods come up on the new image but the head never becomes Ready
     (kube / "scenario.json").write_text(json.dumps({"crashloop_image": CANDIDATE}))
-    done = apply_step(tmp_path, environ, CANDIDATE)
+    done = apply_step(tmp_path, environ, CANDIDATE, **NEVER_READY)
     # then Apply fails on readiness, not on the image ID alone, and the promoted manifest is back
     assert done.returncode == 1
     assert f"not ready on @{CANDIDATE}" in done.stderr and "pods not Ready: raytrain-head-x1" in done.stderr
@@ -115,7 +123,7 @@ def test_apply_fails_while_pods_keep_the_old_image(workspace):
     cluster = yaml.safe_load(manifest.read_text())
     del cluster["spec"]["upgradeStrategy"]
     manifest.write_text(yaml.safe_dump(cluster))
-    done = apply_step(tmp_path, environ, CANDIDATE)
+    done = apply_step(tmp_path, environ, CANDIDATE, **NEVER_READY)
     assert done.returncode == 1 and f"pods report {REPO_NAME(tmp_path)}@{PROMOTED}" in done.stderr
     # the rollback re-applies the promoted manifest; its spec hash is the one the (never
     # recreated) pods carry, so KubeRay leaves them running
