@@ -11,8 +11,9 @@
   and export their metrics as they do there.
 
 Both run in their own process group under a unique temp dir; on exit (normal, error, Ctrl-C)
-the group is terminated and any process still naming that temp dir is killed, so nothing is
-left running.
+the head's processes (what names its temp dir or GCS address, and all their descendants, which
+Ray renames) are stopped in ``ray stop``'s order, then the group is terminated and any process
+still naming that temp dir is killed, so nothing is left running.
 """
 from __future__ import annotations
 
