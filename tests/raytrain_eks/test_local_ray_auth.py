@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from raytrain_eks.local_services import head_processes, processes_matching, ray_head, running
+from raytrain_eks.local_services import ray_head
+from raytrain_eks.processes import head_processes, processes_matching, running
 
 pytestmark = pytest.mark.slow  # starts a Ray head
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -1,4 +1,4 @@
-"""How a local Ray head is stopped (raytrain_eks/local_services.py ``_stop_ray``), on a table of
+"""How a local Ray head is stopped (raytrain_eks/processes.py ``stop_ray``), on a table of
 processes standing in for /proc and a recorder standing in for ``os.kill``: the order is the one
 ``ray stop`` uses (ray 2.58 ``ray/scripts/scripts.py`` ``stop``: raylet, the others, GCS last),
 the renamed descendants are stopped too, a process born while stopping neither crashes the stop
@@ -10,8 +10,8 @@ import signal
 
 import pytest
 
-from raytrain_eks import local_services
-from raytrain_eks.local_services import _Process
+from raytrain_eks import processes
+from raytrain_eks.processes import _Process
 
 TEMP = "/tmp/rtd-abc123"
 GCS = "127.0.0.1:23456"
@@ -58,18 +58,18 @@ class Machine:
 @pytest.fixture
 def machine(monkeypatch):
     m = Machine(HEAD)
-    monkeypatch.setattr(local_services, "_processes", m.processes)
-    monkeypatch.setattr(local_services.os, "kill", m.kill)
-    monkeypatch.setattr(local_services.time, "sleep", lambda s: None)
+    monkeypatch.setattr(processes, "_processes", m.processes)
+    monkeypatch.setattr(processes.os, "kill", m.kill)
+    monkeypatch.setattr(processes.time, "sleep", lambda s: None)
     return m
 
 
 def test_the_head_is_its_named_processes_and_their_descendants():
-    assert local_services.head_processes(TEMP, GCS, HEAD) == [10, 11, 12, 13]
+    assert processes.head_processes(TEMP, GCS, HEAD) == [10, 11, 12, 13]
 
 
 def test_raylet_first_then_the_others_then_the_gcs(machine):
-    local_services._stop_ray(TEMP, GCS, grace_s=0.3)
+    processes.stop_ray(TEMP, GCS, grace_s=0.3)
     assert [pid for pid, _ in machine.signals] == [11, 12, 13, 10]
     assert all(sig == signal.SIGTERM for _, sig in machine.signals)
     assert sorted(machine.table) == [14, 15]  # another head's and a look-alike's are untouched
@@ -81,7 +81,7 @@ def test_a_process_born_while_stopping_is_stopped_too(machine):
             m.table[20] = _proc(1, "python3", f"python3 log_monitor.py --logs-dir={TEMP}/session/logs")
 
     machine.on_read = spawn_once
-    local_services._stop_ray(TEMP, GCS, grace_s=0.3)
+    processes.stop_ray(TEMP, GCS, grace_s=0.3)
     assert (20, signal.SIGKILL) in machine.signals and sorted(machine.table) == [14, 15]
 
 
@@ -91,5 +91,5 @@ def test_a_reused_pid_is_not_signalled(machine):
             m.table[12] = _proc(1, "bash", "bash", started=999)
 
     machine.on_read = reuse
-    local_services._stop_ray(TEMP, GCS, grace_s=0.3)
+    processes.stop_ray(TEMP, GCS, grace_s=0.3)
     assert 12 not in [pid for pid, _ in machine.signals] and machine.table[12].name == "bash"
