@@ -2,8 +2,11 @@
 moto's server on 127.0.0.1 for SSM, DynamoDB and CodePipeline."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+
+import boto3
 
 import pytest
 
@@ -65,3 +68,28 @@ def aws(tmp_path_factory) -> dict:
     yield {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1",
            "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
     server.stop()
+
+
+def create_watcher_resources(aws: dict, config) -> None:
+    """What the pipeline stack creates for the watcher (a WatcherConfig names them): the promoted
+    digest parameter with its placeholder, the history table, and a V2 pipeline with the
+    IMAGE_DIGEST variable (moto runs no actions; a pipeline needs two stages and a role
+    CodePipeline may assume)."""
+    ssm, ddb, cp, iam = (boto3.client(s, **aws) for s in ("ssm", "dynamodb", "codepipeline", "iam"))
+    ssm.put_parameter(Name=config.parameter_name, Value="none", Type="String")  # not a digest
+    ddb.create_table(TableName=config.table_name, BillingMode="PAY_PER_REQUEST",
+                     KeySchema=[{"AttributeName": "image", "KeyType": "HASH"},
+                                {"AttributeName": "at", "KeyType": "RANGE"}],
+                     AttributeDefinitions=[{"AttributeName": "image", "AttributeType": "S"},
+                                           {"AttributeName": "at", "AttributeType": "S"}])
+    role = iam.create_role(RoleName=f"role-{config.pipeline_name}", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "codepipeline.amazonaws.com"}}]}))
+    action = {"name": "a", "actionTypeId": {"category": "Source", "owner": "AWS", "provider": "S3", "version": "1"},
+              "configuration": {"S3Bucket": "b", "S3ObjectKey": "k"}, "outputArtifacts": [{"name": "o"}]}
+    cp.create_pipeline(pipeline={
+        "name": config.pipeline_name, "roleArn": role["Role"]["Arn"], "pipelineType": "V2",
+        "artifactStore": {"type": "S3", "location": "artifacts"},
+        "variables": [{"name": "IMAGE_DIGEST", "defaultValue": "spec"}],
+        "stages": [{"name": "Source", "actions": [action]},
+                   {"name": "Deploy", "actions": [dict(action, name="b", outputArtifacts=[{"name": "p"}])]}]})

@@ -4,36 +4,32 @@ is a CodeBuild step, raytrain_eks/pipeline/promote_step.py: a failure after Appl
 cluster back, which needs kubectl.)
 
 The asset holds ``image_watcher/`` (with the registry client the ``lock`` command also uses) and
-the standard-library ``environment`` package (the digest format), staged into one folder at synth
-time: no copy of either lives in the repository.
+the repository packages it imports (``environment`` for the digest format, and what that imports),
+found by following the imports at synth time (infra/lambda_asset.py): no copy lives in the repository.
 """
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
 from pathlib import Path
 
 from aws_cdk import Duration, RemovalPolicy, aws_dynamodb as dynamodb, aws_iam as iam
 from aws_cdk import aws_lambda as lambda_, aws_logs as logs, aws_ssm as ssm
 from constructs import Construct
 
+from infra.lambda_asset import stage_function
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 """The newest Lambda Python (cdk-nag L1); the code is valid on 3.11+."""
 
 
+FUNCTION_DIR = REPO_ROOT / "infra" / "lambdas" / "image_watcher"
+WATCH_HANDLER = "image_watcher.handler.watch"
+"""The function the runtime calls; the asset carries every repository package its module imports."""
+
+
 def stage_asset() -> str:
-    """A folder with the Lambda package and the shared registry client; its content (not its
-    path) decides the asset hash, so a change to either redeploys the functions."""
-    out = Path(tempfile.mkdtemp(prefix="raytrain-image-watcher-"))
-    # CDK copies the folder into the cloud assembly during synth; gone when the process ends.
-    atexit.register(shutil.rmtree, out, ignore_errors=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(REPO_ROOT / "infra" / "lambdas" / "image_watcher", out / "image_watcher", ignore=ignore)
-    # The environment package (standard library only) holds the digest format the functions check.
-    shutil.copytree(REPO_ROOT / "environment", out / "environment", ignore=ignore)
-    return str(out)
+    """The watcher's asset folder: ``image_watcher/`` and the repository packages it imports."""
+    return str(stage_function(FUNCTION_DIR, [WATCH_HANDLER.rpartition(".")[0]]))
 
 
 class WatcherFunctions(Construct):
@@ -49,7 +45,7 @@ class WatcherFunctions(Construct):
             "PROMOTED_DIGEST_PARAMETER": parameter.parameter_name, "HISTORY_TABLE": table.table_name,
             "PIPELINE_NAME": pipeline_name,
         }
-        self.watcher = self._function("ImageWatcher", "image_watcher.handler.watch", code, environment,
+        self.watcher = self._function("ImageWatcher", WATCH_HANDLER, code, environment,
                                       "Resolve the image tag; start the pipeline for a new digest", [
             iam.PolicyStatement(sid="ReadPromotedDigest", actions=["ssm:GetParameter"],
                                 resources=[parameter.parameter_arn]),

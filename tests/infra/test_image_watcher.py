@@ -21,6 +21,7 @@ from infra.lambdas.image_watcher.watcher import (
 from infra.lambdas.image_watcher.registry import RegistryError
 from training.transport import aggregate, classify_lines
 
+from fixtures_pipeline import create_watcher_resources
 from oci_registry import free_port
 
 NAME = "deep-learning-containers/ray"
@@ -42,24 +43,7 @@ def world(aws, registry):
     config = WatcherConfig(repository=f"{registry.host}/{NAME}", tag=f"watch-{suffix}",
                            parameter_name=f"/raytrain/test-{suffix}/promoted-digest",
                            table_name=f"history-{suffix}", pipeline_name=f"redeploy-{suffix}")
-    # as the stack creates it: a placeholder that is not a digest
-    ssm.put_parameter(Name=config.parameter_name, Value="none", Type="String")
-    ddb.create_table(TableName=config.table_name, BillingMode="PAY_PER_REQUEST",
-                     KeySchema=[{"AttributeName": "image", "KeyType": "HASH"},
-                                {"AttributeName": "at", "KeyType": "RANGE"}],
-                     AttributeDefinitions=[{"AttributeName": "image", "AttributeType": "S"},
-                                           {"AttributeName": "at", "AttributeType": "S"}])
-    role = iam.create_role(RoleName=f"pipeline-{suffix}", AssumeRolePolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                "Principal": {"Service": "codepipeline.amazonaws.com"}}]}))
-    action = {"name": "a", "actionTypeId": {"category": "Source", "owner": "AWS", "provider": "S3", "version": "1"},
-              "configuration": {"S3Bucket": "b", "S3ObjectKey": "k"}, "outputArtifacts": [{"name": "o"}]}
-    cp.create_pipeline(pipeline={
-        "name": config.pipeline_name, "roleArn": role["Role"]["Arn"], "pipelineType": "V2",
-        "artifactStore": {"type": "S3", "location": "artifacts"},
-        "variables": [{"name": "IMAGE_DIGEST", "defaultValue": "spec"}],
-        "stages": [{"name": "Source", "actions": [action]},
-                   {"name": "Deploy", "actions": [dict(action, name="b", outputArtifacts=[{"name": "p"}])]}]})
+    create_watcher_resources(aws, config)
     history = PromotionHistory(client=ddb, table_name=config.table_name, image=config.image)
 
     class World:

@@ -20,7 +20,6 @@ from infra.lambdas.image_watcher import watcher as watcher_module
 from infra.stacks import pipeline as pipeline_module
 from infra.stacks.pipeline_access import DEPLOYER_GROUP
 from infra.stacks.pipeline_config import fingerprint
-from infra.stacks.pipeline_watcher import stage_asset
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "111122223333"
@@ -273,19 +272,6 @@ def test_deploy_may_only_assume_the_cdk_bootstrap_roles(synthesized):
     assert assume["Resource"] == [
         _arn(f":iam::{ACCOUNT}:role/cdk-hnb659fds-{kind}-role-{ACCOUNT}-us-east-1")
         for kind in ("deploy", "file-publishing", "lookup")]
-
-
-def test_lambda_asset_is_self_contained_and_uses_the_same_registry_client():
-    staged = Path(stage_asset())
-    registry = REPO / "infra" / "lambdas" / "image_watcher" / "registry.py"
-    assert (staged / "image_watcher" / "registry.py").read_bytes() == registry.read_bytes()
-    assert (staged / "environment" / "contract.py").read_bytes() == (REPO / "environment" / "contract.py").read_bytes()
-    # Only the asset and the standard library on the path (-I): the handler imports cleanly.
-    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import image_watcher.handler as h; "
-             "import environment.contract as c; print(c.__file__)")
-    out = subprocess.run([sys.executable, "-I", "-c", probe, str(staged)], capture_output=True, text=True,
-                         cwd=staged, check=True)
-    assert out.stdout.strip().startswith(str(staged))
 
 
 def test_each_kubectl_build_outlives_its_wait_plus_a_rollback(synthesized):

@@ -1,0 +1,91 @@
+"""The watcher Lambda as Lambda runs it: the asset folder exactly as synth stages it, its handler
+called the way AWS's runtime interface client calls it, in a venv that holds only what the Lambda
+Python runtime provides (the standard library and boto3) and not this project. moto's server
+stands in for SSM, DynamoDB and CodePipeline; the digest comes from the real local registry.
+
+Before infra/lambda_asset.py, the asset carried ``image_watcher/`` and ``environment/`` by a
+hand-written list; ``environment`` imports ``spec_schema``, so the handler died at import with
+``ModuleNotFoundError: No module named 'spec_schema'`` (the old test imported it with
+``python -I``, which still reads the editable install).
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+
+from fixtures_pipeline import create_watcher_resources
+from bare_runtime import LAMBDA_RUNTIME, distribution_closure, importable_names, invoke_lambda, make_runtime, \
+    visible_project_packages
+from infra.lambda_asset import LAMBDA_RUNTIME_PACKAGES, UnshippableImport, first_party_packages, stage_function
+from infra.lambdas.image_watcher.watcher import WatcherConfig
+from infra.stacks.pipeline_watcher import FUNCTION_DIR, WATCH_HANDLER, stage_asset
+
+NAME = "deep-learning-containers/ray"
+
+
+@pytest.fixture(scope="module")
+def lambda_python(tmp_path_factory) -> Path:
+    python = make_runtime(tmp_path_factory.mktemp("lambda-runtime") / "venv", LAMBDA_RUNTIME)
+    # the runtime is bare: from a folder outside the repository, none of the project is importable
+    assert visible_project_packages(python, cwd=tmp_path_factory.mktemp("elsewhere")) == []
+    return python
+
+
+def test_the_runtime_packages_the_asset_may_rely_on_are_exactly_boto3_and_its_dependencies():
+    provided = set().union(*(importable_names(d) for d in distribution_closure(LAMBDA_RUNTIME)))
+    assert provided == LAMBDA_RUNTIME_PACKAGES
+
+
+def test_the_watcher_asset_carries_every_repository_package_its_handler_imports():
+    staged = Path(stage_asset())
+    assert sorted(p.name for p in staged.iterdir()) == ["environment", "image_watcher", "spec_schema"]
+    registry = FUNCTION_DIR / "registry.py"  # the same registry client the `lock` command uses
+    assert (staged / "image_watcher" / "registry.py").read_bytes() == registry.read_bytes()
+
+
+def test_the_staged_watcher_starts_the_pipeline_for_a_new_digest_in_a_bare_lambda_runtime(
+        lambda_python, aws, registry):
+    # given the stack's resources (as test_image_watcher.py's world makes them) and a new digest on the tag
+    suffix = uuid.uuid4().hex[:8]
+    config = WatcherConfig(repository=f"{registry.host}/{NAME}", tag=f"asset-{suffix}",
+                           parameter_name=f"/raytrain/asset-{suffix}/promoted-digest",
+                           table_name=f"history-{suffix}", pipeline_name=f"redeploy-{suffix}")
+    create_watcher_resources(aws, config)
+    digest = registry.push_image(NAME, config.tag, content=f"{suffix}\n".encode())
+    # the function's environment as WatcherFunctions sets it, plus what Lambda adds (region, credentials)
+    environ = {"IMAGE_REPOSITORY": config.repository, "IMAGE_TAG": config.tag,
+               "PROMOTED_DIGEST_PARAMETER": config.parameter_name, "HISTORY_TABLE": config.table_name,
+               "PIPELINE_NAME": config.pipeline_name, "AWS_REGION": aws["region_name"],
+               "AWS_DEFAULT_REGION": aws["region_name"], "AWS_ACCESS_KEY_ID": aws["aws_access_key_id"],
+               "AWS_SECRET_ACCESS_KEY": aws["aws_secret_access_key"], "AWS_ENDPOINT_URL": aws["endpoint_url"]}
+    # when the runtime invokes the handler from the staged folder
+    done = invoke_lambda(lambda_python, Path(stage_asset()), WATCH_HANDLER, {"source": "aws.events"}, environ)
+    # then it imported, resolved the digest and started one execution carrying it
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["action"], result["current"]) == ("start", digest)
+    execution = boto3.client("codepipeline", **aws).get_pipeline_execution(pipelineName=config.pipeline_name, pipelineExecutionId=result["execution_id"])
+    assert execution["pipelineExecution"]["variables"] == [{"name": "IMAGE_DIGEST", "resolvedValue": digest}]
+
+
+def test_an_import_that_no_runtime_provides_fails_the_synth_naming_it(tmp_path):
+    function = tmp_path / "fn"
+    function.mkdir()
+    (function / "__init__.py").write_text("")
+    (function / "handler.py").write_text(textwrap.dedent("""
+        import json
+        from environment.contract import DIGEST_PATTERN
+
+        def handle(event, context):
+            import yaml  # not in the Lambda runtime
+            return yaml.safe_dump(event)
+    """))
+    with pytest.raises(UnshippableImport, match=r"fn\.handler imports 'yaml'"):
+        stage_function(function, ["fn.handler"])
+    (function / "handler.py").write_text("from environment.contract import DIGEST_PATTERN\nimport boto3, json\n")
+    assert first_party_packages(function, ["fn.handler"]) == ["environment", "spec_schema"]
