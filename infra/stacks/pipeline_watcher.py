@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy, aws_dynamodb as dynamodb, aws_iam as iam
+from aws_cdk import Duration, RemovalPolicy, Stage, aws_dynamodb as dynamodb, aws_iam as iam
 from aws_cdk import aws_lambda as lambda_, aws_logs as logs, aws_ssm as ssm
 from constructs import Construct
 
 from infra.lambda_asset import stage_function
+from infra.lambdas.image_watcher.registry import REQUEST_TIMEOUT_S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = lambda_.Runtime.PYTHON_3_14
@@ -27,9 +28,15 @@ WATCH_HANDLER = "image_watcher.handler.watch"
 """The function the runtime calls; the asset carries every repository package its module imports."""
 
 
-def stage_asset() -> str:
-    """The watcher's asset folder: ``image_watcher/`` and the repository packages it imports."""
-    return str(stage_function(FUNCTION_DIR, [WATCH_HANDLER.rpartition(".")[0]]))
+def stage_asset(into: Path) -> Path:
+    """The watcher's asset folder under ``into``: ``image_watcher/`` and the repository packages it imports."""
+    return stage_function(FUNCTION_DIR, [WATCH_HANDLER.rpartition(".")[0]], into)
+
+
+# A watch makes at most 7 registry requests one after another (resolve_digest: HEAD, token, HEAD,
+# GET; platform_problem: GET, token, GET), each bounded by REQUEST_TIMEOUT_S, then a few AWS calls:
+# a slow registry must end in the watcher's own RegistryError, not in Lambda's "Task timed out".
+WATCH_TIMEOUT_S = int(7 * REQUEST_TIMEOUT_S) + 60
 
 
 class WatcherFunctions(Construct):
@@ -39,7 +46,7 @@ class WatcherFunctions(Construct):
                  parameter: ssm.StringParameter, table: dynamodb.Table, pipeline_arn: str,
                  pipeline_name: str) -> None:
         super().__init__(scope, construct_id)
-        code = lambda_.Code.from_asset(stage_asset())
+        code = lambda_.Code.from_asset(str(stage_asset(Path(Stage.of(self).outdir) / ".lambda-assets")))
         environment = {
             "IMAGE_REPOSITORY": image_repository, "IMAGE_TAG": image_tag,
             "PROMOTED_DIGEST_PARAMETER": parameter.parameter_name, "HISTORY_TABLE": table.table_name,
@@ -74,4 +81,4 @@ class WatcherFunctions(Construct):
             environment=environment, description=description, log_group=log_group,
             # A retried or overlapping watch cannot start a digest twice: the start call carries
             # the digest as its idempotency token (watcher.py).
-            architecture=lambda_.Architecture.ARM_64, memory_size=256, timeout=Duration.minutes(1))
+            architecture=lambda_.Architecture.ARM_64, memory_size=256, timeout=Duration.seconds(WATCH_TIMEOUT_S))

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from environment.contract import DIGEST_PATTERN
 
+REQUEST_TIMEOUT_S = 15.0
+"""The bound on one registry request (connect and read); the watcher Lambda's timeout is sized from it."""
 MANIFEST_MEDIA_TYPES = (
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.oci.image.manifest.v1+json",
@@ -74,7 +76,7 @@ class ImageLocation:
         return f"{self.name}:{self.tag} at {self.registry_url}"
 
 
-def resolve_digest(location: ImageLocation, *, timeout: float = 15.0) -> str:
+def resolve_digest(location: ImageLocation, *, timeout: float = REQUEST_TIMEOUT_S) -> str:
     """Return ``sha256:<hex>`` of the manifest (or index) the tag points to now."""
     headers = {"Accept": ", ".join(MANIFEST_MEDIA_TYPES)}
     status, reply_headers, _ = _request("HEAD", location.manifest_url, headers, location, timeout)
@@ -101,7 +103,7 @@ REQUIRED_PLATFORM = ("linux", "amd64")
 """What the GPU nodes run (g6 instances are x86_64)."""
 
 
-def fetch_manifest(location: ImageLocation, digest: str, *, timeout: float = 15.0) -> dict:
+def fetch_manifest(location: ImageLocation, digest: str, *, timeout: float = REQUEST_TIMEOUT_S) -> dict:
     """The manifest (or index) ``digest`` names, as JSON."""
     url = f"{location.registry_url}/v2/{location.name}/manifests/{digest}"
     headers = {"Accept": ", ".join(MANIFEST_MEDIA_TYPES)}
@@ -114,7 +116,7 @@ def fetch_manifest(location: ImageLocation, digest: str, *, timeout: float = 15.
     return json.loads(body)
 
 
-def platform_problem(location: "ImageLocation", digest: str, *, timeout: float = 15.0) -> str:
+def platform_problem(location: "ImageLocation", digest: str, *, timeout: float = REQUEST_TIMEOUT_S) -> str:
     """Why the GPU nodes cannot run ``digest`` (one line), or "" when they can: an image index
     (multi-arch tag) must have a :data:`REQUIRED_PLATFORM` entry; a single manifest is taken as is."""
     found = platforms(fetch_manifest(location, digest, timeout=timeout))
