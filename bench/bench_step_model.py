@@ -107,9 +107,14 @@ def _job(name: str) -> dict:
 
 def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
     """Per shipped job: the old predictions and the new range (with and without the lever)."""
+    import contextlib
+
+    from charts.jobs import plan_job
+    from environment import load_environment
     from environment.instances import INSTANCE_TYPES
-    from raytrain_eks.step_time import DEFAULT_MFU
-    from training import flops
+    from raytrain_eks.step_time import DEFAULT_MFU, estimate_time
+
+    env = load_environment(ROOT / "environment.toml")
 
     cluster = measured_plan.Cluster()
     instance = INSTANCE_TYPES[cluster.instance]
@@ -117,41 +122,41 @@ def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
     shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **PUBLISHED_CONFIGS[MODEL]})
     traces, results = step_model.load_traces(), measured_plan.load()
     out = []
-    for name in JOBS:
-        job = _job(name)
-        t, p = job["train"], job["parallel"]
-        found = measured_plan.lookup(results, model=MODEL, strategy=p["strategy"], seq_len=t["seq_len"],
-                                     micro_batch_size=t["micro_batch_size"],
-                                     activation_checkpointing=p.get("activation_checkpointing", True),
-                                     reduce_dtype=p.get("grad_reduce_dtype", "float32"),
-                                     keep_gathered=p.get("keep_params_gathered", False))
-        kind = "synthetic" if job["data"]["kind"] == "synthetic" else "chat"
-        tr = step_model.find_trace(traces, model=MODEL, kind=kind, seq_len=t["seq_len"], micro_batch_size=t["micro_batch_size"])
-        if found is None or tr is None:
-            out.append({"job": name, "missing": "no measured plan" if found is None else "no trace"})
-            continue
-        found = {**found, "global_batch_size": t["global_batch_size"]}
-        old = measured_plan.predict(found, cluster)
-        found["grad_accum_steps"] = old["grad_accum_steps"]
-        # the hand model of raytrain_eks/step_time.py: model FLOPs at DEFAULT_MFU, nothing else
-        hand_s = (flops.training_flops_per_token(shapes, t["seq_len"]) * t["seq_len"] * t["global_batch_size"]
-                  / (cluster.world_size * instance.gpu_bf16_tflops * 1e12 * DEFAULT_MFU))
-        new = step_model.predict(tr, found, cluster, shapes, figures, last_backward_lever=True)
-        without = step_model.predict(tr, found, cluster, shapes, figures, last_backward_lever=False)
-        out.append({"job": name, "kind": kind, "seq_len": t["seq_len"], "strategy": p["strategy"],
-                    "accum": old["grad_accum_steps"], "hand": (hand_s, DEFAULT_MFU), "old": old, "new": new,
-                    "without_lever": without})
+    with contextlib.chdir(ROOT):  # plan_job reads the jobs' relative paths from the root
+        for name in JOBS:
+            job = _job(name)
+            t, p = job["train"], job["parallel"]
+            found = measured_plan.lookup(results, model=MODEL, strategy=p["strategy"], seq_len=t["seq_len"],
+                                         micro_batch_size=t["micro_batch_size"],
+                                         activation_checkpointing=p.get("activation_checkpointing", True),
+                                         reduce_dtype=p.get("grad_reduce_dtype", "float32"),
+                                         keep_gathered=p.get("keep_params_gathered", False))
+            kind = "synthetic" if job["data"]["kind"] == "synthetic" else "chat"
+            tr = step_model.find_trace(traces, model=MODEL, kind=kind, seq_len=t["seq_len"], micro_batch_size=t["micro_batch_size"])
+            if found is None or tr is None:
+                out.append({"job": name, "missing": "no measured plan" if found is None else "no trace"})
+                continue
+            found = {**found, "global_batch_size": t["global_batch_size"]}
+            old = measured_plan.predict(found, cluster)
+            found["grad_accum_steps"] = old["grad_accum_steps"]
+            # the hand model of raytrain_eks/step_time.py, on the job as the shipped spec sizes it
+            hand = estimate_time(env, plan_job(env, ROOT / "jobs" / f"{name}.toml", ROOT).config, shapes, DEFAULT_MFU)
+            new = step_model.predict(tr, found, cluster, shapes, figures, last_backward_lever=True)
+            without = step_model.predict(tr, found, cluster, shapes, figures, last_backward_lever=False)
+            out.append({"job": name, "kind": kind, "seq_len": t["seq_len"], "strategy": p["strategy"],
+                        "accum": old["grad_accum_steps"], "hand": (hand["step_s"], hand["effective_mfu"]), "old": old, "new": new,
+                        "without_lever": without})
     return out
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| job | data | old: hand (step_time.py) s / MFU | old: measured_plan.py s / MFU | new, lever off: s / MFU "
+    lines = ["| job | data | old: hand (step_time.py, MFU 0.30 stated) s / MFU | old: measured_plan.py s / MFU | new, lever off: s / MFU "
              "| new, shipped (lever on): s / MFU |", "|---|---|---|---|---|---|"]
     for r in results:
         if "missing" in r:
             lines.append(f"| {r['job']} | {r['missing']} | | | | |")
             continue
-        rng = lambda p: f"{p['step_s'][0]:.2f}-{p['step_s'][1]:.2f} / {p['mfu'][1]:.2f}-{p['mfu'][0]:.2f}"
+        rng = lambda p: f"{p['step_s'][0]:.2f}-{p['step_s'][1]:.2f} / {p['mfu'][0]:.2f}-{p['mfu'][1]:.2f}"
         lines.append(f"| {r['job']} ({r['strategy']}, seq {r['seq_len']}, {r['accum']} micro batches) | {r['kind']} "
                      f"| {r['hand'][0]:.2f} / {r['hand'][1]:.2f} | {r['old']['step_s']:.2f} / {r['old']['mfu']:.2f} "
                      f"| {rng(r['without_lever'])} | {rng(r['new'])} |")

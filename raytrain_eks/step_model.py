@@ -141,7 +141,7 @@ def predict(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, 
     low = _bound(trace, measured, cluster, shapes, figures, "low", last_backward_lever)
     high = _bound(trace, measured, cluster, shapes, figures, "high", last_backward_lever)
     return {"step_s": (round(low["step_s"], 3), round(high["step_s"], 3)),
-            "mfu": (round(high["mfu"], 4), round(low["mfu"], 4)),
+            "mfu": (round(high["mfu"], 4), round(low["mfu"], 4)),  # (slow end's, fast end's)
             "terms": {k: (round(low[k], 3), round(high[k], 3)) for k in low if k not in ("step_s", "mfu")},
             "sources": {**figures.sources(), "fsdp_copies": FSDP_SOURCE,
                         "trace": f"bench/bench_step_model.py --trace ({trace['kind']}, documents {trace['doc_lengths']})",
@@ -151,7 +151,7 @@ def predict(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, 
 
 def render(prediction: dict) -> list[str]:
     """The preflight's lines for a prediction."""
-    (lo, hi), (mfu_hi, mfu_lo) = prediction["step_s"], prediction["mfu"]
+    (lo, hi), (mfu_lo, mfu_hi) = prediction["step_s"], prediction["mfu"]
     terms = ", ".join(f"{k.removesuffix('_s')} {a:.2f}-{b:.2f}" for k, (a, b) in prediction["terms"].items())
     lines = [f"  step range       {lo:.2f}-{hi:.2f} s, MFU {mfu_lo:.2f}-{mfu_hi:.2f} (raytrain_eks/step_model.py)",
              f"    terms (s)      {terms}"]
