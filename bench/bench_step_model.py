@@ -180,7 +180,13 @@ def main() -> None:
                           _job(n)["train"]["micro_batch_size"]) for n in JOBS})
         traces = [trace(*w) for w in wanted]
         step_model.TRACES.write_text(json.dumps({"traces": traces}, indent=1) + "\n")
-    print(table(rows()))
+    results = rows()
+    print(table(results))
+    # the last line, for `make bench` (bench/run_all.py): the ranges of each shipped job
+    print(json.dumps({"name": "step_model", **{r["job"]: {"step_s": r["new"]["step_s"], "mfu": r["new"]["mfu"],
+                                                        "step_s_without_lever": r["without_lever"]["step_s"],
+                                                        "old_step_s": r["old"]["step_s"]}
+                                              for r in results if "new" in r}}))
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def published(gpu: str, network_gbps: float) -> Figures:
                  "(aws/aws-ofi-nccl issue 547)"))
 
 
-class CalibrationError(ValueError):
+class CalibrationError(ValueError):  # the CLI prints it as one line (raytrain_eks/cli.py)
     """A calibration file that cannot be used (one-line message naming file and field)."""
 
 
@@ -111,9 +111,11 @@ def _positive(path: Path, field: str, value) -> float:
     return float(value)
 
 
-def calibrated(figures: Figures, path: Path = CALIBRATION) -> Figures:
+def calibrated(figures: Figures, path: Path | None = None) -> Figures:
     """``figures`` with what ``make gpu-check`` measured on this GPU type in place of the
-    published and assumed rates; unchanged when no calibration exists or it is of another GPU."""
+    published and assumed rates (``path`` None: :data:`CALIBRATION`); unchanged when no
+    calibration exists or it is of another GPU."""
+    path = CALIBRATION if path is None else path
     if not path.is_file():
         return figures
     try:
@@ -144,6 +146,6 @@ def calibrated(figures: Figures, path: Path = CALIBRATION) -> Figures:
                    memory=Rate(memory, memory, "GB/s", where), measured_step=step)
 
 
-def figures_for(gpu: str, network_gbps: float, path: Path = CALIBRATION) -> Figures:
+def figures_for(gpu: str, network_gbps: float, path: Path | None = None) -> Figures:
     """The rates for ``gpu``: published, with this GPU type's calibration applied when present."""
     return calibrated(published(gpu, network_gbps), path)

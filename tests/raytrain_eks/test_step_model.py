@@ -74,3 +74,17 @@ def test_the_preflight_shows_the_range_and_what_is_assumed(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "step range" in out and "issue 120" in out
     assert "assumed        memory, kernel_floor_us, pcie" in out
+
+
+def test_a_bad_calibration_stops_the_preflight_in_one_line(capsys, monkeypatch, tmp_path):
+    from raytrain_eks import gpu_figures
+    from raytrain_eks.cli import main
+
+    bad = tmp_path / "gpu_calibration.json"
+    bad.write_text('{"gpu": "L4", "gemm": [], "memory_gbytes_per_s": 250}')
+    monkeypatch.setattr(gpu_figures, "CALIBRATION", bad)
+    monkeypatch.chdir(ROOT)
+    assert main(["preflight", "--env", "environment.toml", "--job", "jobs/finetune-qwen2.5-1.5b.toml",
+                 "--dist", "/nonexistent-dist"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {bad}: gemm = []: must be a non-empty list of {{m, n, k, tflops}}\n"
