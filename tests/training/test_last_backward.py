@@ -85,6 +85,8 @@ def test_kept_gathered_non_last_backwards_leave_the_reduce_scatters_running(rank
 
 
 def test_the_lever_changes_no_collective_and_no_gradient(ranks):
+    print(f"\ncollectives per micro batch (CommDebugMode), kept gathered: before {ranks[0]['kept-before']['collectives']}"
+          f", with the lever {ranks[0]['kept-lever']['collectives']}")
     for rank in ranks:
         for plan in ("kept", "regathered"):
             lever, before = rank[f"{plan}-lever"], rank[f"{plan}-before"]
