@@ -287,6 +287,11 @@ def render(plan: Plan) -> str:
         lines += measured_plan.render(plan.measured, hand_required=plan.memory.required)
         if plan.measured.get("range"):
             lines += step_model.render(plan.measured["range"])
+            if plan.estimate:  # the same run overheads and prices as the time and cost below
+                e, hours = plan.estimate, [job.train.max_steps * s / 3600 for s in plan.measured["range"]["step_s"]]
+                usd = [(h + e["overhead_h"]) * e["hourly_usd"] for h in hours]
+                lines.append(f"    run            {hours[0] * 60:.1f}-{hours[1] * 60:.1f} min of steps, {usd[0]:.2f}-{usd[1]:.2f} USD "
+                             f"over this range")
     if plan.estimate:
         e = plan.estimate
         if e.get("source") == "measured":

@@ -74,6 +74,7 @@ def test_the_preflight_shows_the_range_and_what_is_assumed(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "step range" in out and "issue 120" in out
     assert "assumed        memory, kernel_floor_us, pcie" in out
+    assert "USD over this range" in out
 
 
 def test_a_bad_calibration_stops_the_preflight_in_one_line(capsys, monkeypatch, tmp_path):
