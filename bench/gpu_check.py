@@ -13,6 +13,11 @@
    log fails the run).
 3. A resume of that run (more steps, same run name): it must continue from the last checkpoint.
 
+4. The calibration (:func:`measure_calibration`): bf16 GEMM rate at the shipped micro batch's
+   shapes, memory bandwidth and the step above, written to raytrain_eks/gpu_calibration.json,
+   which the preflight's step model (raytrain_eks/step_model.py) reads in place of the published
+   and assumed rates.
+
 Without a GPU it prints ``{"name": "gpu_check", "skipped": ...}`` and exits 0. Prints ONE JSON
 line; exit 1 when a check failed. Run: ``.venv/bin/python bench/gpu_check.py``.
 """
@@ -108,6 +113,51 @@ def _profile(gpus: int, storage: Path) -> dict:
     return out
 
 
+def calibration_shapes() -> list[tuple[int, int, int]]:
+    """The GEMM shapes to time: the published trace's (the shipped micro batch's own GEMMs,
+    raytrain_eks/step_trace.json) and the squares of the published L4 table."""
+    from raytrain_eks.gpu_figures import L4_GEMM_TFLOPS
+    from raytrain_eks.step_model import load_traces
+
+    shapes = {(m, n, k) for trace in load_traces() for m, n, k, _ in trace["gemms"]}
+    return sorted(shapes | {(s, s, s) for s in L4_GEMM_TFLOPS})
+
+
+def measure_calibration(device: str, device_name: str, sync, *, shapes: list[tuple[int, int, int]],
+                        repeats: int = 10, copy_bytes: int = 1 << 30, step: dict | None = None) -> dict:
+    """What raytrain_eks/gpu_calibration.json holds: bf16 GEMM TFLOP/s by shape, the bytes per
+    second of a device-to-device copy (read + written), and the shipped per-GPU step as the
+    profile run measured it. ``sync`` waits for the device (``torch.cuda.synchronize``); a
+    warm-up call of each kernel precedes the timed ones."""
+    import datetime
+
+    import torch
+
+    from environment.instances import gpu_model_of
+
+    def timed(fn) -> float:
+        fn()
+        sync()
+        began = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        sync()
+        return (time.perf_counter() - began) / repeats
+
+    gemms = []
+    for m, n, k in shapes:
+        a = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+        b = torch.randn(k, n, dtype=torch.bfloat16, device=device)
+        seconds = timed(lambda: torch.mm(a, b))
+        gemms.append({"m": m, "n": n, "k": k, "tflops": float(f"{2 * m * n * k / seconds / 1e12:.4g}")})
+    source = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    copy_s = timed(lambda: target.copy_(source))
+    return {"gpu": gpu_model_of(device_name), "device": device_name, "torch": torch.__version__,
+            "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gemm": gemms, "memory_gbytes_per_s": float(f"{2 * copy_bytes / copy_s / 1e9:.4g}"), "step": step}
+
+
 def _last_json(text: str) -> dict:
     lines = [line for line in text.strip().splitlines() if line.startswith("{")]
     return json.loads(lines[-1]) if lines else {}
@@ -184,6 +234,16 @@ def main() -> int:
         result["runs"] = [_entry_point(n, Path(scratch)) for n in sorted({1, min(2, gpus)})]
     problems = [p for run in [result["profile"], *result["runs"]] for p in run["problems"]] + (
         [] if code == 0 else ["MFU benchmark failed"])
+    # the measurements the preflight's step model uses in place of published and assumed rates
+    from raytrain_eks.gpu_figures import CALIBRATION
+
+    profile = result["profile"]
+    step = {"per_gpu_shape": "jobs/finetune-qwen2.5-1.5b.toml on this machine's GPUs", **{
+        k: profile.get(k) for k in ("tokens_per_s", "mfu", "peak_memory_gib")}, "step_s": result["mfu_1_5b"].get("step_s")}
+    calibration = measure_calibration("cuda", torch.cuda.get_device_name(), torch.cuda.synchronize,
+                                      shapes=calibration_shapes(), step=step if step["step_s"] else None)
+    CALIBRATION.write_text(json.dumps(calibration, indent=1) + "\n")
+    result["calibration"] = {"written": str(CALIBRATION), "memory_gbytes_per_s": calibration["memory_gbytes_per_s"]}
     result.update(ok=not problems, wall_s=round(time.perf_counter() - began, 1))
     print(json.dumps(result))
     return 0 if not problems else 1

@@ -58,20 +58,27 @@ GPU_PEAK_BF16_TFLOPS: dict[str, float] = {
 }
 
 
-def peak_bf16_tflops(device_name: str) -> float | None:
-    """Peak bf16 TFLOP/s for a device name like ``"NVIDIA L4"`` or ``"L4"``; None if unknown (CPU).
+def gpu_model_of(device_name: str) -> str | None:
+    """The GPU model (a key of :data:`GPU_PEAK_BF16_TFLOPS`) of a device name like
+    ``"NVIDIA L4"`` or ``"L4"``; None if unknown (CPU).
 
     Whole words are matched, so ``"NVIDIA L40S"`` is not an L4; the longest match wins.
     """
     words = device_name.replace("-", " ").upper().split()
-    best: tuple[int, float] | None = None
-    for key, value in GPU_PEAK_BF16_TFLOPS.items():
+    best: tuple[int, str] | None = None
+    for key in GPU_PEAK_BF16_TFLOPS:
         key_words = key.upper().split()
         n = len(key_words)
         if any(words[i:i + n] == key_words for i in range(len(words) - n + 1)):
             if best is None or n > best[0]:
-                best = (n, value)
+                best = (n, key)
     return best[1] if best else None
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    """Peak bf16 TFLOP/s for a device name (:func:`gpu_model_of`); None if unknown (CPU)."""
+    model = gpu_model_of(device_name)
+    return GPU_PEAK_BF16_TFLOPS[model] if model else None
 
 
 INSTANCE_TYPES: dict[str, InstanceType] = {

@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from training.data.records import DataError
 
     from raytrain_eks.eks_backend import KubectlError
+    from raytrain_eks.gpu_figures import CalibrationError
 
     args = build_parser().parse_args(argv)
     module = importlib.import_module(args._module)
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         code = int(module.run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return code
-    except (SpecError, JobConfigError, DataError, ChartError) as err:  # JobConfigError covers the model's
+    except (SpecError, JobConfigError, DataError, ChartError, CalibrationError) as err:  # JobConfigError covers the model's
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KubectlError as err:

@@ -56,7 +56,7 @@ class Cluster:
         return {**asdict(self), "gpus_per_node": self.gpus_per_node, "world_size": self.world_size}
 
 
-def _links(entry: dict, strategy: str, cluster: Cluster) -> tuple[float, float]:
+def ring_links(entry: dict, strategy: str, cluster: Cluster) -> tuple[float, float]:
     """(PCIe bytes per GPU, EFA bytes per node) of one collective entry."""
     n = entry["group_size"]
     sent = entry["bytes"] * (n - 1) / n * (2 if entry["kind"] == "all_reduce" else 1)
@@ -83,7 +83,7 @@ def predict(result: dict, cluster: Cluster) -> dict:
         for entry in result["collectives"]:
             # measured over 2 micro batches (a schedule whose middle ones repeat the first): first
             per_micro = entry.get(f"{micro}_bytes", entry.get("first_bytes", entry["bytes"] / accum))
-            p, e = _links({**entry, "bytes": per_micro}, result["strategy"], cluster)
+            p, e = ring_links({**entry, "bytes": per_micro}, result["strategy"], cluster)
             pcie_m, efa_m = pcie_m + p, efa_m + e
         weight = max(0, accum - 2) if micro == "middle" else 1
         pcie, efa = pcie + weight * pcie_m, efa + weight * efa_m

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from charts.resources import resource_problems
 from raytrain_eks.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
-from raytrain_eks import measured_plan
+from raytrain_eks import measured_plan, step_model
 from raytrain_eks.plan_advice import advise, spare_memory
 from raytrain_eks.step_time import DEFAULT_MFU, estimate_time, strategy_options
 from environment import Environment
@@ -226,6 +226,9 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
         return found["required_bytes"] if found else estimate_for_job(candidate, shapes).required
 
     plan.measured = measured_plan.for_job(job, shapes, g.instance_type, measured)
+    if plan.measured:
+        plan.measured["range"] = step_model.for_job(job, shapes, plan.measured, measured_plan.Cluster(
+            g.instance_type, job.num_nodes), g.instance.gpu_model, g.instance.network_gbps)
     need = required(job)
     fits = need <= usable
     hint = "" if fits else "; " + advise(job, shapes, usable, g.instance.gpus, required)
@@ -282,6 +285,13 @@ def render(plan: Plan) -> str:
                      f"{m.activations_with_checkpointing / GIB:.2f} GiB")
     if plan.measured:
         lines += measured_plan.render(plan.measured, hand_required=plan.memory.required)
+        if plan.measured.get("range"):
+            lines += step_model.render(plan.measured["range"])
+            if plan.estimate:  # the same run overheads and prices as the time and cost below
+                e, hours = plan.estimate, [job.train.max_steps * s / 3600 for s in plan.measured["range"]["step_s"]]
+                usd = [(h + e["overhead_h"]) * e["hourly_usd"] for h in hours]
+                lines.append(f"    run            {hours[0] * 60:.1f}-{hours[1] * 60:.1f} min of steps, {usd[0]:.2f}-{usd[1]:.2f} USD "
+                             f"over this range")
     if plan.estimate:
         e = plan.estimate
         if e.get("source") == "measured":

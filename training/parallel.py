@@ -143,6 +143,12 @@ def begin_micro_batch(model: torch.nn.Module, index: int, count: int) -> None:
     model.set_requires_all_reduce(last)
     if getattr(model, "_raytrain_keep_gathered", False):
         model.set_reshard_after_backward(last)
+        # Only the last backward waits for the retained reduce-scatters (the root's, the largest,
+        # runs from the final callback): before it, the compute stream goes on into the next
+        # forward while it runs (torch 2.13 _fsdp_state.py:421-431). Kept-gathered only: there
+        # every unit stays unsharded through the step, so backward's prefetch by the forward
+        # order (not cleared until the last backward) unshards nothing (_fsdp_param_group.py:829).
+        model.set_is_last_backward(last)
 
 
 def end_accumulation(model: torch.nn.Module, count: int) -> None:
@@ -152,5 +158,6 @@ def end_accumulation(model: torch.nn.Module, count: int) -> None:
         return
     model.set_requires_gradient_sync(True)
     model.set_reshard_after_backward(True)
+    model.set_is_last_backward(True)
     for module, reshard in reshard_plan(model, getattr(model, "_raytrain_strategy", "full_shard")):
         module.set_reshard_after_forward(reshard, recurse=False)

@@ -1,0 +1,193 @@
+"""The shipped GPU jobs' predicted step time and MFU: the old model beside the new one, as ranges.
+
+Default: print the table (Markdown) from the published trace (raytrain_eks/step_trace.json),
+the measured collectives (raytrain_eks/measured_plan.json) and the rates of
+raytrain_eks/gpu_figures.py (with raytrain_eks/gpu_calibration.json when ``make gpu-check`` wrote
+one), then every term's source. ``--trace`` first re-measures the traces on CPU: the model built
+from its config under ``FakeTensorMode`` runs one micro batch of the job's own code
+(``training.attention.use_packed_attention``, ``training.model.loss_inputs`` /
+``loss_from_inputs``) forward and backward, in bf16 as on the GPU, and every kernel is recorded:
+GEMM shapes, attention FLOPs (torch's SDPA formulas, per document), and the bytes every other
+non-view kernel reads and writes. About 30 s per trace on an idle core.
+
+Run: ``.venv/bin/python bench/bench_step_model.py [--trace]``.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from raytrain_eks import gpu_figures, measured_plan, step_model  # noqa: E402
+from raytrain_eks.memory_estimate import PUBLISHED_CONFIGS  # noqa: E402
+from training.flops import ModelShapes  # noqa: E402
+
+MODEL = "Qwen2.5-1.5B"
+JOBS = ("finetune-qwen2.5-1.5b", "smoke")
+"""The shipped GPU jobs (jobs/local.toml runs on CPU)."""
+
+
+def trace(kind: str, seq_len: int, micro_batch_size: int) -> dict:
+    """One micro batch of the job's code on fake tensors; see the module docstring."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils import flop_counter as fc
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from bench_full_size_plan import DOC_LENGTHS, packed_chat_batch
+    from training.attention import use_packed_attention
+    from training.flops import training_flops_per_token
+    from training.model import loss_from_inputs, loss_inputs
+
+    aten = torch.ops.aten
+    gemm_ops = {aten.mm.default: (0, 1), aten.addmm.default: (1, 2), aten.bmm.default: (0, 1)}
+    no_bytes = {aten.detach.default, aten._unsafe_view.default}
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.gemms, self.attention, self.bytes, self.kernels = collections.Counter(), 0, 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in gemm_ops:
+                a, b = (args[i] for i in gemm_ops[func])
+                self.gemms[(a.shape[-2], b.shape[-1], a.shape[-1])] += a.shape[0] if a.dim() == 3 else 1
+            elif func is aten._scaled_dot_product_flash_attention_for_cpu.default:
+                q, k = args[0].shape, args[1].shape
+                self.attention += fc.sdpa_flop_count(q, (*k[:1], q[1], *k[2:]), (*k[:1], q[1], *k[2:]))
+            elif func is aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+                g, q, k = args[0].shape, args[1].shape, args[2].shape
+                self.attention += fc.sdpa_backward_flop_count(g, q, (*k[:1], q[1], *k[2:]), (*k[:1], q[1], *k[2:]))
+            elif not func.is_view and func not in no_bytes and isinstance(out, torch.Tensor | tuple | list):
+                tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+                if tensors:
+                    self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+                    self.kernels += 1
+            return out
+
+    config = Qwen2Config(**PUBLISHED_CONFIGS[MODEL])
+    if kind == "chat":  # packed documents, each one's first 40 % a prompt (bench_full_size_plan)
+        batch, docs = packed_chat_batch(micro_batch_size, seq_len), list(DOC_LENGTHS)
+    else:  # synthetic: random ids, one document per row, every token a target
+        ids = torch.randint(0, config.vocab_size, (micro_batch_size, seq_len), generator=torch.Generator().manual_seed(0))
+        batch, docs = {"input_ids": ids, "labels": ids.clone()}, [seq_len]
+    prepared = loss_inputs(None, batch, packed=True)  # host work, before the fake mode
+    began = time.perf_counter()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # FSDP computes in bf16
+        model.config.use_cache = False
+        use_packed_attention(model)
+        recorder = Recorder()
+        with recorder:
+            loss_from_inputs(model, *prepared).backward()
+    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **PUBLISHED_CONFIGS[MODEL]})
+    return {"model": MODEL, "kind": kind, "seq_len": seq_len, "micro_batch_size": micro_batch_size,
+            "doc_lengths": docs, "target_tokens": int(prepared[1].numel()),
+            "gemms": sorted([*shape, count] for shape, count in recorder.gemms.items()),
+            "attention_flops": int(recorder.attention), "elementwise_bytes": int(recorder.bytes),
+            "kernels": recorder.kernels,
+            "model_flops": training_flops_per_token(shapes, seq_len) * seq_len * micro_batch_size,
+            "torch": torch.__version__, "measure_s": round(time.perf_counter() - began, 1)}
+
+
+def _job(name: str) -> dict:
+    return tomllib.loads((ROOT / "jobs" / f"{name}.toml").read_text())
+
+
+def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
+    """Per shipped job: the old predictions and the new range (with and without the lever)."""
+    import contextlib
+
+    from charts.jobs import plan_job
+    from environment import load_environment
+    from environment.instances import INSTANCE_TYPES
+    from raytrain_eks.step_time import DEFAULT_MFU, estimate_time
+
+    env = load_environment(ROOT / "environment.toml")
+
+    cluster = measured_plan.Cluster()
+    instance = INSTANCE_TYPES[cluster.instance]
+    figures = figures or gpu_figures.figures_for(instance.gpu_model, instance.network_gbps)
+    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **PUBLISHED_CONFIGS[MODEL]})
+    traces, results = step_model.load_traces(), measured_plan.load()
+    out = []
+    with contextlib.chdir(ROOT):  # plan_job reads the jobs' relative paths from the root
+        for name in JOBS:
+            job = _job(name)
+            t, p = job["train"], job["parallel"]
+            found = measured_plan.lookup(results, model=MODEL, strategy=p["strategy"], seq_len=t["seq_len"],
+                                         micro_batch_size=t["micro_batch_size"],
+                                         activation_checkpointing=p.get("activation_checkpointing", True),
+                                         reduce_dtype=p.get("grad_reduce_dtype", "float32"),
+                                         keep_gathered=p.get("keep_params_gathered", False))
+            kind = "synthetic" if job["data"]["kind"] == "synthetic" else "chat"
+            tr = step_model.find_trace(traces, model=MODEL, kind=kind, seq_len=t["seq_len"], micro_batch_size=t["micro_batch_size"])
+            if found is None or tr is None:
+                out.append({"job": name, "missing": "no measured plan" if found is None else "no trace"})
+                continue
+            found = {**found, "global_batch_size": t["global_batch_size"]}
+            old = measured_plan.predict(found, cluster)
+            found["grad_accum_steps"] = old["grad_accum_steps"]
+            # the hand model of raytrain_eks/step_time.py, on the job as the shipped spec sizes it
+            hand = estimate_time(env, plan_job(env, ROOT / "jobs" / f"{name}.toml", ROOT).config, shapes, DEFAULT_MFU)
+            new = step_model.predict(tr, found, cluster, shapes, figures, last_backward_lever=True)
+            without = step_model.predict(tr, found, cluster, shapes, figures, last_backward_lever=False)
+            out.append({"job": name, "kind": kind, "seq_len": t["seq_len"], "strategy": p["strategy"],
+                        "accum": old["grad_accum_steps"], "hand": (hand["step_s"], hand["effective_mfu"]), "old": old, "new": new,
+                        "without_lever": without})
+    return out
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| job | data | old: hand (step_time.py, MFU 0.30 stated) s / MFU | old: measured_plan.py s / MFU | new, lever off: s / MFU "
+             "| new, shipped (lever on): s / MFU |", "|---|---|---|---|---|---|"]
+    for r in results:
+        if "missing" in r:
+            lines.append(f"| {r['job']} | {r['missing']} | | | | |")
+            continue
+        rng = lambda p: f"{p['step_s'][0]:.2f}-{p['step_s'][1]:.2f} / {p['mfu'][0]:.2f}-{p['mfu'][1]:.2f}"
+        lines.append(f"| {r['job']} ({r['strategy']}, seq {r['seq_len']}, {r['accum']} micro batches) | {r['kind']} "
+                     f"| {r['hand'][0]:.2f} / {r['hand'][1]:.2f} | {r['old']['step_s']:.2f} / {r['old']['mfu']:.2f} "
+                     f"| {rng(r['without_lever'])} | {rng(r['new'])} |")
+    shown = next((r for r in results if "new" in r), None)
+    if shown:
+        lines += ["", f"Terms of {shown['job']} (seconds per step, fast end - slow end):", "",
+                  "| term | s |", "|---|---|"]
+        lines += [f"| {k} | {a:.2f}-{b:.2f} |" for k, (a, b) in shown["new"]["terms"].items()]
+        lines += ["", "| source | figure |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in shown["new"]["sources"].items()]
+        lines += ["", f"Assumed: {', '.join(shown['new']['assumed']) or 'nothing'}"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", action="store_true", help=f"re-measure the traces into {step_model.TRACES.name}")
+    args = parser.parse_args()
+    if args.trace:
+        wanted = sorted({("synthetic" if _job(n)["data"]["kind"] == "synthetic" else "chat", _job(n)["train"]["seq_len"],
+                          _job(n)["train"]["micro_batch_size"]) for n in JOBS})
+        traces = [trace(*w) for w in wanted]
+        step_model.TRACES.write_text(json.dumps({"traces": traces}, indent=1) + "\n")
+    results = rows()
+    print(table(results))
+    # the last line, for `make bench` (bench/run_all.py): the ranges of each shipped job
+    print(json.dumps({"name": "step_model", **{r["job"]: {"step_s": r["new"]["step_s"], "mfu": r["new"]["mfu"],
+                                                        "step_s_without_lever": r["without_lever"]["step_s"],
+                                                        "old_step_s": r["old"]["step_s"]}
+                                              for r in results if "new" in r}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The GPU step's time as a range, every term from a published or measured figure.
+
+Inputs, all measured on CPU by the job's own code or published:
+
+- the TRACE of one micro batch (``bench/bench_step_model.py --trace`` runs the model's forward
+  and backward under fake tensors and records every GEMM's shape, the attention kernels'
+  FLOPs at the data's document lengths, and the bytes every other kernel reads and writes;
+  published in :data:`TRACES`);
+- the COLLECTIVES of a step, per micro batch, from ``bench/bench_full_size_plan.py``
+  (:mod:`raytrain_eks.measured_plan`);
+- the RATES of :mod:`raytrain_eks.gpu_figures` (a GEMM-efficiency table by shape, memory
+  bandwidth, PCIe and EFA bandwidth), each a range with its source.
+
+Per micro batch: GEMMs at their shape's rate; attention at the GEMM table's rates with the
+causal half skipped (FlashAttention-2 skips masked blocks); element-wise kernels at memory
+bandwidth (the high end adds a launch floor per kernel); FSDP2's own copies and the optimizer
+from the parameter count. Communication is exposed by phase: forward all-gathers hide behind
+the forward (1/3 of the compute) but the root's gather runs before anything; reduce-scatters
+hide behind the backward (2/3) except the root's, which runs from the final callback: with
+``is_last_backward`` True the compute stream waits for it at every micro batch (torch 2.13
+``_fsdp_state.py``:421-431), with the lever only at the last; the step's all-reduce runs in the
+last backward and the root's part of it is exposed.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from raytrain_eks.gpu_figures import Figures
+from raytrain_eks.measured_plan import Cluster, ring_links
+from training.flops import ModelShapes
+
+TRACES = Path(__file__).resolve().parent / "step_trace.json"
+
+FSDP_SOURCE = ("torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py (foreach_all_gather, "
+               "foreach_all_gather_copy_out, foreach_reduce) and torch/optim/adamw.py (fused)")
+
+
+def load_traces(path: Path = TRACES) -> list[dict]:
+    """The published traces (empty when none are)."""
+    return json.loads(path.read_text(encoding="utf-8"))["traces"] if path.is_file() else []
+
+
+def find_trace(traces: list[dict], *, model: str, kind: str, seq_len: int, micro_batch_size: int) -> dict | None:
+    for trace in traces:
+        if (trace["model"], trace["kind"], trace["seq_len"], trace["micro_batch_size"]) == (
+                model, kind, seq_len, micro_batch_size):
+            return trace
+    return None
+
+
+def _fsdp_bytes(params: int, shard: int, *, gathers: bool) -> float:
+    """Bytes FSDP2 moves through memory in one micro batch besides the model's kernels: the
+    bf16 gradients cast into the fp32 reduce-scatter input (2 + 4 bytes per parameter), the
+    output added to the held-back sum (3 x 4 per local parameter); with a gather, the fp32 shard
+    cast to bf16 (4 + 2 per local parameter) and the gathered buffer copied out to the
+    parameters (2 x 2 per parameter)."""
+    local = params / shard
+    moved = 6 * params + 12 * local
+    return moved + (6 * local + 4 * params if gathers else 0)
+
+
+def _optimizer_bytes(params: int, shard: int) -> float:
+    """Fused AdamW reads parameter, gradient and both moments and writes three (7 x 4 bytes per
+    local fp32 parameter); the gradient-norm clip reads the gradient once more (4)."""
+    return 32 * params / shard
+
+
+def _root_params(shapes: ModelShapes) -> int:
+    """Parameters of the root FSDP unit: embeddings (+ output layer when untied) and final norm."""
+    return shapes.vocab_size * shapes.hidden_size * (1 if shapes.tie_word_embeddings else 2) + shapes.hidden_size
+
+
+def _comm_s(entries: list[dict], which: str, kind: str, strategy: str, cluster: Cluster, pcie: float, efa: float) -> float:
+    """Seconds of one micro batch's collectives of ``kind`` (PCIe and EFA run in parallel)."""
+    pcie_b = efa_b = 0.0
+    for entry in entries:
+        if entry["kind"] == kind:
+            p, e = ring_links({**entry, "bytes": entry.get(f"{which}_bytes", 0)}, strategy, cluster)
+            pcie_b, efa_b = pcie_b + p, efa_b + e
+    return max(pcie_b / (pcie * 1e9), efa_b / (efa * 1e9))
+
+
+def _bound(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, f: Figures, end: str,
+           last_backward_lever: bool) -> dict:
+    """Every term at one end of the range (``end`` = "low": fast rates, "high": slow rates)."""
+    fast = end == "low"
+    pick = (lambda lo, hi: hi) if fast else (lambda lo, hi: lo)  # the faster rate is the higher one
+    gemm_s = sum(count * 2 * m * n * k / (pick(*f.gemm_rate(m, n, k)) * 1e12) for m, n, k, count in trace["gemms"])
+    attention_s = trace["attention_flops"] / 2 / (pick(f.gemm.low, f.gemm.high) * 1e12)
+    memory = pick(f.memory.low, f.memory.high) * 1e9
+    floor = 0.0 if fast else trace["kernels"] * f.kernel_floor_us.high * 1e-6
+    elementwise_s = trace["elementwise_bytes"] / memory + floor
+    strategy, accum = measured["strategy"], measured["grad_accum_steps"]
+    shard = cluster.gpus_per_node if strategy == "hybrid_shard" else cluster.world_size
+    params = shapes.num_params()
+    pcie, efa = pick(f.pcie.low, f.pcie.high), pick(f.efa.low, f.efa.high)
+    entries = measured["collectives"]
+    root = _root_params(shapes)
+    root_gather_s = 2 * root * (shard - 1) / shard / (pcie * 1e9)
+    root_reduce_s = 4 * root * (shard - 1) / shard / (pcie * 1e9)
+    nodes = cluster.nodes if strategy == "hybrid_shard" else 1
+    root_all_reduce_s = (2 * 4 * root / shard * (nodes - 1) / nodes * cluster.gpus_per_node / (efa * 1e9)
+                         if nodes > 1 else 0.0)
+    terms = {"gemm_s": 0.0, "attention_s": 0.0, "elementwise_s": 0.0, "fsdp_copies_s": 0.0,
+             "forward_gathers_s": 0.0, "backward_reduce_scatters_s": 0.0, "step_all_reduce_s": 0.0}
+    for which in ("first", "middle", "last"):
+        weight = max(0, accum - 2) if which == "middle" else 1
+        gather_s = _comm_s(entries, which, "all_gather", strategy, cluster, pcie, efa)
+        fsdp_s = _fsdp_bytes(params, shard, gathers=gather_s > 0) / memory
+        compute = gemm_s + attention_s + elementwise_s + fsdp_s
+        forward, backward = compute / 3, 2 * compute / 3
+        reduce_s = _comm_s(entries, which, "reduce_scatter", strategy, cluster, pcie, efa)
+        all_reduce_s = _comm_s(entries, which, "all_reduce", strategy, cluster, pcie, efa)
+        exposed_gather = max(gather_s - forward, min(gather_s, root_gather_s)) if gather_s else 0.0
+        root_rs = min(reduce_s, root_reduce_s)
+        waited = which == "last" or not last_backward_lever
+        # the lever: the root's reduce-scatter overlaps the next micro batch's forward
+        exposed_reduce = max(0.0, reduce_s - root_rs - backward) + (root_rs if waited else max(0.0, root_rs - forward))
+        exposed_all_reduce = 0.0
+        if all_reduce_s:
+            root_ar = min(all_reduce_s, root_all_reduce_s)
+            exposed_all_reduce = max(0.0, all_reduce_s - root_ar - max(0.0, backward - (reduce_s - root_rs))) + root_ar
+        for name, value in (("gemm_s", gemm_s), ("attention_s", attention_s), ("elementwise_s", elementwise_s),
+                            ("fsdp_copies_s", fsdp_s), ("forward_gathers_s", exposed_gather),
+                            ("backward_reduce_scatters_s", exposed_reduce), ("step_all_reduce_s", exposed_all_reduce)):
+            terms[name] += weight * value
+    terms["optimizer_s"] = _optimizer_bytes(params, shard) / memory
+    step_s = sum(terms.values())
+    model_flops = accum * trace["model_flops"]
+    return {**terms, "step_s": step_s, "mfu": model_flops / (step_s * f.peak_tflops * 1e12)}
+
+
+def predict(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, figures: Figures, *,
+            last_backward_lever: bool = True) -> dict:
+    """The step's time and MFU as ranges, every term at both ends, and which figures are assumed.
+
+    ``measured`` is a row of :mod:`raytrain_eks.measured_plan` with ``grad_accum_steps``;
+    ``last_backward_lever``: the job sets ``is_last_backward`` False on non-last micro batches
+    (training/parallel.py does)."""
+    low = _bound(trace, measured, cluster, shapes, figures, "low", last_backward_lever)
+    high = _bound(trace, measured, cluster, shapes, figures, "high", last_backward_lever)
+    return {"step_s": (round(low["step_s"], 3), round(high["step_s"], 3)),
+            "mfu": (round(high["mfu"], 4), round(low["mfu"], 4)),  # (slow end's, fast end's)
+            "terms": {k: (round(low[k], 3), round(high[k], 3)) for k in low if k not in ("step_s", "mfu")},
+            "sources": {**figures.sources(), "fsdp_copies": FSDP_SOURCE,
+                        "trace": f"bench/bench_step_model.py --trace ({trace['kind']}, documents {trace['doc_lengths']})",
+                        "collectives": "bench/bench_full_size_plan.py (raytrain_eks/measured_plan.json)"},
+            "assumed": figures.assumed(), "measured_step": figures.measured_step}
+
+
+def render(prediction: dict) -> list[str]:
+    """The preflight's lines for a prediction."""
+    (lo, hi), (mfu_lo, mfu_hi) = prediction["step_s"], prediction["mfu"]
+    terms = ", ".join(f"{k.removesuffix('_s')} {a:.2f}-{b:.2f}" for k, (a, b) in prediction["terms"].items())
+    lines = [f"  step range       {lo:.2f}-{hi:.2f} s, MFU {mfu_lo:.2f}-{mfu_hi:.2f} (raytrain_eks/step_model.py)",
+             f"    terms (s)      {terms}"]
+    lines += [f"    {name:<14} {text}" for name, text in prediction["sources"].items()]
+    if prediction["assumed"]:
+        lines.append(f"    assumed        {', '.join(prediction['assumed'])}: `make gpu-check` on a GPU measures "
+                     "what it can (raytrain_eks/gpu_calibration.json)")
+    if prediction["measured_step"]:
+        lines.append(f"    measured step  {prediction['measured_step']}")
+    return lines
+
+
+def for_job(job, shapes: ModelShapes, measured: dict, cluster: Cluster, gpu: str, network_gbps: float,
+            traces: list[dict] | None = None) -> dict | None:
+    """The range for a job whose plan bench/bench_full_size_plan.py measured (``measured``, a
+    :func:`raytrain_eks.measured_plan.for_job` result), when a trace of its micro batch exists:
+    chat data (packed conversations) or synthetic; None otherwise."""
+    from raytrain_eks.gpu_figures import figures_for
+
+    kind = {"chat": "chat", "synthetic": "synthetic"}.get(job.data.kind)
+    trace = kind and find_trace(load_traces() if traces is None else traces, model=measured["model"], kind=kind,
+                                seq_len=job.train.seq_len, micro_batch_size=job.train.micro_batch_size)
+    if not trace:
+        return None
+    row = {**measured, "grad_accum_steps": measured["prediction"]["grad_accum_steps"]}
+    return predict(trace, row, cluster, shapes, figures_for(gpu, network_gbps))

@@ -1,0 +1,41 @@
+"""``make gpu-check``'s calibration branch, run on CPU with only the device injected (device
+"cpu", a no-op synchronisation, the device name an L4 reports): the file it writes is the one
+the step model reads (raytrain_eks/gpu_figures.py), and its figures replace the published ones."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_calibration_measured_on_a_device_is_what_the_planner_reads(tmp_path):
+    from raytrain_eks.gpu_figures import figures_for
+
+    gpu_check = _gpu_check()
+    shapes = [(64, 48, 32), (128, 128, 128)]  # small: CPU time, not the shapes, is the point here
+    data = gpu_check.measure_calibration("cpu", "NVIDIA L4", lambda: None, shapes=shapes, repeats=2,
+                                         copy_bytes=1 << 20, step={"step_s": 6.0, "mfu": 0.2})
+    assert data["gpu"] == "L4" and [(g["m"], g["n"], g["k"]) for g in data["gemm"]] == shapes
+    path = tmp_path / "gpu_calibration.json"
+    path.write_text(json.dumps(data))
+    f = figures_for("L4", 40, path)
+    assert f.gemm_rate(128, 128, 128)[0] == data["gemm"][1]["tflops"]
+    assert f.memory.low == data["memory_gbytes_per_s"] > 0
+    assert "memory" not in f.assumed() and "gemm" not in f.assumed() and f.measured_step["step_s"] == 6.0
+
+
+def test_the_calibration_times_the_shipped_micro_batchs_own_gemm_shapes():
+    from raytrain_eks.step_model import load_traces
+
+    shapes = _gpu_check().calibration_shapes()
+    traced = {(m, n, k) for t in load_traces() for m, n, k, _ in t["gemms"]}
+    assert traced and traced <= set(shapes) and (2048, 2048, 2048) in shapes

@@ -1,0 +1,91 @@
+"""The step-time model (raytrain_eks/step_model.py): each term from its figure, the range's ends,
+the communication exposed by phase, and the preflight's lines for the shipped finetune.
+
+The phase rule modelled for the root's reduce-scatter is FSDP2's (pytorch v2.13.0,
+torch/distributed/fsdp/_fully_shard/_fsdp_state.py:421-431): the final callback of a backward
+with ``is_last_backward`` True makes the compute stream wait for every retained reduce-scatter,
+the root's (embeddings, run from that callback) included; with it False they run on.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raytrain_eks.gpu_figures import published
+from raytrain_eks.measured_plan import Cluster
+from raytrain_eks.step_model import _root_params, predict
+from training.flops import QWEN2_5_1_5B
+
+ROOT = Path(__file__).resolve().parents[2]
+GB = 1e9
+TRACE = {"model": "m", "kind": "chat", "seq_len": 2048, "micro_batch_size": 1, "doc_lengths": [2048],
+         "gemms": [[2048, 2048, 2048, 10]], "attention_flops": 0, "elementwise_bytes": int(30 * GB), "kernels": 1000,
+         "model_flops": int(1e12)}
+
+
+def _measured(accum=8, reduce_scatter_bytes=0.0, all_reduce_bytes=0.0):
+    collectives = [{"kind": "reduce_scatter", "group_size": 4, "first_bytes": reduce_scatter_bytes,
+                    "middle_bytes": reduce_scatter_bytes, "last_bytes": reduce_scatter_bytes}]
+    if all_reduce_bytes:
+        collectives.append({"kind": "all_reduce", "group_size": 2, "first_bytes": 0, "middle_bytes": 0,
+                            "last_bytes": all_reduce_bytes})
+    return {"strategy": "hybrid_shard", "grad_accum_steps": accum, "collectives": collectives}
+
+
+def test_compute_terms_come_from_the_table_and_the_bandwidth():
+    f = published("L4", 40)
+    p = predict(TRACE, _measured(), Cluster(), QWEN2_5_1_5B, f)
+    gemm_one = 10 * 2 * 2048**3
+    assert p["terms"]["gemm_s"] == pytest.approx((8 * gemm_one / 70.9e12, 8 * gemm_one / 70.9e12), abs=1e-3)
+    assert p["terms"]["elementwise_s"] == pytest.approx(
+        (8 * 30 * GB / 300e9, 8 * (30 * GB / 240e9 + 1000 * 5e-6)), abs=1e-3)
+    low, high = p["step_s"]
+    assert low < high and p["mfu"][0] < p["mfu"][1]
+    assert p["assumed"] == ["memory", "kernel_floor_us", "pcie"]
+
+
+def test_the_lever_exposes_the_roots_reduce_scatter_only_at_the_last_micro_batch():
+    f = published("L4", 40)
+    root_bytes = 4 * _root_params(QWEN2_5_1_5B)  # fp32, as the job reduces
+    measured = _measured(reduce_scatter_bytes=root_bytes)  # only the root's: the layers' hide in backward
+    trace = {**TRACE, "elementwise_bytes": int(200 * GB)}  # a forward longer than the root's reduce-scatter
+    on = predict(trace, measured, Cluster(), QWEN2_5_1_5B, f, last_backward_lever=True)
+    off = predict(trace, measured, Cluster(), QWEN2_5_1_5B, f, last_backward_lever=False)
+    root_s = [root_bytes * 3 / 4 / (rate * GB) for rate in (12.0, 8.0)]  # ring over 4, fast and slow PCIe
+    assert off["terms"]["backward_reduce_scatters_s"] == pytest.approx((8 * root_s[0], 8 * root_s[1]), abs=1e-3)
+    assert on["terms"]["backward_reduce_scatters_s"] == pytest.approx((root_s[0], root_s[1]), abs=1e-3)
+
+
+def test_the_steps_all_reduce_is_exposed_beyond_the_last_backward():
+    f = published("L4", 40)
+    p = predict(TRACE, _measured(all_reduce_bytes=40 * GB), Cluster(), QWEN2_5_1_5B, f)
+    # 4 GPUs of a node share its EFA link: 4 x 40 GB x 2 x 1/2 = 160 GB at 5 / 3 GB/s
+    fast, slow = p["terms"]["step_all_reduce_s"]
+    assert 160 / 5 - 1 < fast <= 160 / 5 and 160 / 3 - 1.5 < slow <= 160 / 3
+
+
+def test_the_preflight_shows_the_range_and_what_is_assumed(capsys, monkeypatch):
+    from raytrain_eks.cli import main
+
+    monkeypatch.chdir(ROOT)
+    assert main(["preflight", "--env", "environment.toml", "--job", "jobs/finetune-qwen2.5-1.5b.toml",
+                 "--dist", "/nonexistent-dist"]) == 0
+    out = capsys.readouterr().out
+    assert "step range" in out and "issue 120" in out
+    assert "assumed        memory, kernel_floor_us, pcie" in out
+    assert "USD over this range" in out
+
+
+def test_a_bad_calibration_stops_the_preflight_in_one_line(capsys, monkeypatch, tmp_path):
+    from raytrain_eks import gpu_figures
+    from raytrain_eks.cli import main
+
+    bad = tmp_path / "gpu_calibration.json"
+    bad.write_text('{"gpu": "L4", "gemm": [], "memory_gbytes_per_s": 250}')
+    monkeypatch.setattr(gpu_figures, "CALIBRATION", bad)
+    monkeypatch.chdir(ROOT)
+    assert main(["preflight", "--env", "environment.toml", "--job", "jobs/finetune-qwen2.5-1.5b.toml",
+                 "--dist", "/nonexistent-dist"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {bad}: gemm = []: must be a non-empty list of {{m, n, k, tflops}}\n"
