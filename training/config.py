@@ -64,7 +64,9 @@ class ModelConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DataConfig:
     kind: str = "synthetic"
-    """``synthetic`` (random ids: infrastructure checks only), ``text``, ``jsonl`` or ``chat``."""
+    """``synthetic`` (random ids: infrastructure checks only) or a data format: the name of its
+    file in training/data/formats/ (``text``, ``jsonl``, ``chat``, ``alpaca``, ``sharegpt``,
+    ``hf``; each file's docstring says what it reads)."""
     path: str = ""
     """File or directory, local or ``s3://``; unused for synthetic."""
     eval_fraction: float = 0.05
@@ -204,7 +206,8 @@ class EvalConfig:
     """0 = only before (step 0) and after training."""
     max_batches: int = 8
     exact_match: bool = False
-    """Generation-based exact match for prompt/answer (chat) data."""
+    """Generation-based exact match on the held-out conversations' last answers (conversation
+    data: chat, alpaca, sharegpt, or a Hugging Face dataset of those)."""
 
     def __post_init__(self) -> None:
         positive(self, "every_n_steps", allow_zero=True)
@@ -313,8 +316,9 @@ class JobConfig:
             if every > t.max_steps:
                 raise FieldError(where, every, f"is more than train.max_steps ({t.max_steps}): it would never fall "
                                                "inside the run (0 = only at the end)")
-        if self.eval.exact_match and self.data.kind != "chat":
-            raise FieldError("eval.exact_match", True, "needs data.kind = 'chat' (prompt/answer data)")
+        if self.eval.exact_match and self.is_infrastructure_check:
+            # other kinds: the data check refuses data that holds no conversations (training/data/check.py)
+            raise FieldError("eval.exact_match", True, "needs conversation data (data.kind 'synthetic' has none)")
         if self.accept.exact_match_min and not self.eval.exact_match:
             raise FieldError("accept.exact_match_min", self.accept.exact_match_min,
                              "needs eval.exact_match = true (else it is never measured)")
