@@ -216,3 +216,56 @@ def test_hf_text_rows_train_every_token_with_the_real_tokenizer(tmp_path):
     # text: every token is a target but the first of each document (nothing before it predicts it)
     assert np.array_equal(labels == -100, positions == 0) and np.array_equal(labels[labels != -100], ids[labels != -100])
     assert bundle.stats.kind == "hf" and bundle.eval_prompts == []
+
+
+# --- the code archive: data read as the job reads it ---------------------------------------------
+
+_BUILD = """
+import json, sys
+import training
+from training.config import load_job_config
+from training.data import build_data
+from training.tokenizer import load_tokenizer, tokenizer_location
+for sets in json.loads(sys.argv[2]):
+    job = load_job_config("jobs/local.toml", sets)
+    bundle = build_data(job, load_tokenizer(tokenizer_location(job.model)), rank=0, world_size=2, cache_dir=sys.argv[1])
+    print(json.dumps({"code": training.__file__, "stats": bundle.stats.to_dict(), "prompts": len(bundle.eval_prompts)}))
+"""
+
+
+def test_each_format_is_read_from_the_unpacked_code_archive(tmp_path):
+    """What Ray does on a node: unpack the working_dir archive and run the job in it. The
+    registry finds its formats in the unpacked folder; ``--check`` (the driver's check) and
+    ``build_data`` (what each worker runs) read every new format from there."""
+    import os
+    import subprocess
+    import sys
+    import zipfile
+
+    from charts.code_bundle import build_code_bundle
+    from test_data_support import ROOT, qwen_tokenizer_dir
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "alpaca.json").write_text(json.dumps(ALPACA * 20))
+    (data / "sharegpt.jsonl").write_text(_jsonl(SHAREGPT * 30))
+    _dataset(ALPACA * 20).save_to_disk(str(data / "hf"), num_shards=2)
+    with zipfile.ZipFile(build_code_bundle(ROOT, tmp_path / "dist").path) as zf:
+        zf.extractall(tmp_path / "wd")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cases = [("alpaca", data / "alpaca.json"), ("sharegpt", data / "sharegpt.jsonl"), ("hf", data / "hf")]
+    every = [[f"data.kind={kind}", f"data.path={path}", f"model.tokenizer={qwen_tokenizer_dir()}"] for kind, path in cases]
+    for (kind, path), sets in zip(cases, every):
+        check = subprocess.run([sys.executable, "-m", "training", "--config", "jobs/local.toml", "--check",
+                                *(a for s in sets for a in ("--set", s))], cwd=tmp_path / "wd", env=env,
+                               capture_output=True, text=True, timeout=300)
+        assert check.returncode == 0, check.stderr
+        assert f"  data   {path}: 60 {kind} documents in " in check.stdout
+    built = subprocess.run([sys.executable, "-c", _BUILD, str(tmp_path / "cache"), json.dumps(every)],
+                           cwd=tmp_path / "wd", env=env, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    for (kind, _), line in zip(cases, built.stdout.strip().splitlines()[-3:]):
+        out = json.loads(line)
+        assert out["code"] == str(tmp_path / "wd" / "training" / "__init__.py")  # the archive's code ran
+        assert out["stats"]["kind"] == kind and out["stats"]["documents"] == 60
+        assert 0 < out["stats"]["target_fraction"] < 0.5 and out["prompts"] > 0  # conversations: answers only
