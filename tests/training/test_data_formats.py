@@ -269,3 +269,26 @@ def test_each_format_is_read_from_the_unpacked_code_archive(tmp_path):
         assert out["code"] == str(tmp_path / "wd" / "training" / "__init__.py")  # the archive's code ran
         assert out["stats"]["kind"] == kind and out["stats"]["documents"] == 60
         assert 0 < out["stats"]["target_fraction"] < 0.5 and out["prompts"] > 0  # conversations: answers only
+
+
+def test_the_data_check_names_the_row_and_refuses_exact_match_on_text(tmp_path):
+    """``--check``, the preflight and the driver read with the same reader: a bad row is the same
+    one line; exact match needs conversations, which only the documents can tell for ``hf``."""
+    from fixture_paths import FIXTURE_JOBS
+    from training.config import load_job_config
+    from training.data.check import check_data
+
+    _dataset(ALPACA * 20 + [{"instruction": "x", "output": " "}]).save_to_disk(str(tmp_path / "bad"))
+    _dataset([{"text": f"plain document number {i} " * 4} for i in range(40)]).save_to_disk(str(tmp_path / "text"))
+    _dataset(ALPACA * 20).save_to_disk(str(tmp_path / "good"))
+
+    def job(path, *extra):
+        return load_job_config(FIXTURE_JOBS / "local.toml", ["data.kind=hf", f"data.path={tmp_path / path}", *extra])
+
+    with pytest.raises(DataError) as err:
+        check_data(job("bad"))
+    shard = tmp_path / "bad" / "data-00000-of-00001.arrow"
+    assert str(err.value) == (f"{FIXTURE_JOBS / 'local.toml'}: data.path: {shard}, row 61: field 'output' is empty")
+    with pytest.raises(DataError, match=r"eval\.exact_match: True needs conversations, but .*text holds text documents"):
+        check_data(job("text", "eval.exact_match=true"))
+    assert check_data(job("good", "eval.exact_match=true")).documents == 60
