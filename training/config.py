@@ -30,6 +30,21 @@ from training.config_checks import (  # noqa: F401  (re-exported: one schema, on
 from training.model_config import check_config_keys, max_positions
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TransformConfig:
+    """One ``[[model.transforms]]`` entry: a model transform applied after the model is built and
+    before it is parallelized (training/model_transforms/)."""
+    name: str
+    """The transform: a file of training/model_transforms/ (its docstring says what it does)."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """The transform's own settings, judged by its ``check`` before any worker starts."""
+
+    def __post_init__(self) -> None:
+        from training.model_transforms import check_transform  # the registry (standard library at import)
+
+        check_transform(self.name, self.options)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     path: str = ""
     """Hugging Face model: a local directory, an ``s3://`` prefix, or a hub id. Empty: build a
@@ -44,6 +59,8 @@ class ModelConfig:
     small updates may round away)."""
     max_position_embeddings: int = 0
     """Read from the model's config.json by the job; 0 here means 'not known yet'."""
+    transforms: tuple[TransformConfig, ...] = ()
+    """Model transforms, in order, between building the model and parallelizing it (``[[model.transforms]]``)."""
 
     def __post_init__(self) -> None:
         one_of(self, "dtype", DTYPES)
