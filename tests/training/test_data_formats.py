@@ -233,10 +233,24 @@ for sets in json.loads(sys.argv[2]):
 """
 
 
+QA_FORMAT = '''"""qa: {"q", "a"} per line, a one-turn conversation."""
+from training.data.records import record_format, string_field
+
+
+def qa_record(record):
+    return {"messages": ({"role": "user", "content": string_field(record, "q")},
+                         {"role": "assistant", "content": string_field(record, "a")})}
+
+
+FORMAT = record_format(summary='{"q", "a"}', record=qa_record, columns=("q", "a"), conversations=True)
+'''
+
+
 def test_each_format_is_read_from_the_unpacked_code_archive(tmp_path):
     """What Ray does on a node: unpack the working_dir archive and run the job in it. The
     registry finds its formats in the unpacked folder; ``--check`` (the driver's check) and
-    ``build_data`` (what each worker runs) read every new format from there."""
+    ``build_data`` (what each worker runs) read every new format from there, and a format added
+    there as one file is a kind the job accepts."""
     import os
     import subprocess
     import sys
@@ -261,6 +275,14 @@ def test_each_format_is_read_from_the_unpacked_code_archive(tmp_path):
                                capture_output=True, text=True, timeout=300)
         assert check.returncode == 0, check.stderr
         assert f"  data   {path}: 60 {kind} documents in " in check.stdout
+    # A new format is one file: dropped into the unpacked tree, the job config accepts its kind
+    # and the driver's check reads with it.
+    (tmp_path / "wd" / "training" / "data" / "formats" / "qa.py").write_text(QA_FORMAT)
+    (data / "qa.jsonl").write_text(_jsonl([{"q": f"{i} + 1?", "a": str(i + 1)} for i in range(60)]))
+    qa = subprocess.run([sys.executable, "-m", "training", "--config", "jobs/local.toml", "--check", "--set",
+                         "data.kind=qa", "--set", f"data.path={data / 'qa.jsonl'}"], cwd=tmp_path / "wd", env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert qa.returncode == 0 and f"{data / 'qa.jsonl'}: 60 qa documents in 1 file(s)" in qa.stdout, qa.stderr
     built = subprocess.run([sys.executable, "-c", _BUILD, str(tmp_path / "cache"), json.dumps(every)],
                            cwd=tmp_path / "wd", env=env, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
