@@ -148,7 +148,7 @@ def test_save_to_disk_is_read_in_the_order_datasets_loads_it(tmp_path):
     assert len(formats.files_of(str(tmp_path / "ds"), "hf")) == 3
 
 
-def test_a_saved_dataset_dict_is_read_from_its_train_split(tmp_path):
+def test_a_saved_dataset_dict_is_read_from_its_train_split(tmp_path, monkeypatch):
     """Oracle: datasets 5.0.0 dataset_dict.py ``save_to_disk``/``load_from_disk`` (l. 1432): the
     splits named in ``dataset_dict.json``, one folder each."""
     import datasets
@@ -157,6 +157,8 @@ def test_a_saved_dataset_dict_is_read_from_its_train_split(tmp_path):
     test = _dataset([{"text": f"test document {i}"} for i in range(3)])
     datasets.DatasetDict(train=train, test=test).save_to_disk(str(tmp_path / "dd"))
     assert _as_read(str(tmp_path / "dd")) == [f"train document {i}" for i in range(5)]
+    monkeypatch.chdir(tmp_path)
+    assert _as_read("./dd/") == [f"train document {i}" for i in range(5)]  # a relative path, as jobs give one
     datasets.DatasetDict(validation=test).save_to_disk(str(tmp_path / "nodict"))
     with pytest.raises(DataError, match=r"dataset_dict\.json: a DatasetDict without a 'train' split \(splits: validation\)"):
         read_documents(str(tmp_path / "nodict"), "hf")

@@ -16,6 +16,7 @@ file and the row (1-based within the file).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Iterator
 
 from training.data.records import DataError, DataFormat, Reader, add_record, read_head
@@ -41,7 +42,7 @@ def _json(f: RemoteFile) -> Any:
 def dataset_files(path: str) -> list[RemoteFile]:
     """The data files of ``path`` in the order ``datasets.load_from_disk`` reads them."""
     found = list_files(path)
-    root = path.rstrip("/")
+    root = path.rstrip("/") if is_s3(path) else str(Path(path))  # as list_files names local files
     by_uri = {f.uri: f for f in found}
     if f"{root}/{DATASET_DICT}" in by_uri:
         splits = _json(by_uri[f"{root}/{DATASET_DICT}"]).get("splits", [])
