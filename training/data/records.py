@@ -56,11 +56,10 @@ class Reader:
         self.skip = on_bad_record == "skip"
         self.result = ReadResult()
 
-    def bad(self, source: str, where: str | int, problem: str) -> None:
-        """A bad record at ``where`` (a line number, or ``"row 7"``)."""
+    def bad(self, source: str, number: int, problem: str, unit: str = "line") -> None:
+        """A bad record at line (or ``unit``: row) ``number`` of ``source``."""
         if not self.skip:
-            place = f"line {where}" if isinstance(where, int) else where
-            raise DataError(f"{source}, {place}: {problem}")
+            raise DataError(f"{source}, {unit} {number}: {problem}")
         self.result.bad_records += 1
 
 
@@ -190,16 +189,15 @@ def record_format(*, summary: str, record: Callable[[dict], dict[str, Any]], col
                       read=bytes_format(parse), record=record, columns=columns, conversations=conversations)
 
 
-def add_record(reader: Reader, source: str, where: str | int, value: dict,
-               record: Callable[[dict], dict[str, Any]]) -> None:
-    """Convert one record and keep its document, or report it as bad."""
+def add_record(reader: Reader, source: str, number: int, value: dict,
+               record: Callable[[dict], dict[str, Any]], unit: str = "line") -> None:
+    """Convert the record at line (or ``unit``) ``number`` and keep its document, or report it as bad."""
     try:
         fields = record(value)
     except BadRecord as err:
-        reader.bad(source, where, str(err))
+        reader.bad(source, number, str(err), unit)
         return
-    line = where if isinstance(where, int) else int(str(where).rsplit(" ", 1)[-1])
-    reader.result.documents.append(Document(source=source, line=line, **fields))
+    reader.result.documents.append(Document(source=source, line=number, **fields))
 
 
 def string_field(record: dict, name: str, *, required: bool = True) -> str:

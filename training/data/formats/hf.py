@@ -114,7 +114,7 @@ def read(reader: Reader, f: RemoteFile, limit: int | None) -> bool:
         record = record or _converter(f, batch.schema.names)
         for value in batch.to_pylist():
             row += 1
-            add_record(reader, f.uri, f"row {row}", value, record)
+            add_record(reader, f.uri, row, value, record, unit="row")
         seen += batch.nbytes
     return True
 
