@@ -362,12 +362,23 @@ class JobConfig:
         return self.data.kind == "synthetic"
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        """The config as the table it is built from (``job_config_from_dict`` takes it back: the
+        driver hands it to the workers), lists where the file has arrays."""
+        out = _as_table(dataclasses.asdict(self))
         out.pop("source")
         return out
 
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def _as_table(value: Any) -> Any:
+    """``dataclasses.asdict`` keeps tuples (``[[model.transforms]]``); a TOML array is a list."""
+    if isinstance(value, dict):
+        return {key: _as_table(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_table(item) for item in value]
+    return value
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, text: str, source: str) -> None:

@@ -65,6 +65,8 @@ def test_a_transform_file_is_named_and_its_options_checked_by_the_job_config(fre
         _job({"name": "freeze", "options": {"prefixes": "model.embed_tokens"}})
     assert str(err.value) == ("jobs/t.toml: model.transforms[0].options.prefixes: 'model.embed_tokens' must be a "
                               "non-empty list of parameter name prefixes")
+    # the driver hands the config to the workers as a table (training/launch.py: job.to_dict())
+    assert job_config_from_dict(job.to_dict(), "jobs/t.toml") == job
     with pytest.raises(JobConfigError, match=r"model\.transforms\[1\]\.name: 'frieze' is not a model transform \(known: freeze;"):
         _job({"name": "freeze", "options": {"prefixes": ["x"]}}, {"name": "frieze"})
 
