@@ -105,6 +105,22 @@ def test_a_broken_json_array_names_the_line_of_the_error(tmp_path):
         read_documents(str(path), "alpaca")
 
 
+def test_the_head_of_a_large_json_array_gives_the_records_it_holds_whole(tmp_path):
+    """The data check reads the head of an S3 object (training/data/check.py): a cut-off last
+    element is not a bad record; a real syntax error inside the head still is."""
+    from training.data.records import Reader
+    from training.data.remote import list_files
+
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(ALPACA * 50, indent=2))
+    reader = Reader("error")
+    assert formats.get("alpaca").read(reader, list_files(str(path))[0], 1000) is False
+    assert 0 < len(reader.result.documents) < 150 and reader.result.bad_records == 0
+    path.write_text(path.read_text().replace('"output": "11"', '"output": 11,,', 1))
+    with pytest.raises(DataError, match=r"big\.json, line 10: not valid JSON"):
+        formats.get("alpaca").read(Reader("error"), list_files(str(path))[0], 1000)
+
+
 def test_alpaca_labels_only_the_output_with_the_real_tokenizer(tmp_path):
     """The Alpaca record trains on its output and the end of the turn, as every conversation."""
     path = tmp_path / "a.jsonl"

@@ -100,14 +100,15 @@ def read_head(f: RemoteFile, limit: int | None) -> tuple[bytes, bool]:
     return (data[:cut + 1] if cut >= 0 else data[:limit]), False
 
 
-def bytes_format(parse: Callable[[Reader, str, bytes], None]) -> Callable[[Reader, RemoteFile, int | None], bool]:
-    """A :attr:`DataFormat.read` for formats that parse a file's bytes (its head under a limit)."""
+def bytes_format(parse: Callable[[Reader, str, bytes, bool], None]) -> Callable[[Reader, RemoteFile, int | None], bool]:
+    """A :attr:`DataFormat.read` for formats that parse a file's bytes: ``parse(reader, source,
+    raw, complete)``, where ``complete`` is False for a head cut at a newline under a limit."""
     def read(reader: Reader, f: RemoteFile, limit: int | None) -> bool:
         raw, complete = read_head(f, limit)
         if not raw.strip():
             reader.bad(f.uri, 1, "empty file")
         else:
-            parse(reader, f.uri, raw)
+            parse(reader, f.uri, raw, complete)
         return complete
     return read
 
@@ -127,11 +128,12 @@ def shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def json_records(reader: Reader, source: str, raw: bytes, *, arrays: bool) -> Iterator[tuple[int, Any]]:
+def json_records(reader: Reader, source: str, raw: bytes, *, arrays: bool, complete: bool = True) -> Iterator[tuple[int, Any]]:
     """``(line, value)`` of every record: one JSON value per line (JSON Lines) or, with ``arrays``,
-    also a file that is one JSON array (each element's line is where it starts)."""
+    also a file that is one JSON array (each element's line is where it starts; of an incomplete
+    head, the elements it holds whole)."""
     if arrays and raw.lstrip().startswith(b"["):
-        yield from _array_records(reader, source, raw)
+        yield from _array_records(reader, source, raw, complete)
         return
     first = True
     for number, line_bytes in enumerate(raw.split(b"\n"), 1):
@@ -153,7 +155,7 @@ def json_records(reader: Reader, source: str, raw: bytes, *, arrays: bool) -> It
         yield number, record
 
 
-def _array_records(reader: Reader, source: str, raw: bytes) -> Iterator[tuple[int, Any]]:
+def _array_records(reader: Reader, source: str, raw: bytes, complete: bool) -> Iterator[tuple[int, Any]]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -169,8 +171,10 @@ def _array_records(reader: Reader, source: str, raw: bytes) -> Iterator[tuple[in
         try:
             record, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as err:
-            # the rest of an array cannot be read past a syntax error: one bad record, then stop
-            reader.bad(source, err.lineno, f"not valid JSON ({err.msg} at column {err.colno})")
+            # the rest of an array cannot be read past a syntax error: one bad record, then stop.
+            # A head is cut at a newline, so an element it cuts off fails at the head's very end.
+            if complete or text[err.pos:].strip():
+                reader.bad(source, err.lineno, f"not valid JSON ({err.msg} at column {err.colno})")
             return
         yield line, record
 
@@ -178,8 +182,8 @@ def _array_records(reader: Reader, source: str, raw: bytes) -> Iterator[tuple[in
 def record_format(*, summary: str, record: Callable[[dict], dict[str, Any]], columns: tuple[str, ...],
                   conversations: bool, arrays: bool = False) -> DataFormat:
     """A format of JSON Lines files (and, with ``arrays``, ``.json`` files holding one array)."""
-    def parse(reader: Reader, source: str, raw: bytes) -> None:
-        for line, value in json_records(reader, source, raw, arrays=arrays):
+    def parse(reader: Reader, source: str, raw: bytes, complete: bool) -> None:
+        for line, value in json_records(reader, source, raw, arrays=arrays, complete=complete):
             if not isinstance(value, dict):
                 reader.bad(source, line, f"expected a JSON object, got {type(value).__name__}")
                 continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 from training.data.records import DataFormat, Document, Reader, bytes_format
 
 
-def _parse(reader: Reader, source: str, raw: bytes) -> None:
+def _parse(reader: Reader, source: str, raw: bytes, complete: bool) -> None:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
