@@ -30,6 +30,21 @@ from training.config_checks import (  # noqa: F401  (re-exported: one schema, on
 from training.model_config import check_config_keys, max_positions
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TransformConfig:
+    """One ``[[model.transforms]]`` entry: a model transform applied after the model is built and
+    before it is parallelized (training/model_transforms/)."""
+    name: str
+    """The transform: a file of training/model_transforms/ (its docstring says what it does)."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """The transform's own settings, judged by its ``check`` before any worker starts."""
+
+    def __post_init__(self) -> None:
+        from training.model_transforms import check_transform  # the registry (standard library at import)
+
+        check_transform(self.name, self.options)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     path: str = ""
     """Hugging Face model: a local directory, an ``s3://`` prefix, or a hub id. Empty: build a
@@ -44,6 +59,8 @@ class ModelConfig:
     small updates may round away)."""
     max_position_embeddings: int = 0
     """Read from the model's config.json by the job; 0 here means 'not known yet'."""
+    transforms: tuple[TransformConfig, ...] = ()
+    """Model transforms, in order, between building the model and parallelizing it (``[[model.transforms]]``)."""
 
     def __post_init__(self) -> None:
         one_of(self, "dtype", DTYPES)
@@ -64,7 +81,9 @@ class ModelConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DataConfig:
     kind: str = "synthetic"
-    """``synthetic`` (random ids: infrastructure checks only), ``text``, ``jsonl`` or ``chat``."""
+    """``synthetic`` (random ids: infrastructure checks only) or a data format: the name of its
+    file in training/data/formats/ (``text``, ``jsonl``, ``chat``, ``alpaca``, ``sharegpt``,
+    ``hf``; each file's docstring says what it reads)."""
     path: str = ""
     """File or directory, local or ``s3://``; unused for synthetic."""
     eval_fraction: float = 0.05
@@ -204,7 +223,8 @@ class EvalConfig:
     """0 = only before (step 0) and after training."""
     max_batches: int = 8
     exact_match: bool = False
-    """Generation-based exact match for prompt/answer (chat) data."""
+    """Generation-based exact match on the held-out conversations' last answers (conversation
+    data: chat, alpaca, sharegpt, or a Hugging Face dataset of those)."""
 
     def __post_init__(self) -> None:
         positive(self, "every_n_steps", allow_zero=True)
@@ -313,8 +333,9 @@ class JobConfig:
             if every > t.max_steps:
                 raise FieldError(where, every, f"is more than train.max_steps ({t.max_steps}): it would never fall "
                                                "inside the run (0 = only at the end)")
-        if self.eval.exact_match and self.data.kind != "chat":
-            raise FieldError("eval.exact_match", True, "needs data.kind = 'chat' (prompt/answer data)")
+        if self.eval.exact_match and self.is_infrastructure_check:
+            # other kinds: the data check refuses data that holds no conversations (training/data/check.py)
+            raise FieldError("eval.exact_match", True, "needs conversation data (data.kind 'synthetic' has none)")
         if self.accept.exact_match_min and not self.eval.exact_match:
             raise FieldError("accept.exact_match_min", self.accept.exact_match_min,
                              "needs eval.exact_match = true (else it is never measured)")
@@ -341,12 +362,23 @@ class JobConfig:
         return self.data.kind == "synthetic"
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        """The config as the table it is built from (``job_config_from_dict`` takes it back: the
+        driver hands it to the workers), lists where the file has arrays."""
+        out = _as_table(dataclasses.asdict(self))
         out.pop("source")
         return out
 
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def _as_table(value: Any) -> Any:
+    """``dataclasses.asdict`` keeps tuples (``[[model.transforms]]``); a TOML array is a list."""
+    if isinstance(value, dict):
+        return {key: _as_table(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_table(item) for item in value]
+    return value
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, text: str, source: str) -> None:

@@ -6,12 +6,16 @@ build on it without importing each other back.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from spec_schema import FieldError, SchemaError
 
 STRATEGIES = ("full_shard", "hybrid_shard", "no_shard")
-DATA_KINDS = ("synthetic", "text", "jsonl", "chat")
+FILE_KINDS = tuple(sorted(p.stem for p in (Path(__file__).parent / "data" / "formats").glob("*.py")
+                          if not p.stem.startswith("_")))
+"""The data formats: one file each in training/data/formats/, named by its kind (the registry)."""
+DATA_KINDS = ("synthetic", *FILE_KINDS)
 BAD_RECORD_POLICIES = ("error", "skip")
 OVERLONG_POLICIES = ("truncate", "refuse")
 ON_EXISTING_RUN = ("resume", "refuse")

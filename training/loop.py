@@ -20,8 +20,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, metrics, nccl_log, optim, prometheus
+from training import contract, evaluation, metrics, nccl_log, optim
 from training.config import JobConfig, job_config_from_dict
+from training.metric_sinks import open_metrics
 from training.model import build_model, export_config
 from training.parallel import build_mesh, parallelize
 from training.outcomes import export_on_workers, refuse, transport_evidence
@@ -197,8 +198,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     throughput = metrics.ThroughputModel.for_model(
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
         world_size=ctx.world_size, device=metrics.device_name(on_gpu))
-    log = metrics.MetricsLog(ctx.local_dir, enabled=ctx.rank == 0, storage=ctx.storage)
-    gauges = prometheus.for_worker(in_ray=ctx.in_ray, run=job.run_name, job=job.name, rank=ctx.rank)
+    log = open_metrics(job, ctx)  # metrics.jsonl, Prometheus, ...: training/metric_sinks/
     t, accum = job.train, job.grad_accum_steps
     steps: list[dict[str, Any]] = []
 
@@ -211,7 +211,6 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                                                   decode=tokenizer.decode) or {})
         if figures:
             log.write(figures)
-            gauges.evaluation(figures)
         return figures
 
     # A resumed run keeps the figure measured before ANY training (stored in the trainer state).
@@ -254,7 +253,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             for row in rows:
                 log.write(row)
             steps.extend(rows)
-            gauges.step(rows[-1], ckpt.timings if ckpt is not None else ())
+            log.checkpoints(ckpt.timings if ckpt is not None else ())
             log.print(metrics.progress_line(rows[-1], t.max_steps, (window.last_step_s or 0.0) * (t.max_steps - step)))
             if sync_now:  # booked as overhead of the next window
                 with window.overhead():
@@ -266,7 +265,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     figures = evaluation.before_after(before, after)
     if ckpt is not None:
         ckpt.finish(trainer.step, {"loss": steps[-1]["loss"] if steps else float("nan"), **figures})
-        gauges.checkpoints(ckpt.timings)  # the writes that ended after the last step
+        log.checkpoints(ckpt.timings)  # the writes that ended after the last step
     summary = {"kind": "summary", "steps": trainer.step, "tokens_seen": trainer.tokens_seen,
                "losses": [e["loss"] for e in steps], "stopped_by_signal": stopped,
                "resumed_from": trainer.restored_from, **figures}

@@ -36,7 +36,8 @@ def resolve_model_path(path: str) -> str:
 
 
 def build_model(model_cfg: Any, *, seq_len: int, on_gpu: bool) -> torch.nn.Module:
-    """Build the causal LM described by the job config's ``model`` section (on CPU).
+    """Build the causal LM described by the job config's ``model`` section (on CPU), with its
+    transforms (``model.transforms``) applied.
 
     FSDP's ``fully_shard`` moves each shard to the mesh's device later, so a full copy never
     has to fit on one GPU.
@@ -61,6 +62,10 @@ def build_model(model_cfg: Any, *, seq_len: int, on_gpu: bool) -> torch.nn.Modul
     from training.attention import use_packed_attention
 
     use_packed_attention(model)
+    # The job's model transforms (training/model_transforms/), before parallelize() shards it.
+    from training.model_transforms import apply_transforms
+
+    model = apply_transforms(model, getattr(model_cfg, "transforms", ()))
     # The dtype the model was published in (bf16 for Qwen2.5), before the fp32 master copy:
     # the export writes this one.
     model.published_dtype = str(published or dtype).removeprefix("torch.")

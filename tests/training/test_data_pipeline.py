@@ -9,7 +9,8 @@ from test_data_support import DEMO_DIR, cfg_for, qwen_tokenizer, s3_put_tree, us
 
 from training.data import DataError, build_data
 from training.data.packing import pack, split_documents
-from training.data.records import Document, read_documents
+from training.data.formats import read_documents
+from training.data.records import Document
 from training.data.tokenize import TokenizedDoc, tokenize_documents
 
 IM_END, ENDOFTEXT = 151645, 151643
@@ -19,7 +20,7 @@ def test_chat_labels_only_on_assistant_tokens_exactly():
     tok = qwen_tokenizer()
     messages = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"},
                 {"role": "user", "content": "Convert 2 km to m."}, {"role": "assistant", "content": "2000 m"}]
-    (doc,) = tokenize_documents(tok, [Document(source="x", line=1, messages=tuple(messages))], "chat")
+    (doc,) = tokenize_documents(tok, [Document(source="x", line=1, messages=tuple(messages))])
 
     def enc(text):
         return tok(text, add_special_tokens=False)["input_ids"]

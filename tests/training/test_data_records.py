@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from training.data.records import DataError, read_documents
+from training.data.formats import read_documents
+from training.data.records import DataError
 
 GOOD_CHAT = json.dumps({"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]})
 

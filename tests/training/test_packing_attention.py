@@ -9,7 +9,7 @@ from test_data_support import DEMO_DIR, cfg_for, qwen_tokenizer
 from tiny_qwen import tiny_qwen2_config
 from training.data import DataError, build_data
 from training.data.packing import pack
-from training.data.records import read_documents
+from training.data.formats import read_documents
 from training.data.tokenize import TokenizedDoc, tokenize_documents
 
 ENDOFTEXT, IM_START = 151643, 151644
@@ -67,7 +67,7 @@ def test_no_chat_conversation_is_cut_at_seq_128(tmp_path):
 def test_overlong_conversations_truncate_or_refuse():
     tok = qwen_tokenizer()
     read = read_documents(str(DEMO_DIR / "chat"), "chat", on_bad_record="error")
-    docs = tokenize_documents(tok, read.documents[:40], "chat")
+    docs = tokenize_documents(tok, read.documents[:40])
     longest = max(len(d.ids) for d in docs)
     seq_len = longest - 5
     packed = pack(docs, seq_len, ENDOFTEXT, train_separator=False, seed=0, whole_documents=True, overlong="truncate")

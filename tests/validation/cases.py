@@ -20,6 +20,8 @@ LOCAL_JOB = FIXTURE_JOBS / "local.toml"
 
 CHAT_OK = {"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]}
 TEXT_OK = {"text": "A sentence of ordinary training text, long enough to count for something."}
+ALPACA_OK = {"instruction": "Add the two numbers.", "input": "2 and 3", "output": "They add up to 5."}
+SHAREGPT_OK = {"conversations": [{"from": "human", "value": "What is 2 + 2?"}, {"from": "gpt", "value": "4"}]}
 
 
 def _lines(records, n=40) -> str:
@@ -133,7 +135,7 @@ JOB_CASES = [
     ("eval-fraction", ["data.eval_fraction=0.6"], "data.eval_fraction: 0.6 must be between 0 and 0.5"),
     ("cpus-0", ["parallel.cpus_per_worker=0"], "parallel.cpus_per_worker: 0.0 must be > 0"),
     ("transport-word", ["evidence.require_transport=ib"], "evidence.require_transport: 'ib' is not allowed"),
-    ("data-kind", ["data.kind=parquet"], "data.kind: 'parquet' is not allowed (allowed: synthetic, text, jsonl, chat)"),
+    ("data-kind", ["data.kind=parquet"], "data.kind: 'parquet' is not allowed (allowed: synthetic, alpaca, chat, hf, jsonl, sharegpt, text)"),
     ("deadline-0", ["rayjob.active_deadline_minutes=0"], "rayjob.active_deadline_minutes: 0 must be > 0"),
     ("section-typo", ["trian.seq_len=64"], "trian: 'trian' is not a known field"),
     # found by the schema engine's sweep
@@ -186,6 +188,16 @@ DATA_CASES = [
      [], "c.jsonl, line 1: messages[0].role is 'human'; allowed: system, user, assistant"),
     ("chat-empty-answer", "chat", "c.jsonl", _lines([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}]}]),
      [], "every assistant message is empty"),
+    ("alpaca-output-number", "alpaca", "c.jsonl", _lines([ALPACA_OK]) + '{"instruction": "x", "output": 5}\n', [],
+     "c.jsonl, line 41: field 'output' must be a string, got int (5)"),
+    ("alpaca-array-wrong-field", "alpaca", "c.json",
+     "[\n" + ",\n".join(json.dumps(r) for r in [ALPACA_OK] * 40 + [{"instruction": "x", "response": "y"}]) + "\n]\n", [],
+     "c.json, line 42: missing field 'output'; found: instruction, response"),
+    ("sharegpt-tool-turn", "sharegpt", "c.jsonl",
+     _lines([SHAREGPT_OK]) + json.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "tool", "value": "t"}]}) + "\n",
+     [], "c.jsonl, line 41: conversations[1].from is 'tool'; allowed: human, user, gpt"),
+    ("sharegpt-as-alpaca", "alpaca", "c.jsonl", _lines([SHAREGPT_OK]), [],
+     "c.jsonl, line 1: missing field 'instruction'; found: conversations"),
     ("non-utf8-text", "text", "c.txt", "caf\u00e9 au lait\n\nanother paragraph\n".encode("latin-1") * 20, [],
      "c.txt, line 1: not valid UTF-8"),
     ("whitespace-text", "text", "c.txt", "  \n\n \n", [], "c.txt, line 1: empty file"),

@@ -50,10 +50,12 @@ path, malformed records under ``on_bad_record = "error"``, too few documents) ra
     target_fraction, tokens_dropped, bad_records_skipped, files.
 
 Kinds (``data.kind``): ``synthetic`` (random ids, seeded; infrastructure checks only; stats say
-``is_synthetic``), ``text`` (.txt/.md files, documents separated by blank lines), ``jsonl``
-(``{"text"}`` per line), ``chat`` (``{"messages": [{"role", "content"}, ...]}`` per line, Qwen2.5
-chat template, loss ONLY on assistant content + its ``<|im_end|>``). ``data.path``: a file, a
-directory or an ``s3://`` object/prefix (pyarrow S3, honours ``AWS_ENDPOINT_URL``).
+``is_synthetic``) or a data format: one file each in ``training/data/formats/`` (the registry;
+the file's name is the kind, its docstring says what it reads): ``text``, ``jsonl``, ``chat``,
+``alpaca``, ``sharegpt``, ``hf``. A format yields documents, text or conversations; conversations
+are rendered with the Qwen2.5 chat template and trained ONLY on assistant content + its
+``<|im_end|>``. ``data.path``: a file, a directory or an ``s3://`` object/prefix (pyarrow S3,
+honours ``AWS_ENDPOINT_URL``).
 
 Tokenization happens once per node: the first process builds the packed corpus into a
 node-local cache (``RAYTRAIN_CACHE_DIR`` or ``$TMPDIR/raytrain-eks-cache``) under a file lock,

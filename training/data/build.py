@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from training.data.packing import pack, split_documents
-from training.data.records import DataError, read_documents
+from training.data.formats import files_of, read_documents, reads
+from training.data.records import DataError
 from training.data.remote import cache_root, node_lock
 from training.data.stream import PackedStream, SyntheticStream, TrainStream, eval_batches_for_rank
 from training.data.tokenize import chat_prompt_and_answer, tokenize_documents
@@ -111,8 +112,8 @@ def build_packed(cfg, tokenizer, separator_id: int) -> tuple[dict[str, np.ndarra
     d = cfg.data
     read = read_documents(d.path, d.kind, on_bad_record=d.on_bad_record)
     train_idx, eval_idx = split_documents(read.documents, d.eval_fraction, d.seed)
-    tokenized = tokenize_documents(tokenizer, read.documents, d.kind)
-    is_chat = d.kind == "chat"
+    tokenized = tokenize_documents(tokenizer, read.documents)
+    is_chat = bool(read.documents[0].messages)  # one corpus is all conversations or all text (formats.one_shape)
     options = dict(train_separator=not is_chat, whole_documents=is_chat, overlong=d.overlong, source=d.path)
     train = pack([tokenized[i] for i in train_idx], cfg.train.seq_len, separator_id, seed=d.seed, **options)
     held = pack([tokenized[i] for i in eval_idx], cfg.train.seq_len, separator_id, seed=d.seed + 1, **options)
@@ -141,14 +142,11 @@ def build_packed(cfg, tokenizer, separator_id: int) -> tuple[dict[str, np.ndarra
 
 
 def _cache_key(cfg, tokenizer, separator_id: int) -> str:
-    from training.data.remote import list_files
-    from training.data.records import SUFFIXES
-
     d = cfg.data
     try:
-        listing = [[f.uri, f.size, f.mtime] for f in list_files(d.path, SUFFIXES[d.kind])]
+        listing = [[f.uri, f.size, f.mtime] for f in files_of(d.path, d.kind)]
     except FileNotFoundError as err:
-        raise DataError(f"{err} (data.kind {d.kind!r} reads {'/'.join(SUFFIXES[d.kind])})") from None
+        raise DataError(f"{err} (data.kind {d.kind!r} reads {reads(d.kind)})") from None
     key = {"format": CACHE_FORMAT, "kind": d.kind, "files": listing, "seq_len": cfg.train.seq_len,
            "eval_fraction": d.eval_fraction, "seed": d.seed, "on_bad_record": d.on_bad_record, "overlong": d.overlong,
            "tokenizer": _tokenizer_fingerprint(tokenizer), "separator": separator_id}

@@ -1,17 +1,20 @@
 """Check the data a job will read BEFORE any worker starts: ``python -m training --check``,
 the preflight and the job's own driver call :func:`check_data`.
 
-Standard library only (pyarrow only for ``s3://``, as the job itself). It reads the data with
-the very parser the job uses (training/data/records.py), so a file it passes is one the job
-parses, and a file it refuses fails with the same one line, naming the file and the line:
+Standard library only (pyarrow only for ``s3://`` and Hugging Face files, as the job itself). It
+reads the data with the very reader the job uses (the ``data.kind``'s entry in
+training/data/formats/), so a file it passes is one the job reads, and a file it refuses fails
+with the same one line, naming the file and the line (or row):
 
 - local files: read in full up to :data:`LOCAL_FULL_BYTES` each, else their first
   :data:`HEAD_BYTES` (said in the summary);
-- ``s3://``: the objects are listed and the first :data:`HEAD_BYTES` of each is read. A prefix
+- ``s3://``: the objects are listed and the first :data:`HEAD_BYTES` of each is read (of a
+  ``.json`` array or a Parquet/Arrow file: the records those bytes hold). A prefix
   holding ``{bucket}`` (filled in from the environment by the charts and the preflight) or an
   S3 that cannot be reached from here is not read, and the summary says why.
 
-Beyond each record: at least one usable document, a held-out split that the configured
+Beyond each record: at least one usable document, conversations where ``eval.exact_match``
+needs them, a held-out split that the configured
 ``data.eval_fraction`` actually fills, and enough text for one global batch (counted as an UPPER
 bound of tokens, so a corpus is only refused when it is certainly too small).
 """
@@ -20,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from training.contract import BUCKET_PLACEHOLDER
-from training.data.records import SUFFIXES, DataError, _Reader, parse_file
+from training.data import formats
+from training.data.records import DataError, Reader
 from training.data.remote import RemoteFile, is_s3, list_files, s3_filesystem, split_s3
 
 LOCAL_FULL_BYTES = 256 * 1024**2
@@ -42,29 +46,16 @@ class DataCheck:
     """Every byte of every file was read (the counts are exact, not a head's lower bound)."""
 
 
-def _head(f: RemoteFile, limit: int) -> tuple[bytes, bool]:
-    """(bytes, complete): the whole file, or its first ``limit`` bytes cut at the last newline."""
-    if not is_s3(f.uri) and f.size <= LOCAL_FULL_BYTES:
-        with open(f.uri, "rb") as handle:
-            return handle.read(), True
-    if is_s3(f.uri):
-        bucket, key = split_s3(f.uri)
-        with s3_filesystem().open_input_stream(f"{bucket}/{key}") as stream:
-            data = stream.read(limit + 1)
-    else:
-        with open(f.uri, "rb") as handle:
-            data = handle.read(limit + 1)
-    if len(data) <= limit:
-        return data, True
-    cut = data[:limit].rfind(b"\n")
-    return (data[:cut + 1] if cut >= 0 else data[:limit]), False
+def _limit(f: RemoteFile, head_bytes: int) -> int | None:
+    """How much of a file the check reads: all of a local file up to LOCAL_FULL_BYTES."""
+    return None if not is_s3(f.uri) and f.size <= LOCAL_FULL_BYTES else head_bytes
 
 
 def _listing(job, path: str, kind: str) -> list[RemoteFile]:
     try:
-        return list_files(path, SUFFIXES[kind])
+        return formats.files_of(path, kind)
     except FileNotFoundError as err:
-        wanted = "/".join(SUFFIXES[kind])
+        wanted = formats.reads(kind)
         others = ""
         if not is_s3(path):
             try:
@@ -113,17 +104,15 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
     except OSError as err:  # S3 unreachable from this machine (no credentials, no network)
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return DataCheck(checked=False, summary=f"{d.path} not read: S3 not reachable from here ({first[:160]})")
-    reader = _Reader(d.on_bad_record)
+    reader, fmt = Reader(d.on_bad_record), formats.get(d.kind)
     complete, read = True, 0
     try:
         for f in files:
-            raw, whole = _head(f, head_bytes)
-            complete &= whole
-            read += len(raw)
-            if not raw.strip():
-                reader.bad(f.uri, 1, "empty file")
-                continue
-            parse_file(reader, f.uri, raw, d.kind)
+            limit = _limit(f, head_bytes)
+            complete &= fmt.read(reader, f, limit)
+            read += f.size if limit is None else min(f.size, limit)
+        if reader.result.documents:
+            formats.one_shape(reader.result.documents)
     except DataError as err:
         raise DataError(f"{job.source}: data.path: {err}") from None
     except OSError as err:
@@ -133,6 +122,9 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
     if not docs:
         raise DataError(f"{job.source}: data.path: {d.path}: no usable {d.kind} documents "
                         f"({reader.result.bad_records} bad records skipped in {len(files)} files)")
+    if job.eval.exact_match and not docs[0].messages:
+        raise DataError(f"{job.source}: eval.exact_match: True needs conversations, but {d.path} holds text "
+                        f"documents (data.kind {d.kind!r})")
     if complete:
         _check_size(job, docs)
     size = f"{head_bytes / 1024**2:g} MiB" if head_bytes >= 1024**2 else f"{head_bytes / 1024:g} KiB"

@@ -7,11 +7,11 @@ identical documents always land on the same side (no train/eval leakage by dupli
 
 Packing (documents shuffled by seed; each followed by the separator ``<|endoftext|>``):
 
-- ``text``/``jsonl``: the documents are concatenated and cut into ``seq_len`` blocks (a long
+- text documents: the documents are concatenated and cut into ``seq_len`` blocks (a long
   document continues in the next block). The tail that does not fill a block is dropped
   (``tokens_dropped``); only a corpus smaller than one block is padded.
-- ``chat`` (``whole_documents``): a conversation is never cut. Conversations are placed whole
-  into blocks, best fit (the fullest block that still has room); the rest of a block is padding.
+- conversations (``whole_documents``): a conversation is never cut. Conversations are placed
+  whole into blocks, best fit (the fullest block that still has room); the rest is padding.
   A conversation longer than ``seq_len`` follows ``data.overlong``: ``truncate`` keeps its first
   ``seq_len`` tokens (dropped when no target is left), ``refuse`` stops with a one-line error.
 
@@ -22,7 +22,7 @@ document is not a target: the only thing before it in the block is another docum
 
 Labels are aligned with input_ids (the loss shifts them) and are the token id where the token is
 a training target, else -100. Text documents train on every other token and on the separator
-(the model learns where a document ends); chat documents only on assistant tokens. Padding is
+(the model learns where a document ends); conversations only on assistant tokens. Padding is
 the separator with label -100, positions restarting at 0 (it only attends to itself).
 """
 from __future__ import annotations

@@ -1,39 +1,38 @@
-"""Read documents from plain text, JSONL ``{"text"}`` or chat JSONL ``{"messages"}`` files.
+"""What a data format is made of: documents, the bad-record policy and the format interface.
 
 A *document* is the unit that is tokenized, separated from the next by ``<|endoftext|>`` when
-packed, and assigned as a whole to the train or the held-out split:
+packed, and assigned as a whole to the train or the held-out split. It is either ``text``
+(trained on every token) or ``messages`` (a conversation: trained on the assistant turns). The
+code after the reader branches on the document, never on the format that produced it.
 
-- ``text``: files ending ``.txt``/``.md``/``.text``; a document is a run of non-blank lines
-  (documents are separated by one or more blank lines).
-- ``jsonl``: files ending ``.jsonl``; one ``{"text": "..."}`` object per line.
-- ``chat``: files ending ``.jsonl``; one ``{"messages": [{"role", "content"}, ...]}`` per line,
-  roles ``system``/``user``/``assistant``, at least one assistant message after a user message.
+A :class:`DataFormat` is one entry of the registry (``training/data/formats/``, one file per
+``data.kind``): which files it reads and how one file becomes documents. Formats whose files hold
+one JSON object per record give a record converter (:attr:`DataFormat.record`) and get their
+reader from :func:`record_format`; a container such as ``hf`` reuses those converters for its rows.
 
-A path is a file, or a directory / ``s3://`` prefix whose matching files are read in sorted
-order. Malformed input raises :class:`DataError` (one line: file, line, what is wrong, what is
+Malformed input raises :class:`DataError` (one line: file, line or row, field, value, what is
 expected) or, with ``on_bad_record="skip"``, is skipped and counted; never silently dropped.
-(Invalid UTF-8 inside a plain-text file is counted once per file under "skip" and decoded with
-U+FFFD replacement characters, since a text file has no record boundary to skip to.)
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
-from training.data.remote import list_files, read_bytes
-
-SUFFIXES = {"text": (".txt", ".md", ".text"), "jsonl": (".jsonl",), "chat": (".jsonl",)}
-ROLES = ("system", "user", "assistant")
+from training.data.remote import RemoteFile, is_s3, s3_filesystem, split_s3
 
 
 class DataError(ValueError):
     """Unusable training data; ``str(err)`` is one line naming the file and line."""
 
 
+class BadRecord(ValueError):
+    """One record a format cannot use; the reader adds the file and line (or row)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Document:
-    """One document: ``text`` (text/jsonl) or ``messages`` (chat), and where it came from."""
+    """One document: ``text`` or ``messages`` (a conversation), and where it came from."""
 
     source: str
     line: int
@@ -50,68 +49,92 @@ class ReadResult:
     """(uri, size, mtime) of every file read: part of the node-local cache key."""
 
 
-class _Reader:
+class Reader:
+    """Collects documents and applies ``data.on_bad_record`` (``error`` raises, ``skip`` counts)."""
+
     def __init__(self, on_bad_record: str):
         self.skip = on_bad_record == "skip"
         self.result = ReadResult()
 
-    def bad(self, source: str, line: int, problem: str) -> None:
+    def bad(self, source: str, number: int, problem: str, unit: str = "line") -> None:
+        """A bad record at line (or ``unit``: row) ``number`` of ``source``."""
         if not self.skip:
-            raise DataError(f"{source}, line {line}: {problem}")
+            raise DataError(f"{source}, {unit} {number}: {problem}")
         self.result.bad_records += 1
 
 
-def _text_documents(reader: _Reader, source: str, text: str) -> None:
-    block: list[str] = []
-    start = 0
-    for number, line in enumerate(text.splitlines() + [""], 1):
-        if line.strip():
-            if not block:
-                start = number
-            block.append(line)
-        elif block:
-            reader.result.documents.append(Document(source=source, line=start, text="\n".join(block)))
-            block = []
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataFormat:
+    """One ``data.kind``: the files it reads and how one of them becomes documents."""
+
+    summary: str
+    """What one record looks like, for errors and docs."""
+    suffixes: tuple[str, ...]
+    """The files it reads under a directory or prefix."""
+    read: Callable[[Reader, RemoteFile, int | None], bool]
+    """``read(reader, file, limit)``: append the file's documents to ``reader``, reading at most
+    about ``limit`` bytes (None: all); True when the whole file was read."""
+    record: Callable[[dict], dict[str, Any]] | None = None
+    """For record formats: one record (a JSON object or a table row) -> the :class:`Document`
+    fields (``text`` or ``messages``); raises :class:`BadRecord`."""
+    columns: tuple[str, ...] = ()
+    """The fields that mark a record of this format (how ``hf`` picks the converter for its rows)."""
+    conversations: bool = False
+    """Its documents are conversations."""
+    files: Callable[[str], list[RemoteFile]] | None = None
+    """The files under a path, in reading order (None: every file with one of :attr:`suffixes`)."""
 
 
-_ARRAY_HINT = "the file is one JSON array, not JSON Lines: write one object per line (e.g. jq -c '.[]')"
-_SHAREGPT_HINT = ("ShareGPT turns ({'from', 'value'}): convert to {\"messages\": [{\"role\": "
-                  "\"user\"|\"assistant\"|\"system\", \"content\": \"...\"}]}")
+def read_head(f: RemoteFile, limit: int | None) -> tuple[bytes, bool]:
+    """(bytes, complete): the whole file, or its first ``limit`` bytes cut at the last newline."""
+    if is_s3(f.uri):
+        bucket, key = split_s3(f.uri)
+        with s3_filesystem().open_input_stream(f"{bucket}/{key}") as stream:
+            data = stream.read() if limit is None else stream.read(limit + 1)
+    else:
+        with open(f.uri, "rb") as handle:
+            data = handle.read() if limit is None else handle.read(limit + 1)
+    if limit is None or len(data) <= limit:
+        return data, True
+    cut = data[:limit].rfind(b"\n")
+    return (data[:cut + 1] if cut >= 0 else data[:limit]), False
 
 
-def _found(record: dict) -> str:
+def bytes_format(parse: Callable[[Reader, str, bytes, bool], None]) -> Callable[[Reader, RemoteFile, int | None], bool]:
+    """A :attr:`DataFormat.read` for formats that parse a file's bytes: ``parse(reader, source,
+    raw, complete)``, where ``complete`` is False for a head cut at a newline under a limit."""
+    def read(reader: Reader, f: RemoteFile, limit: int | None) -> bool:
+        raw, complete = read_head(f, limit)
+        if not raw.strip():
+            reader.bad(f.uri, 1, "empty file")
+        else:
+            parse(reader, f.uri, raw, complete)
+        return complete
+    return read
+
+
+ARRAY_HINT = "the file is one JSON array, not JSON Lines: write one object per line (e.g. jq -c '.[]')"
+
+
+def found(record: dict) -> str:
     """``; found: a, b`` (the record's own keys), to show a wrong field name next to the right one."""
     keys = ", ".join(sorted(map(str, record))[:6])
     return f"; found: {keys}" if keys else "; the object is empty"
 
 
-def _check_messages(value: Any) -> str | None:
-    """The problem with a ``messages`` value, or None if it is a trainable chat."""
-    if not isinstance(value, list):
-        return f"field 'messages' must be a list of messages, got {type(value).__name__}"
-    if not value:
-        return "field 'messages' is an empty list (a chat needs at least one message)"
-    for i, m in enumerate(value):
-        if not isinstance(m, dict):
-            return f"messages[{i}] must be an object with 'role' and 'content', got {type(m).__name__}"
-        role, content = m.get("role"), m.get("content")
-        if role is None and "from" in m:
-            return f"messages[{i}] has no 'role' but 'from': {_SHAREGPT_HINT}"
-        if role not in ROLES:
-            return f"messages[{i}].role is {role!r}; allowed: {', '.join(ROLES)}"
-        if not isinstance(content, str):
-            return f"messages[{i}].content must be a string, got {type(content).__name__}"
-    roles = [m["role"] for m in value]
-    if "assistant" not in roles:
-        return "no assistant message (nothing to train on)"
-    if "user" not in roles[:roles.index("assistant")]:
-        return "the first assistant message must follow a user message"
-    if not any(m["role"] == "assistant" and m["content"].strip() for m in value):
-        return "every assistant message is empty (nothing to train on)"
-    return None
+def shown(value: Any) -> str:
+    """A record's value as an error shows it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _jsonl_documents(reader: _Reader, source: str, raw: bytes, kind: str) -> None:
+def json_records(reader: Reader, source: str, raw: bytes, *, arrays: bool, complete: bool = True) -> Iterator[tuple[int, Any]]:
+    """``(line, value)`` of every record: one JSON value per line (JSON Lines) or, with ``arrays``,
+    also a file that is one JSON array (each element's line is where it starts; of an incomplete
+    head, the elements it holds whole)."""
+    if arrays and raw.lstrip().startswith(b"["):
+        yield from _array_records(reader, source, raw, complete)
+        return
     first = True
     for number, line_bytes in enumerate(raw.split(b"\n"), 1):
         if not line_bytes.strip():
@@ -123,69 +146,73 @@ def _jsonl_documents(reader: _Reader, source: str, raw: bytes, kind: str) -> Non
             reader.bad(source, number, "not valid UTF-8")
             continue
         except json.JSONDecodeError as err:
-            hint = f"; {_ARRAY_HINT}" if array_start else ""
+            hint = f"; {ARRAY_HINT}" if array_start else ""
             reader.bad(source, number, f"not valid JSON ({err.msg} at column {err.colno}){hint}")
             continue
-        if not isinstance(record, dict):
-            hint = f"; {_ARRAY_HINT}" if array_start and isinstance(record, list) and len(record) > 1 else ""
-            reader.bad(source, number, f"expected a JSON object, got {type(record).__name__}{hint}")
+        if isinstance(record, list) and array_start and len(record) > 1:
+            reader.bad(source, number, f"expected a JSON object, got list; {ARRAY_HINT}")
             continue
-        if kind == "jsonl":
-            if "text" not in record:
-                hint = " (chat records: set data.kind = 'chat')" if "messages" in record else ""
-                reader.bad(source, number, f"missing field 'text' (expected {{\"text\": \"...\"}}{_found(record)}){hint}")
-            elif not isinstance(record["text"], str):
-                reader.bad(source, number, f"field 'text' must be a string, got {type(record['text']).__name__}")
-            elif not record["text"].strip():
-                reader.bad(source, number, "field 'text' is empty")
-            else:
-                reader.result.documents.append(Document(source=source, line=number, text=record["text"]))
-            continue
-        if "messages" not in record:
-            hint = f": {_SHAREGPT_HINT}" if "conversations" in record else ""
-            reader.bad(source, number, "missing field 'messages' (expected {\"messages\": [{\"role\", \"content\"}, ...]}"
-                       f"{_found(record)}){hint}")
-            continue
-        problem = _check_messages(record["messages"])
-        if problem:
-            reader.bad(source, number, problem)
-            continue
-        messages = tuple({"role": m["role"], "content": m["content"]} for m in record["messages"])
-        reader.result.documents.append(Document(source=source, line=number, messages=messages))
+        yield number, record
 
 
-def parse_file(reader: _Reader, source: str, raw: bytes, kind: str) -> None:
-    """The documents of one file's bytes, by data kind: THE parser the job and the data check
-    share (a new kind is a branch here and its suffixes in :data:`SUFFIXES`)."""
-    if kind == "text":
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            reader.bad(source, raw[:err.start].count(b"\n") + 1, "not valid UTF-8")
-            text = raw.decode("utf-8", errors="replace")
-        _text_documents(reader, source, text)
-    else:
-        _jsonl_documents(reader, source, raw, kind)
-
-
-def read_documents(path: str, kind: str, *, on_bad_record: str = "error") -> ReadResult:
-    """Every document under ``path`` (file, directory or ``s3://`` prefix), in file and line order."""
-    if kind not in SUFFIXES:
-        raise DataError(f"{path}: data kind {kind!r} has no reader (allowed: {', '.join(SUFFIXES)})")
-    reader = _Reader(on_bad_record)
+def _array_records(reader: Reader, source: str, raw: bytes, complete: bool) -> Iterator[tuple[int, Any]]:
     try:
-        files = list_files(path, SUFFIXES[kind])
-    except FileNotFoundError as err:
-        raise DataError(f"{err} (data.kind {kind!r} reads {'/'.join(SUFFIXES[kind])})") from None
-    for f in files:
-        reader.result.files.append(f.uri)
-        reader.result.fingerprint.append([f.uri, f.size, f.mtime])
-        raw = read_bytes(f.uri)
-        if not raw.strip():
-            reader.bad(f.uri, 1, "empty file")
-            continue
-        parse_file(reader, f.uri, raw, kind)
-    if not reader.result.documents:
-        raise DataError(f"{path}: no usable {kind} documents "
-                        f"({reader.result.bad_records} bad records skipped in {len(files)} files)")
-    return reader.result
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        reader.bad(source, raw[:err.start].count(b"\n") + 1, "not valid UTF-8")
+        return
+    decoder, pos = json.JSONDecoder(), text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        line = text.count("\n", 0, pos) + 1
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as err:
+            # the rest of an array cannot be read past a syntax error: one bad record, then stop.
+            # A head is cut at a newline, so an element it cuts off fails at the head's very end.
+            if complete or text[err.pos:].strip():
+                reader.bad(source, err.lineno, f"not valid JSON ({err.msg} at column {err.colno})")
+            return
+        yield line, record
+
+
+def record_format(*, summary: str, record: Callable[[dict], dict[str, Any]], columns: tuple[str, ...],
+                  conversations: bool, arrays: bool = False) -> DataFormat:
+    """A format of JSON Lines files (and, with ``arrays``, ``.json`` files holding one array)."""
+    def parse(reader: Reader, source: str, raw: bytes, complete: bool) -> None:
+        for line, value in json_records(reader, source, raw, arrays=arrays, complete=complete):
+            if not isinstance(value, dict):
+                reader.bad(source, line, f"expected a JSON object, got {type(value).__name__}")
+                continue
+            add_record(reader, source, line, value, record)
+
+    return DataFormat(summary=summary, suffixes=(".jsonl", ".json") if arrays else (".jsonl",),
+                      read=bytes_format(parse), record=record, columns=columns, conversations=conversations)
+
+
+def add_record(reader: Reader, source: str, number: int, value: dict,
+               record: Callable[[dict], dict[str, Any]], unit: str = "line") -> None:
+    """Convert the record at line (or ``unit``) ``number`` and keep its document, or report it as bad."""
+    try:
+        fields = record(value)
+    except BadRecord as err:
+        reader.bad(source, number, str(err), unit)
+        return
+    reader.result.documents.append(Document(source=source, line=number, **fields))
+
+
+def string_field(record: dict, name: str, *, required: bool = True) -> str:
+    """``record[name]`` as a non-empty string (``required``) or a string, else :class:`BadRecord`."""
+    if name not in record or (record[name] is None and not required):
+        if required:
+            raise BadRecord(f"missing field {name!r}{found(record)}")
+        return ""
+    value = record[name]
+    if not isinstance(value, str):
+        raise BadRecord(f"field {name!r} must be a string, got {type(value).__name__} ({shown(value)})")
+    if required and not value.strip():
+        raise BadRecord(f"field {name!r} is empty")
+    return value

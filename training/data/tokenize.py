@@ -58,21 +58,26 @@ def _trained_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int,
     return trained
 
 
-def tokenize_documents(tokenizer, documents: list[Document], kind: str) -> list[TokenizedDoc]:
-    """Tokenize every document (batched through the fast tokenizer), in order."""
+def tokenize_documents(tokenizer, documents: list[Document]) -> list[TokenizedDoc]:
+    """Tokenize every document (batched through the fast tokenizer), in order: a conversation
+    is trained on its assistant turns, a text on every token."""
     out: list[TokenizedDoc] = []
     for lo in range(0, len(documents), BATCH):
         chunk = documents[lo:lo + BATCH]
-        if kind == "chat":
-            rendered = [render_chat(tokenizer, list(d.messages)) for d in chunk]
+        done: dict[int, TokenizedDoc] = {}
+        chats = [i for i, d in enumerate(chunk) if d.messages]
+        texts = [i for i, d in enumerate(chunk) if not d.messages]
+        if chats:
+            rendered = [render_chat(tokenizer, list(chunk[i].messages)) for i in chats]
             enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
-            for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered):
-                out.append(TokenizedDoc(np.asarray(ids, dtype=np.int32), _trained_from_offsets(offsets, spans)))
-        else:
-            enc = tokenizer([d.text for d in chunk], add_special_tokens=False)
-            for ids in enc["input_ids"]:
+            for i, ids, offsets, (_, spans) in zip(chats, enc["input_ids"], enc["offset_mapping"], rendered):
+                done[i] = TokenizedDoc(np.asarray(ids, dtype=np.int32), _trained_from_offsets(offsets, spans))
+        if texts:
+            enc = tokenizer([chunk[i].text for i in texts], add_special_tokens=False)
+            for i, ids in zip(texts, enc["input_ids"]):
                 arr = np.asarray(ids, dtype=np.int32)
-                out.append(TokenizedDoc(arr, np.ones(len(arr), dtype=bool)))
+                done[i] = TokenizedDoc(arr, np.ones(len(arr), dtype=bool))
+        out.extend(done[i] for i in range(len(chunk)))
     return out
 
 

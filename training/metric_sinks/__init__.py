@@ -1,0 +1,65 @@
+"""The metric-sink registry: the loop's metrics fan out to every sink in this folder.
+
+One file per sink: ``<name>.py`` defines ``open_sink(job, ctx)``, which returns the sink for
+this worker or None (not on this rank, not configured here). A sink has any of these methods,
+each called on every sink that has it, in the order of the file names:
+
+- ``write(row)``: one ``metrics.jsonl`` row (``kind`` train, eval or summary; the keys are
+  training/contract.py's);
+- ``checkpoints(timings)``: the checkpoint manager's timings after a step (the newest is new
+  when the list grew);
+- ``print(line)``: a console line (progress, evaluation);
+- ``sync()``: at the report cadence (``train.report_every_n_steps``): hand what is buffered on;
+- ``close()``: at the end of the run.
+
+``jsonl`` (``metrics.jsonl`` in the run's storage, and rank 0's console) and ``prometheus``
+(gauges through Ray's metrics agent) are the sinks today; adding one (MLflow, TensorBoard) is
+adding its file here. The loop knows only :class:`Metrics`.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any, Iterable
+
+HOOKS = ("write", "checkpoints", "print", "sync", "close")
+
+
+def sink_names() -> tuple[str, ...]:
+    """The registered sinks: this folder's modules, by name."""
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")))
+
+
+class Metrics:
+    """The fan-out: each call goes to every sink that has that method."""
+
+    def __init__(self, sinks: Iterable[Any]):
+        self.sinks = [s for s in sinks if s is not None]
+
+    def _each(self, hook: str, *args: Any) -> None:
+        for sink in self.sinks:
+            method = getattr(sink, hook, None)
+            if method is not None:
+                method(*args)
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._each("write", row)
+
+    def checkpoints(self, timings: Iterable[Any]) -> None:
+        self._each("checkpoints", list(timings))
+
+    def print(self, line: str) -> None:
+        self._each("print", line)
+
+    def sync(self) -> None:
+        self._each("sync")
+
+    def close(self) -> None:
+        self._each("close")
+
+
+def open_metrics(job: Any, ctx: Any, names: Iterable[str] | None = None) -> Metrics:
+    """Every registered sink (or those ``names``) opened for this worker (``ctx``: the loop's
+    WorkerContext)."""
+    return Metrics(importlib.import_module(f"{__name__}.{name}").open_sink(job, ctx)
+                   for name in (sink_names() if names is None else names))
