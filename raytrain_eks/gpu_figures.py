@@ -89,7 +89,8 @@ def published(gpu: str, network_gbps: float) -> Figures:
     l4 = GPU_PEAK_BF16_TFLOPS["L4"]
     table = {s: r * peak / l4 for s, r in L4_GEMM_TFLOPS.items()}
     gemm = Rate(min(table.values()), max(table.values()), "TFLOP/s",
-                L4_GEMM_SOURCE if gpu == "L4" else f"the L4's GEMM efficiency on the {gpu}'s peak", assumed=gpu != "L4")
+                L4_GEMM_SOURCE + "; applied to other shapes by their cube-root size (assumed)" if gpu == "L4"
+                else f"the L4's GEMM efficiency on the {gpu}'s peak", assumed=True)
     memory = (Rate(0.8 * L4_MEMORY_GBYTES_PER_S, L4_MEMORY_GBYTES_PER_S, "GB/s",
                    "L4 datasheet 300 GB/s; the low end assumes 80 % of it is reached", assumed=True)
               if gpu == "L4" else Rate(0.0, 0.0, "GB/s", f"no published figure for {gpu} here", assumed=True))
@@ -97,8 +98,8 @@ def published(gpu: str, network_gbps: float) -> Figures:
         gpu=gpu, peak_tflops=peak, gemm_tflops=table, gemm=gemm, memory=memory,
         kernel_floor_us=Rate(2.0, 5.0, "us", "a CUDA kernel's launch-to-end floor", assumed=True),
         pcie=Rate(8.0, 12.0, "GB/s", "NCCL ring over PCIe Gen4 through host memory (no NVLink, no P2P)", assumed=True),
-        efa=Rate(3.0, network_gbps / 8, "GB/s", f"{network_gbps:g} Gbit/s line rate; nccl-tests on g6e near 3 GB/s "
-                 "(aws/aws-ofi-nccl issue 547)"))
+        efa=Rate(3.0, network_gbps / 8, "GB/s", f"{network_gbps:g} Gbit/s line rate; the low end from nccl-tests on "
+                 "g6e, not g6 (aws/aws-ofi-nccl issue 547)", assumed=True))
 
 
 class CalibrationError(ValueError):  # the CLI prints it as one line (raytrain_eks/cli.py)

@@ -76,7 +76,10 @@ def _comm_s(entries: list[dict], which: str, kind: str, strategy: str, cluster: 
     pcie_b = efa_b = 0.0
     for entry in entries:
         if entry["kind"] == kind:
-            p, e = ring_links({**entry, "bytes": entry.get(f"{which}_bytes", 0)}, strategy, cluster)
+            # a plan measured over 2 micro batches has no middle one: it repeats the first
+            # (the same reading as raytrain_eks/measured_plan.py's predict)
+            p, e = ring_links({**entry, "bytes": entry.get(f"{which}_bytes", entry.get("first_bytes", 0))},
+                              strategy, cluster)
             pcie_b, efa_b = pcie_b + p, efa_b + e
     return max(pcie_b / (pcie * 1e9), efa_b / (efa * 1e9))
 
@@ -177,4 +180,6 @@ def for_job(job, shapes: ModelShapes, measured: dict, cluster: Cluster, gpu: str
     if not trace:
         return None
     row = {**measured, "grad_accum_steps": measured["prediction"]["grad_accum_steps"]}
-    return predict(trace, row, cluster, shapes, figures_for(gpu, network_gbps))
+    # training/parallel.py pulls the lever only where parameters stay gathered between micro batches
+    return predict(trace, row, cluster, shapes, figures_for(gpu, network_gbps),
+                   last_backward_lever=job.parallel.keep_params_gathered)

@@ -20,9 +20,9 @@ def test_a_gemm_takes_the_rates_of_the_table_entries_that_bracket_its_size():
 
 def test_published_figures_name_what_is_assumed():
     f = published("L4", 40)
-    assert f.assumed() == ["memory", "kernel_floor_us", "pcie"]
+    assert f.assumed() == ["gemm", "memory", "kernel_floor_us", "pcie", "efa"]
     assert (f.efa.low, f.efa.high) == (3.0, 5.0) and "issue 547" in f.efa.source
-    assert "issue 120" in f.gemm.source and not f.gemm.assumed
+    assert "issue 120" in f.gemm.source and "cube-root size (assumed)" in f.gemm.source
     other = published("A10G", 40)  # no table of its own: the L4's efficiency on its peak, assumed
     assert other.gemm.assumed and other.gemm_rate(2048, 2048, 2048) == pytest.approx((70.9 * 70 / 121,) * 2)
 
@@ -40,7 +40,7 @@ def test_a_calibration_replaces_the_published_and_assumed_rates(tmp_path):
     f = figures_for("L4", 40, _write(tmp_path / "c.json"))
     assert f.gemm_rate(2048, 1536, 8960) == (48.0, 48.0)
     assert (f.memory.low, f.memory.high) == (251.0, 251.0) and "make gpu-check" in f.memory.source
-    assert f.assumed() == ["kernel_floor_us", "pcie"] and f.measured_step == {"step_s": 6.1}
+    assert f.assumed() == ["kernel_floor_us", "pcie", "efa"] and f.measured_step == {"step_s": 6.1}
 
 
 def test_no_calibration_or_one_of_another_gpu_changes_nothing(tmp_path):

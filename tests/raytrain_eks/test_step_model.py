@@ -42,7 +42,7 @@ def test_compute_terms_come_from_the_table_and_the_bandwidth():
         (8 * 30 * GB / 300e9, 8 * (30 * GB / 240e9 + 1000 * 5e-6)), abs=1e-3)
     low, high = p["step_s"]
     assert low < high and p["mfu"][0] < p["mfu"][1]
-    assert p["assumed"] == ["memory", "kernel_floor_us", "pcie"]
+    assert p["assumed"] == ["gemm", "memory", "kernel_floor_us", "pcie", "efa"]
 
 
 def test_the_lever_exposes_the_roots_reduce_scatter_only_at_the_last_micro_batch():
@@ -73,7 +73,7 @@ def test_the_preflight_shows_the_range_and_what_is_assumed(capsys, monkeypatch):
                  "--dist", "/nonexistent-dist"]) == 0
     out = capsys.readouterr().out
     assert "step range" in out and "issue 120" in out
-    assert "assumed        memory, kernel_floor_us, pcie" in out
+    assert "assumed        gemm, memory, kernel_floor_us, pcie, efa" in out
     assert "USD over this range" in out
 
 
@@ -89,3 +89,12 @@ def test_a_bad_calibration_stops_the_preflight_in_one_line(capsys, monkeypatch, 
                  "--dist", "/nonexistent-dist"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {bad}: gemm = []: must be a non-empty list of {{m, n, k, tflops}}\n"
+
+
+def test_a_plan_measured_over_two_micro_batches_repeats_the_first_in_the_middle():
+    # bench_full_size_plan.py measures re-gathering plans over 2 micro batches: no middle_bytes.
+    # Read as measured_plan.predict reads them (the middle repeats the first), not as silence.
+    f = published("L4", 40)
+    full = _measured(reduce_scatter_bytes=2 * GB)
+    two = {**full, "collectives": [{k: v for k, v in c.items() if k != "middle_bytes"} for c in full["collectives"]]}
+    assert predict(TRACE, two, Cluster(), QWEN2_5_1_5B, f) == predict(TRACE, full, Cluster(), QWEN2_5_1_5B, f)
