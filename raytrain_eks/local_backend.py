@@ -44,7 +44,8 @@ def tool_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def submit_and_follow(dashboard_url: str, submission_id: str, entrypoint: str, runtime_env_yaml: str,
-                      *, auth_env: dict[str, str], attempts: int = 30) -> str:
+                      *, auth_env: dict[str, str], attempts: int = 30,
+                      on_submitted: Callable[[], None] | None = None) -> str:
     """Submit (retrying while the head's job agent is still registering, as KubeRay's submitter
     does), then stream the job's log until it ends. Returns the job's final status.
     ``auth_env``: the head's ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN`` (KubeRay injects the same two
@@ -58,6 +59,8 @@ def submit_and_follow(dashboard_url: str, submission_id: str, entrypoint: str, r
         if "No available agent" not in proc.stdout + proc.stderr or attempt == attempts - 1:
             raise LocalRunError(f"ray job submit failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
         time.sleep(2)  # the agent registers within seconds; bounded by `attempts`
+    if on_submitted:
+        on_submitted()
     # Its own session: Ctrl-C at the terminal reaches this process only (no second traceback
     # from the follower); subprocess.run kills the follower when this process is interrupted.
     subprocess.run([str(BIN / "ray"), "job", "logs", "--follow", "--address", dashboard_url, submission_id],
@@ -114,12 +117,15 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
             submission_id = f"{job.name}-{int(time.time())}"
             from raytrain_eks.local_runs import register, unregister
 
-            register(out_dir, run=job.name, submission_id=submission_id, dashboard_url=head.dashboard_url,
-                     auth_env=head.client_env)
+            def submitted() -> None:  # from now on status/logs/stop RUN reach the job through the head
+                register(out_dir, run=job.name, submission_id=submission_id, dashboard_url=head.dashboard_url,
+                         auth_env=head.client_env, services={"ray_temp_dir": head.temp_dir,
+                                                             "storage_endpoint": s3.endpoint_url})
+
             try:
                 with (while_running(head) if while_running else contextlib.nullcontext()):
                     status = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint, job.runtime_env_yaml,
-                                               auth_env=head.client_env)
+                                               auth_env=head.client_env, on_submitted=submitted)
                 info = job_info(head.dashboard_url, submission_id, head.client_env)
                 out_dir.mkdir(parents=True, exist_ok=True)
                 copied = download_run(client, run_uri, out_dir)

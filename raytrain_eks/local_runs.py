@@ -22,21 +22,29 @@ LIVE = "local.json"
 FINAL = "ray_job.json"
 
 
-def register(out_dir: Path, *, run: str, submission_id: str, dashboard_url: str, auth_env: dict[str, str]) -> None:
-    """Write ``<out_dir>/local.json`` for the run commands (mode 0600: the head's token is in it)."""
+def register(out_dir: Path, *, run: str, submission_id: str, dashboard_url: str, auth_env: dict[str, str],
+             services: dict[str, str]) -> None:
+    """Write ``<out_dir>/local.json`` for the run commands (mode 0600: the head's token is in it).
+    ``services``: where the run's head and storage ran (their temp dir and address name every
+    process they started), kept after the run."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / LIVE
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump({"run": run, "pid": os.getpid(), "submission_id": submission_id, "dashboard_url": dashboard_url,
-                   "auth_env": auth_env}, handle, indent=2)
+                   "auth_env": auth_env, **services}, handle, indent=2)
+
+
+KEPT = ("run", "submission_id", "ray_temp_dir", "storage_endpoint")
+"""What ``local.json`` keeps once the submit has ended (no process, no token)."""
 
 
 def unregister(out_dir: Path) -> None:
-    """The submit has ended: ``local.json`` keeps only the run's name (no process, no token)."""
+    """The submit has ended: ``local.json`` keeps :data:`KEPT` only."""
     path = out_dir / LIVE
     if path.is_file():
-        path.write_text(json.dumps({"run": json.loads(path.read_text(encoding="utf-8"))["run"]}) + "\n", encoding="utf-8")
+        live = json.loads(path.read_text(encoding="utf-8"))
+        path.write_text(json.dumps({k: live[k] for k in KEPT if k in live}, indent=2) + "\n", encoding="utf-8")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -119,11 +119,13 @@ def _local(manifests, out_dir: Path, uploads: list, storage_uri: str) -> int:
 
     ran = run_local(rayjob=manifests.rayjob, run_uri=manifests.run_uri, code_path=manifests.code_path, out_dir=out_dir,
                     prepare=lambda client: run_inputs.upload(client, uploads, storage_uri, manifests.run))
-    print(f"==> {manifests.run}: Ray job {ran.status}")
     if "run.json" not in ran.copied:
-        print(f"submit: the run wrote no run.json (Ray job {ran.status}); Ray's logs are in {out_dir / 'ray-logs'}",
-              file=sys.stderr)
+        # Ray's word for a job that exits non-zero is FAILED, also for a run the verdict rejects:
+        # it is shown only when there is no record (and so no verdict) to speak instead.
+        print(f"submit: {manifests.run} ended before it wrote its record (the Ray job {ran.status.lower()}): "
+              f"raytrain-eks logs {manifests.run}; Ray's own logs: {out_dir / 'ray-logs'}", file=sys.stderr)
         return 1
+    print(f"==> {manifests.run}: ended; its record, report and model in {out_dir}")
     return finish(out_dir)
 
 
