@@ -48,7 +48,12 @@ _REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_
 
 
 class ShapesUnknown(ValueError):
-    """The model's shapes cannot be found (one-line message)."""
+    """The model's shapes cannot be found (one-line message). ``unreachable``: only because
+    S3 does not answer from here (no credentials, no network), not because the model is wrong."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def shapes_for_job(job: JobConfig) -> tuple[ModelShapes, str]:
@@ -62,7 +67,7 @@ def shapes_for_job(job: JobConfig) -> tuple[ModelShapes, str]:
         try:
             config = read_model_config(path, job.source)
         except ModelConfigError as err:
-            raise ShapesUnknown(str(err)) from None
+            raise ShapesUnknown(str(err), unreachable=path.startswith("s3://") and "cannot read" in str(err)) from None
         if config is None:
             raise ShapesUnknown(
                 f"{job.source}: model.path: {path!r} has no readable config.json here (a hub id is not downloaded "

@@ -223,7 +223,8 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     plan.checks += _check_inputs(job)
     plan.checks += _check_fit(env, plan, dist_dir, cdk_out)
     if shapes is None:
-        plan.checks.append(Check(name="memory", ok=False, message=str(unknown)))
+        plan.checks.append(Check(name="memory", ok=unknown.unreachable, note=unknown.unreachable,
+                                 message=f"not checked: {unknown}" if unknown.unreachable else str(unknown)))
         return plan
     if not job.parallel.use_gpu:
         plan.checks.append(Check(name="memory", ok=True, note=True, message="local CPU job: no GPU memory to check"))
