@@ -323,3 +323,18 @@ def test_submit_refuses_bad_data_before_anything_is_applied(cluster, tmp_path, c
     err = capfd.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"{data}, line 2: not valid JSON" in err, err
     assert not [c for c in cluster.state()["calls"] if c[0] in ("apply", "config")]
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "list", "stop"])
+def test_the_run_commands_start_no_node(command, tmp_path):
+    """cdk8s and jsii start Node (seconds, and a banner on stdout): the run commands need neither."""
+    import subprocess
+
+    args = [command] if command == "list" else [command, "no-such-run"]
+    program = (f"import sys; from raytrain_eks.cli import main; code = main({args!r}); "
+               "print(sorted(m for m in ('cdk8s', 'jsii', 'constructs') if m in sys.modules)); sys.exit(code)")
+    env = {**os.environ, "PATH": str(tmp_path)}  # no kubectl: the cluster cannot be reached
+    proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout + proc.stderr
+    # list still lists the local runs (0) when there are any in .work/runs; the rest cannot answer (5)
+    assert proc.returncode == 5 or (command == "list" and proc.returncode == 0), proc.stderr
