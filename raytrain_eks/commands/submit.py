@@ -1,6 +1,8 @@
 """`raytrain-eks submit JOB`: one command from a job file to the verdict.
 
-Synthesizes that job's RayJob under a new, unique run name (``<job>-<MMDD-HHMMSS>``; ``--name``
+First everything that can be known before spend is checked (:func:`check_before_spend`), and
+the job's own local files are planned to travel with the run (raytrain_eks/run_inputs.py). Then it
+synthesizes that job's RayJob under a new, unique run name (``<job>-<MMDD-HHMMSS>``; ``--name``
 to choose one, ``--resume RUN`` to continue a run from its last checkpoint), uploads the
 content-addressed code archive when the bucket lacks it, applies the run's NetworkPolicy when
 missing, applies the RayJob and follows it: pods waiting for nodes and images, then the
@@ -68,7 +70,7 @@ def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> 
     if plan.refusal:
         raise ChartError(f"submit: {plan.refusal} (raytrain-eks preflight {job} shows the whole plan)")
     inputs = [c for c in plan.checks if c.name in ("model", "data")]
-    print("checked: " + "; ".join(f"{c.name} {c.message}" for c in inputs))
+    print("checked: " + "; ".join(f"{c.name}: {c.message}" for c in inputs))
     if not local:
         from raytrain_eks.eks_backend import check_context
 
