@@ -76,9 +76,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def find(run: str, runs_dir: Path = RUNS_DIR) -> LocalRun | None:
+def find(run: str, runs_dir: Path | None = None) -> LocalRun | None:
     """The local run ``run`` (its folder holds ``local.json``), or None: not a local run."""
-    folder = runs_dir / run
+    folder = (runs_dir or RUNS_DIR) / run
     path = folder / LIVE
     if not path.is_file():
         return None
@@ -87,8 +87,9 @@ def find(run: str, runs_dir: Path = RUNS_DIR) -> LocalRun | None:
     return LocalRun(run=run, folder=folder, live=live if pid and _alive(pid) else None)
 
 
-def all_runs(runs_dir: Path = RUNS_DIR) -> Iterator[LocalRun]:
-    """Every local run under ``runs_dir``, by name."""
+def all_runs(runs_dir: Path | None = None) -> Iterator[LocalRun]:
+    """Every local run under ``runs_dir`` (default :data:`RUNS_DIR`), by name."""
+    runs_dir = runs_dir or RUNS_DIR
     for path in sorted(runs_dir.glob(f"*/{LIVE}")):
         found = find(path.parent.name, runs_dir)
         if found is not None:
