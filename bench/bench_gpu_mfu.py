@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from environment.instances import peak_bf16_tflops  # noqa: E402
 
-from raytrain_eks.memory_estimate import PUBLISHED_CONFIGS  # noqa: E402
+from raytrain_eks.measured_plan import MODEL_CONFIGS  # noqa: E402
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
     torch.manual_seed(0)
-    config = Qwen2Config(**PUBLISHED_CONFIGS["Qwen2.5-1.5B"])
+    config = Qwen2Config(**MODEL_CONFIGS["Qwen2.5-1.5B"])
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.config.use_cache = False
     use_packed_attention(model)

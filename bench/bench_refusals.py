@@ -67,6 +67,9 @@ def main() -> None:
                                                                   "--set", f"data.path={data}"]),
             "data: raytrain-eks preflight": _time([py, "-m", "raytrain_eks.cli", "preflight", "--job", local,
                                                    "--set", f"data.path={data}", "--dist", str(tmp_path / "none")]),
+            # before any Ray start: the local submit refuses the bad line before its services start
+            "data: raytrain-eks submit --local": _time([py, "-m", "raytrain_eks.cli", "submit", local, "--local",
+                                                        "--set", f"data.path={data}"]),
             "plan: raytrain-eks preflight (cpus per worker)": _time(
                 [py, "-m", "raytrain_eks.cli", "preflight", "--job", "jobs/smoke.toml", "--set",
                  "parallel.cpus_per_worker=12", "--dist", str(tmp_path / "none")]),

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from raytrain_eks import gpu_figures, measured_plan, step_model  # noqa: E402
-from raytrain_eks.memory_estimate import PUBLISHED_CONFIGS  # noqa: E402
+from raytrain_eks.measured_plan import MODEL_CONFIGS  # noqa: E402
 from training.flops import ModelShapes  # noqa: E402
 
 MODEL = "Qwen2.5-1.5B"
@@ -76,7 +76,7 @@ def trace(kind: str, seq_len: int, micro_batch_size: int) -> dict:
                     self.kernels += 1
             return out
 
-    config = Qwen2Config(**PUBLISHED_CONFIGS[MODEL])
+    config = Qwen2Config(**MODEL_CONFIGS[MODEL])
     if kind == "chat":  # packed documents, each one's first 40 % a prompt (bench_full_size_plan)
         batch, docs = packed_chat_batch(micro_batch_size, seq_len), list(DOC_LENGTHS)
     else:  # synthetic: random ids, one document per row, every token a target
@@ -91,7 +91,7 @@ def trace(kind: str, seq_len: int, micro_batch_size: int) -> dict:
         recorder = Recorder()
         with recorder:
             loss_from_inputs(model, *prepared).backward()
-    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **PUBLISHED_CONFIGS[MODEL]})
+    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **MODEL_CONFIGS[MODEL]})
     return {"model": MODEL, "kind": kind, "seq_len": seq_len, "micro_batch_size": micro_batch_size,
             "doc_lengths": docs, "target_tokens": int(prepared[1].numel()),
             "gemms": sorted([*shape, count] for shape, count in recorder.gemms.items()),
@@ -119,7 +119,7 @@ def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
     cluster = measured_plan.Cluster()
     instance = INSTANCE_TYPES[cluster.instance]
     figures = figures or gpu_figures.figures_for(instance.gpu_model, instance.network_gbps)
-    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **PUBLISHED_CONFIGS[MODEL]})
+    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **MODEL_CONFIGS[MODEL]})
     traces, results = step_model.load_traces(), measured_plan.load()
     out = []
     with contextlib.chdir(ROOT):  # plan_job reads the jobs' relative paths from the root

@@ -75,11 +75,11 @@ def _profile_job(gpus: int, storage: Path) -> str:
     """The shipped job's per-GPU profile as a job file for this machine (see the module docstring)."""
     import tomllib
 
-    from raytrain_eks.memory_estimate import PUBLISHED_CONFIGS
+    from raytrain_eks.measured_plan import MODEL_CONFIGS
 
     shipped = tomllib.loads(SHIPPED_JOB.read_text())
     train, parallel = shipped["train"], shipped["parallel"]
-    config = ", ".join(f"{k} = {json.dumps(v)}" for k, v in PUBLISHED_CONFIGS["Qwen2.5-1.5B"].items())
+    config = ", ".join(f"{k} = {json.dumps(v)}" for k, v in MODEL_CONFIGS["Qwen2.5-1.5B"].items())
     keep = {k: v for k, v in parallel.items() if k in ("activation_checkpointing", "keep_params_gathered",
                                                         "grad_reduce_dtype", "compile")}
     lines = [

@@ -159,6 +159,10 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
         requested = parallel.get("num_workers", group.world_size)
         if isinstance(requested, int) and requested > group.world_size:
             raise ChartError(f"{rel}: parallel.num_workers: {requested} asks for more GPUs than the cluster has: {where}")
+        per_node = parallel.get("workers_per_node")
+        if isinstance(per_node, int) and not isinstance(per_node, bool) and per_node > group.gpus_per_node:
+            raise ChartError(f"{rel}: parallel.workers_per_node: {per_node} is more than the {group.gpus_per_node} GPUs of "
+                             f"one node (one worker per GPU; the charts size it to the node): {where}")
         if isinstance(requested, int) and requested % group.gpus_per_node:
             raise ChartError(f"{rel}: parallel.num_workers: {requested} must be a multiple of the GPUs per node: {where}")
         sizing = [f"parallel.num_workers={requested}", f"parallel.workers_per_node={group.gpus_per_node}"]

@@ -13,18 +13,7 @@ import cdk8s
 from constructs import Construct
 
 from environment import Environment
-from environment.network_policy import ray_cluster_policy
-
-
-def raycluster_label(cluster: str) -> str:
-    """The Ray-cluster label value of the long-lived RayCluster ``cluster`` (at most 51 chars)."""
-    return f"raycluster-{cluster}"
-
-
-def rayjob_label(job: str) -> str:
-    """The Ray-cluster label value of the cluster a RayJob brings (KubeRay names that cluster
-    with a random suffix at run time, so the value is the job's, not the cluster's name)."""
-    return f"rayjob-{job}"
+from environment.network_policy import ray_cluster_policy, raycluster_label, rayjob_label  # noqa: F401 (re-exported)
 
 
 class NetworkPolicyChart(cdk8s.Chart):

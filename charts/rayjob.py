@@ -17,10 +17,9 @@ from charts.provenance import POD_TEMPLATE_LABELS, Provenance, SourceIdentity, i
 from charts.raycluster import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
 from charts.code_bundle import CodeBundle
 from environment import Environment
-from environment.contract import RAY_CLUSTER_LABEL, RAY_PEER_LABEL
+from environment.contract import ON_CLUSTER_SUFFIX, RAY_CLUSTER_LABEL, RAY_PEER_LABEL
 from training import contract
 
-ON_CLUSTER_SUFFIX = "-on-cluster"
 SUBMITTER_CONTAINER = "ray-job-submitter"
 SUBMITTER_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 """The submitter only runs ``ray job submit`` and follows the log. Explicit, and on the system

@@ -78,6 +78,8 @@ IMAGE_DIGEST_ANNOTATION = f"{PROVENANCE_PREFIX}/image-digest"
 CODE_URI_ANNOTATION = f"{PROVENANCE_PREFIX}/code"
 JOB_CONFIG_ANNOTATION = f"{PROVENANCE_PREFIX}/job-config"
 UNLOCKED = "unlocked"
+ON_CLUSTER_SUFFIX = "-on-cluster"
+"""Appended to the run's name for the RayJob of a run on the long-lived RayCluster."""
 """The image-digest annotation of a manifest whose image is a moving tag."""
 
 # --- the checkpoint bucket's layout (infra grants, charts and the demo upload) --------------

@@ -127,6 +127,13 @@ class StorageSpec:
             raise FieldError("bucket_name", self.bucket_name, problem)
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*[A-Za-z0-9]|[A-Za-z0-9]", self.prefix) or "//" in self.prefix:
             raise FieldError("prefix", self.prefix, "is not a key prefix (letters, digits, . _ - /, no leading or trailing /)")
+        if any(part in (".", "..") for part in self.prefix.split("/")):
+            raise FieldError("prefix", self.prefix, "holds a '.' or '..' segment (S3 keeps it literally; "
+                                                    "IAM and the console read it as a path): name the folder plainly")
+        inside = [ro for ro in self.read_only_prefixes if self.prefix.split("/")[0] == ro]
+        if inside:
+            raise FieldError("prefix", self.prefix, f"lies inside {inside[0]!r}, a prefix the pods may only read "
+                                                    "(storage.read_only_prefixes): the runs must be writable")
         for i, ro in enumerate(self.read_only_prefixes):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", ro) or ro == self.prefix:
                 raise FieldError(f"read_only_prefixes[{i}]", ro,

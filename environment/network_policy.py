@@ -29,6 +29,17 @@ RAY_HEAD_SELECTOR = {RAY_NODE_TYPE_LABEL: "head"}
 PART_OF = {"app.kubernetes.io/part-of": "raytrain-eks"}
 
 
+def raycluster_label(cluster: str) -> str:
+    """The Ray-cluster label value of the long-lived RayCluster ``cluster`` (at most 51 chars)."""
+    return f"raycluster-{cluster}"
+
+
+def rayjob_label(job: str) -> str:
+    """The Ray-cluster label value of the cluster a RayJob brings (KubeRay names that cluster
+    with a random suffix at run time, so the value is the job's, not the cluster's name)."""
+    return f"rayjob-{job}"
+
+
 def _policy(name: str, namespace: str, pod_selector: dict, ingress: list[dict]) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": "NetworkPolicy",
             "metadata": {"name": name, "namespace": namespace, "labels": dict(PART_OF)},

@@ -2,8 +2,9 @@
 
 Each sub-command lives in its own module under ``raytrain_eks/commands`` with two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``. Command modules keep heavy imports
-(matplotlib, boto3, torch) inside ``run`` so ``--help`` stays instant. User errors (spec, job config, registry) print one line and exit 2; tracebacks are
-kept for bugs.
+(matplotlib, boto3, torch) inside ``run`` so ``--help`` stays instant. User errors (spec, job config, registry) print one line and exit 2;
+a cluster kubectl cannot reach exits 5; Ctrl-C, SIGTERM and SIGHUP exit 130 after the clean-up;
+tracebacks are kept for bugs.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="raytrain-eks",
         description="Distributed fine-tuning on EKS with the AWS Ray Train DLC: operator commands. "
                     "Everything reads the environment spec (--env, default environment.toml).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
@@ -52,17 +54,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("raytrain-eks")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def _stop_like_ctrl_c(signum: int, frame) -> None:
+    """SIGTERM and SIGHUP (a closed terminal, a CI timeout) end a command as Ctrl-C does: the
+    ``with`` blocks that started services stop them. Further signals are ignored meanwhile, so
+    that clean-up runs to its end."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
     from charts.errors import ChartError
     from environment import SpecError
     from training.config import JobConfigError
     from training.data.records import DataError
 
-    from raytrain_eks.eks_backend import KubectlError
+    from raytrain_eks.eks_backend import EXIT_UNREACHABLE, KubectlError
     from raytrain_eks.gpu_figures import CalibrationError
 
     args = build_parser().parse_args(argv)
     module = importlib.import_module(args._module)
+    handled = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+    before = {sig: signal.signal(sig, _stop_like_ctrl_c) for sig in handled}
     try:
         code = int(module.run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
@@ -72,9 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KubectlError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return EXIT_UNREACHABLE
+    except KeyboardInterrupt:
+        print(f"\nraytrain-eks {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         return _closed_pipe()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _closed_pipe() -> int:

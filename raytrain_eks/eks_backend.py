@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from environment.contract import JOB_LABEL
+from environment.contract import JOB_LABEL, ON_CLUSTER_SUFFIX
 
 TERMINAL = ("Complete", "Failed", "ValidationFailed")
 """The jobDeploymentStatus values after which KubeRay changes nothing (rayjob_types.go:
@@ -40,7 +40,12 @@ NEW = "New"
 
 
 class KubectlError(RuntimeError):
-    """kubectl failed; the message is its last stderr line."""
+    """kubectl failed, or talks to no cluster of this environment; the message is one line.
+    The CLI exits :data:`EXIT_UNREACHABLE` for it: not the run's failure (1), the tool's."""
+
+
+EXIT_UNREACHABLE = 5
+"""Exit code of a command that could not reach the cluster (kubectl missing or failing)."""
 
 
 
@@ -60,6 +65,22 @@ def kubectl(*args: str, check: bool = True, capture: bool = True) -> subprocess.
     return proc
 
 
+def check_context(cluster: str) -> None:
+    """kubectl's current context must point at ``cluster``: ``aws eks update-kubeconfig`` names
+    the kubeconfig cluster entry by the cluster's ARN (``arn:aws:eks:<region>:<account>:cluster/<name>``),
+    a hand-made entry by its name. Another cluster would run this environment's job elsewhere."""
+    proc = kubectl("config", "view", "--minify", "-o", "json", check=False)
+    if proc.returncode != 0:
+        lines = (proc.stderr or "").strip().splitlines()
+        raise KubectlError(f"kubectl has no current context ({lines[-1] if lines else 'exit ' + str(proc.returncode)}): "
+                           f"run the cluster stack's UpdateKubeconfigCommand for {cluster}")
+    contexts = json.loads(proc.stdout or "{}").get("contexts") or [{}]
+    current = (contexts[0].get("context") or {}).get("cluster", "")
+    if current != cluster and not current.endswith(f":cluster/{cluster}"):
+        raise KubectlError(f"kubectl's current context {contexts[0].get('name', '')!r} is cluster {current!r}, not this "
+                           f"environment's {cluster!r} (kubectl config use-context, or its UpdateKubeconfigCommand)")
+
+
 def _not_found(proc: subprocess.CompletedProcess) -> bool:
     return proc.returncode != 0 and "NotFound" in (proc.stderr or "")
 
@@ -76,8 +97,6 @@ def get_rayjob(name: str, namespace: str) -> dict[str, Any] | None:
 def find_rayjob(run: str, namespace: str) -> tuple[str, dict[str, Any]] | None:
     """``(RayJob name, RayJob)`` of a run: its own cluster's, or ``<run>-on-cluster`` on the
     long-lived RayCluster (charts/rayjob.py names it so)."""
-    from charts.rayjob import ON_CLUSTER_SUFFIX
-
     for name in (run, run + ON_CLUSTER_SUFFIX):
         found = get_rayjob(name, namespace)
         if found is not None:

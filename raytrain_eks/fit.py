@@ -126,6 +126,8 @@ class Node:
     free: dict[str, float]
     images: dict[str, float] = field(default_factory=dict)
     pods: list[str] = field(default_factory=list)
+    held: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each placed pod's requests, by pod name: what holds the node's room."""
 
     @property
     def name(self) -> str:
@@ -150,6 +152,7 @@ class Node:
         if pod.image:
             self.images[pod.image] = pod.image_gib
         self.pods.append(pod.name)
+        self.held[pod.name] = dict(pod.requests)
 
 
 @dataclass
@@ -194,7 +197,21 @@ def _why(pod: Pod, nodes: list[Node]) -> str:
     else:
         need, have = pod.requests[resource], best.free.get(resource, 0.0)
     return (f"pod {pod.name} stays Pending: node group {group.name} ({group.nodes} x {group.instance_type}) "
-            f"is short of {resource}: needs {_fmt(resource, need)}, a node has {_fmt(resource, max(have, 0))} left")
+            f"is short of {resource}: needs {_fmt(resource, need)}, a node has {_fmt(resource, max(have, 0))} left"
+            f"{_holder(best, resource)}")
+
+
+def _holder(node: Node, resource: str) -> str:
+    """Who holds most of ``resource`` on ``node``: a pod that did not fit may not be the cause (a
+    Ray head sized by ``ray.head_cpu`` takes the system node's room before a submitter asks)."""
+    if resource not in ("cpu", "memory") or not node.held:
+        return ""
+    name, requests = max(node.held.items(), key=lambda item: item[1].get(resource, 0.0))
+    total = allocatable(node.group.instance_type)[resource]
+    field_name = {"cpu": "ray.head_cpu", "memory": "ray.head_memory_gib"}[resource]
+    where = f" ({field_name} in the environment spec)" if name.endswith("-head") else ""
+    return (f"; {name} holds {_fmt(resource, requests.get(resource, 0.0))} of the node's "
+            f"{_fmt(resource, total)} allocatable{where}")
 
 
 def place(case: str, groups: list[NodeGroup], pods: list[Pod]) -> Placement:

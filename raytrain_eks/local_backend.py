@@ -44,7 +44,8 @@ def tool_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def submit_and_follow(dashboard_url: str, submission_id: str, entrypoint: str, runtime_env_yaml: str,
-                      *, auth_env: dict[str, str], attempts: int = 30) -> str:
+                      *, auth_env: dict[str, str], attempts: int = 30,
+                      on_submitted: Callable[[], None] | None = None) -> str:
     """Submit (retrying while the head's job agent is still registering, as KubeRay's submitter
     does), then stream the job's log until it ends. Returns the job's final status.
     ``auth_env``: the head's ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN`` (KubeRay injects the same two
@@ -58,8 +59,12 @@ def submit_and_follow(dashboard_url: str, submission_id: str, entrypoint: str, r
         if "No available agent" not in proc.stdout + proc.stderr or attempt == attempts - 1:
             raise LocalRunError(f"ray job submit failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
         time.sleep(2)  # the agent registers within seconds; bounded by `attempts`
+    if on_submitted:
+        on_submitted()
+    # Its own session: Ctrl-C at the terminal reaches this process only (no second traceback
+    # from the follower); subprocess.run kills the follower when this process is interrupted.
     subprocess.run([str(BIN / "ray"), "job", "logs", "--follow", "--address", dashboard_url, submission_id],
-                   cwd=ROOT, env=env)
+                   cwd=ROOT, env=env, start_new_session=True)
     return job_info(dashboard_url, submission_id, auth_env)["status"]
 
 
@@ -85,11 +90,13 @@ class LocalRun:
 
 
 def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, cluster_env: dict[str, str] | None = None,
-              say: Callable[[str], None] = print, while_running: Any = None) -> LocalRun:
+              say: Callable[[str], None] = print, while_running: Any = None,
+              prepare: Callable[[Any], None] | None = None) -> LocalRun:
     """Start the S3 server and a Ray head, upload the code archive, submit ``rayjob``'s own
     entrypoint and runtime env, follow it, and copy the run's results into ``out_dir``.
     ``cluster_env`` reaches the Ray cluster, not the job (the demo's fault injection);
-    ``while_running(head)``: a context manager around the job (the demo's metrics scrape)."""
+    ``while_running(head)``: a context manager around the job (the demo's metrics scrape);
+    ``prepare(s3 client)``: before the head starts (submit uploads the job's own files)."""
     import contextlib
 
     from charts.manifests import read_rayjob
@@ -101,17 +108,29 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
         client = s3_client(s3.client_env)
         upload_if_missing(client, code_path, job.working_dir, create_bucket=True)
         say(f"    storage {s3.endpoint_url} (moto, in memory): code {job.working_dir}")
+        if prepare:
+            prepare(client)
         with ray_head(num_cpus=LOCAL_CPUS, env={**s3.client_env, **(cluster_env or {})},
                       keep_logs=out_dir / "ray-logs") as head:
             say(f"    Ray head: dashboard {head.dashboard_url}, metrics {head.metrics_url}")
             say(f"    entrypoint: {job.entrypoint}")
             submission_id = f"{job.name}-{int(time.time())}"
-            with (while_running(head) if while_running else contextlib.nullcontext()):
-                status = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint, job.runtime_env_yaml,
-                                           auth_env=head.client_env)
-            info = job_info(head.dashboard_url, submission_id, head.client_env)
-            out_dir.mkdir(parents=True, exist_ok=True)
-            copied = download_run(client, run_uri, out_dir)
+            from raytrain_eks.local_runs import register, unregister
+
+            def submitted() -> None:  # from now on status/logs/stop RUN reach the job through the head
+                register(out_dir, run=job.name, submission_id=submission_id, dashboard_url=head.dashboard_url,
+                         auth_env=head.client_env, services={"ray_temp_dir": head.temp_dir,
+                                                             "storage_endpoint": s3.endpoint_url})
+
+            try:
+                with (while_running(head) if while_running else contextlib.nullcontext()):
+                    status = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint, job.runtime_env_yaml,
+                                               auth_env=head.client_env, on_submitted=submitted)
+                info = job_info(head.dashboard_url, submission_id, head.client_env)
+                out_dir.mkdir(parents=True, exist_ok=True)
+                copied = download_run(client, run_uri, out_dir)
+            finally:
+                unregister(out_dir)
     # Where the run's own services ran: their temp dir and address name every process they
     # started, so "nothing of this run is left running" can be checked for this run alone.
     (out_dir / "ray_job.json").write_text(json.dumps(

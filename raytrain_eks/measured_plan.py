@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from environment.instances import INSTANCE_TYPES
-from raytrain_eks.memory_estimate import FRAGMENTATION, OVERHEAD_BYTES, PUBLISHED_CONFIGS
+from raytrain_eks.memory_estimate import FRAGMENTATION, OVERHEAD_BYTES
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results" / "full_size_plan.json"
 PUBLISHED = Path(__file__).resolve().parent / "measured_plan.json"
@@ -36,7 +36,18 @@ PCIE_GBYTES_PER_S = 12.0
 """Ring bandwidth per GPU inside a g6.12xlarge (L4s on PCIe Gen4 x16, no NVLink: NCCL goes
 through host memory). An assumption, stated so a measurement can replace it."""
 
-MODEL_CONFIGS = PUBLISHED_CONFIGS
+MODEL_CONFIGS: dict[str, dict] = {
+    "Qwen2.5-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "Qwen2.5-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False),
+}
+"""The models the bench measures (bench/bench_full_size_plan.py, bench/gpu_check.py build them from
+these): the published config.json of Qwen/Qwen2.5-1.5B-Instruct and Qwen/Qwen2.5-7B-Instruct,
+hand-checked. A job's shapes never come from here: the preflight reads its model's config.json
+(raytrain_eks/memory_estimate.py); this only says which measurement a model's shapes match."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,65 +33,47 @@ after a 10 % allowance for allocator fragmentation.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 
 from training.config import JobConfig
-from training.flops import QWEN2_5_1_5B, ModelShapes
-from training.model_config import CE_CHUNK_TOKENS
+from training.flops import ModelShapes
+from training.model_config import CE_CHUNK_TOKENS, ModelConfigError, read_model_config
 
 GIB = 1024**3
 OVERHEAD_BYTES = int(1.5 * GIB)
 FRAGMENTATION = 1.10
 USABLE_FRACTION = 0.93
 
-# Shapes used when model.path is not a readable local directory (an s3:// prefix or a hub id):
-# matched case-insensitively against the last path component. Hand-checked against each
-# model's published config.json.
-PUBLISHED_CONFIGS: dict[str, dict] = {
-    "Qwen2.5-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                         rms_norm_eps=1e-6, tie_word_embeddings=True),
-    "Qwen2.5-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
-                       rms_norm_eps=1e-6, tie_word_embeddings=False),
-}
-"""The published config.json shapes of Qwen/Qwen2.5-1.5B-Instruct and Qwen/Qwen2.5-7B-Instruct
-(the bench builds these models from them; the table below sizes them)."""
-
-KNOWN_MODELS: dict[str, ModelShapes] = {
-    "qwen2.5-1.5b": QWEN2_5_1_5B,
-    "qwen2.5-7b": ModelShapes.from_hf_config({"model_type": "qwen2", **PUBLISHED_CONFIGS["Qwen2.5-7B"]}),
-}
-
-
 _REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
 class ShapesUnknown(ValueError):
-    """The model's shapes cannot be found (one-line message)."""
+    """The model's shapes cannot be found (one-line message). ``unreachable``: only because
+    S3 does not answer from here (no credentials, no network), not because the model is wrong."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def shapes_for_job(job: JobConfig) -> tuple[ModelShapes, str]:
-    """The model's shapes and where they came from.
-
-    Order: ``model.path/config.json`` when the path is a readable local directory; else the
-    built-in table by name (``.../Qwen2.5-1.5B-Instruct`` -> Qwen2.5-1.5B); else ``model.config``
-    (Qwen2Config keyword arguments, transformers' defaults for the rest).
-    """
+    """The model's shapes and where they came from: the ``config.json`` at ``model.path``
+    (a local directory or an ``s3://`` prefix, read by :func:`training.model_config.read_model_config`,
+    the reader the job's own checks use), else ``model.config`` (Qwen2Config keyword arguments,
+    transformers' defaults for the rest). No table of known names: a hub id has no config.json
+    here, and is refused with how to give one."""
     path = job.model.path
-    if path and "://" not in path and os.path.isfile(os.path.join(path, "config.json")):
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
-            return ModelShapes.from_hf_config(json.load(handle)), f"{path}/config.json"
     if path:
-        name = path.rstrip("/").rsplit("/", 1)[-1].lower()
-        for key, shapes in KNOWN_MODELS.items():
-            if name.startswith(key) and not name[len(key):len(key) + 1].isdigit():
-                return shapes, f"built-in table ({key}, matched from {path!r})"
-        raise ShapesUnknown(
-            f"{job.source}: model.path: {path!r} has no readable config.json here and is not in the built-in "
-            f"table ({', '.join(KNOWN_MODELS)}); download its config.json and point model.path at that directory")
+        try:
+            config = read_model_config(path, job.source)
+        except ModelConfigError as err:
+            raise ShapesUnknown(str(err), unreachable=path.startswith("s3://") and "cannot read" in str(err)) from None
+        if config is None:
+            raise ShapesUnknown(
+                f"{job.source}: model.path: {path!r} has no readable config.json here (a hub id is not downloaded "
+                "before the run): upload the model to s3://<bucket>/models/<name>/ or point model.path at a local "
+                "folder holding its config.json")
+        return ModelShapes.from_hf_config(config), f"{path}/config.json"
     config = {"model_type": "qwen2", **dict(job.model.config)}
     if all(key in config for key in _REQUIRED_KEYS):
         return ModelShapes.from_hf_config(config), "model.config"

@@ -137,26 +137,39 @@ def _check_ray(env: Environment, job: JobConfig, dist_dir: str | Path, installed
 
 
 def _check_transport(env: Environment, job: JobConfig) -> list[Check]:
-    require = job.evidence.require_transport
+    """``evidence.require_transport`` (fail fast) and ``accept.transport`` (the verdict) against
+    the job's own shape: a transport the job can never use is refused before the run."""
+    checks = []
+    for field, want in (("evidence.require_transport", job.evidence.require_transport),
+                        ("accept.transport", job.accept.transport)):
+        checks += _transport_rule(env, job, field, want)
+    return checks
+
+
+def _transport_rule(env: Environment, job: JobConfig, field: str, want: str) -> list[Check]:
     g = env.gpu_group(job.parallel.node_group)
     if not job.parallel.use_gpu:
-        ok = require in ("any", "single-node")
-        return [Check(name="transport", ok=ok, message=f"evidence.require_transport = {require!r}"
+        ok = want in ("any", "single-node")
+        return [Check(name="transport", ok=ok, message=f"{field} = {want!r}"
                       + (": a local CPU job uses gloo on one machine" if ok else
                          " but a local CPU job uses gloo on one machine (require 'single-node' or 'any')"))]
-    if require == "efa":
+    if want == "single-node" and job.num_nodes > 1:
+        return [Check(name="transport", ok=False,
+                      message=f"{field} = 'single-node' but the job spans {job.num_nodes} nodes "
+                              f"({job.parallel.num_workers} workers, {job.parallel.workers_per_node} per node): "
+                              "require 'efa', 'socket' or 'any'")]
+    if want == "efa":
         if g.efa_per_node < 1:
             return []  # refused by the pod-resources check (charts/resources.py)
         if job.num_nodes < 2:
             return [Check(name="transport", ok=False,
-                          message=f"evidence.require_transport = 'efa' but the job spans {job.num_nodes} node "
+                          message=f"{field} = 'efa' but the job spans {job.num_nodes} node "
                                   "(NCCL never touches the network on one node: require 'single-node' or 'any')")]
         return [Check(name="transport", ok=True,
-                      message=f"EFA required; {g.instance_type} has {g.efa_per_node} EFA per node, job spans {job.num_nodes} nodes")]
-    if job.num_nodes > 1 and g.efa_per_node:
+                      message=f"{field}: EFA; {g.instance_type} has {g.efa_per_node} EFA per node, job spans {job.num_nodes} nodes")]
+    if field == "evidence.require_transport" and job.num_nodes > 1 and g.efa_per_node:
         return [Check(name="transport", ok=True, note=True,
-                      message=f"evidence.require_transport = {require!r}: a silent fall-back to TCP sockets "
-                              "would not stop this run (set 'efa')")]
+                      message=f"{field} = {want!r}: a silent fall-back to TCP sockets would not stop this run (set 'efa')")]
     return []
 
 
@@ -210,7 +223,8 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     plan.checks += _check_inputs(job)
     plan.checks += _check_fit(env, plan, dist_dir, cdk_out)
     if shapes is None:
-        plan.checks.append(Check(name="memory", ok=False, message=str(unknown)))
+        plan.checks.append(Check(name="memory", ok=unknown.unreachable, note=unknown.unreachable,
+                                 message=f"not checked: {unknown}" if unknown.unreachable else str(unknown)))
         return plan
     if not job.parallel.use_gpu:
         plan.checks.append(Check(name="memory", ok=True, note=True, message="local CPU job: no GPU memory to check"))

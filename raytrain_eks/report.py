@@ -1,4 +1,4 @@
-"""Render a run (or two side by side) as Markdown plus PNG plots, from its run directory alone.
+"""Render a run (or several side by side) as Markdown plus PNG plots, from its run directory alone.
 
 A run directory (local or ``s3://``) holds ``run.json`` (training/run_record.py) and
 ``metrics.jsonl`` (``train`` rows, ``eval`` rows and one ``summary`` row; every key is named in
@@ -133,7 +133,7 @@ def plot_runs(runs: list[Run], out_dir: Path, names: list[str] | None = None) ->
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    from raytrain_eks.report_story import mark_steps
+    from raytrain_eks.report_story import letter, mark_steps
 
     drawn = {}
     for stem, key, label in PLOTS:
@@ -154,7 +154,8 @@ def plot_runs(runs: list[Run], out_dir: Path, names: list[str] | None = None) ->
         ax.set_ylabel(label)
         if key == contract.MFU:
             ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
-        ax.set_title(label + (" (A vs B)" if len(runs) > 1 else f": {runs[0].name}"))
+        ax.set_title(label + (f" ({' vs '.join(letter(i) for i in range(len(runs)))})" if len(runs) > 1
+                              else f": {runs[0].name}"))
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
@@ -257,13 +258,15 @@ def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
     from raytrain_eks import report_story as story
 
     names = story.labels(runs)
-    title = runs[0].name if len(runs) == 1 else f"{names[0]} vs {names[1]}"
+    title = runs[0].name if len(runs) == 1 else " vs ".join(names)
     lines = [f"# Run report: {title}", "", *story.verdict_lines(runs)]
+    outcome = ([throughput_summary(r) for r in runs], [eval_before_after(r) for r in runs])
     if len(runs) == 2:
-        lines += story.comparison_paragraph(runs, [throughput_summary(r) for r in runs],
-                                            [eval_before_after(r) for r in runs])
+        lines += story.comparison_paragraph(runs, *outcome)
+    elif len(runs) > 2:
+        lines += story.factor_table(runs, *outcome)
     rows = [_summary_rows(run) for run in runs]
-    columns = ["A", "B"] if len(runs) == 2 else ["value"]
+    columns = [story.letter(i) for i in range(len(runs))] if len(runs) > 1 else ["value"]
     lines += ["| | " + " | ".join(columns) + " |", "|---|" + "---|" * len(runs)]
     for index, (label, _) in enumerate(rows[0]):
         lines.append(f"| {label} | " + " | ".join(_fmt(r[index][1]) for r in rows) + " |")
@@ -293,8 +296,8 @@ def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
 
 def render_report(run_dirs: list[str], out_dir: str | Path) -> Path:
     """Write ``report.md`` and the PNGs into ``out_dir``; returns the Markdown path."""
-    if not 1 <= len(run_dirs) <= 2:
-        raise ValueError(f"report: {len(run_dirs)} run directories given; give one or two")
+    if not run_dirs:
+        raise ValueError("report: no run directory given")
     runs = [load_run(d) for d in run_dirs]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -47,22 +47,52 @@ def factors(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     return found
 
 
+def letter(index: int) -> str:
+    """A run's column label: A, B, ... Z, then 27, 28, ..."""
+    return chr(ord("A") + index) if index < 26 else str(index + 1)
+
+
+def factor_columns(runs: list[Any]) -> list[tuple[str, list[Any]]]:
+    """``(factor, each run's value)`` for every input that differs between any run and the first."""
+    keys: list[str] = []
+    for run in runs[1:]:
+        keys += [key for key, _, _ in factors(runs[0].record, run.record) if key not in keys]
+    other = dict(_OTHER_FACTORS)
+    return [(key, [_get(run.record, other[key]) if key in other else _flat(run.record.get("job_config") or {}).get(key)
+                   for run in runs]) for key in keys]
+
+
 def labels(runs: list[Any]) -> list[str]:
     """``A (factor=value)`` per run when exactly one factor differs, else ``A run-name``."""
-    if len(runs) != 2:
+    if len(runs) == 1:
         return [runs[0].name]
-    found = factors(runs[0].record, runs[1].record)
-    if len(found) == 1:
-        key, va, vb = found[0]
-        return [f"A ({key}={va})", f"B ({key}={vb})"]
-    return [f"A {runs[0].name}", f"B {runs[1].name}"]
+    columns = factor_columns(runs)
+    if len(columns) == 1:
+        key, values = columns[0]
+        return [f"{letter(i)} ({key}={value})" for i, value in enumerate(values)]
+    return [f"{letter(i)} {run.name}" for i, run in enumerate(runs)]
+
+
+def factor_table(runs: list[Any], throughput: list[dict], evals: list[tuple]) -> list[str]:
+    """Three or more runs: one row per run, the factors that differ as columns, then the outcome."""
+    columns = factor_columns(runs)
+    head = ["run", *[f"`{key}`" for key, _ in columns], "verdict", "tokens/s", "held-out loss after"]
+    lines = ["## What changed", "", f"{len(columns)} factor(s) differ between the runs.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, run in enumerate(runs):
+        verdict = (of_record(run.record) or {}).get("verdict", "none")
+        tput, after = throughput[i].get("tokens_per_s"), evals[i][1]
+        cells = [f"{letter(i)} {run.name}", *[str(values[i]) for _, values in columns], verdict,
+                 "n/a" if tput is None else f"{tput:,.4g}", "n/a" if after is None else f"{after:.4f}"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines + [""]
 
 
 def verdict_lines(runs: list[Any]) -> list[str]:
     """The report's first lines: each run's verdict."""
     if len(runs) == 1:
         return [f"**Verdict: {headline(of_record(runs[0].record))}**", ""]
-    return [f"**Verdict {'AB'[i]}: {headline(of_record(run.record))}**  " for i, run in enumerate(runs)] + [""]
+    return [f"**Verdict {letter(i)}: {headline(of_record(run.record))}**  " for i, run in enumerate(runs)] + [""]
 
 
 def _change(before: float | None, after: float | None) -> str:

@@ -61,7 +61,7 @@ def check_run_name(name: str, flag: str) -> str:
 def unique_run_name(job: str, now: float | None = None, *, on_cluster: bool = False) -> str:
     """``<job>-<MMDD-HHMMSS>``, the job's name cut so the whole (and an on-cluster RayJob's
     suffix) fits a RayJob name."""
-    from charts.rayjob import ON_CLUSTER_SUFFIX
+    from environment.contract import ON_CLUSTER_SUFFIX
 
     stem = job[:MAX_RAYJOB_NAME - STAMP_CHARS - (len(ON_CLUSTER_SUFFIX) if on_cluster else 0)].rstrip("-")
     return f"{stem}-{time.strftime(STAMP, time.gmtime(now))}"

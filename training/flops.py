@@ -98,12 +98,6 @@ class ModelShapes:
         return self.num_layers * per_layer + embeddings + h  # + final norm
 
 
-# Shapes of Qwen2.5-1.5B as its published config.json states them (28 layers, hidden 1536,
-# intermediate 8960, 12 query / 2 KV heads, vocab 151936, tied embeddings); a readable config.json wins.
-QWEN2_5_1_5B = ModelShapes(hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
-                           num_kv_heads=2, vocab_size=151936, tie_word_embeddings=True, qkv_bias=True)
-
-
 def forward_flops_per_token(shapes: ModelShapes, seq_len: int) -> int:
     """Forward FLOPs for one token at context ``seq_len`` (see the module docstring)."""
     if seq_len <= 0:

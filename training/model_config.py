@@ -126,6 +126,9 @@ def read_model_config(path: str, source: str = "job config") -> dict[str, Any] |
                                f"(line {err.lineno} column {err.colno}: {err.msg}; truncated?)") from None
     except UnicodeDecodeError as err:
         raise ModelConfigError(f"{source}: model.path: {where} is not UTF-8 text (byte {err.start})") from None
+    except FileNotFoundError:  # S3 answered: there is no such object (unreachable S3 is another OSError)
+        raise ModelConfigError(f"{source}: model.path: {path!r} holds no config.json "
+                               "(not a Hugging Face model folder, or not uploaded yet)") from None
     except OSError as err:
         raise ModelConfigError(f"{source}: model.path: cannot read {where}: {err}") from None
     if not isinstance(config, dict):

@@ -1,15 +1,21 @@
-"""`raytrain-eks list`: the submitted runs the cluster knows (their RayJobs), newest first:
-run, job config, KubeRay's deployment and job status, start time. Finished runs whose RayJob is gone
-are in storage: ``raytrain-eks runs s3://<bucket>/<prefix>``."""
+"""`raytrain-eks list [-o json]`: the submitted runs, newest first: the local runs
+(``submit --local``, from ``.work/runs/``) and the RayJobs the cluster knows: run, job config,
+status, start time. Finished runs whose RayJob is gone are in storage:
+``raytrain-eks runs s3://<bucket>/<prefix>``.
+
+Exit codes: 0 listed; 5 the cluster could not be reached and there is no local run to list."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 COLUMNS = ("run", "job config", "status", "job status", "started")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default="environment.toml", help="environment spec (default environment.toml)")
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
 
 
 def rows(items: list[dict]) -> list[tuple[str, ...]]:
@@ -25,12 +31,36 @@ def rows(items: list[dict]) -> list[tuple[str, ...]]:
     return sorted(out, key=lambda r: r[4], reverse=True)
 
 
+def local_rows() -> list[tuple[str, ...]]:
+    from raytrain_eks import local_runs
+
+    out = []
+    for found in local_runs.all_runs():
+        final = found.final
+        state = "Running (local)" if found.live else "Ended (local)"
+        job_status = final.get("status", "-") if not found.live else "RUNNING"
+        started = str(found.record.get("start_time") or "-")
+        out.append((found.run, final.get("entrypoint", "").split("--config ", 1)[-1].split(" ", 1)[0] or "-",
+                    state, job_status, started))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from environment import load_environment
-    from raytrain_eks.eks_backend import list_rayjobs
+    from raytrain_eks.eks_backend import EXIT_UNREACHABLE, KubectlError, list_rayjobs
 
     env = load_environment(args.env)
-    table = [COLUMNS, *rows(list_rayjobs(env.ray.namespace))]
+    table = local_rows()
+    try:
+        table += rows(list_rayjobs(env.ray.namespace))
+    except KubectlError as err:
+        print(f"list: the cluster does not answer ({err}): its runs are not listed", file=sys.stderr)
+        if not table:
+            return EXIT_UNREACHABLE
+    if args.output == "json":
+        print(json.dumps([dict(zip(COLUMNS, r)) for r in table], indent=2))
+        return 0
+    table = [COLUMNS, *table]
     widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
     for line in table:
         print("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip())

@@ -14,7 +14,9 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default="environment.toml", help="environment spec (default: %(default)s)")
-    parser.add_argument("--job", required=True, help="job config, e.g. jobs/finetune-qwen2.5-1.5b.toml")
+    parser.add_argument("job", nargs="?", metavar="JOB", help="job config, e.g. jobs/finetune-qwen2.5-1.5b.toml "
+                        "(as submit takes it)")
+    parser.add_argument("--job", dest="job_flag", metavar="JOB", help="the same, as a flag")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a job config field, e.g. --set train.seq_len=4096 (repeatable)")
     parser.add_argument("--dist", default="dist",
@@ -34,6 +36,10 @@ def run(args: argparse.Namespace) -> int:
     from environment import load_environment
     from raytrain_eks.preflight import DEFAULT_MFU, render, run_preflight
 
+    if bool(args.job) == bool(args.job_flag):
+        print("error: preflight: name one job config: raytrain-eks preflight JOB (or --job JOB)", file=sys.stderr)
+        return 2
+    args.job = args.job or args.job_flag
     env = load_environment(args.env)
     try:  # the charts' own sizing: preflight checks exactly the shape they synthesize
         job = plan_job(env, Path(args.job), Path.cwd(), user_overrides=args.overrides).config

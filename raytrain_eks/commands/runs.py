@@ -15,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--digest", help="only runs of this image digest (a prefix of it is enough)")
     parser.add_argument("--verdict", choices=("accepted", "rejected", "execution-failed", "none"),
                         help="only runs with this verdict (none: unfinished or older records)")
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +27,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: runs: {args.prefix}: {err}", file=sys.stderr)
         return 2
     shown = filter_rows(rows, job=args.job, digest=args.digest, verdict=args.verdict)
+    if args.output == "json":
+        import json
+
+        print(json.dumps(shown, indent=2))
+        return 0
     print(render_table(shown))
     print(f"{len(shown)} of {len(rows)} run(s) under {args.prefix}")
     return 0

@@ -1,10 +1,12 @@
-"""`raytrain-eks status RUN`: where a submitted run stands, from its RayJob (KubeRay's status)
-and, once it wrote one, its run.json (the verdict).
+"""`raytrain-eks status RUN [-o json]`: where a submitted run stands. A local run
+(``submit --local``) is answered by its own Ray head while it runs, then by the records it
+copied out (raytrain_eks/local_runs.py); an EKS run by its RayJob (KubeRay's status).
 
-Exit codes: 0 found, 2 no such run."""
+Exit codes: 0 found, 2 no such run, 5 the cluster could not be reached."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -12,9 +14,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from raytrain_eks.eks_backend import add_run_arguments
 
     add_run_arguments(parser)
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
+
+
+def _print(fields: dict[str, str], output: str) -> None:
+    if output == "json":
+        print(json.dumps(fields, indent=2))
+        return
+    for key, value in fields.items():
+        if value:
+            print(f"{key:<10} {value}")
 
 
 def run(args: argparse.Namespace) -> int:
+    from raytrain_eks import local_runs
+
+    local = local_runs.find(args.run)
+    if local is not None:
+        _print(local_runs.status(local), args.output)
+        return 0
     from environment import load_environment
     from raytrain_eks import eks_backend as eks
 
@@ -22,17 +40,17 @@ def run(args: argparse.Namespace) -> int:
     found = eks.find_rayjob(args.run, env.ray.namespace)
     rayjob = found[1] if found else None
     if rayjob is None:
-        print(f"error: status: no RayJob {args.run!r} in namespace {env.ray.namespace} (raytrain-eks list)", file=sys.stderr)
+        print(f"error: status: no RayJob {args.run!r} in namespace {env.ray.namespace} and no local run "
+              f"{args.run!r} (raytrain-eks list)", file=sys.stderr)
         return 2
     deployment, job_status = eks.phase(rayjob)
     status = rayjob.get("status") or {}
-    print(f"run        {args.run}")
-    print(f"status     {deployment}{' / ' + job_status if job_status else ''}")
+    fields = {"run": args.run, "backend": "eks", "status": f"{deployment}{' / ' + job_status if job_status else ''}"}
     for label, key in (("cluster", "rayClusterName"), ("started", "startTime"), ("ended", "endTime"),
                        ("reason", "reason"), ("message", "message"), ("dashboard", "dashboardURL")):
-        if status.get(key):
-            print(f"{label:<10} {status[key]}")
-    for line in eks.pod_waits(status.get("rayClusterName", ""), env.ray.namespace) if deployment == "Initializing" else []:
-        print(f"waiting    {line}")
-    print(f"storage    {env.storage_uri}/{args.run}")
+        fields[label] = status.get(key, "")
+    waits = eks.pod_waits(status.get("rayClusterName", ""), env.ray.namespace) if deployment == "Initializing" else []
+    fields["waiting"] = "; ".join(waits)
+    fields["storage"] = f"{env.storage_uri}/{args.run}"
+    _print(fields, args.output)
     return 0

@@ -1,11 +1,16 @@
-"""`raytrain-eks stop RUN`: delete the run's RayJob. KubeRay v1.7.0 stops the Ray job first
+"""`raytrain-eks stop RUN`: stop a run.
+
+A local run (``submit --local``) is stopped through its own Ray head
+(``JobSubmissionClient.stop_job``); its submit then copies what the run wrote and stops the head
+and the storage. On EKS, the run's RayJob is deleted: KubeRay v1.7.0 stops the Ray job first
 when it is not finished (``rayjob_controller.go``: the RayJobStopJobFinalizer calls the
 dashboard's StopJob), also on the long-lived RayCluster, which stays; a run's own cluster (owned
 by its RayJob, rayjob_controller.go:1021) goes with it, and ``stop`` waits for that (foreground
 deletion). The run's storage (checkpoints, run.json) stays: ``submit --resume RUN``
 continues it.
 
-Exit codes: 0 deleted, 2 no such run."""
+Exit codes: 0 stopped, 2 no such run (or a local run that has already ended), 5 the cluster
+could not be reached."""
 from __future__ import annotations
 
 import argparse
@@ -19,9 +24,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from charts.network_policy import rayjob_label
+    from raytrain_eks import local_runs
+
+    local = local_runs.find(args.run)
+    if local is not None:
+        if not local_runs.stop(local):
+            print(f"error: stop: local run {args.run!r} has already ended ({local.folder})", file=sys.stderr)
+            return 2
+        print(f"stopped {args.run}: its Ray job was asked to stop; its submit copies what it wrote to {local.folder}")
+        return 0
     from environment import load_environment
-    from environment.network_policy import ray_cluster_policy
+    from environment.network_policy import ray_cluster_policy, rayjob_label
     from raytrain_eks import eks_backend as eks
 
     env = load_environment(args.env)

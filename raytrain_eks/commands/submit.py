@@ -1,6 +1,8 @@
 """`raytrain-eks submit JOB`: one command from a job file to the verdict.
 
-Synthesizes that job's RayJob under a new, unique run name (``<job>-<MMDD-HHMMSS>``; ``--name``
+First everything that can be known before spend is checked (:func:`check_before_spend`), and
+the job's own local files are planned to travel with the run (raytrain_eks/run_inputs.py). Then it
+synthesizes that job's RayJob under a new, unique run name (``<job>-<MMDD-HHMMSS>``; ``--name``
 to choose one, ``--resume RUN`` to continue a run from its last checkpoint), uploads the
 content-addressed code archive when the bucket lacks it, applies the run's NetworkPolicy when
 missing, applies the RayJob and follows it: pods waiting for nodes and images, then the
@@ -20,6 +22,8 @@ import contextlib
 import sys
 from pathlib import Path
 
+from raytrain_eks import run_inputs
+
 DEFAULT_POLL_S = 10.0
 
 
@@ -35,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run on this machine: a Ray head and moto's S3 server on 127.0.0.1 (the embedded local default)")
     parser.add_argument("--on-cluster", action="store_true", help="EKS: run on the long-lived RayCluster (GPU jobs)")
     parser.add_argument("--out", default="", help="where the run's results go (default .work/runs/<run>)")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="EKS: return once the RayJob is applied (raytrain-eks status/logs RUN follow it)")
     parser.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_S, help=argparse.SUPPRESS)
 
 
@@ -44,6 +50,32 @@ def _job_name(job: Path, overrides: list[str]) -> str:
 
     with contextlib.chdir(ROOT):
         return load_job_config(job, overrides).name
+
+
+def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> list:
+    """Everything that can be known before a node scales up or a Ray head starts: the job config
+    at the environment's size (charts.jobs.plan_job), the model's config.json and every data file
+    it can read, local or S3 with ``{bucket}`` filled in (the preflight's own checks: world size,
+    pods, transport, memory), and on EKS that kubectl talks to this environment's cluster. The
+    first problem is one :class:`ChartError` line. Returns the inputs that travel with the run
+    (:mod:`raytrain_eks.run_inputs`)."""
+    from charts.errors import ChartError
+    from charts.jobs import plan_job
+    from raytrain_eks.preflight import run_preflight
+    from raytrain_eks.run_manifest import ROOT
+
+    with contextlib.chdir(ROOT):
+        config = plan_job(env, job.resolve(), ROOT, list(overrides)).config
+        plan = run_preflight(env, config, dist_dir=ROOT / "dist", cdk_out=ROOT / "cdk.out")
+    if plan.refusal:
+        raise ChartError(f"submit: {plan.refusal} (raytrain-eks preflight {job} shows the whole plan)")
+    inputs = [c for c in plan.checks if c.name in ("model", "data")]
+    print("checked: " + "; ".join(f"{c.name}: {c.message}" for c in inputs))
+    if not local:
+        from raytrain_eks.eks_backend import check_context
+
+        check_context(env.cluster.name)
+    return run_inputs.plan_uploads(config, env.storage_uri, ROOT)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,38 +90,49 @@ def run(args: argparse.Namespace) -> int:
         flag = "--resume" if args.resume else "--on-cluster"
         raise ChartError(f"submit --local: {flag}: the local run's storage and cluster live for one submit only "
                          "(moto's S3 in memory, a Ray head of its own)")
+    if args.local and args.no_wait:
+        raise ChartError("submit --local: --no-wait: a local run lives as long as its submit "
+                         "(its Ray head and storage stop with it); raytrain-eks status/logs/stop RUN reach it meanwhile")
     env = load_environment(args.env)
+    uploads = check_before_spend(env, job, args.overrides, local=args.local)
     run_name = (check_run_name(args.resume, "--resume") if args.resume else check_run_name(args.name, "--name")
                 if args.name else unique_run_name(_job_name(job, args.overrides), on_cluster=args.on_cluster))
     out_dir = Path(args.out) if args.out else ROOT / ".work" / "runs" / run_name
-    manifests = synth_run(env, job, run=run_name, overrides=args.overrides, outdir=out_dir / "manifests",
+    manifests = synth_run(env, job, run=run_name, overrides=[*args.overrides, *run_inputs.overrides(uploads)],
+                          outdir=out_dir / "manifests",
                           spec_text=Path(args.env).read_text(encoding="utf-8"), on_cluster=args.on_cluster)
     print(f"run {run_name}: {'resumes' if args.resume else 'new'}, job {manifests.job}, storage {manifests.run_uri}")
     print(f"    RayJob {manifests.rayjob}")
+    run_inputs.write_record(uploads, out_dir)
     if args.local:
-        return _local(manifests, out_dir)
+        return _local(manifests, out_dir, uploads, env.storage_uri)
     try:
-        return _eks(manifests, out_dir, resume=bool(args.resume), poll_s=args.poll_seconds)
+        return _eks(manifests, out_dir, uploads, env.storage_uri, resume=bool(args.resume), poll_s=args.poll_seconds,
+                    wait=not args.no_wait)
     except KeyboardInterrupt:
         print(f"\nsubmit: detached; the run goes on. raytrain-eks status {run_name} | logs {run_name} | stop {run_name}",
               file=sys.stderr)
         return 130
 
 
-def _local(manifests, out_dir: Path) -> int:
+def _local(manifests, out_dir: Path, uploads: list, storage_uri: str) -> int:
     from raytrain_eks.local_backend import run_local
     from raytrain_eks.run_results import finish
 
-    ran = run_local(rayjob=manifests.rayjob, run_uri=manifests.run_uri, code_path=manifests.code_path, out_dir=out_dir)
-    print(f"==> {manifests.run}: Ray job {ran.status}")
+    ran = run_local(rayjob=manifests.rayjob, run_uri=manifests.run_uri, code_path=manifests.code_path, out_dir=out_dir,
+                    prepare=lambda client: run_inputs.upload(client, uploads, storage_uri, manifests.run))
     if "run.json" not in ran.copied:
-        print(f"submit: the run wrote no run.json (Ray job {ran.status}); Ray's logs are in {out_dir / 'ray-logs'}",
-              file=sys.stderr)
+        # Ray's word for a job that exits non-zero is FAILED, also for a run the verdict rejects:
+        # it is shown only when there is no record (and so no verdict) to speak instead.
+        print(f"submit: {manifests.run} ended before it wrote its record (the Ray job {ran.status.lower()}): "
+              f"raytrain-eks logs {manifests.run}; Ray's own logs: {out_dir / 'ray-logs'}", file=sys.stderr)
         return 1
+    print(f"==> {manifests.run}: ended; its record, report and model in {out_dir}")
     return finish(out_dir)
 
 
-def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
+def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: bool, poll_s: float,
+         wait: bool = True) -> int:
     from charts.errors import ChartError
     from raytrain_eks import eks_backend as eks
     from raytrain_eks.run_results import download_run, finish, run_exists, s3_client, upload_if_missing
@@ -106,6 +149,7 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
         print(f"    code archive uploaded: {manifests.code_uri}")
     else:
         print(f"    code archive already in the bucket: {manifests.code_uri}")
+    run_inputs.upload(client, uploads, storage_uri, manifests.run)
     eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
     existing = eks.get_rayjob(manifests.rayjob_name, manifests.namespace)
     if existing is not None and not resume:
@@ -127,6 +171,9 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
         eks.kubectl("delete", "rayjob", manifests.rayjob_name, "-n", manifests.namespace,
                     "--cascade=foreground", "--wait=true")
     eks.apply(str(manifests.rayjob))
+    if not wait:
+        print(f"    RayJob {manifests.rayjob_name} applied; raytrain-eks status {manifests.run} | logs {manifests.run} -f")
+        return 0
     print(f"    RayJob {manifests.rayjob_name} applied (Ctrl-C detaches; the run goes on)")
     final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s)
     deployment, job_status = eks.phase(final)

@@ -1,5 +1,6 @@
 """What a finished local run left running: its own processes only, found by the temp dir its
-Ray head ran in and the address of its S3 server (both recorded in ``ray_job.json``), so another
+Ray head ran in and the address of its S3 server (both recorded in ``ray_job.json`` and
+``local.json``), so another
 run on the same machine (a parallel test, a user's demo) is not mistaken for this one's."""
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from raytrain_eks.processes import processes_matching
 
 def left_running(out: Path) -> dict[str, list[int]]:
     """``{marker: pids}`` for each of the run's services that still has a process; {} when none."""
-    ran = json.loads((out / "ray_job.json").read_text())
+    # ray_job.json once the run has ended normally; local.json keeps the same two after any end
+    ran = json.loads((out / ("ray_job.json" if (out / "ray_job.json").is_file() else "local.json")).read_text())
     port = ran["storage_endpoint"].rsplit(":", 1)[1]
     # /proc cmdlines end with the argument separator: the trailing space keeps port 5486 from
     # matching 54863.

@@ -36,6 +36,9 @@ The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver lo
 Job starts a new one that prints the log from the start); the submitter
 finishes when it has been streamed (or after ``submitter_runs`` reconciles in RUNNING). When the
 Ray job ends the double copies the scripted results into the run's storage, as the job does.
+``kubectl config view --minify -o json`` answers the current context's cluster entry
+(``context_cluster``; none: kubectl's "current-context must exist in order to minify").
+``unreachable``: every other call fails as kubectl does when no API server answers.
 State: the JSON file ``$FAKE_KUBECTL_STATE``; every call is appended to its ``calls``.
 """
 from __future__ import annotations
@@ -169,6 +172,11 @@ def _opt(argv: list[str], flag: str) -> str:
 
 def dispatch(state: dict, argv: list[str]) -> int:
     verb, rest = argv[0], argv[1:]
+    if state.get("unreachable") and verb != "config":
+        # kubectl with no API server to talk to (a destroyed cluster, a stale kubeconfig)
+        print("The connection to the server localhost:8080 was refused - did you specify the right host or port?",
+              file=sys.stderr)
+        return 1
     if verb == "apply":
         assert "--server-side" in rest, "the KubeRay CRDs need server-side apply"
         for doc in yaml.safe_load_all(Path(_opt(rest, "-f")).read_text()):
@@ -216,6 +224,14 @@ def dispatch(state: dict, argv: list[str]) -> int:
         sys.stdout.write(log)
         if "-f" in rest:  # following ends when the submitter's container exits
             job["_fake"]["submitter_done"] = True
+        return 0
+    if verb == "config" and rest[:2] == ["view", "--minify"]:
+        # kubectl 1.3x: with no current context, `config view --minify` fails with this line
+        if not state.get("context_cluster"):
+            print("error: current-context must exist in order to minify", file=sys.stderr)
+            return 1
+        print(json.dumps({"kind": "Config", "current-context": "ctx",
+                          "contexts": [{"name": "ctx", "context": {"cluster": state["context_cluster"]}}]}))
         return 0
     if verb == "delete":
         kind, name = rest[0], rest[1]

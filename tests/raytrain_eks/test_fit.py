@@ -81,7 +81,8 @@ def test_the_old_system_node_is_refused_naming_the_submitter(default, dist, tmp_
     cases = {c.case: c for c in fit_cases(default.env, template, old)}
     assert cases["RayJob smoke alone"].pending == [
         "pod smoke-submitter stays Pending: node group system (1 x m7i.xlarge) is short of cpu: "
-        "needs 0.5 CPU, a node has 0.37 CPU left"]
+        "needs 0.5 CPU, a node has 0.37 CPU left; smoke-head holds 3 CPU of the node's 3.92 CPU allocatable "
+        "(ray.head_cpu in the environment spec)"]
     assert any(line.startswith("pod smoke-head stays Pending: node group system (1 x m7i.xlarge) is short of cpu")
                for line in cases["long-lived RayCluster + RayJob smoke"].pending)
 

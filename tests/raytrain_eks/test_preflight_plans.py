@@ -11,17 +11,43 @@ from raytrain_eks.memory_estimate import GIB, estimate_memory, shapes_for_job, u
 from raytrain_eks.preflight import run_preflight
 from environment import load_environment
 from training.config import load_job_config
-from training.flops import QWEN2_5_1_5B
-from fixtures_s3 import no_session_s3  # noqa: F401  (a fixture)
-
-# The plans read S3 through the preflight: the session's moto server, when an earlier test
-# started it, must not decide their outcome.
-pytestmark = pytest.mark.usefixtures("no_session_s3")
+from training.flops import ModelShapes
+from raytrain_eks.measured_plan import MODEL_CONFIGS
+from fixtures_s3 import s3_server  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = str(ROOT / "environment.toml")
 JOBS = ROOT / "tests" / "fixtures" / "preflight_jobs"
 REFERENCE = str(JOBS / "reference_8xl4.toml")
+QWEN2_5_1_5B = ModelShapes.from_hf_config({"model_type": "qwen2", **MODEL_CONFIGS["Qwen2.5-1.5B"]})
+QWEN2_5_7B = ModelShapes.from_hf_config({"model_type": "qwen2", **MODEL_CONFIGS["Qwen2.5-7B"]})
+MODELS = {  # where the plans below name a model: its published config.json is put there
+    "s3://raytrain-models-111122223333/Qwen2.5-1.5B-Instruct": "Qwen2.5-1.5B",
+    "s3://{bucket}/models/Qwen2.5-1.5B-Instruct": "Qwen2.5-1.5B",
+    "s3://{bucket}/models/qwen": "Qwen2.5-1.5B",
+    "s3://bucket/models/Qwen2.5-7B-Instruct": "Qwen2.5-7B",
+    "s3://bucket/Qwen2.5-7B-Instruct": "Qwen2.5-7B",
+}
+
+
+@pytest.fixture(autouse=True)
+def models_in_s3(s3_server):  # noqa: F811
+    """The models' config.json files (and the shipped job's chat data) in moto's S3, where the
+    plans name them: the preflight reads a model's shapes from its config.json, nothing else."""
+    import boto3
+
+    bucket = load_environment(ENV).bucket_name
+    client = boto3.client("s3")
+    for uri, model in MODELS.items():
+        name, _, key = uri.replace("{bucket}", bucket).removeprefix("s3://").partition("/")
+        if name not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+            client.create_bucket(Bucket=name)
+        client.put_object(Bucket=name, Key=f"{key}/config.json",
+                          Body=json.dumps({"model_type": "qwen2", **MODEL_CONFIGS[model]}).encode())
+    chat = "".join(json.dumps({"messages": [{"role": "user", "content": f"question {i} " * 40},
+                                            {"role": "assistant", "content": f"answer {i} " * 80}]}) + "\n"
+                   for i in range(400))
+    client.put_object(Bucket=bucket, Key="data/chat/train.jsonl", Body=chat.encode())
 
 
 def preflight(capsys, *extra: str, job: str = REFERENCE, dist: str = "/nonexistent-dist") -> tuple[int, str, str]:
@@ -88,7 +114,9 @@ def test_efa_requested_but_not_possible_is_refused(capsys):
 
 def test_unknown_model_without_config_is_refused(capsys):
     code, _, err = preflight(capsys, "--set", "model.path=s3://bucket/SomeOther-7B")
-    assert code == 2 and "no readable config.json" in err
+    assert code == 2 and "model.path: 's3://bucket/SomeOther-7B' holds no config.json" in err
+    code, _, err = preflight(capsys, "--set", "model.path=Qwen/Qwen2.5-7B-Instruct")  # a hub id: nothing to read here
+    assert code == 2 and "no readable config.json here" in err
 
 
 def test_shapes_come_from_a_local_config_json(tmp_path):
@@ -174,13 +202,11 @@ def test_a_plan_that_does_not_fit_is_told_the_change_that_would(capsys):
 
 
 def test_qwen2_5_7b_on_two_l4_nodes_is_told_how_many_nodes_full_shard_needs(capsys):
-    from raytrain_eks.memory_estimate import KNOWN_MODELS
-
     code, _, err = preflight(capsys, "--set", "model.path=s3://bucket/models/Qwen2.5-7B-Instruct")
     assert code == 2 and err.count("\n") == 1
     assert "no setting fits 2 node(s): full shard with activation checkpointing needs" in err
     nodes = int(err.split("checkpointing needs ")[1].split(" nodes")[0])
-    shapes = KNOWN_MODELS["qwen2.5-7b"]
+    shapes = QWEN2_5_7B
     assert shapes.num_params() == 7_615_616_512  # Qwen2.5-7B's published parameter count
     wider = estimate_memory(shapes, strategy="full_shard", world_size=nodes * 4, workers_per_node=4, seq_len=2048,
                             micro_batch_size=1, activation_checkpointing=True, grad_accum_steps=2)
@@ -247,7 +273,8 @@ def test_a_measured_figure_applies_only_to_the_plan_measured_uncompiled(monkeypa
     from raytrain_eks import measured_plan
 
     monkeypatch.chdir(ROOT)
-    job = load_job_config("jobs/finetune-qwen2.5-1.5b.toml", ["parallel.num_workers=8", "parallel.workers_per_node=4"])
+    job = load_job_config("jobs/finetune-qwen2.5-1.5b.toml", ["parallel.num_workers=8", "parallel.workers_per_node=4",
+                                                              "model.path=s3://raytrain-models-111122223333/Qwen2.5-1.5B-Instruct"])
     shapes, _ = shapes_for_job(job)
     assert measured_plan.for_job(job, shapes, "g6.12xlarge") is not None
     compiled = replace(job, parallel=replace(job.parallel, compile=True))
@@ -280,3 +307,54 @@ def test_time_and_cost_use_the_measured_step_where_the_exact_plan_was_measured(c
     # not measured (the reference plan): the hand model, as stated
     code, out, err = preflight(capsys)
     assert code == 0 and "time and cost at MFU 0.30" in out and "measured plan's predicted step" not in out
+
+
+def test_the_readmes_model_path_passes_with_its_config_json_in_the_bucket(capsys):
+    """README, "Your own data and model": ``model.path = "s3://{bucket}/models/qwen"``. The
+    folder's name says nothing about the model: its config.json in the bucket gives the shapes."""
+    code, out, err = preflight(capsys, "--set", 'model.path="s3://{bucket}/models/qwen"')
+    assert code == 0, err
+    bucket = load_environment(ENV).bucket_name
+    assert f"shapes from s3://{bucket}/models/qwen/config.json" in out and "PASS  memory" in out
+
+
+def test_no_table_of_model_names_is_left():
+    """One source of shapes: the model's config.json (or the job's inline config)."""
+    from raytrain_eks import memory_estimate
+    from training import flops
+
+    assert not hasattr(memory_estimate, "KNOWN_MODELS") and not hasattr(memory_estimate, "PUBLISHED_CONFIGS")
+    assert not [name for name, value in vars(flops).items() if isinstance(value, flops.ModelShapes)]
+
+
+def test_a_model_in_an_s3_that_does_not_answer_is_a_note_not_a_refusal(capsys, monkeypatch):
+    """No endpoint and no credentials here (pyarrow cannot resolve the bucket's host): the
+    memory cannot be checked from this machine, which says nothing against the plan."""
+    from fixtures_s3 import SESSION_S3_VARIABLES
+
+    for name in SESSION_S3_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    code, out, err = preflight(capsys)
+    assert code == 0, err
+    assert "NOTE  memory            not checked: " in out and "cannot read s3://" in out
+
+
+def test_the_preflight_shows_the_step_range_and_what_is_assumed(capsys):
+    # the GPU step's time as a range from raytrain_eks/step_model.py, each assumed figure named
+    code, out, _ = preflight(capsys, job=str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml"))
+    assert code == 0
+    assert "step range" in out and "issue 120" in out
+    assert "assumed        gemm, memory, kernel_floor_us, pcie, efa" in out
+    assert "USD over this range" in out
+
+
+def test_a_bad_calibration_stops_the_preflight_in_one_line(capsys, monkeypatch, tmp_path):
+    from raytrain_eks import gpu_figures
+
+    bad = tmp_path / "gpu_calibration.json"
+    bad.write_text('{"gpu": "L4", "gemm": [], "memory_gbytes_per_s": 250}')
+    monkeypatch.setattr(gpu_figures, "CALIBRATION", bad)
+    code, _, err = preflight(capsys, job=str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml"))
+    assert code == 2
+    assert err == f"error: {bad}: gemm = []: must be a non-empty list of {{m, n, k, tflops}}\n"

@@ -119,3 +119,22 @@ def test_report_leads_with_the_verdict_and_a_comparison_opens_with_the_factor_th
     paragraph = text.split("## What changed\n\n", 1)[1].split("\n", 1)[0]
     assert paragraph.startswith("B differs from A in one factor, `train.lr`: None -> 0.0002.")
     assert "Steady-state throughput is unchanged" in paragraph and "Verdicts: A accepted, B accepted." in paragraph
+
+
+def test_any_number_of_runs_one_row_each_with_the_factors_that_differ(tmp_path, capsys):
+    """Three runs of one sweep: one row per run, the varied factors as columns, the outcome beside."""
+    dirs = []
+    for i, (lr, seed) in enumerate(((3e-4, 1), (1e-4, 1), (1e-4, 2))):
+        run = tmp_path / f"sweep-{i}"
+        shutil.copytree(RUNS / "efa-full", run)
+        record = json.loads((run / "run.json").read_text())
+        record["job_config"]["train"].update(lr=lr, seed=seed)
+        (run / "run.json").write_text(json.dumps(record))
+        dirs.append(str(run))
+    assert main(["report", *dirs, "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    table = text.split("## What changed\n\n", 1)[1].split("\n\n", 2)[1].splitlines()
+    assert table[0] == "| run | `train.lr` | `train.seed` | verdict | tokens/s | held-out loss after |"
+    assert [row.split(" | ")[1:3] for row in table[2:]] == [["0.0003", "1"], ["0.0001", "1"], ["0.0001", "2"]]
+    assert table[2].startswith("| A efa-full |") and table[4].startswith("| C efa-full |")  # the record names the run
+    assert "| | A | B | C |" in text and "**Verdict C: ACCEPTED" in text

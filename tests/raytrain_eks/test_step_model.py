@@ -15,9 +15,11 @@ import pytest
 from raytrain_eks.gpu_figures import published
 from raytrain_eks.measured_plan import Cluster
 from raytrain_eks.step_model import _root_params, predict
-from training.flops import QWEN2_5_1_5B
+from raytrain_eks.measured_plan import MODEL_CONFIGS
+from training.flops import ModelShapes
 
 ROOT = Path(__file__).resolve().parents[2]
+QWEN2_5_1_5B = ModelShapes.from_hf_config({"model_type": "qwen2", **MODEL_CONFIGS["Qwen2.5-1.5B"]})
 GB = 1e9
 TRACE = {"model": "m", "kind": "chat", "seq_len": 2048, "micro_batch_size": 1, "doc_lengths": [2048],
          "gemms": [[2048, 2048, 2048, 10]], "attention_flops": 0, "elementwise_bytes": int(30 * GB), "kernels": 1000,
@@ -63,32 +65,6 @@ def test_the_steps_all_reduce_is_exposed_beyond_the_last_backward():
     # 4 GPUs of a node share its EFA link: 4 x 40 GB x 2 x 1/2 = 160 GB at 5 / 3 GB/s
     fast, slow = p["terms"]["step_all_reduce_s"]
     assert 160 / 5 - 1 < fast <= 160 / 5 and 160 / 3 - 1.5 < slow <= 160 / 3
-
-
-def test_the_preflight_shows_the_range_and_what_is_assumed(capsys, monkeypatch):
-    from raytrain_eks.cli import main
-
-    monkeypatch.chdir(ROOT)
-    assert main(["preflight", "--env", "environment.toml", "--job", "jobs/finetune-qwen2.5-1.5b.toml",
-                 "--dist", "/nonexistent-dist"]) == 0
-    out = capsys.readouterr().out
-    assert "step range" in out and "issue 120" in out
-    assert "assumed        gemm, memory, kernel_floor_us, pcie, efa" in out
-    assert "USD over this range" in out
-
-
-def test_a_bad_calibration_stops_the_preflight_in_one_line(capsys, monkeypatch, tmp_path):
-    from raytrain_eks import gpu_figures
-    from raytrain_eks.cli import main
-
-    bad = tmp_path / "gpu_calibration.json"
-    bad.write_text('{"gpu": "L4", "gemm": [], "memory_gbytes_per_s": 250}')
-    monkeypatch.setattr(gpu_figures, "CALIBRATION", bad)
-    monkeypatch.chdir(ROOT)
-    assert main(["preflight", "--env", "environment.toml", "--job", "jobs/finetune-qwen2.5-1.5b.toml",
-                 "--dist", "/nonexistent-dist"]) == 2
-    err = capsys.readouterr().err
-    assert err == f"error: {bad}: gemm = []: must be a non-empty list of {{m, n, k, tflops}}\n"
 
 
 def test_a_plan_measured_over_two_micro_batches_repeats_the_first_in_the_middle():

@@ -40,7 +40,8 @@ def cluster(tmp_path, monkeypatch, s3_server):  # noqa: F811
     state = tmp_path / "kubectl.json"
     state.write_text(json.dumps({"rayjobs": {}, "cluster_ready_after": 4, "submitter_runs": 3, "outcome": "SUCCEEDED",
                                  "results_dir": str(results), "run_uri": env.storage_uri + "/{run}",
-                                 "driver_log": DRIVER_LOG}))
+                                 "driver_log": DRIVER_LOG,
+                                 "context_cluster": f"arn:aws:eks:{env.cluster.region}:111122223333:cluster/{env.cluster.name}"}))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "kubectl").write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} "$@"\n')
@@ -48,6 +49,9 @@ def cluster(tmp_path, monkeypatch, s3_server):  # noqa: F811
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_KUBECTL_STATE", str(state))
     monkeypatch.chdir(ROOT)
+    from raytrain_eks import local_runs
+
+    monkeypatch.setattr(local_runs, "RUNS_DIR", tmp_path / "local-runs")  # this machine's own local runs stay out
 
     class Cluster:
         storage = env.storage_uri
@@ -274,3 +278,67 @@ def test_a_restarted_submitter_is_streamed_on_without_repeating_lines(cluster, t
     for line in DRIVER_LOG.splitlines():
         assert out.count(line) == 1, (line, out)
     assert sum(c[0] == "logs" for c in cluster.state()["calls"]) == 2
+
+
+def test_logs_read_the_stored_copy_when_no_cluster_answers(cluster, capfd):
+    """After ``cdk destroy`` or with a stale kubeconfig kubectl fails; ``logs`` still prints the
+    copy in storage, and says why. Nothing anywhere: exit 5 (the tool could not reach the
+    cluster), not 1 (a run's failure)."""
+    from raytrain_eks.eks_backend import EXIT_UNREACHABLE
+
+    cluster.set(unreachable=True)
+    key = cluster.storage.removeprefix(f"s3://{cluster.bucket}/") + "/smoke-destroyed/logs/driver.log"
+    cluster.s3.put_object(Bucket=cluster.bucket, Key=key, Body=DRIVER_LOG.encode())
+    assert main(["logs", "smoke-destroyed"]) == 0
+    out = capfd.readouterr()
+    assert out.out == DRIVER_LOG and "the cluster does not answer" in out.err and "reading the stored copy" in out.err
+    assert main(["status", "smoke-destroyed"]) == EXIT_UNREACHABLE
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "connection to the server localhost:8080 was refused" in err
+
+
+def test_submit_refuses_another_clusters_context_before_anything_is_applied(cluster, tmp_path, capfd):
+    from raytrain_eks.eks_backend import EXIT_UNREACHABLE
+
+    cluster.set(context_cluster="arn:aws:eks:us-east-1:111122223333:cluster/someone-elses")
+    assert submit(tmp_path, "--name", "smoke-x1") == EXIT_UNREACHABLE
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "cluster/someone-elses" in err and "not this environment's" in err
+    cluster.set(context_cluster="")
+    assert submit(tmp_path, "--name", "smoke-x1") == EXIT_UNREACHABLE
+    assert "kubectl has no current context" in capfd.readouterr().err
+    assert not [c for c in cluster.state()["calls"] if c[0] == "apply"]
+
+
+def test_submit_no_wait_returns_once_applied(cluster, tmp_path, capfd):
+    assert submit(tmp_path, "--name", "smoke-n1", "--no-wait") == 0
+    out = capfd.readouterr().out
+    assert "RayJob smoke-n1 applied; raytrain-eks status smoke-n1" in out
+    assert not [c for c in cluster.state()["calls"] if c[0] == "logs"]
+
+
+def test_submit_refuses_bad_data_before_anything_is_applied(cluster, tmp_path, capfd):
+    """The data check runs in submit: a bad line in the job's own data is one line, before any
+    upload or apply."""
+    data = tmp_path / "chats.jsonl"
+    data.write_text('{"text": "one"}\n{"text": \n')
+    code = submit(tmp_path, "--name", "smoke-d1", "--set", "data.kind=jsonl", "--set", f"data.path={data}")
+    err = capfd.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"{data}, line 2: not valid JSON" in err, err
+    assert not [c for c in cluster.state().get("calls", []) if c[0] in ("apply", "config")]
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "list", "stop"])
+def test_the_run_commands_start_no_node(command, tmp_path):
+    """cdk8s and jsii start Node (seconds, and a banner on stdout): the run commands need neither."""
+    import subprocess
+
+    args = [command] if command == "list" else [command, "no-such-run"]
+    program = (f"import sys; from raytrain_eks.cli import main; code = main({args!r}); "
+               "print(sorted(m for m in ('cdk8s', 'jsii', 'constructs') if m in sys.modules)); sys.exit(code)")
+    env = {**os.environ, "PATH": str(tmp_path)}  # no kubectl: the cluster cannot be reached
+    proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout + proc.stderr
+    # list still lists the local runs (0) when there are any in .work/runs; logs says "no log" (2)
+    # when storage answers; otherwise nothing could be reached (5)
+    assert proc.returncode == 5 or (command, proc.returncode) in (("list", 0), ("logs", 2)), proc.stderr

@@ -7,12 +7,15 @@ import pytest
 
 from environment.instances import INSTANCE_TYPES
 from training import flops
-from training.flops import QWEN2_5_1_5B, ModelShapes
+from training.flops import ModelShapes
 
 QWEN_CONFIG_JSON = {  # the fields of Qwen2.5-1.5B's config.json that matter (the published config.json)
     "model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
     "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
 }
+QWEN2_5_1_5B = ModelShapes(hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
+                           num_kv_heads=2, vocab_size=151936, tie_word_embeddings=True, qkv_bias=True)
+"""The same shapes, written out by hand: ``from_hf_config`` must give exactly these."""
 
 
 def test_parameter_count_matches_the_published_model():

@@ -47,6 +47,10 @@ ENV_CASES = [
     ("bucket-reserved-prefix", lambda r: r["storage"].update(bucket_name="xn--ckpts"), "storage.bucket_name: 'xn--ckpts'"),
     ("bucket-reserved-suffix", lambda r: r["storage"].update(bucket_name="ckpts-s3alias"), "storage.bucket_name: 'ckpts-s3alias'"),
     ("bucket-too-short", lambda r: r["storage"].update(bucket_name="ab"), "storage.bucket_name: 'ab' is 2 characters"),
+    ("storage-prefix-dot-dot", lambda r: r["storage"].update(prefix="runs/../code"),
+     "storage.prefix: 'runs/../code' holds a '.' or '..' segment"),
+    ("storage-prefix-in-read-only", lambda r: r["storage"].update(prefix="data/runs"),
+     "storage.prefix: 'data/runs' lies inside 'data', a prefix the pods may only read"),
     # (a 40-character cluster name no longer derives a bad bucket name: the derivation shortens it
     # with a hash and the result passes the same rules, see tests/environment)
     ("schedule-1-hours", lambda r: r["pipeline"].update(watch_schedule="rate(1 hours)"),
@@ -257,6 +261,14 @@ PLAN_CASES = [
                                     "intermediate_size = 29568, vocab_size = 152064")
      .format(parallel="", checkpoint=""), "preflight",
      "parallel.workers_per_node: 4 workers each build the full model on the host before sharding"),
+    ("workers-per-node-over-gpus", GPU_JOB.format(parallel="workers_per_node = 8", checkpoint=""), "charts",
+     "parallel.workers_per_node: 8 is more than the 4 GPUs of one node"),
+    ("accept-efa-on-cpu-job", GPU_JOB.format(parallel="num_workers = 2\nworkers_per_node = 2", checkpoint="")
+     .replace("global_batch_size = 32", "global_batch_size = 8").replace("use_gpu = true", "use_gpu = false")
+     + '[accept]\ntransport = "efa"\n', "preflight",
+     "accept.transport = 'efa' but a local CPU job uses gloo on one machine"),
+    ("accept-single-node-on-two-nodes", GPU_JOB.format(parallel="", checkpoint="") + '[accept]\ntransport = "single-node"\n',
+     "preflight", "accept.transport = 'single-node' but the job spans 2 nodes"),
     ("seq-beyond-positions-at-synth", GPU_JOB.format(parallel="", checkpoint="").replace("seq_len = 128", "seq_len = 4096"), "charts",
      "train.seq_len: 4096 exceeds the model's max_position_embeddings (2048)"),
 ]

@@ -45,8 +45,14 @@ def export_dtype(model_config: dict, default: torch.dtype) -> torch.dtype:
     return value if isinstance(value, torch.dtype) else default
 
 
-def _write_hf(model: torch.nn.Module, out: Path, tokenizer_dir: str) -> None:
+def _write_hf(model: torch.nn.Module, out: Path, tokenizer_dir: str, generation_config=None) -> None:
+    """``generation_config``: the base model's (its sampling defaults and stop ids; a model
+    built from a config has none). Training turns the KV cache off (training/model.py); the
+    exported model is for generation, so it is written with the cache on."""
     out.mkdir(parents=True, exist_ok=True)
+    model.config.use_cache = True
+    if generation_config is not None:
+        model.generation_config = generation_config
     model.save_pretrained(out, safe_serialization=True)
     if tokenizer_dir:
         from training.tokenizer import load_tokenizer  # local dir or s3:// prefix (fetched once)
@@ -84,7 +90,7 @@ def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, to
         target = Path(work) / "hf" if "://" in out_uri else Path(out_uri)
         if target.exists():
             shutil.rmtree(target)
-        _write_hf(skeleton, target, tokenizer_dir)
+        _write_hf(skeleton, target, tokenizer_dir, getattr(model, "generation_config", None))
         if "://" in out_uri:
             _upload(target, out_uri)
     log.info("exported the model (%s) -> %s", dtype, out_uri)
