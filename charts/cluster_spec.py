@@ -27,6 +27,23 @@ GRACE_MARGIN_SECONDS = 30
 terminationGracePeriodSeconds: after the final checkpoint is written the worker still has to
 finish the upload's last request, report to the controller and let ``ray stop`` tear down the
 raylet; without the margin the kubelet's SIGKILL could land inside the checkpoint itself."""
+
+
+def stop_wait_seconds(checkpoint_grace_seconds: int) -> int:
+    """How long a stopped job's driver and its workers may take after SIGTERM: the job's
+    ``checkpoint.sigterm_grace_seconds`` plus :data:`GRACE_MARGIN_SECONDS`. It is the worker
+    pods' terminationGracePeriodSeconds and Ray's job-supervisor wait
+    (:data:`charts.rayjob.RAY_JOB_STOP_WAIT_ENV`) before it SIGKILLs the driver."""
+    return checkpoint_grace_seconds + GRACE_MARGIN_SECONDS
+
+
+def head_grace_seconds(checkpoint_grace_seconds: int) -> int:
+    """The head pod's terminationGracePeriodSeconds: the stop wait and one more margin. The
+    driver runs on the head; when the RayJob is deleted KubeRay calls StopJob and the RayCluster
+    goes at once (rayjob_controller.go v1.7.0:112-138, the finalizer), so the head must outlive
+    the driver's stop wait, or a deletion SIGKILLs the driver inside the final checkpoint
+    (Kubernetes' default grace is 30 s)."""
+    return stop_wait_seconds(checkpoint_grace_seconds) + GRACE_MARGIN_SECONDS
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """Well-known label the kubelet puts on every node: the worker nodeSelector pins the type too."""
 RAY_CONTAINER_HEAD = "ray-head"
@@ -41,6 +58,12 @@ stays for the kubelet's own files and logs, so the kubelet evicts the pod before
 AUTOSCALER_RESOURCES = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"cpu": "200m", "memory": "512Mi"}}
 """The Ray autoscaler sidecar on the long-lived head (KubeRay's default asks 500m / 512Mi).
 Requests = limits: the head pod's QoS class is Guaranteed only if every container's are."""
+AUTOSCALER_VERSION = "v2"
+"""Explicit, although Ray 2.58's ``ray start --head`` runs autoscaler v2 anyway: KubeRay v1.7.0
+gives the head and the workers ``restartPolicy: Never`` only for an explicit ``v2``
+(common/pod.go:278-280, 698-700). A pod restarted in place keeps its Ray node id out of the
+autoscaler's view (Ray's KubeRay autoscaling guide: both versions need Never), so an idle worker
+may never be reclaimed; with Never a failed pod is replaced by the operator instead."""
 IDLE_TIMEOUT_SECONDS = 300
 """An idle GPU worker pod of the long-lived cluster goes after this; cluster-autoscaler then
 removes its node."""
@@ -60,8 +83,9 @@ class ClusterShape:
     env: Environment
     worker_replicas: int
     """GPU worker pods (one per node: each takes every GPU and EFA interface of its node)."""
-    worker_grace_seconds: int
-    """terminationGracePeriodSeconds of worker pods (the job's checkpoint grace + a margin)."""
+    checkpoint_grace_seconds: int
+    """The longest ``checkpoint.sigterm_grace_seconds`` of a job on this cluster: the pods'
+    terminationGracePeriodSeconds derive from it (:func:`stop_wait_seconds`, :func:`head_grace_seconds`)."""
     cluster_label: str
     """Value of the Ray-cluster label on its pods: what its network policy admits."""
     group_name: str = ""
@@ -175,7 +199,7 @@ def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
     volumes, mounts = _shm(resources["memory"])
     return {
         "serviceAccountName": env.ray.service_account,
-        "terminationGracePeriodSeconds": shape.worker_grace_seconds,
+        "terminationGracePeriodSeconds": stop_wait_seconds(shape.checkpoint_grace_seconds),
         "nodeSelector": {**group.labels, INSTANCE_TYPE_LABEL: group.instance_type},
         "tolerations": [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}
                         for t in group.taints],
@@ -208,6 +232,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     volumes, mounts = _shm(head_memory)
     head_pod = {
         "serviceAccountName": env.ray.service_account,
+        "terminationGracePeriodSeconds": head_grace_seconds(shape.checkpoint_grace_seconds),
         "nodeSelector": dict(env.system_node_group.labels),
         "volumes": volumes,
         "containers": [{
@@ -247,7 +272,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     }
     if shape.autoscale:
         spec["enableInTreeAutoscaling"] = True
-        spec["autoscalerOptions"] = {"idleTimeoutSeconds": IDLE_TIMEOUT_SECONDS,
+        spec["autoscalerOptions"] = {"version": AUTOSCALER_VERSION, "idleTimeoutSeconds": IDLE_TIMEOUT_SECONDS,
                                      "resources": AUTOSCALER_RESOURCES,
                                      "securityContext": container_security()}
     return spec

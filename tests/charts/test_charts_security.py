@@ -81,7 +81,7 @@ def test_token_auth_refuses_a_ray_older_than_kuberay_supports(tmp_path):
     raw = spec_raw()
     raw["image"]["ray_version"] = "2.51.1"
     with pytest.raises(ChartError, match=r"image.ray_version: '2.51.1' is too old .* 2.52.0"):
-        ray_cluster_spec(ClusterShape(env=make_env(raw), worker_replicas=1, worker_grace_seconds=60,
+        ray_cluster_spec(ClusterShape(env=make_env(raw), worker_replicas=1, checkpoint_grace_seconds=60,
                                       cluster_label="c"))
 
 
