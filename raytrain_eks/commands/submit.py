@@ -89,6 +89,23 @@ def _local(manifests, out_dir: Path) -> int:
     return finish(out_dir)
 
 
+def _refuse_a_live_sibling(manifests, *, resume: bool) -> None:
+    """A run's two variants (``RUN`` on its own cluster, ``RUN-on-cluster`` on the long-lived
+    one) write the same ``<storage>/RUN``: while one is live, the other may not start (the
+    trainer's lease refuses it too, but only once its cluster is up and paid for)."""
+    from charts.errors import ChartError
+    from charts.rayjob import ON_CLUSTER_SUFFIX
+    from raytrain_eks import eks_backend as eks
+
+    sibling = manifests.run if manifests.on_cluster else manifests.run + ON_CLUSTER_SUFFIX
+    found = eks.get_rayjob(sibling, manifests.namespace)
+    if found is not None and eks.phase(found)[0] not in eks.TERMINAL:
+        deployment, job_status = eks.phase(found)
+        raise ChartError(f"submit: {'--resume' if resume else '--name'}: RayJob {sibling} is {deployment}"
+                         f"{' / ' + job_status if job_status else ''} on the same storage {manifests.run_uri}: "
+                         f"raytrain-eks stop {manifests.run} first")
+
+
 def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
     from charts.errors import ChartError
     from raytrain_eks import eks_backend as eks
@@ -107,6 +124,7 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
     else:
         print(f"    code archive already in the bucket: {manifests.code_uri}")
     eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
+    _refuse_a_live_sibling(manifests, resume=resume)
     existing = eks.get_rayjob(manifests.rayjob_name, manifests.namespace)
     if existing is not None and not resume:
         # Server-side apply onto it would succeed and change nothing that runs: KubeRay does not

@@ -274,3 +274,20 @@ def test_a_restarted_submitter_is_streamed_on_without_repeating_lines(cluster, t
     for line in DRIVER_LOG.splitlines():
         assert out.count(line) == 1, (line, out)
     assert sum(c[0] == "logs" for c in cluster.state()["calls"]) == 2
+
+
+@pytest.mark.parametrize("live, flags", [("smoke-w1-on-cluster", ()), ("smoke-w1", ("--on-cluster",))])
+def test_resume_refuses_while_the_other_variant_of_the_run_is_live(cluster, tmp_path, capfd, live, flags):
+    # RUN and RUN-on-cluster write the same <storage>/RUN: both would resume it and prune each
+    # other's checkpoints (keep_last).
+    key = cluster.storage.removeprefix(f"s3://{cluster.bucket}/") + "/smoke-w1/run.json"
+    cluster.s3.put_object(Bucket=cluster.bucket, Key=key, Body=b"{}")
+    cluster.set(rayjobs={live: {"kind": "RayJob", "metadata": {"name": live}, "spec": {},
+                                "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+                                "_fake": {"reconciles": 0, "submitter_done": False, "running_since": 0}}},
+                submitter_runs=1000)
+    assert submit(tmp_path, "--resume", "smoke-w1", *flags) == 2
+    err = capfd.readouterr().err
+    assert f"RayJob {live} is Running / RUNNING on the same storage {cluster.storage}/smoke-w1: " \
+           "raytrain-eks stop smoke-w1 first" in err, err
+    assert not any(c[0] in ("apply", "delete") and "rayjob" in " ".join(c) for c in cluster.state()["calls"])
