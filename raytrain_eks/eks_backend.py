@@ -37,6 +37,14 @@ TERMINAL = ("Complete", "Failed", "ValidationFailed")
 IsJobDeploymentTerminal, plus the validation refusal)."""
 NEW = "New"
 """How ``status.jobDeploymentStatus == ""`` is shown (rayjob_types.go: JobDeploymentStatusNew)."""
+DEADLINE_REASONS = ("DeadlineExceeded", "PreRunningDeadlineExceeded")
+"""Failed reasons that free nothing by themselves (KubeRay v1.7.0 rayjob_controller.go): a
+deadline only writes ``Failed`` and the reason (:1234-1262); with ``clusterSelector`` the
+Complete/Failed branch then returns early (:429-432), so the Ray job keeps running and its GPUs
+(and a submitter still waiting for the dashboard submits later); a job's own cluster stays for
+``ttlSecondsAfterFinished`` (``handleShutdownAfterJobFinishes``). Deleting the RayJob frees them:
+its finalizer calls StopJob while ``jobStatus`` is not terminal (:112-138: the job's final
+checkpoint, within its stop wait) and its own cluster and submitter go with it."""
 
 
 class KubectlError(RuntimeError):
@@ -94,6 +102,17 @@ def phase(rayjob: dict[str, Any]) -> tuple[str, str]:
     """``(jobDeploymentStatus, jobStatus)`` with New for the empty deployment status."""
     status = rayjob.get("status") or {}
     return status.get("jobDeploymentStatus") or NEW, status.get("jobStatus") or ""
+
+
+def release_after_deadline(name: str, namespace: str, rayjob: dict[str, Any], say: Callable[[str], None]) -> bool:
+    """Delete a RayJob that failed on a deadline (:data:`DEADLINE_REASONS`); True if it did."""
+    status = rayjob.get("status") or {}
+    if status.get("jobDeploymentStatus") != "Failed" or status.get("reason") not in DEADLINE_REASONS:
+        return False
+    kubectl("delete", "rayjob", name, "-n", namespace, "--wait=false", "--ignore-not-found")
+    say(f"    {status['reason']}: RayJob {name} deleted, so KubeRay stops its Ray job (final checkpoint) "
+        "and its GPUs are freed; its checkpoints stay")
+    return True
 
 
 def apply(path: str) -> None:

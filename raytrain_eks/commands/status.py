@@ -35,4 +35,5 @@ def run(args: argparse.Namespace) -> int:
     for line in eks.pod_waits(status.get("rayClusterName", ""), env.ray.namespace) if deployment == "Initializing" else []:
         print(f"waiting    {line}")
     print(f"storage    {env.storage_uri}/{args.run}")
+    eks.release_after_deadline(found[0], env.ray.namespace, rayjob, print)
     return 0

@@ -148,6 +148,8 @@ def _eks(manifests, out_dir: Path, *, resume: bool, poll_s: float) -> int:
     print(f"    RayJob {manifests.rayjob_name} applied (Ctrl-C detaches; the run goes on)")
     final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s)
     deployment, job_status = eks.phase(final)
+    if eks.release_after_deadline(manifests.rayjob_name, manifests.namespace, final, print):
+        print(f"    submit --resume {manifests.run} continues it (with a longer rayjob.active_deadline_minutes)")
     if deployment == "ValidationFailed":
         # KubeRay refused the spec before creating anything (rayjob_controller.go:144-161): no
         # cluster ran, so storage has nothing of it; the RayJob stays until deleted.

@@ -28,6 +28,10 @@ Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
 - ``kubectl apply --server-side`` of a RayJob that exists succeeds (exit 0): it changes the
   spec and keeps the status, and a ``Complete``/``Failed`` RayJob is not run again
   (rayjob_controller.go:420-447 only cleans up).
+- ``activeDeadlineSeconds`` (``deadline_after``: reconciles in Running): the Running case checks
+  it first (rayjob_controller.go:249-257, ``checkActiveDeadlineAndUpdateStatusIfNeeded``
+  :1234-1246): ``Failed`` with ``reason = DeadlineExceeded``; ``jobStatus`` keeps the last value
+  (RUNNING): the Ray job is not stopped.
 - delete: a RayJob whose jobStatus is not terminal gets StopJob on its Ray job first (the
   finalizer, rayjob_controller.go:112-137); the double records the stopped job id.
 
@@ -113,6 +117,10 @@ def reconcile(state: dict, job: dict) -> None:
         if fake["reconciles"] - fake["initializing_since"] >= state["cluster_ready_after"]:
             status.update(jobDeploymentStatus="Running", dashboardURL=f"{status['rayClusterName']}-head-svc:8265")
             fake["running_since"] = fake["reconciles"]
+    elif deployment == "Running" and state.get("deadline_after") is not None \
+            and fake["reconciles"] - fake["running_since"] >= state["deadline_after"]:
+        status.update(jobDeploymentStatus="Failed", reason="DeadlineExceeded",
+                      message="The RayJob has passed the activeDeadlineSeconds.")
     elif deployment == "Running":
         # jobStatus is what the dashboard says of the Ray job: PENDING, then RUNNING, then the
         # outcome once the job ended (the submitter's `ray job submit` follows it to its end).

@@ -291,3 +291,25 @@ def test_resume_refuses_while_the_other_variant_of_the_run_is_live(cluster, tmp_
     assert f"RayJob {live} is Running / RUNNING on the same storage {cluster.storage}/smoke-w1: " \
            "raytrain-eks stop smoke-w1 first" in err, err
     assert not any(c[0] in ("apply", "delete") and "rayjob" in " ".join(c) for c in cluster.state()["calls"])
+
+
+@pytest.mark.parametrize("flags, rayjob", [((), "smoke-d1"), (("--on-cluster",), "smoke-d1-on-cluster")])
+def test_a_deadline_deletes_the_rayjob_so_its_job_stops_and_its_gpus_go(cluster, tmp_path, capfd, flags, rayjob):
+    # KubeRay only marks the RayJob Failed/DeadlineExceeded; with clusterSelector the Ray job runs on.
+    cluster.set(deadline_after=1, submitter_runs=1000)
+    assert submit(tmp_path, "--name", "smoke-d1", *flags) == 1  # no run.json yet: the stop writes it
+    out = capfd.readouterr().out
+    assert f"DeadlineExceeded: RayJob {rayjob} deleted, so KubeRay stops its Ray job (final checkpoint)" in out, out
+    state = cluster.state()
+    assert rayjob not in state["rayjobs"] and state["stopped_jobs"] == [f"{rayjob}-abcde"]
+
+
+def test_status_deletes_a_rayjob_past_its_deadline(cluster, tmp_path, capfd):
+    cluster.set(rayjobs={"smoke-d2-on-cluster": {
+        "kind": "RayJob", "metadata": {"name": "smoke-d2-on-cluster"}, "spec": {"clusterSelector": {"ray.io/cluster": "c"}},
+        "status": {"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded", "jobStatus": "RUNNING",
+                   "jobId": "smoke-d2-on-cluster-abcde"},
+        "_fake": {"reconciles": 0, "submitter_done": False}}})
+    assert main(["status", "smoke-d2"]) == 0
+    assert "RayJob smoke-d2-on-cluster deleted" in capfd.readouterr().out
+    assert cluster.state()["stopped_jobs"] == ["smoke-d2-on-cluster-abcde"]
