@@ -21,29 +21,8 @@ from charts.provenance import POD_TEMPLATE_LABELS, image_reference
 from environment import Environment, GpuNodeGroupSpec
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, RAY_PEER_LABEL
 from training import contract
+from training.deadlines import head_grace_seconds, stop_wait_seconds
 
-GRACE_MARGIN_SECONDS = 30
-"""Added to a job's ``checkpoint.sigterm_grace_seconds`` for the worker pods'
-terminationGracePeriodSeconds: after the final checkpoint is written the worker still has to
-finish the upload's last request, report to the controller and let ``ray stop`` tear down the
-raylet; without the margin the kubelet's SIGKILL could land inside the checkpoint itself."""
-
-
-def stop_wait_seconds(checkpoint_grace_seconds: int) -> int:
-    """How long a stopped job's driver and its workers may take after SIGTERM: the job's
-    ``checkpoint.sigterm_grace_seconds`` plus :data:`GRACE_MARGIN_SECONDS`. It is the worker
-    pods' terminationGracePeriodSeconds and Ray's job-supervisor wait
-    (:data:`charts.rayjob.RAY_JOB_STOP_WAIT_ENV`) before it SIGKILLs the driver."""
-    return checkpoint_grace_seconds + GRACE_MARGIN_SECONDS
-
-
-def head_grace_seconds(checkpoint_grace_seconds: int) -> int:
-    """The head pod's terminationGracePeriodSeconds: the stop wait and one more margin. The
-    driver runs on the head; when the RayJob is deleted KubeRay calls StopJob and the RayCluster
-    goes at once (rayjob_controller.go v1.7.0:112-138, the finalizer), so the head must outlive
-    the driver's stop wait, or a deletion SIGKILLs the driver inside the final checkpoint
-    (Kubernetes' default grace is 30 s)."""
-    return stop_wait_seconds(checkpoint_grace_seconds) + GRACE_MARGIN_SECONDS
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """Well-known label the kubelet puts on every node: the worker nodeSelector pins the type too."""
 RAY_CONTAINER_HEAD = "ray-head"

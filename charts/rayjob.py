@@ -7,7 +7,7 @@ import yaml
 from constructs import Construct
 
 from charts.bindings import to_bindings
-from charts.cluster_spec import ClusterShape, ray_cluster_spec, stop_wait_seconds
+from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.errors import ChartError
 from charts.imports.io import ray as generated
 from charts.jobs import MAX_RAYJOB_NAME, JobPlan, pre_running_deadline_seconds
@@ -19,6 +19,7 @@ from charts.code_bundle import CodeBundle
 from environment import Environment
 from environment.contract import RAY_CLUSTER_LABEL, RAY_PEER_LABEL
 from training import contract
+from training.deadlines import stop_wait_seconds
 
 ON_CLUSTER_SUFFIX = "-on-cluster"
 SUBMITTER_CONTAINER = "ray-job-submitter"
@@ -30,7 +31,7 @@ RAY_JOB_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 sends a stopped job's driver SIGTERM and SIGKILLs it after ``int(os.environ[...])`` seconds,
 default ``DEFAULT_RAY_JOB_STOP_WAIT_TIME_S = 3``. It reads its own environment, which is the
 job's runtime env (job_manager.py ``_get_supervisor_runtime_env`` copies its ``env_vars``): set
-there, per job, to :func:`charts.cluster_spec.stop_wait_seconds`. KubeRay's StopJob (a deleted
+there, per job, to :func:`training.deadlines.stop_wait_seconds`. KubeRay's StopJob (a deleted
 RayJob, ``raytrain-eks stop``) takes this path; 3 s would kill any final checkpoint larger
 than a toy's."""
 SUBMITTER_BACKOFF_LIMIT = 10

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from training import contract, run_logs, verdict
 from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
+from training.deadlines import run_time_limit_seconds
 from training.facts import NCCL_ENV_PREFIXES
 from training.run_record import RunRecord
 from training.verdict import outcome
@@ -259,9 +260,13 @@ def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
         submitted = SUBMITTED_JOB_ENV in os.environ
         ray.init(**({} if submitted else {"runtime_env": {"env_vars": forwarded_env()}}), log_to_driver=True)
     record = start_record(job, argv)
-    stop_flag = None
+    stop_flag = limit = None
     if job.checkpoint.storage_path:  # keep the reference: the flag actor lives as long as it
         stop_flag = checkpointing.forward_driver_sigterm(job.run_name, job.checkpoint.sigterm_grace_seconds)
+        # The run's own wall-clock limit: KubeRay only marks an -on-cluster RayJob failed at its deadline.
+        seconds = run_time_limit_seconds(job.rayjob.active_deadline_minutes, job.checkpoint.sigterm_grace_seconds)
+        limit = checkpointing.stop_driver_after(seconds, f"time limit {seconds} s reached (rayjob.active_deadline_minutes "
+                                                         f"{job.rayjob.active_deadline_minutes} less the stop wait)")
     heartbeat = checkpointing.keep_renewed(lease) if lease is not None else None
     token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/failure.py)
     returned, error, data_errors = None, None, []
@@ -276,6 +281,8 @@ def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
         error = err
     if heartbeat is not None:
         heartbeat.set()
+    if limit is not None:
+        limit.cancel()
     final = finish_record(record, returned=returned, error=error, data_errors=data_errors)
     del stop_flag
     if final.get("error"):
