@@ -37,6 +37,18 @@ stays for the kubelet's own files and logs, so the kubelet evicts the pod before
 AUTOSCALER_RESOURCES = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"cpu": "200m", "memory": "512Mi"}}
 """The Ray autoscaler sidecar on the long-lived head (KubeRay's default asks 500m / 512Mi).
 Requests = limits: the head pod's QoS class is Guaranteed only if every container's are."""
+API_TOKEN_VOLUME = "autoscaler-api-token"
+API_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Where Ray's KubeRay node provider reads its token and CA (ray 2.58
+autoscaler/_private/kuberay/node_provider.py ``load_k8s_secrets``)."""
+API_TOKEN_PROJECTION = {"sources": [
+    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}
+"""The token and CA of Kubernetes' own ``kube-api-access`` projection (what
+``automountServiceAccountToken`` mounts into every container; its ``namespace`` file Ray does not
+read), mounted into the autoscaler sidecar only: KubeRay v1.7.0 binds the
+autoscaler's Role to the head pod's one service account (common/rbac.go), and the head's Ray
+container runs every -on-cluster driver, which must not patch pods or the RayCluster."""
 AUTOSCALER_VERSION = "v2"
 """Explicit, although Ray 2.58's ``ray start --head`` runs autoscaler v2 anyway: KubeRay v1.7.0
 gives the head and the workers ``restartPolicy: Never`` only for an explicit ``v2``
@@ -213,7 +225,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
         "serviceAccountName": env.ray.service_account,
         "terminationGracePeriodSeconds": head_grace_seconds(shape.checkpoint_grace_seconds),
         "nodeSelector": dict(env.system_node_group.labels),
-        "volumes": volumes,
+        "volumes": volumes + ([{"name": API_TOKEN_VOLUME, "projected": API_TOKEN_PROJECTION}] if shape.autoscale else []),
         "containers": [{
             "name": RAY_CONTAINER_HEAD,
             "image": image,
@@ -233,7 +245,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "rayStartParams": {"num-cpus": "0", "num-gpus": "0"},
             # The autoscaler sidecar (long-lived cluster) is the one caller of the Kubernetes
             # API: only that head keeps a service-account token.
-            "template": {"metadata": metadata, "spec": secure_pod(head_pod, automount_token=shape.autoscale)},
+            "template": {"metadata": metadata, "spec": secure_pod(head_pod)},
         },
         "workerGroupSpecs": [{
             "groupName": group.name,
@@ -253,5 +265,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
         spec["enableInTreeAutoscaling"] = True
         spec["autoscalerOptions"] = {"version": AUTOSCALER_VERSION, "idleTimeoutSeconds": IDLE_TIMEOUT_SECONDS,
                                      "resources": AUTOSCALER_RESOURCES,
+                                     "volumeMounts": [{"name": API_TOKEN_VOLUME, "mountPath": API_TOKEN_PATH,
+                                                       "readOnly": True}],
                                      "securityContext": container_security()}
     return spec

@@ -149,7 +149,8 @@ def test_rayjob_clusters_come_from_the_same_builder(default_synth):
     # upgrade strategy.
     rc = copy.deepcopy(default_synth.one("raycluster")["spec"])
     del rc["enableInTreeAutoscaling"], rc["autoscalerOptions"]
-    rc["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"] = False  # the autoscaler's token
+    head = rc["headGroupSpec"]["template"]["spec"]  # the autoscaler's token, for its container alone
+    head["volumes"] = [v for v in head["volumes"] if v["name"] != "autoscaler-api-token"]
     rc.pop("upgradeStrategy", None)  # how the long-lived cluster takes a new pod template
     for job in GPU_JOBS:
         own = copy.deepcopy(default_synth.one(f"rayjob-{job}")["spec"]["rayClusterSpec"])

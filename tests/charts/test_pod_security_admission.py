@@ -106,3 +106,22 @@ def test_the_restart_rule_needs_an_explicit_v2(default_synth):
     assert {restart_policy(p.pod) for p in effective_pods("raycluster", implicit)} == {"Always"}
     explicit_v1 = {**implicit, "spec": {**implicit["spec"], "autoscalerOptions": {**options, "version": "v1"}}}
     assert {restart_policy(p.pod) for p in effective_pods("raycluster", explicit_v1)} == {"Always"}
+
+
+def test_only_the_autoscaler_container_holds_a_kubernetes_api_token(default_synth):
+    """KubeRay v1.7.0 binds the autoscaler's Role (pods get/list/watch/patch, rayclusters
+    get/patch; common/rbac.go ``BuildRole``) to the head pod's service account
+    (``GetHeadGroupServiceAccountName``), and a pod has one service account; every -on-cluster
+    driver runs in the head's Ray container. So the head mounts no token of its own, and the
+    token (Kubernetes' own kube-api-access projection) is mounted only into the autoscaler, at
+    the path Ray's KubeRay node provider reads (ray 2.58 autoscaler/_private/kuberay/node_provider.py
+    ``load_k8s_secrets``)."""
+    from charts_oracles.kuberay_pods import AUTOSCALER_CONTAINER
+
+    head = {p.where: p.pod for p in all_pods(default_synth)}["raycluster: head"]["spec"]
+    assert head["automountServiceAccountToken"] is False
+    token_volumes = {v["name"] for v in head["volumes"]
+                     if any("serviceAccountToken" in s for s in (v.get("projected") or {}).get("sources", []))}
+    mounts = {c["name"]: [m for m in c.get("volumeMounts") or [] if m["name"] in token_volumes] for c in head["containers"]}
+    assert mounts == {"ray-head": [], AUTOSCALER_CONTAINER: [
+        {"name": next(iter(token_volumes)), "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True}]}
