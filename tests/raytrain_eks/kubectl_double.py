@@ -35,9 +35,10 @@ Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
 - delete: a RayJob whose jobStatus is not terminal gets StopJob on its Ray job first (the
   finalizer, rayjob_controller.go:112-137); the double records the stopped job id.
 
-The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log (with
-``submitter_restarts``, the first streams end half-way, as when the submitter's pod dies and its
-Job starts a new one that prints the log from the start); the submitter
+The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log, behind
+``submit_preamble`` on the first pod only (with ``submitter_restarts``, the first streams end
+half-way, as when the submitter's pod dies and its Job starts a new one that prints the log from
+the start; with ``stream_drops``, kubectl's first streams exit 1 half-way); the submitter
 finishes when it has been streamed (or after ``submitter_runs`` reconciles in RUNNING). When the
 Ray job ends the double copies the scripted results into the run's storage, as the job does.
 State: the JSON file ``$FAKE_KUBECTL_STATE``; every call is appended to its ``calls``.
@@ -214,14 +215,24 @@ def dispatch(state: dict, argv: list[str]) -> int:
             return 1
         log = state.get("driver_log", "")
         restarts = state.get("submitter_restarts", 0)
-        if "-f" in rest and job["_fake"].get("submitter_failures", 0) < restarts:
+        fake = job["_fake"]
+        # The first submitter pod prints `ray job submit`'s lines before the log; a retried pod
+        # finds the job (`ray job status` to /dev/null) and only follows it (common/job.go:119-130).
+        preamble = "".join(f"{line}\n" for line in state.get("submit_preamble", [])) \
+            if fake.get("submitter_failures", 0) == 0 else ""
+        lines = log.splitlines(keepends=True)
+        if "-f" in rest and fake.get("stream_drops", 0) < state.get("stream_drops", 0):
+            # the connection drops half-way (kubectl exits 1); the same pod's log is read again
+            fake["stream_drops"] = fake.get("stream_drops", 0) + 1
+            sys.stdout.write(preamble + "".join(lines[:len(lines) // 2]))
+            return 1
+        if "-f" in rest and fake.get("submitter_failures", 0) < restarts:
             # the submitter's container dies half-way (kubectl still exits 0); its Job starts a
             # new pod whose `ray job logs --follow` prints the log from the start (common/job.go:119-130)
-            job["_fake"]["submitter_failures"] = job["_fake"].get("submitter_failures", 0) + 1
-            lines = log.splitlines(keepends=True)
-            sys.stdout.write("".join(lines[:len(lines) // 2]))
+            fake["submitter_failures"] = fake.get("submitter_failures", 0) + 1
+            sys.stdout.write(preamble + "".join(lines[:len(lines) // 2]))
             return 0
-        sys.stdout.write(log)
+        sys.stdout.write(preamble + log)
         if "-f" in rest:  # following ends when the submitter's container exits
             job["_fake"]["submitter_done"] = True
         return 0

@@ -313,3 +313,19 @@ def test_status_deletes_a_rayjob_past_its_deadline(cluster, tmp_path, capfd):
     assert main(["status", "smoke-d2"]) == 0
     assert "RayJob smoke-d2-on-cluster deleted" in capfd.readouterr().out
     assert cluster.state()["stopped_jobs"] == ["smoke-d2-on-cluster-abcde"]
+
+
+@pytest.mark.parametrize("run, case", [("smoke-r1", {"submitter_restarts": 1}), ("smoke-r2", {"stream_drops": 1}),
+                                       ("smoke-r3", {"stream_drops": 1, "submitter_restarts": 1})])
+def test_every_driver_line_is_shown_once_across_restarts_and_dropped_streams(cluster, tmp_path, capfd, run, case):
+    # The first submitter pod prints `ray job submit`'s lines first; a retried pod does not
+    # (KubeRay v1.7.0 common/job.go:119-130): counting lines would skip driver lines after a
+    # retry, and a dropped stream (kubectl exits 1) would show lines twice.
+    preamble = [f"Job submission server address: http://{run}-x7k2p-head-svc:8265",
+                f"Job '{run}-abcde' submitted successfully", "Tailing logs until the job exits"]
+    cluster.set(submit_preamble=preamble, **case)
+    code = submit(tmp_path, "--name", run)
+    out = capfd.readouterr().out
+    assert code in (0, 3), out
+    for line in [*preamble, *DRIVER_LOG.splitlines()]:
+        assert out.count(line) == 1, (line, out)
