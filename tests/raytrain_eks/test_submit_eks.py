@@ -315,8 +315,8 @@ def test_status_deletes_a_rayjob_past_its_deadline(cluster, tmp_path, capfd):
     assert cluster.state()["stopped_jobs"] == ["smoke-d2-on-cluster-abcde"]
 
 
-@pytest.mark.parametrize("run, case", [("smoke-r1", {"submitter_restarts": 1}), ("smoke-r2", {"stream_drops": 1}),
-                                       ("smoke-r3", {"stream_drops": 1, "submitter_restarts": 1})])
+@pytest.mark.parametrize("run, case", [("smoke-p1", {"submitter_restarts": 1}), ("smoke-p2", {"stream_drops": 1}),
+                                       ("smoke-p3", {"stream_drops": 1, "submitter_restarts": 1})])
 def test_every_driver_line_is_shown_once_across_restarts_and_dropped_streams(cluster, tmp_path, capfd, run, case):
     # The first submitter pod prints `ray job submit`'s lines first; a retried pod does not
     # (KubeRay v1.7.0 common/job.go:119-130): counting lines would skip driver lines after a
