@@ -21,12 +21,8 @@ from charts.provenance import POD_TEMPLATE_LABELS, image_reference
 from environment import Environment, GpuNodeGroupSpec
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, RAY_PEER_LABEL
 from training import contract
+from training.deadlines import head_grace_seconds, stop_wait_seconds
 
-GRACE_MARGIN_SECONDS = 30
-"""Added to a job's ``checkpoint.sigterm_grace_seconds`` for the worker pods'
-terminationGracePeriodSeconds: after the final checkpoint is written the worker still has to
-finish the upload's last request, report to the controller and let ``ray stop`` tear down the
-raylet; without the margin the kubelet's SIGKILL could land inside the checkpoint itself."""
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """Well-known label the kubelet puts on every node: the worker nodeSelector pins the type too."""
 RAY_CONTAINER_HEAD = "ray-head"
@@ -41,6 +37,24 @@ stays for the kubelet's own files and logs, so the kubelet evicts the pod before
 AUTOSCALER_RESOURCES = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"cpu": "200m", "memory": "512Mi"}}
 """The Ray autoscaler sidecar on the long-lived head (KubeRay's default asks 500m / 512Mi).
 Requests = limits: the head pod's QoS class is Guaranteed only if every container's are."""
+API_TOKEN_VOLUME = "autoscaler-api-token"
+API_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Where Ray's KubeRay node provider reads its token and CA (ray 2.58
+autoscaler/_private/kuberay/node_provider.py ``load_k8s_secrets``)."""
+API_TOKEN_PROJECTION = {"sources": [
+    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}
+"""The token and CA of Kubernetes' own ``kube-api-access`` projection (what
+``automountServiceAccountToken`` mounts into every container; its ``namespace`` file Ray does not
+read), mounted into the autoscaler sidecar only: KubeRay v1.7.0 binds the
+autoscaler's Role to the head pod's one service account (common/rbac.go), and the head's Ray
+container runs every -on-cluster driver, which must not patch pods or the RayCluster."""
+AUTOSCALER_VERSION = "v2"
+"""Explicit, although Ray 2.58's ``ray start --head`` runs autoscaler v2 anyway: KubeRay v1.7.0
+gives the head and the workers ``restartPolicy: Never`` only for an explicit ``v2``
+(common/pod.go:278-280, 698-700). A pod restarted in place keeps its Ray node id out of the
+autoscaler's view (Ray's KubeRay autoscaling guide: both versions need Never), so an idle worker
+may never be reclaimed; with Never a failed pod is replaced by the operator instead."""
 IDLE_TIMEOUT_SECONDS = 300
 """An idle GPU worker pod of the long-lived cluster goes after this; cluster-autoscaler then
 removes its node."""
@@ -60,8 +74,9 @@ class ClusterShape:
     env: Environment
     worker_replicas: int
     """GPU worker pods (one per node: each takes every GPU and EFA interface of its node)."""
-    worker_grace_seconds: int
-    """terminationGracePeriodSeconds of worker pods (the job's checkpoint grace + a margin)."""
+    checkpoint_grace_seconds: int
+    """The longest ``checkpoint.sigterm_grace_seconds`` of a job on this cluster: the pods'
+    terminationGracePeriodSeconds derive from it (:func:`stop_wait_seconds`, :func:`head_grace_seconds`)."""
     cluster_label: str
     """Value of the Ray-cluster label on its pods: what its network policy admits."""
     group_name: str = ""
@@ -175,7 +190,7 @@ def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
     volumes, mounts = _shm(resources["memory"])
     return {
         "serviceAccountName": env.ray.service_account,
-        "terminationGracePeriodSeconds": shape.worker_grace_seconds,
+        "terminationGracePeriodSeconds": stop_wait_seconds(shape.checkpoint_grace_seconds),
         "nodeSelector": {**group.labels, INSTANCE_TYPE_LABEL: group.instance_type},
         "tolerations": [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}
                         for t in group.taints],
@@ -208,8 +223,9 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     volumes, mounts = _shm(head_memory)
     head_pod = {
         "serviceAccountName": env.ray.service_account,
+        "terminationGracePeriodSeconds": head_grace_seconds(shape.checkpoint_grace_seconds),
         "nodeSelector": dict(env.system_node_group.labels),
-        "volumes": volumes,
+        "volumes": volumes + ([{"name": API_TOKEN_VOLUME, "projected": API_TOKEN_PROJECTION}] if shape.autoscale else []),
         "containers": [{
             "name": RAY_CONTAINER_HEAD,
             "image": image,
@@ -229,7 +245,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             "rayStartParams": {"num-cpus": "0", "num-gpus": "0"},
             # The autoscaler sidecar (long-lived cluster) is the one caller of the Kubernetes
             # API: only that head keeps a service-account token.
-            "template": {"metadata": metadata, "spec": secure_pod(head_pod, automount_token=shape.autoscale)},
+            "template": {"metadata": metadata, "spec": secure_pod(head_pod)},
         },
         "workerGroupSpecs": [{
             "groupName": group.name,
@@ -247,7 +263,9 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     }
     if shape.autoscale:
         spec["enableInTreeAutoscaling"] = True
-        spec["autoscalerOptions"] = {"idleTimeoutSeconds": IDLE_TIMEOUT_SECONDS,
+        spec["autoscalerOptions"] = {"version": AUTOSCALER_VERSION, "idleTimeoutSeconds": IDLE_TIMEOUT_SECONDS,
                                      "resources": AUTOSCALER_RESOURCES,
+                                     "volumeMounts": [{"name": API_TOKEN_VOLUME, "mountPath": API_TOKEN_PATH,
+                                                       "readOnly": True}],
                                      "securityContext": container_security()}
     return spec

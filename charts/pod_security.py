@@ -14,9 +14,10 @@
   ``RLIMIT_MEMLOCK``; that limit comes from the GPU node's containerd runtime spec
   (:data:`environment.contract.EFA_MEMLOCK_RLIMIT`), not from the capability ``IPC_LOCK``,
   which baseline forbids. Pinned pages stay charged to the pod's memory limit.
-- No Kubernetes service-account token: nothing in these pods calls the Kubernetes API, except
-  the Ray autoscaler sidecar KubeRay adds to the long-lived cluster's head (it scales the
-  RayCluster's worker group through the API), so that one head keeps its token. EKS
+- No Kubernetes service-account token mounted: nothing in these pods calls the Kubernetes API,
+  except the Ray autoscaler sidecar KubeRay adds to the long-lived cluster's head (it scales the
+  RayCluster's worker group through the API), which alone mounts the token
+  (charts/cluster_spec.py ``API_TOKEN_PROJECTION``). EKS
   Pod Identity does not use that token: its admission webhook mounts a separate projected
   token (audience ``pods.eks.amazonaws.com``) at
   ``/var/run/secrets/pods.eks.amazonaws.com/serviceaccount/eks-pod-identity-token`` and sets
@@ -39,7 +40,7 @@ def container_security() -> dict[str, Any]:
 
 def secure_pod(pod: dict[str, Any], *, automount_token: bool = False) -> dict[str, Any]:
     """``pod`` (a pod spec) with the pod- and container-level settings above.
-    ``automount_token``: only for a pod that calls the Kubernetes API (the autoscaling head)."""
+    ``automount_token``: for a pod whose every container calls the Kubernetes API (none here)."""
     containers = [{**c, "securityContext": container_security()} for c in pod["containers"]]
     return {**pod, "automountServiceAccountToken": automount_token,
             "securityContext": {"seccompProfile": dict(SECCOMP)}, "containers": containers}

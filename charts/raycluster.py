@@ -7,7 +7,7 @@ import cdk8s
 from constructs import Construct
 
 from charts.bindings import to_bindings
-from charts.cluster_spec import GRACE_MARGIN_SECONDS, ClusterShape, ray_cluster_spec
+from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.errors import ChartError
 from charts.imports.io import ray as generated
 from charts.network_policy import raycluster_label
@@ -20,7 +20,7 @@ recreates them from the new spec; without it a re-applied cluster keeps running 
 LONG_LIVED_CHECKPOINT_GRACE_SECONDS = 600
 """The longest ``checkpoint.sigterm_grace_seconds`` of a job run on the long-lived cluster; its
 workers wait this plus the margin on SIGTERM. A constant, not the longest of jobs/: the grace
-is in the pod template, which KubeRay's Recreate hash covers, so adding a job would otherwise
+is in the pod templates (workers and head), which KubeRay's Recreate hash covers, so adding a job would otherwise
 delete the running cluster."""
 MAX_RAYCLUSTER_NAME = 53
 """KubeRay's limit: the longest Service it derives (``-serve-svc``) must stay within 63."""
@@ -43,7 +43,7 @@ class RayClusterChart(cdk8s.Chart):
         # Provenance on the object's own metadata only: KubeRay does not hash it.
         provenance = Provenance.for_cluster(env)
         shape = ClusterShape(env=env, worker_replicas=env.primary_gpu_group.job_nodes,
-                             worker_grace_seconds=LONG_LIVED_CHECKPOINT_GRACE_SECONDS + GRACE_MARGIN_SECONDS,
+                             checkpoint_grace_seconds=LONG_LIVED_CHECKPOINT_GRACE_SECONDS,
                              autoscale=True, cluster_label=raycluster_label(cluster_name(env)))
         generated.RayCluster(
             self, "raycluster",

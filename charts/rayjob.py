@@ -7,7 +7,7 @@ import yaml
 from constructs import Construct
 
 from charts.bindings import to_bindings
-from charts.cluster_spec import GRACE_MARGIN_SECONDS, ClusterShape, ray_cluster_spec
+from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.errors import ChartError
 from charts.imports.io import ray as generated
 from charts.jobs import MAX_RAYJOB_NAME, JobPlan, pre_running_deadline_seconds
@@ -19,11 +19,20 @@ from charts.code_bundle import CodeBundle
 from environment import Environment
 from environment.contract import ON_CLUSTER_SUFFIX, RAY_CLUSTER_LABEL, RAY_PEER_LABEL
 from training import contract
+from training.deadlines import stop_wait_seconds
 
 SUBMITTER_CONTAINER = "ray-job-submitter"
 SUBMITTER_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 """The submitter only runs ``ray job submit`` and follows the log. Explicit, and on the system
 nodes: KubeRay's default (500m / 200Mi, no node selector) would land wherever 500m is free."""
+RAY_JOB_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
+"""Ray 2.58's job supervisor (dashboard/modules/job/job_supervisor.py ``JobSupervisor.run``)
+sends a stopped job's driver SIGTERM and SIGKILLs it after ``int(os.environ[...])`` seconds,
+default ``DEFAULT_RAY_JOB_STOP_WAIT_TIME_S = 3``. It reads its own environment, which is the
+job's runtime env (job_manager.py ``_get_supervisor_runtime_env`` copies its ``env_vars``): set
+there, per job, to :func:`training.deadlines.stop_wait_seconds`. KubeRay's StopJob (a deleted
+RayJob, ``raytrain-eks stop``) takes this path; 3 s would kill any final checkpoint larger
+than a toy's."""
 SUBMITTER_BACKOFF_LIMIT = 10
 """``submitterConfig.backoffLimit``: the submitter Job's pod retries. KubeRay v1.7.0 defaults it
 to 2 (rayjob_controller.go ``createNewK8sJob``) and marks the RayJob Failed once the submitter
@@ -38,7 +47,8 @@ log (KubeRay's submit command never submits twice); with the Job's exponential p
 def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle, *, source: SourceIdentity | None = None,
                      manifest_name: str = "") -> str:
     """The Ray runtime environment: the code archive as working_dir (Ray downloads and unpacks
-    it on every node; no pip, no py_modules) and the provenance the run record reports. The
+    it on every node; no pip, no py_modules), the provenance the run record reports and how
+    long Ray's job supervisor waits for a stopped driver (:data:`RAY_JOB_STOP_WAIT_ENV`). The
     manifest hash is a placeholder here: charts.main fills it in the written file
     (:func:`training.contract.fill_manifest_hash`)."""
     return yaml.safe_dump({
@@ -50,6 +60,7 @@ def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle, *, sourc
             contract.ENV_IMAGE: image_reference(env),
             contract.ENV_MANIFEST_NAME: manifest_name,
             contract.ENV_MANIFEST_HASH: contract.MANIFEST_HASH_PENDING,
+            RAY_JOB_STOP_WAIT_ENV: str(stop_wait_seconds(plan.grace_seconds)),
             **(source.env_vars() if source else {}),
         },
     }, sort_keys=True, default_flow_style=False, width=1 << 20)
@@ -98,7 +109,7 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, on_cluster: s
     else:
         cpus = 0 if plan.uses_gpu else plan.config.parallel.num_workers * plan.config.parallel.cpus_per_worker
         shape = ClusterShape(env=env, worker_replicas=plan.worker_replicas,
-                             worker_grace_seconds=plan.grace_seconds + GRACE_MARGIN_SECONDS,
+                             checkpoint_grace_seconds=plan.grace_seconds,
                              group_name=plan.node_group, cluster_label=cluster_label, cpu_job_cpus=cpus)
         spec |= {
             "backoffLimit": limits.backoff_limit,

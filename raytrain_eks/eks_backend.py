@@ -37,6 +37,14 @@ TERMINAL = ("Complete", "Failed", "ValidationFailed")
 IsJobDeploymentTerminal, plus the validation refusal)."""
 NEW = "New"
 """How ``status.jobDeploymentStatus == ""`` is shown (rayjob_types.go: JobDeploymentStatusNew)."""
+DEADLINE_REASONS = ("DeadlineExceeded", "PreRunningDeadlineExceeded")
+"""Failed reasons that free nothing by themselves (KubeRay v1.7.0 rayjob_controller.go): a
+deadline only writes ``Failed`` and the reason (:1234-1262); with ``clusterSelector`` the
+Complete/Failed branch then returns early (:429-432), so the Ray job keeps running and its GPUs
+(and a submitter still waiting for the dashboard submits later); a job's own cluster stays for
+``ttlSecondsAfterFinished`` (``handleShutdownAfterJobFinishes``). Deleting the RayJob frees them:
+its finalizer calls StopJob while ``jobStatus`` is not terminal (:112-138: the job's final
+checkpoint, within its stop wait) and its own cluster and submitter go with it."""
 
 
 class KubectlError(RuntimeError):
@@ -115,6 +123,17 @@ def phase(rayjob: dict[str, Any]) -> tuple[str, str]:
     return status.get("jobDeploymentStatus") or NEW, status.get("jobStatus") or ""
 
 
+def release_after_deadline(name: str, namespace: str, rayjob: dict[str, Any], say: Callable[[str], None]) -> bool:
+    """Delete a RayJob that failed on a deadline (:data:`DEADLINE_REASONS`); True if it did."""
+    status = rayjob.get("status") or {}
+    if status.get("jobDeploymentStatus") != "Failed" or status.get("reason") not in DEADLINE_REASONS:
+        return False
+    kubectl("delete", "rayjob", name, "-n", namespace, "--wait=false", "--ignore-not-found")
+    say(f"    {status['reason']}: RayJob {name} deleted, so KubeRay stops its Ray job (final checkpoint) "
+        "and its GPUs are freed; its checkpoints stay")
+    return True
+
+
 def apply(path: str) -> None:
     # The KubeRay CRDs are too large for client-side apply's last-applied annotation.
     kubectl("apply", "--server-side", "-f", path)
@@ -161,19 +180,65 @@ def pod_waits(cluster: str, namespace: str) -> list[str]:
     return [f"{n} pod(s) {why}" for why, n in sorted(reasons.items())]
 
 
-def stream_submitter_log(name: str, namespace: str, *, skip: int, say: Callable[[str], None]) -> tuple[int, int]:
+RESYNC_LINES = 5
+"""How many of the last lines shown anchor a re-stream (:class:`LogResync`)."""
+
+
+class LogResync:
+    """Shows each line of a log streamed again and again exactly once.
+
+    Every stream of the submitter's log starts from the top: a stream that dropped is run again
+    on the same pod, and a retried submitter pod prints the Ray job's log from its start behind
+    a preamble of its own (KubeRay v1.7.0 common/job.go:119-130: the first pod prints ``ray job
+    submit``'s lines, a retry only ``ray job logs --follow``'s). So a re-stream is matched on
+    content, not counted: its lines are held back until the last :data:`RESYNC_LINES` lines
+    already shown appear in order, and everything after them is new. A stream that ends
+    without that anchor shows the lines it held that were never shown."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self._anchor: list[str] = []
+        self._window: list[str] = []
+        self._held: list[str] = []
+
+    def start(self) -> None:
+        """A new stream begins (from the top)."""
+        self._anchor = self.shown[-RESYNC_LINES:]
+        self._window, self._held = [], []
+
+    def feed(self, line: str, say: Callable[[str], None]) -> None:
+        if not self._anchor:
+            self.shown.append(line)
+            say(line)
+            return
+        self._held.append(line)
+        self._window = (self._window + [line])[-len(self._anchor):]
+        if self._window == self._anchor:
+            self._anchor, self._held = [], []  # caught up: the rest is new
+
+    def end(self, say: Callable[[str], None]) -> None:
+        """The stream ended: held lines that were never shown are shown now."""
+        seen = set(self.shown)
+        for line in self._held:
+            if line not in seen:
+                self.shown.append(line)
+                say(line)
+        self._anchor, self._held = [], []
+
+
+def stream_submitter_log(name: str, namespace: str, *, resync: LogResync, say: Callable[[str], None]) -> tuple[int, int]:
     """``kubectl logs -f job/NAME`` (the submitter Job is named after the RayJob,
-    rayjob_controller.go:724), printing the lines after the first ``skip``; (exit code, lines read)."""
+    rayjob_controller.go:724), showing only the lines ``resync`` has not shown; (exit code, new lines)."""
     proc = subprocess.Popen([shutil.which("kubectl") or "kubectl", "logs", "-f", f"job/{name}", "-n", namespace],
                             stdout=subprocess.PIPE, text=True, errors="replace")
-    count = 0
+    before = len(resync.shown)
+    resync.start()
     assert proc.stdout is not None
     for line in proc.stdout:
-        count += 1
-        if count > skip:
-            say(line.rstrip("\n"))
+        resync.feed(line.rstrip("\n"), say)
+    resync.end(say)
     sys.stdout.flush()
-    return proc.wait(), count
+    return proc.wait(), len(resync.shown) - before
 
 
 def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], None] = print,
@@ -182,7 +247,7 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
     log: each step's loss, tokens/s and ETA, evaluations, checkpoints) once the job runs, and
     return the RayJob as it ended."""
     seen: tuple[Any, ...] = ()
-    printed = 0  # log lines of this attempt already shown
+    resync = LogResync()  # the log lines of this attempt already shown
     job_id = None
     while True:
         rayjob = get_rayjob(name, namespace)
@@ -192,7 +257,7 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
         status = rayjob.get("status") or {}
         if status.get("jobId") and status["jobId"] != job_id:
             # A new attempt (after Retrying) is a new Ray job on a new cluster: stream its log too.
-            job_id, printed = status["jobId"], 0
+            job_id, resync = status["jobId"], LogResync()
         waits = pod_waits(status.get("rayClusterName", ""), namespace) if deployment == "Initializing" else []
         now = (deployment, job_status, tuple(waits))
         if now != seen:
@@ -213,10 +278,9 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
             # submitter's container exits, whatever its code; KubeRay's submitter Job restarts a
             # failed one (backoffLimit 2, rayjob_controller.go:718) and the new pod runs
             # `ray job logs --follow` of the same Ray job, which prints its log from the start
-            # (common/job.go:119-130): stream again, skipping the lines already shown.
-            rc, seen_lines = stream_submitter_log(name, namespace, skip=printed, say=say)
-            if rc == 0 and seen_lines > printed:
-                printed = seen_lines
+            # (common/job.go:119-130): stream again, showing only lines not shown yet.
+            rc, new_lines = stream_submitter_log(name, namespace, resync=resync, say=say)
+            if rc == 0 and new_lines:
                 continue  # the job has ended, or its submitter restarts: read the status now
             # nothing new (a finished submitter KubeRay has not marked yet, or no pod yet): wait
         time.sleep(poll_s)

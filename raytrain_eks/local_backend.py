@@ -43,24 +43,29 @@ def tool_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", **(extra or {})}
 
 
-def submit_and_follow(dashboard_url: str, submission_id: str, entrypoint: str, runtime_env_yaml: str,
-                      *, auth_env: dict[str, str], attempts: int = 30,
-                      on_submitted: Callable[[], None] | None = None) -> str:
-    """Submit (retrying while the head's job agent is still registering, as KubeRay's submitter
-    does), then stream the job's log until it ends. Returns the job's final status.
-    ``auth_env``: the head's ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN`` (KubeRay injects the same two
-    into its submitter)."""
-    env = tool_env(auth_env)
+def submit(dashboard_url: str, submission_id: str, entrypoint: str, runtime_env_yaml: str,
+           *, auth_env: dict[str, str], attempts: int = 30) -> None:
+    """``ray job submit --no-wait``, retrying while the head's job agent is still registering,
+    as KubeRay's submitter does. ``auth_env``: the head's ``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN``
+    (KubeRay injects the same two into its submitter)."""
     cmd = submit_command(dashboard_url, submission_id, entrypoint, runtime_env_yaml)
     for attempt in range(attempts):
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True)
+        proc = subprocess.run(cmd, cwd=ROOT, env=tool_env(auth_env), text=True, capture_output=True)
         if proc.returncode == 0:
-            break
+            return
         if "No available agent" not in proc.stdout + proc.stderr or attempt == attempts - 1:
             raise LocalRunError(f"ray job submit failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
         time.sleep(2)  # the agent registers within seconds; bounded by `attempts`
+
+
+def submit_and_follow(dashboard_url: str, submission_id: str, entrypoint: str, runtime_env_yaml: str,
+                      *, auth_env: dict[str, str], attempts: int = 30,
+                      on_submitted: Callable[[], None] | None = None) -> str:
+    """:func:`submit`, then stream the job's log until it ends. Returns the job's final status."""
+    submit(dashboard_url, submission_id, entrypoint, runtime_env_yaml, auth_env=auth_env, attempts=attempts)
     if on_submitted:
         on_submitted()
+    env = tool_env(auth_env)
     # Its own session: Ctrl-C at the terminal reaches this process only (no second traceback
     # from the follower); subprocess.run kills the follower when this process is interrupted.
     subprocess.run([str(BIN / "ray"), "job", "logs", "--follow", "--address", dashboard_url, submission_id],
@@ -68,14 +73,19 @@ def submit_and_follow(dashboard_url: str, submission_id: str, entrypoint: str, r
     return job_info(dashboard_url, submission_id, auth_env)["status"]
 
 
-def job_info(dashboard_url: str, submission_id: str, auth_env: dict[str, str]) -> dict[str, Any]:
+def job_client(dashboard_url: str, auth_env: dict[str, str]) -> Any:
+    """Ray's ``JobSubmissionClient`` for the head, with its token."""
     from ray.job_submission import JobSubmissionClient
 
     # The token goes in the request's own header: Ray's client reads RAY_AUTH_MODE once per
     # process and caches it, so an environment set after anything imported Ray is not seen.
     token = auth_env.get("RAY_AUTH_TOKEN", "")
     headers = {"authorization": f"Bearer {token}"} if token else None
-    info = JobSubmissionClient(dashboard_url, headers=headers).get_job_info(submission_id)
+    return JobSubmissionClient(dashboard_url, headers=headers)
+
+
+def job_info(dashboard_url: str, submission_id: str, auth_env: dict[str, str]) -> dict[str, Any]:
+    info = job_client(dashboard_url, auth_env).get_job_info(submission_id)
     return {"submission_id": submission_id, "status": getattr(info.status, "value", str(info.status)),
             "entrypoint": info.entrypoint}
 

@@ -59,8 +59,10 @@ def before_after(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
             "eval_improved": after["eval_loss"] < before["eval_loss"]}
 
 
-def eval_line(figures: dict[str, Any]) -> str:
-    """``eval: loss 5.1234 -> 3.2100 | ppl 168.0 -> 24.8``."""
+def eval_line(figures: dict[str, Any], *, stopped: bool = False) -> str:
+    """``eval: loss 5.1234 -> 3.2100 | ppl 168.0 -> 24.8``; a stopped run skipped the final one."""
+    if stopped:
+        return "eval: skipped (stopped before max_steps: the grace period is for the checkpoint)"
     if figures["eval_loss_before"] is None:
         return "eval: no held-out data"
     return (f"eval: loss {figures['eval_loss_before']:.4f} -> {figures['eval_loss_after']:.4f} | "

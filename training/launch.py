@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import uuid
 from typing import Any, Mapping
@@ -15,6 +16,7 @@ from typing import Any, Mapping
 from training import contract, run_logs, verdict
 from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
+from training.deadlines import run_time_limit_seconds
 from training.facts import NCCL_ENV_PREFIXES
 from training.run_record import RunRecord
 from training.verdict import outcome
@@ -96,8 +98,23 @@ def worker_env(job: JobConfig) -> dict[str, str]:
     return env
 
 
-def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: str = "run") -> Any:
-    """The TorchTrainer for ``job`` (not started); ``resume_from``: a checkpoint URI for a new run."""
+def lease_holder(environ: Mapping[str, str] | None = None) -> str:
+    """Who this driver is, for a second trainer's refusal: the Ray job (KubeRay submits a RayJob
+    as ``<RayJob name>-<suffix>``: ray 2.58 job_supervisor.py puts the submission id in the
+    driver's job config metadata), the host (on EKS the head pod) and the pid."""
+    environ = os.environ if environ is None else environ
+    try:
+        submission = (json.loads(environ.get(SUBMITTED_JOB_ENV, "{}")).get("metadata") or {}).get("job_submission_id")
+    except (ValueError, AttributeError):
+        submission = None
+    who = f"Ray job {submission}" if submission else "python -m training"
+    return f"{who} on {socket.gethostname()} (pid {os.getpid()})"
+
+
+def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: str = "run",
+                  lease: dict[str, Any] | None = None) -> Any:
+    """The TorchTrainer for ``job`` (not started); ``resume_from``: a checkpoint URI for a new run;
+    ``lease``: this attempt's (:meth:`training.checkpointing.Lease.to_dict`), checked by the workers."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -117,7 +134,8 @@ def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: st
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"job": job.to_dict(), "source": job.source, "run_dir": run_dir(job),
-                           "resume_from": resume_from, "cwd": os.getcwd(), "data_error_token": data_error_token},
+                           "resume_from": resume_from, "cwd": os.getcwd(), "data_error_token": data_error_token,
+                           "lease": lease},
         torch_config=TorchConfig(backend=backend_for(p.use_gpu), timeout_s=COLLECTIVE_TIMEOUT_S),
         scaling_config=ScalingConfig(num_workers=p.num_workers, use_gpu=p.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
@@ -197,11 +215,31 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
     """Fit the job; returns the process exit code: the verdict's (training/verdict.py: 0 accepted,
     1 execution-failed, 3 rejected), 2 refused input (before start, or data the job cannot read),
     143 stopped by SIGTERM (resumable)."""
+    from training import checkpointing
+
+    argv = list(argv or sys.argv)
+    lease = None
+    if job.checkpoint.storage_path:
+        # One writer per run: taken before anything is restored or written, released at the end.
+        lease = checkpointing.Lease(run=run_dir(job), attempt=uuid.uuid4().hex, holder=lease_holder())
+        try:
+            lease.acquire()
+        except checkpointing.LeaseHeld as err:
+            print(f"error: {job.source}: {err}", file=sys.stderr, flush=True)
+            return 2
+    try:
+        return _run(job, argv, lease)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
+    """:func:`run` while this attempt holds the run's lease (None: no storage, no lease)."""
     import ray
 
     from training import checkpointing
 
-    argv = list(argv or sys.argv)
     resume_from = ""
     if job.checkpoint.storage_path:
         try:
@@ -222,19 +260,29 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
         submitted = SUBMITTED_JOB_ENV in os.environ
         ray.init(**({} if submitted else {"runtime_env": {"env_vars": forwarded_env()}}), log_to_driver=True)
     record = start_record(job, argv)
-    stop_flag = None
+    stop_flag = limit = None
     if job.checkpoint.storage_path:  # keep the reference: the flag actor lives as long as it
         stop_flag = checkpointing.forward_driver_sigterm(job.run_name, job.checkpoint.sigterm_grace_seconds)
+        # The run's own wall-clock limit: KubeRay only marks an -on-cluster RayJob failed at its deadline.
+        seconds = run_time_limit_seconds(job.rayjob.active_deadline_minutes, job.checkpoint.sigterm_grace_seconds)
+        limit = checkpointing.stop_driver_after(seconds, f"time limit {seconds} s reached (rayjob.active_deadline_minutes "
+                                                         f"{job.rayjob.active_deadline_minutes} less the stop wait)")
+    heartbeat = checkpointing.keep_renewed(lease) if lease is not None else None
     token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/failure.py)
     returned, error, data_errors = None, None, []
     try:
-        result = build_trainer(job, resume_from=resume_from, data_error_token=token).fit()
+        result = build_trainer(job, resume_from=resume_from, data_error_token=token,
+                               lease=lease.to_dict() if lease is not None else None).fit()
         if getattr(result, "error", None):
             raise result.error
         data_errors = read_data_errors(run_dir(job), token)
         returned = result.return_value  # rank 0's summary and facts (None after a data refusal)
     except Exception as err:  # TrainingFailedError and friends: one line, details in the logs
         error = err
+    if heartbeat is not None:
+        heartbeat.set()
+    if limit is not None:
+        limit.cancel()
     final = finish_record(record, returned=returned, error=error, data_errors=data_errors)
     del stop_flag
     if final.get("error"):

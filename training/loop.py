@@ -136,7 +136,7 @@ def open_data(job: JobConfig, ctx: WorkerContext) -> tuple[Any, Any]:
 
 
 def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: Any = None,
-          resume_from: str = "") -> dict[str, Any]:
+          resume_from: str = "", lease: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the job on this worker; returns the run's summary (the same on every rank). Rank 0's
     also carries, under :data:`training.contract.WORKER_FACTS`, the run.json fields the workers
     read (:data:`training.contract.WORKER_RECORD_FIELDS`): the driver merges them into the record
@@ -146,12 +146,13 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
 
     nccl_log.prepare_worker(job.parallel.use_gpu)  # before ANY collective: NCCL opens its file once
     try:
-        return _train(job, ctx, data=data, tokenizer=tokenizer, resume_from=resume_from)
+        return _train(job, ctx, data=data, tokenizer=tokenizer, resume_from=resume_from, lease=lease)
     finally:
         upload_nccl_log(ctx.run_dir, ctx.rank, nccl_log.NCCL_LOG_DIR if job.parallel.use_gpu else None)
 
 
-def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, resume_from: str) -> dict[str, Any]:
+def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, resume_from: str,
+           lease: dict[str, Any] | None) -> dict[str, Any]:
     from training import checkpointing as ckpt_api
     from training.facts import gather
     from training.transport import hosts_from_evidence
@@ -193,7 +194,8 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         ckpt = ckpt_api.CheckpointManager(
             model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root, run_name=job.run_name,
             every_n_steps=job.checkpoint.every_n_steps, report=ctx.checkpoint_report, device=device,
-            model_config=model_config, uploads_in_flight=ctx.uploads_in_flight)
+            model_config=model_config, uploads_in_flight=ctx.uploads_in_flight,
+            lease=ckpt_api.Lease(**lease) if lease else None)
 
     throughput = metrics.ThroughputModel.for_model(
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
@@ -272,7 +274,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     if ckpt is not None and job.checkpoint.export_hf and not stopped:
         summary.update(export_on_workers(model, ctx, model_config, job))
     log.write(summary)
-    log.print(evaluation.eval_line(figures))
+    log.print(evaluation.eval_line(figures, stopped=stopped))
     log.close()
     if facts is not None:
         facts.update(throughput=contract.throughput_summary(steps), eval={"before": before, "after": after},
@@ -316,4 +318,5 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     writer = storage_writer(ctx.storage, loop_config.get("data_error_token", "run"), ctx.rank)
     if not agree_on_data(error, rank=ctx.rank, device=device, write=writer):
         return None
-    return train(job, ctx, data=data, tokenizer=tokenizer, resume_from=loop_config.get("resume_from", ""))
+    return train(job, ctx, data=data, tokenizer=tokenizer, resume_from=loop_config.get("resume_from", ""),
+                 lease=loop_config.get("lease"))

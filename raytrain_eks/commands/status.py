@@ -53,4 +53,7 @@ def run(args: argparse.Namespace) -> int:
     fields["waiting"] = "; ".join(waits)
     fields["storage"] = f"{env.storage_uri}/{args.run}"
     _print(fields, args.output)
+    # a RayJob past its deadline is deleted so its Ray job stops (KubeRay only marks it Failed)
+    eks.release_after_deadline(found[0], env.ray.namespace, rayjob,
+                               print if args.output == "text" else (lambda line: print(line, file=sys.stderr)))
     return 0

@@ -131,6 +131,23 @@ def _local(manifests, out_dir: Path, uploads: list, storage_uri: str) -> int:
     return finish(out_dir)
 
 
+def _refuse_a_live_sibling(manifests, *, resume: bool) -> None:
+    """A run's two variants (``RUN`` on its own cluster, ``RUN-on-cluster`` on the long-lived
+    one) write the same ``<storage>/RUN``: while one is live, the other may not start (the
+    trainer's lease refuses it too, but only once its cluster is up and paid for)."""
+    from charts.errors import ChartError
+    from environment.contract import ON_CLUSTER_SUFFIX
+    from raytrain_eks import eks_backend as eks
+
+    sibling = manifests.run if manifests.on_cluster else manifests.run + ON_CLUSTER_SUFFIX
+    found = eks.get_rayjob(sibling, manifests.namespace)
+    if found is not None and eks.phase(found)[0] not in eks.TERMINAL:
+        deployment, job_status = eks.phase(found)
+        raise ChartError(f"submit: {'--resume' if resume else '--name'}: RayJob {sibling} is {deployment}"
+                         f"{' / ' + job_status if job_status else ''} on the same storage {manifests.run_uri}: "
+                         f"raytrain-eks stop {manifests.run} first")
+
+
 def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: bool, poll_s: float,
          wait: bool = True) -> int:
     from charts.errors import ChartError
@@ -151,6 +168,7 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
         print(f"    code archive already in the bucket: {manifests.code_uri}")
     run_inputs.upload(client, uploads, storage_uri, manifests.run)
     eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
+    _refuse_a_live_sibling(manifests, resume=resume)
     existing = eks.get_rayjob(manifests.rayjob_name, manifests.namespace)
     if existing is not None and not resume:
         # Server-side apply onto it would succeed and change nothing that runs: KubeRay does not
@@ -177,6 +195,8 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
     print(f"    RayJob {manifests.rayjob_name} applied (Ctrl-C detaches; the run goes on)")
     final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s)
     deployment, job_status = eks.phase(final)
+    if eks.release_after_deadline(manifests.rayjob_name, manifests.namespace, final, print):
+        print(f"    submit --resume {manifests.run} continues it (with a longer rayjob.active_deadline_minutes)")
     if deployment == "ValidationFailed":
         # KubeRay refused the spec before creating anything (rayjob_controller.go:144-161): no
         # cluster ran, so storage has nothing of it; the RayJob stays until deleted.

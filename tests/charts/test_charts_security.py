@@ -36,9 +36,9 @@ def test_every_pod_template_is_hardened(variant, request):
     seen = set()
     for where, template in every_template(synth):
         spec = template["spec"]
-        # the token only where the Ray autoscaler sidecar runs (it calls the Kubernetes API)
-        autoscaling_head = where.startswith("raycluster:") and "headGroupSpec" in where
-        assert spec["automountServiceAccountToken"] is autoscaling_head, where
+        # no pod mounts the token in every container (the autoscaler sidecar alone gets it:
+        # test_pod_security_admission.py::test_only_the_autoscaler_container_holds_a_kubernetes_api_token)
+        assert spec["automountServiceAccountToken"] is False, where
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
         assert "hostNetwork" not in spec and "hostPID" not in spec and "hostIPC" not in spec, where
         for c in spec["containers"]:
@@ -81,7 +81,7 @@ def test_token_auth_refuses_a_ray_older_than_kuberay_supports(tmp_path):
     raw = spec_raw()
     raw["image"]["ray_version"] = "2.51.1"
     with pytest.raises(ChartError, match=r"image.ray_version: '2.51.1' is too old .* 2.52.0"):
-        ray_cluster_spec(ClusterShape(env=make_env(raw), worker_replicas=1, worker_grace_seconds=60,
+        ray_cluster_spec(ClusterShape(env=make_env(raw), worker_replicas=1, checkpoint_grace_seconds=60,
                                       cluster_label="c"))
 
 

@@ -10,7 +10,7 @@ from charts_testspec import ACCOUNT, TEST_DIGEST, make_env
 from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.raycluster import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
 from charts.jobs import PRE_RUNNING_FACTOR
-from charts.rayjob import GRACE_MARGIN_SECONDS
+from training.deadlines import GRACE_MARGIN_SECONDS
 from environment.addons import SCALE_UP_MINUTES
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL
 from training.config import load_job_config
@@ -108,7 +108,7 @@ def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
 def test_gpudirect_rdma_is_set_only_where_the_instance_has_it():
     # p5 has GPUDirect RDMA over EFA; g6 (the default) does not and must not claim it.
     p5 = make_env(instance_type="p5.48xlarge")
-    spec = ray_cluster_spec(ClusterShape(env=p5, worker_replicas=2, worker_grace_seconds=60, cluster_label="c"))
+    spec = ray_cluster_spec(ClusterShape(env=p5, worker_replicas=2, checkpoint_grace_seconds=60, cluster_label="c"))
     c = container(worker_group(spec)["template"])
     assert env_of(c)["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert c["resources"]["limits"][EFA_RESOURCE] == "32" and c["resources"]["limits"][GPU_RESOURCE] == "8"
@@ -149,13 +149,15 @@ def test_rayjob_clusters_come_from_the_same_builder(default_synth):
     # upgrade strategy.
     rc = copy.deepcopy(default_synth.one("raycluster")["spec"])
     del rc["enableInTreeAutoscaling"], rc["autoscalerOptions"]
-    rc["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"] = False  # the autoscaler's token
+    head = rc["headGroupSpec"]["template"]["spec"]  # the autoscaler's token, for its container alone
+    head["volumes"] = [v for v in head["volumes"] if v["name"] != "autoscaler-api-token"]
     rc.pop("upgradeStrategy", None)  # how the long-lived cluster takes a new pod template
     for job in GPU_JOBS:
         own = copy.deepcopy(default_synth.one(f"rayjob-{job}")["spec"]["rayClusterSpec"])
         for spec in (rc, own):
             worker_group(spec)["replicas"] = worker_group(spec)["minReplicas"] = worker_group(spec)["maxReplicas"] = 0
             worker_group(spec)["template"]["spec"]["terminationGracePeriodSeconds"] = 0
+            spec["headGroupSpec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 0
             for t in (spec["headGroupSpec"]["template"], worker_group(spec)["template"]):
                 t["metadata"] = {}
         assert own == rc
@@ -232,6 +234,13 @@ def test_rayjob_lifecycle_fields(default_synth):
         assert spec["activeDeadlineSeconds"] == cfg.rayjob.active_deadline_minutes * 60 > 0
         grace = worker_group(spec["rayClusterSpec"])["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace == cfg.checkpoint.sigterm_grace_seconds + GRACE_MARGIN_SECONDS
+        # Ray's job supervisor waits as long as the workers (ray 2.58 job_supervisor.py reads
+        # RAY_JOB_STOP_WAIT_TIME_S from the runtime env), and the head, where the driver runs,
+        # outlives that wait when the RayJob's deletion takes its cluster down.
+        stop_wait = int(yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"])
+        assert stop_wait == grace
+        head_grace = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert head_grace == stop_wait + GRACE_MARGIN_SECONDS
 
 
 def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
@@ -255,6 +264,8 @@ def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
     # change its pod templates), and covers every job that may run on it.
     grace = worker_group(rc["spec"])["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace == LONG_LIVED_CHECKPOINT_GRACE_SECONDS + GRACE_MARGIN_SECONDS
+    head_grace = rc["spec"]["headGroupSpec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert head_grace == grace + GRACE_MARGIN_SECONDS
     for job in GPU_JOBS:
         assert submitted_config(default_synth.one(f"rayjob-{job}")).checkpoint.sigterm_grace_seconds \
             <= LONG_LIVED_CHECKPOINT_GRACE_SECONDS
@@ -262,6 +273,9 @@ def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
         # long-lived head's readiness: its GPU workers scale up while the RayJob is Running
         variant = default_synth.one(f"rayjob-{job}-on-cluster")["spec"]
         assert "backoffLimit" not in variant and variant["preRunningDeadlineSeconds"] == PRE_RUNNING_SECONDS
+        # the job's own stop wait, within what the long-lived head waits on deletion
+        stop_wait = int(yaml.safe_load(variant["runtimeEnvYAML"])["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"])
+        assert stop_wait < head_grace
 
 
 def test_code_travels_as_working_dir_only(default_synth):

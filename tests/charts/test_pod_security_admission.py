@@ -80,3 +80,48 @@ def test_every_ray_pod_is_guaranteed(variant, request):
     # Head and workers are never the first to be evicted under node memory pressure.
     qos = {p.where: qos_class(p.pod) for p in all_pods(request.getfixturevalue(variant)) if "submitter" not in p.where}
     assert set(qos.values()) == {"Guaranteed"}, qos
+
+
+def test_autoscaled_pods_never_restart_in_place(default_synth):
+    """Ray 2.58's ``ray start --head`` runs autoscaler v2; Ray's KubeRay autoscaling guide says
+    neither autoscaler version may have its worker pods restarted in place (an idle worker is
+    reclaimed by deleting its pod). KubeRay v1.7.0 sets ``restartPolicy: Never`` only for an
+    explicit ``autoscalerOptions.version: v2`` (charts_oracles/kuberay_pods.py)."""
+    from charts_oracles.kuberay_pods import AUTOSCALER_V2_ENV, restart_policy
+
+    pods = {p.where: p.pod for p in all_pods(default_synth)}
+    autoscaled = {where: restart_policy(pod) for where, pod in pods.items() if where.startswith("raycluster: ")}
+    assert autoscaled == {"raycluster: head": "Never", "raycluster: worker gpu": "Never"}
+    head_env = {e["name"]: e.get("value") for e in pods["raycluster: head"]["spec"]["containers"][0]["env"]}
+    assert head_env[AUTOSCALER_V2_ENV] == "true"
+
+
+def test_the_restart_rule_needs_an_explicit_v2(default_synth):
+    # the oracle itself: no version (Ray's default is v2 all the same) leaves the template's policy
+    from charts_oracles.kuberay_pods import effective_pods, restart_policy
+
+    [cluster] = default_synth.docs["raycluster"]
+    options = {k: v for k, v in cluster["spec"]["autoscalerOptions"].items() if k != "version"}
+    implicit = {**cluster, "spec": {**cluster["spec"], "autoscalerOptions": options}}
+    assert {restart_policy(p.pod) for p in effective_pods("raycluster", implicit)} == {"Always"}
+    explicit_v1 = {**implicit, "spec": {**implicit["spec"], "autoscalerOptions": {**options, "version": "v1"}}}
+    assert {restart_policy(p.pod) for p in effective_pods("raycluster", explicit_v1)} == {"Always"}
+
+
+def test_only_the_autoscaler_container_holds_a_kubernetes_api_token(default_synth):
+    """KubeRay v1.7.0 binds the autoscaler's Role (pods get/list/watch/patch, rayclusters
+    get/patch; common/rbac.go ``BuildRole``) to the head pod's service account
+    (``GetHeadGroupServiceAccountName``), and a pod has one service account; every -on-cluster
+    driver runs in the head's Ray container. So the head mounts no token of its own, and the
+    token (Kubernetes' own kube-api-access projection) is mounted only into the autoscaler, at
+    the path Ray's KubeRay node provider reads (ray 2.58 autoscaler/_private/kuberay/node_provider.py
+    ``load_k8s_secrets``)."""
+    from charts_oracles.kuberay_pods import AUTOSCALER_CONTAINER
+
+    head = {p.where: p.pod for p in all_pods(default_synth)}["raycluster: head"]["spec"]
+    assert head["automountServiceAccountToken"] is False
+    token_volumes = {v["name"] for v in head["volumes"]
+                     if any("serviceAccountToken" in s for s in (v.get("projected") or {}).get("sources", []))}
+    mounts = {c["name"]: [m for m in c.get("volumeMounts") or [] if m["name"] in token_volumes] for c in head["containers"]}
+    assert mounts == {"ray-head": [], AUTOSCALER_CONTAINER: [
+        {"name": next(iter(token_volumes)), "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True}]}

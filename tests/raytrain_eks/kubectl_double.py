@@ -28,12 +28,17 @@ Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
 - ``kubectl apply --server-side`` of a RayJob that exists succeeds (exit 0): it changes the
   spec and keeps the status, and a ``Complete``/``Failed`` RayJob is not run again
   (rayjob_controller.go:420-447 only cleans up).
+- ``activeDeadlineSeconds`` (``deadline_after``: reconciles in Running): the Running case checks
+  it first (rayjob_controller.go:249-257, ``checkActiveDeadlineAndUpdateStatusIfNeeded``
+  :1234-1246): ``Failed`` with ``reason = DeadlineExceeded``; ``jobStatus`` keeps the last value
+  (RUNNING): the Ray job is not stopped.
 - delete: a RayJob whose jobStatus is not terminal gets StopJob on its Ray job first (the
   finalizer, rayjob_controller.go:112-137); the double records the stopped job id.
 
-The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log (with
-``submitter_restarts``, the first streams end half-way, as when the submitter's pod dies and its
-Job starts a new one that prints the log from the start); the submitter
+The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log, behind
+``submit_preamble`` on the first pod only (with ``submitter_restarts``, the first streams end
+half-way, as when the submitter's pod dies and its Job starts a new one that prints the log from
+the start; with ``stream_drops``, kubectl's first streams exit 1 half-way); the submitter
 finishes when it has been streamed (or after ``submitter_runs`` reconciles in RUNNING). When the
 Ray job ends the double copies the scripted results into the run's storage, as the job does.
 ``kubectl config view --minify -o json`` answers the current context's cluster entry
@@ -116,6 +121,10 @@ def reconcile(state: dict, job: dict) -> None:
         if fake["reconciles"] - fake["initializing_since"] >= state["cluster_ready_after"]:
             status.update(jobDeploymentStatus="Running", dashboardURL=f"{status['rayClusterName']}-head-svc:8265")
             fake["running_since"] = fake["reconciles"]
+    elif deployment == "Running" and state.get("deadline_after") is not None \
+            and fake["reconciles"] - fake["running_since"] >= state["deadline_after"]:
+        status.update(jobDeploymentStatus="Failed", reason="DeadlineExceeded",
+                      message="The RayJob has passed the activeDeadlineSeconds.")
     elif deployment == "Running":
         # jobStatus is what the dashboard says of the Ray job: PENDING, then RUNNING, then the
         # outcome once the job ended (the submitter's `ray job submit` follows it to its end).
@@ -214,14 +223,24 @@ def dispatch(state: dict, argv: list[str]) -> int:
             return 1
         log = state.get("driver_log", "")
         restarts = state.get("submitter_restarts", 0)
-        if "-f" in rest and job["_fake"].get("submitter_failures", 0) < restarts:
+        fake = job["_fake"]
+        # The first submitter pod prints `ray job submit`'s lines before the log; a retried pod
+        # finds the job (`ray job status` to /dev/null) and only follows it (common/job.go:119-130).
+        preamble = "".join(f"{line}\n" for line in state.get("submit_preamble", [])) \
+            if fake.get("submitter_failures", 0) == 0 else ""
+        lines = log.splitlines(keepends=True)
+        if "-f" in rest and fake.get("stream_drops", 0) < state.get("stream_drops", 0):
+            # the connection drops half-way (kubectl exits 1); the same pod's log is read again
+            fake["stream_drops"] = fake.get("stream_drops", 0) + 1
+            sys.stdout.write(preamble + "".join(lines[:len(lines) // 2]))
+            return 1
+        if "-f" in rest and fake.get("submitter_failures", 0) < restarts:
             # the submitter's container dies half-way (kubectl still exits 0); its Job starts a
             # new pod whose `ray job logs --follow` prints the log from the start (common/job.go:119-130)
-            job["_fake"]["submitter_failures"] = job["_fake"].get("submitter_failures", 0) + 1
-            lines = log.splitlines(keepends=True)
-            sys.stdout.write("".join(lines[:len(lines) // 2]))
+            fake["submitter_failures"] = fake.get("submitter_failures", 0) + 1
+            sys.stdout.write(preamble + "".join(lines[:len(lines) // 2]))
             return 0
-        sys.stdout.write(log)
+        sys.stdout.write(preamble + log)
         if "-f" in rest:  # following ends when the submitter's container exits
             job["_fake"]["submitter_done"] = True
         return 0

@@ -342,3 +342,58 @@ def test_the_run_commands_start_no_node(command, tmp_path):
     # list still lists the local runs (0) when there are any in .work/runs; logs says "no log" (2)
     # when storage answers; otherwise nothing could be reached (5)
     assert proc.returncode == 5 or (command, proc.returncode) in (("list", 0), ("logs", 2)), proc.stderr
+
+
+@pytest.mark.parametrize("live, flags", [("smoke-w1-on-cluster", ()), ("smoke-w1", ("--on-cluster",))])
+def test_resume_refuses_while_the_other_variant_of_the_run_is_live(cluster, tmp_path, capfd, live, flags):
+    # RUN and RUN-on-cluster write the same <storage>/RUN: both would resume it and prune each
+    # other's checkpoints (keep_last).
+    key = cluster.storage.removeprefix(f"s3://{cluster.bucket}/") + "/smoke-w1/run.json"
+    cluster.s3.put_object(Bucket=cluster.bucket, Key=key, Body=b"{}")
+    cluster.set(rayjobs={live: {"kind": "RayJob", "metadata": {"name": live}, "spec": {},
+                                "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+                                "_fake": {"reconciles": 0, "submitter_done": False, "running_since": 0}}},
+                submitter_runs=1000)
+    assert submit(tmp_path, "--resume", "smoke-w1", *flags) == 2
+    err = capfd.readouterr().err
+    assert f"RayJob {live} is Running / RUNNING on the same storage {cluster.storage}/smoke-w1: " \
+           "raytrain-eks stop smoke-w1 first" in err, err
+    assert not any(c[0] in ("apply", "delete") and "rayjob" in " ".join(c) for c in cluster.state()["calls"])
+
+
+@pytest.mark.parametrize("flags, rayjob", [((), "smoke-d1"), (("--on-cluster",), "smoke-d1-on-cluster")])
+def test_a_deadline_deletes_the_rayjob_so_its_job_stops_and_its_gpus_go(cluster, tmp_path, capfd, flags, rayjob):
+    # KubeRay only marks the RayJob Failed/DeadlineExceeded; with clusterSelector the Ray job runs on.
+    cluster.set(deadline_after=1, submitter_runs=1000)
+    assert submit(tmp_path, "--name", "smoke-d1", *flags) == 1  # no run.json yet: the stop writes it
+    out = capfd.readouterr().out
+    assert f"DeadlineExceeded: RayJob {rayjob} deleted, so KubeRay stops its Ray job (final checkpoint)" in out, out
+    state = cluster.state()
+    assert rayjob not in state["rayjobs"] and state["stopped_jobs"] == [f"{rayjob}-abcde"]
+
+
+def test_status_deletes_a_rayjob_past_its_deadline(cluster, tmp_path, capfd):
+    cluster.set(rayjobs={"smoke-d2-on-cluster": {
+        "kind": "RayJob", "metadata": {"name": "smoke-d2-on-cluster"}, "spec": {"clusterSelector": {"ray.io/cluster": "c"}},
+        "status": {"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded", "jobStatus": "RUNNING",
+                   "jobId": "smoke-d2-on-cluster-abcde"},
+        "_fake": {"reconciles": 0, "submitter_done": False}}})
+    assert main(["status", "smoke-d2"]) == 0
+    assert "RayJob smoke-d2-on-cluster deleted" in capfd.readouterr().out
+    assert cluster.state()["stopped_jobs"] == ["smoke-d2-on-cluster-abcde"]
+
+
+@pytest.mark.parametrize("run, case", [("smoke-p1", {"submitter_restarts": 1}), ("smoke-p2", {"stream_drops": 1}),
+                                       ("smoke-p3", {"stream_drops": 1, "submitter_restarts": 1})])
+def test_every_driver_line_is_shown_once_across_restarts_and_dropped_streams(cluster, tmp_path, capfd, run, case):
+    # The first submitter pod prints `ray job submit`'s lines first; a retried pod does not
+    # (KubeRay v1.7.0 common/job.go:119-130): counting lines would skip driver lines after a
+    # retry, and a dropped stream (kubectl exits 1) would show lines twice.
+    preamble = [f"Job submission server address: http://{run}-x7k2p-head-svc:8265",
+                f"Job '{run}-abcde' submitted successfully", "Tailing logs until the job exits"]
+    cluster.set(submit_preamble=preamble, **case)
+    code = submit(tmp_path, "--name", run)
+    out = capfd.readouterr().out
+    assert code in (0, 3), out
+    for line in [*preamble, *DRIVER_LOG.splitlines()]:
+        assert out.count(line) == 1, (line, out)

@@ -12,6 +12,8 @@ size and sha256) matches the files: :func:`is_complete` (local) / ``storage.remo
 DRIVER (before ``trainer.fit``)::
 
     from training.checkpointing import plan_resume, ExistingRunError, forward_driver_sigterm
+    lease = Lease(run=run_uri, attempt=uuid4().hex, holder="Ray job ... on <host> (pid N)")
+    lease.acquire()                                      # LeaseHeld: another live trainer, one line, exit 2
     plan = plan_resume(storage_path=cfg.checkpoint.storage_path, run_name=cfg.run_name,
                        on_existing_run=cfg.checkpoint.on_existing_run,
                        max_steps=cfg.train.max_steps, world_size=cfg.parallel.num_workers,
@@ -54,20 +56,21 @@ Notes for the loop:
   are restored last, so anything seeded after restore continues the same random sequence.
 - tests and benchmarks outside Ray pass ``report=storage.copy_report(run_uri)``.
 """
+from training.checkpointing.lease import Lease, LeaseHeld, keep_renewed
 from training.checkpointing.export import export_hf, export_latest, export_local, export_model
 from training.checkpointing.manager import CheckpointManager, SaveTiming, checkpoint_dir_name, local_checkpoint_root
 from training.checkpointing.marker import MARKER_NAME, completeness_problem, is_complete
 from training.checkpointing.restore import restore
 from training.checkpointing.run_policy import ExistingRunError, ResumePlan, plan_resume
 from training.checkpointing.signals import (forward_driver_sigterm, install_worker_handler, request_stop,
-                                            stop_requested)
+                                            stop_driver_after, stop_requested)
 from training.checkpointing.state import TrainerState
 from training.checkpointing.storage import copy_report, find_latest_complete, list_checkpoints
 
 __all__ = [
-    "CheckpointManager", "ExistingRunError", "MARKER_NAME", "ResumePlan", "SaveTiming", "TrainerState",
+    "CheckpointManager", "ExistingRunError", "Lease", "LeaseHeld", "keep_renewed", "MARKER_NAME", "ResumePlan", "SaveTiming", "TrainerState",
     "checkpoint_dir_name", "completeness_problem", "copy_report", "export_hf", "export_latest",
     "export_local", "export_model", "find_latest_complete", "forward_driver_sigterm", "install_worker_handler",
     "is_complete", "list_checkpoints", "local_checkpoint_root", "plan_resume", "request_stop", "restore",
-    "stop_requested",
+    "stop_driver_after", "stop_requested",
 ]

@@ -39,6 +39,7 @@ from torch.utils._pytree import tree_map
 
 from training import contract
 from training.checkpointing import signals
+from training.checkpointing.lease import LeaseLost
 from training.checkpointing.marker import FileEntry, describe_files, write_marker
 from training.checkpointing.state import TrainerState, checkpoint_state
 
@@ -112,7 +113,7 @@ class CheckpointManager:
                  trainer: TrainerState, local_root: str, run_name: str, every_n_steps: int = 0,
                  report: ReportFn | None = None, async_save: bool = True,
                  model_config: dict[str, Any] | None = None, device: torch.device | None = None,
-                 uploads_in_flight: Callable[[], int] | None = None):
+                 uploads_in_flight: Callable[[], int] | None = None, lease: Any = None):
         self.model, self.optimizer, self.trainer = model, optimizer, trainer
         self.every_n_steps = every_n_steps
         self.async_save = async_save
@@ -125,6 +126,8 @@ class CheckpointManager:
         in_ray = _in_ray_train()
         self.report = report if report is not None else (ray_report if in_ray else _no_report)
         self.uploads_in_flight = uploads_in_flight or (ray_uploads_in_flight if in_ray else _nothing_in_flight)
+        self.lease = lease
+        """This attempt's :class:`~training.checkpointing.lease.Lease` (None: not checked)."""
         if local_rank(self.rank) == 0:
             # folders a killed attempt never handed over; the collective below makes the others wait
             shutil.rmtree(self.root, ignore_errors=True)
@@ -264,12 +267,16 @@ class CheckpointManager:
 
             (folder / "model_config.json").write_text(json.dumps(self.model_config, sort_keys=True), encoding="utf-8")
         mine = [FileEntry(path=e.path, size=e.size, sha256=e.sha256) for e in describe_files(folder)]
-        everyone: list[Any] = [mine]
+        # Rank 0 reads the lease; every rank learns its answer in the gather it already makes.
+        lost = self.lease.problem() if self.lease is not None and self.rank == 0 else None
+        everyone: list[Any] = [(mine, lost)]
         if self.distributed:
             everyone = [None] * self.world_size
-            dist.all_gather_object(everyone, mine, group=self._ckpt_group)
+            dist.all_gather_object(everyone, (mine, lost), group=self._ckpt_group)
+        if everyone[0][1]:  # no marker, no report: Ray Train neither stores nor prunes for us
+            raise LeaseLost(f"checkpoint at step {step} not written: this trainer lost its run: {everyone[0][1]}")
         if self.rank == 0:
-            files = [entry for rank_files in everyone for entry in rank_files]
+            files = [entry for rank_files, _ in everyone for entry in rank_files]
             write_marker(folder, step=step, world_size=self.world_size, files=files,
                          extra={"tokens_seen": self.trainer.tokens_seen, "written_at": time.time()})
         if self.distributed:  # nobody reports before the marker exists

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 _STOP = threading.Event()
 _watch: dict[str, Any] = {}
+_driver: dict[str, threading.Event] = {}
+"""The driver's stop event (:func:`forward_driver_sigterm`): a SIGTERM or the run's own time limit sets it."""
 _overrun_timer: list[threading.Timer] = []
 """The grace-period watchdog of a SIGTERM, cancelled once the final checkpoint is written."""
 
@@ -168,4 +170,21 @@ def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
 
     threading.Thread(target=_forward, name="sigterm-forward", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda s, f: fired.set())
+    _driver["fired"] = fired
     return flag
+
+
+def stop_driver_after(seconds: float, why: str) -> threading.Timer:
+    """After :func:`forward_driver_sigterm`: ask every worker for a final checkpoint after
+    ``seconds``, as a SIGTERM would (the run's own wall-clock limit). Cancel the returned timer
+    when the run ends first."""
+    fired = _driver["fired"]
+
+    def _fire() -> None:
+        log.warning("%s: final checkpoint, then exit", why)
+        fired.set()
+
+    timer = threading.Timer(seconds, _fire)
+    timer.daemon = True
+    timer.start()
+    return timer

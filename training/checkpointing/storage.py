@@ -24,6 +24,8 @@ from training.checkpointing.marker import MARKER_NAME
 
 log = logging.getLogger(__name__)
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+LEASE_NAME = "LEASE.json"
+"""The run's writer lease (training/checkpointing/lease.py): on its own, no run yet."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,13 +75,13 @@ def list_checkpoints(run: str) -> list[StoredCheckpoint]:
 
 
 def run_exists(run: str) -> bool:
-    """True when anything is stored under the run (checkpoints or Ray's run snapshot)."""
+    """True when anything but a lease is stored under the run (checkpoints or Ray's run snapshot)."""
     fs, path = filesystem_for(run)
     try:
         infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False))
     except (FileNotFoundError, OSError):
         return False
-    return bool(infos)
+    return any(info.base_name != LEASE_NAME for info in infos)
 
 
 def read_remote_marker(checkpoint_uri: str) -> dict[str, Any] | None:

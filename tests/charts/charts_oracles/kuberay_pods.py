@@ -17,6 +17,13 @@ Port of ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``, ``ray-operator/cont
   ``/dev/shm`` gets the ``shared-mem`` emptyDir (medium Memory, ``sizeLimit`` = the container's
   memory limit, else its request: ``makeEmptyDirVolume``/``findMemoryReqOrLimit``); the
   autoscaling head's Ray and autoscaler containers share a ``ray-logs`` emptyDir at ``/tmp/ray``.
+- restart policy (``DefaultHeadPodTemplate``:278-280, ``DefaultWorkerPodTemplate``:698-700, with
+  ``utils/util.go`` ``IsAutoscalingV2Enabled``:756-758): only when in-tree autoscaling is on AND
+  ``autoscalerOptions.version`` is explicitly ``v2`` does KubeRay set ``restartPolicy: Never`` on
+  the head and every worker (the head's Ray container also gets ``RAY_enable_autoscaler_v2=true``,
+  ``setAutoscalerV2EnvVars``; an explicit ``v1``: ``false``); otherwise the template's policy
+  stands (Kubernetes' default ``Always``: a worker restarted in place is one the autoscaler may
+  never reclaim).
 - ``rayjob_controller.go`` ``getSubmitterTemplate`` / ``common/job.go``: the submitter Job's pod is
   ``submitterPodTemplate`` as given (KubeRay fills in command and env, not security).
 """
@@ -30,6 +37,8 @@ AUTOSCALER_DEFAULT_RESOURCES = {"limits": {"cpu": "500m", "memory": "512Mi"}, "r
 INIT_CONTAINER = "wait-gcs-ready"
 INIT_RESOURCES = {"limits": {"cpu": "200m", "memory": "256Mi"}, "requests": {"cpu": "200m", "memory": "256Mi"}}
 SHM_VOLUME, SHM_PATH = "shared-mem", "/dev/shm"
+AUTOSCALER_V2_ENV = "RAY_enable_autoscaler_v2"
+"""``utils/constant.go``:191."""
 LOG_VOLUME, LOG_PATH = "ray-logs", "/tmp/ray"
 
 
@@ -85,6 +94,16 @@ def _build(pod: dict, params: dict, autoscaling_head: bool) -> dict:
     return pod
 
 
+def autoscaling_v2(spec: dict) -> bool:
+    """``IsAutoscalingEnabled && IsAutoscalingV2Enabled``: in-tree autoscaling with an explicit v2."""
+    return spec.get("enableInTreeAutoscaling") is True and (spec.get("autoscalerOptions") or {}).get("version") == "v2"
+
+
+def restart_policy(pod: dict) -> str:
+    """The pod's effective restart policy (Kubernetes defaults an unset one to ``Always``)."""
+    return pod["spec"].get("restartPolicy") or "Always"
+
+
 def head_pod(cluster: str, spec: dict) -> dict:
     head = spec["headGroupSpec"]
     pod = copy.deepcopy(head["template"])
@@ -106,6 +125,11 @@ def head_pod(cluster: str, spec: dict) -> dict:
         if "securityContext" in options:
             autoscaler["securityContext"] = copy.deepcopy(options["securityContext"])
         ps["containers"].append(autoscaler)
+        version = options.get("version")
+        if version in ("v1", "v2"):
+            ray.setdefault("env", []).append({"name": AUTOSCALER_V2_ENV, "value": "true" if version == "v2" else "false"})
+        if version == "v2":
+            ps["restartPolicy"] = "Never"
     _metrics_port(ray)
     if auth:
         _token_env(ray, cluster)
@@ -124,6 +148,8 @@ def worker_pod(cluster: str, spec: dict, group: dict) -> dict:
         init["securityContext"] = copy.deepcopy(ray["securityContext"])
     ps["initContainers"] = (ps.get("initContainers") or []) + [init]
     _metrics_port(ray)
+    if autoscaling_v2(spec):
+        ps["restartPolicy"] = "Never"
     if (spec.get("authOptions") or {}).get("mode") == "token":
         _token_env(ray, cluster)
         _token_env(init, cluster)

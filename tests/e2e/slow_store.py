@@ -1,0 +1,89 @@
+"""A slowed checkpoint store: moto's S3 server (moto 5.2.5, ``moto/moto_server/threaded_moto_server.py``:
+the same WSGI app and werkzeug server ``ThreadedMotoServer`` runs) behind a WSGI layer that reads
+the body of every checkpoint upload at :attr:`SlowStore.bytes_per_s` per request.
+
+What it models: the bandwidth of the upload of a large checkpoint (a sharded 1.5B checkpoint with
+its AdamW state is ~18 GB, minutes to S3), nothing else: every other request, and every answer,
+is moto's own. A checkpoint object of ``n`` bytes then takes at least ``n / bytes_per_s`` to
+store, on any machine. Bytes keep flowing (a stalled request would trip the AWS SDK's
+low-speed timeout, 1 byte/s over 3 s, as a real S3 never does). The limit is a property of the
+store, so the job's code under test (the stop, the checkpoint, the upload through Ray Train and
+pyarrow) runs unchanged.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+CHECKPOINT_KEY_PART = "/checkpoint_"
+"""A checkpoint object's key holds ``/checkpoint_<step>/`` (training/checkpointing/manager.py)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlowStore:
+    endpoint_url: str
+    bytes_per_s: int
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """What an S3 client (boto3, pyarrow, Ray) needs to use this store."""
+        return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_ENDPOINT_URL_S3": self.endpoint_url,
+                "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+class _Throttled:
+    """``wsgi.input`` read at ``bytes_per_s`` (what werkzeug's request reads call)."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, stream, bytes_per_s: int):
+        self._stream, self._rate = stream, bytes_per_s
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:  # everything, a chunk at a time
+            return b"".join(iter(lambda: self.read(self.CHUNK), b""))
+        data = self._stream.read(min(size, self.CHUNK))
+        time.sleep(len(data) / self._rate)
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        data = self._stream.readline(size)
+        time.sleep(len(data) / self._rate)
+        return data
+
+    def __iter__(self):
+        return iter(self.readline, b"")
+
+
+def _slowed(app, bytes_per_s: int):
+    def handle(environ, start_response):
+        if environ.get("REQUEST_METHOD") == "PUT" and CHECKPOINT_KEY_PART in environ.get("PATH_INFO", ""):
+            environ["wsgi.input"] = _Throttled(environ["wsgi.input"], bytes_per_s)
+        return app(environ, start_response)
+    return handle
+
+
+@contextlib.contextmanager
+def slow_store(bytes_per_s: int) -> Iterator[SlowStore]:
+    """moto's S3 app on a free loopback port, checkpoint uploads read at ``bytes_per_s``."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    from raytrain_eks.local_services import free_port
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = make_server("127.0.0.1", port, _slowed(DomainDispatcherApplication(create_backend_app), bytes_per_s),
+                         True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield SlowStore(endpoint_url=f"http://127.0.0.1:{port}", bytes_per_s=bytes_per_s)
+    finally:
+        server.shutdown()
+        thread.join()

@@ -1,0 +1,28 @@
+"""The waits of a stop and the run's own time limit (training/deadlines.py): each outer wait
+covers the inner one, so a SIGKILL never lands inside the final checkpoint."""
+from __future__ import annotations
+
+import threading
+
+from training.checkpointing import signals, stop_driver_after
+from training.deadlines import GRACE_MARGIN_SECONDS, head_grace_seconds, run_time_limit_seconds, stop_wait_seconds
+
+
+def test_each_wait_covers_the_one_inside_it():
+    for grace in (30, 120, 600):
+        assert grace < stop_wait_seconds(grace) < head_grace_seconds(grace)
+        assert head_grace_seconds(grace) - stop_wait_seconds(grace) == GRACE_MARGIN_SECONDS
+
+
+def test_the_runs_own_limit_leaves_the_stop_wait_before_the_rayjob_deadline():
+    assert run_time_limit_seconds(240, 120) + stop_wait_seconds(120) == 240 * 60
+    assert run_time_limit_seconds(1, 600) == 60  # never negative: at least a minute of training
+
+
+def test_the_time_limit_sets_the_drivers_stop_as_a_sigterm_does(monkeypatch):
+    # forward_driver_sigterm keeps its event here; its forwarding thread hands it to the workers
+    # (tests/training/test_resume_ray.py::test_driver_sigterm_is_forwarded_to_workers).
+    fired = threading.Event()
+    monkeypatch.setitem(signals._driver, "fired", fired)
+    stop_driver_after(0, "time limit reached").join(timeout=60)
+    assert fired.is_set()

@@ -1,0 +1,84 @@
+"""One writer per run (training/checkpointing/lease.py): the lease in the run's storage, and the
+checkpoint manager's check before it seals and reports a checkpoint (Ray Train prunes on a
+report). Two trainers on one real run are in tests/e2e/test_stop_job.py."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from training.checkpointing import CheckpointManager, Lease, LeaseHeld, TrainerState
+from training.checkpointing.lease import LEASE_TTL_S, LeaseLost
+from training.checkpointing.storage import run_exists
+
+
+def _lease(run, name: str) -> Lease:
+    return Lease(run=str(run), attempt=f"attempt-{name}", holder=f"Ray job {name} on head-{name} (pid 1)")
+
+
+def test_a_second_trainer_refuses_in_one_line_naming_the_holder(tmp_path):
+    first, second = _lease(tmp_path / "run", "a"), _lease(tmp_path / "run", "b")
+    first.acquire(now=1000.0)
+    with pytest.raises(LeaseHeld) as refused:
+        second.acquire(now=1010.0)
+    line = str(refused.value)
+    assert "\n" not in line and "Ray job a on head-a (pid 1)" in line and "attempt attempt-a" in line
+    assert f"heartbeat 10 s ago, lease expires {LEASE_TTL_S - 10} s after it" in line
+    assert first.problem() is None  # the refusal wrote nothing
+
+
+def test_a_crashed_holders_lease_expires_and_the_holder_then_sees_it_lost(tmp_path):
+    first, second = _lease(tmp_path / "run", "a"), _lease(tmp_path / "run", "b")
+    first.acquire(now=1000.0)
+    second.acquire(now=1000.0 + LEASE_TTL_S)  # no renewal for a whole TTL: taken over
+    assert "held by Ray job b on head-b" in first.problem()
+    assert first.renew() is not None and second.read()["attempt"] == "attempt-b"  # a lost lease is not renewed
+
+
+def test_release_deletes_only_our_own_lease_and_a_lease_alone_is_no_run(tmp_path):
+    run = tmp_path / "run"
+    first, second = _lease(run, "a"), _lease(run, "b")
+    first.acquire()
+    assert not run_exists(str(run))  # plan_resume: a fresh run is still fresh
+    second.release()
+    assert first.read()["attempt"] == "attempt-a"
+    first.release()
+    assert first.read() is None
+    second.acquire()  # at once, no expiry to wait for
+
+
+def _manager(tmp_path, lease: Lease, reported: list) -> CheckpointManager:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    class Position:
+        def state_dict(self):
+            return {"position": 0}
+
+        def load_state_dict(self, state):
+            pass
+
+    trainer = TrainerState(data=Position(), scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0))
+    return CheckpointManager(model=model, optimizer=optimizer, trainer=trainer, local_root=str(tmp_path / "node"),
+                             run_name="run", every_n_steps=1, lease=lease,
+                             report=lambda metrics, folder, name: reported.append(name))
+
+
+def test_a_trainer_that_lost_its_run_seals_and_reports_nothing(tmp_path):
+    ours, theirs = _lease(tmp_path / "storage" / "run", "a"), _lease(tmp_path / "storage" / "run", "b")
+    ours.acquire(now=1000.0)
+    reported: list[str] = []
+    manager = _manager(tmp_path, ours, reported)
+    manager.save(1, {})
+    manager.wait()
+    assert reported == ["checkpoint_00000001"]
+    theirs.acquire(now=1000.0 + LEASE_TTL_S)  # ours expired: a second trainer took the run
+    manager.save(2, {})
+    with pytest.raises(LeaseLost, match="checkpoint at step 2 not written: this trainer lost its run: .*Ray job b"):
+        manager.wait()
+    assert reported == ["checkpoint_00000001"]  # no report: Ray Train neither uploads nor prunes
+    folder = tmp_path / "node" / "run" / "checkpoint_00000002" / "rank_0"
+    assert not (folder / "COMPLETE.json").exists()
+    assert json.loads((tmp_path / "storage" / "run" / "LEASE.json").read_text())["attempt"] == "attempt-b"

@@ -1,0 +1,160 @@
+"""One writer per run: a lease in the run's storage, ``<storage>/<run>/LEASE.json``.
+
+Ray Train resumes whatever ``<storage>/<run>`` holds, so two trainers started on one run (``submit
+--resume X`` while ``X-on-cluster`` runs, a RayJob retry beside a driver that is still alive)
+would both restore, both write ``checkpoint_<step>`` folders of the same names, and each one's
+``keep_last`` pruning would delete the other's. The lease says who writes:
+
+- the driver takes it before anything is restored or written (:meth:`Lease.acquire`): a lease
+  held by another attempt whose heartbeat is younger than its ``ttl_s`` refuses the start in one
+  line naming the holder; an expired one (a crashed holder stops renewing) is taken over;
+- the driver renews it every :data:`HEARTBEAT_S` (:func:`keep_renewed`) and releases it at the end;
+- before a checkpoint is sealed (its ``COMPLETE.json``) and reported to Ray Train, whose
+  controller prunes beyond ``keep_last`` only on a report, rank 0 checks that the lease is still
+  this attempt's (:meth:`Lease.problem`): a trainer that lost its run writes and prunes nothing.
+
+Object stores offer no compare-and-swap here (pyarrow has no conditional put), so the take is
+write-then-read-back: of two trainers starting in the same instant the later writer wins at the
+read-back and the other refuses; any leftover race is caught at the loser's first checkpoint.
+Heartbeats are wall-clock times of the writer's clock, compared with the reader's (EKS nodes
+keep NTP time); ``ttl_s`` is far above any plausible skew.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from training.checkpointing.storage import LEASE_NAME, filesystem_for, join
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL_S = 120
+"""A lease whose heartbeat is older than this is a crashed holder's: the next trainer takes it."""
+HEARTBEAT_S = 30
+"""How often the driver renews its lease (a quarter of :data:`LEASE_TTL_S`: three missed renewals
+are still no expiry)."""
+
+
+class LeaseHeld(ValueError):
+    """Another live trainer writes this run; ``str()`` is one line naming it."""
+
+
+class LeaseLost(RuntimeError):
+    """This trainer's lease was taken over: it may write nothing more to the run."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Lease:
+    """This attempt's claim on one run directory."""
+
+    run: str
+    """``<storage>/<run_name>`` (``s3://...`` or a local path)."""
+    attempt: str
+    """Unique per driver start (a restart within the run keeps it: Ray Train's worker retries)."""
+    holder: str
+    """Who holds it, for the refusal line: the Ray job, its host (on EKS the head pod) and pid."""
+    ttl_s: int = LEASE_TTL_S
+
+    @property
+    def uri(self) -> str:
+        return join(self.run, LEASE_NAME)
+
+    def read(self) -> dict[str, Any] | None:
+        """The stored lease (None: none, or unreadable)."""
+        fs, path = filesystem_for(self.uri)
+        try:
+            with fs.open_input_stream(path) as handle:
+                body = json.loads(handle.read().decode("utf-8"))
+        except (FileNotFoundError, OSError, ValueError):
+            return None
+        return body if isinstance(body, dict) and "attempt" in body else None
+
+    def _write(self, now: float) -> None:
+        fs, path = filesystem_for(self.uri)
+        if isinstance(fs, pafs.LocalFileSystem):
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        body = {"attempt": self.attempt, "holder": self.holder, "heartbeat": now, "ttl_s": self.ttl_s}
+        with fs.open_output_stream(path) as out:
+            out.write(json.dumps(body, sort_keys=True).encode("utf-8"))
+
+    def acquire(self, now: float | None = None) -> None:
+        """Take the lease, or raise :class:`LeaseHeld` while another attempt's is alive."""
+        now = time.time() if now is None else now
+        current = self.read()
+        if current is not None and current["attempt"] != self.attempt and _alive(current, now):
+            raise LeaseHeld(self._refusal(current, now))
+        self._write(now)
+        back = self.read()
+        if back is None or back["attempt"] != self.attempt:  # another writer won the same instant
+            raise LeaseHeld(self._refusal(back or {"holder": "an unknown writer", "attempt": "?", "heartbeat": now}, now))
+
+    def problem(self) -> str | None:
+        """Why this attempt may not write the run any more (its lease taken or gone), or None."""
+        current = self.read()
+        if current is None:
+            return f"its lease {self.uri} is gone"
+        if current["attempt"] != self.attempt:
+            return f"its lease {self.uri} is held by {_describe(current, time.time())}"
+        return None
+
+    def renew(self, now: float | None = None) -> str | None:
+        """Refresh the heartbeat while the lease is ours; else return :meth:`problem`'s reason."""
+        problem = self.problem()
+        if problem is None:
+            self._write(time.time() if now is None else now)
+        return problem
+
+    def release(self) -> None:
+        """Delete the lease if it is still ours (the next trainer need not wait for expiry)."""
+        current = self.read()
+        if current is not None and current["attempt"] == self.attempt:
+            fs, path = filesystem_for(self.uri)
+            try:
+                fs.delete_file(path)
+            except (FileNotFoundError, OSError) as err:
+                log.warning("could not release the lease %s: %s", self.uri, err)
+
+    def _refusal(self, current: dict[str, Any], now: float) -> str:
+        return (f"run {self.run} is being written by another trainer: {_describe(current, now)}; "
+                "stop that run first (raytrain-eks stop RUN), or wait for its lease to expire")
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the driver hands the workers (train_loop_config)."""
+        return {"run": self.run, "attempt": self.attempt, "holder": self.holder, "ttl_s": self.ttl_s}
+
+
+def _alive(current: dict[str, Any], now: float) -> bool:
+    return now - float(current.get("heartbeat", 0)) < float(current.get("ttl_s", LEASE_TTL_S))
+
+
+def _describe(current: dict[str, Any], now: float) -> str:
+    age = now - float(current.get("heartbeat", now))
+    ttl = float(current.get("ttl_s", LEASE_TTL_S))
+    return (f"{current.get('holder', '?')} (attempt {current.get('attempt', '?')}, heartbeat {age:.0f} s ago, "
+            f"lease expires {max(0.0, ttl - age):.0f} s after it)")
+
+
+def keep_renewed(lease: Lease, every_s: float = HEARTBEAT_S) -> threading.Event:
+    """Renew ``lease`` every ``every_s`` on a daemon thread; set the returned event to stop.
+    A lost lease is logged once (the workers refuse to checkpoint on their own check)."""
+    done = threading.Event()
+
+    def _beat() -> None:
+        while not done.wait(every_s):
+            try:
+                problem = lease.renew()
+            except OSError as err:  # a storage hiccup: the next beat retries, the TTL covers it
+                log.warning("lease heartbeat failed: %s", err)
+                continue
+            if problem:
+                log.error("this trainer lost its run: %s", problem)
+                return
+
+    threading.Thread(target=_beat, name="lease-heartbeat", daemon=True).start()
+    return done
