@@ -29,6 +29,11 @@ CAPACITY_TYPES = {"on-demand": eks.CapacityType.ON_DEMAND,
                   "capacity-block": eks.CapacityType.CAPACITY_BLOCK}
 
 
+def autoscaled(group: GpuNodeGroupSpec) -> bool:
+    """Whether cluster-autoscaler sizes the group (min < max): its template has no desired size."""
+    return group.min_nodes < group.max_nodes
+
+
 def taint_specs(group: GpuNodeGroupSpec) -> list[eks.TaintSpec]:
     """The spec's taints (``nvidia.com/gpu=true:NoSchedule``) in the EKS API's form."""
     return [eks.TaintSpec(key=t["key"], value=t["value"], effect=_TAINT_EFFECTS[t["effect"]])
@@ -97,7 +102,15 @@ class GpuNodeGroup(Construct):
             # One node at a time (EKS requires a maximum unavailable beside the strategy).
             max_unavailable=1,
         )
-        self.nodegroup.node.default_child.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)
+        cfn = self.nodegroup.node.default_child
+        cfn.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)
+        if autoscaled(group):
+            # aws-cdk-lib 2.275.0 aws-eks-v2/lib/managed-nodegroup.ts always writes a desiredSize
+            # (props.desiredSize ?? props.minSize ?? 2), and CloudFormation sends it with every ScalingConfig update: a
+            # max_nodes edit would reset cluster-autoscaler's running nodes to it. Without it,
+            # "no action occurs" on the running size (EKS API Reference, NodegroupScalingConfig);
+            # the spec requires desired_nodes = min_nodes here, the size the group starts at.
+            cfn.add_property_deletion_override("ScalingConfig.DesiredSize")
         # Set on the L1: aws-cdk-lib 2.275 checks ami_type against its own list of GPU
         # instance families, which lacks P5 (p5.48xlarge would be refused as "not GPU").
-        self.nodegroup.node.default_child.add_property_override("AmiType", AMI_TYPE)
+        cfn.add_property_override("AmiType", AMI_TYPE)

@@ -60,7 +60,10 @@ def test_admin_principals_get_cluster_admin(variant):
     assert ADMIN in json.dumps(entries) and "AmazonEKSClusterAdminPolicy" in json.dumps(entries)
 
 
-def test_an_existing_bucket_is_adopted_not_created(tmp_path):
+def test_an_existing_bucket_is_adopted_with_its_protections_put_back(tmp_path):
+    # given a bucket a previous deploy retained, when the spec adopts it, then the storage stack
+    # creates no checkpoint bucket but puts back the TLS-only deny on it, and a new (retained)
+    # access-log bucket with the delivery grant, the adopted bucket's logging pointed at it
     from aws_cdk.assertions import Template
 
     from environment import environment_from_dict
@@ -72,14 +75,30 @@ def test_an_existing_bucket_is_adopted_not_created(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         built = build_app(env, new_app(env, outdir=str(tmp_path)))
+        built.app.synth()  # cdk-nag included
         template = Template.from_stack(built.storage).to_json()
-    assert [r for r in template.get("Resources", {}).values() if r["Type"] == "AWS::S3::Bucket"] == []
+    resources = template["Resources"]
     assert template["Outputs"]["BucketName"]["Value"] == env.bucket_name
+    [log_bucket_id] = [k for k, r in resources.items() if r["Type"] == "AWS::S3::Bucket"]
+    assert "BucketName" not in resources[log_bucket_id]["Properties"]  # the new access-log bucket
+    policies = {json.dumps(r["Properties"]["Bucket"]): r for r in resources.values() if r["Type"] == "AWS::S3::BucketPolicy"}
+    adopted, logs = policies[json.dumps(env.bucket_name)], policies[json.dumps({"Ref": log_bucket_id})]
+    for policy in (adopted, logs, resources[log_bucket_id]):
+        assert policy["DeletionPolicy"] == "Retain" and policy["UpdateReplacePolicy"] == "Retain"
+    [deny] = adopted["Properties"]["PolicyDocument"]["Statement"]
+    assert (deny["Effect"], deny["Action"], deny["Condition"]) == ("Deny", "s3:*", {"Bool": {"aws:SecureTransport": "false"}})
+    [delivery] = [s for s in logs["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Allow"]
+    assert delivery["Principal"] == {"Service": "logging.s3.amazonaws.com"} and delivery["Action"] == "s3:PutObject"
+    assert env.bucket_name in json.dumps(delivery["Condition"]["ArnLike"]["aws:SourceArn"])
+    [logging] = [r for r in resources.values() if r["Type"] == "Custom::AWS"]
+    call = json.dumps(logging["Properties"]["Create"])
+    assert "putBucketLogging" in call and env.bucket_name in call and log_bucket_id in call
+    assert "Delete" not in logging["Properties"]  # a destroy leaves the logging as it is
 
 
 def test_gpu_groups_scale_from_zero_with_cluster_autoscaler(default):
     [gpu] = [g["Properties"] for g in nodegroups(default).values() if g["Properties"]["Labels"]["raytrain.io/role"] == "gpu"]
-    assert gpu["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}
+    assert gpu["ScalingConfig"] == {"MinSize": 0, "MaxSize": 2}  # no desired size a redeploy would reset
     template = "k8s.io/cluster-autoscaler/node-template"
     assert gpu["Tags"][f"{template}/resources/vpc.amazonaws.com/efa"] == "1"
     assert gpu["Tags"][f"{template}/resources/nvidia.com/gpu"] == "4"
