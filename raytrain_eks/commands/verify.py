@@ -29,7 +29,7 @@ def make_client(service: str, region: str):
 
 def run(args: argparse.Namespace) -> int:
     from environment import load_environment
-    from raytrain_eks import verify, verify_account
+    from raytrain_eks import verify, verify_account, verify_zones
     from raytrain_eks.chart_index import IndexCache, http_fetch
 
     env = load_environment(args.env)
@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         ("leftover", lambda: verify_account.check_leftovers(env, client("cloudformation"), client("s3"), client("logs"))),
         ("eks-addon", lambda: verify.check_eks_addons(env, client("eks"))),
         ("helm-chart", lambda: verify.check_charts(env, index, args.helm_repo_mirror)),
+        ("admins", lambda: verify_account.check_admins(env, client("iam"))),
+        ("zones", lambda: verify_zones.check_zones(env, client("ec2"))),
         ("gpu-az", lambda: verify.check_gpu_zones(env, client("ec2"))),
         ("quota", lambda: verify.check_quotas(env, client("service-quotas"))),
         ("reservation", lambda: verify.check_reservations(env, client("ec2"))),

@@ -34,6 +34,7 @@ PINNED = {a.chart: [a.default_version] for a in ADDONS}
 def moto():
     server, moto = start_moto()
     create_bootstrap_stack(moto, REGION, 29)
+    moto.client("iam", REGION).create_role(RoleName="admin", AssumeRolePolicyDocument="{}")
     yield moto
     server.stop()
 
@@ -108,7 +109,8 @@ def test_a_good_spec_passes_every_check(tmp_path, moto, registry, charts, monkey
     rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw_spec(registry)), charts[1])
     assert failures(lines) == [] and rc == 0 and err == ""
     checks = {line.split()[1].rstrip(":") for line in lines if line.startswith("ok")}
-    assert checks == {"account", "bootstrap", "leftover", "eks-addon", "helm-chart", "gpu-az", "quota", "image"}
+    assert checks == {"account", "bootstrap", "leftover", "eks-addon", "helm-chart", "admins", "zones", "gpu-az",
+                      "quota", "image"}
     assert sum(line.startswith("ok    eks-addon") for line in lines) == len(EKS_ADDONS)
     assert lines[-1].endswith("checks passed")
 
@@ -152,13 +154,58 @@ def test_helm_resolves_an_exact_version_with_or_without_its_v():
     assert not matches("0.5.32", "0.5.3") and not matches("1.7.0", "1.7.0-rc.1")
 
 
-def test_the_gpu_type_not_offered_in_the_gpu_az(tmp_path, moto, registry, charts, monkeypatch, capsys):
+def test_a_zone_eks_does_not_support_and_the_gpu_type_not_offered_there(tmp_path, moto, registry, charts,
+                                                                         monkeypatch, capsys):
+    # moto's us-east-1e is zone use1-az3: EKS refuses a cluster subnet there, and moto's
+    # offerings (from EC2's own data) have neither m7i.2xlarge nor g6.12xlarge in it
     raw = raw_spec(registry)
     raw["cluster"].update(availability_zones=["us-east-1a", "us-east-1e"], gpu_availability_zone="us-east-1e")
     use_clients(monkeypatch, moto)
     rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
-    assert_one_failure(rc, lines, err, "g6.12xlarge is not offered in us-east-1e", "us-east-1a",
-                       "set cluster.gpu_availability_zone")
+    [zone, system, gpu] = failures(lines)
+    assert rc == 2 and "3 of" in err
+    assert zone.startswith("FAIL  zones: us-east-1e is zone use1-az3 in this account, where EKS creates no cluster")
+    assert "replace us-east-1e in cluster.availability_zones" in zone and "us-east-1b" in zone
+    assert "system nodes: m7i.2xlarge is not offered in us-east-1e (use1-az3)" in system
+    assert "g6.12xlarge is not offered in us-east-1e" in gpu and "set cluster.gpu_availability_zone" in gpu
+
+
+def test_the_eks_zone_list_is_read_by_zone_id_not_name():
+    # the same name is another zone in another account: only the id decides
+    from raytrain_eks.verify_zones import check_zones
+
+    class Ec2:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def describe_availability_zones(self):
+            return {"AvailabilityZones": [{"ZoneName": n, "ZoneId": i} for n, i in self.ids.items()]}
+
+        def describe_instance_type_offerings(self, **kwargs):
+            return {"InstanceTypeOfferings": [{"Location": i} for i in self.ids.values()]}
+
+    env = environment_from_dict(raw_spec_offline(), "environment.toml")
+    good = check_zones(env, Ec2({"us-east-1a": "use1-az6", "us-east-1b": "use1-az1", "us-east-1c": "use1-az3"}))
+    assert [f.ok for f in good] == [True]
+    [bad] = check_zones(env, Ec2({"us-east-1a": "use1-az3", "us-east-1b": "use1-az1", "us-east-1c": "use1-az6"}))
+    assert not bad.ok and "us-east-1a is zone use1-az3" in bad.message and "us-east-1c" in bad.fix
+
+
+def test_an_admin_principal_that_does_not_exist(tmp_path, moto, registry, charts, monkeypatch, capsys):
+    raw = raw_spec(registry)
+    missing = f"arn:aws:iam::{MOTO_ACCOUNT}:user/team/typo-admin"
+    raw["cluster"]["admin_principal_arns"] = [f"arn:aws:iam::{MOTO_ACCOUNT}:role/admin", missing]
+    use_clients(monkeypatch, moto)
+    rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
+    line = assert_one_failure(rc, lines, err, f"admins: {missing}: no such IAM user in this account",
+                              "correct cluster.admin_principal_arns", "aws iam get-user --user-name typo-admin")
+    assert line.startswith("FAIL  admins")
+
+
+def raw_spec_offline() -> dict:
+    raw = tomllib.loads((REPO / "environment.toml").read_text())
+    raw["cluster"].update(account=MOTO_ACCOUNT, admin_principal_arns=[f"arn:aws:iam::{MOTO_ACCOUNT}:role/admin"])
+    return raw
 
 
 def test_a_vcpu_quota_below_the_groups_at_max_size(tmp_path, moto, registry, charts, monkeypatch, capsys):

@@ -113,6 +113,7 @@ class SplitEc2:
 
     def __init__(self, moto_ec2, reservations_client):
         self.describe_instance_type_offerings = moto_ec2.describe_instance_type_offerings
+        self.describe_availability_zones = moto_ec2.describe_availability_zones
         self.get_paginator = moto_ec2.get_paginator
         self.describe_capacity_reservations = reservations_client.describe_capacity_reservations
 
