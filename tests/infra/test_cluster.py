@@ -82,7 +82,7 @@ def test_gpu_node_group_from_the_spec(default):
     [group] = default.env.gpu_node_groups
     props = _gpu_nodegroups(default)[group.name]
     assert props["InstanceTypes"] == ["g6.12xlarge"] == [group.instance_type]
-    assert props["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}  # scale to zero
+    assert props["ScalingConfig"] == {"MinSize": 0, "MaxSize": 2}  # scale to zero; autoscaled: no desired size
     assert props["CapacityType"] == "ON_DEMAND"
     assert props["Taints"] == [{"Key": GPU_TAINT_KEY, "Value": "true", "Effect": "NO_SCHEDULE"}]
     assert props["Labels"] == {**group.labels, GPU_ACCELERATOR_LABEL: "nvidia-l4"} and props["Labels"][EFA_LABEL] == "true"
