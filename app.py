@@ -14,16 +14,36 @@ import tempfile
 from environment import SpecError, load_environment
 
 
+def _cli_context() -> dict:
+    """The context the CDK CLI passes (``-c key=value``, in CDK_CONTEXT_JSON); {} without it."""
+    try:
+        context = json.loads(os.environ.get("CDK_CONTEXT_JSON") or "{}")
+    except ValueError:
+        return {}
+    return context if isinstance(context, dict) else {}
+
+
 def _named_spec() -> str:
     """The spec named without the CDK (ENV_FILE, or ``-c env=...`` as the CLI passes it in
     CDK_CONTEXT_JSON); "" when only a cdk.App can tell."""
     if os.environ.get("ENV_FILE"):
         return os.environ["ENV_FILE"]
-    try:
-        context = json.loads(os.environ.get("CDK_CONTEXT_JSON") or "{}")
-    except ValueError:
-        return ""
-    return context.get("env", "") if isinstance(context, dict) and isinstance(context.get("env", ""), str) else ""
+    named = _cli_context().get("env", "")
+    return named if isinstance(named, str) else ""
+
+
+def _deploy_refusal(env) -> str | None:
+    """Why the cluster stack may not be deployed yet: no recent passing `raytrain-eks verify` of
+    this spec and account (infra/verify_gate.py), unless ``-c raytrain:skip-verify=true``."""
+    from pathlib import Path
+
+    from infra import verify_gate
+
+    if str(_cli_context().get(verify_gate.SKIP_CONTEXT, "")).lower() == "true":
+        return None
+    path = verify_gate.stamp_path(Path(__file__).resolve().parent, env)
+    recorded = path.read_text() if path.is_file() else None
+    return verify_gate.refusal(env, recorded, verify_gate.now(), os.environ.get("CDK_DEFAULT_ACCOUNT", ""))
 
 
 def main() -> int:
@@ -50,7 +70,8 @@ def main() -> int:
     path = path or "environment.toml"
     try:
         env = load_environment(path)
-        built = build_app(env)  # refuses before creating the App (and its output dir)
+        # refuses before creating the App (and its output dir)
+        built = build_app(env, deploy_refusal=_deploy_refusal(env))
     except SpecError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -89,8 +89,18 @@ def resolved_addons(env: Environment) -> list[ResolvedAddon]:
     return resolved
 
 
-def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:
+def refuse_deploy(stack: cdk.Stack, line: str) -> None:
+    """A CloudFormation rule that always fails with ``line``: CloudFormation checks rules when
+    it validates a template for a change set, so ``cdk deploy`` of ``stack`` stops there, before
+    any change, with that one line (CloudFormation User Guide, "Rules" section syntax)."""
+    cdk.CfnRule(stack, "VerifiedBeforeDeploy", assertions=[cdk.CfnRuleAssertion(
+        assert_=cdk.Fn.condition_equals("unverified", "verified"), assert_description=line)])
+
+
+def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: str | None = None) -> BuiltApp:
     """Create every stack of ``env`` in ``app`` (a new App with the AZ context if None).
+    ``deploy_refusal``: why the cluster stack may not be deployed yet (infra/verify_gate.py);
+    the stack then carries a rule that refuses the deploy with it (a synth still succeeds).
 
     Raises :class:`infra.errors.InfraSpecError` (a SpecError) before creating anything when the
     spec cannot be built here (e.g. no kubectl layer for its Kubernetes version).
@@ -121,6 +131,8 @@ def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:
                            description=f"raytrain-eks {name}: EKS cluster, GPU nodes, add-ons")
     # The pod policy names the bucket: deploy the bucket first.
     cluster.add_stack_dependency(storage)
+    if deploy_refusal:
+        refuse_deploy(cluster, deploy_refusal)
     pipeline = None
     if env.pipeline.enabled:
         from infra.stacks.pipeline import PipelineStack  # written separately; heavy, optional

@@ -2,12 +2,17 @@
 repositories and the image registry before `cdk deploy` and before a job (read-only calls).
 
 Prints one line per check (``ok`` or ``FAIL ... -- fix: ...``); exits 0 when every check
-passes, 2 when any fails (as the other commands do for a problem the user must fix).
+passes, 2 when any fails (as the other commands do for a problem the user must fix). A pass
+is recorded (infra/verify_gate.py): `cdk deploy` of the cluster stack needs a recent one.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository: its ``.work/verify/`` holds the passes app.py reads."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,5 +63,12 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"error: {args.env}: {len(failed)} of {len(findings)} checks failed (see FAIL above)", file=sys.stderr)
         return 2
-    print(f"{args.env}: all {len(findings)} checks passed")
+    from infra import verify_gate
+
+    account = client("sts").get_caller_identity()["Account"]
+    stamp = verify_gate.stamp_path(ROOT, env)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(verify_gate.stamp(env, account, verify_gate.now()))
+    hours = verify_gate.MAX_AGE.total_seconds() / 3600
+    print(f"{args.env}: all {len(findings)} checks passed (cdk deploy of account {account} allowed for {hours:.0f} h)")
     return 0

@@ -4,6 +4,8 @@ passes every check, then each kind of failure, one line with its fix, exit 2."""
 from __future__ import annotations
 
 import copy
+import json
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -92,6 +94,7 @@ def use_clients(monkeypatch, moto, *, eks=None, quotas=None, reservations=None):
             return SplitEc2(moto.client("ec2", region), reservations or moto.client("ec2", region))
         return moto.client(service, region)
     monkeypatch.setattr(verify_command, "make_client", make)
+    monkeypatch.setattr(verify_command, "ROOT", Path(tempfile.mkdtemp()))  # where a pass is recorded
 
 
 def run_verify(capsys, spec: Path, chart_url: str) -> tuple[int, list[str], str]:
@@ -112,7 +115,14 @@ def test_a_good_spec_passes_every_check(tmp_path, moto, registry, charts, monkey
     assert checks == {"account", "bootstrap", "leftover", "eks-addon", "helm-chart", "admins", "zones", "gpu-az",
                       "quota", "image"}
     assert sum(line.startswith("ok    eks-addon") for line in lines) == len(EKS_ADDONS)
-    assert lines[-1].endswith("checks passed")
+    assert "checks passed (cdk deploy of account" in lines[-1]
+    # the pass is recorded for this spec and account: app.py lets the cluster stack deploy
+    from infra import verify_gate
+
+    env = environment_from_dict(raw_spec(registry), str(tmp_path / "environment.toml"))
+    recorded = verify_gate.stamp_path(verify_command.ROOT, env).read_text()
+    assert json.loads(recorded)["account"] == MOTO_ACCOUNT
+    assert verify_gate.refusal(env, recorded, verify_gate.now(), MOTO_ACCOUNT) is None
 
 
 def assert_one_failure(rc: int, lines: list[str], err: str, *expected: str) -> str:
