@@ -14,10 +14,11 @@ import aws_cdk as cdk
 from environment.addons import ADDONS
 from infra.constructs.cluster_addons import ResolvedAddon
 from infra.errors import InfraSpecError
+from infra.function_logs import own_function_logs
 from infra.kubectl_layer import kubectl_layer_factory
 from infra.nag import add_nag_checks
 from infra.stack_names import stack_name
-from infra.stacks.cluster import ClusterStack
+from infra.stacks.cluster import ClusterStack, retention_days
 from infra.stacks.network import NetworkStack
 from infra.stacks.storage import StorageStack
 from environment import Environment
@@ -139,5 +140,9 @@ def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: s
 
         pipeline = PipelineStack(app, stack_name(name, "pipeline"), env_spec=env, cluster_stack=cluster,
                                  storage_stack=storage, env=where)
+    days = retention_days(c.log_retention_days)
+    for stack in (network, storage, cluster, pipeline):
+        if stack is not None:
+            own_function_logs(stack, days)
     add_nag_checks(app)
     return BuiltApp(app=app, network=network, storage=storage, cluster=cluster, pipeline=pipeline)

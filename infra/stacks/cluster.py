@@ -87,7 +87,9 @@ class ClusterStack(Stack):
             output_config_command=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
                 kubectl_layer=layer,
-                # A private endpoint is reachable only from inside the VPC.
+                # aws-cdk-lib 2.275.0 aws-eks-v2/lib/cluster.ts puts the kubectl handler into the
+                # cluster's private subnets whenever the private endpoint is on (private and
+                # public_and_private alike); named here for a private-only endpoint, the same subnets.
                 private_subnets=network.private_subnets.subnets if private else None),
         )
         self.cluster.node.add_dependency(self.log_group)
