@@ -238,6 +238,9 @@ EDITS: dict[str, dict[str, object]] = {
     "storage noncurrent_version_days 30 -> 7": {"storage.noncurrent_version_days": 7},
     "storage existing_bucket -> true (redeploy)": {"storage.existing_bucket": True},
     "observability enabled -> false": {"observability.enabled": False},
+    "cluster log_retention_days 30 -> 90": {"cluster.log_retention_days": 90},
+    "cluster endpoint_access -> private": {"cluster.endpoint_access": "private", "cluster.public_access_cidrs": []},
+    "cluster gpu_availability_zone -> us-east-1b": {"cluster.gpu_availability_zone": "us-east-1b"},
 }
 """The edits a user makes to environment.toml, as {dotted field: new value}. Kubernetes version:
 the app supports one minor (environment/contract.py KUBERNETES_VERSIONS), so there is no edit;

@@ -87,6 +87,9 @@ def test_what_each_edit_replaces_or_disrupts(results):
     assert effects["gpu min_nodes 0 -> 1"] == [("AWS::EKS::Nodegroup", "update", "MAY BE REFUSED")]
     assert effects["cluster_autoscaler chart 9.59.0 -> 9.58.0"] == []
     assert effects["storage noncurrent_version_days 30 -> 7"] == []
+    assert effects["cluster log_retention_days 30 -> 90"] == effects["cluster endpoint_access -> private"] == []
+    assert effects["cluster gpu_availability_zone -> us-east-1b"] == [
+        ("AWS::EKS::Nodegroup", "replace", "NODES TERMINATED")]
     # observability off: its charts go, no node is touched
     assert {t for t, _, _ in effects["observability enabled -> false"]} == {
         "Custom::AWSCDK-EKS-HelmChart", "Custom::AWSCDK-EKS-KubernetesResource"}
