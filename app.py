@@ -32,18 +32,24 @@ def _named_spec() -> str:
     return named if isinstance(named, str) else ""
 
 
-def _deploy_refusal(env) -> str | None:
-    """Why the cluster stack may not be deployed yet: no recent passing `raytrain-eks verify` of
-    this spec and account (infra/verify_gate.py), unless ``-c raytrain:skip-verify=true``."""
+def _deploy_gate(env) -> tuple[str | None, frozenset[str], str | None]:
+    """What the recorded `raytrain-eks verify` of this spec says (infra/verify_gate.py): why the
+    cluster stack may not be deployed yet (None: it may; always None with
+    ``-c raytrain:skip-verify=true``), the GPU groups that already exist (infra/existing_groups.py;
+    none without a recent pass: every group is written as a creation) and the warning to print
+    when the override deploys without knowing them."""
     from pathlib import Path
 
-    from infra import verify_gate
+    from infra import existing_groups, verify_gate
 
-    if str(_cli_context().get(verify_gate.SKIP_CONTEXT, "")).lower() == "true":
-        return None
     path = verify_gate.stamp_path(Path(__file__).resolve().parent, env)
     recorded = path.read_text() if path.is_file() else None
-    return verify_gate.refusal(env, recorded, verify_gate.now(), os.environ.get("CDK_DEFAULT_ACCOUNT", ""))
+    refusal = verify_gate.refusal(env, recorded, verify_gate.now(), os.environ.get("CDK_DEFAULT_ACCOUNT", ""))
+    found = verify_gate.recorded_groups(recorded) if refusal is None else None
+    skip = str(_cli_context().get(verify_gate.SKIP_CONTEXT, "")).lower() == "true"
+    deploys = skip or refusal is None
+    warning = existing_groups.reset_warning(env) if deploys and found is None else None
+    return (None if skip else refusal), (found or frozenset()), warning
 
 
 def main() -> int:
@@ -70,11 +76,14 @@ def main() -> int:
     path = path or "environment.toml"
     try:
         env = load_environment(path)
+        refusal, existing, warning = _deploy_gate(env)
         # refuses before creating the App (and its output dir)
-        built = build_app(env, deploy_refusal=_deploy_refusal(env))
+        built = build_app(env, deploy_refusal=refusal, existing_gpu_groups=existing)
     except SpecError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if warning:
+        print(warning, file=sys.stderr)
     built.app.synth()
     return 0
 

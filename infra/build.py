@@ -98,10 +98,13 @@ def refuse_deploy(stack: cdk.Stack, line: str) -> None:
         assert_=cdk.Fn.condition_equals("unverified", "verified"), assert_description=line)])
 
 
-def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: str | None = None) -> BuiltApp:
+def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: str | None = None,
+              existing_gpu_groups: frozenset[str] = frozenset()) -> BuiltApp:
     """Create every stack of ``env`` in ``app`` (a new App with the AZ context if None).
     ``deploy_refusal``: why the cluster stack may not be deployed yet (infra/verify_gate.py);
     the stack then carries a rule that refuses the deploy with it (a synth still succeeds).
+    ``existing_gpu_groups``: the GPU groups a deploy updates in place (infra/existing_groups.py;
+    default none: every group is written as a creation, with its desired size).
 
     Raises :class:`infra.errors.InfraSpecError` (a SpecError) before creating anything when the
     spec cannot be built here (e.g. no kubectl layer for its Kubernetes version).
@@ -128,7 +131,7 @@ def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: s
                            gpu_groups=env.gpu_node_groups, ray=env.ray, addons=resolved_addons(env),
                            bucket_name=env.bucket_name, storage_prefix=env.storage.prefix,
                            read_only_prefixes=env.storage.read_only_prefixes, kubectl_layer=layer,
-                           network=network, env=where, tags=tags,
+                           network=network, existing_gpu_groups=existing_gpu_groups, env=where, tags=tags,
                            description=f"raytrain-eks {name}: EKS cluster, GPU nodes, add-ons")
     # The pod policy names the bucket: deploy the bucket first.
     cluster.add_stack_dependency(storage)

@@ -2,7 +2,7 @@
 of the same spec and account, made recently.
 
 A passing verify writes a stamp, :func:`stamp_path` (``.work/verify/<spec hash>.json``: the
-account and the time); app.py reads it and, without a fresh one, the cluster stack carries a
+account, the time and which GPU node groups exist, infra/existing_groups.py); app.py reads it and, without a fresh one, the cluster stack carries a
 CloudFormation rule that always fails. ``cdk synth`` (and ``make demo``) is unaffected; a
 deploy is refused when CloudFormation validates the template, before it changes anything, with
 the rule's one line and its fix. ``-c raytrain:skip-verify=true`` is the explicit override.
@@ -29,9 +29,17 @@ def stamp_path(root: Path, env: Environment) -> Path:
     return root / ".work" / "verify" / f"{env.spec_hash}.json"
 
 
-def stamp(env: Environment, account: str, now: datetime) -> str:
-    """The stamp's text for a verify of ``env`` that passed with credentials of ``account``."""
-    return json.dumps({"spec_hash": env.spec_hash, "account": account, "passed_at": now.isoformat()})
+def stamp(env: Environment, account: str, now: datetime, existing_gpu_groups: frozenset[str] = frozenset()) -> str:
+    """The stamp's text for a verify of ``env`` that passed with credentials of ``account`` and
+    found ``existing_gpu_groups`` deployed."""
+    return json.dumps({"spec_hash": env.spec_hash, "account": account, "passed_at": now.isoformat(),
+                       "existing_gpu_groups": sorted(existing_gpu_groups)})
+
+
+def recorded_groups(recorded: str) -> frozenset[str] | None:
+    """The GPU groups a stamp found deployed (None: a stamp that did not look)."""
+    groups = json.loads(recorded).get("existing_gpu_groups")
+    return None if groups is None else frozenset(groups)
 
 
 def refusal(env: Environment, recorded: str | None, now: datetime, deploying_account: str = "") -> str | None:

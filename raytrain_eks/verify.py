@@ -13,6 +13,7 @@ check returns :class:`Finding` lines, one per problem, each with its fix.
 - nothing a first deploy would collide with is left: a retained bucket the spec does not adopt,
   a control-plane log group of the same name;
 - the credentials are the spec's account (STS);
+- which GPU node groups already exist, recorded for the deploy (:mod:`raytrain_eks.verify_nodegroups`);
 - the pinned image digest resolves and can run on linux/amd64 (the registry).
 
 The AWS clients and the index fetcher are passed in (boto3 and urllib in the CLI; moto's
@@ -45,7 +46,8 @@ ACTIONS = {"account": "sts:GetCallerIdentity", "eks-addon": "eks:DescribeAddonVe
            "reservation": "ec2:DescribeCapacityReservations", "bootstrap": "cloudformation:DescribeStacks",
            "leftover": "cloudformation:DescribeStacks, s3:ListBucket, logs:DescribeLogGroups",
            "zones": "ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings",
-           "admins": "iam:GetRole, iam:GetUser"}
+           "admins": "iam:GetRole, iam:GetUser",
+           "node-groups": "eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -60,7 +60,7 @@ class ClusterStack(Stack):
                  ray: RaySpec, addons: list[ResolvedAddon], bucket_name: str, storage_prefix: str,
                  read_only_prefixes: tuple[str, ...],
                  kubectl_layer: Callable[[Construct, str], aws_lambda.ILayerVersion],
-                 network: NetworkStack, **kwargs) -> None:
+                 network: NetworkStack, existing_gpu_groups: frozenset[str] = frozenset(), **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         layer = kubectl_layer(self, "KubectlLayer")
         private = spec.endpoint_access == "private"
@@ -127,7 +127,8 @@ class ClusterStack(Stack):
         self.gpu_node_groups = [
             GpuNodeGroup(self, f"Gpu-{group.name}", cluster=self.cluster, group=group,
                          subnets=ec2.SubnetSelection(subnets=network.gpu_subnets.subnets),
-                         security_group_ids=node_groups, node_role=self.node_role)
+                         security_group_ids=node_groups, node_role=self.node_role,
+                         availability_zone=spec.gpu_availability_zone, exists=group.name in existing_gpu_groups)
             for group in gpu_groups
         ]
         self.gpu_nodegroups = [g.nodegroup for g in self.gpu_node_groups]

@@ -34,7 +34,7 @@ def make_client(service: str, region: str):
 
 def run(args: argparse.Namespace) -> int:
     from environment import load_environment
-    from raytrain_eks import verify, verify_account, verify_zones
+    from raytrain_eks import verify, verify_account, verify_nodegroups, verify_zones
     from raytrain_eks.chart_index import IndexCache, http_fetch
 
     env = load_environment(args.env)
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return make_client(service, region)
 
     index = IndexCache(http_fetch(args.timeout))
+    existing: set[str] = set()  # the GPU groups a deploy updates in place, recorded with a pass
     findings = verify.run_checks([
         ("account", lambda: verify_account.check_account(env, client("sts"))),
         ("bootstrap", lambda: verify_account.check_bootstrap(env, client("cloudformation"))),
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         ("quota", lambda: verify.check_quotas(env, client("service-quotas"))),
         ("reservation", lambda: verify.check_reservations(env, client("ec2"))),
         ("image", lambda: verify.check_image(env, args.registry_url, args.timeout)),
+        ("node-groups", lambda: verify_nodegroups.check_node_groups(env, client("eks"), existing)),
     ])
     for finding in findings:
         print(finding.line())
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     account = client("sts").get_caller_identity()["Account"]
     stamp = verify_gate.stamp_path(ROOT, env)
     stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(verify_gate.stamp(env, account, verify_gate.now()))
+    stamp.write_text(verify_gate.stamp(env, account, verify_gate.now(), frozenset(existing)))
     hours = verify_gate.MAX_AGE.total_seconds() / 3600
     print(f"{args.env}: all {len(findings)} checks passed (cdk deploy of account {account} allowed for {hours:.0f} h)")
     return 0

@@ -100,7 +100,7 @@ def test_an_existing_bucket_is_adopted_with_its_protections_put_back(tmp_path):
 
 def test_gpu_groups_scale_from_zero_with_cluster_autoscaler(default):
     [gpu] = [g["Properties"] for g in nodegroups(default).values() if g["Properties"]["Labels"]["raytrain.io/role"] == "gpu"]
-    assert gpu["ScalingConfig"] == {"MinSize": 0, "MaxSize": 2}  # no desired size a redeploy would reset
+    assert gpu["ScalingConfig"] == {"MinSize": 0, "MaxSize": 2, "DesiredSize": 0}  # created at 0; a redeploy omits it
     template = "k8s.io/cluster-autoscaler/node-template"
     assert gpu["Tags"][f"{template}/resources/vpc.amazonaws.com/efa"] == "1"
     assert gpu["Tags"][f"{template}/resources/nvidia.com/gpu"] == "4"

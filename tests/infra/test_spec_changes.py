@@ -45,7 +45,7 @@ def test_capacity_block_group_with_32_efa_interfaces(alternative):
     h100 = _gpu_groups(alternative)["h100"]
     assert h100["CapacityType"] == "CAPACITY_BLOCK"
     assert "InstanceTypes" not in h100  # EKS wants a capacity block's type in the launch template only
-    assert h100["ScalingConfig"] == {"MinSize": 0, "MaxSize": 2}  # autoscaled: no desired size
+    assert h100["ScalingConfig"] == {"MinSize": 0, "MaxSize": 2, "DesiredSize": 0}  # a first deploy: all three
     data = _template_data(alternative, h100)
     assert data["InstanceType"] == "p5.48xlarge"
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}

@@ -77,10 +77,40 @@ def test_app_py_reads_the_recorded_pass_and_the_explicit_override(tmp_path, monk
     monkeypatch.setattr(verify_gate, "stamp_path", lambda root, spec: stamps / f"{spec.spec_hash}.json")
     monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", ACCOUNT)
     monkeypatch.delenv("CDK_CONTEXT_JSON", raising=False)
-    assert "no passing `raytrain-eks verify`" in app._deploy_refusal(env)
-    monkeypatch.setenv("CDK_CONTEXT_JSON", json.dumps({verify_gate.SKIP_CONTEXT: "true"}))
-    assert app._deploy_refusal(env) is None
-    monkeypatch.delenv("CDK_CONTEXT_JSON")
+    refusal, existing, warning = app._deploy_gate(env)
+    assert "no passing `raytrain-eks verify`" in refusal and existing == frozenset() and warning is None
     stamps.mkdir(parents=True)
-    (stamps / f"{env.spec_hash}.json").write_text(verify_gate.stamp(env, ACCOUNT, NOW))
-    assert app._deploy_refusal(env) is None
+    (stamps / f"{env.spec_hash}.json").write_text(verify_gate.stamp(env, ACCOUNT, NOW, frozenset({"gpu"})))
+    assert app._deploy_gate(env) == (None, frozenset({"gpu"}), None)  # the groups verify found
+    (stamps / f"{env.spec_hash}.json").write_text(verify_gate.stamp(env, ACCOUNT, NOW - timedelta(hours=30), frozenset({"gpu"})))
+    monkeypatch.setenv("CDK_CONTEXT_JSON", json.dumps({verify_gate.SKIP_CONTEXT: "true"}))
+    refusal, existing, warning = app._deploy_gate(env)  # an old record says nothing about today's groups
+    assert refusal is None and existing == frozenset() and warning.startswith("warning: environment.toml: ")
+
+
+def test_the_override_without_a_record_synthesizes_desired_sizes_and_warns_once(tmp_path):
+    # app.py as `cdk deploy -c raytrain:skip-verify=true` runs it (its own process: the CLI's
+    # environment), with no verify recorded: every group is written as a creation (safe if it
+    # does not exist), and one line says what a later scaling edit may do
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from toml_writer import toml_text
+
+    raw = default_raw()
+    raw["cluster"].update(account=ACCOUNT, name="never-verified")  # no stamp of this spec exists
+    spec = tmp_path / "environment.toml"
+    spec.write_text(toml_text(raw))
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(root / "app.py")], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "ENV_FILE": str(spec), "CDK_OUTDIR": str(tmp_path / "cdk.out"),
+                              "CDK_CONTEXT_JSON": json.dumps({verify_gate.SKIP_CONTEXT: "true"})})
+    assert run.returncode == 0, run.stderr[-2000:]
+    [line] = [x for x in run.stderr.splitlines() if x.startswith("warning: ")]
+    assert "gpu keep(s) DesiredSize = min_nodes: a later min/max_nodes edit may reset the running size" in line
+    [cluster] = (tmp_path / "cdk.out").glob("*-cluster.template.json")
+    scaling = [r["Properties"]["ScalingConfig"] for r in json.loads(cluster.read_text())["Resources"].values()
+               if r["Type"] == "AWS::EKS::Nodegroup" and r["Properties"]["ScalingConfig"]["MinSize"] == 0]
+    assert scaling == [{"MinSize": 0, "MaxSize": 2, "DesiredSize": 0}]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 import tempfile
 import tomllib
 from pathlib import Path
@@ -20,7 +21,7 @@ from raytrain_eks.cli import main
 from raytrain_eks.commands import verify as verify_command
 from toml_writer import toml_text
 from verify_doubles import (
-    MOTO_ACCOUNT, SplitEc2, create_bootstrap_stack, serve_directory, start_moto, stub_eks, stub_quotas,
+    MOTO_ACCOUNT, SplitEc2, SplitEks, create_bootstrap_stack, serve_directory, start_moto, stub_eks, stub_quotas,
     write_chart_indexes,
 )
 
@@ -87,7 +88,7 @@ def use_clients(monkeypatch, moto, *, eks=None, quotas=None, reservations=None):
     """verify's clients: moto for STS, CloudFormation, EC2 offerings; stubs for the rest."""
     def make(service: str, region: str):
         if service == "eks":
-            return eks or stub_eks(region, K8S)
+            return SplitEks(moto.client("eks", region), eks or stub_eks(region, K8S))
         if service == "service-quotas":
             return quotas or stub_quotas(region, ENOUGH)
         if service == "ec2":
@@ -113,7 +114,7 @@ def test_a_good_spec_passes_every_check(tmp_path, moto, registry, charts, monkey
     assert failures(lines) == [] and rc == 0 and err == ""
     checks = {line.split()[1].rstrip(":") for line in lines if line.startswith("ok")}
     assert checks == {"account", "bootstrap", "leftover", "eks-addon", "helm-chart", "admins", "zones", "gpu-az",
-                      "quota", "image"}
+                      "quota", "image", "node-groups"}
     assert sum(line.startswith("ok    eks-addon") for line in lines) == len(EKS_ADDONS)
     assert "checks passed (cdk deploy of account" in lines[-1]
     # the pass is recorded for this spec and account: app.py lets the cluster stack deploy
@@ -123,6 +124,44 @@ def test_a_good_spec_passes_every_check(tmp_path, moto, registry, charts, monkey
     recorded = verify_gate.stamp_path(verify_command.ROOT, env).read_text()
     assert json.loads(recorded)["account"] == MOTO_ACCOUNT
     assert verify_gate.refusal(env, recorded, verify_gate.now(), MOTO_ACCOUNT) is None
+    # no cluster yet: no group exists, so the first deploy writes every desired size
+    assert verify_gate.recorded_groups(recorded) == frozenset()
+    assert any("group gpu (g6.12xlarge/on-demand/" in line and "does not exist yet" in line for line in lines)
+
+
+def test_verify_records_the_gpu_groups_that_exist_with_the_same_create_only_inputs(tmp_path, moto, registry, charts,
+                                                                                   monkeypatch, capsys):
+    # deployed clusters as CloudFormation left them: generated node group names, the tags the GPU
+    # construct writes; in "replaced" the group was made for another instance type, so this
+    # spec replaces it (a creation) and it does not count
+    from infra import verify_gate
+    from infra.existing_groups import identity_tags
+
+    use_clients(monkeypatch, moto)
+    eks = moto.client("eks", REGION)
+    for cluster in ("deployed", "replaced"):
+        raw = raw_spec(registry)
+        raw["cluster"]["name"] = cluster
+        env = environment_from_dict(raw, str(tmp_path / "environment.toml"))
+        [gpu] = env.gpu_node_groups
+        made_from = gpu if cluster == "deployed" else replace(gpu, instance_type="g6.48xlarge")
+        eks.create_cluster(name=cluster, roleArn=f"arn:aws:iam::{MOTO_ACCOUNT}:role/c",
+                           resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+        for name, tags in [("GpugpuNodegroup-7Hq2", identity_tags(made_from, env.cluster.gpu_availability_zone)),
+                           ("SystemNodegroup-4b1Z", {})]:
+            eks.create_nodegroup(clusterName=cluster, nodegroupName=name, subnets=["subnet-1"],
+                                 nodeRole=f"arn:aws:iam::{MOTO_ACCOUNT}:role/n", tags=tags,
+                                 scalingConfig={"minSize": 0, "maxSize": 2, "desiredSize": 1})
+        rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
+        assert rc == 0, lines
+        recorded = verify_gate.stamp_path(verify_command.ROOT, env).read_text()
+        [line] = [line for line in lines if "node-groups" in line]
+        if cluster == "deployed":
+            assert verify_gate.recorded_groups(recorded) == frozenset({"gpu"})
+            assert line.startswith("ok    node-groups: group gpu exists (g6.12xlarge/on-demand/")
+        else:
+            assert verify_gate.recorded_groups(recorded) == frozenset()
+            assert "does not exist yet: a deploy creates it with 0 node(s)" in line
 
 
 def assert_one_failure(rc: int, lines: list[str], err: str, *expected: str) -> str:
