@@ -16,14 +16,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from infra_variants import default_raw  # noqa: E402
-from update_oracle import EDITS, destroy, diff, edited, table, templates  # noqa: E402
+from update_oracle import destroy, edit_results, table, templates  # noqa: E402
 
 
 def main() -> None:
     warnings.simplefilter("ignore")
     raw = default_raw()
     baseline = templates(raw)
-    results = {edit: diff(baseline, templates(edited(raw, edit))) for edit in EDITS}
+    results = edit_results(raw, baseline)  # each edit over the first deploy, after a verify
     # destroy: what is kept, and what goes with an effect (the rest is simply deleted)
     gone = destroy(baseline)
     results["cdk destroy --all"] = [c for c in gone if c.action == "retain" or c.effect]

@@ -18,7 +18,10 @@ running nodes or removes a protection. Two sources decide it:
     desiredSize). Seen in the field: eksctl-io/eksctl issue 3532 (a max-size edit reset the
     cluster-autoscaled desired size to the template's value), aws/containers-roadmap issue 1259.
     So a ScalingConfig update of an autoscaled group (min < max) that carries DesiredSize resets
-    the group to it; one without DesiredSize leaves the running size alone.
+    the group to it; one without DesiredSize leaves the running size alone. A node group is
+    CREATED (added, or a replacement) with all of MinSize, MaxSize and DesiredSize or none:
+    "When creating a node group, you must specify all or none of the properties" (same page, and
+    the CloudFormation User Guide's AWS::EKS::Nodegroup ScalingConfig page).
   * ``AWS::EC2::LaunchTemplate``: an update of LaunchTemplateData creates a new version
     (``LatestVersionNumber`` changes); a node group that follows it gets a new
     ``LaunchTemplate.Version`` and EKS replaces every node, one at a time (EKS User Guide,
@@ -122,6 +125,17 @@ def _node_group_effect(old: dict, new: dict, changed: set[str]) -> str:
     return "; ".join(effects)
 
 
+SCALING_PROPERTIES = {"MinSize", "MaxSize", "DesiredSize"}
+
+
+def _creation_effect(kind: str, props: dict) -> str:
+    """What a node group's creation meets: EKS refuses a partial scaling config."""
+    given = SCALING_PROPERTIES & set(props.get("ScalingConfig", {}))
+    if kind == NODE_GROUP and given and given != SCALING_PROPERTIES:
+        return f"CREATE REFUSED: a new node group needs all of MinSize, MaxSize, DesiredSize or none (has {', '.join(sorted(given))})"
+    return ""
+
+
 def diff_stack(stack: str, before: dict, after: dict) -> list[Change]:
     """What CloudFormation does to ``stack`` when ``before`` is updated to ``after``."""
     old_resources, new_resources = before.get("Resources", {}), after.get("Resources", {})
@@ -154,7 +168,8 @@ def diff_stack(stack: str, before: dict, after: dict) -> list[Change]:
         kind = new["Type"]
         if lid in replaced:
             effect = "NODES TERMINATED: the old group is deleted after its replacement" if kind == NODE_GROUP else ""
-            changes.append(Change(stack, lid, kind, "replace", effect))
+            refused = _creation_effect(kind, new.get("Properties", {}))
+            changes.append(Change(stack, lid, kind, "replace", "; ".join(e for e in (refused, effect) if e)))
         elif lid in updated:
             versioned = {(u, attr) for u in updated for (t, attr) in VERSIONED_ATTRIBUTES
                          if new_resources[u]["Type"] == t}
@@ -163,7 +178,8 @@ def diff_stack(stack: str, before: dict, after: dict) -> list[Change]:
             effect = _node_group_effect(old_props, new_props, _changed(old_props, new_props)) if kind == NODE_GROUP else ""
             changes.append(Change(stack, lid, kind, "update", effect))
     for lid in sorted(set(new_resources) - set(old_resources)):
-        changes.append(Change(stack, lid, new_resources[lid]["Type"], "add"))
+        kind = new_resources[lid]["Type"]
+        changes.append(Change(stack, lid, kind, "add", _creation_effect(kind, new_resources[lid].get("Properties", {}))))
     changes += deleted(stack, {lid: old_resources[lid] for lid in set(old_resources) - set(new_resources)},
                        old_resources)
     return changes
@@ -204,8 +220,9 @@ def diff(before: dict[str, dict], after: dict[str, dict]) -> list[Change]:
     return [c for stack in before for c in diff_stack(stack, before[stack], after.get(stack, {}))]
 
 
-def templates(raw: dict, source: str = "environment.toml") -> dict[str, dict]:
-    """The synthesized templates (network, storage, cluster) of a raw spec, in-process."""
+def templates(raw: dict, source: str = "environment.toml", existing_gpu_groups: frozenset[str] = frozenset()) -> dict[str, dict]:
+    """The synthesized templates (network, storage, cluster) of a raw spec, in-process, for a
+    deploy where ``existing_gpu_groups`` exist (default: none, a first deploy)."""
     from aws_cdk.assertions import Template
 
     from environment import environment_from_dict
@@ -214,7 +231,7 @@ def templates(raw: dict, source: str = "environment.toml") -> dict[str, dict]:
     env = environment_from_dict(raw, source)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        built = build_app(env, new_app(env))
+        built = build_app(env, new_app(env), existing_gpu_groups=existing_gpu_groups)
         return {part: Template.from_stack(getattr(built, part)).to_json() for part in STACKS}
 
 
@@ -247,10 +264,32 @@ the app supports one minor (environment/contract.py KUBERNETES_VERSIONS), so the
 pipeline settings live in the pipeline stack (its own tests)."""
 
 
+def deployed_groups(raw: dict, deployed: dict[str, dict]) -> frozenset[str]:
+    """What `raytrain-eks verify` records before deploying spec ``raw`` over the ``deployed``
+    templates: the GPU groups of ``raw`` whose running node group carries their tags (EKS
+    DescribeNodegroup returns the tags CloudFormation set from the template's Tags)."""
+    from environment import environment_from_dict
+    from infra.existing_groups import existing
+
+    tags = [r.get("Properties", {}).get("Tags") or {} for r in deployed["cluster"].get("Resources", {}).values()
+            if r["Type"] == NODE_GROUP]
+    return existing(environment_from_dict(raw, "environment.toml"), tags)
+
+
+def redeploy(raw: dict, deployed: dict[str, dict]) -> dict[str, dict]:
+    """The templates a later `cdk deploy` of ``raw`` writes after a verify over ``deployed``."""
+    return templates(raw, existing_gpu_groups=deployed_groups(raw, deployed))
+
+
 def edited(raw: dict, edit: str) -> dict:
     for path, value in EDITS[edit].items():
         raw = _set(raw, path, value)
     return raw
+
+
+def edit_results(raw: dict, baseline: dict[str, dict]) -> dict[str, list[Change]]:
+    """Each edit of ``raw`` deployed over ``baseline`` (the first deploy), after a verify."""
+    return {edit: diff(baseline, redeploy(edited(raw, edit), baseline)) for edit in EDITS}
 
 
 def table(results: dict[str, list[Change]]) -> str:

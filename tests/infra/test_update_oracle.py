@@ -7,20 +7,48 @@ from __future__ import annotations
 import pytest
 
 from infra_variants import default_raw
-from update_oracle import EDITS, Change, destroy, diff, diff_stack, edited, table, templates, touches_running
+from update_oracle import (
+    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, redeploy, table, templates,
+    touches_running,
+)
 
 SCALING_EDITS = ("gpu max_nodes 2 -> 3", "gpu min_nodes 0 -> 1", "system nodes 1 -> 2")
 
 
 @pytest.fixture(scope="module")
 def baseline() -> dict[str, dict]:
+    """The first deploy's templates (no group exists yet)."""
     return templates(default_raw())
 
 
 @pytest.fixture(scope="module")
 def results(baseline) -> dict[str, list[Change]]:
-    raw = default_raw()
-    return {edit: diff(baseline, templates(edited(raw, edit))) for edit in EDITS}
+    # each edit deployed over the first deploy, after a verify that found its groups
+    return edit_results(default_raw(), baseline)
+
+
+def _scaling(templates_: dict[str, dict]) -> list[dict]:
+    return [r["Properties"]["ScalingConfig"] for r in templates_["cluster"]["Resources"].values()
+            if r["Type"] == "AWS::EKS::Nodegroup"]
+
+
+def test_a_first_deploy_creates_every_node_group_with_its_whole_scaling_config(baseline):
+    # given no cluster yet, when it is deployed, then EKS gets MinSize, MaxSize and DesiredSize
+    gpu = [s for s in _scaling(baseline) if s["MinSize"] < s["MaxSize"]]
+    assert gpu == [{"MinSize": 0, "MaxSize": 2, "DesiredSize": 0}]  # autoscaled, starting at min_nodes
+    created = diff({part: {} for part in STACKS}, baseline)
+    assert [c for c in created if c.effect] == []
+    # the group written as existing (no desired size) would be refused at creation
+    partial = diff({part: {} for part in STACKS}, templates(default_raw(), existing_gpu_groups=frozenset({"gpu"})))
+    assert [c.effect.split(":")[0] for c in partial if c.effect] == ["CREATE REFUSED"]
+
+
+def test_a_redeploy_leaves_the_running_size_alone(baseline):
+    # the verify before the next deploy finds the group (by its tags): no desired size is sent
+    assert deployed_groups(default_raw(), baseline) == frozenset({"gpu"})
+    again = redeploy(default_raw(), baseline)
+    assert [s for s in _scaling(again) if s["MinSize"] < s["MaxSize"]] == [{"MinSize": 0, "MaxSize": 2}]
+    assert touches_running(diff(baseline, again)) == []
 
 
 def _group(min_size: int, max_size: int, **scaling) -> dict:
@@ -80,6 +108,7 @@ def test_what_each_edit_replaces_or_disrupts(results):
     print(table(results))
     effects = {edit: sorted((c.type, c.action, c.effect.split(":")[0]) for c in changes if c.effect or c.action != "update")
                for edit, changes in results.items()}
+    # a replacement is a creation: verify does not count the group, its desired size is written
     assert effects["gpu instance_type -> g6.48xlarge"] == [
         ("AWS::EKS::Nodegroup", "replace", "NODES TERMINATED")]
     assert effects["gpu root_volume_gib 200 -> 300"] == [("AWS::EKS::Nodegroup", "update", "NODES ROLLED")]
