@@ -156,7 +156,9 @@ class GpuNodeGroupSpec(_NodeSizing):
     min_nodes: int = 0
     """0 = scale to zero: cluster-autoscaler adds nodes while a RayJob's workers are Pending."""
     desired_nodes: int = 0
-    """The size CloudFormation creates the group at; afterwards cluster-autoscaler owns it."""
+    """The size the group starts at. With min_nodes < max_nodes cluster-autoscaler owns the size:
+    it must equal min_nodes, and only the deploy that creates the group sends it (a redeploy
+    would reset the autoscaler's size; infra/existing_groups.py)."""
     max_nodes: int = 2
     """The size every GPU job runs at (its world size = max_nodes x GPUs per node)."""
     root_volume_gib: int = 200
@@ -185,6 +187,10 @@ class GpuNodeGroupSpec(_NodeSizing):
         if not self.min_nodes <= self.desired_nodes <= self.max_nodes:
             raise FieldError("desired_nodes", self.desired_nodes,
                              f"must be between min_nodes ({self.min_nodes}) and max_nodes ({self.max_nodes})")
+        if self.min_nodes < self.max_nodes and self.desired_nodes != self.min_nodes:
+            raise FieldError("desired_nodes", self.desired_nodes,
+                             f"must equal min_nodes ({self.min_nodes}) while min_nodes < max_nodes: cluster-autoscaler "
+                             "owns the group's size after the deploy that creates it at its desired size")
         if not 50 <= self.root_volume_gib <= 16384:
             raise FieldError("root_volume_gib", self.root_volume_gib,
                              "must be between 50 and 16384 (the DLC image alone is tens of GB)")

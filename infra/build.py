@@ -14,10 +14,11 @@ import aws_cdk as cdk
 from environment.addons import ADDONS
 from infra.constructs.cluster_addons import ResolvedAddon
 from infra.errors import InfraSpecError
+from infra.function_logs import own_function_logs
 from infra.kubectl_layer import kubectl_layer_factory
 from infra.nag import add_nag_checks
 from infra.stack_names import stack_name
-from infra.stacks.cluster import ClusterStack
+from infra.stacks.cluster import ClusterStack, retention_days
 from infra.stacks.network import NetworkStack
 from infra.stacks.storage import StorageStack
 from environment import Environment
@@ -89,8 +90,21 @@ def resolved_addons(env: Environment) -> list[ResolvedAddon]:
     return resolved
 
 
-def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:
+def refuse_deploy(stack: cdk.Stack, line: str) -> None:
+    """A CloudFormation rule that always fails with ``line``: CloudFormation checks rules when
+    it validates a template for a change set, so ``cdk deploy`` of ``stack`` stops there, before
+    any change, with that one line (CloudFormation User Guide, "Rules" section syntax)."""
+    cdk.CfnRule(stack, "VerifiedBeforeDeploy", assertions=[cdk.CfnRuleAssertion(
+        assert_=cdk.Fn.condition_equals("unverified", "verified"), assert_description=line)])
+
+
+def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: str | None = None,
+              existing_gpu_groups: frozenset[str] = frozenset()) -> BuiltApp:
     """Create every stack of ``env`` in ``app`` (a new App with the AZ context if None).
+    ``deploy_refusal``: why the cluster stack may not be deployed yet (infra/verify_gate.py);
+    the stack then carries a rule that refuses the deploy with it (a synth still succeeds).
+    ``existing_gpu_groups``: the GPU groups a deploy updates in place (infra/existing_groups.py;
+    default none: every group is written as a creation, with its desired size).
 
     Raises :class:`infra.errors.InfraSpecError` (a SpecError) before creating anything when the
     spec cannot be built here (e.g. no kubectl layer for its Kubernetes version).
@@ -117,15 +131,21 @@ def build_app(env: Environment, app: cdk.App | None = None) -> BuiltApp:
                            gpu_groups=env.gpu_node_groups, ray=env.ray, addons=resolved_addons(env),
                            bucket_name=env.bucket_name, storage_prefix=env.storage.prefix,
                            read_only_prefixes=env.storage.read_only_prefixes, kubectl_layer=layer,
-                           network=network, env=where, tags=tags,
+                           network=network, existing_gpu_groups=existing_gpu_groups, env=where, tags=tags,
                            description=f"raytrain-eks {name}: EKS cluster, GPU nodes, add-ons")
     # The pod policy names the bucket: deploy the bucket first.
     cluster.add_stack_dependency(storage)
+    if deploy_refusal:
+        refuse_deploy(cluster, deploy_refusal)
     pipeline = None
     if env.pipeline.enabled:
         from infra.stacks.pipeline import PipelineStack  # written separately; heavy, optional
 
         pipeline = PipelineStack(app, stack_name(name, "pipeline"), env_spec=env, cluster_stack=cluster,
                                  storage_stack=storage, env=where)
+    days = retention_days(c.log_retention_days)
+    for stack in (network, storage, cluster, pipeline):
+        if stack is not None:
+            own_function_logs(stack, days)
     add_nag_checks(app)
     return BuiltApp(app=app, network=network, storage=storage, cluster=cluster, pipeline=pipeline)

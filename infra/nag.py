@@ -17,14 +17,16 @@ NODE_ROLE_POLICIES = {
     "AmazonEC2ContainerRegistryReadOnly": "pulls the EKS add-on images (VPC CNI, kube-proxy, "
                                           "pod-identity agent) from Amazon ECR",
 }
+IN_VPC = ("attaches to the cluster's private subnets whenever the private endpoint is on "
+          "(endpoint_access private or public_and_private)")
 KUBECTL_HANDLER_POLICIES = {
     "service-role/AWSLambdaBasicExecutionRole": "writes its own CloudWatch logs",
-    "service-role/AWSLambdaVPCAccessExecutionRole": "attaches to the VPC when the endpoint is private",
+    "service-role/AWSLambdaVPCAccessExecutionRole": IN_VPC,
     "AmazonEC2ContainerRegistryReadOnly": "pulls Helm charts stored as OCI artifacts in ECR",
 }
 PROVIDER_FRAMEWORK_POLICIES = {
     "service-role/AWSLambdaBasicExecutionRole": "writes its own CloudWatch logs",
-    "service-role/AWSLambdaVPCAccessExecutionRole": "attaches to the VPC when the endpoint is private",
+    "service-role/AWSLambdaVPCAccessExecutionRole": IN_VPC,
 }
 CDK_OWNED = "Created and scoped by aws-cdk-lib's aws_eks_v2 kubectl provider, not by this project: "
 

@@ -47,10 +47,11 @@ class Reservation:
         return fields
 
 
-def offered_zones(ec2, instance_type: str) -> list[str]:
-    """The AZs of the client's region that offer ``instance_type``."""
+def offered_zones(ec2, instance_type: str, location_type: str = "availability-zone") -> list[str]:
+    """The AZs (names; ids with ``location_type="availability-zone-id"``) of the client's region
+    that offer ``instance_type``."""
     zones: set[str] = set()
-    kwargs = {"LocationType": "availability-zone",
+    kwargs = {"LocationType": location_type,
               "Filters": [{"Name": "instance-type", "Values": [instance_type]}]}
     while True:
         page = ec2.describe_instance_type_offerings(**kwargs)

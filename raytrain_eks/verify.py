@@ -4,12 +4,16 @@ check returns :class:`Finding` lines, one per problem, each with its fix.
 - every EKS add-on pin is offered for the spec's Kubernetes version (EKS DescribeAddonVersions);
 - every Helm chart version is in its repository's index (:mod:`raytrain_eks.chart_index`);
 - every GPU instance type is offered in the GPU AZ (EC2 DescribeInstanceTypeOfferings);
+- every AZ's zone id is one EKS supports, and offers the system node type
+  (:mod:`raytrain_eks.verify_zones`);
+- every admin principal exists (IAM);
 - the On-Demand vCPU quotas cover every node group at its maximum size (Service Quotas);
 - a named capacity reservation or Capacity Block exists and fits its group;
 - the CDK bootstrap stack exists, at a version this CDK accepts (CloudFormation);
 - nothing a first deploy would collide with is left: a retained bucket the spec does not adopt,
   a control-plane log group of the same name;
 - the credentials are the spec's account (STS);
+- which GPU node groups already exist, recorded for the deploy (:mod:`raytrain_eks.verify_nodegroups`);
 - the pinned image digest resolves and can run on linux/amd64 (the registry).
 
 The AWS clients and the index fetcher are passed in (boto3 and urllib in the CLI; moto's
@@ -40,7 +44,10 @@ VCPU_QUOTAS = {
 ACTIONS = {"account": "sts:GetCallerIdentity", "eks-addon": "eks:DescribeAddonVersions",
            "gpu-az": "ec2:DescribeInstanceTypeOfferings", "quota": "servicequotas:GetServiceQuota",
            "reservation": "ec2:DescribeCapacityReservations", "bootstrap": "cloudformation:DescribeStacks",
-           "leftover": "cloudformation:DescribeStacks, s3:ListBucket, logs:DescribeLogGroups"}
+           "leftover": "cloudformation:DescribeStacks, s3:ListBucket, logs:DescribeLogGroups",
+           "zones": "ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings",
+           "admins": "iam:GetRole, iam:GetUser",
+           "node-groups": "eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,5 +1,6 @@
 """The account-side checks of `raytrain-eks verify` (see :mod:`raytrain_eks.verify`): whose
-credentials these are, whether CDK is bootstrapped, and what a first deploy would collide with."""
+credentials these are, whether CDK is bootstrapped, whether every admin principal exists, and
+what a first deploy would collide with."""
 from __future__ import annotations
 
 from environment import Environment
@@ -84,4 +85,26 @@ def check_leftovers(env: Environment, cloudformation, s3, logs) -> list[Finding]
                              f"aws logs delete-log-group --log-group-name {group} --region {env.cluster.region}"))
         else:
             out.append(passed("leftover", f"no log group {group} in the way"))
+    return out
+
+
+def check_admins(env: Environment, iam) -> list[Finding]:
+    """Every ``cluster.admin_principal_arns`` entry exists (IAM GetRole / GetUser): EKS resolves
+    the principal at CreateAccessEntry, and a mistyped ARN fails the cluster stack after the
+    control plane is up, rolling it all back."""
+    from botocore.exceptions import ClientError
+
+    out = []
+    for arn in env.cluster.admin_principal_arns:
+        kind, _, path_name = arn.split(":", 5)[5].partition("/")
+        name = path_name.rsplit("/", 1)[-1]  # GetRole/GetUser take the name without its path
+        try:
+            iam.get_role(RoleName=name) if kind == "role" else iam.get_user(UserName=name)
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") != "NoSuchEntity":
+                raise
+            out.append(failed("admins", f"{arn}: no such IAM {kind} in this account",
+                              f"correct cluster.admin_principal_arns in {env.source} (aws iam get-{kind} --{kind}-name {name})"))
+            continue
+        out.append(passed("admins", f"{arn} exists"))
     return out

@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from charts.main import NETWORK_POLICY_CHART
+from infra.constructs.efa_launch_template import EFA_INTERFACE_TYPES
 from fixture_paths import FIXTURE_JOBS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +172,7 @@ def test_gpu_and_efa_counts_match_the_instance_and_launch_template(both):
         assert group["rayStartParams"]["num-gpus"] == limits["nvidia.com/gpu"], chart
         lt_id = ng["LaunchTemplate"]["Id"]["Ref"]
         nics = templates[lt_id]["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]
-        efa_nics = [n for n in nics if n.get("InterfaceType") == "efa"]
+        efa_nics = [n for n in nics if n.get("InterfaceType") in EFA_INTERFACE_TYPES]
         assert int(limits["vpc.amazonaws.com/efa"]) == len(efa_nics) == instance.max_efa_interfaces, chart
 
 

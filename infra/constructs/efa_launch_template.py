@@ -15,14 +15,22 @@ ROOT_DEVICE = "/dev/xvda"
 MIME_BOUNDARY = "RAYTRAIN"
 
 
+EFA_INTERFACE_TYPES = ("efa", "efa-only")
+"""The launch template's interface types that each give the node one EFA device."""
+
+
 def efa_network_interfaces(efa_count: int, security_group_ids: list[str]) -> list:
-    """One EFA interface per network card: card 0 is the primary (device 0), the others are
-    device 1 on their own card, as the EFA guide lays out multi-card instances."""
+    """One EFA interface per network card, as the EC2 guide lays out multi-card instances
+    ("Maximize network bandwidth on Amazon EC2 instances with multiple network cards",
+    docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): card 0, device 0 is
+    the primary interface, an EFA with ENA (the node's IP traffic); every other card gets an
+    ``efa-only`` interface at device 0: EFA for NCCL without an ENA, so no IP address of the
+    subnet and no route the VPC CNI could use is spent on each of p5.48xlarge's 31 others."""
     return [
         ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
-            device_index=0 if card == 0 else 1,
+            device_index=0,
             network_card_index=card,
-            interface_type="efa",
+            interface_type="efa" if card == 0 else "efa-only",
             groups=security_group_ids,
             delete_on_termination=True,
         )

@@ -7,6 +7,7 @@ from constructs import Construct
 from environment import GpuNodeGroupSpec
 from environment.contract import EFA_RESOURCE, GPU_ACCELERATOR_LABEL, GPU_RESOURCE, gpu_accelerator
 from infra.constructs.efa_launch_template import EfaLaunchTemplate
+from infra.existing_groups import autoscaled, identity_tags
 
 # CloudFormation spells it with a lower-case "x86" (the CDK enum name does not).
 AMI_TYPE = "AL2023_x86_64_NVIDIA"
@@ -59,6 +60,9 @@ class GpuNodeGroup(Construct):
     launch template (and placement group when on-demand). Exposes :attr:`nodegroup`,
     :attr:`launch_template` and :attr:`placement_group`.
 
+    ``exists``: the group is already deployed with this spec's create-only inputs
+    (infra/existing_groups.py); an autoscaled one then carries no desired size.
+
     No node group name: CloudFormation generates one, so a change to a create-only property
     (instance type, capacity type, subnets, disk, AMI type) replaces the group instead of failing
     on a name the old group still holds.
@@ -66,7 +70,8 @@ class GpuNodeGroup(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
                  group: GpuNodeGroupSpec, subnets: ec2.SubnetSelection,
-                 security_group_ids: list[str], node_role: iam.IRole) -> None:
+                 security_group_ids: list[str], node_role: iam.IRole, availability_zone: str,
+                 exists: bool = False) -> None:
         super().__init__(scope, construct_id)
         template = EfaLaunchTemplate(self, "Template", group=group,
                                      security_group_ids=security_group_ids)
@@ -90,14 +95,22 @@ class GpuNodeGroup(Construct):
             # What the instance type implies, visible in the console and the template.
             tags={"raytrain:gpus-per-node": str(group.gpus_per_node),
                   "raytrain:efa-per-node": str(group.efa_per_node),
-                  **node_template_tags(group)},
+                  **node_template_tags(group), **identity_tags(group, availability_zone)},
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref,
                 version=self.launch_template.attr_latest_version_number),
             # One node at a time (EKS requires a maximum unavailable beside the strategy).
             max_unavailable=1,
         )
-        self.nodegroup.node.default_child.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)
+        cfn = self.nodegroup.node.default_child
+        cfn.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)
+        if autoscaled(group) and exists:
+            # aws-cdk-lib 2.275.0 aws-eks-v2/lib/managed-nodegroup.ts always writes a desiredSize
+            # (props.desiredSize ?? props.minSize ?? 2), and CloudFormation sends it with every
+            # ScalingConfig update: a max_nodes edit would reset cluster-autoscaler's running
+            # nodes to it. Without it "no action occurs" on the running size (EKS API Reference,
+            # NodegroupScalingConfig). Only once the group exists: a creation needs all three.
+            cfn.add_property_deletion_override("ScalingConfig.DesiredSize")
         # Set on the L1: aws-cdk-lib 2.275 checks ami_type against its own list of GPU
         # instance families, which lacks P5 (p5.48xlarge would be refused as "not GPU").
-        self.nodegroup.node.default_child.add_property_override("AmiType", AMI_TYPE)
+        cfn.add_property_override("AmiType", AMI_TYPE)

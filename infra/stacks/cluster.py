@@ -60,7 +60,7 @@ class ClusterStack(Stack):
                  ray: RaySpec, addons: list[ResolvedAddon], bucket_name: str, storage_prefix: str,
                  read_only_prefixes: tuple[str, ...],
                  kubectl_layer: Callable[[Construct, str], aws_lambda.ILayerVersion],
-                 network: NetworkStack, **kwargs) -> None:
+                 network: NetworkStack, existing_gpu_groups: frozenset[str] = frozenset(), **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         layer = kubectl_layer(self, "KubectlLayer")
         private = spec.endpoint_access == "private"
@@ -87,7 +87,9 @@ class ClusterStack(Stack):
             output_config_command=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
                 kubectl_layer=layer,
-                # A private endpoint is reachable only from inside the VPC.
+                # aws-cdk-lib 2.275.0 aws-eks-v2/lib/cluster.ts puts the kubectl handler into the
+                # cluster's private subnets whenever the private endpoint is on (private and
+                # public_and_private alike); named here for a private-only endpoint, the same subnets.
                 private_subnets=network.private_subnets.subnets if private else None),
         )
         self.cluster.node.add_dependency(self.log_group)
@@ -125,7 +127,8 @@ class ClusterStack(Stack):
         self.gpu_node_groups = [
             GpuNodeGroup(self, f"Gpu-{group.name}", cluster=self.cluster, group=group,
                          subnets=ec2.SubnetSelection(subnets=network.gpu_subnets.subnets),
-                         security_group_ids=node_groups, node_role=self.node_role)
+                         security_group_ids=node_groups, node_role=self.node_role,
+                         availability_zone=spec.gpu_availability_zone, exists=group.name in existing_gpu_groups)
             for group in gpu_groups
         ]
         self.gpu_nodegroups = [g.nodegroup for g in self.gpu_node_groups]

@@ -2,12 +2,17 @@
 repositories and the image registry before `cdk deploy` and before a job (read-only calls).
 
 Prints one line per check (``ok`` or ``FAIL ... -- fix: ...``); exits 0 when every check
-passes, 2 when any fails (as the other commands do for a problem the user must fix).
+passes, 2 when any fails (as the other commands do for a problem the user must fix). A pass
+is recorded (infra/verify_gate.py): `cdk deploy` of the cluster stack needs a recent one.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository: its ``.work/verify/`` holds the passes app.py reads."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +34,7 @@ def make_client(service: str, region: str):
 
 def run(args: argparse.Namespace) -> int:
     from environment import load_environment
-    from raytrain_eks import verify, verify_account
+    from raytrain_eks import verify, verify_account, verify_nodegroups, verify_zones
     from raytrain_eks.chart_index import IndexCache, http_fetch
 
     env = load_environment(args.env)
@@ -39,16 +44,20 @@ def run(args: argparse.Namespace) -> int:
         return make_client(service, region)
 
     index = IndexCache(http_fetch(args.timeout))
+    existing: set[str] = set()  # the GPU groups a deploy updates in place, recorded with a pass
     findings = verify.run_checks([
         ("account", lambda: verify_account.check_account(env, client("sts"))),
         ("bootstrap", lambda: verify_account.check_bootstrap(env, client("cloudformation"))),
         ("leftover", lambda: verify_account.check_leftovers(env, client("cloudformation"), client("s3"), client("logs"))),
         ("eks-addon", lambda: verify.check_eks_addons(env, client("eks"))),
         ("helm-chart", lambda: verify.check_charts(env, index, args.helm_repo_mirror)),
+        ("admins", lambda: verify_account.check_admins(env, client("iam"))),
+        ("zones", lambda: verify_zones.check_zones(env, client("ec2"))),
         ("gpu-az", lambda: verify.check_gpu_zones(env, client("ec2"))),
         ("quota", lambda: verify.check_quotas(env, client("service-quotas"))),
         ("reservation", lambda: verify.check_reservations(env, client("ec2"))),
         ("image", lambda: verify.check_image(env, args.registry_url, args.timeout)),
+        ("node-groups", lambda: verify_nodegroups.check_node_groups(env, client("eks"), existing)),
     ])
     for finding in findings:
         print(finding.line())
@@ -56,5 +65,12 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"error: {args.env}: {len(failed)} of {len(findings)} checks failed (see FAIL above)", file=sys.stderr)
         return 2
-    print(f"{args.env}: all {len(findings)} checks passed")
+    from infra import verify_gate
+
+    account = client("sts").get_caller_identity()["Account"]
+    stamp = verify_gate.stamp_path(ROOT, env)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(verify_gate.stamp(env, account, verify_gate.now(), frozenset(existing)))
+    hours = verify_gate.MAX_AGE.total_seconds() / 3600
+    print(f"{args.env}: all {len(findings)} checks passed (cdk deploy of account {account} allowed for {hours:.0f} h)")
     return 0

@@ -36,7 +36,7 @@ def test_shipped_environment_loads_and_derives_the_reference_cluster():
 
 def test_derived_values_follow_the_instance_type(raw):
     changed = copy.deepcopy(raw)
-    changed["gpu_node_groups"][0].update(instance_type="p5.48xlarge", desired_nodes=4, max_nodes=4)
+    changed["gpu_node_groups"][0].update(instance_type="p5.48xlarge", max_nodes=4)
     env = environment_from_dict(changed)
     assert env.world_size == 32
     assert env.primary_gpu_group.efa_per_node == 32
@@ -161,6 +161,8 @@ BAD_SPECS = [
      "clustr: 'clustr' is not a known section (known: "),
     (lambda r: r["gpu_node_groups"][0].update(desired_nodes=5),
      "gpu_node_groups[0].desired_nodes: 5 must be between min_nodes (0) and max_nodes (2)"),
+    (lambda r: r["gpu_node_groups"][0].update(desired_nodes=1),
+     "gpu_node_groups[0].desired_nodes: 1 must equal min_nodes (0) while min_nodes < max_nodes: cluster-autoscaler"),
     (lambda r: r["gpu_node_groups"][0].update(placement_group="my-pg"),
      "gpu_node_groups[0].placement_group: 'my-pg' is only for capacity = capacity-reservation"),
     (lambda r: r["storage"].update(existing_bucket=True),

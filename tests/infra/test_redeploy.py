@@ -60,7 +60,10 @@ def test_admin_principals_get_cluster_admin(variant):
     assert ADMIN in json.dumps(entries) and "AmazonEKSClusterAdminPolicy" in json.dumps(entries)
 
 
-def test_an_existing_bucket_is_adopted_not_created(tmp_path):
+def test_an_existing_bucket_is_adopted_with_its_protections_put_back(tmp_path):
+    # given a bucket a previous deploy retained, when the spec adopts it, then the storage stack
+    # creates no checkpoint bucket but puts back the TLS-only deny on it, and a new (retained)
+    # access-log bucket with the delivery grant, the adopted bucket's logging pointed at it
     from aws_cdk.assertions import Template
 
     from environment import environment_from_dict
@@ -72,14 +75,32 @@ def test_an_existing_bucket_is_adopted_not_created(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         built = build_app(env, new_app(env, outdir=str(tmp_path)))
+        built.app.synth()  # cdk-nag included
         template = Template.from_stack(built.storage).to_json()
-    assert [r for r in template.get("Resources", {}).values() if r["Type"] == "AWS::S3::Bucket"] == []
+    resources = template["Resources"]
     assert template["Outputs"]["BucketName"]["Value"] == env.bucket_name
+    [log_bucket_id] = [k for k, r in resources.items() if r["Type"] == "AWS::S3::Bucket"]
+    assert "BucketName" not in resources[log_bucket_id]["Properties"]  # the new access-log bucket
+    policies = {json.dumps(r["Properties"]["Bucket"]): r for r in resources.values() if r["Type"] == "AWS::S3::BucketPolicy"}
+    adopted, logs = policies[json.dumps(env.bucket_name)], policies[json.dumps({"Ref": log_bucket_id})]
+    for policy in (adopted, logs, resources[log_bucket_id]):
+        assert policy["DeletionPolicy"] == "Retain" and policy["UpdateReplacePolicy"] == "Retain"
+    [deny] = adopted["Properties"]["PolicyDocument"]["Statement"]
+    assert (deny["Effect"], deny["Action"], deny["Condition"]) == ("Deny", "s3:*", {"Bool": {"aws:SecureTransport": "false"}})
+    [delivery] = [s for s in logs["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Allow"]
+    assert delivery["Principal"] == {"Service": "logging.s3.amazonaws.com"} and delivery["Action"] == "s3:PutObject"
+    assert env.bucket_name in json.dumps(delivery["Condition"]["ArnLike"]["aws:SourceArn"])
+    [logging] = [r for r in resources.values() if r["Type"] == "Custom::AWS"]
+    call = json.dumps(logging["Properties"]["Create"])
+    assert "putBucketLogging" in call and env.bucket_name in call and log_bucket_id in call
+    assert "Delete" not in logging["Properties"]  # a destroy leaves the logging as it is
+    [function] = [r for r in resources.values() if r["Type"] == "AWS::Lambda::Function"]
+    assert resources[function["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]]["Properties"]["RetentionInDays"] == 30
 
 
 def test_gpu_groups_scale_from_zero_with_cluster_autoscaler(default):
     [gpu] = [g["Properties"] for g in nodegroups(default).values() if g["Properties"]["Labels"]["raytrain.io/role"] == "gpu"]
-    assert gpu["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}
+    assert gpu["ScalingConfig"] == {"MinSize": 0, "MaxSize": 2, "DesiredSize": 0}  # created at 0; a redeploy omits it
     template = "k8s.io/cluster-autoscaler/node-template"
     assert gpu["Tags"][f"{template}/resources/vpc.amazonaws.com/efa"] == "1"
     assert gpu["Tags"][f"{template}/resources/nvidia.com/gpu"] == "4"
@@ -99,8 +120,8 @@ def test_gpu_groups_scale_from_zero_with_cluster_autoscaler(default):
 
 
 def test_control_plane_logs_have_a_retention(default):
-    [group] = default.resources("cluster", "AWS::Logs::LogGroup").values()
-    assert group["Properties"]["LogGroupName"] == "/aws/eks/raytrain/cluster"
+    [group] = [g for g in default.resources("cluster", "AWS::Logs::LogGroup").values()
+               if g["Properties"].get("LogGroupName") == "/aws/eks/raytrain/cluster"]
     assert group["Properties"]["RetentionInDays"] == 30
 
 
@@ -140,3 +161,15 @@ def test_gpu_nodes_put_the_nvme_instance_store_in_raid0(variant):
         assert "Content-Type: multipart/mixed" in user_data
         assert "Content-Type: application/node.eks.aws" in user_data
         assert "kind: NodeConfig" in user_data and "strategy: RAID0" in user_data
+
+
+def test_every_function_logs_to_a_group_of_its_stack_with_a_retention(variant):
+    # Lambda creates /aws/lambda/<name> itself, without a retention and kept after a destroy,
+    # for a function that names no log group (the kubectl provider's two functions did)
+    for which in ("network", "storage", "cluster"):
+        resources = variant.json(which)["Resources"]
+        for lid, fn in resources.items():
+            if fn["Type"] != "AWS::Lambda::Function":
+                continue
+            group = resources[fn["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]]
+            assert group["Type"] == "AWS::Logs::LogGroup" and group["Properties"]["RetentionInDays"] == 30, lid

@@ -45,7 +45,7 @@ def test_capacity_block_group_with_32_efa_interfaces(alternative):
     h100 = _gpu_groups(alternative)["h100"]
     assert h100["CapacityType"] == "CAPACITY_BLOCK"
     assert "InstanceTypes" not in h100  # EKS wants a capacity block's type in the launch template only
-    assert h100["ScalingConfig"] == {"MinSize": 0, "DesiredSize": 0, "MaxSize": 2}
+    assert h100["ScalingConfig"] == {"MinSize": 0, "MaxSize": 2, "DesiredSize": 0}  # a first deploy: all three
     data = _template_data(alternative, h100)
     assert data["InstanceType"] == "p5.48xlarge"
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
@@ -54,8 +54,9 @@ def test_capacity_block_group_with_32_efa_interfaces(alternative):
     interfaces = data["NetworkInterfaces"]
     assert len(interfaces) == 32 == alternative.env.gpu_node_groups[1].efa_per_node
     assert [i["NetworkCardIndex"] for i in interfaces] == list(range(32))
-    assert [i["DeviceIndex"] for i in interfaces] == [0] + [1] * 31
-    assert {i["InterfaceType"] for i in interfaces} == {"efa"}
+    assert [i["DeviceIndex"] for i in interfaces] == [0] * 32
+    # the primary card's EFA carries the node's IP traffic; the other 31 are EFA-only
+    assert [i["InterfaceType"] for i in interfaces] == ["efa"] + ["efa-only"] * 31
     assert data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
 
 

@@ -4,6 +4,9 @@ passes every check, then each kind of failure, one line with its fix, exit 2."""
 from __future__ import annotations
 
 import copy
+import json
+from dataclasses import replace
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from raytrain_eks.cli import main
 from raytrain_eks.commands import verify as verify_command
 from toml_writer import toml_text
 from verify_doubles import (
-    MOTO_ACCOUNT, SplitEc2, create_bootstrap_stack, serve_directory, start_moto, stub_eks, stub_quotas,
+    MOTO_ACCOUNT, SplitEc2, SplitEks, create_bootstrap_stack, serve_directory, start_moto, stub_eks, stub_quotas,
     write_chart_indexes,
 )
 
@@ -34,6 +37,7 @@ PINNED = {a.chart: [a.default_version] for a in ADDONS}
 def moto():
     server, moto = start_moto()
     create_bootstrap_stack(moto, REGION, 29)
+    moto.client("iam", REGION).create_role(RoleName="admin", AssumeRolePolicyDocument="{}")
     yield moto
     server.stop()
 
@@ -84,13 +88,14 @@ def use_clients(monkeypatch, moto, *, eks=None, quotas=None, reservations=None):
     """verify's clients: moto for STS, CloudFormation, EC2 offerings; stubs for the rest."""
     def make(service: str, region: str):
         if service == "eks":
-            return eks or stub_eks(region, K8S)
+            return SplitEks(moto.client("eks", region), eks or stub_eks(region, K8S))
         if service == "service-quotas":
             return quotas or stub_quotas(region, ENOUGH)
         if service == "ec2":
             return SplitEc2(moto.client("ec2", region), reservations or moto.client("ec2", region))
         return moto.client(service, region)
     monkeypatch.setattr(verify_command, "make_client", make)
+    monkeypatch.setattr(verify_command, "ROOT", Path(tempfile.mkdtemp()))  # where a pass is recorded
 
 
 def run_verify(capsys, spec: Path, chart_url: str) -> tuple[int, list[str], str]:
@@ -108,9 +113,55 @@ def test_a_good_spec_passes_every_check(tmp_path, moto, registry, charts, monkey
     rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw_spec(registry)), charts[1])
     assert failures(lines) == [] and rc == 0 and err == ""
     checks = {line.split()[1].rstrip(":") for line in lines if line.startswith("ok")}
-    assert checks == {"account", "bootstrap", "leftover", "eks-addon", "helm-chart", "gpu-az", "quota", "image"}
+    assert checks == {"account", "bootstrap", "leftover", "eks-addon", "helm-chart", "admins", "zones", "gpu-az",
+                      "quota", "image", "node-groups"}
     assert sum(line.startswith("ok    eks-addon") for line in lines) == len(EKS_ADDONS)
-    assert lines[-1].endswith("checks passed")
+    assert "checks passed (cdk deploy of account" in lines[-1]
+    # the pass is recorded for this spec and account: app.py lets the cluster stack deploy
+    from infra import verify_gate
+
+    env = environment_from_dict(raw_spec(registry), str(tmp_path / "environment.toml"))
+    recorded = verify_gate.stamp_path(verify_command.ROOT, env).read_text()
+    assert json.loads(recorded)["account"] == MOTO_ACCOUNT
+    assert verify_gate.refusal(env, recorded, verify_gate.now(), MOTO_ACCOUNT) is None
+    # no cluster yet: no group exists, so the first deploy writes every desired size
+    assert verify_gate.recorded_groups(recorded) == frozenset()
+    assert any("group gpu (g6.12xlarge/on-demand/" in line and "does not exist yet" in line for line in lines)
+
+
+def test_verify_records_the_gpu_groups_that_exist_with_the_same_create_only_inputs(tmp_path, moto, registry, charts,
+                                                                                   monkeypatch, capsys):
+    # deployed clusters as CloudFormation left them: generated node group names, the tags the GPU
+    # construct writes; in "replaced" the group was made for another instance type, so this
+    # spec replaces it (a creation) and it does not count
+    from infra import verify_gate
+    from infra.existing_groups import identity_tags
+
+    use_clients(monkeypatch, moto)
+    eks = moto.client("eks", REGION)
+    for cluster in ("deployed", "replaced"):
+        raw = raw_spec(registry)
+        raw["cluster"]["name"] = cluster
+        env = environment_from_dict(raw, str(tmp_path / "environment.toml"))
+        [gpu] = env.gpu_node_groups
+        made_from = gpu if cluster == "deployed" else replace(gpu, instance_type="g6.48xlarge")
+        eks.create_cluster(name=cluster, roleArn=f"arn:aws:iam::{MOTO_ACCOUNT}:role/c",
+                           resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+        for name, tags in [("GpugpuNodegroup-7Hq2", identity_tags(made_from, env.cluster.gpu_availability_zone)),
+                           ("SystemNodegroup-4b1Z", {})]:
+            eks.create_nodegroup(clusterName=cluster, nodegroupName=name, subnets=["subnet-1"],
+                                 nodeRole=f"arn:aws:iam::{MOTO_ACCOUNT}:role/n", tags=tags,
+                                 scalingConfig={"minSize": 0, "maxSize": 2, "desiredSize": 1})
+        rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
+        assert rc == 0, lines
+        recorded = verify_gate.stamp_path(verify_command.ROOT, env).read_text()
+        [line] = [line for line in lines if "node-groups" in line]
+        if cluster == "deployed":
+            assert verify_gate.recorded_groups(recorded) == frozenset({"gpu"})
+            assert line.startswith("ok    node-groups: group gpu exists (g6.12xlarge/on-demand/")
+        else:
+            assert verify_gate.recorded_groups(recorded) == frozenset()
+            assert "does not exist yet: a deploy creates it with 0 node(s)" in line
 
 
 def assert_one_failure(rc: int, lines: list[str], err: str, *expected: str) -> str:
@@ -152,13 +203,58 @@ def test_helm_resolves_an_exact_version_with_or_without_its_v():
     assert not matches("0.5.32", "0.5.3") and not matches("1.7.0", "1.7.0-rc.1")
 
 
-def test_the_gpu_type_not_offered_in_the_gpu_az(tmp_path, moto, registry, charts, monkeypatch, capsys):
+def test_a_zone_eks_does_not_support_and_the_gpu_type_not_offered_there(tmp_path, moto, registry, charts,
+                                                                         monkeypatch, capsys):
+    # moto's us-east-1e is zone use1-az3: EKS refuses a cluster subnet there, and moto's
+    # offerings (from EC2's own data) have neither m7i.2xlarge nor g6.12xlarge in it
     raw = raw_spec(registry)
     raw["cluster"].update(availability_zones=["us-east-1a", "us-east-1e"], gpu_availability_zone="us-east-1e")
     use_clients(monkeypatch, moto)
     rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
-    assert_one_failure(rc, lines, err, "g6.12xlarge is not offered in us-east-1e", "us-east-1a",
-                       "set cluster.gpu_availability_zone")
+    [zone, system, gpu] = failures(lines)
+    assert rc == 2 and "3 of" in err
+    assert zone.startswith("FAIL  zones: us-east-1e is zone use1-az3 in this account, where EKS creates no cluster")
+    assert "replace us-east-1e in cluster.availability_zones" in zone and "us-east-1b" in zone
+    assert "system nodes: m7i.2xlarge is not offered in us-east-1e (use1-az3)" in system
+    assert "g6.12xlarge is not offered in us-east-1e" in gpu and "set cluster.gpu_availability_zone" in gpu
+
+
+def test_the_eks_zone_list_is_read_by_zone_id_not_name():
+    # the same name is another zone in another account: only the id decides
+    from raytrain_eks.verify_zones import check_zones
+
+    class Ec2:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def describe_availability_zones(self):
+            return {"AvailabilityZones": [{"ZoneName": n, "ZoneId": i} for n, i in self.ids.items()]}
+
+        def describe_instance_type_offerings(self, **kwargs):
+            return {"InstanceTypeOfferings": [{"Location": i} for i in self.ids.values()]}
+
+    env = environment_from_dict(raw_spec_offline(), "environment.toml")
+    good = check_zones(env, Ec2({"us-east-1a": "use1-az6", "us-east-1b": "use1-az1", "us-east-1c": "use1-az3"}))
+    assert [f.ok for f in good] == [True]
+    [bad] = check_zones(env, Ec2({"us-east-1a": "use1-az3", "us-east-1b": "use1-az1", "us-east-1c": "use1-az6"}))
+    assert not bad.ok and "us-east-1a is zone use1-az3" in bad.message and "us-east-1c" in bad.fix
+
+
+def test_an_admin_principal_that_does_not_exist(tmp_path, moto, registry, charts, monkeypatch, capsys):
+    raw = raw_spec(registry)
+    missing = f"arn:aws:iam::{MOTO_ACCOUNT}:user/team/typo-admin"
+    raw["cluster"]["admin_principal_arns"] = [f"arn:aws:iam::{MOTO_ACCOUNT}:role/admin", missing]
+    use_clients(monkeypatch, moto)
+    rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
+    line = assert_one_failure(rc, lines, err, f"admins: {missing}: no such IAM user in this account",
+                              "correct cluster.admin_principal_arns", "aws iam get-user --user-name typo-admin")
+    assert line.startswith("FAIL  admins")
+
+
+def raw_spec_offline() -> dict:
+    raw = tomllib.loads((REPO / "environment.toml").read_text())
+    raw["cluster"].update(account=MOTO_ACCOUNT, admin_principal_arns=[f"arn:aws:iam::{MOTO_ACCOUNT}:role/admin"])
+    return raw
 
 
 def test_a_vcpu_quota_below_the_groups_at_max_size(tmp_path, moto, registry, charts, monkeypatch, capsys):

@@ -2,6 +2,8 @@
 
 - moto's server on 127.0.0.1 (started here, as tests/fixtures_s3.py starts it) for STS,
   CloudFormation and EC2's instance-type offerings (moto ships AWS's offering tables);
+- moto's EKS for the spec's cluster and node groups (a missing cluster is asked with
+  DescribeCluster: moto's ListNodegroups answers 500, not ResourceNotFoundException, there);
 - botocore's Stubber, where moto 5.2.5 lacks the API: EKS DescribeAddonVersions, Service Quotas
   GetServiceQuota for EC2 quotas, EC2 DescribeCapacityReservations. A Stubber checks every
   request and response against botocore's own service model
@@ -113,8 +115,21 @@ class SplitEc2:
 
     def __init__(self, moto_ec2, reservations_client):
         self.describe_instance_type_offerings = moto_ec2.describe_instance_type_offerings
+        self.describe_availability_zones = moto_ec2.describe_availability_zones
         self.get_paginator = moto_ec2.get_paginator
         self.describe_capacity_reservations = reservations_client.describe_capacity_reservations
+
+
+class SplitEks:
+    """Node groups from moto's EKS (moto 5.2.5 models DescribeCluster, ListNodegroups and
+    DescribeNodegroup with their tags, moto/eks/models.py); add-on versions from a stub."""
+
+    def __init__(self, moto_eks, addons_client):
+        self.exceptions = moto_eks.exceptions
+        self.describe_cluster = moto_eks.describe_cluster
+        self.list_nodegroups = moto_eks.list_nodegroups
+        self.describe_nodegroup = moto_eks.describe_nodegroup
+        self.get_paginator = addons_client.get_paginator  # DescribeAddonVersions
 
 
 def index_yaml(entries: dict[str, list[str]]) -> str:

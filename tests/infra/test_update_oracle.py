@@ -1,0 +1,137 @@
+"""A later ``cdk deploy`` after each common edit of environment.toml, and ``cdk destroy``, read
+through the update oracle (tests/update_oracle.py: CloudFormation's resource schemas plus the
+update behaviours they do not encode, each cited there). ``bench/bench_update_oracle.py``
+prints the whole table."""
+from __future__ import annotations
+
+import pytest
+
+from infra_variants import default_raw
+from update_oracle import (
+    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, redeploy, table, templates,
+    touches_running,
+)
+
+SCALING_EDITS = ("gpu max_nodes 2 -> 3", "gpu min_nodes 0 -> 1", "system nodes 1 -> 2")
+
+
+@pytest.fixture(scope="module")
+def baseline() -> dict[str, dict]:
+    """The first deploy's templates (no group exists yet)."""
+    return templates(default_raw())
+
+
+@pytest.fixture(scope="module")
+def results(baseline) -> dict[str, list[Change]]:
+    # each edit deployed over the first deploy, after a verify that found its groups
+    return edit_results(default_raw(), baseline)
+
+
+def _scaling(templates_: dict[str, dict]) -> list[dict]:
+    return [r["Properties"]["ScalingConfig"] for r in templates_["cluster"]["Resources"].values()
+            if r["Type"] == "AWS::EKS::Nodegroup"]
+
+
+def test_a_first_deploy_creates_every_node_group_with_its_whole_scaling_config(baseline):
+    # given no cluster yet, when it is deployed, then EKS gets MinSize, MaxSize and DesiredSize
+    gpu = [s for s in _scaling(baseline) if s["MinSize"] < s["MaxSize"]]
+    assert gpu == [{"MinSize": 0, "MaxSize": 2, "DesiredSize": 0}]  # autoscaled, starting at min_nodes
+    created = diff({part: {} for part in STACKS}, baseline)
+    assert [c for c in created if c.effect] == []
+    # the group written as existing (no desired size) would be refused at creation
+    partial = diff({part: {} for part in STACKS}, templates(default_raw(), existing_gpu_groups=frozenset({"gpu"})))
+    assert [c.effect.split(":")[0] for c in partial if c.effect] == ["CREATE REFUSED"]
+
+
+def test_a_redeploy_leaves_the_running_size_alone(baseline):
+    # the verify before the next deploy finds the group (by its tags): no desired size is sent
+    assert deployed_groups(default_raw(), baseline) == frozenset({"gpu"})
+    again = redeploy(default_raw(), baseline)
+    assert [s for s in _scaling(again) if s["MinSize"] < s["MaxSize"]] == [{"MinSize": 0, "MaxSize": 2}]
+    assert touches_running(diff(baseline, again)) == []
+
+
+def _group(min_size: int, max_size: int, **scaling) -> dict:
+    return {"Type": "AWS::EKS::Nodegroup", "Properties": {
+        "ClusterName": "c", "InstanceTypes": ["g6.12xlarge"],
+        "ScalingConfig": {"MinSize": min_size, "MaxSize": max_size, **scaling}}}
+
+
+def test_the_oracle_resets_an_autoscaled_groups_desired_size_only_when_the_template_has_one():
+    before = {"Resources": {"G": _group(0, 2, DesiredSize=0)}}
+    after = {"Resources": {"G": _group(0, 3, DesiredSize=0)}}
+    [change] = diff_stack("cluster", before, after)
+    assert change.action == "update" and change.effect.startswith("DESIRED SIZE RESET to 0")
+    without = {"Resources": {"G": _group(0, 3)}}
+    assert diff_stack("cluster", {"Resources": {"G": _group(0, 2)}}, without) == [
+        Change("cluster", "G", "AWS::EKS::Nodegroup", "update")]
+    # a fixed-size group's desired size is its only size: nothing an autoscaler set is lost
+    fixed = diff_stack("cluster", {"Resources": {"G": _group(1, 1, DesiredSize=1)}},
+                       {"Resources": {"G": _group(2, 2, DesiredSize=2)}})
+    assert touches_running(fixed) == []
+
+
+def test_the_oracle_follows_a_replacement_into_what_references_it():
+    # a new placement group (GroupName... replaced by Strategy, create-only) gives the launch
+    # template new data, hence a new version, hence a rolling update of the node group
+    placement = lambda strategy: {"Type": "AWS::EC2::PlacementGroup", "Properties": {"Strategy": strategy}}  # noqa: E731
+    template = {"Type": "AWS::EC2::LaunchTemplate", "Properties": {"LaunchTemplateData": {
+        "Placement": {"GroupName": {"Fn::GetAtt": ["P", "GroupName"]}}}}}
+    group = _group(0, 2)
+    group["Properties"]["LaunchTemplate"] = {"Id": {"Ref": "T"}, "Version": {"Fn::GetAtt": ["T", "LatestVersionNumber"]}}
+    before = {"Resources": {"P": placement("cluster"), "T": template, "G": group}}
+    after = {"Resources": {"P": placement("partition"), "T": template, "G": group}}
+    changes = {c.logical_id: c for c in diff_stack("cluster", before, after)}
+    assert changes["P"].action == "replace" and changes["T"].action == "update"
+    assert changes["G"].effect.startswith("NODES ROLLED")
+
+
+def test_a_bucket_policy_deleted_beside_its_kept_bucket_is_reported():
+    bucket = {"Type": "AWS::S3::Bucket", "DeletionPolicy": "Retain"}
+    policy = {"Type": "AWS::S3::BucketPolicy", "Properties": {"Bucket": {"Ref": "B"}}}
+    [kept, stripped] = destroy({"storage": {"Resources": {"B": bucket, "P": policy}}})
+    assert kept.action == "retain" and stripped.effect.startswith("PROTECTION REMOVED")
+    [_, retained] = destroy({"storage": {"Resources": {"B": bucket, "P": {**policy, "DeletionPolicy": "Retain"}}}})
+    assert retained.action == "retain"
+
+
+@pytest.mark.parametrize("edit", SCALING_EDITS)
+def test_a_scaling_edit_touches_nothing_running(results, edit):
+    # given cluster-autoscaler has the GPU group at 2 nodes, when max/min nodes change, then
+    # CloudFormation's update carries no desired size to reset it to
+    print(table({edit: results[edit]}))
+    assert touches_running(results[edit]) == []
+    assert {c.logical_id for c in results[edit]} and all(c.action == "update" for c in results[edit])
+
+
+def test_what_each_edit_replaces_or_disrupts(results):
+    print(table(results))
+    effects = {edit: sorted((c.type, c.action, c.effect.split(":")[0]) for c in changes if c.effect or c.action != "update")
+               for edit, changes in results.items()}
+    # a replacement is a creation: verify does not count the group, its desired size is written
+    assert effects["gpu instance_type -> g6.48xlarge"] == [
+        ("AWS::EKS::Nodegroup", "replace", "NODES TERMINATED")]
+    assert effects["gpu root_volume_gib 200 -> 300"] == [("AWS::EKS::Nodegroup", "update", "NODES ROLLED")]
+    # a raised minimum carries no desired size either: EKS refuses it while fewer nodes run
+    assert effects["gpu min_nodes 0 -> 1"] == [("AWS::EKS::Nodegroup", "update", "MAY BE REFUSED")]
+    assert effects["cluster_autoscaler chart 9.59.0 -> 9.58.0"] == []
+    assert effects["storage noncurrent_version_days 30 -> 7"] == []
+    assert effects["cluster log_retention_days 30 -> 90"] == effects["cluster endpoint_access -> private"] == []
+    assert effects["cluster gpu_availability_zone -> us-east-1b"] == [
+        ("AWS::EKS::Nodegroup", "replace", "NODES TERMINATED")]
+    # observability off: its charts go, no node is touched
+    assert {t for t, _, _ in effects["observability enabled -> false"]} == {
+        "Custom::AWSCDK-EKS-HelmChart", "Custom::AWSCDK-EKS-KubernetesResource"}
+
+
+def test_adopting_the_kept_bucket_strips_no_protection(results):
+    changes = results["storage existing_bucket -> true (redeploy)"]
+    assert [c for c in changes if c.effect] == []
+    assert {(c.type, c.action) for c in changes if c.action in ("retain", "delete")} <= {
+        ("AWS::S3::Bucket", "retain"), ("AWS::S3::BucketPolicy", "retain")}
+
+
+def test_destroy_keeps_the_buckets_with_their_policies(baseline):
+    kept = {(c.stack, c.type) for c in destroy(baseline) if c.action == "retain"}
+    assert {("storage", "AWS::S3::Bucket"), ("storage", "AWS::S3::BucketPolicy")} <= kept
+    assert [c for c in destroy(baseline) if c.effect.startswith("PROTECTION")] == []
