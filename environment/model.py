@@ -19,6 +19,7 @@ from environment.cluster import (  # noqa: F401  (re-exported: every section is 
 from environment.contract import CODE_PREFIX, DIGEST_PATTERN
 from environment.errors import FieldError
 from environment.instances import INSTANCE_TYPES
+from environment.maintenance import window_problem
 from environment.rules import DNS_LABEL, bucket_name_problem, schedule_problem, tag_ray_problem
 
 _SEMVER = re.compile(r"(?a)v?\d+\.\d+\.\d+")
@@ -182,6 +183,18 @@ class PipelineSpec:
     max_eval_loss_increase: float = 0.05
     """Regression gate: the smoke run's held-out loss after training may exceed the last
     promoted smoke run's by at most this much."""
+    max_attempts: int = 3
+    """Executions the watcher starts for one digest whose failures were not the image's
+    (capacity, API errors, a killed build, a deferred Apply); an image failure shelves it at once."""
+    notify_emails: tuple[str, ...] = ()
+    """Addresses subscribed to the pipeline's failure topic (SNS): failed executions with their
+    reason, the watcher's errors."""
+    apply_wait_minutes: int = 120
+    """How long Apply waits for the RayJobs running on the long-lived cluster to end before it
+    defers (it never recreates the cluster under a running job)."""
+    maintenance_window: str = ""
+    """When Apply may recreate the long-lived cluster, e.g. ``"sat,sun 02:00-06:00"`` (UTC);
+    empty: any time (environment/maintenance.py)."""
 
     def __post_init__(self) -> None:
         arn = r"(?a)arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}"
@@ -200,6 +213,16 @@ class PipelineSpec:
         if not 0 <= self.max_eval_loss_increase <= 10:
             raise FieldError("max_eval_loss_increase", self.max_eval_loss_increase,
                              "must be between 0 and 10 (the held-out loss the new image may add)")
+        if not 1 <= self.max_attempts <= 20:
+            raise FieldError("max_attempts", self.max_attempts, "must be between 1 and 20 (executions per digest)")
+        bad = [a for a in self.notify_emails if not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", a)]
+        if bad:
+            raise FieldError("notify_emails", bad[0], "is not an e-mail address")
+        if not 0 <= self.apply_wait_minutes <= 1440:
+            raise FieldError("apply_wait_minutes", self.apply_wait_minutes,
+                             "must be between 0 and 1440 (minutes Apply waits for running jobs)")
+        if problem := window_problem(self.maintenance_window):
+            raise FieldError("maintenance_window", self.maintenance_window, problem)
 
     @property
     def enabled(self) -> bool:

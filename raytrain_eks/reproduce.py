@@ -51,6 +51,21 @@ class Outcome:
     differences: list[tuple[str, Any, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     verified: str = "none"
+    applied_overrides: list[str] = field(default_factory=list)
+    """Entrypoint arguments the applied RayJob carried beyond the synthesized manifest (the
+    pipeline's smoke step appends ``--set checkpoint.run_name=...``): what ran is the manifest
+    plus these."""
+
+
+def applied_overrides(record: dict, manifest: dict) -> list[str]:
+    """The arguments the run's command line (run.json ``command``) carries after the manifest's
+    own entrypoint arguments: an override added when the manifest was applied, not synthesized."""
+    argv = list(record.get("command") or [])
+    recorded = argv[argv.index("training") + 1:] if "training" in argv else argv
+    synthesized = shlex.split(manifest["spec"]["entrypoint"])[3:]
+    if recorded[:len(synthesized)] != synthesized:
+        return []
+    return recorded[len(synthesized):]
 
 
 def _git(root: Path, *args: str) -> str:
@@ -208,6 +223,8 @@ def reproduce(run: str, *, repo: Path = REPO) -> Outcome:
     outcome = Outcome(identical=new_hash == recorded_hash, manifest=f"{name}.k8s.yaml", recorded_hash=recorded_hash,
                       new_hash=new_hash, tree=f"{commit[:12]} ({'temporary worktree' if temporary else 'this checkout'})",
                       differences=[] if new_hash == recorded_hash else _differences(record, manifest), notes=notes)
+    if outcome.identical:
+        outcome.applied_overrides = applied_overrides(record, manifest)
     if outcome.identical and not outcome.differences:
         if record.get("image_digest"):
             outcome.verified = "infrastructure"

@@ -1,7 +1,8 @@
 """Image-driven redeploys: a CodePipeline V2 that proves a new image digest on the cluster before
 promoting it, and the scheduled watcher that starts it.
 
-Stages (each a separate action, in this order; the logic is raytrain_eks/pipeline/):
+Stages, in this order (the logic is raytrain_eks/pipeline/); Deploy, Smoke, Apply and Promote are
+ordered actions of ONE stage, ``Release``, so that they run under one stage lock:
 
 ``Source``   CodeConnections (``pipeline.connection_arn``/``repository``/``branch``), as a
              full clone (``CODEBUILD_CLONE_REF``): the run record's identity is the commit.
@@ -13,20 +14,24 @@ Stages (each a separate action, in this order; the logic is raytrain_eks/pipelin
              to the pipeline; pins it with ``raytrain-eks lock --digest``; tests environment,
              infra, charts and the pipeline (no torch, no Ray); ``cdk synth``, ``cdk8s synth``
              (also the promoted digest's manifests into ``dist/promoted/``).
-``Deploy``   ``cdk deploy`` of the storage and cluster stacks through the CDK bootstrap roles.
-``Smoke``    the ``smoke`` RayJob on a RayCluster of its own from the new digest; the image IDs
+``Deploy``   (Release, run order 1) ``cdk deploy`` of the storage and cluster stacks through the CDK bootstrap roles.
+``Smoke``    (2) the ``smoke`` RayJob, named per build (a retried stage keeps the execution id), on a RayCluster of its own from the new digest; the image IDs
              its pods report become run.json's ``image_ran``; then the record gate (succeeded,
              every pod ran this digest, the transport) and the regression gate against the last
              promoted smoke run, whose side-by-side report lands next to the runs.
-``Apply``    unless another execution promoted since Synth: the long-lived RayCluster
+``Apply``    (3) unless another execution promoted since Synth, and once no RayJob runs on it
+             (bounded wait, or deferred; ``pipeline.maintenance_window``): the long-lived RayCluster
              (``upgradeStrategy: Recreate``), waiting until it is ready with every pod Ready on
              the new image ID, by a build role with a namespaced RBAC group
              (infra/stacks/pipeline_access.py).
-``Promote``  re-checks the record; compare-and-swap on the promoted digest Synth saw (history
+``Promote``  (4) re-reads the record version the gate judged; compare-and-swap on the promoted digest Synth saw (history
              item in the same transaction), then SSM. A CodeBuild step, not a Lambda: a failure
              here must put the cluster back, which takes kubectl.
 
-A failed Smoke, Apply or Promote records a ``rolled-back`` history item with the reason; the
+A failed Smoke, Apply or Promote records a ``rolled-back`` history item with the reason and its
+class (the image's failure shelves the digest; others let the watcher retry it) and publishes it
+to the failure topic (infra/stacks/pipeline_notify.py), which also gets every failed action and
+the watcher's errors; the
 long-lived cluster is re-applied only when it differs from the manifest the last promotion
 applied (after a failed smoke it was never touched). The pipeline variable ``IMAGE_DIGEST`` (default
 ``spec``) carries an explicit digest; rolling back to an older one is an explicit run:
@@ -44,6 +49,8 @@ from constructs import Construct
 
 from infra.stacks import pipeline_access, pipeline_builds
 from infra.stacks.pipeline_config import CONFIG_VARIABLE, fingerprint, kubectl_in_vpc, required_transport
+from infra.lambdas.image_watcher.history import pointer_key
+from infra.stacks.pipeline_notify import PipelineNotifications
 from infra.stacks.pipeline_watcher import WatcherFunctions
 from environment.contract import CODE_PREFIX
 from environment import Environment
@@ -52,6 +59,9 @@ DIGEST_VARIABLE = "IMAGE_DIGEST"
 """Must equal infra/lambdas/image_watcher/watcher.py DIGEST_VARIABLE (a test checks)."""
 DIGEST_FROM_SPEC = "spec"
 """Default of IMAGE_DIGEST: deploy the digest committed in environment.toml."""
+RELEASE_STAGE = "Release"
+"""Deploy, Smoke, Apply and Promote: one stage, so one lock (QUEUED mode: "each stage can process
+only one execution at a time", https://docs.aws.amazon.com/codepipeline/latest/userguide/concepts-how-it-works.html)."""
 # The CDK bootstrap's default qualifier: `cdk deploy` in the Deploy stage assumes its roles.
 BOOTSTRAP_QUALIFIER = "hnb659fds"
 
@@ -72,7 +82,7 @@ class PipelineStack(Stack):
     """The redeploy pipeline, the watcher, the promoted-digest parameter and the history table.
 
     Exposes :attr:`pipeline`, :attr:`watcher`, :attr:`promoted_digest`,
-    :attr:`history_table`, :attr:`kubectl_role` and :attr:`pipeline_name`.
+    :attr:`history_table`, :attr:`kubectl_roles`, :attr:`notifications` and :attr:`pipeline_name`.
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, env_spec: Environment,
@@ -106,14 +116,18 @@ class PipelineStack(Stack):
                                              "pipeline; CloudFormation only creates it)")
 
         image = f"{env.image.repository}:{env.image.tag}"
+        self.notifications = PipelineNotifications(self, "Notifications", emails=env.pipeline.notify_emails,
+                                                   pipeline_name=self.pipeline_name)
         # Built from the spec's name like the pod role does: no export pins the stateful stack.
         bucket_arn = f"arn:{self.partition}:s3:::{env.bucket_name}"
         functions = WatcherFunctions(
             self, "Watcher", image_repository=env.image.repository, image_tag=env.image.tag,
             parameter=self.promoted_digest, table=self.history_table,
             pipeline_arn=self.format_arn(service="codepipeline", resource=self.pipeline_name),
-            pipeline_name=self.pipeline_name)
+            pipeline_name=self.pipeline_name, max_attempts=env.pipeline.max_attempts,
+            maintenance_window=env.pipeline.maintenance_window)
         self.watcher = functions.watcher
+        self.notifications.alarm_on_errors(self.watcher)
         self.schedule = events.Rule(
             self, "WatchSchedule", schedule=events.Schedule.expression(env.pipeline.watch_schedule),
             description=f"Resolve {image} and start {self.pipeline_name} for a new digest",
@@ -129,10 +143,13 @@ class PipelineStack(Stack):
 
         in_vpc = kubectl_in_vpc(env)
         vpc_args = pipeline_access.private_endpoint_access(self, cluster) if in_vpc else {}
-        self.kubectl_role = pipeline_access.KubectlDeployer(
-            self, "KubectlDeployer", cluster=cluster, namespace=env.ray.namespace,
-            cluster_arn=self.format_arn(service="eks", resource="cluster", resource_name=name),
-            bucket_arn=bucket_arn, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix).role
+        self.kubectl_roles = pipeline_access.KubectlDeployers(
+            self, "KubectlDeployers", cluster=cluster, namespace=env.ray.namespace,
+            resources=pipeline_access.PipelineResources(
+                cluster_arn=self.format_arn(service="eks", resource="cluster", resource_name=name),
+                bucket_arn=bucket_arn, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix,
+                table_arn=self.history_table.table_arn, history_key=image, pointer_key=pointer_key(image),
+                parameter_arn=self.promoted_digest.parameter_arn, topic_arn=self.notifications.topic.topic_arn)).roles
 
         common = {"CLUSTER_NAME": name, "NAMESPACE": env.ray.namespace,
                   "KUBERNETES_VERSION": env.cluster.kubernetes_version,
@@ -162,24 +179,23 @@ class PipelineStack(Stack):
             resources=[self.format_arn(service="iam", region="", resource="role",
                                        resource_name=f"cdk-{BOOTSTRAP_QUALIFIER}-{kind}-role-{self.account}-{self.region}")
                        for kind in ("deploy", "file-publishing", "lookup")]))
-        # All three may roll back: read the promoted digest, read and record history; Promote
-        # swaps the promoted item (a transaction of UpdateItem + PutItem) and writes SSM.
-        self.kubectl_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadAndWritePromotedDigest", actions=["ssm:GetParameter", "ssm:PutParameter"],
-            resources=[self.promoted_digest.parameter_arn]))
-        self.kubectl_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadAndRecordHistory",
-            actions=["dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
-            resources=[self.history_table.table_arn]))
+        # Each kubectl build's own role (pipeline_access.KubectlDeployers): only Promote may
+        # write the promoted digest. The topic's ARN is a project variable (a token there is fine).
+        notify = {"NOTIFY_TOPIC_ARN": codebuild.BuildEnvironmentVariable(value=self.notifications.topic.topic_arn)}
+        # Apply first waits for the jobs running on the long-lived cluster (pipeline.apply_wait_minutes).
         apply = pipeline_builds.project(self, "ApplyManifests", pipeline_builds.apply_spec(env.bucket_name),
-                                        role=self.kubectl_role, timeout=Duration.minutes(
-                                            2 * pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
+                                        role=self.kubectl_roles["Apply"], environment_variables=notify,
+                                        timeout=Duration.minutes(env.pipeline.apply_wait_minutes
+                                                                 + 2 * pipeline_builds.APPLY_TIMEOUT_MINUTES + 15),
+                                        **vpc_args)
         smoke = pipeline_builds.project(self, "SmokeRun", pipeline_builds.smoke_spec(env.bucket_name, required_transport(env)),
-                                        role=self.kubectl_role, timeout=Duration.minutes(
+                                        role=self.kubectl_roles["Smoke"], environment_variables=notify,
+                                        timeout=Duration.minutes(
                                             pipeline_builds.SMOKE_TIMEOUT_MINUTES + pipeline_builds.APPLY_TIMEOUT_MINUTES
                                             + 15), **vpc_args)
         promote = pipeline_builds.project(self, "PromoteDigest", pipeline_builds.promote_spec(required_transport(env)),
-                                          role=self.kubectl_role, timeout=Duration.minutes(
+                                          role=self.kubectl_roles["Promote"], environment_variables=notify,
+                                          timeout=Duration.minutes(
                                               pipeline_builds.PROMOTE_TIMEOUT_MINUTES
                                               + pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
 
@@ -206,12 +222,13 @@ class PipelineStack(Stack):
                                  "ROLLBACK_TIMEOUT_SECONDS": str(60 * pipeline_builds.APPLY_TIMEOUT_MINUTES)})
         smoke_action = actions.CodeBuildAction(
             action_name="SmokeRun", project=smoke, input=built, variables_namespace="Smoke",
-            environment_variables=kubectl_vars)
+            environment_variables=kubectl_vars, run_order=2)
         self.pipeline = codepipeline.Pipeline(
             self, "Pipeline", pipeline_name=self.pipeline_name,
             pipeline_type=codepipeline.PipelineType.V2, variables=[digest_variable],
-            # One execution per stage at a time, none dropped (a watcher run must not be superseded
-            # by a push); executions still overlap across stages, hence the compare-and-swap.
+            # None dropped (a watcher run must not be superseded by a push). QUEUED locks each
+            # STAGE to one execution at a time, so everything that changes or tests the cluster is
+            # ONE stage (Release); only Source and Synth overlap, hence Apply's superseded check.
             execution_mode=codepipeline.ExecutionMode.QUEUED,
             artifact_bucket=artifacts, cross_account_keys=False, restart_execution_on_update=False,
             stages=[
@@ -220,21 +237,26 @@ class PipelineStack(Stack):
                     repo=repo, branch=env.pipeline.branch, output=source_output,
                     code_build_clone_output=True)]),
                 codepipeline.StageProps(stage_name="Synth", actions=[synth_action]),
-                codepipeline.StageProps(stage_name="Deploy", actions=[actions.CodeBuildAction(
-                    action_name="DeployStacks", project=deploy, input=built)]),
-                # The long-lived cluster changes only after the image proved itself on its own cluster.
-                codepipeline.StageProps(stage_name="Smoke", actions=[smoke_action]),
-                codepipeline.StageProps(stage_name="Apply", actions=[actions.CodeBuildAction(
-                    action_name="ApplyManifests", project=apply, input=built,
-                    environment_variables={**kubectl_vars, "TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
-                        value=str(60 * pipeline_builds.APPLY_TIMEOUT_MINUTES))})]),
-                codepipeline.StageProps(stage_name="Promote", actions=[actions.CodeBuildAction(
-                    action_name="PromoteDigest", project=promote, input=built, environment_variables={
-                        **kubectl_vars, "SMOKE_RECORD": codebuild.BuildEnvironmentVariable(
-                            value=smoke_action.variable("SMOKE_RECORD")),
-                        "TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
-                            value=str(60 * pipeline_builds.PROMOTE_TIMEOUT_MINUTES))})]),
+                # Deploy -> Smoke -> Apply -> Promote, in run order, under the one stage lock: no
+                # execution's Deploy replaces nodes under another's Smoke or Apply. The long-lived
+                # cluster changes only after the image proved itself on its own cluster. A retry
+                # of the stage (RetryStageExecution, FAILED_ACTIONS) reruns the failed action on.
+                codepipeline.StageProps(stage_name=RELEASE_STAGE, actions=[
+                    actions.CodeBuildAction(action_name="DeployStacks", project=deploy, input=built, run_order=1),
+                    smoke_action,
+                    actions.CodeBuildAction(
+                        action_name="ApplyManifests", project=apply, input=built, run_order=3,
+                        environment_variables={**kubectl_vars, "TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
+                            value=str(60 * pipeline_builds.APPLY_TIMEOUT_MINUTES))}),
+                    actions.CodeBuildAction(
+                        action_name="PromoteDigest", project=promote, input=built, run_order=4, environment_variables={
+                            **kubectl_vars, "SMOKE_RECORD": codebuild.BuildEnvironmentVariable(
+                                value=smoke_action.variable("SMOKE_RECORD")),
+                            "TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
+                                value=str(60 * pipeline_builds.PROMOTE_TIMEOUT_MINUTES))}),
+                ]),
             ])
+        self.notifications.on_failed_actions(self.pipeline_name)
         source_role = self.node.find_child("Pipeline").node.find_child("Source").node.find_child(
             "Source").node.find_child("CodePipelineActionRole")
         source_role.add_to_principal_policy(iam.PolicyStatement(

@@ -1,11 +1,14 @@
 """Who may do what on the cluster from the pipeline, and the cdk-nag findings of the pipeline
 stack that are acknowledged (each with its reason).
 
-The Smoke, Apply and Promote builds share one IAM role. Its EKS access entry carries NO access policy
-(the EKS-managed policies are either cluster-admin or miss KubeRay's custom resources); it maps
-the role to a Kubernetes group bound to :data:`DEPLOYER_RULES` in the Ray namespace only.
+The Smoke, Apply and Promote builds have one IAM role each (:class:`KubectlDeployers`). Their EKS
+access entries carry NO access policy (the EKS-managed policies are either cluster-admin or miss
+KubeRay's custom resources); each maps its role to a Kubernetes group bound to
+:data:`DEPLOYER_RULES` in the Ray namespace only.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from aws_cdk import Stack, aws_ec2 as ec2, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam, aws_s3 as s3
 from constructs import Construct
@@ -27,34 +30,94 @@ DEPLOYER_RULES = [
 ]
 
 
-class KubectlDeployer(Construct):
-    """The kubectl build role, its access entry, and its namespaced RBAC. Exposes :attr:`role`."""
+SMOKE_RUNS = "smoke-*"
+"""The smoke runs' folders under the runs prefix (raytrain_eks/pipeline/smoke.py run_name)."""
+STEPS = ("Smoke", "Apply", "Promote")
+"""The kubectl builds, one IAM role each: only Promote may write the promoted digest."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineResources:
+    """What the kubectl builds touch, as IAM resources and keys."""
+
+    cluster_arn: str
+    bucket_arn: str
+    code_prefix: str
+    runs_prefix: str
+    table_arn: str
+    history_key: str
+    """The history partition (``repository:tag``): the only one Smoke and Apply may write."""
+    pointer_key: str
+    """The promoted-digest item's partition: Promote's alone."""
+    parameter_arn: str
+    topic_arn: str
+
+
+class KubectlDeployers(Construct):
+    """The kubectl builds' roles (:attr:`roles`: ``Smoke``, ``Apply``, ``Promote``), their access
+    entries, and the one namespaced RBAC group they share.
+
+    Least privilege by stage: every role may read the promoted digest and history, record
+    history items in the image's own partition (``dynamodb:LeadingKeys``: never the
+    promoted-digest item, which lives in a partition of its own), publish failures and roll the
+    long-lived cluster back. Smoke may also write its run's record and report and upload the
+    code archive; Apply upload the code archive; Promote alone may swap the promoted-digest item
+    and write the SSM parameter, and reads the smoke record by version.
+    """
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster, namespace: str,
-                 cluster_arn: str, bucket_arn: str, code_prefix: str, runs_prefix: str) -> None:
+                 resources: PipelineResources) -> None:
         super().__init__(scope, construct_id)
-        self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("codebuild.amazonaws.com"),
-                             description=f"Pipeline kubectl: RBAC group {DEPLOYER_GROUP} in namespace {namespace}")
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="UpdateKubeconfig", actions=["eks:DescribeCluster"], resources=[cluster_arn]))
+        r = resources
         # Only in a bucket of this account: never a same-named bucket elsewhere.
         owned = {"StringEquals": {"s3:ResourceAccount": Stack.of(self).account}}
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="UploadCodeArchive", actions=["s3:PutObject"], resources=[f"{bucket_arn}/{code_prefix}/*"],
-            conditions=owned))
+        runs = f"{r.bucket_arn}/{r.runs_prefix}/{SMOKE_RUNS}"
+        self.roles: dict[str, iam.Role] = {}
+        for step in STEPS:
+            role = iam.Role(self, f"{step}Role", assumed_by=iam.ServicePrincipal("codebuild.amazonaws.com"),
+                            description=f"Pipeline {step} build: RBAC group {DEPLOYER_GROUP} in namespace {namespace}")
+            for statement in (
+                iam.PolicyStatement(sid="UpdateKubeconfig", actions=["eks:DescribeCluster"], resources=[r.cluster_arn]),
+                iam.PolicyStatement(sid="ReadPromotedDigest", actions=["ssm:GetParameter"], resources=[r.parameter_arn]),
+                iam.PolicyStatement(sid="ReadHistory", actions=["dynamodb:Query", "dynamodb:GetItem"],
+                                    resources=[r.table_arn]),
+                # applied / rolled-back items; the promoted-digest item is in another partition
+                iam.PolicyStatement(sid="RecordHistory", actions=["dynamodb:PutItem"], resources=[r.table_arn],
+                                    conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [r.history_key]}}),
+                iam.PolicyStatement(sid="NotifyFailures", actions=["sns:Publish"], resources=[r.topic_arn]),
+            ):
+                role.add_to_policy(statement)
+            self.roles[step] = role
+            eks_l1.CfnAccessEntry(self, f"{step}AccessEntry", cluster_name=cluster.cluster_name,
+                                  principal_arn=role.role_arn, type="STANDARD", kubernetes_groups=[DEPLOYER_GROUP])
+        for step in ("Smoke", "Apply"):
+            self.roles[step].add_to_policy(iam.PolicyStatement(
+                sid="UploadCodeArchive", actions=["s3:PutObject"], resources=[f"{r.bucket_arn}/{r.code_prefix}/*"],
+                conditions=owned))
+        for step in ("Smoke", "Promote"):
+            # ListBucket: S3 then answers a missing record with 404, so a 403 means unreadable
+            # (a baseline the gate cannot read fails it instead of being skipped as missing).
+            self.roles[step].add_to_policy(iam.PolicyStatement(
+                sid="TellMissingFromDenied", actions=["s3:ListBucket"], resources=[r.bucket_arn], conditions=owned))
+        smoke, promote = self.roles["Smoke"], self.roles["Promote"]
         # The smoke step adds image_ran to run.json; the gate reads both runs' records and
         # metrics and writes the side-by-side report next to the run.
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="ReadSmokeRuns", actions=["s3:GetObject"], resources=[
-                f"{bucket_arn}/{runs_prefix}/*/run.json", f"{bucket_arn}/{runs_prefix}/*/metrics.jsonl"],
+        smoke.add_to_policy(iam.PolicyStatement(
+            sid="ReadSmokeRuns", actions=["s3:GetObject", "s3:GetObjectVersion"],
+            resources=[f"{runs}/run.json", f"{runs}/metrics.jsonl"], conditions=owned))
+        smoke.add_to_policy(iam.PolicyStatement(
+            sid="RecordSmokeImageAndReport", actions=["s3:PutObject"],
+            resources=[f"{runs}/run.json", f"{runs}/{REPORT_DIR}/*"], conditions=owned))
+        promote.add_to_policy(iam.PolicyStatement(
+            sid="ReadJudgedRecord", actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[f"{runs}/run.json"],
             conditions=owned))
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="RecordSmokeImageAndReport", actions=["s3:PutObject"], resources=[
-                f"{bucket_arn}/{runs_prefix}/*/run.json", f"{bucket_arn}/{runs_prefix}/*/{REPORT_DIR}/*"],
-            conditions=owned))
-        self.access_entry = eks_l1.CfnAccessEntry(
-            self, "AccessEntry", cluster_name=cluster.cluster_name, principal_arn=self.role.role_arn,
-            type="STANDARD", kubernetes_groups=[DEPLOYER_GROUP])
+        # The compare-and-swap: a transaction of UpdateItem (the promoted-digest item) + PutItem
+        # (the history item, RecordHistory above); then the SSM parameter.
+        promote.add_to_policy(iam.PolicyStatement(
+            sid="SwapPromotedDigest", actions=["dynamodb:UpdateItem"], resources=[r.table_arn],
+            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [r.pointer_key]}}))
+        promote.add_to_policy(iam.PolicyStatement(
+            sid="WritePromotedDigest", actions=["ssm:PutParameter"], resources=[r.parameter_arn]))
         labels = {"app.kubernetes.io/part-of": "raytrain-eks", "app.kubernetes.io/component": "pipeline"}
         self.rbac = eks.KubernetesManifest(self, "Rbac", cluster=cluster, manifest=[
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -125,7 +188,6 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
     def add(owner, finding: str, reason: str) -> None:
         by_owner.setdefault(owner, {})[finding] = reason
 
-    kubectl_role = at("KubectlDeployer/Role")
     artifact_users = [(at("Pipeline/Role"), "the pipeline", write),
                       (at("Pipeline/Source/Source/CodePipelineActionRole"), "the source action", write)]
     for project in projects:
@@ -143,20 +205,22 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
     for owner, who, findings in artifact_users:
         for finding, why in findings.items():
             add(owner, finding, f"CodePipeline artifact access as CDK grants it to {who}: {why}.")
-    run_record = f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/run.json"
-    add(kubectl_role, run_record, "The smoke build reads the record of the run it started and adds the "
-        "image that ran; Promote re-reads it: run.json files under the runs prefix only (the run name is "
-        "per execution).")
-    add(kubectl_role, f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/metrics.jsonl",
-        "The regression gate reads the smoke runs' metrics (the run name is per execution).")
-    add(kubectl_role, f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/*/{REPORT_DIR}/*",
-        "The regression gate writes its report next to the smoke run (per execution).")
-    add(kubectl_role, f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*",
-        "The apply build uploads the code archive: only under the code prefix (names carry the content hash).")
+    roles = {step: at(f"KubectlDeployers/{step}Role") for step in STEPS}
+    runs = f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{runs_prefix}/{SMOKE_RUNS}"
+    add(roles["Smoke"], f"{runs}/run.json", "The smoke build reads the record of the run it started and adds the "
+        "image that ran; the gate reads the promoted run's: smoke runs' run.json only (the run name is per build).")
+    add(roles["Promote"], f"{runs}/run.json", "Promote re-reads the version of the smoke record the gate judged "
+        "(the run name is per build; Promote checks it is this execution's).")
+    add(roles["Smoke"], f"{runs}/metrics.jsonl", "The regression gate reads the smoke runs' metrics (per build).")
+    add(roles["Smoke"], f"{runs}/{REPORT_DIR}/*", "The regression gate writes its report next to the smoke run.")
+    for step in ("Smoke", "Apply"):
+        add(roles[step], f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*",
+            "The build uploads the code archive: only under the code prefix (names carry the content hash).")
     if in_vpc:
-        add(kubectl_role, "Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:network-interface/*",
-            "CodeBuild in the VPC (private endpoint) attaches network interfaces it creates per build; "
-            "CDK conditions the permission on the subnets and the CodeBuild service.")
+        for role in roles.values():
+            add(role, "Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:network-interface/*",
+                "CodeBuild in the VPC (private endpoint) attaches network interfaces it creates per build; "
+                "CDK conditions the permission on the subnets and the CodeBuild service.")
     for owner, findings in by_owner.items():
         for finding, reason in findings.items():
             acknowledge(owner, f"AwsSolutions-IAM5[{finding}]", reason)

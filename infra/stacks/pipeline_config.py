@@ -3,7 +3,8 @@
 The pipeline deploys the storage and cluster stacks, never itself (a self-update mid-run would
 restart the run). So after a commit that changes what the pipeline stack holds (the image tag
 the watcher watches, the transport the smoke run must prove, the buildspecs, the history key),
-the deployed pipeline would keep running the old configuration. The stack passes
+the deployed pipeline would keep running the old configuration (the same for the watcher's retry
+bound and maintenance window, the failure topic's subscriptions, Apply's build timeout). The stack passes
 :func:`fingerprint` of the spec it was synthesized from to the Synth build (``PIPELINE_CONFIG``);
 Synth recomputes it from the committed spec and refuses to run on a mismatch
 (``raytrain_eks/pipeline/run_checks.py``), naming what to redeploy.
@@ -43,6 +44,9 @@ def baked_in(env: Environment) -> dict:
         "watch_schedule": env.pipeline.watch_schedule,
         "source": [env.pipeline.connection_arn, env.pipeline.repository, env.pipeline.branch],
         "kubectl_in_vpc": kubectl_in_vpc(env),
+        # the watcher's environment, the failure topic's subscriptions, Apply's build timeout
+        "retries": [env.pipeline.max_attempts, env.pipeline.maintenance_window, env.pipeline.apply_wait_minutes],
+        "notify_emails": list(env.pipeline.notify_emails),
         "buildspecs": [pipeline_builds.synth_spec(), pipeline_builds.smoke_spec(env.bucket_name, transport),
                        pipeline_builds.apply_spec(env.bucket_name), pipeline_builds.promote_spec(transport)],
     }

@@ -44,20 +44,24 @@ class WatcherFunctions(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, image_repository: str, image_tag: str,
                  parameter: ssm.StringParameter, table: dynamodb.Table, pipeline_arn: str,
-                 pipeline_name: str) -> None:
+                 pipeline_name: str, max_attempts: int, maintenance_window: str) -> None:
         super().__init__(scope, construct_id)
         code = lambda_.Code.from_asset(str(stage_asset(Path(Stage.of(self).outdir) / ".lambda-assets")))
         environment = {
             "IMAGE_REPOSITORY": image_repository, "IMAGE_TAG": image_tag,
             "PROMOTED_DIGEST_PARAMETER": parameter.parameter_name, "HISTORY_TABLE": table.table_name,
-            "PIPELINE_NAME": pipeline_name,
+            "PIPELINE_NAME": pipeline_name, "MAX_ATTEMPTS": str(max_attempts),
+            "MAINTENANCE_WINDOW": maintenance_window,
         }
         self.watcher = self._function("ImageWatcher", WATCH_HANDLER, code, environment,
                                       "Resolve the image tag; start the pipeline for a new digest", [
             iam.PolicyStatement(sid="ReadPromotedDigest", actions=["ssm:GetParameter"],
                                 resources=[parameter.parameter_arn]),
-            iam.PolicyStatement(sid="ReadAndRecordHistory", actions=["dynamodb:Query", "dynamodb:PutItem"],
-                                resources=[table.table_arn]),
+            iam.PolicyStatement(sid="ReadHistory", actions=["dynamodb:Query"], resources=[table.table_arn]),
+            # triggered / rejected / ended items, in the image's partition only (never the promoted digest's)
+            iam.PolicyStatement(sid="RecordHistory", actions=["dynamodb:PutItem"], resources=[table.table_arn],
+                                conditions={"ForAllValues:StringEquals": {
+                                    "dynamodb:LeadingKeys": [f"{image_repository}:{image_tag}"]}}),
             # GetPipelineExecution: whether a digest's last run ended before Smoke (a retry)
             iam.PolicyStatement(sid="StartPipeline", actions=["codepipeline:StartPipelineExecution",
                                                               "codepipeline:GetPipelineExecution"],

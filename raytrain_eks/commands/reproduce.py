@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 
@@ -37,7 +38,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"manifest     {outcome.manifest} re-synthesized from {outcome.tree}")
     for note in outcome.notes:
         print(f"note         {note}")
-    if outcome.identical:
+    if outcome.identical and outcome.applied_overrides:
+        # the pipeline's smoke step applies the synthesized manifest with its run name appended
+        print(f"identical    yes: byte-identical to the synthesized manifest ({outcome.new_hash}); what ran was "
+              f"applied with {shlex.join(outcome.applied_overrides)} appended to its entrypoint (recorded in run.json)")
+    elif outcome.identical:
         print(f"identical    yes: byte-identical to what ran ({outcome.new_hash})")
     else:
         print(f"identical    no: recorded {outcome.recorded_hash}, re-synthesized {outcome.new_hash}")

@@ -2,7 +2,8 @@
 
 Results go to stdout (one line, for the buildspec to export), progress to stderr. Exit 1 when a
 step fails (after rolling back), 2 for a bad invocation. Environment: ``PROMOTED_DIGEST_PARAMETER``,
-``HISTORY_TABLE``, ``EXECUTION_ID`` (smoke run name), ``POLL_SECONDS``, ``TIMEOUT_SECONDS``;
+``HISTORY_TABLE``, ``EXECUTION_ID`` and ``CODEBUILD_BUILD_NUMBER`` (the smoke run name),
+``NOTIFY_TOPIC_ARN`` (failures), ``POLL_SECONDS``, ``TIMEOUT_SECONDS``;
 ``check-run`` also ``PIPELINE_NAME`` and ``PIPELINE_CONFIG``.
 """
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
             step.add_argument("--required-transport", default="any")
         if name == "rollback":
             step.add_argument("--reason", required=True)
+            step.add_argument("--failure", default="image", choices=("image", "infrastructure", "deferred"),
+                              help="image (default) shelves the digest; the others let the watcher retry it")
     args = parser.parse_args(argv)
 
     from environment import SpecError
@@ -76,6 +79,7 @@ def run(ctx, args: argparse.Namespace) -> int:
     from infra.lambdas.image_watcher.promote import promoted_digest
 
     from .digests import DigestError, choose
+    from .failures import classify
     from .kube import log
     from .rollback import rollback
 
@@ -96,14 +100,14 @@ def run(ctx, args: argparse.Namespace) -> int:
         print(choice.digest)
         return 0
     if args.step == "rollback":
-        rollback(ctx, failed_digest=args.digest, reason=args.reason)
+        rollback(ctx, failed_digest=args.digest, reason=args.reason, failure=args.failure)
         return 0
     try:
         print(step(ctx, args) or "")
     except Exception as err:  # noqa: BLE001 - every failure is rolled back and recorded, then fails the build
         log(f"error: {args.step}: {type(err).__name__}: {err}")
         try:
-            rollback(ctx, failed_digest=args.digest, reason=f"{args.step}: {err}")
+            rollback(ctx, failed_digest=args.digest, reason=f"{args.step}: {err}", failure=classify(err))
         except Exception as again:  # noqa: BLE001 - the build fails either way; say both
             log(f"error: rollback after {args.step} failed too: {type(again).__name__}: {again}")
         return 1

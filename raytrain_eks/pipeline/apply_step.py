@@ -2,7 +2,9 @@
 since this run's Synth (CodePipeline's QUEUED mode runs one execution per stage at a time, so a
 push's Synth can pick the promoted digest while the watcher's execution is still in Smoke).
 
-The manifest goes on with :data:`.kube.APPLIED_ANNOTATION` and is recorded as an ``applied``
+It never kills a running job: before a change, it waits (bounded) until no RayJob runs on the
+cluster, or defers, and applies only inside ``pipeline.maintenance_window`` when one is declared
+(cluster_jobs.py); it says which. The manifest goes on with :data:`.kube.APPLIED_ANNOTATION` and is recorded as an ``applied``
 history item first, so a later rollback returns to exactly what a promotion applied.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 from infra.lambdas.image_watcher.history import APPLIED, Superseded
 from infra.lambdas.image_watcher.promote import promoted_digest
 
+from .cluster_jobs import clear_to_recreate
 from .context import StepContext
 from .kube import KubeError, annotated, head_uid, live_manifest_hash, log, manifest_hash, wait_ready
 from .rollback import CLUSTER_FILE
@@ -60,6 +63,12 @@ def apply(ctx: StepContext, digest: str) -> None:
     if cluster is None:
         raise KubeError(f"{ctx.dist}/{CLUSTER_FILE} is missing: was Synth run?")
     manifest = annotated(cluster)
+    name = manifest["metadata"]["name"]
+    if live_manifest_hash(ctx.kube, name) == manifest_hash(manifest):
+        # KubeRay's Recreate hash is of the spec: the same manifest recreates no pod
+        log(f"apply: RayCluster {name} already carries this manifest: no pod is recreated")
+    else:
+        log(f"apply: {clear_to_recreate(ctx, name)}")
     old_head = replaced_head(ctx, manifest)
     ctx.history.record(event=APPLIED, digest=digest, execution_id=ctx.execution_id,
                        manifest=json.dumps(manifest, sort_keys=True, separators=(",", ":")),

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from environment import Environment, load_environment
 from infra.lambdas.image_watcher.history import PromotionHistory
-from infra.lambdas.image_watcher.promote import read_record
+from infra.lambdas.image_watcher.promote import VERSION_QUERY, read_record, split_record_uri
 
 from .kube import Kubectl
 
@@ -25,8 +25,14 @@ compare-and-swap on it."""
 
 
 def split_s3(uri: str) -> tuple[str, str]:
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    """``(bucket, key)`` of an ``s3://`` URI (a ``?versionId=`` left out)."""
+    bucket, key, _ = split_record_uri(uri)
     return bucket, key
+
+
+def with_version(uri: str, version: str | None) -> str:
+    """``uri`` pinned to one object version (unchanged without one: an unversioned bucket)."""
+    return f"{uri}{VERSION_QUERY}{version}" if version and version != "null" else uri
 
 
 @dataclass(kw_only=True)
@@ -39,6 +45,14 @@ class StepContext:
     history: PromotionHistory
     parameter_name: str
     execution_id: str
+    attempt: str = "1"
+    """This build's attempt within the execution: CodeBuild's ``CODEBUILD_BUILD_NUMBER`` (per
+    project, never reused), so a stage retried under the same execution id (CodePipeline's
+    RetryStageExecution keeps it) gets a run name of its own."""
+    sns: Any = None
+    topic_arn: str = ""
+    """The pipeline's failure topic (``NOTIFY_TOPIC_ARN``; "" = notify nobody)."""
+    max_attempts: int = 3
     poll_s: float = 30.0
     timeout_s: float = 3600.0
     rollback_timeout_s: float = 1800.0
@@ -55,6 +69,9 @@ class StepContext:
                    history=PromotionHistory(client=ddb, table_name=environ["HISTORY_TABLE"], image=image_key(env)),
                    parameter_name=environ["PROMOTED_DIGEST_PARAMETER"],
                    execution_id=environ.get("EXECUTION_ID", "manual"),
+                   attempt=environ.get("CODEBUILD_BUILD_NUMBER", "1"),
+                   sns=boto3.client("sns"), topic_arn=environ.get("NOTIFY_TOPIC_ARN", ""),
+                   max_attempts=env.pipeline.max_attempts,
                    poll_s=float(environ.get("POLL_SECONDS", 30)), timeout_s=float(environ.get("TIMEOUT_SECONDS", 3600)),
                    rollback_timeout_s=float(environ.get("ROLLBACK_TIMEOUT_SECONDS",
                                                         environ.get("TIMEOUT_SECONDS", 1800))))
@@ -93,10 +110,12 @@ class StepContext:
     def read_json(self, uri: str) -> dict[str, Any]:
         return read_record(self.s3, uri)
 
-    def write_json(self, uri: str, data: dict[str, Any]) -> None:
+    def write_json(self, uri: str, data: dict[str, Any]) -> str:
+        """Write; returns the object's new version id ("" in an unversioned bucket)."""
         bucket, key = split_s3(uri)
-        self.s3.put_object(Bucket=bucket, Key=key, ContentType="application/json",
-                           Body=(json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+        reply = self.s3.put_object(Bucket=bucket, Key=key, ContentType="application/json",
+                                   Body=(json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+        return reply.get("VersionId") or ""
 
 
 def image_key(env: Environment) -> str:

@@ -4,7 +4,7 @@ regression gate against the newest COMPARABLE promoted smoke run of ANOTHER dige
 of the promoted digest is not its own bar, so the bar cannot ratchet): same world size,
 instance type and job config (:func:`comparable`). With none (before the first promotion, a
 changed job or cluster, or a baseline whose objects are gone) the gate says so, names why, and
-judges the record checks only:
+judges the record checks only (a baseline that exists but cannot be read fails the gate):
 
 - the same inter-node transport class (an EFA run must not turn into a socket run);
 - tokens/s at least ``pipeline.min_tokens_per_s_fraction`` of the promoted run's;
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from environment.contract import REGRESSION_REPORT_DIR as REPORT_DIR
-from infra.lambdas.image_watcher.promote import PromotionError, check_smoke_record
+from infra.lambdas.image_watcher.history import FAILURE_IMAGE
+from infra.lambdas.image_watcher.promote import PromotionError, RecordMissing, check_smoke_record, split_record_uri
 from raytrain_eks.report import Run, eval_before_after, load_run, render_report, throughput_summary
 from training.contract import METRICS_NAME, RECORD_NAME, TOKENS_PER_S
 
@@ -32,7 +33,9 @@ RUN_FILES = (RECORD_NAME, METRICS_NAME)
 
 
 class GateFailed(RuntimeError):
-    """The candidate must not be promoted; one line (the rollback reason)."""
+    """The candidate must not be promoted; one line (the rollback reason). The image's verdict."""
+
+    failure = FAILURE_IMAGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,9 @@ def baseline_record(ctx: StepContext, candidate: dict, digest: str) -> tuple[str
             continue
         try:
             record = ctx.read_json(uri)
-        except PromotionError as err:
+        except RecordMissing as err:
+            # Gone (expired, deleted): compare against the next one. A baseline that exists but
+            # cannot be read (403) raises: the gate fails rather than pass unjudged.
             skipped.append(f"{uri}: {err}")
             continue
         why = comparable(candidate, record)
@@ -96,13 +101,15 @@ def baseline_record(ctx: StepContext, candidate: dict, digest: str) -> tuple[str
 
 def download_run(ctx: StepContext, record_uri: str, into: Path) -> Path:
     """run.json and metrics.jsonl of a run into ``into/<run name>/``."""
-    bucket, key = split_s3(record_uri)
+    bucket, key, version = split_record_uri(record_uri)
     prefix = key.rsplit("/", 1)[0]
     local = into / prefix.rsplit("/", 1)[-1]
     local.mkdir(parents=True)
     for name in RUN_FILES:
+        # the record at the version judged (the one the smoke step wrote), the metrics as they are
+        extra = {"VersionId": version} if version and name == RECORD_NAME else None
         try:
-            ctx.s3.download_file(bucket, f"{prefix}/{name}", str(local / name))
+            ctx.s3.download_file(bucket, f"{prefix}/{name}", str(local / name), ExtraArgs=extra)
         except Exception as err:  # noqa: BLE001 - a run without metrics still gets compared and reported
             log(f"gate: {name} of {record_uri} not read ({type(err).__name__})")
     return local

@@ -82,6 +82,10 @@ class Kubectl:
         self.run("delete", kind, name, "--ignore-not-found", "--wait=true", f"--timeout={DELETE_TIMEOUT_S}s",
                  wait_s=DELETE_TIMEOUT_S)
 
+    def rayjobs(self) -> list[dict[str, Any]]:
+        """Every RayJob of the namespace."""
+        return json.loads(self.run("get", "rayjobs", "-o", "json"))["items"]
+
     def cluster_pods(self, cluster: str) -> list[dict[str, Any]]:
         return json.loads(self.run("get", "pods", "-l", f"{RAY_CLUSTER_LABEL}={cluster}", "-o", "json"))["items"]
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra.lambdas.image_watcher.history import ROLLED_BACK
+from infra.lambdas.image_watcher.history import FAILURE_INFRASTRUCTURE, ROLLED_BACK
 from infra.lambdas.image_watcher.watcher import read_promoted
 
 from .context import StepContext
+from .failures import consequence, notify
 from .kube import KubeError, annotated, live_manifest_hash, log, manifest_hash, wait_ready
 
 CLUSTER_FILE = "raycluster.k8s.yaml"
@@ -43,7 +44,10 @@ def own_applied_hash(ctx: StepContext) -> str:
     return applied.get("manifest_hash", "") if applied else ""
 
 
-def rollback(ctx: StepContext, *, failed_digest: str, reason: str) -> dict[str, str]:
+def rollback(ctx: StepContext, *, failed_digest: str, reason: str,
+             failure: str = FAILURE_INFRASTRUCTURE) -> dict[str, str]:
+    """Put the long-lived cluster back where needed, record the ``rolled-back`` item with the
+    reason and the failure class (failures.py), and tell the pipeline's topic."""
     promoted, target, source = promoted_manifest(ctx)
     if target is None:
         outcome = f"{source}: nothing to roll back to; long-lived cluster untouched"
@@ -68,6 +72,12 @@ def rollback(ctx: StepContext, *, failed_digest: str, reason: str) -> dict[str, 
                 outcome = f"long-lived cluster re-applied: {source} (@{promoted})"
             except KubeError as err:
                 outcome = f"re-apply of {source} failed too: {err}"
-    log(f"rollback: {failed_digest} -> {promoted or 'none'}: {reason} ({outcome})")
-    return ctx.history.record(event=ROLLED_BACK, digest=failed_digest, execution_id=ctx.execution_id,
-                              rolled_back_to=promoted or "none", reason=reason[:1000], outcome=outcome[:500])
+    log(f"rollback: {failed_digest} -> {promoted or 'none'}: {failure} failure: {reason} ({outcome})")
+    item = ctx.history.record(event=ROLLED_BACK, digest=failed_digest, execution_id=ctx.execution_id,
+                              rolled_back_to=promoted or "none", reason=reason[:1000], outcome=outcome[:500],
+                              failure=failure)
+    notify(ctx.sns, ctx.topic_arn, subject=f"{ctx.env.cluster.name} image pipeline: {failure} failure",
+           message=f"Execution {ctx.execution_id} (build {ctx.attempt}) failed for {ctx.repository}@{failed_digest}.\n"
+                   f"Failure: {failure}: {consequence(failure, ctx.max_attempts)}.\nReason: {reason}\n"
+                   f"Long-lived cluster: {outcome}")
+    return item

@@ -125,36 +125,66 @@ class EndedRuns:
         return self.statuses[execution_id]
 
 
-def test_a_digest_whose_runs_never_reached_smoke_is_retried_once_they_ended(world):
-    from infra.lambdas.image_watcher.watcher import MAX_ATTEMPTS
-
+def test_a_failed_execution_that_recorded_nothing_is_recorded_on_the_next_tick_and_retried(world):
+    """A Smoke build killed by its CodeBuild timeout (or a Synth that refused the run) records
+    nothing itself: the next tick records an ``ended`` item (infrastructure) and starts the
+    digest again, up to pipeline.max_attempts executions."""
     starter = EndedRuns(world.starter)
     watch = lambda: check(world.config, ssm=world.ssm, history=world.history, starter=starter)  # noqa: E731
-    digest = world.push(b"synth refused\n")
+    digest = world.push(b"killed build\n")
     first = watch()
     assert first["action"] == START
-    # while its execution runs, it is not started again
-    assert watch()["action"] == ALREADY_TRIED
-    # when Synth refused it (a stale pipeline stack: the execution failed, no other event)
+    # while its execution runs, it is not started again, and nothing is recorded
+    running = watch()
+    assert running["action"] == ALREADY_TRIED and "InProgress" in running["why"]
+    assert [e["event"] for e in world.history.events()] == ["triggered"]
+    # the build is killed by its timeout: the execution failed, no step recorded why
     starter.statuses[first["execution_id"]] = "Failed"
     second = watch()
     assert second["action"] == START and second["attempt"] == "2" and second["execution_id"] != first["execution_id"]
-    # up to MAX_ATTEMPTS starts in all
-    for _ in range(MAX_ATTEMPTS):
+    ended = next(e for e in world.history.events() if e["event"] == "ended")
+    assert (ended["execution_id"], ended["failure"]) == (first["execution_id"], "infrastructure")
+    assert "ended Failed with no failure recorded" in ended["reason"]
+    # up to max_attempts starts in all, each failed execution recorded once
+    for _ in range(world.config.max_attempts):
         starter.statuses = dict.fromkeys(starter.statuses, "Failed")
-        watch()
-    assert [e["event"] for e in world.history.events()] == ["triggered"] * MAX_ATTEMPTS
+        last = watch()
+    assert last["action"] == ALREADY_TRIED and "pipeline.max_attempts" in last["why"]
+    events = [e["event"] for e in world.history.events()]
+    assert events.count("triggered") == world.config.max_attempts == events.count("ended")
     assert {e["digest"] for e in world.history.events()} == {digest}
 
 
-def test_a_digest_that_reached_smoke_is_not_retried(world):
+def test_an_image_failure_shelves_the_digest_and_an_infrastructure_failure_does_not(world):
     starter = EndedRuns(world.starter, status="Failed")
-    digest = world.push(b"smoke failed\n")
-    first = check(world.config, ssm=world.ssm, history=world.history, starter=starter)
-    # its smoke failed: the build rolled back and recorded it
-    world.history.record(event="rolled-back", digest=digest, execution_id=first["execution_id"],
-                         rolled_back_to="none", reason="smoke: failed", outcome="untouched")
-    assert check(world.config, ssm=world.ssm, history=world.history, starter=starter)["action"] == ALREADY_TRIED
+    watch = lambda: check(world.config, ssm=world.ssm, history=world.history, starter=starter)  # noqa: E731
+    busy = world.push(b"busy gpus\n")
+    first = watch()
+    world.history.record(event="rolled-back", digest=busy, execution_id=first["execution_id"], rolled_back_to="none",
+                         reason="smoke: PreRunningDeadlineExceeded", outcome="untouched", failure="infrastructure")
+    assert watch()["action"] == START  # retried: not the image's fault
+    broken = world.push(b"broken image\n")
+    first = watch()
+    world.history.record(event="rolled-back", digest=broken, execution_id=first["execution_id"], rolled_back_to="none",
+                         reason="gate: regression", outcome="untouched", failure="image")
+    shelved = watch()
+    assert shelved["action"] == ALREADY_TRIED and shelved["why"].startswith("image failure")
+
+
+def test_a_deferred_digest_is_started_again_only_inside_the_maintenance_window(world):
+    import datetime
+
+    config = dataclasses.replace(world.config, maintenance_window="sat 02:00-04:00")
+    starter = EndedRuns(world.starter, status="Failed")
+    digest = world.push(b"deferred\n")
+    first = check(config, ssm=world.ssm, history=world.history, starter=starter)
+    world.history.record(event="rolled-back", digest=digest, execution_id=first["execution_id"], rolled_back_to="none",
+                         reason="apply: job running", outcome="untouched", failure="deferred")
+    friday = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.timezone.utc)  # a Friday
+    waiting = check(config, ssm=world.ssm, history=world.history, starter=starter, now=friday)
+    assert waiting["action"] == ALREADY_TRIED and "opens Sat 02:00 UTC" in waiting["why"]
+    saturday = datetime.datetime(2026, 12, 5, 2, 30, tzinfo=datetime.timezone.utc)
+    assert check(config, ssm=world.ssm, history=world.history, starter=starter, now=saturday)["action"] == START
 
 
 def test_promotion_then_tag_moves_then_rollback(world):
@@ -264,22 +294,31 @@ def test_promote_gates_on_the_smoke_record(world, case, expected):
     assert world.promoted() == "none" and world.history.promotions() == []
 
 
-def test_promote_reads_403_as_a_missing_record():
-    """Without s3:ListBucket S3 answers a missing key with 403 AccessDenied, not 404 (AWS
-    GetObject documentation); moto does not enforce IAM, so botocore's own error is raised."""
+@pytest.mark.parametrize("code, status, expected, message", [
+    ("NoSuchKey", 404, "RecordMissing", "does not exist"),
+    ("NoSuchVersion", 404, "RecordMissing", "does not exist"),
+    # With s3:ListBucket (the Smoke and Promote roles have it), S3 answers a missing key with 404
+    # and a 403 only for a key it refuses to serve (AWS GetObject documentation, "Permissions"):
+    # never read as missing, which would skip the regression gate.
+    ("AccessDenied", 403, "RecordUnreadable", r"cannot be read \(AccessDenied\)"),
+])
+def test_read_record_tells_missing_from_unreadable(code, status, expected, message):
+    """moto does not enforce IAM, so botocore's own error is raised."""
     from botocore.exceptions import ClientError
 
-    from infra.lambdas.image_watcher.promote import PromotionError, read_record
+    from infra.lambdas.image_watcher import promote as promote_module
 
-    class DeniedS3:
+    class S3:
         exceptions = SimpleNamespace(ClientError=ClientError)
 
-        def get_object(self, **_):
-            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"},
-                               "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
+        def get_object(self, **kwargs):
+            assert kwargs.get("VersionId") == "v1"  # the exact version the URI names
+            raise ClientError({"Error": {"Code": code, "Message": "x"},
+                               "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
 
-    with pytest.raises(PromotionError, match="does not exist"):
-        read_record(DeniedS3(), SMOKE)
+    with pytest.raises(getattr(promote_module, expected), match=message) as raised:
+        promote_module.read_record(S3(), SMOKE + "?versionId=v1")
+    assert raised.value.failure == "infrastructure"  # not the image's verdict
 
 
 def test_unreachable_registry_fails_the_invocation_and_starts_nothing(world):

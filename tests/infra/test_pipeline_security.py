@@ -54,9 +54,11 @@ def test_a_new_wildcard_fails_cdk_nag_even_where_wildcards_are_acknowledged(tmp_
 
 def test_builds_touch_the_bucket_only_in_this_account_and_may_apply_network_policies(tmp_path):
     env, template = _build(tmp_path / "plain")
-    statements = {s["Sid"]: s for s in policy_statements(template, "KubectlDeployerRole") if "Sid" in s}
-    for sid in ("UploadCodeArchive", "ReadSmokeRuns", "RecordSmokeImageAndReport"):
+    statements = {s["Sid"]: s for s in policy_statements(template, "KubectlDeployersSmokeRole") if "Sid" in s}
+    for sid in ("UploadCodeArchive", "ReadSmokeRuns", "RecordSmokeImageAndReport", "TellMissingFromDenied"):
         assert statements[sid]["Condition"] == {"StringEquals": {"s3:ResourceAccount": ACCOUNT}}
+    statements = {s["Sid"]: s for s in policy_statements(template, "KubectlDeployersPromoteRole") if "Sid" in s}
+    assert statements["ReadJudgedRecord"]["Condition"] == {"StringEquals": {"s3:ResourceAccount": ACCOUNT}}
     assert {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]} in DEPLOYER_RULES
     [manifest] = resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values()

@@ -39,7 +39,8 @@ def synthesized(tmp_path_factory):
                           admin_principal_arns=[f"arn:aws:iam::{ACCOUNT}:role/admin"])
     raw["image"]["digest"] = DIGEST
     raw["pipeline"].update(connection_arn=CONNECTION, repository="example-org/raytrain-eks",
-                           branch="release", watch_schedule=SCHEDULE)
+                           branch="release", watch_schedule=SCHEDULE, notify_emails=["oncall@example.com"],
+                           maintenance_window="sat,sun 02:00-06:00")
     env = environment_from_dict(raw, "pipeline-test.toml")
     outdir = tmp_path_factory.mktemp("cdk-pipeline")
     with warnings.catch_warnings():
@@ -81,7 +82,13 @@ def test_pipeline_is_v2_with_the_digest_variable_and_stages_in_order(synthesized
     assert pipeline["PipelineType"] == "V2" and pipeline["ExecutionMode"] == "QUEUED"
     [variable] = pipeline["Variables"]
     assert (variable["Name"], variable["DefaultValue"]) == ("IMAGE_DIGEST", "spec")
-    assert [s["Name"] for s in pipeline["Stages"]] == ["Source", "Synth", "Deploy", "Smoke", "Apply", "Promote"]
+    assert [s["Name"] for s in pipeline["Stages"]] == ["Source", "Synth", "Release"]
+    # Deploy, Smoke, Apply, Promote: ordered actions of ONE stage, so one QUEUED stage lock holds
+    # them all ("each stage can process only one execution at a time", CodePipeline user guide,
+    # concepts-how-it-works): no execution's Deploy lands under another's Smoke or Apply
+    release = pipeline["Stages"][2]["Actions"]
+    assert [(a["Name"], a["RunOrder"]) for a in release] == [
+        ("DeployStacks", 1), ("SmokeRun", 2), ("ApplyManifests", 3), ("PromoteDigest", 4)]
     [source] = pipeline["Stages"][0]["Actions"]
     assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"
     # a full clone: the manifests' identity (the commit) needs .git, which the default zip lacks
@@ -144,8 +151,7 @@ def test_smoke_then_apply_then_promote_with_the_proven_digest(synthesized):
     assert promote == ['python -m raytrain_eks.pipeline promote --digest "$IMAGE_DIGEST" --record "$SMOKE_RECORD" '
                        "--required-transport efa"]
     stages = the(template, "AWS::CodePipeline::Pipeline")["Stages"]
-    for stage in (stages[3], stages[4], stages[5]):
-        [action] = stage["Actions"]
+    for action in stages[2]["Actions"][1:]:
         assert action["ActionTypeId"]["Provider"] == "CodeBuild"
         variables = {v["name"]: v["value"] for v in json.loads(action["Configuration"]["EnvironmentVariables"])}
         assert variables["IMAGE_DIGEST"] == "#{Synth.IMAGE_DIGEST}"
@@ -157,7 +163,8 @@ def test_smoke_then_apply_then_promote_with_the_proven_digest(synthesized):
 
 def test_watcher_runs_on_the_spec_schedule_with_its_environment(synthesized):
     env, _, template = synthesized
-    rule = the(template, "AWS::Events::Rule")
+    [rule] = [v["Properties"] for v in resources(template, "AWS::Events::Rule").values()
+              if "ScheduleExpression" in v["Properties"]]
     assert rule["ScheduleExpression"] == SCHEDULE and rule["State"] == "ENABLED"
     functions = resources(template, "AWS::Lambda::Function")
     [watcher_id] = [k for k, v in functions.items() if v["Properties"]["Handler"] == "image_watcher.handler.watch"]
@@ -169,7 +176,8 @@ def test_watcher_runs_on_the_spec_schedule_with_its_environment(synthesized):
     assert props["Environment"]["Variables"] == {
         "IMAGE_REPOSITORY": env.image.repository, "IMAGE_TAG": env.image.tag,
         "PROMOTED_DIGEST_PARAMETER": {"Ref": parameter_id}, "HISTORY_TABLE": {"Ref": table_id},
-        "PIPELINE_NAME": "raytrain-image-redeploy"}
+        "PIPELINE_NAME": "raytrain-image-redeploy", "MAX_ATTEMPTS": str(env.pipeline.max_attempts),
+        "MAINTENANCE_WINDOW": "sat,sun 02:00-06:00"}
     assert table["Properties"]["TableName"] == "raytrain-image-promotions"
     assert [k["AttributeName"] for k in table["Properties"]["KeySchema"]] == ["image", "at"]
     assert table["Properties"]["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"] is True
@@ -186,12 +194,16 @@ def _arn(resource: str) -> dict:
 def test_watcher_may_only_read_the_parameter_use_the_table_and_start_this_pipeline(synthesized):
     _, _, template = synthesized
     statements = {s.get("Sid"): s for s in policy_statements(template, "WatcherImageWatcherRole")}
-    assert set(statements) == {"WriteOwnLogs", "ReadPromotedDigest", "ReadAndRecordHistory", "StartPipeline"}
+    assert set(statements) == {"WriteOwnLogs", "ReadPromotedDigest", "ReadHistory", "RecordHistory", "StartPipeline"}
     assert statements["ReadPromotedDigest"]["Action"] == "ssm:GetParameter"
     assert statements["StartPipeline"]["Action"] == ["codepipeline:StartPipelineExecution",
                                                      "codepipeline:GetPipelineExecution"]
     assert statements["StartPipeline"]["Resource"] == _arn(f":codepipeline:us-east-1:{ACCOUNT}:raytrain-image-redeploy")
-    assert statements["ReadAndRecordHistory"]["Action"] == ["dynamodb:Query", "dynamodb:PutItem"]
+    assert statements["ReadHistory"]["Action"] == "dynamodb:Query"
+    # it records in the image's partition only: never the promoted-digest item's
+    assert statements["RecordHistory"]["Action"] == "dynamodb:PutItem"
+    assert statements["RecordHistory"]["Condition"] == {"ForAllValues:StringEquals": {
+        "dynamodb:LeadingKeys": [f"{synthesized[0].image.repository}:{synthesized[0].image.tag}"]}}
     assert all(s["Resource"] != "*" for s in statements.values())
 
 
@@ -245,25 +257,92 @@ def test_connection_permissions_use_the_service_prefix_of_the_connection_arn(syn
 
 def test_kubectl_builds_hold_a_namespaced_rbac_group_not_cluster_admin(synthesized):
     env, _, template = synthesized
-    entry = the(template, "AWS::EKS::AccessEntry")
-    assert entry["KubernetesGroups"] == [DEPLOYER_GROUP] and "AccessPolicies" not in entry
+    entries = resources(template, "AWS::EKS::AccessEntry").values()
+    assert len(entries) == 3  # Smoke, Apply, Promote: a role each, one RBAC group
+    for entry in entries:
+        assert entry["Properties"]["KubernetesGroups"] == [DEPLOYER_GROUP] and "AccessPolicies" not in entry["Properties"]
     [manifest] = resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values()
     objects = json.loads(manifest["Properties"]["Manifest"])
     assert [o["kind"] for o in objects] == ["Role", "RoleBinding"]  # no ClusterRole
     assert {o["metadata"]["namespace"] for o in objects} == {env.ray.namespace}
     assert objects[1]["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": DEPLOYER_GROUP}]
-    statements = {s["Sid"]: s for s in policy_statements(template, "KubectlDeployerRole") if "Sid" in s}
-    assert statements["UpdateKubeconfig"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:cluster/raytrain")
-    bucket = env.bucket_name
-    assert statements["UploadCodeArchive"]["Resource"] == _arn(f":s3:::{bucket}/code/*")
-    runs = env.storage.prefix
-    assert statements["ReadSmokeRuns"]["Resource"] == [
-        _arn(f":s3:::{bucket}/{runs}/*/run.json"), _arn(f":s3:::{bucket}/{runs}/*/metrics.jsonl")]
-    assert statements["RecordSmokeImageAndReport"]["Resource"] == [
-        _arn(f":s3:::{bucket}/{runs}/*/run.json"), _arn(f":s3:::{bucket}/{runs}/*/regression/*")]
-    assert statements["ReadAndRecordHistory"]["Action"] == [
-        "dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]
-    assert statements["ReadAndWritePromotedDigest"]["Action"] == ["ssm:GetParameter", "ssm:PutParameter"]
+    bucket, runs = env.bucket_name, env.storage.prefix
+    for step in ("Smoke", "Apply", "Promote"):
+        statements = {s["Sid"]: s for s in policy_statements(template, f"KubectlDeployers{step}Role") if "Sid" in s}
+        assert statements["UpdateKubeconfig"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:cluster/raytrain")
+    smoke = {s["Sid"]: s for s in policy_statements(template, "KubectlDeployersSmokeRole") if "Sid" in s}
+    assert smoke["UploadCodeArchive"]["Resource"] == _arn(f":s3:::{bucket}/code/*")
+    assert smoke["ReadSmokeRuns"]["Resource"] == [
+        _arn(f":s3:::{bucket}/{runs}/smoke-*/run.json"), _arn(f":s3:::{bucket}/{runs}/smoke-*/metrics.jsonl")]
+    assert smoke["RecordSmokeImageAndReport"]["Resource"] == [
+        _arn(f":s3:::{bucket}/{runs}/smoke-*/run.json"), _arn(f":s3:::{bucket}/{runs}/smoke-*/regression/*")]
+
+
+def test_only_promote_may_write_the_promoted_digest(synthesized):
+    """Least privilege by stage: Smoke and Apply record history in the image's partition only
+    (dynamodb:LeadingKeys), never the promoted-digest item (its own partition), never SSM; only
+    Promote swaps the item, writes SSM, and reads the smoke record by version."""
+    from infra.lambdas.image_watcher.history import pointer_key
+
+    env, _, template = synthesized
+    image = f"{env.image.repository}:{env.image.tag}"
+
+    def actions(step: str) -> dict[str, dict]:
+        out = {}
+        for s in policy_statements(template, f"KubectlDeployers{step}Role"):
+            for action in [s["Action"]] if isinstance(s["Action"], str) else s["Action"]:
+                out.setdefault(action, []).append(s)
+        return out
+
+    smoke, apply, promote = actions("Smoke"), actions("Apply"), actions("Promote")
+    for granted in (smoke, apply):
+        assert "ssm:PutParameter" not in granted and "dynamodb:UpdateItem" not in granted
+        [put] = granted["dynamodb:PutItem"]
+        assert put["Condition"] == {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [image]}}
+    assert "s3:PutObject" not in promote and "s3:GetObject" not in apply
+    [swap] = promote["dynamodb:UpdateItem"]
+    assert swap["Condition"] == {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [pointer_key(image)]}}
+    assert pointer_key(image) != image
+    assert "ssm:PutParameter" in promote and "s3:GetObjectVersion" in promote
+    [list_runs] = promote["s3:ListBucket"]  # so a missing record reads 404, and 403 means unreadable
+    assert list_runs["Resource"] == _arn(f":s3:::{env.bucket_name}")
+    # the folder pattern IAM scopes the records to is the smoke step's run name
+    from infra.stacks.pipeline_access import SMOKE_RUNS
+    from raytrain_eks.pipeline.smoke import run_name
+
+    assert run_name("exec", "7").startswith(SMOKE_RUNS.rstrip("*"))
+
+
+def test_failures_reach_a_person(synthesized):
+    """One SNS topic with the spec's e-mail subscriptions, fed by an alarm on the watcher's
+    Errors, by every FAILED action of this pipeline (CodePipeline's summary as the reason) and by
+    the kubectl steps (their role may publish; the topic's ARN is in their environment)."""
+    env, built, template = synthesized
+    [(topic_id, _)] = resources(template, "AWS::SNS::Topic").items()
+    subs = sorted(v["Properties"]["Endpoint"] for v in resources(template, "AWS::SNS::Subscription").values())
+    assert subs == sorted(env.pipeline.notify_emails) and subs
+    [alarm] = resources(template, "AWS::CloudWatch::Alarm").values()
+    a = alarm["Properties"]
+    assert (a["MetricName"], a["Namespace"], a["Statistic"], a["Threshold"]) == ("Errors", "AWS/Lambda", "Sum", 1)
+    assert a["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" and a["AlarmActions"] == [{"Ref": topic_id}]
+    [watcher] = [k for k, v in resources(template, "AWS::Lambda::Function").items()
+                 if v["Properties"].get("Handler") == "image_watcher.handler.watch"]
+    assert a["Dimensions"] == [{"Name": "FunctionName", "Value": {"Ref": watcher}}]
+    [rule] = [v["Properties"] for v in resources(template, "AWS::Events::Rule").values()
+              if "EventPattern" in v["Properties"]]
+    assert rule["EventPattern"] == {"source": ["aws.codepipeline"],
+                                    "detail-type": ["CodePipeline Action Execution State Change"],
+                                    "detail": {"pipeline": ["raytrain-image-redeploy"], "state": ["FAILED"]}}
+    [target] = rule["Targets"]
+    assert target["Arn"] == {"Ref": topic_id}
+    assert "$.detail.execution-result.external-execution-summary" in json.dumps(target["InputTransformer"])
+    for step in ("Smoke", "Apply", "Promote"):
+        [publish] = [s for s in policy_statements(template, f"KubectlDeployers{step}Role") if s.get("Sid") == "NotifyFailures"]
+        assert publish["Action"] == "sns:Publish" and publish["Resource"] == {"Ref": topic_id}
+    for project in ("SmokeRun", "ApplyManifests", "PromoteDigest"):
+        [props] = [v["Properties"] for k, v in resources(template, "AWS::CodeBuild::Project").items() if project in k]
+        variables = {v["Name"]: v["Value"] for v in props["Environment"]["EnvironmentVariables"]}
+        assert variables["NOTIFY_TOPIC_ARN"] == {"Ref": topic_id}
 
 
 def test_deploy_may_only_assume_the_cdk_bootstrap_roles(synthesized):
@@ -278,9 +357,11 @@ def test_each_kubectl_build_outlives_its_wait_plus_a_rollback(synthesized):
     _, _, template = synthesized
     projects = resources(template, "AWS::CodeBuild::Project")
     stages = the(template, "AWS::CodePipeline::Pipeline")["Stages"]
-    for stage in stages[3:]:
-        [action] = stage["Actions"]
+    env = synthesized[0]
+    for action in stages[2]["Actions"][1:]:
         variables = {v["name"]: v["value"] for v in json.loads(action["Configuration"]["EnvironmentVariables"])}
         project = projects[action["Configuration"]["ProjectName"]["Ref"]]["Properties"]
         waits = int(variables["TIMEOUT_SECONDS"]) + int(variables["ROLLBACK_TIMEOUT_SECONDS"])
-        assert project["TimeoutInMinutes"] * 60 >= waits + 10 * 60, stage["Name"]
+        if action["Name"] == "ApplyManifests":  # first waits for the jobs running on the cluster
+            waits += 60 * env.pipeline.apply_wait_minutes
+        assert project["TimeoutInMinutes"] * 60 >= waits + 10 * 60, action["Name"]

@@ -110,3 +110,34 @@ def test_runs_lists_the_runs_under_an_s3_prefix_and_fingerprints_read_etags(moto
     # an S3 input is fingerprinted by its objects' ETags (pyarrow uploads multipart: "<md5>-<parts>")
     found = fingerprint(f"{prefix}/good")
     assert [o["key"] for o in found["objects"]] == ["listing/good/run.json"] and found["objects"][0]["etag"]
+
+
+def test_reproduce_of_a_pipeline_smoke_run_says_what_was_applied_beyond_the_manifest(tmp_path, capsys):
+    """The pipeline's smoke step applies dist/rayjob-smoke.k8s.yaml with its run name appended
+    (raytrain_eks/pipeline/smoke.py smoke_job): the manifest re-synthesizes byte-identical, and
+    reproduce says the applied RayJob carried the override as well (it is in run.json's command)."""
+    from types import SimpleNamespace
+
+    from environment.contract import IMAGE_DIGEST_ANNOTATION
+    from raytrain_eks.pipeline.smoke import smoke_job
+
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "charts.main", "--outdir", str(dist)], cwd=ROOT, check=True,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    load = lambda name: next(d for d in yaml.safe_load_all((dist / name).read_text()) if d)  # noqa: E731
+    asked = (load("rayjob-smoke.k8s.yaml")["metadata"].get("annotations") or {}).get(IMAGE_DIGEST_ANNOTATION)
+    applied = smoke_job(SimpleNamespace(manifest=load, dist=dist, execution_id="exec-1", attempt="7"), asked)
+    env_vars = yaml.safe_load(applied["spec"]["runtimeEnvYAML"])["env_vars"]
+    argv = shlex.split(applied["spec"]["entrypoint"])
+    job = load_job_config(ROOT / argv[4], [argv[i + 1] for i, a in enumerate(argv) if a == "--set"])
+    run_dir = tmp_path / "runs" / "smoke-exec-1-7"
+    record = RunRecord(str(run_dir), environ=env_vars)
+    record.start(job_config=job.to_dict(), is_infrastructure_check=True, cluster={"world_size": 2},
+                 command=[sys.executable, *argv[1:]])
+    record.finish(status="succeeded")
+
+    assert main(["reproduce", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "byte-identical to what ran" not in out
+    assert ("byte-identical to the synthesized manifest" in out and
+            "applied with --set checkpoint.run_name=smoke-exec-1-7 appended to its entrypoint" in out), out

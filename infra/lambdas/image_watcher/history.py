@@ -3,13 +3,16 @@
 Table keys: ``image`` (partition, ``repository:tag``) and ``at`` (sort, ISO-8601 UTC time).
 Each item has ``event`` (``triggered`` by the watcher; ``applied`` when the pipeline's Apply
 put a manifest on the long-lived cluster, with the ``manifest`` JSON and its ``manifest_hash``;
-``promoted``; or ``rolled-back`` when a run failed, with ``reason``, ``rolled_back_to`` and
-``outcome``: what the long-lived cluster was left on), ``digest``, ``execution_id`` and, for
+``promoted``; ``rolled-back`` when a run failed, with ``reason``, ``failure`` (image,
+infrastructure or deferred: whether the watcher may retry the digest), ``rolled_back_to`` and
+``outcome``: what the long-lived cluster was left on; or ``ended`` for a failed execution that
+recorded nothing itself), ``digest``, ``execution_id`` and, for
 promotions, ``smoke_record`` (where the smoke run's record lives, e.g.
 ``s3://bucket/runs/smoke-.../run.json``).
 
-One more item per image, at ``at = "~promoted"`` (sorts after every timestamp), holds the
-promoted digest the pipeline serializes on: :meth:`PromotionHistory.promote` swaps it only if
+One more item per image, ``image = "<repository:tag>#promoted"``, ``at = "~promoted"`` (its own
+partition: only Promote's role may write it; a table written before that holds it in the image's
+partition, read while the new one does not exist), holds the promoted digest the pipeline serializes on: :meth:`PromotionHistory.promote` swaps it only if
 it still holds the digest the run's Synth saw (or does not exist yet: the first such
 promotion), in the same transaction as the ``promoted`` item, so two overlapping executions cannot both promote (the later one is superseded). The
 SSM parameter is written after it, for the watcher and for reading; the item wins where they
@@ -29,12 +32,38 @@ TRIGGERED = "triggered"
 APPLIED = "applied"
 PROMOTED = "promoted"
 ROLLED_BACK = "rolled-back"
+ENDED = "ended"
+"""An execution that ended failed with no failure its steps recorded (a build killed by its
+CodeBuild timeout, a refused Synth, a failed Deploy): recorded by the watcher on its next tick."""
+FAILURE_IMAGE = "image"
+"""The ``failure`` of a ``rolled-back`` item whose image is at fault: the smoke run trained and
+failed its gates, or the image never started. The digest is shelved (never retried by the watcher)."""
+FAILURE_INFRASTRUCTURE = "infrastructure"
+"""Not the image: capacity (busy GPUs until ``preRunningDeadlineSeconds``), kubectl or AWS API
+errors, a killed build, another execution's promotion. The watcher retries the digest on a later
+tick, up to ``pipeline.max_attempts`` executions."""
+FAILURE_DEFERRED = "deferred"
+"""Apply left the long-lived cluster alone: a job was still running on it after the bounded wait,
+or it was outside ``pipeline.maintenance_window``. Retried like an infrastructure failure (inside
+the window when one is declared)."""
+FAILURES = (FAILURE_IMAGE, FAILURE_INFRASTRUCTURE, FAILURE_DEFERRED)
 POINTER_AT = "~promoted"
 """Sort key of the promoted-digest item (not an event: :meth:`PromotionHistory.events` skips it)."""
+POINTER_SUFFIX = "#promoted"
+"""The promoted-digest item lives in a partition of its own, ``<repository:tag>#promoted``, so
+IAM can give it to Promote alone (``dynamodb:LeadingKeys``) while the other steps record history."""
+
+
+def pointer_key(image: str) -> str:
+    """The partition key of ``image``'s promoted-digest item."""
+    return image + POINTER_SUFFIX
 
 
 class Superseded(RuntimeError):
-    """The promoted digest is no longer the one this run's Synth saw; one line."""
+    """The promoted digest is no longer the one this run's Synth saw; one line. Not the image's
+    failure: the watcher may start the digest again."""
+
+    failure = FAILURE_INFRASTRUCTURE
 
 
 def utc_now() -> str:
@@ -82,7 +111,7 @@ class PromotionHistory:
         try:
             self.client.transact_write_items(TransactItems=[
                 {"Update": {"TableName": self.table_name,
-                            "Key": {"image": {"S": self.image}, "at": {"S": POINTER_AT}},
+                            "Key": {"image": {"S": pointer_key(self.image)}, "at": {"S": POINTER_AT}},
                             "UpdateExpression": "SET #d = :digest, promoted_at = :at",
                             "ConditionExpression": condition, "ExpressionAttributeNames": {"#d": "digest"},
                             "ExpressionAttributeValues": values}},
@@ -94,10 +123,14 @@ class PromotionHistory:
         return item
 
     def promoted(self) -> str:
-        """The digest of the promoted-digest item ("" before the first CAS promotion)."""
-        reply = self.client.get_item(TableName=self.table_name, ConsistentRead=True,
-                                     Key={"image": {"S": self.image}, "at": {"S": POINTER_AT}})
-        return reply.get("Item", {}).get("digest", {}).get("S", "")
+        """The digest of the promoted-digest item ("" before the first CAS promotion); the
+        item in the image's partition while its own partition has none (a table from before)."""
+        for partition in (pointer_key(self.image), self.image):
+            reply = self.client.get_item(TableName=self.table_name, ConsistentRead=True,
+                                         Key={"image": {"S": partition}, "at": {"S": POINTER_AT}})
+            if digest := reply.get("Item", {}).get("digest", {}).get("S", ""):
+                return digest
+        return ""
 
     def events(self, *, newest_first: bool = True) -> Iterator[dict[str, str]]:
         kwargs = {"TableName": self.table_name, "KeyConditionExpression": "image = :i",

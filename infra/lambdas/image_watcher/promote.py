@@ -18,38 +18,69 @@ from typing import Any, Mapping
 
 from environment.contract import DIGEST_PATTERN, RECORD_IMAGE_RAN
 
-from .history import PromotionHistory, Superseded
+from .history import FAILURE_IMAGE, FAILURE_INFRASTRUCTURE, PromotionHistory, Superseded
 from .watcher import read_promoted
 
 
 class PromotionError(ValueError):
-    """The smoke record does not prove the digest; one line (the rollback reason)."""
+    """The smoke record does not prove the digest; one line (the rollback reason). The image's
+    failure (``failure``), except where a subclass says otherwise."""
+
+    failure = FAILURE_IMAGE
+
+
+class RecordMissing(PromotionError):
+    """The record does not exist (404: NoSuchKey, NoSuchVersion): lost, not the image's verdict."""
+
+    failure = FAILURE_INFRASTRUCTURE
+
+
+class RecordUnreadable(PromotionError):
+    """The record exists but cannot be read (403, or not a JSON object): never read as missing."""
+
+    failure = FAILURE_INFRASTRUCTURE
+
+
+VERSION_QUERY = "?versionId="
+"""``s3://bucket/key?versionId=V``: one exact version of an object (what the smoke step wrote)."""
+
+
+def split_record_uri(uri: str) -> tuple[str, str, str]:
+    """``(bucket, key, version)`` of ``s3://bucket/key[?versionId=V]`` (version "" for the latest)."""
+    plain, _, version = uri.partition(VERSION_QUERY)
+    bucket, _, key = plain.removeprefix("s3://").partition("/")
+    return bucket, key, version
+
+
+def _status(err: Exception) -> tuple[str, int | None]:
+    response = getattr(err, "response", {}) or {}
+    return str(response.get("Error", {}).get("Code", "")), response.get("ResponseMetadata", {}).get("HTTPStatusCode")
 
 
 def is_missing(err: Exception) -> bool:
-    """A missing key: 404/NoSuchKey, or 403/AccessDenied, which S3 answers instead of 404 to a
-    caller without s3:ListBucket (the promoter may read run.json files, nothing else)."""
-    response = getattr(err, "response", {}) or {}
-    code = str(response.get("Error", {}).get("Code", ""))
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return code in ("NoSuchKey", "404", "AccessDenied", "403") or status in (403, 404)
+    """A missing key or version (404). A 403 is not: the roles that read records may list the
+    runs prefix (s3:ListBucket), so S3 answers 404 for a missing key, and 403 means unreadable."""
+    code, status = _status(err)
+    return code in ("NoSuchKey", "NoSuchVersion", "404") or status == 404
 
 
 def read_record(s3: Any, uri: str) -> dict[str, Any]:
-    """run.json at ``s3://bucket/key`` as a dict (PromotionError when absent or not JSON)."""
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    """run.json at ``s3://bucket/key[?versionId=V]`` as a dict: RecordMissing when absent,
+    RecordUnreadable when S3 refuses it or it is not a JSON object."""
+    bucket, key, version = split_record_uri(uri)
     try:
-        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        body = s3.get_object(Bucket=bucket, Key=key, **({"VersionId": version} if version else {}))["Body"].read()
     except s3.exceptions.ClientError as err:
-        if not is_missing(err):
-            raise
-        raise PromotionError(f"smoke record {uri} does not exist: nothing promoted") from None
+        if is_missing(err):
+            raise RecordMissing(f"smoke record {uri} does not exist: nothing promoted") from None
+        code, status = _status(err)
+        raise RecordUnreadable(f"smoke record {uri} cannot be read ({code or status}): nothing promoted") from None
     try:
         record = json.loads(body)
     except ValueError:
         record = None
     if not isinstance(record, dict):
-        raise PromotionError(f"smoke record {uri} is not a JSON object: nothing promoted")
+        raise RecordUnreadable(f"smoke record {uri} is not a JSON object: nothing promoted")
     return record
 
 

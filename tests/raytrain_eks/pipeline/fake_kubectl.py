@@ -24,7 +24,20 @@ containerd would. Each modelled behaviour follows ``ray-project/kuberay`` tag
   RayCluster is created) -> ``Running`` with job status ``PENDING`` -> ``RUNNING`` -> terminal
   (``SUCCEEDED``/``Complete`` or ``FAILED``/``Failed``), one step per ``get rayjob``. On SUCCEEDED
   the job "runs": the real local training run (``run_source``) is copied to
-  ``<storage_path>/<run_name>/`` of its entrypoint, in the (moto) bucket.
+  ``<storage_path>/<run_name>/`` of its entrypoint, in the (moto) bucket, with its ``run_dir``
+  set to that folder (``training/run_record.py`` writes it so). Scenario ``smoke_result``
+  ``TRAINED_FAILED``: the run is written, then the job fails (``AppFailed``). A run name whose
+  run already exists in the bucket is refused, as the training refuses a finished run
+  (``training/checkpointing/run_policy.py`` plan_resume: ExistingRunError, exit 2): the job
+  fails with ``AppFailed`` and writes nothing. Scenario ``smoke_result`` ``NO_CAPACITY``: the
+  job's pods stay Pending (unschedulable) and the RayJob fails with ``PreRunningDeadlineExceeded``
+  (``rayjob_controller.go`` checkPreRunningDeadlineAndUpdateStatusIfNeeded) without running.
+- RayJobs on the long-lived cluster (``spec.clusterSelector["ray.io/cluster"]``, a user's
+  ``-on-cluster`` job; the test puts them in ``state.json``): ``get rayjobs`` lists every RayJob
+  and advances each such job one poll (``polls_left``; ``None``: it never ends), then it is
+  ``SUCCEEDED``/``Complete``. A Recreate of that cluster while one is not terminal kills it (its
+  driver runs in the deleted head pod): it ends ``FAILED``/``Failed`` and the apply is logged
+  with ``killed``.
 
 State lives in ``$FAKE_KUBE_DIR``: ``state.json``, ``applied.jsonl``, ``scenario.json``.
 """
@@ -127,7 +140,9 @@ def reconcile(cluster: dict, scenario: dict) -> None:
     cluster["object"]["status"] = status
 
 
-def run_job(job: dict, scenario: dict) -> None:
+def run_job(job: dict, scenario: dict) -> bool:
+    """Write the run into the bucket as the training would; False when the run name already
+    holds a run (the training refuses it and writes nothing)."""
     import boto3
 
     entry = job["spec"]["entrypoint"]
@@ -135,9 +150,15 @@ def run_job(job: dict, scenario: dict) -> None:
     run = re.search(r"checkpoint\.run_name=(\S+)", entry).group(1)
     bucket, _, prefix = storage.removeprefix("s3://").partition("/")
     s3 = boto3.client("s3")
+    if s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{run}/").get("KeyCount", 0):
+        return False
     for path in Path(scenario["run_source"]).iterdir():
         if path.is_file():
-            s3.upload_file(str(path), bucket, f"{prefix}/{run}/{path.name}")
+            body = path.read_bytes()
+            if path.name == "run.json":
+                body = json.dumps({**json.loads(body), "run_dir": f"{storage.rstrip('/')}/{run}"}).encode()
+            s3.put_object(Bucket=bucket, Key=f"{prefix}/{run}/{path.name}", Body=body)
+    return True
 
 
 def apply_cluster(state: dict, obj: dict) -> bool:
@@ -168,15 +189,64 @@ def apply(state: dict, obj: dict, scenario: dict) -> None:
         log.write(f"{kind} {name}\n")
     if kind == "NetworkPolicy":  # a Ray cluster's policy, applied before the cluster
         return
+    killed = []
     if kind == "RayCluster":
         recreated = apply_cluster(state, obj)
+        if recreated:
+            killed = kill_jobs_on(state, name)
     else:
         state["rayjobs"][name] = {**obj, "status": {}}
         recreated = True
     with open(ROOT / "applied.jsonl", "a") as log:
         spec = obj["spec"] if kind == "RayCluster" else obj["spec"]["rayClusterSpec"]
         log.write(json.dumps({"kind": kind, "name": name, "image": head_image(spec), "recreated": recreated,
-                              "upgradeStrategy": obj["spec"].get("upgradeStrategy")}) + "\n")
+                              "upgradeStrategy": obj["spec"].get("upgradeStrategy"), "killed": killed}) + "\n")
+
+
+def pending_until_deadline(state: dict, name: str, job: dict) -> dict:
+    """No GPU node frees up: the pods stay Pending (unschedulable) while the RayJob is
+    Initializing; at the third poll KubeRay's preRunningDeadlineSeconds has passed."""
+    status = job["status"]
+    cluster = f"{name}-k7x2q"
+    if "rayClusterName" not in status:
+        status.update(rayClusterName=cluster, jobStatus="", jobDeploymentStatus="Initializing", step=0)
+        pods = cluster_pods(cluster, job["spec"]["rayClusterSpec"])
+        for p in pods:
+            p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+        state["clusters"][cluster] = {"object": {"metadata": {"name": cluster, "generation": 1},
+                                                 "spec": job["spec"]["rayClusterSpec"]}, "pods": pods}
+    elif status["step"] < 2:
+        status["step"] += 1
+    else:
+        status.update(jobStatus="", jobDeploymentStatus="Failed", reason="PreRunningDeadlineExceeded",
+                      message="The RayJob has passed the preRunningDeadlineSeconds.")
+    return job
+
+
+def list_rayjobs(state: dict) -> list[dict]:
+    """``get rayjobs``: every RayJob; each one on the long-lived cluster advances one poll."""
+    for job in state["rayjobs"].values():
+        if not (job["spec"].get("clusterSelector") or {}).get("ray.io/cluster"):
+            continue
+        status = job["status"]
+        left = job.get("polls_left")
+        if status.get("jobDeploymentStatus") == "Running" and left is not None:
+            job["polls_left"] = left - 1
+            if left - 1 <= 0:
+                status.update(jobStatus="SUCCEEDED", jobDeploymentStatus="Complete")
+    return list(state["rayjobs"].values())
+
+
+def kill_jobs_on(state: dict, cluster: str) -> list[str]:
+    """A Recreate deletes the head: the drivers of the jobs running on it die with it."""
+    killed = []
+    for name, job in state["rayjobs"].items():
+        if (job["spec"].get("clusterSelector") or {}).get("ray.io/cluster") == cluster \
+                and job["status"].get("jobDeploymentStatus") not in ("Complete", "Failed"):
+            job["status"].update(jobStatus="FAILED", jobDeploymentStatus="Failed", reason="AppFailed",
+                                 message="the head pod was deleted under the running job")
+            killed.append(name)
+    return killed
 
 
 def step_job(state: dict, name: str, scenario: dict) -> dict | None:
@@ -187,6 +257,8 @@ def step_job(state: dict, name: str, scenario: dict) -> dict | None:
     status = job["status"]
     cluster = f"{name}-k7x2q"
     done = status.get("jobDeploymentStatus") in ("Complete", "Failed")
+    if not done and scenario.get("smoke_result") == "NO_CAPACITY":
+        return pending_until_deadline(state, name, job)
     if not done:
         index = status.get("step", -1) + 1
         if index == 0:
@@ -201,12 +273,12 @@ def step_job(state: dict, name: str, scenario: dict) -> dict | None:
             status["step"] = index
         else:
             result = scenario.get("smoke_result", "SUCCEEDED")
+            if result in ("SUCCEEDED", "TRAINED_FAILED") and not run_job(job, scenario):
+                result = "REFUSED"
             ok = result == "SUCCEEDED"
-            status.update(jobStatus=result, jobDeploymentStatus="Complete" if ok else "Failed",
+            status.update(jobStatus="SUCCEEDED" if ok else "FAILED", jobDeploymentStatus="Complete" if ok else "Failed",
                           reason="" if ok else "AppFailed",
-                          message="" if ok else "Job entrypoint command failed with exit code 1")
-            if ok:
-                run_job(job, scenario)
+                          message="" if ok else f"Job entrypoint command failed with exit code {2 if result == 'REFUSED' else 1}")
     return job
 
 
@@ -220,6 +292,8 @@ def main(argv: list[str]) -> int:
         apply(state, json.loads(sys.stdin.read()), scenario)
     elif verb == "delete":
         state["rayjobs"].pop(rest[1], None)
+    elif verb == "get" and rest[0] == "rayjobs":
+        print(json.dumps({"items": list_rayjobs(state)}))
     elif verb == "get" and rest[0] == "rayjob":
         job = step_job(state, rest[1], scenario)
         print(json.dumps(job) if job else "")

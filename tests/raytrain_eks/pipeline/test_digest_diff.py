@@ -126,5 +126,5 @@ def test_smoke_step_gives_each_execution_its_own_run(two_synths):
     argv = shlex.split(job["spec"]["entrypoint"])
     overrides = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
     config = load_job_config(t.root / argv[argv.index("--config") + 1], overrides)
-    assert config.run_name == f"smoke-{execution}"
+    assert config.run_name == f"smoke-{execution}-1"  # build 1 of the execution (CODEBUILD_BUILD_NUMBER)
     assert config.evidence.require_transport == "efa"

@@ -169,16 +169,21 @@ def step(workdir, environ, execution, *args):
                           env={**environ, "EXECUTION_ID": execution}, capture_output=True, text=True)
 
 
-def smoke_record(aws, digest: str, repository: str) -> str:
-    """A run.json that proves ``digest`` (what the smoke step writes; infra/lambdas/image_watcher/promote.py)."""
+def smoke_record(aws, digest: str, repository: str, execution: str) -> str:
+    """A run.json that proves ``digest``, as the smoke step leaves it: in a versioned bucket under
+    the execution's run name, its URI pinned to the version written (smoke.py, promote_step.py)."""
     from environment.contract import RECORD_IMAGE_RAN
+    from raytrain_eks.pipeline.smoke import run_name
 
     s3 = boto3.client("s3", **aws)
     bucket = f"records-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(Bucket=bucket)
-    s3.put_object(Bucket=bucket, Key="run.json", Body=json.dumps(
-        {"status": "succeeded", RECORD_IMAGE_RAN: {"pods": {"raytrain-head-x": f"{repository}@{digest}"}}}))
-    return f"s3://{bucket}/run.json"
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    key = f"runs/{run_name(execution, '1')}/run.json"
+    put = s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(
+        {"status": "succeeded", "run_dir": f"s3://{bucket}/{key.rsplit('/', 1)[0]}",
+         RECORD_IMAGE_RAN: {"pods": {"raytrain-head-x": f"{repository}@{digest}"}}}))
+    return f"s3://{bucket}/{key}?versionId={put['VersionId']}"
 
 
 def test_an_overlapping_runs_failed_smoke_leaves_the_applying_run_alone(workspace, aws):
@@ -199,7 +204,7 @@ def test_an_overlapping_runs_failed_smoke_leaves_the_applying_run_alone(workspac
     assert event["digest"] == other and event["outcome"].startswith("long-lived cluster untouched: another execution")
     # then A promotes, and the live cluster is still on A's image: B applied nothing
     done = step(tmp_path, environ, "exec-A", "promote", "--digest", CANDIDATE,
-                "--record", smoke_record(aws, CANDIDATE, REPO_NAME(tmp_path)))
+                "--record", smoke_record(aws, CANDIDATE, REPO_NAME(tmp_path), "exec-A"))
     assert done.returncode == 0, done.stderr
     assert applied_images(kube) == [PROMOTED, CANDIDATE]
     assert ssm.get_parameter(Name=parameter)["Parameter"]["Value"] == CANDIDATE
@@ -213,7 +218,7 @@ def test_promote_refuses_when_another_apply_replaced_this_runs_manifest(workspac
     done = apply_step(tmp_path / "promoted-only", environ, PROMOTED, execution="exec-C")
     assert done.returncode == 0, done.stderr
     done = step(tmp_path, environ, "exec-A", "promote", "--digest", CANDIDATE,
-                "--record", smoke_record(aws, CANDIDATE, REPO_NAME(tmp_path)))
+                "--record", smoke_record(aws, CANDIDATE, REPO_NAME(tmp_path), "exec-A"))
     assert done.returncode == 1 and "is not on this run's Apply" in done.stderr
     assert ssm.get_parameter(Name=parameter)["Parameter"]["Value"] == PROMOTED  # nothing promoted
     assert applied_images(kube) == [PROMOTED, CANDIDATE, PROMOTED]  # and A's rollback applied nothing

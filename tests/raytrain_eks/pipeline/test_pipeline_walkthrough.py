@@ -21,26 +21,19 @@ newer promotion; a Promote that fails after Apply puts the cluster back and says
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
-import boto3
 import pytest
+from walk_env import make_walk
 
 from environment import load_environment
 from environment.contract import RECORD_IMAGE_RAN
 from training.contract import EVAL_LOSS
-from infra.lambdas.image_watcher.history import PROMOTED, ROLLED_BACK, PromotionHistory
-from infra.lambdas.image_watcher.watcher import ALREADY_TRIED, START, UP_TO_DATE, CodePipelineStarter, WatcherConfig, check
+from infra.lambdas.image_watcher.history import ROLLED_BACK
+from infra.lambdas.image_watcher.watcher import ALREADY_TRIED, START, UP_TO_DATE
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local_run")]
 
-REPO = Path(__file__).resolve().parents[3]
-NAME = "deep-learning-containers/ray"
 
 
 @pytest.fixture(scope="module")
@@ -58,132 +51,7 @@ def real_run(local_run, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def walk(tmp_path, aws, registry, real_run):
-    """A workspace (environment.toml on the local registry), the AWS side of the pipeline stack
-    in moto, the fake kubectl on PATH."""
-    suffix = uuid.uuid4().hex[:8]
-    tag = f"walk-{suffix}"
-    text = (REPO / "environment.toml").read_text()
-    text = text.replace('repository = "public.ecr.aws/deep-learning-containers/ray"',
-                        f'repository = "{registry.host}/{NAME}"')
-    text = text.replace('tag = "train-ml-cuda-v1.1.0"', f'tag = "{tag}"')
-    text = text.replace('name = "raytrain"', f'name = "walk{suffix}"', 1)
-    work = tmp_path / "ws"
-    work.mkdir()
-    (work / "committed.toml").write_text(text)  # what the repository holds (git)
-    env = load_environment(work / "committed.toml")
-    assert env.image.tag == tag and env.image.repository.startswith(registry.host)
-
-    ssm, ddb, cp, iam, s3 = (boto3.client(s, **aws) for s in ("ssm", "dynamodb", "codepipeline", "iam", "s3"))
-    s3.create_bucket(Bucket=env.bucket_name)
-    parameter, table, pipeline = f"/raytrain/walk-{suffix}/promoted", f"promotions-{suffix}", f"redeploy-{suffix}"
-    ssm.put_parameter(Name=parameter, Value="none", Type="String")  # as the stack creates it
-    ddb.create_table(TableName=table, BillingMode="PAY_PER_REQUEST",
-                     KeySchema=[{"AttributeName": "image", "KeyType": "HASH"},
-                                {"AttributeName": "at", "KeyType": "RANGE"}],
-                     AttributeDefinitions=[{"AttributeName": "image", "AttributeType": "S"},
-                                           {"AttributeName": "at", "AttributeType": "S"}])
-    role = iam.create_role(RoleName=f"walk-{suffix}", AssumeRolePolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                "Principal": {"Service": "codepipeline.amazonaws.com"}}]}))
-    action = {"name": "a", "actionTypeId": {"category": "Source", "owner": "AWS", "provider": "S3", "version": "1"},
-              "configuration": {"S3Bucket": "b", "S3ObjectKey": "k"}, "outputArtifacts": [{"name": "o"}]}
-    cp.create_pipeline(pipeline={
-        "name": pipeline, "roleArn": role["Role"]["Arn"], "pipelineType": "V2",
-        "artifactStore": {"type": "S3", "location": "artifacts"},
-        "variables": [{"name": "IMAGE_DIGEST", "defaultValue": "spec"}],
-        "stages": [{"name": "Source", "actions": [action]},
-                   {"name": "Deploy", "actions": [dict(action, name="b", outputArtifacts=[{"name": "p"}])]}]})
-
-    kube = tmp_path / "kube"
-    kube.mkdir()
-    (kube / "kubectl").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).parent / "fake_kubectl.py"}" "$@"\n')
-    (kube / "kubectl").chmod(0o755)
-
-    class Walk:
-        pass
-
-    w = Walk()
-    w.env, w.work, w.kube, w.s3, w.ssm = env, work, kube, s3, ssm
-    config = WatcherConfig(repository=env.image.repository, tag=tag, parameter_name=parameter,
-                           table_name=table, pipeline_name=pipeline)
-    w.history = PromotionHistory(client=ddb, table_name=table, image=config.image)
-    w.watch = lambda: check(config, ssm=ssm, history=w.history, starter=CodePipelineStarter(cp, pipeline))
-    w.push_image = lambda content: registry.push_image(NAME, tag, content=content)
-    w.promoted = lambda: ssm.get_parameter(Name=parameter)["Parameter"]["Value"]
-    # Generous bounds: every wait ends on its event (a terminal RayJob, a ready cluster);
-    # only a cluster that never gets ready waits this long.
-    w.environ = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{kube}:{os.environ['PATH']}",
-                 "FAKE_KUBE_DIR": str(kube), "AWS_ENDPOINT_URL": aws["endpoint_url"],
-                 "AWS_DEFAULT_REGION": aws["region_name"], "AWS_ACCESS_KEY_ID": "testing",
-                 "AWS_SECRET_ACCESS_KEY": "testing", "HISTORY_TABLE": table,
-                 "PROMOTED_DIGEST_PARAMETER": parameter, "POLL_SECONDS": "0.05", "TIMEOUT_SECONDS": "300",
-                 "PYTHON": sys.executable}
-
-    def scenario(**values):
-        (kube / "scenario.json").write_text(json.dumps({"run_source": str(real_run), **values}))
-
-    def applied(kind="RayCluster"):
-        path = kube / "applied.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-        return [r for r in rows if r["kind"] == kind]
-
-    def live_images():
-        state = json.loads((kube / "state.json").read_text())
-        pods = state["clusters"][env.cluster.name]["pods"]
-        return {c["imageID"].rsplit("@", 1)[-1] for p in pods for c in p["status"]["containerStatuses"]}
-
-    class Execution:
-        """One pipeline execution: its own workspace (artifacts), its stages callable one by one."""
-
-        def __init__(self, execution: str, requested: str):
-            self.id, self.requested, self.dir = execution, requested, work / execution
-            self.digest = self.record = ""
-            self.results: dict[str, subprocess.CompletedProcess] = {}
-
-        def step(self, name: str, *args: str) -> subprocess.CompletedProcess:
-            done = subprocess.run([sys.executable, "-m", "raytrain_eks.pipeline", name, *args], cwd=self.dir,
-                                  env={**w.environ, "EXECUTION_ID": self.id}, capture_output=True, text=True)
-            self.results[name] = done
-            return done
-
-        def synth(self):
-            """A fresh checkout of the committed files, as CodeBuild's."""
-            self.dir.mkdir()
-            (self.dir / "environment.toml").write_bytes((work / "committed.toml").read_bytes())
-            done = subprocess.run(["bash", str(REPO / "scripts/pipeline/synth.sh")], cwd=self.dir,
-                                  env={**w.environ, "IMAGE_DIGEST": self.requested}, capture_output=True, text=True)
-            assert done.returncode == 0, done.stderr[-2000:]
-            self.results["synth"] = done
-            self.digest = done.stdout.strip().splitlines()[-1]
-            return done
-
-        def smoke(self):
-            done = self.step("smoke", "--digest", self.digest)
-            if done.returncode == 0:
-                self.record = done.stdout.strip().splitlines()[-1]
-            return done
-
-        def gate(self):
-            return self.step("gate", "--digest", self.digest, "--record", self.record)
-
-        def apply(self):
-            return self.step("apply", "--digest", self.digest)
-
-        def promote(self):
-            return self.step("promote", "--digest", self.digest, "--record", self.record)
-
-        def run(self):
-            """Synth -> Smoke (with the gate) -> Apply -> Promote, stopping at the first failure."""
-            self.synth()
-            for stage in (self.smoke, self.gate, self.apply, self.promote):
-                if stage().returncode:
-                    return self
-            return self
-
-    w.scenario, w.applied, w.live_images, w.Execution = scenario, applied, live_images, Execution
-    w.read_json = lambda uri: json.loads(s3.get_object(Bucket=uri.split("/")[2], Key=uri.split("/", 3)[3])["Body"].read())
-    w.keys = lambda prefix: [o["Key"] for o in s3.list_objects_v2(Bucket=env.bucket_name, Prefix=prefix).get("Contents", [])]
-    return w
+    return make_walk(tmp_path, aws, registry, real_run)
 
 
 def rollbacks(walk) -> list[dict]:
@@ -231,7 +99,8 @@ def test_pipeline_walkthrough(walk):
     assert walk.applied()[-1]["recreated"] and walk.live_images() == {second}
     # the regression gate compared against the promoted run and left its report next to the run
     assert "gate: tokens_per_s: ok" in run1.results["gate"].stderr
-    report_prefix = f"{walk.env.storage.prefix}/smoke-exec-1/regression/"
+    report_prefix = run1.record.split("/", 3)[3].rsplit("/", 1)[0] + "/regression/"
+    assert report_prefix.startswith(f"{walk.env.storage.prefix}/smoke-exec-1-")
     assert f"{report_prefix}report.md" in walk.keys(report_prefix)
 
     # --- 2. a push after the automatic promotion: environment.toml still pins the first digest
@@ -274,7 +143,7 @@ def test_pipeline_walkthrough(walk):
     newest = rollbacks(walk)[0]
     assert newest["digest"] == fourth and "regression" in newest["reason"]
     assert newest["outcome"].startswith("long-lived cluster untouched")
-    report_prefix = f"{walk.env.storage.prefix}/smoke-exec-4/regression/"
+    report_prefix = run4.record.split("/", 3)[3].rsplit("/", 1)[0] + "/regression/"
     report = walk.s3.get_object(Bucket=walk.env.bucket_name, Key=f"{report_prefix}report.md")["Body"].read().decode()
     # side by side: the image each run's pods reported differs between the two columns
     assert second in report and fourth in report
@@ -310,8 +179,10 @@ def test_pipeline_walkthrough(walk):
     run6.synth()
     assert run6.smoke().returncode == 0 and run6.gate().returncode == 0 and run6.apply().returncode == 0
     assert walk.live_images() == {sixth}
+    # the very version the gate judged is gone (Promote reads that one, not the newest)
     bucket, key = run6.record.removeprefix("s3://").split("/", 1)
-    walk.s3.delete_object(Bucket=bucket, Key=key)
+    key, _, version = key.partition("?versionId=")
+    walk.s3.delete_object(Bucket=bucket, Key=key, VersionId=version)
     assert run6.promote().returncode == 1
     failed = rollbacks(walk)[0]
     assert failed["digest"] == sixth and failed["reason"].startswith("promote: smoke record") \
