@@ -29,6 +29,11 @@ class UnlockedImageWarning(UserWarning):
     """The image is referenced by a moving tag: runs are not reproducible until `lock`."""
 
 
+MAX_APPLY_WAIT_MINUTES = 405
+"""CodePipeline's limit on a CodeBuild action (8 hours: 480 minutes, its quotas page) less what
+Apply's build spends besides waiting (its apply and a rollback's, 30 minutes each, plus 15:
+infra/stacks/pipeline.py); a test synthesizes the longest wait against the limit."""
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class VersionsSpec:
     """Pinned Helm chart versions, one per add-on of :data:`environment.addons.ADDONS`
@@ -218,9 +223,10 @@ class PipelineSpec:
         bad = [a for a in self.notify_emails if not re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", a)]
         if bad:
             raise FieldError("notify_emails", bad[0], "is not an e-mail address")
-        if not 0 <= self.apply_wait_minutes <= 1440:
+        if not 0 <= self.apply_wait_minutes <= MAX_APPLY_WAIT_MINUTES:
             raise FieldError("apply_wait_minutes", self.apply_wait_minutes,
-                             "must be between 0 and 1440 (minutes Apply waits for running jobs)")
+                             f"must be between 0 and {MAX_APPLY_WAIT_MINUTES} (minutes Apply waits for running jobs; "
+                             "CodePipeline ends a CodeBuild action after 8 hours)")
         if problem := window_problem(self.maintenance_window):
             raise FieldError("maintenance_window", self.maintenance_window, problem)
 

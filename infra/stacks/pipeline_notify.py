@@ -12,7 +12,8 @@ subscribe to it by e-mail) fed by
 """
 from __future__ import annotations
 
-from aws_cdk import Duration, aws_cloudwatch as cloudwatch, aws_cloudwatch_actions as cw_actions
+from aws_cdk import Duration, Stack, aws_cloudwatch as cloudwatch, aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_events as events, aws_events_targets as targets, aws_lambda as lambda_
 from aws_cdk import aws_sns as sns, aws_sns_subscriptions as subscriptions
 from constructs import Construct
@@ -60,4 +61,12 @@ class PipelineNotifications(Construct):
             alarm_description=f"The image watcher of {self.pipeline_name} failed: new digests are not being "
                               "detected (see its log group)")
         alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
+        # The topic has a policy of its own (enforce_ssl, EventBridge's grant), which replaces SNS's
+        # default same-account one: without this grant CloudWatch's publish is denied and the
+        # alarm fires into nothing ("... is not authorized to perform: SNS:Publish").
+        self.topic.add_to_resource_policy(iam.PolicyStatement(
+            sid="AlarmsPublish", actions=["sns:Publish"], resources=[self.topic.topic_arn],
+            principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+            conditions={"ArnLike": {"aws:SourceArn": alarm.alarm_arn},
+                        "StringEquals": {"aws:SourceAccount": Stack.of(self).account}}))
         return alarm
