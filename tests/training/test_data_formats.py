@@ -6,6 +6,7 @@ with the real Qwen2.5 tokenizer."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -178,6 +179,64 @@ def test_a_saved_dataset_dict_is_read_from_its_train_split(tmp_path, monkeypatch
     datasets.DatasetDict(validation=test).save_to_disk(str(tmp_path / "nodict"))
     with pytest.raises(DataError, match=r"dataset_dict\.json: a DatasetDict without a 'train' split \(splits: validation\)"):
         read_documents(str(tmp_path / "nodict"), "hf")
+
+
+def test_a_folder_of_files_is_read_from_its_train_split_as_datasets_assigns_splits(tmp_path):
+    """Oracle: huggingface/datasets 5.0.0 src/datasets/data_files.py: ``SPLIT_PATTERN_SHARDED``
+    (l. 41, ``data/{split}-00000-of-00001*.*``) first, then split keywords in folder names, then in
+    file names (``SPLIT_KEYWORDS`` l. 43-47, patterns l. 48-97, ``_get_data_files_patterns``
+    l. 257-297); ``__``-prefixed and hidden folders skipped (l. 190). ``load_dataset`` itself
+    is the oracle for the Hub layout and for its own cache folder (``json-train.arrow`` beside
+    ``json-test.arrow`` and a ``.map`` result ``cache-<hash>.arrow``)."""
+    import datasets
+
+    def texts(tag, n=2):
+        return _dataset([{"text": f"{tag}{i}"} for i in range(n)])
+
+    hub = tmp_path / "hub" / "data"
+    hub.mkdir(parents=True)
+    for split in ("train", "test", "validation"):
+        texts(split).to_parquet(str(hub / f"{split}-00000-of-00001.parquet"))
+    (tmp_path / "hub" / "__skip").mkdir()
+    texts("skipped").to_parquet(str(tmp_path / "hub" / "__skip" / "x.parquet"))
+    oracle = datasets.load_dataset("parquet", data_dir=str(tmp_path / "hub"), cache_dir=str(tmp_path / "c1"))
+    assert _as_read(str(tmp_path / "hub")) == list(oracle["train"]["text"]) == ["train0", "train1"]
+
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.json").write_text(json.dumps([{"text": f"{split}{i}"} for i in range(2)]))
+    built = datasets.load_dataset("json", data_files={s: str(tmp_path / f"{s}.json") for s in ("train", "test")},
+                                  cache_dir=str(tmp_path / "c2"))
+    built["train"].map(lambda row: {"text": row["text"] + " mapped"})  # writes cache-<hash>.arrow beside them
+    folder = built["train"].cache_files[0]["filename"].rsplit("/", 1)[0]
+    assert _as_read(folder) == list(built["train"]["text"]) == ["train0", "train1"]
+
+    only_test = tmp_path / "only_test"
+    only_test.mkdir()
+    texts("v").to_parquet(str(only_test / "dev.parquet"))
+    texts("t").to_parquet(str(only_test / "test.parquet"))
+    with pytest.raises(DataError, match=r"only_test: its files are split \(validation: dev\.parquet; test: "
+                                         r"test\.parquet\) and none is a train split"):
+        read_documents(str(only_test), "hf")
+    caches = tmp_path / "caches"
+    caches.mkdir()
+    for name in ("cache-0a1b.arrow", "cache-2c3d.arrow"):
+        shutil.copy(built["train"].cache_files[0]["filename"], caches / name)
+    with pytest.raises(DataError, match=r"caches: cache-0a1b\.arrow, cache-2c3d\.arrow are datasets cache files"):
+        read_documents(str(caches), "hf")
+
+
+def test_a_saved_dataset_below_the_folder_is_never_read_as_loose_files(tmp_path):
+    """Oracle: datasets 5.0.0 ``load_from_disk`` reads a saved dataset only through its own
+    ``state.json``/``dataset_dict.json`` (arrow_dataset.py l. 2065, dataset_dict.py l. 1432); read
+    as loose files, the parent of a saved DatasetDict mixes its test rows into training."""
+    import datasets
+
+    datasets.DatasetDict(train=_dataset([{"text": "train0"}]),
+                         test=_dataset([{"text": "test0"}])).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError) as err:
+        read_documents(str(tmp_path), "hf")
+    assert str(err.value) == (f"{tmp_path}: holds a saved dataset in dd/ (save_to_disk's state.json / "
+                              "dataset_dict.json); point data.path at that folder, not at a folder above it")
 
 
 def test_parquet_and_arrow_files_pick_the_record_format_by_their_columns(tmp_path):

@@ -1,6 +1,6 @@
 """``hf``: Hugging Face datasets as files: a ``Dataset.save_to_disk`` folder, a
-``DatasetDict.save_to_disk`` folder (its ``train`` split), or ``.parquet`` / ``.arrow`` files;
-local or ``s3://``.
+``DatasetDict.save_to_disk`` folder (its ``train`` split), or ``.parquet`` / ``.arrow`` files
+(of a folder, its train split's files: training/data/splits.py); local or ``s3://``.
 
 Read with pyarrow (Ray ships it, so the DLC has it; S3 as everywhere in the job:
 training/data/remote.py), the way ``datasets`` 5.0.0 itself loads a saved dataset:
@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from training.data.records import DataError, DataFormat, Reader, add_record, read_head
 from training.data.remote import RemoteFile, is_s3, list_files, s3_filesystem, split_s3
+from training.data.splits import train_files
 
 SUFFIXES = (".parquet", ".arrow")
 STATE = "state.json"
@@ -57,10 +58,9 @@ def dataset_files(path: str) -> list[RemoteFile]:
             raise DataError(f"{root}/{STATE}: _data_files names {', '.join(missing) or 'no file'}, not in the folder "
                             "(an incomplete save_to_disk copy?)")
         return [by_uri[f"{root}/{n}"] for n in names]
-    files = [f for f in found if f.uri.endswith(SUFFIXES)]
-    if not files:
-        raise FileNotFoundError(f"{path}: no files ending in {'/'.join(SUFFIXES)} and no {STATE}")
-    return files
+    if [f.uri for f in found] == [root]:  # data.path names one file
+        return found
+    return train_files(root, found, SUFFIXES)
 
 
 def _open(f: RemoteFile):
