@@ -69,7 +69,15 @@ BAD = [
     ("alpaca", ALPACA[:1] + [{"instruction": " ", "output": "y"}], "field 'instruction' is empty"),
     ("alpaca", ALPACA[:1] + [{"instruction": "x", "input": ["a"], "output": "y"}], "field 'input' must be a string, got list (['a'])"),
     ("sharegpt", SHAREGPT[1:] + [{"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "f()"}]}],
-     "conversations[1].from is 'function_call'; allowed: human, user, gpt"),
+     "conversations[1].from is 'function_call': tool turns are not supported (the chat template is given system, "
+     "user, assistant turns only); allowed: human, user, gpt"),
+    ("sharegpt", SHAREGPT[1:] + [{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"},
+                                                    {"from": "observation", "value": "r"}]}],
+     "conversations[2].from is 'observation': tool turns are not supported"),
+    ("alpaca", ALPACA[:1] + [{"instruction": "x", "output": "y", "history": [["only one"]]}],
+     "history[0] must be an [instruction, response] pair of strings, got ['only one']"),
+    ("alpaca", ALPACA[:1] + [{"instruction": "x", "output": "y", "history": "h"}],
+     "field 'history' must be a list of [instruction, response] pairs, got str ('h')"),
     ("sharegpt", SHAREGPT[1:] + [{"conversations": [{"from": "human", "value": "q"}]}], "no assistant message (nothing to train on)"),
     ("sharegpt", SHAREGPT[1:] + [{"conversations": [{"from": "gpt", "text": "a"}]}], "conversations[0] must be an object with 'from' and 'value', got {'from': 'gpt', 'text': 'a'}"),
     ("sharegpt", SHAREGPT[1:] + [{"messages": []}], "missing field 'conversations'"),
@@ -90,6 +98,77 @@ def test_a_bad_record_is_one_line_naming_file_line_field_and_value(tmp_path, kin
         assert str(err.value).startswith(f"{path}, line {line}: {problem}"), str(err.value)
         skipped = read_documents(str(path), kind, on_bad_record="skip")
         assert (skipped.bad_records, len(skipped.documents)) == (1, len(records) - 1)
+
+
+def test_a_sharegpt_system_field_is_the_system_turn_unless_one_opens_the_conversation(tmp_path):
+    """Oracle: hiyouga/LLaMA-Factory data/README.md "Sharegpt Format" (``"system": "system prompt
+    (optional)"`` beside ``conversations``) and src/llamafactory/data/converter.py
+    ``SharegptDatasetConverter.__call__``: a leading ``system`` turn is the system prompt, else
+    ``example[system]``. Read from JSON Lines and from an hf column alike."""
+    turns = SHAREGPT[1]["conversations"]
+    records = [{"conversations": turns, "system": "Be brief."},
+               {"conversations": SHAREGPT[0]["conversations"], "system": "ignored: a system turn opens it"},
+               {"conversations": turns, "system": None}]
+    expected = [({"role": "system", "content": "Be brief."}, *SHAREGPT_MESSAGES[1]), SHAREGPT_MESSAGES[0],
+                SHAREGPT_MESSAGES[1]]
+    (tmp_path / "s.jsonl").write_text(_jsonl(records))
+    _dataset(records).to_parquet(str(tmp_path / "s.parquet"))
+    assert _as_read(str(tmp_path / "s.jsonl"), "sharegpt") == _as_read(str(tmp_path / "s.parquet")) == expected
+
+
+def test_an_alpaca_history_becomes_the_turns_before_the_instruction(tmp_path):
+    """Oracle: hiyouga/LLaMA-Factory data/README.md "Alpaca Format" (``"history": [["user
+    instruction in the first round (optional)", "model response in the first round (optional)"],
+    ...]``) and src/llamafactory/data/converter.py ``AlpacaDatasetConverter.__call__``: each pair
+    appended as a user then an assistant turn, before the instruction's user turn."""
+    record = {"instruction": "And 3+3?", "input": "", "output": "6", "system": "Be brief.",
+              "history": [["2+2?", "4"], ["And 1+1?", "2"]]}
+    expected = [({"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+                  {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 1+1?"},
+                  {"role": "assistant", "content": "2"}, {"role": "user", "content": "And 3+3?"},
+                  {"role": "assistant", "content": "6"})]
+    (tmp_path / "a.jsonl").write_text(_jsonl([record]))
+    _dataset([record]).to_parquet(str(tmp_path / "a.parquet"))
+    assert _as_read(str(tmp_path / "a.jsonl"), "alpaca") == _as_read(str(tmp_path / "a.parquet")) == expected
+
+
+def test_leading_assistant_turns_are_dropped_and_counted_in_the_data_check(tmp_path):
+    """Oracle: lm-sys/FastChat fastchat/train/train.py ``preprocess``: ``if roles[source[0]["from"]]
+    != conv.roles[0]: # Skip the first one if it is not from human; source = source[1:]``. The
+    row is kept without its leading assistant turn(s), and the data check's report counts them."""
+    from fixture_paths import FIXTURE_JOBS
+    from training.config import load_job_config
+    from training.data.check import check_data
+
+    hello = {"from": "gpt", "value": "Hello! How can I help?"}
+    records = [{"conversations": [hello, *SHAREGPT[1]["conversations"]]},
+               {"conversations": [SHAREGPT[0]["conversations"][0], hello, hello, *SHAREGPT[1]["conversations"]]}]
+    (tmp_path / "s.jsonl").write_text(_jsonl(records * 20))
+    read = read_documents(str(tmp_path / "s.jsonl"), "sharegpt")
+    assert [d.messages for d in read.documents[:2]] == [SHAREGPT_MESSAGES[1],
+                                                       ({"role": "system", "content": "Be brief."}, *SHAREGPT_MESSAGES[1])]
+    assert (read.dropped_turns, read.bad_records) == (60, 0)
+    job = load_job_config(FIXTURE_JOBS / "local.toml", ["data.kind=sharegpt", f"data.path={tmp_path / 's.jsonl'}"])
+    assert check_data(job).summary.endswith(", 60 leading assistant turns dropped")
+
+
+def test_hf_columns_of_two_conversation_formats_are_refused_and_from_value_messages_get_an_hf_hint(tmp_path):
+    """A row with alpaca's and sharegpt's columns has two readings (it was read as alpaca, the
+    format needing more columns); ``messages`` holding ShareGPT turns in an hf dataset cannot be
+    fixed by data.kind (hf picks the format by column: the column must be ``conversations``)."""
+    _dataset([{**ALPACA[0], **SHAREGPT[1]}]).to_parquet(str(tmp_path / "both.parquet"))
+    with pytest.raises(DataError, match=r"both\.parquet: columns instruction, input, output, id, conversations match "
+                                         r"more than one record format \(alpaca \(instruction, output\); sharegpt "
+                                         r"\(conversations\)\); keep the columns of one"):
+        read_documents(str(tmp_path / "both.parquet"), "hf")
+    _dataset([{"messages": SHAREGPT[1]["conversations"]}]).to_parquet(str(tmp_path / "m.parquet"))
+    with pytest.raises(DataError) as err:
+        read_documents(str(tmp_path / "m.parquet"), "hf")
+    assert str(err.value).endswith("row 1: messages[0] has no 'role' but 'from': ShareGPT turns ({'from', 'value'}) "
+                                   "are read from a 'conversations' field (data.kind 'sharegpt'; in an hf dataset, a "
+                                   "column named 'conversations')")
+    _dataset([{"text": "rendered", **SHAREGPT[1]}]).to_parquet(str(tmp_path / "t.parquet"))  # text: a rendering
+    assert _as_read(str(tmp_path / "t.parquet")) == [SHAREGPT_MESSAGES[1]]
 
 
 def test_chat_records_given_as_sharegpt_turns_point_at_the_sharegpt_kind(tmp_path):

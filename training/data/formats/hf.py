@@ -10,8 +10,8 @@ names the splits, one folder each. A plain ``.arrow`` file may also be the IPC *
 
 Each row is one record of a record format, chosen once per file from its columns
 (:func:`~training.data.formats.record_formats`: ``messages`` -> chat, ``conversations`` ->
-sharegpt, ``instruction`` + ``output`` -> alpaca, ``text`` -> jsonl's text). Errors name the
-file and the row (1-based within the file).
+sharegpt, ``instruction`` + ``output`` -> alpaca, ``text`` -> jsonl's text; columns of two
+conversation formats are refused). Errors name the file and the row (1-based within the file).
 """
 from __future__ import annotations
 
@@ -98,9 +98,15 @@ def _converter(f: RemoteFile, columns: list[str]):
     from training.data.formats import record_formats  # the registry this container reads through
 
     choices = record_formats()
-    for _, fmt in choices:
-        if set(fmt.columns) <= set(columns):
-            return fmt.record
+    matches = [(kind, fmt) for kind, fmt in choices if set(fmt.columns) <= set(columns)]
+    # two conversation formats (alpaca's instruction/output beside sharegpt's conversations) would
+    # be two different readings of one row; a text column beside a conversation is its rendering
+    if len([fmt for _, fmt in matches if fmt.conversations]) > 1:
+        both = "; ".join(f"{kind} ({', '.join(fmt.columns)})" for kind, fmt in matches if fmt.conversations)
+        raise DataError(f"{f.uri}: columns {', '.join(columns)} match more than one record format ({both}); "
+                        "keep the columns of one (e.g. Dataset.remove_columns) and save again")
+    if matches:
+        return matches[0][1].record
     wanted = "; ".join(f"{kind} ({', '.join(fmt.columns)})" for kind, fmt in choices)
     raise DataError(f"{f.uri}: columns {', '.join(columns) or 'none'} match no record format (rows need: {wanted})")
 
