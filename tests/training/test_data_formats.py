@@ -6,6 +6,7 @@ with the real Qwen2.5 tokenizer."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -68,7 +69,15 @@ BAD = [
     ("alpaca", ALPACA[:1] + [{"instruction": " ", "output": "y"}], "field 'instruction' is empty"),
     ("alpaca", ALPACA[:1] + [{"instruction": "x", "input": ["a"], "output": "y"}], "field 'input' must be a string, got list (['a'])"),
     ("sharegpt", SHAREGPT[1:] + [{"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "f()"}]}],
-     "conversations[1].from is 'function_call'; allowed: human, user, gpt"),
+     "conversations[1].from is 'function_call': tool turns are not supported (the chat template is given system, "
+     "user, assistant turns only); allowed: human, user, gpt"),
+    ("sharegpt", SHAREGPT[1:] + [{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"},
+                                                    {"from": "observation", "value": "r"}]}],
+     "conversations[2].from is 'observation': tool turns are not supported"),
+    ("alpaca", ALPACA[:1] + [{"instruction": "x", "output": "y", "history": [["only one"]]}],
+     "history[0] must be an [instruction, response] pair of strings, got ['only one']"),
+    ("alpaca", ALPACA[:1] + [{"instruction": "x", "output": "y", "history": "h"}],
+     "field 'history' must be a list of [instruction, response] pairs, got str ('h')"),
     ("sharegpt", SHAREGPT[1:] + [{"conversations": [{"from": "human", "value": "q"}]}], "no assistant message (nothing to train on)"),
     ("sharegpt", SHAREGPT[1:] + [{"conversations": [{"from": "gpt", "text": "a"}]}], "conversations[0] must be an object with 'from' and 'value', got {'from': 'gpt', 'text': 'a'}"),
     ("sharegpt", SHAREGPT[1:] + [{"messages": []}], "missing field 'conversations'"),
@@ -89,6 +98,77 @@ def test_a_bad_record_is_one_line_naming_file_line_field_and_value(tmp_path, kin
         assert str(err.value).startswith(f"{path}, line {line}: {problem}"), str(err.value)
         skipped = read_documents(str(path), kind, on_bad_record="skip")
         assert (skipped.bad_records, len(skipped.documents)) == (1, len(records) - 1)
+
+
+def test_a_sharegpt_system_field_is_the_system_turn_unless_one_opens_the_conversation(tmp_path):
+    """Oracle: hiyouga/LLaMA-Factory data/README.md "Sharegpt Format" (``"system": "system prompt
+    (optional)"`` beside ``conversations``) and src/llamafactory/data/converter.py
+    ``SharegptDatasetConverter.__call__``: a leading ``system`` turn is the system prompt, else
+    ``example[system]``. Read from JSON Lines and from an hf column alike."""
+    turns = SHAREGPT[1]["conversations"]
+    records = [{"conversations": turns, "system": "Be brief."},
+               {"conversations": SHAREGPT[0]["conversations"], "system": "ignored: a system turn opens it"},
+               {"conversations": turns, "system": None}]
+    expected = [({"role": "system", "content": "Be brief."}, *SHAREGPT_MESSAGES[1]), SHAREGPT_MESSAGES[0],
+                SHAREGPT_MESSAGES[1]]
+    (tmp_path / "s.jsonl").write_text(_jsonl(records))
+    _dataset(records).to_parquet(str(tmp_path / "s.parquet"))
+    assert _as_read(str(tmp_path / "s.jsonl"), "sharegpt") == _as_read(str(tmp_path / "s.parquet")) == expected
+
+
+def test_an_alpaca_history_becomes_the_turns_before_the_instruction(tmp_path):
+    """Oracle: hiyouga/LLaMA-Factory data/README.md "Alpaca Format" (``"history": [["user
+    instruction in the first round (optional)", "model response in the first round (optional)"],
+    ...]``) and src/llamafactory/data/converter.py ``AlpacaDatasetConverter.__call__``: each pair
+    appended as a user then an assistant turn, before the instruction's user turn."""
+    record = {"instruction": "And 3+3?", "input": "", "output": "6", "system": "Be brief.",
+              "history": [["2+2?", "4"], ["And 1+1?", "2"]]}
+    expected = [({"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+                  {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 1+1?"},
+                  {"role": "assistant", "content": "2"}, {"role": "user", "content": "And 3+3?"},
+                  {"role": "assistant", "content": "6"})]
+    (tmp_path / "a.jsonl").write_text(_jsonl([record]))
+    _dataset([record]).to_parquet(str(tmp_path / "a.parquet"))
+    assert _as_read(str(tmp_path / "a.jsonl"), "alpaca") == _as_read(str(tmp_path / "a.parquet")) == expected
+
+
+def test_leading_assistant_turns_are_dropped_and_counted_in_the_data_check(tmp_path):
+    """Oracle: lm-sys/FastChat fastchat/train/train.py ``preprocess``: ``if roles[source[0]["from"]]
+    != conv.roles[0]: # Skip the first one if it is not from human; source = source[1:]``. The
+    row is kept without its leading assistant turn(s), and the data check's report counts them."""
+    from fixture_paths import FIXTURE_JOBS
+    from training.config import load_job_config
+    from training.data.check import check_data
+
+    hello = {"from": "gpt", "value": "Hello! How can I help?"}
+    records = [{"conversations": [hello, *SHAREGPT[1]["conversations"]]},
+               {"conversations": [SHAREGPT[0]["conversations"][0], hello, hello, *SHAREGPT[1]["conversations"]]}]
+    (tmp_path / "s.jsonl").write_text(_jsonl(records * 20))
+    read = read_documents(str(tmp_path / "s.jsonl"), "sharegpt")
+    assert [d.messages for d in read.documents[:2]] == [SHAREGPT_MESSAGES[1],
+                                                       ({"role": "system", "content": "Be brief."}, *SHAREGPT_MESSAGES[1])]
+    assert (read.dropped_turns, read.bad_records) == (60, 0)
+    job = load_job_config(FIXTURE_JOBS / "local.toml", ["data.kind=sharegpt", f"data.path={tmp_path / 's.jsonl'}"])
+    assert check_data(job).summary.endswith(", 60 leading assistant turns dropped")
+
+
+def test_hf_columns_of_two_conversation_formats_are_refused_and_from_value_messages_get_an_hf_hint(tmp_path):
+    """A row with alpaca's and sharegpt's columns has two readings (it was read as alpaca, the
+    format needing more columns); ``messages`` holding ShareGPT turns in an hf dataset cannot be
+    fixed by data.kind (hf picks the format by column: the column must be ``conversations``)."""
+    _dataset([{**ALPACA[0], **SHAREGPT[1]}]).to_parquet(str(tmp_path / "both.parquet"))
+    with pytest.raises(DataError, match=r"both\.parquet: columns instruction, input, output, id, conversations match "
+                                         r"more than one record format \(alpaca \(instruction, output\); sharegpt "
+                                         r"\(conversations\)\); keep the columns of one"):
+        read_documents(str(tmp_path / "both.parquet"), "hf")
+    _dataset([{"messages": SHAREGPT[1]["conversations"]}]).to_parquet(str(tmp_path / "m.parquet"))
+    with pytest.raises(DataError) as err:
+        read_documents(str(tmp_path / "m.parquet"), "hf")
+    assert str(err.value).endswith("row 1: messages[0] has no 'role' but 'from': ShareGPT turns ({'from', 'value'}) "
+                                   "are read from a 'conversations' field (data.kind 'sharegpt'; in an hf dataset, a "
+                                   "column named 'conversations')")
+    _dataset([{"text": "rendered", **SHAREGPT[1]}]).to_parquet(str(tmp_path / "t.parquet"))  # text: a rendering
+    assert _as_read(str(tmp_path / "t.parquet")) == [SHAREGPT_MESSAGES[1]]
 
 
 def test_chat_records_given_as_sharegpt_turns_point_at_the_sharegpt_kind(tmp_path):
@@ -178,6 +258,64 @@ def test_a_saved_dataset_dict_is_read_from_its_train_split(tmp_path, monkeypatch
     datasets.DatasetDict(validation=test).save_to_disk(str(tmp_path / "nodict"))
     with pytest.raises(DataError, match=r"dataset_dict\.json: a DatasetDict without a 'train' split \(splits: validation\)"):
         read_documents(str(tmp_path / "nodict"), "hf")
+
+
+def test_a_folder_of_files_is_read_from_its_train_split_as_datasets_assigns_splits(tmp_path):
+    """Oracle: huggingface/datasets 5.0.0 src/datasets/data_files.py: ``SPLIT_PATTERN_SHARDED``
+    (l. 41, ``data/{split}-00000-of-00001*.*``) first, then split keywords in folder names, then in
+    file names (``SPLIT_KEYWORDS`` l. 43-47, patterns l. 48-97, ``_get_data_files_patterns``
+    l. 257-297); ``__``-prefixed and hidden folders skipped (l. 190). ``load_dataset`` itself
+    is the oracle for the Hub layout and for its own cache folder (``json-train.arrow`` beside
+    ``json-test.arrow`` and a ``.map`` result ``cache-<hash>.arrow``)."""
+    import datasets
+
+    def texts(tag, n=2):
+        return _dataset([{"text": f"{tag}{i}"} for i in range(n)])
+
+    hub = tmp_path / "hub" / "data"
+    hub.mkdir(parents=True)
+    for split in ("train", "test", "validation"):
+        texts(split).to_parquet(str(hub / f"{split}-00000-of-00001.parquet"))
+    (tmp_path / "hub" / "__skip").mkdir()
+    texts("skipped").to_parquet(str(tmp_path / "hub" / "__skip" / "x.parquet"))
+    oracle = datasets.load_dataset("parquet", data_dir=str(tmp_path / "hub"), cache_dir=str(tmp_path / "c1"))
+    assert _as_read(str(tmp_path / "hub")) == list(oracle["train"]["text"]) == ["train0", "train1"]
+
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.json").write_text(json.dumps([{"text": f"{split}{i}"} for i in range(2)]))
+    built = datasets.load_dataset("json", data_files={s: str(tmp_path / f"{s}.json") for s in ("train", "test")},
+                                  cache_dir=str(tmp_path / "c2"))
+    built["train"].map(lambda row: {"text": row["text"] + " mapped"})  # writes cache-<hash>.arrow beside them
+    folder = built["train"].cache_files[0]["filename"].rsplit("/", 1)[0]
+    assert _as_read(folder) == list(built["train"]["text"]) == ["train0", "train1"]
+
+    only_test = tmp_path / "only_test"
+    only_test.mkdir()
+    texts("v").to_parquet(str(only_test / "dev.parquet"))
+    texts("t").to_parquet(str(only_test / "test.parquet"))
+    with pytest.raises(DataError, match=r"only_test: its files are split \(validation: dev\.parquet; test: "
+                                         r"test\.parquet\) and none is a train split"):
+        read_documents(str(only_test), "hf")
+    caches = tmp_path / "caches"
+    caches.mkdir()
+    for name in ("cache-0a1b.arrow", "cache-2c3d.arrow"):
+        shutil.copy(built["train"].cache_files[0]["filename"], caches / name)
+    with pytest.raises(DataError, match=r"caches: cache-0a1b\.arrow, cache-2c3d\.arrow are datasets cache files"):
+        read_documents(str(caches), "hf")
+
+
+def test_a_saved_dataset_below_the_folder_is_never_read_as_loose_files(tmp_path):
+    """Oracle: datasets 5.0.0 ``load_from_disk`` reads a saved dataset only through its own
+    ``state.json``/``dataset_dict.json`` (arrow_dataset.py l. 2065, dataset_dict.py l. 1432); read
+    as loose files, the parent of a saved DatasetDict mixes its test rows into training."""
+    import datasets
+
+    datasets.DatasetDict(train=_dataset([{"text": "train0"}]),
+                         test=_dataset([{"text": "test0"}])).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError) as err:
+        read_documents(str(tmp_path), "hf")
+    assert str(err.value) == (f"{tmp_path}: holds a saved dataset in dd/ (save_to_disk's state.json / "
+                              "dataset_dict.json); point data.path at that folder, not at a folder above it")
 
 
 def test_parquet_and_arrow_files_pick_the_record_format_by_their_columns(tmp_path):

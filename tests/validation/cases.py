@@ -209,7 +209,7 @@ DATA_CASES = [
      "c.json, line 42: missing field 'output'; found: instruction, response"),
     ("sharegpt-tool-turn", "sharegpt", "c.jsonl",
      _lines([SHAREGPT_OK]) + json.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "tool", "value": "t"}]}) + "\n",
-     [], "c.jsonl, line 41: conversations[1].from is 'tool'; allowed: human, user, gpt"),
+     [], "c.jsonl, line 41: conversations[1].from is 'tool': tool turns are not supported"),
     ("sharegpt-as-alpaca", "alpaca", "c.jsonl", _lines([SHAREGPT_OK]), [],
      "c.jsonl, line 1: missing field 'instruction'; found: conversations"),
     ("non-utf8-text", "text", "c.txt", "caf\u00e9 au lait\n\nanother paragraph\n".encode("latin-1") * 20, [],

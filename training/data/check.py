@@ -130,6 +130,8 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
     size = f"{head_bytes / 1024**2:g} MiB" if head_bytes >= 1024**2 else f"{head_bytes / 1024:g} KiB"
     scope = "read in full" if complete else f"first {size} of each file read"
     bad = f", {reader.result.bad_records} bad records to skip" if reader.result.bad_records else ""
+    if reader.result.dropped_turns:
+        bad += f", {reader.result.dropped_turns} leading assistant turns dropped"
     return DataCheck(checked=True, documents=n, files=len(files), complete=complete,
                      summary=f"{d.path}: {n} {d.kind} documents in {len(files)} file(s), {read} bytes {scope}{bad}")
 

@@ -47,6 +47,8 @@ class ReadResult:
     files: list[str] = field(default_factory=list)
     fingerprint: list[list[Any]] = field(default_factory=list)
     """(uri, size, mtime) of every file read: part of the node-local cache key."""
+    dropped_turns: int = 0
+    """Turns a format drops by its upstream rule (ShareGPT's leading assistant turns), for the report."""
 
 
 class Reader:
@@ -76,7 +78,8 @@ class DataFormat:
     about ``limit`` bytes (None: all); True when the whole file was read."""
     record: Callable[[dict], dict[str, Any]] | None = None
     """For record formats: one record (a JSON object or a table row) -> the :class:`Document`
-    fields (``text`` or ``messages``); raises :class:`BadRecord`."""
+    fields (``text`` or ``messages``; and ``dropped_turns``, counted in :class:`ReadResult`);
+    raises :class:`BadRecord`."""
     columns: tuple[str, ...] = ()
     """The fields that mark a record of this format (how ``hf`` picks the converter for its rows)."""
     conversations: bool = False
@@ -201,6 +204,7 @@ def add_record(reader: Reader, source: str, number: int, value: dict,
     except BadRecord as err:
         reader.bad(source, number, str(err), unit)
         return
+    reader.result.dropped_turns += fields.pop("dropped_turns", 0)
     reader.result.documents.append(Document(source=source, line=number, **fields))
 
 

@@ -10,6 +10,8 @@ from training.data.records import BadRecord, found, record_format, shown
 
 ROLES = ("system", "user", "assistant")
 SHAREGPT_HINT = "ShareGPT turns ({'from', 'value'}): set data.kind = 'sharegpt'"
+SHAREGPT_TURNS_HINT = ("ShareGPT turns ({'from', 'value'}) are read from a 'conversations' field (data.kind "
+                       "'sharegpt'; in an hf dataset, a column named 'conversations')")
 
 
 def conversation(value: Any, name: str = "messages") -> tuple[dict[str, str], ...]:
@@ -23,7 +25,7 @@ def conversation(value: Any, name: str = "messages") -> tuple[dict[str, str], ..
             raise BadRecord(f"{name}[{i}] must be an object with 'role' and 'content', got {type(m).__name__}")
         role, content = m.get("role"), m.get("content")
         if role is None and "from" in m:
-            raise BadRecord(f"{name}[{i}] has no 'role' but 'from': {SHAREGPT_HINT}")
+            raise BadRecord(f"{name}[{i}] has no 'role' but 'from': {SHAREGPT_TURNS_HINT}")
         if role not in ROLES:
             raise BadRecord(f"{name}[{i}].role is {role!r}; allowed: {', '.join(ROLES)}")
         if not isinstance(content, str):

@@ -1,6 +1,6 @@
 """``hf``: Hugging Face datasets as files: a ``Dataset.save_to_disk`` folder, a
-``DatasetDict.save_to_disk`` folder (its ``train`` split), or ``.parquet`` / ``.arrow`` files;
-local or ``s3://``.
+``DatasetDict.save_to_disk`` folder (its ``train`` split), or ``.parquet`` / ``.arrow`` files
+(of a folder, its train split's files: training/data/splits.py); local or ``s3://``.
 
 Read with pyarrow (Ray ships it, so the DLC has it; S3 as everywhere in the job:
 training/data/remote.py), the way ``datasets`` 5.0.0 itself loads a saved dataset:
@@ -10,8 +10,8 @@ names the splits, one folder each. A plain ``.arrow`` file may also be the IPC *
 
 Each row is one record of a record format, chosen once per file from its columns
 (:func:`~training.data.formats.record_formats`: ``messages`` -> chat, ``conversations`` ->
-sharegpt, ``instruction`` + ``output`` -> alpaca, ``text`` -> jsonl's text). Errors name the
-file and the row (1-based within the file).
+sharegpt, ``instruction`` + ``output`` -> alpaca, ``text`` -> jsonl's text; columns of two
+conversation formats are refused). Errors name the file and the row (1-based within the file).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from training.data.records import DataError, DataFormat, Reader, add_record, read_head
 from training.data.remote import RemoteFile, is_s3, list_files, s3_filesystem, split_s3
+from training.data.splits import train_files
 
 SUFFIXES = (".parquet", ".arrow")
 STATE = "state.json"
@@ -57,10 +58,9 @@ def dataset_files(path: str) -> list[RemoteFile]:
             raise DataError(f"{root}/{STATE}: _data_files names {', '.join(missing) or 'no file'}, not in the folder "
                             "(an incomplete save_to_disk copy?)")
         return [by_uri[f"{root}/{n}"] for n in names]
-    files = [f for f in found if f.uri.endswith(SUFFIXES)]
-    if not files:
-        raise FileNotFoundError(f"{path}: no files ending in {'/'.join(SUFFIXES)} and no {STATE}")
-    return files
+    if [f.uri for f in found] == [root]:  # data.path names one file
+        return found
+    return train_files(root, found, SUFFIXES)
 
 
 def _open(f: RemoteFile):
@@ -98,9 +98,15 @@ def _converter(f: RemoteFile, columns: list[str]):
     from training.data.formats import record_formats  # the registry this container reads through
 
     choices = record_formats()
-    for _, fmt in choices:
-        if set(fmt.columns) <= set(columns):
-            return fmt.record
+    matches = [(kind, fmt) for kind, fmt in choices if set(fmt.columns) <= set(columns)]
+    # two conversation formats (alpaca's instruction/output beside sharegpt's conversations) would
+    # be two different readings of one row; a text column beside a conversation is its rendering
+    if len([fmt for _, fmt in matches if fmt.conversations]) > 1:
+        both = "; ".join(f"{kind} ({', '.join(fmt.columns)})" for kind, fmt in matches if fmt.conversations)
+        raise DataError(f"{f.uri}: columns {', '.join(columns)} match more than one record format ({both}); "
+                        "keep the columns of one (e.g. Dataset.remove_columns) and save again")
+    if matches:
+        return matches[0][1].record
     wanted = "; ".join(f"{kind} ({', '.join(fmt.columns)})" for kind, fmt in choices)
     raise DataError(f"{f.uri}: columns {', '.join(columns) or 'none'} match no record format (rows need: {wanted})")
 
