@@ -68,7 +68,9 @@ def _train(job, workdir, *, resume_from="", phase="train"):
 
     torch.manual_seed(0)
     model = build_model(job.model, seq_len=16, on_gpu=False)
-    parallelize(model, build_mesh("full_shard", 1, on_gpu=False), strategy="full_shard", on_gpu=False)
+    # activation checkpointing as the shipped jobs run: recomputed blocks see the same dropout masks
+    parallelize(model, build_mesh("full_shard", 1, on_gpu=False), strategy="full_shard", on_gpu=False,
+                activation_checkpointing=True)
     optimizer = build_optimizer(model, job.train)
     scheduler = build_scheduler(optimizer, job.train)
     trainer = TrainerState(scheduler=scheduler)
@@ -110,6 +112,11 @@ def test_fsdp2_trains_only_the_adapters_checkpoints_hold_only_them_and_resume_is
     assert optim_keys == {f"app.optim.state.{n}.{s}" for n in adapters for s in ("step", "exp_avg", "exp_avg_sq")}
     meta = dcp.FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
     assert {meta[f"app.optim.state.{n}.exp_avg"].properties.dtype for n in adapters} == {torch.float32}
+
+    from training.checkpointing import export_local
+
+    with pytest.raises(RuntimeError, match="a LoRA checkpoint holds the adapters only"):
+        export_local(checkpoint, tmp_path / "offline")  # no base weights to consolidate
 
     resumed, resumed_adapters = _train(job, tmp_path, resume_from=str(checkpoint), phase="resume")
     assert sorted(resumed) == [3, 4]

@@ -146,6 +146,10 @@ def export_local(checkpoint_dir: str | Path, out_dir: str | Path, *, tokenizer_d
     config_path = folder / MODEL_CONFIG
     if not config_path.is_file():
         raise RuntimeError(f"{folder}: no {MODEL_CONFIG} (give CheckpointManager model_config=model.config.to_dict())")
+    stored = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    if any(".lora_A." in key for key in stored):  # no base weights in it: the job rebuilds them
+        raise RuntimeError(f"{folder}: a LoRA checkpoint holds the adapters only; the run's own export "
+                           "has the merged model (<run>/hf) and the adapter (<run>/hf-adapter)")
     config_dict = json.loads(config_path.read_text(encoding="utf-8"))
     config = AutoConfig.for_model(**config_dict)
     dtype = _stored_dtype(folder)
