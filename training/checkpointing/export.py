@@ -116,7 +116,7 @@ def adapter_uri(out_uri: str) -> str:
 
 def write_peft_adapter(out: Path, adapter: dict, lora: dict, base_model: str) -> None:
     """``adapter_config.json`` + ``adapter_model.safetensors`` as peft 0.18.0 writes them
-    (``PeftModel.save_pretrained``: constants.py ``SAFETENSORS_WEIGHTS_NAME``, ``CONFIG_NAME``)."""
+    (peft v0.18.0 ``utils/constants.py`` :349-350 ``SAFETENSORS_WEIGHTS_NAME``, ``CONFIG_NAME``)."""
     from safetensors.torch import save_file
 
     from training.model_transforms.lora import peft_adapter_config

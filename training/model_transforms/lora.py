@@ -32,8 +32,8 @@ BASE_DTYPES = ("bfloat16", "float32")
 ADAPTER_PARTS = ("lora_A", "lora_B")
 BASE_PART = "base_layer"
 PEFT_PREFIX = "base_model.model."
-"""peft's key prefix in ``adapter_model.safetensors`` (peft 0.18.0 ``utils/save_and_load.py``
-``get_peft_model_state_dict``: the PeftModel's names with the adapter name removed)."""
+"""peft's key prefix in ``adapter_model.safetensors`` (peft v0.18.0 ``utils/save_and_load.py``
+``get_peft_model_state_dict`` :331-352: the PeftModel's names with the adapter name removed)."""
 
 
 def settings(options: dict[str, Any]) -> dict[str, Any]:
