@@ -116,6 +116,9 @@ REFUSED = "refused"
 gate); the driver fails the run with it instead of letting Ray retry."""
 EXPORTED = "exported"
 """Summary row key: where the workers wrote the Hugging Face export."""
+EXPORTS = "exports"
+"""Summary row key and run.json field: each export the workers wrote, ``{kind: {"uri", "sha256"}}``
+(kind ``full``, or ``merged`` and ``peft_adapter`` for a LoRA run; training/checkpointing/export.py)."""
 EXPORT_ERROR = "export_error"
 """Summary row key: why the export failed (one line); the run's status is then failed."""
 EVAL_LOSS = "eval_loss"
@@ -211,11 +214,11 @@ RECORD_FIELDS = (
     "exit_code", "error", "command", "failure",
     # identity and what ran (the reproducibility review):
     "source", "manifest_name", "environment_spec", "inputs", "ranks", "nccl_logs", "reproducibility",
-    "verdict", "definitions",
+    "verdict", "definitions", "exports",
 )
 """Every top-level key a finished run.json holds."""
 WORKER_RECORD_FIELDS = ("versions", "ranks", "inputs", "nccl_logs", "transport", "hosts", "data", "throughput",
-                        "eval", "checkpoints")
+                        "eval", "checkpoints", "exports")
 """The run.json fields only the workers can read (what ran on the GPU nodes, what they measured).
 Rank 0 returns them with its summary; the driver, run.json's only writer, merges them once."""
 WORKER_FACTS = "facts"

@@ -278,6 +278,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     log.close()
     if facts is not None:
         facts.update(throughput=contract.throughput_summary(steps), eval={"before": before, "after": after},
+                     exports=summary.get(contract.EXPORTS, {}),
                      checkpoints=[{"step": x.step, "stall_s": x.stall_s, "write_s": x.write_s} for x in ckpt.timings]
                      if ckpt is not None else [])
     if ckpt is None:  # with checkpoints the final checkpoint's report carries these figures

@@ -49,4 +49,4 @@ def export_on_workers(model: torch.nn.Module, ctx: Any, model_config: dict, job:
                                scratch=ctx.checkpoint_root)
     except Exception as err:  # noqa: BLE001 - reported in one line by the driver
         return {contract.EXPORT_ERROR: f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
-    return {contract.EXPORTED: written or out_uri}
+    return {contract.EXPORTED: out_uri, contract.EXPORTS: written or {}}

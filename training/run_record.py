@@ -165,6 +165,7 @@ class RunRecord:
             "throughput": {},
             "eval": {"before": None, "after": None},
             "checkpoints": [],
+            "exports": {},
             "data": {},
             "start_time": _now(),
             "end_time": None,

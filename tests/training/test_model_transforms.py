@@ -1,5 +1,5 @@
-"""The model-transform registry (training/model_transforms/): no transform ships yet (LoRA will be
-the first), so the transform here is defined by the test, as one file added to the folder. The
+"""The model-transform registry (training/model_transforms/): LoRA ships (tests/training/test_lora.py);
+the transform here is defined by the test, as one file added to the folder. The
 job config names it and checks its options in one line; build_model applies it before FSDP2
 shards the model, and a training step under FSDP2 sees it."""
 from __future__ import annotations
@@ -49,16 +49,16 @@ def freeze(tmp_path, monkeypatch):
     sys.modules.pop("training.model_transforms.freeze", None)
 
 
-def test_no_transform_ships_and_an_unknown_one_is_one_line():
-    assert model_transforms.transform_names() == ()
+def test_an_unknown_transform_is_one_line():
+    assert model_transforms.transform_names() == ("lora",)  # the one that ships (tests/training/test_lora.py)
     with pytest.raises(JobConfigError) as err:
-        _job({"name": "lora"})
-    assert str(err.value) == ("jobs/t.toml: model.transforms[0].name: 'lora' is not a model transform (known: none yet; "
+        _job({"name": "qlora"})
+    assert str(err.value) == ("jobs/t.toml: model.transforms[0].name: 'qlora' is not a model transform (known: lora; "
                               "each is a file in training/model_transforms/)")
 
 
 def test_a_transform_file_is_named_and_its_options_checked_by_the_job_config(freeze):
-    assert model_transforms.transform_names() == ("freeze",)
+    assert model_transforms.transform_names() == ("freeze", "lora")
     job = _job({"name": "freeze", "options": {"prefixes": ["model.embed_tokens"]}})
     assert [(t.name, dict(t.options)) for t in job.model.transforms] == [("freeze", {"prefixes": ["model.embed_tokens"]})]
     with pytest.raises(JobConfigError) as err:
@@ -67,7 +67,7 @@ def test_a_transform_file_is_named_and_its_options_checked_by_the_job_config(fre
                               "non-empty list of parameter name prefixes")
     # the driver hands the config to the workers as a table (training/launch.py: job.to_dict())
     assert job_config_from_dict(job.to_dict(), "jobs/t.toml") == job
-    with pytest.raises(JobConfigError, match=r"model\.transforms\[1\]\.name: 'frieze' is not a model transform \(known: freeze;"):
+    with pytest.raises(JobConfigError, match=r"model\.transforms\[1\]\.name: 'frieze' is not a model transform \(known: freeze, lora;"):
         _job({"name": "freeze", "options": {"prefixes": ["x"]}}, {"name": "frieze"})
 
 

@@ -68,9 +68,11 @@ def _upload(target: Path, out_uri: str) -> None:
 
 
 def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, tokenizer_dir: str = "",
-                 scratch: str | Path = "") -> str | None:
+                 scratch: str | Path = "") -> dict[str, dict[str, str]] | None:
     """Export the live (FSDP-sharded) model to ``out_uri``; EVERY rank calls it (the gather is
-    a collective). Rank 0 writes and returns ``out_uri``; the others return None."""
+    a collective). Rank 0 writes and returns ``{kind: {"uri", "sha256"}}``: ``full``, or for a
+    LoRA model ``merged`` (at ``out_uri``) and ``peft_adapter`` (:func:`adapter_uri`); the
+    others return None."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -80,21 +82,63 @@ def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, to
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
+    from training.model_transforms.lora import lora_settings, split_state
+
+    lora = lora_settings(model)
+    adapter = None
+    if lora:  # the merged model (W + scaling * B @ A under the base names) and the peft adapter
+        full, adapter = split_state(full, lora["alpha"] / lora["rank"])
     dtype = export_dtype(model_config, torch.float32)
     config = AutoConfig.for_model(**{k: v for k, v in model_config.items() if k not in ("dtype", "torch_dtype")})
     config.dtype = dtype
     skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
     skeleton.load_state_dict({key: value.to(dtype) for key, value in full.items()})
     del full
+    written = {}
     with tempfile.TemporaryDirectory(prefix="raytrain-export-", dir=str(scratch) or None) as work:
-        target = Path(work) / "hf" if "://" in out_uri else Path(out_uri)
-        if target.exists():
-            shutil.rmtree(target)
-        _write_hf(skeleton, target, tokenizer_dir, getattr(model, "generation_config", None))
-        if "://" in out_uri:
-            _upload(target, out_uri)
+        outputs = [(out_uri, "merged" if lora else "full")] + ([(adapter_uri(out_uri), "peft_adapter")] if lora else [])
+        for uri, kind in outputs:
+            target = Path(work) / kind if "://" in uri else Path(uri)
+            if target.exists():
+                shutil.rmtree(target)
+            if kind == "peft_adapter":
+                write_peft_adapter(target, adapter, lora, model_config.get("_name_or_path") or "")
+            else:
+                _write_hf(skeleton, target, tokenizer_dir, getattr(model, "generation_config", None))
+            written[kind] = {"uri": uri, "sha256": directory_hash(target)}
+            if "://" in uri:
+                _upload(target, uri)
     log.info("exported the model (%s) -> %s", dtype, out_uri)
-    return out_uri
+    return written
+
+
+ADAPTER_SUFFIX = "-adapter"
+
+
+def adapter_uri(out_uri: str) -> str:
+    """Where a LoRA run's peft adapter goes: beside the merged export (``<run>/hf-adapter``)."""
+    return out_uri.rstrip("/") + ADAPTER_SUFFIX
+
+
+def write_peft_adapter(out: Path, adapter: dict, lora: dict, base_model: str) -> None:
+    """``adapter_config.json`` + ``adapter_model.safetensors`` as peft 0.18.0 writes them
+    (peft v0.18.0 ``utils/constants.py`` :349-350 ``SAFETENSORS_WEIGHTS_NAME``, ``CONFIG_NAME``)."""
+    from safetensors.torch import save_file
+
+    from training.model_transforms.lora import peft_adapter_config
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(adapter, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (out / "adapter_config.json").write_text(json.dumps(peft_adapter_config(lora, base_model), indent=2) + "\n",
+                                             encoding="utf-8")
+
+
+def directory_hash(folder: Path) -> str:
+    """The content hash of an exported folder: :func:`training.contract.tree_hash` over its
+    files by relative name (the first 16 hex of a sha256)."""
+    from training.contract import tree_hash
+
+    return tree_hash([(p.relative_to(folder).as_posix(), p) for p in folder.rglob("*") if p.is_file()])
 
 
 def export_local(checkpoint_dir: str | Path, out_dir: str | Path, *, tokenizer_dir: str = "") -> Path:
@@ -108,6 +152,10 @@ def export_local(checkpoint_dir: str | Path, out_dir: str | Path, *, tokenizer_d
     config_path = folder / MODEL_CONFIG
     if not config_path.is_file():
         raise RuntimeError(f"{folder}: no {MODEL_CONFIG} (give CheckpointManager model_config=model.config.to_dict())")
+    stored = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    if any(".lora_A." in key for key in stored):  # no base weights in it: the job rebuilds them
+        raise RuntimeError(f"{folder}: a LoRA checkpoint holds the adapters only; the run's own export "
+                           "has the merged model (<run>/hf) and the adapter (<run>/hf-adapter)")
     config_dict = json.loads(config_path.read_text(encoding="utf-8"))
     config = AutoConfig.for_model(**config_dict)
     dtype = _stored_dtype(folder)

@@ -62,18 +62,29 @@ class ModelOptimizerState(Stateful):
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
+        # Frozen parameters (a LoRA base model) are rebuilt by the job itself, never stored.
+        options = StateDictOptions(ignore_frozen_params=bool(frozen_names(self.model)))
         if self.optimizer is None:
-            return {"model": drop_tied(self.model, get_state_dict(self.model, [])[0])}
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            return {"model": drop_tied(self.model, get_state_dict(self.model, [], options=options)[0])}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
         return {"model": drop_tied(self.model, model_sd), "optim": optim_sd}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         model_sd = restore_tied(self.model, state["model"])
+        frozen = frozen_names(self.model)
         if self.optimizer is None:
-            self.model.load_state_dict(model_sd)
-            return
-        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd,
-                       optim_state_dict=state["optim"], options=StateDictOptions(strict=True))
+            missing = self.model.load_state_dict(model_sd, strict=not frozen).missing_keys
+        else:
+            missing = set_state_dict(self.model, self.optimizer, model_state_dict=model_sd,
+                                     optim_state_dict=state["optim"],
+                                     options=StateDictOptions(strict=not frozen)).missing_keys
+        if set(missing) - frozen:  # only the frozen ones may be absent
+            raise RuntimeError(f"checkpoint lacks trainable parameters: {sorted(set(missing) - frozen)[:5]}")
+
+
+def frozen_names(model: torch.nn.Module) -> set[str]:
+    """Names (state-dict keys) of the parameters that are not trained."""
+    return {name for name, param in model.named_parameters(remove_duplicate=False) if not param.requires_grad}
 
 
 def capture_rng() -> dict[str, Any]:

@@ -16,9 +16,8 @@ A job lists its transforms in order, each with its options (training/config.py:
     options = { ... }
 
 The job config imports this package and the named files to check them, so a transform file
-imports only the standard library at module level (torch inside ``apply``). No transform ships
-yet: LoRA will be the first (tests/training/test_model_transforms.py defines one to test the
-registry).
+imports only the standard library at module level (torch inside ``apply``). ``lora.py`` ships
+(low-rank adapters; tests/training/test_lora.py, test_lora_peft.py).
 """
 from __future__ import annotations
 
