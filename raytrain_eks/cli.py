@@ -3,7 +3,7 @@
 Each sub-command lives in its own module under ``raytrain_eks/commands`` with two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``. Command modules keep heavy imports
 (matplotlib, boto3, torch) inside ``run`` so ``--help`` stays instant. User errors (spec, job config, registry) print one line and exit 2;
-a cluster kubectl cannot reach exits 5; Ctrl-C, SIGTERM and SIGHUP exit 130 after the clean-up
+a cluster kubectl cannot reach exits 5, one that refuses kubectl's request 6; Ctrl-C, SIGTERM and SIGHUP exit 130 after the clean-up
 (one inherited as ignored, as under nohup, stays ignored);
 tracebacks are kept for bugs.
 """
@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     from training.config import JobConfigError
     from training.data.records import DataError
 
-    from raytrain_eks.eks_backend import EXIT_UNREACHABLE, KubectlError
+    from raytrain_eks.eks_backend import KubectlError
     from raytrain_eks.gpu_figures import CalibrationError
+    from raytrain_eks.local_runs import HeadUnreachable
 
     args = build_parser().parse_args(argv)
     module = importlib.import_module(args._module)
@@ -118,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, JobConfigError, DataError, ChartError, CalibrationError) as err:  # JobConfigError covers the model's
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KubectlError as err:
+    except (KubectlError, HeadUnreachable) as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return err.exit_code
     except KeyboardInterrupt:
         _say_on_a_hung_up_terminal(f"\nraytrain-eks {args.command}: interrupted")
         return 130

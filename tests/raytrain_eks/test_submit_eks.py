@@ -397,3 +397,42 @@ def test_every_driver_line_is_shown_once_across_restarts_and_dropped_streams(clu
     assert code in (0, 3), out
     for line in [*preamble, *DRIVER_LOG.splitlines()]:
         assert out.count(line) == 1, (line, out)
+
+
+def test_a_run_stopped_while_submit_follows_it_ends_with_its_verdict_not_exit_5(cluster, tmp_path, capfd):
+    """`raytrain-eks stop RUN` from another terminal deletes the RayJob that this submit follows:
+    a stopped run, not an unreachable cluster. Submit copies what storage has and exits with the
+    verdict's code (docs/submit.md)."""
+    from training.verdict import exit_code, of_record
+
+    cluster.set(stopped_after=0)
+    code = submit(tmp_path, "--name", "smoke-x1")
+    out = capfd.readouterr()
+    assert code == exit_code(of_record(json.loads((FIXTURE_RUN / "run.json").read_text()))), out.out + out.err
+    assert "RayJob smoke-x1: deleted" in out.out and "==> smoke-x1: stopped (RayJob deleted)" in out.out
+    assert (tmp_path / "out" / "run.json").is_file()
+
+
+def test_a_kubectl_refusal_exits_6_and_no_api_server_exits_5(cluster, tmp_path, capfd):
+    """Only a cluster kubectl cannot reach is 5 (retry later); one that answers Forbidden is
+    refused, 6 (docs/submit.md's exit codes)."""
+    from raytrain_eks.eks_backend import EXIT_REFUSED, EXIT_UNREACHABLE
+
+    cluster.set(forbidden=True)
+    assert main(["status", "smoke-f1"]) == EXIT_REFUSED == 6
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "Error from server (Forbidden)" in err
+    assert main(["list"]) == EXIT_REFUSED
+    capfd.readouterr()
+    cluster.set(forbidden=False, unreachable=True)
+    assert main(["status", "smoke-f1"]) == EXIT_UNREACHABLE == 5
+
+
+def test_a_job_path_relative_to_another_directory_is_found(cluster, tmp_path, capfd, monkeypatch):
+    """`cd jobs && raytrain-eks submit smoke.toml --env ../environment.toml`: the user's paths
+    are from the user's directory, though submit plans the job in the repository root."""
+    monkeypatch.chdir(ROOT / "jobs")
+    assert main(["submit", "smoke.toml", "--env", "../environment.toml", "--name", "smoke-r1", "--no-wait",
+                 "--out", str(tmp_path / "out")]) == 0, capfd.readouterr().err
+    assert "RayJob smoke-r1 applied" in capfd.readouterr().out
+    assert "entrypoint" in cluster.state()["rayjobs"]["smoke-r1"]["spec"]
