@@ -164,12 +164,6 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
     if not resume and exists:
         raise ChartError(f"submit: --name: {manifests.run_uri} already holds a run: it would resume it "
                          f"(say so with --resume {manifests.run}, or choose another name)")
-    if upload_if_missing(client, manifests.code_path, manifests.code_uri):
-        print(f"    code archive uploaded: {manifests.code_uri}")
-    else:
-        print(f"    code archive already in the bucket: {manifests.code_uri}")
-    run_inputs.upload(client, uploads, storage_uri, manifests.run)
-    eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
     _refuse_a_live_sibling(manifests, resume=resume)
     existing = eks.get_rayjob(manifests.rayjob_name, manifests.namespace)
     if existing is not None and not resume:
@@ -185,6 +179,13 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
         deployment, job_status = eks.phase(existing)
         raise ChartError(f"submit: --resume: RayJob {manifests.rayjob_name} is still {deployment}"
                          f"{' / ' + job_status if job_status else ''}: raytrain-eks stop {manifests.run} first")
+    # The refusals above come before anything is written: nothing of a refused submit is uploaded.
+    if upload_if_missing(client, manifests.code_path, manifests.code_uri):
+        print(f"    code archive uploaded: {manifests.code_uri}")
+    else:
+        print(f"    code archive already in the bucket: {manifests.code_uri}")
+    run_inputs.upload(client, uploads, storage_uri, manifests.run)
+    eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
     if existing is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.
         # Foreground: wait until its own cluster (a controller reference) is gone too.
