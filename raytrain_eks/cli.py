@@ -3,7 +3,8 @@
 Each sub-command lives in its own module under ``raytrain_eks/commands`` with two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``. Command modules keep heavy imports
 (matplotlib, boto3, torch) inside ``run`` so ``--help`` stays instant. User errors (spec, job config, registry) print one line and exit 2;
-a cluster kubectl cannot reach exits 5; Ctrl-C, SIGTERM and SIGHUP exit 130 after the clean-up;
+a cluster kubectl cannot reach exits 5, one that refuses kubectl's request 6; Ctrl-C, SIGTERM and SIGHUP exit 130 after the clean-up
+(one inherited as ignored, as under nohup, stays ignored);
 tracebacks are kept for bugs.
 """
 from __future__ import annotations
@@ -63,33 +64,54 @@ def _version() -> str:
         return "(not installed)"
 
 
+# The signals that end a command as Ctrl-C does. One inherited as ignored stays ignored (POSIX
+# practice: ``nohup`` ignores SIGHUP, a shell's ``&`` ignores SIGINT, for the program to keep).
+_STOPPING = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
 def _stop_like_ctrl_c(signum: int, frame) -> None:
     """SIGTERM and SIGHUP (a closed terminal, a CI timeout) end a command as Ctrl-C does: the
-    ``with`` blocks that started services stop them. Further signals are ignored meanwhile, so
-    that clean-up runs to its end."""
+    ``with`` blocks that started services stop them. Further signals, a second Ctrl-C included,
+    are ignored meanwhile, so that clean-up runs to its end (a cut-short clean-up orphans the
+    local Ray head)."""
     import signal
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
+    for name in _STOPPING:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     raise KeyboardInterrupt
+
+
+def _handle_stop_signals() -> dict:
+    """Install `_stop_like_ctrl_c` for each stopping signal not inherited as ignored; returns
+    the handlers it replaced, for ``main`` to put back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    before = {}
+    for name in _STOPPING:
+        sig = getattr(signal, name)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            before[sig] = signal.signal(sig, _stop_like_ctrl_c)
+    return before
 
 
 def main(argv: list[str] | None = None) -> int:
     import signal
-    import threading
 
     from charts.errors import ChartError
     from environment import SpecError
     from training.config import JobConfigError
     from training.data.records import DataError
 
-    from raytrain_eks.eks_backend import EXIT_UNREACHABLE, KubectlError
+    from raytrain_eks.eks_backend import KubectlError
     from raytrain_eks.gpu_figures import CalibrationError
+    from raytrain_eks.local_runs import HeadUnreachable
 
     args = build_parser().parse_args(argv)
     module = importlib.import_module(args._module)
-    handled = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
-    before = {sig: signal.signal(sig, _stop_like_ctrl_c) for sig in handled}
+    before = _handle_stop_signals()
     try:
         code = int(module.run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
@@ -97,17 +119,32 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, JobConfigError, DataError, ChartError, CalibrationError) as err:  # JobConfigError covers the model's
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KubectlError as err:
+    except (KubectlError, HeadUnreachable) as err:
         print(f"error: {err}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return err.exit_code
     except KeyboardInterrupt:
-        print(f"\nraytrain-eks {args.command}: interrupted", file=sys.stderr)
+        _say_on_a_hung_up_terminal(f"\nraytrain-eks {args.command}: interrupted")
         return 130
     except BrokenPipeError:
         return _closed_pipe()
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def _say_on_a_hung_up_terminal(line: str) -> None:
+    """Print ``line`` to stderr where the terminal may be gone: after a hangup, writes to the tty
+    fail with EIO (tty(4)); the clean-up already ran, so the exit stays 130. Both streams then
+    point at devnull, so the interpreter's exit flush does not fail either."""
+    import os
+
+    try:
+        sys.stdout.flush()
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            os.dup2(devnull, stream.fileno())
 
 
 def _closed_pipe() -> int:

@@ -47,13 +47,35 @@ its finalizer calls StopJob while ``jobStatus`` is not terminal (:112-138: the j
 checkpoint, within its stop wait) and its own cluster and submitter go with it."""
 
 
-class KubectlError(RuntimeError):
-    """kubectl failed, or talks to no cluster of this environment; the message is one line.
-    The CLI exits :data:`EXIT_UNREACHABLE` for it: not the run's failure (1), the tool's."""
-
-
 EXIT_UNREACHABLE = 5
-"""Exit code of a command that could not reach the cluster (kubectl missing or failing)."""
+"""Exit code of a command that could not reach the cluster (kubectl missing, no API server
+answering, expired credentials, another cluster's context)."""
+EXIT_REFUSED = 6
+"""Exit code of a command whose request the cluster answered with a refusal (Forbidden, an
+invalid object): reachable, so retrying later will not help."""
+
+UNREACHABLE_SIGNS = ("Unable to connect to the server", "connection refused", "was refused", "no such host",
+                     "i/o timeout", "TLS handshake timeout", "Unauthorized", "provide credentials",
+                     "getting credentials", "ExpiredToken", "expired")
+"""kubectl's words for no API server reached, or credentials it could not use (kubernetes/kubectl
+``pkg/cmd/util/helpers.go`` StandardErrorMessage: "Unable to connect to the server: ..." for a
+transport error; client-go's "The connection to the server HOST was refused"; the EKS token's
+exec plugin "getting credentials: ..." and the API server's 401 "the server has asked for the
+client to provide credentials" when the token expired). Any other kubectl failure is a refusal."""
+
+
+class KubectlError(RuntimeError):
+    """kubectl could not reach the cluster, or talks to no cluster of this environment; the
+    message is one line. The CLI exits :attr:`exit_code` for it: not the run's failure (1), the tool's."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+class KubectlRefused(KubectlError):
+    """The cluster answered and refused (kubectl's "Error from server (Forbidden|Invalid|...)",
+    a client-side validation error): exit :data:`EXIT_REFUSED`."""
+
+    exit_code = EXIT_REFUSED
 
 
 
@@ -68,8 +90,10 @@ def kubectl(*args: str, check: bool = True, capture: bool = True) -> subprocess.
         raise KubectlError("kubectl is not on PATH (install it and run the cluster stack's UpdateKubeconfigCommand)")
     proc = subprocess.run([exe, *args], text=True, capture_output=capture)
     if check and proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout or "").strip().splitlines()
-        raise KubectlError(f"kubectl {' '.join(args[:3])}: {lines[-1] if lines else f'exit {proc.returncode}'}")
+        text = (proc.stderr or proc.stdout or "").strip()
+        lines = text.splitlines()
+        kind = KubectlError if any(sign in text for sign in UNREACHABLE_SIGNS) else KubectlRefused
+        raise kind(f"kubectl {' '.join(args[:3])}: {lines[-1] if lines else f'exit {proc.returncode}'}")
     return proc
 
 
@@ -242,17 +266,19 @@ def stream_submitter_log(name: str, namespace: str, *, resync: LogResync, say: C
 
 
 def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], None] = print,
-           stream_logs: bool = True) -> dict[str, Any]:
+           stream_logs: bool = True) -> dict[str, Any] | None:
     """Print each status transition and why pods wait, stream the submitter's log (the driver's
     log: each step's loss, tokens/s and ETA, evaluations, checkpoints) once the job runs, and
-    return the RayJob as it ended."""
+    return the RayJob as it ended; None when it was deleted meanwhile (`raytrain-eks stop`, or
+    kubectl): a stopped run, whose storage holds what it wrote."""
     seen: tuple[Any, ...] = ()
     resync = LogResync()  # the log lines of this attempt already shown
     job_id = None
     while True:
         rayjob = get_rayjob(name, namespace)
         if rayjob is None:
-            raise KubectlError(f"RayJob {name} is gone (deleted: `raytrain-eks stop` or kubectl)")
+            say(f"    RayJob {name}: deleted (raytrain-eks stop, or kubectl): the run was stopped")
+            return None
         deployment, job_status = phase(rayjob)
         status = rayjob.get("status") or {}
         if status.get("jobId") and status["jobId"] != job_id:

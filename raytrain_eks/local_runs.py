@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from raytrain_eks.eks_backend import EXIT_UNREACHABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_DIR = ROOT / ".work" / "runs"
@@ -31,7 +34,7 @@ def register(out_dir: Path, *, run: str, submission_id: str, dashboard_url: str,
     path = out_dir / LIVE
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"run": run, "pid": os.getpid(), "submission_id": submission_id, "dashboard_url": dashboard_url,
+        json.dump({"run": run, "pid": os.getpid(), "pid_started": _started(os.getpid()), "submission_id": submission_id, "dashboard_url": dashboard_url,
                    "auth_env": auth_env, **services}, handle, indent=2)
 
 
@@ -66,14 +69,26 @@ class LocalRun:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def _alive(pid: int) -> bool:
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started, in clock ticks since boot (proc(5): ``/proc/PID/stat``
+    field 22, counted after the parenthesised command name); None where there is no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(pid: int, started: str | None) -> bool:
+    """``pid`` is the submit that wrote ``local.json``: alive, and (where /proc tells) started
+    when it was; a reused pid is another process."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return started is None or _started(pid) in (None, started)
 
 
 def find(run: str, runs_dir: Path | None = None) -> LocalRun | None:
@@ -84,7 +99,7 @@ def find(run: str, runs_dir: Path | None = None) -> LocalRun | None:
         return None
     live = json.loads(path.read_text(encoding="utf-8"))
     pid = int(live.get("pid", 0))
-    return LocalRun(run=run, folder=folder, live=live if pid and _alive(pid) else None)
+    return LocalRun(run=run, folder=folder, live=live if pid and _alive(pid, live.get("pid_started")) else None)
 
 
 def all_runs(runs_dir: Path | None = None) -> Iterator[LocalRun]:
@@ -96,12 +111,41 @@ def all_runs(runs_dir: Path | None = None) -> Iterator[LocalRun]:
             yield found
 
 
-def _client(live: dict[str, Any]):
+class HeadUnreachable(RuntimeError):
+    """A live local run's Ray head does not answer (it died before its submit): one line, and
+    the CLI exits :attr:`exit_code`, as for a cluster kubectl cannot reach."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+@contextmanager
+def _client(found: LocalRun) -> Iterator[Any]:
+    """Ray's ``JobSubmissionClient`` for the run's head. A head that does not answer raises the
+    builtin ConnectionError at construction (ray 2.58 ``dashboard/modules/dashboard_sdk.py``
+    ``_check_connection_and_version``: it re-raises requests' ConnectionError so), and requests'
+    own ConnectionError on a later call: both become :class:`HeadUnreachable`."""
+    import requests
     from ray.job_submission import JobSubmissionClient
 
+    live = found.live or {}
     # The token goes in the request's header (Ray's client caches RAY_AUTH_MODE per process).
     token = live["auth_env"].get("RAY_AUTH_TOKEN", "")
-    return JobSubmissionClient(live["dashboard_url"], headers={"authorization": f"Bearer {token}"} if token else None)
+    try:
+        yield JobSubmissionClient(live["dashboard_url"],
+                                  headers={"authorization": f"Bearer {token}"} if token else None)
+    except requests.exceptions.ConnectionError as err:
+        raise HeadUnreachable(_unreachable(found, err)) from None
+    except ConnectionError as err:
+        if isinstance(err, BrokenPipeError):  # our own stdout's reader left: cli.py answers that
+            raise
+        raise HeadUnreachable(_unreachable(found, err)) from None
+
+
+def _unreachable(found: LocalRun, err: Exception) -> str:
+    live = found.live or {}
+    return (f"local run {found.run}: its Ray head at {live.get('dashboard_url')} does not answer "
+            f"({str(err).splitlines()[0] if str(err) else type(err).__name__}), though its submit "
+            f"(pid {live.get('pid')}) runs: wait for that submit to end, or stop it (kill -INT {live.get('pid')})")
 
 
 def status(found: LocalRun) -> dict[str, str]:
@@ -110,7 +154,8 @@ def status(found: LocalRun) -> dict[str, str]:
     from training.verdict import headline, of_record
 
     if found.live:
-        info = _client(found.live).get_job_info(found.live["submission_id"])
+        with _client(found) as client:
+            info = client.get_job_info(found.live["submission_id"])
         state = f"RUNNING on the local Ray head: Ray job {getattr(info.status, 'value', info.status)}"
         return {"run": found.run, "backend": "local", "status": state, "verdict": "", "folder": str(found.folder)}
     final, record = found.final, found.record
@@ -123,19 +168,19 @@ def log(found: LocalRun, *, follow: bool) -> str | None:
     """The driver's log: from the head while it runs (``follow``: streamed to stdout, returns
     ""), else the copy in the folder; None when neither exists."""
     if found.live:
-        client = _client(found.live)
-        if not follow:
-            return client.get_job_logs(found.live["submission_id"])
-        import asyncio
-        import sys
+        with _client(found) as client:
+            if not follow:
+                return client.get_job_logs(found.live["submission_id"])
+            import asyncio
+            import sys
 
-        async def stream() -> None:
-            async for chunk in client.tail_job_logs(found.live["submission_id"]):
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
+            async def stream() -> None:
+                async for chunk in client.tail_job_logs(found.live["submission_id"]):
+                    sys.stdout.write(chunk)
+                    sys.stdout.flush()
 
-        asyncio.run(stream())
-        return ""
+            asyncio.run(stream())
+            return ""
     path = found.folder / "logs" / "driver.log"
     return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
 
@@ -146,4 +191,5 @@ def stop(found: LocalRun) -> bool:
     wrote and stops the head and the storage. False when the run had already ended."""
     if not found.live:
         return False
-    return bool(_client(found.live).stop_job(found.live["submission_id"]))
+    with _client(found) as client:
+        return bool(client.stop_job(found.live["submission_id"]))

@@ -375,5 +375,15 @@ def tree_hash(files: list[tuple[str, Path]]) -> str:
     the first 16 hex. The content decides, not the zip bytes or file times."""
     digest = hashlib.sha256()
     for name, path in sorted(files):
-        digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+        digest.update(name.encode() + b"\0" + _file_sha256(path))
     return digest.hexdigest()[:16]
+
+
+def _file_sha256(path: Path, chunk: int = 1 << 20) -> bytes:
+    """sha256 of a file read 1 MiB at a time: a model folder's weights are many GB, and reading
+    one whole would hold it all in memory."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.digest()

@@ -47,16 +47,16 @@ def local_rows() -> list[tuple[str, ...]]:
 
 def run(args: argparse.Namespace) -> int:
     from environment import load_environment
-    from raytrain_eks.eks_backend import EXIT_UNREACHABLE, KubectlError, list_rayjobs
+    from raytrain_eks.eks_backend import KubectlError, list_rayjobs
 
     env = load_environment(args.env)
     table = local_rows()
     try:
         table += rows(list_rayjobs(env.ray.namespace))
     except KubectlError as err:
-        print(f"list: the cluster does not answer ({err}): its runs are not listed", file=sys.stderr)
+        print(f"list: the cluster's runs are not listed ({err})", file=sys.stderr)
         if not table:
-            return EXIT_UNREACHABLE
+            return err.exit_code
     if args.output == "json":
         print(json.dumps([dict(zip(COLUMNS, r)) for r in table], indent=2))
         return 0

@@ -83,9 +83,11 @@ def run(args: argparse.Namespace) -> int:
     from environment import load_environment
     from raytrain_eks.run_manifest import ROOT, check_run_name, synth_run, unique_run_name
 
-    job = Path(args.job)
+    # The user's paths are from the user's directory: anchor them before anything runs in ROOT.
+    job = Path(args.job).absolute()
     if not job.is_file():
         raise ChartError(f"submit: {args.job}: no such job file (the jobs are in {ROOT / 'jobs'})")
+    args.env, args.out = str(Path(args.env).absolute()), args.out and str(Path(args.out).absolute())
     if args.local and (args.resume or args.on_cluster):
         flag = "--resume" if args.resume else "--on-cluster"
         raise ChartError(f"submit --local: {flag}: the local run's storage and cluster live for one submit only "
@@ -152,7 +154,7 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
          wait: bool = True) -> int:
     from charts.errors import ChartError
     from raytrain_eks import eks_backend as eks
-    from raytrain_eks.run_results import download_run, finish, run_exists, s3_client, upload_if_missing
+    from raytrain_eks.run_results import run_exists, s3_client, upload_if_missing
 
     client = s3_client(region=manifests.region)
     exists = run_exists(client, manifests.run_uri)
@@ -162,12 +164,6 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
     if not resume and exists:
         raise ChartError(f"submit: --name: {manifests.run_uri} already holds a run: it would resume it "
                          f"(say so with --resume {manifests.run}, or choose another name)")
-    if upload_if_missing(client, manifests.code_path, manifests.code_uri):
-        print(f"    code archive uploaded: {manifests.code_uri}")
-    else:
-        print(f"    code archive already in the bucket: {manifests.code_uri}")
-    run_inputs.upload(client, uploads, storage_uri, manifests.run)
-    eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
     _refuse_a_live_sibling(manifests, resume=resume)
     existing = eks.get_rayjob(manifests.rayjob_name, manifests.namespace)
     if existing is not None and not resume:
@@ -183,6 +179,13 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
         deployment, job_status = eks.phase(existing)
         raise ChartError(f"submit: --resume: RayJob {manifests.rayjob_name} is still {deployment}"
                          f"{' / ' + job_status if job_status else ''}: raytrain-eks stop {manifests.run} first")
+    # The refusals above come before anything is written: nothing of a refused submit is uploaded.
+    if upload_if_missing(client, manifests.code_path, manifests.code_uri):
+        print(f"    code archive uploaded: {manifests.code_uri}")
+    else:
+        print(f"    code archive already in the bucket: {manifests.code_uri}")
+    run_inputs.upload(client, uploads, storage_uri, manifests.run)
+    eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
     if existing is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.
         # Foreground: wait until its own cluster (a controller reference) is gone too.
@@ -194,6 +197,8 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
         return 0
     print(f"    RayJob {manifests.rayjob_name} applied (Ctrl-C detaches; the run goes on)")
     final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s)
+    if final is None:  # stopped: its storage holds what it wrote (a stop keeps the final checkpoint)
+        return _results(client, manifests, out_dir, "stopped (RayJob deleted)")
     deployment, job_status = eks.phase(final)
     if eks.release_after_deadline(manifests.rayjob_name, manifests.namespace, final, print):
         print(f"    submit --resume {manifests.run} continues it (with a longer rayjob.active_deadline_minutes)")
@@ -202,7 +207,14 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
         # cluster ran, so storage has nothing of it; the RayJob stays until deleted.
         raise ChartError(f"submit: KubeRay refused RayJob {manifests.rayjob_name}: "
                          f"{(final.get('status') or {}).get('message', '')} (raytrain-eks stop {manifests.run} removes it)")
-    print(f"==> {manifests.run}: {deployment}{' / ' + job_status if job_status else ''}")
+    return _results(client, manifests, out_dir, f"{deployment}{' / ' + job_status if job_status else ''}")
+
+
+def _results(client, manifests, out_dir: Path, ended: str) -> int:
+    """Copy what the run wrote to storage and exit with its verdict's code; 1 without a record."""
+    from raytrain_eks.run_results import download_run, finish
+
+    print(f"==> {manifests.run}: {ended}")
     copied = download_run(client, manifests.run_uri, out_dir)
     if "run.json" not in copied:
         print(f"submit: the run wrote no run.json to {manifests.run_uri} (raytrain-eks logs {manifests.run})",

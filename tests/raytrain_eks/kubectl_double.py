@@ -44,6 +44,11 @@ Ray job ends the double copies the scripted results into the run's storage, as t
 ``kubectl config view --minify -o json`` answers the current context's cluster entry
 (``context_cluster``; none: kubectl's "current-context must exist in order to minify").
 ``unreachable``: every other call fails as kubectl does when no API server answers.
+``forbidden``: every other call is refused as by RBAC: kubectl prints the API server's Status as
+"Error from server (Forbidden): ..." (kubernetes/kubectl pkg/cmd/util/helpers.go
+StandardErrorMessage; the message text of k8s.io/apiserver's authorization Forbidden) and exits 1.
+``stopped_after``: that many ``get rayjob NAME`` reconciles in Running, then the RayJob is gone,
+as if `raytrain-eks stop` ran in another terminal (the stopped job writes its results first).
 State: the JSON file ``$FAKE_KUBECTL_STATE``; every call is appended to its ``calls``.
 """
 from __future__ import annotations
@@ -186,6 +191,10 @@ def dispatch(state: dict, argv: list[str]) -> int:
         print("The connection to the server localhost:8080 was refused - did you specify the right host or port?",
               file=sys.stderr)
         return 1
+    if state.get("forbidden") and verb != "config":
+        print(f'Error from server (Forbidden): rayjobs.ray.io is forbidden: User "arn:aws:iam::111122223333:user/dev" '
+              f'cannot {verb} resource "rayjobs" in API group "ray.io" in the namespace "ray"', file=sys.stderr)
+        return 1
     if verb == "apply":
         assert "--server-side" in rest, "the KubeRay CRDs need server-side apply"
         for doc in yaml.safe_load_all(Path(_opt(rest, "-f")).read_text()):
@@ -205,6 +214,13 @@ def dispatch(state: dict, argv: list[str]) -> int:
             if job is None:
                 return not_found("rayjobs.ray.io", rest[1])
             reconcile(state, job)
+            fake = job["_fake"]
+            if "stopped_after" in state and (job.get("status") or {}).get("jobDeploymentStatus") == "Running":
+                fake["running_gets"] = fake.get("running_gets", 0) + 1
+                if fake["running_gets"] > state["stopped_after"]:
+                    publish_results(state, job)
+                    del state["rayjobs"][rest[1]]
+                    return not_found("rayjobs.ray.io", rest[1])
             print(json.dumps({k: v for k, v in job.items() if k != "_fake"}))
             return 0
         items = [{k: v for k, v in j.items() if k != "_fake"} for j in state["rayjobs"].values()]

@@ -225,9 +225,10 @@ def test_a_new_run_name_with_a_leftover_rayjob_is_refused(cluster, tmp_path, cap
                                       "status": {"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed"},
                                       "_fake": {"reconciles": 0, "submitter_done": False}}})
     assert submit(tmp_path, "--name", "smoke-l1") == 2
-    err = capfd.readouterr().err
+    out, err = capfd.readouterr()
     assert "RayJob smoke-l1 already exists (ValidationFailed): raytrain-eks stop smoke-l1" in err, err
-    assert not any(c[0] == "apply" and c[-1].endswith("rayjob-smoke-l1.k8s.yaml") for c in cluster.state()["calls"])
+    # refused before anything is written: no upload, no network policy, no RayJob
+    assert "code archive" not in out and not any(c[0] == "apply" for c in cluster.state()["calls"])
 
 
 def test_resume_refuses_a_run_whose_rayjob_is_still_live(cluster, tmp_path, capfd):
@@ -355,10 +356,11 @@ def test_resume_refuses_while_the_other_variant_of_the_run_is_live(cluster, tmp_
                                 "_fake": {"reconciles": 0, "submitter_done": False, "running_since": 0}}},
                 submitter_runs=1000)
     assert submit(tmp_path, "--resume", "smoke-w1", *flags) == 2
-    err = capfd.readouterr().err
+    out, err = capfd.readouterr()
     assert f"RayJob {live} is Running / RUNNING on the same storage {cluster.storage}/smoke-w1: " \
            "raytrain-eks stop smoke-w1 first" in err, err
-    assert not any(c[0] in ("apply", "delete") and "rayjob" in " ".join(c) for c in cluster.state()["calls"])
+    assert not any(c[0] in ("apply", "delete") for c in cluster.state()["calls"])  # nothing written
+    assert "code archive" not in out
 
 
 @pytest.mark.parametrize("flags, rayjob", [((), "smoke-d1"), (("--on-cluster",), "smoke-d1-on-cluster")])
@@ -397,3 +399,42 @@ def test_every_driver_line_is_shown_once_across_restarts_and_dropped_streams(clu
     assert code in (0, 3), out
     for line in [*preamble, *DRIVER_LOG.splitlines()]:
         assert out.count(line) == 1, (line, out)
+
+
+def test_a_run_stopped_while_submit_follows_it_ends_with_its_verdict_not_exit_5(cluster, tmp_path, capfd):
+    """`raytrain-eks stop RUN` from another terminal deletes the RayJob that this submit follows:
+    a stopped run, not an unreachable cluster. Submit copies what storage has and exits with the
+    verdict's code (docs/submit.md)."""
+    from training.verdict import exit_code, of_record
+
+    cluster.set(stopped_after=0)
+    code = submit(tmp_path, "--name", "smoke-x1")
+    out = capfd.readouterr()
+    assert code == exit_code(of_record(json.loads((FIXTURE_RUN / "run.json").read_text()))), out.out + out.err
+    assert "RayJob smoke-x1: deleted" in out.out and "==> smoke-x1: stopped (RayJob deleted)" in out.out
+    assert (tmp_path / "out" / "run.json").is_file()
+
+
+def test_a_kubectl_refusal_exits_6_and_no_api_server_exits_5(cluster, tmp_path, capfd):
+    """Only a cluster kubectl cannot reach is 5 (retry later); one that answers Forbidden is
+    refused, 6 (docs/submit.md's exit codes)."""
+    from raytrain_eks.eks_backend import EXIT_REFUSED, EXIT_UNREACHABLE
+
+    cluster.set(forbidden=True)
+    assert main(["status", "smoke-f1"]) == EXIT_REFUSED == 6
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "Error from server (Forbidden)" in err
+    assert main(["list"]) == EXIT_REFUSED
+    capfd.readouterr()
+    cluster.set(forbidden=False, unreachable=True)
+    assert main(["status", "smoke-f1"]) == EXIT_UNREACHABLE == 5
+
+
+def test_a_job_path_relative_to_another_directory_is_found(cluster, tmp_path, capfd, monkeypatch):
+    """`cd jobs && raytrain-eks submit smoke.toml --env ../environment.toml`: the user's paths
+    are from the user's directory, though submit plans the job in the repository root."""
+    monkeypatch.chdir(ROOT / "jobs")
+    assert main(["submit", "smoke.toml", "--env", "../environment.toml", "--name", "smoke-j1", "--no-wait",
+                 "--out", str(tmp_path / "out")]) == 0, capfd.readouterr().err
+    assert "RayJob smoke-j1 applied" in capfd.readouterr().out
+    assert "entrypoint" in cluster.state()["rayjobs"]["smoke-j1"]["spec"]
