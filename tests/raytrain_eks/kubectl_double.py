@@ -33,7 +33,8 @@ Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
   :1234-1246): ``Failed`` with ``reason = DeadlineExceeded``; ``jobStatus`` keeps the last value
   (RUNNING): the Ray job is not stopped.
 - delete: a RayJob whose jobStatus is not terminal gets StopJob on its Ray job first (the
-  finalizer, rayjob_controller.go:112-137); the double records the stopped job id.
+  finalizer, rayjob_controller.go:112-137); the double records the stopped job id, except under
+  ``--cascade=foreground`` when the RayJob owns its cluster (the collector deletes it first).
 
 The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log, behind
 ``submit_preamble`` on the first pod only (with ``submitter_restarts``, the first streams end
@@ -258,15 +259,20 @@ def dispatch(state: dict, argv: list[str]) -> int:
             job = state["rayjobs"].pop(name, None)
             if job is None:
                 return not_found("rayjobs.ray.io", name)
-            if (job.get("status") or {}).get("jobStatus") not in TERMINAL_JOB:
-                state.setdefault("stopped_jobs", []).append(job.get("status", {}).get("jobId", ""))
             # its own RayCluster is a controller reference of the RayJob (rayjob_controller.go:1021):
-            # the garbage collector deletes it (before the RayJob goes with --cascade=foreground);
-            # a clusterSelector cluster is not owned and stays
+            # the garbage collector deletes it; a clusterSelector cluster is not owned and stays.
+            # With --cascade=foreground the collector deletes the owned cluster while the RayJob
+            # waits for its dependents, racing KubeRay's finalizer: the double takes the losing
+            # order (the head is gone before StopJob reaches it, so the job is not stopped).
+            # Background (the default): the finalizer's StopJob runs before the RayJob goes and
+            # the collector deletes the cluster after it (rayjob_controller.go:112-138).
             cluster = (job.get("status") or {}).get("rayClusterName")
-            if cluster and not job["spec"].get("clusterSelector"):
-                state.setdefault("deleted_clusters", []).append(
-                    {"cluster": cluster, "foreground": "--cascade=foreground" in rest})
+            owned = bool(cluster) and not job["spec"].get("clusterSelector")
+            foreground = "--cascade=foreground" in rest
+            if (job.get("status") or {}).get("jobStatus") not in TERMINAL_JOB and not (owned and foreground):
+                state.setdefault("stopped_jobs", []).append(job.get("status", {}).get("jobId", ""))
+            if owned:
+                state.setdefault("deleted_clusters", []).append({"cluster": cluster, "foreground": foreground})
             return 0
         if kind == "networkpolicy":
             if state.get("policies", {}).pop(name, None) is None and "--ignore-not-found" not in rest:

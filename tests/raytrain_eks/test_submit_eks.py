@@ -157,8 +157,11 @@ def test_status_list_logs_and_stop(cluster, tmp_path, capfd):
     assert "stopped smoke-c1" in capfd.readouterr().out
     state = cluster.state()
     assert "smoke-c1" not in state["rayjobs"] and state["stopped_jobs"] == ["smoke-c1-abcde"]
-    # its own cluster went with it, and stop waited for that (foreground deletion)
-    assert state["deleted_clusters"] == [{"cluster": "smoke-c1-x7k2p", "foreground": True}]
+    # background deletion: KubeRay's finalizer stops the Ray job before the garbage collector
+    # deletes the RayJob's own cluster (rayjob_controller.go:112-138, 1021); foreground would
+    # let the collector delete the cluster first (kubectl_double.py)
+    assert ["delete", "rayjob", "smoke-c1", "-n", "ray", "--cascade=background", "--wait=true"] in state["calls"]
+    assert state["deleted_clusters"] == [{"cluster": "smoke-c1-x7k2p", "foreground": False}]
     assert "ray-rayjob-smoke-c1" not in state.get("policies", {})
     assert main(["stop", "smoke-c1"]) == 2
 
