@@ -48,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     # RayJob waits, racing KubeRay's finalizer, whose StopJob then finds no head
     # (rayjob_controller.go:112-138). Background: StopJob first, the RayJob goes, then the
     # collector deletes its cluster. A clusterSelector cluster is not owned: it stays.
+    from raytrain_eks.ray_stop import stop_ray_job_first
+
+    stop_ray_job_first(found[1], namespace, print)  # its own cluster: a full stop wait, not ~30 s
     eks.kubectl("delete", "rayjob", found[0], "-n", namespace, "--cascade=background", "--wait=true")
     policy = ray_cluster_policy(rayjob_label(args.run), namespace)["metadata"]["name"]
     eks.kubectl("delete", "networkpolicy", policy, "-n", namespace, "--ignore-not-found")

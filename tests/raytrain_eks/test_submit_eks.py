@@ -372,7 +372,29 @@ def test_a_deadline_deletes_the_rayjob_so_its_job_stops_and_its_gpus_go(cluster,
     out = capfd.readouterr().out
     assert f"DeadlineExceeded: RayJob {rayjob} deleted, so KubeRay stops its Ray job (final checkpoint)" in out, out
     state = cluster.state()
-    assert rayjob not in state["rayjobs"] and state["stopped_jobs"] == [f"{rayjob}-abcde"]
+    assert rayjob not in state["rayjobs"]
+    if flags:  # a clusterSelector cluster stays: KubeRay's StopJob has the job's full stop wait
+        assert state["stopped_jobs"] == [f"{rayjob}-abcde"] and "ray_stopped_jobs" not in state
+    else:
+        _assert_stopped_through_ray_before_the_delete(state, rayjob)
+
+
+def _assert_stopped_through_ray_before_the_delete(state, rayjob):
+    """On a run's OWN cluster KubeRay v1.7.0's finalizer calls StopJob, which returns at once,
+    and drops the finalizer in the same reconcile (rayjob_controller.go:112-138); the owned
+    RayCluster is deleted and `ray start --block` drains only RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
+    = 30 s (ray 2.58 _private/ray_constants.py:40, _private/node.py:629-664) before the driver
+    dies. So the Ray job is stopped through Ray (`ray job stop` waits until it is terminal,
+    dashboard/modules/job/cli.py:448-466) BEFORE the RayJob is deleted. Before the fix there was
+    no exec and the RayJob was deleted with its job RUNNING."""
+    calls = state["calls"]
+    execs = [i for i, c in enumerate(calls) if c[0] == "exec" and c[-1] == f"{rayjob}-abcde"]
+    deletes = [i for i, c in enumerate(calls) if c[:3] == ["delete", "rayjob", rayjob]]
+    assert execs and deletes and execs[0] < deletes[0], calls
+    assert calls[execs[0]][:6] == ["exec", f"svc/{rayjob}-x7k2p-head-svc", "-n", "ray", "-c", "ray-head"]
+    assert state["ray_stopped_jobs"] == [f"{rayjob}-abcde"]
+    assert state["deleted_rayjobs"] == [{"name": rayjob, "jobStatus": "STOPPED"}]
+    assert "stopped_jobs" not in state  # KubeRay's StopJob found the job terminal already
 
 
 def test_status_deletes_a_rayjob_past_its_deadline(cluster, tmp_path, capfd):
@@ -400,3 +422,17 @@ def test_every_driver_line_is_shown_once_across_restarts_and_dropped_streams(clu
     assert code in (0, 3), out
     for line in [*preamble, *DRIVER_LOG.splitlines()]:
         assert out.count(line) == 1, (line, out)
+
+
+def test_stop_stops_the_ray_job_through_its_head_before_deleting_its_rayjob(cluster, capfd):
+    """`raytrain-eks stop` of a RUNNING job on its own cluster (see
+    _assert_stopped_through_ray_before_the_delete for the upstream rules)."""
+    spec = {"entrypoint": "python -m training", "runtimeEnvYAML": "env_vars:\n  RAY_JOB_STOP_WAIT_TIME_S: '150'\n"}
+    cluster.set(submitter_runs=1000, rayjobs={"smoke-s1": {
+        "kind": "RayJob", "metadata": {"name": "smoke-s1"}, "spec": spec,
+        "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "jobId": "smoke-s1-abcde",
+                   "rayClusterName": "smoke-s1-x7k2p", "dashboardURL": "smoke-s1-x7k2p-head-svc:8265"},
+        "_fake": {"reconciles": 0, "submitter_done": False, "running_since": 0}}})
+    assert main(["stop", "smoke-s1"]) == 0
+    assert "stopping Ray job smoke-s1-abcde through its head (final checkpoint; at most 210 s)" in capfd.readouterr().out
+    _assert_stopped_through_ray_before_the_delete(cluster.state(), "smoke-s1")
