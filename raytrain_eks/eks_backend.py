@@ -47,6 +47,8 @@ its finalizer calls StopJob while ``jobStatus`` is not terminal (:112-138: the j
 checkpoint, within its stop wait) and its own cluster and submitter go with it."""
 
 
+TERMINAL_JOB_STATUSES = ("SUCCEEDED", "FAILED", "STOPPED")
+"""Ray's terminal job states (ray 2.58 ``dashboard/modules/job/common.py`` ``JobStatus.is_terminal``)."""
 EXIT_UNREACHABLE = 5
 """Exit code of a command that could not reach the cluster (kubectl missing, no API server
 answering, expired credentials, another cluster's context)."""
@@ -78,17 +80,17 @@ class KubectlRefused(KubectlError):
     exit_code = EXIT_REFUSED
 
 
-
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments every command about one submitted run takes (status, logs, stop)."""
     parser.add_argument("run", metavar="RUN", help="the run's name (printed by submit; raytrain-eks list)")
     parser.add_argument("--env", default="environment.toml", help="environment spec (default environment.toml)")
 
-def kubectl(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
+
+def kubectl(*args: str, check: bool = True, capture: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
     exe = shutil.which("kubectl")
     if exe is None:
         raise KubectlError("kubectl is not on PATH (install it and run the cluster stack's UpdateKubeconfigCommand)")
-    proc = subprocess.run([exe, *args], text=True, capture_output=capture)
+    proc = subprocess.run([exe, *args], text=True, capture_output=capture, timeout=timeout)
     if check and proc.returncode != 0:
         text = (proc.stderr or proc.stdout or "").strip()
         lines = text.splitlines()
@@ -145,17 +147,6 @@ def phase(rayjob: dict[str, Any]) -> tuple[str, str]:
     """``(jobDeploymentStatus, jobStatus)`` with New for the empty deployment status."""
     status = rayjob.get("status") or {}
     return status.get("jobDeploymentStatus") or NEW, status.get("jobStatus") or ""
-
-
-def release_after_deadline(name: str, namespace: str, rayjob: dict[str, Any], say: Callable[[str], None]) -> bool:
-    """Delete a RayJob that failed on a deadline (:data:`DEADLINE_REASONS`); True if it did."""
-    status = rayjob.get("status") or {}
-    if status.get("jobDeploymentStatus") != "Failed" or status.get("reason") not in DEADLINE_REASONS:
-        return False
-    kubectl("delete", "rayjob", name, "-n", namespace, "--wait=false", "--ignore-not-found")
-    say(f"    {status['reason']}: RayJob {name} deleted, so KubeRay stops its Ray job (final checkpoint) "
-        "and its GPUs are freed; its checkpoints stay")
-    return True
 
 
 def apply(path: str) -> None:
@@ -299,7 +290,7 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
             if status.get("reason") or status.get("message"):
                 say(f"    {status.get('reason', '')}: {status.get('message', '')}".rstrip(": "))
             return rayjob
-        if deployment == "Running" and stream_logs and job_status not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        if deployment == "Running" and stream_logs and job_status not in TERMINAL_JOB_STATUSES:
             # The submitter's log follows the driver's log to its end. kubectl exits 0 when the
             # submitter's container exits, whatever its code; KubeRay's submitter Job restarts a
             # failed one (backoffLimit 2, rayjob_controller.go:718) and the new pod runs

@@ -40,3 +40,14 @@ def run_time_limit_seconds(active_deadline_minutes: int, checkpoint_grace_second
     start, before the cluster exists, so the job's own limit may end later than KubeRay's; it
     is what stops a ``clusterSelector`` job, which KubeRay only marks failed. At least one minute."""
     return max(60, active_deadline_minutes * 60 - stop_wait_seconds(checkpoint_grace_seconds))
+
+
+
+def driver_exit_code(status: str, code: int, time_limit_reached: bool) -> int:
+    """The driver's exit code once its run has ended (``status``, ``code``: run.json's): a run
+    its OWN time limit stopped (after its final checkpoint) ends cleanly with 0, never the
+    stop's 143. KubeRay v1.7.0 retries a RayJob whose driver failed while ``backoffLimit``
+    allows (rayjob_controller.go:531-555; only a DeadlineExceeded failure is exempt, :543), so a
+    non-zero exit would give the job a second full time limit. A stop from outside (SIGTERM:
+    ``raytrain-eks stop``) keeps its code."""
+    return 0 if time_limit_reached and status == "stopped" else code

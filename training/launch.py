@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from training import contract, run_logs, verdict
 from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
-from training.deadlines import run_time_limit_seconds
+from training.deadlines import driver_exit_code, run_time_limit_seconds
 from training.facts import NCCL_ENV_PREFIXES
 from training.run_record import RunRecord
 from training.verdict import outcome
@@ -295,4 +295,5 @@ def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
     print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED
                          else verdict.headline(judged)), flush=True)
     run_logs.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_logs.py
-    return final["exit_code"]
+    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/deadlines.py)
+    return driver_exit_code(final["status"], final["exit_code"], checkpointing.time_limit_reached())

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from environment import load_environment
     from raytrain_eks import eks_backend as eks
+    from raytrain_eks.ray_stop import release_after_deadline
 
     env = load_environment(args.env)
     found = eks.find_rayjob(args.run, env.ray.namespace)
@@ -54,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
     fields["storage"] = f"{env.storage_uri}/{args.run}"
     _print(fields, args.output)
     # a RayJob past its deadline is deleted so its Ray job stops (KubeRay only marks it Failed)
-    eks.release_after_deadline(found[0], env.ray.namespace, rayjob,
+    release_after_deadline(found[0], env.ray.namespace, rayjob,
                                print if args.output == "text" else (lambda line: print(line, file=sys.stderr)))
     return 0

@@ -154,6 +154,7 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
          wait: bool = True) -> int:
     from charts.errors import ChartError
     from raytrain_eks import eks_backend as eks
+    from raytrain_eks.ray_stop import release_after_deadline
     from raytrain_eks.run_results import run_exists, s3_client, upload_if_missing
 
     client = s3_client(region=manifests.region)
@@ -200,7 +201,7 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
     if final is None:  # stopped: its storage holds what it wrote (a stop keeps the final checkpoint)
         return _results(client, manifests, out_dir, "stopped (RayJob deleted)")
     deployment, job_status = eks.phase(final)
-    if eks.release_after_deadline(manifests.rayjob_name, manifests.namespace, final, print):
+    if release_after_deadline(manifests.rayjob_name, manifests.namespace, final, print):
         print(f"    submit --resume {manifests.run} continues it (with a longer rayjob.active_deadline_minutes)")
     if deployment == "ValidationFailed":
         # KubeRay refused the spec before creating anything (rayjob_controller.go:144-161): no

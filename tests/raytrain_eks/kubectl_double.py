@@ -33,7 +33,13 @@ Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
   :1234-1246): ``Failed`` with ``reason = DeadlineExceeded``; ``jobStatus`` keeps the last value
   (RUNNING): the Ray job is not stopped.
 - delete: a RayJob whose jobStatus is not terminal gets StopJob on its Ray job first (the
-  finalizer, rayjob_controller.go:112-137); the double records the stopped job id.
+  finalizer, rayjob_controller.go:112-137); the double records the stopped job id, except under
+  ``--cascade=foreground`` when the RayJob owns its cluster (the collector deletes it first).
+- ``kubectl exec svc/<cluster>-head-svc -c ray-head -- ray job stop --address A ID``: Ray 2.58's
+  CLI asks the supervisor to stop the job and returns once it is terminal
+  (``dashboard/modules/job/cli.py:448-466``): the double sets ``jobStatus = STOPPED`` at once
+  and records the id in ``ray_stopped_jobs``; every RayJob deletion records the jobStatus it had
+  (``deleted_rayjobs``), so a test sees whether the Ray job was terminal before the delete.
 
 The submitter's log (``kubectl logs -f job/NAME``) prints the scripted driver log, behind
 ``submit_preamble`` on the first pod only (with ``submitter_restarts``, the first streams end
@@ -268,21 +274,45 @@ def dispatch(state: dict, argv: list[str]) -> int:
         print(json.dumps({"kind": "Config", "current-context": "ctx",
                           "contexts": [{"name": "ctx", "context": {"cluster": state["context_cluster"]}}]}))
         return 0
+    if verb == "exec":
+        # `kubectl exec svc/<cluster>-head-svc -c ray-head -- ray job stop --address A ID`: Ray's
+        # CLI stops the job and polls until it is terminal (ray 2.58 dashboard/modules/job/cli.py:448-466)
+        target, command = rest[0], rest[rest.index("--") + 1:]
+        jobs = [j for j in state["rayjobs"].values() if f"svc/{(j.get('status') or {}).get('rayClusterName')}-head-svc" == target]
+        if not jobs:
+            print(f'Error from server (NotFound): services "{target[4:]}" not found', file=sys.stderr)
+            return 1
+        if command[:3] == ["ray", "job", "stop"] and "--no-wait" not in command:
+            job = next((j for j in jobs if j["status"].get("jobId") == command[-1]), None)
+            if job is None:
+                print(f"RuntimeError: Job {command[-1]} does not exist", file=sys.stderr)
+                return 1
+            if job["status"].get("jobStatus") not in TERMINAL_JOB:
+                job["status"]["jobStatus"] = "STOPPED"
+            state.setdefault("ray_stopped_jobs", []).append(command[-1])
+            print(f"Job '{command[-1]}' was stopped")
+            return 0
     if verb == "delete":
         kind, name = rest[0], rest[1]
         if kind == "rayjob":
             job = state["rayjobs"].pop(name, None)
             if job is None:
                 return not_found("rayjobs.ray.io", name)
-            if (job.get("status") or {}).get("jobStatus") not in TERMINAL_JOB:
-                state.setdefault("stopped_jobs", []).append(job.get("status", {}).get("jobId", ""))
+            state.setdefault("deleted_rayjobs", []).append({"name": name, "jobStatus": (job.get("status") or {}).get("jobStatus")})
             # its own RayCluster is a controller reference of the RayJob (rayjob_controller.go:1021):
-            # the garbage collector deletes it (before the RayJob goes with --cascade=foreground);
-            # a clusterSelector cluster is not owned and stays
+            # the garbage collector deletes it; a clusterSelector cluster is not owned and stays.
+            # With --cascade=foreground the collector deletes the owned cluster while the RayJob
+            # waits for its dependents, racing KubeRay's finalizer: the double takes the losing
+            # order (the head is gone before StopJob reaches it, so the job is not stopped).
+            # Background (the default): the finalizer's StopJob runs before the RayJob goes and
+            # the collector deletes the cluster after it (rayjob_controller.go:112-138).
             cluster = (job.get("status") or {}).get("rayClusterName")
-            if cluster and not job["spec"].get("clusterSelector"):
-                state.setdefault("deleted_clusters", []).append(
-                    {"cluster": cluster, "foreground": "--cascade=foreground" in rest})
+            owned = bool(cluster) and not job["spec"].get("clusterSelector")
+            foreground = "--cascade=foreground" in rest
+            if (job.get("status") or {}).get("jobStatus") not in TERMINAL_JOB and not (owned and foreground):
+                state.setdefault("stopped_jobs", []).append(job.get("status", {}).get("jobId", ""))
+            if owned:
+                state.setdefault("deleted_clusters", []).append({"cluster": cluster, "foreground": foreground})
             return 0
         if kind == "networkpolicy":
             if state.get("policies", {}).pop(name, None) is None and "--ignore-not-found" not in rest:

@@ -157,8 +157,11 @@ def test_status_list_logs_and_stop(cluster, tmp_path, capfd):
     assert "stopped smoke-c1" in capfd.readouterr().out
     state = cluster.state()
     assert "smoke-c1" not in state["rayjobs"] and state["stopped_jobs"] == ["smoke-c1-abcde"]
-    # its own cluster went with it, and stop waited for that (foreground deletion)
-    assert state["deleted_clusters"] == [{"cluster": "smoke-c1-x7k2p", "foreground": True}]
+    # background deletion: KubeRay's finalizer stops the Ray job before the garbage collector
+    # deletes the RayJob's own cluster (rayjob_controller.go:112-138, 1021); foreground would
+    # let the collector delete the cluster first (kubectl_double.py)
+    assert ["delete", "rayjob", "smoke-c1", "-n", "ray", "--cascade=background", "--wait=true"] in state["calls"]
+    assert state["deleted_clusters"] == [{"cluster": "smoke-c1-x7k2p", "foreground": False}]
     assert "ray-rayjob-smoke-c1" not in state.get("policies", {})
     assert main(["stop", "smoke-c1"]) == 2
 
@@ -371,7 +374,29 @@ def test_a_deadline_deletes_the_rayjob_so_its_job_stops_and_its_gpus_go(cluster,
     out = capfd.readouterr().out
     assert f"DeadlineExceeded: RayJob {rayjob} deleted, so KubeRay stops its Ray job (final checkpoint)" in out, out
     state = cluster.state()
-    assert rayjob not in state["rayjobs"] and state["stopped_jobs"] == [f"{rayjob}-abcde"]
+    assert rayjob not in state["rayjobs"]
+    if flags:  # a clusterSelector cluster stays: KubeRay's StopJob has the job's full stop wait
+        assert state["stopped_jobs"] == [f"{rayjob}-abcde"] and "ray_stopped_jobs" not in state
+    else:
+        _assert_stopped_through_ray_before_the_delete(state, rayjob)
+
+
+def _assert_stopped_through_ray_before_the_delete(state, rayjob):
+    """On a run's OWN cluster KubeRay v1.7.0's finalizer calls StopJob, which returns at once,
+    and drops the finalizer in the same reconcile (rayjob_controller.go:112-138); the owned
+    RayCluster is deleted and `ray start --block` drains only RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
+    = 30 s (ray 2.58 _private/ray_constants.py:40, _private/node.py:629-664) before the driver
+    dies. So the Ray job is stopped through Ray (`ray job stop` waits until it is terminal,
+    dashboard/modules/job/cli.py:448-466) BEFORE the RayJob is deleted. Before the fix there was
+    no exec and the RayJob was deleted with its job RUNNING."""
+    calls = state["calls"]
+    execs = [i for i, c in enumerate(calls) if c[0] == "exec" and c[-1] == f"{rayjob}-abcde"]
+    deletes = [i for i, c in enumerate(calls) if c[:3] == ["delete", "rayjob", rayjob]]
+    assert execs and deletes and execs[0] < deletes[0], calls
+    assert calls[execs[0]][:6] == ["exec", f"svc/{rayjob}-x7k2p-head-svc", "-n", "ray", "-c", "ray-head"]
+    assert state["ray_stopped_jobs"] == [f"{rayjob}-abcde"]
+    assert state["deleted_rayjobs"] == [{"name": rayjob, "jobStatus": "STOPPED"}]
+    assert "stopped_jobs" not in state  # KubeRay's StopJob found the job terminal already
 
 
 def test_status_deletes_a_rayjob_past_its_deadline(cluster, tmp_path, capfd):
@@ -438,3 +463,17 @@ def test_a_job_path_relative_to_another_directory_is_found(cluster, tmp_path, ca
                  "--out", str(tmp_path / "out")]) == 0, capfd.readouterr().err
     assert "RayJob smoke-j1 applied" in capfd.readouterr().out
     assert "entrypoint" in cluster.state()["rayjobs"]["smoke-j1"]["spec"]
+
+
+def test_stop_stops_the_ray_job_through_its_head_before_deleting_its_rayjob(cluster, capfd):
+    """`raytrain-eks stop` of a RUNNING job on its own cluster (see
+    _assert_stopped_through_ray_before_the_delete for the upstream rules)."""
+    spec = {"entrypoint": "python -m training", "runtimeEnvYAML": "env_vars:\n  RAY_JOB_STOP_WAIT_TIME_S: '150'\n"}
+    cluster.set(submitter_runs=1000, rayjobs={"smoke-s1": {
+        "kind": "RayJob", "metadata": {"name": "smoke-s1"}, "spec": spec,
+        "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "jobId": "smoke-s1-abcde",
+                   "rayClusterName": "smoke-s1-x7k2p", "dashboardURL": "smoke-s1-x7k2p-head-svc:8265"},
+        "_fake": {"reconciles": 0, "submitter_done": False, "running_since": 0}}})
+    assert main(["stop", "smoke-s1"]) == 0
+    assert "stopping Ray job smoke-s1-abcde through its head (final checkpoint; at most 210 s)" in capfd.readouterr().out
+    _assert_stopped_through_ray_before_the_delete(cluster.state(), "smoke-s1")

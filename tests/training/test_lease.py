@@ -82,3 +82,59 @@ def test_a_trainer_that_lost_its_run_seals_and_reports_nothing(tmp_path):
     folder = tmp_path / "node" / "run" / "checkpoint_00000002" / "rank_0"
     assert not (folder / "COMPLETE.json").exists()
     assert json.loads((tmp_path / "storage" / "run" / "LEASE.json").read_text())["attempt"] == "attempt-b"
+
+
+class _FlakyReads:
+    """A pyarrow filesystem whose next ``failures`` reads raise OSError, as pyarrow's S3 client
+    does once its own retries are spent (pyarrow 2x ``S3FileSystem``: a missing key is
+    FileNotFoundError, any other error an OSError)."""
+
+    def __init__(self, fs, failures: int):
+        self.fs, self.failures = fs, failures
+
+    def open_input_stream(self, path):
+        if self.failures:
+            self.failures -= 1
+            raise OSError("When reading information for key 'run/LEASE.json': AWS Error NETWORK_CONNECTION")
+        return self.fs.open_input_stream(path)
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+
+def _flaky(monkeypatch, failures: int) -> _FlakyReads:
+    from training.checkpointing import lease as lease_module
+
+    monkeypatch.setattr(lease_module, "READ_RETRY_S", 0.0)
+    real = lease_module.filesystem_for
+    flaky = _FlakyReads(None, failures)
+
+    def filesystem_for(uri):
+        fs, path = real(uri)
+        flaky.fs = fs
+        return flaky, path
+
+    monkeypatch.setattr(lease_module, "filesystem_for", filesystem_for)
+    return flaky
+
+
+def test_an_unreadable_lease_is_not_an_absent_one(tmp_path, monkeypatch):
+    """Before the fix Lease.read() took any OSError for "no lease": a second trainer took over a
+    live holder's lease, and the holder's renew reported it gone (keep_renewed then stopped)."""
+    from training.checkpointing.lease import READ_TRIES, LeaseUnreadable
+
+    first, second = _lease(tmp_path / "run", "a"), _lease(tmp_path / "run", "b")
+    first.acquire(now=1000.0)
+    flaky = _flaky(monkeypatch, failures=READ_TRIES)
+    with pytest.raises(LeaseHeld, match="refusing to start: lease .* could not be read"):
+        second.acquire(now=1010.0)  # fails closed: writes nothing
+    flaky.failures = READ_TRIES
+    with pytest.raises(LeaseUnreadable):  # an OSError: keep_renewed logs it and beats again
+        first.renew()
+    assert first.problem() is None and first.read()["attempt"] == "attempt-a"
+    flaky.failures = READ_TRIES - 1  # a passing error is retried away
+    assert first.renew() is None
+    flaky.failures = READ_TRIES
+    with pytest.raises(LeaseHeld):
+        second.acquire(now=1000.0 + LEASE_TTL_S)  # even an expired-looking run is not taken blind
+    assert first.read()["attempt"] == "attempt-a"

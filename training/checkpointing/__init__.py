@@ -63,7 +63,7 @@ from training.checkpointing.marker import MARKER_NAME, completeness_problem, is_
 from training.checkpointing.restore import restore
 from training.checkpointing.run_policy import ExistingRunError, ResumePlan, plan_resume
 from training.checkpointing.signals import (forward_driver_sigterm, install_worker_handler, request_stop,
-                                            stop_driver_after, stop_requested)
+                                            stop_driver_after, stop_requested, time_limit_reached)
 from training.checkpointing.state import TrainerState
 from training.checkpointing.storage import copy_report, find_latest_complete, list_checkpoints
 
@@ -72,5 +72,5 @@ __all__ = [
     "checkpoint_dir_name", "completeness_problem", "copy_report", "export_hf", "export_latest",
     "export_local", "export_model", "find_latest_complete", "forward_driver_sigterm", "install_worker_handler",
     "is_complete", "list_checkpoints", "local_checkpoint_root", "plan_resume", "request_stop", "restore",
-    "stop_driver_after", "stop_requested",
+    "stop_driver_after", "stop_requested", "time_limit_reached",
 ]

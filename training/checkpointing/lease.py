@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 LEASE_TTL_S = 120
 """A lease whose heartbeat is older than this is a crashed holder's: the next trainer takes it."""
+READ_TRIES = 3
+"""Reads of the lease before an error counts (pyarrow's S3 client has retried each already)."""
+READ_RETRY_S = 2.0
+"""The pause before the second read; it grows by as much for each further one."""
 HEARTBEAT_S = 30
 """How often the driver renews its lease (a quarter of :data:`LEASE_TTL_S`: three missed renewals
 are still no expiry)."""
@@ -43,6 +47,11 @@ are still no expiry)."""
 
 class LeaseHeld(ValueError):
     """Another live trainer writes this run; ``str()`` is one line naming it."""
+
+
+class LeaseUnreadable(OSError):
+    """The lease could not be read (not: is absent). Fails closed: :meth:`Lease.acquire` refuses,
+    a checkpoint is not sealed, and :func:`keep_renewed` keeps trying (an OSError)."""
 
 
 class LeaseLost(RuntimeError):
@@ -66,12 +75,25 @@ class Lease:
         return join(self.run, LEASE_NAME)
 
     def read(self) -> dict[str, Any] | None:
-        """The stored lease (None: none, or unreadable)."""
+        """The stored lease; None when there is none (absent, or not a lease). A read error
+        (S3 after pyarrow's own retries) is retried :data:`READ_TRIES` times, then raises
+        :class:`LeaseUnreadable`: an unreadable lease is never taken for an absent one."""
         fs, path = filesystem_for(self.uri)
+        for attempt in range(READ_TRIES):
+            try:
+                with fs.open_input_stream(path) as handle:
+                    raw = handle.read()
+                break
+            except FileNotFoundError:
+                return None
+            except OSError as err:
+                if attempt + 1 == READ_TRIES:
+                    raise LeaseUnreadable(f"lease {self.uri} could not be read ({READ_TRIES} tries): {err}") from err
+                log.warning("lease %s: read failed, retrying: %s", self.uri, err)
+                time.sleep(READ_RETRY_S * (attempt + 1))
         try:
-            with fs.open_input_stream(path) as handle:
-                body = json.loads(handle.read().decode("utf-8"))
-        except (FileNotFoundError, OSError, ValueError):
+            body = json.loads(raw.decode("utf-8"))
+        except ValueError:
             return None
         return body if isinstance(body, dict) and "attempt" in body else None
 
@@ -86,7 +108,10 @@ class Lease:
     def acquire(self, now: float | None = None) -> None:
         """Take the lease, or raise :class:`LeaseHeld` while another attempt's is alive."""
         now = time.time() if now is None else now
-        current = self.read()
+        try:
+            current = self.read()
+        except LeaseUnreadable as err:  # fail closed: a live holder's lease may be behind the error
+            raise LeaseHeld(f"run {self.run}: refusing to start: {err}; another trainer may hold it") from err
         if current is not None and current["attempt"] != self.attempt and _alive(current, now):
             raise LeaseHeld(self._refusal(current, now))
         self._write(now)
@@ -95,7 +120,8 @@ class Lease:
             raise LeaseHeld(self._refusal(back or {"holder": "an unknown writer", "attempt": "?", "heartbeat": now}, now))
 
     def problem(self) -> str | None:
-        """Why this attempt may not write the run any more (its lease taken or gone), or None."""
+        """Why this attempt may not write the run any more (its lease taken or gone), or None.
+        Raises :class:`LeaseUnreadable` when that cannot be known."""
         current = self.read()
         if current is None:
             return f"its lease {self.uri} is gone"
@@ -104,7 +130,8 @@ class Lease:
         return None
 
     def renew(self, now: float | None = None) -> str | None:
-        """Refresh the heartbeat while the lease is ours; else return :meth:`problem`'s reason."""
+        """Refresh the heartbeat while the lease is ours; else return :meth:`problem`'s reason.
+        Raises :class:`LeaseUnreadable` (nothing written) when that cannot be known."""
         problem = self.problem()
         if problem is None:
             self._write(time.time() if now is None else now)
@@ -112,7 +139,11 @@ class Lease:
 
     def release(self) -> None:
         """Delete the lease if it is still ours (the next trainer need not wait for expiry)."""
-        current = self.read()
+        try:
+            current = self.read()
+        except LeaseUnreadable as err:  # it expires after ttl_s instead
+            log.warning("could not release the lease: %s", err)
+            return
         if current is not None and current["attempt"] == self.attempt:
             fs, path = filesystem_for(self.uri)
             try:
@@ -149,7 +180,7 @@ def keep_renewed(lease: Lease, every_s: float = HEARTBEAT_S) -> threading.Event:
         while not done.wait(every_s):
             try:
                 problem = lease.renew()
-            except OSError as err:  # a storage hiccup: the next beat retries, the TTL covers it
+            except OSError as err:  # a storage hiccup (LeaseUnreadable too): the next beat retries, the TTL covers it
                 log.warning("lease heartbeat failed: %s", err)
                 continue
             if problem:

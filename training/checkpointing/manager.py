@@ -268,7 +268,7 @@ class CheckpointManager:
             (folder / "model_config.json").write_text(json.dumps(self.model_config, sort_keys=True), encoding="utf-8")
         mine = [FileEntry(path=e.path, size=e.size, sha256=e.sha256) for e in describe_files(folder)]
         # Rank 0 reads the lease; every rank learns its answer in the gather it already makes.
-        lost = self.lease.problem() if self.lease is not None and self.rank == 0 else None
+        lost = self._lease_problem() if self.lease is not None and self.rank == 0 else None
         everyone: list[Any] = [(mine, lost)]
         if self.distributed:
             everyone = [None] * self.world_size
@@ -281,6 +281,14 @@ class CheckpointManager:
                          extra={"tokens_seen": self.trainer.tokens_seen, "written_at": time.time()})
         if self.distributed:  # nobody reports before the marker exists
             dist.barrier(group=self._ckpt_group)
+
+    def _lease_problem(self) -> str | None:
+        # Fail closed, and as an answer every rank gets in the gather (a raise on rank 0 alone
+        # would leave the others waiting in it): an unreadable lease seals nothing.
+        try:
+            return self.lease.problem()
+        except OSError as err:
+            return str(err)
 
     def _finalize(self) -> None:
         pending, self._pending = self._pending, None

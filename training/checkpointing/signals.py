@@ -171,7 +171,13 @@ def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
     threading.Thread(target=_forward, name="sigterm-forward", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda s, f: fired.set())
     _driver["fired"] = fired
+    _driver.pop("time_limit", None)  # a new run: its own limit has not fired yet
     return flag
+
+
+def time_limit_reached() -> bool:
+    """True once :func:`stop_driver_after` has fired in this driver: its stop is the run's planned end."""
+    return "time_limit" in _driver
 
 
 def stop_driver_after(seconds: float, why: str) -> threading.Timer:
@@ -182,6 +188,7 @@ def stop_driver_after(seconds: float, why: str) -> threading.Timer:
 
     def _fire() -> None:
         log.warning("%s: final checkpoint, then exit", why)
+        _driver["time_limit"] = fired
         fired.set()
 
     timer = threading.Timer(seconds, _fire)
