@@ -57,7 +57,7 @@ def _gauges_made():
 
 
 def test_the_registry_is_the_folder():
-    assert metric_sinks.sink_names() == ("jsonl", "prometheus", "tensorboard")
+    assert metric_sinks.sink_names() == ("jsonl", "mlflow", "prometheus", "tensorboard")
 
 
 def test_the_fan_out_writes_what_the_loop_wrote_before(tmp_path, recording):
@@ -127,7 +127,7 @@ def test_a_sink_is_one_file_in_the_folder(tmp_path, monkeypatch, recording):
     folder.mkdir()
     (folder / "recorder.py").write_text(SINK_FILE)
     monkeypatch.setattr(metric_sinks, "__path__", [*metric_sinks.__path__, str(folder)])
-    assert metric_sinks.sink_names() == ("jsonl", "prometheus", "recorder", "tensorboard")
+    assert metric_sinks.sink_names() == ("jsonl", "mlflow", "prometheus", "recorder", "tensorboard")
     try:
         for rank in (0, 1):
             ctx = SimpleNamespace(rank=rank, local_dir=str(tmp_path / f"rank{rank}"), storage=None, in_ray=False,

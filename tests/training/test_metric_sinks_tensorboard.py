@@ -1,11 +1,9 @@
 """The TensorBoard sink (training/metric_sinks/tensorboard.py), read back with TensorBoard's own
 reader (tensorboard 2.21.0 ``EventAccumulator``, in the tracking venv: tests/tracking_venv.py):
-every figure of metrics.jsonl by step, the job config as text, the driver's verdict.
-
-- the fan-out's rows, mirrored from the worker's scratch folder into the run directory at each
-  sync, the run directory holding what metrics.jsonl holds after every sync (not only at close);
-- a REAL run of the `local` job (shortened, one plain process, the loop the Ray workers run and
-  the driver's record code: :func:`training.launch.run_in_process`), step by step.
+every figure of metrics.jsonl by step, the job config as text, the driver's verdict: the
+fan-out's rows, mirrored from the worker's scratch folder into the run directory at each sync,
+the run directory holding what metrics.jsonl holds after every sync (not only at close). A real
+run: tests/training/test_tracking_real_run.py; in its shipped form: tests/e2e/test_submit_local.py.
 """
 from __future__ import annotations
 
@@ -13,16 +11,11 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
-import torch.distributed as dist
-from fixture_paths import FIXTURE_JOBS
 from tracking_venv import expected_scalars, last_by_step, read_events
 
-from training import contract, metric_sinks, verdict
-from training.config import load_job_config
+from training import contract, metric_sinks
 from training.metric_sinks.tensorboard import ACCEPTED_TAG, CONFIG_TAG, TEXT_SUFFIX, VERDICT_TAG, config_text
 
-ROOT = Path(__file__).resolve().parents[2]
 JOB = SimpleNamespace(name="local", run_name="r1", to_dict=lambda: {"name": "local", "train": {"max_steps": 4}},
                       train=SimpleNamespace(max_steps=4))
 TRAIN = {"kind": "train", "lr": 1e-4, "grad_norm": 1.5, "tokens_per_s": 5123.25, "mfu": None,
@@ -73,41 +66,3 @@ def test_other_ranks_write_no_events(tmp_path):
     log = metric_sinks.open_metrics(JOB, ctx, names=("tensorboard",))
     assert log.sinks == []
     assert not (tmp_path / "scratch").exists()
-
-
-@pytest.fixture(scope="module")
-def local_run(tmp_path_factory):
-    """The `local` job, 6 steps with an evaluation at step 3, in one process (a few seconds)."""
-    from training.launch import run_in_process
-    from training.loop import local_context
-
-    tmp_path = tmp_path_factory.mktemp("tb-run")
-    overrides = ["parallel.num_workers=1", "parallel.workers_per_node=1", "train.global_batch_size=2",
-                 "train.max_steps=6", "train.log_every_n_steps=1", "eval.every_n_steps=3", "eval.max_batches=2",
-                 "checkpoint.every_n_steps=0"]
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.chdir(ROOT)
-        monkeypatch.setenv("RAYTRAIN_CACHE_DIR", str(tmp_path / "cache"))
-        job = load_job_config(FIXTURE_JOBS / "local.toml", overrides)
-        run_dir = tmp_path / "runs" / job.run_name
-        (tmp_path / "local").mkdir()
-        ctx = local_context(str(tmp_path / "local"), run_dir=str(run_dir))
-        try:
-            final = run_in_process(job, ctx)
-        finally:
-            dist.destroy_process_group()
-    return job, final, tmp_path / "local" / contract.METRICS_NAME, run_dir / contract.TENSORBOARD_DIR
-
-
-@pytest.mark.slow
-def test_a_real_run_s_events_hold_metrics_jsonl_step_by_step(local_run):
-    job, final, metrics_path, logdir = local_run
-    rows = _rows(metrics_path)
-    events = read_events(logdir)
-    _assert_same_figures(events, rows)
-    train_steps = [row["step"] for row in rows if row["kind"] == "train"]
-    assert [step for step, _ in events["scalars"]["train/loss"]] == train_steps == list(range(1, 7))
-    assert [step for step, _ in events["scalars"]["eval/eval_loss"]] == [0, 3, 6]
-    assert events["text"][CONFIG_TAG + TEXT_SUFFIX] == [[0, config_text(job.to_dict())]]
-    assert events["text"][VERDICT_TAG + TEXT_SUFFIX] == [[6, verdict.headline(final["verdict"])]]
-    assert events["scalars"][ACCEPTED_TAG] == [[6, float(final["verdict"]["verdict"] == verdict.ACCEPTED)]]
