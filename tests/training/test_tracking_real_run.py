@@ -7,6 +7,7 @@ tracking venv (tests/tracking_venv.py)."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,8 @@ def test_the_mlflow_run_holds_metrics_jsonl_step_by_step(tracked_run):
     assert len(runs) == 1
     info, data = runs[0]["info"], runs[0]["data"]
     assert info["run_name"] == job.run_name and info["status"] == "FINISHED"
+    for field in ("start_time", "end_time"):  # the record's times, not the upload's
+        assert int(info[field]) == int(datetime.fromisoformat(final[field]).timestamp() * 1000)
     assert {p["key"]: p["value"] for p in data["params"]} == flatten(final["job_config"])
     tags = {t["key"]: t["value"] for t in data["tags"]}
     assert tags["raytrain.verdict"] == final["verdict"]["verdict"]

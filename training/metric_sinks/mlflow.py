@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from datetime import datetime
 from typing import Any
 
 from training import contract, verdict
@@ -63,6 +65,14 @@ def metric_entries(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for row in rows for key, value in scalars(row)]
 
 
+def _epoch_ms(stamp: Any) -> int | None:
+    """run.json's ISO time (``start_time``, ``end_time``) in ms since the epoch; None when absent."""
+    try:
+        return int(datetime.fromisoformat(stamp).timestamp() * 1000)
+    except (TypeError, ValueError):
+        return None
+
+
 def _read(uri: str) -> bytes | None:
     filesystem, path = filesystem_for(uri)
     try:
@@ -96,7 +106,8 @@ def export_run(uri: str, run_dir: str, *, experiment: str = "", record: dict[str
     tracking = Tracking(uri)
     experiment_id = tracking.experiment_id(experiment or job_config.get("name") or "raytrain-eks")
     run_name = job_config.get("run_name") or base.rsplit("/", 1)[-1]
-    info = tracking.create_run(experiment_id, run_name, run_tags(record), int(row_time(record) * 1000))
+    start_ms = _epoch_ms(record.get("start_time")) or int(time.time() * 1000)
+    info = tracking.create_run(experiment_id, run_name, run_tags(record), start_ms)
     run_id = info["run_id"]
     files = {name: _read(f"{base}/{name}") for name in ARTIFACTS}
     tracking.log_batch(run_id, metrics=metric_entries(metric_rows(files[contract.METRICS_NAME])),
@@ -105,7 +116,7 @@ def export_run(uri: str, run_dir: str, *, experiment: str = "", record: dict[str
         if data is not None:
             tracking.put_artifact(info["artifact_uri"], name, data)
     if record.get("status") in STATUS:
-        tracking.finish_run(run_id, STATUS[record["status"]])
+        tracking.finish_run(run_id, STATUS[record["status"]], _epoch_ms(record.get("end_time")))
     return {"run_id": run_id, "experiment_id": experiment_id, "artifact_uri": info["artifact_uri"]}
 
 
