@@ -45,6 +45,8 @@ def list_keys(client: Any, uri: str) -> list[str]:
 
 def wanted(relative: str) -> bool:
     """A run directory's file worth copying out: records and logs, the event files, and the whole exported model."""
+    if relative.endswith("/"):  # a folder marker (pyarrow's S3 create_dir writes one): no file
+        return False
     if relative.startswith((f"{MODEL_DIR}/", f"{TENSORBOARD_DIR}/")):
         return True
     name = Path(relative).name
