@@ -15,11 +15,12 @@ PYTEST_ARGS ?=
 # 0 runs the tests in this process. tests/conftest.py says how the work is split.
 TEST_WORKERS ?= 2
 
-.PHONY: install demo test synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
+.PHONY: tracking-venv install demo test synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
 
 TOKENIZER := training/assets/qwen2.5-tokenizer/tokenizer.json
+TRACKING_VENV := .work/tracking-venv
 
-install: $(VENV)/.installed node_modules/.installed $(TOKENIZER) .work/system-deps.installed
+install: $(VENV)/.installed node_modules/.installed $(TOKENIZER) .work/system-deps.installed $(TRACKING_VENV)/.installed
 
 # Debian packages the tests use (a real OCI registry for `lock`); idempotent.
 .work/system-deps.installed: scripts/install-system-deps.sh
@@ -35,6 +36,16 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
 	touch $@
+
+# The tracking tools' own venv: a real MLflow server and TensorBoard's event reader, the tests'
+# oracles of training/metric_sinks/ (tests/tracking_venv.py). Apart, because mlflow 3.17.2 pins
+# pyarrow<26 (the job's venv has 26) and the DLC has neither: the job must not come to need them.
+$(TRACKING_VENV)/.installed: tracking-requirements.txt
+	test -x $(TRACKING_VENV)/bin/python || $(PYTHON) -m venv $(TRACKING_VENV)
+	$(TRACKING_VENV)/bin/pip install --quiet --disable-pip-version-check -r tracking-requirements.txt
+	touch $@
+
+tracking-venv: $(TRACKING_VENV)/.installed
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error

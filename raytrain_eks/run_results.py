@@ -1,7 +1,8 @@
 """A finished run's results, copied out of its storage and judged: records, the exported model,
 the report and the verdict. Used by ``raytrain-eks submit`` (both backends) and ``make demo``.
 
-What is copied: ``run.json``, ``metrics.jsonl``, the logs and NCCL logs, and the exported
+What is copied: ``run.json``, ``metrics.jsonl``, the logs and NCCL logs, the TensorBoard event
+files (``<run>/tensorboard/``: ``tensorboard --logdir`` over the copies shows runs side by side), and the exported
 Hugging Face model (``<run>/hf/``: weights, config and tokenizer, so ``from_pretrained`` loads
 the folder). The checkpoint shards stay in storage: they are for resuming, not for using.
 """
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from training.contract import TENSORBOARD_DIR
 
 RECORD_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".log")
 MODEL_DIR = "hf"
@@ -41,8 +44,10 @@ def list_keys(client: Any, uri: str) -> list[str]:
 
 
 def wanted(relative: str) -> bool:
-    """A run directory's file worth copying out: records and logs, and the whole exported model."""
-    if relative.startswith(f"{MODEL_DIR}/"):
+    """A run directory's file worth copying out: records and logs, the event files, and the whole exported model."""
+    if relative.endswith("/"):  # a folder marker (pyarrow's S3 create_dir writes one): no file
+        return False
+    if relative.startswith((f"{MODEL_DIR}/", f"{TENSORBOARD_DIR}/")):
         return True
     name = Path(relative).name
     return relative.endswith(RECORD_SUFFIXES) and not relative.startswith("checkpoint") and "__" not in name

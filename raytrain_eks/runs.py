@@ -56,6 +56,7 @@ def row(run_dir: str, record: dict[str, Any]) -> dict[str, Any]:
         "verdict": verdict.get("verdict") or "none",
         "tokens/s": (record.get("throughput") or {}).get(contract.TOKENS_PER_S),
         "eval before -> after": (_loss(evals.get("before")), _loss(evals.get("after"))),
+        "run_dir": run_dir,  # not a column: where the run is (runs --to-mlflow reads it)
     }
 
 

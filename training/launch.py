@@ -13,7 +13,7 @@ import sys
 import uuid
 from typing import Any, Mapping
 
-from training import contract, run_logs, verdict
+from training import contract, metric_sinks, run_logs, verdict
 from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
 from training.deadlines import driver_exit_code, run_time_limit_seconds
@@ -208,7 +208,11 @@ def run_in_process(job: JobConfig, ctx: Any, *, argv: list[str] | None = None, *
         returned = train(job, ctx, **train_args)
     except Exception as err:  # noqa: BLE001 - the record says what failed, as run() does
         error = err
-    return finish_record(record, returned=returned, error=error) if record is not None else {}
+    if record is None:
+        return {}
+    final = finish_record(record, returned=returned, error=error)
+    metric_sinks.after_run(job, record.run_dir, final)
+    return final
 
 
 def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
@@ -284,6 +288,7 @@ def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
     if limit is not None:
         limit.cancel()
     final = finish_record(record, returned=returned, error=error, data_errors=data_errors)
+    metric_sinks.after_run(job, run_dir(job), final)  # the verdict to TensorBoard, MLflow, ...
     del stop_flag
     if final.get("error"):
         print(f"{'error' if data_errors else 'training failed'}: {final['error']}", file=sys.stderr, flush=True)

@@ -73,6 +73,22 @@ def test_the_exported_model_loads_and_generates(submitted):
     assert model.config.hidden_size == 64 and model.config.vocab_size == 151936
 
 
+def test_the_tensorboard_events_come_with_the_run_and_hold_metrics_jsonl(submitted):
+    """Rank 0's event file (mirrored to S3 by the Ray worker) and the driver's verdict file,
+    copied out by submit, read with TensorBoard's own reader (tests/tracking_venv.py)."""
+    from tracking_venv import expected_scalars, last_by_step, read_events
+
+    from training.contract import TENSORBOARD_DIR
+    from training.metric_sinks.tensorboard import ACCEPTED_TAG, TEXT_SUFFIX, VERDICT_TAG
+
+    out, _ = submitted
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    events = read_events(out / TENSORBOARD_DIR)
+    scalars = {tag: last_by_step(points) for tag, points in events["scalars"].items() if tag != ACCEPTED_TAG}
+    assert scalars == expected_scalars(rows) and [s for s, _ in scalars["train/loss"]] == list(range(1, 11))
+    assert events["text"][VERDICT_TAG + TEXT_SUFFIX][0][1].startswith("ACCEPTED")
+
+
 def test_the_driver_and_worker_logs_reach_storage(submitted):
     out, _ = submitted
     index = json.loads((out / "logs" / "index.json").read_text())

@@ -12,7 +12,8 @@ from test_prometheus_units import ROW, RecordingGauge
 
 from training import contract, metric_sinks, metrics, prometheus
 
-JOB = SimpleNamespace(name="local", run_name="r1")
+JOB = SimpleNamespace(name="local", run_name="r1", to_dict=lambda: {"name": "local"},
+                      train=SimpleNamespace(max_steps=7))
 EVAL = {"kind": "eval", "step": 7, "eval_loss": 3.25}
 CKPT = SimpleNamespace(stall_s=0.2, write_s=1.5)
 
@@ -56,7 +57,7 @@ def _gauges_made():
 
 
 def test_the_registry_is_the_folder():
-    assert metric_sinks.sink_names() == ("jsonl", "prometheus")
+    assert metric_sinks.sink_names() == ("jsonl", "mlflow", "prometheus", "tensorboard")
 
 
 def test_the_fan_out_writes_what_the_loop_wrote_before(tmp_path, recording):
@@ -66,7 +67,7 @@ def test_the_fan_out_writes_what_the_loop_wrote_before(tmp_path, recording):
     _script(before_log, prometheus.for_worker(in_ray=True, run="r1", job="local", rank=0, refresh_s=0))
     before = _gauges_made()
 
-    ctx = SimpleNamespace(rank=0, local_dir=str(tmp_path / "after"), storage=None, in_ray=True)
+    ctx = SimpleNamespace(rank=0, local_dir=str(tmp_path / "after"), storage=None, in_ray=True, run_dir="")
     fan_out = metric_sinks.open_metrics(JOB, ctx)
     fan_out.sinks[0].stream = after_out  # the jsonl sink prints rank 0's console lines
     _script(fan_out)
@@ -85,7 +86,7 @@ def test_the_fan_out_writes_what_the_loop_wrote_before(tmp_path, recording):
 
 def test_other_ranks_write_no_file_but_set_their_gauges(tmp_path, recording):
     RecordingGauge.made = []
-    ctx = SimpleNamespace(rank=1, local_dir=str(tmp_path), storage=None, in_ray=True)
+    ctx = SimpleNamespace(rank=1, local_dir=str(tmp_path), storage=None, in_ray=True, run_dir="")
     _script(metric_sinks.open_metrics(JOB, ctx))
     assert not (tmp_path / contract.METRICS_NAME).exists()
     made = _gauges_made()
@@ -126,10 +127,11 @@ def test_a_sink_is_one_file_in_the_folder(tmp_path, monkeypatch, recording):
     folder.mkdir()
     (folder / "recorder.py").write_text(SINK_FILE)
     monkeypatch.setattr(metric_sinks, "__path__", [*metric_sinks.__path__, str(folder)])
-    assert metric_sinks.sink_names() == ("jsonl", "prometheus", "recorder")
+    assert metric_sinks.sink_names() == ("jsonl", "mlflow", "prometheus", "recorder", "tensorboard")
     try:
         for rank in (0, 1):
-            ctx = SimpleNamespace(rank=rank, local_dir=str(tmp_path / f"rank{rank}"), storage=None, in_ray=False)
+            ctx = SimpleNamespace(rank=rank, local_dir=str(tmp_path / f"rank{rank}"), storage=None, in_ray=False,
+                                  run_dir="")
             _script(metric_sinks.open_metrics(JOB, ctx))
         calls = importlib.import_module("training.metric_sinks.recorder").CALLS
     finally:

@@ -12,14 +12,20 @@ each called on every sink that has it, in the order of the file names:
 - ``sync()``: at the report cadence (``train.report_every_n_steps``): hand what is buffered on;
 - ``close()``: at the end of the run.
 
-``jsonl`` (``metrics.jsonl`` in the run's storage, and rank 0's console) and ``prometheus``
-(gauges through Ray's metrics agent) are the sinks today; adding one (MLflow, TensorBoard) is
-adding its file here. The loop knows only :class:`Metrics`.
+A sink file may also (or only) define ``after_run(job, run_dir, record)``: the driver calls it once the
+run's record (run.json, with its verdict) is final (:func:`after_run`); a failure there is a
+warning line, never the run's failure (the tracking is a copy; run.json is the record).
+
+``jsonl`` (``metrics.jsonl`` in the run's storage, and rank 0's console), ``prometheus``
+(gauges through Ray's metrics agent), ``tensorboard`` (event files in the run directory) and
+``mlflow`` (the finished run on a tracking server, from the driver) are the sinks today; adding
+one is adding its file here. The loop knows only :class:`Metrics`.
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 from typing import Any, Iterable
 
 HOOKS = ("write", "checkpoints", "print", "sync", "close")
@@ -60,6 +66,18 @@ class Metrics:
 
 def open_metrics(job: Any, ctx: Any, names: Iterable[str] | None = None) -> Metrics:
     """Every registered sink (or those ``names``) opened for this worker (``ctx``: the loop's
-    WorkerContext)."""
-    return Metrics(importlib.import_module(f"{__name__}.{name}").open_sink(job, ctx)
-                   for name in (sink_names() if names is None else names))
+    WorkerContext); a module without ``open_sink`` is the driver's only (``after_run``)."""
+    modules = [importlib.import_module(f"{__name__}.{name}") for name in (sink_names() if names is None else names)]
+    return Metrics(module.open_sink(job, ctx) for module in modules if hasattr(module, "open_sink"))
+
+
+def after_run(job: Any, run_dir: str, record: dict[str, Any], names: Iterable[str] | None = None) -> None:
+    """The driver's end of the run: every sink module's ``after_run`` (those of ``names``)."""
+    for name in sink_names() if names is None else names:
+        hook = getattr(importlib.import_module(f"{__name__}.{name}"), "after_run", None)
+        if hook is None:
+            continue
+        try:
+            hook(job, run_dir, record)
+        except Exception as err:  # noqa: BLE001 - a tracking copy never fails the run
+            print(f"warning: metric sink {name}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)

@@ -1,0 +1,54 @@
+"""`raytrain-eks runs PREFIX --to-mlflow URI` as a user runs it: the fixture runs logged after the
+fact to a real ``mlflow server`` 3.17.2 on 127.0.0.1 (tests/tracking_venv.py), read back through
+its REST API: one run per run directory, its metrics by step equal to its metrics.jsonl, its
+run.json as an artifact. A bad URI is refused in one line before any run is read."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tracking_venv import expected_scalars, last_by_step, mlflow_server, rest_get, rest_post
+
+from training import contract
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "tests" / "fixtures" / "runs"
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "raytrain_eks.cli", "runs", str(RUNS), *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_bad_uri_is_refused_before_any_run_is_read():
+    proc = _cli("--to-mlflow", "mlflow.example.com:5000")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == ("error: runs: --to-mlflow: tracking URI 'mlflow.example.com:5000': "
+                                   "expected http(s)://host[:port] or a SageMaker MLflow ARN")
+
+
+@pytest.mark.slow
+def test_every_listed_run_is_logged_with_its_figures_by_step(tmp_path):
+    with mlflow_server(tmp_path / "mlflow") as url:
+        proc = _cli("--to-mlflow", url, "--experiment", "fixtures")
+        assert proc.returncode == 0, proc.stderr
+        experiment = rest_get(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="fixtures")["experiment"]
+        runs = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
+        by_dir = {next(t["value"] for t in r["data"]["tags"] if t["key"] == "raytrain.run_dir"): r for r in runs}
+        assert len(runs) == 2 and len(by_dir) == 2
+        for run_dir in sorted(RUNS.iterdir()):
+            record = json.loads((run_dir / contract.RECORD_NAME).read_text())
+            run = by_dir[record["run_dir"]]
+            assert f"mlflow: {run_dir.name} -> run {run['info']['run_id']}" in proc.stdout
+            assert run["info"]["status"] == "FINISHED"
+            rows = [json.loads(line) for line in (run_dir / contract.METRICS_NAME).read_text().splitlines()]
+            for key, points in expected_scalars(rows, float32=False).items():
+                history = rest_get(url, "/api/2.0/mlflow/metrics/get-history", run_id=run["info"]["run_id"],
+                                   metric_key=key)["metrics"]
+                assert last_by_step([[m["step"], m["value"]] for m in history]) == points, key
+            root = run["info"]["artifact_uri"].removeprefix("mlflow-artifacts:").lstrip("/")
+            stored = rest_get(url, f"/api/2.0/mlflow-artifacts/artifacts/{root}/{contract.RECORD_NAME}")
+            assert stored == (run_dir / contract.RECORD_NAME).read_bytes()

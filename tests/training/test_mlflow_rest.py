@@ -1,0 +1,82 @@
+"""The MLflow REST client's SageMaker side and its refusals, without a server (the real-server
+tests: tests/training/test_tracking_real_run.py).
+
+SageMaker's managed MLflow, as its own plugin talks to it (aws/sagemaker-mlflow, commit 046823e):
+the endpoint ``https://<region>.experiments.sagemaker.aws`` (``mlflow_sagemaker_helpers.py``:
+``get_tracking_server_url``), the ARN in ``x-mlflow-sm-tracking-server-arn``
+(``mlflow_sagemaker_request_header_provider.py``), SigV4 for the service ``sagemaker-mlflow`` in
+the ARN's region with ``X-Amz-Content-SHA256`` set to the body's hash (``auth.py``: ``AuthBoto``).
+"""
+from __future__ import annotations
+
+import hashlib
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+
+from training import metric_sinks
+from training.metric_sinks import mlflow as mlflow_sink
+from training.mlflow_rest import SAGEMAKER_ARN_HEADER, Tracking
+
+ARN = "arn:aws:sagemaker:eu-west-1:123456789012:mlflow-tracking-server/team"
+
+
+def test_a_sagemaker_request_is_signed_as_the_plugin_signs_it(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    sent: list[urllib.request.Request] = []
+
+    class Answer:  # urlopen's answer as a context manager (the stdlib's HTTPResponse)
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            return b'{"experiment_id": "7"}'
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda request, timeout: sent.append(request) or Answer())
+    tracking = Tracking(ARN)
+    assert tracking.call("experiments/create", {"name": "x"}) == {"experiment_id": "7"}
+    request = sent[0]
+    assert request.full_url == "https://eu-west-1.experiments.sagemaker.aws/api/2.0/mlflow/experiments/create"
+    headers = {k.lower(): v for k, v in request.header_items()}
+    assert headers[SAGEMAKER_ARN_HEADER] == ARN
+    assert headers["x-amz-content-sha256"] == hashlib.sha256(b'{"name": "x"}').hexdigest()
+    assert "/eu-west-1/sagemaker-mlflow/aws4_request" in headers["authorization"]
+    assert headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/")
+    assert "x-mlflow-sm-tracking-server-arn" in headers["authorization"]  # the ARN header is signed too
+
+
+@pytest.mark.parametrize("uri, words", [
+    ("mlflow.example.com:5000", "expected http(s)://host[:port] or a SageMaker MLflow ARN"),
+    ("arn:aws:s3:::bucket", "not a SageMaker MLflow tracking server ARN"),
+    ("arn:aws-cn:sagemaker:cn-north-1:1:mlflow-tracking-server/t", "partition 'aws-cn' is not supported"),
+])
+def test_a_bad_tracking_uri_is_one_line_naming_it(uri, words):
+    with pytest.raises(ValueError, match="tracking URI") as err:
+        Tracking(uri)
+    assert words in str(err.value) and uri in str(err.value) and "\n" not in str(err.value)
+
+
+def test_without_a_tracking_uri_the_driver_logs_nothing(monkeypatch):
+    monkeypatch.setattr(mlflow_sink, "export_run", lambda *a, **k: pytest.fail("no server named: nothing to log"))
+    for environ in ({}, {mlflow_sink.ENV_TRACKING_URI: "file:///tmp/mlruns"}):
+        mlflow_sink.after_run(SimpleNamespace(name="local"), "/nowhere", {}, environ=environ)
+
+
+def test_a_tracking_failure_is_a_warning_not_the_run_s_failure(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv(mlflow_sink.ENV_TRACKING_URI, "http://127.0.0.1:9")  # discard port: refused
+    metric_sinks.after_run(SimpleNamespace(name="local"), str(tmp_path), {"job_config": {"name": "local"}},
+                           names=("mlflow",))
+    err = capsys.readouterr().err
+    assert err.startswith("warning: metric sink mlflow: URLError") and err.count("\n") == 1
+
+
+def test_the_job_config_flattens_to_mlflow_params():
+    assert mlflow_sink.flatten({"name": "local", "train": {"max_steps": 10, "lr": 1e-4},
+                                "data": {"paths": ["a", "b"], "mix": None}}) == {
+        "name": "local", "train.max_steps": "10", "train.lr": "0.0001", "data.paths": '["a", "b"]', "data.mix": "null"}

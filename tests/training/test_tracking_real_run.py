@@ -1,0 +1,113 @@
+"""A REAL run of the `local` job (shortened; one plain process: the loop the Ray workers run and
+the driver's record code, :func:`training.launch.run_in_process`), tracked by both sinks: its
+TensorBoard events (read with TensorBoard 2.21.0's ``EventAccumulator``) and its MLflow run (on a
+real ``mlflow server`` 3.17.2 on 127.0.0.1, read back through the server's REST API with the
+standard library) hold the same figures as metrics.jsonl, step by step. Both oracles run in the
+tracking venv (tests/tracking_venv.py)."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from fixture_paths import FIXTURE_JOBS
+from tracking_venv import expected_scalars, last_by_step, mlflow_server, read_events, rest_get, rest_post
+
+from training import contract, verdict
+from training.config import load_job_config
+from training.metric_sinks.mlflow import ENV_EXPERIMENT, ENV_TRACKING_URI, flatten
+from training.metric_sinks.tensorboard import ACCEPTED_TAG, CONFIG_TAG, TEXT_SUFFIX, VERDICT_TAG, config_text
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENT = "tracking-test"
+SHORT = ["parallel.num_workers=1", "parallel.workers_per_node=1", "train.global_batch_size=2", "train.max_steps=6",
+         "train.log_every_n_steps=1", "eval.every_n_steps=3", "eval.max_batches=2", "checkpoint.every_n_steps=0"]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory):
+    """The `local` job, 6 steps with an evaluation at step 3, with the MLflow server named in the
+    environment as a user names it: ``(job, record, run_dir, server url)``."""
+    from training.launch import run_in_process
+    from training.loop import local_context
+
+    tmp_path = tmp_path_factory.mktemp("tracked-run")
+    with mlflow_server(tmp_path / "mlflow") as url, pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.chdir(ROOT)
+        monkeypatch.setenv("RAYTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.setenv(ENV_TRACKING_URI, url)
+        monkeypatch.setenv(ENV_EXPERIMENT, EXPERIMENT)
+        job = load_job_config(FIXTURE_JOBS / "local.toml", SHORT)
+        run_dir = tmp_path / "runs" / job.run_name
+        run_dir.mkdir(parents=True)
+        try:  # the run directory is the worker's own: metrics.jsonl lands there, as in storage
+            final = run_in_process(job, local_context(str(run_dir), run_dir=str(run_dir)))
+        finally:
+            dist.destroy_process_group()
+        yield job, final, run_dir, url
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / contract.METRICS_NAME).read_text().splitlines()]
+
+
+def test_the_events_hold_metrics_jsonl_step_by_step(tracked_run):
+    job, final, run_dir, _ = tracked_run
+    rows = _rows(run_dir)
+    events = read_events(run_dir / contract.TENSORBOARD_DIR)
+    assert {tag: last_by_step(p) for tag, p in events["scalars"].items() if tag != ACCEPTED_TAG} == expected_scalars(rows)
+    assert [step for step, _ in events["scalars"]["train/loss"]] == list(range(1, 7))
+    assert [step for step, _ in events["scalars"]["eval/eval_loss"]] == [0, 3, 6]
+    assert events["text"][CONFIG_TAG + TEXT_SUFFIX] == [[0, config_text(job.to_dict())]]
+    assert events["text"][VERDICT_TAG + TEXT_SUFFIX] == [[6, verdict.headline(final["verdict"])]]
+    assert events["scalars"][ACCEPTED_TAG] == [[6, float(final["verdict"]["verdict"] == verdict.ACCEPTED)]]
+
+
+def test_the_mlflow_run_holds_metrics_jsonl_step_by_step(tracked_run):
+    job, final, run_dir, url = tracked_run
+    experiment = rest_get(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name=EXPERIMENT)["experiment"]
+    runs = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
+    assert len(runs) == 1
+    info, data = runs[0]["info"], runs[0]["data"]
+    assert info["run_name"] == job.run_name and info["status"] == "FINISHED"
+    for field in ("start_time", "end_time"):  # the record's times, not the upload's
+        assert int(info[field]) == int(datetime.fromisoformat(final[field]).timestamp() * 1000)
+    assert {p["key"]: p["value"] for p in data["params"]} == flatten(final["job_config"])
+    tags = {t["key"]: t["value"] for t in data["tags"]}
+    assert tags["raytrain.verdict"] == final["verdict"]["verdict"]
+    assert tags["raytrain.verdict_line"] == verdict.headline(final["verdict"])
+    assert tags["raytrain.spec_hash"] == final["spec_hash"] and tags["raytrain.image_digest"] == final["image_digest"]
+
+    expected = expected_scalars(_rows(run_dir), float32=False)
+    assert {m["key"] for m in data["metrics"]} == set(expected)
+    for key, points in expected.items():
+        history = rest_get(url, "/api/2.0/mlflow/metrics/get-history", run_id=info["run_id"], metric_key=key)["metrics"]
+        assert last_by_step([[m["step"], m["value"]] for m in history]) == points, key
+
+    root = info["artifact_uri"].removeprefix("mlflow-artifacts:").lstrip("/")
+    for name in (contract.RECORD_NAME, contract.METRICS_NAME):
+        assert rest_get(url, f"/api/2.0/mlflow-artifacts/artifacts/{root}/{name}") == (run_dir / name).read_bytes()
+
+
+def test_log_batch_splits_within_the_server_s_limits(tracked_run):
+    """mlflow 3.17.2 ``mlflow/utils/validation.py`` (``_validate_batch_log_limits``): over 1000
+    metrics, 100 params or 100 tags in one ``log-batch`` is refused; the client's batches pass."""
+    from training.mlflow_rest import MlflowError, Tracking
+
+    url = tracked_run[3]
+    tracking = Tracking(url)
+    run_id = tracking.create_run(tracking.experiment_id("limits"), "limits", {}, 0)["run_id"]
+    metrics = [{"key": f"m{i % 5}", "value": float(i), "step": i, "timestamp": 0} for i in range(2501)]
+    with pytest.raises(MlflowError, match="INVALID_PARAMETER_VALUE"):  # the limit is the server's
+        tracking.call("runs/log-batch", {"run_id": run_id, "metrics": metrics[:1001]})
+    calls = tracking.log_batch(run_id, metrics=metrics, params={f"p{i}": str(i) for i in range(250)},
+                               tags={f"t{i}": str(i) for i in range(150)})
+    assert calls == 3  # 100+100+800, 100+50+850, 0+0+851
+    data = rest_get(url, "/api/2.0/mlflow/runs/get", run_id=run_id)["run"]["data"]
+    assert len(data["params"]) == 250 and sum(t["key"].startswith("t") for t in data["tags"]) == 150
+    history = rest_get(url, "/api/2.0/mlflow/metrics/get-history", run_id=run_id, metric_key="m0")["metrics"]
+    assert sorted(m["step"] for m in history) == list(range(0, 2501, 5))
