@@ -8,7 +8,7 @@ import pytest
 
 from infra_variants import default_raw
 from update_oracle import (
-    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, redeploy, table, templates,
+    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, kept, redeploy, table, templates,
     touches_running,
 )
 
@@ -122,6 +122,32 @@ def test_what_each_edit_replaces_or_disrupts(results):
     # observability off: its charts go, no node is touched
     assert {t for t, _, _ in effects["observability enabled -> false"]} == {
         "Custom::AWSCDK-EKS-HelmChart", "Custom::AWSCDK-EKS-KubernetesResource"}
+
+
+def test_a_second_policy_on_a_bucket_that_keeps_one_is_refused():
+    # S3 holds one policy per bucket: a BucketPolicy created for a bucket whose policy was
+    # retained (or is still in the stack) fails with "Bucket Policy Already Exists"
+    bucket = {"Type": "AWS::S3::Bucket", "DeletionPolicy": "Retain", "Properties": {"BucketName": "ckpt"}}
+    policy = {"Type": "AWS::S3::BucketPolicy", "DeletionPolicy": "Retain", "Properties": {"Bucket": {"Ref": "B"}}}
+    adopted = {"Type": "AWS::S3::BucketPolicy", "Properties": {"Bucket": "ckpt"}}
+    before = {"Resources": {"B": bucket, "P": policy}}
+    [add] = [c for c in diff_stack("storage", before, {"Resources": {"Q": adopted}}) if c.action == "add"]
+    assert add.effect.startswith("CREATE REFUSED: Bucket Policy Already Exists")
+    # after a destroy the stack is gone but the retained policy is not
+    [add] = diff_stack("storage", {}, {"Resources": {"Q": adopted}}, retained={"B": bucket, "P": policy})
+    assert add.effect.startswith("CREATE REFUSED")
+    assert diff_stack("storage", {}, {"Resources": {"Q": {**adopted, "Properties": {"Bucket": "other"}}}},
+                      retained={"B": bucket, "P": policy})[0].effect == ""
+
+
+def test_adopting_the_kept_bucket_after_a_destroy_is_not_refused(baseline):
+    # given `cdk destroy` kept the checkpoint bucket with its policy, when the spec adopts it,
+    # then the new storage stack creates nothing S3 refuses (no second policy on that bucket)
+    raw = default_raw()
+    raw["storage"]["existing_bucket"] = True
+    adopt = templates(raw)
+    changes = diff_stack("storage", {}, adopt["storage"], retained=kept(baseline)["storage"])
+    assert [c for c in changes if c.effect] == []
 
 
 def test_adopting_the_kept_bucket_strips_no_protection(results):

@@ -380,5 +380,14 @@ def test_what_a_first_deploy_would_collide_with(tmp_path, moto, registry, charts
     assert "aws logs delete-log-group --log-group-name /aws/eks/leftovers/cluster" in found[1]
     raw["storage"]["existing_bucket"] = True
     moto.client("logs", REGION).delete_log_group(logGroupName="/aws/eks/leftovers/cluster")
+    # the adopted bucket keeps its retained policy (the stack cannot add one): verify reads it
+    rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
+    assert_one_failure(rc, lines, err, f"bucket {env.bucket_name} (storage.existing_bucket = true) has no policy "
+                       "denying non-TLS access", "aws s3api put-bucket-policy")
+    moto.client("s3", REGION).put_bucket_policy(Bucket=env.bucket_name, Policy=json.dumps({
+        "Version": "2012-10-17", "Statement": [{  # CDK's enforceSSL statement, as the first deploy wrote it
+            "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "s3:*", "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            "Resource": [f"arn:aws:s3:::{env.bucket_name}", f"arn:aws:s3:::{env.bucket_name}/*"]}]}))
     rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
     assert rc == 0 and any("adopted by the storage stack" in line for line in lines)
+    assert any("its kept policy denies non-TLS access" in line for line in lines)
