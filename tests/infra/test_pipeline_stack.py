@@ -131,8 +131,10 @@ def env_tag(synthesized) -> str:
 
 def test_smoke_then_apply_then_promote_with_the_proven_digest(synthesized):
     env, built, template = synthesized
-    deploy = buildspec(template, "DeployStacks")["phases"]["build"]["commands"][0]
-    assert deploy.endswith(f"{built.storage.stack_name} {built.cluster.stack_name}") and "--app cdk.out" in deploy
+    [record, deploy] = buildspec(template, "DeployStacks")["phases"]["build"]["commands"]
+    # the existing GPU groups are recorded before the deploy synthesizes (no DesiredSize reset)
+    assert record == ".venv/bin/python -m raytrain_eks.pipeline record-groups"
+    assert deploy.endswith(f"{built.storage.stack_name} {built.cluster.stack_name}") and "cdk deploy" in deploy
     assert built.pipeline.stack_name not in deploy  # the pipeline never redeploys itself mid-run
     smoke = buildspec(template, "SmokeRun")
     upload = (f'aws s3 cp --only-show-errors dist/code/ "s3://{env.bucket_name}/code/" --recursive '
@@ -346,11 +348,17 @@ def test_failures_reach_a_person(synthesized):
 
 
 def test_deploy_may_only_assume_the_cdk_bootstrap_roles(synthesized):
-    _, _, template = synthesized
+    env, _, template = synthesized
     [assume] = [s for s in policy_statements(template, "DeployStacksRole") if s.get("Sid") == "AssumeCdkBootstrapRoles"]
     assert assume["Resource"] == [
         _arn(f":iam::{ACCOUNT}:role/cdk-hnb659fds-{kind}-role-{ACCOUNT}-us-east-1")
         for kind in ("deploy", "file-publishing", "lookup")]
+    # record-groups reads this cluster's node groups, nothing else
+    statements = {s.get("Sid"): s for s in policy_statements(template, "DeployStacksRole")}
+    assert statements["ReadNodeGroups"]["Action"] == ["eks:DescribeCluster", "eks:ListNodegroups"]
+    assert statements["ReadNodeGroups"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:cluster/{env.cluster.name}")
+    assert statements["DescribeNodeGroups"]["Action"] == "eks:DescribeNodegroup"
+    assert statements["DescribeNodeGroups"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:nodegroup/{env.cluster.name}/*/*")
 
 
 def test_each_kubectl_build_outlives_its_wait_plus_a_rollback(synthesized):

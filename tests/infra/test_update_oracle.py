@@ -51,6 +51,42 @@ def test_a_redeploy_leaves_the_running_size_alone(baseline):
     assert touches_running(diff(baseline, again)) == []
 
 
+def _recorded_by_the_pipeline(raw: dict, deployed: dict[str, dict], root) -> frozenset[str]:
+    """What the pipeline's Deploy build records (raytrain_eks/pipeline/record_groups.py) over
+    the ``deployed`` templates, with EKS modelled by moto's mock_aws: DescribeNodegroup returns
+    the tags CloudFormation set from the template (generated node group names)."""
+    import boto3
+    from moto import mock_aws
+
+    from environment import environment_from_dict
+    from infra import verify_gate
+    from raytrain_eks.pipeline.record_groups import record
+
+    env = environment_from_dict(raw, "environment.toml")
+    with mock_aws():
+        eks = boto3.client("eks", region_name=env.cluster.region)
+        eks.create_cluster(name=env.cluster.name, roleArn="arn:aws:iam::123456789012:role/c",
+                           resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+        for i, r in enumerate(r for r in deployed["cluster"]["Resources"].values() if r["Type"] == "AWS::EKS::Nodegroup"):
+            eks.create_nodegroup(clusterName=env.cluster.name, nodegroupName=f"Nodegroup-{i}", subnets=["subnet-1"],
+                                 nodeRole="arn:aws:iam::123456789012:role/n", tags=r["Properties"].get("Tags") or {})
+        record(env, root, eks, "123456789012")
+    return verify_gate.recorded_groups(verify_gate.stamp_path(root, env).read_text())
+
+
+def test_a_pipeline_redeploy_after_a_verified_one_leaves_the_running_size_alone(baseline, tmp_path):
+    # first deploy (no group), a verified redeploy ({gpu}: no DesiredSize), then the pipeline's
+    # Deploy build: it records the groups before `cdk deploy`, so it sends no DesiredSize either
+    verified = redeploy(default_raw(), baseline)
+    recorded = _recorded_by_the_pipeline(default_raw(), verified, tmp_path)
+    assert recorded == frozenset({"gpu"})
+    pipeline = templates(default_raw(), existing_gpu_groups=recorded)
+    assert touches_running(diff(verified, pipeline)) == []
+    # deploying blind (no record: the pipeline before) puts DesiredSize back and resets the nodes
+    blind = diff(verified, templates(default_raw()))
+    assert [c.effect.split(":")[0] for c in touches_running(blind)] == ["DESIRED SIZE RESET to 0"]
+
+
 def _group(min_size: int, max_size: int, **scaling) -> dict:
     return {"Type": "AWS::EKS::Nodegroup", "Properties": {
         "ClusterName": "c", "InstanceTypes": ["g6.12xlarge"],
