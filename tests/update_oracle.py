@@ -127,6 +127,11 @@ def _node_group_effect(old: dict, new: dict, changed: set[str]) -> str:
             # EKS refuses a minSize above the group's current desired size ("Minimum capacity N
             # can't be greater than desired size"; aws/containers-roadmap issue 1637)
             effects.append("MAY BE REFUSED: EKS rejects a min size above the running size (scale up first)")
+        elif autoscaled and scaling.get("MaxSize", 0) < old.get("ScalingConfig", {}).get("MaxSize", 0):
+            # and a maxSize below it: the running desired size stays, and EKS refuses the update
+            # ("desiredSize can't be greater than maxSize": EKS API Reference,
+            # UpdateNodegroupConfig, InvalidParameterException)
+            effects.append("MAY BE REFUSED: EKS rejects a max size below the running size (scale down first)")
     if _at(old, ("LaunchTemplate", "Version")) != _at(new, ("LaunchTemplate", "Version")):
         effects.append("NODES ROLLED: new launch template version, every node replaced")
     return "; ".join(effects)
@@ -285,6 +290,7 @@ def _set(raw: dict, path: str, value) -> dict:
 
 EDITS: dict[str, dict[str, object]] = {
     "gpu max_nodes 2 -> 3": {"gpu_node_groups.0.max_nodes": 3},
+    "gpu max_nodes 2 -> 1": {"gpu_node_groups.0.max_nodes": 1},
     "gpu min_nodes 0 -> 1": {"gpu_node_groups.0.min_nodes": 1, "gpu_node_groups.0.desired_nodes": 1},
     "system nodes 1 -> 2": {"system_node_group.nodes": 2},
     "gpu instance_type -> g6.48xlarge": {"gpu_node_groups.0.instance_type": "g6.48xlarge"},

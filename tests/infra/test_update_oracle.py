@@ -150,6 +150,8 @@ def test_what_each_edit_replaces_or_disrupts(results):
     assert effects["gpu root_volume_gib 200 -> 300"] == [("AWS::EKS::Nodegroup", "update", "NODES ROLLED")]
     # a raised minimum carries no desired size either: EKS refuses it while fewer nodes run
     assert effects["gpu min_nodes 0 -> 1"] == [("AWS::EKS::Nodegroup", "update", "MAY BE REFUSED")]
+    # so does a lowered maximum while more nodes run than it allows (the desired size stays)
+    assert effects["gpu max_nodes 2 -> 1"] == [("AWS::EKS::Nodegroup", "update", "MAY BE REFUSED")]
     assert effects["cluster_autoscaler chart 9.59.0 -> 9.58.0"] == []
     assert effects["storage noncurrent_version_days 30 -> 7"] == []
     assert effects["cluster log_retention_days 30 -> 90"] == effects["cluster endpoint_access -> private"] == []

@@ -251,6 +251,19 @@ def test_an_admin_principal_that_does_not_exist(tmp_path, moto, registry, charts
     assert line.startswith("FAIL  admins")
 
 
+def test_an_admin_principal_of_another_account_is_not_looked_up_here(tmp_path, moto, registry, charts, monkeypatch,
+                                                                      capsys):
+    # EKS accepts an access entry for another account's principal; IAM GetRole with these
+    # credentials would say NoSuchEntity for it (moto's IAM, like IAM, is per account)
+    raw = raw_spec(registry)
+    other = "arn:aws:iam::444455556666:role/platform-admin"
+    raw["cluster"]["admin_principal_arns"] = [f"arn:aws:iam::{MOTO_ACCOUNT}:role/admin", other]
+    use_clients(monkeypatch, moto)
+    rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
+    assert rc == 0, lines
+    assert any(f"admins: {other}: not checked here (account 444455556666" in line for line in lines)
+
+
 def raw_spec_offline() -> dict:
     raw = tomllib.loads((REPO / "environment.toml").read_text())
     raw["cluster"].update(account=MOTO_ACCOUNT, admin_principal_arns=[f"arn:aws:iam::{MOTO_ACCOUNT}:role/admin"])
