@@ -302,6 +302,7 @@ EDITS: dict[str, dict[str, object]] = {
     "cluster log_retention_days 30 -> 90": {"cluster.log_retention_days": 90},
     "cluster endpoint_access -> private": {"cluster.endpoint_access": "private", "cluster.public_access_cidrs": []},
     "cluster gpu_availability_zone -> us-east-1b": {"cluster.gpu_availability_zone": "us-east-1b"},
+    "cluster availability_zones -> [us-east-1b, us-east-1a]": {"cluster.availability_zones": ["us-east-1b", "us-east-1a"]},
 }
 """The edits a user makes to environment.toml, as {dotted field: new value}. Kubernetes version:
 the app supports one minor (environment/contract.py KUBERNETES_VERSIONS), so there is no edit;

@@ -8,7 +8,7 @@ import pytest
 
 from infra_variants import default_raw
 from update_oracle import (
-    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, kept, redeploy, table, templates,
+    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, edited, kept, redeploy, table, templates,
     touches_running,
 )
 
@@ -186,6 +186,20 @@ def test_adopting_the_kept_bucket_after_a_destroy_is_not_refused(baseline):
     adopt = templates(raw)
     changes = diff_stack("storage", {}, adopt["storage"], retained=kept(baseline)["storage"])
     assert [c for c in changes if c.effect] == []
+
+
+def test_verify_counts_a_group_as_existing_exactly_when_the_deploy_does_not_replace_it(baseline, results):
+    # the creation key (infra/existing_groups.py) must change whenever a create-only property of
+    # the synthesized GPU node group does (schema: the oracle's "replace"), else the replacement
+    # is written without DesiredSize and EKS refuses its creation
+    for edit, changes in results.items():
+        replaced = any(c.type == "AWS::EKS::Nodegroup" and c.action == "replace" and "Gpu" in c.logical_id
+                       for c in changes)
+        assert (deployed_groups(edited(default_raw(), edit), baseline) == frozenset()) == replaced, edit
+        assert not [c for c in changes if c.effect.startswith("CREATE REFUSED")], edit
+    # reordering the AZs moves the GPU group to another subnet: a replacement, counted as new
+    assert deployed_groups(edited(default_raw(), "cluster availability_zones -> [us-east-1b, us-east-1a]"),
+                           baseline) == frozenset()
 
 
 def test_adopting_the_kept_bucket_strips_no_protection(results):

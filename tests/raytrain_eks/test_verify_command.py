@@ -147,7 +147,7 @@ def test_verify_records_the_gpu_groups_that_exist_with_the_same_create_only_inpu
         made_from = gpu if cluster == "deployed" else replace(gpu, instance_type="g6.48xlarge")
         eks.create_cluster(name=cluster, roleArn=f"arn:aws:iam::{MOTO_ACCOUNT}:role/c",
                            resourcesVpcConfig={"subnetIds": ["subnet-1"]})
-        for name, tags in [("GpugpuNodegroup-7Hq2", identity_tags(made_from, env.cluster.gpu_availability_zone)),
+        for name, tags in [("GpugpuNodegroup-7Hq2", identity_tags(made_from, env.cluster.gpu_availability_zone, env.cluster.availability_zones)),
                            ("SystemNodegroup-4b1Z", {})]:
             eks.create_nodegroup(clusterName=cluster, nodegroupName=name, subnets=["subnet-1"],
                                  nodeRole=f"arn:aws:iam::{MOTO_ACCOUNT}:role/n", tags=tags,
