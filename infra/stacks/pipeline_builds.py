@@ -104,7 +104,7 @@ def deploy_spec(stack_names: list[str]) -> dict:
         "phases": {
             "install": {"runtime-versions": {"python": "3.11", "nodejs": NODE_RUNTIME}, "commands": [
                 "python -m venv .venv",
-                f".venv/bin/{PIP} -e '.[synth]'",
+                f".venv/bin/{PIP} -e '.[infra]'",
                 "npm ci --no-audit --no-fund --loglevel=error",
             ]},
             "build": {"commands": [*record, f"{deploy} {' '.join(stack_names)}"]},
