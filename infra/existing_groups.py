@@ -11,8 +11,8 @@ size exactly when the deploy creates the group: `raytrain-eks verify` finds the 
 app.py hands them to ``build_app``.
 
 A group whose create-only inputs changed is replaced, which is a creation: it counts as
-existing only while its :func:`creation_key` (instance type, capacity, GPU AZ: the spec fields
-behind the schema's createOnlyProperties InstanceTypes, CapacityType and Subnets) is the one
+existing only while its :func:`creation_key` (instance type, capacity, GPU AZ and the AZ list,
+AMI type: the inputs of the schema's createOnlyProperties) is the one
 its running node group is tagged with.
 
 Standard library only: the CLI imports it without aws_cdk.
@@ -36,22 +36,33 @@ def autoscaled(group: GpuNodeGroupSpec) -> bool:
     return group.min_nodes < group.max_nodes
 
 
-def creation_key(group: GpuNodeGroupSpec, gpu_availability_zone: str) -> str:
-    """What, changed, makes CloudFormation replace the group (a tag value: letters, digits, ./-)."""
-    return f"{group.instance_type}/{group.capacity}/{gpu_availability_zone}"
+AMI_TYPE = "AL2023_x86_64_NVIDIA"
+"""The GPU groups' ``AmiType`` (create-only; CloudFormation spells it with a lower-case "x86")."""
 
 
-def identity_tags(group: GpuNodeGroupSpec, gpu_availability_zone: str) -> dict[str, str]:
+def creation_key(group: GpuNodeGroupSpec, gpu_availability_zone: str, availability_zones: tuple[str, ...]) -> str:
+    """What, changed, makes CloudFormation replace the group: the spec inputs of the schema's
+    createOnlyProperties (a tag value: letters, digits, ./_-). InstanceTypes and CapacityType:
+    ``instance_type``, ``capacity``; Subnets: the GPU AZ's private subnet, whose CIDR block
+    (create-only on AWS::EC2::Subnet) follows its place in ``cluster.availability_zones``
+    (infra/stacks/network.py carves the subnets in that order); AmiType: :data:`AMI_TYPE`.
+    NodeRole, ClusterName, RemoteAccess, NodegroupName and DiskSize no spec field drives (the
+    disk is in the launch template: a new version, not a replacement)."""
+    zones = ".".join(availability_zones)
+    return f"{group.instance_type}/{group.capacity}/{gpu_availability_zone}/{zones}/{AMI_TYPE}"
+
+
+def identity_tags(group: GpuNodeGroupSpec, gpu_availability_zone: str, availability_zones: tuple[str, ...]) -> dict[str, str]:
     """The tags by which verify finds the group again."""
-    return {GROUP_TAG: group.name, CREATION_TAG: creation_key(group, gpu_availability_zone)}
+    return {GROUP_TAG: group.name, CREATION_TAG: creation_key(group, gpu_availability_zone, availability_zones)}
 
 
 def existing(env: Environment, node_group_tags: Iterable[dict[str, str]]) -> frozenset[str]:
     """The names of ``env``'s GPU groups that a deploy updates in place, given the tags of every
     node group of the cluster (EKS DescribeNodegroup ``tags``)."""
     found = {(tags.get(GROUP_TAG), tags.get(CREATION_TAG)) for tags in node_group_tags}
-    az = env.cluster.gpu_availability_zone
-    return frozenset(g.name for g in env.gpu_node_groups if (g.name, creation_key(g, az)) in found)
+    az, zones = env.cluster.gpu_availability_zone, env.cluster.availability_zones
+    return frozenset(g.name for g in env.gpu_node_groups if (g.name, creation_key(g, az, zones)) in found)
 
 
 def reset_warning(env: Environment) -> str | None:

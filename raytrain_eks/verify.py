@@ -44,7 +44,7 @@ VCPU_QUOTAS = {
 ACTIONS = {"account": "sts:GetCallerIdentity", "eks-addon": "eks:DescribeAddonVersions",
            "gpu-az": "ec2:DescribeInstanceTypeOfferings", "quota": "servicequotas:GetServiceQuota",
            "reservation": "ec2:DescribeCapacityReservations", "bootstrap": "cloudformation:DescribeStacks",
-           "leftover": "cloudformation:DescribeStacks, s3:ListBucket, logs:DescribeLogGroups",
+           "leftover": "cloudformation:DescribeStacks, s3:ListBucket, s3:GetBucketPolicy, logs:DescribeLogGroups",
            "zones": "ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings",
            "admins": "iam:GetRole, iam:GetUser",
            "node-groups": "eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup"}

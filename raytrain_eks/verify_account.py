@@ -52,6 +52,40 @@ def _stack_exists(cloudformation, name: str) -> bool:
     return any(s["StackStatus"] != "DELETE_COMPLETE" for s in stacks)
 
 
+def denies_non_tls(policy_text: str) -> bool:
+    """Whether a bucket policy denies every S3 action over plain HTTP (CDK's ``enforceSSL``
+    statement: Deny, s3:*, any principal, ``aws:SecureTransport`` false)."""
+    import json
+
+    statements = json.loads(policy_text).get("Statement", [])
+    for s in statements if isinstance(statements, list) else [statements]:
+        actions = s.get("Action", [])
+        condition = s.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport")
+        if (s.get("Effect") == "Deny" and "s3:*" in ([actions] if isinstance(actions, str) else actions)
+                and s.get("Principal") in ("*", {"AWS": "*"}) and str(condition).lower() == "false"):
+            return True
+    return False
+
+
+def _adopted_policy(env: Environment, s3) -> list[Finding]:
+    """The adopted bucket keeps the policy its first deploy retained (the storage stack cannot
+    create another: one policy per bucket); it must still deny non-TLS access."""
+    from botocore.exceptions import ClientError
+
+    bucket = env.bucket_name
+    try:
+        text = s3.get_bucket_policy(Bucket=bucket)["Policy"]
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") != "NoSuchBucketPolicy":
+            raise
+        text = "{}"
+    if denies_non_tls(text):
+        return [passed("leftover", f"bucket {bucket}: its kept policy denies non-TLS access")]
+    return [failed("leftover", f"bucket {bucket} (storage.existing_bucket = true) has no policy denying non-TLS access",
+                   f"put back a statement denying s3:* to any principal when aws:SecureTransport is false "
+                   f"(aws s3api put-bucket-policy --bucket {bucket})")]
+
+
 def check_leftovers(env: Environment, cloudformation, s3, logs) -> list[Finding]:
     """What a first deploy (or one after ``cdk destroy``) would collide with: a create fails on a
     name that already exists, and the stack rolls back."""
@@ -77,6 +111,8 @@ def check_leftovers(env: Environment, cloudformation, s3, logs) -> list[Finding]
                              f"set storage.existing_bucket = false in {env.source}"))
         else:
             out.append(passed("leftover", f"bucket {bucket}: {'adopted' if exists else 'created'} by the storage stack"))
+            if exists:
+                out += _adopted_policy(env, s3)
     if not _stack_exists(cloudformation, stack_name(env.cluster.name, "cluster")):
         group = control_plane_log_group(env.cluster.name)
         found = logs.describe_log_groups(logGroupNamePrefix=group).get("logGroups", [])
@@ -88,14 +124,20 @@ def check_leftovers(env: Environment, cloudformation, s3, logs) -> list[Finding]
     return out
 
 
-def check_admins(env: Environment, iam) -> list[Finding]:
-    """Every ``cluster.admin_principal_arns`` entry exists (IAM GetRole / GetUser): EKS resolves
-    the principal at CreateAccessEntry, and a mistyped ARN fails the cluster stack after the
-    control plane is up, rolling it all back."""
+def check_admins(env: Environment, iam, sts) -> list[Finding]:
+    """Every ``cluster.admin_principal_arns`` entry of the deploying account exists (IAM GetRole
+    / GetUser): EKS resolves the principal at CreateAccessEntry, and a mistyped ARN fails the
+    cluster stack after the control plane is up, rolling it all back. A principal of another
+    account (EKS accepts one) cannot be looked up with these credentials: it is said, not failed."""
     from botocore.exceptions import ClientError
 
     out = []
+    here = sts.get_caller_identity()["Account"]
     for arn in env.cluster.admin_principal_arns:
+        owner = arn.split(":", 5)[4]
+        if owner != here:
+            out.append(passed("admins", f"{arn}: not checked here (account {owner}; these credentials are for {here})"))
+            continue
         kind, _, path_name = arn.split(":", 5)[5].partition("/")
         name = path_name.rsplit("/", 1)[-1]  # GetRole/GetUser take the name without its path
         try:

@@ -31,13 +31,13 @@ def check_node_groups(env: Environment, eks, found: set[str]) -> list[Finding]:
     """One line per GPU group: updated in place (its size left alone) or created at min_nodes.
     Adds the existing groups' names to ``found`` (what the pass records)."""
     found |= existing(env, node_group_tags(eks, env.cluster.name))
-    az = env.cluster.gpu_availability_zone
+    az, zones = env.cluster.gpu_availability_zone, env.cluster.availability_zones
     out = []
     for g in env.gpu_node_groups:
         if g.name in found:
             size = "its running size left to cluster-autoscaler" if autoscaled(g) else f"sized {g.min_nodes}"
-            out.append(passed("node-groups", f"group {g.name} exists ({creation_key(g, az)}): a deploy updates it, {size}"))
+            out.append(passed("node-groups", f"group {g.name} exists ({creation_key(g, az, zones)}): a deploy updates it, {size}"))
         else:
-            out.append(passed("node-groups", f"group {g.name} ({creation_key(g, az)}) does not exist yet: "
+            out.append(passed("node-groups", f"group {g.name} ({creation_key(g, az, zones)}) does not exist yet: "
                                              f"a deploy creates it with {g.min_nodes} node(s)"))
     return out

@@ -32,6 +32,13 @@ running nodes or removes a protection. Two sources decide it:
     ``AWS::S3::BucketPolicy`` deleted while its bucket is retained leaves that bucket without
     its TLS-only deny and log-delivery grant (CloudFormation User Guide, DeletionPolicy
     attribute: the default for every resource but a few stateful types is Delete).
+  * An ``AWS::S3::BucketPolicy`` is identified by its bucket (its schema's primaryIdentifier is
+    ``/properties/Bucket``): creating one for a bucket that already has a policy (one the old
+    template still holds, or one a ``cdk destroy`` retained) fails with "Bucket Policy Already
+    Exists" (the aws-cloudformation-resource-providers-s3 BucketPolicy handler's create returns
+    HandlerErrorCode AlreadyExists; seen in the field: getlift/lift issue 356). CloudFormation
+    creates new resources before it deletes the old ones, so even a policy the update removes is
+    still there.
 """
 from __future__ import annotations
 
@@ -120,25 +127,54 @@ def _node_group_effect(old: dict, new: dict, changed: set[str]) -> str:
             # EKS refuses a minSize above the group's current desired size ("Minimum capacity N
             # can't be greater than desired size"; aws/containers-roadmap issue 1637)
             effects.append("MAY BE REFUSED: EKS rejects a min size above the running size (scale up first)")
+        elif autoscaled and scaling.get("MaxSize", 0) < old.get("ScalingConfig", {}).get("MaxSize", 0):
+            # and a maxSize below it: the running desired size stays, and EKS refuses the update
+            # ("desiredSize can't be greater than maxSize": EKS API Reference,
+            # UpdateNodegroupConfig, InvalidParameterException)
+            effects.append("MAY BE REFUSED: EKS rejects a max size below the running size (scale down first)")
     if _at(old, ("LaunchTemplate", "Version")) != _at(new, ("LaunchTemplate", "Version")):
         effects.append("NODES ROLLED: new launch template version, every node replaced")
     return "; ".join(effects)
 
 
 SCALING_PROPERTIES = {"MinSize", "MaxSize", "DesiredSize"}
+BUCKET_POLICY = "AWS::S3::BucketPolicy"
 
 
-def _creation_effect(kind: str, props: dict) -> str:
-    """What a node group's creation meets: EKS refuses a partial scaling config."""
+def _bucket_name(policy: dict, resources: dict[str, dict]):
+    """The bucket a policy is on: a literal name, or the ``BucketName`` of the bucket it refers
+    to in ``resources`` (else the reference itself)."""
+    bucket = _at(policy, ("Properties", "Bucket"))
+    if isinstance(bucket, dict) and bucket.get("Ref") in resources:
+        return _at(resources[bucket["Ref"]], ("Properties", "BucketName")) or json.dumps(bucket)
+    return bucket if isinstance(bucket, str) else json.dumps(bucket)
+
+
+def policy_buckets(resources: dict[str, dict], named_only: bool = False) -> set[str]:
+    """The buckets that hold a policy of ``resources`` (one bucket, at most one policy);
+    ``named_only``: only those with a fixed name (a destroyed stack's generated bucket names
+    are never a new stack's)."""
+    names = {_bucket_name(r, resources) for r in resources.values() if r["Type"] == BUCKET_POLICY}
+    return {n for n in names if not (named_only and n.startswith("{"))}
+
+
+def _creation_effect(kind: str, props: dict, resources: dict[str, dict] | None = None,
+                     held: set[str] = frozenset()) -> str:
+    """What a creation meets: EKS refuses a node group's partial scaling config; S3 refuses a
+    second policy on a bucket (``held``: the buckets with a policy in the account now)."""
     given = SCALING_PROPERTIES & set(props.get("ScalingConfig", {}))
     if kind == NODE_GROUP and given and given != SCALING_PROPERTIES:
         return f"CREATE REFUSED: a new node group needs all of MinSize, MaxSize, DesiredSize or none (has {', '.join(sorted(given))})"
+    if kind == BUCKET_POLICY and _bucket_name({"Properties": props}, resources or {}) in held:
+        return "CREATE REFUSED: Bucket Policy Already Exists (the bucket keeps its retained policy)"
     return ""
 
 
-def diff_stack(stack: str, before: dict, after: dict) -> list[Change]:
-    """What CloudFormation does to ``stack`` when ``before`` is updated to ``after``."""
+def diff_stack(stack: str, before: dict, after: dict, retained: dict[str, dict] | None = None) -> list[Change]:
+    """What CloudFormation does to ``stack`` when ``before`` is updated to ``after``;
+    ``retained``: resources an earlier ``cdk destroy`` left in the account (see :func:`kept`)."""
     old_resources, new_resources = before.get("Resources", {}), after.get("Resources", {})
+    held = policy_buckets(old_resources) | policy_buckets(retained or {}, named_only=True)
     common = sorted(set(old_resources) & set(new_resources))
     replaced: set[str] = set()
     updated: set[str] = set()
@@ -179,7 +215,8 @@ def diff_stack(stack: str, before: dict, after: dict) -> list[Change]:
             changes.append(Change(stack, lid, kind, "update", effect))
     for lid in sorted(set(new_resources) - set(old_resources)):
         kind = new_resources[lid]["Type"]
-        changes.append(Change(stack, lid, kind, "add", _creation_effect(kind, new_resources[lid].get("Properties", {}))))
+        changes.append(Change(stack, lid, kind, "add", _creation_effect(
+            kind, new_resources[lid].get("Properties", {}), new_resources, held)))
     changes += deleted(stack, {lid: old_resources[lid] for lid in set(old_resources) - set(new_resources)},
                        old_resources)
     return changes
@@ -215,6 +252,12 @@ def destroy(templates: dict[str, dict]) -> list[Change]:
     return out
 
 
+def kept(templates_: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    """Per stack, the resources ``cdk destroy`` of ``templates_`` leaves in the account."""
+    return {stack: {lid: r for lid, r in t.get("Resources", {}).items() if r.get("DeletionPolicy") == "Retain"}
+            for stack, t in templates_.items()}
+
+
 def diff(before: dict[str, dict], after: dict[str, dict]) -> list[Change]:
     """Every stack's changes, ``before``/``after`` mapping stack part -> template."""
     return [c for stack in before for c in diff_stack(stack, before[stack], after.get(stack, {}))]
@@ -247,6 +290,7 @@ def _set(raw: dict, path: str, value) -> dict:
 
 EDITS: dict[str, dict[str, object]] = {
     "gpu max_nodes 2 -> 3": {"gpu_node_groups.0.max_nodes": 3},
+    "gpu max_nodes 2 -> 1": {"gpu_node_groups.0.max_nodes": 1},
     "gpu min_nodes 0 -> 1": {"gpu_node_groups.0.min_nodes": 1, "gpu_node_groups.0.desired_nodes": 1},
     "system nodes 1 -> 2": {"system_node_group.nodes": 2},
     "gpu instance_type -> g6.48xlarge": {"gpu_node_groups.0.instance_type": "g6.48xlarge"},
@@ -258,6 +302,7 @@ EDITS: dict[str, dict[str, object]] = {
     "cluster log_retention_days 30 -> 90": {"cluster.log_retention_days": 90},
     "cluster endpoint_access -> private": {"cluster.endpoint_access": "private", "cluster.public_access_cidrs": []},
     "cluster gpu_availability_zone -> us-east-1b": {"cluster.gpu_availability_zone": "us-east-1b"},
+    "cluster availability_zones -> [us-east-1b, us-east-1a]": {"cluster.availability_zones": ["us-east-1b", "us-east-1a"]},
 }
 """The edits a user makes to environment.toml, as {dotted field: new value}. Kubernetes version:
 the app supports one minor (environment/contract.py KUBERNETES_VERSIONS), so there is no edit;

@@ -68,21 +68,18 @@ class CheckpointBucket(Construct):
 
 
 class AdoptedCheckpointBucket(Construct):
-    """The bucket a previous deploy retained, adopted by name (``storage.existing_bucket``),
-    with what the created bucket had put back: the TLS-only deny (a bucket policy on the adopted
-    bucket), a new retained access-log bucket with its delivery grant, and the adopted bucket's
-    logging pointed at it (S3 PutBucketLogging, a custom resource: CloudFormation has no
-    resource for one bucket property of a bucket it does not own). The retained access-log
-    bucket of the old deploy keeps what it holds; its generated name is not derivable."""
+    """The bucket a previous deploy retained, adopted by name (``storage.existing_bucket``):
+    a new retained access-log bucket with its delivery grant, and the adopted bucket's logging
+    pointed at it (S3 PutBucketLogging, a custom resource: CloudFormation has no resource for
+    one bucket property of a bucket it does not own). No bucket policy: the retained one (with
+    its TLS-only deny) is still on the bucket, and S3 holds one policy per bucket, so creating
+    another fails with "Bucket Policy Already Exists" (tests/update_oracle.py); `raytrain-eks
+    verify` checks the kept policy still denies non-TLS access. The retained access-log bucket of
+    the old deploy keeps what it holds; its generated name is not derivable."""
 
     def __init__(self, scope: Construct, construct_id: str, *, bucket_name: str) -> None:
         super().__init__(scope, construct_id)
         self.bucket = s3.Bucket.from_bucket_name(self, "Bucket", bucket_name)
-        self.policy = s3.BucketPolicy(self, "Policy", bucket=self.bucket, removal_policy=RemovalPolicy.RETAIN)
-        self.policy.document.add_statements(iam.PolicyStatement(
-            effect=iam.Effect.DENY, actions=["s3:*"], principals=[iam.AnyPrincipal()],
-            resources=[self.bucket.bucket_arn, self.bucket.arn_for_objects("*")],
-            conditions={"Bool": {"aws:SecureTransport": "false"}}))
         self.access_logs = _access_log_bucket(self)
         # The grant CDK writes for a bucket it creates (aws-s3 bucket.ts, allowLogDelivery).
         self.access_logs.add_to_resource_policy(iam.PolicyStatement(

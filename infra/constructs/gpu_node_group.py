@@ -7,10 +7,8 @@ from constructs import Construct
 from environment import GpuNodeGroupSpec
 from environment.contract import EFA_RESOURCE, GPU_ACCELERATOR_LABEL, GPU_RESOURCE, gpu_accelerator
 from infra.constructs.efa_launch_template import EfaLaunchTemplate
-from infra.existing_groups import autoscaled, identity_tags
+from infra.existing_groups import AMI_TYPE, autoscaled, identity_tags
 
-# CloudFormation spells it with a lower-case "x86" (the CDK enum name does not).
-AMI_TYPE = "AL2023_x86_64_NVIDIA"
 NODE_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
 UPDATE_STRATEGY = "MINIMAL"
 """How EKS replaces a GPU group's nodes on a version update (a new launch template version, a
@@ -71,7 +69,7 @@ class GpuNodeGroup(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
                  group: GpuNodeGroupSpec, subnets: ec2.SubnetSelection,
                  security_group_ids: list[str], node_role: iam.IRole, availability_zone: str,
-                 exists: bool = False) -> None:
+                 availability_zones: tuple[str, ...], exists: bool = False) -> None:
         super().__init__(scope, construct_id)
         template = EfaLaunchTemplate(self, "Template", group=group,
                                      security_group_ids=security_group_ids)
@@ -95,7 +93,7 @@ class GpuNodeGroup(Construct):
             # What the instance type implies, visible in the console and the template.
             tags={"raytrain:gpus-per-node": str(group.gpus_per_node),
                   "raytrain:efa-per-node": str(group.efa_per_node),
-                  **node_template_tags(group), **identity_tags(group, availability_zone)},
+                  **node_template_tags(group), **identity_tags(group, availability_zone, availability_zones)},
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref,
                 version=self.launch_template.attr_latest_version_number),

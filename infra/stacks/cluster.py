@@ -128,7 +128,8 @@ class ClusterStack(Stack):
             GpuNodeGroup(self, f"Gpu-{group.name}", cluster=self.cluster, group=group,
                          subnets=ec2.SubnetSelection(subnets=network.gpu_subnets.subnets),
                          security_group_ids=node_groups, node_role=self.node_role,
-                         availability_zone=spec.gpu_availability_zone, exists=group.name in existing_gpu_groups)
+                         availability_zone=spec.gpu_availability_zone, availability_zones=spec.availability_zones,
+                         exists=group.name in existing_gpu_groups)
             for group in gpu_groups
         ]
         self.gpu_nodegroups = [g.nodegroup for g in self.gpu_node_groups]

@@ -14,7 +14,8 @@ ordered actions of ONE stage, ``Release``, so that they run under one stage lock
              to the pipeline; pins it with ``raytrain-eks lock --digest``; tests environment,
              infra, charts and the pipeline (no torch, no Ray); ``cdk synth``, ``cdk8s synth``
              (also the promoted digest's manifests into ``dist/promoted/``).
-``Deploy``   (Release, run order 1) ``cdk deploy`` of the storage and cluster stacks through the CDK bootstrap roles.
+``Deploy``   (Release, run order 1) records which GPU node groups exist (``record-groups``), then
+             ``cdk deploy`` of the storage and cluster stacks through the CDK bootstrap roles.
 ``Smoke``    (2) the ``smoke`` RayJob, named per build (a retried stage keeps the execution id), on a RayCluster of its own from the new digest; the image IDs
              its pods report become run.json's ``image_ran``; then the record gate (succeeded,
              every pod ran this digest, the transport) and the regression gate against the last
@@ -179,6 +180,13 @@ class PipelineStack(Stack):
             resources=[self.format_arn(service="iam", region="", resource="role",
                                        resource_name=f"cdk-{BOOTSTRAP_QUALIFIER}-{kind}-role-{self.account}-{self.region}")
                        for kind in ("deploy", "file-publishing", "lookup")]))
+        # record-groups reads this cluster's node groups (raytrain_eks/pipeline/record_groups.py).
+        deploy.add_to_role_policy(iam.PolicyStatement(
+            sid="ReadNodeGroups", actions=["eks:DescribeCluster", "eks:ListNodegroups"],
+            resources=[self.format_arn(service="eks", resource="cluster", resource_name=name)]))
+        deploy.add_to_role_policy(iam.PolicyStatement(
+            sid="DescribeNodeGroups", actions=["eks:DescribeNodegroup"],
+            resources=[self.format_arn(service="eks", resource="nodegroup", resource_name=f"{name}/*/*")]))
         # Each kubectl build's own role (pipeline_access.KubectlDeployers): only Promote may
         # write the promoted digest. The topic's ARN is a project variable (a token there is fine).
         notify = {"NOTIFY_TOPIC_ARN": codebuild.BuildEnvironmentVariable(value=self.notifications.topic.topic_arn)}
@@ -265,7 +273,7 @@ class PipelineStack(Stack):
         pipeline_access.acknowledge_pipeline(
             self, artifacts=artifacts, projects=[synth, deploy, apply, smoke, promote],
             bucket_name=env.bucket_name, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix,
-            in_vpc=in_vpc)
+            in_vpc=in_vpc, cluster_name=name)
 
         CfnOutput(self, "PipelineName", value=self.pipeline_name)
         CfnOutput(self, "PromotedDigestParameter", value=self.promoted_digest.parameter_name)

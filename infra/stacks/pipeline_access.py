@@ -151,7 +151,8 @@ def acknowledge_artifact_bucket(bucket: s3.IBucket) -> None:
 
 
 def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
-                        bucket_name: str, code_prefix: str, runs_prefix: str, in_vpc: bool) -> None:
+                        bucket_name: str, code_prefix: str, runs_prefix: str, in_vpc: bool,
+                        cluster_name: str) -> None:
     """The cdk-nag findings of the pipeline stack, each acknowledged ON THE ONE RESOURCE that has
     it and for that exact finding, with its own reason: a new wildcard anywhere in the stack,
     or a known one on another resource, still fails the synth.
@@ -198,6 +199,10 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
         add(owner, f"Resource::arn:<AWS::Partition>:codebuild:{region}:{account}:report-group/<{pid}>-*",
             f"Test report groups of the {project.node.id} project only (CodeBuild names them per project).")
         artifact_users.append((owner, f"the {project.node.id} build", write if project.node.id == "Synth" else read))
+        if project.node.id == "DeployStacks":
+            add(owner, f"Resource::arn:<AWS::Partition>:eks:{region}:{account}:nodegroup/{cluster_name}/*/*",
+                "record-groups describes this cluster's node groups (generated names: the GPU groups it "
+                "finds by their tags) before the deploy; read-only.")
         vpc_policy = project.node.try_find_child("PolicyDocument")
         if vpc_policy is not None:
             add(vpc_policy, "Resource::*", f"CodeBuild's VPC support for {project.node.id} (private endpoint): "

@@ -83,17 +83,31 @@ def synth_spec() -> dict:
     }
 
 
+DEPLOY_COMMANDS = [
+    # Which GPU groups exist, recorded where app.py reads it: an existing autoscaled group is
+    # deployed without DesiredSize, so the update leaves its running nodes alone.
+    ".venv/bin/python -m raytrain_eks.pipeline record-groups",
+    # Re-synthesized from the Synth output tree (its pinned spec) with that record.
+    'PATH="$PWD/.venv/bin:$PATH" node_modules/.bin/cdk deploy --require-approval never --progress events '
+    "-c raytrain:skip-verify=true",
+]
+"""The Deploy build's commands, in order; the stack names follow the last."""
+
+
 def deploy_spec(stack_names: list[str]) -> dict:
-    """``cdk deploy`` of the named stacks (and their dependencies) from the built assembly."""
+    """Record the existing GPU node groups, then ``cdk deploy`` the named stacks (and their
+    dependencies), synthesized again with that record (raytrain_eks/pipeline/record_groups.py)."""
+    *record, deploy = DEPLOY_COMMANDS
     return {
         "version": "0.2",
         "env": {"shell": "bash", "variables": {"CDK_DISABLE_CLI_TELEMETRY": "true"}},
         "phases": {
-            "install": {"runtime-versions": {"nodejs": NODE_RUNTIME},
-                        "commands": ["npm ci --no-audit --no-fund --loglevel=error"]},
-            "build": {"commands": [
-                "node_modules/.bin/cdk deploy --app cdk.out --require-approval never --progress events "
-                + " ".join(stack_names)]},
+            "install": {"runtime-versions": {"python": "3.11", "nodejs": NODE_RUNTIME}, "commands": [
+                "python -m venv .venv",
+                f".venv/bin/{PIP} -e '.[infra]'",
+                "npm ci --no-audit --no-fund --loglevel=error",
+            ]},
+            "build": {"commands": [*record, f"{deploy} {' '.join(stack_names)}"]},
         },
     }
 

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         ("leftover", lambda: verify_account.check_leftovers(env, client("cloudformation"), client("s3"), client("logs"))),
         ("eks-addon", lambda: verify.check_eks_addons(env, client("eks"))),
         ("helm-chart", lambda: verify.check_charts(env, index, args.helm_repo_mirror)),
-        ("admins", lambda: verify_account.check_admins(env, client("iam"))),
+        ("admins", lambda: verify_account.check_admins(env, client("iam"), client("sts"))),
         ("zones", lambda: verify_zones.check_zones(env, client("ec2"))),
         ("gpu-az", lambda: verify.check_gpu_zones(env, client("ec2"))),
         ("quota", lambda: verify.check_quotas(env, client("service-quotas"))),

@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     choose.add_argument("--requested", default="spec", help="the run's IMAGE_DIGEST variable")
     choose.add_argument("--run-file", default="", help="also write the choice and the promoted digest seen here")
     steps.add_parser("promoted-digest", help="print the promoted digest ('' before the first promotion)")
+    steps.add_parser("record-groups", help="record which GPU node groups exist (read by app.py at cdk deploy)")
     for name in ("smoke", "gate", "apply", "promote", "rollback"):
         step = steps.add_parser(name)
         step.add_argument("--digest", required=True, help="the candidate digest of this run")
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.step == "check-run":
         return check_run(args)
+    if args.step == "record-groups":
+        return record_groups(args)
     from .context import StepContext
 
     try:
@@ -72,6 +75,25 @@ def check_run(args: argparse.Namespace, environ=os.environ) -> int:
         print(f"error: check-run: {err}", file=sys.stderr)
         return 1
     print(f"check-run: {trigger or 'unknown'} trigger; pipeline configuration matches the commit", file=sys.stderr)
+    return 0
+
+
+def record_groups(args: argparse.Namespace) -> int:
+    import boto3
+
+    from environment import SpecError, load_environment
+
+    from .record_groups import record
+
+    try:
+        env = load_environment(args.env)
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    region = env.cluster.region
+    account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
+    found = record(env, Path.cwd(), boto3.client("eks", region_name=region), account)
+    print(f"record-groups: existing GPU node groups: {', '.join(sorted(found)) or 'none'}", file=sys.stderr)
     return 0
 
 

@@ -89,7 +89,8 @@ def test_gpu_node_group_from_the_spec(default):
     assert props["Labels"] == {**group.labels, GPU_ACCELERATOR_LABEL: "nvidia-l4"} and props["Labels"][EFA_LABEL] == "true"
     assert {k: v for k, v in props["Tags"].items() if k.startswith("raytrain:")} == {
         "raytrain:gpus-per-node": "4", "raytrain:efa-per-node": "1", "raytrain:gpu-node-group": "gpu",
-        "raytrain:creation-key": f"g6.12xlarge/on-demand/{default.env.cluster.gpu_availability_zone}"}
+        "raytrain:creation-key": f"g6.12xlarge/on-demand/{default.env.cluster.gpu_availability_zone}/"
+                                 f"{'.'.join(default.env.cluster.availability_zones)}/AL2023_x86_64_NVIDIA"}
     assert "DiskSize" not in props  # the launch template's gp3 volume is the root disk
 
 

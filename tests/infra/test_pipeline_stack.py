@@ -132,8 +132,10 @@ def env_tag(synthesized) -> str:
 
 def test_smoke_then_apply_then_promote_with_the_proven_digest(synthesized):
     env, built, template = synthesized
-    deploy = buildspec(template, "DeployStacks")["phases"]["build"]["commands"][0]
-    assert deploy.endswith(f"{built.storage.stack_name} {built.cluster.stack_name}") and "--app cdk.out" in deploy
+    [record, deploy] = buildspec(template, "DeployStacks")["phases"]["build"]["commands"]
+    # the existing GPU groups are recorded before the deploy synthesizes (no DesiredSize reset)
+    assert record == ".venv/bin/python -m raytrain_eks.pipeline record-groups"
+    assert deploy.endswith(f"{built.storage.stack_name} {built.cluster.stack_name}") and "cdk deploy" in deploy
     assert built.pipeline.stack_name not in deploy  # the pipeline never redeploys itself mid-run
     smoke = buildspec(template, "SmokeRun")
     upload = (f'aws s3 cp --only-show-errors dist/code/ "s3://{env.bucket_name}/code/" --recursive '
@@ -362,6 +364,20 @@ def test_every_service_that_feeds_the_topic_may_publish_to_it(synthesized):
     assert feeders == {"cloudwatch.amazonaws.com", "events.amazonaws.com"} and feeders <= allowed
 
 
+def test_deploy_may_only_assume_the_cdk_bootstrap_roles(synthesized):
+    env, _, template = synthesized
+    [assume] = [s for s in policy_statements(template, "DeployStacksRole") if s.get("Sid") == "AssumeCdkBootstrapRoles"]
+    assert assume["Resource"] == [
+        _arn(f":iam::{ACCOUNT}:role/cdk-hnb659fds-{kind}-role-{ACCOUNT}-us-east-1")
+        for kind in ("deploy", "file-publishing", "lookup")]
+    # record-groups reads this cluster's node groups, nothing else
+    statements = {s.get("Sid"): s for s in policy_statements(template, "DeployStacksRole")}
+    assert statements["ReadNodeGroups"]["Action"] == ["eks:DescribeCluster", "eks:ListNodegroups"]
+    assert statements["ReadNodeGroups"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:cluster/{env.cluster.name}")
+    assert statements["DescribeNodeGroups"]["Action"] == "eks:DescribeNodegroup"
+    assert statements["DescribeNodeGroups"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:nodegroup/{env.cluster.name}/*/*")
+
+
 def test_no_build_outlives_codepipelines_limit_on_a_codebuild_action(synthesized):
     """CodePipeline fails a CodeBuild action after 8 hours (its quotas page); Apply's build, which
     waits for running jobs, must end first even at the longest wait the spec allows (the fixture's)."""
@@ -369,3 +385,17 @@ def test_no_build_outlives_codepipelines_limit_on_a_codebuild_action(synthesized
     assert env.pipeline.apply_wait_minutes == MAX_APPLY_WAIT_MINUTES
     timeouts = {k: v["Properties"]["TimeoutInMinutes"] for k, v in resources(template, "AWS::CodeBuild::Project").items()}
     assert max(timeouts.values()) <= 480, timeouts
+
+
+def test_each_kubectl_build_outlives_its_wait_plus_a_rollback(synthesized):
+    _, _, template = synthesized
+    projects = resources(template, "AWS::CodeBuild::Project")
+    stages = the(template, "AWS::CodePipeline::Pipeline")["Stages"]
+    env = synthesized[0]
+    for action in stages[2]["Actions"][1:]:
+        variables = {v["name"]: v["value"] for v in json.loads(action["Configuration"]["EnvironmentVariables"])}
+        project = projects[action["Configuration"]["ProjectName"]["Ref"]]["Properties"]
+        waits = int(variables["TIMEOUT_SECONDS"]) + int(variables["ROLLBACK_TIMEOUT_SECONDS"])
+        if action["Name"] == "ApplyManifests":  # first waits for the jobs running on the cluster
+            waits += 60 * env.pipeline.apply_wait_minutes
+        assert project["TimeoutInMinutes"] * 60 >= waits + 10 * 60, action["Name"]

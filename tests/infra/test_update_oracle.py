@@ -8,7 +8,7 @@ import pytest
 
 from infra_variants import default_raw
 from update_oracle import (
-    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, redeploy, table, templates,
+    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, edited, kept, redeploy, table, templates,
     touches_running,
 )
 
@@ -49,6 +49,42 @@ def test_a_redeploy_leaves_the_running_size_alone(baseline):
     again = redeploy(default_raw(), baseline)
     assert [s for s in _scaling(again) if s["MinSize"] < s["MaxSize"]] == [{"MinSize": 0, "MaxSize": 2}]
     assert touches_running(diff(baseline, again)) == []
+
+
+def _recorded_by_the_pipeline(raw: dict, deployed: dict[str, dict], root) -> frozenset[str]:
+    """What the pipeline's Deploy build records (raytrain_eks/pipeline/record_groups.py) over
+    the ``deployed`` templates, with EKS modelled by moto's mock_aws: DescribeNodegroup returns
+    the tags CloudFormation set from the template (generated node group names)."""
+    import boto3
+    from moto import mock_aws
+
+    from environment import environment_from_dict
+    from infra import verify_gate
+    from raytrain_eks.pipeline.record_groups import record
+
+    env = environment_from_dict(raw, "environment.toml")
+    with mock_aws():
+        eks = boto3.client("eks", region_name=env.cluster.region)
+        eks.create_cluster(name=env.cluster.name, roleArn="arn:aws:iam::123456789012:role/c",
+                           resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+        for i, r in enumerate(r for r in deployed["cluster"]["Resources"].values() if r["Type"] == "AWS::EKS::Nodegroup"):
+            eks.create_nodegroup(clusterName=env.cluster.name, nodegroupName=f"Nodegroup-{i}", subnets=["subnet-1"],
+                                 nodeRole="arn:aws:iam::123456789012:role/n", tags=r["Properties"].get("Tags") or {})
+        record(env, root, eks, "123456789012")
+    return verify_gate.recorded_groups(verify_gate.stamp_path(root, env).read_text())
+
+
+def test_a_pipeline_redeploy_after_a_verified_one_leaves_the_running_size_alone(baseline, tmp_path):
+    # first deploy (no group), a verified redeploy ({gpu}: no DesiredSize), then the pipeline's
+    # Deploy build: it records the groups before `cdk deploy`, so it sends no DesiredSize either
+    verified = redeploy(default_raw(), baseline)
+    recorded = _recorded_by_the_pipeline(default_raw(), verified, tmp_path)
+    assert recorded == frozenset({"gpu"})
+    pipeline = templates(default_raw(), existing_gpu_groups=recorded)
+    assert touches_running(diff(verified, pipeline)) == []
+    # deploying blind (no record: the pipeline before) puts DesiredSize back and resets the nodes
+    blind = diff(verified, templates(default_raw()))
+    assert [c.effect.split(":")[0] for c in touches_running(blind)] == ["DESIRED SIZE RESET to 0"]
 
 
 def _group(min_size: int, max_size: int, **scaling) -> dict:
@@ -114,6 +150,8 @@ def test_what_each_edit_replaces_or_disrupts(results):
     assert effects["gpu root_volume_gib 200 -> 300"] == [("AWS::EKS::Nodegroup", "update", "NODES ROLLED")]
     # a raised minimum carries no desired size either: EKS refuses it while fewer nodes run
     assert effects["gpu min_nodes 0 -> 1"] == [("AWS::EKS::Nodegroup", "update", "MAY BE REFUSED")]
+    # so does a lowered maximum while more nodes run than it allows (the desired size stays)
+    assert effects["gpu max_nodes 2 -> 1"] == [("AWS::EKS::Nodegroup", "update", "MAY BE REFUSED")]
     assert effects["cluster_autoscaler chart 9.59.0 -> 9.58.0"] == []
     assert effects["storage noncurrent_version_days 30 -> 7"] == []
     assert effects["cluster log_retention_days 30 -> 90"] == effects["cluster endpoint_access -> private"] == []
@@ -122,6 +160,46 @@ def test_what_each_edit_replaces_or_disrupts(results):
     # observability off: its charts go, no node is touched
     assert {t for t, _, _ in effects["observability enabled -> false"]} == {
         "Custom::AWSCDK-EKS-HelmChart", "Custom::AWSCDK-EKS-KubernetesResource"}
+
+
+def test_a_second_policy_on_a_bucket_that_keeps_one_is_refused():
+    # S3 holds one policy per bucket: a BucketPolicy created for a bucket whose policy was
+    # retained (or is still in the stack) fails with "Bucket Policy Already Exists"
+    bucket = {"Type": "AWS::S3::Bucket", "DeletionPolicy": "Retain", "Properties": {"BucketName": "ckpt"}}
+    policy = {"Type": "AWS::S3::BucketPolicy", "DeletionPolicy": "Retain", "Properties": {"Bucket": {"Ref": "B"}}}
+    adopted = {"Type": "AWS::S3::BucketPolicy", "Properties": {"Bucket": "ckpt"}}
+    before = {"Resources": {"B": bucket, "P": policy}}
+    [add] = [c for c in diff_stack("storage", before, {"Resources": {"Q": adopted}}) if c.action == "add"]
+    assert add.effect.startswith("CREATE REFUSED: Bucket Policy Already Exists")
+    # after a destroy the stack is gone but the retained policy is not
+    [add] = diff_stack("storage", {}, {"Resources": {"Q": adopted}}, retained={"B": bucket, "P": policy})
+    assert add.effect.startswith("CREATE REFUSED")
+    assert diff_stack("storage", {}, {"Resources": {"Q": {**adopted, "Properties": {"Bucket": "other"}}}},
+                      retained={"B": bucket, "P": policy})[0].effect == ""
+
+
+def test_adopting_the_kept_bucket_after_a_destroy_is_not_refused(baseline):
+    # given `cdk destroy` kept the checkpoint bucket with its policy, when the spec adopts it,
+    # then the new storage stack creates nothing S3 refuses (no second policy on that bucket)
+    raw = default_raw()
+    raw["storage"]["existing_bucket"] = True
+    adopt = templates(raw)
+    changes = diff_stack("storage", {}, adopt["storage"], retained=kept(baseline)["storage"])
+    assert [c for c in changes if c.effect] == []
+
+
+def test_verify_counts_a_group_as_existing_exactly_when_the_deploy_does_not_replace_it(baseline, results):
+    # the creation key (infra/existing_groups.py) must change whenever a create-only property of
+    # the synthesized GPU node group does (schema: the oracle's "replace"), else the replacement
+    # is written without DesiredSize and EKS refuses its creation
+    for edit, changes in results.items():
+        replaced = any(c.type == "AWS::EKS::Nodegroup" and c.action == "replace" and "Gpu" in c.logical_id
+                       for c in changes)
+        assert (deployed_groups(edited(default_raw(), edit), baseline) == frozenset()) == replaced, edit
+        assert not [c for c in changes if c.effect.startswith("CREATE REFUSED")], edit
+    # reordering the AZs moves the GPU group to another subnet: a replacement, counted as new
+    assert deployed_groups(edited(default_raw(), "cluster availability_zones -> [us-east-1b, us-east-1a]"),
+                           baseline) == frozenset()
 
 
 def test_adopting_the_kept_bucket_strips_no_protection(results):

@@ -147,7 +147,7 @@ def test_verify_records_the_gpu_groups_that_exist_with_the_same_create_only_inpu
         made_from = gpu if cluster == "deployed" else replace(gpu, instance_type="g6.48xlarge")
         eks.create_cluster(name=cluster, roleArn=f"arn:aws:iam::{MOTO_ACCOUNT}:role/c",
                            resourcesVpcConfig={"subnetIds": ["subnet-1"]})
-        for name, tags in [("GpugpuNodegroup-7Hq2", identity_tags(made_from, env.cluster.gpu_availability_zone)),
+        for name, tags in [("GpugpuNodegroup-7Hq2", identity_tags(made_from, env.cluster.gpu_availability_zone, env.cluster.availability_zones)),
                            ("SystemNodegroup-4b1Z", {})]:
             eks.create_nodegroup(clusterName=cluster, nodegroupName=name, subnets=["subnet-1"],
                                  nodeRole=f"arn:aws:iam::{MOTO_ACCOUNT}:role/n", tags=tags,
@@ -249,6 +249,19 @@ def test_an_admin_principal_that_does_not_exist(tmp_path, moto, registry, charts
     line = assert_one_failure(rc, lines, err, f"admins: {missing}: no such IAM user in this account",
                               "correct cluster.admin_principal_arns", "aws iam get-user --user-name typo-admin")
     assert line.startswith("FAIL  admins")
+
+
+def test_an_admin_principal_of_another_account_is_not_looked_up_here(tmp_path, moto, registry, charts, monkeypatch,
+                                                                      capsys):
+    # EKS accepts an access entry for another account's principal; IAM GetRole with these
+    # credentials would say NoSuchEntity for it (moto's IAM, like IAM, is per account)
+    raw = raw_spec(registry)
+    other = "arn:aws:iam::444455556666:role/platform-admin"
+    raw["cluster"]["admin_principal_arns"] = [f"arn:aws:iam::{MOTO_ACCOUNT}:role/admin", other]
+    use_clients(monkeypatch, moto)
+    rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
+    assert rc == 0, lines
+    assert any(f"admins: {other}: not checked here (account 444455556666" in line for line in lines)
 
 
 def raw_spec_offline() -> dict:
@@ -380,5 +393,14 @@ def test_what_a_first_deploy_would_collide_with(tmp_path, moto, registry, charts
     assert "aws logs delete-log-group --log-group-name /aws/eks/leftovers/cluster" in found[1]
     raw["storage"]["existing_bucket"] = True
     moto.client("logs", REGION).delete_log_group(logGroupName="/aws/eks/leftovers/cluster")
+    # the adopted bucket keeps its retained policy (the stack cannot add one): verify reads it
+    rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
+    assert_one_failure(rc, lines, err, f"bucket {env.bucket_name} (storage.existing_bucket = true) has no policy "
+                       "denying non-TLS access", "aws s3api put-bucket-policy")
+    moto.client("s3", REGION).put_bucket_policy(Bucket=env.bucket_name, Policy=json.dumps({
+        "Version": "2012-10-17", "Statement": [{  # CDK's enforceSSL statement, as the first deploy wrote it
+            "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "s3:*", "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            "Resource": [f"arn:aws:s3:::{env.bucket_name}", f"arn:aws:s3:::{env.bucket_name}/*"]}]}))
     rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
     assert rc == 0 and any("adopted by the storage stack" in line for line in lines)
+    assert any("its kept policy denies non-TLS access" in line for line in lines)
