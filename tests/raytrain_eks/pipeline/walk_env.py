@@ -12,10 +12,12 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import boto3
 
 from environment import load_environment
+from fixtures_pipeline import create_watcher_resources
 from infra.lambdas.image_watcher.history import PromotionHistory
 from infra.lambdas.image_watcher.promote import read_record
 from infra.lambdas.image_watcher.watcher import CodePipelineStarter, WatcherConfig, check
@@ -43,8 +45,8 @@ def make_walk(tmp_path: Path, aws: dict, registry, real_run: Path, *, starter_st
     env = load_environment(work / "committed.toml")
     assert env.image.tag == tag and env.image.repository.startswith(registry.host)
 
-    ssm, ddb, cp, iam, s3, sns, sqs = (boto3.client(s, **aws) for s in
-                                       ("ssm", "dynamodb", "codepipeline", "iam", "s3", "sns", "sqs"))
+    ssm, ddb, cp, s3, sns, sqs = (boto3.client(s, **aws) for s in
+                                  ("ssm", "dynamodb", "codepipeline", "s3", "sns", "sqs"))
     s3.create_bucket(Bucket=env.bucket_name)
     s3.put_bucket_versioning(Bucket=env.bucket_name, VersioningConfiguration={"Status": "Enabled"})
     topic = sns.create_topic(Name=f"failures-{suffix}")["TopicArn"]
@@ -52,23 +54,7 @@ def make_walk(tmp_path: Path, aws: dict, registry, real_run: Path, *, starter_st
     queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"})
     parameter, table, pipeline = f"/raytrain/walk-{suffix}/promoted", f"promotions-{suffix}", f"redeploy-{suffix}"
-    ssm.put_parameter(Name=parameter, Value="none", Type="String")  # as the stack creates it
-    ddb.create_table(TableName=table, BillingMode="PAY_PER_REQUEST",
-                     KeySchema=[{"AttributeName": "image", "KeyType": "HASH"},
-                                {"AttributeName": "at", "KeyType": "RANGE"}],
-                     AttributeDefinitions=[{"AttributeName": "image", "AttributeType": "S"},
-                                           {"AttributeName": "at", "AttributeType": "S"}])
-    role = iam.create_role(RoleName=f"walk-{suffix}", AssumeRolePolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                "Principal": {"Service": "codepipeline.amazonaws.com"}}]}))
-    action = {"name": "a", "actionTypeId": {"category": "Source", "owner": "AWS", "provider": "S3", "version": "1"},
-              "configuration": {"S3Bucket": "b", "S3ObjectKey": "k"}, "outputArtifacts": [{"name": "o"}]}
-    cp.create_pipeline(pipeline={
-        "name": pipeline, "roleArn": role["Role"]["Arn"], "pipelineType": "V2",
-        "artifactStore": {"type": "S3", "location": "artifacts"},
-        "variables": [{"name": "IMAGE_DIGEST", "defaultValue": "spec"}],
-        "stages": [{"name": "Source", "actions": [action]},
-                   {"name": "Deploy", "actions": [dict(action, name="b", outputArtifacts=[{"name": "p"}])]}]})
+    create_watcher_resources(aws, SimpleNamespace(parameter_name=parameter, table_name=table, pipeline_name=pipeline))
 
     kube = tmp_path / "kube"
     kube.mkdir()
