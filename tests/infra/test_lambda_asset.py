@@ -135,7 +135,8 @@ def test_the_asset_folder_outlives_the_synth_when_asset_staging_is_off(tmp_path)
         name="image", type=dynamodb.AttributeType.STRING))
     WatcherFunctions(stack, "Fns", image_repository="public.ecr.aws/x/ray", image_tag="t",
                      parameter=ssm.StringParameter(stack, "Promoted", string_value="none"), table=table,
-                     pipeline_arn="arn:aws:codepipeline:us-east-1:111111111111:p", pipeline_name="p")
+                     pipeline_arn="arn:aws:codepipeline:us-east-1:111111111111:p", pipeline_name="p",
+                     max_attempts=3, maintenance_window="")
     assembly = app.synth()
     manifest = json.loads(Path(assembly.directory, "Watcher.assets.json").read_text())
     sources = [Path(entry["source"]["path"]) for entry in manifest["files"].values() if entry["source"].get("path")]
