@@ -35,13 +35,25 @@ def ray_cluster():
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
     # The autoscaler's metrics server defaults to one fixed port (AUTOSCALER_METRIC_PORT, 44217):
     # a second test process's cluster would fail to bind it.
-    from raytrain_eks.local_services import free_port
+    from raytrain_eks.local_services import ServiceStartError, free_port, start_with_retries
 
     os.environ.setdefault("AUTOSCALER_METRIC_PORT", str(free_port()))
+    # ray.init's wait for the GCS port is 30 s by default (ray 2.58 _private/node.py, honouring
+    # RAY_gcs_server_port_wait_time_s): give it the time a loaded machine needs. Its wait for the
+    # raylet to register is a fixed 30 s: a start that misses it is shut down and started again.
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "300")
+
+    def start(attempt: int) -> None:
+        try:
+            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
+                     runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+                                               "RAY_metrics_report_interval_ms": "1000"}})
+        except Exception as err:  # ray.init raises a bare Exception on its startup timeout
+            ray.shutdown()
+            raise ServiceStartError(f"ray.init: {err}") from err
+
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
-                                           "RAY_metrics_report_interval_ms": "1000"}})
+        start_with_retries(start, "the session's Ray cluster")
     yield ray
     ray.shutdown()
 
