@@ -116,19 +116,27 @@ class DataConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     seq_len: int = 512
+    """Tokens per sequence (packed or padded to it); at most the model's ``max_position_embeddings``."""
     micro_batch_size: int = 1
     """Sequences per worker per forward/backward."""
     global_batch_size: int = 8
     """Sequences per optimizer step over all workers (= workers x micro x accumulation)."""
     max_steps: int = 100
+    """Optimizer steps the run trains (a resumed run counts the steps already done)."""
     lr: float = 2e-5
+    """Peak AdamW learning rate, reached after ``warmup_steps`` (training/optim.py)."""
     warmup_steps: int = 10
+    """Linear warm-up steps to ``lr``, then cosine decay to ``lr x min_lr_ratio``; less than ``max_steps``."""
     min_lr_ratio: float = 0.1
     """Cosine decay floor as a fraction of ``lr``."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
     grad_clip: float = 1.0
+    """Clip of the global gradient norm over all shards; 0 only measures it."""
     seed: int = 0
+    """``torch.manual_seed`` of every worker (model init, dropout); the data order has ``data.seed``."""
     log_every_n_steps: int = 1
+    """Cadence of the metrics rows (``metrics.jsonl``) and the progress line."""
     report_every_n_steps: int = 10
     """Cadence of ``ray.train.report`` for metrics (each report waits for a controller poll)."""
 
@@ -150,17 +158,23 @@ class TrainConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelConfig:
     strategy: str = "full_shard"
+    """FSDP2 sharding: ``full_shard``, ``hybrid_shard`` (shard in a node, replicate across; >= 2
+    nodes) or ``no_shard``."""
     num_workers: int = 1
     """Ray Train workers = world size (one per GPU on GPU clusters)."""
     workers_per_node: int = 1
     """GPUs (workers) per node; the hybrid mesh shards inside a node and replicates across."""
     use_gpu: bool = False
+    """Train on GPUs with NCCL; false: CPU with gloo (tests, the local demo)."""
     node_group: str = ""
     """The environment's GPU node group a GPU job runs on (``[[gpu_node_groups]] name``); empty =
     the first group. The charts and the preflight size the job to it."""
     cpus_per_worker: float = 1.0
+    """Ray CPUs each Ray Train worker asks for."""
     activation_checkpointing: bool = False
+    """Recompute each decoder block's activations in the backward (less memory, more compute)."""
     compile: bool = False
+    """``torch.compile`` each decoder block before sharding (training/parallel.py)."""
     keep_params_gathered: bool = False
     """With gradient accumulation: keep each block's parameters gathered from the first micro
     batch's forward to the last one's backward (one all-gather per block per step instead of
@@ -196,6 +210,7 @@ class CheckpointConfig:
     every_n_steps: int = 0
     """0 = only at the end."""
     keep_last: int = 2
+    """Checkpoints Ray Train keeps in storage (``CheckpointConfig.num_to_keep``); older ones are deleted."""
     on_existing_run: str = "resume"
     """``resume`` (default) or ``refuse`` when the run name already exists in storage."""
     sigterm_grace_seconds: int = 120
@@ -222,6 +237,7 @@ class EvalConfig:
     every_n_steps: int = 0
     """0 = only before (step 0) and after training."""
     max_batches: int = 8
+    """Held-out batches per rank each evaluation reads, at most."""
     exact_match: bool = False
     """Generation-based exact match on the held-out conversations' last answers (conversation
     data: chat, alpaca, sharegpt, or a Hugging Face dataset of those)."""
@@ -290,15 +306,25 @@ class JobConfig:
     name: str
     """The job's name: RayJob name and default run name (lower-case DNS label)."""
     description: str = ""
+    """Free text for people; reports leave it out of the factors compared."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """``[model]``: what is trained."""
     data: DataConfig = field(default_factory=DataConfig)
+    """``[data]``: what it is trained on."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """``[train]``: steps, batch, learning rate."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """``[parallel]``: workers, sharding, where it runs."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """``[checkpoint]``: where the run lives and how it resumes."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """``[eval]``: held-out evaluation."""
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
+    """``[evidence]``: what the run must prove about its transport."""
     rayjob: RayJobConfig = field(default_factory=RayJobConfig)
+    """``[rayjob]``: the RayJob's limits on Kubernetes."""
     accept: AcceptConfig = field(default_factory=AcceptConfig)
+    """``[accept]``: the criteria the result is judged against (the verdict)."""
     source: str = "<job config>"
     """Where this config came from (for error messages)."""
 

@@ -61,7 +61,7 @@ def test_every_object_says_what_made_it_and_from_what(default_synth):
             assert annotations[IMAGE_ANNOTATION] == image_reference(env), chart
             assert annotations[IMAGE_DIGEST_ANNOTATION] == TEST_DIGEST and labels[IMAGE_LOCKED_LABEL] == "true", chart
             if obj["kind"] == "RayJob":
-                assert labels.get(GIT_COMMIT_LABEL, "") == result.source.git_commit, chart
+                assert labels[GIT_COMMIT_LABEL] == (result.source.git_commit or "none"), chart
                 assert labels[GIT_DIRTY_LABEL] == ("true" if result.source.dirty else "false"), chart
                 working_dir = yaml.safe_load(obj["spec"]["runtimeEnvYAML"])["working_dir"]
                 assert annotations[CODE_URI_ANNOTATION] == working_dir == result.code.uri(env.bucket_name), chart
