@@ -337,6 +337,21 @@ def edit_results(raw: dict, baseline: dict[str, dict]) -> dict[str, list[Change]
     return {edit: diff(baseline, redeploy(edited(raw, edit), baseline)) for edit in EDITS}
 
 
+def edit_over(raw: dict, changes: dict[str, object]) -> list[Change]:
+    """``changes`` ({dotted field: value}) deployed over a running cluster of ``raw`` (its first
+    deploy, then a verified redeploy): for edits that need another base spec than EDITS' (e.g.
+    one with an account)."""
+    deployed = redeploy(raw, templates(raw))
+    for path, value in changes.items():
+        raw = _set(raw, path, value)
+    return diff(deployed, redeploy(raw, deployed))
+
+
+CACHE_EDIT = ("image pull_through_cache -> true", {"image.pull_through_cache": True})
+"""Turning the image cache on (the base spec needs cluster.account: tests/infra_variants.py
+capacity_raw with the cache off)."""
+
+
 def table(results: dict[str, list[Change]]) -> str:
     """The report: per edit, each changed resource and its effect."""
     lines = []

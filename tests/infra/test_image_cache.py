@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 
 from infra_variants import ACCOUNT, capacity_raw
-from update_oracle import diff, redeploy, table, templates, touches_running
+from update_oracle import CACHE_EDIT, edit_over, table, touches_running
 
 PREFIX = "raytrain-ecr-public"
 REPOSITORIES = f":ecr:us-east-1:{ACCOUNT}:repository/{PREFIX}/*"
@@ -59,10 +59,8 @@ def test_turning_it_on_for_a_running_cluster_adds_and_touches_nothing_running():
     # again (after the verify that finds the GPU groups), then only additions
     raw = copy.deepcopy(capacity_raw())
     raw["image"]["pull_through_cache"] = False
-    deployed = redeploy(raw, templates(raw))
-    raw["image"]["pull_through_cache"] = True
-    changes = diff(deployed, redeploy(raw, deployed))
-    print(table({"image pull_through_cache -> true": changes}))
+    name, changes = CACHE_EDIT[0], edit_over(raw, CACHE_EDIT[1])
+    print(table({name: changes}))
     assert touches_running(changes) == [] and [c for c in changes if c.effect] == []
     assert {(c.type, c.action) for c in changes} == {
         ("AWS::ECR::PullThroughCacheRule", "add"), ("AWS::IAM::Policy", "add"),
