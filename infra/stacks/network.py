@@ -24,8 +24,11 @@ class NetworkStack(Stack):
             self, "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(VPC_CIDR),
             # Explicit AZs from the spec: no lookup, and the synth is the same with or without
-            # an account (env-agnostic stacks would otherwise get only two unnamed AZs).
-            availability_zones=list(availability_zones),
+            # an account (env-agnostic stacks would otherwise get only two unnamed AZs). Sorted:
+            # CDK carves the subnets' CIDRs in this order, and a reordered list would replace
+            # every subnet by one of the same CIDR (EC2 refuses it while the old one exists) and
+            # change the subnet ids the cluster stack imports (CloudFormation refuses that too).
+            availability_zones=sorted(availability_zones),
             # One NAT gateway: only image pulls and AWS APIs go through it (S3 has its own
             # endpoint); a NAT per AZ would double the idle cost for no training benefit.
             nat_gateways=1,
