@@ -16,10 +16,8 @@ digest of one architecture).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from environment.model import Environment
+# The functions take an ``environment.model.Environment`` (not imported: the model imports
+# this module for its validation).
 
 CACHE_UPSTREAM_URL = "public.ecr.aws"
 """The only upstream this project's rule caches (ECR Public needs no credential; Amazon ECR User
@@ -46,7 +44,7 @@ def registry_host(account: str, region: str) -> str:
     return f"{account}.dkr.ecr.{region}.amazonaws.com"
 
 
-def pull_repository(env: "Environment") -> str:
+def pull_repository(env) -> str:
     """The repository the nodes pull from: ``<account>.dkr.ecr.<region>.amazonaws.com/<prefix>/<name>``
     through the cache (the upstream path kept under the prefix), else ``image.repository``."""
     if not env.image.pull_through_cache:
@@ -55,7 +53,7 @@ def pull_repository(env: "Environment") -> str:
     return f"{registry_host(c.account, c.region)}/{cache_prefix(c.name)}/{env.image.name}"
 
 
-def pull_reference(env: "Environment") -> str:
+def pull_reference(env) -> str:
     """What every pod template names: :func:`pull_repository` ``@sha256:...`` once locked (the
     upstream digest), ``:tag`` before (with ``ImageSpec.reference``'s warning)."""
     upstream = env.image.reference
@@ -65,7 +63,7 @@ def pull_reference(env: "Environment") -> str:
     return pull_repository(env) + suffix
 
 
-def cache_problem(env: "Environment") -> tuple[str, object, str] | None:
+def cache_problem(env) -> tuple[str, object, str] | None:
     """``(field, value, what is allowed)`` when ``image.pull_through_cache`` cannot be built for
     this spec; None when it is off or can."""
     if not env.image.pull_through_cache:
