@@ -22,6 +22,7 @@ from infra.stacks.cluster import ClusterStack, retention_days
 from infra.stacks.network import NetworkStack
 from infra.stacks.storage import StorageStack
 from environment import Environment
+from environment.image_source import cache_prefix
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,7 +122,8 @@ def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: s
     tags = {"raytrain:cluster": name}
     c = env.cluster
     network = NetworkStack(app, stack_name(name, "network"), availability_zones=c.availability_zones,
-                           gpu_availability_zone=c.gpu_availability_zone, env=where, tags=tags,
+                           gpu_availability_zone=c.gpu_availability_zone,
+                           ecr_endpoints=env.image.pull_through_cache, env=where, tags=tags,
                            description=f"raytrain-eks {name}: VPC, NAT, S3 endpoint")
     storage = StorageStack(app, stack_name(name, "storage"), bucket_name=env.bucket_name, storage_uri=env.storage_uri,
                            noncurrent_version_days=env.storage.noncurrent_version_days,
@@ -131,7 +133,9 @@ def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: s
                            gpu_groups=env.gpu_node_groups, ray=env.ray, addons=resolved_addons(env),
                            bucket_name=env.bucket_name, storage_prefix=env.storage.prefix,
                            read_only_prefixes=env.storage.read_only_prefixes, kubectl_layer=layer,
-                           network=network, existing_gpu_groups=existing_gpu_groups, env=where, tags=tags,
+                           network=network, existing_gpu_groups=existing_gpu_groups,
+                           image_cache_prefix=cache_prefix(name) if env.image.pull_through_cache else None,
+                           env=where, tags=tags,
                            description=f"raytrain-eks {name}: EKS cluster, GPU nodes, add-ons")
     # The pod policy names the bucket: deploy the bucket first.
     cluster.add_stack_dependency(storage)

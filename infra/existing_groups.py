@@ -44,11 +44,12 @@ def creation_key(group: GpuNodeGroupSpec, gpu_availability_zone: str, availabili
     """What, changed, makes CloudFormation replace the group: the spec inputs of the schema's
     createOnlyProperties (a tag value: letters, digits, ./_-). InstanceTypes and CapacityType:
     ``instance_type``, ``capacity``; Subnets: the GPU AZ's private subnet, whose CIDR block
-    (create-only on AWS::EC2::Subnet) follows its place in ``cluster.availability_zones``
-    (infra/stacks/network.py carves the subnets in that order); AmiType: :data:`AMI_TYPE`.
+    (create-only on AWS::EC2::Subnet) follows its place among ``cluster.availability_zones``
+    sorted by name (infra/stacks/network.py carves the subnets in that order, so the order the
+    spec lists them in does not count); AmiType: :data:`AMI_TYPE`.
     NodeRole, ClusterName, RemoteAccess, NodegroupName and DiskSize no spec field drives (the
     disk is in the launch template: a new version, not a replacement)."""
-    zones = ".".join(availability_zones)
+    zones = ".".join(sorted(availability_zones))
     return f"{group.instance_type}/{group.capacity}/{gpu_availability_zone}/{zones}/{AMI_TYPE}"
 
 

@@ -47,6 +47,7 @@ ACTIONS = {"account": "sts:GetCallerIdentity", "eks-addon": "eks:DescribeAddonVe
            "leftover": "cloudformation:DescribeStacks, s3:ListBucket, s3:GetBucketPolicy, logs:DescribeLogGroups",
            "zones": "ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings",
            "admins": "iam:GetRole, iam:GetUser",
+           "image-cache": "cloudformation:DescribeStacks, ecr:DescribePullThroughCacheRules",
            "node-groups": "eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup"}
 
 

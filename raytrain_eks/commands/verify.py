@@ -34,7 +34,7 @@ def make_client(service: str, region: str):
 
 def run(args: argparse.Namespace) -> int:
     from environment import load_environment
-    from raytrain_eks import verify, verify_account, verify_nodegroups, verify_zones
+    from raytrain_eks import verify, verify_account, verify_cache, verify_nodegroups, verify_zones
     from raytrain_eks.chart_index import IndexCache, http_fetch
 
     env = load_environment(args.env)
@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         ("quota", lambda: verify.check_quotas(env, client("service-quotas"))),
         ("reservation", lambda: verify.check_reservations(env, client("ec2"))),
         ("image", lambda: verify.check_image(env, args.registry_url, args.timeout)),
+        ("image-cache", lambda: verify_cache.check_image_cache(env, client("cloudformation"), client("ecr"))),
         ("node-groups", lambda: verify_nodegroups.check_node_groups(env, client("eks"), existing)),
     ])
     for finding in findings:

@@ -100,8 +100,10 @@ def test_every_nag_acknowledgement_has_a_real_reason(variant):
     # node role's 2 managed policies (no CNI policy) + the CNI's own role 1 + access-log bucket 1
     # + pod policy: its read/write prefix 1 + each read-only prefix
     read_only = len(variant.env.storage.read_only_prefixes)
-    # + cluster-autoscaler's describe/scale policy 1
-    assert groups >= 1 and len(acks) == 1 + 8 + 4 + 2 + 1 + 1 + 1 + read_only + 1
+    # + cluster-autoscaler's describe/scale policy 1 + with the image cache, the node role's
+    # statements on the cache's repositories 1
+    cache = 1 if variant.env.image.pull_through_cache else 0
+    assert groups >= 1 and len(acks) == 1 + 8 + 4 + 2 + 1 + 1 + 1 + read_only + 1 + cache
     for key, reason in acks.items():
         assert len(reason) >= 40, key
     # each finding has a reason of its own (no sentence copied from one finding to another)
