@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  model  {model_note}")
         print(f"  data   {data.summary}")
         return 0
+    if job.kind == "netcheck":
+        from training.netcheck.driver import run as netcheck
+
+        return netcheck(job)
     from training.launch import run
 
     return run(job, argv=[sys.executable, "-m", "training", *argv])

@@ -29,6 +29,9 @@ from training.config_checks import (  # noqa: F401  (re-exported: one schema, on
 )
 from training.model_config import check_config_keys, max_positions
 
+JOB_KINDS = ("train", "netcheck")
+"""``kind`` of a job config: what ``python -m training`` runs for it."""
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TransformConfig:
     """One ``[[model.transforms]]`` entry: a model transform applied after the model is built and
@@ -263,6 +266,36 @@ class AcceptConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class NetcheckConfig:
+    """What a ``kind = "netcheck"`` job measures (training/netcheck/): collective bus bandwidth
+    for message sizes from ``min_bytes`` to ``max_bytes``, doubling (nccl-tests' ``-b -e -f 2``)."""
+    min_bytes: int = 1 << 20
+    """Smallest message, bytes."""
+    max_bytes: int = 1 << 28
+    """Largest message, bytes (<= 4 GiB)."""
+    iters: int = 20
+    """Timed collectives per size."""
+    warmup_iters: int = 5
+    """Untimed collectives per size first (connections, allocator)."""
+    link_gbps: float = 0.0
+    """The node's nominal network limit in Gbit/s; the charts set it from environment/instances.py
+    (0 = unknown: no link criterion)."""
+    min_link_fraction: float = 0.5
+    """Verdict: inter-node all-reduce bus bandwidth at least this share of ``link_gbps``."""
+    compare_socket: bool = True
+    """Run a second time forced to NCCL's socket transport; verdict: EFA must beat it."""
+
+    def __post_init__(self) -> None:
+        positive(self, "min_bytes", "max_bytes", "iters", "link_gbps", "min_link_fraction",
+                 "warmup_iters", allow_zero=True)
+        positive(self, "min_bytes", "iters")
+        if self.max_bytes < self.min_bytes or self.max_bytes > 1 << 32:
+            raise FieldError("max_bytes", self.max_bytes, f"must be between min_bytes ({self.min_bytes}) and 4294967296")
+        if self.min_link_fraction > 1:
+            raise FieldError("min_link_fraction", self.min_link_fraction, "must be a share between 0 and 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RayJobConfig:
     """How Kubernetes runs the job as a KubeRay RayJob (read by charts/, ignored by the job)."""
     active_deadline_minutes: int = 240
@@ -290,6 +323,9 @@ class JobConfig:
     name: str
     """The job's name: RayJob name and default run name (lower-case DNS label)."""
     description: str = ""
+    kind: str = "train"
+    """What the job runs: ``train`` (training/loop.py) or ``netcheck`` (training/netcheck/: the
+    network's bus bandwidth, over EFA and over sockets, with a verdict; model and data unused)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -299,6 +335,7 @@ class JobConfig:
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     rayjob: RayJobConfig = field(default_factory=RayJobConfig)
     accept: AcceptConfig = field(default_factory=AcceptConfig)
+    netcheck: NetcheckConfig = field(default_factory=NetcheckConfig)
     source: str = "<job config>"
     """Where this config came from (for error messages)."""
 
@@ -306,6 +343,7 @@ class JobConfig:
         """Rules across sections; a FieldError here names the absolute field."""
         if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?", self.name):
             raise FieldError("name", self.name, "is not a lower-case DNS label of at most 40 characters")
+        one_of(self, "kind", JOB_KINDS)
         t, p, k = self.train, self.parallel, self.checkpoint
         limit = self.model.known_max_positions
         if limit and t.seq_len > limit:

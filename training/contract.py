@@ -75,6 +75,8 @@ ENV_PREFIX = "RAYTRAIN_"
 # --- files of a run directory ---------------------------------------------------------------
 RECORD_NAME = "run.json"
 METRICS_NAME = "metrics.jsonl"
+NETCHECK_NAME = "netcheck.json"
+"""A netcheck run's record (training/netcheck/driver.py), beside where run.json would be."""
 TENSORBOARD_DIR = "tensorboard"
 """The run's TensorBoard event files (training/metric_sinks/tensorboard.py); copied out with the run."""
 
