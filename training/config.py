@@ -284,6 +284,9 @@ class NetcheckConfig:
     """Verdict: inter-node all-reduce bus bandwidth at least this share of ``link_gbps``."""
     compare_socket: bool = True
     """Run a second time forced to NCCL's socket transport; verdict: EFA must beat it."""
+    run_first: bool = False
+    """A training job measures the network before it trains (the smoke job, so the pipeline's
+    Smoke stage catches an image that slows the network); a rejected netcheck fails the run."""
 
     def __post_init__(self) -> None:
         positive(self, "min_bytes", "max_bytes", "iters", "link_gbps", "min_link_fraction",
@@ -393,6 +396,11 @@ class JobConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.train.global_batch_size * self.train.seq_len
+
+    @property
+    def measures_network(self) -> bool:
+        """A netcheck job, or a training job that runs one first (``netcheck.run_first``)."""
+        return self.kind == "netcheck" or self.netcheck.run_first
 
     @property
     def is_infrastructure_check(self) -> bool:

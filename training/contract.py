@@ -219,6 +219,7 @@ RECORD_FIELDS = (
     # identity and what ran (the reproducibility review):
     "source", "manifest_name", "environment_spec", "inputs", "ranks", "nccl_logs", "reproducibility",
     "verdict", "definitions", "exports",
+    "netcheck",  # the network measured before training (netcheck.run_first): verdict, figures, uri; else None
 )
 """Every top-level key a finished run.json holds."""
 WORKER_RECORD_FIELDS = ("versions", "ranks", "inputs", "nccl_logs", "transport", "hosts", "data", "throughput",

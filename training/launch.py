@@ -275,6 +275,10 @@ def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
     token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/failure.py)
     returned, error, data_errors = None, None, []
     try:
+        if job.netcheck.run_first:  # the network under control first: a rejection fails the run (stage transport)
+            from training.netcheck.driver import before_training
+
+            record.update(netcheck=before_training(job))
         result = build_trainer(job, resume_from=resume_from, data_error_token=token,
                                lease=lease.to_dict() if lease is not None else None).fit()
         if getattr(result, "error", None):

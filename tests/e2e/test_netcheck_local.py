@@ -69,3 +69,29 @@ def test_a_bad_netcheck_field_is_one_line_before_anything_starts(tmp_path):
     assert proc.stderr.strip() == ("error: jobs/netcheck.toml: netcheck.max_bytes: 3 must be between min_bytes "
                                    "(1048576) and 4294967296")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def measured_first(tmp_path_factory):
+    """The local training job with ``netcheck.run_first`` (as jobs/smoke.toml sets it), shortened."""
+    out = tmp_path_factory.mktemp("run-first")
+    sets = ("netcheck.run_first=true", "netcheck.max_bytes=1048576", "netcheck.iters=2", "train.max_steps=2", "train.warmup_steps=1",
+            "checkpoint.every_n_steps=0", "eval.every_n_steps=0", "accept.eval_loss_after_max=0",
+            "accept.improvement_min=0")
+    argv = [sys.executable, "-m", "raytrain_eks.cli", "submit", "jobs/local.toml", "--local", "--out", str(out)]
+    for item in sets:
+        argv += ["--set", item]
+    return out, subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+
+
+def test_a_training_run_measures_the_network_first_and_its_record_says_so(measured_first):
+    out, proc = measured_first
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    record = json.loads((out / "run.json").read_text())
+    assert record["verdict"]["verdict"] == "accepted"
+    assert record["netcheck"]["verdict"] == "accepted"
+    assert record["netcheck"]["uri"].endswith(f"/{record['job_config']['checkpoint']['run_name']}/netcheck.json")
+    measured = json.loads((out / "netcheck.json").read_text())  # copied with the run
+    assert measured["verdict"]["figures"] == record["netcheck"]["figures"]
+    assert "netcheck: ACCEPTED" in proc.stdout
+    assert left_running(out) == {}

@@ -12,6 +12,7 @@ from typing import Any
 
 from training import contract
 from training.config import JobConfig
+from training.verdict import ACCEPTED
 from training.netcheck.judge import MODES, NCCL_MODE, SOCKET_MODE, headline, judge
 
 SOCKET_ENV = {"NCCL_NET": "Socket", "FI_PROVIDER": "tcp", "NCCL_NET_PLUGIN": "none"}
@@ -64,31 +65,51 @@ def record(job: JobConfig, modes: dict[str, dict[str, Any]], started: float) -> 
             "modes": modes, "verdict": judged}
 
 
-def run(job: JobConfig) -> int:
-    """Measure every mode, write ``<run dir>/netcheck.json``, print the table and verdict;
-    returns the verdict's exit code (1 when a fit failed)."""
+def measure(job: JobConfig) -> dict[str, Any]:
+    """Fit every mode, write ``<run dir>/netcheck.json``; returns the record. A failed fit raises."""
     import ray
 
-    from training.launch import forwarded_env, run_dir, SUBMITTED_JOB_ENV
-    from training.netcheck.table import table
+    from training.launch import SUBMITTED_JOB_ENV, forwarded_env, run_dir
     from training.run_record import write_json
 
     if not ray.is_initialized():
         submitted = SUBMITTED_JOB_ENV in os.environ
         ray.init(**({} if submitted else {"runtime_env": {"env_vars": forwarded_env()}}), log_to_driver=True)
     started = time.time()
-    modes: dict[str, dict[str, Any]] = {}
-    for mode in MODES if job.netcheck.compare_socket else (NCCL_MODE,):
-        try:
-            modes[mode] = fit_mode(job, mode)
-        except Exception as err:  # noqa: BLE001 - one line, the details are in the workers' logs
-            first = (str(err).strip().splitlines() or [""])[0]
-            print(f"netcheck failed ({mode} run): {type(err).__name__}: {first}", file=sys.stderr, flush=True)
-            return 1
+    modes = {mode: fit_mode(job, mode) for mode in (MODES if job.netcheck.compare_socket else (NCCL_MODE,))}
     out = record(job, modes, started)
-    where = f"{run_dir(job).rstrip('/')}/{contract.NETCHECK_NAME}"
-    write_json(where, out)
+    out["uri"] = f"{run_dir(job).rstrip('/')}/{contract.NETCHECK_NAME}"
+    write_json(out["uri"], out)
+    return out
+
+
+def run(job: JobConfig) -> int:
+    """``kind = "netcheck"``: measure, print the table and the verdict; returns the verdict's
+    exit code (1 when a fit failed)."""
+    from training.netcheck.table import table
+
+    try:
+        out = measure(job)
+    except Exception as err:  # noqa: BLE001 - one line, the details are in the workers' logs
+        first = (str(err).strip().splitlines() or [""])[0]
+        print(f"netcheck failed: {type(err).__name__}: {first}", file=sys.stderr, flush=True)
+        return 1
     print(table(out), flush=True)
-    print(f"netcheck record: {where}", flush=True)
+    print(f"netcheck record: {out['uri']}", flush=True)
     print("verdict: " + headline(out["verdict"]), flush=True)
     return out["verdict"]["exit_code"]
+
+
+def before_training(job: JobConfig) -> dict[str, Any]:
+    """``netcheck.run_first``: measure; the summary run.json keeps (``verdict``, ``figures``,
+    ``uri``). Raises :class:`training.transport.TransportError` (the run's failure stage
+    ``transport``) when the netcheck rejects the network."""
+    from training.netcheck.table import table
+    from training.transport import TransportError
+
+    out = measure(job)
+    print(table(out), flush=True)
+    print("netcheck: " + headline(out["verdict"]), flush=True)
+    if out["verdict"]["verdict"] != ACCEPTED:
+        raise TransportError(f"netcheck {headline(out['verdict'])} ({out['uri']})")
+    return {key: out["verdict"][key] for key in ("verdict", "figures")} | {"uri": out["uri"]}
