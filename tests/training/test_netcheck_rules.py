@@ -81,3 +81,25 @@ def test_one_node_or_unknown_link_skips_the_rules_it_cannot_judge():
     assert {c["name"]: c["ok"] for c in judged["checks"]} == {"link": None, "efa_faster": None}
     judged = judge(_modes(1.0, 2.0), link_gbps=0, min_link_fraction=0.5, require_transport="any")
     assert _failed(judged) == ["efa_faster"]  # no link figure: only the comparison judges
+
+
+def test_a_rejected_netcheck_before_training_fails_the_run_at_stage_transport(tmp_path, monkeypatch):
+    """``netcheck.run_first``: the rejection :func:`before_training` raises is what the driver's
+    record turns into an execution failure of stage ``transport`` (exit 1: the Smoke stage fails)."""
+    from training.config import load_job_config
+    from training.launch import finish_record, start_record
+    from training.netcheck import driver
+    from training.transport import TransportError
+
+    job = load_job_config("jobs/local.toml", [f"checkpoint.storage_path={tmp_path}", "netcheck.run_first=true"])
+    modes = _modes(10.0, 10.0)
+    rejected = {"modes": modes, "uri": str(tmp_path / "netcheck.json"),
+                "verdict": judge(modes, link_gbps=100, min_link_fraction=0.5, require_transport="efa")}
+    # measure() fits on Ray (tests/e2e/test_netcheck_local.py runs it): here its record is given
+    monkeypatch.setattr(driver, "measure", lambda job: rejected)
+    record = start_record(job, ["python", "-m", "training"])
+    with pytest.raises(TransportError) as raised:
+        driver.before_training(job)
+    final = finish_record(record, returned=None, error=raised.value)
+    assert final["verdict"]["verdict"] == "execution-failed" and final["verdict"]["stage"] == "transport"
+    assert final["exit_code"] == 1 and "netcheck REJECTED: EFA" in final["error"]
