@@ -47,13 +47,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  model  {model_note}")
         print(f"  data   {data.summary}")
         return 0
-    if job.kind == "netcheck":
-        from training.netcheck.driver import run as netcheck
-
-        return netcheck(job)
     from training.launch import run
+    from training.netcheck import driver
 
-    return run(job, argv=[sys.executable, "-m", "training", *argv])
+    if job.kind == "netcheck":
+        return driver.run(job)
+    return run(job, argv=[sys.executable, "-m", "training", *argv],
+               before_fit=driver.before_training if job.netcheck.run_first else None)
 
 
 def _count(n: int, noun: str) -> str:

@@ -11,7 +11,7 @@ import os
 import socket
 import sys
 import uuid
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from training import contract, metric_sinks, run_logs, verdict
 from training.config import JobConfig
@@ -215,10 +215,11 @@ def run_in_process(job: JobConfig, ctx: Any, *, argv: list[str] | None = None, *
     return final
 
 
-def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
+def run(job: JobConfig, *, argv: list[str] | None = None, before_fit: Callable[[JobConfig], dict] | None = None) -> int:
     """Fit the job; returns the process exit code: the verdict's (training/verdict.py: 0 accepted,
     1 execution-failed, 3 rejected), 2 refused input (before start, or data the job cannot read),
-    143 stopped by SIGTERM (resumable)."""
+    143 stopped by SIGTERM (resumable). ``before_fit``: run once the record exists, before the
+    fit; its result is run.json's ``netcheck`` (training/netcheck/driver.py ``before_training``)."""
     from training import checkpointing
 
     argv = list(argv or sys.argv)
@@ -232,13 +233,13 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
             print(f"error: {job.source}: {err}", file=sys.stderr, flush=True)
             return 2
     try:
-        return _run(job, argv, lease)
+        return _run(job, argv, lease, before_fit)
     finally:
         if lease is not None:
             lease.release()
 
 
-def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
+def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobConfig], dict] | None = None) -> int:
     """:func:`run` while this attempt holds the run's lease (None: no storage, no lease)."""
     import ray
 
@@ -275,10 +276,8 @@ def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
     token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/failure.py)
     returned, error, data_errors = None, None, []
     try:
-        if job.netcheck.run_first:  # the network under control first: a rejection fails the run (stage transport)
-            from training.netcheck.driver import before_training
-
-            record.update(netcheck=before_training(job))
+        if before_fit is not None:  # netcheck.run_first: a rejection fails the run (stage transport)
+            record.update(netcheck=before_fit(job))
         result = build_trainer(job, resume_from=resume_from, data_error_token=token,
                                lease=lease.to_dict() if lease is not None else None).fit()
         if getattr(result, "error", None):
