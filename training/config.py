@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from spec_schema import FieldError, build_section, read_toml
 from training.config_checks import (  # noqa: F401  (re-exported: one schema, one place to import from)
     BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, ON_EXISTING_RUN, OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES,
-    TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive, s3_problem,
+    TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive, s3_problem, tracking_uri_problem,
 )
 from training.model_config import check_config_keys, max_positions
 
@@ -266,6 +266,22 @@ class AcceptConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TrackingConfig:
+    """Where the driver logs the run besides storage (training/metric_sinks/mlflow.py)."""
+    mlflow_uri: str = ""
+    """MLflow tracking server: ``http(s)://host[:port]`` or a SageMaker managed MLflow ARN
+    (``arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>``, SigV4-signed with
+    the pod's role). Empty: ``MLFLOW_TRACKING_URI`` from the environment, else no MLflow."""
+    mlflow_experiment: str = ""
+    """The run's experiment (empty: ``MLFLOW_EXPERIMENT_NAME``, else the job's name)."""
+
+    def __post_init__(self) -> None:
+        problem = tracking_uri_problem(self.mlflow_uri) if self.mlflow_uri else None
+        if problem:
+            raise FieldError("mlflow_uri", self.mlflow_uri, problem)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class NetcheckConfig:
     """What a ``kind = "netcheck"`` job measures (training/netcheck/): collective bus bandwidth
     for message sizes from ``min_bytes`` to ``max_bytes``, doubling (nccl-tests' ``-b -e -f 2``)."""
@@ -339,6 +355,7 @@ class JobConfig:
     rayjob: RayJobConfig = field(default_factory=RayJobConfig)
     accept: AcceptConfig = field(default_factory=AcceptConfig)
     netcheck: NetcheckConfig = field(default_factory=NetcheckConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     source: str = "<job config>"
     """Where this config came from (for error messages)."""
 

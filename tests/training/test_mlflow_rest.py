@@ -52,7 +52,7 @@ def test_a_sagemaker_request_is_signed_as_the_plugin_signs_it(monkeypatch):
 
 
 @pytest.mark.parametrize("uri, words", [
-    ("mlflow.example.com:5000", "expected http(s)://host[:port] or a SageMaker MLflow ARN"),
+    ("mlflow.example.com:5000", "is not http(s)://host[:port] nor a SageMaker MLflow ARN"),
     ("arn:aws:s3:::bucket", "not a SageMaker MLflow tracking server ARN"),
     ("arn:aws-cn:sagemaker:cn-north-1:1:mlflow-tracking-server/t", "partition 'aws-cn' is not supported"),
 ])
@@ -60,6 +60,13 @@ def test_a_bad_tracking_uri_is_one_line_naming_it(uri, words):
     with pytest.raises(ValueError, match="tracking URI") as err:
         Tracking(uri)
     assert words in str(err.value) and uri in str(err.value) and "\n" not in str(err.value)
+    # the job config's field refuses it before anything starts, with the same rule
+    from training.config import JobConfigError, load_job_config
+
+    with pytest.raises(JobConfigError) as refused:
+        load_job_config("jobs/local.toml", [f'tracking.mlflow_uri="{uri}"'])
+    line = str(refused.value)
+    assert line.startswith(f"jobs/local.toml: tracking.mlflow_uri: {uri!r} ") and words in line and "\n" not in line
 
 
 def test_without_a_tracking_uri_the_driver_logs_nothing(monkeypatch):
