@@ -111,6 +111,17 @@ def lease_holder(environ: Mapping[str, str] | None = None) -> str:
     return f"{who} on {socket.gethostname()} (pid {os.getpid()})"
 
 
+def connect_ray() -> None:
+    """``ray.init`` once: RAY_ADDRESS (set in a RayJob) connects to the cluster; otherwise a local
+    one starts. A submitted job (`ray job submit`, KubeRay) already carries its runtime env, and
+    Ray refuses a second one that repeats its keys: ours is forwarded only outside a submitted job."""
+    import ray
+
+    if not ray.is_initialized():
+        submitted = SUBMITTED_JOB_ENV in os.environ
+        ray.init(**({} if submitted else {"runtime_env": {"env_vars": forwarded_env()}}), log_to_driver=True)
+
+
 def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: str = "run",
                   lease: dict[str, Any] | None = None) -> Any:
     """The TorchTrainer for ``job`` (not started); ``resume_from``: a checkpoint URI for a new run;
@@ -241,8 +252,6 @@ def run(job: JobConfig, *, argv: list[str] | None = None, before_fit: Callable[[
 
 def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobConfig], dict] | None = None) -> int:
     """:func:`run` while this attempt holds the run's lease (None: no storage, no lease)."""
-    import ray
-
     from training import checkpointing
 
     resume_from = ""
@@ -258,12 +267,7 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
         resume_from = plan.resume_from
         if resume_from:
             print(f"resuming {job.run_name} from step {plan.resume_step}: {resume_from}", flush=True)
-    if not ray.is_initialized():
-        # RAY_ADDRESS (set in a RayJob) connects to the cluster; otherwise a local one starts.
-        # A submitted job (`ray job submit`, KubeRay) already carries its runtime env, and Ray
-        # refuses a second one that repeats its keys: forward ours only outside a submitted job.
-        submitted = SUBMITTED_JOB_ENV in os.environ
-        ray.init(**({} if submitted else {"runtime_env": {"env_vars": forwarded_env()}}), log_to_driver=True)
+    connect_ray()
     record = start_record(job, argv)
     stop_flag = limit = None
     if job.checkpoint.storage_path:  # keep the reference: the flag actor lives as long as it

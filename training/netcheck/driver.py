@@ -67,14 +67,10 @@ def record(job: JobConfig, modes: dict[str, dict[str, Any]], started: float) -> 
 
 def measure(job: JobConfig) -> dict[str, Any]:
     """Fit every mode, write ``<run dir>/netcheck.json``; returns the record. A failed fit raises."""
-    import ray
-
-    from training.launch import SUBMITTED_JOB_ENV, forwarded_env, run_dir
+    from training.launch import connect_ray, run_dir
     from training.run_record import write_json
 
-    if not ray.is_initialized():
-        submitted = SUBMITTED_JOB_ENV in os.environ
-        ray.init(**({} if submitted else {"runtime_env": {"env_vars": forwarded_env()}}), log_to_driver=True)
+    connect_ray()
     started = time.time()
     modes = {mode: fit_mode(job, mode) for mode in (MODES if job.netcheck.compare_socket else (NCCL_MODE,))}
     out = record(job, modes, started)
