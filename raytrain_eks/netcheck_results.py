@@ -49,6 +49,23 @@ def plot(record: dict[str, Any], out: Path) -> Path:
     return target
 
 
+def summary_text(summary: dict[str, Any] | None) -> str | None:
+    """run.json's ``netcheck`` (a run that measured the network first) as one report cell."""
+    if not summary:
+        return None
+    f = summary.get("figures") or {}
+    parts = [str(summary.get("verdict", "?")).upper(), f"transport {f.get('transport', '?')}"]
+    for key, label, unit in (("inter_busbw_gbs", "inter-node all-reduce busbw", " GB/s"),
+                             ("intra_busbw_gbs", "intra-node", " GB/s")):
+        if f.get(key) is not None:
+            parts.append(f"{label} {f[key]:.2f}{unit}")
+    if f.get("link_ratio") is not None:
+        parts.append(f"{f['link_ratio']:.0%} of the link")
+    if f.get("efa_over_socket") is not None:
+        parts.append(f"{f['efa_over_socket']:.1f}x sockets")
+    return ", ".join(parts)
+
+
 def finish(out_dir: Path, say=print) -> int:
     """Print the table, draw the plot, say the verdict; returns its exit code."""
     from training.netcheck.judge import headline
