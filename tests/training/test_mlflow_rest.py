@@ -9,6 +9,10 @@ the ARN's region with ``X-Amz-Content-SHA256`` set to the body's hash (``auth.py
 """
 from __future__ import annotations
 
+import posixpath
+import re
+from pathlib import Path
+
 import hashlib
 import urllib.request
 from types import SimpleNamespace
@@ -87,3 +91,38 @@ def test_the_job_config_flattens_to_mlflow_params():
     assert mlflow_sink.flatten({"name": "local", "train": {"max_steps": 10, "lr": 1e-4},
                                 "data": {"paths": ["a", "b"], "mix": None}}) == {
         "name": "local", "train.max_steps": "10", "train.lr": "0.0001", "data.paths": '["a", "b"]', "data.mix": "null"}
+
+
+# Ported from mlflow 3.17.2 (the tracking venv's pin), mlflow/utils/validation.py:
+# validate_param_and_metric_name (:321, non-Windows: ``^[/\w.\- :]*$``), path_not_unique (:342:
+# the name must be its own posixpath.normpath, not ".", not "..*", not "/*") and
+# MAX_ENTITY_KEY_LENGTH (:78, 250): the server refuses a log-batch holding one key that fails them.
+MLFLOW_KEY = re.compile(r"^[/\w.\- :]*$")
+MAX_ENTITY_KEY_LENGTH = 250
+
+
+def mlflow_refuses_key(name: str) -> bool:
+    norm = posixpath.normpath(name)
+    return (not MLFLOW_KEY.match(name) or norm != name or norm == "." or norm.startswith("..")
+            or norm.startswith("/") or len(name) > MAX_ENTITY_KEY_LENGTH)
+
+
+def test_the_oracle_refuses_what_mlflow_refuses():
+    assert mlflow_refuses_key("/loss") and mlflow_refuses_key("a//b") and mlflow_refuses_key("a;b")
+    assert not mlflow_refuses_key("train/loss") and not mlflow_refuses_key("train.max_steps")
+
+
+@pytest.mark.parametrize("job", sorted(Path("jobs").glob("*.toml")), ids=lambda p: p.stem)
+def test_every_key_the_driver_logs_is_one_mlflow_accepts(job):
+    """Every shipped job's params (the config flattened), the tags, and the metric names of rows
+    of every kind, including a row without a kind."""
+    from training.config import load_job_config
+    from training.metric_sinks.mlflow import flatten, metric_entries, run_tags
+
+    config = load_job_config(job).to_dict()
+    record = {"job_config": config, "verdict": {"verdict": "accepted"}, "source": {"git_commit": "ab" * 20}}
+    rows = [{"kind": kind, "step": 1, "loss": 1.0, "tokens_per_s": 2.0} for kind in ("train", "eval", "summary")]
+    rows.append({"step": 2, "loss": 1.0})
+    keys = [*flatten(config), *run_tags(record), *(m["key"] for m in metric_entries(rows))]
+    assert [k for k in keys if mlflow_refuses_key(k)] == []
+    assert all(len(v) <= 6000 for v in flatten(config).values())
