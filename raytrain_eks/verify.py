@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from environment import Environment
-from environment.addons import ADDONS, EKS_ADDONS
+from environment.addons import EKS_ADDONS, installed_addons
 from environment.instances import INSTANCE_TYPES
 from raytrain_eks.capacity import USABLE_STATES, Reservation, offered_zones
 from raytrain_eks.chart_index import ChartIndexError, IndexCache, index_url, matches
@@ -100,9 +100,7 @@ def check_eks_addons(env: Environment, eks) -> list[Finding]:
 
 def check_charts(env: Environment, index: IndexCache, mirror: str = "") -> list[Finding]:
     out = []
-    for addon in ADDONS:
-        if not addon.enabled(env):
-            continue
+    for addon in installed_addons(env):  # an add-on already present is not installed
         version = env.versions.chart(addon.key)
         url = index_url(addon.repository, mirror)
         try:
