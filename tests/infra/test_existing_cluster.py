@@ -184,3 +184,18 @@ def test_existing_raw_is_the_documented_shape():
     env = environment_from_dict(copy.deepcopy(existing_raw()), "existing.toml")
     assert env.cluster.eks_name == EXISTING_CLUSTER
     assert [g.existing for g in env.gpu_node_groups] == ["team-l4", ""]
+
+
+def test_a_cluster_autoscaler_installed_here_discovers_and_scales_the_existing_cluster(tmp_path):
+    # cluster-autoscaler finds ASGs tagged k8s.io/cluster-autoscaler/<EKS name> (EKS tags a managed
+    # group's ASG so) and may scale only those: the EKS name is cluster.existing, not cluster.name
+    from infra_variants import synthesize
+
+    raw = existing_raw()
+    raw["cluster"]["present_addons"] = ["kuberay_operator", "nvidia_device_plugin"]
+    synth = synthesize(raw, tmp_path, "existing.toml")
+    values = ADDONS_BY_KEY["cluster_autoscaler"].values(synth.env)
+    assert values["autoDiscovery"]["clusterName"] == EXISTING_CLUSTER
+    [policy] = [p for k, p in synth.resources("cluster", "AWS::IAM::Policy").items() if "ClusterAutoscaler" in k]
+    [scale] = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Sid"] == "ScaleThisClustersGroups"]
+    assert scale["Condition"] == {"StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{EXISTING_CLUSTER}": "owned"}}
