@@ -199,3 +199,13 @@ def test_a_cluster_autoscaler_installed_here_discovers_and_scales_the_existing_c
     [policy] = [p for k, p in synth.resources("cluster", "AWS::IAM::Policy").items() if "ClusterAutoscaler" in k]
     [scale] = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Sid"] == "ScaleThisClustersGroups"]
     assert scale["Condition"] == {"StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{EXISTING_CLUSTER}": "owned"}}
+
+
+def test_the_reset_warning_names_only_groups_this_app_writes():
+    # a synth without a recent verify warns that it keeps DesiredSize on the groups it writes;
+    # the existing cluster's own L4 group is in no template, so it is not named
+    from infra.existing_groups import reset_warning
+
+    env = environment_from_dict(existing_raw(), "existing.toml")
+    line = reset_warning(env)
+    assert "p5 keep(s) DesiredSize" in line and "gpu," not in line
