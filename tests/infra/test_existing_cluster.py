@@ -186,14 +186,18 @@ def test_existing_raw_is_the_documented_shape():
     assert [g.existing for g in env.gpu_node_groups] == ["team-l4", ""]
 
 
-def test_a_cluster_autoscaler_installed_here_discovers_and_scales_the_existing_cluster(tmp_path):
+def test_a_cluster_autoscaler_and_kuberay_installed_here(tmp_path):
     # cluster-autoscaler finds ASGs tagged k8s.io/cluster-autoscaler/<EKS name> (EKS tags a managed
-    # group's ASG so) and may scale only those: the EKS name is cluster.existing, not cluster.name
+    # group's ASG so) and may scale only those: the EKS name is cluster.existing, not cluster.name.
+    # KubeRay's CRD chart comes from an asset the handler reads (aws-eks-v2/lib/helm-chart.js:
+    # ``chartAsset.bucket.grantRead(provider.role)``): the synth (cdk-nag included) passes.
     from infra_variants import synthesize
 
     raw = existing_raw()
-    raw["cluster"]["present_addons"] = ["kuberay_operator", "nvidia_device_plugin"]
+    raw["cluster"]["present_addons"] = ["nvidia_device_plugin"]
     synth = synthesize(raw, tmp_path, "existing.toml")
+    charts = synth.built.cluster.addons
+    assert "kuberay_operator" in charts.crd_charts and "kuberay_operator" in charts.charts
     values = ADDONS_BY_KEY["cluster_autoscaler"].values(synth.env)
     assert values["autoDiscovery"]["clusterName"] == EXISTING_CLUSTER
     [policy] = [p for k, p in synth.resources("cluster", "AWS::IAM::Policy").items() if "ClusterAutoscaler" in k]
