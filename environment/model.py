@@ -18,6 +18,7 @@ from environment.cluster import (  # noqa: F401  (re-exported: every section is 
 )
 from environment.contract import CODE_PREFIX, DIGEST_PATTERN
 from environment.errors import FieldError
+from environment.existing import environment_problem
 from environment.image_source import cache_problem
 from environment.instances import INSTANCE_TYPES
 from environment.maintenance import window_problem
@@ -293,6 +294,7 @@ class Environment:
         if self.storage.existing_bucket and not self.storage.bucket_name and not self.cluster.account:
             raise FieldError("storage.existing_bucket", True,
                              "needs the bucket's name: set storage.bucket_name (or cluster.account)")
+        environment_problem(self)
         if problem := cache_problem(self):
             raise FieldError(*problem)
         if not self.storage.bucket_name and (problem := bucket_name_problem(self.bucket_name)):

@@ -69,7 +69,8 @@ def existing(env: Environment, node_group_tags: Iterable[dict[str, str]]) -> fro
 def reset_warning(env: Environment) -> str | None:
     """The one line a synth prints when it cannot know which groups exist (no recent verify,
     deployed with the override): every autoscaled group keeps its desired size (safe to create)."""
-    groups = [g.name for g in env.gpu_node_groups if autoscaled(g)]
+    # An existing cluster's own groups (``existing``) are not in any template of this app.
+    groups = [g.name for g in env.gpu_node_groups if autoscaled(g) and not g.existing]
     if not groups:
         return None
     return (f"warning: {env.source}: no recent `raytrain-eks verify` says which GPU node groups exist, so "

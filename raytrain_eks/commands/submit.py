@@ -76,7 +76,7 @@ def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> 
     if not local:
         from raytrain_eks.eks_backend import check_context
 
-        check_context(env.cluster.name)
+        check_context(env.cluster.eks_name)
     return run_inputs.plan_uploads(config, env.storage_uri, ROOT)
 
 

@@ -33,6 +33,18 @@ def test_cfn_lint_no_errors_and_only_known_warnings(variant, which):
     assert not [m for m in matches if m.rule.id.startswith("E")]
 
 
+@pytest.mark.parametrize("which", ("storage", "cluster"))
+def test_cfn_lint_on_an_existing_cluster(existing, which):
+    # the stacks installed onto an existing cluster (no network stack there) lint as the others
+    matches = _lint(existing, which)
+    assert [f"{m.rule.id} {m.message}" for m in matches if m.rule.id not in IGNORED_WARNINGS] == []
+
+
+def test_cdk_nag_on_an_existing_cluster(existing):
+    reports = existing.validation_report["pluginReports"]
+    assert [r for r in reports if r["conclusion"] != "success" or r["violations"]] == []
+
+
 def test_cfn_lint_catches_a_real_error(default):
     # given a template with a bad property, cfn-lint reports an error (the check can fail)
     from cfnlint.api import lint
