@@ -25,6 +25,8 @@ FIXED_NAMES = {
                                              "cluster's, and it is its only create-only property",
     ("AWS::S3::Bucket", "BucketName"): "retained on delete; a redeploy adopts it (storage.existing_bucket)",
     ("AWS::EKS::Addon", "AddonName"): "one per add-on and cluster; its other create-only property is the cluster",
+    ("AWS::EC2::VPCEndpoint", "ServiceName"): "com.amazonaws.<region>.<service>: it changes only with the region "
+                                              "(a new stack); a replaced VPC takes its endpoints with it",
     ("AWS::EKS::PodIdentityAssociation", "Namespace"): "the key is (namespace, service account): a changed "
                                                        "namespace is a new key, no collision",
 }

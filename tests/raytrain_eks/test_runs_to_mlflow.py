@@ -27,7 +27,8 @@ def test_a_bad_uri_is_refused_before_any_run_is_read():
     proc = _cli("--to-mlflow", "mlflow.example.com:5000")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == ("error: runs: --to-mlflow: tracking URI 'mlflow.example.com:5000': "
-                                   "expected http(s)://host[:port] or a SageMaker MLflow ARN")
+                                   "is not http(s)://host[:port] nor a SageMaker MLflow ARN "
+                                   "(arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>)")
 
 
 @pytest.mark.slow
