@@ -141,7 +141,10 @@ def test_the_resumed_runs_report_reads_by_step_and_marks_the_resume(demo):
     steps = [r["step"] for r in run.train]
     assert steps == sorted(set(steps)) and run.resumes, run.resumes
     assert all(job.checkpoint.every_n_steps < step <= fault_step(job) + 1 for step in run.resumes), run.resumes
-    assert "resumed 1 time(s), logging again from step" in (out / "report" / "report.md").read_text()
+    # the count is what the metrics show (a worker lost to load besides the injected fault is a
+    # second, equally valid resume); the note names every one of them
+    report = (out / "report" / "report.md").read_text()
+    assert f"resumed {len(run.resumes)} time(s), logging again from step {', '.join(map(str, run.resumes))}" in report
 
 
 def test_the_exported_model_loads_and_generates(demo):
