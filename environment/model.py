@@ -20,6 +20,7 @@ from environment.contract import CODE_PREFIX, DIGEST_PATTERN
 from environment.errors import FieldError
 from environment.instances import INSTANCE_TYPES
 from environment.maintenance import window_problem
+from environment.queueing import QueueingSpec
 from environment.rules import DNS_LABEL, bucket_name_problem, schedule_problem, tag_ray_problem
 
 _SEMVER = re.compile(r"(?a)v?\d+\.\d+\.\d+")
@@ -255,6 +256,7 @@ class Environment:
     ray: RaySpec = field(default_factory=RaySpec)
     pipeline: PipelineSpec = field(default_factory=PipelineSpec)
     observability: ObservabilitySpec = field(default_factory=ObservabilitySpec)
+    queueing: QueueingSpec = field(default_factory=QueueingSpec)
     prices: tuple[tuple[str, float], ...] = ()
     """On-demand USD/hour overrides of the instance table's estimates."""
     source: str = "environment.toml"

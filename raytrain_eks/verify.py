@@ -29,7 +29,7 @@ from environment import Environment
 from environment.addons import ADDONS, EKS_ADDONS
 from environment.instances import INSTANCE_TYPES
 from raytrain_eks.capacity import USABLE_STATES, Reservation, offered_zones
-from raytrain_eks.chart_index import ChartIndexError, IndexCache, index_url, matches
+from raytrain_eks.chart_index import ChartIndexError, IndexCache, index_url, matches, oci_tags_url
 
 
 # Service Quotas codes of the EC2 On-Demand vCPU quotas, by instance family (the letters before
@@ -104,7 +104,8 @@ def check_charts(env: Environment, index: IndexCache, mirror: str = "") -> list[
         if not addon.enabled(env):
             continue
         version = env.versions.chart(addon.key)
-        url = index_url(addon.repository, mirror)
+        url = (oci_tags_url(addon.repository, mirror) if addon.repository.startswith("oci://")
+               else index_url(addon.repository, mirror))
         try:
             listed = index.versions(url, addon.chart)
         except ChartIndexError as err:
