@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # 0 runs the tests in this process. tests/conftest.py says how the work is split.
 TEST_WORKERS ?= 2
 
-.PHONY: tracking-venv install demo test synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
+.PHONY: tracking-venv install demo test test-unit test-subprocess test-synth test-ray synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
 
 TOKENIZER := training/assets/qwen2.5-tokenizer/tokenizer.json
 TRACKING_VENV := .work/tracking-venv
@@ -66,8 +66,15 @@ synth: cdk-synth cdk8s-synth
 demo: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" ENV_FILE=$(ENV_FILE) FAULT=$(FAULT) bash scripts/demo.sh
 
+PYTEST := PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+
+# Every tier. One tier alone: `make test-unit` (no synth, no subprocess, no Ray: the inner loop),
+# test-subprocess, test-synth, test-ray; tests/tiers.py says how a test's tier is decided.
 test: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
+
+test-unit test-subprocess test-synth test-ray: install
+	$(PYTEST) -m $(@:test-%=%) $(PYTEST_ARGS)
 
 bench: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py

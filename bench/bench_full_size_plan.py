@@ -15,7 +15,8 @@ own code (``training.parallel.parallelize`` on the shipped mesh, ``training.mode
 "today" is the code before training/attention.py (commit f6968c4): transformers' sdpa path with
 its dense per-document mask, full-vocabulary logits copied to fp32, accumulation with the
 parameters gathered and the unsharded fp32 gradient kept until the last micro batch (their
-few lines are repeated here as ``_todays_*``). "after" is the shipped code.
+few lines are repeated here as ``_todays_*``). "after" is the shipped code; a row without
+``loss_head: true`` was measured before the output layer ran in chunks (training/loss_head.py).
 
 Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]``
 (a few minutes per variant on an idle machine; ``make bench`` runs them all). Writes
@@ -157,7 +158,8 @@ def _flop_mapping():
 
 
 def measure(model_name: str, *, code: str, activation_checkpointing: bool, strategy: str = "hybrid_shard",
-            reduce_dtype: str = "float32", keep_gathered: bool = False, cluster: Cluster = Cluster()) -> dict:
+            reduce_dtype: str = "float32", keep_gathered: bool = False, cluster: Cluster = Cluster(),
+            loss_head: bool = True) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -166,6 +168,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
 
     from training import flops
     from training.attention import use_packed_attention
+    from training.loss_head import use_chunked_loss_head
     from training.model import loss_from_inputs, loss_inputs
     from training.parallel import begin_micro_batch, end_accumulation, mesh_plan, parallelize
 
@@ -180,6 +183,8 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
         model.config.use_cache = False
         if code == "after":
             use_packed_attention(model)
+            if loss_head:  # the output layer and the loss in chunks (training/loss_head.py), as build_model does
+                use_chunked_loss_head(model)
         else:
             batch = {**batch, "attention_mask": _todays_mask(config, batch)}
         parallelize(model, mesh, strategy=strategy, on_gpu=True, activation_checkpointing=activation_checkpointing,
@@ -215,6 +220,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
     model_flops = flops.training_flops_per_token(shapes, SEQ_LEN) * SEQ_LEN * MICRO_BATCH
     result = {"model": model_name, "code": code, "strategy": strategy, "activation_checkpointing": activation_checkpointing,
               "reduce_dtype": reduce_dtype, "keep_gathered": keep_gathered, "compile": False, "seq_len": SEQ_LEN,
+              "loss_head": code == "after" and loss_head,
               "micro_batch_size": MICRO_BATCH, "global_batch_size": GLOBAL_BATCH, "doc_lengths": list(DOC_LENGTHS),
               "peak_bytes": breakdown.pop("Total"), "peak_breakdown": breakdown,
               "executed_flops_per_micro_batch": int(executed), "model_flops_per_micro_batch": int(model_flops),

@@ -47,6 +47,7 @@ def trace(kind: str, seq_len: int, micro_batch_size: int) -> dict:
     from bench_full_size_plan import DOC_LENGTHS, packed_chat_batch
     from training.attention import use_packed_attention
     from training.flops import training_flops_per_token
+    from training.loss_head import use_chunked_loss_head
     from training.model import loss_from_inputs, loss_inputs
 
     aten = torch.ops.aten
@@ -88,6 +89,7 @@ def trace(kind: str, seq_len: int, micro_batch_size: int) -> dict:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # FSDP computes in bf16
         model.config.use_cache = False
         use_packed_attention(model)
+        use_chunked_loss_head(model)  # as build_model: the output layer and the loss in chunks
         recorder = Recorder()
         with recorder:
             loss_from_inputs(model, *prepared).backward()

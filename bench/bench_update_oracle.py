@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from infra_variants import default_raw  # noqa: E402
-from update_oracle import destroy, edit_results, table, templates  # noqa: E402
+import copy  # noqa: E402
+
+from infra_variants import capacity_raw, default_raw  # noqa: E402
+from update_oracle import CACHE_EDIT, destroy, edit_over, edit_results, table, templates  # noqa: E402
 
 
 def main() -> None:
@@ -24,6 +26,9 @@ def main() -> None:
     raw = default_raw()
     baseline = templates(raw)
     results = edit_results(raw, baseline)  # each edit over the first deploy, after a verify
+    with_account = copy.deepcopy(capacity_raw())  # the image cache needs an account
+    with_account["image"]["pull_through_cache"] = False
+    results[CACHE_EDIT[0]] = edit_over(with_account, CACHE_EDIT[1])
     # destroy: what is kept, and what goes with an effect (the rest is simply deleted)
     gone = destroy(baseline)
     results["cdk destroy --all"] = [c for c in gone if c.action == "retain" or c.effect]

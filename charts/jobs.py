@@ -180,6 +180,8 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
         replicas = requested // group.gpus_per_node
         overrides += [f"parallel.num_workers={requested}", f"parallel.workers_per_node={group.gpus_per_node}",
                       "parallel.use_gpu=true"]
+        if base.measures_network:  # the verdict's link: the instance table's figure (one definition)
+            overrides.append(f"netcheck.link_gbps={group.instance.network_gbps}")
     else:
         replicas = 1
     problems = resource_problems(env, base)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from environment import Environment, UnlockedImageWarning
+from environment.image_source import pull_reference
 from environment.contract import (
     CODE_HASH_LABEL, CODE_URI_ANNOTATION, IMAGE_ANNOTATION, IMAGE_DIGEST_ANNOTATION, IMAGE_LOCKED_LABEL,
     GIT_COMMIT_LABEL, GIT_DIRTY_LABEL, JOB_CONFIG_ANNOTATION, JOB_CONFIG_HASH_LABEL, JOB_LABEL, SPEC_HASH_LABEL,
@@ -35,11 +36,13 @@ POD_TEMPLATE_LABELS = {"app.kubernetes.io/part-of": "raytrain-eks"}
 
 
 def image_reference(env: Environment) -> str:
-    """``repo@sha256:...``, or ``repo:tag`` for an unlocked spec (the warning is the caller's
-    to show once, see charts.main; here it would repeat for every pod template)."""
+    """The pull reference (:func:`environment.image_source.pull_reference`: the cache's
+    repository when ``image.pull_through_cache``) ``@sha256:...``, or ``:tag`` for an unlocked
+    spec (the warning is the caller's to show once, see charts.main; here it would repeat for
+    every pod template)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnlockedImageWarning)
-        return env.image.reference
+        return pull_reference(env)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -249,7 +249,7 @@ def _autoscaler_values(env: "Environment") -> dict[str, Any]:
         # Discovers every ASG tagged k8s.io/cluster-autoscaler/<cluster> (EKS tags a managed
         # node group's ASG with it) and reads a 0-node managed group's labels and taints from
         # DescribeNodegroup, its EFA resource from the node group's node-template tags.
-        "autoDiscovery": {"clusterName": env.cluster.name},
+        "autoDiscovery": {"clusterName": env.cluster.eks_name},
         "rbac": {"serviceAccount": {"create": True, "name": CLUSTER_AUTOSCALER_SERVICE_ACCOUNT}},
         "extraArgs": {
             "expander": "least-waste",
@@ -310,6 +310,13 @@ ADDONS: tuple[HelmAddon, ...] = (
 """Every add-on, in install order."""
 
 ADDONS_BY_KEY: dict[str, HelmAddon] = {addon.key: addon for addon in ADDONS}
+
+
+def installed_addons(env: "Environment") -> tuple[HelmAddon, ...]:
+    """The entries this environment installs: enabled, and not already present on an existing
+    cluster (``cluster.present_addons``). Every row of the table is judged alike, so a new row
+    is installed only where absent without a line of its own."""
+    return tuple(a for a in ADDONS if a.enabled(env) and a.key not in env.cluster.present_addons)
 
 
 TOLERATE_ALL = [{"operator": "Exists"}]

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from environment.contract import (
     EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, GPU_TAINT_VALUE, KUBERNETES_VERSIONS, NODE_GROUP_LABEL, NODE_ROLE_LABEL,
 )
+from environment.addons import ADDONS
 from environment.errors import FieldError
+from environment.existing import cluster_problem
 from environment.instances import INSTANCE_TYPES, InstanceType, known_cpu_types, known_gpu_types, pod_cpu, pod_memory_gib
 from environment.regions import AWS_REGIONS
 from environment.rules import DNS_LABEL
@@ -46,6 +48,25 @@ class ClusterSpec:
     CloudFormation's execution role, never the person running ``cdk deploy``."""
     log_retention_days: int = 30
     """Days the control plane's CloudWatch log group keeps its logs."""
+    existing: str = ""
+    """The name of an EKS cluster a team already has, to install onto (environment/existing.py);
+    empty: the cluster stack creates one named ``name``. With it, ``name`` still names the
+    stacks and the bucket; the fields below describe that cluster and ``verify`` checks them."""
+    vpc_id: str = ""
+    """The existing cluster's VPC (only with ``existing``)."""
+    private_subnet_ids: tuple[str, ...] = ()
+    """One private subnet of ``vpc_id`` per ``availability_zones`` entry, same order (only with
+    ``existing``): new GPU groups go into the one in ``gpu_availability_zone``."""
+    cluster_security_group_id: str = ""
+    """The security group EKS made for the existing cluster (only with ``existing``)."""
+    present_addons: tuple[str, ...] = ()
+    """Add-on keys of environment/addons.py the existing cluster already runs: not installed,
+    never removed (only with ``existing``; ``verify`` finds each and the ones it lacks)."""
+
+    @property
+    def eks_name(self) -> str:
+        """The EKS cluster's name: ``existing``, else ``name``."""
+        return self.existing or self.name
 
     def __post_init__(self) -> None:
         if not DNS_LABEL.fullmatch(self.name) or len(self.name) > 40 or not self.name[0].isalpha():
@@ -104,6 +125,7 @@ class ClusterSpec:
                                  f"is listed twice in cluster.{name} (each entry once)")
         if not 1 <= self.log_retention_days <= 3653:
             raise FieldError("log_retention_days", self.log_retention_days, "must be between 1 and 3653")
+        cluster_problem(self, tuple(a.key for a in ADDONS))
 
 
 class _NodeSizing:
@@ -134,6 +156,9 @@ class SystemNodeGroupSpec(_NodeSizing):
     disk_gib: int = 100
     """Root volume of each system node: the Ray heads and RayJob submitters run the DLC image
     there (see ImageSpec.disk_gib); the EKS default of 20 GiB cannot hold it."""
+    existing: str = ""
+    """With ``cluster.existing``: the EKS node group of that cluster whose nodes run the system
+    pods (required there: no system group is created); its nodes carry :attr:`labels`."""
 
     def __post_init__(self) -> None:
         if self.instance_type not in known_cpu_types():
@@ -170,6 +195,9 @@ class GpuNodeGroupSpec(_NodeSizing):
     """The cluster placement group a capacity reservation was created in (a targeted ODCR made in
     a placement group is only usable there); empty = on-demand gets a placement group of its own,
     a reservation or block gets none (a block is already co-located)."""
+    existing: str = ""
+    """With ``cluster.existing``: the EKS node group of that cluster this entry describes (not
+    created; its nodes carry :attr:`labels` and :attr:`taints`); empty: the app creates it."""
 
     def __post_init__(self) -> None:
         if not DNS_LABEL.fullmatch(self.name):

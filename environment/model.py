@@ -18,6 +18,8 @@ from environment.cluster import (  # noqa: F401  (re-exported: every section is 
 )
 from environment.contract import CODE_PREFIX, DIGEST_PATTERN
 from environment.errors import FieldError
+from environment.existing import environment_problem
+from environment.image_source import cache_problem
 from environment.instances import INSTANCE_TYPES
 from environment.maintenance import window_problem
 from environment.queueing import QueueingSpec
@@ -72,6 +74,13 @@ class ImageSpec:
     disk_gib: int = 40
     """Node disk the image takes once pulled: containerd keeps the compressed layers (~20 GB for
     the DLC) and the unpacked snapshot. The scheduling-fit check holds node disks to it."""
+    pull_through_cache: bool = False
+    """true = the nodes pull the image from the account's ECR through a pull-through cache rule
+    and VPC endpoints (ecr.api, ecr.dkr; layers over the S3 gateway endpoint), not from the
+    public registry through the NAT gateway; the digest stays the same
+    (:mod:`environment.image_source`). Off by default: it needs ``cluster.account`` to name the
+    registry, and its endpoints cost by the hour whether or not a node starts (``summary``
+    prints both sides)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.disk_gib <= 1024:
@@ -287,6 +296,9 @@ class Environment:
         if self.storage.existing_bucket and not self.storage.bucket_name and not self.cluster.account:
             raise FieldError("storage.existing_bucket", True,
                              "needs the bucket's name: set storage.bucket_name (or cluster.account)")
+        environment_problem(self)
+        if problem := cache_problem(self):
+            raise FieldError(*problem)
         if not self.storage.bucket_name and (problem := bucket_name_problem(self.bucket_name)):
             raise FieldError("storage.bucket_name", self.bucket_name,
                              f"(derived from cluster.name, cluster.account and cluster.region) {problem}; "

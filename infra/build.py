@@ -11,17 +11,19 @@ from typing import Any
 
 import aws_cdk as cdk
 
-from environment.addons import ADDONS
+from environment.addons import installed_addons
 from infra.constructs.cluster_addons import ResolvedAddon
 from infra.errors import InfraSpecError
 from infra.function_logs import own_function_logs
 from infra.kubectl_layer import kubectl_layer_factory
 from infra.nag import add_nag_checks
 from infra.stack_names import stack_name
+from infra.stacks.attached import AttachedClusterStack
 from infra.stacks.cluster import ClusterStack, retention_days
 from infra.stacks.network import NetworkStack
 from infra.stacks.storage import StorageStack
 from environment import Environment
+from environment.image_source import cache_prefix
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -29,9 +31,10 @@ class BuiltApp:
     """The app and its stacks."""
 
     app: cdk.App
-    network: NetworkStack
+    network: NetworkStack | None
+    """None on an existing cluster (``cluster.existing``): its VPC is the cluster's."""
     storage: StorageStack
-    cluster: ClusterStack
+    cluster: ClusterStack | AttachedClusterStack
     pipeline: Any = None
     """``infra.stacks.pipeline.PipelineStack`` when ``env.pipeline.enabled``, else None."""
 
@@ -65,7 +68,7 @@ def new_app(env: Environment, **kwargs: Any) -> cdk.App:
 def deployability_problem(env: Environment) -> str | None:
     """What the user must choose before this spec can be deployed (None: nothing). Checked
     before any construct (or the output directory) exists."""
-    if not env.cluster.admin_principal_arns:
+    if not env.cluster.admin_principal_arns and not env.cluster.existing:
         return (f"{env.source}: cluster.admin_principal_arns: [] names nobody who may run kubectl: "
                 "add your IAM role or user ARN (EKS's creator-admin is CloudFormation's role, not you)")
     if not env.storage.bucket_name and not env.cluster.account:
@@ -75,11 +78,10 @@ def deployability_problem(env: Environment) -> str | None:
 
 
 def resolved_addons(env: Environment) -> list[ResolvedAddon]:
-    """Every enabled add-on of the table, with the spec's version, values and pinned CRDs."""
+    """Every add-on of the table this spec installs (environment/addons.py ``installed_addons``),
+    with the spec's version, values and pinned CRDs."""
     resolved = []
-    for a in ADDONS:
-        if not a.enabled(env):
-            continue
+    for a in installed_addons(env):
         version = env.versions.chart(a.key)
         crd_file = a.crds(version) if a.crds is not None else None
         if crd_file is not None and not crd_file.is_file():
@@ -120,19 +122,26 @@ def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: s
     # touch every resource on each change, and a placement group is REPLACED on a tag change.
     tags = {"raytrain:cluster": name}
     c = env.cluster
-    network = NetworkStack(app, stack_name(name, "network"), availability_zones=c.availability_zones,
-                           gpu_availability_zone=c.gpu_availability_zone, env=where, tags=tags,
-                           description=f"raytrain-eks {name}: VPC, NAT, S3 endpoint")
+    network = None if c.existing else NetworkStack(
+        app, stack_name(name, "network"), availability_zones=c.availability_zones,
+        gpu_availability_zone=c.gpu_availability_zone, ecr_endpoints=env.image.pull_through_cache,
+        env=where, tags=tags, description=f"raytrain-eks {name}: VPC, NAT, S3 endpoint")
     storage = StorageStack(app, stack_name(name, "storage"), bucket_name=env.bucket_name, storage_uri=env.storage_uri,
                            noncurrent_version_days=env.storage.noncurrent_version_days,
                            existing_bucket=env.storage.existing_bucket, env=where, tags=tags,
                            description=f"raytrain-eks {name}: checkpoint bucket (retained)")
-    cluster = ClusterStack(app, stack_name(name, "cluster"), spec=c, system=env.system_node_group,
-                           gpu_groups=env.gpu_node_groups, ray=env.ray, addons=resolved_addons(env),
-                           bucket_name=env.bucket_name, storage_prefix=env.storage.prefix,
-                           read_only_prefixes=env.storage.read_only_prefixes, kubectl_layer=layer,
-                           network=network, existing_gpu_groups=existing_gpu_groups, env=where, tags=tags,
-                           description=f"raytrain-eks {name}: EKS cluster, GPU nodes, add-ons")
+    common = dict(spec=c, gpu_groups=env.gpu_node_groups, ray=env.ray, addons=resolved_addons(env),
+                  bucket_name=env.bucket_name, storage_prefix=env.storage.prefix,
+                  read_only_prefixes=env.storage.read_only_prefixes, kubectl_layer=layer,
+                  existing_gpu_groups=existing_gpu_groups, env=where, tags=tags)
+    if c.existing:
+        cluster = AttachedClusterStack(app, stack_name(name, "cluster"), **common,
+                                       description=f"raytrain-eks {name}: onto EKS cluster {c.existing}, "
+                                                   "only what it lacks")
+    else:
+        cluster = ClusterStack(app, stack_name(name, "cluster"), system=env.system_node_group, network=network,
+                               image_cache_prefix=cache_prefix(name) if env.image.pull_through_cache else None,
+                               **common, description=f"raytrain-eks {name}: EKS cluster, GPU nodes, add-ons")
     # The pod policy names the bucket: deploy the bucket first.
     cluster.add_stack_dependency(storage)
     if deploy_refusal:

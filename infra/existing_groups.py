@@ -44,11 +44,12 @@ def creation_key(group: GpuNodeGroupSpec, gpu_availability_zone: str, availabili
     """What, changed, makes CloudFormation replace the group: the spec inputs of the schema's
     createOnlyProperties (a tag value: letters, digits, ./_-). InstanceTypes and CapacityType:
     ``instance_type``, ``capacity``; Subnets: the GPU AZ's private subnet, whose CIDR block
-    (create-only on AWS::EC2::Subnet) follows its place in ``cluster.availability_zones``
-    (infra/stacks/network.py carves the subnets in that order); AmiType: :data:`AMI_TYPE`.
+    (create-only on AWS::EC2::Subnet) follows its place among ``cluster.availability_zones``
+    sorted by name (infra/stacks/network.py carves the subnets in that order, so the order the
+    spec lists them in does not count); AmiType: :data:`AMI_TYPE`.
     NodeRole, ClusterName, RemoteAccess, NodegroupName and DiskSize no spec field drives (the
     disk is in the launch template: a new version, not a replacement)."""
-    zones = ".".join(availability_zones)
+    zones = ".".join(sorted(availability_zones))
     return f"{group.instance_type}/{group.capacity}/{gpu_availability_zone}/{zones}/{AMI_TYPE}"
 
 
@@ -68,7 +69,8 @@ def existing(env: Environment, node_group_tags: Iterable[dict[str, str]]) -> fro
 def reset_warning(env: Environment) -> str | None:
     """The one line a synth prints when it cannot know which groups exist (no recent verify,
     deployed with the override): every autoscaled group keeps its desired size (safe to create)."""
-    groups = [g.name for g in env.gpu_node_groups if autoscaled(g)]
+    # An existing cluster's own groups (``existing``) are not in any template of this app.
+    groups = [g.name for g in env.gpu_node_groups if autoscaled(g) and not g.existing]
     if not groups:
         return None
     return (f"warning: {env.source}: no recent `raytrain-eks verify` says which GPU node groups exist, so "

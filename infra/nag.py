@@ -59,14 +59,19 @@ def acknowledge_cluster_findings(cluster: eks.Cluster) -> None:
     """The control-plane role and the kubectl provider of an aws_eks_v2 cluster."""
     acknowledge(cluster, MANAGED.format("AmazonEKSClusterPolicy"),
                 "EKS requires AmazonEKSClusterPolicy on the cluster (control-plane) role.")
-    provider = cluster.node.find_child("KubectlProvider")
+    acknowledge_kubectl_provider(cluster.node.find_child("KubectlProvider"))
+
+
+def acknowledge_kubectl_provider(provider: IConstruct) -> None:
+    """The findings on aws_eks_v2's ``KubectlProvider`` (the cluster's own, or one made for an
+    imported cluster: infra/stacks/attached.py)."""
     handler = provider.node.find_child("Handler")
     for policy, why in KUBECTL_HANDLER_POLICIES.items():
         acknowledge(handler, MANAGED.format(policy), CDK_OWNED + f"its kubectl/helm handler {why}.")
     # The public-ECR read policy is attached only under a CloudFormation condition, so the
     # finding's id carries the condition's logical id.
     condition = handler.node.find_child("HasEcrPublic")
-    stack = cdk.Stack.of(cluster)
+    stack = cdk.Stack.of(provider)
     public_ecr = (
         '{"Fn::If":["' + stack.get_logical_id(condition) + '",{"Fn::Join":["",["arn:",'
         '{"Ref":"AWS::Partition"},":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"]]},'
@@ -86,7 +91,7 @@ def acknowledge_cluster_findings(cluster: eks.Cluster) -> None:
                 "function (the :* is the version qualifier).")
 
 
-def acknowledge_chart_asset_read(cluster: eks.Cluster) -> None:
+def acknowledge_chart_asset_read(cluster: eks.ICluster) -> None:
     """The read grant aws_eks_v2 gives the kubectl handler on the CDK asset bucket when a Helm
     chart is deployed from a local chart asset (the CRD charts)."""
     stack = cdk.Stack.of(cluster)
@@ -98,7 +103,7 @@ def acknowledge_chart_asset_read(cluster: eks.Cluster) -> None:
               .replace("${Qualifier}", cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER)
               .replace("${AWS::AccountId}", literal(stack.account, "AccountId"))
               .replace("${AWS::Region}", literal(stack.region, "Region")))
-    handler = cluster.node.find_child("KubectlProvider").node.find_child("Handler")
+    handler = cluster.kubectl_provider.node.find_child("Handler")
     why = CDK_OWNED + "its handler downloads the CRD chart archives from the CDK asset bucket: "
     for action in ("s3:GetObject*", "s3:GetBucket*", "s3:List*"):
         acknowledge(handler, f"AwsSolutions-IAM5[Action::{action}]",

@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "check a job against the environment before any spend: GPUs, Ray version, EFA, memory, cost"),
     "submit": ("raytrain_eks.commands.submit",
                "run a job: synthesize, upload, apply, follow its log, then fetch the report, model and verdict"),
+    "netcheck": ("raytrain_eks.commands.netcheck",
+                 "measure the network: collective bus bandwidth by size over EFA and over sockets, with a verdict"),
     "status": ("raytrain_eks.commands.status", "where a submitted run stands (KubeRay's RayJob status)"),
     "logs": ("raytrain_eks.commands.logs", "a run's driver log: streamed from the cluster, or the copy in storage"),
     "stop": ("raytrain_eks.commands.stop", "stop a run: delete its RayJob (KubeRay stops the job); storage stays"),

@@ -2,7 +2,7 @@
 
 - node groups: the CDK cluster stack's template in ``cdk.out`` (``AWS::EKS::Nodegroup`` with
   its labels, taints, maximum size, disk, and its launch template's instance type and NVMe
-  RAID0 user data);
+  RAID0 user data); on ``cluster.existing``, the groups it already has, as the spec says;
 - Ray pods: the manifests in ``dist/`` (RayCluster heads and workers, each RayJob's own
   cluster and its submitter: the manifest's ``submitterPodTemplate``, else KubeRay's default);
 - add-on pods: the add-on table (:mod:`environment.addons`), placed by the add-on's own values.
@@ -156,6 +156,24 @@ def node_groups(template: dict) -> list[NodeGroup]:
     return groups
 
 
+def existing_node_groups(env: Environment) -> list[NodeGroup]:
+    """The groups an existing cluster already has (``cluster.existing``), which no template of
+    this app holds: as the spec describes them (verify checks them against the cluster)."""
+    system = env.system_node_group
+    out = []
+    if system.existing:
+        out.append(NodeGroup(name="system", instance_type=system.instance_type, nodes=system.nodes,
+                             labels={INSTANCE_TYPE_LABEL: system.instance_type, **system.labels},
+                             image_disk_gib=float(system.disk_gib)))
+    for g in env.gpu_node_groups:
+        if g.existing:
+            out.append(NodeGroup(name=g.name, instance_type=g.instance_type, nodes=g.max_nodes,
+                                 labels={INSTANCE_TYPE_LABEL: g.instance_type, **g.labels},
+                                 taints=tuple((t["key"], t["value"], t["effect"]) for t in g.taints),
+                                 image_disk_gib=float(g.root_volume_gib)))
+    return out
+
+
 def read_manifests(dist: Path) -> tuple[dict | None, list[dict]]:
     """(the RayCluster, the RayJobs) of a synthesized ``dist/``."""
     cluster, jobs = None, []
@@ -178,7 +196,7 @@ def cluster_template(env: Environment, cdk_out: Path) -> dict:
 def fit_cases(env: Environment, template: dict, dist: Path, *, together: str = "smoke") -> list[Placement]:
     """Every case: the long-lived cluster; each RayJob alone; the long-lived cluster with each
     ``-on-cluster`` job (its workers at maxReplicas); the long-lived cluster plus ``together``."""
-    groups = node_groups(template)
+    groups = node_groups(template) + existing_node_groups(env)
     addons = addon_pods(env)
     image_gib = float(env.image.disk_gib)
     cluster, jobs = read_manifests(dist)

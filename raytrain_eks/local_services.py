@@ -10,6 +10,10 @@
   `ray job submit` path, exactly as KubeRay's submitter does with the token KubeRay injects,
   and export their metrics as they do there.
 
+A start that fails (its process exits, or it does not answer within its wait, as on a loaded
+machine) is stopped and started again, with fresh ports and a longer wait
+(:func:`start_with_retries`); only repeated failures are reported.
+
 Both run in their own process group under a unique temp dir; on exit (normal, error, Ctrl-C)
 the head's processes (what names its temp dir or GCS address, and all their descendants, which
 Ray renames) are stopped in ``ray stop``'s order, then the group is terminated and any process
@@ -29,7 +33,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from raytrain_eks.processes import kill_group, stop_ray
 
@@ -60,18 +64,44 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1} on {LOOPBACK}")
 
 
+class ServiceStartError(RuntimeError):
+    """A local service did not start: its process exited, or it did not answer within its wait."""
+
+
+START_ATTEMPTS = 3
+"""How often a local service is started before its failure is reported. On a loaded machine a
+start can miss a wait that is not ours to lengthen (ray 2.58 ``_private/node.py``
+``Node.__init__``: the raylet must register with the GCS within a fixed 30 s), or a picked port
+can be taken before it is bound; a fresh start, with fresh ports and a longer wait, succeeds."""
+
+_Started = TypeVar("_Started")
+
+
+def start_with_retries(start: Callable[[int], _Started], what: str, attempts: int = START_ATTEMPTS) -> _Started:
+    """``start(attempt)`` (1, 2, ...) until one returns. A start raises :class:`ServiceStartError`
+    after stopping what it began; that is retried, anything else (a bug) is raised at once. After
+    ``attempts`` failures: one :class:`ServiceStartError` naming ``what`` and every attempt's error."""
+    errors = []
+    for attempt in range(1, attempts + 1):
+        try:
+            return start(attempt)
+        except ServiceStartError as err:
+            errors.append(f"attempt {attempt}: {err}")
+    raise ServiceStartError(f"{what} did not start in {attempts} attempts: " + "; ".join(errors))
+
+
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None, what: str,
                headers: dict[str, str] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
+            raise ServiceStartError(f"{what} exited with code {proc.returncode} before it was ready")
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2):
                 return
         except OSError:
             time.sleep(0.5)
-    raise RuntimeError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
+    raise ServiceStartError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
 
 
 @dataclass(frozen=True)
@@ -94,13 +124,23 @@ class S3Server:
 
 @contextlib.contextmanager
 def s3_server(port: int | None = None) -> Iterator[S3Server]:
-    port = port or free_port()
+    """moto's S3 server on 127.0.0.1 (``port``, or one picked per attempt), stopped on exit."""
     moto = Path(sys.executable).with_name("moto_server")
-    proc = subprocess.Popen([str(moto), "-H", LOOPBACK, "-p", str(port)], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def start(attempt: int) -> tuple[subprocess.Popen, str]:
+        chosen = port or free_port()
+        proc = subprocess.Popen([str(moto), "-H", LOOPBACK, "-p", str(chosen)], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://{LOOPBACK}:{chosen}"
+        try:
+            _wait_http(f"{url}/moto-api/", 60 * attempt, proc, "moto S3 server")
+        except BaseException:
+            kill_group(proc)
+            raise
+        return proc, url
+
+    proc, url = start_with_retries(start, "moto S3 server")
     try:
-        url = f"http://{LOOPBACK}:{port}"
-        _wait_http(f"{url}/moto-api/", 60, proc, "moto S3 server")
         yield S3Server(endpoint_url=url)
     finally:
         kill_group(proc)
@@ -180,6 +220,11 @@ def _start_head(num_cpus: int, env: dict[str, str] | None, temp_dir: str, token:
     return gcs_port, dash_port, agent_ports, proc
 
 
+def _stop_head(temp_dir: str, gcs_port: int, proc: subprocess.Popen) -> None:
+    stop_ray(temp_dir, f"{LOOPBACK}:{gcs_port}")
+    kill_group(proc, marker=temp_dir)  # whatever is left: nothing of this head stays running
+
+
 @contextlib.contextmanager
 def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path | None = None) -> Iterator[RayHead]:
     """A local Ray head with ``num_cpus`` logical CPUs; ``env`` reaches every Ray worker.
@@ -187,35 +232,43 @@ def ray_head(num_cpus: int, env: dict[str, str] | None = None, keep_logs: Path |
     temp_dir = tempfile.mkdtemp(prefix="rtd-", dir="/tmp")  # short: Ray's socket paths are limited
     token = secrets.token_hex(32)
     log = open(Path(temp_dir) / "ray-start.log", "a")
-    # Ports are picked here and bound by Ray seconds later: on a busy machine another process can
-    # take one in between, and `ray start` exits 1. A second try, with ports picked afresh,
-    # starts the head; a second failure is reported with the end of Ray's own output.
-    for attempt in (1, 2):
+
+    def start(attempt: int) -> tuple[RayHead, subprocess.Popen, int]:
+        # Ports are picked here and bound by Ray seconds later: on a busy machine another process
+        # can take one in between (`ray start` exits 1), or Ray's own fixed waits run out; the
+        # next attempt picks its ports afresh and waits longer.
         gcs_port, dash_port, agent_ports, proc = _start_head(num_cpus, env, temp_dir, token, log)
         try:
-            code = proc.wait(timeout=600)
+            code = proc.wait(timeout=600 * attempt)
+            if code != 0:
+                log.flush()
+                tail = " | ".join((Path(temp_dir) / "ray-start.log").read_text(errors="replace")
+                                  .strip().splitlines()[-4:])
+                raise ServiceStartError(f"ray start exited {code}: {tail}")
+            dashboard = dashboard_url(dash_port)
+            _wait_http(f"{dashboard}/api/version", 360 * attempt, None, "Ray head",
+                       {"Authorization": f"Bearer {token}"})
+        except subprocess.TimeoutExpired as err:
+            _stop_head(temp_dir, gcs_port, proc)
+            raise ServiceStartError(f"ray start did not return within {err.timeout:.0f} s") from err
         except BaseException:
-            stop_ray(temp_dir, f"{LOOPBACK}:{gcs_port}")
-            kill_group(proc, marker=temp_dir)
+            _stop_head(temp_dir, gcs_port, proc)  # what a half-started head left
             raise
-        if code == 0:
-            break
-        stop_ray(temp_dir, f"{LOOPBACK}:{gcs_port}")  # what a half-started head left
-        kill_group(proc, marker=temp_dir)
-        if attempt == 2:
-            log.close()
-            tail = " | ".join((Path(temp_dir) / "ray-start.log").read_text(errors="replace").strip().splitlines()[-4:])
-            shutil.rmtree(temp_dir, ignore_errors=True)
-            raise RuntimeError(f"ray start failed twice (exit {code}): {tail}")
+        head = RayHead(gcs_address=f"{LOOPBACK}:{gcs_port}", dashboard_url=dashboard, temp_dir=temp_dir,
+                       metrics_url=f"http://{LOOPBACK}:{agent_ports['--metrics-export-port']}/metrics",
+                       auth_token=token)
+        return head, proc, gcs_port
+
     try:
-        dashboard = dashboard_url(dash_port)
-        _wait_http(f"{dashboard}/api/version", 360, None, "Ray head", {"Authorization": f"Bearer {token}"})
-        yield RayHead(gcs_address=f"{LOOPBACK}:{gcs_port}", dashboard_url=dashboard, temp_dir=temp_dir,
-                      metrics_url=f"http://{LOOPBACK}:{agent_ports['--metrics-export-port']}/metrics",
-                      auth_token=token)
+        head, proc, gcs_port = start_with_retries(start, "Ray head")
+    except BaseException:
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    try:
+        yield head
     finally:
-        stop_ray(temp_dir, f"{LOOPBACK}:{gcs_port}")
-        kill_group(proc, marker=temp_dir)  # whatever is left: nothing of this head stays running
+        _stop_head(temp_dir, gcs_port, proc)
         log.close()
         if keep_logs is not None:
             logs = Path(temp_dir) / "session_latest" / "logs"

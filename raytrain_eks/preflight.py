@@ -26,6 +26,7 @@ from raytrain_eks import measured_plan, step_model
 from raytrain_eks.plan_advice import advise, spare_memory
 from raytrain_eks.step_time import DEFAULT_MFU, estimate_time, strategy_options
 from environment import Environment
+from environment.image_pull import pull_lines
 from training.config import JobConfig
 
 _RAY_VERSION = re.compile(r"""["']?rayVersion["']?\s*:\s*["']?([0-9][\w.\-]*)""")
@@ -343,6 +344,7 @@ def render(plan: Plan) -> str:
             f"{e['hourly_usd']:.2f} USD/h for all nodes (evaluation and checkpoint uploads extra)",
             f"  idle             {e['idle_hourly_usd']:.2f} USD/h with no job (GPU groups at min_nodes)",
         ]
+    lines += pull_lines(env)  # the image each GPU node pulls as it scales up for this job
     if plan.placements:
         from raytrain_eks.fit import render as render_fit
 

@@ -228,6 +228,8 @@ def _transport_text(transport: dict[str, Any]) -> str:
 
 
 def _summary_rows(run: Run) -> list[tuple[str, Any]]:
+    from raytrain_eks.netcheck_results import summary_text as netcheck_summary
+
     r, t = run.record, throughput_summary(run)
     before, after = eval_before_after(run)
     cluster = r.get("cluster") or {}
@@ -247,6 +249,7 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("tokens/s per device", t[contract.TOKENS_PER_S_PER_DEVICE]),
         ("TFLOP/s per device", t[contract.TFLOPS_PER_DEVICE]),
         ("MFU", None if t[contract.MFU] is None else f"{100 * t[contract.MFU]:.2f}%"),
+        ("network (netcheck)", netcheck_summary(r.get("netcheck"))),
         ("step time (s)", t[contract.STEP_TIME_S]),
         ("peak memory (GiB)", t[contract.PEAK_MEMORY_GIB]), ("eval loss before", before), ("eval loss after", after),
         ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),

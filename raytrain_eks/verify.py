@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from environment import Environment
-from environment.addons import ADDONS, EKS_ADDONS
+from environment.addons import EKS_ADDONS, installed_addons
 from environment.instances import INSTANCE_TYPES
 from raytrain_eks.capacity import USABLE_STATES, Reservation, offered_zones
 from raytrain_eks.chart_index import ChartIndexError, IndexCache, index_url, matches, oci_tags_url
@@ -47,7 +47,10 @@ ACTIONS = {"account": "sts:GetCallerIdentity", "eks-addon": "eks:DescribeAddonVe
            "leftover": "cloudformation:DescribeStacks, s3:ListBucket, s3:GetBucketPolicy, logs:DescribeLogGroups",
            "zones": "ec2:DescribeAvailabilityZones, ec2:DescribeInstanceTypeOfferings",
            "admins": "iam:GetRole, iam:GetUser",
-           "node-groups": "eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup"}
+           "image-cache": "cloudformation:DescribeStacks, ecr:DescribePullThroughCacheRules",
+           "node-groups": "eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup",
+           "cluster": "eks:DescribeCluster, ec2:DescribeSubnets", "cluster-addons": "eks:ListAddons, eks:DescribeAddon",
+           "existing-groups": "eks:DescribeNodegroup"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,9 +103,7 @@ def check_eks_addons(env: Environment, eks) -> list[Finding]:
 
 def check_charts(env: Environment, index: IndexCache, mirror: str = "") -> list[Finding]:
     out = []
-    for addon in ADDONS:
-        if not addon.enabled(env):
-            continue
+    for addon in installed_addons(env):  # an add-on already present is not installed
         version = env.versions.chart(addon.key)
         url = (oci_tags_url(addon.repository, mirror) if addon.repository.startswith("oci://")
                else index_url(addon.repository, mirror))
@@ -150,8 +151,10 @@ def vcpu_needs(env: Environment) -> dict[str, list[tuple[str, int]]]:
     out: their instances run on the block, not on the On-Demand quota."""
     needs: dict[str, list[tuple[str, int]]] = defaultdict(list)
     system = env.system_node_group
-    groups = [("system", system.instance_type, system.nodes)]
-    groups += [(g.name, g.instance_type, g.max_nodes) for g in env.gpu_node_groups if g.capacity != "capacity-block"]
+    # Groups an existing cluster already runs are already counted by EC2: only new ones need room.
+    groups = [] if system.existing else [("system", system.instance_type, system.nodes)]
+    groups += [(g.name, g.instance_type, g.max_nodes) for g in env.gpu_node_groups
+               if g.capacity != "capacity-block" and not g.existing]
     for name, instance_type, count in groups:
         vcpus = INSTANCE_TYPES[instance_type].vcpus if instance_type in INSTANCE_TYPES else 0
         needs[quota_code(instance_type) or f"unknown:{instance_type}"].append(

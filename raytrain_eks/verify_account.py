@@ -40,7 +40,8 @@ def check_bootstrap(env: Environment, cloudformation) -> list[Finding]:
     return [passed("bootstrap", f"{CDK_TOOLKIT_STACK} version {version} in {env.cluster.region}")]
 
 
-def _stack_exists(cloudformation, name: str) -> bool:
+def stack_exists(cloudformation, name: str) -> bool:
+    """Whether stack ``name`` exists (and is not deleted) in the client's region."""
     from botocore.exceptions import ClientError
 
     try:
@@ -95,7 +96,7 @@ def check_leftovers(env: Environment, cloudformation, s3, logs) -> list[Finding]
 
     out = []
     bucket = env.bucket_name
-    if not _stack_exists(cloudformation, stack_name(env.cluster.name, "storage")):
+    if not stack_exists(cloudformation, stack_name(env.cluster.name, "storage")):
         try:
             s3.head_bucket(Bucket=bucket)
             exists = True
@@ -113,7 +114,8 @@ def check_leftovers(env: Environment, cloudformation, s3, logs) -> list[Finding]
             out.append(passed("leftover", f"bucket {bucket}: {'adopted' if exists else 'created'} by the storage stack"))
             if exists:
                 out += _adopted_policy(env, s3)
-    if not _stack_exists(cloudformation, stack_name(env.cluster.name, "cluster")):
+    if not env.cluster.existing and not stack_exists(cloudformation, stack_name(env.cluster.name, "cluster")):
+        # (on an existing cluster the stack creates no control-plane log group: EKS's is the owner's)
         group = control_plane_log_group(env.cluster.name)
         found = logs.describe_log_groups(logGroupNamePrefix=group).get("logGroups", [])
         if any(g["logGroupName"] == group for g in found):

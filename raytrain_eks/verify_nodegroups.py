@@ -30,10 +30,12 @@ def node_group_tags(eks, cluster: str) -> list[dict[str, str]]:
 def check_node_groups(env: Environment, eks, found: set[str]) -> list[Finding]:
     """One line per GPU group: updated in place (its size left alone) or created at min_nodes.
     Adds the existing groups' names to ``found`` (what the pass records)."""
-    found |= existing(env, node_group_tags(eks, env.cluster.name))
+    found |= existing(env, node_group_tags(eks, env.cluster.eks_name))
     az, zones = env.cluster.gpu_availability_zone, env.cluster.availability_zones
     out = []
     for g in env.gpu_node_groups:
+        if g.existing:  # the existing cluster's own group: raytrain_eks/verify_existing.py checks it
+            continue
         if g.name in found:
             size = "its running size left to cluster-autoscaler" if autoscaled(g) else f"sized {g.min_nodes}"
             out.append(passed("node-groups", f"group {g.name} exists ({creation_key(g, az, zones)}): a deploy updates it, {size}"))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shared_run import submit_local
+from tiers import mark_tiers, unit_guard
 from tiny_qwen import TINY_VOCAB, tiny_qwen2_config  # noqa: F401  (re-exported)
 
 
@@ -35,13 +36,25 @@ def ray_cluster():
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
     # The autoscaler's metrics server defaults to one fixed port (AUTOSCALER_METRIC_PORT, 44217):
     # a second test process's cluster would fail to bind it.
-    from raytrain_eks.local_services import free_port
+    from raytrain_eks.local_services import ServiceStartError, free_port, start_with_retries
 
     os.environ.setdefault("AUTOSCALER_METRIC_PORT", str(free_port()))
+    # ray.init's wait for the GCS port is 30 s by default (ray 2.58 _private/node.py, honouring
+    # RAY_gcs_server_port_wait_time_s): give it the time a loaded machine needs. Its wait for the
+    # raylet to register is a fixed 30 s: a start that misses it is shut down and started again.
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "300")
+
+    def start(attempt: int) -> None:
+        try:
+            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
+                     runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+                                               "RAY_metrics_report_interval_ms": "1000"}})
+        except Exception as err:  # ray.init raises a bare Exception on its startup timeout
+            ray.shutdown()
+            raise ServiceStartError(f"ray.init: {err}") from err
+
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
-                                           "RAY_metrics_report_interval_ms": "1000"}})
+        start_with_retries(start, "the session's Ray cluster")
     yield ray
     ray.shutdown()
 
@@ -55,27 +68,34 @@ def local_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     return out, submit_local(out)
 
 
-SHARED_RUN_FIXTURES = ("ray_cluster", "local_run")
-"""Session fixtures that start Ray: a test taking one is slow, and is scheduled as described in
-:func:`pytest_collection_modifyitems`."""
-
-
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers given here
 def pytest_collection_modifyitems(config, items):
-    """`-m "not slow"` is the inner loop: a test that starts Ray (takes a fixture of
-    ``SHARED_RUN_FIXTURES``) must be marked slow, or the fast set would start a cluster.
+    """Each test gets the marker of its tier (``unit``, ``subprocess``, ``synth``, ``ray``; the
+    ``ray`` tier also ``slow``, its old name): see tests/tiers.py.
 
-    Then the order: modules that train (slow) first, each module kept in one piece (a module
+    Then the order: modules that train (ray tier) first, each module kept in one piece (a module
     fixture is set up once), the rest after. In parallel (``-n``) the long units start first
     instead of ending the run alone; see :func:`pytest_xdist_make_scheduler`."""
-    unmarked = [item.nodeid for item in items if set(SHARED_RUN_FIXTURES) & set(getattr(item, "fixturenames", ()))
-                and item.get_closest_marker("slow") is None]
-    if unmarked:
-        raise pytest.UsageError("tests that start Ray must be marked slow: " + ", ".join(unmarked))
-    slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    mark_tiers(items)
+    slow_modules = {item.path for item in items if item.get_closest_marker("ray") is not None}
     shared_run = {item.path for item in items if "local_run" in getattr(item, "fixturenames", ())}
     rank = {path: 0 if path in shared_run or "e2e" in path.parts else 1 if path in slow_modules else 2
             for path in {item.path for item in items}}
     items.sort(key=lambda item: rank[item.path])  # stable: the order inside each rank is kept
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    """A ``unit`` test's fixtures may start no process and no jsii object (tests/tiers.py)."""
+    with unit_guard(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """Nor may the test itself."""
+    with unit_guard(item):
+        yield
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra_variants import Synthesized, alternative_raw, capacity_raw, default_raw, synthesize
+from infra_variants import Synthesized, alternative_raw, capacity_raw, default_raw, existing_raw, synthesize
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +21,12 @@ def alternative(tmp_path_factory) -> Synthesized:
 @pytest.fixture(scope="session")
 def capacity(tmp_path_factory) -> Synthesized:
     return synthesize(capacity_raw(), tmp_path_factory.mktemp("cdk-capacity"), "capacity.toml")
+
+
+@pytest.fixture(scope="session")
+def existing(tmp_path_factory) -> Synthesized:
+    """Installed onto an existing EKS cluster (infra_variants.existing_raw): no network stack."""
+    return synthesize(existing_raw(), tmp_path_factory.mktemp("cdk-existing"), "existing.toml")
 
 
 @pytest.fixture(scope="session", params=["default", "alternative", "capacity"])

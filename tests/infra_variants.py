@@ -9,7 +9,9 @@ CDK app requires the user to choose filled in: an admin principal and, without a
 explicit bucket name. ``alternative``
 combines several changes in one synth: an account, 4 x g6.48xlarge on a capacity reservation, a
 second GPU group of p5.48xlarge on a capacity block (32 EFA interfaces), a private endpoint,
-an admin principal and no monitoring add-ons.
+an admin principal and no monitoring add-ons. ``existing`` installs onto an EKS cluster a
+team already has (environment/existing.py): its system group and an L4 group exist, a p5 group
+is added, KubeRay, the NVIDIA plugin and cluster-autoscaler are already there.
 """
 from __future__ import annotations
 
@@ -40,10 +42,11 @@ def default_raw() -> dict:
 
 def capacity_raw() -> dict:
     """A capacity reservation made in a placement group, plus an on-demand p5.48xlarge group
-    that scales from zero."""
+    that scales from zero; the image through the account's ECR pull-through cache."""
     raw = copy.deepcopy(default_raw())
     raw["cluster"]["account"] = ACCOUNT
     raw["storage"]["bucket_name"] = ""
+    raw["image"]["pull_through_cache"] = True
     raw["gpu_node_groups"][0].update(capacity="capacity-reservation", capacity_reservation_id=RESERVATION,
                                      placement_group="odcr-training-pg")
     raw["gpu_node_groups"].append(dict(name="p5", instance_type="p5.48xlarge", min_nodes=0, desired_nodes=0,
@@ -65,6 +68,29 @@ def alternative_raw() -> dict:
     raw["storage"]["noncurrent_version_days"] = 7
     raw["storage"]["prefix"] = "team/runs"
     raw["observability"] = {"enabled": False}
+    return raw
+
+
+EXISTING_CLUSTER = "team-gpu"
+EXISTING_VPC = "vpc-0a1b2c3d4e5f60718"
+EXISTING_SUBNETS = ["subnet-0aaaaaaaaaaaaaaa1", "subnet-0bbbbbbbbbbbbbbb2"]
+EXISTING_SECURITY_GROUP = "sg-0123456789abcdef0"
+EXISTING_SYSTEM_GROUP = "platform-system"
+EXISTING_GPU_GROUP = "team-l4"
+EXISTING_PRESENT = ["kuberay_operator", "nvidia_device_plugin", "cluster_autoscaler"]
+
+
+def existing_raw() -> dict:
+    """An existing cluster: system and L4 groups it has, a p5 group added, three add-ons present."""
+    raw = copy.deepcopy(default_raw())
+    raw["storage"]["bucket_name"] = ""
+    raw["cluster"].update(account=ACCOUNT, admin_principal_arns=[], existing=EXISTING_CLUSTER, vpc_id=EXISTING_VPC,
+                          private_subnet_ids=list(EXISTING_SUBNETS), cluster_security_group_id=EXISTING_SECURITY_GROUP,
+                          present_addons=list(EXISTING_PRESENT))
+    raw["system_node_group"]["existing"] = EXISTING_SYSTEM_GROUP
+    raw["gpu_node_groups"][0]["existing"] = EXISTING_GPU_GROUP
+    raw["gpu_node_groups"].append(dict(name="p5", instance_type="p5.48xlarge", min_nodes=0, desired_nodes=0,
+                                       max_nodes=2, root_volume_gib=500))
     return raw
 
 

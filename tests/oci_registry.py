@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from raytrain_eks.local_services import free_port  # noqa: F401  (one port picker; re-exported)
+from raytrain_eks.local_services import ServiceStartError, free_port, start_with_retries  # noqa: F401  (free_port re-exported)
 
 REGISTRY_BINARY = shutil.which("docker-registry") or shutil.which("registry")
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -127,32 +127,37 @@ def _tar_gz(files: dict[str, bytes]) -> bytes:
 def start_registry(workdir: Path, extra_config: str = "", data_dir: Path | None = None
                    ) -> tuple[subprocess.Popen, str]:
     """Start docker-registry on a free loopback port (storage ``workdir/data`` unless given);
-    wait until it answers."""
-    port = free_port()
+    wait until it answers. A start that does not answer in time (a loaded machine) is stopped
+    and started again on a fresh port with a longer wait (``start_with_retries``)."""
     data_dir = data_dir or workdir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    config = workdir / "config.yml"
-    config.write_text(
-        "version: 0.1\n"
-        "log:\n  level: error\n  accesslog:\n    disabled: true\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {data_dir}\n  delete:\n    enabled: true\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n" + extra_config)
-    log = open(workdir / "registry.log", "wb")
-    proc = subprocess.Popen([REGISTRY_BINARY, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"docker-registry exited: {(workdir / 'registry.log').read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(f"{url}/v2/", timeout=1).close()
-            return proc, url
-        except urllib.error.HTTPError:
-            return proc, url  # 401 from a token-auth registry: it is up
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("docker-registry did not answer within 20 s")
+
+    def start(attempt: int) -> tuple[subprocess.Popen, str]:
+        port = free_port()
+        config = workdir / "config.yml"
+        config.write_text(
+            "version: 0.1\n"
+            "log:\n  level: error\n  accesslog:\n    disabled: true\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {data_dir}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: 127.0.0.1:{port}\n" + extra_config)
+        log = open(workdir / "registry.log", "wb")
+        proc = subprocess.Popen([REGISTRY_BINARY, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20 * attempt  # a bound on waiting for the event
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ServiceStartError(f"docker-registry exited: {(workdir / 'registry.log').read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(f"{url}/v2/", timeout=1).close()
+                return proc, url
+            except urllib.error.HTTPError:
+                return proc, url  # 401 from a token-auth registry: it is up
+            except OSError:
+                time.sleep(0.1)
+        stop(proc)
+        raise ServiceStartError(f"docker-registry did not answer within {20 * attempt} s")
+
+    return start_with_retries(start, "docker-registry")
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -145,3 +145,18 @@ def test_the_smoke_job_runs_the_shipped_finetunes_parallel_shape(shipped_synth):
     assert shape(smoke) == shape(finetune)
     assert smoke.parallel.strategy == "hybrid_shard" and smoke.num_nodes > 1 and smoke.parallel.workers_per_node > 1
     assert smoke.grad_accum_steps > 1 and smoke.data.kind == "synthetic"
+
+
+def test_the_network_is_measured_by_the_netcheck_job_and_first_by_the_smoke_job(shipped_synth):
+    """jobs/netcheck.toml is a netcheck; the smoke job (the pipeline's Smoke stage) measures the
+    network before it trains; both judge against the GPU group's nominal link, which the charts
+    take from environment/instances.py (its one definition), over EFA."""
+    env = load_environment(ENV_FILE)
+    by_name = {plan.config_path: plan for plan in shipped_synth.plans}
+    netcheck, smoke = by_name[f"{JOBS_DIR}/netcheck.toml"], by_name[f"{JOBS_DIR}/smoke.toml"]
+    assert netcheck.config.kind == "netcheck" and smoke.config.kind == "train" and smoke.config.netcheck.run_first
+    for plan in (netcheck, smoke):
+        link = env.gpu_group(plan.node_group).instance.network_gbps
+        assert f"netcheck.link_gbps={link}" in plan.overrides and plan.config.netcheck.link_gbps == link > 0
+        assert plan.config.evidence.require_transport == "efa" and plan.config.netcheck.compare_socket
+    assert not by_name[f"{JOBS_DIR}/finetune-qwen2.5-1.5b.toml"].config.measures_network

@@ -101,28 +101,42 @@ def _up(url: str) -> bool:
 def mlflow_server(folder: Path, *, start_s: float = 300.0) -> Iterator[str]:
     """A real ``mlflow server`` (3.17.2) on 127.0.0.1: its runs in SQLite under ``folder``, its
     artifacts served through its own proxy (``--serve-artifacts``, the default: runs get
-    ``mlflow-artifacts:/`` URIs). Yields the base URL; stops its process group at the end."""
+    ``mlflow-artifacts:/`` URIs). Yields the base URL; stops its process group at the end. A
+    start that does not answer within ``start_s`` (a loaded machine) is stopped and started again
+    on a fresh port with a longer wait (``start_with_retries``)."""
     import time
 
+    from raytrain_eks.local_services import ServiceStartError, start_with_retries
+
     folder.mkdir(parents=True, exist_ok=True)
-    url = f"http://127.0.0.1:{_free_port()}"
-    argv = [str(tracking_python()), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1],
-            "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination",
-            str(folder / "artifacts"), "--workers", "1"]
-    log = (folder / "server.log").open("w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder)
-    try:
-        deadline = time.monotonic() + start_s  # a bound on waiting for the event, not a measurement
+
+    def start(attempt: int) -> tuple[subprocess.Popen, str, Any]:
+        url = f"http://127.0.0.1:{_free_port()}"
+        argv = [str(tracking_python()), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+                url.rsplit(":", 1)[1], "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
+                "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"]
+        log = (folder / "server.log").open("w")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder)
+        deadline = time.monotonic() + start_s * attempt  # a bound on waiting for the event, not a measurement
         while not _up(url):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(folder / 'server.log').read_text()[-3000:]}")
+                _stop(proc, log)
+                raise ServiceStartError(f"mlflow server did not start: {(folder / 'server.log').read_text()[-3000:]}")
             time.sleep(0.5)
+        return proc, url, log
+
+    proc, url, log = start_with_retries(start, "mlflow server")
+    try:
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-        log.close()
+        _stop(proc, log)
+
+
+def _stop(proc: subprocess.Popen, log) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    log.close()
 
 
 def rest_post(url: str, path: str, body: dict[str, Any]) -> Any:

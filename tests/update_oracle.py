@@ -39,6 +39,16 @@ running nodes or removes a protection. Two sources decide it:
     HandlerErrorCode AlreadyExists; seen in the field: getlift/lift issue 356). CloudFormation
     creates new resources before it deletes the old ones, so even a policy the update removes is
     still there.
+  * A replaced ``AWS::EC2::Subnet`` is created while the one it replaces still exists (the same
+    create-then-delete order: CloudFormation User Guide, "Update behaviors of stack resources",
+    Replacement); EC2 refuses a subnet whose CIDR block another subnet of the VPC holds
+    (EC2 API Reference, error codes: ``InvalidSubnet.Conflict``), so a replacement with the
+    same CIDR fails the update.
+  * An output's ``Export`` that another stack imports cannot change: "You can't modify or
+    remove an output value that is referenced by another stack" (CloudFormation User Guide,
+    "Get exported outputs from a deployed CloudFormation stack"). CDK's strong cross-stack
+    references export the VPC and subnet ids to the cluster stack, and deploy the exporter
+    first, so a replaced subnet refuses the network stack's update.
 """
 from __future__ import annotations
 
@@ -204,7 +214,7 @@ def diff_stack(stack: str, before: dict, after: dict, retained: dict[str, dict] 
         kind = new["Type"]
         if lid in replaced:
             effect = "NODES TERMINATED: the old group is deleted after its replacement" if kind == NODE_GROUP else ""
-            refused = _creation_effect(kind, new.get("Properties", {}))
+            refused = _creation_effect(kind, new.get("Properties", {})) or _subnet_conflict(new, old_resources)
             changes.append(Change(stack, lid, kind, "replace", "; ".join(e for e in (refused, effect) if e)))
         elif lid in updated:
             versioned = {(u, attr) for u in updated for (t, attr) in VERSIONED_ATTRIBUTES
@@ -219,7 +229,38 @@ def diff_stack(stack: str, before: dict, after: dict, retained: dict[str, dict] 
             kind, new_resources[lid].get("Properties", {}), new_resources, held)))
     changes += deleted(stack, {lid: old_resources[lid] for lid in set(old_resources) - set(new_resources)},
                        old_resources)
-    return changes
+    return changes + _changed_exports(stack, before, after, replaced)
+
+
+def _subnet_conflict(new: dict, old_resources: dict[str, dict]) -> str:
+    """A replacement subnet whose CIDR a subnet of the old template holds (it still exists)."""
+    cidr = _at(new, ("Properties", "CidrBlock"))
+    if new["Type"] != "AWS::EC2::Subnet" or cidr is None:
+        return ""
+    if any(r["Type"] == "AWS::EC2::Subnet" and _at(r, ("Properties", "CidrBlock")) == cidr for r in old_resources.values()):
+        return f"UPDATE REFUSED: CIDR {cidr} is still held by the subnet it replaces (InvalidSubnet.Conflict)"
+    return ""
+
+
+def _changed_exports(stack: str, before: dict, after: dict, replaced: set[str]) -> list[Change]:
+    """Exported outputs whose value changes (a literal, or a reference to a replaced resource);
+    :func:`diff` marks those another stack imports as refused."""
+    out = []
+    for key, output in before.get("Outputs", {}).items():
+        name = _at(output, ("Export", "Name"))
+        new = after.get("Outputs", {}).get(key)
+        if name and (new is None or _marked(new.get("Value"), replaced, set()) != output.get("Value")):
+            out.append(Change(stack, key, "Export", "update" if new else "delete", f"EXPORT CHANGED: {name}"))
+    return out
+
+
+def _imports(value) -> set[str]:
+    if isinstance(value, dict):
+        found = {value["Fn::ImportValue"]} if isinstance(value.get("Fn::ImportValue"), str) else set()
+        return found.union(*(_imports(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_imports(v) for v in value))
+    return set()
 
 
 def deleted(stack: str, gone: dict[str, dict], everything: dict[str, dict]) -> list[Change]:
@@ -259,8 +300,21 @@ def kept(templates_: dict[str, dict]) -> dict[str, dict[str, dict]]:
 
 
 def diff(before: dict[str, dict], after: dict[str, dict]) -> list[Change]:
-    """Every stack's changes, ``before``/``after`` mapping stack part -> template."""
-    return [c for stack in before for c in diff_stack(stack, before[stack], after.get(stack, {}))]
+    """Every stack's changes, ``before``/``after`` mapping stack part -> template; a changed
+    export that another stack imports refuses its stack's update."""
+    importers = {name: other for other, template in before.items() for name in _imports(template)}
+    changes = [c for stack in before for c in diff_stack(stack, before[stack], after.get(stack, {}))]
+    for i, c in enumerate(changes):
+        name = c.effect.removeprefix("EXPORT CHANGED: ")
+        if c.type == "Export" and importers.get(name, c.stack) != c.stack:
+            changes[i] = Change(c.stack, c.logical_id, c.type, c.action,
+                                f"UPDATE REFUSED: export {name} is imported by the {importers[name]} stack")
+    return changes
+
+
+def refused(changes: list[Change]) -> list[Change]:
+    """The changes CloudFormation (or the service under it) refuses: the update rolls back."""
+    return [c for c in changes if "REFUSED" in c.effect.split(":")[0]]
 
 
 def templates(raw: dict, source: str = "environment.toml", existing_gpu_groups: frozenset[str] = frozenset()) -> dict[str, dict]:
@@ -335,6 +389,21 @@ def edited(raw: dict, edit: str) -> dict:
 def edit_results(raw: dict, baseline: dict[str, dict]) -> dict[str, list[Change]]:
     """Each edit of ``raw`` deployed over ``baseline`` (the first deploy), after a verify."""
     return {edit: diff(baseline, redeploy(edited(raw, edit), baseline)) for edit in EDITS}
+
+
+def edit_over(raw: dict, changes: dict[str, object]) -> list[Change]:
+    """``changes`` ({dotted field: value}) deployed over a running cluster of ``raw`` (its first
+    deploy, then a verified redeploy): for edits that need another base spec than EDITS' (e.g.
+    one with an account)."""
+    deployed = redeploy(raw, templates(raw))
+    for path, value in changes.items():
+        raw = _set(raw, path, value)
+    return diff(deployed, redeploy(raw, deployed))
+
+
+CACHE_EDIT = ("image pull_through_cache -> true", {"image.pull_through_cache": True})
+"""Turning the image cache on (the base spec needs cluster.account: tests/infra_variants.py
+capacity_raw with the cache off)."""
 
 
 def table(results: dict[str, list[Change]]) -> str:

@@ -25,9 +25,12 @@ from typing import Any, Mapping
 from spec_schema import FieldError, build_section, read_toml
 from training.config_checks import (  # noqa: F401  (re-exported: one schema, one place to import from)
     BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, ON_EXISTING_RUN, OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES,
-    TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive, s3_problem,
+    TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive, s3_problem, tracking_uri_problem,
 )
 from training.model_config import check_config_keys, max_positions
+
+JOB_KINDS = ("train", "netcheck")
+"""``kind`` of a job config: what ``python -m training`` runs for it."""
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TransformConfig:
@@ -116,19 +119,27 @@ class DataConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     seq_len: int = 512
+    """Tokens per sequence (packed or padded to it); at most the model's ``max_position_embeddings``."""
     micro_batch_size: int = 1
     """Sequences per worker per forward/backward."""
     global_batch_size: int = 8
     """Sequences per optimizer step over all workers (= workers x micro x accumulation)."""
     max_steps: int = 100
+    """Optimizer steps the run trains (a resumed run counts the steps already done)."""
     lr: float = 2e-5
+    """Peak AdamW learning rate, reached after ``warmup_steps`` (training/optim.py)."""
     warmup_steps: int = 10
+    """Linear warm-up steps to ``lr``, then cosine decay to ``lr x min_lr_ratio``; less than ``max_steps``."""
     min_lr_ratio: float = 0.1
     """Cosine decay floor as a fraction of ``lr``."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
     grad_clip: float = 1.0
+    """Clip of the global gradient norm over all shards; 0 only measures it."""
     seed: int = 0
+    """``torch.manual_seed`` of every worker (model init, dropout); the data order has ``data.seed``."""
     log_every_n_steps: int = 1
+    """Cadence of the metrics rows (``metrics.jsonl``) and the progress line."""
     report_every_n_steps: int = 10
     """Cadence of ``ray.train.report`` for metrics (each report waits for a controller poll)."""
 
@@ -150,17 +161,23 @@ class TrainConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelConfig:
     strategy: str = "full_shard"
+    """FSDP2 sharding: ``full_shard``, ``hybrid_shard`` (shard in a node, replicate across; >= 2
+    nodes) or ``no_shard``."""
     num_workers: int = 1
     """Ray Train workers = world size (one per GPU on GPU clusters)."""
     workers_per_node: int = 1
     """GPUs (workers) per node; the hybrid mesh shards inside a node and replicates across."""
     use_gpu: bool = False
+    """Train on GPUs with NCCL; false: CPU with gloo (tests, the local demo)."""
     node_group: str = ""
     """The environment's GPU node group a GPU job runs on (``[[gpu_node_groups]] name``); empty =
     the first group. The charts and the preflight size the job to it."""
     cpus_per_worker: float = 1.0
+    """Ray CPUs each Ray Train worker asks for."""
     activation_checkpointing: bool = False
+    """Recompute each decoder block's activations in the backward (less memory, more compute)."""
     compile: bool = False
+    """``torch.compile`` each decoder block before sharding (training/parallel.py)."""
     keep_params_gathered: bool = False
     """With gradient accumulation: keep each block's parameters gathered from the first micro
     batch's forward to the last one's backward (one all-gather per block per step instead of
@@ -196,6 +213,7 @@ class CheckpointConfig:
     every_n_steps: int = 0
     """0 = only at the end."""
     keep_last: int = 2
+    """Checkpoints Ray Train keeps in storage (``CheckpointConfig.num_to_keep``); older ones are deleted."""
     on_existing_run: str = "resume"
     """``resume`` (default) or ``refuse`` when the run name already exists in storage."""
     sigterm_grace_seconds: int = 120
@@ -222,6 +240,7 @@ class EvalConfig:
     every_n_steps: int = 0
     """0 = only before (step 0) and after training."""
     max_batches: int = 8
+    """Held-out batches per rank each evaluation reads, at most."""
     exact_match: bool = False
     """Generation-based exact match on the held-out conversations' last answers (conversation
     data: chat, alpaca, sharegpt, or a Hugging Face dataset of those)."""
@@ -263,6 +282,55 @@ class AcceptConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TrackingConfig:
+    """Where the driver logs the run besides storage (training/metric_sinks/mlflow.py)."""
+    mlflow_uri: str = ""
+    """MLflow tracking server: ``http(s)://host[:port]`` or a SageMaker managed MLflow ARN
+    (``arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>``, SigV4-signed with
+    the pod's role). Empty: ``MLFLOW_TRACKING_URI`` from the environment, else no MLflow."""
+    mlflow_experiment: str = ""
+    """The run's experiment (empty: ``MLFLOW_EXPERIMENT_NAME``, else the job's name)."""
+
+    def __post_init__(self) -> None:
+        problem = tracking_uri_problem(self.mlflow_uri) if self.mlflow_uri else None
+        if problem:
+            raise FieldError("mlflow_uri", self.mlflow_uri, problem)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NetcheckConfig:
+    """What a ``kind = "netcheck"`` job measures (training/netcheck/): collective bus bandwidth
+    for message sizes from ``min_bytes`` to ``max_bytes``, doubling (nccl-tests' ``-b -e -f 2``)."""
+    min_bytes: int = 1 << 20
+    """Smallest message, bytes."""
+    max_bytes: int = 1 << 28
+    """Largest message, bytes (<= 4 GiB)."""
+    iters: int = 20
+    """Timed collectives per size."""
+    warmup_iters: int = 5
+    """Untimed collectives per size first (connections, allocator)."""
+    link_gbps: float = 0.0
+    """The node's nominal network limit in Gbit/s; the charts set it from environment/instances.py
+    (0 = unknown: no link criterion)."""
+    min_link_fraction: float = 0.5
+    """Verdict: inter-node all-reduce bus bandwidth at least this share of ``link_gbps``."""
+    compare_socket: bool = True
+    """Run a second time forced to NCCL's socket transport; verdict: EFA must beat it."""
+    run_first: bool = False
+    """A training job measures the network before it trains (the smoke job, so the pipeline's
+    Smoke stage catches an image that slows the network); a rejected netcheck fails the run."""
+
+    def __post_init__(self) -> None:
+        positive(self, "min_bytes", "max_bytes", "iters", "link_gbps", "min_link_fraction",
+                 "warmup_iters", allow_zero=True)
+        positive(self, "min_bytes", "iters")
+        if self.max_bytes < self.min_bytes or self.max_bytes > 1 << 32:
+            raise FieldError("max_bytes", self.max_bytes, f"must be between min_bytes ({self.min_bytes}) and 4294967296")
+        if self.min_link_fraction > 1:
+            raise FieldError("min_link_fraction", self.min_link_fraction, "must be a share between 0 and 1")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RayJobConfig:
     """How Kubernetes runs the job as a KubeRay RayJob (read by charts/, ignored by the job)."""
     active_deadline_minutes: int = 240
@@ -290,15 +358,32 @@ class JobConfig:
     name: str
     """The job's name: RayJob name and default run name (lower-case DNS label)."""
     description: str = ""
+    """Free text for people; reports leave it out of the factors compared."""
+    kind: str = "train"
+    """What the job runs: ``train`` (training/loop.py) or ``netcheck`` (training/netcheck/: the
+    network's bus bandwidth, over EFA and over sockets, with a verdict; model and data unused)."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """``[model]``: what is trained."""
     data: DataConfig = field(default_factory=DataConfig)
+    """``[data]``: what it is trained on."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """``[train]``: steps, batch, learning rate."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """``[parallel]``: workers, sharding, where it runs."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """``[checkpoint]``: where the run lives and how it resumes."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """``[eval]``: held-out evaluation."""
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
+    """``[evidence]``: what the run must prove about its transport."""
     rayjob: RayJobConfig = field(default_factory=RayJobConfig)
+    """``[rayjob]``: the RayJob's limits on Kubernetes."""
     accept: AcceptConfig = field(default_factory=AcceptConfig)
+    """``[accept]``: the criteria the result is judged against (the verdict)."""
+    netcheck: NetcheckConfig = field(default_factory=NetcheckConfig)
+    """``[netcheck]``: the network measurement (its own job kind, or before training)."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """``[tracking]``: the MLflow server the run is logged to."""
     source: str = "<job config>"
     """Where this config came from (for error messages)."""
 
@@ -306,6 +391,7 @@ class JobConfig:
         """Rules across sections; a FieldError here names the absolute field."""
         if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?", self.name):
             raise FieldError("name", self.name, "is not a lower-case DNS label of at most 40 characters")
+        one_of(self, "kind", JOB_KINDS)
         t, p, k = self.train, self.parallel, self.checkpoint
         limit = self.model.known_max_positions
         if limit and t.seq_len > limit:
@@ -355,6 +441,11 @@ class JobConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.train.global_batch_size * self.train.seq_len
+
+    @property
+    def measures_network(self) -> bool:
+        """A netcheck job, or a training job that runs one first (``netcheck.run_first``)."""
+        return self.kind == "netcheck" or self.netcheck.run_first
 
     @property
     def is_infrastructure_check(self) -> bool:

@@ -59,3 +59,23 @@ def one_of(section: Any, name: str, allowed: tuple[str, ...]) -> None:
     value = getattr(section, name)
     if value not in allowed:
         raise FieldError(name, value, f"is not allowed (allowed: {', '.join(allowed)})")
+
+
+MLFLOW_ARN_FORM = "arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>"
+MLFLOW_PARTITIONS = ("aws", "aws-us-gov")
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why the driver cannot log to this MLflow tracking URI through the REST API
+    (training/mlflow_rest.py), or None: ``http(s)://host[:port]`` or a SageMaker managed MLflow
+    tracking server ARN (:data:`MLFLOW_ARN_FORM`, signed with SigV4)."""
+    if uri.startswith(("http://", "https://")):
+        return None if uri.split("://", 1)[1].strip("/") else "names no host"
+    if not uri.startswith("arn:"):
+        return f"is not http(s)://host[:port] nor a SageMaker MLflow ARN ({MLFLOW_ARN_FORM})"
+    parts = uri.split(":")
+    if len(parts) < 6 or parts[2] != "sagemaker" or not parts[5].startswith("mlflow-tracking-server/") or not parts[3]:
+        return f"is not a SageMaker MLflow tracking server ARN ({MLFLOW_ARN_FORM})"
+    if parts[1] not in MLFLOW_PARTITIONS:
+        return f"partition {parts[1]!r} is not supported ({', '.join(MLFLOW_PARTITIONS)})"
+    return None

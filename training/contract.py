@@ -75,6 +75,8 @@ ENV_PREFIX = "RAYTRAIN_"
 # --- files of a run directory ---------------------------------------------------------------
 RECORD_NAME = "run.json"
 METRICS_NAME = "metrics.jsonl"
+NETCHECK_NAME = "netcheck.json"
+"""A netcheck run's record (training/netcheck/driver.py), beside where run.json would be."""
 TENSORBOARD_DIR = "tensorboard"
 """The run's TensorBoard event files (training/metric_sinks/tensorboard.py); copied out with the run."""
 
@@ -217,6 +219,7 @@ RECORD_FIELDS = (
     # identity and what ran (the reproducibility review):
     "source", "manifest_name", "environment_spec", "inputs", "ranks", "nccl_logs", "reproducibility",
     "verdict", "definitions", "exports",
+    "netcheck",  # the network measured before training (netcheck.run_first): verdict, figures, uri; else None
 )
 """Every top-level key a finished run.json holds."""
 WORKER_RECORD_FIELDS = ("versions", "ranks", "inputs", "nccl_logs", "transport", "hosts", "data", "throughput",

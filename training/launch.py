@@ -11,7 +11,7 @@ import os
 import socket
 import sys
 import uuid
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from training import contract, metric_sinks, run_logs, verdict
 from training.config import JobConfig
@@ -109,6 +109,17 @@ def lease_holder(environ: Mapping[str, str] | None = None) -> str:
         submission = None
     who = f"Ray job {submission}" if submission else "python -m training"
     return f"{who} on {socket.gethostname()} (pid {os.getpid()})"
+
+
+def connect_ray() -> None:
+    """``ray.init`` once: RAY_ADDRESS (set in a RayJob) connects to the cluster; otherwise a local
+    one starts. A submitted job (`ray job submit`, KubeRay) already carries its runtime env, and
+    Ray refuses a second one that repeats its keys: ours is forwarded only outside a submitted job."""
+    import ray
+
+    if not ray.is_initialized():
+        submitted = SUBMITTED_JOB_ENV in os.environ
+        ray.init(**({} if submitted else {"runtime_env": {"env_vars": forwarded_env()}}), log_to_driver=True)
 
 
 def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: str = "run",
@@ -215,10 +226,11 @@ def run_in_process(job: JobConfig, ctx: Any, *, argv: list[str] | None = None, *
     return final
 
 
-def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
+def run(job: JobConfig, *, argv: list[str] | None = None, before_fit: Callable[[JobConfig], dict] | None = None) -> int:
     """Fit the job; returns the process exit code: the verdict's (training/verdict.py: 0 accepted,
     1 execution-failed, 3 rejected), 2 refused input (before start, or data the job cannot read),
-    143 stopped by SIGTERM (resumable)."""
+    143 stopped by SIGTERM (resumable). ``before_fit``: run once the record exists, before the
+    fit; its result is run.json's ``netcheck`` (training/netcheck/driver.py ``before_training``)."""
     from training import checkpointing
 
     argv = list(argv or sys.argv)
@@ -232,16 +244,14 @@ def run(job: JobConfig, *, argv: list[str] | None = None) -> int:
             print(f"error: {job.source}: {err}", file=sys.stderr, flush=True)
             return 2
     try:
-        return _run(job, argv, lease)
+        return _run(job, argv, lease, before_fit)
     finally:
         if lease is not None:
             lease.release()
 
 
-def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
+def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobConfig], dict] | None = None) -> int:
     """:func:`run` while this attempt holds the run's lease (None: no storage, no lease)."""
-    import ray
-
     from training import checkpointing
 
     resume_from = ""
@@ -257,12 +267,7 @@ def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
         resume_from = plan.resume_from
         if resume_from:
             print(f"resuming {job.run_name} from step {plan.resume_step}: {resume_from}", flush=True)
-    if not ray.is_initialized():
-        # RAY_ADDRESS (set in a RayJob) connects to the cluster; otherwise a local one starts.
-        # A submitted job (`ray job submit`, KubeRay) already carries its runtime env, and Ray
-        # refuses a second one that repeats its keys: forward ours only outside a submitted job.
-        submitted = SUBMITTED_JOB_ENV in os.environ
-        ray.init(**({} if submitted else {"runtime_env": {"env_vars": forwarded_env()}}), log_to_driver=True)
+    connect_ray()
     record = start_record(job, argv)
     stop_flag = limit = None
     if job.checkpoint.storage_path:  # keep the reference: the flag actor lives as long as it
@@ -275,6 +280,8 @@ def _run(job: JobConfig, argv: list[str], lease: Any) -> int:
     token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/failure.py)
     returned, error, data_errors = None, None, []
     try:
+        if before_fit is not None:  # netcheck.run_first: a rejection fails the run (stage transport)
+            record.update(netcheck=before_fit(job))
         result = build_trainer(job, resume_from=resume_from, data_error_token=token,
                                lease=lease.to_dict() if lease is not None else None).fit()
         if getattr(result, "error", None):

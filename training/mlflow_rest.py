@@ -19,6 +19,8 @@ import urllib.parse
 import urllib.request
 from typing import Any, Iterable, Iterator
 
+from training.config_checks import tracking_uri_problem
+
 API = "/api/2.0/mlflow"
 ARTIFACTS_API = "/api/2.0/mlflow-artifacts/artifacts"
 ARTIFACT_SCHEME = "mlflow-artifacts:"
@@ -42,12 +44,10 @@ class MlflowError(RuntimeError):
 def sagemaker_endpoint(arn: str) -> tuple[str, str]:
     """``(https://<region>.experiments.sagemaker.aws, region)`` for a SageMaker MLflow tracking
     server ARN (``arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>``)."""
+    problem = tracking_uri_problem(arn) if arn.startswith("arn:") else "is not an ARN"
+    if problem:
+        raise ValueError(f"tracking URI {arn!r}: {problem}")
     parts = arn.split(":")
-    if len(parts) < 6 or parts[2] != "sagemaker" or not parts[5].startswith("mlflow-tracking-server/"):
-        raise ValueError(f"tracking URI {arn!r}: not a SageMaker MLflow tracking server ARN "
-                         "(arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>)")
-    if parts[1] not in ("aws", "aws-us-gov"):
-        raise ValueError(f"tracking URI {arn!r}: partition {parts[1]!r} is not supported (aws, aws-us-gov)")
     return f"https://{parts[3]}.experiments.sagemaker.aws", parts[3]
 
 
@@ -59,10 +59,10 @@ class Tracking:
         self.timeout_s = timeout_s
         if uri.startswith("arn:"):
             self.base, self.region = sagemaker_endpoint(uri)
-        elif uri.startswith(("http://", "https://")):
+        elif not tracking_uri_problem(uri):
             self.base, self.region = uri.rstrip("/"), ""
         else:
-            raise ValueError(f"tracking URI {uri!r}: expected http(s)://host[:port] or a SageMaker MLflow ARN")
+            raise ValueError(f"tracking URI {uri!r}: {tracking_uri_problem(uri)}")
 
     def _headers(self, method: str, url: str, body: bytes, content_type: str) -> dict[str, str]:
         headers = {"Content-Type": content_type}

@@ -66,6 +66,11 @@ def build_model(model_cfg: Any, *, seq_len: int, on_gpu: bool) -> torch.nn.Modul
     from training.model_transforms import apply_transforms
 
     model = apply_transforms(model, getattr(model_cfg, "transforms", ()))
+    # The output layer and the loss in chunks, never the full logits (training/loss_head.py);
+    # after the transforms: an output layer a transform replaced keeps the logits path.
+    from training.loss_head import use_chunked_loss_head
+
+    use_chunked_loss_head(model)
     # The dtype the model was published in (bf16 for Qwen2.5), before the fp32 master copy:
     # the export writes this one.
     model.published_dtype = str(published or dtype).removeprefix("torch.")
@@ -169,9 +174,17 @@ def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: tor
 
 
 def loss_from_inputs(model: torch.nn.Module, inputs: dict[str, Any], targets: torch.Tensor) -> torch.Tensor:
-    """The device half of :func:`loss_sum`, on what :func:`loss_inputs` prepared."""
+    """The device half of :func:`loss_sum`, on what :func:`loss_inputs` prepared. With a
+    :class:`training.loss_head.ChunkedLossHead` the model's forward returns the loss itself
+    (as ``.logits``), computed chunk by chunk; otherwise from the logits of the targets."""
+    from training.loss_head import loss_head
+
     inputs = dict(inputs)
     rows, cols = inputs.pop("_rows", None), inputs.pop("_cols", None)
+    head = loss_head(model)
+    if head is not None:
+        with head.computing_loss(targets, rows, cols):
+            return model(**inputs).logits
     logits = model(**inputs).logits
     logits = logits[0] if rows is None else logits[rows, cols]
     return chunked_cross_entropy_sum(logits, targets)

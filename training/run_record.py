@@ -179,6 +179,7 @@ class RunRecord:
             "manifest_name": env.get(contract.ENV_MANIFEST_NAME, ""),
             "environment_spec": {"text": spec_text(env)},  # its hash: spec_hash (contract.HASHES)
             "inputs": {}, "ranks": [], "nccl_logs": [], "reproducibility": {}, "verdict": None,
+            "netcheck": None,
             # what each hash and throughput figure of this record is (one definition each)
             "definitions": {"hashes": dict(contract.HASHES), "throughput": dict(contract.FIGURES)},
         }

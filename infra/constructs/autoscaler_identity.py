@@ -21,7 +21,7 @@ WRITE_ACTIONS = ("autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanc
 class AutoscalerIdentity(Construct):
     """Role + Pod Identity association for ``kube-system/<service_account>``."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster, cluster_name: str,
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster, cluster_name: str,
                  namespace: str, service_account: str) -> None:
         super().__init__(scope, construct_id)
         self.role = iam.Role(

@@ -74,7 +74,7 @@ class ClusterAddons(Construct):
     """One ``HelmChart`` per resolved add-on; :attr:`charts` maps the add-on key to it and
     :attr:`crd_charts` the key to its CRD chart, where it has one."""
 
-    def __init__(self, scope: Construct, construct_id_: str, *, cluster: eks.Cluster,
+    def __init__(self, scope: Construct, construct_id_: str, *, cluster: eks.ICluster,
                  addons: list[ResolvedAddon]) -> None:
         super().__init__(scope, construct_id_)
         self.charts: dict[str, eks.HelmChart] = {}
@@ -103,7 +103,7 @@ class ClusterAddons(Construct):
                                                   manifest=item.objects, overwrite=True)
                 manifest.node.add_dependency(chart)
 
-    def _crd_chart(self, cluster: eks.Cluster, item: ResolvedAddon) -> eks.HelmChart:
+    def _crd_chart(self, cluster: eks.ICluster, item: ResolvedAddon) -> eks.HelmChart:
         addon = item.addon
         staging = Path(Stage.of(self).outdir) / ".crd-charts"
         directory = write_crd_chart(addon, item.version, item.crd_file, staging)

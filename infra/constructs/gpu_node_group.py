@@ -66,7 +66,7 @@ class GpuNodeGroup(Construct):
     on a name the old group still holds.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster,
                  group: GpuNodeGroupSpec, subnets: ec2.SubnetSelection,
                  security_group_ids: list[str], node_role: iam.IRole, availability_zone: str,
                  availability_zones: tuple[str, ...], exists: bool = False) -> None:

@@ -68,9 +68,9 @@ class RayIdentity(Construct):
     whose trust policy (rightly) does not accept it.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster,
                  namespace: str, service_account_name: str, bucket_name: str, prefix: str,
-                 pod_identity_agent: Construct, operator_namespace: str,
+                 pod_identity_agent: Construct | None, operator_namespace: str,
                  read_only_prefixes: tuple[str, ...] = ()) -> None:
         super().__init__(scope, construct_id)
         self.namespace = namespace
@@ -95,7 +95,8 @@ class RayIdentity(Construct):
         self.association = eks.CfnPodIdentityAssociation(
             self, "Association", cluster_name=cluster.cluster_name, namespace=namespace,
             service_account=service_account_name, role_arn=self.role.role_arn)
-        self.association.node.add_dependency(pod_identity_agent)
+        if pod_identity_agent is not None:  # None: an existing cluster's agent (verify checks it)
+            self.association.node.add_dependency(pod_identity_agent)
         # The bucket lives in the storage stack; its name is spec-derived, so the ARN is built
         # here instead of imported (no cross-stack export pins the stateful stack).
         stack = Stack.of(self)

@@ -15,6 +15,7 @@ from infra.constructs.autoscaler_identity import AutoscalerIdentity
 from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon
 from infra.constructs.efa_security_group import EfaSecurityGroup
 from infra.constructs.gpu_node_group import GpuNodeGroup
+from infra.constructs.image_cache import PullThroughCache
 from infra.constructs.kubernetes_order import kubernetes_objects_after
 from infra.constructs.managed_addons import ManagedAddons
 from infra.constructs.node_security import node_role, system_launch_template
@@ -50,7 +51,8 @@ ALL_CONTROL_PLANE_LOGS = [
 class ClusterStack(Stack):
     """Exposes :attr:`cluster`, :attr:`system_nodegroup`, :attr:`gpu_node_groups` (one
     :class:`GpuNodeGroup` per spec entry), :attr:`pod_role`, :attr:`service_account_name`,
-    :attr:`service_account_namespace`, :attr:`addons`, :attr:`autoscaler` and :attr:`log_group`.
+    :attr:`service_account_namespace`, :attr:`addons`, :attr:`autoscaler`, :attr:`log_group` and
+    :attr:`image_cache` (a :class:`PullThroughCache`, or None).
 
     Node groups have no fixed name: CloudFormation names them, so a change to a create-only
     property replaces a group instead of colliding with the name the old one still holds."""
@@ -60,7 +62,8 @@ class ClusterStack(Stack):
                  ray: RaySpec, addons: list[ResolvedAddon], bucket_name: str, storage_prefix: str,
                  read_only_prefixes: tuple[str, ...],
                  kubectl_layer: Callable[[Construct, str], aws_lambda.ILayerVersion],
-                 network: NetworkStack, existing_gpu_groups: frozenset[str] = frozenset(), **kwargs) -> None:
+                 network: NetworkStack, existing_gpu_groups: frozenset[str] = frozenset(),
+                 image_cache_prefix: str | None = None, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         layer = kubectl_layer(self, "KubectlLayer")
         private = spec.endpoint_access == "private"
@@ -107,6 +110,10 @@ class ClusterStack(Stack):
         self.managed_addons = ManagedAddons(self, "ManagedAddons", cluster=self.cluster,
                                             kubernetes_version=spec.kubernetes_version)
         self.node_role = node_role(self, "NodeRole")
+        # The image through the account's ECR (image.pull_through_cache): the rule, and the node
+        # role's right to fill the cache under its prefix only.
+        self.image_cache = (PullThroughCache(self, "ImageCache", prefix=image_cache_prefix, node_role=self.node_role)
+                            if image_cache_prefix else None)
         # The disk is in the launch template (EKS refuses a disk size beside one).
         system_template = system_launch_template(self, "SystemLaunchTemplate", disk_gib=system.disk_gib)
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(

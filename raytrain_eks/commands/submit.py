@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 from raytrain_eks import run_inputs
+from raytrain_eks.netcheck_results import finish as netcheck_finish
+from training.contract import NETCHECK_NAME
 
 DEFAULT_POLL_S = 10.0
 
@@ -74,7 +76,7 @@ def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> 
     if not local:
         from raytrain_eks.eks_backend import check_context
 
-        check_context(env.cluster.name)
+        check_context(env.cluster.eks_name)
     return run_inputs.plan_uploads(config, env.storage_uri, ROOT)
 
 
@@ -123,6 +125,8 @@ def _local(manifests, out_dir: Path, uploads: list, storage_uri: str) -> int:
 
     ran = run_local(rayjob=manifests.rayjob, run_uri=manifests.run_uri, code_path=manifests.code_path, out_dir=out_dir,
                     prepare=lambda client: run_inputs.upload(client, uploads, storage_uri, manifests.run))
+    if NETCHECK_NAME in ran.copied and "run.json" not in ran.copied:  # a netcheck job (not a run_first)
+        return netcheck_finish(out_dir)
     if "run.json" not in ran.copied:
         # Ray's word for a job that exits non-zero is FAILED, also for a run the verdict rejects:
         # it is shown only when there is no record (and so no verdict) to speak instead.
@@ -217,6 +221,8 @@ def _results(client, manifests, out_dir: Path, ended: str) -> int:
 
     print(f"==> {manifests.run}: {ended}")
     copied = download_run(client, manifests.run_uri, out_dir)
+    if NETCHECK_NAME in copied and "run.json" not in copied:
+        return netcheck_finish(out_dir)
     if "run.json" not in copied:
         print(f"submit: the run wrote no run.json to {manifests.run_uri} (raytrain-eks logs {manifests.run})",
               file=sys.stderr)

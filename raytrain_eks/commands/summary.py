@@ -12,6 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def render(env) -> str:
     from environment import UnlockedImageWarning
     from environment.addons import ADDONS
+    from environment.image_pull import pull_lines
+    from environment.image_source import pull_reference
 
     c = env.cluster
     lines = [
@@ -32,10 +34,13 @@ def render(env) -> str:
             f" world size {g.world_size}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UnlockedImageWarning)
-        reference = env.image.reference
+        reference = pull_reference(env)
     lines.append(f"image        {reference}  (Ray {env.image.ray_version}, Python {env.image.python_version})")
+    if env.image.pull_through_cache:
+        lines.append(f"             cached from {env.image.repository} (same digest) through the account's ECR")
     if caught:
         lines.append(f"  WARNING    {caught[0].message}")
+    lines += pull_lines(env)
     charts = ", ".join(f"{a.chart} {env.versions.chart(a.key)}" for a in ADDONS if a.enabled(env))
     lines.append(f"add-ons      {charts}")
     lines.append(f"storage      {env.storage_uri}  (noncurrent versions kept {env.storage.noncurrent_version_days} d)")

@@ -8,6 +8,7 @@ is recorded (infra/verify_gate.py): `cdk deploy` of the cluster stack needs a re
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -32,9 +33,44 @@ def make_client(service: str, region: str):
     return boto3.client(service, region_name=region)
 
 
+def kube_list(kind: str, selector: str) -> list[dict]:
+    """``kubectl get <kind> -A [-l selector] -o json``'s items (kubectl's current context)."""
+    from raytrain_eks.eks_backend import kubectl
+
+    args = ["get", kind, "-A", "-o", "json"] + (["-l", selector] if selector else [])
+    return json.loads(kubectl(*args).stdout or "{}").get("items", [])
+
+
+def existing_cluster_checks(env, client) -> list:
+    """The checks of an existing cluster (raytrain_eks/verify_existing.py), its Kubernetes side
+    read through kubectl, whose current context must be that cluster."""
+    from raytrain_eks import verify, verify_existing
+    from raytrain_eks.cluster_inventory import read_inventory
+    from raytrain_eks.eks_backend import KubectlError, KubectlRefused, check_context
+
+    try:
+        check_context(env.cluster.eks_name)
+        inventory = read_inventory(kube_list)
+    except (KubectlError, KubectlRefused) as err:
+        kubernetes = [verify.failed("kubernetes", f"cannot read cluster {env.cluster.existing}: {err}",
+                                    f"aws eks update-kubeconfig --name {env.cluster.existing} --region {env.cluster.region}, "
+                                    "as a principal that may list nodes, workloads, CRDs, namespaces and secrets")]
+        inventory = None
+    else:
+        kubernetes = [verify.passed("kubernetes", f"read {len(inventory.nodes)} node(s), {len(inventory.releases)} Helm "
+                                                  f"release(s) of {env.cluster.existing} through kubectl")]
+    checks = [("cluster", lambda: verify_existing.check_cluster(env, client("eks"), client("ec2"))),
+              ("cluster-addons", lambda: verify_existing.check_cluster_addons(env, client("eks")))]
+    if inventory is not None:
+        checks += [("existing-groups", lambda: verify_existing.check_node_groups(env, client("eks"), inventory)),
+                   ("addons", lambda: verify_existing.check_addons(env, inventory)),
+                   ("namespace", lambda: verify_existing.check_namespace(env, inventory))]
+    return kubernetes + verify.run_checks(checks) + verify_existing.install_plan(env)
+
+
 def run(args: argparse.Namespace) -> int:
     from environment import load_environment
-    from raytrain_eks import verify, verify_account, verify_nodegroups, verify_zones
+    from raytrain_eks import verify, verify_account, verify_cache, verify_nodegroups, verify_zones
     from raytrain_eks.chart_index import IndexCache, http_fetch
 
     env = load_environment(args.env)
@@ -45,20 +81,28 @@ def run(args: argparse.Namespace) -> int:
 
     index = IndexCache(http_fetch(args.timeout))
     existing: set[str] = set()  # the GPU groups a deploy updates in place, recorded with a pass
+    # What a new cluster needs checked and an existing one does not: the EKS add-on pins, the
+    # admins' access entries and the AZs' zone ids are the existing cluster's owner's.
+    own_cluster = [] if env.cluster.existing else [
+        ("eks-addon", lambda: verify.check_eks_addons(env, client("eks"))),
+        ("admins", lambda: verify_account.check_admins(env, client("iam"), client("sts"))),
+        ("zones", lambda: verify_zones.check_zones(env, client("ec2"))),
+    ]
     findings = verify.run_checks([
         ("account", lambda: verify_account.check_account(env, client("sts"))),
         ("bootstrap", lambda: verify_account.check_bootstrap(env, client("cloudformation"))),
         ("leftover", lambda: verify_account.check_leftovers(env, client("cloudformation"), client("s3"), client("logs"))),
-        ("eks-addon", lambda: verify.check_eks_addons(env, client("eks"))),
+        *own_cluster,
         ("helm-chart", lambda: verify.check_charts(env, index, args.helm_repo_mirror)),
-        ("admins", lambda: verify_account.check_admins(env, client("iam"), client("sts"))),
-        ("zones", lambda: verify_zones.check_zones(env, client("ec2"))),
         ("gpu-az", lambda: verify.check_gpu_zones(env, client("ec2"))),
         ("quota", lambda: verify.check_quotas(env, client("service-quotas"))),
         ("reservation", lambda: verify.check_reservations(env, client("ec2"))),
         ("image", lambda: verify.check_image(env, args.registry_url, args.timeout)),
+        ("image-cache", lambda: verify_cache.check_image_cache(env, client("cloudformation"), client("ecr"))),
         ("node-groups", lambda: verify_nodegroups.check_node_groups(env, client("eks"), existing)),
     ])
+    if env.cluster.existing:
+        findings += existing_cluster_checks(env, client)
     for finding in findings:
         print(finding.line())
     failed = [f for f in findings if not f.ok]

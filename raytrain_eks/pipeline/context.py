@@ -78,7 +78,11 @@ class StepContext:
 
     @property
     def repository(self) -> str:
-        return self.env.image.repository
+        """The repository the pods pull from (the cache's with ``image.pull_through_cache``):
+        what their ``imageID`` names, so what the readiness and smoke checks match."""
+        from environment.image_source import pull_repository
+
+        return pull_repository(self.env)
 
     def manifest(self, name: str, *, promoted: bool = False) -> dict[str, Any] | None:
         """A synthesized manifest as JSON (``None`` when absent, e.g. nothing promoted yet)."""

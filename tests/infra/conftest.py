@@ -3,5 +3,5 @@ app synthesized per spec variant (fixtures_cdk.py) and, for the image watcher La
 registry and moto's server (fixtures_pipeline.py)."""
 from __future__ import annotations
 
-from fixtures_cdk import alternative, capacity, default, variant  # noqa: F401
+from fixtures_cdk import alternative, capacity, default, existing, variant  # noqa: F401
 from fixtures_pipeline import aws, pushed, registry  # noqa: F401

@@ -33,6 +33,18 @@ def test_cfn_lint_no_errors_and_only_known_warnings(variant, which):
     assert not [m for m in matches if m.rule.id.startswith("E")]
 
 
+@pytest.mark.parametrize("which", ("storage", "cluster"))
+def test_cfn_lint_on_an_existing_cluster(existing, which):
+    # the stacks installed onto an existing cluster (no network stack there) lint as the others
+    matches = _lint(existing, which)
+    assert [f"{m.rule.id} {m.message}" for m in matches if m.rule.id not in IGNORED_WARNINGS] == []
+
+
+def test_cdk_nag_on_an_existing_cluster(existing):
+    reports = existing.validation_report["pluginReports"]
+    assert [r for r in reports if r["conclusion"] != "success" or r["violations"]] == []
+
+
 def test_cfn_lint_catches_a_real_error(default):
     # given a template with a bad property, cfn-lint reports an error (the check can fail)
     from cfnlint.api import lint
@@ -100,8 +112,10 @@ def test_every_nag_acknowledgement_has_a_real_reason(variant):
     # node role's 2 managed policies (no CNI policy) + the CNI's own role 1 + access-log bucket 1
     # + pod policy: its read/write prefix 1 + each read-only prefix
     read_only = len(variant.env.storage.read_only_prefixes)
-    # + cluster-autoscaler's describe/scale policy 1
-    assert groups >= 1 and len(acks) == 1 + 8 + 4 + 2 + 1 + 1 + 1 + read_only + 1
+    # + cluster-autoscaler's describe/scale policy 1 + with the image cache, the node role's
+    # statements on the cache's repositories 1
+    cache = 1 if variant.env.image.pull_through_cache else 0
+    assert groups >= 1 and len(acks) == 1 + 8 + 4 + 2 + 1 + 1 + 1 + read_only + 1 + cache
     for key, reason in acks.items():
         assert len(reason) >= 40, key
     # each finding has a reason of its own (no sentence copied from one finding to another)

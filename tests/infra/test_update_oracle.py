@@ -4,12 +4,14 @@ update behaviours they do not encode, each cited there). ``bench/bench_update_or
 prints the whole table."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from infra_variants import default_raw
 from update_oracle import (
-    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, edited, kept, redeploy, table, templates,
-    touches_running,
+    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, edited, kept, redeploy, refused, table,
+    templates, touches_running,
 )
 
 SCALING_EDITS = ("gpu max_nodes 2 -> 3", "gpu min_nodes 0 -> 1", "system nodes 1 -> 2")
@@ -197,9 +199,9 @@ def test_verify_counts_a_group_as_existing_exactly_when_the_deploy_does_not_repl
                        for c in changes)
         assert (deployed_groups(edited(default_raw(), edit), baseline) == frozenset()) == replaced, edit
         assert not [c for c in changes if c.effect.startswith("CREATE REFUSED")], edit
-    # reordering the AZs moves the GPU group to another subnet: a replacement, counted as new
+    # reordering the AZs changes no subnet (they are carved in sorted order): the group stays
     assert deployed_groups(edited(default_raw(), "cluster availability_zones -> [us-east-1b, us-east-1a]"),
-                           baseline) == frozenset()
+                           baseline) == frozenset({"gpu"})
 
 
 def test_adopting_the_kept_bucket_strips_no_protection(results):
@@ -207,6 +209,29 @@ def test_adopting_the_kept_bucket_strips_no_protection(results):
     assert [c for c in changes if c.effect] == []
     assert {(c.type, c.action) for c in changes if c.action in ("retain", "delete")} <= {
         ("AWS::S3::Bucket", "retain"), ("AWS::S3::BucketPolicy", "retain")}
+
+
+def test_reordering_the_availability_zones_changes_no_subnet(results):
+    # the VPC's subnets are carved in the AZs' sorted order: in the spec's order, a reorder
+    # replaced every subnet by one of the same CIDR (EC2 refuses it while the old one exists)
+    # and changed the subnet ids the cluster stack imports (CloudFormation refuses that too)
+    changes = results["cluster availability_zones -> [us-east-1b, us-east-1a]"]
+    print(table({"reorder": changes}))
+    assert refused(changes) == [] and touches_running(changes) == []
+    assert [c for c in changes if c.stack == "network"] == []
+
+
+def test_the_oracle_refuses_a_subnet_replaced_with_its_own_cidr_and_an_export_in_use():
+    subnet = lambda az: {"Type": "AWS::EC2::Subnet", "Properties": {"CidrBlock": "10.0.32.0/19", "AvailabilityZone": az}}  # noqa: E731
+    export = {"SubnetOut": {"Value": {"Ref": "S"}, "Export": {"Name": "net:S"}}}
+    before = {"network": {"Resources": {"S": subnet("a")}, "Outputs": export},
+              "cluster": {"Resources": {"G": {"Type": "AWS::EKS::Nodegroup", "Properties": {
+                  "Subnets": [{"Fn::ImportValue": "net:S"}]}}}}}
+    after = copy.deepcopy(before)
+    after["network"]["Resources"]["S"] = subnet("b")
+    effects = {c.logical_id: c.effect for c in refused(diff(before, after))}
+    assert effects["S"].startswith("UPDATE REFUSED: CIDR 10.0.32.0/19")
+    assert effects["SubnetOut"] == "UPDATE REFUSED: export net:S is imported by the cluster stack"
 
 
 def test_destroy_keeps_the_buckets_with_their_policies(baseline):

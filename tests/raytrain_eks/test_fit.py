@@ -140,3 +140,16 @@ def test_submitter_and_heads_are_explicit_in_every_rayjob(dist):
         submitter = job["spec"]["submitterPodTemplate"]["spec"]
         assert submitter["nodeSelector"]["raytrain.io/role"] == "system"
         assert submitter["containers"][0]["resources"]["requests"] == {"cpu": "200m", "memory": "256Mi"}
+
+
+def test_an_existing_clusters_own_groups_are_placed_beside_the_new_ones(existing):
+    # on cluster.existing the template holds only the new p5 group: the system group and the
+    # L4 group the cluster already has come from the spec, so the Ray heads still have a node
+    from raytrain_eks.fit_inputs import existing_node_groups, node_groups
+
+    groups = node_groups(existing.json("cluster")) + existing_node_groups(existing.env)
+    assert sorted(g.name for g in groups) == ["gpu", "p5", "system"]
+    [system] = [g for g in groups if g.name == "system"]
+    assert system.labels["raytrain.io/role"] == "system" and system.taints == ()
+    [l4] = [g for g in groups if g.name == "gpu"]
+    assert l4.taints == (("nvidia.com/gpu", "true", "NoSchedule"),) and l4.nodes == 2

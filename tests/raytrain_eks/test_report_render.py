@@ -138,3 +138,18 @@ def test_any_number_of_runs_one_row_each_with_the_factors_that_differ(tmp_path, 
     assert [row.split(" | ")[1:3] for row in table[2:]] == [["0.0003", "1"], ["0.0001", "1"], ["0.0001", "2"]]
     assert table[2].startswith("| A efa-full |") and table[4].startswith("| C efa-full |")  # the record names the run
     assert "| | A | B | C |" in text and "**Verdict C: ACCEPTED" in text
+
+
+def test_a_run_that_measured_the_network_first_shows_it_beside_tokens_per_s_and_mfu(tmp_path):
+    """run.json's ``netcheck`` (netcheck.run_first: the smoke job) is a summary row after MFU."""
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "efa-full", run)
+    record = json.loads((run / "run.json").read_text())
+    record["netcheck"] = {"verdict": "accepted", "uri": "s3://b/runs/x/netcheck.json",
+                          "figures": {"transport": "efa", "inter_busbw_gbs": 10.0, "intra_busbw_gbs": 20.0,
+                                      "link_gbs": 12.5, "link_ratio": 0.8, "efa_over_socket": 5.0}}
+    (run / "run.json").write_text(json.dumps(record))
+    text = render_report([str(run)], tmp_path / "out").read_text()
+    row = ("| network (netcheck) | ACCEPTED, transport efa, inter-node all-reduce busbw 10.00 GB/s, intra-node "
+           "20.00 GB/s, 80% of the link, 5.0x sockets |")
+    assert row in text and text.index("| MFU |") < text.index(row)

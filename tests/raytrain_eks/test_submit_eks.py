@@ -17,6 +17,8 @@ import pytest
 from fixtures_s3 import s3_server  # noqa: F401  (session moto server; sets AWS_ENDPOINT_URL)
 from raytrain_eks.cli import main
 
+pytestmark = pytest.mark.subprocess  # the CLI runs the kubectl double (kubectl_double.py) as a process
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("kubectl_double.py")
 FIXTURE_RUN = ROOT / "tests" / "fixtures" / "runs" / "efa-full"

@@ -9,6 +9,10 @@ the ARN's region with ``X-Amz-Content-SHA256`` set to the body's hash (``auth.py
 """
 from __future__ import annotations
 
+import posixpath
+import re
+from pathlib import Path
+
 import hashlib
 import urllib.request
 from types import SimpleNamespace
@@ -52,7 +56,7 @@ def test_a_sagemaker_request_is_signed_as_the_plugin_signs_it(monkeypatch):
 
 
 @pytest.mark.parametrize("uri, words", [
-    ("mlflow.example.com:5000", "expected http(s)://host[:port] or a SageMaker MLflow ARN"),
+    ("mlflow.example.com:5000", "is not http(s)://host[:port] nor a SageMaker MLflow ARN"),
     ("arn:aws:s3:::bucket", "not a SageMaker MLflow tracking server ARN"),
     ("arn:aws-cn:sagemaker:cn-north-1:1:mlflow-tracking-server/t", "partition 'aws-cn' is not supported"),
 ])
@@ -60,6 +64,13 @@ def test_a_bad_tracking_uri_is_one_line_naming_it(uri, words):
     with pytest.raises(ValueError, match="tracking URI") as err:
         Tracking(uri)
     assert words in str(err.value) and uri in str(err.value) and "\n" not in str(err.value)
+    # the job config's field refuses it before anything starts, with the same rule
+    from training.config import JobConfigError, load_job_config
+
+    with pytest.raises(JobConfigError) as refused:
+        load_job_config("jobs/local.toml", [f'tracking.mlflow_uri="{uri}"'])
+    line = str(refused.value)
+    assert line.startswith(f"jobs/local.toml: tracking.mlflow_uri: {uri!r} ") and words in line and "\n" not in line
 
 
 def test_without_a_tracking_uri_the_driver_logs_nothing(monkeypatch):
@@ -80,3 +91,38 @@ def test_the_job_config_flattens_to_mlflow_params():
     assert mlflow_sink.flatten({"name": "local", "train": {"max_steps": 10, "lr": 1e-4},
                                 "data": {"paths": ["a", "b"], "mix": None}}) == {
         "name": "local", "train.max_steps": "10", "train.lr": "0.0001", "data.paths": '["a", "b"]', "data.mix": "null"}
+
+
+# Ported from mlflow 3.17.2 (the tracking venv's pin), mlflow/utils/validation.py:
+# validate_param_and_metric_name (:321, non-Windows: ``^[/\w.\- :]*$``), path_not_unique (:342:
+# the name must be its own posixpath.normpath, not ".", not "..*", not "/*") and
+# MAX_ENTITY_KEY_LENGTH (:78, 250): the server refuses a log-batch holding one key that fails them.
+MLFLOW_KEY = re.compile(r"^[/\w.\- :]*$")
+MAX_ENTITY_KEY_LENGTH = 250
+
+
+def mlflow_refuses_key(name: str) -> bool:
+    norm = posixpath.normpath(name)
+    return (not MLFLOW_KEY.match(name) or norm != name or norm == "." or norm.startswith("..")
+            or norm.startswith("/") or len(name) > MAX_ENTITY_KEY_LENGTH)
+
+
+def test_the_oracle_refuses_what_mlflow_refuses():
+    assert mlflow_refuses_key("/loss") and mlflow_refuses_key("a//b") and mlflow_refuses_key("a;b")
+    assert not mlflow_refuses_key("train/loss") and not mlflow_refuses_key("train.max_steps")
+
+
+@pytest.mark.parametrize("job", sorted(Path("jobs").glob("*.toml")), ids=lambda p: p.stem)
+def test_every_key_the_driver_logs_is_one_mlflow_accepts(job):
+    """Every shipped job's params (the config flattened), the tags, and the metric names of rows
+    of every kind, including a row without a kind."""
+    from training.config import load_job_config
+    from training.metric_sinks.mlflow import flatten, metric_entries, run_tags
+
+    config = load_job_config(job).to_dict()
+    record = {"job_config": config, "verdict": {"verdict": "accepted"}, "source": {"git_commit": "ab" * 20}}
+    rows = [{"kind": kind, "step": 1, "loss": 1.0, "tokens_per_s": 2.0} for kind in ("train", "eval", "summary")]
+    rows.append({"step": 2, "loss": 1.0})
+    keys = [*flatten(config), *run_tags(record), *(m["key"] for m in metric_entries(rows))]
+    assert [k for k in keys if mlflow_refuses_key(k)] == []
+    assert all(len(v) <= 6000 for v in flatten(config).values())

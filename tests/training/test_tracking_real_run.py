@@ -111,3 +111,17 @@ def test_log_batch_splits_within_the_server_s_limits(tracked_run):
     assert len(data["params"]) == 250 and sum(t["key"].startswith("t") for t in data["tags"]) == 150
     history = rest_get(url, "/api/2.0/mlflow/metrics/get-history", run_id=run_id, metric_key="m0")["metrics"]
     assert sorted(m["step"] for m in history) == list(range(0, 2501, 5))
+
+
+def test_a_server_named_in_the_job_config_wins_over_the_environment(tracked_run):
+    """``tracking.mlflow_uri`` / ``tracking.mlflow_experiment`` (the job's own) are used even
+    when the environment names none: the driver's after-run logging of the same finished run."""
+    from training.metric_sinks import mlflow as sink
+
+    job, final, run_dir, url = tracked_run
+    named = load_job_config(FIXTURE_JOBS / "local.toml",
+                            SHORT + [f'tracking.mlflow_uri="{url}"', 'tracking.mlflow_experiment="from-the-job"'])
+    sink.after_run(named, str(run_dir), final, environ={})
+    experiment = rest_get(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="from-the-job")["experiment"]
+    runs = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
+    assert [r["info"]["run_name"] for r in runs] == [job.run_name]

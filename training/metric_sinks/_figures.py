@@ -21,10 +21,11 @@ def row_time(row: dict[str, Any]) -> float:
 
 
 def scalars(row: dict[str, Any]) -> Iterator[tuple[str, float]]:
-    """Every number of a row as ``(<kind>/<key>, value)``. Left out: None, flags, lists, text, and
-    the wall time (each event and metric carries its own timestamp). MLflow's metric names allow
-    ``/`` (mlflow 3.17.2 mlflow/utils/validation.py)."""
+    """Every number of a row as ``(<kind>/<key>, value)`` (a row without a kind: ``<key>``; MLflow
+    refuses a name that starts with ``/``). Left out: None, flags, lists, text, and the wall time
+    (each event and metric carries its own timestamp). MLflow's metric names allow ``/`` (mlflow
+    3.17.2 mlflow/utils/validation.py)."""
     kind = row.get(contract.KIND, "")
     for key, value in sorted(row.items()):
         if key not in (contract.STEP, contract.WALL_TIME) and isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield f"{kind}/{key}", float(value)
+            yield (f"{kind}/{key}" if kind else key), float(value)

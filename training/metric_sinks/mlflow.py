@@ -121,10 +121,13 @@ def export_run(uri: str, run_dir: str, *, experiment: str = "", record: dict[str
 
 
 def after_run(job: Any, run_dir: str, record: dict[str, Any], environ: dict[str, str] | None = None) -> None:
-    """The driver's copy of the finished run, when ``MLFLOW_TRACKING_URI`` names a server."""
+    """The driver's copy of the finished run, when the job's ``tracking.mlflow_uri`` or
+    ``MLFLOW_TRACKING_URI`` names a server (the job's wins; its experiment likewise)."""
     env = os.environ if environ is None else environ
-    uri = env.get(ENV_TRACKING_URI, "")
+    tracking = getattr(job, "tracking", None)
+    uri = getattr(tracking, "mlflow_uri", "") or env.get(ENV_TRACKING_URI, "")
     if not uri.startswith(("http://", "https://", "arn:")):
         return  # unset, or a store only an MLflow client writes (file:, sqlite:, databricks)
-    logged = export_run(uri, run_dir, experiment=env.get(ENV_EXPERIMENT) or job.name, record=record)
+    experiment = getattr(tracking, "mlflow_experiment", "") or env.get(ENV_EXPERIMENT) or job.name
+    logged = export_run(uri, run_dir, experiment=experiment, record=record)
     print(f"mlflow: run {logged['run_id']} in experiment {logged['experiment_id']} at {uri}", flush=True)

@@ -80,3 +80,25 @@ def live(state: str = "ready", generation: int = 2, observed: int = 2) -> dict:
 def test_ready_means_kuberay_ready_every_pod_ready_and_on_the_digest(cluster, pods, why):
     reason = not_ready(cluster, pods, repository=REPO, digest=DIGEST)
     assert (why in reason) if why else reason == "", reason
+
+
+def test_with_the_pull_through_cache_the_check_reads_the_pods_cached_image():
+    # given image.pull_through_cache, the pods pull (and kubelet reports as imageID)
+    # <account>.dkr.ecr.<region>.amazonaws.com/<prefix>/<name>@digest: the step's repository must
+    # be that one, or no container matches and a pod on the old digest passes as ready
+    from environment import environment_from_dict
+    from environment.image_source import pull_repository
+    from raytrain_eks.pipeline.context import StepContext
+    from spec_template import template_raw
+
+    raw = template_raw()
+    raw["cluster"]["account"] = "111122223333"
+    raw["image"].update(pull_through_cache=True, digest=DIGEST)
+    env = environment_from_dict(raw)
+    ctx = StepContext(env=env, dist=Path("dist"), kube=None, s3=None, ssm=None, history=None,
+                      parameter_name="p", execution_id="e")
+    cached = pull_repository(env)
+    assert ctx.repository == cached != env.image.repository
+    stale = [pod("h", "head", f"{cached}@{OLD}")]
+    assert not_ready(live(), stale, repository=ctx.repository, digest=DIGEST) == f"pods report {cached}@{OLD}"
+    assert not_ready(live(), [pod("h", "head", f"{cached}@{DIGEST}")], repository=ctx.repository, digest=DIGEST) == ""

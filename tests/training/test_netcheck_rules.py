@@ -1,0 +1,105 @@
+"""The netcheck's figures and verdict: nccl-tests' bus bandwidth definition (oracle), the scope
+grouping, the verdict's rules."""
+from __future__ import annotations
+
+import pytest
+
+from training.netcheck.busbw import BUS_FACTOR, busbw_gbs, link_gbs, sizes
+from training.netcheck.judge import judge
+from training.netcheck.worker import scope_groups
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_bus_factors_are_nccl_tests_definition(n):
+    """Oracle: NVIDIA/nccl-tests v2.19.6 (the DLC's all_reduce_perf), doc/PERFORMANCE.md,
+    "### Summary": AllReduce 2*(n-1)/n, ReduceScatter (n-1)/n, AllGather (n-1)/n; ``algbw = S/t``
+    with S the total array for ReduceScatter and AllGather (``recvcount*sizeof(datatype)*n``)."""
+    assert BUS_FACTOR["all_reduce"](n) == pytest.approx(2 * (n - 1) / n)
+    assert BUS_FACTOR["reduce_scatter"](n) == pytest.approx((n - 1) / n)
+    assert BUS_FACTOR["all_gather"](n) == pytest.approx((n - 1) / n)
+    # 1 GB all-reduced in 1 s by 8 ranks: algbw 1 GB/s, busbw 1.75 GB/s (nccl-tests' GB = 1e9 B)
+    assert busbw_gbs("all_reduce", 10**9, 1.0, 8) == pytest.approx(1.75)
+
+
+def test_sizes_double_from_min_to_max_as_nccl_tests_b_e_f2():
+    assert sizes(1 << 20, 1 << 23) == [1 << 20, 1 << 21, 1 << 22, 1 << 23]
+    assert sizes(1000, 3000) == [1000, 2000]
+    assert link_gbs(100) == 12.5
+
+
+def test_scopes_group_ranks_by_node_and_by_local_rank():
+    places = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert scope_groups(places) == {"intra": [[0, 1], [2, 3]], "inter": [[0, 2], [1, 3]], "world": [[0, 1, 2, 3]]}
+    # one node: no world scope (it is intra); inter groups of one rank each (skipped when measured)
+    assert scope_groups([(0, 0), (0, 1)]) == {"intra": [[0, 1]], "inter": [[0], [1]]}
+
+
+def _rows(scope, busbw):
+    return [{"scope": scope, "collective": "all_reduce", "bytes": 1 << 20, "busbw_gbs": busbw / 2},
+            {"scope": scope, "collective": "all_reduce", "bytes": 1 << 21, "busbw_gbs": busbw}]
+
+
+def _modes(efa_busbw, socket_busbw, *, transport="efa", socket_transport="socket"):
+    return {"nccl": {"rows": _rows("intra", 50.0) + _rows("inter", efa_busbw), "evidence": {"transport": transport}},
+            "socket": {"rows": _rows("inter", socket_busbw), "evidence": {"transport": socket_transport}}}
+
+
+def _failed(judged):
+    return sorted(c["name"] for c in judged["checks"] if c["ok"] is False)
+
+
+def test_efa_at_link_speed_and_faster_than_sockets_is_accepted():
+    judged = judge(_modes(10.0, 2.0), link_gbps=100, min_link_fraction=0.5, require_transport="efa")
+    assert judged["verdict"] == "accepted" and judged["exit_code"] == 0
+    assert judged["figures"]["link_ratio"] == pytest.approx(10.0 / 12.5)
+    assert judged["figures"]["efa_over_socket"] == pytest.approx(5.0)
+
+
+def test_inter_node_busbw_below_the_declared_link_fraction_is_rejected():
+    judged = judge(_modes(5.0, 2.0), link_gbps=100, min_link_fraction=0.5, require_transport="efa")
+    assert judged["verdict"] == "rejected" and judged["exit_code"] == 3
+    assert _failed(judged) == ["link"]
+
+
+def test_efa_not_faster_than_sockets_is_rejected():
+    judged = judge(_modes(10.0, 10.0), link_gbps=100, min_link_fraction=0.5, require_transport="efa")
+    assert _failed(judged) == ["efa_faster"]
+
+
+def test_nccl_run_not_on_efa_is_rejected_when_required_and_the_forced_run_must_be_sockets():
+    assert _failed(judge(_modes(10.0, 2.0, transport="socket"), link_gbps=100, min_link_fraction=0.5,
+                         require_transport="efa")) == ["transport"]
+    assert _failed(judge(_modes(10.0, 2.0, socket_transport="efa"), link_gbps=100, min_link_fraction=0.5,
+                         require_transport="efa")) == ["socket_run"]
+
+
+def test_one_node_or_unknown_link_skips_the_rules_it_cannot_judge():
+    one_node = {"nccl": {"rows": _rows("intra", 1.0), "evidence": {"transport": "single-node"}},
+                "socket": {"rows": _rows("intra", 1.0), "evidence": {"transport": "single-node"}}}
+    judged = judge(one_node, link_gbps=0, min_link_fraction=0.5, require_transport="any")
+    assert judged["verdict"] == "accepted"
+    assert {c["name"]: c["ok"] for c in judged["checks"]} == {"link": None, "efa_faster": None}
+    judged = judge(_modes(1.0, 2.0), link_gbps=0, min_link_fraction=0.5, require_transport="any")
+    assert _failed(judged) == ["efa_faster"]  # no link figure: only the comparison judges
+
+
+def test_a_rejected_netcheck_before_training_fails_the_run_at_stage_transport(tmp_path, monkeypatch):
+    """``netcheck.run_first``: the rejection :func:`before_training` raises is what the driver's
+    record turns into an execution failure of stage ``transport`` (exit 1: the Smoke stage fails)."""
+    from training.config import load_job_config
+    from training.launch import finish_record, start_record
+    from training.netcheck import driver
+    from training.transport import TransportError
+
+    job = load_job_config("jobs/local.toml", [f"checkpoint.storage_path={tmp_path}", "netcheck.run_first=true"])
+    modes = _modes(10.0, 10.0)
+    rejected = {"modes": modes, "uri": str(tmp_path / "netcheck.json"),
+                "verdict": judge(modes, link_gbps=100, min_link_fraction=0.5, require_transport="efa")}
+    # measure() fits on Ray (tests/e2e/test_netcheck_local.py runs it): here its record is given
+    monkeypatch.setattr(driver, "measure", lambda job: rejected)
+    record = start_record(job, ["python", "-m", "training"])
+    with pytest.raises(TransportError) as raised:
+        driver.before_training(job)
+    final = finish_record(record, returned=None, error=raised.value)
+    assert final["verdict"]["verdict"] == "execution-failed" and final["verdict"]["stage"] == "transport"
+    assert final["exit_code"] == 1 and "netcheck REJECTED: EFA" in final["error"]

@@ -1,0 +1,72 @@
+"""The netcheck's verdict: pure rules over its record (standard library only).
+
+- ``link``: across nodes, the NCCL run's all-reduce bus bandwidth is at least
+  ``netcheck.min_link_fraction`` of the node's nominal link (``netcheck.link_gbps``);
+- ``efa_faster``: when the NCCL run went over EFA, it beats the run forced to sockets;
+- ``transport``: the NCCL run's transport is ``evidence.require_transport`` (when not ``any``),
+  and the socket run really was on sockets (else the comparison compares nothing).
+A rule that has nothing to judge (one node, no link figure, no socket run) is listed as skipped.
+Verdicts and exit codes are training's (:mod:`training.verdict`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from training.netcheck.busbw import link_gbs
+from training.verdict import ACCEPTED, EXIT_CODES, REJECTED
+
+NCCL_MODE, SOCKET_MODE = "nccl", "socket"
+MODES = (NCCL_MODE, SOCKET_MODE)
+"""The runs of one netcheck: NCCL as the pods configure it, then forced to its socket transport."""
+
+
+def peak_busbw(rows: list[dict[str, Any]], scope: str, collective: str = "all_reduce") -> float | None:
+    """The highest bus bandwidth (GB/s) of ``collective`` in ``scope``; None when not measured."""
+    values = [r["busbw_gbs"] for r in rows if r["scope"] == scope and r["collective"] == collective]
+    return max(values) if values else None
+
+
+def _check(name: str, ok: bool | None, detail: str) -> dict[str, Any]:
+    return {"name": name, "ok": ok, "detail": detail}
+
+
+def judge(modes: dict[str, dict[str, Any]], *, link_gbps: float, min_link_fraction: float,
+          require_transport: str) -> dict[str, Any]:
+    """``modes[mode] = {"rows": [...], "evidence": {...}}`` → ``{"verdict", "checks",
+    "figures"}``; ``ok`` None = skipped."""
+    nccl = modes.get(NCCL_MODE) or {}
+    socket = modes.get(SOCKET_MODE)
+    inter = peak_busbw(nccl.get("rows", []), "inter")
+    used = (nccl.get("evidence") or {}).get("transport", "unknown")
+    figures: dict[str, Any] = {"inter_busbw_gbs": inter, "intra_busbw_gbs": peak_busbw(nccl.get("rows", []), "intra"),
+                               "link_gbs": link_gbs(link_gbps) if link_gbps else None, "transport": used}
+    checks = []
+    if inter is None or not link_gbps:
+        checks.append(_check("link", None, "no inter-node figure" if inter is None else "link_gbps unknown (0)"))
+    else:
+        figures["link_ratio"] = ratio = inter / link_gbs(link_gbps)
+        checks.append(_check("link", ratio >= min_link_fraction,
+                             f"inter-node all-reduce busbw {inter:.2f} GB/s = {ratio:.0%} of the {link_gbps:g} Gbit/s "
+                             f"link (at least {min_link_fraction:.0%} required)"))
+    socket_inter = peak_busbw(socket.get("rows", []), "inter") if socket else None
+    if used != "efa" or inter is None or socket_inter is None:
+        checks.append(_check("efa_faster", None, f"NCCL run on {used!r}" if used != "efa"
+                             else "no inter-node figure of both runs"))
+    else:
+        figures["efa_over_socket"] = inter / socket_inter if socket_inter else None
+        checks.append(_check("efa_faster", inter > socket_inter,
+                             f"EFA {inter:.2f} GB/s vs sockets {socket_inter:.2f} GB/s inter-node all-reduce busbw"))
+    if require_transport != "any":
+        checks.append(_check("transport", used == require_transport,
+                             f"NCCL run's transport {used!r} (required {require_transport!r})"))
+    if socket is not None and inter is not None and used == "efa":
+        seen = (socket.get("evidence") or {}).get("transport", "unknown")
+        checks.append(_check("socket_run", seen == "socket", f"the forced run's transport {seen!r} (must be 'socket')"))
+    verdict = REJECTED if any(c["ok"] is False for c in checks) else ACCEPTED
+    return {"verdict": verdict, "exit_code": EXIT_CODES[verdict], "checks": checks, "figures": figures}
+
+
+def headline(judged: dict[str, Any]) -> str:
+    """One line: the verdict and its failed checks (or the figure that passed)."""
+    failed = [c["detail"] for c in judged["checks"] if c["ok"] is False]
+    return f"{judged['verdict'].upper()}" + (": " + "; ".join(failed) if failed else "")

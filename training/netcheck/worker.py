@@ -1,0 +1,104 @@
+"""Each worker of a netcheck fit: time the collectives by size and scope, prove the transport.
+
+Scopes: ``intra`` (the ranks of one node: PCIe/NVLink), ``inter`` (one rank per node, all
+local ranks at once: what hybrid sharding's replicate dimension does), ``world``. A scope with
+one rank per group is skipped. A size's time is the slowest rank's mean over ``iters``
+collectives (the group finishes when its last rank does).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from training.netcheck.busbw import COLLECTIVES, busbw_gbs, sizes
+
+SCOPES = ("intra", "inter", "world")
+
+
+def scope_groups(places: list[tuple[int, int]]) -> dict[str, list[list[int]]]:
+    """``places[rank] = (node_rank, local_rank)`` → each scope's rank lists (every rank in one
+    group per scope). Standard library: the grouping is tested without a process group."""
+    by_node: dict[int, list[int]] = {}
+    by_local: dict[int, list[int]] = {}
+    for rank, (node, local) in enumerate(places):
+        by_node.setdefault(node, []).append(rank)
+        by_local.setdefault(local, []).append(rank)
+    scopes = {"intra": sorted(by_node.values()), "inter": sorted(by_local.values()),
+              "world": [list(range(len(places)))] if len(by_node) > 1 else []}  # one node: world = intra
+    return {scope: groups for scope, groups in scopes.items() if groups}
+
+
+def _time_one(collective: str, size: int, group: Any, n: int, device: Any, iters: int, warmup: int,
+              sync: Callable[[], None]) -> float:
+    import torch
+    import torch.distributed as dist
+
+    count = max(size // 4, n) // n * n  # float32 elements, divisible by the group's ranks
+    big = torch.ones(count, dtype=torch.float32, device=device)
+    part = torch.empty(count // n, dtype=torch.float32, device=device)
+    run = {"all_reduce": lambda: dist.all_reduce(big, group=group),
+           "all_gather": lambda: dist.all_gather_into_tensor(big, part, group=group),
+           "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, big, group=group)}[collective]
+    for _ in range(warmup):
+        run()
+    sync()
+    dist.barrier(group=group)
+    start = time.perf_counter()
+    for _ in range(iters):
+        run()
+    sync()
+    elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+    return float(elapsed.item())
+
+
+def measure(cfg: Any, places: list[tuple[int, int]], rank: int, device: Any,
+            sync: Callable[[], None]) -> list[dict[str, Any]]:
+    """Every (scope, collective, size) this rank's groups time: rows with ``seconds``,
+    ``algbw_gbs``, ``busbw_gbs``, ``ranks``. ``cfg``: the job's :class:`NetcheckConfig`."""
+    import torch.distributed as dist
+
+    rows: list[dict[str, Any]] = []
+    for scope, groups in scope_groups(places).items():
+        # new_group is collective over the whole world: every rank creates every group, in order.
+        handles = [(members, dist.new_group(members)) for members in groups]
+        mine = next((m, g) for m, g in handles if rank in m)
+        n = len(mine[0])
+        if n < 2:
+            continue  # one rank per group: no link to measure (one GPU per node, or one node)
+        for collective in COLLECTIVES:
+            for size in sizes(cfg.min_bytes, cfg.max_bytes):
+                seconds = _time_one(collective, size, mine[1], n, device, cfg.iters, cfg.warmup_iters, sync)
+                rows.append({"scope": scope, "collective": collective, "bytes": size, "ranks": n,
+                             "groups": len(groups), "seconds": seconds,
+                             "busbw_gbs": busbw_gbs(collective, size, seconds, n)})
+    return rows
+
+
+def netcheck_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
+    """Ray Train's worker function: measure, gather the transport evidence, return rank 0's
+    figures and evidence (other ranks: None)."""
+    import os
+
+    import ray.train
+    import torch
+    import torch.distributed as dist
+
+    from training.config import job_config_from_dict
+    from training.nccl_log import NCCL_LOG_DIR, prepare_worker
+    from training.transport import collect_evidence
+
+    job = job_config_from_dict(config["job"], config["source"])
+    on_gpu = job.parallel.use_gpu
+    prepare_worker(on_gpu)  # before the first collective: NCCL opens its log file there
+    os.chdir(config["cwd"])
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    evidence = collect_evidence(require="any", log_dir=NCCL_LOG_DIR if on_gpu else None,
+                                num_nodes=job.num_nodes, enforce=False)
+    places: list = [None] * dist.get_world_size()
+    dist.all_gather_object(places, (ctx.get_node_rank(), ctx.get_local_rank()))
+    rows = measure(job.netcheck, [tuple(p) for p in places], rank, device, sync)
+    return {"rows": rows, "evidence": evidence, "places": places} if rank == 0 else None
