@@ -18,6 +18,7 @@ from charts.raycluster import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
 from charts.code_bundle import CodeBundle
 from environment import Environment
 from environment.contract import ON_CLUSTER_SUFFIX, RAY_CLUSTER_LABEL, RAY_PEER_LABEL
+from environment.queueing import rayjob_queue_labels
 from training import contract
 from training.deadlines import stop_wait_seconds
 
@@ -117,6 +118,13 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, on_cluster: s
             "ttlSecondsAfterFinished": limits.ttl_seconds_after_finished,
             "rayClusterSpec": ray_cluster_spec(shape),
         }
+        if env.queueing.enabled:
+            # Created suspended: Kueue unsuspends it once its Workload is admitted against the
+            # quota (its webhook would suspend it anyway; written here, the manifest says what
+            # runs). KubeRay then starts it from New, its deadlines' clock set at that moment
+            # (kuberay ray-operator/v1.7.0 rayjob_controller.go:411-418, 887-917): time in the
+            # queue counts against neither deadline.
+            spec["suspend"] = True
     return spec
 
 
@@ -133,9 +141,13 @@ class RayJobChart(cdk8s.Chart):
         provenance = Provenance.for_cluster(env).for_job(
             job=plan.name, code_hash=code.content_hash, code_uri=code.uri(env.bucket_name),
             config_hash=plan.config_hash, config_path=plan.config_path, source=source)
+        # Only a RayJob with a cluster of its own is queued: Kueue skips clusterSelector jobs but
+        # its webhook would still suspend a labelled one, which KubeRay then refuses
+        # (environment/queueing.py).
+        queue = {} if on_cluster else rayjob_queue_labels(env, plan.config.name)
         generated.RayJob(
             self, "rayjob",
-            metadata=cdk8s.ApiObjectMetadata(name=name, labels=provenance.labels,
+            metadata=cdk8s.ApiObjectMetadata(name=name, labels={**provenance.labels, **queue},
                                              annotations=provenance.annotations),
             spec=to_bindings("RayJobSpec", rayjob_spec(env, plan, code, on_cluster, source, id)),
         )

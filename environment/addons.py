@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from environment import observability
+from environment import observability, queueing
 from environment.contract import EFA_LABEL, GPU_TAINT_EFFECT, GPU_TAINT_KEY, NODE_ROLE_LABEL
 
 Environment = Any
@@ -110,6 +110,9 @@ class HelmAddon:
     """chart version -> the file of the CRDs this chart ships, if Helm must UPGRADE them: Helm
     installs a chart's ``crds/`` once and never upgrades them, so these are installed as a chart
     of their own (as templates, which ``helm upgrade`` does upgrade) before the add-on."""
+    wait: bool = False
+    """Helm waits (``--wait``) for the chart's workloads to be ready before its ``manifests``
+    are applied: a chart whose webhooks (``failurePolicy: Fail``) check those objects."""
 
 
 # Helm's own default is 300 s (helm/helm v3 cmd/helm/install.go ``--timeout``); aws-cdk-lib
@@ -230,6 +233,15 @@ def _kuberay_values(env: "Environment") -> dict[str, Any]:
     return {"nodeSelector": dict(SYSTEM_NODES), "resources": resources}
 
 
+KUEUE_POD = AddonPod(
+    name="kueue-controller-manager", kind="Deployment", cpu_m=500, memory_mi=512,
+    source="kueue chart v0.19.2 values.yaml controllerManager.manager.resources: requests 500m / 512Mi")
+
+
+def _kueue_values(env: "Environment") -> dict[str, Any]:
+    return queueing.kueue_values(env, env.versions.chart("kueue"), SYSTEM_NODES)
+
+
 def _autoscaler_values(env: "Environment") -> dict[str, Any]:
     values: dict[str, Any] = {
         "cloudProvider": "aws",
@@ -288,6 +300,12 @@ ADDONS: tuple[HelmAddon, ...] = (
     HelmAddon(key="cluster_autoscaler", repository="https://kubernetes.github.io/autoscaler",
               chart="cluster-autoscaler", release="cluster-autoscaler", namespace="kube-system",
               default_version="9.59.0", values=_autoscaler_values, pods=(CLUSTER_AUTOSCALER_POD,)),
+    # The chart's CRDs are templates (charts/kueue/templates/crd/): Helm upgrades them with it.
+    # --wait: its webhooks (failurePolicy Fail) must answer before the queue objects apply.
+    HelmAddon(key="kueue", repository="oci://registry.k8s.io/kueue/charts/kueue", chart="kueue",
+              release="kueue", namespace="kueue-system", create_namespace=True, default_version="0.19.2",
+              enabled=lambda env: env.queueing.enabled, values=_kueue_values, requires=("kuberay_operator",),
+              manifests=queueing.kueue_objects, pods=(KUEUE_POD,), wait=True, helm_timeout_s=HOOK_JOBS_TIMEOUT_S),
 )
 """Every add-on, in install order."""
 

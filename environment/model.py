@@ -22,6 +22,7 @@ from environment.existing import environment_problem
 from environment.image_source import cache_problem
 from environment.instances import INSTANCE_TYPES
 from environment.maintenance import window_problem
+from environment.queueing import QueueingSpec
 from environment.rules import DNS_LABEL, bucket_name_problem, schedule_problem, tag_ray_problem
 
 _SEMVER = re.compile(r"(?a)v?\d+\.\d+\.\d+")
@@ -264,6 +265,7 @@ class Environment:
     ray: RaySpec = field(default_factory=RaySpec)
     pipeline: PipelineSpec = field(default_factory=PipelineSpec)
     observability: ObservabilitySpec = field(default_factory=ObservabilitySpec)
+    queueing: QueueingSpec = field(default_factory=QueueingSpec)
     prices: tuple[tuple[str, float], ...] = ()
     """On-demand USD/hour overrides of the instance table's estimates."""
     source: str = "environment.toml"

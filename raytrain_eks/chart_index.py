@@ -61,6 +61,15 @@ def index_url(repository: str, mirror: str = "") -> str:
     return f"{base}/index.yaml"
 
 
+def oci_tags_url(repository: str, mirror: str = "") -> str:
+    """An ``oci://HOST/PATH`` chart's tag list (OCI distribution spec ``GET /v2/<name>/tags/list``,
+    what ``helm pull oci://... --version V`` resolves the version against); with a mirror,
+    ``<mirror>/<host>/v2/<path>/tags/list``."""
+    parsed = urllib.parse.urlsplit(repository.rstrip("/"))
+    base = f"{mirror.rstrip('/')}/{parsed.netloc}" if mirror else f"https://{parsed.netloc}"
+    return f"{base}/v2{parsed.path}/tags/list"
+
+
 def http_fetch(timeout: float) -> Fetch:
     def fetch(url: str) -> bytes:
         with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 (http(s) URLs from the add-on table)
@@ -100,4 +109,10 @@ class IndexCache:
         body = self._bodies[url]
         if isinstance(body, ChartIndexError):
             raise body
+        if url.endswith("/tags/list"):  # an OCI chart: {"name": ..., "tags": [...]}
+            import json
+            try:
+                return [str(t) for t in json.loads(body).get("tags") or []]
+            except (ValueError, AttributeError):
+                raise ChartIndexError(f"{url} is not an OCI tag list") from None
         return chart_versions(body, chart, url)

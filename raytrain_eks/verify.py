@@ -29,7 +29,7 @@ from environment import Environment
 from environment.addons import EKS_ADDONS, installed_addons
 from environment.instances import INSTANCE_TYPES
 from raytrain_eks.capacity import USABLE_STATES, Reservation, offered_zones
-from raytrain_eks.chart_index import ChartIndexError, IndexCache, index_url, matches
+from raytrain_eks.chart_index import ChartIndexError, IndexCache, index_url, matches, oci_tags_url
 
 
 # Service Quotas codes of the EC2 On-Demand vCPU quotas, by instance family (the letters before
@@ -105,7 +105,8 @@ def check_charts(env: Environment, index: IndexCache, mirror: str = "") -> list[
     out = []
     for addon in installed_addons(env):  # an add-on already present is not installed
         version = env.versions.chart(addon.key)
-        url = index_url(addon.repository, mirror)
+        url = (oci_tags_url(addon.repository, mirror) if addon.repository.startswith("oci://")
+               else index_url(addon.repository, mirror))
         try:
             listed = index.versions(url, addon.chart)
         except ChartIndexError as err:

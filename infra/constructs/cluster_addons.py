@@ -86,7 +86,7 @@ class ClusterAddons(Construct):
                 repository=addon.repository, chart=addon.chart, release=addon.release,
                 version=item.version, namespace=addon.namespace,
                 create_namespace=addon.create_namespace or None, values=item.values,
-                timeout=Duration.seconds(helm_timeout_s(addon)))
+                wait=addon.wait or None, timeout=Duration.seconds(helm_timeout_s(addon)))
             if _has_null(item.values):
                 # jsii drops None on the way to aws_eks_v2 (and JSON.stringify an undefined), but a
                 # null is how Helm deletes a chart default: write the values verbatim instead.

@@ -74,15 +74,15 @@ def test_the_old_system_node_is_refused_naming_the_submitter(default, dist, tmp_
     # 20 GiB cannot hold the DLC image: the head and the submitter both stay Pending
     assert any(line.startswith("pod smoke-submitter stays Pending: node group system (1 x m7i.xlarge) "
                                "is short of disk") for line in smoke)
-    # with the disk fixed, KubeRay's default 500m submitter no longer fits beside a 3-CPU head
+    # with the disk fixed, a 3-CPU head no longer fits beside Kueue's controller (500m)
     for resource in template["Resources"].values():
         if resource["Type"] == "AWS::EKS::Nodegroup" and "LaunchTemplate" not in resource["Properties"]:
             resource["Properties"]["DiskSize"] = 100
     cases = {c.case: c for c in fit_cases(default.env, template, old)}
-    assert cases["RayJob smoke alone"].pending == [
-        "pod smoke-submitter stays Pending: node group system (1 x m7i.xlarge) is short of cpu: "
-        "needs 0.5 CPU, a node has 0.37 CPU left; smoke-head holds 3 CPU of the node's 3.92 CPU allocatable "
-        "(ray.head_cpu in the environment spec)"]
+    assert cases["RayJob smoke alone"].pending[0] == (
+        "pod smoke-head stays Pending: node group system (1 x m7i.xlarge) is short of cpu: "
+        "needs 3 CPU, a node has 2.87 CPU left; kueue-controller-manager holds 0.5 CPU of the node's 3.92 CPU "
+        "allocatable")
     assert any(line.startswith("pod smoke-head stays Pending: node group system (1 x m7i.xlarge) is short of cpu")
                for line in cases["long-lived RayCluster + RayJob smoke"].pending)
 

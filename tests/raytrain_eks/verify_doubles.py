@@ -146,6 +146,13 @@ def write_chart_indexes(root: Path, versions: dict[str, list[str]]) -> None:
     """One index.yaml per repository of the add-on table; ``versions``: chart -> versions."""
     by_repository: dict[str, dict[str, list[str]]] = {}
     for addon in ADDONS:
+        if addon.repository.startswith("oci://"):  # a registry's tag list (chart_index.oci_tags_url)
+            parsed = urllib.parse.urlsplit(addon.repository)
+            folder = root / parsed.netloc / "v2" / parsed.path.lstrip("/") / "tags"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "list").write_text(json.dumps({"name": parsed.path.lstrip("/"),
+                                                     "tags": versions.get(addon.chart, [])}))
+            continue
         by_repository.setdefault(addon.repository, {})[addon.chart] = versions.get(addon.chart, [])
     for repository, entries in by_repository.items():
         parsed = urllib.parse.urlsplit(repository.rstrip("/"))

@@ -11,7 +11,9 @@ keys). Like the Go code, each function returns the FIRST error's message, or Non
 
 Left out, because the charts emit none of the fields they judge (a test asserts that): GCS fault
 tolerance (``gcsFaultToleranceOptions``, Redis), history server, TLS, network policy (feature
-gates off by default), ``deletionStrategy``, suspend. Default feature gates of v1.7.0 assumed.
+gates off by default), ``deletionStrategy``, a worker group's ``suspend`` (validation.go:199-218).
+A RayJob's own ``spec.suspend`` (Kueue's queue) is ported: ValidateRayJobSpec :547-548, :561-562.
+Default feature gates of v1.7.0 assumed.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ FT_ANNOTATION = "ray.io/ft-enabled"
 RAY_CONTAINER_INDEX = 0
 UNSUPPORTED = ("gcsFaultToleranceOptions", "historyServerOptions", "tlsOptions", "networkPolicy",
                "deletionStrategy", "suspend")
-"""Fields whose rules this port leaves out: the charts must not emit them."""
+"""Fields whose rules this port leaves out: the charts must not emit them (``suspend``: below
+a RayJob's spec, i.e. a worker group's)."""
 
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _QUALIFIED = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
