@@ -18,7 +18,7 @@ from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
 from training.deadlines import driver_exit_code, run_time_limit_seconds
 from training.facts import NCCL_ENV_PREFIXES
-from training.run_record import RunRecord
+from training.run_record import RunRecord, exposed_comm_handed
 from training.verdict import outcome
 
 # Driver environment variables the workers need too (fault injection, S3 endpoint for tests,
@@ -172,7 +172,8 @@ def start_record(job: JobConfig, argv: list[str], where: str = "") -> RunRecord:
     the run directory (default :func:`run_dir`)."""
     record = RunRecord(where or run_dir(job))
     record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
-                 cluster=_cluster_shape(job), command=argv)
+                 cluster=_cluster_shape(job), command=argv,
+                 exposed_comm=exposed_comm_handed(job.checkpoint.storage_path, job.run_name))
     return record
 
 
