@@ -77,10 +77,11 @@ _PROBE_QUESTION, _PROBE_ANSWER = "Q7f3", "A9k2"
 
 
 def chat_template_text(directory: str | Path) -> str | None:
-    """The chat template a tokenizer directory gives, as ``get_chat_template()`` would pick it
-    (transformers 5.13 tokenization_utils_base.py:3260-3290: a lone template, else the one named
-    ``default``); ``""`` when it has none; ``None`` when ``directory`` is not a local directory
-    (``s3://``, a hub id: the workers check once they have the tokenizer). Standard library only."""
+    """The chat template a tokenizer directory gives, as ``get_chat_template()`` picks it
+    (transformers 5.13 tokenization_utils_base.py:3260-3290: named templates are a dict, of which
+    the one named ``default``); ``""`` when it has none; ``None`` when ``directory`` is not a
+    local directory (``s3://``, a hub id: the workers check once they have the tokenizer).
+    Standard library only."""
     local = Path(str(directory))
     if "://" in str(directory) or not local.is_dir():
         return None
@@ -100,7 +101,7 @@ def chat_template_text(directory: str | Path) -> str | None:
     files.update({f.name.removesuffix(".jinja"): f for f in sorted((local / CHAT_TEMPLATE_DIR).glob("*.jinja"))})
     if files:
         templates = {name: f.read_text(encoding="utf-8") for name, f in files.items()}
-    return templates.get("default", "") if len(templates) != 1 else next(iter(templates.values()))
+    return templates.get("default", "")
 
 
 def chat_template_problem(tokenizer: Any) -> str:
