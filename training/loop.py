@@ -27,6 +27,7 @@ from training.model import build_model, export_config
 from training.parallel import build_mesh, parallelize
 from training.outcomes import export_on_workers, refuse, transport_evidence
 from training.step import LogWindow, forward_backward
+from training.tokenizer import chat_format
 
 
 @dataclass(kw_only=True)
@@ -208,7 +209,9 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         figures = evaluation.evaluate(model, data.eval_batches(), device=device,
                                       max_batches=job.eval.max_batches, step=trainer.step)
         if figures and job.eval.exact_match and tokenizer is not None:
-            stop = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id} - {None}
+            # The model's own stop tokens: its generation config's eos ids, the tokenizer's eos
+            # and the end-of-turn token its chat template closes answers with.
+            stop = chat_format(tokenizer, getattr(model, "generation_config", None)).stop_ids
             figures.update(evaluation.exact_match(model, data.eval_prompts, device=device, stop_ids=stop,
                                                   decode=tokenizer.decode) or {})
         if figures:
