@@ -265,6 +265,9 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
     seen: tuple[Any, ...] = ()
     resync = LogResync()  # the log lines of this attempt already shown
     job_id = None
+    from raytrain_eks.kueue_queue import QueueWatch  # it reads the Workloads through kubectl() here
+
+    queue = QueueWatch(name, namespace)
     while True:
         rayjob = get_rayjob(name, namespace)
         if rayjob is None:
@@ -272,6 +275,7 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
             return None
         deployment, job_status = phase(rayjob)
         status = rayjob.get("status") or {}
+        queue_line = queue.line(rayjob)
         if status.get("jobId") and status["jobId"] != job_id:
             # A new attempt (after Retrying) is a new Ray job on a new cluster: stream its log too.
             job_id, resync = status["jobId"], LogResync()
@@ -286,6 +290,8 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
             for line in waits:
                 say(f"      {line}")
             seen = now
+        if queue_line:
+            say(f"      {queue_line}")
         if deployment in TERMINAL:
             if status.get("reason") or status.get("message"):
                 say(f"    {status.get('reason', '')}: {status.get('message', '')}".rstrip(": "))
