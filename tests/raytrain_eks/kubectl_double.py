@@ -7,11 +7,23 @@ Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
 ``status.jobDeploymentStatus``) and ``ray-operator/apis/ray/v1/rayjob_types.go``:
 
 - ``""`` (New): the controller adds its stop-job finalizer and initialises the status
-  (initRayJobStatusIfNeed): ``jobId``, ``rayClusterName`` (``<name>-<5 chars>``, or the
-  clusterSelector's cluster), ``jobStatus = ""``, ``startTime``; -> ``Initializing``.
-- ``Initializing``: stays while the RayCluster is not ``ready`` (here: ``cluster_ready_after``
-  reconciles; its pods meanwhile report Unschedulable, then ContainerCreating); then, in
-  K8sJobMode, creates the submitter Job; -> ``Running``.
+  (initRayJobStatusIfNeed :887-917): ``jobId``, ``rayClusterName`` (``<name>-<5 chars>``, or the
+  clusterSelector's cluster), ``jobStatus = ""``, ``startTime`` (both deadlines count from it);
+  -> ``Initializing``.
+- ``Initializing``: with ``spec.suspend`` -> ``Suspending`` first (:180-182); then
+  ``preRunningDeadlineSeconds`` (``pre_running_deadline_after`` reconciles since ``startTime``):
+  ``Failed`` with ``reason = PreRunningDeadlineExceeded`` (:1247-1262); else it stays while the
+  RayCluster is not ``ready``: its pods wait for room on the GPU nodes (node_double.py), then
+  ``cluster_ready_after`` reconciles (Unschedulable while a node scales up, then
+  ContainerCreating); then, in K8sJobMode, creates the submitter Job; -> ``Running``.
+- suspension (:366-418, 1043-1060): ``Suspending`` deletes the cluster and clears
+  ``rayClusterName``, ``jobId``, ``jobStatus`` -> ``Suspended``, which stays while
+  ``spec.suspend`` is true and goes back to New when it is false (a new ``startTime``: time spent
+  suspended counts against no deadline). The controller requeues at once after each status
+  update, so a suspended RayJob is ``Suspended`` by the first poll. Kueue (kueue_double.py)
+  suspends a labelled RayJob at creation and unsuspends it when admitted.
+- time: each ``get rayjob NAME`` is one tick: Kueue's pass, then one KubeRay reconcile of EVERY
+  RayJob (``now`` counts the ticks; ``history`` records each status a RayJob took, with its tick).
 - ``Running``: ``jobStatus`` is the dashboard's (PENDING, then RUNNING). Terminal only when the
   Ray job is terminal AND the submitter has finished (K8sJobMode, kuberay PR 1919): then
   ``Complete`` (SUCCEEDED/STOPPED) or ``Failed`` with ``reason = AppFailed`` (FAILED), and
@@ -49,6 +61,8 @@ finishes when it has been streamed (or after ``submitter_runs`` reconciles in RU
 Ray job ends the double copies the scripted results into the run's storage, as the job does.
 ``kubectl config view --minify -o json`` answers the current context's cluster entry
 (``context_cluster``; none: kubectl's "current-context must exist in order to minify").
+``kubectl get workloads.kueue.x-k8s.io -o json``: Kueue's Workloads (kueue_double.py); without
+Kueue, kubectl's "the server doesn't have a resource type".
 ``unreachable``: every other call fails as kubectl does when no API server answers.
 ``forbidden``: every other call is refused as by RBAC: kubectl prints the API server's Status as
 "Error from server (Forbidden): ..." (kubernetes/kubectl pkg/cmd/util/helpers.go
@@ -67,7 +81,7 @@ from pathlib import Path
 import yaml
 
 import kueue_double
-from charts_oracles.kueue_rayjob import pod_requests, pod_sets  # on sys.path through kueue_double
+from node_double import gpus_fit, pods
 
 TERMINAL_JOB = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -101,35 +115,6 @@ def publish_results(state: dict, job: dict) -> None:
     for path in Path(source).rglob("*"):
         if path.is_file():
             client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(source).as_posix()}")
-
-
-def gpus_of(job: dict) -> int:
-    """The GPUs its own RayCluster's pods request (a clusterSelector job brings none)."""
-    if not job["spec"].get("rayClusterSpec"):
-        return 0
-    return int(sum(ps["count"] * pod_requests(ps["template"]["spec"]).get("nvidia.com/gpu", 0)
-                   for ps in pod_sets(job)))
-
-
-def gpus_fit(state: dict, job: dict) -> bool:
-    """Whether the node groups (``gpu_capacity`` GPUs at max nodes; none: unbounded) have room for
-    its cluster beside the clusters placed before it; a cluster's GPUs are freed when its job ends."""
-    if state.get("gpu_capacity") is None:
-        return True
-    return sum(gpus_of(j) for j in state["rayjobs"].values() if j is not job and holds_gpus(state, j)) \
-        + gpus_of(job) <= state["gpu_capacity"]
-
-
-def holds_gpus(state: dict, job: dict) -> bool:
-    """Its cluster's pods hold their GPUs from placement until KubeRay deletes the cluster:
-    ``ttlSecondsAfterFinished`` (``ttl_after`` reconciles here) after the job ended
-    (rayjob_controller.go ``handleShutdownAfterJobFinishes``)."""
-    fake, deployment = job.get("_fake") or {}, (job.get("status") or {}).get("jobDeploymentStatus")
-    if fake.get("placed_at") is None:
-        return False
-    if deployment in ("Complete", "Failed"):
-        return fake["reconciles"] - fake.get("ended_at", fake["reconciles"]) < state.get("ttl_after", 0)
-    return deployment in ("Initializing", "Running")
 
 
 def reconcile(state: dict, job: dict) -> None:
@@ -216,24 +201,6 @@ def step(state: dict, job: dict) -> None:
                 status["failed"] = attempt + 1
                 if status["failed"] < (spec.get("backoffLimit") or 0) + 1:
                     status["jobDeploymentStatus"] = "Retrying"  # same reconcile: Failed is never written
-
-
-def pods(state: dict, cluster: str) -> list[dict]:
-    job = next((j for j in state["rayjobs"].values() if j.get("status", {}).get("rayClusterName") == cluster), None)
-    if job is None or job["status"].get("jobDeploymentStatus") != "Initializing":
-        return []
-    placed = job["_fake"].get("placed_at")
-    waited = -1 if placed is None else job["_fake"]["reconciles"] - placed
-    head = {"metadata": {"name": f"{cluster}-head"}, "status": {"phase": "Running", "conditions": [
-        {"type": "PodScheduled", "status": "True"}]}}
-    if waited < state["cluster_ready_after"] // 2:  # no room yet, or its node scales up
-        worker = {"status": {"phase": "Pending", "conditions": [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-             "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]}}
-    else:
-        worker = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
-                             "containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}}
-    return [head, {"metadata": {"name": f"{cluster}-gpu-worker-0"}, **worker}]
 
 
 def main(argv: list[str]) -> int:

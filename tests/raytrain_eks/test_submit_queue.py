@@ -118,9 +118,9 @@ def test_without_kueue_the_second_gpu_job_fails_on_its_pre_running_deadline(clus
     unqueued = tmp_path / "environment.toml"
     unqueued.write_text(spec.replace(line, line.replace("true ", "false")))
     cluster.set(cluster_ready_after=READY_AFTER, pre_running_deadline_after=PRE_RUNNING_AFTER, kueue=None)
-    assert _submit(tmp_path, "gpu-a", "--no-wait", "--env", str(unqueued)) == 0
-    assert _submit(tmp_path, "gpu-b", "--env", str(unqueued)) == 1
+    assert _submit(tmp_path, "free-a", "--no-wait", "--env", str(unqueued)) == 0
+    assert _submit(tmp_path, "free-b", "--env", str(unqueued)) == 1
     out = capfd.readouterr().out
-    assert "RayJob gpu-b: Failed (cluster gpu-b-x7k2p)" in out and "PreRunningDeadlineExceeded:" in out, out
+    assert "RayJob free-b: Failed (cluster free-b-x7k2p)" in out and "PreRunningDeadlineExceeded:" in out, out
     assert "queued" not in out
-    assert "suspend" not in cluster.state()["rayjobs"]["gpu-a"]["spec"]
+    assert "suspend" not in cluster.state()["rayjobs"]["free-a"]["spec"]
