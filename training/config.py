@@ -341,7 +341,9 @@ class RayJobConfig:
     Only a job's own cluster retries (KubeRay refuses it with ``clusterSelector``). Worker
     failures inside a run are ``checkpoint.max_failures``."""
     ttl_seconds_after_finished: int = 300
-    """Seconds the finished job's cluster stays up for ``kubectl logs`` before it is deleted."""
+    """Seconds the finished job's cluster stays up for ``kubectl logs`` before it is deleted. With
+    ``[queueing]`` the next queued job waits for its nodes meanwhile: the charts refuse more than
+    its pre-running deadline less a scale-up (charts/jobs.py)."""
 
     def __post_init__(self) -> None:
         positive(self, "active_deadline_minutes")
