@@ -172,8 +172,8 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     parallelize(model, mesh, strategy=job.parallel.strategy, on_gpu=on_gpu,
                 activation_checkpointing=job.parallel.activation_checkpointing, compile=job.parallel.compile,
                 keep_gathered=job.parallel.keep_params_gathered, reduce_dtype=job.parallel.grad_reduce_dtype)
-    optimizer = optim.build_optimizer(model, job.train)
-    scheduler = optim.build_scheduler(optimizer, job.train)
+    optimizer = optim.build_optimizer(model, job.train, job.optim)
+    scheduler = optim.build_scheduler(optimizer, job.train, job.optim)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
     evidence, refused = transport_evidence(job, on_gpu)
     # What this run's workers read for run.json; rank 0 returns it with the summary.

@@ -130,8 +130,21 @@ ENV_CASES = [
     ("section-not-table", lambda r: r.update(storage="s3://x"), "storage: 's3://x' is not allowed (expected a table)"),
 ]
 
+# (id, --set overrides on the local job, words): the [optim] section, one bad value per field
+# (test_rules.py also runs each through the CLI)
+OPTIM_CASES = [
+    ("optim-beta1-one", ["optim.beta1=1.0"], "optim.beta1: 1.0 must be at least 0 and below 1 (torch.optim.AdamW's betas)"),
+    ("optim-beta2-negative", ["optim.beta2=-0.1"], "optim.beta2: -0.1 must be at least 0 and below 1"),
+    ("optim-eps-negative", ["optim.eps=-1e-8"], "optim.eps: -1e-08 must be >= 0"),
+    ("optim-no-decay-word", ["optim.no_decay='bias'"], "optim.no_decay: 'bias' is not allowed (allowed: 1d, none)"),
+    ("optim-kernel-apex", ["optim.kernel='apex'"],
+     "optim.kernel: 'apex' is not allowed (allowed: auto, fused, foreach, for_loop)"),
+    ("optim-schedule-wsd", ["optim.schedule='wsd'"], "optim.schedule: 'wsd' is not allowed (allowed: cosine, linear, constant)"),
+    ("optim-betas-pair", ["optim.betas=[0.9, 0.95]"], "optim.betas: 'betas' is not a known field (known: beta1, beta2"),
+]
+
 # (id, --set overrides on the local job, words): refused by load_job_config or check_model
-JOB_CASES = [
+JOB_CASES = [*OPTIM_CASES,
     ("model-key-typo", ["model.config.num_hidden_layer=2"],
      "model.config.num_hidden_layer: 'num_hidden_layer' is not a known Qwen2Config key (known: "),
     ("model-key-typo-hidden", ["model.config.hidden_sise=64"], "vocab_size; did you mean 'hidden_size'?)"),
