@@ -130,18 +130,19 @@ ENV_CASES = [
     ("section-not-table", lambda r: r.update(storage="s3://x"), "storage: 's3://x' is not allowed (expected a table)"),
 ]
 
-# (id, --set overrides on the local job, words): the [optim] section, one bad value per field
-# (test_rules.py also runs each through the CLI)
-OPTIM_CASES = [
-    ("optim-beta1-one", ["optim.beta1=1.0"], "optim.beta1: 1.0 must be at least 0 and below 1 (torch.optim.AdamW's betas)"),
-    ("optim-beta2-negative", ["optim.beta2=-0.1"], "optim.beta2: -0.1 must be at least 0 and below 1"),
-    ("optim-eps-negative", ["optim.eps=-1e-8"], "optim.eps: -1e-08 must be >= 0"),
-    ("optim-no-decay-word", ["optim.no_decay='bias'"], "optim.no_decay: 'bias' is not allowed (allowed: 1d, none)"),
-    ("optim-kernel-apex", ["optim.kernel='apex'"],
-     "optim.kernel: 'apex' is not allowed (allowed: auto, fused, foreach, for_loop)"),
-    ("optim-schedule-wsd", ["optim.schedule='wsd'"], "optim.schedule: 'wsd' is not allowed (allowed: cosine, linear, constant)"),
-    ("optim-betas-pair", ["optim.betas=[0.9, 0.95]"], "optim.betas: 'betas' is not a known field (known: beta1, beta2"),
-]
+# The [optim] section, one bad value per field (test_rules.py also runs each through the CLI):
+# (field, the value as --set writes it, the words after "optim.<field>: ")
+_OPTIM_BAD = {
+    "beta1": ("1.0", "1.0 must be at least 0 and below 1 (torch.optim.AdamW's betas)"),
+    "beta2": ("-0.1", "-0.1 must be at least 0 and below 1"),
+    "eps": ("-1e-8", "-1e-08 must be >= 0"),
+    "no_decay": ("'bias'", "'bias' is not allowed (allowed: 1d, none)"),
+    "kernel": ("'apex'", "'apex' is not allowed (allowed: auto, fused, foreach, for_loop)"),
+    "schedule": ("'wsd'", "'wsd' is not allowed (allowed: cosine, linear, constant)"),
+    "betas": ("[0.9, 0.95]", "'betas' is not a known field (known: beta1, beta2"),
+}
+OPTIM_CASES = [(f"optim-{field}", [f"optim.{field}={value}"], f"optim.{field}: {words}")
+               for field, (value, words) in _OPTIM_BAD.items()]
 
 # (id, --set overrides on the local job, words): refused by load_job_config or check_model
 JOB_CASES = [*OPTIM_CASES,
