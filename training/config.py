@@ -218,6 +218,13 @@ class ParallelConfig:
     batch's forward to the last one's backward (one all-gather per block per step instead of
     two per micro batch), at the cost of the unsharded bf16 parameters for the whole step. The
     preflight's memory plan says whether it fits."""
+    cpu_offload: bool = False
+    """Full fine-tuning past GPU memory: FSDP2's ``CPUOffloadPolicy`` keeps the sharded fp32
+    parameters, their gradients and AdamW's state in (pinned) host memory and runs the optimizer
+    step on the CPU; the GPU holds the gathered bf16 parameters, activations and gradients before
+    their reduce-scatter. Every step copies each shard to the GPU per all-gather and each
+    gradient shard back (``bench/bench_offload_transfer.py``); the preflight sizes the host
+    memory per node. Checkpoints are the same either way (a run may resume with it changed)."""
     grad_reduce_dtype: str = "float32"
     """Gradient reduce-scatter/all-reduce dtype on GPU: ``float32`` or ``bfloat16`` (half the
     bytes on the network; the master weights and AdamW stay fp32). ``bfloat16`` only with
