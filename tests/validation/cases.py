@@ -130,7 +130,8 @@ ENV_CASES = [
     ("section-not-table", lambda r: r.update(storage="s3://x"), "storage: 's3://x' is not allowed (expected a table)"),
 ]
 
-# The [optim] section, one bad value per field (test_rules.py also runs each through the CLI):
+# The [optim] section, one bad value per field, and parallel.cpu_offload (test_rules.py also runs
+# each through the CLI):
 # (field, the value as --set writes it, the words after "optim.<field>: ")
 _OPTIM_BAD = {
     "beta1": ("1.0", "1.0 must be at least 0 and below 1 (torch.optim.AdamW's betas)"),
@@ -142,7 +143,9 @@ _OPTIM_BAD = {
     "betas": ("[0.9, 0.95]", "'betas' is not a known field (known: beta1, beta2"),
 }
 OPTIM_CASES = [(f"optim-{field}", [f"optim.{field}={value}"], f"optim.{field}: {words}")
-               for field, (value, words) in _OPTIM_BAD.items()]
+               for field, (value, words) in _OPTIM_BAD.items()] + [
+    ("offload-word", ["parallel.cpu_offload='yes'"], "parallel.cpu_offload: 'yes' is not allowed (expected true or false)"),
+]
 
 # (id, --set overrides on the local job, words): refused by load_job_config or check_model
 JOB_CASES = [*OPTIM_CASES,
