@@ -27,8 +27,8 @@ do not compete. What only a GPU can show: how much of it overlaps compute (pinne
 non-blocking copies allow it) and the CPU AdamW step on the node's cores. Neither is predicted.
 
 Run: ``.venv/bin/python bench/bench_offload_transfer.py [--models Qwen2.5-7B] [--publish]`` (the
-7B full-shard plan took about 27 min on an idle core; ``--publish`` writes it where the preflight
-reads it). Prints one JSON line.
+7B full-shard plan: 49 s here; ``--publish`` writes it where the preflight reads it). Prints one
+JSON line.
 """
 from __future__ import annotations
 
