@@ -177,7 +177,7 @@ class OptimConfig:
     norm weights); ``none`` = every parameter decays."""
     kernel: str = "auto"
     """AdamW's implementation: ``auto`` = ``fused`` when the parameters are on a GPU, ``foreach``
-    otherwise (CPU, and the host-held state of ``parallel.offload_optimizer``); ``fused``,
+    otherwise (CPU, and the host-held state of ``parallel.cpu_offload``); ``fused``,
     ``foreach`` or ``for_loop`` (one tensor at a time: the least temporary memory)."""
     schedule: str = "cosine"
     """Learning rate after the linear warm-up: ``cosine`` (half cosine) or ``linear`` down to

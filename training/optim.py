@@ -57,7 +57,7 @@ def adamw_kernel(model: torch.nn.Module, kernel: str = "auto") -> dict[str, bool
     ``auto``: ``fused=True`` (one kernel for the whole update, DTensor shards included, as
     torchtitan runs FSDP2) when the parameters are on a GPU; ``foreach=True`` elsewhere (the CPU
     path of the tests and the demo, and parameters FSDP2 holds in host memory under
-    ``parallel.offload_optimizer``). ``for_loop``: neither (one tensor at a time).
+    ``parallel.cpu_offload``). ``for_loop``: neither (one tensor at a time).
     """
     if kernel == "auto":
         kernel = "fused" if any(p.is_cuda for p in model.parameters()) else "foreach"
