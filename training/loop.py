@@ -172,9 +172,10 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     mesh = build_mesh(job.parallel.strategy, job.parallel.workers_per_node, on_gpu, ctx.local_world_size)
     parallelize(model, mesh, strategy=job.parallel.strategy, on_gpu=on_gpu,
                 activation_checkpointing=job.parallel.activation_checkpointing, compile=job.parallel.compile,
-                keep_gathered=job.parallel.keep_params_gathered, reduce_dtype=job.parallel.grad_reduce_dtype)
-    optimizer = optim.build_optimizer(model, job.train)
-    scheduler = optim.build_scheduler(optimizer, job.train)
+                keep_gathered=job.parallel.keep_params_gathered, reduce_dtype=job.parallel.grad_reduce_dtype,
+                cpu_offload=job.parallel.cpu_offload)
+    optimizer = optim.build_optimizer(model, job.train, job.optim)
+    scheduler = optim.build_scheduler(optimizer, job.train, job.optim)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
     evidence, refused = transport_evidence(job, on_gpu)
     # What this run's workers read for run.json; rank 0 returns it with the summary.
