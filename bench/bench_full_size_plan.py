@@ -26,6 +26,7 @@ Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -159,7 +160,11 @@ def _flop_mapping():
 
 def measure(model_name: str, *, code: str, activation_checkpointing: bool, strategy: str = "hybrid_shard",
             reduce_dtype: str = "float32", keep_gathered: bool = False, cluster: Cluster = Cluster(),
-            loss_head: bool = True) -> dict:
+            loss_head: bool = True, cpu_offload: bool = False, probe=None) -> dict:
+    """One variant's figures. ``cpu_offload``: ``parallel.cpu_offload`` with the job's own AdamW
+    (training/optim.py: on host-held parameters ``auto`` is foreach, whose temporaries are host
+    memory too); ``probe`` (bench/bench_offload_transfer.py's): a tracker class, entered around
+    the measured micro batches, told each one's index, and adding its figures to the result."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -187,11 +192,21 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
                 use_chunked_loss_head(model)
         else:
             batch = {**batch, "attention_mask": _todays_mask(config, batch)}
-        parallelize(model, mesh, strategy=strategy, on_gpu=True, activation_checkpointing=activation_checkpointing,
-                    keep_gathered=keep_gathered, reduce_dtype=reduce_dtype)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=False)  # per tensor: no foreach temporaries
-        tracker = FSDPMemTracker(model, optimizer)
+        with _unpinned():  # a fake tensor cannot be pinned; pinning changes where, not how much
+            parallelize(model, mesh, strategy=strategy, on_gpu=True, activation_checkpointing=activation_checkpointing,
+                        keep_gathered=keep_gathered, reduce_dtype=reduce_dtype, cpu_offload=cpu_offload)
+        if cpu_offload:
+            from training.config import OptimConfig, TrainConfig
+            from training.optim import build_optimizer
+
+            optimizer = build_optimizer(model, TrainConfig(), OptimConfig())
+        else:  # on the GPU the job's AdamW is fused: per tensor here, no foreach temporaries
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=False)
+        tracker = (probe.tracker_class if probe else FSDPMemTracker)(model, optimizer)
         collectives = _Collectives()
+        watch = probe if probe else contextlib.nullcontext()
+        if probe:
+            probe.model = model
         executed = 0
         with tracker:
             # AdamW's state first (as after any earlier step), without a forward/backward
@@ -199,11 +214,11 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
                 param.grad = torch.zeros_like(param)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            with collectives:
+            with collectives, watch:
                 for index in range(MEASURED_ACCUM):
                     tracker.reset_mod_stats()  # per-module stats are per forward; the peak is kept
                     (begin_micro_batch if code == "after" else _todays_begin_micro_batch)(model, index, MEASURED_ACCUM)
-                    collectives.micro = index
+                    collectives.micro = watch.micro = index
                     counter = FlopCounterMode(display=False, custom_mapping=_flop_mapping()) if index == 0 else _Nothing()
                     with counter:
                         loss = loss_from_inputs(model, *prepared) if code == "after" else _todays_loss(model, batch)
@@ -226,8 +241,24 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
               "executed_flops_per_micro_batch": int(executed), "model_flops_per_micro_batch": int(model_flops),
               "collectives": _per_step(collectives.rows, GLOBAL_BATCH // (cluster.world_size * MICRO_BATCH)),
               "measure_s": round(time.perf_counter() - began, 1)}
+    if cpu_offload:
+        result["cpu_offload"] = True
+    if probe:
+        result.update(probe.figures(tracker, GLOBAL_BATCH // (cluster.world_size * MICRO_BATCH)))
     result["prediction"] = predict(result, cluster)
     return result
+
+
+@contextlib.contextmanager
+def _unpinned():
+    """training.parallel's offload policy without pinned memory (FakeTensorMode implements no
+    ``aten._pin_memory``)."""
+    from unittest import mock
+
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    with mock.patch("training.parallel.offload_policy", lambda on_gpu: CPUOffloadPolicy(pin_memory=False)):
+        yield
 
 
 class _Nothing:
@@ -289,6 +320,24 @@ def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
     return "\n".join(rows)
 
 
+def save(results: list[dict], out: Path, cluster: Cluster, *, publish: bool) -> list[dict]:
+    """Write ``results`` into ``out`` (and the preflight's copy with ``publish``): a run of some
+    variants replaces those and keeps the others already measured. Returns all of them."""
+    key = lambda r: tuple(r.get(k, False) for k in ("model", "code", "strategy", "activation_checkpointing",
+                                                    "reduce_dtype", "keep_gathered", "compile", "seq_len",
+                                                    "micro_batch_size", "cpu_offload"))
+    start = out if out.is_file() else PUBLISHED  # a fresh checkout has only the published copy
+    previous = json.loads(start.read_text())["results"] if start.is_file() else []
+    fresh = {key(r) for r in results}
+    results = [r for r in previous if key(r) not in fresh] + results
+    text = json.dumps({"cluster": cluster.to_dict(), "results": results}, indent=1) + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    if publish:
+        PUBLISHED.write_text(text)
+    return results
+
+
 def main() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -313,18 +362,7 @@ def main() -> None:
             print(json.dumps({k: results[-1][k] for k in ("model", "code", "activation_checkpointing", "peak_bytes",
                                                           "measure_s")}), file=sys.stderr, flush=True)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # a run of some variants replaces those and keeps the others already measured
-    key = lambda r: tuple(r.get(k, False) for k in ("model", "code", "strategy", "activation_checkpointing",
-                                                    "reduce_dtype", "keep_gathered", "compile", "seq_len",
-                                                    "micro_batch_size"))
-    previous = json.loads(out.read_text())["results"] if out.is_file() else []
-    fresh = {key(r) for r in results}
-    results = [r for r in previous if key(r) not in fresh] + results
-    text = json.dumps({"cluster": cluster.to_dict(), "results": results}, indent=1) + "\n"
-    out.write_text(text)
-    if args.publish:
-        PUBLISHED.write_text(text)
+    results = save(results, out, cluster, publish=args.publish)
     print(json.dumps({"name": "full_size_plan", "written": str(out), "variants": len(results),
                       "peak_gib": {f"{r['model']} {r['code']} ckpt={r['activation_checkpointing']} kept={r['keep_gathered']} "
                                    f"reduce={r['reduce_dtype']}": round(r["peak_bytes"] / 1024**3, 2) for r in results}}))

@@ -193,6 +193,15 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
                          f"than the {pre_running / 60:g} minutes the job's cluster may take to come up "
                          "(preRunningDeadlineSeconds, counted from the same start): the job would be killed "
                          "before its cluster is up")
+    ttl, scale_up = base.rayjob.ttl_seconds_after_finished, int(SCALE_UP_MINUTES * 60)
+    if env.queueing.enabled and ttl + scale_up > pre_running:
+        # Kueue frees a job's quota when it ends (its Workload is Finished) and admits the next,
+        # whose pods then wait for this job's cluster to go (KubeRay deletes it ttl seconds after
+        # the end) while the next job's preRunningDeadlineSeconds runs.
+        raise ChartError(f"{rel}: rayjob.ttl_seconds_after_finished: {ttl} keeps the ended job's cluster, and its "
+                         f"nodes, longer than the next queued job can wait for them: it is admitted as this job "
+                         f"ends and must be running within {pre_running / 60:g} minutes (preRunningDeadlineSeconds), "
+                         f"a scale-up (~{SCALE_UP_MINUTES:g} min) included: at most {pre_running - scale_up}")
     written = base.checkpoint.storage_path
     if written and written.rstrip("/") != env.storage_uri:
         # The cluster's runs live in the spec's bucket; a path in the file would be replaced silently.

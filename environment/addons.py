@@ -113,6 +113,10 @@ class HelmAddon:
     wait: bool = False
     """Helm waits (``--wait``) for the chart's workloads to be ready before its ``manifests``
     are applied: a chart whose webhooks (``failurePolicy: Fail``) check those objects."""
+    manifests_when_present: bool = False
+    """Its ``manifests`` are this app's own objects, still needed where the cluster already
+    runs the add-on (``cluster.present_addons``): Kueue's queue objects, which every queued
+    RayJob names (environment/queueing.py)."""
 
 
 # Helm's own default is 300 s (helm/helm v3 cmd/helm/install.go ``--timeout``); aws-cdk-lib
@@ -305,7 +309,8 @@ ADDONS: tuple[HelmAddon, ...] = (
     HelmAddon(key="kueue", repository="oci://registry.k8s.io/kueue/charts/kueue", chart="kueue",
               release="kueue", namespace="kueue-system", create_namespace=True, default_version="0.19.2",
               enabled=lambda env: env.queueing.enabled, values=_kueue_values, requires=("kuberay_operator",),
-              manifests=queueing.kueue_objects, pods=(KUEUE_POD,), wait=True, helm_timeout_s=HOOK_JOBS_TIMEOUT_S),
+              manifests=queueing.kueue_objects, manifests_when_present=True, pods=(KUEUE_POD,), wait=True,
+              helm_timeout_s=HOOK_JOBS_TIMEOUT_S),
 )
 """Every add-on, in install order."""
 
@@ -317,6 +322,13 @@ def installed_addons(env: "Environment") -> tuple[HelmAddon, ...]:
     cluster (``cluster.present_addons``). Every row of the table is judged alike, so a new row
     is installed only where absent without a line of its own."""
     return tuple(a for a in ADDONS if a.enabled(env) and a.key not in env.cluster.present_addons)
+
+
+def present_addons_with_objects(env: "Environment") -> tuple[HelmAddon, ...]:
+    """The entries the existing cluster already runs whose objects this app still creates
+    (:attr:`HelmAddon.manifests_when_present`)."""
+    return tuple(a for a in ADDONS if a.enabled(env) and a.key in env.cluster.present_addons
+                 and a.manifests_when_present)
 
 
 TOLERATE_ALL = [{"operator": "Exists"}]

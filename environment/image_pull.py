@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 IMAGE_COMPRESSED_GB = 20.0
 """What a node downloads: the DLC's compressed layers, ~20 GB (the figure behind
-``ImageSpec.disk_gib`` and ``environment.addons.SCALE_UP_MINUTES``; facts.md lists no size)."""
+``ImageSpec.disk_gib`` and ``environment.addons.SCALE_UP_MINUTES``; no published size for the image exists)."""
 NODE_PULL_MB_PER_S = 170.0
 """What one node's containerd takes in while pulling onto its NVMe RAID0: the ~2 minutes for
 ~20 GB that ``SCALE_UP_MINUTES`` assumes (an estimate; ``make gpu-check`` does not measure it)."""

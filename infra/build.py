@@ -11,7 +11,7 @@ from typing import Any
 
 import aws_cdk as cdk
 
-from environment.addons import installed_addons
+from environment.addons import installed_addons, present_addons_with_objects
 from infra.constructs.cluster_addons import ResolvedAddon
 from infra.errors import InfraSpecError
 from infra.function_logs import own_function_logs
@@ -92,6 +92,13 @@ def resolved_addons(env: Environment) -> list[ResolvedAddon]:
     return resolved
 
 
+def present_addon_objects(env: Environment) -> list[ResolvedAddon]:
+    """The add-ons an existing cluster already runs whose objects this app still creates
+    (environment/addons.py ``present_addons_with_objects``): objects only, no chart."""
+    return [ResolvedAddon(addon=a, version=env.versions.chart(a.key), values={}, objects=a.manifests(env))
+            for a in present_addons_with_objects(env)]
+
+
 def refuse_deploy(stack: cdk.Stack, line: str) -> None:
     """A CloudFormation rule that always fails with ``line``: CloudFormation checks rules when
     it validates a template for a change set, so ``cdk deploy`` of ``stack`` stops there, before
@@ -136,6 +143,7 @@ def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: s
                   existing_gpu_groups=existing_gpu_groups, env=where, tags=tags)
     if c.existing:
         cluster = AttachedClusterStack(app, stack_name(name, "cluster"), **common,
+                                       present_addons=present_addon_objects(env),
                                        description=f"raytrain-eks {name}: onto EKS cluster {c.existing}, "
                                                    "only what it lacks")
     else:

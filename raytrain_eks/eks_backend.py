@@ -257,11 +257,13 @@ def stream_submitter_log(name: str, namespace: str, *, resync: LogResync, say: C
 
 
 def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], None] = print,
-           stream_logs: bool = True) -> dict[str, Any] | None:
+           stream_logs: bool = True, queue_line: Callable[[dict[str, Any]], str] = lambda rayjob: "") \
+        -> dict[str, Any] | None:
     """Print each status transition and why pods wait, stream the submitter's log (the driver's
     log: each step's loss, tokens/s and ETA, evaluations, checkpoints) once the job runs, and
     return the RayJob as it ended; None when it was deleted meanwhile (`raytrain-eks stop`, or
-    kubectl): a stopped run, whose storage holds what it wrote."""
+    kubectl): a stopped run, whose storage holds what it wrote. ``queue_line`` says what is new
+    of its place in a queue ("" when nothing: raytrain_eks/kueue_queue.py ``QueueWatch``)."""
     seen: tuple[Any, ...] = ()
     resync = LogResync()  # the log lines of this attempt already shown
     job_id = None
@@ -272,6 +274,7 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
             return None
         deployment, job_status = phase(rayjob)
         status = rayjob.get("status") or {}
+        queued = queue_line(rayjob)
         if status.get("jobId") and status["jobId"] != job_id:
             # A new attempt (after Retrying) is a new Ray job on a new cluster: stream its log too.
             job_id, resync = status["jobId"], LogResync()
@@ -286,6 +289,8 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
             for line in waits:
                 say(f"      {line}")
             seen = now
+        if queued:
+            say(f"      {queued}")
         if deployment in TERMINAL:
             if status.get("reason") or status.get("message"):
                 say(f"    {status.get('reason', '')}: {status.get('message', '')}".rstrip(": "))

@@ -15,7 +15,11 @@ Prediction (per GPU, per optimizer step of ``A`` micro batches):
   the node's one EFA link across nodes (shared by the node's GPUs in hybrid shard's replicate
   rings; a world ring crosses it once per node);
 - exposed: per micro batch, the collective time its compute cannot hide (links in parallel);
-- MFU: model FLOPs (training/flops.py) / (step time x peak).
+- MFU: model FLOPs (training/flops.py) / (step time x peak);
+- ``parallel.cpu_offload`` (bench/bench_offload_transfer.py counted its copies): the larger
+  direction's bytes per step at :data:`PCIE_GBYTES_PER_S`, added whole (an upper bound: a
+  gradient shard added to one already on the host is copied blocking, torch 2.13
+  ``_fsdp_collectives.py`` ``foreach_reduce``). The CPU AdamW step is not in it.
 """
 from __future__ import annotations
 
@@ -100,14 +104,26 @@ def predict(result: dict, cluster: Cluster) -> dict:
         pcie, efa = pcie + weight * pcie_m, efa + weight * efa_m
         exposed += weight * max(0.0, max(pcie_m / (PCIE_GBYTES_PER_S * 1e9), efa_m / link) - micro_s)
     compute_s = accum * micro_s
-    step_s = compute_s + exposed
+    copies_s = offload_copy_bytes(result, accum) / (PCIE_GBYTES_PER_S * 1e9)
+    step_s = compute_s + exposed + copies_s
     model_flops = accum * result["model_flops_per_micro_batch"]
     return {"grad_accum_steps": accum, "compute_s": round(compute_s, 3), "exposed_comm_s": round(exposed, 3),
+            "offload_copy_s": round(copies_s, 3),
             "step_s": round(step_s, 3), "mfu": round(model_flops / (step_s * peak), 4),
             "executed_over_model_flops": round(result["executed_flops_per_micro_batch"]
                                                / result["model_flops_per_micro_batch"], 3),
             "pcie_bytes_per_gpu": int(pcie), "efa_bytes_per_node": int(efa),
             "sustained_fraction": SUSTAINED_FRACTION, "pcie_gbytes_per_s": PCIE_GBYTES_PER_S}
+
+
+def offload_copy_bytes(result: dict, accum: int) -> int:
+    """Bytes per step of the larger direction of ``parallel.cpu_offload``'s host<->GPU copies
+    (0 without offload): first + (A - 2) x middle + last micro batch, as counted."""
+    offload = result.get("offload")
+    if not offload:
+        return 0
+    return int(max(d["first_bytes"] + max(0, accum - 2) * d["middle_bytes"] + d["last_bytes"]
+                   for d in (offload["h2d"], offload["d2h"])))
 
 
 def load(path: Path = PUBLISHED) -> list[dict]:
@@ -129,8 +145,20 @@ def model_name(shapes) -> str | None:
 
 def required_bytes(result: dict) -> int:
     """What a measured plan must fit: the tracked tensors' peak plus the CUDA/NCCL overhead and
-    the fragmentation allowance the memory model adds (raytrain_eks/memory_estimate.py)."""
-    return int((result["peak_bytes"] + OVERHEAD_BYTES) * FRAGMENTATION)
+    the fragmentation allowance the memory model adds (raytrain_eks/memory_estimate.py). With
+    ``parallel.cpu_offload``: the GPU's share of the peak and the copies staged on it."""
+    offload = result.get("offload")
+    peak = offload["gpu_peak_bytes"] + offload["gpu_staging_bytes"] if offload else result["peak_bytes"]
+    return int((peak + OVERHEAD_BYTES) * FRAGMENTATION)
+
+
+def host_bytes_per_gpu(result: dict) -> int:
+    """Host memory one GPU's worker holds under ``parallel.cpu_offload`` (0 without): the
+    measured host peak (sharded parameters, gradients, AdamW's state and its step's temporaries)
+    plus the pinned copy a checkpoint stages, which the job keeps for every later checkpoint
+    (training/checkpointing/manager.py ``pinned_stager``)."""
+    offload = result.get("offload")
+    return int(offload["host_peak_bytes"] + offload["checkpoint_staging_bytes"]) if offload else 0
 
 
 def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> dict | None:
@@ -144,25 +172,29 @@ def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> di
         return None
     measured_here = [r for r in results if (r.get("cluster") or {}).get("instance") == instance
                      and (r.get("cluster") or {}).get("nodes") == cluster.nodes]
+    if job.model.transforms:  # measured: the whole model trained, no transform
+        return None
     found = lookup(measured_here, model=name, strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                    activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
-                   keep_gathered=p.keep_params_gathered, compile=p.compile)
+                   keep_gathered=p.keep_params_gathered, compile=p.compile, cpu_offload=p.cpu_offload)
     if found is None or job.grad_accum_steps < 2:  # measured with accumulation
         return None
     found = {**found, "global_batch_size": t.global_batch_size}
-    return {**found, "prediction": predict(found, cluster), "required_bytes": required_bytes(found)}
+    return {**found, "prediction": predict(found, cluster), "required_bytes": required_bytes(found),
+            "host_bytes_per_gpu": host_bytes_per_gpu(found)}
 
 
 def lookup(results: list[dict], *, model: str, strategy: str, seq_len: int, micro_batch_size: int,
            activation_checkpointing: bool, reduce_dtype: str = "float32", keep_gathered: bool = False,
-           compile: bool = False) -> dict | None:
+           compile: bool = False, cpu_offload: bool = False) -> dict | None:
     """The shipped code's measurement of exactly this plan, or None. A row without ``compile``
-    was measured uncompiled (bench/bench_full_size_plan.py never compiles)."""
+    was measured uncompiled (bench/bench_full_size_plan.py never compiles); one without
+    ``cpu_offload`` without offload."""
     for r in results:
         if (r["code"], r["model"], r["strategy"], r["seq_len"], r["micro_batch_size"], r["activation_checkpointing"],
-                r["reduce_dtype"], r["keep_gathered"], r.get("compile", False)) == (
+                r["reduce_dtype"], r["keep_gathered"], r.get("compile", False), r.get("cpu_offload", False)) == (
                 "after", model, strategy, seq_len, micro_batch_size, activation_checkpointing, reduce_dtype,
-                keep_gathered, compile):
+                keep_gathered, compile, cpu_offload):
             return r
     return None
 
@@ -171,12 +203,25 @@ def render(found: dict, *, hand_required: int) -> list[str]:
     """The preflight's lines for a measured plan (:func:`for_job`)."""
     gib, p = 1024**3, found["prediction"]
     comm = ", ".join(f"{c['kind']} over {c['group_size']}: {c['bytes'] / 1e9:.1f} GB" for c in found["collectives"])
-    return [
+    offload = found.get("offload")
+    on_gpu = offload["gpu_peak_bytes"] + offload["gpu_staging_bytes"] if offload else found["peak_bytes"]
+    lines = [
         "measured   bench/bench_full_size_plan.py (the job's code on fake tensors, fake 2-node process group)",
-        f"  peak memory      {found['peak_bytes'] / gib:.2f} GiB of tensors per GPU; with overhead and fragmentation "
+        f"  peak memory      {on_gpu / gib:.2f} GiB of tensors per GPU; with overhead and fragmentation "
         f"{found['required_bytes'] / gib:.2f} GiB (the hand formula says {hand_required / gib:.2f})",
         f"  FLOPs            executed / model = {p['executed_over_model_flops']:.2f} (recompute and skipped "
         f"logits show); per GPU per step: {comm}",
         f"  predicted step   {p['step_s']:.2f} s ({p['compute_s']:.2f} compute at {p['sustained_fraction']:.0%} "
-        f"of peak + {p['exposed_comm_s']:.2f} exposed collectives), MFU {p['mfu']:.2f}",
+        f"of peak + {p['exposed_comm_s']:.2f} exposed collectives"
+        + (f" + {p['offload_copy_s']:.2f} host<->GPU copies" if offload else "") + f"), MFU {p['mfu']:.2f}",
     ]
+    if offload:
+        accum = p["grad_accum_steps"]
+        lines += [
+            f"  cpu offload      on the GPU {offload['gpu_peak_bytes'] / gib:.2f} GiB of tensors + "
+            f"{offload['gpu_staging_bytes'] / gib:.2f} copies in flight; in host memory {found['host_bytes_per_gpu'] / gib:.2f} "
+            "GiB per GPU with a checkpoint's staged copy (bench/bench_offload_transfer.py)",
+            f"  copies           {offload_copy_bytes(found, accum) / 1e9:.1f} GB per step in the busier direction at "
+            f"{PCIE_GBYTES_PER_S:g} GB/s (ASSUMED), none hidden; the CPU AdamW step is not predicted (a GPU node shows it)",
+        ]
+    return lines

@@ -28,6 +28,17 @@ reduction, AdamW. Terms, in bytes per GPU:
   ``CE_CHUNK_TOKENS x vocab x 8``;
 * **overhead**: CUDA context, NCCL buffers and cuBLAS workspaces, a flat 1.5 GiB.
 
+Two variants change the sharded terms:
+
+* ``parallel.cpu_offload`` (FSDP2's CPUOffloadPolicy): parameters, gradients and optimizer state
+  leave the GPU for host memory (:attr:`MemoryEstimate.host`, per GPU): those three, the
+  foreach AdamW step's one temporary per parameter (``4 x P``) and a checkpoint's pinned copy of
+  parameters and optimizer state; the FSDP working set stays. The measured plan
+  (bench/bench_offload_transfer.py) replaces this where it exists;
+* a ``lora`` model transform: the frozen base in its ``base_dtype`` (bf16: 2 bytes), gradients
+  and AdamW state only for the fp32 adapters (:func:`lora_adapter_params`), and no unsharded
+  gradient of the frozen weights in the working set.
+
 The sum is compared with the usable memory of the GPU (its nominal size less 7 % for the driver)
 after a 10 % allowance for allocator fragmentation.
 """
@@ -98,6 +109,8 @@ class MemoryEstimate:
     activations_with_checkpointing: int
     shard_group: int
     activation_checkpointing: bool
+    host: int = 0
+    """Host bytes per GPU that ``parallel.cpu_offload`` keeps there (0 without it)."""
 
     @property
     def total(self) -> int:
@@ -127,11 +140,28 @@ def shard_group_size(strategy: str, world_size: int, workers_per_node: int) -> i
     return {"full_shard": world_size, "hybrid_shard": min(workers_per_node, world_size), "no_shard": 1}[strategy]
 
 
+def lora_adapter_params(shapes: ModelShapes, options: dict) -> int:
+    """Parameters of the ``lora`` transform's adapters: ``rank x (in + out)`` per targeted
+    projection per layer (training/model_transforms/lora.py; its defaults where not given)."""
+    from training.model_transforms.lora import settings
+
+    opts = settings(dict(options))
+    h, i = shapes.hidden_size, shapes.intermediate_size
+    q, kv = shapes.num_heads * shapes.attention_head_dim, shapes.num_kv_heads * shapes.attention_head_dim
+    dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    per_layer = sum(opts["rank"] * sum(dims[t]) for t in opts["targets"] if t in dims)
+    return shapes.num_layers * per_layer
+
+
 def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, workers_per_node: int,
                     seq_len: int, micro_batch_size: int, activation_checkpointing: bool,
                     param_bytes: int = 4, compute_bytes: int = 2, grad_accum_steps: int = 1,
-                    keep_gathered: bool = False) -> MemoryEstimate:
-    """Per-GPU memory of one training step at the peak (end of forward / start of backward)."""
+                    keep_gathered: bool = False, cpu_offload: bool = False,
+                    trainable: int | None = None) -> MemoryEstimate:
+    """Per-GPU memory of one training step at the peak (end of forward / start of backward).
+    ``trainable``: the trained parameters when they are not all of them (LoRA's fp32 adapters,
+    the rest frozen at ``param_bytes``)."""
     shard = shard_group_size(strategy, world_size, workers_per_node)
     n = shapes.num_params()
     h, i = shapes.hidden_size, shapes.intermediate_size
@@ -141,32 +171,56 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
     layer_params = shapes.layer_matmul_params()
     working = accumulation = 0
     if shard > 1:
-        working = (root_params + 2 * layer_params) * compute_bytes + (root_params + layer_params) * 4
+        unsharded_grads = (root_params + layer_params) * 4 if trainable is None else 0
+        working = (root_params + 2 * layer_params) * compute_bytes + unsharded_grads
         if grad_accum_steps > 1 and keep_gathered:
             accumulation = n * compute_bytes
     per_token_layer = (11 * h + 4 * i + 3 * kv) * compute_bytes
     full = tokens * shapes.num_layers * per_token_layer
     checkpointed = tokens * shapes.num_layers * h * compute_bytes + tokens * per_token_layer
     logits = tokens * shapes.vocab_size * 2 * compute_bytes + min(tokens, CE_CHUNK_TOKENS) * shapes.vocab_size * 8
+    trained = n if trainable is None else trainable
+    parameters = (n * param_bytes if trainable is None else n * param_bytes + trainable * 4) // shard
+    gradients = trained * (param_bytes if trainable is None else 4) // shard
+    optimizer = 8 * trained // shard
+    host = 0
+    if cpu_offload:  # the three sharded terms live in host memory, with the step's temporary and a staged copy
+        host = parameters + gradients + optimizer + 4 * trained // shard + parameters + optimizer
+        parameters = gradients = optimizer = 0
     return MemoryEstimate(
-        parameters=n * param_bytes // shard, gradients=n * param_bytes // shard, optimizer=8 * n // shard,
+        parameters=parameters, gradients=gradients, optimizer=optimizer,
         fsdp_working_set=working, accumulation=accumulation, activations=checkpointed if activation_checkpointing else full,
         logits=logits, overhead=OVERHEAD_BYTES, activations_without_checkpointing=full,
         activations_with_checkpointing=checkpointed, shard_group=shard,
-        activation_checkpointing=activation_checkpointing)
+        activation_checkpointing=activation_checkpointing, host=host)
 
 
-def estimate_for_job(job: JobConfig, shapes: ModelShapes) -> MemoryEstimate:
+def estimate_for_job(job: JobConfig, shapes: ModelShapes, strategy: str | None = None) -> MemoryEstimate:
+    """The job's plan (``strategy``: another sharding strategy for the same job)."""
     p, t = job.parallel, job.train
-    return estimate_memory(shapes, strategy=p.strategy, world_size=p.num_workers, workers_per_node=p.workers_per_node,
+    lora = lora_options(job)
+    return estimate_memory(shapes, strategy=strategy or p.strategy, world_size=p.num_workers, workers_per_node=p.workers_per_node,
                            seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                            activation_checkpointing=p.activation_checkpointing,
                            param_bytes=storage_bytes(job), compute_bytes=compute_bytes(job),
-                           grad_accum_steps=job.grad_accum_steps, keep_gathered=p.keep_params_gathered)
+                           grad_accum_steps=job.grad_accum_steps, keep_gathered=p.keep_params_gathered,
+                           cpu_offload=p.cpu_offload,
+                           trainable=None if lora is None else lora_adapter_params(shapes, lora))
+
+
+def lora_options(job: JobConfig) -> dict | None:
+    """The job's ``lora`` transform options, or None when it trains the whole model."""
+    return next((dict(t.options) for t in job.model.transforms if t.name == "lora"), None)
 
 
 def storage_bytes(job: JobConfig) -> int:
-    """Bytes per stored parameter: fp32 master weights unless the job asks for pure bf16."""
+    """Bytes per stored (base) parameter: fp32 master weights unless the job asks for pure bf16;
+    a LoRA job's frozen base in its ``base_dtype``."""
+    lora = lora_options(job)
+    if lora is not None:
+        from training.model_transforms.lora import settings
+
+        return 2 if settings(lora)["base_dtype"] == "bfloat16" else 4
     return 2 if job.model.dtype == "bfloat16" else 4
 
 

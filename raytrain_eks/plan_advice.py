@@ -4,7 +4,9 @@ with room to spare: the faster settings that still fit (:func:`spare_memory`).
 Changes are tried cumulatively, cheapest in throughput first: activation checkpointing, no
 parameters kept gathered across micro batches, full shard (parameters, gradients and AdamW over
 every GPU instead of one node's), micro batch 1, then shorter sequences down to 512. A plan that
-still does not fit is told how many nodes of its GPU type full shard would need. Each candidate is
+still does not fit is told what keeps it on its nodes (its optimizer state and master weights in
+host memory, ``parallel.cpu_offload``, when the node's worker pod holds them; LoRA adapters
+instead of the whole model) and how many nodes of its GPU type full shard would need. Each candidate is
 sized by the memory model (:mod:`raytrain_eks.memory_estimate`), or by the measured figure where
 bench/bench_full_size_plan.py measured that exact plan (:mod:`raytrain_eks.measured_plan`).
 """
@@ -13,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from raytrain_eks.memory_estimate import estimate_for_job
-from training.config import JobConfig
+from raytrain_eks.memory_estimate import estimate_for_job, lora_options
+from training.config import JobConfig, TransformConfig
 from training.flops import ModelShapes
 
 MIN_SEQ_LEN = 512
@@ -43,8 +45,11 @@ def _steps(job: JobConfig) -> list[tuple[str, Callable[[JobConfig], JobConfig]]]
 
 
 def advise(job: JobConfig, shapes: ModelShapes, usable: int, gpus_per_node: int,
-           required: Callable[[JobConfig], int] | None = None) -> str:
-    """One phrase: the changes (cumulative) after which the plan fits, or the nodes it needs."""
+           required: Callable[[JobConfig], int] | None = None,
+           host: Callable[[JobConfig], int] | None = None, host_usable: int = 0) -> str:
+    """One phrase: the changes (cumulative) after which the plan fits, or what keeps it on its
+    nodes and the nodes it needs. ``host``: a plan's host memory per node under
+    ``parallel.cpu_offload``, to fit ``host_usable`` (one worker pod's memory)."""
     size = required or (lambda j: estimate_for_job(j, shapes).required)
     changes: list[str] = []
     candidate = job
@@ -57,6 +62,32 @@ def advise(job: JobConfig, shapes: ModelShapes, usable: int, gpus_per_node: int,
         if size(candidate) <= usable:
             return "set " + ", ".join(changes) + f" (then ~{size(candidate) / 1024**3:.1f} GiB per GPU)"
     widest = _with(job, "parallel", strategy="full_shard", activation_checkpointing=True, keep_params_gathered=False)
+    instead = _on_these_nodes(job, widest, usable, size, host, host_usable)
+    more = _more_nodes(job, widest, usable, size, gpus_per_node)
+    if not instead:
+        return more
+    return (f"no setting fits {job.num_nodes} node(s) as it trains: " + " or ".join(instead)
+            + ("; else " + more.split(": ", 1)[1] if more.startswith("no setting fits") else f"; {more}"))
+
+
+def _on_these_nodes(job: JobConfig, widest: JobConfig, usable: int, size: Callable[[JobConfig], int],
+                    host: Callable[[JobConfig], int] | None, host_usable: int) -> list[str]:
+    """Full shard with checkpointing plus CPU offload, or plus LoRA, where either fits."""
+    found = []
+    if not job.parallel.cpu_offload and host is not None:
+        offload = _with(widest, "parallel", cpu_offload=True)
+        if size(offload) <= usable and host(offload) <= host_usable:
+            found.append(f"set parallel.cpu_offload = true (~{size(offload) / 1024**3:.1f} GiB per GPU, "
+                         f"~{host(offload) / 1024**3:.0f} of {host_usable / 1024**3:.0f} GiB host memory per node)")
+    if lora_options(job) is None:
+        lora = _with(widest, "model", transforms=(*job.model.transforms, TransformConfig(name="lora")))
+        if size(lora) <= usable:
+            found.append(f"add [[model.transforms]] name = \"lora\" (adapters only; ~{size(lora) / 1024**3:.1f} GiB per GPU)")
+    return found
+
+
+def _more_nodes(job: JobConfig, widest: JobConfig, usable: int, size: Callable[[JobConfig], int],
+                gpus_per_node: int) -> str:
     for nodes in range(job.num_nodes + 1, 65):
         workers = nodes * gpus_per_node
         # the global batch rounded up to a multiple of the wider world (the config requires it;

@@ -240,18 +240,25 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
         found = measured_plan.for_job(candidate, shapes, g.instance_type, measured)
         return found["required_bytes"] if found else estimate_for_job(candidate, shapes).required
 
+    def host(candidate: JobConfig) -> int:  # host memory per node under parallel.cpu_offload
+        found = measured_plan.for_job(candidate, shapes, g.instance_type, measured)
+        per_gpu = found["host_bytes_per_gpu"] if found else estimate_for_job(candidate, shapes).host
+        return per_gpu * candidate.parallel.workers_per_node
+
     plan.measured = measured_plan.for_job(job, shapes, g.instance_type, measured)
-    if plan.measured:
+    if plan.measured and not job.parallel.cpu_offload:  # the step model knows no host<->GPU copies
         plan.measured["range"] = step_model.for_job(job, shapes, plan.measured, measured_plan.Cluster(
             g.instance_type, job.num_nodes), g.instance.gpu_model, g.instance.network_gbps)
     need = required(job)
     fits = need <= usable
-    hint = "" if fits else "; " + advise(job, shapes, usable, g.instance.gpus, required)
+    hint = "" if fits else "; " + advise(job, shapes, usable, g.instance.gpus, required, host, g.pod_memory_gib * GIB)
     source = "measured" if plan.measured else "incl. 10% fragmentation"
     plan.checks.append(Check(name="memory", ok=fits, message=(
         f"{job.model.path or 'model'} {job.parallel.strategy} at train.seq_len = {job.train.seq_len} x "
         f"micro_batch_size = {job.train.micro_batch_size} needs ~{need / GIB:.1f} GiB per GPU "
         f"({source}); each {g.instance.gpu_model} has {usable / GIB:.1f} GiB usable{hint}")))
+    if job.parallel.cpu_offload:
+        plan.checks.append(_offload_check(job, g, required, host(job)))
     faster = spare_memory(job, usable, required) if fits else []
     if faster:
         plan.checks.append(Check(name="memory to spare", ok=True, note=True, message=(
@@ -267,6 +274,19 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
             f"{best['strategy']!r} would take {best['step_s']:.2f} s/step (network {best['network_s']:.2f} s): "
             f"set parallel.strategy = {best['strategy']!r}")))
     return plan
+
+
+def _offload_check(job: JobConfig, group, required, host_per_node: int) -> Check:
+    """``parallel.cpu_offload``: the host memory it needs per node against one worker pod's, and
+    the GPU memory it saves against the same plan without it."""
+    from dataclasses import replace
+
+    limit = group.pod_memory_gib * GIB
+    saved = required(replace(job, parallel=replace(job.parallel, cpu_offload=False))) - required(job)
+    return Check(name="host memory", ok=host_per_node <= limit, message=(
+        f"parallel.cpu_offload keeps parameters, gradients and AdamW state in host memory: ~{host_per_node / GIB:.0f} GiB "
+        f"per node ({job.parallel.workers_per_node} workers) of the {group.pod_memory_gib} GiB one worker pod may use "
+        f"({group.instance_type}); it saves ~{saved / GIB:.1f} GiB per GPU"))
 
 
 def measured_time(hand: dict, measured: dict, job: JobConfig) -> dict:

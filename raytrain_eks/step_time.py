@@ -93,12 +93,7 @@ def strategy_options(env: Environment, job: JobConfig, shapes: flops.ModelShapes
     options = []
     for strategy in STRATEGIES:
         option = estimate_time(env, job, shapes, mfu, strategy)
-        memory = memory_estimate.estimate_memory(
-            shapes, strategy=strategy, world_size=job.parallel.num_workers, workers_per_node=job.parallel.workers_per_node,
-            seq_len=job.train.seq_len, micro_batch_size=job.train.micro_batch_size,
-            activation_checkpointing=job.parallel.activation_checkpointing, param_bytes=memory_estimate.storage_bytes(job),
-            compute_bytes=memory_estimate.compute_bytes(job), grad_accum_steps=job.grad_accum_steps,
-            keep_gathered=job.parallel.keep_params_gathered)
+        memory = memory_estimate.estimate_for_job(job, shapes, strategy)
         option.update(required_bytes=memory.required, fits=memory.required <= usable)
         options.append(option)
     return sorted(options, key=lambda o: (not o["fits"], round(o["step_s"], 3), o["network_s"]))

@@ -24,8 +24,9 @@ from typing import Any, Mapping
 
 from spec_schema import FieldError, build_section, read_toml
 from training.config_checks import (  # noqa: F401  (re-exported: one schema, one place to import from)
-    BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, ON_EXISTING_RUN, OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES,
-    TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive, s3_problem, tracking_uri_problem,
+    ADAMW_KERNELS, BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, LR_SCHEDULES, NO_DECAY_RULES, ON_EXISTING_RUN,
+    OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES, TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive,
+    s3_problem, tracking_uri_problem,
 )
 from training.model_config import check_config_keys, max_positions
 
@@ -129,9 +130,10 @@ class TrainConfig:
     lr: float = 2e-5
     """Peak AdamW learning rate, reached after ``warmup_steps`` (training/optim.py)."""
     warmup_steps: int = 10
-    """Linear warm-up steps to ``lr``, then cosine decay to ``lr x min_lr_ratio``; less than ``max_steps``."""
+    """Linear warm-up steps to ``lr``, then ``optim.schedule`` (cosine decay to ``lr x min_lr_ratio``
+    by default); less than ``max_steps``."""
     min_lr_ratio: float = 0.1
-    """Cosine decay floor as a fraction of ``lr``."""
+    """The schedule's floor (``optim.schedule``: cosine or linear) as a fraction of ``lr``."""
     weight_decay: float = 0.0
     """AdamW's decoupled weight decay."""
     grad_clip: float = 1.0
@@ -159,6 +161,39 @@ class TrainConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class OptimConfig:
+    """``[optim]``: AdamW and the shape of its schedule (training/optim.py). The peak rate, the
+    warm-up, the schedule's floor, the weight decay and the gradient clip are ``[train]``'s
+    ``lr``, ``warmup_steps``, ``min_lr_ratio``, ``weight_decay`` and ``grad_clip``. The defaults
+    are the optimizer every run had before this section existed."""
+    beta1: float = 0.9
+    """AdamW's first-moment decay (``betas[0]``): at least 0, below 1 (torch.optim.AdamW's rule)."""
+    beta2: float = 0.95
+    """AdamW's second-moment decay (``betas[1]``): at least 0, below 1."""
+    eps: float = 1e-8
+    """AdamW's ``eps``, added to the root of the second moment: at least 0."""
+    no_decay: str = "1d"
+    """Parameters without weight decay: ``1d`` = those of fewer than 2 dimensions (biases and
+    norm weights); ``none`` = every parameter decays."""
+    kernel: str = "auto"
+    """AdamW's implementation: ``auto`` = ``fused`` when the parameters are on a GPU, ``foreach``
+    otherwise (CPU, and the host-held state of ``parallel.cpu_offload``); ``fused``,
+    ``foreach`` or ``for_loop`` (one tensor at a time: the least temporary memory)."""
+    schedule: str = "cosine"
+    """Learning rate after the linear warm-up: ``cosine`` (half cosine) or ``linear`` down to
+    ``lr x train.min_lr_ratio`` at the last step, or ``constant`` at ``lr``."""
+
+    def __post_init__(self) -> None:
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise FieldError(name, getattr(self, name), "must be at least 0 and below 1 (torch.optim.AdamW's betas)")
+        positive(self, "eps", allow_zero=True)
+        one_of(self, "no_decay", NO_DECAY_RULES)
+        one_of(self, "kernel", ADAMW_KERNELS)
+        one_of(self, "schedule", LR_SCHEDULES)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelConfig:
     strategy: str = "full_shard"
     """FSDP2 sharding: ``full_shard``, ``hybrid_shard`` (shard in a node, replicate across; >= 2
@@ -183,6 +218,13 @@ class ParallelConfig:
     batch's forward to the last one's backward (one all-gather per block per step instead of
     two per micro batch), at the cost of the unsharded bf16 parameters for the whole step. The
     preflight's memory plan says whether it fits."""
+    cpu_offload: bool = False
+    """Full fine-tuning past GPU memory: FSDP2's ``CPUOffloadPolicy`` keeps the sharded fp32
+    parameters, their gradients and AdamW's state in (pinned) host memory and runs the optimizer
+    step on the CPU; the GPU holds the gathered bf16 parameters, activations and gradients before
+    their reduce-scatter. Every step copies each shard to the GPU per all-gather and each
+    gradient shard back (``bench/bench_offload_transfer.py``); the preflight sizes the host
+    memory per node. Checkpoints are the same either way (a run may resume with it changed)."""
     grad_reduce_dtype: str = "float32"
     """Gradient reduce-scatter/all-reduce dtype on GPU: ``float32`` or ``bfloat16`` (half the
     bytes on the network; the master weights and AdamW stay fp32). ``bfloat16`` only with
@@ -341,7 +383,9 @@ class RayJobConfig:
     Only a job's own cluster retries (KubeRay refuses it with ``clusterSelector``). Worker
     failures inside a run are ``checkpoint.max_failures``."""
     ttl_seconds_after_finished: int = 300
-    """Seconds the finished job's cluster stays up for ``kubectl logs`` before it is deleted."""
+    """Seconds the finished job's cluster stays up for ``kubectl logs`` before it is deleted. With
+    ``[queueing]`` the next queued job waits for its nodes meanwhile: the charts refuse more than
+    its pre-running deadline less a scale-up (charts/jobs.py)."""
 
     def __post_init__(self) -> None:
         positive(self, "active_deadline_minutes")
@@ -368,6 +412,8 @@ class JobConfig:
     """``[data]``: what it is trained on."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """``[train]``: steps, batch, learning rate."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """``[optim]``: AdamW's settings and the schedule's shape."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """``[parallel]``: workers, sharding, where it runs."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

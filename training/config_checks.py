@@ -29,6 +29,12 @@ TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
 """What ``torch.manual_seed`` accepts (torch 2.13 torch/random.py: "must be within the inclusive
 range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff]"; outside, a RuntimeError in the workers)."""
 REDUCE_DTYPES = ("float32", "bfloat16")
+NO_DECAY_RULES = ("1d", "none")
+"""``optim.no_decay``: which parameters AdamW does not decay (training/optim.py)."""
+ADAMW_KERNELS = ("auto", "fused", "foreach", "for_loop")
+"""``optim.kernel``: torch.optim.AdamW's implementation (``fused=``, ``foreach=``, neither)."""
+LR_SCHEDULES = ("cosine", "linear", "constant")
+"""``optim.schedule``: the learning rate's shape after the linear warm-up (training/optim.py)."""
 
 
 S3_URI = re.compile(r"s3://[^/]+(/.*)?")

@@ -147,7 +147,7 @@ def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: st
         train_loop_config={"job": job.to_dict(), "source": job.source, "run_dir": run_dir(job),
                            "resume_from": resume_from, "cwd": os.getcwd(), "data_error_token": data_error_token,
                            "lease": lease},
-        torch_config=TorchConfig(backend=backend_for(p.use_gpu), timeout_s=COLLECTIVE_TIMEOUT_S),
+        torch_config=TorchConfig(backend=backend_for(p.use_gpu, p.cpu_offload), timeout_s=COLLECTIVE_TIMEOUT_S),
         scaling_config=ScalingConfig(num_workers=p.num_workers, use_gpu=p.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
             name=job.run_name,

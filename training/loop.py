@@ -27,6 +27,7 @@ from training.model import build_model, export_config
 from training.parallel import build_mesh, parallelize
 from training.outcomes import export_on_workers, refuse, transport_evidence
 from training.step import LogWindow, forward_backward
+from training.tokenizer import chat_format
 
 
 @dataclass(kw_only=True)
@@ -171,9 +172,10 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     mesh = build_mesh(job.parallel.strategy, job.parallel.workers_per_node, on_gpu, ctx.local_world_size)
     parallelize(model, mesh, strategy=job.parallel.strategy, on_gpu=on_gpu,
                 activation_checkpointing=job.parallel.activation_checkpointing, compile=job.parallel.compile,
-                keep_gathered=job.parallel.keep_params_gathered, reduce_dtype=job.parallel.grad_reduce_dtype)
-    optimizer = optim.build_optimizer(model, job.train)
-    scheduler = optim.build_scheduler(optimizer, job.train)
+                keep_gathered=job.parallel.keep_params_gathered, reduce_dtype=job.parallel.grad_reduce_dtype,
+                cpu_offload=job.parallel.cpu_offload)
+    optimizer = optim.build_optimizer(model, job.train, job.optim)
+    scheduler = optim.build_scheduler(optimizer, job.train, job.optim)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
     evidence, refused = transport_evidence(job, on_gpu)
     # What this run's workers read for run.json; rank 0 returns it with the summary.
@@ -208,7 +210,9 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         figures = evaluation.evaluate(model, data.eval_batches(), device=device,
                                       max_batches=job.eval.max_batches, step=trainer.step)
         if figures and job.eval.exact_match and tokenizer is not None:
-            stop = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id} - {None}
+            # The model's own stop tokens: its generation config's eos ids, the tokenizer's eos
+            # and the end-of-turn token its chat template closes answers with.
+            stop = chat_format(tokenizer, getattr(model, "generation_config", None)).stop_ids
             figures.update(evaluation.exact_match(model, data.eval_prompts, device=device, stop_ids=stop,
                                                   decode=tokenizer.decode) or {})
         if figures:

@@ -43,8 +43,14 @@ def mesh_plan(strategy: str, world_size: int, workers_per_node: int) -> MeshPlan
     raise ValueError(f"unknown strategy {strategy!r} (allowed: full_shard, hybrid_shard, no_shard)")
 
 
-def backend_for(on_gpu: bool) -> str:
-    """NCCL between GPUs, gloo on CPU."""
+def backend_for(on_gpu: bool, cpu_offload: bool = False) -> str:
+    """NCCL between GPUs, gloo on CPU. With ``cpu_offload`` on GPUs both, by device: the
+    gradient shards live in host memory, so the gradient clip's norm is a CPU DTensor whose
+    all-reduce needs a CPU backend (torch 2.13 ``distributed_c10d.py``: ``"<device>:<backend>,..."``
+    picks the backend by the tensor's device; Ray 2.58 ``train/torch/config.py``
+    ``_is_backend_nccl`` takes such a list as NCCL)."""
+    if on_gpu and cpu_offload:
+        return "cpu:gloo,cuda:nccl"
     return "nccl" if on_gpu else "gloo"
 
 
@@ -65,11 +71,12 @@ def build_mesh(strategy: str, workers_per_node: int, on_gpu: bool, local_world_s
 
 def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_gpu: bool,
                 activation_checkpointing: bool = False, compile: bool = False,
-                keep_gathered: bool = False, reduce_dtype: str = "float32") -> torch.nn.Module:
+                keep_gathered: bool = False, reduce_dtype: str = "float32", cpu_offload: bool = False) -> torch.nn.Module:
     """Apply activation checkpointing, optional compile and FSDP2 to ``model`` in place.
 
     On GPU parameters are gathered in bfloat16 and gradients reduced in ``reduce_dtype``
-    (``MixedPrecisionPolicy``); on CPU everything stays float32.
+    (``MixedPrecisionPolicy``); on CPU everything stays float32. ``cpu_offload``: FSDP2's
+    ``CPUOffloadPolicy`` (:func:`offload_policy`).
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -82,6 +89,8 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_g
     kwargs = {"mesh": mesh}
     if on_gpu or reduce_dtype != "float32":  # on CPU: fp32 compute, the reduction dtype as asked
         kwargs["mp_policy"] = mixed_precision_policy(reduce_dtype, param_dtype="bfloat16" if on_gpu else None)
+    if cpu_offload:
+        kwargs["offload_policy"] = offload_policy(on_gpu)
     for layer, reshard in reshard_plan(model, strategy):
         fully_shard(layer, reshard_after_forward=reshard, **kwargs)
     model._raytrain_strategy = strategy  # the accumulation helpers restore this plan
@@ -101,6 +110,19 @@ def mixed_precision_policy(reduce_dtype: str = "float32", param_dtype: str | Non
 
     return MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype) if param_dtype else None,
                                 reduce_dtype=getattr(torch, reduce_dtype))
+
+
+def offload_policy(on_gpu: bool):
+    """FSDP2's CPU offload (torch 2.13 ``_fully_shard/_fsdp_api.py`` ``CPUOffloadPolicy``): each
+    sharded parameter lives in host memory and is copied to the GPU before its all-gather; each
+    gradient shard is copied to the host after its reduce-scatter (``_fsdp_collectives.py``
+    ``foreach_reduce``); the optimizer's state is made where the parameters are, so AdamW steps
+    on the CPU (``optim.kernel = "auto"`` then picks foreach: training/optim.py). Pinned host
+    memory on GPU nodes (the copies overlap compute); a CPU-only run cannot pin (no accelerator)
+    and has nothing to copy."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return CPUOffloadPolicy(pin_memory=on_gpu)
 
 
 def reshard_plan(model: torch.nn.Module, strategy: str) -> list[tuple[torch.nn.Module, bool]]:

@@ -9,11 +9,22 @@ the real Qwen2.5 tokenizer built offline by ``python -m devtools.tokenizer_build
 :func:`document_separator_id` is the id packed between documents: ``<|endoftext|>`` for Qwen
 (its pre-training document separator; the chat model's eos is ``<|im_end|>``, which already
 closes every chat turn), else the tokenizer's eos.
+
+Conversations are read in the model's OWN format, from its own files: the chat template from the
+tokenizer (``chat_template.jinja`` or ``tokenizer_config.json``: :func:`chat_template_text` reads
+it without transformers, as the driver's check must), the end-of-turn token from what that
+template writes after an assistant's answer (:func:`chat_format`), and the stop tokens from the
+model's generation config (``generation_config.json`` ``eos_token_id``, an id or a list), the
+tokenizer's eos and that end-of-turn token. No model family's marker is written in this code.
 """
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from training.data.records import DataError
 from training.data.remote import fetch_prefix, is_s3
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent / "assets" / "qwen2.5-tokenizer"
@@ -53,3 +64,97 @@ def document_separator_id(tokenizer) -> int:
     if tokenizer.eos_token_id is None:
         raise TokenizerError("tokenizer: has neither <|endoftext|> nor an eos token to separate documents")
     return tokenizer.eos_token_id
+
+
+# The template's own files, in the order transformers 5.13 reads them
+# (tokenization_utils_base.py:1795-1811: a chat_template.jinja overrides tokenizer_config.json's
+# "chat_template"; additional_chat_templates/*.jinja add named ones).
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+_PROBE_QUESTION, _PROBE_ANSWER = "Q7f3", "A9k2"
+"""A probe conversation, rendered once, shows where the template closes an assistant turn."""
+
+
+def chat_template_text(directory: str | Path) -> str | None:
+    """The chat template a tokenizer directory gives, as ``get_chat_template()`` picks it
+    (transformers 5.13 tokenization_utils_base.py:3260-3290: named templates are a dict, of which
+    the one named ``default``); ``""`` when it has none; ``None`` when ``directory`` is not a
+    local directory (``s3://``, a hub id: the workers check once they have the tokenizer).
+    Standard library only."""
+    local = Path(str(directory))
+    if "://" in str(directory) or not local.is_dir():
+        return None
+    templates: dict[str, str] = {}
+    config_file = local / TOKENIZER_CONFIG_FILE
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            config = {}
+        value = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(value, str):
+            templates["default"] = value
+        elif isinstance(value, list):  # [{"name": ..., "template": ...}] (tokenization_utils_base.py:1090)
+            templates = {t.get("name"): t.get("template") or "" for t in value if isinstance(t, dict)}
+    files = {"default": local / CHAT_TEMPLATE_FILE} if (local / CHAT_TEMPLATE_FILE).is_file() else {}
+    files.update({f.name.removesuffix(".jinja"): f for f in sorted((local / CHAT_TEMPLATE_DIR).glob("*.jinja"))})
+    if files:
+        templates = {name: f.read_text(encoding="utf-8") for name, f in files.items()}
+    return templates.get("default", "")
+
+
+def chat_template_problem(tokenizer: Any) -> str:
+    """Why conversations cannot be rendered with ``tokenizer`` ("" if they can)."""
+    try:
+        tokenizer.get_chat_template()
+    except ValueError:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        return (f"the tokenizer {name} has no chat template ({CHAT_TEMPLATE_FILE} or {TOKENIZER_CONFIG_FILE} "
+                "\"chat_template\") to render conversations with: give model.tokenizer a tokenizer that has one")
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatFormat:
+    """How the model's own chat template ends an assistant turn, and what stops generation."""
+    end_of_turn: str
+    """The end-of-turn token's text (``<|im_end|>`` for Qwen2.5, ``<|eot_id|>`` for Llama 3):
+    trained as the answer's last target, so the model learns to stop."""
+    end_of_turn_id: int
+    stop_ids: frozenset[int]
+    """Generation stops at any of these: the generation config's ``eos_token_id`` (what
+    ``generate()`` stops on), the tokenizer's eos, and the end-of-turn token."""
+
+
+def generation_eos_ids(generation_config: Any) -> set[int]:
+    """``eos_token_id`` of a GenerationConfig: an int, a list of ints or None (transformers 5.13
+    generation/utils.py:2044-2057 makes a 1-D tensor of it; EosTokenCriteria stops at any)."""
+    value = getattr(generation_config, "eos_token_id", None)
+    if value is None:
+        return set()
+    return {int(value)} if isinstance(value, int) else {int(v) for v in value}
+
+
+def chat_format(tokenizer: Any, generation_config: Any = None) -> ChatFormat:
+    """Read the end-of-turn token off the template: render a probe conversation with and without
+    its answer; the first token after the answer that is a stop token (the generation config's or
+    the tokenizer's eos), else the first special token there, is the end of the turn. A template
+    that writes neither after an answer cannot teach the model to stop: refused (one line)."""
+    if problem := chat_template_problem(tokenizer):
+        raise DataError(problem)
+    question = [{"role": "user", "content": _PROBE_QUESTION}]
+    before = tokenizer.apply_chat_template(question, tokenize=False, add_generation_prompt=True)
+    after = tokenizer.apply_chat_template(question + [{"role": "assistant", "content": _PROBE_ANSWER}], tokenize=False)
+    at = after.find(_PROBE_ANSWER, len(before))
+    tail = after[at + len(_PROBE_ANSWER):] if at >= 0 else ""
+    stops = generation_eos_ids(generation_config) | ({tokenizer.eos_token_id} - {None})
+    special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    ids = tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else []
+    end = next((i for i in ids if i in stops), None)
+    end = next((i for i in ids if i in special), None) if end is None else end
+    if end is None:
+        raise DataError(f"the chat template of {getattr(tokenizer, 'name_or_path', '') or 'the tokenizer'} closes an "
+                        f"assistant turn with {tail!r}: no stop or special token, so the model could not learn to stop")
+    return ChatFormat(end_of_turn=tokenizer.decode([end]), end_of_turn_id=int(end),
+                      stop_ids=frozenset(stops | {int(end)}))

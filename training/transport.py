@@ -270,6 +270,14 @@ def _first_nccl_collective() -> None:
     torch.cuda.synchronize()
 
 
+def uses_nccl(backend: str) -> bool:
+    """Whether a process group's backend string puts GPU tensors on NCCL: ``nccl``, or a
+    ``device:backend`` list naming ``cuda:nccl`` (``parallel.cpu_offload``'s ``cpu:gloo,cuda:nccl``;
+    torch 2.13 ``dist.get_backend()`` returns the string as given). Ray 2.58's own test is
+    ``train/torch/config.py`` ``_is_backend_nccl``."""
+    return backend == "nccl" or "cuda:nccl" in backend.split(",")
+
+
 def collect_evidence(*, require: str, log_dir: str | None, num_nodes: int, enforce: bool = True,
                      backend: str | None = None, connect: Callable[[], None] = _first_nccl_collective) -> dict:
     """Every rank: force NCCL's connections with one all-reduce, classify this rank's log, gather
@@ -285,7 +293,7 @@ def collect_evidence(*, require: str, log_dir: str | None, num_nodes: int, enfor
     import torch.distributed as dist
 
     backend = backend or str(dist.get_backend())
-    if backend == "nccl":
+    if uses_nccl(backend):
         connect()
         if not log_dir:
             mine = RankTransport(reason="no NCCL debug file configured")

@@ -72,13 +72,20 @@ def write_crd_chart(addon: HelmAddon, version: str, crd_file: Path, outdir: Path
 
 class ClusterAddons(Construct):
     """One ``HelmChart`` per resolved add-on; :attr:`charts` maps the add-on key to it and
-    :attr:`crd_charts` the key to its CRD chart, where it has one."""
+    :attr:`crd_charts` the key to its CRD chart, where it has one; :attr:`objects` the key to
+    the manifest of its companion objects, and to their list in :attr:`object_lists`.
+
+    ``present``: add-ons the existing cluster already runs whose objects are still this app's
+    (``HelmAddon.manifests_when_present``): their objects only, created and never adopted (no
+    Overwrite: a same-named object of the cluster's fails the deploy, so a destroy never deletes it)."""
 
     def __init__(self, scope: Construct, construct_id_: str, *, cluster: eks.ICluster,
-                 addons: list[ResolvedAddon]) -> None:
+                 addons: list[ResolvedAddon], present: list[ResolvedAddon] = ()) -> None:
         super().__init__(scope, construct_id_)
         self.charts: dict[str, eks.HelmChart] = {}
         self.crd_charts: dict[str, eks.HelmChart] = {}
+        self.objects: dict[str, eks.KubernetesManifest] = {}
+        self.object_lists: dict[str, list[dict[str, Any]]] = {}
         for item in addons:
             addon = item.addon
             chart = self.charts[addon.key] = eks.HelmChart(
@@ -99,9 +106,25 @@ class ClusterAddons(Construct):
                 self.crd_charts[addon.key] = self._crd_chart(cluster, item)
                 chart.node.add_dependency(self.crd_charts[addon.key])
             if item.objects:  # after the chart: its namespace and CRDs exist by then
-                manifest = eks.KubernetesManifest(self, f"{construct_id(addon.key)}Objects", cluster=cluster,
-                                                  manifest=item.objects, overwrite=True)
-                manifest.node.add_dependency(chart)
+                self._objects(cluster, item, overwrite=True).node.add_dependency(chart)
+        for item in present:
+            if item.objects:
+                self._objects(cluster, item, overwrite=False)
+
+    def _objects(self, cluster: eks.ICluster, item: ResolvedAddon, *, overwrite: bool) -> eks.KubernetesManifest:
+        key = item.addon.key
+        self.object_lists[key] = item.objects
+        self.objects[key] = eks.KubernetesManifest(self, f"{construct_id(key)}Objects", cluster=cluster,
+                                                   manifest=item.objects, overwrite=overwrite)
+        return self.objects[key]
+
+    def objects_after(self, namespace: str, manifest: Construct) -> None:
+        """Every companion manifest holding an object of ``namespace`` waits for ``manifest``
+        (the one creating that namespace): aws_eks_v2's kubectl handler fails a create in a
+        namespace that does not exist yet, and on delete the namespace goes last."""
+        for key, objects in self.object_lists.items():
+            if any((o.get("metadata") or {}).get("namespace") == namespace for o in objects):
+                self.objects[key].node.add_dependency(manifest)
 
     def _crd_chart(self, cluster: eks.ICluster, item: ResolvedAddon) -> eks.HelmChart:
         addon = item.addon

@@ -5,7 +5,8 @@ It creates: the kubectl handler and its one access entry, the Ray namespace with
 policies and service account, the pod role and its Pod Identity association, new GPU node
 groups (with their node role, launch templates and EFA security group), and each Helm add-on
 of the table that ``cluster.present_addons`` does not name (with cluster-autoscaler's role when
-that add-on is installed here). It creates no VPC, no cluster, no system node group, no EKS
+that add-on is installed here), and the objects of a present add-on that are this app's own
+(Kueue's queue objects: every queued RayJob names the LocalQueue). It creates no VPC, no cluster, no system node group, no EKS
 managed add-on and no access entry for a person: those are the cluster owner's, and
 CloudFormation deletes on ``cdk destroy`` only what its template holds.
 
@@ -64,7 +65,8 @@ class AttachedClusterStack(Stack):
                  gpu_groups: tuple[GpuNodeGroupSpec, ...], ray: RaySpec, addons: list[ResolvedAddon],
                  bucket_name: str, storage_prefix: str, read_only_prefixes: tuple[str, ...],
                  kubectl_layer: Callable[[Construct, str], aws_lambda.ILayerVersion],
-                 existing_gpu_groups: frozenset[str] = frozenset(), **kwargs) -> None:
+                 existing_gpu_groups: frozenset[str] = frozenset(), present_addons: list[ResolvedAddon] = (),
+                 **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         vpc = imported_vpc(self, spec)
         attributes = dict(cluster_name=spec.existing, vpc=vpc,
@@ -101,7 +103,7 @@ class AttachedClusterStack(Stack):
                 for group in new_groups]
         self.gpu_nodegroups = [g.nodegroup for g in self.gpu_node_groups]
 
-        self.addons = ClusterAddons(self, "Addons", cluster=self.cluster, addons=addons)
+        self.addons = ClusterAddons(self, "Addons", cluster=self.cluster, addons=addons, present=present_addons)
         identity = RayIdentity(
             self, "Ray", cluster=self.cluster, namespace=ray.namespace,
             service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
@@ -110,6 +112,7 @@ class AttachedClusterStack(Stack):
         if "kuberay_operator" in self.addons.charts:
             # Deleted before the operator, which alone removes the RayJobs' finalizers (cluster.py).
             identity.manifest.node.add_dependency(self.addons.charts["kuberay_operator"])
+        self.addons.objects_after(ray.namespace, identity.manifest)
         self.autoscaler = None
         if "cluster_autoscaler" in self.addons.charts:
             self.autoscaler = AutoscalerIdentity(

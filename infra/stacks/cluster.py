@@ -163,6 +163,7 @@ class ClusterStack(Stack):
         # on every RayJob (ray.io/rayjob-finalizer) that only the operator removes, and kubectl
         # delete of a namespace holding one waits past the kubectl handler's 15 minutes.
         identity.manifest.node.add_dependency(self.addons.charts["kuberay_operator"])
+        self.addons.objects_after(ray.namespace, identity.manifest)
         if "cluster_autoscaler" in self.addons.charts:
             self.addons.charts["cluster_autoscaler"].node.add_dependency(self.autoscaler.association)
         self.ray_identity = identity

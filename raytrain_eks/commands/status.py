@@ -52,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
         fields[label] = status.get(key, "")
     waits = eks.pod_waits(status.get("rayClusterName", ""), env.ray.namespace) if deployment == "Initializing" else []
     fields["waiting"] = "; ".join(waits)
+    if (rayjob.get("spec") or {}).get("suspend"):  # held by Kueue: where it waits in the queue
+        from raytrain_eks.kueue_queue import describe, place_of
+
+        place = place_of(found[0], env.ray.namespace)
+        fields["queue"] = describe(place) if place else "suspended, with no Kueue Workload"
     fields["storage"] = f"{env.storage_uri}/{args.run}"
     _print(fields, args.output)
     # a RayJob past its deadline is deleted so its Ray job stops (KubeRay only marks it Failed)

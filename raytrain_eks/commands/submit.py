@@ -5,8 +5,8 @@ the job's own local files are planned to travel with the run (raytrain_eks/run_i
 synthesizes that job's RayJob under a new, unique run name (``<job>-<MMDD-HHMMSS>``; ``--name``
 to choose one, ``--resume RUN`` to continue a run from its last checkpoint), uploads the
 content-addressed code archive when the bucket lacks it, applies the run's NetworkPolicy when
-missing, applies the RayJob and follows it: pods waiting for nodes and images, then the
-driver's log (each logged step's loss, tokens/s and ETA, evaluations, checkpoints). At the end
+missing, applies the RayJob and follows it: its place in Kueue's queue while it waits there
+(raytrain_eks/kueue_queue.py), pods waiting for nodes and images, then the driver's log (each logged step's loss, tokens/s and ETA, evaluations, checkpoints). At the end
 it copies run.json, the metrics, the logs and the exported model out of storage into
 ``--out`` (default ``.work/runs/<run>``), renders the report, prints the verdict and exits
 with its code (0 accepted, 3 rejected, 1 execution-failed, 4 no verdict; 2 bad input).
@@ -169,6 +169,7 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
          poll_s: float, wait: bool = True) -> int:
     from charts.errors import ChartError
     from raytrain_eks import eks_backend as eks
+    from raytrain_eks.kueue_queue import QueueWatch
     from raytrain_eks.ray_stop import release_after_deadline
     from raytrain_eks.run_results import run_exists, s3_client, upload_if_missing
 
@@ -212,7 +213,8 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
         print(f"    RayJob {manifests.rayjob_name} applied; raytrain-eks status {manifests.run} | logs {manifests.run} -f")
         return 0
     print(f"    RayJob {manifests.rayjob_name} applied (Ctrl-C detaches; the run goes on)")
-    final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s)
+    final = eks.follow(manifests.rayjob_name, manifests.namespace, poll_s=poll_s,
+                       queue_line=QueueWatch(manifests.rayjob_name, manifests.namespace).line)
     if final is None:  # stopped: its storage holds what it wrote (a stop keeps the final checkpoint)
         return _results(client, manifests, out_dir, "stopped (RayJob deleted)")
     deployment, job_status = eks.phase(final)

@@ -169,6 +169,8 @@ def test_helm_chart_versions_equal_the_spec(variant):
     if variant.env.observability.enabled:  # the default; the alternative variant turns it off
         expected.update({"kube-prometheus-stack": versions.kube_prometheus_stack,
                          "dcgm-exporter": versions.dcgm_exporter})
+    if variant.env.queueing.enabled:
+        expected["kueue"] = versions.chart("kueue")
     assert {name: c["Version"] for name, c in charts.items()} == expected
 
 

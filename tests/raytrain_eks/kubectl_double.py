@@ -7,11 +7,23 @@ Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
 ``status.jobDeploymentStatus``) and ``ray-operator/apis/ray/v1/rayjob_types.go``:
 
 - ``""`` (New): the controller adds its stop-job finalizer and initialises the status
-  (initRayJobStatusIfNeed): ``jobId``, ``rayClusterName`` (``<name>-<5 chars>``, or the
-  clusterSelector's cluster), ``jobStatus = ""``, ``startTime``; -> ``Initializing``.
-- ``Initializing``: stays while the RayCluster is not ``ready`` (here: ``cluster_ready_after``
-  reconciles; its pods meanwhile report Unschedulable, then ContainerCreating); then, in
-  K8sJobMode, creates the submitter Job; -> ``Running``.
+  (initRayJobStatusIfNeed :887-917): ``jobId``, ``rayClusterName`` (``<name>-<5 chars>``, or the
+  clusterSelector's cluster), ``jobStatus = ""``, ``startTime`` (both deadlines count from it);
+  -> ``Initializing``.
+- ``Initializing``: with ``spec.suspend`` -> ``Suspending`` first (:180-182); then
+  ``preRunningDeadlineSeconds`` (``pre_running_deadline_after`` reconciles since ``startTime``):
+  ``Failed`` with ``reason = PreRunningDeadlineExceeded`` (:1247-1262); else it stays while the
+  RayCluster is not ``ready``: its pods wait for room on the GPU nodes (node_double.py), then
+  ``cluster_ready_after`` reconciles (Unschedulable while a node scales up, then
+  ContainerCreating); then, in K8sJobMode, creates the submitter Job; -> ``Running``.
+- suspension (:366-418, 1043-1060): ``Suspending`` deletes the cluster and clears
+  ``rayClusterName``, ``jobId``, ``jobStatus`` -> ``Suspended``, which stays while
+  ``spec.suspend`` is true and goes back to New when it is false (a new ``startTime``: time spent
+  suspended counts against no deadline). The controller requeues at once after each status
+  update, so a suspended RayJob is ``Suspended`` by the first poll. Kueue (kueue_double.py)
+  suspends a labelled RayJob at creation and unsuspends it when admitted.
+- time: each ``get rayjob NAME`` is one tick: Kueue's pass, then one KubeRay reconcile of EVERY
+  RayJob (``now`` counts the ticks; ``history`` records each status a RayJob took, with its tick).
 - ``Running``: ``jobStatus`` is the dashboard's (PENDING, then RUNNING). Terminal only when the
   Ray job is terminal AND the submitter has finished (K8sJobMode, kuberay PR 1919): then
   ``Complete`` (SUCCEEDED/STOPPED) or ``Failed`` with ``reason = AppFailed`` (FAILED), and
@@ -49,6 +61,8 @@ finishes when it has been streamed (or after ``submitter_runs`` reconciles in RU
 Ray job ends the double copies the scripted results into the run's storage, as the job does.
 ``kubectl config view --minify -o json`` answers the current context's cluster entry
 (``context_cluster``; none: kubectl's "current-context must exist in order to minify").
+``kubectl get workloads.kueue.x-k8s.io -o json``: Kueue's Workloads (kueue_double.py); without
+Kueue, kubectl's "the server doesn't have a resource type".
 ``unreachable``: every other call fails as kubectl does when no API server answers.
 ``forbidden``: every other call is refused as by RBAC: kubectl prints the API server's Status as
 "Error from server (Forbidden): ..." (kubernetes/kubectl pkg/cmd/util/helpers.go
@@ -65,6 +79,9 @@ import sys
 from pathlib import Path
 
 import yaml
+
+import kueue_double
+from node_double import gpus_fit, pods
 
 TERMINAL_JOB = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -104,6 +121,15 @@ def reconcile(state: dict, job: dict) -> None:
     status = job.setdefault("status", {})
     fake = job.setdefault("_fake", {"reconciles": 0, "submitter_done": False})
     fake["reconciles"] += 1
+    step(state, job)
+    # KubeRay requeues at once after each status update: a suspended RayJob passes
+    # New -> Initializing -> Suspending -> Suspended before anyone polls (rayjob_controller.go:165-181, 366-418)
+    while job["spec"].get("suspend") and status.get("jobDeploymentStatus") in ("Initializing", "Suspending"):
+        step(state, job)
+
+
+def step(state: dict, job: dict) -> None:
+    status, fake = job["status"], job["_fake"]
     deployment = status.get("jobDeploymentStatus", "")
     name = job["metadata"]["name"]
     spec = job["spec"]
@@ -114,11 +140,14 @@ def reconcile(state: dict, job: dict) -> None:
                       message="The RayJob spec is invalid: BackoffLimit is incompatible with ClusterSelector mode")
         return
     attempt = status.get("failed", 0)
-    if deployment == "Retrying":
+    if deployment in ("Retrying", "Suspending"):
         for key in ("rayClusterName", "jobId", "reason", "message", "dashboardURL"):
             status.pop(key, None)
-        status.update(jobStatus="", jobDeploymentStatus="")
-        fake["submitter_done"] = False
+        status.update(jobStatus="", jobDeploymentStatus="" if deployment == "Retrying" else "Suspended")
+        fake.update(submitter_done=False, placed_at=None)
+    elif deployment == "Suspended":
+        if not spec.get("suspend"):
+            status.update(jobStatus="", jobDeploymentStatus="")
     elif deployment == "":
         if "ray.io/rayjob-stopjob-finalizer" not in job["metadata"].setdefault("finalizers", []):
             job["metadata"]["finalizers"].append("ray.io/rayjob-stopjob-finalizer")
@@ -126,16 +155,29 @@ def reconcile(state: dict, job: dict) -> None:
         suffix = "abcde" if attempt == 0 else f"retry{attempt}"
         cluster = "x7k2p" if attempt == 0 else f"r{attempt}x7k"
         status.update(jobId=f"{name}-{suffix}", rayClusterName=selector or f"{name}-{cluster}", jobStatus="",
-                      jobDeploymentStatus="Initializing", startTime="2026-12-01T20:00:00Z")
-        fake["initializing_since"] = fake["reconciles"]
+                      jobDeploymentStatus="Initializing", startTime=kueue_double.timestamp(state))
+        fake["started_at"] = fake["reconciles"]
+        fake["placed_at"] = fake["reconciles"] if not spec.get("suspend") and gpus_fit(state, job) else None
     elif deployment == "Initializing":
-        if fake["reconciles"] - fake["initializing_since"] >= state["cluster_ready_after"]:
+        pre_running = state.get("pre_running_deadline_after")
+        if spec.get("suspend"):
+            status["jobDeploymentStatus"] = "Suspending"
+        elif pre_running is not None and fake["reconciles"] - fake["started_at"] >= pre_running:
+            status.update(jobDeploymentStatus="Failed", reason="PreRunningDeadlineExceeded",
+                          message="The RayJob has passed the preRunningDeadlineSeconds.")
+        elif fake.get("placed_at") is None:
+            if gpus_fit(state, job):
+                fake["placed_at"] = fake["reconciles"]
+        elif fake["reconciles"] - fake["placed_at"] >= state["cluster_ready_after"]:
             status.update(jobDeploymentStatus="Running", dashboardURL=f"{status['rayClusterName']}-head-svc:8265")
             fake["running_since"] = fake["reconciles"]
+    elif deployment == "Running" and spec.get("suspend"):
+        status["jobDeploymentStatus"] = "Suspending"
     elif deployment == "Running" and state.get("deadline_after") is not None \
             and fake["reconciles"] - fake["running_since"] >= state["deadline_after"]:
         status.update(jobDeploymentStatus="Failed", reason="DeadlineExceeded",
                       message="The RayJob has passed the activeDeadlineSeconds.")
+        fake["ended_at"] = fake["reconciles"]
     elif deployment == "Running":
         # jobStatus is what the dashboard says of the Ray job: PENDING, then RUNNING, then the
         # outcome once the job ended (the submitter's `ray job submit` follows it to its end).
@@ -151,30 +193,14 @@ def reconcile(state: dict, job: dict) -> None:
         status["jobStatus"] = ray_status
         if ray_status in TERMINAL_JOB and fake["submitter_done"]:
             failed = ray_status == "FAILED"
-            status.update(jobDeploymentStatus="Failed" if failed else "Complete", endTime="2026-12-01T20:30:00Z",
+            fake["ended_at"] = fake["reconciles"]
+            status.update(jobDeploymentStatus="Failed" if failed else "Complete", endTime=kueue_double.timestamp(state),
                           **({"reason": "AppFailed", "message": "Job entrypoint command failed with exit code 1"}
                              if failed else {}))
             if failed:
                 status["failed"] = attempt + 1
                 if status["failed"] < (spec.get("backoffLimit") or 0) + 1:
                     status["jobDeploymentStatus"] = "Retrying"  # same reconcile: Failed is never written
-
-
-def pods(state: dict, cluster: str) -> list[dict]:
-    job = next((j for j in state["rayjobs"].values() if j.get("status", {}).get("rayClusterName") == cluster), None)
-    if job is None or job["status"].get("jobDeploymentStatus") != "Initializing":
-        return []
-    waited = job["_fake"]["reconciles"] - job["_fake"]["initializing_since"]
-    head = {"metadata": {"name": f"{cluster}-head"}, "status": {"phase": "Running", "conditions": [
-        {"type": "PodScheduled", "status": "True"}]}}
-    if waited < state["cluster_ready_after"] // 2:
-        worker = {"status": {"phase": "Pending", "conditions": [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-             "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]}}
-    else:
-        worker = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
-                             "containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}}
-    return [head, {"metadata": {"name": f"{cluster}-gpu-worker-0"}, **worker}]
 
 
 def main(argv: list[str]) -> int:
@@ -212,6 +238,8 @@ def dispatch(state: dict, argv: list[str]) -> int:
                 # server-side apply of an existing object: the spec changes, the status stays
                 old["spec"] = doc["spec"]
                 continue
+            if doc["kind"] == "RayJob":
+                kueue_double.on_create(state, doc)
             store[doc["metadata"]["name"]] = doc
         return 0
     if verb == "get" and rest[0] == "rayjob":
@@ -219,7 +247,15 @@ def dispatch(state: dict, argv: list[str]) -> int:
             job = state["rayjobs"].get(rest[1])
             if job is None:
                 return not_found("rayjobs.ray.io", rest[1])
-            reconcile(state, job)
+            # one tick of the controllers: Kueue's, then KubeRay's for every RayJob
+            state["now"] = state.get("now", 0) + 1
+            kueue_double.reconcile(state)
+            for each in list(state["rayjobs"].values()):
+                before = (each.get("status") or {}).get("jobDeploymentStatus", "")
+                reconcile(state, each)
+                if each["status"].get("jobDeploymentStatus", "") != before:
+                    state.setdefault("history", []).append([state["now"], each["metadata"]["name"],
+                                                            each["status"].get("jobDeploymentStatus") or "New"])
             fake = job["_fake"]
             if "stopped_after" in state and (job.get("status") or {}).get("jobDeploymentStatus") == "Running":
                 fake["running_gets"] = fake.get("running_gets", 0) + 1
@@ -231,6 +267,12 @@ def dispatch(state: dict, argv: list[str]) -> int:
             return 0
         items = [{k: v for k, v in j.items() if k != "_fake"} for j in state["rayjobs"].values()]
         print(json.dumps({"items": items}))
+        return 0
+    if verb == "get" and rest[0] == "workloads.kueue.x-k8s.io":
+        if not kueue_double.installed(state):
+            print('error: the server doesn\'t have a resource type "workloads"', file=sys.stderr)
+            return 1
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": kueue_double.workloads(state)}))
         return 0
     if verb == "get" and rest[0] == "networkpolicy":
         return 0 if rest[1] in state.get("policies", {}) else not_found("networkpolicies.networking.k8s.io", rest[1])
@@ -298,6 +340,7 @@ def dispatch(state: dict, argv: list[str]) -> int:
             job = state["rayjobs"].pop(name, None)
             if job is None:
                 return not_found("rayjobs.ray.io", name)
+            kueue_double.collect(state)  # its Workload: an owner reference, the garbage collector
             state.setdefault("deleted_rayjobs", []).append({"name": name, "jobStatus": (job.get("status") or {}).get("jobStatus")})
             # its own RayCluster is a controller reference of the RayJob (rayjob_controller.go:1021):
             # the garbage collector deletes it; a clusterSelector cluster is not owned and stays.

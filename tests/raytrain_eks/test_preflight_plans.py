@@ -208,7 +208,7 @@ def test_a_plan_that_does_not_fit_is_told_the_change_that_would(capsys):
 def test_qwen2_5_7b_on_two_l4_nodes_is_told_how_many_nodes_full_shard_needs(capsys):
     code, _, err = preflight(capsys, "--set", "model.path=s3://bucket/models/Qwen2.5-7B-Instruct")
     assert code == 2 and err.count("\n") == 1
-    assert "no setting fits 2 node(s): full shard with activation checkpointing needs" in err
+    assert "no setting fits 2 node(s) as it trains: " in err and "; else full shard with activation checkpointing needs" in err
     nodes = int(err.split("checkpointing needs ")[1].split(" nodes")[0])
     shapes = QWEN2_5_7B
     assert shapes.num_params() == 7_615_616_512  # Qwen2.5-7B's published parameter count
@@ -380,3 +380,69 @@ def test_submit_hands_the_shipped_finetune_its_predicted_exposed_communication()
     assert 0 < handed["share"][0] <= handed["share"][1] < 1
     local = plan_job(env, ROOT / "jobs" / "local.toml", ROOT).config
     assert step_prediction(run_preflight(env, local, dist_dir="/nonexistent-dist")) is None
+
+
+SEVEN_B = ("--set", "model.path=s3://bucket/models/Qwen2.5-7B-Instruct")
+
+
+def test_a_full_fine_tune_that_does_not_fit_is_told_offload_or_lora_and_each_then_passes(capsys):
+    code, _, err = preflight(capsys, *SEVEN_B)
+    assert code == 2, err
+    assert "set parallel.cpu_offload = true (~" in err and "GiB host memory per node)" in err, err
+    assert 'add [[model.transforms]] name = "lora" (adapters only; ~' in err, err
+    code, out, err = preflight(capsys, *SEVEN_B, "--set", 'model.transforms=[{name = "lora"}]')
+    assert code == 0 and "PASS  memory" in out and "host memory" not in out, err
+    code, out, err = preflight(capsys, *SEVEN_B, "--set", "parallel.cpu_offload=true")
+    assert code == 0 and "PASS  memory" in out, err
+    assert "PASS  host memory       parallel.cpu_offload keeps parameters, gradients and AdamW state in host memory" in out
+    assert "per node (4 workers) of the 160 GiB one worker pod may use (g6.12xlarge); it saves ~" in out
+
+
+def test_the_offload_measurement_is_found_for_offload_jobs_only():
+    """The published 7B full-shard plan (bench/bench_offload_transfer.py --publish) has a row with
+    ``cpu_offload``: its GPU share and host memory are what the preflight sizes the job with."""
+    from raytrain_eks.measured_plan import PCIE_GBYTES_PER_S, for_job, offload_copy_bytes
+
+    job = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct"])
+    offload = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct", "parallel.cpu_offload=true"])
+    plain, moved = for_job(job, QWEN2_5_7B, "g6.12xlarge"), for_job(offload, QWEN2_5_7B, "g6.12xlarge")
+    assert "offload" not in plain and plain["host_bytes_per_gpu"] == 0
+    o = moved["offload"]
+    assert moved["required_bytes"] < usable_bytes(24) < plain["required_bytes"]
+    assert moved["host_bytes_per_gpu"] == o["host_peak_bytes"] + o["checkpoint_staging_bytes"]
+    p = moved["prediction"]
+    assert p["offload_copy_s"] == pytest.approx(offload_copy_bytes(moved, p["grad_accum_steps"]) / (PCIE_GBYTES_PER_S * 1e9),
+                                                abs=1e-3)
+    lora = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct", 'model.transforms=[{name = "lora"}]'])
+    assert for_job(lora, QWEN2_5_7B, "g6.12xlarge") is None  # measured training the whole model
+
+
+def test_offload_moves_the_sharded_terms_to_the_host_by_hand():
+    """The hand model where no measurement exists: parameters, gradients and AdamW state leave the
+    GPU; the host holds them, the foreach step's temporary and a checkpoint's staged copy."""
+    kw = dict(strategy="full_shard", world_size=8, workers_per_node=4, seq_len=2048, micro_batch_size=1,
+              activation_checkpointing=True, grad_accum_steps=8)
+    on, off = estimate_memory(QWEN2_5_7B, cpu_offload=True, **kw), estimate_memory(QWEN2_5_7B, **kw)
+    n = QWEN2_5_7B.num_params()
+    assert on.parameters == on.gradients == on.optimizer == 0 and off.host == 0
+    assert on.total == off.total - off.parameters - off.gradients - off.optimizer
+    assert abs(on.host - (4 + 4 + 8 + 4 + 4 + 8) * n / 8) < 8  # 3 terms, the step's temporary, the staged copy
+
+
+@pytest.mark.parametrize("options", [{}, {"rank": 4, "targets": ["q_proj", "v_proj", "down_proj"]}])
+def test_the_lora_hand_count_is_what_the_jobs_transform_trains(options):
+    """Oracle: the job's own transform (training/model_transforms/lora.py) on a tiny Qwen2 with
+    GQA and a head size other than hidden / heads; its trainable parameters are the count the
+    planner sizes LoRA with."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from raytrain_eks.memory_estimate import lora_adapter_params
+    from training.model_transforms import lora
+
+    config = dict(model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=64)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**config), dtype=torch.float32)
+    lora.apply(model, options)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert lora_adapter_params(ModelShapes.from_hf_config(config), options) == trained

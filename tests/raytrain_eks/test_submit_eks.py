@@ -8,71 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
+from eks_fixtures import DRIVER_LOG, FIXTURE_RUN, ROOT, cluster, submit  # noqa: F401  (cluster: a fixture)
 from fixtures_s3 import s3_server  # noqa: F401  (session moto server; sets AWS_ENDPOINT_URL)
 from raytrain_eks.cli import main
 
 pytestmark = pytest.mark.subprocess  # the CLI runs the kubectl double (kubectl_double.py) as a process
-
-ROOT = Path(__file__).resolve().parents[2]
-FAKE = Path(__file__).with_name("kubectl_double.py")
-FIXTURE_RUN = ROOT / "tests" / "fixtures" / "runs" / "efa-full"
-DRIVER_LOG = "step 10/20 loss 9.81 tokens/s 530 ETA 12 s\neval step 10: held-out loss 9.90\ncheckpoint step 10\nverdict: ACCEPTED\n"
-
-
-@pytest.fixture
-def cluster(tmp_path, monkeypatch, s3_server):  # noqa: F811
-    import boto3
-
-    from environment import load_environment
-
-    env = load_environment(ROOT / "environment.toml")
-    client = boto3.client("s3")
-    if env.bucket_name not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
-        client.create_bucket(Bucket=env.bucket_name)
-    results = tmp_path / "results"
-    shutil.copytree(FIXTURE_RUN, results)
-    (results / "logs").mkdir()
-    (results / "logs" / "driver.log").write_text(DRIVER_LOG)
-    state = tmp_path / "kubectl.json"
-    state.write_text(json.dumps({"rayjobs": {}, "cluster_ready_after": 4, "submitter_runs": 3, "outcome": "SUCCEEDED",
-                                 "results_dir": str(results), "run_uri": env.storage_uri + "/{run}",
-                                 "driver_log": DRIVER_LOG,
-                                 "context_cluster": f"arn:aws:eks:{env.cluster.region}:111122223333:cluster/{env.cluster.name}"}))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "kubectl").write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} "$@"\n')
-    (bin_dir / "kubectl").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_KUBECTL_STATE", str(state))
-    monkeypatch.chdir(ROOT)
-    from raytrain_eks import local_runs
-
-    monkeypatch.setattr(local_runs, "RUNS_DIR", tmp_path / "local-runs")  # this machine's own local runs stay out
-
-    class Cluster:
-        storage = env.storage_uri
-        bucket = env.bucket_name
-        s3 = client
-
-        @staticmethod
-        def state() -> dict:
-            return json.loads(state.read_text())
-
-        @staticmethod
-        def set(**values) -> None:
-            state.write_text(json.dumps({**json.loads(state.read_text()), **values}))
-
-    return Cluster
-
-
-def submit(tmp_path, *args: str) -> int:
-    return main(["submit", "jobs/smoke.toml", "--poll-seconds", "0", "--out", str(tmp_path / "out"), *args])
 
 
 def test_submit_follows_the_rayjob_through_kuberays_states_to_the_verdict(cluster, tmp_path, capfd):
@@ -152,7 +97,7 @@ def test_status_list_logs_and_stop(cluster, tmp_path, capfd):
 
     assert main(["list"]) == 0
     table = capfd.readouterr().out.splitlines()
-    assert table[0].split() == ["run", "job", "config", "status", "job", "status", "started"]
+    assert table[0].split() == ["run", "job", "config", "status", "job", "status", "queue", "started"]
     assert table[1].split()[:3] == ["smoke-c1", "jobs/smoke.toml", "Initializing"]
 
     assert main(["stop", "smoke-c1"]) == 0

@@ -71,8 +71,8 @@ def _train(job, workdir, *, resume_from="", phase="train"):
     # activation checkpointing as the shipped jobs run: recomputed blocks see the same dropout masks
     parallelize(model, build_mesh("full_shard", 1, on_gpu=False), strategy="full_shard", on_gpu=False,
                 activation_checkpointing=True)
-    optimizer = build_optimizer(model, job.train)
-    scheduler = build_scheduler(optimizer, job.train)
+    optimizer = build_optimizer(model, job.train, job.optim)
+    scheduler = build_scheduler(optimizer, job.train, job.optim)
     trainer = TrainerState(scheduler=scheduler)
     restore(model=model, optimizer=optimizer, trainer=trainer, local_root=f"{workdir}/node", resume_from=resume_from)
     manager = CheckpointManager(model=model, optimizer=optimizer, trainer=trainer, local_root=f"{workdir}/node",

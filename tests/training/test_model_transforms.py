@@ -87,7 +87,7 @@ def test_the_transform_runs_before_fsdp_shards_the_model(freeze, tmp_path):
         dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'pg'}")
     try:
         parallelize(model, build_mesh("full_shard", 1, on_gpu=False), strategy="full_shard", on_gpu=False)
-        optimizer = build_optimizer(model, job.train)
+        optimizer = build_optimizer(model, job.train, job.optim)
         before = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
         ids = torch.randint(0, 500, (2, job.train.seq_len))
         loss_sum(model, {"input_ids": ids, "labels": ids}).backward()

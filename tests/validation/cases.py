@@ -130,8 +130,25 @@ ENV_CASES = [
     ("section-not-table", lambda r: r.update(storage="s3://x"), "storage: 's3://x' is not allowed (expected a table)"),
 ]
 
+# The [optim] section, one bad value per field, and parallel.cpu_offload (test_rules.py also runs
+# each through the CLI):
+# (field, the value as --set writes it, the words after "optim.<field>: ")
+_OPTIM_BAD = {
+    "beta1": ("1.0", "1.0 must be at least 0 and below 1 (torch.optim.AdamW's betas)"),
+    "beta2": ("-0.1", "-0.1 must be at least 0 and below 1"),
+    "eps": ("-1e-8", "-1e-08 must be >= 0"),
+    "no_decay": ("'bias'", "'bias' is not allowed (allowed: 1d, none)"),
+    "kernel": ("'apex'", "'apex' is not allowed (allowed: auto, fused, foreach, for_loop)"),
+    "schedule": ("'wsd'", "'wsd' is not allowed (allowed: cosine, linear, constant)"),
+    "betas": ("[0.9, 0.95]", "'betas' is not a known field (known: beta1, beta2"),
+}
+OPTIM_CASES = [(f"optim-{field}", [f"optim.{field}={value}"], f"optim.{field}: {words}")
+               for field, (value, words) in _OPTIM_BAD.items()] + [
+    ("offload-word", ["parallel.cpu_offload='yes'"], "parallel.cpu_offload: 'yes' is not allowed (expected true or false)"),
+]
+
 # (id, --set overrides on the local job, words): refused by load_job_config or check_model
-JOB_CASES = [
+JOB_CASES = [*OPTIM_CASES,
     ("model-key-typo", ["model.config.num_hidden_layer=2"],
      "model.config.num_hidden_layer: 'num_hidden_layer' is not a known Qwen2Config key (known: "),
     ("model-key-typo-hidden", ["model.config.hidden_sise=64"], "vocab_size; did you mean 'hidden_size'?)"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cases import LOCAL_JOB
+from cases import LOCAL_JOB, OPTIM_CASES
 from environment.rules import bucket_name_problem, ray_version_in_tag, schedule_problem, tag_ray_problem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,3 +127,11 @@ def test_job_entry_points_end_bad_input_with_one_line(tmp_path):
                      "model.config.num_hidden_layer: 'num_hidden_layer' is not a known Qwen2Config key (known: ")
     _assert_one_line(_run(["-m", "training", "--config", str(LOCAL_JOB), "--check",
                            "--set", "model.config.num_hidden_layer=2"]), "; did you mean 'num_hidden_layers'?)")
+
+
+@pytest.mark.parametrize("overrides,words", [c[1:] for c in OPTIM_CASES], ids=[c[0] for c in OPTIM_CASES])
+def test_optimizer_settings_are_refused_by_the_cli_in_one_line(overrides, words):
+    """Each ``[optim]`` field's bad value through ``raytrain-eks preflight`` as a user runs it."""
+    sets = [arg for item in overrides for arg in ("--set", item)]
+    _assert_one_line(_run(["-m", "raytrain_eks.cli", "preflight", "--job", str(LOCAL_JOB), *sets]),
+                     f"{LOCAL_JOB.relative_to(ROOT)}: {words}")

@@ -53,9 +53,10 @@ Kinds (``data.kind``): ``synthetic`` (random ids, seeded; infrastructure checks 
 ``is_synthetic``) or a data format: one file each in ``training/data/formats/`` (the registry;
 the file's name is the kind, its docstring says what it reads): ``text``, ``jsonl``, ``chat``,
 ``alpaca``, ``sharegpt``, ``hf``. A format yields documents, text or conversations; conversations
-are rendered with the Qwen2.5 chat template and trained ONLY on assistant content + its
-``<|im_end|>``. ``data.path``: a file, a directory or an ``s3://`` object/prefix (pyarrow S3,
-honours ``AWS_ENDPOINT_URL``).
+are rendered with the model's own chat template (its tokenizer's) and trained ONLY on assistant
+content + the end-of-turn token the template closes it with (training/data/tokenize.py).
+``data.path``: a file, a directory or an ``s3://`` object/prefix (pyarrow S3, honours
+``AWS_ENDPOINT_URL``).
 
 Tokenization happens once per node: the first process builds the packed corpus into a
 node-local cache (``RAYTRAIN_CACHE_DIR`` or ``$TMPDIR/raytrain-eks-cache``) under a file lock,

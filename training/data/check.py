@@ -26,13 +26,12 @@ from training.contract import BUCKET_PLACEHOLDER
 from training.data import formats
 from training.data.records import DataError, Reader
 from training.data.remote import RemoteFile, is_s3, list_files, s3_filesystem, split_s3
+from training.tokenizer import chat_template_text, tokenizer_location
 
 LOCAL_FULL_BYTES = 256 * 1024**2
 """Local files up to this size are read in full."""
 HEAD_BYTES = 4 * 1024**2
 """Of a larger local file, and of every S3 object, the first bytes read (cut at the last newline)."""
-TOKENS_PER_MESSAGE = 8
-"""Chat template tokens around one message (Qwen's ``<|im_start|>role\\n ... <|im_end|>\\n`` is 5)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,13 +73,17 @@ def _bucket_exists(path: str) -> bool:
     return s3_filesystem().get_file_info(split_s3(path)[0]).type != fs.FileType.NotFound
 
 
-def _token_upper_bound(documents) -> int:
-    """At most this many tokens: a byte-level BPE token covers at least one UTF-8 byte; plus the
-    template's tokens per chat message and one separator per document."""
+def _token_upper_bound(documents, template_bytes: int = 0) -> int:
+    """At most this many tokens: a byte-level BPE token covers at least one UTF-8 byte; plus one
+    separator per document and, per conversation, what its chat template (of ``template_bytes``
+    bytes) writes around the messages. A Jinja template writes only its own literals and short
+    variables (a special token, a date) that are shorter than the tags naming them: at most its
+    own size once, and once more per message its loop renders."""
     total = 0
     for d in documents:
         if d.messages:
-            total += sum(len(m["content"].encode("utf-8")) + TOKENS_PER_MESSAGE for m in d.messages)
+            total += sum(len(m["content"].encode("utf-8")) for m in d.messages)
+            total += (len(d.messages) + 1) * template_bytes
         else:
             total += len(d.text.encode("utf-8"))
         total += 1
@@ -122,11 +125,12 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
     if not docs:
         raise DataError(f"{job.source}: data.path: {d.path}: no usable {d.kind} documents "
                         f"({reader.result.bad_records} bad records skipped in {len(files)} files)")
+    template = _chat_template(job, d.kind) if docs[0].messages else None
     if job.eval.exact_match and not docs[0].messages:
         raise DataError(f"{job.source}: eval.exact_match: True needs conversations, but {d.path} holds text "
                         f"documents (data.kind {d.kind!r})")
-    if complete:
-        _check_size(job, docs)
+    if complete:  # conversations with a template not read here: their size is not bounded
+        _check_size(job, docs, None if docs[0].messages and template is None else len((template or "").encode("utf-8")))
     size = f"{head_bytes / 1024**2:g} MiB" if head_bytes >= 1024**2 else f"{head_bytes / 1024:g} KiB"
     scope = "read in full" if complete else f"first {size} of each file read"
     bad = f", {reader.result.bad_records} bad records to skip" if reader.result.bad_records else ""
@@ -136,16 +140,31 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
                      summary=f"{d.path}: {n} {d.kind} documents in {len(files)} file(s), {read} bytes {scope}{bad}")
 
 
-def _check_size(job, docs) -> None:
+def _chat_template(job, kind: str) -> str | None:
+    """The job's chat template (None: its tokenizer is not a local directory); conversations with
+    a tokenizer that has none are refused here, before any worker starts."""
+    where = tokenizer_location(job.model)
+    template = chat_template_text(where)
+    if template == "":
+        field = "model.tokenizer" if job.model.tokenizer or not job.model.path else "model.path"
+        raise DataError(f"{job.source}: {field}: {where}: the tokenizer has no chat template (chat_template.jinja or "
+                        f"tokenizer_config.json \"chat_template\"), but data.kind {kind!r} holds conversations: "
+                        "give model.tokenizer a tokenizer that has one")
+    return template
+
+
+def _check_size(job, docs, template_bytes: int | None) -> None:
     d, t = job.data, job.train
     n = len(docs)
     if n < 2 or round(n * d.eval_fraction) < 1:
         need = max(2, int(0.5 / d.eval_fraction) + 1)
         raise DataError(f"{job.source}: data.path: {d.path}: {n} document(s); data.eval_fraction {d.eval_fraction:g} "
                         f"holds out none (needs at least {need} documents, or a larger eval_fraction)")
+    if template_bytes is None:
+        return
     n_eval = min(n - 1, round(n * d.eval_fraction))
     # The train split is the documents not held out; at most all but the n_eval smallest.
-    sizes = sorted(_token_upper_bound([doc]) for doc in docs)
+    sizes = sorted(_token_upper_bound([doc], template_bytes) for doc in docs)
     train_tokens = sum(sizes[n_eval:])
     batch = t.global_batch_size * t.seq_len
     if train_tokens < batch:

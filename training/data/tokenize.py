@@ -1,16 +1,21 @@
 """Documents -> token ids and a per-token "trained" mask.
 
 Text documents are trained on every token. Chat documents are rendered with the tokenizer's
-own chat template (Qwen2.5's for the real tokenizer) and trained ONLY on assistant tokens: the
-assistant's content and the ``<|im_end|>`` that closes its turn (so the model learns to stop),
-not the system/user turns, not the ``<|im_start|>assistant\\n`` header and not the newline
-after ``<|im_end|>``.
+own chat template and trained ONLY on assistant tokens: the assistant's content and the
+end-of-turn token that closes its turn (so the model learns to stop: ``<|im_end|>`` for Qwen2.5,
+``<|eot_id|>`` for Llama 3, read off the template by :func:`training.tokenizer.chat_format`),
+not the system/user turns, not the assistant header the generation prompt writes and not what
+the template writes after the end-of-turn token (Qwen's newline).
 
 The assistant spans are found on the rendered TEXT, by rendering growing prefixes of the
 conversation: ``render(messages[:i], add_generation_prompt=True)`` ends where assistant
-message ``i`` begins and ``render(messages[:i+1])`` ends just after it. The full text is then
-tokenized once (so ids equal what ``apply_chat_template(..., tokenize=True)`` gives) and a
-token is trained when its first character lies inside an assistant span.
+message ``i`` begins and ``render(messages[:i+1])`` ends just after it (the prefix diff
+transformers 5.13's own ``encode_message_with_chat_template`` does, tokenization_utils_base.py
+:3178-3236, on text). Its ``return_assistant_tokens_mask`` (:3146-3162) needs a template with
+``{% generation %}`` blocks, which neither Qwen2.5's nor Llama 3's has (chat_template_utils.py
+:508 warns and marks nothing), so it is not used. The full text is then tokenized once (so ids
+equal what ``apply_chat_template(..., tokenize=True)`` gives) and a token is trained when its
+first character lies inside an assistant span.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from training.data.records import DataError, Document
+from training.tokenizer import chat_format
 
 BATCH = 256
 
@@ -31,8 +37,9 @@ class TokenizedDoc:
     """bool, same length: True where the token is a training target."""
 
 
-def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-    """The conversation as text, and the (start, end) character spans of the assistant turns."""
+def render_chat(tokenizer, messages: list[dict[str, str]], end_of_turn: str) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation as text, and the (start, end) character spans of the assistant turns,
+    each ending just after its ``end_of_turn`` token."""
     msgs = list(messages)
     full = tokenizer.apply_chat_template(msgs, tokenize=False)
     spans = []
@@ -43,10 +50,13 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tu
         upto = full if i == len(msgs) - 1 else tokenizer.apply_chat_template(msgs[:i + 1], tokenize=False)
         if not (full.startswith(upto) and upto.startswith(before)):
             raise DataError("the tokenizer's chat template does not render conversations prefix by prefix; "
-                            "assistant-only labels need a template that does (Qwen2.5's does)")
-        # The turn ends with the end-of-turn token; a trailing newline belongs to the template.
-        end = len(upto.rstrip("\n"))
-        spans.append((len(before), end))
+                            "assistant-only labels need a template that does (Qwen2.5's and Llama 3's do)")
+        # The turn ends with the end-of-turn token; what the template writes after it is its own.
+        end = upto.rfind(end_of_turn, len(before))
+        if end < 0:
+            raise DataError(f"the tokenizer's chat template closes assistant turn {i} without its end-of-turn "
+                            f"token {end_of_turn!r}")
+        spans.append((len(before), end + len(end_of_turn)))
     return full, spans
 
 
@@ -62,13 +72,14 @@ def tokenize_documents(tokenizer, documents: list[Document]) -> list[TokenizedDo
     """Tokenize every document (batched through the fast tokenizer), in order: a conversation
     is trained on its assistant turns, a text on every token."""
     out: list[TokenizedDoc] = []
+    end_of_turn = chat_format(tokenizer).end_of_turn if any(d.messages for d in documents) else ""
     for lo in range(0, len(documents), BATCH):
         chunk = documents[lo:lo + BATCH]
         done: dict[int, TokenizedDoc] = {}
         chats = [i for i, d in enumerate(chunk) if d.messages]
         texts = [i for i, d in enumerate(chunk) if not d.messages]
         if chats:
-            rendered = [render_chat(tokenizer, list(chunk[i].messages)) for i in chats]
+            rendered = [render_chat(tokenizer, list(chunk[i].messages), end_of_turn) for i in chats]
             enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
             for i, ids, offsets, (_, spans) in zip(chats, enc["input_ids"], enc["offset_mapping"], rendered):
                 done[i] = TokenizedDoc(np.asarray(ids, dtype=np.int32), _trained_from_offsets(offsets, spans))
@@ -83,7 +94,8 @@ def tokenize_documents(tokenizer, documents: list[Document]) -> list[TokenizedDo
 
 def chat_prompt_and_answer(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], str]:
     """For exact-match eval: the ids of everything before the LAST assistant turn (with the
-    generation prompt ``<|im_start|>assistant\\n``) and that turn's content, the expected answer."""
+    template's generation prompt, ``<|im_start|>assistant\\n`` for Qwen2.5) and that turn's
+    content, the expected answer."""
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     prompt = tokenizer.apply_chat_template(list(messages[:last]), tokenize=False, add_generation_prompt=True)
     return tokenizer(prompt, add_special_tokens=False)["input_ids"], messages[last]["content"]

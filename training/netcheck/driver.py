@@ -16,8 +16,8 @@ from training.verdict import ACCEPTED
 from training.netcheck.judge import MODES, NCCL_MODE, SOCKET_MODE, headline, judge
 
 SOCKET_ENV = {"NCCL_NET": "Socket", "FI_PROVIDER": "tcp", "NCCL_NET_PLUGIN": "none"}
-"""NCCL forced to its own TCP transport, the OFI plugin not loaded (facts.md: the TCP run of the
-EFA comparison; NCCL's log then says ``Using network Socket``)."""
+"""NCCL forced to its own TCP transport, the OFI plugin not loaded (the TCP run of an EFA
+comparison; NCCL's log then says ``Using network Socket``)."""
 
 
 def mode_env(mode: str) -> dict[str, str]:

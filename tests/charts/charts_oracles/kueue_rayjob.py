@@ -25,6 +25,8 @@ false, TopologyAwareScheduling and workload slicing off):
   flavor's ``nodeLabels``, matches them; quota (``fitsResourceQuota`` :1330-): without
   borrowing or preemption, a flavor's usage plus the request stays within its ``nominalQuota``
   for every resource; a resource the resource group does not cover cannot be assigned.
+  With usage, a request within the quota that the usage leaves short of it reads "insufficient
+  unused quota for R in flavor F, N more needed" (:1364-1369).
   Requests per pod: the containers' sum (a limit stands in for a missing request,
   ``workload.AdjustResources``), the larger of that and any init container.
 """
@@ -49,6 +51,16 @@ def quantity(text: str | int) -> Fraction:
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]*)", str(text))
     assert match and match.group(2) in _SUFFIX, f"quantity {text!r} not ported"
     return Fraction(match.group(1)) * _SUFFIX[match.group(2)]
+
+
+def _amount(value: Fraction) -> str:
+    """A quantity as Kubernetes prints it (``8``, ``1500m``, ``12Gi``)."""
+    if value.denominator == 1:
+        for suffix in ("Gi", "Mi"):
+            if value % _SUFFIX[suffix] == 0:
+                return f"{value // _SUFFIX[suffix]}{suffix}"
+        return str(value)
+    return f"{int(value * 1000)}m"
 
 
 def queue_name(rayjob: dict) -> str:
@@ -178,6 +190,9 @@ def admission(rayjob: dict, cluster_queue: dict, flavors: list[dict],
                     chosen[ps["name"]] = flavor["name"]
                     break
                 why = f"insufficient quota for {short[0]} in flavor {flavor['name']}"
+                if usage is not None and request[short[0]] <= quota[flavor["name"]].get(short[0], 0):
+                    more = have.get(short[0], 0) + request[short[0]] - quota[flavor["name"]][short[0]]
+                    why = f"insufficient unused quota for {short[0]} in flavor {flavor['name']}, {_amount(more)} more needed"
             reasons.append(why)
         else:
             problems.append(f"couldn't assign flavors to pod set {ps['name']}: {'; '.join(reasons)}")

@@ -1,0 +1,162 @@
+"""Where a RayJob waits in Kueue's queue, read from the Workloads as kubectl shows them.
+
+Kueue (``kubernetes-sigs/kueue`` tag ``v0.19.2``) gives every queued RayJob one Workload in its
+namespace, owned by the RayJob (a controller ``ownerReference``;
+``pkg/controller/jobframework/reconciler.go:1606-1636`` ``ConstructWorkload``). Its fields
+(``apis/kueue/v1beta2/workload_types.go``): ``spec.priority`` (the WorkloadPriorityClass's
+value) and ``spec.priorityClassRef.name``; ``status.conditions``: ``QuotaReserved`` True once the
+scheduler reserved the ClusterQueue's quota for it (``status.admission.clusterQueue`` names the
+queue), False with reason ``Pending`` and the flavor assigner's message while it waits
+(``pkg/scheduler/scheduler.go:1149-1185``, e.g. "couldn't assign flavors to pod set gpu:
+insufficient unused quota for nvidia.com/gpu in flavor gpu-gpu, 8 more needed"); ``Admitted``
+True once admitted, after which Kueue unsuspends the RayJob (reconciler.go:621-651);
+``Finished`` True once the RayJob is Complete or Failed, which frees its quota
+(``pkg/controller/core/workload_controller.go:1403-1424``).
+
+Pending Workloads are admitted in queue order: higher ``spec.priority`` first, then the older
+``metadata.creationTimestamp``, then uid (``pkg/cache/queue/cluster_queue.go:1057-1090``,
+``pkg/workload/workload.go:1148-1168``); BestEffortFIFO lets one that fits pass one that does
+not. Every queued RayJob of the namespace names the one LocalQueue of ClusterQueue ``raytrain``
+(environment/queueing.py), so the namespace's Workloads are one queue.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from raytrain_eks.eks_backend import kubectl
+
+WORKLOADS = "workloads.kueue.x-k8s.io"
+"""The resource, by its full name: ``workloads`` alone may name another API group's kind."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Place:
+    """One RayJob's place in the queue."""
+
+    workload: str
+    """Its Workload's name."""
+    state: str
+    """``queued``, ``admitted`` or ``finished``."""
+    position: int = 0
+    """1 = admitted next (queued only)."""
+    queued: int = 0
+    """How many RayJobs are queued."""
+    ahead: tuple[str, ...] = ()
+    """The queued RayJobs Kueue considers before it."""
+    holding: tuple[str, ...] = ()
+    """The admitted RayJobs that hold the quota now (until they end)."""
+    priority_class: str = ""
+    message: str = ""
+    """Kueue's reason, while queued (the QuotaReserved condition's message)."""
+
+
+def list_workloads(namespace: str) -> list[dict[str, Any]] | None:
+    """The namespace's Workloads; None when Kueue is not installed (no such resource type) or
+    they cannot be read (the RayJob's own status still says where it stands)."""
+    proc = kubectl("get", WORKLOADS, "-n", namespace, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return None
+    return json.loads(proc.stdout or "{}").get("items") or []
+
+
+def _true(workload: dict[str, Any], kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True"
+               for c in (workload.get("status") or {}).get("conditions") or [])
+
+
+def _owner(workload: dict[str, Any]) -> str:
+    refs = (workload.get("metadata") or {}).get("ownerReferences") or []
+    return next((r.get("name", "") for r in refs if r.get("kind") == "RayJob"), "")
+
+
+def _message(workload: dict[str, Any]) -> str:
+    return next((c.get("message", "") for c in (workload.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "QuotaReserved" and c.get("status") == "False"), "")
+
+
+def _order(workload: dict[str, Any]) -> tuple:
+    meta = workload.get("metadata") or {}
+    return (-int((workload.get("spec") or {}).get("priority") or 0), meta.get("creationTimestamp", ""), meta.get("uid", ""))
+
+
+def places(workloads: list[dict[str, Any]]) -> dict[str, Place]:
+    """RayJob name -> its place, for every RayJob with a Workload."""
+    live = [w for w in workloads if _owner(w) and not _true(w, "Finished")]
+    holding = tuple(sorted(_owner(w) for w in live if _true(w, "QuotaReserved")))
+    queued = sorted((w for w in live if not _true(w, "QuotaReserved")), key=_order)
+    out = {}
+    for w in workloads:
+        name, owner = w["metadata"]["name"], _owner(w)
+        priority = ((w.get("spec") or {}).get("priorityClassRef") or {}).get("name", "")
+        if not owner:
+            continue
+        if _true(w, "Finished"):
+            out[owner] = Place(workload=name, state="finished", priority_class=priority)
+        elif _true(w, "QuotaReserved"):
+            out[owner] = Place(workload=name, state="admitted", holding=holding, priority_class=priority)
+        else:
+            index = queued.index(w)
+            out[owner] = Place(workload=name, state="queued", position=index + 1, queued=len(queued),
+                               ahead=tuple(_owner(a) for a in queued[:index]), holding=holding,
+                               priority_class=priority, message=_message(w))
+    return out
+
+
+def place_of(rayjob: str, namespace: str) -> Place | None:
+    """Where ``rayjob`` waits; None without Kueue or without a Workload (not queued)."""
+    workloads = list_workloads(namespace)
+    return None if workloads is None else places(workloads).get(rayjob)
+
+
+def describe(place: Place) -> str:
+    """One line: queued (behind which runs, and why), or admitted."""
+    if place.state == "queued":
+        behind = [*(f"{r} (admitted)" for r in place.holding), *(f"{r} (queued)" for r in place.ahead)]
+        return (f"queued: {place.position} of {place.queued} in Kueue's queue (Workload {place.workload}, priority "
+                f"{place.priority_class or '-'}), behind {', '.join(behind) or 'nothing: admitted at the next pass'}"
+                f"{'; Kueue: ' + place.message if place.message else ''}")
+    if place.state == "admitted":
+        return f"admitted by Kueue (Workload {place.workload}): KubeRay creates its cluster; its deadlines count from now"
+    return f"finished in Kueue (Workload {place.workload}): its quota is free"
+
+
+def column(place: Place | None, deployment: str) -> str:
+    """``raytrain-eks list``'s queue column: ``queued N/M``, ``admitted`` while it runs, else ``-``
+    (an ended RayJob's quota is free once Kueue marks its Workload Finished, at its next pass)."""
+    if place is None or place.state == "finished" or deployment in ("Complete", "Failed", "ValidationFailed"):
+        return "-"
+    return f"queued {place.position}/{place.queued}" if place.state == "queued" else place.state
+
+
+class QueueWatch:
+    """What ``submit`` says of a followed RayJob's place in the queue: each new :func:`describe`
+    line while it is suspended, then once that it was admitted. KubeRay keeps a suspended RayJob
+    ``Suspended``, with no cluster and no deadline counting (``ray-project/kuberay`` tag
+    ``ray-operator/v1.7.0``, ``rayjob_controller.go:411-418``); unsuspended, it starts again from
+    New and ``initRayJobStatusIfNeed`` sets ``status.startTime``, from which both
+    ``activeDeadlineSeconds`` and ``preRunningDeadlineSeconds`` count, to that moment (:887-917)."""
+
+    def __init__(self, name: str, namespace: str) -> None:
+        self.name, self.namespace = name, namespace
+        self.last = ""
+        self.queued = False
+
+    def line(self, rayjob: dict[str, Any]) -> str:
+        """The line to show now ("" when nothing changed)."""
+        suspended = bool((rayjob.get("spec") or {}).get("suspend"))
+        if not suspended and not self.queued:
+            return ""
+        place = place_of(self.name, self.namespace)
+        if suspended:
+            self.queued = True
+            line = describe(place) if place else ("suspended, with no Kueue Workload yet (Kueue makes one for a RayJob "
+                                                  "labelled for its LocalQueue; without Kueue it stays suspended)")
+        else:
+            self.queued = False
+            line = describe(place) if place else "unsuspended: KubeRay creates its cluster"
+        if line == self.last:
+            return ""
+        self.last = line
+        return line

@@ -1,0 +1,178 @@
+"""Kueue in the kubectl double (tests/raytrain_eks/kubectl_double.py): its RayJob webhook, its job
+reconciler and its scheduler, one pass of each per reconcile tick of the double.
+
+Modelled on ``kubernetes-sigs/kueue`` tag ``v0.19.2`` (default configuration: BestEffortFIFO,
+no admission checks, ``UnadmittedWorkloadsObservability`` off), with the ClusterQueue,
+ResourceFlavors and WorkloadPriorityClasses the add-on installs (``state["kueue"]``:
+environment/queueing.py ``kueue_objects``; absent: Kueue is not installed):
+
+- webhook (``pkg/controller/jobframework/defaults.go:36-46``, ``utils.go:147-150``): a RayJob
+  created with the queue-name label gets ``spec.suspend = true``.
+- job reconciler (``pkg/controller/jobframework/reconciler.go`` ``ReconcileGenericJob``; a
+  ``clusterSelector`` RayJob is skipped, ``pkg/controller/jobs/rayjob/rayjob_controller.go:116-120``):
+  ``ensureOneWorkload`` creates the job's Workload (:980-, ``ConstructWorkload`` :1606-1636): named
+  ``rayjob-<name>-<5 hex>`` (``workload_names.go:85-96``), owned by the RayJob (controller
+  reference), labelled ``kueue.x-k8s.io/job-uid``, with the LocalQueue as ``spec.queueName``, the
+  priority class as ``spec.priorityClassRef`` and its value as ``spec.priority``, one pod set per
+  head, worker group and submitter; a finished job (``rayjob_controller.go:222-228``: Complete or
+  Failed) finishes its Workload (reconciler.go:483-504: condition ``Finished``, reason
+  ``Succeeded``/``Failed``); a suspended job whose Workload is admitted is unsuspended
+  (reconciler.go:621-651, ``startJob``; ``RunWithPodSetsInfo`` sets ``spec.suspend = false``).
+- scheduler: pending Workloads in queue order, higher ``spec.priority`` first, then the older
+  ``creationTimestamp``, then uid (``pkg/cache/queue/cluster_queue.go:1057-1090``,
+  ``pkg/workload/workload.go:1148-1168``); under BestEffortFIFO one that does not fit does not
+  block those behind it. One that fits the ClusterQueue's unused quota (the flavor assigner, ported
+  in tests/charts/charts_oracles/kueue_rayjob.py) gets ``status.admission`` and the conditions
+  ``QuotaReserved`` (reason ``QuotaReserved``, ``workload.go:893-905``) and ``Admitted`` (reason
+  ``Admitted``, ``admissionchecks.go:39-66``); one that does not gets ``QuotaReserved`` False with
+  reason ``Pending`` and the flavor assigner's message (``pkg/scheduler/scheduler.go:1149-1185``).
+  Nothing is preempted (the ClusterQueue preempts Never).
+- a finished Workload leaves the cache, so its quota is free for the next scheduling pass
+  (``pkg/controller/core/workload_controller.go:1403-1424``); a deleted RayJob's Workload goes
+  with it (owner reference: the garbage collector).
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "charts"))  # the Kueue oracle is the flavor assigner
+
+from charts_oracles.kueue_rayjob import (  # noqa: E402
+    PRIORITY_CLASS_LABEL, admission, managed, pod_requests, pod_sets, queue_name,
+)
+
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+
+def installed(state: dict) -> bool:
+    return bool(state.get("kueue"))
+
+
+def _objects(state: dict, kind: str) -> list[dict]:
+    return [o for o in state["kueue"]["objects"] if o["kind"] == kind]
+
+
+def timestamp(state: dict) -> str:
+    """Now, as the API server writes a time: the double's clock (``now``) moves one second per
+    reconcile tick, so objects created within one tick share a time (Kueue then orders by uid)."""
+    now = state.get("now", 0)
+    return f"2026-12-01T{20 + now // 3600:02d}:{now // 60 % 60:02d}:{now % 60:02d}Z"
+
+
+def on_create(state: dict, rayjob: dict) -> None:
+    """The API server (uid, creationTimestamp) and Kueue's mutating webhook, at creation."""
+    state["seq"] = state.get("seq", 0) + 1
+    meta = rayjob["metadata"]
+    meta.setdefault("uid", f"00000000-0000-0000-0000-{state['seq']:012d}")
+    meta.setdefault("creationTimestamp", timestamp(state))
+    if installed(state) and queue_name(rayjob):
+        rayjob["spec"]["suspend"] = True
+
+
+def _condition(workload: dict, kind: str) -> dict | None:
+    return next((c for c in (workload.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
+
+
+def _true(workload: dict, kind: str) -> bool:
+    return (_condition(workload, kind) or {}).get("status") == "True"
+
+
+def _set_condition(state: dict, workload: dict, kind: str, status: str, reason: str, message: str) -> None:
+    conditions = workload.setdefault("status", {}).setdefault("conditions", [])
+    old = _condition(workload, kind)
+    since = old["lastTransitionTime"] if old and old["status"] == status else timestamp(state)
+    conditions[:] = [c for c in conditions if c["type"] != kind] + [
+        {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}]
+
+
+def _owner(workload: dict) -> str:
+    return workload["metadata"]["ownerReferences"][0]["name"]
+
+
+def _new_workload(state: dict, rayjob: dict) -> dict:
+    meta = rayjob["metadata"]
+    digest = hashlib.sha1(f"RayJob\nray.io\n{meta['name']}\n{meta['uid']}".encode()).hexdigest()[:5]
+    state["seq"] = state.get("seq", 0) + 1
+    priority_class = (meta.get("labels") or {}).get(PRIORITY_CLASS_LABEL, "")
+    values = {o["metadata"]["name"]: o["value"] for o in _objects(state, "WorkloadPriorityClass")}
+    spec = {"queueName": queue_name(rayjob), "active": True, "priority": values.get(priority_class, 0),
+            "podSets": [{"name": ps["name"], "count": ps["count"]} for ps in pod_sets(rayjob)]}
+    if priority_class:
+        spec["priorityClassRef"] = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": priority_class}
+    return {"apiVersion": KUEUE_API, "kind": "Workload",
+            "metadata": {"name": f"rayjob-{meta['name']}-{digest}", "namespace": meta.get("namespace", "ray"),
+                         "uid": f"11111111-0000-0000-0000-{state['seq']:012d}",
+                         "creationTimestamp": timestamp(state), "labels": {JOB_UID_LABEL: meta["uid"]},
+                         "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": meta["name"],
+                                              "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+            "spec": spec, "status": {}}
+
+
+def collect(state: dict) -> None:
+    """The garbage collector: a Workload whose owner RayJob is gone goes too."""
+    workloads = state.setdefault("workloads", {})
+    for name in [n for n, w in workloads.items() if _owner(w) not in state["rayjobs"]]:
+        del workloads[name]
+
+
+def _reconcile_jobs(state: dict) -> None:
+    collect(state)
+    workloads = state["workloads"]
+    owned = {_owner(w): w for w in workloads.values()}
+    for rayjob in state["rayjobs"].values():
+        if not managed(rayjob):
+            continue
+        workload = owned.get(rayjob["metadata"]["name"])
+        if workload is None:
+            workload = _new_workload(state, rayjob)
+            workloads[workload["metadata"]["name"]] = workload
+        deployment = (rayjob.get("status") or {}).get("jobDeploymentStatus")
+        if deployment in ("Complete", "Failed") and not _true(workload, "Finished"):
+            succeeded = (rayjob.get("status") or {}).get("jobStatus") == "SUCCEEDED"
+            _set_condition(state, workload, "Finished", "True", "Succeeded" if succeeded else "Failed",
+                           (rayjob.get("status") or {}).get("message", ""))
+        elif rayjob["spec"].get("suspend") and _true(workload, "Admitted"):
+            rayjob["spec"]["suspend"] = False  # startJob
+
+
+def _schedule(state: dict) -> None:
+    (cluster_queue,) = _objects(state, "ClusterQueue")
+    flavors = _objects(state, "ResourceFlavor")
+    usage: dict = {}
+    live = [w for w in state["workloads"].values() if not _true(w, "Finished")]
+    for workload in live:
+        if _true(workload, "QuotaReserved"):
+            admission(state["rayjobs"][_owner(workload)], cluster_queue, flavors, usage)  # its reserved quota
+    pending = sorted((w for w in live if not _true(w, "QuotaReserved")),
+                     key=lambda w: (-w["spec"]["priority"], w["metadata"]["creationTimestamp"], w["metadata"]["uid"]))
+    for workload in pending:
+        chosen, problems = admission(state["rayjobs"][_owner(workload)], cluster_queue, flavors, usage)
+        if problems:
+            _set_condition(state, workload, "QuotaReserved", "False", "Pending", "; ".join(problems))
+            continue
+        cq = cluster_queue["metadata"]["name"]
+        sets = {ps["name"]: ps for ps in pod_sets(state["rayjobs"][_owner(workload)])}
+        workload["status"]["admission"] = {"clusterQueue": cq, "podSetAssignments": [
+            {"name": ps, "count": sets[ps]["count"],
+             "flavors": {r: flavor for r in pod_requests(sets[ps]["template"]["spec"])}}
+            for ps, flavor in chosen.items()]}
+        _set_condition(state, workload, "QuotaReserved", "True", "QuotaReserved", f"Quota reserved in ClusterQueue {cq}")
+        _set_condition(state, workload, "Admitted", "True", "Admitted", "The workload is admitted")
+
+
+def reconcile(state: dict) -> None:
+    """One pass of Kueue: the job reconciler (Workloads, finishing), the scheduler (admission),
+    the job reconciler again (an admitted job is unsuspended)."""
+    if not installed(state):
+        return
+    _reconcile_jobs(state)
+    _schedule(state)
+    _reconcile_jobs(state)
+
+
+def workloads(state: dict) -> list[dict]:
+    """``kubectl get workloads.kueue.x-k8s.io -n NS -o json``'s items."""
+    return list((state.get("workloads") or {}).values())
