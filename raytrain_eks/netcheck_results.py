@@ -60,7 +60,9 @@ def summary_text(summary: dict[str, Any] | None) -> str | None:
         if f.get(key) is not None:
             parts.append(f"{label} {f[key]:.2f}{unit}")
     if f.get("link_ratio") is not None:
-        parts.append(f"{f['link_ratio']:.0%} of the link")
+        node = f.get("inter_node_busbw_gbs")
+        parts.append((f"{node:.2f} GB/s through each node's link, " if node is not None else "")
+                     + f"{f['link_ratio']:.0%} of the link")
     if f.get("efa_over_socket") is not None:
         parts.append(f"{f['efa_over_socket']:.1f}x sockets")
     return ", ".join(parts)

@@ -227,6 +227,23 @@ def _transport_text(transport: dict[str, Any]) -> str:
     return transport.get("transport", "unknown") + (f" ({ranks})" if ranks else "")
 
 
+def exposed_comm_text(value: Any) -> str | None:
+    """run.json's ``exposed_comm`` as the report's row, its label first (``predicted 12.1-24.0%
+    of the step ...``, ``measured ...``, ``unknown: ...``; run.json says more); None for a
+    record without it."""
+    if not isinstance(value, dict):
+        return None
+    label, share = value.get("label", "unknown"), value.get("share")
+    if label == "unknown" or not share:
+        return "unknown: the job does not time its collectives and had no step-model prediction (run.json: exposed_comm)"
+    low, high = min(share), max(share)
+    span = f"{100 * low:.1f}%" if low == high else f"{100 * low:.1f}-{100 * high:.1f}%"
+    seconds = value.get("seconds") or []
+    timing = f"{min(seconds):.2f}-{max(seconds):.2f} s; " if seconds else ""
+    source = "raytrain_eks/step_model.py" if label == "predicted" else "timed by the job"
+    return f"{label} {span} of the step ({timing}{source})"
+
+
 def _summary_rows(run: Run) -> list[tuple[str, Any]]:
     from raytrain_eks.netcheck_results import summary_text as netcheck_summary
 
@@ -249,6 +266,7 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("tokens/s per device", t[contract.TOKENS_PER_S_PER_DEVICE]),
         ("TFLOP/s per device", t[contract.TFLOPS_PER_DEVICE]),
         ("MFU", None if t[contract.MFU] is None else f"{100 * t[contract.MFU]:.2f}%"),
+        ("exposed communication", exposed_comm_text(r.get("exposed_comm"))),
         ("network (netcheck)", netcheck_summary(r.get("netcheck"))),
         ("step time (s)", t[contract.STEP_TIME_S]),
         ("peak memory (GiB)", t[contract.PEAK_MEMORY_GIB]), ("eval loss before", before), ("eval loss after", after),

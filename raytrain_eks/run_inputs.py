@@ -25,8 +25,7 @@ from typing import Any, Callable
 
 from training import contract
 
-INPUTS_DIR = "_inputs"
-"""Under the storage prefix: the uploaded inputs (not a run name: run names start with a letter)."""
+INPUTS_DIR = contract.INPUTS_DIR
 INPUTS_RECORD = "inputs.json"
 """In the run's results folder (``.work/runs/<run>/``): each uploaded field, its origin and its copy."""
 FIELDS = ("data.path", "model.path", "model.tokenizer")
@@ -92,9 +91,12 @@ def write_record(uploads: list[Upload], out_dir: Path) -> None:
         (out_dir / INPUTS_RECORD).write_text(json.dumps(record(uploads), indent=2) + "\n", encoding="utf-8")
 
 
-def upload(client: Any, uploads: list[Upload], storage_uri: str, run: str, say: Callable[[str], None] = print) -> None:
+def upload(client: Any, uploads: list[Upload], storage_uri: str, run: str, say: Callable[[str], None] = print,
+           prediction: dict | None = None) -> None:
     """Upload each input unless storage has it (content-addressed: an object of that name is
-    this file), then write ``<storage>/_inputs/<run>.json``."""
+    this file), then write ``<storage>/_inputs/<run>.json`` with the step model's ``prediction``
+    of the run's exposed communication (:data:`training.contract.STEP_PREDICTION`; the driver
+    records it in run.json)."""
     from raytrain_eks.run_results import split_uri, upload_if_missing
 
     for u in uploads:
@@ -102,6 +104,7 @@ def upload(client: Any, uploads: list[Upload], storage_uri: str, run: str, say: 
         size = sum(os.path.getsize(local) for local, _ in u.files)
         say(f"    {u.field}: {u.origin} -> {u.uri} ({'uploaded' if sent else 'already stored'}, "
             f"{len(u.files)} file(s), {size} bytes)")
-    if uploads:
-        bucket, key = split_uri(f"{storage_uri.rstrip('/')}/{INPUTS_DIR}/{run}.json")
-        client.put_object(Bucket=bucket, Key=key, Body=(json.dumps(record(uploads), indent=2) + "\n").encode())
+    if uploads or prediction:
+        bucket, key = split_uri(contract.run_inputs_uri(storage_uri, run))
+        body = {**record(uploads), **({contract.STEP_PREDICTION: prediction} if prediction else {})}
+        client.put_object(Bucket=bucket, Key=key, Body=(json.dumps(body, indent=2) + "\n").encode())

@@ -152,6 +152,21 @@ def predict(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, 
             "assumed": figures.assumed(), "measured_step": figures.measured_step}
 
 
+COMM_TERMS = ("forward_gathers_s", "backward_reduce_scatters_s", "step_all_reduce_s")
+"""The terms of :func:`predict` that are exposed communication (collectives no compute hides)."""
+
+
+def exposed_comm(prediction: dict) -> dict:
+    """run.json's ``exposed_comm`` for a :func:`predict` result (label ``predicted``): the exposed
+    collectives' seconds per step and their share of the step, each a range over both ends."""
+    (step_lo, step_hi), terms = prediction["step_s"], prediction["terms"]
+    seconds = [sum(terms[name][end] for name in COMM_TERMS) for end in (0, 1)]
+    shares = sorted(round(sec / step, 4) for sec, step in zip(seconds, (step_lo, step_hi)) if step > 0)
+    return {"label": "predicted", "share": shares, "seconds": [round(v, 3) for v in seconds],
+            "step_s": [step_lo, step_hi], "by_phase": {name: list(terms[name]) for name in COMM_TERMS},
+            "source": "raytrain_eks/step_model.py, from submit's preflight of this plan (not timed by the job)"}
+
+
 def render(prediction: dict) -> list[str]:
     """The preflight's lines for a prediction."""
     (lo, hi), (mfu_lo, mfu_hi) = prediction["step_s"], prediction["mfu"]

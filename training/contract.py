@@ -220,8 +220,22 @@ RECORD_FIELDS = (
     "source", "manifest_name", "environment_spec", "inputs", "ranks", "nccl_logs", "reproducibility",
     "verdict", "definitions", "exports",
     "netcheck",  # the network measured before training (netcheck.run_first): verdict, figures, uri; else None
+    "exposed_comm",  # the step's exposed communication, and how it is known (EXPOSED_COMM_LABELS)
 )
 """Every top-level key a finished run.json holds."""
+EXPOSED_COMM_LABELS = ("measured", "predicted", "unknown")
+"""run.json ``exposed_comm.label``: timed by the job; the step model's prediction that ``submit``
+handed the run (raytrain_eks/step_model.py, in :func:`run_inputs_uri`'s file); or neither."""
+INPUTS_DIR = "_inputs"
+"""Under the storage prefix: what ``submit`` hands a run besides its config (raytrain_eks/run_inputs.py);
+not a run's name (run names start with a letter), and nothing inside the run's own directory."""
+STEP_PREDICTION = "step_prediction"
+"""Key of :func:`run_inputs_uri`'s file: the step model's exposed communication for this run's plan."""
+
+
+def run_inputs_uri(storage: str, run: str) -> str:
+    """``<storage>/_inputs/<run>.json``: the run's inputs as ``submit`` uploaded them."""
+    return f"{storage.rstrip('/')}/{INPUTS_DIR}/{run}.json"
 WORKER_RECORD_FIELDS = ("versions", "ranks", "inputs", "nccl_logs", "transport", "hosts", "data", "throughput",
                         "eval", "checkpoints", "exports")
 """The run.json fields only the workers can read (what ran on the GPU nodes, what they measured).

@@ -18,7 +18,7 @@ from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
 from training.deadlines import driver_exit_code, run_time_limit_seconds
 from training.facts import NCCL_ENV_PREFIXES
-from training.run_record import RunRecord
+from training.run_record import RunRecord, exposed_comm_handed
 from training.verdict import outcome
 
 # Driver environment variables the workers need too (fault injection, S3 endpoint for tests,
@@ -172,7 +172,8 @@ def start_record(job: JobConfig, argv: list[str], where: str = "") -> RunRecord:
     the run directory (default :func:`run_dir`)."""
     record = RunRecord(where or run_dir(job))
     record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
-                 cluster=_cluster_shape(job), command=argv)
+                 cluster=_cluster_shape(job), command=argv,
+                 exposed_comm=exposed_comm_handed(job.checkpoint.storage_path, job.run_name))
     return record
 
 
@@ -214,6 +215,7 @@ def run_in_process(job: JobConfig, ctx: Any, *, argv: list[str] | None = None, *
     from training.loop import train
 
     record = start_record(job, list(argv or sys.argv), ctx.run_dir) if ctx.rank == 0 and ctx.run_dir else None
+    sinks = metric_sinks.open_driver(job, record.run_dir, record.data) if record is not None else None
     returned, error = None, None
     try:
         returned = train(job, ctx, **train_args)
@@ -222,7 +224,7 @@ def run_in_process(job: JobConfig, ctx: Any, *, argv: list[str] | None = None, *
     if record is None:
         return {}
     final = finish_record(record, returned=returned, error=error)
-    metric_sinks.after_run(job, record.run_dir, final)
+    sinks.after_run(final)
     return final
 
 
@@ -269,6 +271,7 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
             print(f"resuming {job.run_name} from step {plan.resume_step}: {resume_from}", flush=True)
     connect_ray()
     record = start_record(job, argv)
+    sinks = metric_sinks.open_driver(job, run_dir(job), record.data)  # MLflow follows the run from here
     stop_flag = limit = None
     if job.checkpoint.storage_path:  # keep the reference: the flag actor lives as long as it
         stop_flag = checkpointing.forward_driver_sigterm(job.run_name, job.checkpoint.sigterm_grace_seconds)
@@ -295,7 +298,7 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
     if limit is not None:
         limit.cancel()
     final = finish_record(record, returned=returned, error=error, data_errors=data_errors)
-    metric_sinks.after_run(job, run_dir(job), final)  # the verdict to TensorBoard, MLflow, ...
+    sinks.after_run(final)  # the verdict to TensorBoard, MLflow's last metrics and status, ...
     del stop_flag
     if final.get("error"):
         print(f"{'error' if data_errors else 'training failed'}: {final['error']}", file=sys.stderr, flush=True)

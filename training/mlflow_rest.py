@@ -3,8 +3,8 @@ server at ``http(s)://host[:port]``, or SageMaker's managed MLflow named by its 
 request SigV4-signed (botocore, in the DLC via boto3).
 
 The calls (MLflow REST API 2.0, as served by mlflow 3.17.2 ``mlflow/server/handlers.py``):
-``experiments/get-by-name``, ``experiments/create``, ``runs/create``, ``runs/log-batch``,
-``runs/update``, and the artifact proxy ``PUT /api/2.0/mlflow-artifacts/artifacts/<path>`` for a
+``experiments/get-by-name``, ``experiments/create``, ``runs/create``, ``runs/search``, ``runs/get``,
+``runs/log-batch``, ``runs/update``, and the artifact proxy ``PUT /api/2.0/mlflow-artifacts/artifacts/<path>`` for a
 run whose ``artifact_uri`` is ``mlflow-artifacts:/<path>`` (what ``mlflow server`` gives runs by
 default). ``log-batch`` takes at most :data:`MAX_METRICS_PER_BATCH` metrics,
 :data:`MAX_PARAMS_TAGS_PER_BATCH` params and as many tags, :data:`MAX_ENTITIES_PER_BATCH` in all.
@@ -129,6 +129,30 @@ class Tracking:
     def finish_run(self, run_id: str, status: str, end_ms: int | None = None) -> None:
         """``runs/update``: FINISHED, FAILED or KILLED, and the end time."""
         self.call("runs/update", {"run_id": run_id, "status": status, "end_time": end_ms or int(time.time() * 1000)})
+
+    def reopen_run(self, run_id: str) -> None:
+        """``runs/update`` to RUNNING: a run continued by a new driver (mlflow 3.17.2
+        ``sqlalchemy_store.update_run_info`` sets any status on an active run)."""
+        self.call("runs/update", {"run_id": run_id, "status": "RUNNING"})
+
+    def find_run(self, experiment_id: str, tag: str, value: str) -> dict[str, Any] | None:
+        """The active run of the experiment whose tag ``tag`` is ``value`` (the oldest when
+        several are), as ``runs/search`` returns it (``info`` and ``data``); None when none is.
+
+        The filter grammar is mlflow 3.17.2 ``mlflow/utils/search_utils.py``: a key in backticks
+        (``_trim_backticks``), a value in single or double quotes with no escapes
+        (``_strip_quotes`` trims the ends): a value holding both quote characters finds nothing."""
+        quote = "'" if "'" not in value else '"'
+        if quote in value or "`" in tag:
+            return None
+        runs = self.call("runs/search", {"experiment_ids": [experiment_id], "max_results": 10,
+                                         "filter": f"tags.`{tag}` = {quote}{value}{quote}",
+                                         "order_by": ["attributes.start_time ASC"]}).get("runs") or []
+        return runs[0] if runs else None
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        """``runs/get``: the run's ``info`` and ``data`` (params, tags, latest metrics)."""
+        return self.call("runs/get", get={"run_id": run_id})["run"]
 
     def put_artifact(self, artifact_uri: str, relative: str, data: bytes) -> None:
         """One file under the run's artifacts, through the server's artifact proxy."""

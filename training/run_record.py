@@ -123,6 +123,25 @@ def declare_reproducibility(record: dict[str, Any]) -> dict[str, Any]:
             "verified": "none (run `raytrain-eks reproduce` on this run directory)"}
 
 
+NOT_TIMED = ("the job does not time its collectives (FSDP2 runs them on streams of their own on a GPU, "
+             "in gloo's threads on a CPU: only a device trace shows what compute hid)")
+
+
+def exposed_comm_handed(storage_path: str, run: str) -> dict[str, Any]:
+    """run.json's ``exposed_comm``: the step model's prediction ``submit`` handed this run
+    (:func:`training.contract.run_inputs_uri`), else label ``unknown`` and why."""
+    handed = None
+    if storage_path and run:
+        try:
+            handed = read_json(contract.run_inputs_uri(storage_path, run)).get(contract.STEP_PREDICTION)
+        except (OSError, ValueError, AttributeError):  # no such file (no prediction, a plain process)
+            handed = None
+    if isinstance(handed, dict) and handed.get("label") == "predicted":
+        return handed
+    return {"label": "unknown", "why": f"{NOT_TIMED}; no step-model prediction was handed to the run "
+                                       "(raytrain_eks/step_model.py predicts GPU plans with a measured trace)"}
+
+
 class RunRecord:
     """The run record of one run directory; only the driver writes it."""
 
@@ -136,7 +155,7 @@ class RunRecord:
         return f"{self.run_dir}/{contract.RECORD_NAME}"
 
     def start(self, *, job_config: dict, is_infrastructure_check: bool, cluster: dict | None = None,
-              versions: dict | None = None, command: list[str] | None = None) -> dict:
+              versions: dict | None = None, command: list[str] | None = None, exposed_comm: dict | None = None) -> dict:
         """Write the first version of the record (status ``running``); returns it.
 
         ``cluster`` adds to/overrides ``{"instance_type": $RAYTRAIN_INSTANCE_TYPE, "cluster":
@@ -180,6 +199,7 @@ class RunRecord:
             "environment_spec": {"text": spec_text(env)},  # its hash: spec_hash (contract.HASHES)
             "inputs": {}, "ranks": [], "nccl_logs": [], "reproducibility": {}, "verdict": None,
             "netcheck": None,
+            "exposed_comm": exposed_comm or exposed_comm_handed("", ""),
             # what each hash and throughput figure of this record is (one definition each)
             "definitions": {"hashes": dict(contract.HASHES), "throughput": dict(contract.FIGURES)},
         }

@@ -77,7 +77,17 @@ def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> 
         from raytrain_eks.eks_backend import check_context
 
         check_context(env.cluster.eks_name)
-    return run_inputs.plan_uploads(config, env.storage_uri, ROOT)
+    return run_inputs.plan_uploads(config, env.storage_uri, ROOT), step_prediction(plan)
+
+
+def step_prediction(plan) -> dict | None:
+    """The step model's exposed communication for the preflight's plan (run.json's
+    ``exposed_comm``, handed to the run in ``_inputs/<run>.json``); None where the preflight has
+    no step range (a CPU job, a plan without a measured trace)."""
+    from raytrain_eks.step_model import exposed_comm
+
+    predicted = (plan.measured or {}).get("range")
+    return exposed_comm(predicted) if predicted else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         raise ChartError("submit --local: --no-wait: a local run lives as long as its submit "
                          "(its Ray head and storage stop with it); raytrain-eks status/logs/stop RUN reach it meanwhile")
     env = load_environment(args.env)
-    uploads = check_before_spend(env, job, args.overrides, local=args.local)
+    uploads, prediction = check_before_spend(env, job, args.overrides, local=args.local)
     run_name = (check_run_name(args.resume, "--resume") if args.resume else check_run_name(args.name, "--name")
                 if args.name else unique_run_name(_job_name(job, args.overrides), on_cluster=args.on_cluster))
     out_dir = Path(args.out) if args.out else ROOT / ".work" / "runs" / run_name
@@ -109,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"    RayJob {manifests.rayjob}")
     run_inputs.write_record(uploads, out_dir)
     if args.local:
-        return _local(manifests, out_dir, uploads, env.storage_uri)
+        return _local(manifests, out_dir, uploads, env.storage_uri, prediction)
     try:
-        return _eks(manifests, out_dir, uploads, env.storage_uri, resume=bool(args.resume), poll_s=args.poll_seconds,
+        return _eks(manifests, out_dir, uploads, env.storage_uri, prediction, resume=bool(args.resume), poll_s=args.poll_seconds,
                     wait=not args.no_wait)
     except KeyboardInterrupt:
         print(f"\nsubmit: detached; the run goes on. raytrain-eks status {run_name} | logs {run_name} | stop {run_name}",
@@ -119,12 +129,13 @@ def run(args: argparse.Namespace) -> int:
         return 130
 
 
-def _local(manifests, out_dir: Path, uploads: list, storage_uri: str) -> int:
+def _local(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: dict | None = None) -> int:
     from raytrain_eks.local_backend import run_local
     from raytrain_eks.run_results import finish
 
     ran = run_local(rayjob=manifests.rayjob, run_uri=manifests.run_uri, code_path=manifests.code_path, out_dir=out_dir,
-                    prepare=lambda client: run_inputs.upload(client, uploads, storage_uri, manifests.run))
+                    prepare=lambda client: run_inputs.upload(client, uploads, storage_uri, manifests.run,
+                                                             prediction=prediction))
     if NETCHECK_NAME in ran.copied and "run.json" not in ran.copied:  # a netcheck job (not a run_first)
         return netcheck_finish(out_dir)
     if "run.json" not in ran.copied:
@@ -154,8 +165,8 @@ def _refuse_a_live_sibling(manifests, *, resume: bool) -> None:
                          f"raytrain-eks stop {manifests.run} first")
 
 
-def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: bool, poll_s: float,
-         wait: bool = True) -> int:
+def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: dict | None = None, *, resume: bool,
+         poll_s: float, wait: bool = True) -> int:
     from charts.errors import ChartError
     from raytrain_eks import eks_backend as eks
     from raytrain_eks.kueue_queue import QueueWatch
@@ -190,7 +201,7 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, *, resume: b
         print(f"    code archive uploaded: {manifests.code_uri}")
     else:
         print(f"    code archive already in the bucket: {manifests.code_uri}")
-    run_inputs.upload(client, uploads, storage_uri, manifests.run)
+    run_inputs.upload(client, uploads, storage_uri, manifests.run, prediction=prediction)
     eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
     if existing is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.

@@ -364,6 +364,24 @@ def test_a_bad_calibration_stops_the_preflight_in_one_line(capsys, monkeypatch, 
     assert err == f"error: {bad}: gemm = []: must be a non-empty list of {{m, n, k, tflops}}\n"
 
 
+def test_submit_hands_the_shipped_finetune_its_predicted_exposed_communication():
+    """``submit``'s prediction for the run (``_inputs/<run>.json``, recorded in run.json as
+    ``exposed_comm``): the preflight's step range's collective terms, labelled ``predicted``;
+    a CPU job has no step range and gets none."""
+    from charts.jobs import plan_job
+    from raytrain_eks.commands.submit import step_prediction
+    from raytrain_eks.step_model import exposed_comm
+
+    env = load_environment(ENV)
+    job = plan_job(env, ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml", ROOT).config
+    plan = run_preflight(env, job, dist_dir="/nonexistent-dist")
+    handed = step_prediction(plan)
+    assert handed == exposed_comm(plan.measured["range"]) and handed["label"] == "predicted"
+    assert 0 < handed["share"][0] <= handed["share"][1] < 1
+    local = plan_job(env, ROOT / "jobs" / "local.toml", ROOT).config
+    assert step_prediction(run_preflight(env, local, dist_dir="/nonexistent-dist")) is None
+
+
 SEVEN_B = ("--set", "model.path=s3://bucket/models/Qwen2.5-7B-Instruct")
 
 

@@ -153,3 +153,27 @@ def test_a_run_that_measured_the_network_first_shows_it_beside_tokens_per_s_and_
     row = ("| network (netcheck) | ACCEPTED, transport efa, inter-node all-reduce busbw 10.00 GB/s, intra-node "
            "20.00 GB/s, 80% of the link, 5.0x sockets |")
     assert row in text and text.index("| MFU |") < text.index(row)
+
+
+def test_the_exposed_communication_row_says_how_it_is_known(tmp_path):
+    """run.json's ``exposed_comm`` beside tokens/s and MFU, its label first: the step model's
+    prediction as ``predicted``; a run with none says ``unknown`` (never a figure); a record from
+    before the field shows n/a."""
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "efa-full", run)
+    record = json.loads((run / "run.json").read_text())
+    rows = {}
+    for name, value in (("predicted", {"label": "predicted", "share": [0.121, 0.2404], "seconds": [0.31, 0.88],
+                                       "source": "raytrain_eks/step_model.py, ..."}),
+                        ("unknown", {"label": "unknown", "why": "the job does not time its collectives ..."}),
+                        ("absent", None)):
+        record["exposed_comm"] = value
+        (run / "run.json").write_text(json.dumps(record))
+        text = render_report([str(run)], tmp_path / name).read_text()
+        rows[name] = next(line for line in text.splitlines() if line.startswith("| exposed communication |"))
+        assert text.index("| MFU |") < text.index(rows[name])
+    assert rows["predicted"] == ("| exposed communication | predicted 12.1-24.0% of the step (0.31-0.88 s; "
+                                 "raytrain_eks/step_model.py) |")
+    assert rows["unknown"] == ("| exposed communication | unknown: the job does not time its collectives and had no "
+                               "step-model prediction (run.json: exposed_comm) |")
+    assert rows["absent"] == "| exposed communication | n/a |"

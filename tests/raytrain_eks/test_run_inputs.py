@@ -74,3 +74,21 @@ def test_upload_once_and_record_both_places(root, s3_bucket, tmp_path, capsys): 
     assert recorded == {"data.path": {"origin": str(root / "mydata" / "chats.jsonl"), "stored": uploads[0].uri}}
     run_inputs.write_record(uploads, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "inputs.json").read_text()) == recorded
+
+
+def test_the_step_model_s_prediction_travels_in_the_run_s_inputs_record(s3_bucket, tmp_path):  # noqa: F811
+    """``submit`` hands the run the preflight's prediction of its exposed communication in
+    ``_inputs/<run>.json``, with or without files to upload; the driver reads it from there
+    (tests/training/test_launch.py)."""
+    import boto3
+
+    from training import contract
+
+    storage = f"{s3_bucket}/{tmp_path.name}"
+    client = boto3.client("s3")
+    prediction = {"label": "predicted", "share": [0.1, 0.2]}
+    run_inputs.upload(client, [], storage, "run-c", prediction=prediction)
+    run_inputs.upload(client, [], storage, "run-d")  # nothing to hand: no file
+    bucket, key = contract.run_inputs_uri(storage, "run-c").removeprefix("s3://").split("/", 1)
+    assert json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read()) == {contract.STEP_PREDICTION: prediction}
+    assert client.list_objects_v2(Bucket=bucket, Prefix=key.replace("run-c", "run-d")).get("KeyCount") == 0

@@ -14,7 +14,7 @@ import pytest
 
 from raytrain_eks.gpu_figures import published
 from raytrain_eks.measured_plan import Cluster
-from raytrain_eks.step_model import _root_params, predict
+from raytrain_eks.step_model import COMM_TERMS, _root_params, exposed_comm, predict
 from raytrain_eks.measured_plan import MODEL_CONFIGS
 from training.flops import ModelShapes
 
@@ -74,3 +74,16 @@ def test_a_plan_measured_over_two_micro_batches_repeats_the_first_in_the_middle(
     full = _measured(reduce_scatter_bytes=2 * GB)
     two = {**full, "collectives": [{k: v for k, v in c.items() if k != "middle_bytes"} for c in full["collectives"]]}
     assert predict(TRACE, two, Cluster(), QWEN2_5_1_5B, f) == predict(TRACE, full, Cluster(), QWEN2_5_1_5B, f)
+
+
+def test_the_exposed_communication_is_the_collective_terms_share_of_the_step():
+    """run.json's ``exposed_comm`` (label ``predicted``): the phases' exposed collectives summed,
+    over the step, at each end of the range."""
+    p = predict(TRACE, _measured(reduce_scatter_bytes=2 * GB, all_reduce_bytes=1 * GB), Cluster(), QWEN2_5_1_5B,
+                published("L4", 40))
+    comm = [sum(p["terms"][name][end] for name in COMM_TERMS) for end in (0, 1)]
+    e = exposed_comm(p)
+    assert COMM_TERMS == ("forward_gathers_s", "backward_reduce_scatters_s", "step_all_reduce_s")
+    assert e["label"] == "predicted" and e["seconds"] == [round(c, 3) for c in comm] and comm[0] > 0
+    assert e["share"] == sorted(round(c / s, 4) for c, s in zip(comm, p["step_s"])) and 0 < e["share"][0] <= e["share"][1] < 1
+    assert e["by_phase"] == {name: list(p["terms"][name]) for name in COMM_TERMS}

@@ -117,3 +117,18 @@ def test_the_manifest_carries_a_prefix_of_the_job_config_hash_the_job_records(tm
     ran = read_json(launch.start_record(job, ["python"]).uri)["job_config_hash"]["ran"]
     assert ran == contract.job_config_hash(job.to_dict())
     assert ran.removeprefix("sha256:").startswith(plan.config_hash) and len(plan.config_hash) == contract.LABEL_HASH_CHARS
+
+
+def test_the_driver_records_the_exposed_communication_it_was_handed_and_says_unknown_otherwise(tmp_path):
+    """run.json ``exposed_comm``: the job does not time its collectives, so it records the step
+    model's prediction ``submit`` left in ``<storage>/_inputs/<run>.json`` (label ``predicted``),
+    and without one, label ``unknown`` with the reason: never a figure of its own."""
+    job = _job(str(tmp_path))
+    first = read_json(launch.start_record(job, ["python", "-m", "training"]).uri)["exposed_comm"]
+    assert first["label"] == "unknown" and "does not time its collectives" in first["why"] and "share" not in first
+    prediction = {"label": "predicted", "share": [0.12, 0.24], "seconds": [0.3, 0.9], "source": "step model"}
+    inputs = tmp_path / contract.INPUTS_DIR / f"{job.run_name}.json"
+    inputs.parent.mkdir()
+    inputs.write_text(json.dumps({contract.STEP_PREDICTION: prediction}))
+    assert read_json(launch.start_record(job, ["python", "-m", "training"]).uri)["exposed_comm"] == prediction
+    assert set(contract.EXPOSED_COMM_LABELS) >= {prediction["label"], first["label"]}

@@ -103,3 +103,62 @@ def test_a_rejected_netcheck_before_training_fails_the_run_at_stage_transport(tm
     final = finish_record(record, returned=None, error=raised.value)
     assert final["verdict"]["verdict"] == "execution-failed" and final["verdict"]["stage"] == "transport"
     assert final["exit_code"] == 1 and "netcheck REJECTED: EFA" in final["error"]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 6, 8])
+@pytest.mark.parametrize("size", [1000, 1 << 20, 3 * (1 << 20) + 4])
+def test_the_buffers_are_the_sizes_nccl_tests_moves(n, size):
+    """Oracle: NVIDIA/nccl-tests v2.19.6 src/all_reduce.cu ``AllReduceGetCollByteCount``
+    (sendcount = count) and ``AllReduceGetBw`` (``count * typesize``); src/all_gather.cu and
+    src/reduce_scatter.cu ``*GetCollByteCount`` (``base = (count/nranks) & ~(16/eltSize - 1)``)
+    and ``*GetBw`` (``count * typesize * nranks`` with count = base); common.cu: count = size /
+    wordSize. The busbw is of what moved, not of the size asked for."""
+    from training.netcheck.busbw import moved_bytes
+
+    count = size // 4
+    assert moved_bytes("all_reduce", size, n) == count * 4
+    base = (count // n) & ~(16 // 4 - 1)
+    for collective in ("all_gather", "reduce_scatter"):
+        assert moved_bytes(collective, size, n) == base * n * 4
+        assert moved_bytes(collective, size, n) % (16 * n) == 0
+
+
+def _mean_worker(rank, out_dir):
+    import json
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from training.netcheck.worker import ranks_mean
+
+    dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"file://{os.path.join(out_dir, 'pg')}")
+    mean = ranks_mean([1.0, 3.0][rank], None, 2, torch.device("cpu"))
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as out:
+        json.dump({"mean": mean}, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.subprocess
+def test_a_size_s_time_is_the_ranks_average_as_all_reduce_perf_reports_it():
+    """Oracle: NVIDIA/nccl-tests v2.19.6 src/common.cu: ``static int average = 1`` (``-a``: 0 rank
+    0, 1 AVG, 2 MIN, 3 MAX) and ``Allreduce(args, &deltaSec, average)``, which for 1 sums the
+    ranks' times (MPI_SUM) and divides by their number. Two gloo ranks timing 1 s and 3 s: 2 s
+    on both (the slowest rank's, 3 s, is ``-a 3``)."""
+    from spawn_ranks import spawn_ranks
+
+    assert [r["mean"] for r in spawn_ranks(_mean_worker)] == [2.0, 2.0]
+
+
+def test_the_link_is_judged_by_what_one_node_s_link_carries():
+    """The inter scope times one group per local rank at once (4 on a g6.12xlarge), all through
+    the node's one link: 4 groups at 1.0 GB/s busbw each are 4.0 GB/s through a 40 Gbit/s (5 GB/s)
+    link, 80 %, not 20 %."""
+    rows = [{"scope": "inter", "collective": "all_reduce", "bytes": 1 << 20, "busbw_gbs": 1.0, "groups": 4, "ranks": 2}]
+    modes = {"nccl": {"rows": rows, "evidence": {"transport": "efa"}},
+             "socket": {"rows": [{**rows[0], "busbw_gbs": 0.25}], "evidence": {"transport": "socket"}}}
+    judged = judge(modes, link_gbps=40, min_link_fraction=0.5, require_transport="efa")
+    assert judged["verdict"] == "accepted", judged["checks"]
+    assert judged["figures"]["inter_node_busbw_gbs"] == pytest.approx(4.0)
+    assert judged["figures"]["link_ratio"] == pytest.approx(0.8)
+    assert judged["figures"]["inter_busbw_gbs"] == pytest.approx(1.0)  # one communicator's, as nccl-tests prints it

@@ -2,11 +2,18 @@
 the driver's record code, :func:`training.launch.run_in_process`), tracked by both sinks: its
 TensorBoard events (read with TensorBoard 2.21.0's ``EventAccumulator``) and its MLflow run (on a
 real ``mlflow server`` 3.17.2 on 127.0.0.1, read back through the server's REST API with the
-standard library) hold the same figures as metrics.jsonl, step by step. Both oracles run in the
-tracking venv (tests/tracking_venv.py)."""
+standard library) hold the same figures as metrics.jsonl, step by step; the MLflow run holds them
+while the run still trains; and a run whose server does not answer while it trains succeeds,
+with one warning line, and its MLflow run is complete once the server answers at the end. Both
+oracles run in the tracking venv (tests/tracking_venv.py). The same through `raytrain-eks submit
+--local`: tests/e2e/test_tracking_submit.py."""
 from __future__ import annotations
 
+import importlib
 import json
+import socket
+import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -15,7 +22,7 @@ import torch.distributed as dist
 from fixture_paths import FIXTURE_JOBS
 from tracking_venv import expected_scalars, last_by_step, mlflow_server, read_events, rest_get, rest_post
 
-from training import contract, verdict
+from training import contract, metric_sinks, verdict
 from training.config import load_job_config
 from training.metric_sinks.mlflow import ENV_EXPERIMENT, ENV_TRACKING_URI, flatten
 from training.metric_sinks.tensorboard import ACCEPTED_TAG, CONFIG_TAG, TEXT_SUFFIX, VERDICT_TAG, config_text
@@ -28,27 +35,92 @@ SHORT = ["parallel.num_workers=1", "parallel.workers_per_node=1", "train.global_
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tracked_run(tmp_path_factory):
-    """The `local` job, 6 steps with an evaluation at step 3, with the MLflow server named in the
-    environment as a user names it: ``(job, record, run_dir, server url)``."""
+PROBE_SINK = '''
+"""A test sink (tests/training/test_tracking_real_run.py): rank 0's rows and its end, handed to the test."""
+ON_WRITE = ON_CLOSE = None
+
+
+class Probe:
+    def write(self, row):
+        if ON_WRITE is not None:
+            ON_WRITE(row)
+
+    def close(self):
+        if ON_CLOSE is not None:
+            ON_CLOSE()
+
+
+def open_sink(job, ctx):
+    return Probe() if ctx.rank == 0 else None
+'''
+
+
+def _train(tmp_path: Path, monkeypatch, url: str, experiment: str, *, on_write=None, on_close=None):
+    """The shortened `local` job in this process with the MLflow server named in the environment
+    as a user names it, and the probe sink beside the shipped ones: ``(job, record, run_dir)``."""
     from training.launch import run_in_process
     from training.loop import local_context
 
+    folder = tmp_path / "probe-sink"
+    folder.mkdir()
+    (folder / "probe.py").write_text(PROBE_SINK)
+    monkeypatch.setattr(metric_sinks, "__path__", [*metric_sinks.__path__, str(folder)])
+    probe = importlib.import_module("training.metric_sinks.probe")
+    probe.ON_WRITE, probe.ON_CLOSE = on_write, on_close
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("RAYTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(ENV_TRACKING_URI, url)
+    monkeypatch.setenv(ENV_EXPERIMENT, experiment)
+    job = load_job_config(FIXTURE_JOBS / "local.toml", SHORT)
+    run_dir = tmp_path / "runs" / job.run_name
+    run_dir.mkdir(parents=True)
+    try:  # the run directory is the worker's own: metrics.jsonl lands there, as in storage
+        final = run_in_process(job, local_context(str(run_dir), run_dir=str(run_dir)))
+    finally:
+        dist.destroy_process_group()
+        sys.modules.pop("training.metric_sinks.probe", None)
+    return job, final, run_dir
+
+
+def _wait_for_step(url: str, experiment: str, step: int, bound_s: float = 300.0) -> dict:
+    """The MLflow run as the server holds it once its ``train/loss`` reaches ``step`` (the
+    follower reads metrics.jsonl every POLL_S): a bounded wait for that event, failing at the bound."""
+    import time
+
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        runs = _search(url, experiment)
+        if runs:
+            history = rest_get(url, "/api/2.0/mlflow/metrics/get-history", run_id=runs[0]["info"]["run_id"],
+                               metric_key="train/loss")["metrics"]
+            if any(int(m["step"]) >= step for m in history):
+                return {"status": runs[0]["info"]["status"], "steps": sorted(int(m["step"]) for m in history)}
+        time.sleep(1)
+    pytest.fail(f"train/loss of step {step} did not reach the server within {bound_s} s")
+
+
+def _search(url: str, experiment: str) -> list[dict]:
+    try:
+        found = rest_get(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name=experiment)["experiment"]
+    except OSError:  # the experiment does not exist yet (HTTP 404)
+        return []
+    return rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [found["experiment_id"]]})["runs"]
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory):
+    """The `local` job, 6 steps with an evaluation at step 3, with the MLflow server named in the
+    environment: ``(job, record, run_dir, server url, what the server held when step 4 was logged)``."""
     tmp_path = tmp_path_factory.mktemp("tracked-run")
+    seen: dict = {}
+
+    def at_step_4(row):
+        if row.get("kind") == "train" and row.get("step") == 4:
+            seen.update(_wait_for_step(url, EXPERIMENT, 3))
+
     with mlflow_server(tmp_path / "mlflow") as url, pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.chdir(ROOT)
-        monkeypatch.setenv("RAYTRAIN_CACHE_DIR", str(tmp_path / "cache"))
-        monkeypatch.setenv(ENV_TRACKING_URI, url)
-        monkeypatch.setenv(ENV_EXPERIMENT, EXPERIMENT)
-        job = load_job_config(FIXTURE_JOBS / "local.toml", SHORT)
-        run_dir = tmp_path / "runs" / job.run_name
-        run_dir.mkdir(parents=True)
-        try:  # the run directory is the worker's own: metrics.jsonl lands there, as in storage
-            final = run_in_process(job, local_context(str(run_dir), run_dir=str(run_dir)))
-        finally:
-            dist.destroy_process_group()
-        yield job, final, run_dir, url
+        job, final, run_dir = _train(tmp_path, monkeypatch, url, EXPERIMENT, on_write=at_step_4)
+        yield job, final, run_dir, url, seen
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -56,7 +128,7 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def test_the_events_hold_metrics_jsonl_step_by_step(tracked_run):
-    job, final, run_dir, _ = tracked_run
+    job, final, run_dir, _, _ = tracked_run
     rows = _rows(run_dir)
     events = read_events(run_dir / contract.TENSORBOARD_DIR)
     assert {tag: last_by_step(p) for tag, p in events["scalars"].items() if tag != ACCEPTED_TAG} == expected_scalars(rows)
@@ -68,7 +140,7 @@ def test_the_events_hold_metrics_jsonl_step_by_step(tracked_run):
 
 
 def test_the_mlflow_run_holds_metrics_jsonl_step_by_step(tracked_run):
-    job, final, run_dir, url = tracked_run
+    job, final, run_dir, url, _ = tracked_run
     experiment = rest_get(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name=EXPERIMENT)["experiment"]
     runs = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
     assert len(runs) == 1
@@ -118,10 +190,83 @@ def test_a_server_named_in_the_job_config_wins_over_the_environment(tracked_run)
     when the environment names none: the driver's after-run logging of the same finished run."""
     from training.metric_sinks import mlflow as sink
 
-    job, final, run_dir, url = tracked_run
+    job, final, run_dir, url, _ = tracked_run
     named = load_job_config(FIXTURE_JOBS / "local.toml",
                             SHORT + [f'tracking.mlflow_uri="{url}"', 'tracking.mlflow_experiment="from-the-job"'])
     sink.after_run(named, str(run_dir), final, environ={})
     experiment = rest_get(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="from-the-job")["experiment"]
     runs = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
     assert [r["info"]["run_name"] for r in runs] == [job.run_name]
+
+
+def test_the_mlflow_run_holds_the_steps_while_the_run_trains(tracked_run):
+    """Live: when rank 0 logged step 4 of 6, the server already held steps 1..3, in a RUNNING run."""
+    seen = tracked_run[4]
+    assert seen["status"] == "RUNNING"
+    assert seen["steps"][:3] == [1, 2, 3] and 6 not in seen["steps"]
+
+
+class Outage:
+    """The tracking server behind a port that refuses connections until :meth:`up` (a socket
+    bound but not listening: the kernel answers a connect with RST, ECONNREFUSED, as for a
+    server that is down), then forwards every connection to the real server."""
+
+    def __init__(self, upstream: str):
+        self.upstream = upstream.removeprefix("http://").split(":")
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def up(self) -> None:
+        self.sock.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            server = socket.create_connection((self.upstream[0], int(self.upstream[1])))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_server_down_while_the_run_trains_fails_nothing_and_is_caught_up_at_the_end(tmp_path_factory, capfd):
+    """The server refuses every connection while the run trains (it comes up when rank 0's loop
+    ends): the run succeeds, the driver said so in one warning line, and its MLflow run holds
+    metrics.jsonl step by step once the driver has ended it."""
+    tmp_path = tmp_path_factory.mktemp("outage")
+    with mlflow_server(tmp_path / "mlflow") as url, pytest.MonkeyPatch.context() as monkeypatch:
+        outage = Outage(url)
+        try:
+            job, final, run_dir = _train(tmp_path, monkeypatch, outage.url, "outage", on_close=outage.up)
+        finally:
+            outage.close()
+        err = capfd.readouterr().err
+        assert final["status"] == "succeeded" and final["verdict"]["verdict"] != verdict.EXECUTION_FAILED
+        warnings = [line for line in err.splitlines() if "mlflow" in line]
+        assert len(warnings) == 1 and warnings[0].startswith(f"warning: mlflow: {outage.url}: URLError:"), warnings
+        assert "Connection refused" in warnings[0]
+        runs = _search(url, "outage")
+        assert [r["info"]["status"] for r in runs] == ["FINISHED"]
+        for key, points in expected_scalars(_rows(run_dir), float32=False).items():
+            history = rest_get(url, "/api/2.0/mlflow/metrics/get-history", run_id=runs[0]["info"]["run_id"], metric_key=key)
+            assert sorted([int(m["step"]), m["value"]] for m in history["metrics"]) == points, key

@@ -12,13 +12,16 @@ each called on every sink that has it, in the order of the file names:
 - ``sync()``: at the report cadence (``train.report_every_n_steps``): hand what is buffered on;
 - ``close()``: at the end of the run.
 
-A sink file may also (or only) define ``after_run(job, run_dir, record)``: the driver calls it once the
-run's record (run.json, with its verdict) is final (:func:`after_run`); a failure there is a
-warning line, never the run's failure (the tracking is a copy; run.json is the record).
+The driver's side (:func:`open_driver`, from run.json's first write): a sink file may define
+``open_driver_sink(job, run_dir, record)``, which starts what follows the run from the driver
+(MLflow's live run) and returns an object whose ``after_run(record)`` ends it, or None; and/or
+``after_run(job, run_dir, record)``, called once the run's record (run.json, with its verdict)
+is final when no driver sink of that file was opened. A failure on the driver's side is a warning
+line, never the run's failure (the tracking is a copy; run.json is the record).
 
 ``jsonl`` (``metrics.jsonl`` in the run's storage, and rank 0's console), ``prometheus``
 (gauges through Ray's metrics agent), ``tensorboard`` (event files in the run directory) and
-``mlflow`` (the finished run on a tracking server, from the driver) are the sinks today; adding
+``mlflow`` (the run on a tracking server, live from the driver) are the sinks today; adding
 one is adding its file here. The loop knows only :class:`Metrics`.
 """
 from __future__ import annotations
@@ -71,13 +74,40 @@ def open_metrics(job: Any, ctx: Any, names: Iterable[str] | None = None) -> Metr
     return Metrics(module.open_sink(job, ctx) for module in modules if hasattr(module, "open_sink"))
 
 
+class DriverSinks:
+    """The driver's sinks of one run: those opened at its start, and the others' ``after_run``."""
+
+    def __init__(self, job: Any, run_dir: str, opened: dict[str, Any], names: Iterable[str]):
+        self.job, self.run_dir, self.opened, self.names = job, run_dir, opened, tuple(names)
+
+    def after_run(self, record: dict[str, Any]) -> None:
+        """The end of the run, once its record is final: every sink's ``after_run``."""
+        for name in self.names:
+            live = self.opened.get(name)
+            hook = getattr(importlib.import_module(f"{__name__}.{name}"), "after_run", None)
+            _warning_only(name, lambda: live.after_run(record) if live is not None
+                          else hook and hook(self.job, self.run_dir, record))
+
+
+def _warning_only(name: str, action: Any) -> Any:
+    try:
+        return action()
+    except Exception as err:  # noqa: BLE001 - a tracking copy never fails the run
+        print(f"warning: metric sink {name}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return None
+
+
+def open_driver(job: Any, run_dir: str, record: dict[str, Any], names: Iterable[str] | None = None) -> DriverSinks:
+    """The driver's start of the run (its record's first write): every ``open_driver_sink``."""
+    names = sink_names() if names is None else tuple(names)
+    opened = {}
+    for name in names:
+        opener = getattr(importlib.import_module(f"{__name__}.{name}"), "open_driver_sink", None)
+        if opener is not None and (live := _warning_only(name, lambda: opener(job, run_dir, record))) is not None:
+            opened[name] = live
+    return DriverSinks(job, run_dir, opened, names)
+
+
 def after_run(job: Any, run_dir: str, record: dict[str, Any], names: Iterable[str] | None = None) -> None:
-    """The driver's end of the run: every sink module's ``after_run`` (those of ``names``)."""
-    for name in sink_names() if names is None else names:
-        hook = getattr(importlib.import_module(f"{__name__}.{name}"), "after_run", None)
-        if hook is None:
-            continue
-        try:
-            hook(job, run_dir, record)
-        except Exception as err:  # noqa: BLE001 - a tracking copy never fails the run
-            print(f"warning: metric sink {name}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+    """The driver's end of a run it opened no sink for: every sink module's ``after_run``."""
+    DriverSinks(job, run_dir, {}, sink_names() if names is None else names).after_run(record)

@@ -26,6 +26,24 @@ def sizes(min_bytes: int, max_bytes: int) -> list[int]:
     return out
 
 
+ELEMENT_BYTES = 4
+"""The timed buffers are float32 (nccl-tests' default ``-d float``)."""
+
+
+def moved_bytes(collective: str, size_bytes: int, ranks: int) -> int:
+    """The bytes a collective of nominal ``size_bytes`` really moves, as nccl-tests v2.19.6
+    sizes its buffers (``*GetCollByteCount``): all-reduce ``count`` elements (``size / 4``);
+    all-gather and reduce-scatter ``base`` elements per rank, ``count / n`` rounded down to a
+    16-byte multiple (``(count/nranks) & ~(16/eltSize - 1)``), ``base * n`` in all, which their
+    algbw counts (``count * typesize * nranks``). At least one 16-byte block per rank."""
+    count = size_bytes // ELEMENT_BYTES
+    if collective == "all_reduce":
+        return max(count, 1) * ELEMENT_BYTES
+    block = 16 // ELEMENT_BYTES
+    base = max((count // ranks) & ~(block - 1), block)
+    return base * ranks * ELEMENT_BYTES
+
+
 def algbw_gbs(size_bytes: int, seconds: float) -> float:
     """Algorithm bandwidth in GB/s: message size over the time of one collective."""
     return size_bytes / seconds / GB if seconds > 0 else 0.0

@@ -1,7 +1,9 @@
 """The netcheck's verdict: pure rules over its record (standard library only).
 
-- ``link``: across nodes, the NCCL run's all-reduce bus bandwidth is at least
-  ``netcheck.min_link_fraction`` of the node's nominal link (``netcheck.link_gbps``);
+- ``link``: across nodes, the NCCL run's all-reduce bus bandwidth through one node's link is at
+  least ``netcheck.min_link_fraction`` of that nominal link (``netcheck.link_gbps``): the inter
+  scope times one group per local rank at once, all through the same link, so the node carries
+  the groups' busbw summed (:func:`node_busbw`);
 - ``efa_faster``: when the NCCL run went over EFA, it beats the run forced to sockets;
 - ``transport``: the NCCL run's transport is ``evidence.require_transport`` (when not ``any``),
   and the socket run really was on sockets (else the comparison compares nothing).
@@ -26,6 +28,13 @@ def peak_busbw(rows: list[dict[str, Any]], scope: str, collective: str = "all_re
     return max(values) if values else None
 
 
+def node_busbw(rows: list[dict[str, Any]], scope: str = "inter", collective: str = "all_reduce") -> float | None:
+    """The highest bus bandwidth (GB/s) one node's link carried: a row's busbw times the groups
+    timed at once (each has one rank on every node); None when not measured."""
+    values = [r["busbw_gbs"] * r.get("groups", 1) for r in rows if r["scope"] == scope and r["collective"] == collective]
+    return max(values) if values else None
+
+
 def _check(name: str, ok: bool | None, detail: str) -> dict[str, Any]:
     return {"name": name, "ok": ok, "detail": detail}
 
@@ -44,10 +53,11 @@ def judge(modes: dict[str, dict[str, Any]], *, link_gbps: float, min_link_fracti
     if inter is None or not link_gbps:
         checks.append(_check("link", None, "no inter-node figure" if inter is None else "link_gbps unknown (0)"))
     else:
-        figures["link_ratio"] = ratio = inter / link_gbs(link_gbps)
+        figures["inter_node_busbw_gbs"] = node = node_busbw(nccl.get("rows", []))
+        figures["link_ratio"] = ratio = node / link_gbs(link_gbps)
         checks.append(_check("link", ratio >= min_link_fraction,
-                             f"inter-node all-reduce busbw {inter:.2f} GB/s = {ratio:.0%} of the {link_gbps:g} Gbit/s "
-                             f"link (at least {min_link_fraction:.0%} required)"))
+                             f"inter-node all-reduce busbw {node:.2f} GB/s through each node's link = {ratio:.0%} of "
+                             f"the {link_gbps:g} Gbit/s link (at least {min_link_fraction:.0%} required)"))
     socket_inter = peak_busbw(socket.get("rows", []), "inter") if socket else None
     if used != "efa" or inter is None or socket_inter is None:
         checks.append(_check("efa_faster", None, f"NCCL run on {used!r}" if used != "efa"

@@ -2,15 +2,17 @@
 
 Scopes: ``intra`` (the ranks of one node: PCIe/NVLink), ``inter`` (one rank per node, all
 local ranks at once: what hybrid sharding's replicate dimension does), ``world``. A scope with
-one rank per group is skipped. A size's time is the slowest rank's mean over ``iters``
-collectives (the group finishes when its last rank does).
+one rank per group is skipped. A size's time is the mean over ``iters`` collectives, averaged
+over the group's ranks: what ``all_reduce_perf`` reports by default (NVIDIA/nccl-tests v2.19.6
+src/common.cu: ``average = 1``, ``Allreduce(args, &deltaSec, average)`` sums the ranks' times and
+divides by their number). The buffers are sized as nccl-tests sizes them (:func:`moved_bytes`).
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Callable
 
-from training.netcheck.busbw import COLLECTIVES, busbw_gbs, sizes
+from training.netcheck.busbw import COLLECTIVES, ELEMENT_BYTES, busbw_gbs, moved_bytes, sizes
 
 SCOPES = ("intra", "inter", "world")
 
@@ -28,12 +30,22 @@ def scope_groups(places: list[tuple[int, int]]) -> dict[str, list[list[int]]]:
     return {scope: groups for scope, groups in scopes.items() if groups}
 
 
+def ranks_mean(seconds: float, group: Any, n: int, device: Any) -> float:
+    """The group's ranks' mean of ``seconds`` (nccl-tests' default ``-a 1``: AVG)."""
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    return float(total.item()) / n
+
+
 def _time_one(collective: str, size: int, group: Any, n: int, device: Any, iters: int, warmup: int,
               sync: Callable[[], None]) -> float:
     import torch
     import torch.distributed as dist
 
-    count = max(size // 4, n) // n * n  # float32 elements, divisible by the group's ranks
+    count = moved_bytes(collective, size, n) // ELEMENT_BYTES  # float32 elements (divisible by n)
     big = torch.ones(count, dtype=torch.float32, device=device)
     part = torch.empty(count // n, dtype=torch.float32, device=device)
     run = {"all_reduce": lambda: dist.all_reduce(big, group=group),
@@ -47,9 +59,7 @@ def _time_one(collective: str, size: int, group: Any, n: int, device: Any, iters
     for _ in range(iters):
         run()
     sync()
-    elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-    return float(elapsed.item())
+    return ranks_mean((time.perf_counter() - start) / iters, group, n, device)
 
 
 def measure(cfg: Any, places: list[tuple[int, int]], rank: int, device: Any,
@@ -69,9 +79,10 @@ def measure(cfg: Any, places: list[tuple[int, int]], rank: int, device: Any,
         for collective in COLLECTIVES:
             for size in sizes(cfg.min_bytes, cfg.max_bytes):
                 seconds = _time_one(collective, size, mine[1], n, device, cfg.iters, cfg.warmup_iters, sync)
-                rows.append({"scope": scope, "collective": collective, "bytes": size, "ranks": n,
-                             "groups": len(groups), "seconds": seconds,
-                             "busbw_gbs": busbw_gbs(collective, size, seconds, n)})
+                moved = moved_bytes(collective, size, n)
+                rows.append({"scope": scope, "collective": collective, "bytes": size, "moved_bytes": moved,
+                             "ranks": n, "groups": len(groups), "seconds": seconds,
+                             "busbw_gbs": busbw_gbs(collective, moved, seconds, n)})
     return rows
 
 

@@ -1,0 +1,184 @@
+"""The driver's live MLflow run (training/metric_sinks/mlflow.py ``LiveRun``) against a real
+``mlflow server`` 3.17.2 on 127.0.0.1 (tests/tracking_venv.py), read back through the server's
+REST API with the standard library; metrics.jsonl written by hand between the follower's reads,
+as rank 0's mirror grows it in storage. No training here: the runs that train are in
+tests/training/test_tracking_real_run.py and tests/e2e/test_tracking_submit.py.
+
+The oracles are mlflow 3.17.2's own rules, from its source in the tracking venv:
+``store/tracking/dbmodels/models.py`` (``SqlMetric``: primary key ``metric_pk`` = key,
+timestamp, step, run_uuid, value, is_nan) with ``store/tracking/sqlalchemy_store.py``
+(``_log_metrics_once``: a metric sent again is dropped, not stored twice; ``_log_params``: a
+changed parameter value refuses the batch; ``log_batch``: params, then metrics, then tags, each
+in its own session), ``utils/validation.py`` (``_validate_batch_log_limits``: 1000 metrics, 100
+params, 100 tags, 1000 entities per call) and ``utils/search_utils.py`` (the ``runs/search``
+filter a run is found again with).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tracking_venv import expected_scalars, mlflow_server, rest_get, rest_post
+
+from training import contract
+from training.metric_sinks.mlflow import CURSOR_TAG, RUN_DIR_TAG, LiveRun
+from training.mlflow_rest import MlflowError, Tracking
+
+pytestmark = pytest.mark.subprocess
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url
+
+
+def _rows(first: int, last: int) -> list[dict]:
+    """Train rows of steps first..last, and an evaluation (no time, as the loop writes it) every 3."""
+    rows = []
+    for step in range(first, last + 1):
+        rows.append({"kind": "train", "step": step, "loss": 5.0 - step / 10, "lr": 1e-4, "tokens_per_s": 100.0 + step,
+                     "time": 1_760_000_000 + step})
+        if step % 3 == 0:
+            rows.append({"kind": "eval", "step": step, "eval_loss": 4.0 - step / 10})
+    return rows
+
+
+def _append(run_dir: Path, rows: list[dict], tail: str = "") -> None:
+    with (run_dir / contract.METRICS_NAME).open("a") as out:
+        out.write("".join(json.dumps(row) + "\n" for row in rows) + tail)
+
+
+def _record(run_dir: Path, status: str = "running", **config) -> dict:
+    return {"run_dir": str(run_dir), "status": status, "start_time": "2026-12-03T20:00:00+00:00",
+            "end_time": "2026-12-03T20:10:00+00:00" if status != "running" else None,
+            "job_config": {"name": "live", "run_name": run_dir.name, "train": {"max_steps": 9, **config}},
+            "image": "img@sha256:" + "a" * 64, "image_digest": "sha256:" + "a" * 64, "spec_hash": "s" * 8,
+            "source": {"git_commit": "c" * 40}, "verdict": {"verdict": "accepted"} if status != "running" else None}
+
+
+def _runs(url: str, experiment: str) -> list[dict]:
+    experiment_id = rest_get(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name=experiment)["experiment"]["experiment_id"]
+    return rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment_id]})["runs"]
+
+
+def _history(url: str, run_id: str, key: str) -> list[list[float]]:
+    history = rest_get(url, "/api/2.0/mlflow/metrics/get-history", run_id=run_id, metric_key=key)["metrics"]
+    return sorted([int(m["step"]), m["value"]] for m in history)
+
+
+def _holds_exactly(url: str, run_id: str, rows: list[dict]) -> None:
+    """Every figure of ``rows`` once per step (no metric twice), as metrics.jsonl has it."""
+    for key, points in expected_scalars(rows, float32=False).items():
+        assert _history(url, run_id, key) == points, key
+
+
+def test_a_restarted_driver_continues_the_same_mlflow_run_where_it_stopped(server, tmp_path):
+    run_dir = tmp_path / "live-1"
+    run_dir.mkdir()
+    _append(run_dir, _rows(1, 5))
+    first = LiveRun(server, "restart", str(run_dir))
+    info = first.open(_record(run_dir))
+    assert first.catch_up() == 6 and first.lines == 6  # 5 train rows and the evaluation at step 3
+
+    _append(run_dir, _rows(6, 9))  # the run goes on; the driver is replaced (a new process: a new LiveRun)
+    second = LiveRun(server, "restart", str(run_dir))
+    assert second.open(_record(run_dir))["run_id"] == info["run_id"]  # found by its tag, not a new run
+    assert second.lines == 6  # from the cursor tag the first driver left
+    assert second.catch_up() == 6
+    runs = _runs(server, "restart")
+    assert len(runs) == 1
+    tags = {t["key"]: t["value"] for t in runs[0]["data"]["tags"]}
+    assert tags[RUN_DIR_TAG] == str(run_dir) and tags[CURSOR_TAG] == "12"
+    _holds_exactly(server, info["run_id"], _rows(1, 9))
+
+
+def test_a_line_logged_twice_is_held_once(server, tmp_path):
+    """The cursor may lag the metrics it counts (mlflow writes the tag after the metrics, in
+    another session): the lines after it are sent again, and the server keeps each metric once,
+    an evaluation without a time of its own included (its time is the row before it's)."""
+    run_dir = tmp_path / "live-2"
+    run_dir.mkdir()
+    _append(run_dir, _rows(1, 6))
+    live = LiveRun(server, "twice", str(run_dir))
+    info = live.open(_record(run_dir))
+    live.catch_up()
+    again = LiveRun(server, "twice", str(run_dir))
+    again.open(_record(run_dir))
+    again.lines = 0  # as if the cursor tag had never been written
+    assert again.catch_up() == 8
+    _holds_exactly(server, info["run_id"], _rows(1, 6))
+
+
+def test_a_line_still_being_written_waits_for_its_newline(server, tmp_path):
+    run_dir = tmp_path / "live-3"
+    run_dir.mkdir()
+    _append(run_dir, _rows(1, 2), tail='{"kind": "train", "step": 3, "lo')
+    live = LiveRun(server, "partial", str(run_dir))
+    info = live.open(_record(run_dir))
+    assert live.catch_up() == 2
+    (run_dir / contract.METRICS_NAME).write_text("".join(json.dumps(r) + "\n" for r in _rows(1, 4)))
+    assert live.catch_up() == 3
+    _holds_exactly(server, info["run_id"], _rows(1, 4))
+
+
+def test_many_lines_go_in_calls_within_the_server_s_limits(server, tmp_path, monkeypatch):
+    """1000 entities a call (``_validate_batch_log_limits``), the cursor tag being one of them."""
+    run_dir = tmp_path / "live-4"
+    run_dir.mkdir()
+    rows = [{"kind": "train", "step": s, **{f"m{k}": float(s + k) for k in range(7)}, "time": 1_760_000_000 + s}
+            for s in range(1, 401)]  # 2,800 metrics
+    _append(run_dir, rows)
+    live = LiveRun(server, "limits", str(run_dir))
+    info = live.open(_record(run_dir))
+    sent: list[dict] = []
+    real_call = Tracking.call
+    monkeypatch.setattr(Tracking, "call", lambda self, endpoint, payload=None, **kw:
+                        (sent.append(payload) if endpoint == "runs/log-batch" else None) or real_call(self, endpoint, payload, **kw))
+    assert live.catch_up() == 400
+    assert [len(body["metrics"]) for body in sent] == [994, 994, 812]  # 142 rows of 7, twice, then the rest
+    assert [body["tags"] for body in sent][-1] == [{"key": CURSOR_TAG, "value": "400"}]
+    _holds_exactly(server, info["run_id"], rows)
+    with pytest.raises(MlflowError, match="INVALID_PARAMETER_VALUE"):  # the limit is the server's
+        live.tracking.call("runs/log-batch", {"run_id": info["run_id"], "metrics": sent[0]["metrics"] + sent[2]["metrics"][:7],
+                                              "tags": sent[0]["tags"]})
+
+
+def test_a_resumed_run_is_running_again_then_ends_with_the_new_outcome(server, tmp_path):
+    run_dir = tmp_path / "live-5"
+    run_dir.mkdir()
+    _append(run_dir, _rows(1, 3))
+    done = LiveRun(server, "resume", str(run_dir)).finish(_record(run_dir, status="failed"))
+    assert rest_get(server, "/api/2.0/mlflow/runs/get", run_id=done["run_id"])["run"]["info"]["status"] == "FAILED"
+
+    resumed = LiveRun(server, "resume", str(run_dir), say=print)
+    assert resumed.open(_record(run_dir, lr=2e-4))["run_id"] == done["run_id"]
+    run = rest_get(server, "/api/2.0/mlflow/runs/get", run_id=done["run_id"])["run"]
+    assert run["info"]["status"] == "RUNNING"
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["train.lr"] == "0.0002" and params["train.max_steps"] == "9"  # a new key added, the others kept
+    _append(run_dir, _rows(4, 6))
+    resumed.finish(_record(run_dir, status="succeeded", lr=2e-4))
+    run = rest_get(server, "/api/2.0/mlflow/runs/get", run_id=done["run_id"])["run"]
+    assert run["info"]["status"] == "FINISHED"
+    assert {t["key"]: t["value"] for t in run["data"]["tags"]}["raytrain.verdict"] == "accepted"
+    _holds_exactly(server, done["run_id"], _rows(1, 6))
+    root = run["info"]["artifact_uri"].removeprefix("mlflow-artifacts:").lstrip("/")
+    assert rest_get(server, f"/api/2.0/mlflow-artifacts/artifacts/{root}/{contract.METRICS_NAME}") == \
+        (run_dir / contract.METRICS_NAME).read_bytes()
+
+
+def test_a_changed_parameter_keeps_its_first_value_and_says_so(server, tmp_path):
+    """MLflow parameters cannot change (``_log_params`` refuses the whole batch): the run goes
+    on, one line names the parameter."""
+    run_dir = tmp_path / "live-6"
+    run_dir.mkdir()
+    first = LiveRun(server, "changed", str(run_dir)).open(_record(run_dir))
+    lines: list[str] = []
+    again = LiveRun(server, "changed", str(run_dir), say=lines.append)
+    assert again.open(_record(run_dir, max_steps=20))["run_id"] == first["run_id"]
+    assert lines == [f"mlflow: run {first['run_id']} keeps the first values of train.max_steps (MLflow parameters "
+                     "cannot change); run.json holds this attempt's"]
+    with pytest.raises(MlflowError, match="INVALID_PARAMETER_VALUE"):  # what sending it would have got
+        again.tracking.log_batch(first["run_id"], params={"train.max_steps": "20"})
