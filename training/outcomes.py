@@ -36,6 +36,24 @@ def refuse(reason: str, ctx: Any) -> dict[str, Any]:
     return summary
 
 
+def trained_end_of_turn(job: JobConfig) -> int | None:
+    """The end-of-turn token the run's conversations were tokenized with (as
+    training/data/tokenize.py reads it: :func:`training.tokenizer.chat_format`), or None when
+    the tokenizer has no chat template that closes a turn (synthetic data, plain text models)."""
+    if job.data.kind == "synthetic":
+        return None
+    from training.data.records import DataError
+    from training.tokenizer import chat_format, chat_template_problem, load_tokenizer, tokenizer_location
+
+    tokenizer = load_tokenizer(tokenizer_location(job.model))
+    if chat_template_problem(tokenizer):
+        return None
+    try:
+        return chat_format(tokenizer).end_of_turn_id
+    except DataError:
+        return None
+
+
 def export_on_workers(model: torch.nn.Module, ctx: Any, model_config: dict, job: JobConfig) -> dict[str, Any]:
     """Export on the workers, where the memory and the shards are (every rank gathers; rank 0
     writes ``<run>/hf``). A failed export fails the run's status, not its training: it is
@@ -45,8 +63,9 @@ def export_on_workers(model: torch.nn.Module, ctx: Any, model_config: dict, job:
 
     out_uri = f"{ctx.run_dir.rstrip('/')}/hf" if ctx.run_dir else os.path.join(ctx.local_dir, "hf")
     try:
+        end_of_turn = trained_end_of_turn(job)
         written = export_model(model, out_uri, model_config=model_config, tokenizer_dir=tokenizer_location(job.model),
-                               scratch=ctx.checkpoint_root)
+                               scratch=ctx.checkpoint_root, end_of_turn_id=end_of_turn)
     except Exception as err:  # noqa: BLE001 - reported in one line by the driver
         return {contract.EXPORT_ERROR: f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
     return {contract.EXPORTED: out_uri, contract.EXPORTS: written or {}}

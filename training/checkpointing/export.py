@@ -13,6 +13,7 @@ The result holds ``config.json``, ``model.safetensors`` and the tokenizer and lo
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
@@ -45,9 +46,26 @@ def export_dtype(model_config: dict, default: torch.dtype) -> torch.dtype:
     return value if isinstance(value, torch.dtype) else default
 
 
+def stops_at_end_of_turn(generation_config, end_of_turn_id: int | None):
+    """A copy of ``generation_config`` whose ``eos_token_id`` also holds the end-of-turn token the
+    run taught answers to end with. ``generate()`` stops only on ``eos_token_id`` (transformers
+    5.13 generation/utils.py:2044-2057), so a base model tuned on an instruct template whose
+    end-of-turn is not its eos would otherwise run past the answer. Unchanged when already there."""
+    from training.tokenizer import generation_eos_ids
+
+    if generation_config is None or end_of_turn_id is None or end_of_turn_id in generation_eos_ids(generation_config):
+        return generation_config
+    stops = generation_config.eos_token_id
+    stops = [] if stops is None else [stops] if isinstance(stops, int) else list(stops)
+    updated = copy.deepcopy(generation_config)
+    updated.eos_token_id = [*stops, int(end_of_turn_id)]
+    return updated
+
+
 def _write_hf(model: torch.nn.Module, out: Path, tokenizer_dir: str, generation_config=None) -> None:
     """``generation_config``: the base model's (its sampling defaults and stop ids; a model
-    built from a config has none). Training turns the KV cache off (training/model.py); the
+    built from a config has none), with the run's end-of-turn among its stop ids
+    (:func:`stops_at_end_of_turn`). Training turns the KV cache off (training/model.py); the
     exported model is for generation, so it is written with the cache on."""
     out.mkdir(parents=True, exist_ok=True)
     model.config.use_cache = True
@@ -68,9 +86,10 @@ def _upload(target: Path, out_uri: str) -> None:
 
 
 def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, tokenizer_dir: str = "",
-                 scratch: str | Path = "") -> dict[str, dict[str, str]] | None:
+                 scratch: str | Path = "", end_of_turn_id: int | None = None) -> dict[str, dict[str, str]] | None:
     """Export the live (FSDP-sharded) model to ``out_uri``; EVERY rank calls it (the gather is
-    a collective). Rank 0 writes and returns ``{kind: {"uri", "sha256"}}``: ``full``, or for a
+    a collective). ``end_of_turn_id``: the token the run's chat template ends answers with, added
+    to the exported generation config's stop ids. Rank 0 writes and returns ``{kind: {"uri", "sha256"}}``: ``full``, or for a
     LoRA model ``merged`` (at ``out_uri``) and ``peft_adapter`` (:func:`adapter_uri`); the
     others return None."""
     import torch.distributed as dist
@@ -104,7 +123,8 @@ def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, to
             if kind == "peft_adapter":
                 write_peft_adapter(target, adapter, lora, model_config.get("_name_or_path") or "")
             else:
-                _write_hf(skeleton, target, tokenizer_dir, getattr(model, "generation_config", None))
+                _write_hf(skeleton, target, tokenizer_dir,
+                          stops_at_end_of_turn(getattr(model, "generation_config", None), end_of_turn_id))
             written[kind] = {"uri": uri, "sha256": directory_hash(target)}
             if "://" in uri:
                 _upload(target, uri)
