@@ -18,7 +18,8 @@ parameters gathered and the unsharded fp32 gradient kept until the last micro ba
 few lines are repeated here as ``_todays_*``). "after" is the shipped code; a row without
 ``loss_head: true`` was measured before the output layer ran in chunks (training/loss_head.py).
 
-Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]``
+Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]`` (also
+Qwen2.5-0.5B and Qwen2.5-3B: the family jobs' plans, jobs/family/)
 (a few minutes per variant on an idle machine; ``make bench`` runs them all). Writes
 ``bench/results/full_size_plan.json``; ``--publish`` also writes the copy the preflight reads
 (raytrain_eks/measured_plan.json); ``--table`` prints the results as Markdown.
@@ -297,6 +298,14 @@ VARIANTS_7B = (
     {"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard"},
     {"code": "after", "activation_checkpointing": True, "strategy": "full_shard"},
 )
+VARIANTS_BY_MODEL = {
+    "Qwen2.5-1.5B": VARIANTS,
+    "Qwen2.5-7B": VARIANTS_7B,
+    # the family's shipped plans (jobs/family/), each as its job runs
+    "Qwen2.5-0.5B": ({"code": "after", "activation_checkpointing": False, "keep_gathered": True,
+                      "strategy": "hybrid_shard"},),
+    "Qwen2.5-3B": ({"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard"},),
+}
 
 
 def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
@@ -355,7 +364,7 @@ def main() -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cluster.world_size)
     results = []
     for name in args.models.split(","):
-        variants = VARIANTS if name == "Qwen2.5-1.5B" else VARIANTS_7B
+        variants = VARIANTS_BY_MODEL[name]
         chosen = [int(i) for i in args.variants.split(",")] if args.variants else range(len(variants))
         for variant in (variants[i] for i in chosen):
             results.append(measure(name, cluster=cluster, **variant))

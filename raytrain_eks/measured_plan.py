@@ -41,16 +41,25 @@ PCIE_GBYTES_PER_S = 12.0
 through host memory). An assumption, stated so a measurement can replace it."""
 
 MODEL_CONFIGS: dict[str, dict] = {
+    "Qwen2.5-0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True),
     "Qwen2.5-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                          num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
                          rms_norm_eps=1e-6, tie_word_embeddings=True),
     "Qwen2.5-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
                        rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "Qwen2.5-3B": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "Qwen2.5-14B": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40,
+                        num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
+                        rms_norm_eps=1e-6, tie_word_embeddings=False),
 }
 """The models the bench measures (bench/bench_full_size_plan.py, bench/gpu_check.py build them from
-these): the published config.json of Qwen/Qwen2.5-1.5B-Instruct and Qwen/Qwen2.5-7B-Instruct,
-hand-checked. A job's shapes never come from here: the preflight reads its model's config.json
+these) and the family jobs' tests (jobs/family/): the published config.json of
+Qwen/Qwen2.5-{0.5B,1.5B,3B,7B,14B}-Instruct, hand-checked. A job's shapes never come from here: the preflight reads its model's config.json
 (raytrain_eks/memory_estimate.py); this only says which measurement a model's shapes match."""
 
 

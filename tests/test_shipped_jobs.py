@@ -101,6 +101,7 @@ def test_the_shipped_manifests_validate(shipped_synth):
     assert errors == [] and checked >= len(SHIPPED) + 1
 
 
+@pytest.mark.subprocess  # SourceIdentity.capture asks git (charts/provenance.py)
 def test_the_chart_tests_plan_and_pack_the_fixture_copies_not_the_shipped_jobs(tmp_path):
     """The separation: a synth from the fixture folder reads nothing under ROOT/jobs. Shown on a
     tree whose jobs/ is a broken copy of the shipped one: the fixture synth still plans, packs and

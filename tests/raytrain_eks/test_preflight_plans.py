@@ -27,6 +27,7 @@ MODELS = {  # where the plans below name a model: its published config.json is p
     "s3://{bucket}/models/qwen": "Qwen2.5-1.5B",
     "s3://bucket/models/Qwen2.5-7B-Instruct": "Qwen2.5-7B",
     "s3://bucket/Qwen2.5-7B-Instruct": "Qwen2.5-7B",
+    **{f"s3://{{bucket}}/models/Qwen2.5-{size}-Instruct": f"Qwen2.5-{size}" for size in ("0.5B", "3B", "7B", "14B")},
 }
 
 
@@ -446,3 +447,20 @@ def test_the_lora_hand_count_is_what_the_jobs_transform_trains(options):
     lora.apply(model, options)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert lora_adapter_params(ModelShapes.from_hf_config(config), options) == trained
+
+
+FAMILY = sorted((ROOT / "jobs" / "family").glob("*.toml"))
+
+
+@pytest.mark.parametrize("job", FAMILY, ids=[p.stem for p in FAMILY])
+def test_each_family_job_fits_two_g6_12xlarge_as_shipped(capsys, job):
+    """The Qwen2.5 family's shipped jobs (jobs/family/), each with its model's published
+    config.json where the job names it: the preflight passes on the spec's 2 x g6.12xlarge, its
+    memory and host-memory checks included, with nothing set from outside the file. (The 14B
+    LoRA job with ``model.dtype = "auto"`` failed here: every worker loads the model in fp32
+    before the transform casts it, 4 x 55 GiB of host memory.)"""
+    code, out, err = preflight(capsys, job=str(job))
+    assert code == 0, err
+    assert "PASS  memory" in out and "verdict    OK" in out, out
+    if "offload" not in job.name:  # the offload job keeps the measured full-shard plan (host memory)
+        assert "NOTE  strategy" not in out, out  # each takes the planner's own advice
