@@ -75,3 +75,19 @@ def test_reproduce_re_creates_a_submitted_runs_manifest(tmp_path, capsys):
     record.finish(status="succeeded")
     assert main(["reproduce", str(run_dir)]) == 0
     assert "identical    yes: byte-identical to what ran" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["lora-qwen2.5-14b.toml", "finetune-qwen2.5-7b-offload.toml"])
+def test_a_family_job_in_its_subfolder_travels_and_is_named_as_the_archive_holds_it(tmp_path, name):
+    """``submit jobs/family/<job>``: the entrypoint names ``jobs/family/<job>`` and the code
+    archive holds that file as it is in the tree, so the RayJob reads what was submitted."""
+    import zipfile
+
+    env = load_environment(ROOT / "environment.toml")
+    written = synth_run(env, ROOT / "jobs" / "family" / name, run="family-1", overrides=[], outdir=tmp_path / "m",
+                        spec_text=(ROOT / "environment.toml").read_text())
+    job = next(d for d in yaml.safe_load_all(written.rayjob.read_text()) if d)
+    argv = shlex.split(job["spec"]["entrypoint"])
+    assert argv[argv.index("--config") + 1] == f"jobs/family/{name}"
+    with zipfile.ZipFile(written.code_path) as archive:
+        assert archive.read(f"jobs/family/{name}") == (ROOT / "jobs" / "family" / name).read_bytes()
