@@ -69,6 +69,12 @@ def job_network_env(environ: Mapping[str, str]) -> dict[str, str]:
     Ray's job supervisor hands the driver in :data:`SUBMITTED_JOB_ENV` (ray 2.58.0,
     dashboard/modules/job/job_supervisor.py ``_get_driver_env_vars``). Outside a submitted job
     the driver's environment is the job's."""
+    return {k: v for k, v in job_own_env(environ).items() if k.startswith(NCCL_ENV_PREFIXES)}
+
+
+def job_own_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The job's own variables: its runtime env's in a submitted job (:data:`SUBMITTED_JOB_ENV`),
+    else the driver's environment."""
     if SUBMITTED_JOB_ENV in environ:
         try:
             own = (json.loads(environ[SUBMITTED_JOB_ENV]).get("runtime_env") or {}).get("env_vars") or {}
@@ -76,7 +82,7 @@ def job_network_env(environ: Mapping[str, str]) -> dict[str, str]:
             own = {}
     else:
         own = environ
-    return {k: str(v) for k, v in own.items() if k.startswith(NCCL_ENV_PREFIXES)}
+    return {k: str(v) for k, v in own.items()}
 
 
 def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -86,15 +92,38 @@ def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**{k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}, **job_network_env(environ)}
 
 
-def worker_env(job: JobConfig) -> dict[str, str]:
+ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+"""The CUDA caching allocator's settings, read once at its first use in this order (torch 2.13
+c10/cuda/CUDAAllocatorConfig.h ``instance()``: ``PYTORCH_CUDA_ALLOC_CONF``, else
+``PYTORCH_ALLOC_CONF``; c10/core/AllocatorConfig.h: the latter is the new generic name)."""
+GPU_ALLOCATOR_SETTINGS = "expandable_segments:True"
+"""Segments that grow in place instead of a new ``cudaMalloc`` per size class: FSDP2's gathered
+parameters and reduce-scatter buffers change size layer by layer, and fixed segments fragment
+around them (the headroom the planner allows as fragmentation). torchtitan's launcher sets the
+same. Its saving on an L4 needs a GPU to measure (docs/gpu-step.md)."""
+
+
+def allocator_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The allocator settings for GPU workers: the job's own (:func:`job_own_env`, not the head
+    pod's) when it sets either variable, passed on as they are (ours, read first, would hide its
+    ``PYTORCH_ALLOC_CONF``), else expandable segments."""
+    job = job_own_env(environ)
+    own = {k: job[k] for k in ALLOCATOR_ENV if k in job}
+    return own or {ALLOCATOR_ENV[0]: GPU_ALLOCATOR_SETTINGS}
+
+
+def worker_env(job: JobConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The workers' environment: the forwarded driver variables and, on GPU, NCCL's debug log
     settings from process start (the worker creates the folder before its first collective:
-    :func:`training.nccl_log.prepare_worker`)."""
-    env = forwarded_env()
+    :func:`training.nccl_log.prepare_worker`) and the CUDA allocator's (:func:`allocator_env`),
+    which must be there before the worker's first CUDA allocation."""
+    environ = os.environ if environ is None else environ
+    env = forwarded_env(environ)
     if job.parallel.use_gpu:
         from training.nccl_log import NCCL_LOG_DIR, nccl_debug_env
 
         env.update(nccl_debug_env(NCCL_LOG_DIR, env))
+        env.update(allocator_env(environ))
     return env
 
 

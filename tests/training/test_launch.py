@@ -132,3 +132,19 @@ def test_the_driver_records_the_exposed_communication_it_was_handed_and_says_unk
     inputs.write_text(json.dumps({contract.STEP_PREDICTION: prediction}))
     assert read_json(launch.start_record(job, ["python", "-m", "training"]).uri)["exposed_comm"] == prediction
     assert set(contract.EXPOSED_COMM_LABELS) >= {prediction["label"], first["label"]}
+
+
+def test_gpu_workers_get_expandable_segments_unless_the_job_sets_its_own_allocator():
+    """torch 2.13 reads the CUDA allocator's settings once, ``PYTORCH_CUDA_ALLOC_CONF`` first,
+    else ``PYTORCH_ALLOC_CONF`` (c10/cuda/CUDAAllocatorConfig.h ``instance()``): the workers get
+    them from process start; a job's own setting of either wins; the head pod's does not count."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    gpu, cpu = _job(use_gpu=True), _job()
+    assert launch.worker_env(gpu, {})["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert not set(launch.ALLOCATOR_ENV) & set(launch.worker_env(cpu, {}))
+    own = launch.worker_env(gpu, {"PYTORCH_ALLOC_CONF": "max_split_size_mb:512"})
+    assert own["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:512" and "PYTORCH_CUDA_ALLOC_CONF" not in own
+    head_only = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6",
+                 RAY_JOB_CONFIG_JSON_ENV_VAR: json.dumps({"runtime_env": {"env_vars": {}}, "metadata": {}})}
+    assert launch.worker_env(gpu, head_only)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
