@@ -19,7 +19,8 @@ few lines are repeated here as ``_todays_*``). "after" is the shipped code; a ro
 ``loss_head: true`` was measured before the output layer ran in chunks (training/loss_head.py).
 
 Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]`` (also
-Qwen2.5-0.5B and Qwen2.5-3B: the family jobs' plans, jobs/family/)
+Qwen2.5-0.5B and Qwen2.5-3B: the family jobs' plans, jobs/family/; ``--lora --models
+Qwen2.5-7B,Qwen2.5-14B``: the family's LoRA jobs)
 (a few minutes per variant on an idle machine; ``make bench`` runs them all). Writes
 ``bench/results/full_size_plan.json``; ``--publish`` also writes the copy the preflight reads
 (raytrain_eks/measured_plan.json); ``--table`` prints the results as Markdown.
@@ -39,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from raytrain_eks.measured_plan import MODEL_CONFIGS, PUBLISHED, RESULTS, Cluster, predict  # noqa: E402
+from raytrain_eks.measured_plan import MODEL_CONFIGS, PUBLISHED, RESULTS, Cluster, lora_key, predict  # noqa: E402
 
 SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH = 2048, 1, 64  # jobs/finetune-qwen2.5-1.5b.toml
 DOC_LENGTHS = (700, 420, 310, 618)
@@ -161,11 +162,14 @@ def _flop_mapping():
 
 def measure(model_name: str, *, code: str, activation_checkpointing: bool, strategy: str = "hybrid_shard",
             reduce_dtype: str = "float32", keep_gathered: bool = False, cluster: Cluster = Cluster(),
-            loss_head: bool = True, cpu_offload: bool = False, probe=None) -> dict:
+            loss_head: bool = True, cpu_offload: bool = False, lora: dict | None = None, probe=None) -> dict:
     """One variant's figures. ``cpu_offload``: ``parallel.cpu_offload`` with the job's own AdamW
     (training/optim.py: on host-held parameters ``auto`` is foreach, whose temporaries are host
     memory too); ``probe`` (bench/bench_offload_transfer.py's): a tracker class, entered around
-    the measured micro batches, told each one's index, and adding its figures to the result."""
+    the measured micro batches, told each one's index, and adding its figures to the result.
+    ``lora``: the options of a ``[[model.transforms]]`` LoRA entry, applied as build_model applies
+    it (training/model_transforms/lora.py: the base frozen in its dtype, float32 adapters), the
+    optimizer over the adapters only, as training/optim.py builds it from the trainable ones."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -185,10 +189,16 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
     prepared = loss_inputs(None, batch, packed=True)  # host work, before the fake mode
     began = time.perf_counter()
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        # A LoRA job loads its base in the adapters' base dtype (jobs/family/lora-*.toml: model.dtype)
+        load_dtype = getattr(torch, lora_key(lora)["base_dtype"]) if lora is not None else torch.float32
+        model = AutoModelForCausalLM.from_config(config, dtype=load_dtype)
         model.config.use_cache = False
         if code == "after":
             use_packed_attention(model)
+            if lora is not None:  # the transform comes before the loss head, as in build_model
+                from training.model_transforms import lora as lora_transform
+
+                lora_transform.apply(model, lora)
             if loss_head:  # the output layer and the loss in chunks (training/loss_head.py), as build_model does
                 use_chunked_loss_head(model)
         else:
@@ -202,7 +212,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
 
             optimizer = build_optimizer(model, TrainConfig(), OptimConfig())
         else:  # on the GPU the job's AdamW is fused: per tensor here, no foreach temporaries
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=False)
+            optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-5, foreach=False)
         tracker = (probe.tracker_class if probe else FSDPMemTracker)(model, optimizer)
         collectives = _Collectives()
         watch = probe if probe else contextlib.nullcontext()
@@ -211,7 +221,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
         executed = 0
         with tracker:
             # AdamW's state first (as after any earlier step), without a forward/backward
-            for param in model.parameters():
+            for param in (q for q in model.parameters() if q.requires_grad):
                 param.grad = torch.zeros_like(param)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -244,6 +254,8 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
               "measure_s": round(time.perf_counter() - began, 1)}
     if cpu_offload:
         result["cpu_offload"] = True
+    if lora is not None:
+        result["lora"] = lora_key(lora)
     if probe:
         result.update(probe.figures(tracker, GLOBAL_BATCH // (cluster.world_size * MICRO_BATCH)))
     result["prediction"] = predict(result, cluster)
@@ -306,6 +318,12 @@ VARIANTS_BY_MODEL = {
                       "strategy": "hybrid_shard"},),
     "Qwen2.5-3B": ({"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard"},),
 }
+FAMILY_LORA = {"rank": 16, "alpha": 32, "dropout": 0.05}
+"""jobs/family/lora-qwen2.5-{7b,14b}.toml's ``[[model.transforms]]`` options."""
+LORA_VARIANTS = {
+    "Qwen2.5-7B": ({"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard", "lora": FAMILY_LORA},),
+    "Qwen2.5-14B": ({"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard", "lora": FAMILY_LORA},),
+}
 
 
 def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
@@ -332,9 +350,9 @@ def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
 def save(results: list[dict], out: Path, cluster: Cluster, *, publish: bool) -> list[dict]:
     """Write ``results`` into ``out`` (and the preflight's copy with ``publish``): a run of some
     variants replaces those and keeps the others already measured. Returns all of them."""
-    key = lambda r: tuple(r.get(k, False) for k in ("model", "code", "strategy", "activation_checkpointing",
-                                                    "reduce_dtype", "keep_gathered", "compile", "seq_len",
-                                                    "micro_batch_size", "cpu_offload"))
+    key = lambda r: tuple(json.dumps(r.get(k, False), sort_keys=True) for k in (
+        "model", "code", "strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered", "compile", "seq_len",
+        "micro_batch_size", "cpu_offload", "lora"))
     start = out if out.is_file() else PUBLISHED  # a fresh checkout has only the published copy
     previous = json.loads(start.read_text())["results"] if start.is_file() else []
     fresh = {key(r) for r in results}
@@ -356,6 +374,7 @@ def main() -> None:
     parser.add_argument("--variants", default="", help="indices into the model's variant list (default: all)")
     parser.add_argument("--publish", action="store_true", help=f"also write {PUBLISHED.name} for the preflight")
     parser.add_argument("--table", action="store_true", help="print the results file as a Markdown table and exit")
+    parser.add_argument("--lora", action="store_true", help="the LoRA jobs' variants (jobs/family/) instead")
     args = parser.parse_args()
     cluster = Cluster()
     if args.table:
@@ -364,7 +383,7 @@ def main() -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cluster.world_size)
     results = []
     for name in args.models.split(","):
-        variants = VARIANTS_BY_MODEL[name]
+        variants = (LORA_VARIANTS if args.lora else VARIANTS_BY_MODEL)[name]
         chosen = [int(i) for i in args.variants.split(",")] if args.variants else range(len(variants))
         for variant in (variants[i] for i in chosen):
             results.append(measure(name, cluster=cluster, **variant))

@@ -181,11 +181,13 @@ def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> di
         return None
     measured_here = [r for r in results if (r.get("cluster") or {}).get("instance") == instance
                      and (r.get("cluster") or {}).get("nodes") == cluster.nodes]
-    if job.model.transforms:  # measured: the whole model trained, no transform
+    transforms = [(x.name, dict(x.options)) for x in job.model.transforms]
+    if transforms and [n for n, _ in transforms] != ["lora"]:  # measured: no transform, or LoRA alone
         return None
     found = lookup(measured_here, model=name, strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                    activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
-                   keep_gathered=p.keep_params_gathered, compile=p.compile, cpu_offload=p.cpu_offload)
+                   keep_gathered=p.keep_params_gathered, compile=p.compile, cpu_offload=p.cpu_offload,
+                   lora=lora_key(transforms[0][1]) if transforms else None)
     if found is None or job.grad_accum_steps < 2:  # measured with accumulation
         return None
     found = {**found, "global_batch_size": t.global_batch_size}
@@ -193,17 +195,29 @@ def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> di
             "host_bytes_per_gpu": host_bytes_per_gpu(found)}
 
 
+def lora_key(options: dict) -> dict:
+    """What of a LoRA transform's options changes the measured memory, FLOPs and collectives
+    (training/model_transforms/lora.py, defaults filled in): alpha only scales."""
+    from training.model_transforms.lora import settings
+
+    opts = settings(options)
+    return {"rank": opts["rank"], "targets": sorted(opts["targets"]), "dropout": float(opts["dropout"]),
+            "base_dtype": opts["base_dtype"]}
+
+
 def lookup(results: list[dict], *, model: str, strategy: str, seq_len: int, micro_batch_size: int,
            activation_checkpointing: bool, reduce_dtype: str = "float32", keep_gathered: bool = False,
-           compile: bool = False, cpu_offload: bool = False) -> dict | None:
+           compile: bool = False, cpu_offload: bool = False, lora: dict | None = None) -> dict | None:
     """The shipped code's measurement of exactly this plan, or None. A row without ``compile``
     was measured uncompiled (bench/bench_full_size_plan.py never compiles); one without
-    ``cpu_offload`` without offload."""
+    ``cpu_offload`` without offload; one without ``lora`` training the whole model (else
+    :func:`lora_key` of its options)."""
     for r in results:
         if (r["code"], r["model"], r["strategy"], r["seq_len"], r["micro_batch_size"], r["activation_checkpointing"],
-                r["reduce_dtype"], r["keep_gathered"], r.get("compile", False), r.get("cpu_offload", False)) == (
+                r["reduce_dtype"], r["keep_gathered"], r.get("compile", False), r.get("cpu_offload", False),
+                r.get("lora")) == (
                 "after", model, strategy, seq_len, micro_batch_size, activation_checkpointing, reduce_dtype,
-                keep_gathered, compile, cpu_offload):
+                keep_gathered, compile, cpu_offload, lora):
             return r
     return None
 

@@ -464,3 +464,19 @@ def test_each_family_job_fits_two_g6_12xlarge_as_shipped(capsys, job):
     assert "PASS  memory" in out and "verdict    OK" in out, out
     if "offload" not in job.name:  # the offload job keeps the measured full-shard plan (host memory)
         assert "NOTE  strategy" not in out, out  # each takes the planner's own advice
+
+
+def test_a_lora_measurement_is_found_only_for_the_same_lora_settings():
+    """bench/bench_full_size_plan.py --lora records ``lora_key`` of the options it measured with;
+    a job finds that row only with the same rank, targets, dropout and base dtype (alpha only
+    scales), and a full fine-tune never finds it."""
+    from raytrain_eks.measured_plan import lookup, lora_key
+
+    plan = dict(model="Qwen2.5-7B", strategy="hybrid_shard", seq_len=2048, micro_batch_size=1,
+                activation_checkpointing=True)
+    row = {"code": "after", "reduce_dtype": "float32", "keep_gathered": False, **plan,
+           "lora": lora_key({"rank": 16, "alpha": 32, "dropout": 0.05})}
+    assert lookup([row], **plan, lora=lora_key({"rank": 16, "alpha": 8, "dropout": 0.05})) is row
+    assert lookup([row], **plan, lora=lora_key({"rank": 8, "dropout": 0.05})) is None
+    assert lookup([row], **plan, lora=lora_key({"rank": 16, "dropout": 0.05, "targets": ["q_proj"]})) is None
+    assert lookup([row], **plan) is None

@@ -100,7 +100,8 @@ def apply(model: Any, options: dict[str, Any]) -> None:
     base_dtype = getattr(torch, opts["base_dtype"])
     for param in model.parameters():
         param.requires_grad_(False)
-    model.to(base_dtype)
+    if any(param.dtype != base_dtype for param in model.parameters()):  # a base loaded in it stays as it is
+        model.to(base_dtype)
     targets = set(opts["targets"])
     found = [(name, module) for name, module in model.named_modules()
              if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets]
