@@ -35,7 +35,7 @@ JOBS = ("finetune-qwen2.5-1.5b", "smoke")
 """The shipped GPU jobs (jobs/local.toml runs on CPU)."""
 
 
-def trace(kind: str, seq_len: int, micro_batch_size: int) -> dict:
+def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointing: bool = False) -> dict:
     """One micro batch of the job's code on fake tensors; see the module docstring."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -90,11 +90,15 @@ def trace(kind: str, seq_len: int, micro_batch_size: int) -> dict:
         model.config.use_cache = False
         use_packed_attention(model)
         use_chunked_loss_head(model)  # as build_model: the output layer and the loss in chunks
+        model.train()
+        if activation_checkpointing:  # as training/parallel.py: the blocks' forward again in backward
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         recorder = Recorder()
         with recorder:
             loss_from_inputs(model, *prepared).backward()
     shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **MODEL_CONFIGS[MODEL]})
     return {"model": MODEL, "kind": kind, "seq_len": seq_len, "micro_batch_size": micro_batch_size,
+            "activation_checkpointing": activation_checkpointing,
             "doc_lengths": docs, "target_tokens": int(prepared[1].numel()),
             "gemms": sorted([*shape, count] for shape, count in recorder.gemms.items()),
             "attention_flops": int(recorder.attention), "elementwise_bytes": int(recorder.bytes),
@@ -130,11 +134,12 @@ def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
             t, p = job["train"], job["parallel"]
             found = measured_plan.lookup(results, model=MODEL, strategy=p["strategy"], seq_len=t["seq_len"],
                                          micro_batch_size=t["micro_batch_size"],
-                                         activation_checkpointing=p.get("activation_checkpointing", True),
+                                         activation_checkpointing=p.get("activation_checkpointing", False),
                                          reduce_dtype=p.get("grad_reduce_dtype", "float32"),
                                          keep_gathered=p.get("keep_params_gathered", False))
             kind = "synthetic" if job["data"]["kind"] == "synthetic" else "chat"
-            tr = step_model.find_trace(traces, model=MODEL, kind=kind, seq_len=t["seq_len"], micro_batch_size=t["micro_batch_size"])
+            tr = step_model.find_trace(traces, model=MODEL, kind=kind, seq_len=t["seq_len"], micro_batch_size=t["micro_batch_size"],
+                                       activation_checkpointing=p.get("activation_checkpointing", False))
             if found is None or tr is None:
                 out.append({"job": name, "missing": "no measured plan" if found is None else "no trace"})
                 continue
@@ -179,7 +184,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.trace:
         wanted = sorted({("synthetic" if _job(n)["data"]["kind"] == "synthetic" else "chat", _job(n)["train"]["seq_len"],
-                          _job(n)["train"]["micro_batch_size"]) for n in JOBS})
+                          _job(n)["train"]["micro_batch_size"], _job(n)["parallel"].get("activation_checkpointing", False))
+                         for n in JOBS})
         traces = [trace(*w) for w in wanted]
         step_model.TRACES.write_text(json.dumps({"traces": traces}, indent=1) + "\n")
     results = rows()

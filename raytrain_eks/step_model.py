@@ -41,10 +41,16 @@ def load_traces(path: Path = TRACES) -> list[dict]:
     return json.loads(path.read_text(encoding="utf-8"))["traces"] if path.is_file() else []
 
 
-def find_trace(traces: list[dict], *, model: str, kind: str, seq_len: int, micro_batch_size: int) -> dict | None:
+def find_trace(traces: list[dict], *, model: str, kind: str, seq_len: int, micro_batch_size: int,
+               activation_checkpointing: bool = False) -> dict | None:
+    """The trace of exactly this micro batch, or None. Checkpointing is part of the key: it runs
+    every block's forward again in backward (about a third more GEMMs and element-wise bytes),
+    so a trace without it would predict a checkpointed job too fast. A trace without the key
+    was made without checkpointing."""
     for trace in traces:
-        if (trace["model"], trace["kind"], trace["seq_len"], trace["micro_batch_size"]) == (
-                model, kind, seq_len, micro_batch_size):
+        if (trace["model"], trace["kind"], trace["seq_len"], trace["micro_batch_size"],
+                trace.get("activation_checkpointing", False)) == (
+                model, kind, seq_len, micro_batch_size, activation_checkpointing):
             return trace
     return None
 
@@ -191,7 +197,8 @@ def for_job(job, shapes: ModelShapes, measured: dict, cluster: Cluster, gpu: str
 
     kind = {"chat": "chat", "synthetic": "synthetic"}.get(job.data.kind)
     trace = kind and find_trace(load_traces() if traces is None else traces, model=measured["model"], kind=kind,
-                                seq_len=job.train.seq_len, micro_batch_size=job.train.micro_batch_size)
+                                seq_len=job.train.seq_len, micro_batch_size=job.train.micro_batch_size,
+                                activation_checkpointing=job.parallel.activation_checkpointing)
     if not trace:
         return None
     row = {**measured, "grad_accum_steps": measured["prediction"]["grad_accum_steps"]}
