@@ -244,6 +244,23 @@ def exposed_comm_text(value: Any) -> str | None:
     return f"{label} {span} of the step ({timing}{source})"
 
 
+def predicted_step_text(value: Any) -> str | None:
+    """The step model's prediction the run was handed (run.json ``exposed_comm``, label
+    ``predicted``): step time and MFU ranges beside the measured ones, with the figures it
+    assumed (the rest are published or calibrated by ``make gpu-check``); None without one."""
+    if not isinstance(value, dict) or value.get("label") != "predicted" or not value.get("step_s"):
+        return None
+    (lo, hi), mfu = value["step_s"], value.get("mfu") or []
+    text = f"predicted {lo:.2f}-{hi:.2f} s"
+    if mfu:
+        text += f", MFU {100 * min(mfu):.1f}-{100 * max(mfu):.1f}%"
+    assumed = value.get("assumed")
+    basis = ("assumed: " + ", ".join(assumed)) if assumed else "every figure published or measured"
+    if value.get("calibrated"):
+        basis += "; calibrated by make gpu-check"
+    return f"{text} (raytrain_eks/step_model.py; {basis})"
+
+
 def _summary_rows(run: Run) -> list[tuple[str, Any]]:
     from raytrain_eks.netcheck_results import summary_text as netcheck_summary
 
@@ -269,6 +286,7 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("exposed communication", exposed_comm_text(r.get("exposed_comm"))),
         ("network (netcheck)", netcheck_summary(r.get("netcheck"))),
         ("step time (s)", t[contract.STEP_TIME_S]),
+        ("step time, predicted", predicted_step_text(r.get("exposed_comm"))),
         ("peak memory (GiB)", t[contract.PEAK_MEMORY_GIB]), ("eval loss before", before), ("eval loss after", after),
         ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),
         ("started", r.get("start_time")), ("error", r.get("error")),

@@ -169,7 +169,9 @@ def exposed_comm(prediction: dict) -> dict:
     seconds = [sum(terms[name][end] for name in COMM_TERMS) for end in (0, 1)]
     shares = sorted(round(sec / step, 4) for sec, step in zip(seconds, (step_lo, step_hi)) if step > 0)
     return {"label": "predicted", "share": shares, "seconds": [round(v, 3) for v in seconds],
-            "step_s": [step_lo, step_hi], "by_phase": {name: list(terms[name]) for name in COMM_TERMS},
+            "step_s": [step_lo, step_hi], "mfu": list(prediction["mfu"]), "assumed": list(prediction["assumed"]),
+            "calibrated": prediction.get("measured_step") is not None,
+            "by_phase": {name: list(terms[name]) for name in COMM_TERMS},
             "source": "raytrain_eks/step_model.py, from submit's preflight of this plan (not timed by the job)"}
 
 

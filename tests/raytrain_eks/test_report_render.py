@@ -177,3 +177,34 @@ def test_the_exposed_communication_row_says_how_it_is_known(tmp_path):
     assert rows["unknown"] == ("| exposed communication | unknown: the job does not time its collectives and had no "
                                "step-model prediction (run.json: exposed_comm) |")
     assert rows["absent"] == "| exposed communication | n/a |"
+
+
+def test_the_predicted_step_sits_beside_the_measured_one_with_what_it_assumed(tmp_path):
+    """The step model's range the run was handed (run.json ``exposed_comm``: step time, MFU and
+    the figures it assumed, raytrain_eks/step_model.py ``exposed_comm``) under the measured step
+    time; a run without a prediction shows n/a, never a figure."""
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "efa-full", run)
+    record = json.loads((run / "run.json").read_text())
+    record["exposed_comm"] = {"label": "predicted", "share": [0.12, 0.24], "seconds": [0.3, 0.9],
+                              "step_s": [5.69, 8.04], "mfu": [0.1737, 0.2454], "assumed": ["gemm", "pcie"],
+                              "calibrated": False}
+    (run / "run.json").write_text(json.dumps(record))
+    text = render_report([str(run)], tmp_path / "out").read_text()
+    row = ("| step time, predicted | predicted 5.69-8.04 s, MFU 17.4-24.5% (raytrain_eks/step_model.py; "
+           "assumed: gemm, pcie) |")
+    assert row in text and text.index("| step time (s) |") < text.index(row)
+    record["exposed_comm"] = {"label": "unknown", "why": "..."}
+    (run / "run.json").write_text(json.dumps(record))
+    assert "| step time, predicted | n/a |" in render_report([str(run)], tmp_path / "out2").read_text()
+
+
+def test_the_prediction_handed_to_a_run_carries_its_ranges_and_assumptions():
+    from raytrain_eks.step_model import exposed_comm
+
+    prediction = {"step_s": (5.0, 8.0), "mfu": (0.17, 0.25), "assumed": ["gemm"], "measured_step": None,
+                  "terms": {"forward_gathers_s": (0.1, 0.2), "backward_reduce_scatters_s": (0.2, 0.4),
+                            "step_all_reduce_s": (0.0, 0.1)}}
+    handed = exposed_comm(prediction)
+    assert handed["step_s"] == [5.0, 8.0] and handed["mfu"] == [0.17, 0.25]
+    assert handed["assumed"] == ["gemm"] and handed["calibrated"] is False
