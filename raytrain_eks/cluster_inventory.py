@@ -35,6 +35,8 @@ NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
 """The label EKS puts on every node of a managed node group (its name)."""
 _MAGIC_GZIP = b"\x1f\x8b\x08"
 
+KUEUE_GROUP_SUFFIX = ".kueue.x-k8s.io"
+KUEUE_MANAGER_CONFIG_KEY = "controller_manager_config.yaml"
 KubeList = Callable[[str, str], list[dict[str, Any]]]
 """(kind, label selector or "") -> the items of ``kubectl get <kind> -A [-l selector] -o json``."""
 
@@ -75,6 +77,12 @@ class Inventory:
     workloads: list[dict[str, Any]] = field(default_factory=list)
     crds: set[str] = field(default_factory=set)
     namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)
+    served: dict[str, set[str]] = field(default_factory=dict)
+    """Each CRD's served API versions (``spec.versions[].served``)."""
+    manager_configs: dict[str, str] = field(default_factory=dict)
+    """Kueue's manager configuration by namespace (``controller_manager_config.yaml`` of its
+    ``<release>-manager-config`` ConfigMap: kueue chart v0.19.2 templates/manager/manager-config.yaml),
+    read only when the cluster has Kueue's CRDs."""
 
     def nodes_of(self, nodegroup: str) -> list[dict[str, Any]]:
         return [n for n in self.nodes if (n["metadata"].get("labels") or {}).get(NODEGROUP_LABEL) == nodegroup]
@@ -91,10 +99,19 @@ def read_inventory(kube_list: KubeList) -> Inventory:
         releases.append(Release(name=release.get("name", labels.get("name", "")),
                                 namespace=release.get("namespace", secret["metadata"].get("namespace", "")),
                                 chart=metadata.get("name", ""), version=metadata.get("version", "")))
+    crds = kube_list("customresourcedefinitions", "")
+    served = {c["metadata"]["name"]: {v["name"] for v in (c.get("spec") or {}).get("versions") or [] if v.get("served")}
+              for c in crds}
+    configs = {}
+    if any(name.endswith(KUEUE_GROUP_SUFFIX) for name in served):
+        for config_map in kube_list("configmaps", ""):
+            text = (config_map.get("data") or {}).get(KUEUE_MANAGER_CONFIG_KEY)
+            if text is not None:
+                configs[config_map["metadata"].get("namespace", "")] = text
     return Inventory(
         nodes=kube_list("nodes", ""), releases=releases,
         workloads=kube_list("deployments", "") + kube_list("daemonsets", ""),
-        crds={c["metadata"]["name"] for c in kube_list("customresourcedefinitions", "")},
+        crds=set(served), served=served, manager_configs=configs,
         namespaces={n["metadata"]["name"]: n for n in kube_list("namespaces", "")})
 
 

@@ -173,6 +173,8 @@ def check_addons(env: Environment, inventory: Inventory) -> list[Finding]:
                               f"add {addon.key!r} to cluster.present_addons in {env.source}"))
         elif found is not None and addon.key == "kuberay_operator":
             out += _kuberay(env, found, version)
+        elif found is not None and addon.key == "kueue":
+            out += _kueue(env, found, inventory)
         elif found is not None:
             out.append(passed("addons", f"{addon.key}: present ({found.describe()}), not installed"))
     return out
@@ -195,6 +197,48 @@ def _kuberay(env: Environment, found, version: str) -> list[Finding]:
                                     f"the operator from {namespace} only",
                           f"run the operator in {namespace}, or let this app install it"))
     return out or [passed("addons", f"kuberay_operator: KubeRay {found.version} present ({found.describe()}), not installed")]
+
+
+def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
+    """A team's own Kueue takes this app's queue objects (environment/queueing.py) and suspends
+    and admits its RayJobs only if it manages RayJobs (``integrations.frameworks`` of its
+    configuration API, config.kueue.x-k8s.io, lists the job frameworks it sets up: this app's
+    own install lists ``ray.io/rayjob``, environment/queueing.py ``kueue_values``) and serves the
+    objects' API version (their CRDs' ``spec.versions[].served``)."""
+    import yaml
+
+    from environment.queueing import KUEUE_API, KUEUE_FRAMEWORKS, kueue_objects
+
+    out, where = [], found.namespace or "kueue-system"
+    text = inventory.manager_configs.get(where)
+    if text is None:
+        out.append(failed("addons", f"kueue: {found.describe()}: no manager configuration (ConfigMap with "
+                                    f"controller_manager_config.yaml) in {where} to confirm it manages RayJobs",
+                          f"let kubectl read ConfigMaps in {where}, or set queueing.enabled = false in {env.source}"))
+    else:
+        try:
+            config = yaml.safe_load(text) or {}
+        except yaml.YAMLError:
+            config = None
+        frameworks = ((config or {}).get("integrations") or {}).get("frameworks") if isinstance(config, dict) else None
+        missing = [f for f in KUEUE_FRAMEWORKS if not isinstance(frameworks, list) or f not in frameworks]
+        if missing:
+            out.append(failed("addons", f"kueue: {found.describe()} does not manage {', '.join(missing)} "
+                                        f"(integrations.frameworks: {frameworks!r}): queued RayJobs would never be admitted",
+                              f"add {', '.join(missing)} to integrations.frameworks of its manager config in {where}, "
+                              f"or set queueing.enabled = false in {env.source}"))
+    version = KUEUE_API.rsplit("/", 1)[1]
+    kinds = sorted({(o["kind"], o["apiVersion"]) for o in kueue_objects(env)})
+    for kind, _ in kinds:
+        plural = kind.lower() + ("es" if kind.endswith("s") else "s")  # the CRD's plural: Kueue's kinds
+        crd = next((name for name in inventory.served if name == f"{plural}.{KUEUE_API.split('/')[0]}"), None)
+        if crd is None or version not in inventory.served[crd]:
+            served = sorted(inventory.served.get(crd, ())) if crd else []
+            out.append(failed("addons", f"kueue: {found.describe()} serves {kind} at {served or 'no version'}, "
+                                        f"the queue objects are {KUEUE_API}",
+                              f"upgrade Kueue to {env.versions.chart('kueue')} (or one serving {KUEUE_API})"))
+    return out or [passed("addons", f"kueue: present ({found.describe()}), manages ray.io/rayjob and serves {KUEUE_API}, "
+                                    "not installed")]
 
 
 def check_namespace(env: Environment, inventory: Inventory) -> list[Finding]:

@@ -195,3 +195,41 @@ def test_decode_release_is_helms_decode_release():
     assert decode_release(secret["data"]["release"])["chart"]["metadata"]["version"] == "1.2.3"
     plain = base64.b64encode(base64.b64encode(b'{"name": "old"}')).decode()
     assert decode_release(plain) == {"name": "old"}
+
+
+def _kueue_present(world, frameworks, served=("v1beta1", "v1beta2")):
+    """The team runs Kueue v0.19.2 by Helm in kueue-system (the spec says present), with its
+    manager ConfigMap (kueue chart templates/manager/manager-config.yaml) and CRDs."""
+    world.raw.setdefault("queueing", {})["enabled"] = True
+    world.raw["cluster"]["present_addons"] = [*world.raw["cluster"]["present_addons"], "kueue"]
+    lists = world.tables["lists"]
+    lists["secrets"].append(helm_release_secret("kueue", "kueue-system", "kueue", "0.19.2"))
+    lists["customresourcedefinitions"] += [
+        {"metadata": {"name": f"{plural}.kueue.x-k8s.io"},
+         "spec": {"versions": [{"name": v, "served": True} for v in served]}}
+        for plural in ("clusterqueues", "localqueues", "resourceflavors", "workloadpriorityclasses", "workloads")]
+    config = {"apiVersion": "config.kueue.x-k8s.io/v1beta2", "integrations": {"frameworks": frameworks}}
+    lists["configmaps"] = [{"metadata": {"name": "kueue-manager-config", "namespace": "kueue-system"},
+                            "data": {"controller_manager_config.yaml": json.dumps(config)}}]
+
+
+def test_a_teams_kueue_that_manages_rayjobs_is_used_as_it_is(world, charts, capsys):  # noqa: F811
+    _kueue_present(world, ["batch/job", "ray.io/rayjob"])
+    rc, lines, err = world.run(capsys, charts[1])
+    assert failures(lines) == [] and rc == 0, lines
+    assert any("kueue: present (helm release kueue in kueue-system, chart 0.19.2), manages ray.io/rayjob" in line
+               for line in lines)
+
+
+def test_a_teams_kueue_that_does_not_manage_rayjobs_fails(world, charts, capsys):  # noqa: F811
+    _kueue_present(world, ["batch/job"])
+    _one_failure(world, capsys, charts, "does not manage ray.io/rayjob", "queued RayJobs would never be admitted",
+                 "add ray.io/rayjob to integrations.frameworks")
+
+
+def test_a_teams_kueue_that_serves_an_older_api_fails(world, charts, capsys):  # noqa: F811
+    _kueue_present(world, ["ray.io/rayjob"], served=("v1beta1",))
+    rc, lines, err = world.run(capsys, charts[1])
+    assert rc == 2 and all("the queue objects are kueue.x-k8s.io/v1beta2" in line for line in failures(lines)), lines
+    assert {line.split(" serves ")[1].split(" at ")[0] for line in failures(lines)} == {
+        "ClusterQueue", "LocalQueue", "ResourceFlavor", "WorkloadPriorityClass"}
