@@ -14,7 +14,7 @@ True once admitted, after which Kueue unsuspends the RayJob (reconciler.go:621-6
 (``pkg/controller/core/workload_controller.go:1403-1424``).
 
 Pending Workloads are admitted in queue order: higher ``spec.priority`` first, then the older
-``metadata.creationTimestamp``, then uid (``pkg/cache/queue/cluster_queue.go:1057-1090``,
+``metadata.creationTimestamp`` (the eviction's time for one requeued after a PodsReady timeout), then uid (``pkg/cache/queue/cluster_queue.go:1057-1090``,
 ``pkg/workload/workload.go:1148-1168``); BestEffortFIFO lets one that fits pass one that does
 not. Every queued RayJob of the namespace names the one LocalQueue of ClusterQueue ``raytrain``
 (environment/queueing.py), so the namespace's Workloads are one queue.
@@ -76,9 +76,20 @@ def _message(workload: dict[str, Any]) -> str:
                  if c.get("type") == "QuotaReserved" and c.get("status") == "False"), "")
 
 
+def _order_time(workload: dict[str, Any]) -> str:
+    """Kueue's ``Ordering.GetQueueOrderTimestamp`` (``pkg/workload/workload.go``) at its default
+    ``requeuingStrategy.timestamp: Eviction``: a Workload evicted for a PodsReady timeout (a
+    ``waitForPodsReady`` a team's own Kueue may turn on) queues from its eviction; any other, its
+    preempted ones included, from its creation."""
+    evicted = next((c for c in (workload.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "Evicted" and c.get("status") == "True"
+                    and c.get("reason") == "PodsReadyTimeout"), None)
+    return evicted.get("lastTransitionTime", "") if evicted else (workload.get("metadata") or {}).get("creationTimestamp", "")
+
+
 def _order(workload: dict[str, Any]) -> tuple:
     meta = workload.get("metadata") or {}
-    return (-int((workload.get("spec") or {}).get("priority") or 0), meta.get("creationTimestamp", ""), meta.get("uid", ""))
+    return (-int((workload.get("spec") or {}).get("priority") or 0), _order_time(workload), meta.get("uid", ""))
 
 
 def places(workloads: list[dict[str, Any]]) -> dict[str, Place]:

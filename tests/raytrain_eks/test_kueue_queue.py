@@ -1,0 +1,47 @@
+"""The queue order ``raytrain_eks.kueue_queue`` reads off Workloads, held to Kueue's own.
+
+Kueue (``kubernetes-sigs/kueue`` tag ``v0.19.2``) sorts a ClusterQueue's pending Workloads by
+priority, then ``workload.Ordering.GetQueueOrderTimestamp`` (``pkg/workload/workload.go``), then
+uid (``pkg/cache/queue/cluster_queue.go``, the ``queueOrderingFunc``). That timestamp is the
+``creationTimestamp``, except for a Workload whose ``Evicted`` condition is True with reason
+``PodsReadyTimeout`` while ``waitForPodsReady.requeuingStrategy.timestamp`` is ``Eviction``
+(the default, ``apis/config/v1beta2/defaults.go``): then it is that condition's
+``lastTransitionTime``, so a requeued job goes to the back of its priority. Eviction by
+preemption keeps the creation time (``pkg/workload/workload_test.go`` ``TestGetQueueOrderTimestamp``).
+A team's own Kueue (``cluster.existing``) may run with ``waitForPodsReady`` on.
+"""
+from __future__ import annotations
+
+from raytrain_eks.kueue_queue import places
+
+
+def _workload(name: str, created: str, *conditions: dict) -> dict:
+    return {"metadata": {"name": f"rayjob-{name}", "uid": name, "creationTimestamp": created,
+                         "ownerReferences": [{"kind": "RayJob", "name": name}]},
+            "spec": {"priority": 100}, "status": {"conditions": list(conditions)}}
+
+
+def _evicted(reason: str, at: str) -> dict:
+    return {"type": "Evicted", "status": "True", "reason": reason, "lastTransitionTime": at}
+
+
+def test_a_workload_requeued_after_a_pods_ready_timeout_waits_behind_those_queued_before_its_eviction():
+    requeued = _workload("a", "2026-12-04T01:00:00Z", _evicted("PodsReadyTimeout", "2026-12-04T03:00:00Z"))
+    later = _workload("b", "2026-12-04T02:00:00Z")
+    got = places([requeued, later])
+    assert (got["b"].position, got["a"].position) == (1, 2)
+    assert got["a"].ahead == ("b",)
+
+
+def test_a_workload_evicted_by_preemption_keeps_its_creation_time_in_the_queue():
+    preempted = _workload("a", "2026-12-04T01:00:00Z", _evicted("Preempted", "2026-12-04T03:00:00Z"))
+    later = _workload("b", "2026-12-04T02:00:00Z")
+    got = places([preempted, later])
+    assert (got["a"].position, got["b"].position) == (1, 2)
+
+
+def test_an_eviction_that_is_over_no_longer_moves_the_workload():
+    over = _workload("a", "2026-12-04T01:00:00Z", {**_evicted("PodsReadyTimeout", "2026-12-04T03:00:00Z"),
+                                                  "status": "False"})
+    later = _workload("b", "2026-12-04T02:00:00Z")
+    assert places([over, later])["a"].position == 1
