@@ -38,7 +38,7 @@ class Place:
     workload: str
     """Its Workload's name."""
     state: str
-    """``queued``, ``admitted`` or ``finished``."""
+    """``queued``, ``reserved`` (quota held, admission checks pending), ``admitted`` or ``finished``."""
     position: int = 0
     """1 = admitted next (queued only)."""
     queued: int = 0
@@ -106,7 +106,10 @@ def places(workloads: list[dict[str, Any]]) -> dict[str, Place]:
         if _true(w, "Finished"):
             out[owner] = Place(workload=name, state="finished", priority_class=priority)
         elif _true(w, "QuotaReserved"):
-            out[owner] = Place(workload=name, state="admitted", holding=holding, priority_class=priority)
+            # Admitted only once its admission checks pass (none on this app's ClusterQueue; a
+            # team's own may have some): until then the quota is held and the RayJob still suspended.
+            out[owner] = Place(workload=name, state="admitted" if _true(w, "Admitted") else "reserved",
+                               holding=holding, priority_class=priority)
         else:
             index = queued.index(w)
             out[owner] = Place(workload=name, state="queued", position=index + 1, queued=len(queued),
@@ -130,6 +133,9 @@ def describe(place: Place) -> str:
                 f"{'; Kueue: ' + place.message if place.message else ''}")
     if place.state == "admitted":
         return f"admitted by Kueue (Workload {place.workload}): KubeRay creates its cluster; its deadlines count from now"
+    if place.state == "reserved":
+        return (f"quota reserved by Kueue (Workload {place.workload}): waiting for its admission checks; "
+                "the RayJob stays suspended until it is admitted")
     return f"finished in Kueue (Workload {place.workload}): its quota is free"
 
 

@@ -45,3 +45,18 @@ def test_an_eviction_that_is_over_no_longer_moves_the_workload():
                                                   "status": "False"})
     later = _workload("b", "2026-12-04T02:00:00Z")
     assert places([over, later])["a"].position == 1
+
+
+def test_quota_reserved_is_not_admitted_until_the_admission_checks_pass():
+    """Kueue v0.19.2's Workload API: ``QuotaReserved`` when the scheduler assigns quota,
+    ``Admitted`` only once every admission check of the ClusterQueue is Ready too; the job is
+    unsuspended only then (a reviewer's reading of the v0.19.2 source, not re-checked here). A team's own
+    ClusterQueue may have checks (ProvisioningRequest): submit must not say admitted early."""
+    from raytrain_eks.kueue_queue import describe
+
+    reserved = _workload("a", "2026-12-04T01:00:00Z", {"type": "QuotaReserved", "status": "True"})
+    admitted = _workload("b", "2026-12-04T01:00:00Z", {"type": "QuotaReserved", "status": "True"},
+                         {"type": "Admitted", "status": "True"})
+    got = places([reserved, admitted])
+    assert (got["a"].state, got["b"].state) == ("reserved", "admitted")
+    assert describe(got["a"]).startswith("quota reserved by Kueue (Workload rayjob-a): waiting for its admission checks")
