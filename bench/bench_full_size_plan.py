@@ -18,9 +18,8 @@ parameters gathered and the unsharded fp32 gradient kept until the last micro ba
 few lines are repeated here as ``_todays_*``). "after" is the shipped code; a row without
 ``loss_head: true`` was measured before the output layer ran in chunks (training/loss_head.py).
 
-Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]`` (also
-Qwen2.5-0.5B and Qwen2.5-3B: the family jobs' plans, jobs/family/; ``--lora --models
-Qwen2.5-7B,Qwen2.5-14B``: the family's LoRA jobs)
+Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]``, or
+``--jobs jobs/family/lora-qwen2.5-7b.toml,...``: each shipped job's own plan (docs/jobs.md)
 (a few minutes per variant on an idle machine; ``make bench`` runs them all). Writes
 ``bench/results/full_size_plan.json``; ``--publish`` also writes the copy the preflight reads
 (raytrain_eks/measured_plan.json); ``--table`` prints the results as Markdown.
@@ -40,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from raytrain_eks.measured_plan import MODEL_CONFIGS, PUBLISHED, RESULTS, Cluster, lora_key, predict  # noqa: E402
+from raytrain_eks.measured_plan import (MODEL_CONFIGS, PUBLISHED, RESULTS, Cluster, job_plan, lora_key,  # noqa: E402
+                                        predict, published_model)
 
 SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH = 2048, 1, 64  # jobs/finetune-qwen2.5-1.5b.toml
 DOC_LENGTHS = (700, 420, 310, 618)
@@ -218,7 +218,16 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
         watch = probe if probe else contextlib.nullcontext()
         if probe:
             probe.model = model
-        executed = 0
+        # The FLOPs of one micro batch, counted on a step of its own before the memory is: under
+        # torch's FlopCounterMode a checkpointed layer's recomputed activations outlive its
+        # backward until the mode exits (measured: a tiny Qwen2's checkpointed peak grows by them,
+        # a LoRA one's nearly doubles); no real step runs under that mode.
+        (begin_micro_batch if code == "after" else _todays_begin_micro_batch)(model, 0, 1)
+        with FlopCounterMode(display=False, custom_mapping=_flop_mapping()) as counter:
+            (loss_from_inputs(model, *prepared) if code == "after" else _todays_loss(model, batch)).backward()
+        executed = counter.get_total_flops()
+        end_accumulation(model, MEASURED_ACCUM)  # the plan parallelize chose, as after any step
+        optimizer.zero_grad(set_to_none=True)
         with tracker:
             # AdamW's state first (as after any earlier step), without a forward/backward
             for param in (q for q in model.parameters() if q.requires_grad):
@@ -230,12 +239,8 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
                     tracker.reset_mod_stats()  # per-module stats are per forward; the peak is kept
                     (begin_micro_batch if code == "after" else _todays_begin_micro_batch)(model, index, MEASURED_ACCUM)
                     collectives.micro = watch.micro = index
-                    counter = FlopCounterMode(display=False, custom_mapping=_flop_mapping()) if index == 0 else _Nothing()
-                    with counter:
-                        loss = loss_from_inputs(model, *prepared) if code == "after" else _todays_loss(model, batch)
-                        loss.backward()
-                    if index == 0:
-                        executed = counter.get_total_flops()
+                    loss = loss_from_inputs(model, *prepared) if code == "after" else _todays_loss(model, batch)
+                    loss.backward()
                 end_accumulation(model, MEASURED_ACCUM)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -274,14 +279,6 @@ def _unpinned():
         yield
 
 
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _per_step(rows: list[dict], accum: int) -> list[dict]:
     """Bytes per collective kind and group size for one step of ``accum`` micro batches."""
     out: dict[tuple[str, int], dict] = {}
@@ -310,20 +307,25 @@ VARIANTS_7B = (
     {"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard"},
     {"code": "after", "activation_checkpointing": True, "strategy": "full_shard"},
 )
-VARIANTS_BY_MODEL = {
-    "Qwen2.5-1.5B": VARIANTS,
-    "Qwen2.5-7B": VARIANTS_7B,
-    # the family's shipped plans (jobs/family/), each as its job runs
-    "Qwen2.5-0.5B": ({"code": "after", "activation_checkpointing": False, "keep_gathered": True,
-                      "strategy": "hybrid_shard"},),
-    "Qwen2.5-3B": ({"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard"},),
-}
-FAMILY_LORA = {"rank": 16, "alpha": 32, "dropout": 0.05}
-"""jobs/family/lora-qwen2.5-{7b,14b}.toml's ``[[model.transforms]]`` options."""
-LORA_VARIANTS = {
-    "Qwen2.5-7B": ({"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard", "lora": FAMILY_LORA},),
-    "Qwen2.5-14B": ({"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard", "lora": FAMILY_LORA},),
-}
+VARIANTS_BY_MODEL = {"Qwen2.5-1.5B": VARIANTS, "Qwen2.5-7B": VARIANTS_7B}
+"""The variants ``--models`` measures; a shipped job's own plan is measured with ``--jobs``."""
+
+
+def job_variant(path: str) -> tuple[str, dict]:
+    """The model and :func:`measure` arguments of a job's own plan (``--jobs``), keyed as the
+    preflight looks it up (raytrain_eks/measured_plan.py ``job_plan``); the model by its folder's
+    name (``s3://{bucket}/models/Qwen2.5-7B-Instruct`` is ``Qwen2.5-7B``)."""
+    from training.config import load_job_config
+
+    job = load_job_config(path)
+    plan, name = job_plan(job), published_model(job.model.path)
+    if name is None:
+        raise SystemExit(f"{path}: model.path {job.model.path!r}: no published shapes (known: {', '.join(MODEL_CONFIGS)})")
+    if plan is None or plan["compile"] or (plan["seq_len"], plan["micro_batch_size"]) != (SEQ_LEN, MICRO_BATCH):
+        raise SystemExit(f"{path}: measured at seq {SEQ_LEN} x micro batch {MICRO_BATCH}, uncompiled, lora the only "
+                         f"transform; the job has {plan}")
+    keys = ("strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered", "cpu_offload", "lora")
+    return name, {"code": "after", **{key: plan[key] for key in keys}}
 
 
 def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
@@ -338,12 +340,41 @@ def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
         p = predict(r, cluster)
         comm = {kind: sum(c["bytes"] for c in r["collectives"] if c["kind"] == kind) / gb
                 for kind in ("all_gather", "reduce_scatter", "all_reduce")}
-        rows.append(f"| {r['model']} | {r['code']} | {'on' if r['activation_checkpointing'] else 'off'} | {r['reduce_dtype']} "
+        label = r["model"] + (f" + LoRA r {r['lora']['rank']}" if r.get("lora") else "") + (
+            " + cpu_offload (peak: GPU and host)" if r.get("cpu_offload") else "")
+        rows.append(f"| {label} | {r['code']} | {'on' if r['activation_checkpointing'] else 'off'} | {r['reduce_dtype']} "
                     f"| {'yes' if r['keep_gathered'] else 'no'} | {r['strategy']} | {r['peak_bytes'] / gib:.2f} "
                     f"| {required_bytes(r) / gib:.2f} | {p['executed_over_model_flops']:.3f} | {comm['all_gather']:.1f} "
                     f"| {comm['reduce_scatter']:.1f} | {comm['all_reduce']:.1f} | {p['pcie_bytes_per_gpu'] / gb:.1f} "
                     f"| {p['efa_bytes_per_node'] / gb:.1f} | {p['compute_s']:.2f} | {p['exposed_comm_s']:.2f} "
                     f"| {p['step_s']:.2f} | {p['mfu']:.3f} |")
+    return "\n".join(rows)
+
+
+def jobs_table(paths: list[str], results: list[dict], cluster: Cluster = Cluster()) -> str:
+    """One row per job (``--jobs ... --table``): its measured plan's memory per GPU with the
+    CUDA/NCCL overhead and fragmentation, FLOPs executed / model FLOPs, collective GB per GPU per
+    step, and the predicted step (the preflight's point, and its range over the published rates)."""
+    from raytrain_eks.measured_plan import host_bytes_per_gpu, lookup, predict_range, required_bytes
+
+    rows = ["| job | model | plan | GiB per L4 (with overhead) | host GiB per node | FLOPs executed / model "
+            "| collectives GB per GPU per step | predicted step s (range) | MFU |", "|" + "---|" * 9]
+    for path in paths:
+        name, variant = job_variant(path)
+        r = lookup(results, model=name, seq_len=SEQ_LEN, micro_batch_size=MICRO_BATCH,
+                   **{k: v for k, v in variant.items() if k != "code"})
+        if r is None:
+            rows.append(f"| {Path(path).stem} | {name} | not measured | | | | | | |")
+            continue
+        p, (fast, slow) = predict(r, cluster), predict_range(r, cluster)
+        plan = (f"{r['strategy']}, checkpointing {'on' if r['activation_checkpointing'] else 'off'}"
+                + (", kept gathered" if r["keep_gathered"] else "") + (", cpu_offload" if r.get("cpu_offload") else "")
+                + (f", LoRA r {r['lora']['rank']}" if r.get("lora") else ""))
+        host = host_bytes_per_gpu(r) * cluster.gpus_per_node / 1024**3
+        rows.append(f"| {Path(path).stem} | {name} | {plan} | {required_bytes(r) / 1024**3:.1f} "
+                    f"| {f'{host:.0f}' if host else '-'} | {p['executed_over_model_flops']:.2f} "
+                    f"| {sum(c['bytes'] for c in r['collectives']) / 1e9:.1f} | {p['step_s']:.1f} ({fast:.1f}-{slow:.1f}) "
+                    f"| {p['mfu']:.2f} |")
     return "\n".join(rows)
 
 
@@ -374,21 +405,32 @@ def main() -> None:
     parser.add_argument("--variants", default="", help="indices into the model's variant list (default: all)")
     parser.add_argument("--publish", action="store_true", help=f"also write {PUBLISHED.name} for the preflight")
     parser.add_argument("--table", action="store_true", help="print the results file as a Markdown table and exit")
-    parser.add_argument("--lora", action="store_true", help="the LoRA jobs' variants (jobs/family/) instead")
+    parser.add_argument("--jobs", default="", help="comma-separated job files: measure each one's own plan instead")
     args = parser.parse_args()
     cluster = Cluster()
     if args.table:
-        print(table(json.loads(Path(args.out).read_text())["results"], cluster))
+        source = Path(args.out) if Path(args.out).is_file() else PUBLISHED
+        results = json.loads(source.read_text())["results"]
+        print(jobs_table(args.jobs.split(","), results, cluster) if args.jobs else table(results, cluster))
         return
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cluster.world_size)
+    if args.jobs:
+        runs = [job_variant(path) for path in args.jobs.split(",")]
+    else:
+        runs = []
+        for name in args.models.split(","):
+            variants = VARIANTS_BY_MODEL[name]
+            chosen = [int(i) for i in args.variants.split(",")] if args.variants else range(len(variants))
+            runs += [(name, variants[i]) for i in chosen]
     results = []
-    for name in args.models.split(","):
-        variants = (LORA_VARIANTS if args.lora else VARIANTS_BY_MODEL)[name]
-        chosen = [int(i) for i in args.variants.split(",")] if args.variants else range(len(variants))
-        for variant in (variants[i] for i in chosen):
-            results.append(measure(name, cluster=cluster, **variant))
-            print(json.dumps({k: results[-1][k] for k in ("model", "code", "activation_checkpointing", "peak_bytes",
-                                                          "measure_s")}), file=sys.stderr, flush=True)
+    for name, variant in runs:
+        if variant.get("cpu_offload"):  # the host<->GPU copies and the GPU/host split too
+            from bench_offload_transfer import OffloadProbe
+
+            variant = {**variant, "probe": OffloadProbe()}
+        results.append(measure(name, cluster=cluster, **variant))
+        print(json.dumps({k: results[-1][k] for k in ("model", "code", "activation_checkpointing", "peak_bytes",
+                                                      "measure_s")}), file=sys.stderr, flush=True)
     out = Path(args.out)
     results = save(results, out, cluster, publish=args.publish)
     print(json.dumps({"name": "full_size_plan", "written": str(out), "variants": len(results),

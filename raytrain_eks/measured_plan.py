@@ -93,13 +93,15 @@ def ring_links(entry: dict, strategy: str, cluster: Cluster) -> tuple[float, flo
     return sent, 0.0
 
 
-def predict(result: dict, cluster: Cluster) -> dict:
-    """Step time and MFU of a measured variant on ``cluster`` (see the module docstring)."""
+def predict(result: dict, cluster: Cluster, *, sustained: float = SUSTAINED_FRACTION,
+            pcie_gbytes_per_s: float = PCIE_GBYTES_PER_S, efa_gbytes_per_s: float | None = None) -> dict:
+    """Step time and MFU of a measured variant on ``cluster`` (see the module docstring); the
+    rates are the stated points unless given (:func:`predict_range`; EFA: the line rate)."""
     instance = INSTANCE_TYPES[cluster.instance]
     peak = instance.gpu_bf16_tflops * 1e12
     accum = result["global_batch_size"] // (cluster.world_size * result["micro_batch_size"])
-    micro_s = result["executed_flops_per_micro_batch"] / (peak * SUSTAINED_FRACTION)
-    link = instance.network_gbps * 1e9 / 8
+    micro_s = result["executed_flops_per_micro_batch"] / (peak * sustained)
+    link = (instance.network_gbps / 8 if efa_gbytes_per_s is None else efa_gbytes_per_s) * 1e9
     pcie = efa = 0.0
     exposed = 0.0
     for micro in ("first", "middle", "last"):
@@ -111,9 +113,9 @@ def predict(result: dict, cluster: Cluster) -> dict:
             pcie_m, efa_m = pcie_m + p, efa_m + e
         weight = max(0, accum - 2) if micro == "middle" else 1
         pcie, efa = pcie + weight * pcie_m, efa + weight * efa_m
-        exposed += weight * max(0.0, max(pcie_m / (PCIE_GBYTES_PER_S * 1e9), efa_m / link) - micro_s)
+        exposed += weight * max(0.0, max(pcie_m / (pcie_gbytes_per_s * 1e9), efa_m / link) - micro_s)
     compute_s = accum * micro_s
-    copies_s = offload_copy_bytes(result, accum) / (PCIE_GBYTES_PER_S * 1e9)
+    copies_s = offload_copy_bytes(result, accum) / (pcie_gbytes_per_s * 1e9)
     step_s = compute_s + exposed + copies_s
     model_flops = accum * result["model_flops_per_micro_batch"]
     return {"grad_accum_steps": accum, "compute_s": round(compute_s, 3), "exposed_comm_s": round(exposed, 3),
@@ -122,7 +124,21 @@ def predict(result: dict, cluster: Cluster) -> dict:
             "executed_over_model_flops": round(result["executed_flops_per_micro_batch"]
                                                / result["model_flops_per_micro_batch"], 3),
             "pcie_bytes_per_gpu": int(pcie), "efa_bytes_per_node": int(efa),
-            "sustained_fraction": SUSTAINED_FRACTION, "pcie_gbytes_per_s": PCIE_GBYTES_PER_S}
+            "sustained_fraction": sustained, "pcie_gbytes_per_s": pcie_gbytes_per_s}
+
+
+def predict_range(result: dict, cluster: Cluster) -> tuple[float, float]:
+    """(fast, slow) step seconds of :func:`predict` at the two ends of the published rates the
+    step-time model uses (raytrain_eks/gpu_figures.py: bf16 GEMM rate over peak, PCIe and EFA
+    bandwidth): the range of a plan with no micro-batch trace (raytrain_eks/step_model.py)."""
+    from raytrain_eks.gpu_figures import published
+
+    instance = INSTANCE_TYPES[cluster.instance]
+    rates = published(instance.gpu_model, instance.network_gbps)
+    fast, slow = (predict(result, cluster, sustained=getattr(rates.gemm, end) / rates.peak_tflops,
+                          pcie_gbytes_per_s=getattr(rates.pcie, end), efa_gbytes_per_s=getattr(rates.efa, end))["step_s"]
+                  for end in ("high", "low"))
+    return fast, slow
 
 
 def offload_copy_bytes(result: dict, accum: int) -> int:
@@ -181,18 +197,39 @@ def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> di
         return None
     measured_here = [r for r in results if (r.get("cluster") or {}).get("instance") == instance
                      and (r.get("cluster") or {}).get("nodes") == cluster.nodes]
-    transforms = [(x.name, dict(x.options)) for x in job.model.transforms]
-    if transforms and [n for n, _ in transforms] != ["lora"]:  # measured: no transform, or LoRA alone
+    plan = job_plan(job)
+    if plan is None:  # measured: no transform, or LoRA alone
         return None
-    found = lookup(measured_here, model=name, strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                   activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
-                   keep_gathered=p.keep_params_gathered, compile=p.compile, cpu_offload=p.cpu_offload,
-                   lora=lora_key(transforms[0][1]) if transforms else None)
+    found = lookup(measured_here, model=name, **plan)
     if found is None or job.grad_accum_steps < 2:  # measured with accumulation
         return None
     found = {**found, "global_batch_size": t.global_batch_size}
-    return {**found, "prediction": predict(found, cluster), "required_bytes": required_bytes(found),
-            "host_bytes_per_gpu": host_bytes_per_gpu(found)}
+    return {**found, "prediction": predict(found, cluster), "range_s": predict_range(found, cluster),
+            "required_bytes": required_bytes(found), "host_bytes_per_gpu": host_bytes_per_gpu(found)}
+
+
+def job_plan(job) -> dict | None:
+    """What a measurement of ``job`` is keyed by (:func:`lookup`'s arguments but the model): its
+    parallel settings, sequence, micro batch and :func:`lora_key`; None for a job with another
+    model transform (never measured). bench/bench_full_size_plan.py ``--jobs`` measures a job's
+    plan from the same keys."""
+    transforms = [(x.name, dict(x.options)) for x in job.model.transforms]
+    if transforms and [n for n, _ in transforms] != ["lora"]:
+        return None
+    p, t = job.parallel, job.train
+    return dict(strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+                activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
+                keep_gathered=p.keep_params_gathered, compile=p.compile, cpu_offload=p.cpu_offload,
+                lora=lora_key(transforms[0][1]) if transforms else None)
+
+
+def published_model(model_path: str) -> str | None:
+    """The :data:`MODEL_CONFIGS` entry a model folder holds by its name (``.../Qwen2.5-7B-Instruct``
+    is ``Qwen2.5-7B``), or None: how the bench picks a shipped job's model (``--jobs``) and the
+    tests put its config.json where the job names it. The preflight itself reads the shapes from
+    that file."""
+    name = model_path.rstrip("/").rsplit("/", 1)[-1].removesuffix("-Instruct")
+    return name if name in MODEL_CONFIGS else None
 
 
 def lora_key(options: dict) -> dict:
@@ -236,7 +273,8 @@ def render(found: dict, *, hand_required: int) -> list[str]:
         f"logits show); per GPU per step: {comm}",
         f"  predicted step   {p['step_s']:.2f} s ({p['compute_s']:.2f} compute at {p['sustained_fraction']:.0%} "
         f"of peak + {p['exposed_comm_s']:.2f} exposed collectives"
-        + (f" + {p['offload_copy_s']:.2f} host<->GPU copies" if offload else "") + f"), MFU {p['mfu']:.2f}",
+        + (f" + {p['offload_copy_s']:.2f} host<->GPU copies" if offload else "") + f"), MFU {p['mfu']:.2f}; "
+        f"{found['range_s'][0]:.2f}-{found['range_s'][1]:.2f} s over the published rates (raytrain_eks/gpu_figures.py)",
     ]
     if offload:
         accum = p["grad_accum_steps"]

@@ -268,6 +268,11 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     plan.estimate = measured_time(hand, plan.measured, job) if plan.measured else hand
     plan.strategies = strategy_options(env, job, shapes, mfu)
     best = plan.strategies[0]
+    if job.parallel.cpu_offload and best["fits"]:  # the GPU fits; the state in host memory must too
+        from dataclasses import replace
+
+        other = replace(job, parallel=replace(job.parallel, strategy=best["strategy"]))
+        best = {**best, "fits": host(other) <= g.pod_memory_gib * GIB}
     if best["strategy"] != job.parallel.strategy and best["fits"]:  # both from the hand model: comparable
         plan.checks.append(Check(name="strategy", ok=True, note=True, message=(
             f"parallel.strategy = {job.parallel.strategy!r} takes {hand['step_s']:.2f} s/step; "

@@ -243,6 +243,30 @@ def test_measured_collectives_become_link_bytes_and_time():
     assert p["mfu"] == pytest.approx(SUSTAINED_FRACTION * 8 / (8 + efa_s - 1.0), abs=1e-3)
 
 
+def test_the_step_range_is_the_prediction_at_the_ends_of_the_published_rates():
+    """measured_plan.predict_range: predict's own formula, the compute at the L4 GEMM table's
+    fastest and slowest rate over its peak, the links at the ends of gpu_figures' PCIe and EFA
+    ranges (8-12 and 3-5 GB/s), for a compute-bound and a network-bound step alike."""
+    from raytrain_eks.gpu_figures import published
+    from raytrain_eks.measured_plan import Cluster, predict, predict_range
+
+    gb, rates = 10**9, published("L4", 40)
+    for efa_bytes in (0, 30 * gb):
+        result = {"strategy": "hybrid_shard", "global_batch_size": 64, "micro_batch_size": 1,
+                  "executed_flops_per_micro_batch": int(60e12), "model_flops_per_micro_batch": int(60e12),
+                  "collectives": [{"kind": "all_reduce", "group_size": 2, "bytes": efa_bytes, "first_bytes": 0,
+                                   "last_bytes": efa_bytes}]}
+        fast, slow = predict_range(result, Cluster())
+        assert fast == predict(result, Cluster(), sustained=rates.gemm.high / 121, pcie_gbytes_per_s=12,
+                               efa_gbytes_per_s=5)["step_s"]
+        assert slow == predict(result, Cluster(), sustained=rates.gemm.low / 121, pcie_gbytes_per_s=8,
+                               efa_gbytes_per_s=3)["step_s"]
+        assert fast < slow
+    # network-bound: 8 micro batches of compute, the last one's all-reduce (4 GPUs x 30 GB over
+    # the node's 3 GB/s) exposed past that micro batch's compute
+    assert slow == pytest.approx(7 * 60 / rates.gemm.low + 4 * 30 / 3, abs=1e-2)
+
+
 def test_a_plan_with_memory_to_spare_is_told_the_faster_settings_that_still_fit(capsys):
     code, out, _ = preflight(capsys)
     assert code == 0
@@ -462,12 +486,15 @@ def test_each_family_job_fits_two_g6_12xlarge_as_shipped(capsys, job):
     code, out, err = preflight(capsys, job=str(job))
     assert code == 0, err
     assert "PASS  memory" in out and "verdict    OK" in out, out
-    if "offload" not in job.name:  # the offload job keeps the measured full-shard plan (host memory)
-        assert "NOTE  strategy" not in out, out  # each takes the planner's own advice
+    # sized by its own measured plan (bench/bench_full_size_plan.py --jobs), not the hand formula
+    assert "GiB per GPU (measured)" in out and "measured   bench/bench_full_size_plan.py" in out, out
+    # each takes the planner's own advice; the offload job's full shard too: hybrid shard would be
+    # faster on the GPU but hold each node's state over 4 GPUs, twice the host memory, past the pod's
+    assert "NOTE  strategy" not in out, out
 
 
 def test_a_lora_measurement_is_found_only_for_the_same_lora_settings():
-    """bench/bench_full_size_plan.py --lora records ``lora_key`` of the options it measured with;
+    """bench/bench_full_size_plan.py --jobs records ``lora_key`` of the options it measured with;
     a job finds that row only with the same rank, targets, dropout and base dtype (alpha only
     scales), and a full fine-tune never finds it."""
     from raytrain_eks.measured_plan import lookup, lora_key
