@@ -58,7 +58,11 @@ class Figures:
     efa: Rate
     """Bandwidth of a node's network link for NCCL, GB/s."""
     measured_step: dict | None = None
-    """One step of the shipped per-GPU shape as ``make gpu-check`` measured it (None before)."""
+    """One step of the shipped per-GPU shape as ``make gpu-check`` measured it (None before, or
+    when its profile run failed)."""
+    calibrated: bool = False
+    """``make gpu-check``'s measurements replaced the published GEMM and memory rates (with or
+    without a measured step)."""
 
     def gemm_rate(self, m: int, n: int, k: int) -> tuple[float, float]:
         """(low, high) TFLOP/s of an ``(m, k) @ (k, n)`` GEMM: a measured shape's own rate;
@@ -149,7 +153,7 @@ def calibrated(figures: Figures, path: Path | None = None) -> Figures:
         raise CalibrationError(f"{path}: step = {step!r}: must be an object with step_s (seconds)")
     return replace(figures, gemm_tflops=table,
                    gemm=Rate(min(table.values()), max(table.values()), "TFLOP/s", where),
-                   memory=Rate(memory, memory, "GB/s", where), measured_step=step)
+                   memory=Rate(memory, memory, "GB/s", where), measured_step=step, calibrated=True)
 
 
 def figures_for(gpu: str, network_gbps: float, path: Path | None = None) -> Figures:

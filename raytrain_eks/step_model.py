@@ -158,7 +158,7 @@ def predict(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, 
                                  f"checkpointing {'on' if trace.get('activation_checkpointing') else 'off'}, "
                                  f"documents {trace['doc_lengths']})",
                         "collectives": "bench/bench_full_size_plan.py (raytrain_eks/measured_plan.json)"},
-            "assumed": figures.assumed(), "measured_step": figures.measured_step}
+            "assumed": figures.assumed(), "measured_step": figures.measured_step, "calibrated": figures.calibrated}
 
 
 COMM_TERMS = ("forward_gathers_s", "backward_reduce_scatters_s", "step_all_reduce_s")
@@ -173,7 +173,7 @@ def exposed_comm(prediction: dict) -> dict:
     shares = sorted(round(sec / step, 4) for sec, step in zip(seconds, (step_lo, step_hi)) if step > 0)
     return {"label": "predicted", "share": shares, "seconds": [round(v, 3) for v in seconds],
             "step_s": [step_lo, step_hi], "mfu": list(prediction["mfu"]), "assumed": list(prediction["assumed"]),
-            "calibrated": prediction.get("measured_step") is not None,
+            "calibrated": bool(prediction.get("calibrated")),
             "by_phase": {name: list(terms[name]) for name in COMM_TERMS},
             "source": "raytrain_eks/step_model.py, from submit's preflight of this plan (not timed by the job)"}
 

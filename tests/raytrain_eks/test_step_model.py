@@ -116,3 +116,23 @@ def test_a_published_checkpointed_trace_holds_exactly_the_layers_recomputed_forw
     assert checkpointed["attention_flops"] > plain["attention_flops"]
     assert checkpointed["model_flops"] == plain["model_flops"]
 
+
+
+def test_a_calibration_without_a_measured_step_still_says_the_rates_were_calibrated(tmp_path):
+    """bench/gpu_check.py writes ``"step": null`` when its profile run fails, with the GEMM rates
+    and memory bandwidth measured all the same: the prediction handed to the run (run.json
+    ``exposed_comm``) and the report's "step time, predicted" row say it was calibrated."""
+    import json
+
+    from raytrain_eks.gpu_figures import figures_for
+    from raytrain_eks.report import predicted_step_text
+
+    path = tmp_path / "gpu_calibration.json"
+    path.write_text(json.dumps({"gpu": "L4", "measured_at": "2026-12-03", "memory_gbytes_per_s": 251.0, "step": None,
+                                "gemm": [{"m": 2048, "n": 2048, "k": 2048, "tflops": 60.0}]}))
+    f = figures_for("L4", 40, path)
+    handed = exposed_comm(predict(TRACE, _measured(), Cluster(), QWEN2_5_1_5B, f))
+    assert handed["calibrated"] is True and handed["assumed"] == ["kernel_floor_us", "pcie", "efa"]
+    assert predicted_step_text(handed).endswith("assumed: kernel_floor_us, pcie, efa; calibrated by make gpu-check)")
+    published_only = exposed_comm(predict(TRACE, _measured(), Cluster(), QWEN2_5_1_5B, figures_for("L4", 40, tmp_path / "none")))
+    assert published_only["calibrated"] is False
