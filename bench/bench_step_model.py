@@ -1,5 +1,9 @@
 """The shipped GPU jobs' predicted step time and MFU: the old model beside the new one, as ranges.
 
+Rows (:data:`PLANS`): each shipped GPU job (jobs/local.toml runs on CPU) as shipped and with a
+setting changed: activation checkpointing, and micro batch 2 (the same tokens per step in half
+the micro batches), each with the measured plan's peak memory per L4.
+
 Default: print the table (Markdown) from the published trace (raytrain_eks/step_trace.json),
 the measured collectives (raytrain_eks/measured_plan.json) and the rates of
 raytrain_eks/gpu_figures.py (with raytrain_eks/gpu_calibration.json when ``make gpu-check`` wrote
@@ -31,8 +35,6 @@ from raytrain_eks.measured_plan import MODEL_CONFIGS  # noqa: E402
 from training.flops import ModelShapes  # noqa: E402
 
 MODEL = "Qwen2.5-1.5B"
-JOBS = ("finetune-qwen2.5-1.5b", "smoke")
-"""The shipped GPU jobs (jobs/local.toml runs on CPU)."""
 
 
 def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointing: bool = False) -> dict:
