@@ -167,8 +167,9 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
     """One variant's figures. ``micro_batch_size``: rows per micro batch, the global batch (and
     so the tokens per step) unchanged: fewer, larger micro batches. ``cpu_offload``:
     ``parallel.cpu_offload`` with the job's own AdamW (training/optim.py: on host-held
-    parameters ``auto`` is foreach, whose temporaries are host memory too); ``probe`` (bench/bench_offload_transfer.py's): a tracker class, entered around
-    the measured micro batches, told each one's index, and adding its figures to the result.
+    parameters ``auto`` is foreach, whose temporaries are host memory too); ``probe``
+    (bench/bench_offload_transfer.py's): a tracker class, entered around the measured micro
+    batches, told each one's index, and adding its figures to the result.
     ``lora``: the options of a ``[[model.transforms]]`` LoRA entry, applied as build_model applies
     it (training/model_transforms/lora.py: the base frozen in its dtype, float32 adapters), the
     optimizer over the adapters only, as training/optim.py builds it from the trainable ones."""
