@@ -368,6 +368,18 @@ def test_the_step_range_comes_from_the_trace_of_the_job_s_own_micro_batch(capsys
     assert code == 0 and "step range       " in out and f"trace          bench/bench_step_model.py --trace {trace}" in out
 
 
+def test_micro_batch_2_is_judged_by_its_own_measured_plan(capsys):
+    """bench/bench_full_size_plan.py measured the finetune at micro batch 2 (the same tokens per
+    step in half the micro batches): without checkpointing its measured peak does not fit an L4,
+    with checkpointing it does, and the preflight says which from the measurement."""
+    job, two = str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml"), ("--set", "train.micro_batch_size=2")
+    code, out, _ = preflight(capsys, *two, job=job)
+    assert code != 0 and "FAIL  memory" in out and "x micro_batch_size = 2 needs ~" in out and "(measured)" in out
+    code, out, _ = preflight(capsys, *two, "--set", "parallel.activation_checkpointing=true", job=job)
+    assert code == 0 and "PASS  memory" in out and "(measured)" in out
+    assert "(chat, micro batch 2, checkpointing on, documents" in out
+
+
 def test_a_measured_plan_without_a_trace_of_its_micro_batch_gets_one_line_not_a_range(capsys, monkeypatch, tmp_path):
     """The step range of a checkpointed job never comes from the uncheckpointed trace: where only
     that one exists, the preflight says so in one line and prices no range."""
