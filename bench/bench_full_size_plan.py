@@ -162,11 +162,14 @@ def _flop_mapping():
 
 def measure(model_name: str, *, code: str, activation_checkpointing: bool, strategy: str = "hybrid_shard",
             reduce_dtype: str = "float32", keep_gathered: bool = False, cluster: Cluster = Cluster(),
-            loss_head: bool = True, cpu_offload: bool = False, lora: dict | None = None, probe=None) -> dict:
-    """One variant's figures. ``cpu_offload``: ``parallel.cpu_offload`` with the job's own AdamW
-    (training/optim.py: on host-held parameters ``auto`` is foreach, whose temporaries are host
-    memory too); ``probe`` (bench/bench_offload_transfer.py's): a tracker class, entered around
-    the measured micro batches, told each one's index, and adding its figures to the result.
+            loss_head: bool = True, cpu_offload: bool = False, lora: dict | None = None, probe=None,
+            micro_batch_size: int = MICRO_BATCH) -> dict:
+    """One variant's figures. ``micro_batch_size``: rows per micro batch, the global batch (and
+    so the tokens per step) unchanged: fewer, larger micro batches. ``cpu_offload``:
+    ``parallel.cpu_offload`` with the job's own AdamW (training/optim.py: on host-held
+    parameters ``auto`` is foreach, whose temporaries are host memory too); ``probe``
+    (bench/bench_offload_transfer.py's): a tracker class, entered around the measured micro
+    batches, told each one's index, and adding its figures to the result.
     ``lora``: the options of a ``[[model.transforms]]`` LoRA entry, applied as build_model applies
     it (training/model_transforms/lora.py: the base frozen in its dtype, float32 adapters), the
     optimizer over the adapters only, as training/optim.py builds it from the trainable ones."""
@@ -185,7 +188,8 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
     plan = mesh_plan(strategy, cluster.world_size, cluster.gpus_per_node)
     mesh = init_device_mesh("cpu", plan.shape, mesh_dim_names=plan.dim_names)
     config = Qwen2Config(**MODEL_CONFIGS[model_name])
-    batch = packed_chat_batch()
+    accum = GLOBAL_BATCH // (cluster.world_size * micro_batch_size)
+    batch = packed_chat_batch(micro_batch_size)
     prepared = loss_inputs(None, batch, packed=True)  # host work, before the fake mode
     began = time.perf_counter()
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -248,21 +252,21 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
     device = next(iter(peak))
     breakdown = {key: int(value) for key, value in peak[device].items()}
     shapes = flops.ModelShapes.from_hf_config(config.to_dict())
-    model_flops = flops.training_flops_per_token(shapes, SEQ_LEN) * SEQ_LEN * MICRO_BATCH
+    model_flops = flops.training_flops_per_token(shapes, SEQ_LEN) * SEQ_LEN * micro_batch_size
     result = {"model": model_name, "code": code, "strategy": strategy, "activation_checkpointing": activation_checkpointing,
               "reduce_dtype": reduce_dtype, "keep_gathered": keep_gathered, "compile": False, "seq_len": SEQ_LEN,
               "loss_head": code == "after" and loss_head,
-              "micro_batch_size": MICRO_BATCH, "global_batch_size": GLOBAL_BATCH, "doc_lengths": list(DOC_LENGTHS),
+              "micro_batch_size": micro_batch_size, "global_batch_size": GLOBAL_BATCH, "doc_lengths": list(DOC_LENGTHS),
               "peak_bytes": breakdown.pop("Total"), "peak_breakdown": breakdown,
               "executed_flops_per_micro_batch": int(executed), "model_flops_per_micro_batch": int(model_flops),
-              "collectives": _per_step(collectives.rows, GLOBAL_BATCH // (cluster.world_size * MICRO_BATCH)),
+              "collectives": _per_step(collectives.rows, accum),
               "measure_s": round(time.perf_counter() - began, 1)}
     if cpu_offload:
         result["cpu_offload"] = True
     if lora is not None:
         result["lora"] = lora_key(lora)
     if probe:
-        result.update(probe.figures(tracker, GLOBAL_BATCH // (cluster.world_size * MICRO_BATCH)))
+        result.update(probe.figures(tracker, accum))
     result["prediction"] = predict(result, cluster)
     return result
 
@@ -302,6 +306,12 @@ VARIANTS = (
     {"code": "after", "activation_checkpointing": False, "reduce_dtype": "bfloat16"},
     {"code": "after", "activation_checkpointing": False, "keep_gathered": True, "reduce_dtype": "bfloat16"},
     {"code": "after", "activation_checkpointing": False, "keep_gathered": True},
+    # the shipped plan with checkpointing (a user's switch): its own measured plan and trace
+    {"code": "after", "activation_checkpointing": True, "keep_gathered": True},
+    # the lever "fewer, larger micro batches": 2 rows of 2048, the same 64 x 2048 tokens per step
+    # in 4 micro batches instead of 8; without and with checkpointing (docs/gpu-step.md)
+    {"code": "after", "activation_checkpointing": False, "keep_gathered": True, "micro_batch_size": 2},
+    {"code": "after", "activation_checkpointing": True, "keep_gathered": True, "micro_batch_size": 2},
 )
 VARIANTS_7B = (
     {"code": "after", "activation_checkpointing": True, "strategy": "hybrid_shard"},
@@ -321,10 +331,10 @@ def job_variant(path: str) -> tuple[str, dict]:
     plan, name = job_plan(job), published_model(job.model.path)
     if name is None:
         raise SystemExit(f"{path}: model.path {job.model.path!r}: no published shapes (known: {', '.join(MODEL_CONFIGS)})")
-    if plan is None or plan["compile"] or (plan["seq_len"], plan["micro_batch_size"]) != (SEQ_LEN, MICRO_BATCH):
-        raise SystemExit(f"{path}: measured at seq {SEQ_LEN} x micro batch {MICRO_BATCH}, uncompiled, lora the only "
-                         f"transform; the job has {plan}")
-    keys = ("strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered", "cpu_offload", "lora")
+    if plan is None or plan["compile"] or plan["seq_len"] != SEQ_LEN:
+        raise SystemExit(f"{path}: measured at seq {SEQ_LEN}, uncompiled, lora the only transform; the job has {plan}")
+    keys = ("strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered", "cpu_offload", "lora",
+            "micro_batch_size")
     return name, {"code": "after", **{key: plan[key] for key in keys}}
 
 
@@ -333,9 +343,10 @@ def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
     from raytrain_eks.measured_plan import required_bytes
 
     gib, gb = 1024**3, 1e9
-    rows = ["| model | code | checkpointing | reduce | kept gathered | strategy | peak GiB/GPU (tensors) | with overhead + 10% "
+    rows = ["| model | code | checkpointing | reduce | kept gathered | strategy | micro batch | peak GiB/GPU (tensors) "
+            "| with overhead + 10% "
             "| FLOPs executed / model | all-gather GB | reduce-scatter GB | all-reduce GB | PCIe GB/GPU | EFA GB/node "
-            "| compute s | exposed s | step s | MFU |", "|" + "---|" * 18]
+            "| compute s | exposed s | step s | MFU |", "|" + "---|" * 19]
     for r in results:
         p = predict(r, cluster)
         comm = {kind: sum(c["bytes"] for c in r["collectives"] if c["kind"] == kind) / gb
@@ -343,7 +354,7 @@ def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
         label = r["model"] + (f" + LoRA r {r['lora']['rank']}" if r.get("lora") else "") + (
             " + cpu_offload (peak: GPU and host)" if r.get("cpu_offload") else "")
         rows.append(f"| {label} | {r['code']} | {'on' if r['activation_checkpointing'] else 'off'} | {r['reduce_dtype']} "
-                    f"| {'yes' if r['keep_gathered'] else 'no'} | {r['strategy']} | {r['peak_bytes'] / gib:.2f} "
+                    f"| {'yes' if r['keep_gathered'] else 'no'} | {r['strategy']} | {r['micro_batch_size']} | {r['peak_bytes'] / gib:.2f} "
                     f"| {required_bytes(r) / gib:.2f} | {p['executed_over_model_flops']:.3f} | {comm['all_gather']:.1f} "
                     f"| {comm['reduce_scatter']:.1f} | {comm['all_reduce']:.1f} | {p['pcie_bytes_per_gpu'] / gb:.1f} "
                     f"| {p['efa_bytes_per_node'] / gb:.1f} | {p['compute_s']:.2f} | {p['exposed_comm_s']:.2f} "
@@ -361,8 +372,7 @@ def jobs_table(paths: list[str], results: list[dict], cluster: Cluster = Cluster
             "| collectives GB per GPU per step | predicted step s (range) | MFU |", "|" + "---|" * 9]
     for path in paths:
         name, variant = job_variant(path)
-        r = lookup(results, model=name, seq_len=SEQ_LEN, micro_batch_size=MICRO_BATCH,
-                   **{k: v for k, v in variant.items() if k != "code"})
+        r = lookup(results, model=name, seq_len=SEQ_LEN, **{k: v for k, v in variant.items() if k != "code"})
         if r is None:
             rows.append(f"| {Path(path).stem} | {name} | not measured | | | | | | |")
             continue
@@ -429,13 +439,13 @@ def main() -> None:
 
             variant = {**variant, "probe": OffloadProbe()}
         results.append(measure(name, cluster=cluster, **variant))
-        print(json.dumps({k: results[-1][k] for k in ("model", "code", "activation_checkpointing", "peak_bytes",
-                                                      "measure_s")}), file=sys.stderr, flush=True)
+        print(json.dumps({k: results[-1][k] for k in ("model", "code", "activation_checkpointing", "micro_batch_size",
+                                                      "peak_bytes", "measure_s")}), file=sys.stderr, flush=True)
     out = Path(args.out)
     results = save(results, out, cluster, publish=args.publish)
     print(json.dumps({"name": "full_size_plan", "written": str(out), "variants": len(results),
                       "peak_gib": {f"{r['model']} {r['code']} ckpt={r['activation_checkpointing']} kept={r['keep_gathered']} "
-                                   f"reduce={r['reduce_dtype']}": round(r["peak_bytes"] / 1024**3, 2) for r in results}}))
+                                   f"reduce={r['reduce_dtype']} micro={r['micro_batch_size']}": round(r["peak_bytes"] / 1024**3, 2) for r in results}}))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
 """The shipped GPU jobs' predicted step time and MFU: the old model beside the new one, as ranges.
 
+Rows (:data:`PLANS`): each shipped GPU job (jobs/local.toml runs on CPU) as shipped and with a
+setting changed: activation checkpointing, and micro batch 2 (the same tokens per step in half
+the micro batches), each with the measured plan's peak memory per L4.
+
 Default: print the table (Markdown) from the published trace (raytrain_eks/step_trace.json),
 the measured collectives (raytrain_eks/measured_plan.json) and the rates of
 raytrain_eks/gpu_figures.py (with raytrain_eks/gpu_calibration.json when ``make gpu-check`` wrote
@@ -31,8 +35,6 @@ from raytrain_eks.measured_plan import MODEL_CONFIGS  # noqa: E402
 from training.flops import ModelShapes  # noqa: E402
 
 MODEL = "Qwen2.5-1.5B"
-JOBS = ("finetune-qwen2.5-1.5b", "smoke")
-"""The shipped GPU jobs (jobs/local.toml runs on CPU)."""
 
 
 def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointing: bool = False) -> dict:
@@ -49,6 +51,7 @@ def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointi
     from training.flops import training_flops_per_token
     from training.loss_head import use_chunked_loss_head
     from training.model import loss_from_inputs, loss_inputs
+    from training.parallel import checkpoint_activations
 
     aten = torch.ops.aten
     gemm_ops = {aten.mm.default: (0, 1), aten.addmm.default: (1, 2), aten.bmm.default: (0, 1)}
@@ -92,7 +95,7 @@ def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointi
         use_chunked_loss_head(model)  # as build_model: the output layer and the loss in chunks
         model.train()
         if activation_checkpointing:  # as training/parallel.py: the blocks' forward again in backward
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            checkpoint_activations(model)
         recorder = Recorder()
         with recorder:
             loss_from_inputs(model, *prepared).backward()
@@ -111,13 +114,55 @@ def _job(name: str) -> dict:
     return tomllib.loads((ROOT / "jobs" / f"{name}.toml").read_text())
 
 
+PLANS: tuple[tuple[str, dict], ...] = (
+    ("finetune-qwen2.5-1.5b", {}),
+    ("finetune-qwen2.5-1.5b", {"activation_checkpointing": True}),
+    # the lever "fewer, larger micro batches": the same 64 x 2048 tokens per step in 4 micro batches
+    ("finetune-qwen2.5-1.5b", {"micro_batch_size": 2}),
+    ("finetune-qwen2.5-1.5b", {"micro_batch_size": 2, "activation_checkpointing": True}),
+    ("smoke", {}),
+    ("smoke", {"activation_checkpointing": True}),
+)
+"""The table's rows: each shipped GPU job as shipped ({}) and with a setting changed (a user's
+``--set``); bench/bench_full_size_plan.py measured each one's plan."""
+
+
+def _plan(name: str, change: dict) -> dict:
+    """The row's job key: data kind, sequence, micro batch, checkpointing and the measured plan's
+    other keys, the job file's values with ``change`` applied (the config's defaults filled in)."""
+    import dataclasses
+
+    from training.config import ParallelConfig
+
+    default = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
+    job = _job(name)
+    t, p = job["train"], job["parallel"]
+    plan = {"kind": "synthetic" if job["data"]["kind"] == "synthetic" else "chat", "seq_len": t["seq_len"],
+            "micro_batch_size": t["micro_batch_size"], "global_batch_size": t["global_batch_size"],
+            "strategy": p["strategy"],
+            "activation_checkpointing": p.get("activation_checkpointing", default["activation_checkpointing"]),
+            "reduce_dtype": p.get("grad_reduce_dtype", default["grad_reduce_dtype"]),
+            "keep_gathered": p.get("keep_params_gathered", default["keep_params_gathered"])}
+    return {**plan, **change}
+
+
+def _label(name: str, change: dict, plan: dict) -> str:
+    settings = ", ".join(f"{k} = {str(v).lower()}" for k, v in change.items())
+    return f"{name} ({plan['strategy']}, seq {plan['seq_len']} x micro batch {plan['micro_batch_size']}, " \
+           f"checkpointing {'on' if plan['activation_checkpointing'] else 'off'}" \
+           f"{'; ' + settings if settings else ', as shipped'})"
+
+
 def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
-    """Per shipped job: the old predictions and the new range (with and without the lever)."""
+    """Per row of :data:`PLANS`: the old predictions, the new range (with and without the
+    lever) and the measured memory per GPU."""
     import contextlib
+    import dataclasses
 
     from charts.jobs import plan_job
     from environment import load_environment
     from environment.instances import INSTANCE_TYPES
+    from raytrain_eks.memory_estimate import usable_bytes
     from raytrain_eks.step_time import DEFAULT_MFU, estimate_time
 
     env = load_environment(ROOT / "environment.toml")
@@ -129,45 +174,50 @@ def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
     traces, results = step_model.load_traces(), measured_plan.load()
     out = []
     with contextlib.chdir(ROOT):  # plan_job reads the jobs' relative paths from the root
-        for name in JOBS:
-            job = _job(name)
-            t, p = job["train"], job["parallel"]
-            found = measured_plan.lookup(results, model=MODEL, strategy=p["strategy"], seq_len=t["seq_len"],
-                                         micro_batch_size=t["micro_batch_size"],
-                                         activation_checkpointing=p.get("activation_checkpointing", False),
-                                         reduce_dtype=p.get("grad_reduce_dtype", "float32"),
-                                         keep_gathered=p.get("keep_params_gathered", False))
-            kind = "synthetic" if job["data"]["kind"] == "synthetic" else "chat"
-            tr = step_model.find_trace(traces, model=MODEL, kind=kind, seq_len=t["seq_len"], micro_batch_size=t["micro_batch_size"],
-                                       activation_checkpointing=p.get("activation_checkpointing", False))
+        for name, change in PLANS:
+            plan = _plan(name, change)
+            label = _label(name, change, plan)
+            found = measured_plan.lookup(results, model=MODEL, **{k: plan[k] for k in (
+                "strategy", "seq_len", "micro_batch_size", "activation_checkpointing", "reduce_dtype", "keep_gathered")})
+            tr = step_model.find_trace(traces, model=MODEL, **{k: plan[k] for k in (
+                "kind", "seq_len", "micro_batch_size", "activation_checkpointing")})
             if found is None or tr is None:
-                out.append({"job": name, "missing": "no measured plan" if found is None else "no trace"})
+                out.append({"job": label, "missing": "no measured plan" if found is None else "no trace"})
                 continue
-            found = {**found, "global_batch_size": t["global_batch_size"]}
+            found = {**found, "global_batch_size": plan["global_batch_size"]}
             old = measured_plan.predict(found, cluster)
             found["grad_accum_steps"] = old["grad_accum_steps"]
             # the hand model of raytrain_eks/step_time.py, on the job as the shipped spec sizes it
-            hand = estimate_time(env, plan_job(env, ROOT / "jobs" / f"{name}.toml", ROOT).config, shapes, DEFAULT_MFU)
-            new = step_model.predict(tr, found, cluster, shapes, figures, last_backward_lever=True)
+            config = plan_job(env, ROOT / "jobs" / f"{name}.toml", ROOT).config
+            config = dataclasses.replace(
+                config, train=dataclasses.replace(config.train, micro_batch_size=plan["micro_batch_size"]),
+                parallel=dataclasses.replace(config.parallel, activation_checkpointing=plan["activation_checkpointing"]))
+            hand = estimate_time(env, config, shapes, DEFAULT_MFU)
+            new = step_model.predict(tr, found, cluster, shapes, figures, last_backward_lever=plan["keep_gathered"])
             without = step_model.predict(tr, found, cluster, shapes, figures, last_backward_lever=False)
-            out.append({"job": name, "kind": kind, "seq_len": t["seq_len"], "strategy": p["strategy"],
-                        "accum": old["grad_accum_steps"], "hand": (hand["step_s"], hand["effective_mfu"]), "old": old, "new": new,
-                        "without_lever": without})
+            required = measured_plan.required_bytes(found)
+            out.append({"job": label, "shipped": not change, "kind": plan["kind"], "accum": old["grad_accum_steps"],
+                        "hand": (hand["step_s"], hand["effective_mfu"]), "old": old, "new": new, "without_lever": without,
+                        "peak_gib": found["peak_bytes"] / 1024**3, "required_gib": required / 1024**3,
+                        "fits": required <= usable_bytes(instance.gpu_memory_gib)})
     return out
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| job | data | old: hand (step_time.py, MFU 0.30 stated) s / MFU | old: measured_plan.py s / MFU | new, lever off: s / MFU "
-             "| new, shipped (lever on): s / MFU |", "|---|---|---|---|---|---|"]
+    lines = ["| job | data | peak GiB per L4 (tensors / with overhead + 10 %) | old: hand (step_time.py, MFU 0.30 stated) "
+             "s / MFU | old: measured_plan.py s / MFU | new, lever off: s / MFU | new (lever on): s / MFU |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         if "missing" in r:
-            lines.append(f"| {r['job']} | {r['missing']} | | | | |")
+            lines.append(f"| {r['job']} | {r['missing']} | | | | | |")
             continue
         rng = lambda p: f"{p['step_s'][0]:.2f}-{p['step_s'][1]:.2f} / {p['mfu'][0]:.2f}-{p['mfu'][1]:.2f}"
-        lines.append(f"| {r['job']} ({r['strategy']}, seq {r['seq_len']}, {r['accum']} micro batches) | {r['kind']} "
+        fits = "" if r["fits"] else " (does not fit)"
+        lines.append(f"| {r['job']}, {r['accum']} micro batches | {r['kind']} "
+                     f"| {r['peak_gib']:.2f} / {r['required_gib']:.2f}{fits} "
                      f"| {r['hand'][0]:.2f} / {r['hand'][1]:.2f} | {r['old']['step_s']:.2f} / {r['old']['mfu']:.2f} "
                      f"| {rng(r['without_lever'])} | {rng(r['new'])} |")
-    shown = next((r for r in results if "new" in r), None)
+    shown = next((r for r in results if "new" in r and r["shipped"]), None)
     if shown:
         lines += ["", f"Terms of {shown['job']} (seconds per step, fast end - slow end):", "",
                   "| term | s |", "|---|---|"]
@@ -182,18 +232,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", action="store_true", help=f"re-measure the traces into {step_model.TRACES.name}")
     args = parser.parse_args()
-    if args.trace:
-        wanted = sorted({("synthetic" if _job(n)["data"]["kind"] == "synthetic" else "chat", _job(n)["train"]["seq_len"],
-                          _job(n)["train"]["micro_batch_size"], _job(n)["parallel"].get("activation_checkpointing", False))
-                         for n in JOBS})
+    if args.trace:  # the micro batch of every row of PLANS
+        keys = ("kind", "seq_len", "micro_batch_size", "activation_checkpointing")
+        wanted = sorted({tuple(_plan(n, c)[k] for k in keys) for n, c in PLANS})
         traces = [trace(*w) for w in wanted]
         step_model.TRACES.write_text(json.dumps({"traces": traces}, indent=1) + "\n")
     results = rows()
     print(table(results))
-    # the last line, for `make bench` (bench/run_all.py): the ranges of each shipped job
+    # the last line, for `make bench` (bench/run_all.py): the ranges of each row
     print(json.dumps({"name": "step_model", **{r["job"]: {"step_s": r["new"]["step_s"], "mfu": r["new"]["mfu"],
                                                         "step_s_without_lever": r["without_lever"]["step_s"],
-                                                        "old_step_s": r["old"]["step_s"]}
+                                                        "old_step_s": r["old"]["step_s"],
+                                                        "required_gib": round(r["required_gib"], 2)}
                                               for r in results if "new" in r}}))
 
 

@@ -44,8 +44,9 @@ class Figures:
 
     gpu: str
     peak_tflops: float
-    gemm_tflops: dict[float, float]
-    """Cube-root GEMM size (``(m n k) ** (1/3)``) -> bf16 TFLOP/s."""
+    gemm_tflops: dict[tuple[int, int, int], float]
+    """GEMM shape ``(m, n, k)`` -> bf16 TFLOP/s (keyed by shape: transposed shapes of one volume,
+    a projection's forward and its two gradients, run at different rates)."""
     gemm: Rate
     """The table's spread and source (its low/high are the table's extremes)."""
     memory: Rate
@@ -57,22 +58,30 @@ class Figures:
     efa: Rate
     """Bandwidth of a node's network link for NCCL, GB/s."""
     measured_step: dict | None = None
-    """One step of the shipped per-GPU shape as ``make gpu-check`` measured it (None before)."""
+    """One step of the shipped per-GPU shape as ``make gpu-check`` measured it (None before, or
+    when its profile run failed)."""
+    calibrated: bool = False
+    """``make gpu-check``'s measurements replaced the published GEMM and memory rates (with or
+    without a measured step)."""
 
     def gemm_rate(self, m: int, n: int, k: int) -> tuple[float, float]:
-        """(low, high) TFLOP/s of an ``(m, k) @ (k, n)`` GEMM: the two table entries that bracket
-        its cube-root size (clamped at the table's ends); below the smallest measured size the
-        rate falls in proportion to the size (an assumption: such GEMMs cannot fill the GPU)."""
-        size = (m * n * k) ** (1 / 3)
-        sizes = sorted(self.gemm_tflops)
-        scale = min(1.0, size / sizes[0])
-        exact = [s for s in sizes if abs(s - size) <= 1e-9 * size]  # a measured shape: its own rate
-        if exact:
-            return self.gemm_tflops[exact[0]] * scale, self.gemm_tflops[exact[0]] * scale
-        below = [s for s in sizes if s <= size] or sizes[:1]
-        above = [s for s in sizes if s >= size] or sizes[-1:]
-        pair = (self.gemm_tflops[below[-1]], self.gemm_tflops[above[0]])
-        return min(pair) * scale, max(pair) * scale
+        """(low, high) TFLOP/s of an ``(m, k) @ (k, n)`` GEMM: a measured shape's own rate;
+        otherwise the spread of the table entries of the two cube-root sizes that bracket its own
+        (every entry of a size: shapes of one volume differ), clamped at the table's ends; below
+        the smallest size the rate falls in proportion to the size (an assumption: such GEMMs
+        cannot fill the GPU)."""
+        volume = m * n * k  # sizes compared by volume: exact integers
+        by_volume: dict[int, list[float]] = {}
+        for (a, b, c), rate in self.gemm_tflops.items():
+            by_volume.setdefault(a * b * c, []).append(rate)
+        volumes = sorted(by_volume)
+        scale = min(1.0, (volume / volumes[0]) ** (1 / 3))
+        if (m, n, k) in self.gemm_tflops:
+            return self.gemm_tflops[(m, n, k)] * scale, self.gemm_tflops[(m, n, k)] * scale
+        below = [v for v in volumes if v <= volume] or volumes[:1]
+        above = [v for v in volumes if v >= volume] or volumes[-1:]
+        rates = by_volume[below[-1]] + by_volume[above[0]]
+        return min(rates) * scale, max(rates) * scale
 
     def assumed(self) -> list[str]:
         """Names of the rates that are assumptions, not published or measured figures."""
@@ -87,7 +96,7 @@ def published(gpu: str, network_gbps: float) -> Figures:
     GEMM efficiency (its rate over its peak) is applied to that GPU's peak: an assumption."""
     peak = GPU_PEAK_BF16_TFLOPS.get(gpu, 0.0)
     l4 = GPU_PEAK_BF16_TFLOPS["L4"]
-    table = {s: r * peak / l4 for s, r in L4_GEMM_TFLOPS.items()}
+    table = {(s, s, s): r * peak / l4 for s, r in L4_GEMM_TFLOPS.items()}
     gemm = Rate(min(table.values()), max(table.values()), "TFLOP/s",
                 L4_GEMM_SOURCE + "; applied to other shapes by their cube-root size (assumed)" if gpu == "L4"
                 else f"the L4's GEMM efficiency on the {gpu}'s peak", assumed=True)
@@ -137,14 +146,14 @@ def calibrated(figures: Figures, path: Path | None = None) -> Figures:
         if not isinstance(row, dict):
             raise CalibrationError(f"{path}: gemm[{i}] = {row!r}: must be {{m, n, k, tflops}}")
         m, n, k = (int(_positive(path, f"gemm[{i}].{key}", row.get(key))) for key in "mnk")
-        table[(m * n * k) ** (1 / 3)] = _positive(path, f"gemm[{i}].tflops", row.get("tflops"))
+        table[(m, n, k)] = _positive(path, f"gemm[{i}].tflops", row.get("tflops"))
     memory = _positive(path, "memory_gbytes_per_s", data.get("memory_gbytes_per_s"))
     step = data.get("step")
     if step is not None and not (isinstance(step, dict) and isinstance(step.get("step_s"), (int, float))):
         raise CalibrationError(f"{path}: step = {step!r}: must be an object with step_s (seconds)")
     return replace(figures, gemm_tflops=table,
                    gemm=Rate(min(table.values()), max(table.values()), "TFLOP/s", where),
-                   memory=Rate(memory, memory, "GB/s", where), measured_step=step)
+                   memory=Rate(memory, memory, "GB/s", where), measured_step=step, calibrated=True)
 
 
 def figures_for(gpu: str, network_gbps: float, path: Path | None = None) -> Figures:

@@ -332,6 +332,8 @@ def render(plan: Plan) -> str:
                 usd = [(h + e["overhead_h"]) * e["hourly_usd"] for h in hours]
                 lines.append(f"    run            {hours[0] * 60:.1f}-{hours[1] * 60:.1f} min of steps, {usd[0]:.2f}-{usd[1]:.2f} USD "
                              f"over this range")
+        elif not job.parallel.cpu_offload:  # measured, but no trace of its micro batch
+            lines += step_model.missing(plan.job, plan.measured)
     if plan.estimate:
         e = plan.estimate
         if e.get("source") == "measured":

@@ -36,8 +36,9 @@ FSDP_SOURCE = ("torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_collectives
                "foreach_all_gather_copy_out, foreach_reduce) and torch/optim/adamw.py (fused)")
 
 
-def load_traces(path: Path = TRACES) -> list[dict]:
-    """The published traces (empty when none are)."""
+def load_traces(path: Path | None = None) -> list[dict]:
+    """The published traces (:data:`TRACES` unless ``path``; empty when none are)."""
+    path = path or TRACES
     return json.loads(path.read_text(encoding="utf-8"))["traces"] if path.is_file() else []
 
 
@@ -153,9 +154,11 @@ def predict(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, 
             "mfu": (round(high["mfu"], 4), round(low["mfu"], 4)),  # (slow end's, fast end's)
             "terms": {k: (round(low[k], 3), round(high[k], 3)) for k in low if k not in ("step_s", "mfu")},
             "sources": {**figures.sources(), "fsdp_copies": FSDP_SOURCE,
-                        "trace": f"bench/bench_step_model.py --trace ({trace['kind']}, documents {trace['doc_lengths']})",
+                        "trace": f"bench/bench_step_model.py --trace ({trace['kind']}, micro batch {trace['micro_batch_size']}, "
+                                 f"checkpointing {'on' if trace.get('activation_checkpointing') else 'off'}, "
+                                 f"documents {trace['doc_lengths']})",
                         "collectives": "bench/bench_full_size_plan.py (raytrain_eks/measured_plan.json)"},
-            "assumed": figures.assumed(), "measured_step": figures.measured_step}
+            "assumed": figures.assumed(), "measured_step": figures.measured_step, "calibrated": figures.calibrated}
 
 
 COMM_TERMS = ("forward_gathers_s", "backward_reduce_scatters_s", "step_all_reduce_s")
@@ -170,7 +173,7 @@ def exposed_comm(prediction: dict) -> dict:
     shares = sorted(round(sec / step, 4) for sec, step in zip(seconds, (step_lo, step_hi)) if step > 0)
     return {"label": "predicted", "share": shares, "seconds": [round(v, 3) for v in seconds],
             "step_s": [step_lo, step_hi], "mfu": list(prediction["mfu"]), "assumed": list(prediction["assumed"]),
-            "calibrated": prediction.get("measured_step") is not None,
+            "calibrated": bool(prediction.get("calibrated")),
             "by_phase": {name: list(terms[name]) for name in COMM_TERMS},
             "source": "raytrain_eks/step_model.py, from submit's preflight of this plan (not timed by the job)"}
 
@@ -190,20 +193,39 @@ def render(prediction: dict) -> list[str]:
     return lines
 
 
+def _trace_key(job, model: str) -> dict | None:
+    """The trace key of ``job``'s micro batch (None for data the step model has no trace kind of)."""
+    kind = {"chat": "chat", "synthetic": "synthetic"}.get(job.data.kind)
+    return kind and {"model": model, "kind": kind, "seq_len": job.train.seq_len,
+                     "micro_batch_size": job.train.micro_batch_size,
+                     "activation_checkpointing": job.parallel.activation_checkpointing}
+
+
 def for_job(job, shapes: ModelShapes, measured: dict, cluster: Cluster, gpu: str, network_gbps: float,
             traces: list[dict] | None = None) -> dict | None:
     """The range for a job whose plan bench/bench_full_size_plan.py measured (``measured``, a
     :func:`raytrain_eks.measured_plan.for_job` result), when a trace of its micro batch exists:
-    chat data (packed conversations) or synthetic; None otherwise."""
+    chat data (packed conversations) or synthetic; None otherwise (:func:`missing` says why)."""
     from raytrain_eks.gpu_figures import figures_for
 
-    kind = {"chat": "chat", "synthetic": "synthetic"}.get(job.data.kind)
-    trace = kind and find_trace(load_traces() if traces is None else traces, model=measured["model"], kind=kind,
-                                seq_len=job.train.seq_len, micro_batch_size=job.train.micro_batch_size,
-                                activation_checkpointing=job.parallel.activation_checkpointing)
+    key = _trace_key(job, measured["model"])
+    trace = key and find_trace(load_traces() if traces is None else traces, **key)
     if not trace:
         return None
     row = {**measured, "grad_accum_steps": measured["prediction"]["grad_accum_steps"]}
     # training/parallel.py pulls the lever only where parameters stay gathered between micro batches
     return predict(trace, row, cluster, shapes, figures_for(gpu, network_gbps),
                    last_backward_lever=job.parallel.keep_params_gathered)
+
+
+def missing(job, measured: dict, traces: list[dict] | None = None) -> list[str]:
+    """The preflight's one line where a measured plan has no range because no trace of its micro
+    batch was recorded (its sequence, micro batch or checkpointing), never a range from another
+    key's trace; nothing where the data kind has no trace at all or a trace exists."""
+    key = _trace_key(job, measured["model"])
+    if not key or find_trace(load_traces() if traces is None else traces, **key):
+        return []
+    return [f"  step range       none: {TRACES.name} has no trace of {key['model']} {key['kind']} seq_len = "
+            f"{key['seq_len']}, micro_batch_size = {key['micro_batch_size']}, activation_checkpointing = "
+            f"{str(key['activation_checkpointing']).lower()}; `.venv/bin/python bench/bench_step_model.py --trace` "
+            "records the micro batches of its PLANS"]

@@ -81,8 +81,7 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_g
     from torch.distributed.fsdp import fully_shard
 
     if activation_checkpointing:
-        # Non-reentrant checkpointing composes with FSDP2 and torch.compile.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_activations(model)
     if compile:
         for layer in decoder_layers(model):
             layer.compile()
@@ -96,6 +95,14 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_g
     model._raytrain_strategy = strategy  # the accumulation helpers restore this plan
     model._raytrain_keep_gathered = keep_gathered  # parameters stay gathered across micro-batches
     return model
+
+
+def checkpoint_activations(model: torch.nn.Module) -> None:
+    """Checkpoint every decoder layer: backward runs the layer's forward again (transformers 5.13
+    ``GradientCheckpointingLayer``, only while ``model.training``). Non-reentrant checkpointing
+    composes with FSDP2 and torch.compile. One definition: the job and the step model's trace
+    (bench/bench_step_model.py) apply it the same way."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def mixed_precision_policy(reduce_dtype: str = "float32", param_dtype: str | None = "bfloat16"):

@@ -78,19 +78,19 @@ def test_a_shipped_job_is_measured_by_the_keys_the_preflight_looks_it_up_by():
     """``--jobs``: the model from the job's folder name, the plan from raytrain_eks.measured_plan
     ``job_plan`` (the LoRA options as ``lora_key``: alpha only scales); and each shipped job's
     published row is found by those keys."""
-    from bench_full_size_plan import MICRO_BATCH, SEQ_LEN, job_variant
+    from bench_full_size_plan import SEQ_LEN, job_variant
 
     from raytrain_eks.measured_plan import load, lookup, lora_key
 
     name, variant = job_variant(str(ROOT / "jobs" / "family" / "lora-qwen2.5-14b.toml"))
     assert name == "Qwen2.5-14B"
     assert variant == {"code": "after", "strategy": "hybrid_shard", "activation_checkpointing": True,
-                       "reduce_dtype": "float32", "keep_gathered": False, "cpu_offload": False,
+                       "reduce_dtype": "float32", "keep_gathered": False, "cpu_offload": False, "micro_batch_size": 1,
                        "lora": lora_key({"rank": 16, "alpha": 32, "dropout": 0.05})}
     for job in [ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml", *sorted((ROOT / "jobs" / "family").glob("*.toml"))]:
         name, variant = job_variant(str(job))
         keys = {k: v for k, v in variant.items() if k != "code"}
-        assert lookup(load(), model=name, seq_len=SEQ_LEN, micro_batch_size=MICRO_BATCH, **keys), job.name
+        assert lookup(load(), model=name, seq_len=SEQ_LEN, **keys), job.name
 
 
 def test_a_job_the_bench_cannot_measure_is_refused_in_one_line(tmp_path):

@@ -34,3 +34,22 @@ def test_a_job_is_predicted_only_from_a_trace_of_its_own_checkpointing():
     assert find_trace([old], **key, activation_checkpointing=True) is None
     on = {**old, "activation_checkpointing": True}
     assert find_trace([old, on], **key, activation_checkpointing=True) is on
+
+
+def test_the_trace_checkpoints_with_the_job_s_own_function(monkeypatch):
+    """One definition: the trace checkpoints the layers through training/parallel.py's
+    ``checkpoint_activations`` (what ``parallelize`` calls), so a change to how the job
+    checkpoints changes the traced recompute with it."""
+    import bench_step_model
+    from raytrain_eks.measured_plan import MODEL_CONFIGS
+    from training import parallel
+
+    tiny = dict(MODEL_CONFIGS[bench_step_model.MODEL], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2)
+    monkeypatch.setitem(MODEL_CONFIGS, bench_step_model.MODEL, tiny)
+    applied = []
+    monkeypatch.setattr(parallel, "checkpoint_activations", lambda model: applied.append(model))
+    traced = bench_step_model.trace("chat", 256, 1, activation_checkpointing=True)
+    assert len(applied) == 1
+    # nothing checkpointed by the spy: the recompute is gone, so the trace followed the function
+    assert traced["gemms"] == bench_step_model.trace("chat", 256, 1, activation_checkpointing=False)["gemms"]

@@ -47,7 +47,7 @@ def test_no_calibration_or_one_of_another_gpu_changes_nothing(tmp_path):
     base = published("L4", 40)
     assert calibrated(base, tmp_path / "absent.json") == base
     assert calibrated(base, _write(tmp_path / "c.json", gpu="L40S")) == base
-    assert base.gemm_tflops == L4_GEMM_TFLOPS
+    assert base.gemm_tflops == {(s, s, s): rate for s, rate in L4_GEMM_TFLOPS.items()}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -69,3 +69,16 @@ def test_a_calibration_that_is_not_json_is_refused(tmp_path):
     path.write_text("{")
     with pytest.raises(CalibrationError, match="not JSON"):
         calibrated(published("L4", 40), path)
+
+
+def test_calibrated_shapes_of_equal_volume_keep_their_own_rates(tmp_path):
+    """The trace's GEMMs come in transposed triples of one volume (a projection's forward, its
+    input gradient and its weight gradient: (2048, 1536, 8960), (2048, 8960, 1536),
+    (8960, 1536, 2048)); each was measured at its own rate and keeps it."""
+    rows = [{"m": 2048, "n": 1536, "k": 8960, "tflops": 48.0}, {"m": 2048, "n": 8960, "k": 1536, "tflops": 52.0},
+            {"m": 8960, "n": 1536, "k": 2048, "tflops": 41.0}, {"m": 4096, "n": 4096, "k": 4096, "tflops": 60.0}]
+    f = figures_for("L4", 40, _write(tmp_path / "c.json", gemm=rows))
+    assert [f.gemm_rate(r["m"], r["n"], r["k"]) for r in rows] == [(r["tflops"], r["tflops"]) for r in rows]
+    # an unmeasured shape of that volume spans all three; one between the sizes, both neighbours'
+    assert f.gemm_rate(1536, 2048, 8960) == (41.0, 52.0)
+    assert f.gemm_rate(3500, 3500, 3500) == (41.0, 60.0)

@@ -378,6 +378,50 @@ def test_the_preflight_shows_the_step_range_and_what_is_assumed(capsys):
     assert "USD over this range" in out
 
 
+@pytest.mark.parametrize("settings, trace", [
+    ((), "(chat, micro batch 1, checkpointing off, documents"),
+    (("parallel.activation_checkpointing=true",), "(chat, micro batch 1, checkpointing on, documents"),
+    (("train.micro_batch_size=2", "parallel.activation_checkpointing=true"),
+     "(chat, micro batch 2, checkpointing on, documents"),
+])
+def test_the_step_range_comes_from_the_trace_of_the_job_s_own_micro_batch(capsys, settings, trace):
+    """A checkpointed micro batch runs every layer's forward again in backward; a micro batch of
+    2 rows moves twice the bytes: each job's range is predicted from the trace of its own key."""
+    job = str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml")
+    code, out, _ = preflight(capsys, *[a for s in settings for a in ("--set", s)], job=job)
+    assert code == 0 and "step range       " in out and f"trace          bench/bench_step_model.py --trace {trace}" in out
+
+
+def test_micro_batch_2_is_judged_by_its_own_measured_plan(capsys):
+    """bench/bench_full_size_plan.py measured the finetune at micro batch 2 (the same tokens per
+    step in half the micro batches): without checkpointing its measured peak does not fit an L4,
+    with checkpointing it does, and the preflight says which from the measurement."""
+    job, two = str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml"), ("--set", "train.micro_batch_size=2")
+    code, out, _ = preflight(capsys, *two, job=job)
+    assert code != 0 and "FAIL  memory" in out and "x micro_batch_size = 2 needs ~" in out and "(measured)" in out
+    code, out, _ = preflight(capsys, *two, "--set", "parallel.activation_checkpointing=true", job=job)
+    assert code == 0 and "PASS  memory" in out and "(measured)" in out
+    assert "(chat, micro batch 2, checkpointing on, documents" in out
+
+
+def test_a_measured_plan_without_a_trace_of_its_micro_batch_gets_one_line_not_a_range(capsys, monkeypatch, tmp_path):
+    """The step range of a checkpointed job never comes from the uncheckpointed trace: where only
+    that one exists, the preflight says so in one line and prices no range."""
+    from raytrain_eks import step_model
+
+    job, on = str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml"), "parallel.activation_checkpointing=true"
+    plain = [t for t in step_model.load_traces() if not t["activation_checkpointing"]]
+    (tmp_path / "step_trace.json").write_text(json.dumps({"traces": plain}))
+    monkeypatch.setattr(step_model, "TRACES", tmp_path / "step_trace.json")
+    code, out, _ = preflight(capsys, "--set", on, job=job)
+    assert code == 0 and "measured   bench/bench_full_size_plan.py" in out
+    assert [line for line in out.splitlines() if "step range" in line] == [
+        "  step range       none: step_trace.json has no trace of Qwen2.5-1.5B chat seq_len = 2048, micro_batch_size = 1, "
+        "activation_checkpointing = true; `.venv/bin/python bench/bench_step_model.py --trace` records the micro "
+        "batches of its PLANS"]
+    assert "USD over this range" not in out
+
+
 def test_a_bad_calibration_stops_the_preflight_in_one_line(capsys, monkeypatch, tmp_path):
     from raytrain_eks import gpu_figures
 

@@ -87,3 +87,52 @@ def test_the_exposed_communication_is_the_collective_terms_share_of_the_step():
     assert e["label"] == "predicted" and e["seconds"] == [round(c, 3) for c in comm] and comm[0] > 0
     assert e["share"] == sorted(round(c / s, 4) for c, s in zip(comm, p["step_s"])) and 0 < e["share"][0] <= e["share"][1] < 1
     assert e["by_phase"] == {name: list(p["terms"][name]) for name in COMM_TERMS}
+
+
+def _gemm_flops(trace: dict) -> int:
+    return sum(2 * m * n * k * count for m, n, k, count in trace["gemms"])
+
+
+@pytest.mark.parametrize("kind, micro_batch_size", [("chat", 1), ("chat", 2), ("synthetic", 1)])
+def test_a_published_checkpointed_trace_holds_exactly_the_layers_recomputed_forward(kind, micro_batch_size):
+    """Oracle for what the job's checkpointing recomputes. transformers 5.13.0
+    ``modeling_layers.py`` ``GradientCheckpointingLayer.__call__`` checkpoints a decoder layer
+    only ``if self.gradient_checkpointing and self.training`` (the loop trains in train mode and
+    evaluation restores it), through torch's non-reentrant checkpoint
+    (``use_reentrant=False``, training/parallel.py ``checkpoint_activations``), which stops
+    recomputing once every tensor the layer saved for backward is back (torch 2.13.0
+    ``torch/utils/checkpoint.py``:1128-1131, ``early_stop`` True by default). The layer's last
+    saved tensor is ``down_proj``'s input, so the recompute runs q, k, v, o, gate and up
+    (2 x tokens x in x out FLOPs each) and the attention, never ``down_proj``; the model FLOPs
+    (the MFU's numerator) do not change."""
+    from raytrain_eks.step_model import find_trace, load_traces
+
+    s, tokens = QWEN2_5_1_5B, 2048 * micro_batch_size
+    kv = s.num_kv_heads * (s.head_dim or s.hidden_size // s.num_heads)
+    layer_forward = 2 * tokens * (s.hidden_size * (2 * s.hidden_size + 2 * kv) + 2 * s.hidden_size * s.intermediate_size)
+    key = dict(model="Qwen2.5-1.5B", kind=kind, seq_len=2048, micro_batch_size=micro_batch_size)
+    plain, checkpointed = (find_trace(load_traces(), **key, activation_checkpointing=ac) for ac in (False, True))
+    assert _gemm_flops(checkpointed) - _gemm_flops(plain) == s.num_layers * layer_forward
+    assert checkpointed["attention_flops"] > plain["attention_flops"]
+    assert checkpointed["model_flops"] == plain["model_flops"]
+
+
+
+def test_a_calibration_without_a_measured_step_still_says_the_rates_were_calibrated(tmp_path):
+    """bench/gpu_check.py writes ``"step": null`` when its profile run fails, with the GEMM rates
+    and memory bandwidth measured all the same: the prediction handed to the run (run.json
+    ``exposed_comm``) and the report's "step time, predicted" row say it was calibrated."""
+    import json
+
+    from raytrain_eks.gpu_figures import figures_for
+    from raytrain_eks.report import predicted_step_text
+
+    path = tmp_path / "gpu_calibration.json"
+    path.write_text(json.dumps({"gpu": "L4", "measured_at": "2026-12-03", "memory_gbytes_per_s": 251.0, "step": None,
+                                "gemm": [{"m": 2048, "n": 2048, "k": 2048, "tflops": 60.0}]}))
+    f = figures_for("L4", 40, path)
+    handed = exposed_comm(predict(TRACE, _measured(), Cluster(), QWEN2_5_1_5B, f))
+    assert handed["calibrated"] is True and handed["assumed"] == ["kernel_floor_us", "pcie", "efa"]
+    assert predicted_step_text(handed).endswith("assumed: kernel_floor_us, pcie, efa; calibrated by make gpu-check)")
+    published_only = exposed_comm(predict(TRACE, _measured(), Cluster(), QWEN2_5_1_5B, figures_for("L4", 40, tmp_path / "none")))
+    assert published_only["calibrated"] is False

@@ -148,3 +148,64 @@ def test_gpu_workers_get_expandable_segments_unless_the_job_sets_its_own_allocat
     head_only = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6",
                  RAY_JOB_CONFIG_JSON_ENV_VAR: json.dumps({"runtime_env": {"env_vars": {}}, "metadata": {}})}
     assert launch.worker_env(gpu, head_only)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+_READ_ALLOCATOR = (
+    "import json, sys\n"
+    "from ray._private.utils import update_envs\n"
+    "update_envs(json.loads(sys.argv[1]))\n"
+    "import torch\n"
+    "print(torch._C._accelerator_getAllocatorSettings())\n")
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("pod, driver, parsed", [
+    ({}, {}, "expandable_segments:True"),
+    # the image or pod sets its own: the runtime env's value replaces it in the worker
+    ({"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"}, {}, "expandable_segments:True"),
+    # the job's own generic setting, passed on alone: ours, read first, would hide it
+    ({}, {"PYTORCH_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512"},
+     "expandable_segments:True,max_split_size_mb:512"),
+])
+def test_torch_in_a_gpu_worker_parses_the_allocator_settings_the_driver_hands_it(pod, driver, parsed):
+    """Oracle for the path the setting takes, each step the upstream code itself:
+    Ray Train 2.58 ``WorkerGroup._get_worker_runtime_env`` merges RunConfig.worker_runtime_env
+    over its propagated variables (``ray/train/v2/_internal/execution/worker_group/worker_group.py``:
+    1186-1205, the user's win); the worker process gets them from ``RuntimeEnvContext.exec_worker``
+    (``ray/_private/runtime_env/context.py``:42-43: ``update_envs`` into ``os.environ`` before it
+    execs the worker's Python), so before torch is imported; torch 2.13's generic allocator config
+    (``AcceleratorAllocatorConfig::instance()`` in libc10, which owns ``expandable_segments``)
+    parses the environment at its first use, ``PYTORCH_CUDA_ALLOC_CONF`` before
+    ``PYTORCH_ALLOC_CONF``; ``_accelerator_getAllocatorSettings`` returns what it parsed. Here on
+    the CPU build the same parser runs (the CUDA build consults it for expandable segments)."""
+    import os
+    import subprocess
+    import sys
+
+    from ray.train.v2._internal.execution.worker_group.worker_group import WorkerGroup
+
+    merged = WorkerGroup._get_worker_runtime_env({"env_vars": launch.worker_env(_job(use_gpu=True), driver)})
+    env = {k: v for k, v in os.environ.items() if k not in launch.ALLOCATOR_ENV} | pod
+    out = subprocess.run([sys.executable, "-c", _READ_ALLOCATOR, json.dumps(merged["env_vars"])], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == parsed
+
+
+@pytest.mark.subprocess
+def test_torch_accepts_the_shipped_setting_and_refuses_a_lower_case_one():
+    """torch 2.13 ``ConfigTokenizer::toBool`` (c10/core/AllocatorConfig.h) takes exactly ``True``
+    or ``False``: the shipped value parses, with the other settings a job may add; ``true`` is a
+    ValueError at the worker's first CUDA allocation."""
+    import subprocess
+    import sys
+
+    check = ("import sys, torch\n"
+             "for s in sys.argv[1:]:\n"
+             "    try:\n"
+             "        torch._C._accelerator_setAllocatorSettings(s); print('ok')\n"
+             "    except ValueError:\n"
+             "        print('refused')\n")
+    settings = [launch.GPU_ALLOCATOR_SETTINGS, launch.GPU_ALLOCATOR_SETTINGS + ",max_split_size_mb:512",
+                launch.GPU_ALLOCATOR_SETTINGS + ",garbage_collection_threshold:0.6", "expandable_segments:true"]
+    out = subprocess.run([sys.executable, "-c", check, *settings], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["ok", "ok", "ok", "refused"]
