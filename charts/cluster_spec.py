@@ -91,6 +91,14 @@ class ClusterShape:
     cpu_job_cpus: float = 0
     """A CPU job's cluster: its one worker pod asks for these CPUs (its Ray workers' together)
     and no GPU or EFA. 0: GPU workers taking whole nodes."""
+    gpus_per_pod: int = 0
+    """GPUs of each GPU worker pod (the job's ``WorldSize.workers_per_node``); 0: every GPU of
+    its node. A job smaller than a node asks for its own GPUs and still takes the node's CPUs,
+    memory and EFA interfaces (a node runs one worker pod)."""
+
+    @property
+    def pod_gpus(self) -> int:
+        return self.gpus_per_pod or self.group.gpus_per_node
 
 
 def gpu_worker_env(group: GpuNodeGroupSpec) -> list[dict[str, str]]:
@@ -132,10 +140,11 @@ def cpu_worker_resources(group: GpuNodeGroupSpec, cpus: float) -> dict[str, str]
     return {"cpu": str(whole), "memory": f"{math.ceil(whole * group.pod_memory_gib / group.pod_cpu)}Gi"}
 
 
-def worker_resources(group: GpuNodeGroupSpec) -> dict[str, str]:
-    """Requests = limits of one GPU worker pod (Guaranteed QoS: never the first to be evicted)."""
+def worker_resources(group: GpuNodeGroupSpec, gpus: int = 0) -> dict[str, str]:
+    """Requests = limits of one GPU worker pod (Guaranteed QoS: never the first to be evicted);
+    ``gpus``: of a job smaller than a node (0: all of the node's)."""
     resources = {"cpu": str(group.pod_cpu), "memory": f"{group.pod_memory_gib}Gi",
-                 GPU_RESOURCE: str(group.gpus_per_node)}
+                 GPU_RESOURCE: str(gpus or group.gpus_per_node)}
     if group.efa_per_node:
         resources[EFA_RESOURCE] = str(group.efa_per_node)
     return resources
@@ -184,7 +193,7 @@ def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
         pod_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *run_record_env(env, group)]
         staging_volumes, staging_mounts = [], []
     else:
-        resources = worker_resources(group)
+        resources = worker_resources(group, shape.pod_gpus)
         staging_volumes, staging_mounts, staging_env = _staging(env, group)
         pod_env = [*gpu_worker_env(group), *run_record_env(env, group, gpu_worker=True), *staging_env]
     volumes, mounts = _shm(resources["memory"])
@@ -257,7 +266,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
             **({} if shape.autoscale else {"replicas": workers}),
             "minReplicas": 0 if shape.autoscale else workers,
             "maxReplicas": workers,
-            "rayStartParams": {"num-gpus": "0" if shape.cpu_job_cpus else str(group.gpus_per_node)},
+            "rayStartParams": {"num-gpus": "0" if shape.cpu_job_cpus else str(shape.pod_gpus)},
             "template": {"metadata": metadata, "spec": secure_pod(_worker_pod(shape))},
         }],
     }

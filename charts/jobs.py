@@ -4,16 +4,19 @@ The job config is parsed by ``training.config.load_job_config``: the very code t
 a config that synthesizes is one the job accepts. The chart adds ``--set`` overrides for the
 facts that belong to the environment, never to the file:
 
-- GPU jobs (``parallel.use_gpu = true`` in the file): the world size and workers per node come
-  from the spec's GPU group the job names (``parallel.node_group``; empty: the first group). A file may ask for FEWER workers (``parallel.num_workers``,
-  a multiple of the GPUs per node); asking for more GPUs than the group has fails synth.
+- GPU jobs (``parallel.use_gpu = true`` in the file): the world size and workers per node are
+  decided once, by :func:`size_job`, from the spec's GPU group the job names
+  (``parallel.node_group``; empty: the first group) and the file's ``parallel.num_workers``
+  (absent or 0: every GPU of the group; fewer: a multiple of the GPUs per node, or up to one
+  node's GPUs, 1 included); asking for more GPUs than the group has fails synth. The size
+  reaches the job as data: :class:`training.config.WorldSize`, typed entry-point arguments.
 - CPU jobs (the embedded ``local`` default): keep their own worker count; all of them must fit
   in one worker pod's CPUs.
 - every job: ``checkpoint.storage_path`` = the spec's ``s3://<bucket>/<prefix>``.
 - ``{bucket}`` inside any string of the file (e.g. ``model.path = "s3://{bucket}/models/x"``)
   is replaced by the spec's bucket name, so no file retypes a derived name.
 
-Each override is one ``--set`` argument and the entrypoint is ``shlex.join``-ed. The entrypoint
+The file is read once (:func:`training.config.read_job_file`). Each override is one ``--set`` argument and the entrypoint is ``shlex.join``-ed. The entrypoint
 meets a shell twice: KubeRay's submitter runs it inside a bash script, and ``ray job submit``
 re-joins its arguments with ``subprocess.list2cmdline`` (which quotes spaces and double quotes
 only) for the job supervisor's ``/bin/sh``. A value with a character the second shell would
@@ -32,9 +35,10 @@ from typing import Any
 from charts.errors import ChartError
 from charts.resources import resource_problems
 from environment import Environment
+from environment.cluster import GpuNodeGroupSpec
 from environment.addons import SCALE_UP_MINUTES
 from training import contract
-from training.config import JobConfig, JobConfigError, load_job_config, read_job_file
+from training.config import JobConfig, JobConfigError, WorldSize, apply_overrides, job_config_from_dict, read_job_file
 from training.contract import BUCKET_PLACEHOLDER
 from training.model_config import check_model
 
@@ -68,10 +72,15 @@ class JobPlan:
     """The config as the job will see it (with the chart's overrides)."""
     overrides: tuple[str, ...]
     """``key=value`` items, each passed as ``--set ITEM``."""
-    worker_replicas: int
-    """Worker pods of the job's own cluster."""
+    world: WorldSize | None
+    """A GPU job's size (:func:`size_job`), passed after the overrides; None for a CPU job."""
     node_group: str
     """The GPU node group its workers run on."""
+
+    @property
+    def worker_replicas(self) -> int:
+        """Worker pods of the job's own cluster (a CPU job's workers share one)."""
+        return self.world.worker_pods if self.world else 1
 
     @property
     def uses_gpu(self) -> bool:
@@ -82,7 +91,7 @@ class JobPlan:
         argv = ["python", "-m", "training", "--config", self.config_path]
         for item in self.overrides:
             argv += ["--set", item]
-        return shlex.join(argv)
+        return shlex.join(argv + (self.world.argv() if self.world else []))
 
     @property
     def config_hash(self) -> str:
@@ -121,6 +130,32 @@ def _placeholders(raw: dict[str, Any], bucket: str, prefix: str = "") -> list[st
     return found
 
 
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def size_job(group: GpuNodeGroupSpec, parallel: dict[str, Any], rel: str, where: str) -> WorldSize | None:
+    """THE world size of a GPU job on its node group: the file's ``parallel.num_workers`` (0 or
+    absent: every GPU of the group), in worker pods of ``min(num_workers, GPUs per node)`` GPUs,
+    so a job of one GPU up to one node's is one pod and a larger one takes whole nodes. More GPUs
+    than the group has, a size that is neither, or more workers per node than the node has GPUs
+    is one :class:`ChartError` line. None where the file's value is not a count at all: the
+    schema names it."""
+    requested, per_node = parallel.get("num_workers", 0), parallel.get("workers_per_node")
+    if _int(per_node) and per_node > group.gpus_per_node:
+        raise ChartError(f"{rel}: parallel.workers_per_node: {per_node} is more than the {group.gpus_per_node} GPUs of "
+                         f"one node (one worker per GPU; the charts size it to the node): {where}")
+    if not _int(requested) or requested < 0:
+        return None
+    workers = requested or group.world_size
+    if workers > group.world_size:
+        raise ChartError(f"{rel}: parallel.num_workers: {requested} asks for more GPUs than the cluster has: {where}")
+    if workers > group.gpus_per_node and workers % group.gpus_per_node:
+        raise ChartError(f"{rel}: parallel.num_workers: {requested} must be a multiple of the GPUs per node, or at most "
+                         f"one node's {group.gpus_per_node}: {where}")
+    return WorldSize(num_workers=workers, workers_per_node=min(workers, group.gpus_per_node))
+
+
 def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str, ...] | list[str] = (),
              *, config_path: str | None = None) -> JobPlan:
     """Resolve one job config file against the environment: THE sizing of a job, used by the
@@ -138,14 +173,14 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
     rel = resolved.relative_to(root.resolve()).as_posix() if resolved.is_relative_to(root.resolve()) else str(path)
     user_overrides = list(user_overrides)
     try:
-        raw = read_job_file(rel, user_overrides)
-    except JobConfigError:
-        raw = None  # load_job_config below names the problem in one line
+        raw = read_job_file(rel, user_overrides)  # the one read of the file; the rest builds from this table
+    except JobConfigError as err:
+        raise ChartError(str(err)) from None
     # A GPU job is sized by the spec, so validate it at that size (e.g. hybrid_shard needs the
     # spec's >= 2 nodes; the file alone says nothing about nodes).
-    parallel = raw.get("parallel", {}) if isinstance(raw, dict) else {}
-    gpu_job = isinstance(parallel, dict) and parallel.get("use_gpu") is True
-    group_name = parallel.get("node_group", "") if isinstance(parallel, dict) else ""
+    parallel = raw.get("parallel", {}) if isinstance(raw.get("parallel", {}), dict) else {}
+    gpu_job = parallel.get("use_gpu") is True
+    group_name = parallel.get("node_group", "")
     try:
         group = env.gpu_group(group_name if isinstance(group_name, str) else "")
     except KeyError:
@@ -154,36 +189,20 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
                          f"(known: {known})") from None
     where = (f"the spec's GPU group {group.name!r} has {group.world_size} = {group.job_nodes} nodes x "
              f"{group.gpus_per_node} GPUs ({group.instance_type}, {env.source})")
-    sizing: list[str] = []
-    if gpu_job:
-        requested = parallel.get("num_workers", group.world_size)
-        if isinstance(requested, int) and requested > group.world_size:
-            raise ChartError(f"{rel}: parallel.num_workers: {requested} asks for more GPUs than the cluster has: {where}")
-        per_node = parallel.get("workers_per_node")
-        if isinstance(per_node, int) and not isinstance(per_node, bool) and per_node > group.gpus_per_node:
-            raise ChartError(f"{rel}: parallel.workers_per_node: {per_node} is more than the {group.gpus_per_node} GPUs of "
-                             f"one node (one worker per GPU; the charts size it to the node): {where}")
-        if isinstance(requested, int) and requested % group.gpus_per_node:
-            raise ChartError(f"{rel}: parallel.num_workers: {requested} must be a multiple of the GPUs per node: {where}")
-        sizing = [f"parallel.num_workers={requested}", f"parallel.workers_per_node={group.gpus_per_node}"]
+    world = size_job(group, parallel, rel, where) if gpu_job else None
+    if world:
+        world.apply(raw)
     try:
-        base = load_job_config(rel, user_overrides + sizing)
+        base = job_config_from_dict(raw, rel)
     except JobConfigError as err:
-        raise ChartError(f"{err}{' (at the spec size: ' + ' '.join(sizing) + ')' if sizing else ''}") from None
+        raise ChartError(f"{err}{f' (at the spec size: {world})' if world else ''}") from None
     name = base.name
     if not name[0].isalpha() or len(name) > MAX_RAYJOB_NAME:
         raise ChartError(f"{rel}: name: {name!r} is not a RayJob name (starts with a letter, "
                          f"at most {MAX_RAYJOB_NAME} characters: KubeRay appends 6 for its cluster)")
     overrides: list[str] = []
-    if base.parallel.use_gpu:
-        requested = base.parallel.num_workers
-        replicas = requested // group.gpus_per_node
-        overrides += [f"parallel.num_workers={requested}", f"parallel.workers_per_node={group.gpus_per_node}",
-                      "parallel.use_gpu=true"]
-        if base.measures_network:  # the verdict's link: the instance table's figure (one definition)
-            overrides.append(f"netcheck.link_gbps={group.instance.network_gbps}")
-    else:
-        replicas = 1
+    if world and base.measures_network:  # the verdict's link: the instance table's figure (one definition)
+        overrides.append(f"netcheck.link_gbps={group.instance.network_gbps}")
     problems = resource_problems(env, base)
     if problems:
         raise ChartError(problems[0])
@@ -213,10 +232,10 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
     except JobConfigError as err:
         raise ChartError(str(err)) from None
     overrides.append(f"checkpoint.storage_path={_toml_value(env.storage_uri)}")
-    overrides += _placeholders(raw or {}, env.bucket_name)
+    overrides += _placeholders(raw, env.bucket_name)
     try:
-        config = load_job_config(rel, user_overrides + overrides)
-    except JobConfigError as err:  # e.g. a global batch the spec's world size cannot divide
+        config = job_config_from_dict(apply_overrides(raw, overrides, rel), rel)
+    except JobConfigError as err:
         raise ChartError(f"{err} (with the spec's overrides: {' '.join(overrides)})") from None
     entry = config_path or rel
     for item in [entry, *overrides]:
@@ -225,8 +244,8 @@ def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str
             special = " ".join(sorted(SHELL_SPECIAL - set("\n\r\t")))
             raise ChartError(f"{rel}: {key}: {value!r} cannot reach the job: ray job submit hands the entrypoint "
                              f"to a shell again, so it may not contain any of {special} or a tab or line break")
-    return JobPlan(name=name, config_path=entry, config=config, overrides=tuple(overrides),
-                   worker_replicas=replicas, node_group=group.name)
+    return JobPlan(name=name, config_path=entry, config=config, overrides=tuple(overrides), world=world,
+                   node_group=group.name)
 
 
 def plan_jobs(env: Environment, jobs_dir: Path, root: Path) -> list[JobPlan]:

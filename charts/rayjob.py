@@ -111,7 +111,8 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, on_cluster: s
         cpus = 0 if plan.uses_gpu else plan.config.parallel.num_workers * plan.config.parallel.cpus_per_worker
         shape = ClusterShape(env=env, worker_replicas=plan.worker_replicas,
                              checkpoint_grace_seconds=plan.grace_seconds,
-                             group_name=plan.node_group, cluster_label=cluster_label, cpu_job_cpus=cpus)
+                             group_name=plan.node_group, cluster_label=cluster_label, cpu_job_cpus=cpus,
+                             gpus_per_pod=plan.world.workers_per_node if plan.world else 0)
         spec |= {
             "backoffLimit": limits.backoff_limit,
             "shutdownAfterJobFinishes": True,

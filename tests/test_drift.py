@@ -8,7 +8,7 @@ one per variant), then the facts one side relies on are read from the other side
 - GPUs and EFA interfaces of that type <-> the worker pod's limits (and the launch template's EFA NICs)
 - the GPU limit                        <-> ``rayStartParams.num-gpus``
 - the spec's Ray version               <-> every ``rayVersion``
-- worker replicas x GPUs               <-> the job's ``--set parallel.num_workers`` and the node group size
+- worker replicas x GPUs               <-> the job's ``--workers`` (its world size) and the node group size
 - the Pod Identity association         <-> the pods' service account and namespace
 - the KubeRay operator chart           <-> the CRDs the bindings were generated from
 - the pod role's S3 policy             <-> the checkpoint storage and the code archive the jobs name
@@ -30,6 +30,7 @@ import yaml
 from charts.main import NETWORK_POLICY_CHART
 from infra.constructs.efa_launch_template import EFA_INTERFACE_TYPES
 from fixture_paths import FIXTURE_JOBS
+from training.__main__ import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCOUNT = "111122223333"
@@ -187,10 +188,9 @@ def test_world_size_fits_the_node_group(both):
             continue
         rayjob = both.manifests[f"rayjob-{plan.name}"]
         group, pod, container = worker(rayjob["spec"]["rayClusterSpec"])
-        argv = shlex.split(rayjob["spec"]["entrypoint"])
-        sets = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
+        args = parse_args(shlex.split(rayjob["spec"]["entrypoint"])[3:])  # the job's own parser
         world = group["replicas"] * int(container["resources"]["limits"]["nvidia.com/gpu"])
-        assert int(sets["parallel.num_workers"]) == world, plan.name
+        assert args.world.num_workers == world == plan.config.parallel.num_workers, plan.name
         ng = nodegroup_for(both, pod["nodeSelector"])
         assert group["replicas"] <= ng["ScalingConfig"]["MaxSize"], plan.name
     # the long-lived cluster: no GPU worker while idle, at most what the group can scale to

@@ -1,4 +1,6 @@
-"""``python -m training --config FILE [--set section.key=value ...]``: the job's entry point.
+"""``python -m training --config FILE [--set section.key=value ...] [--workers N --workers-per-node G]``:
+the job's entry point. ``--workers``/``--workers-per-node`` carry a GPU job's size as the charts
+decided it from the spec (:class:`training.config.WorldSize`); they win over the file and ``--set``.
 
 Everything is validated BEFORE a worker starts: the job config's own rules (training/config.py),
 what needs the model's config.json (``seq_len`` within ``max_position_embeddings``) and the data
@@ -20,7 +22,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="override one field, e.g. --set train.max_steps=20 (repeatable)")
     parser.add_argument("--check", action="store_true",
                         help="validate the job config, the model's config and the data it can reach, and exit")
-    return parser.parse_args(argv)
+    from training.config import WorldSize
+
+    parser.add_argument(WorldSize.WORKERS_FLAG, dest="workers", type=int, metavar="N",
+                        help="the job's world size (Ray Train workers, one GPU each), as the charts size it")
+    parser.add_argument(WorldSize.PER_NODE_FLAG, dest="workers_per_node", type=int, metavar="G",
+                        help=f"workers per worker pod (with {WorldSize.WORKERS_FLAG})")
+    args = parser.parse_args(argv)
+    if (args.workers is None) != (args.workers_per_node is None):
+        parser.error(f"{WorldSize.WORKERS_FLAG} and {WorldSize.PER_NODE_FLAG} go together")
+    args.world = None if args.workers is None else WorldSize(num_workers=args.workers,
+                                                             workers_per_node=args.workers_per_node)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     from training.model_config import check_model
 
     try:
-        job = load_job_config(args.config, args.overrides)
+        job = load_job_config(args.config, args.overrides, args.world)
+        if not (job.parallel.sized or args.check):
+            raise JobConfigError(f"{job.source}: parallel.num_workers: 0 leaves a GPU job's size to its node group: "
+                                 "run it with raytrain-eks submit (the charts size it from environment.toml) "
+                                 "or pass --workers N --workers-per-node G")
         model_note = check_model(job)
         data = check_data(job)
     except (JobConfigError, DataError) as err:

@@ -20,7 +20,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from spec_schema import FieldError, build_section, read_toml
 from training.config_checks import (  # noqa: F401  (re-exported: one schema, one place to import from)
@@ -198,10 +198,14 @@ class ParallelConfig:
     strategy: str = "full_shard"
     """FSDP2 sharding: ``full_shard``, ``hybrid_shard`` (shard in a node, replicate across; >= 2
     nodes) or ``no_shard``."""
-    num_workers: int = 1
-    """Ray Train workers = world size (one per GPU on GPU clusters)."""
+    num_workers: int = 0
+    """Ray Train workers = world size (one per GPU on GPU clusters). 0 (or absent): a GPU job
+    gets one worker per GPU of its node group, a CPU job one worker. A GPU job's size is decided
+    by the charts from the spec (``charts/jobs.py: size_job``; 1 is one GPU) and reaches the job
+    as :class:`WorldSize`, never as text."""
     workers_per_node: int = 1
-    """GPUs (workers) per node; the hybrid mesh shards inside a node and replicates across."""
+    """GPUs (workers) per node; the hybrid mesh shards inside a node and replicates across. A
+    GPU job's comes from its node group (:class:`WorldSize`)."""
     use_gpu: bool = False
     """Train on GPUs with NCCL; false: CPU with gloo (tests, the local demo)."""
     node_group: str = ""
@@ -234,16 +238,49 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         one_of(self, "strategy", STRATEGIES)
         one_of(self, "grad_reduce_dtype", REDUCE_DTYPES)
-        positive(self, "num_workers", "workers_per_node", "cpus_per_worker")
+        positive(self, "num_workers", allow_zero=True)
+        positive(self, "workers_per_node", "cpus_per_worker")
+        if not self.use_gpu and not self.num_workers:
+            object.__setattr__(self, "num_workers", 1)  # a CPU job's default: the file alone sizes it
         if self.num_workers % self.workers_per_node:
             raise FieldError("num_workers", self.num_workers,
                              f"must be a multiple of parallel.workers_per_node ({self.workers_per_node})")
 
     @property
     def sized(self) -> bool:
-        """False for a GPU job still at one worker: the charts and the preflight size it from
-        the environment's node group (and validate it again at that size)."""
-        return not (self.use_gpu and self.num_workers == 1)
+        """False for a GPU job whose file leaves its size to its node group (``num_workers``
+        0): the charts and the preflight size it (:class:`WorldSize`) and validate it at that size."""
+        return self.num_workers > 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorldSize:
+    """A GPU job's size, decided once from the spec and the job (``charts/jobs.py: size_job``)
+    and handed to the job as typed entry-point arguments (:meth:`argv`, read back by
+    ``python -m training``), applied over the file's ``[parallel]`` as numbers (:meth:`apply`)."""
+    num_workers: int
+    """Ray Train workers = GPUs of the job."""
+    workers_per_node: int
+    """Workers (GPUs) in each worker pod: the node's GPUs, or all of them for a job smaller than a node."""
+    WORKERS_FLAG: ClassVar[str] = "--workers"
+    PER_NODE_FLAG: ClassVar[str] = "--workers-per-node"
+
+    @property
+    def worker_pods(self) -> int:
+        return self.num_workers // self.workers_per_node
+
+    def argv(self) -> list[str]:
+        """The entry point's arguments that carry this size."""
+        return [self.WORKERS_FLAG, str(self.num_workers), self.PER_NODE_FLAG, str(self.workers_per_node)]
+
+    def __str__(self) -> str:
+        return f"parallel.num_workers={self.num_workers} parallel.workers_per_node={self.workers_per_node}"
+
+    def apply(self, raw: dict[str, Any]) -> None:
+        """Set the size into a job file's table (before it is validated)."""
+        parallel = raw.setdefault("parallel", {})
+        if isinstance(parallel, dict):  # else the schema names the bad section
+            parallel |= {"num_workers": self.num_workers, "workers_per_node": self.workers_per_node}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -447,11 +484,11 @@ class JobConfig:
                              f"needs >= 2 nodes (num_workers {p.num_workers} / workers_per_node {p.workers_per_node} = "
                              f"{self.num_nodes})")
         per_step = p.num_workers * t.micro_batch_size
-        if t.global_batch_size % per_step:
+        if p.sized and t.global_batch_size % per_step:
             raise FieldError("train.global_batch_size", t.global_batch_size,
                              f"must be divisible by num_workers x micro_batch_size ({p.num_workers} x "
                              f"{t.micro_batch_size} = {per_step})")
-        if p.grad_reduce_dtype == "bfloat16" and p.strategy != "full_shard" and self.grad_accum_steps > 1:
+        if p.grad_reduce_dtype == "bfloat16" and p.strategy != "full_shard" and p.sized and self.grad_accum_steps > 1:
             # FSDP2 holds the all-reduce back until the last micro batch and sums the held-back
             # ones in the reduce dtype, before the fp32 gradient exists (tests/training/test_accumulation.py).
             raise FieldError("parallel.grad_reduce_dtype", p.grad_reduce_dtype,
@@ -552,12 +589,19 @@ def read_job_file(path: str | Path, overrides: list[str] | None = None) -> dict[
     """The job config file as a table, with the ``section.key=value`` overrides applied, not yet
     validated: what callers that size a job (the charts, the preflight) read first."""
     source = str(path)
-    raw = read_toml(path, JobConfigError, "jobs/local.toml")
-    for dotted, text in parse_overrides(overrides or [], source=f"{source} (--set)"):
+    return apply_overrides(read_toml(path, JobConfigError, "jobs/local.toml"), overrides or [], source)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
+    """``raw`` with the ``section.key=value`` items set, each value read as the job reads its ``--set``."""
+    for dotted, text in parse_overrides(overrides, source=f"{source} (--set)"):
         _set_dotted(raw, dotted, text, source)
     return raw
 
 
-def load_job_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
-    """Read, override (``section.key=value``) and validate a job config file."""
-    return job_config_from_dict(read_job_file(path, overrides), str(path))
+def load_job_config(path: str | Path, overrides: list[str] | None = None, world: WorldSize | None = None) -> JobConfig:
+    """Read, override (``section.key=value``), size (``world``, over both) and validate a job config file."""
+    raw = read_job_file(path, overrides)
+    if world:
+        world.apply(raw)
+    return job_config_from_dict(raw, str(path))

@@ -14,7 +14,7 @@ from fixture_paths import FIXTURE_JOBS
 
 from charts.errors import ChartError
 from charts.jobs import JobPlan, _toml_value, plan_jobs
-from training.config import load_job_config
+from training.config import WorldSize, load_job_config
 
 GPU_JOB = """
 name = "{name}"
@@ -108,10 +108,11 @@ def test_entrypoint_is_shell_safe_and_round_trips():
     cfg = load_job_config(FIXTURE_JOBS / "smoke.toml")
     plan = JobPlan(name="smoke", config_path="jobs/smoke.toml", config=cfg,
                    overrides=(f"checkpoint.storage_path={_toml_value(hostile)}", "parallel.use_gpu=true"),
-                   worker_replicas=1, node_group="gpu")
+                   world=WorldSize(num_workers=8, workers_per_node=4), node_group="gpu")
     argv = shlex.split(plan.entrypoint)
     assert argv == ["python", "-m", "training", "--config", "jobs/smoke.toml",
-                    "--set", f"checkpoint.storage_path={hostile}", "--set", "parallel.use_gpu=true"]
+                    "--set", f"checkpoint.storage_path={hostile}", "--set", "parallel.use_gpu=true",
+                    "--workers", "8", "--workers-per-node", "4"]
 
 
 @pytest.mark.parametrize("value, expected", [

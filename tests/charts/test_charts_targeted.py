@@ -14,6 +14,7 @@ from training.deadlines import GRACE_MARGIN_SECONDS
 from environment.addons import SCALE_UP_MINUTES
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL
 from training.config import load_job_config
+from training.__main__ import parse_args
 
 PRE_RUNNING_SECONDS = PRE_RUNNING_FACTOR * SCALE_UP_MINUTES * 60
 """Seconds a RayJob may take to reach Running: a multiple of the scale-up + image-pull estimate."""
@@ -39,11 +40,18 @@ def set_args(entrypoint):
     return dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
 
 
+def entry_args(rayjob):
+    """The RayJob's entrypoint as the job's own parser reads it (``python -m training``)."""
+    argv = shlex.split(rayjob["spec"]["entrypoint"])
+    assert argv[:3] == ["python", "-m", "training"]
+    return parse_args(argv[3:])
+
+
 def submitted_config(rayjob):
-    """The job config as the RayJob's entry point runs it: its file plus the charts' --set
-    (the spec's world size: a spec-sized job file alone may not validate)."""
-    return load_job_config(rayjob["metadata"]["annotations"]["raytrain.io/job-config"],
-                           [f"{k}={v}" for k, v in set_args(rayjob["spec"]["entrypoint"]).items()])
+    """The job config as the RayJob's entry point runs it: its file, the charts' --set and the
+    spec's world size (a spec-sized job file alone may not validate)."""
+    args = entry_args(rayjob)
+    return load_job_config(args.config, args.overrides, args.world)
 
 
 def test_raycluster_head_is_on_system_nodes_without_gpus(default_synth):
@@ -170,9 +178,11 @@ def test_gpu_rayjob_world_size_and_storage_derive_from_the_spec(default_synth):
         wg = worker_group(rj["spec"]["rayClusterSpec"])
         sets = set_args(rj["spec"]["entrypoint"])
         gpus = int(container(wg["template"])["resources"]["limits"][GPU_RESOURCE])
-        assert int(sets["parallel.num_workers"]) == wg["replicas"] * gpus == env.world_size == 8
-        assert int(sets["parallel.workers_per_node"]) == gpus
-        assert sets["parallel.use_gpu"] == "true"
+        world = entry_args(rj).world  # as data: typed arguments, not --set text
+        assert world.num_workers == wg["replicas"] * gpus == env.world_size == 8
+        assert world.workers_per_node == gpus == int(wg["rayStartParams"]["num-gpus"])
+        assert not {"parallel.num_workers", "parallel.workers_per_node"} & set(sets)
+        assert submitted_config(rj).parallel.use_gpu is True
         assert sets["checkpoint.storage_path"] == env.storage_uri == f"s3://raytrain-raytrain-{ACCOUNT}-us-east-1/runs"
 
 
@@ -181,8 +191,8 @@ def test_the_entrypoint_is_what_the_job_config_loader_accepts(default_synth):
     for job in ("smoke", "finetune-qwen", "local"):
         argv = shlex.split(default_synth.one(f"rayjob-{job}")["spec"]["entrypoint"])
         assert argv[:5] == ["python", "-m", "training", "--config", argv[4]] and argv[4].startswith("jobs/")
-        cfg = load_job_config(argv[4], [argv[i + 1] for i, a in enumerate(argv) if a == "--set"])
-        assert cfg.name == job and cfg.checkpoint.storage_path == default_synth.env.storage_uri
+        cfg = submitted_config(default_synth.one(f"rayjob-{job}"))
+        assert cfg.parallel.sized and cfg.name == job and cfg.checkpoint.storage_path == default_synth.env.storage_uri
 
 
 def test_bucket_placeholders_are_filled_from_the_spec(default_synth):
@@ -217,7 +227,7 @@ def test_large_spec_scales_world_size_and_workers(large_synth):
         wg = worker_group(rj["spec"]["rayClusterSpec"])
         limits = container(wg["template"])["resources"]["limits"]
         assert (wg["replicas"], limits[GPU_RESOURCE], limits["cpu"], limits["memory"]) == (4, "8", "160", "640Gi")
-        assert set_args(rj["spec"]["entrypoint"])["parallel.num_workers"] == "32"
+        assert entry_args(rj).world.num_workers == 32
         assert wg["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] == "g6.48xlarge"
 
 

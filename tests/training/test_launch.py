@@ -112,7 +112,7 @@ def test_the_manifest_carries_a_prefix_of_the_job_config_hash_the_job_records(tm
     from charts.jobs import JobPlan
 
     job = _job(str(tmp_path))
-    plan = JobPlan(name=job.name, config_path="jobs/x.toml", config=job, overrides=(), worker_replicas=1,
+    plan = JobPlan(name=job.name, config_path="jobs/x.toml", config=job, overrides=(), world=None,
                    node_group="gpu")
     ran = read_json(launch.start_record(job, ["python"]).uri)["job_config_hash"]["ran"]
     assert ran == contract.job_config_hash(job.to_dict())
