@@ -29,6 +29,8 @@ RAY_CONTAINER_HEAD = "ray-head"
 RAY_CONTAINER_WORKER = "ray-worker"
 SHM_VOLUME = "dshm"
 STAGING_VOLUME = "local-staging"
+RUNS_VOLUME = "runs"
+"""The shared file system of the runs, where the spec has one (``storage.shared_claim``)."""
 STAGING_MOUNT = "/mnt/raytrain-local"
 """Where GPU workers see their checkpoint staging emptyDir (RAYTRAIN_CHECKPOINT_LOCAL_DIR)."""
 STAGING_DISK_FRACTION = 0.9
@@ -183,6 +185,16 @@ def _shm(memory: str) -> tuple[list[dict], list[dict]]:
             [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}])
 
 
+def _shared_runs(env: Environment) -> tuple[list[dict], list[dict]]:
+    """The runs' shared file system (``storage.shared_claim`` mounted at ``storage.shared_path``,
+    training/run_storage.py), on the head (the driver writes the run record) and every worker;
+    nothing when the runs are in the bucket."""
+    if not env.storage.shared_claim:
+        return [], []
+    return ([{"name": RUNS_VOLUME, "persistentVolumeClaim": {"claimName": env.storage.shared_claim}}],
+            [{"name": RUNS_VOLUME, "mountPath": env.storage.shared_path}])
+
+
 def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
     """The worker pod spec: a GPU worker takes its node's GPUs, EFA interfaces, CPUs and memory
     and stages checkpoints on the NVMe; a CPU job's worker takes its CPUs only."""
@@ -197,20 +209,21 @@ def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
         staging_volumes, staging_mounts, staging_env = _staging(env, group)
         pod_env = [*gpu_worker_env(group), *run_record_env(env, group, gpu_worker=True), *staging_env]
     volumes, mounts = _shm(resources["memory"])
+    runs_volumes, runs_mounts = _shared_runs(env)
     return {
         "serviceAccountName": env.ray.service_account,
         "terminationGracePeriodSeconds": stop_wait_seconds(shape.checkpoint_grace_seconds),
         "nodeSelector": {**group.labels, INSTANCE_TYPE_LABEL: group.instance_type},
         "tolerations": [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}
                         for t in group.taints],
-        "volumes": volumes + staging_volumes,
+        "volumes": volumes + staging_volumes + runs_volumes,
         "containers": [{
             "name": RAY_CONTAINER_WORKER,
             "image": image_reference(env),
             "imagePullPolicy": "IfNotPresent",
             "env": pod_env,
             "resources": {"requests": resources, "limits": dict(resources)},
-            "volumeMounts": mounts + staging_mounts,
+            "volumeMounts": mounts + staging_mounts + runs_mounts,
         }],
     }
 
@@ -230,6 +243,8 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     metadata = {"labels": {**POD_TEMPLATE_LABELS, RAY_PEER_LABEL: shape.cluster_label}}
     head_memory = head_resources(env)["memory"]
     volumes, mounts = _shm(head_memory)
+    runs_volumes, runs_mounts = _shared_runs(env)
+    volumes, mounts = volumes + runs_volumes, mounts + runs_mounts
     head_pod = {
         "serviceAccountName": env.ray.service_account,
         "terminationGracePeriodSeconds": head_grace_seconds(shape.checkpoint_grace_seconds),

@@ -23,7 +23,7 @@ from environment.image_source import cache_problem
 from environment.instances import INSTANCE_TYPES
 from environment.maintenance import window_problem
 from environment.queueing import QueueingSpec
-from environment.rules import DNS_LABEL, bucket_name_problem, schedule_problem, tag_ray_problem
+from environment.rules import DNS_LABEL, DNS_SUBDOMAIN, bucket_name_problem, schedule_problem, tag_ray_problem
 
 _SEMVER = re.compile(r"(?a)v?\d+\.\d+\.\d+")
 
@@ -137,8 +137,27 @@ class StorageSpec:
     """Key prefixes the pods may READ (never write): ``code`` holds the training code archive
     every RayJob names as its working_dir (required); ``models`` and ``data`` the base models
     and datasets that job configs name as ``s3://{bucket}/...``."""
+    shared_path: str = ""
+    """The runs on a shared file system instead of the bucket (FSx for Lustre, EFS): the absolute
+    path where every Ray pod mounts it, e.g. ``/fsx/runs`` (runs are ``file://<path>/<run>``,
+    training/run_storage.py). The bucket still holds the code archive, models, data and the
+    uploaded inputs. Needs ``shared_claim``."""
+    shared_claim: str = ""
+    """The PersistentVolumeClaim, in ``ray.namespace``, holding that file system: the charts
+    mount it at ``shared_path`` on every Ray head and worker. Created with the file system
+    (its CSI driver and volume are not deployed by this project)."""
 
     def __post_init__(self) -> None:
+        if bool(self.shared_path) != bool(self.shared_claim):
+            field_name, value = ("shared_claim", self.shared_claim) if self.shared_path else ("shared_path", self.shared_path)
+            raise FieldError(field_name, value, "is required with storage.shared_path / shared_claim (set both, or neither)")
+        if self.shared_path and (not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", self.shared_path)
+                                 or any(part in (".", "..") for part in self.shared_path.split("/"))):
+            raise FieldError("shared_path", self.shared_path, "is not an absolute path (/ then letters, digits, . _ -; "
+                                                              "no '.' or '..' segment, no trailing /)")
+        if self.shared_claim and not DNS_SUBDOMAIN.fullmatch(self.shared_claim):
+            raise FieldError("shared_claim", self.shared_claim, "is not a PersistentVolumeClaim name (a lower-case DNS "
+                                                                "subdomain of at most 253 characters)")
         if self.bucket_name and (problem := bucket_name_problem(self.bucket_name)):
             raise FieldError("bucket_name", self.bucket_name, problem)
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*[A-Za-z0-9]|[A-Za-z0-9]", self.prefix) or "//" in self.prefix:
@@ -365,6 +384,12 @@ class Environment:
         return derived_bucket_name(self.cluster.name, self.cluster.account, self.cluster.region)
 
     @property
-    def storage_uri(self) -> str:
-        """Ray Train storage of every run: ``s3://<bucket>/<prefix>``."""
+    def bucket_uri(self) -> str:
+        """``s3://<bucket>/<prefix>``: the runs' prefix in the bucket (the uploaded inputs live there)."""
         return f"s3://{self.bucket_name}/{self.storage.prefix}"
+
+    @property
+    def storage_uri(self) -> str:
+        """Ray Train storage of every run (training/run_storage.py): the shared file system's
+        ``file://<storage.shared_path>`` where the spec has one, else :attr:`bucket_uri`."""
+        return f"file://{self.storage.shared_path}" if self.storage.shared_path else self.bucket_uri

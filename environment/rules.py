@@ -8,6 +8,8 @@ import re
 
 DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 """A Kubernetes / DNS label: names of the cluster, node groups, namespace, service account."""
+DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""A Kubernetes object name such as a PersistentVolumeClaim's (apimachinery's IsDNS1123Subdomain)."""
 
 _BUCKET_CHARS = re.compile(r"[a-z0-9.-]+")
 _IPV4 = re.compile(r"(?a)\d{1,3}(\.\d{1,3}){3}")

@@ -92,12 +92,13 @@ def write_record(uploads: list[Upload], out_dir: Path) -> None:
 
 
 def upload(client: Any, uploads: list[Upload], storage_uri: str, run: str, say: Callable[[str], None] = print,
-           prediction: dict | None = None) -> None:
+           prediction: dict | None = None, run_storage: str = "") -> None:
     """Upload each input unless storage has it (content-addressed: an object of that name is
-    this file), then write ``<storage>/_inputs/<run>.json`` with the step model's ``prediction``
+    this file), then write ``<run storage>/_inputs/<run>.json`` with the step model's ``prediction``
     of the run's exposed communication (:data:`training.contract.STEP_PREDICTION`; the driver
-    records it in run.json)."""
-    from raytrain_eks.run_results import split_uri, upload_if_missing
+    records it in run.json). ``run_storage``: where the job's runs are when not in the bucket
+    (a shared file system, training/run_storage.py), which is where the job reads that file."""
+    from raytrain_eks.run_results import upload_if_missing, write_file
 
     for u in uploads:
         sent = sum(upload_if_missing(client, local, uri) for local, uri in u.files)
@@ -105,6 +106,5 @@ def upload(client: Any, uploads: list[Upload], storage_uri: str, run: str, say: 
         say(f"    {u.field}: {u.origin} -> {u.uri} ({'uploaded' if sent else 'already stored'}, "
             f"{len(u.files)} file(s), {size} bytes)")
     if uploads or prediction:
-        bucket, key = split_uri(contract.run_inputs_uri(storage_uri, run))
         body = {**record(uploads), **({contract.STEP_PREDICTION: prediction} if prediction else {})}
-        client.put_object(Bucket=bucket, Key=key, Body=(json.dumps(body, indent=2) + "\n").encode())
+        write_file(client, contract.run_inputs_uri(run_storage or storage_uri, run), (json.dumps(body, indent=2) + "\n").encode())

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from charts.errors import ChartError
 from charts.jobs import MAX_RAYJOB_NAME
+from training.run_storage import RunStorage
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -42,8 +43,11 @@ class RunManifests:
     network_policy: Path
     code_path: Path
     code_uri: str
+    storage_uri: str
+    """The runs' storage (``Environment.storage_uri``: the bucket's prefix or ``file://<shared path>``)."""
     run_uri: str
-    """``s3://<bucket>/<prefix>/<run>``: where the run's records, checkpoints and model land."""
+    """Where the run's records, checkpoints and model land: ``s3://<bucket>/<prefix>/<run>``, or its
+    folder on the spec's shared file system (training/run_storage.py)."""
     namespace: str
     region: str
     """The environment's region (the bucket's)."""
@@ -112,7 +116,8 @@ def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Pa
     rayjob = outdir / f"{chart}.k8s.yaml"
     rayjob.write_text(fill_manifest_hash(rayjob.read_text(encoding="utf-8")), encoding="utf-8")
     return RunManifests(run=run, job=plan.config.name, rayjob_name=run + (ON_CLUSTER_SUFFIX if target else ""), rayjob=rayjob, network_policy=outdir / f"{NETWORK_POLICY_CHART}.k8s.yaml",
-                        code_path=code.path, code_uri=code.uri(env.bucket_name), run_uri=f"{env.storage_uri}/{run}",
+                        code_path=code.path, code_uri=code.uri(env.bucket_name), storage_uri=env.storage_uri,
+                        run_uri=RunStorage(env.storage_uri).run(run),
                         namespace=env.ray.namespace, region=env.cluster.region, on_cluster=target)
 
 

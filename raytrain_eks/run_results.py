@@ -5,13 +5,18 @@ What is copied: ``run.json``, ``metrics.jsonl``, the logs and NCCL logs, the Ten
 files (``<run>/tensorboard/``: ``tensorboard --logdir`` over the copies shows runs side by side), and the exported
 Hugging Face model (``<run>/hf/``: weights, config and tokenizer, so ``from_pretrained`` loads
 the folder). The checkpoint shards stay in storage: they are for resuming, not for using.
+
+Any run storage (training/run_storage.py): the bucket through boto3's ``client``, a shared or
+local file system by its path (readable where it is mounted; ``client`` is then unused).
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 from training.contract import TENSORBOARD_DIR
+from training.run_storage import RunStorage
 
 RECORD_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".log")
 MODEL_DIR = "hf"
@@ -53,8 +58,40 @@ def wanted(relative: str) -> bool:
     return relative.endswith(RECORD_SUFFIXES) and not relative.startswith("checkpoint") and "__" not in name
 
 
+def _files(run_uri: str) -> list[str]:
+    """Every file under a run on a file system, relative to it, ``/``-separated."""
+    base = Path(RunStorage(run_uri).path)
+    return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+
+
+def read_file(client: Any, uri: str) -> bytes:
+    """One stored file's bytes (a missing one raises, as boto3's ``get_object`` or ``open`` does)."""
+    storage = RunStorage(uri)
+    if storage.kind != "s3":
+        return Path(storage.path).read_bytes()
+    bucket, key = split_uri(uri)
+    return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def write_file(client: Any, uri: str, body: bytes) -> None:
+    """Write one file to a run storage (an object, or a file of the mounted file system)."""
+    storage = RunStorage(uri)
+    if storage.kind != "s3":
+        Path(storage.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(storage.path).write_bytes(body)
+        return
+    bucket, key = split_uri(uri)
+    client.put_object(Bucket=bucket, Key=key, Body=body)
+
+
 def download_run(client: Any, run_uri: str, dest: Path) -> list[str]:
     """Copy the run's records and exported model into ``dest``; returns the relative paths copied."""
+    if RunStorage(run_uri).kind != "s3":
+        copied = [relative for relative in _files(run_uri) if wanted(relative)]
+        for relative in copied:
+            (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(RunStorage(run_uri).path, relative), dest / relative)
+        return copied
     bucket, prefix = split_uri(run_uri)
     base = prefix.rstrip("/") + "/"
     copied = []
@@ -92,6 +129,8 @@ def upload_if_missing(client: Any, local: Path, uri: str, *, create_bucket: bool
 
 def run_exists(client: Any, run_uri: str) -> bool:
     """Whether storage already holds anything of this run (a record, metrics or a checkpoint)."""
+    if RunStorage(run_uri).kind != "s3":
+        return bool(_files(run_uri))
     bucket, prefix = split_uri(run_uri)
     page = client.list_objects_v2(Bucket=bucket, Prefix=prefix.rstrip("/") + "/", MaxKeys=1)
     return bool(page.get("KeyCount") or page.get("Contents"))

@@ -29,6 +29,7 @@ from training.config_checks import (  # noqa: F401  (re-exported: one schema, on
     s3_problem, tracking_uri_problem,
 )
 from training.model_config import check_config_keys, max_positions
+from training.run_storage import RunStorage, storage_problem
 
 JOB_KINDS = ("train", "netcheck")
 """``kind`` of a job config: what ``python -m training`` runs for it."""
@@ -286,7 +287,9 @@ class WorldSize:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointConfig:
     storage_path: str = ""
-    """Ray Train storage: ``s3://bucket/prefix`` or a shared directory. Empty: no checkpoints."""
+    """Ray Train storage (training/run_storage.py): ``s3://bucket/prefix``, ``file:///<path>`` of a
+    file system every node mounts (FSx for Lustre, EFS), or a directory of this machine. On the
+    cluster the charts set it from the spec's storage. Empty: no checkpoints."""
     run_name: str = ""
     """Run name under the storage path; empty = the job name."""
     every_n_steps: int = 0
@@ -309,8 +312,8 @@ class CheckpointConfig:
         one_of(self, "on_existing_run", ON_EXISTING_RUN)
         if self.run_name and not re.fullmatch(r"(?a)[A-Za-z0-9][A-Za-z0-9._-]{0,127}", self.run_name):
             raise FieldError("run_name", self.run_name, "may hold only letters, digits, '.', '_' and '-'")
-        if self.storage_path and "://" in self.storage_path and not self.storage_path.startswith(("s3://", "file://")):
-            raise FieldError("storage_path", self.storage_path, "must be s3://bucket/prefix or a directory")
+        if self.storage_path and (problem := storage_problem(self.storage_path)):
+            raise FieldError("storage_path", self.storage_path, problem)
         s3_problem(self, "storage_path")
 
 
@@ -494,10 +497,10 @@ class JobConfig:
             raise FieldError("parallel.grad_reduce_dtype", p.grad_reduce_dtype,
                              f"with {p.strategy} and {self.grad_accum_steps} micro batches per step would sum the "
                              "micro batches in bf16, not fp32 (use float32, or full_shard)")
-        if k.storage_path and not k.storage_path.startswith("s3://") and p.use_gpu and self.num_nodes > 1:
+        if k.storage_path and not RunStorage(k.storage_path).shared and p.use_gpu and self.num_nodes > 1:
             raise FieldError("checkpoint.storage_path", k.storage_path,
-                             f"is a local directory but the job spans {self.num_nodes} nodes (use s3://bucket/prefix: "
-                             "every node writes its shards there)")
+                             f"is a local directory but the job spans {self.num_nodes} nodes (use s3://bucket/prefix, "
+                             "or file:///<path> of a file system every node mounts: every node writes its shards there)")
         for where, every in (("checkpoint.every_n_steps", k.every_n_steps), ("eval.every_n_steps", self.eval.every_n_steps)):
             if every > t.max_steps:
                 raise FieldError(where, every, f"is more than train.max_steps ({t.max_steps}): it would never fall "

@@ -19,6 +19,7 @@ from training.data.failure import one_line, read_data_errors
 from training.deadlines import driver_exit_code, run_time_limit_seconds
 from training.facts import NCCL_ENV_PREFIXES
 from training.run_record import RunRecord, exposed_comm_handed
+from training.run_storage import RunStorage
 from training.verdict import outcome
 
 # Driver environment variables the workers need too (fault injection, S3 endpoint for tests,
@@ -38,26 +39,29 @@ loading on it), minutes, not half an hour."""
 DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), "ray_results")
 
 
+def run_storage(job: JobConfig) -> RunStorage:
+    """The job's run storage (:mod:`training.run_storage`); empty = Ray's default local directory."""
+    return RunStorage(job.checkpoint.storage_path or DEFAULT_STORAGE)
+
+
 def storage_location(job: JobConfig) -> tuple[str, Any]:
     """``(storage_path, storage_filesystem)`` for RunConfig.
 
     ``s3://`` goes through our own pyarrow S3 file system (it honours ``AWS_ENDPOINT_URL``), and
-    then the path drops the scheme (Ray Train's rule for a custom ``storage_filesystem``). Empty = Ray's default local directory.
+    then the path drops the scheme (Ray Train's rule for a custom ``storage_filesystem``); a
+    shared or local directory is its path.
     """
-    path = job.checkpoint.storage_path or DEFAULT_STORAGE
-    if path.startswith("s3://"):
+    storage = run_storage(job)
+    if storage.kind == "s3":
         from training.data.remote import s3_filesystem
 
-        return path[len("s3://"):].rstrip("/"), s3_filesystem()
-    return os.path.abspath(path.removeprefix("file://")), None
+        return storage.path, s3_filesystem()
+    return storage.path, None
 
 
 def run_dir(job: JobConfig) -> str:
-    """``<storage_path>/<run_name>`` as a URI (``s3://...`` or a local path)."""
-    path = job.checkpoint.storage_path or DEFAULT_STORAGE
-    if path.startswith("s3://"):
-        return f"{path.rstrip('/')}/{job.run_name}"
-    return os.path.join(os.path.abspath(path.removeprefix("file://")), job.run_name)
+    """``<storage_path>/<run_name>`` as a URI (``s3://...`` or a path)."""
+    return run_storage(job).run(job.run_name)
 
 
 def job_network_env(environ: Mapping[str, str]) -> dict[str, str]:

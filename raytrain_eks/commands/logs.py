@@ -22,16 +22,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _stored(env, run: str) -> tuple[str | None, str]:
     """(the driver log from the run's storage or None, why not)."""
-    from raytrain_eks.run_results import s3_client, split_uri
+    from raytrain_eks.run_results import read_file, s3_client
     from training.run_logs import RUN_LOGS_DIR
+    from training.run_storage import RunStorage
 
-    bucket, key = split_uri(f"{env.storage_uri}/{run}/{RUN_LOGS_DIR}/driver.log")
+    uri = f"{RunStorage(env.storage_uri).run(run)}/{RUN_LOGS_DIR}/driver.log"
     try:
-        client = s3_client(region=env.cluster.region)
-        return client.get_object(Bucket=bucket, Key=key)["Body"].read().decode("utf-8", errors="replace"), ""
+        return read_file(s3_client(region=env.cluster.region), uri).decode("utf-8", errors="replace"), ""
     except Exception as err:  # noqa: BLE001 - botocore's errors (no such key, no credentials, no network) alike
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        return None, f"s3://{bucket}/{key} ({first[:200]})"
+        return None, f"{uri} ({first[:200]})"
 
 
 def run(args: argparse.Namespace) -> int:

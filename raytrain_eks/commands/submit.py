@@ -9,7 +9,9 @@ missing, applies the RayJob and follows it: its place in Kueue's queue while it 
 (raytrain_eks/kueue_queue.py), pods waiting for nodes and images, then the driver's log (each logged step's loss, tokens/s and ETA, evaluations, checkpoints). At the end
 it copies run.json, the metrics, the logs and the exported model out of storage into
 ``--out`` (default ``.work/runs/<run>``), renders the report, prints the verdict and exits
-with its code (0 accepted, 3 rejected, 1 execution-failed, 4 no verdict; 2 bad input).
+with its code (0 accepted, 3 rejected, 1 execution-failed, 4 no verdict; 2 bad input). Runs on
+a shared file system (``storage.shared_path``, training/run_storage.py) are handed their inputs
+and read back at that path, so it must be mounted where submit runs.
 
 On EKS, Ctrl-C detaches: the run goes on (``raytrain-eks status/logs/stop RUN``).
 ``--local`` runs it on this machine instead (a real Ray head and moto's S3 server on
@@ -19,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 
 from raytrain_eks import run_inputs
 from raytrain_eks.netcheck_results import finish as netcheck_finish
 from training.contract import NETCHECK_NAME
+from training.run_storage import RunStorage
 
 DEFAULT_POLL_S = 10.0
 
@@ -77,7 +81,12 @@ def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> 
         from raytrain_eks.eks_backend import check_context
 
         check_context(env.cluster.eks_name)
-    return run_inputs.plan_uploads(config, env.storage_uri, ROOT), step_prediction(plan)
+    storage = RunStorage(env.storage_uri)
+    if storage.kind == "shared" and not os.path.isdir(storage.path):
+        raise ChartError(f"{env.source}: storage.shared_path: {storage.path!r} is not a directory on this machine: "
+                         "submit hands the run its inputs and reads its results there (mount the file system "
+                         "here, or leave storage.shared_path empty for the bucket)")
+    return run_inputs.plan_uploads(config, env.bucket_uri, ROOT), step_prediction(plan)
 
 
 def step_prediction(plan) -> dict | None:
@@ -119,9 +128,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"    RayJob {manifests.rayjob}")
     run_inputs.write_record(uploads, out_dir)
     if args.local:
-        return _local(manifests, out_dir, uploads, env.storage_uri, prediction)
+        return _local(manifests, out_dir, uploads, env.bucket_uri, prediction)
     try:
-        return _eks(manifests, out_dir, uploads, env.storage_uri, prediction, resume=bool(args.resume), poll_s=args.poll_seconds,
+        return _eks(manifests, out_dir, uploads, env.bucket_uri, prediction, resume=bool(args.resume), poll_s=args.poll_seconds,
                     wait=not args.no_wait)
     except KeyboardInterrupt:
         print(f"\nsubmit: detached; the run goes on. raytrain-eks status {run_name} | logs {run_name} | stop {run_name}",
@@ -135,7 +144,8 @@ def _local(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction
 
     ran = run_local(rayjob=manifests.rayjob, run_uri=manifests.run_uri, code_path=manifests.code_path, out_dir=out_dir,
                     prepare=lambda client: run_inputs.upload(client, uploads, storage_uri, manifests.run,
-                                                             prediction=prediction))
+                                                             prediction=prediction,
+                                                             run_storage=manifests.storage_uri))
     if NETCHECK_NAME in ran.copied and "run.json" not in ran.copied:  # a netcheck job (not a run_first)
         return netcheck_finish(out_dir)
     if "run.json" not in ran.copied:
@@ -201,7 +211,8 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
         print(f"    code archive uploaded: {manifests.code_uri}")
     else:
         print(f"    code archive already in the bucket: {manifests.code_uri}")
-    run_inputs.upload(client, uploads, storage_uri, manifests.run, prediction=prediction)
+    run_inputs.upload(client, uploads, storage_uri, manifests.run, prediction=prediction,
+                      run_storage=manifests.storage_uri)
     eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
     if existing is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.

@@ -56,6 +56,10 @@ def smoke_job(ctx: StepContext, digest: str) -> dict[str, Any]:
     if asked != digest:
         raise SmokeFailed(f"rayjob-{SMOKE_JOB}.k8s.yaml was synthesized for {asked}, not {digest}")
     job["spec"]["entrypoint"] += f" --set checkpoint.run_name={run_name(ctx.execution_id, ctx.attempt)}"
+    if ctx.env.storage_uri != ctx.env.bucket_uri:
+        # The smoke run's record is read, versioned and promoted in the bucket (CodeBuild mounts
+        # no shared file system): it stays there whatever storage.shared_path says.
+        job["spec"]["entrypoint"] += f" --set checkpoint.storage_path={ctx.env.bucket_uri}"
     return job
 
 
@@ -97,7 +101,7 @@ def run_smoke(ctx: StepContext, digest: str) -> str:
         time.sleep(ctx.poll_s)
     if not seen:
         raise SmokeFailed(f"smoke RayJob {name}: no pod of its cluster reported an image ID")
-    uri = f"{ctx.env.storage_uri}/{run_name(ctx.execution_id, ctx.attempt)}/run.json"
+    uri = f"{ctx.env.bucket_uri}/{run_name(ctx.execution_id, ctx.attempt)}/run.json"
     record = ctx.read_json(uri)
     record[RECORD_IMAGE_RAN] = {"pods": dict(sorted(seen.items())),
                                 "source": "kubectl: pod status.containerStatuses[].imageID"}

@@ -92,3 +92,15 @@ def test_the_step_model_s_prediction_travels_in_the_run_s_inputs_record(s3_bucke
     bucket, key = contract.run_inputs_uri(storage, "run-c").removeprefix("s3://").split("/", 1)
     assert json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read()) == {contract.STEP_PREDICTION: prediction}
     assert client.list_objects_v2(Bucket=bucket, Prefix=key.replace("run-c", "run-d")).get("KeyCount") == 0
+
+
+def test_a_run_on_a_shared_file_system_is_handed_its_record_there(tmp_path):
+    """Runs on a shared file system (training/run_storage.py): the uploads stay in the bucket, but
+    ``_inputs/<run>.json`` goes where the job's runs are, and the driver's own reader finds it."""
+    from training.run_record import exposed_comm_handed
+
+    shared = f"file://{tmp_path / 'fsx' / 'runs'}"
+    prediction = {"label": "predicted", "share": [0.1, 0.2]}
+    run_inputs.upload(None, [], "s3://bucket/runs", "run-e", prediction=prediction, run_storage=shared)
+    assert exposed_comm_handed(shared, "run-e") == prediction
+    assert (tmp_path / "fsx" / "runs" / "_inputs" / "run-e.json").is_file()

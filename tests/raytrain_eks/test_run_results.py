@@ -16,3 +16,21 @@ from raytrain_eks.run_results import wanted
 ])
 def test_what_submit_copies(relative, copied):
     assert wanted(relative) is copied
+
+
+def test_a_run_on_a_file_system_is_read_by_its_path(tmp_path):
+    """A shared (``file://``) or local run storage (training/run_storage.py): the same readers, no S3 client."""
+    from raytrain_eks.run_results import download_run, read_file, run_exists
+    from training.run_storage import RunStorage
+
+    storage = RunStorage(f"file://{tmp_path / 'runs'}")
+    run = storage.run("r1")
+    assert not run_exists(None, run)
+    for relative, body in [("run.json", "{}"), ("logs/driver.log", "hi"), ("hf/config.json", "{}"),
+                           ("checkpoint_00000002/.metadata", "x")]:
+        (tmp_path / "runs" / "r1" / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "runs" / "r1" / relative).write_text(body)
+    assert run_exists(None, run) and read_file(None, f"{run}/logs/driver.log") == b"hi"
+    copied = download_run(None, run, tmp_path / "out")
+    assert sorted(copied) == ["hf/config.json", "logs/driver.log", "run.json"]  # no checkpoint shard
+    assert (tmp_path / "out" / "logs" / "driver.log").read_text() == "hi"

@@ -1,4 +1,5 @@
-"""Finding checkpoints in the run's storage (``s3://bucket/prefix`` or a directory).
+"""Finding checkpoints in the run's storage (``s3://bucket/prefix``, a shared ``file://`` mount or
+a directory: :mod:`training.run_storage`).
 
 A run's checkpoints live at ``<storage>/<run_name>/checkpoint_<step>/`` (Ray Train merges every
 rank's folder there). :func:`find_latest_complete` lists them newest first and returns the first
@@ -21,6 +22,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from training.checkpointing.marker import MARKER_NAME
+from training.run_storage import RunStorage, join  # noqa: F401  (join: re-exported for the checkpoint modules)
 
 log = logging.getLogger(__name__)
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
@@ -46,12 +48,9 @@ def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(uri)
 
 
-def join(uri: str, *parts: str) -> str:
-    return "/".join([uri.rstrip("/"), *parts])
-
-
 def run_uri(storage_path: str, run_name: str) -> str:
-    return join(storage_path, run_name)
+    """The run's directory under a storage (:meth:`training.run_storage.RunStorage.run`)."""
+    return RunStorage(storage_path).run(run_name)
 
 
 def _uri_of(base_uri: str, base_path: str, path: str) -> str:
