@@ -43,7 +43,10 @@ def render(env) -> str:
     lines += pull_lines(env)
     charts = ", ".join(f"{a.chart} {env.versions.chart(a.key)}" for a in ADDONS if a.enabled(env))
     lines.append(f"add-ons      {charts}")
-    lines.append(f"storage      {env.storage_uri}  (noncurrent versions kept {env.storage.noncurrent_version_days} d)")
+    lines.append(f"storage      {env.bucket_uri}  (noncurrent versions kept {env.storage.noncurrent_version_days} d)")
+    if env.storage_uri != env.bucket_uri:
+        lines.append(f"             runs on {env.storage_uri}: claim {env.storage.shared_claim} mounted on every Ray pod "
+                     "(a file system you provide; code, models, data and uploads stay in the bucket)")
     lines.append(f"pods         namespace {env.ray.namespace}, service account {env.ray.service_account}")
     lines.append(f"pipeline     {'on: ' + env.pipeline.repository + '@' + env.pipeline.branch if env.pipeline.enabled else 'off (no pipeline.connection_arn)'}")
     lines.append(f"cost         ~{env.hourly_cost_usd:.2f} USD/hour while a job runs, ~{env.idle_hourly_cost_usd:.2f} "

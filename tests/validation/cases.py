@@ -51,6 +51,10 @@ ENV_CASES = [
      "storage.prefix: 'runs/../code' holds a '.' or '..' segment"),
     ("storage-prefix-in-read-only", lambda r: r["storage"].update(prefix="data/runs"),
      "storage.prefix: 'data/runs' lies inside 'data', a prefix the pods may only read"),
+    ("shared-path-without-claim", lambda r: r["storage"].update(shared_path="/fsx/runs"),
+     "storage.shared_claim: '' is required with storage.shared_path / shared_claim (set both, or neither)"),
+    ("shared-path-relative", lambda r: r["storage"].update(shared_path="fsx/runs", shared_claim="fsx-runs"),
+     "storage.shared_path: 'fsx/runs' is not an absolute path"),
     # (a 40-character cluster name no longer derives a bad bucket name: the derivation shortens it
     # with a hash and the result passes the same rules, see tests/environment)
     ("schedule-1-hours", lambda r: r["pipeline"].update(watch_schedule="rate(1 hours)"),
