@@ -52,13 +52,23 @@ class Place:
     """Kueue's reason, while queued (the QuotaReserved condition's message)."""
 
 
+NO_WORKLOAD = ("suspended, with no Kueue Workload yet (Kueue makes one for a RayJob labelled for its LocalQueue; "
+               "without Kueue it stays suspended)")
+"""What a suspended RayJob without a Workload means."""
+
+
 def list_workloads(namespace: str) -> list[dict[str, Any]] | None:
     """The namespace's Workloads; None when Kueue is not installed (no such resource type) or
     they cannot be read (the RayJob's own status still says where it stands)."""
     proc = kubectl("get", WORKLOADS, "-n", namespace, "-o", "json", check=False)
     if proc.returncode != 0:
         return None
-    return json.loads(proc.stdout or "{}").get("items") or []
+    return workload_items(proc.stdout)
+
+
+def workload_items(listing: str) -> list[dict[str, Any]]:
+    """The Workloads of ``kubectl get workloads.kueue.x-k8s.io -o json``'s output."""
+    return json.loads(listing or "{}").get("items") or []
 
 
 def _true(workload: dict[str, Any], kind: str) -> bool:
@@ -124,6 +134,11 @@ def place_of(rayjob: str, namespace: str) -> Place | None:
     return None if workloads is None else places(workloads).get(rayjob)
 
 
+def suspended_line(place: Place | None) -> str:
+    """What a suspended RayJob waits for: its place in the queue, or that it has no Workload."""
+    return describe(place) if place else NO_WORKLOAD
+
+
 def describe(place: Place) -> str:
     """One line: queued (behind which runs, and why), or admitted."""
     if place.state == "queued":
@@ -168,8 +183,7 @@ class QueueWatch:
         place = place_of(self.name, self.namespace)
         if suspended:
             self.queued = True
-            line = describe(place) if place else ("suspended, with no Kueue Workload yet (Kueue makes one for a RayJob "
-                                                  "labelled for its LocalQueue; without Kueue it stays suspended)")
+            line = suspended_line(place)
         else:
             self.queued = False
             line = describe(place) if place else "unsuspended: KubeRay creates its cluster"

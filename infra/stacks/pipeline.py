@@ -199,8 +199,8 @@ class PipelineStack(Stack):
         smoke = pipeline_builds.project(self, "SmokeRun", pipeline_builds.smoke_spec(env.bucket_name, required_transport(env)),
                                         role=self.kubectl_roles["Smoke"], environment_variables=notify,
                                         timeout=Duration.minutes(
-                                            pipeline_builds.SMOKE_TIMEOUT_MINUTES + pipeline_builds.APPLY_TIMEOUT_MINUTES
-                                            + 15), **vpc_args)
+                                            pipeline_builds.SMOKE_QUEUE_MINUTES + pipeline_builds.SMOKE_TIMEOUT_MINUTES
+                                            + pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
         promote = pipeline_builds.project(self, "PromoteDigest", pipeline_builds.promote_spec(required_transport(env)),
                                           role=self.kubectl_roles["Promote"], environment_variables=notify,
                                           timeout=Duration.minutes(
@@ -230,7 +230,8 @@ class PipelineStack(Stack):
                                  "ROLLBACK_TIMEOUT_SECONDS": str(60 * pipeline_builds.APPLY_TIMEOUT_MINUTES)})
         smoke_action = actions.CodeBuildAction(
             action_name="SmokeRun", project=smoke, input=built, variables_namespace="Smoke",
-            environment_variables=kubectl_vars, run_order=2)
+            environment_variables={**kubectl_vars, "QUEUE_TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
+                value=str(60 * pipeline_builds.SMOKE_QUEUE_MINUTES))}, run_order=2)
         self.pipeline = codepipeline.Pipeline(
             self, "Pipeline", pipeline_name=self.pipeline_name,
             pipeline_type=codepipeline.PipelineType.V2, variables=[digest_variable],
