@@ -65,6 +65,8 @@ def existing_cluster_checks(env, client) -> list:
         checks += [("existing-groups", lambda: verify_existing.check_node_groups(env, client("eks"), inventory)),
                    ("addons", lambda: verify_existing.check_addons(env, inventory)),
                    ("namespace", lambda: verify_existing.check_namespace(env, inventory))]
+        if env.queueing.enabled:
+            checks.append(("queue-objects", lambda: verify_existing.check_queue_names(env, inventory)))
     return kubernetes + verify.run_checks(checks) + verify_existing.install_plan(env)
 
 
