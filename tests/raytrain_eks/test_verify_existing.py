@@ -29,13 +29,16 @@ KUBECTL = Path(__file__).with_name("kubectl_cluster_double.py")
 
 
 class Ec2:
-    """Offerings and reservations from moto; the existing VPC's subnets from the modelled table."""
+    """Offerings and reservations from moto; the existing VPC's subnets, route tables and endpoints
+    from the modelled table."""
 
     def __init__(self, moto_ec2, subnets: ModelledApi):
         for name in ("describe_instance_type_offerings", "describe_availability_zones", "get_paginator",
                      "describe_capacity_reservations"):
             setattr(self, name, getattr(moto_ec2, name))
         self.describe_subnets = subnets.describe_subnets
+        self.describe_route_tables = subnets.describe_route_tables
+        self.describe_vpc_endpoints = subnets.describe_vpc_endpoints
 
 
 def spec(registry) -> dict:  # noqa: F811

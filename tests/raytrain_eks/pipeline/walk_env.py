@@ -61,8 +61,8 @@ def make_walk(tmp_path: Path, aws: dict, registry, real_run: Path, *, starter_st
     kube = tmp_path / "kube"
     kube.mkdir()
     # the cluster as deployed: Kueue's objects when the add-on installs it (environment/queueing.py)
-    queue = {"kueue": {"objects": kueue_objects(env)}} if env.queueing.enabled else {}
-    (kube / "state.json").write_text(json.dumps({"clusters": {}, "rayjobs": {}, **queue}))
+    kueue = {"kueue": {"objects": kueue_objects(env)}} if env.queueing.enabled else {}
+    (kube / "state.json").write_text(json.dumps({"clusters": {}, "rayjobs": {}, **kueue}))
     (kube / "kubectl").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).parent / "fake_kubectl.py"}" "$@"\n')
     (kube / "kubectl").chmod(0o755)
 
