@@ -17,7 +17,8 @@ ordered actions of ONE stage, ``Release``, so that they run under one stage lock
 ``Deploy``   (Release, run order 1) records which GPU node groups exist (``record-groups``), then
              ``cdk deploy`` of the storage and cluster stacks through the CDK bootstrap roles.
 ``Smoke``    (2) the ``smoke`` RayJob, named per build (a retried stage keeps the execution id), on a RayCluster of its own from the new digest; the image IDs
-             its pods report become run.json's ``image_ran``; then the record gate (succeeded,
+             its pods report become run.json's ``image_ran`` (with Kueue it first waits in the queue, up to
+             ``SMOKE_QUEUE_MINUTES``; its timeout counts from the admission); then the record gate (succeeded,
              every pod ran this digest, the transport) and the regression gate against the last
              promoted smoke run, whose side-by-side report lands next to the runs.
 ``Apply``    (3) unless another execution promoted since Synth, and once no RayJob runs on it
