@@ -64,6 +64,10 @@ POD_SECURITY_LABELS = {
 paths, host namespaces, added capabilities, privileged); it warns on and audits what
 ``restricted`` would refuse (the DLC runs as root)."""
 
+PART_OF = {"app.kubernetes.io/part-of": "raytrain-eks"}
+"""The label of the Kubernetes objects this app creates on a cluster (the Ray namespace, its
+policies, the Kueue queue objects): how `verify` tells them from a cluster's own objects."""
+
 # --- provenance labels and annotations on every manifest (charts write, pipeline reads) -----
 PROVENANCE_PREFIX = "raytrain.io"
 SPEC_HASH_LABEL = f"{PROVENANCE_PREFIX}/spec-hash"

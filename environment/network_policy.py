@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from environment.contract import RAY_DASHBOARD_PORT, RAY_METRICS_PORT, RAY_NODE_TYPE_LABEL, RAY_PEER_LABEL
+from environment.contract import PART_OF, RAY_DASHBOARD_PORT, RAY_METRICS_PORT, RAY_NODE_TYPE_LABEL, RAY_PEER_LABEL
 from environment.observability import MONITORING_NAMESPACE
 
 API_VERSION = "networking.k8s.io/v1"
@@ -26,7 +26,6 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 """Set by Kubernetes on every namespace (immutable): selects a namespace by its name."""
 RAY_HEAD_SELECTOR = {RAY_NODE_TYPE_LABEL: "head"}
 """KubeRay labels every head pod so (and no user label may override it)."""
-PART_OF = {"app.kubernetes.io/part-of": "raytrain-eks"}
 
 
 def raycluster_label(cluster: str) -> str:

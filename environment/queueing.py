@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from environment.contract import EFA_RESOURCE, GPU_RESOURCE
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE, PART_OF
 from environment.errors import FieldError
 
 Environment = Any
@@ -45,6 +45,10 @@ CLUSTER_QUEUE = "raytrain"
 """The ClusterQueue (cluster-scoped) every LocalQueue of the Ray namespace points at."""
 SYSTEM_FLAVOR = "system"
 """The ResourceFlavor of the system node group (Ray heads, submitters)."""
+KUEUE_RESOURCES = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
+                   "WorkloadPriorityClass": "workloadpriorityclasses"}
+"""The kinds of the queue objects and their resources (the CRDs' ``spec.names.plural``, Kueue
+v0.19.2 charts/kueue/templates/crd/)."""
 QUEUED_RESOURCES = ("cpu", "memory", GPU_RESOURCE, EFA_RESOURCE)
 """What the ClusterQueue counts: every resource the Ray pods request (a resource a pod requests
 and the queue does not cover makes the workload inadmissible)."""
@@ -68,6 +72,10 @@ class QueueingSpec:
     """Job config ``name`` = priority class (the pipeline's Smoke runs ``smoke``)."""
     default_priority: str = "experiment"
     """The priority class of every job ``job_priorities`` does not name."""
+    name_prefix: str = ""
+    """Put before the names of the cluster-wide queue objects (the ClusterQueue ``raytrain``, the
+    ResourceFlavors ``system`` and ``gpu-<group>``): for a cluster whose own Kueue already has
+    objects so named."""
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.local_queue) or len(self.local_queue) > 63 or self.local_queue == KUEUE_DEFAULT_NAME:
@@ -86,6 +94,9 @@ class QueueingSpec:
         for job, name in self.job_priorities.items():
             if name not in self.priorities:
                 raise FieldError(f"job_priorities.{job}", name, f"is not a priority class of queueing.priorities ({known})")
+        if self.name_prefix and (not _NAME.fullmatch(self.name_prefix.rstrip("-")) or len(self.name_prefix) > 40):
+            raise FieldError("name_prefix", self.name_prefix,
+                             "is not a name prefix (lower-case letters, digits, '-'; at most 40 characters, e.g. \"raytrain-\")")
         if self.default_priority not in self.priorities:
             raise FieldError("default_priority", self.default_priority,
                              f"is not a priority class of queueing.priorities ({known})")
@@ -95,9 +106,23 @@ class QueueingSpec:
         return str(self.job_priorities.get(job, self.default_priority))
 
 
-def gpu_flavor(group_name: str) -> str:
+def cluster_queue(env: Environment) -> str:
+    """The ClusterQueue's name."""
+    return env.queueing.name_prefix + CLUSTER_QUEUE
+
+
+def system_flavor(env: Environment) -> str:
+    """The ResourceFlavor of the system node group."""
+    return env.queueing.name_prefix + SYSTEM_FLAVOR
+
+
+def gpu_flavor(env: Environment, group_name: str) -> str:
     """The ResourceFlavor of one GPU node group."""
-    return f"gpu-{group_name}"
+    return f"{env.queueing.name_prefix}gpu-{group_name}"
+
+
+def _metadata(name: str, **more: str) -> dict[str, Any]:
+    return {"name": name, **more, "labels": dict(PART_OF)}
 
 
 def _quota(cpu: int, memory_gib: int, gpus: int, efa: int) -> list[dict[str, Any]]:
@@ -112,10 +137,10 @@ def flavor_quotas(env: Environment) -> dict[str, list[dict[str, Any]]]:
     out = {}
     for group in env.gpu_node_groups:
         node = group.instance
-        out[gpu_flavor(group.name)] = _quota(node.vcpus * group.max_nodes, node.memory_gib * group.max_nodes,
+        out[gpu_flavor(env, group.name)] = _quota(node.vcpus * group.max_nodes, node.memory_gib * group.max_nodes,
                                              group.gpus_per_node * group.max_nodes, group.efa_per_node * group.max_nodes)
     system = env.system_node_group
-    out[SYSTEM_FLAVOR] = _quota(system.instance.vcpus * system.nodes, system.instance.memory_gib * system.nodes, 0, 0)
+    out[system_flavor(env)] = _quota(system.instance.vcpus * system.nodes, system.instance.memory_gib * system.nodes, 0, 0)
     return out
 
 
@@ -123,10 +148,10 @@ def resource_flavors(env: Environment) -> list[dict[str, Any]]:
     """One ResourceFlavor per node group, with the group's node labels (Kueue matches them
     against each pod set's nodeSelector) and, for GPU groups, their taints (a pod set that does
     not tolerate them does not get the flavor)."""
-    flavors = [{"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": gpu_flavor(g.name)},
+    flavors = [{"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": _metadata(gpu_flavor(env, g.name)),
                 "spec": {"nodeLabels": dict(g.labels), "nodeTaints": [dict(t) for t in g.taints]}}
                for g in env.gpu_node_groups]
-    flavors.append({"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": SYSTEM_FLAVOR},
+    flavors.append({"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": _metadata(system_flavor(env)),
                     "spec": {"nodeLabels": dict(env.system_node_group.labels)}})
     return flavors
 
@@ -134,8 +159,8 @@ def resource_flavors(env: Environment) -> list[dict[str, Any]]:
 def kueue_objects(env: Environment) -> list[dict[str, Any]]:
     """The flavors, the ClusterQueue, the Ray namespace's LocalQueue and the priority classes."""
     quotas = flavor_quotas(env)
-    cluster_queue = {
-        "apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE},
+    queue = {
+        "apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": _metadata(cluster_queue(env)),
         "spec": {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": env.ray.namespace}},
             # BestEffortFIFO: priority, then creation time; a job that cannot fit does not
@@ -147,12 +172,12 @@ def kueue_objects(env: Environment) -> list[dict[str, Any]]:
         },
     }
     local_queue = {"apiVersion": KUEUE_API, "kind": "LocalQueue",
-                   "metadata": {"name": env.queueing.local_queue, "namespace": env.ray.namespace},
-                   "spec": {"clusterQueue": CLUSTER_QUEUE}}
-    priorities = [{"apiVersion": KUEUE_API, "kind": "WorkloadPriorityClass", "metadata": {"name": name},
+                   "metadata": _metadata(env.queueing.local_queue, namespace=env.ray.namespace),
+                   "spec": {"clusterQueue": cluster_queue(env)}}
+    priorities = [{"apiVersion": KUEUE_API, "kind": "WorkloadPriorityClass", "metadata": _metadata(name),
                    "value": value, "description": f"raytrain-eks queueing.priorities.{name}"}
                   for name, value in sorted(env.queueing.priorities.items())]
-    return [*resource_flavors(env), cluster_queue, local_queue, *priorities]
+    return [*resource_flavors(env), queue, local_queue, *priorities]
 
 
 def rayjob_queue_labels(env: Environment, job: str) -> dict[str, str]:

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import yaml
 
 from environment.addons import HelmAddon
+from environment.queueing import KUEUE_RESOURCES
 
 HELM_OWNER_SELECTOR = "owner=helm"
 NAME_LABEL = "app.kubernetes.io/name"
@@ -83,6 +84,9 @@ class Inventory:
     """Kueue's manager configuration by namespace (``controller_manager_config.yaml`` of its
     ``<release>-manager-config`` ConfigMap: kueue chart v0.19.2 templates/manager/manager-config.yaml),
     read only when the cluster has Kueue's CRDs."""
+    queue_objects: list[dict[str, Any]] = field(default_factory=list)
+    """The cluster's Kueue objects of the kinds this app creates (environment/queueing.py
+    ``KUEUE_RESOURCES``), each kind read only when its CRD is there."""
 
     def nodes_of(self, nodegroup: str) -> list[dict[str, Any]]:
         return [n for n in self.nodes if (n["metadata"].get("labels") or {}).get(NODEGROUP_LABEL) == nodegroup]
@@ -102,16 +106,19 @@ def read_inventory(kube_list: KubeList) -> Inventory:
     crds = kube_list("customresourcedefinitions", "")
     served = {c["metadata"]["name"]: {v["name"] for v in (c.get("spec") or {}).get("versions") or [] if v.get("served")}
               for c in crds}
-    configs = {}
+    configs, queue_objects = {}, []
     if any(name.endswith(KUEUE_GROUP_SUFFIX) for name in served):
         for config_map in kube_list("configmaps", ""):
             text = (config_map.get("data") or {}).get(KUEUE_MANAGER_CONFIG_KEY)
             if text is not None:
                 configs[config_map["metadata"].get("namespace", "")] = text
+        for kind, plural in KUEUE_RESOURCES.items():
+            if plural + KUEUE_GROUP_SUFFIX in served:
+                queue_objects += [{**o, "kind": kind} for o in kube_list(plural + KUEUE_GROUP_SUFFIX, "")]
     return Inventory(
         nodes=kube_list("nodes", ""), releases=releases,
         workloads=kube_list("deployments", "") + kube_list("daemonsets", ""),
-        crds=set(served), served=served, manager_configs=configs,
+        crds=set(served), served=served, manager_configs=configs, queue_objects=queue_objects,
         namespaces={n["metadata"]["name"]: n for n in kube_list("namespaces", "")})
 
 

@@ -13,6 +13,14 @@ True once admitted, after which Kueue unsuspends the RayJob (reconciler.go:621-6
 ``Finished`` True once the RayJob is Complete or Failed, which frees its quota
 (``pkg/controller/core/workload_controller.go:1403-1424``).
 
+Not every pending Workload is in the queue (``pkg/controller/core/workload_controller.go:1400-1430``):
+a deactivated one (``spec.active`` false, ``pkg/workload/workload.go:1244-1246``) and one on hold
+are taken out. Kueue puts a RayJob's Workload on hold when KubeRay refused the RayJob
+(``jobDeploymentStatus`` ValidationFailed, ``pkg/controller/jobs/rayjob/rayjob_controller.go:218-220``
+``IsOnHold``): its quota is released with ``QuotaReserved`` False, reason ``OnHold``
+(``pkg/controller/jobframework/reconciler.go:463-480``; ``apis/kueue/v1beta2/workload_types.go:1057-1061``),
+and it is never requeued, so it holds nothing and no job waits behind it.
+
 Pending Workloads are admitted in queue order: higher ``spec.priority`` first, then the older
 ``metadata.creationTimestamp`` (the eviction's time for one requeued after a PodsReady timeout), then uid (``pkg/cache/queue/cluster_queue.go:1057-1090``,
 ``pkg/workload/workload.go:1148-1168``); BestEffortFIFO lets one that fits pass one that does
@@ -38,7 +46,8 @@ class Place:
     workload: str
     """Its Workload's name."""
     state: str
-    """``queued``, ``reserved`` (quota held, admission checks pending), ``admitted`` or ``finished``."""
+    """``queued``, ``reserved`` (quota held, admission checks pending), ``admitted``, ``finished``,
+    or out of the queue: ``on hold`` (KubeRay refused the RayJob) or ``inactive`` (deactivated)."""
     position: int = 0
     """1 = admitted next (queued only)."""
     queued: int = 0
@@ -52,18 +61,37 @@ class Place:
     """Kueue's reason, while queued (the QuotaReserved condition's message)."""
 
 
+NO_WORKLOAD = ("suspended, with no Kueue Workload yet (Kueue makes one for a RayJob labelled for its LocalQueue; "
+               "without Kueue it stays suspended)")
+"""What a suspended RayJob without a Workload means."""
+
+
 def list_workloads(namespace: str) -> list[dict[str, Any]] | None:
     """The namespace's Workloads; None when Kueue is not installed (no such resource type) or
     they cannot be read (the RayJob's own status still says where it stands)."""
     proc = kubectl("get", WORKLOADS, "-n", namespace, "-o", "json", check=False)
     if proc.returncode != 0:
         return None
-    return json.loads(proc.stdout or "{}").get("items") or []
+    return workload_items(proc.stdout)
+
+
+def workload_items(listing: str) -> list[dict[str, Any]]:
+    """The Workloads of ``kubectl get workloads.kueue.x-k8s.io -o json``'s output."""
+    return json.loads(listing or "{}").get("items") or []
 
 
 def _true(workload: dict[str, Any], kind: str) -> bool:
     return any(c.get("type") == kind and c.get("status") == "True"
                for c in (workload.get("status") or {}).get("conditions") or [])
+
+
+def _out_of_queue(workload: dict[str, Any]) -> str:
+    """Why a Workload without quota is not in the queue ("" when it is)."""
+    if (workload.get("spec") or {}).get("active") is False:
+        return "inactive"
+    on_hold = any(c.get("type") == "QuotaReserved" and c.get("status") == "False" and c.get("reason") == "OnHold"
+                  for c in (workload.get("status") or {}).get("conditions") or [])
+    return "on hold" if on_hold else ""
 
 
 def _owner(workload: dict[str, Any]) -> str:
@@ -96,7 +124,7 @@ def places(workloads: list[dict[str, Any]]) -> dict[str, Place]:
     """RayJob name -> its place, for every RayJob with a Workload."""
     live = [w for w in workloads if _owner(w) and not _true(w, "Finished")]
     holding = tuple(sorted(_owner(w) for w in live if _true(w, "QuotaReserved")))
-    queued = sorted((w for w in live if not _true(w, "QuotaReserved")), key=_order)
+    queued = sorted((w for w in live if not _true(w, "QuotaReserved") and not _out_of_queue(w)), key=_order)
     out = {}
     for w in workloads:
         name, owner = w["metadata"]["name"], _owner(w)
@@ -110,6 +138,8 @@ def places(workloads: list[dict[str, Any]]) -> dict[str, Place]:
             # team's own may have some): until then the quota is held and the RayJob still suspended.
             out[owner] = Place(workload=name, state="admitted" if _true(w, "Admitted") else "reserved",
                                holding=holding, priority_class=priority)
+        elif _out_of_queue(w):
+            out[owner] = Place(workload=name, state=_out_of_queue(w), holding=holding, priority_class=priority)
         else:
             index = queued.index(w)
             out[owner] = Place(workload=name, state="queued", position=index + 1, queued=len(queued),
@@ -124,6 +154,11 @@ def place_of(rayjob: str, namespace: str) -> Place | None:
     return None if workloads is None else places(workloads).get(rayjob)
 
 
+def suspended_line(place: Place | None) -> str:
+    """What a suspended RayJob waits for: its place in the queue, or that it has no Workload."""
+    return describe(place) if place else NO_WORKLOAD
+
+
 def describe(place: Place) -> str:
     """One line: queued (behind which runs, and why), or admitted."""
     if place.state == "queued":
@@ -136,6 +171,11 @@ def describe(place: Place) -> str:
     if place.state == "reserved":
         return (f"quota reserved by Kueue (Workload {place.workload}): waiting for its admission checks; "
                 "the RayJob stays suspended until it is admitted")
+    if place.state == "on hold":
+        return (f"on hold in Kueue (Workload {place.workload}): KubeRay refused the RayJob (ValidationFailed), so Kueue "
+                "holds no quota for it and does not queue it")
+    if place.state == "inactive":
+        return f"deactivated in Kueue (Workload {place.workload}, spec.active false): not queued until it is reactivated"
     return f"finished in Kueue (Workload {place.workload}): its quota is free"
 
 
@@ -168,8 +208,7 @@ class QueueWatch:
         place = place_of(self.name, self.namespace)
         if suspended:
             self.queued = True
-            line = describe(place) if place else ("suspended, with no Kueue Workload yet (Kueue makes one for a RayJob "
-                                                  "labelled for its LocalQueue; without Kueue it stays suspended)")
+            line = suspended_line(place)
         else:
             self.queued = False
             line = describe(place) if place else "unsuspended: KubeRay creates its cluster"

@@ -50,7 +50,8 @@ ACTIONS = {"account": "sts:GetCallerIdentity", "eks-addon": "eks:DescribeAddonVe
            "image-cache": "cloudformation:DescribeStacks, ecr:DescribePullThroughCacheRules",
            "node-groups": "eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup",
            "cluster": "eks:DescribeCluster, ec2:DescribeSubnets", "cluster-addons": "eks:ListAddons, eks:DescribeAddon",
-           "existing-groups": "eks:DescribeNodegroup"}
+           "existing-groups": "eks:DescribeNodegroup",
+           "egress": "eks:DescribeNodegroup, ec2:DescribeRouteTables, ec2:DescribeVpcEndpoints"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -23,7 +23,7 @@ import json
 
 from environment import Environment
 from environment.addons import ADDONS, ADDONS_BY_KEY, installed_addons
-from environment.contract import EFA_RESOURCE, GPU_RESOURCE
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE, PART_OF
 from raytrain_eks.cluster_inventory import Inventory, find_addon
 from raytrain_eks.verify import Finding, failed, passed
 
@@ -207,7 +207,7 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
     objects' API version (their CRDs' ``spec.versions[].served``)."""
     import yaml
 
-    from environment.queueing import KUEUE_API, KUEUE_FRAMEWORKS, kueue_objects
+    from environment.queueing import KUEUE_API, KUEUE_FRAMEWORKS, KUEUE_RESOURCES, kueue_objects
 
     out, where = [], found.namespace or "kueue-system"
     text = inventory.manager_configs.get(where)
@@ -230,10 +230,9 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
     version = KUEUE_API.rsplit("/", 1)[1]
     kinds = sorted({(o["kind"], o["apiVersion"]) for o in kueue_objects(env)})
     for kind, _ in kinds:
-        plural = kind.lower() + ("es" if kind.endswith("s") else "s")  # the CRD's plural: Kueue's kinds
-        crd = next((name for name in inventory.served if name == f"{plural}.{KUEUE_API.split('/')[0]}"), None)
-        if crd is None or version not in inventory.served[crd]:
-            served = sorted(inventory.served.get(crd, ())) if crd else []
+        crd = f"{KUEUE_RESOURCES[kind]}.{KUEUE_API.split('/')[0]}"
+        if version not in inventory.served.get(crd, ()):
+            served = sorted(inventory.served.get(crd, ()))
             out.append(failed("addons", f"kueue: {found.describe()} serves {kind} at {served or 'no version'}, "
                                         f"the queue objects are {KUEUE_API}",
                               f"upgrade Kueue to {env.versions.chart('kueue')} (or one serving {KUEUE_API})"))
@@ -241,12 +240,45 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
                                     "not installed")]
 
 
+def _ours(obj: dict) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in PART_OF.items())
+
+
+def check_queue_names(env: Environment, inventory: Inventory) -> list[Finding]:
+    """The queue objects the stack creates (never adopts: environment/queueing.py
+    ``kueue_objects``, infra/constructs/cluster_addons.py) against the cluster's own Kueue
+    objects: one of the same kind and name (and namespace) not labelled :data:`PART_OF` would
+    fail the deploy."""
+    from environment.queueing import kueue_objects
+
+    def key(obj: dict) -> tuple:
+        meta = obj.get("metadata") or {}
+        return obj["kind"], meta.get("namespace", ""), meta["name"]
+
+    theirs = {key(o): o for o in inventory.queue_objects if not _ours(o)}
+    q, src, out = env.queueing, env.source, []
+    for obj in kueue_objects(env):
+        kind, namespace, name = key(obj)
+        if (kind, namespace, name) not in theirs:
+            continue
+        fix = {"LocalQueue": f"set queueing.local_queue in {src} to a name {namespace} does not have",
+               "WorkloadPriorityClass": f"rename {name} in queueing.priorities (and where job_priorities or "
+                                        f"default_priority name it) in {src}"}.get(
+            kind, f"set queueing.name_prefix (e.g. \"raytrain-\") in {src}: the ClusterQueue and ResourceFlavors "
+                  f"are named <prefix>{name.removeprefix(q.name_prefix)}")
+        out.append(failed("queue-objects", f"{kind} {namespace + '/' if namespace else ''}{name} already exists on "
+                                           f"{env.cluster.existing} and is not this app's (no label "
+                                           f"{', '.join(f'{k}={v}' for k, v in PART_OF.items())}): the deploy would fail "
+                                           "creating it", fix))
+    return out or [passed("queue-objects", f"no Kueue object of {env.cluster.existing} has the name of one this app creates")]
+
+
 def check_namespace(env: Environment, inventory: Inventory) -> list[Finding]:
     ns = env.ray.namespace
     if ns not in inventory.namespaces:
         return [passed("namespace", f"{ns} does not exist yet: the cluster stack creates it")]
-    labels = inventory.namespaces[ns]["metadata"].get("labels") or {}
-    if labels.get("app.kubernetes.io/part-of") == "raytrain-eks":
+    if _ours(inventory.namespaces[ns]):
         return [passed("namespace", f"{ns} exists, made by this app's cluster stack")]
     return [failed("namespace", f"namespace {ns} already exists and is not this app's: the stack would fail to create it",
                    f"set ray.namespace in {env.source} to a namespace the cluster does not have")]

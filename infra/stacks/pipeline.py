@@ -17,7 +17,8 @@ ordered actions of ONE stage, ``Release``, so that they run under one stage lock
 ``Deploy``   (Release, run order 1) records which GPU node groups exist (``record-groups``), then
              ``cdk deploy`` of the storage and cluster stacks through the CDK bootstrap roles.
 ``Smoke``    (2) the ``smoke`` RayJob, named per build (a retried stage keeps the execution id), on a RayCluster of its own from the new digest; the image IDs
-             its pods report become run.json's ``image_ran``; then the record gate (succeeded,
+             its pods report become run.json's ``image_ran`` (with Kueue it first waits in the queue, up to
+             ``SMOKE_QUEUE_MINUTES``; its timeout counts from the admission); then the record gate (succeeded,
              every pod ran this digest, the transport) and the regression gate against the last
              promoted smoke run, whose side-by-side report lands next to the runs.
 ``Apply``    (3) unless another execution promoted since Synth, and once no RayJob runs on it
@@ -199,8 +200,8 @@ class PipelineStack(Stack):
         smoke = pipeline_builds.project(self, "SmokeRun", pipeline_builds.smoke_spec(env.bucket_name, required_transport(env)),
                                         role=self.kubectl_roles["Smoke"], environment_variables=notify,
                                         timeout=Duration.minutes(
-                                            pipeline_builds.SMOKE_TIMEOUT_MINUTES + pipeline_builds.APPLY_TIMEOUT_MINUTES
-                                            + 15), **vpc_args)
+                                            pipeline_builds.SMOKE_QUEUE_MINUTES + pipeline_builds.SMOKE_TIMEOUT_MINUTES
+                                            + pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
         promote = pipeline_builds.project(self, "PromoteDigest", pipeline_builds.promote_spec(required_transport(env)),
                                           role=self.kubectl_roles["Promote"], environment_variables=notify,
                                           timeout=Duration.minutes(
@@ -230,7 +231,8 @@ class PipelineStack(Stack):
                                  "ROLLBACK_TIMEOUT_SECONDS": str(60 * pipeline_builds.APPLY_TIMEOUT_MINUTES)})
         smoke_action = actions.CodeBuildAction(
             action_name="SmokeRun", project=smoke, input=built, variables_namespace="Smoke",
-            environment_variables=kubectl_vars, run_order=2)
+            environment_variables={**kubectl_vars, "QUEUE_TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
+                value=str(60 * pipeline_builds.SMOKE_QUEUE_MINUTES))}, run_order=2)
         self.pipeline = codepipeline.Pipeline(
             self, "Pipeline", pipeline_name=self.pipeline_name,
             pipeline_type=codepipeline.PipelineType.V2, variables=[digest_variable],

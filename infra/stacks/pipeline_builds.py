@@ -15,6 +15,10 @@ from aws_cdk import Duration, aws_codebuild as codebuild, aws_iam as iam
 from constructs import Construct
 
 SMOKE_TIMEOUT_MINUTES = 60
+"""The smoke run's wait, from Kueue's admission (raytrain_eks/pipeline/smoke.py)."""
+SMOKE_QUEUE_MINUTES = 240
+"""How long the smoke RayJob may wait in Kueue's queue for the GPU jobs already admitted (it is
+``short``: ahead of every queued experiment) before Smoke gives up and the watcher retries."""
 APPLY_TIMEOUT_MINUTES = 30
 PROMOTE_TIMEOUT_MINUTES = 5
 """Promote waits for nothing itself (reads, one transaction, one write); a rollback has its own

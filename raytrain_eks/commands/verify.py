@@ -44,7 +44,7 @@ def kube_list(kind: str, selector: str) -> list[dict]:
 def existing_cluster_checks(env, client) -> list:
     """The checks of an existing cluster (raytrain_eks/verify_existing.py), its Kubernetes side
     read through kubectl, whose current context must be that cluster."""
-    from raytrain_eks import verify, verify_existing
+    from raytrain_eks import verify, verify_egress, verify_existing
     from raytrain_eks.cluster_inventory import read_inventory
     from raytrain_eks.eks_backend import KubectlError, KubectlRefused, check_context
 
@@ -60,11 +60,14 @@ def existing_cluster_checks(env, client) -> list:
         kubernetes = [verify.passed("kubernetes", f"read {len(inventory.nodes)} node(s), {len(inventory.releases)} Helm "
                                                   f"release(s) of {env.cluster.existing} through kubectl")]
     checks = [("cluster", lambda: verify_existing.check_cluster(env, client("eks"), client("ec2"))),
-              ("cluster-addons", lambda: verify_existing.check_cluster_addons(env, client("eks")))]
+              ("cluster-addons", lambda: verify_existing.check_cluster_addons(env, client("eks"))),
+              ("egress", lambda: verify_egress.check_egress(env, client("eks"), client("ec2")))]
     if inventory is not None:
         checks += [("existing-groups", lambda: verify_existing.check_node_groups(env, client("eks"), inventory)),
                    ("addons", lambda: verify_existing.check_addons(env, inventory)),
                    ("namespace", lambda: verify_existing.check_namespace(env, inventory))]
+        if env.queueing.enabled:
+            checks.append(("queue-objects", lambda: verify_existing.check_queue_names(env, inventory)))
     return kubernetes + verify.run_checks(checks) + verify_existing.install_plan(env)
 
 

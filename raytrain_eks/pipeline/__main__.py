@@ -3,7 +3,8 @@
 Results go to stdout (one line, for the buildspec to export), progress to stderr. Exit 1 when a
 step fails (after rolling back), 2 for a bad invocation. Environment: ``PROMOTED_DIGEST_PARAMETER``,
 ``HISTORY_TABLE``, ``EXECUTION_ID`` and ``CODEBUILD_BUILD_NUMBER`` (the smoke run name),
-``NOTIFY_TOPIC_ARN`` (failures), ``POLL_SECONDS``, ``TIMEOUT_SECONDS``;
+``NOTIFY_TOPIC_ARN`` (failures), ``POLL_SECONDS``, ``TIMEOUT_SECONDS``, ``QUEUE_TIMEOUT_SECONDS`` (Smoke's
+wait in Kueue's queue);
 ``check-run`` also ``PIPELINE_NAME`` and ``PIPELINE_CONFIG``.
 """
 from __future__ import annotations

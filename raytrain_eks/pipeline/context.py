@@ -55,6 +55,9 @@ class StepContext:
     max_attempts: int = 3
     poll_s: float = 30.0
     timeout_s: float = 3600.0
+    queue_timeout_s: float = 14400.0
+    """How long the smoke RayJob may wait in Kueue's queue (suspended) before Smoke gives up;
+    its ``timeout_s`` counts from the admission."""
     rollback_timeout_s: float = 1800.0
     """A rollback's own wait, apart from the step's: the build's timeout covers both."""
 
@@ -73,6 +76,7 @@ class StepContext:
                    sns=boto3.client("sns"), topic_arn=environ.get("NOTIFY_TOPIC_ARN", ""),
                    max_attempts=env.pipeline.max_attempts,
                    poll_s=float(environ.get("POLL_SECONDS", 30)), timeout_s=float(environ.get("TIMEOUT_SECONDS", 3600)),
+                   queue_timeout_s=float(environ.get("QUEUE_TIMEOUT_SECONDS", 14400)),
                    rollback_timeout_s=float(environ.get("ROLLBACK_TIMEOUT_SECONDS",
                                                         environ.get("TIMEOUT_SECONDS", 1800))))
 

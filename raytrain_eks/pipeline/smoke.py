@@ -5,11 +5,20 @@ While it runs, the image IDs its pods REPORT are collected (a container cannot r
 KubeRay deletes the job's cluster after it ends). Once the RayJob is ``SUCCEEDED``/``Complete``
 (KubeRay's own success condition), they are written into the run's run.json as ``image_ran``,
 beside ``image`` (what the manifest asked for).
+
+With Kueue the RayJob is created suspended and waits in the queue until its Workload is
+admitted, which Kueue marks by unsuspending it (``kubernetes-sigs/kueue`` tag ``v0.19.2``,
+``pkg/controller/jobframework/reconciler.go:621-651`` ``startJob``); KubeRay's own deadlines then
+count from that moment (``ray-project/kuberay`` ``ray-operator/v1.7.0`` ``rayjob_controller.go:887-917``).
+So does Smoke's: ``TIMEOUT_SECONDS`` from the admission, the queue bounded apart by
+``QUEUE_TIMEOUT_SECONDS`` (the smoke job is ``short``: only the jobs already admitted are ahead).
 """
 from __future__ import annotations
 
 import time
 from typing import Any
+
+from raytrain_eks.kueue_queue import WORKLOADS, places, suspended_line, workload_items
 
 from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_IMAGE_RAN
 
@@ -17,7 +26,7 @@ from infra.lambdas.image_watcher.history import FAILURE_IMAGE, FAILURE_INFRASTRU
 
 from .context import StepContext, with_version
 from .failures import RAYJOB_REASON_FAILURE, StepFailed, pull_errors
-from .kube import image_ids, log
+from .kube import KubeError, image_ids, log
 
 SMOKE_JOB = "smoke"
 """jobs/smoke.toml's ``name``: its RayJob and file ``dist/rayjob-smoke.k8s.yaml``."""
@@ -63,6 +72,44 @@ def smoke_job(ctx: StepContext, digest: str) -> dict[str, Any]:
     return job
 
 
+class QueueWait:
+    """The smoke RayJob's wait in Kueue's queue: each new place logged (raytrain_eks/kueue_queue.py,
+    as ``submit`` says it), bounded by ``ctx.queue_timeout_s`` per stretch of suspension."""
+
+    def __init__(self, ctx: StepContext, name: str) -> None:
+        self.ctx, self.name = ctx, name
+        self.since: float | None = None
+        self.last = ""
+
+    def line(self) -> str:
+        try:
+            listing = self.ctx.kube.run("get", WORKLOADS, "-o", "json")
+        except KubeError:  # no Kueue (no such resource type) or not readable: the RayJob's own state says it
+            return suspended_line(None)
+        return suspended_line(places(workload_items(listing)).get(self.name))
+
+    def check(self) -> None:
+        """Log where it waits; SmokeFailed (infrastructure: the watcher retries the digest later)
+        once it has waited the bound, after deleting it (admitted later, it would hold the GPUs
+        for a build that is gone)."""
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        line = self.line()
+        if line != self.last:
+            log(f"smoke: {line}")
+            self.last = line
+        if now - self.since >= self.ctx.queue_timeout_s:
+            self.ctx.kube.delete("rayjob", self.name)
+            raise SmokeFailed(f"smoke RayJob {self.name} was not admitted by Kueue within {self.ctx.queue_timeout_s:g} s "
+                              f"(QUEUE_TIMEOUT_SECONDS); deleted it. Last: {line}", FAILURE_INFRASTRUCTURE)
+
+    def admitted(self) -> None:
+        if self.since is not None:
+            log(f"smoke: admitted by Kueue after {time.monotonic() - self.since:.0f} s in the queue; "
+                f"its {self.ctx.timeout_s:g} s count from now")
+        self.since, self.last = None, ""
+
+
 def run_smoke(ctx: StepContext, digest: str) -> str:
     """Run it, wait, record ``image_ran``; return the run.json URI. SmokeFailed otherwise."""
     job = smoke_job(ctx, digest)
@@ -73,9 +120,18 @@ def run_smoke(ctx: StepContext, digest: str) -> str:
     seen: dict[str, str] = {}
     pulls: list[str] = []
     started = False  # the Ray job RUNNING: the image started
-    deadline = time.monotonic() + ctx.timeout_s
+    queue = QueueWait(ctx, name)
+    deadline = None  # counts from the admission (at once without Kueue: never suspended)
     while True:
         current = ctx.kube.get("rayjob", name) or {}
+        if (current.get("spec") or {}).get("suspend"):
+            queue.check()
+            deadline = None  # suspended again (evicted): KubeRay's deadlines restart at the next admission too
+            time.sleep(ctx.poll_s)
+            continue
+        if deadline is None:
+            deadline = time.monotonic() + ctx.timeout_s
+            queue.admitted()
         status = current.get("status") or {}
         cluster = status.get("rayClusterName")
         if cluster:

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 from charts_oracles.kueue_rayjob import (
-    PRIORITY_CLASS_LABEL, QUEUE_NAME_LABEL, admission, managed, suspended_at_creation, validate_create,
+    PRIORITY_CLASS_LABEL, QUEUE_NAME_LABEL, admission, managed, pod_sets, suspended_at_creation, validate_create,
 )
 from charts_oracles.kuberay_validation import validate_rayjob_spec
 
@@ -113,3 +113,15 @@ def test_the_oracle_refuses_a_job_larger_than_the_quota(default_synth):
     usage = {}
     assert admission(good, cluster_queue, objects["ResourceFlavor"], usage)[1] == []
     assert admission(good, cluster_queue, objects["ResourceFlavor"], usage)[1]
+
+
+def test_a_worker_group_counts_as_kueue_sees_it_after_the_crds_defaults():
+    """The API server applies the RayJob CRD's defaults before any webhook or controller reads the
+    object (KubeRay v1.7.0 ``ray.io_rayjobs.yaml`` workerGroupSpecs: ``replicas`` default 0,
+    ``numOfHosts`` default 1), so Kueue v0.19.2's ``effectiveWorkerCount``
+    (``pkg/controller/jobs/raycluster/common.go:64-74``: replicas x numOfHosts when > 1) sees 0
+    for a group that leaves ``replicas`` out: it reserves no quota for it."""
+    pod = {"spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}}
+    job = {"spec": {"rayClusterSpec": {"headGroupSpec": {"template": pod}, "workerGroupSpecs": [
+        {"groupName": "unset", "template": pod}, {"groupName": "hosts", "replicas": 2, "numOfHosts": 4, "template": pod}]}}}
+    assert {ps["name"]: ps["count"] for ps in pod_sets(job)} == {"head": 1, "unset": 0, "hosts": 8, "submitter": 1}

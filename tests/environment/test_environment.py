@@ -227,6 +227,8 @@ BAD_SPECS = [
      "queueing.default_priority: 'low' is not a priority class of queueing.priorities (experiment, short)"),
     (lambda r: r["queueing"].update(enabled="yes"),
      "queueing.enabled: 'yes' is not allowed (expected true or false)"),
+    (lambda r: r["queueing"].update(name_prefix="Team_"),
+     "queueing.name_prefix: 'Team_' is not a name prefix (lower-case letters, digits, '-'; at most 40 characters"),
     (lambda r: r.pop("cluster"), "environment.toml: cluster: missing (required section)"),
     (lambda r: r["cluster"].pop("region"), "environment.toml: cluster.region: missing (required)"),
 ]

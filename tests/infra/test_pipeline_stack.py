@@ -396,6 +396,7 @@ def test_each_kubectl_build_outlives_its_wait_plus_a_rollback(synthesized):
         variables = {v["name"]: v["value"] for v in json.loads(action["Configuration"]["EnvironmentVariables"])}
         project = projects[action["Configuration"]["ProjectName"]["Ref"]]["Properties"]
         waits = int(variables["TIMEOUT_SECONDS"]) + int(variables["ROLLBACK_TIMEOUT_SECONDS"])
+        waits += int(variables.get("QUEUE_TIMEOUT_SECONDS", 0))  # Smoke: first waits in Kueue's queue
         if action["Name"] == "ApplyManifests":  # first waits for the jobs running on the cluster
             waits += 60 * env.pipeline.apply_wait_minutes
         assert project["TimeoutInMinutes"] * 60 >= waits + 10 * 60, action["Name"]

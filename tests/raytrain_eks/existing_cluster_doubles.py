@@ -12,7 +12,9 @@
   base64) inside ``newSecretsObject`` (pkg/storage/driver/secrets.go: labels ``name``,
   ``owner=helm``, ``status``, ``version``; type ``helm.sh/release.v1``), whose data the API
   base64-encodes once more.
-- :func:`team_cluster`: the cluster infra_variants.existing_raw describes, right in every field.
+- :func:`team_cluster`: the cluster infra_variants.existing_raw describes, right in every field;
+  its VPC's route tables as EC2 DescribeRouteTables returns them (a main table, found by its
+  ``Main`` association, for a subnet with no explicit one: Amazon VPC User Guide, "Route tables").
 
 A module with a unique name, not conftest.
 """
@@ -52,14 +54,25 @@ class ModelledApi:
         model = self._client.meta.service_model.operation_model(self._client.meta.method_to_api_mapping[name])
         validate_parameters(params, model.input_shape)
         self.calls.append((name, params))
-        key = params.get(self.keys[name])
-        key = tuple(key) if isinstance(key, list) else key
+        key = frozen(params.get(self.keys[name]))
         if (name, key) not in self.table:
             raise self._client.exceptions.ResourceNotFoundException(
                 {"Error": {"Code": "ResourceNotFoundException", "Message": f"{key} not found"}}, model.name)
         response = copy.deepcopy(self.table[(name, key)])
         validate_parameters(response, model.output_shape)
         return response
+
+
+def frozen(value):
+    """A request parameter as a table key: lists and dicts made hashable (``Filters``)."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+    return tuple(frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def route(destination: str, **target: str) -> dict[str, Any]:
+    """One route as DescribeRouteTables returns it (``Origin``: CreateRoute; ``local`` is the VPC's own)."""
+    return {"DestinationCidrBlock": destination, "State": "active", "Origin": "CreateRoute", **target}
 
 
 def team_cluster(env) -> dict[str, Any]:
@@ -97,9 +110,24 @@ def team_cluster(env) -> dict[str, Any]:
         eks[("describe_addon", name)] = {"addon": {"addonName": name, "clusterName": EXISTING_CLUSTER,
                                                    "addonVersion": version, "status": "ACTIVE",
                                                    "configurationValues": config}}
+    vpc_filter = frozen([{"Name": "vpc-id", "Values": [EXISTING_VPC]}])
+    local = {**route("10.0.0.0/16", GatewayId="local"), "Origin": "CreateRouteTable"}
+    # The first subnet on the VPC's main table (no explicit association), the second on its own:
+    # both with a default route to a NAT gateway.
     ec2 = {("describe_subnets", tuple(EXISTING_SUBNETS)): {"Subnets": [
         {"SubnetId": s, "VpcId": EXISTING_VPC, "AvailabilityZone": az}
-        for s, az in zip(EXISTING_SUBNETS, c.availability_zones)]}}
+        for s, az in zip(EXISTING_SUBNETS, c.availability_zones)]},
+        ("describe_route_tables", vpc_filter): {"RouteTables": [
+            {"RouteTableId": "rtb-0main000000000000", "VpcId": EXISTING_VPC, "Routes": [
+                local, route("0.0.0.0/0", NatGatewayId="nat-0aaaaaaaaaaaaaaa1")],
+             "Associations": [{"Main": True, "RouteTableAssociationId": "rtbassoc-0main0000000000",
+                               "RouteTableId": "rtb-0main000000000000", "AssociationState": {"State": "associated"}}]},
+            {"RouteTableId": "rtb-0bbbbbbbbbbbbbbb2", "VpcId": EXISTING_VPC, "Routes": [
+                local, route("0.0.0.0/0", NatGatewayId="nat-0aaaaaaaaaaaaaaa1")],
+             "Associations": [{"Main": False, "RouteTableAssociationId": "rtbassoc-0bbbbbbbbbbbbbb2",
+                               "RouteTableId": "rtb-0bbbbbbbbbbbbbbb2", "SubnetId": EXISTING_SUBNETS[1],
+                               "AssociationState": {"State": "associated"}}]}]},
+        ("describe_vpc_endpoints", vpc_filter): {"VpcEndpoints": []}}
     node = lambda name, group, labels, allocatable: {  # noqa: E731
         "kind": "Node", "metadata": {"name": name, "labels": {"eks.amazonaws.com/nodegroup": group, **labels}},
         "status": {"allocatable": allocatable}}
@@ -131,4 +159,4 @@ def helm_release_secret(release: str, namespace: str, chart: str, version: str, 
 
 EKS_KEYS = {"describe_cluster": "name", "list_nodegroups": "clusterName", "describe_nodegroup": "nodegroupName",
             "list_addons": "clusterName", "describe_addon": "addonName"}
-EC2_KEYS = {"describe_subnets": "SubnetIds"}
+EC2_KEYS = {"describe_subnets": "SubnetIds", "describe_route_tables": "Filters", "describe_vpc_endpoints": "Filters"}

@@ -268,7 +268,7 @@ def dispatch(state: dict, argv: list[str]) -> int:
         items = [{k: v for k, v in j.items() if k != "_fake"} for j in state["rayjobs"].values()]
         print(json.dumps({"items": items}))
         return 0
-    if verb == "get" and rest[0] == "workloads.kueue.x-k8s.io":
+    if verb == "get" and rest[0] == kueue_double.WORKLOADS:
         if not kueue_double.installed(state):
             print('error: the server doesn\'t have a resource type "workloads"', file=sys.stderr)
             return 1

@@ -44,6 +44,8 @@ from charts_oracles.kueue_rayjob import (  # noqa: E402
 )
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
+WORKLOADS = "workloads.kueue.x-k8s.io"
+"""What kubectl is asked for (``kubectl get workloads.kueue.x-k8s.io``)."""
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
 

@@ -60,3 +60,23 @@ def test_quota_reserved_is_not_admitted_until_the_admission_checks_pass():
     got = places([reserved, admitted])
     assert (got["a"].state, got["b"].state) == ("reserved", "admitted")
     assert describe(got["a"]).startswith("quota reserved by Kueue (Workload rayjob-a): waiting for its admission checks")
+
+
+def test_a_workload_on_hold_or_deactivated_is_out_of_the_queue_and_no_one_waits_behind_it():
+    """Kueue v0.19.2: a RayJob KubeRay refused (``ValidationFailed``) is on hold
+    (``pkg/controller/jobs/rayjob/rayjob_controller.go:218-220``): the job reconciler releases its
+    quota with ``QuotaReserved`` False, reason ``OnHold`` (``pkg/controller/jobframework/reconciler.go:463-480``),
+    and the workload controller takes it out of the queue, as it does a Workload whose
+    ``spec.active`` is false (``pkg/controller/core/workload_controller.go:1400-1430``)."""
+    from raytrain_eks.kueue_queue import column, describe
+
+    on_hold = _workload("a", "2026-12-04T01:00:00Z", {"type": "QuotaReserved", "status": "False", "reason": "OnHold",
+                                                      "message": "Job is on hold"})
+    inactive = {**_workload("b", "2026-12-04T01:30:00Z"), "spec": {"priority": 100, "active": False}}
+    waiting = _workload("c", "2026-12-04T02:00:00Z", {"type": "QuotaReserved", "status": "False", "reason": "Pending"})
+    got = places([on_hold, inactive, waiting])
+    assert (got["c"].state, got["c"].position, got["c"].queued, got["c"].ahead) == ("queued", 1, 1, ())
+    assert (got["a"].state, got["b"].state) == ("on hold", "inactive")
+    assert describe(got["a"]).startswith("on hold in Kueue (Workload rayjob-a): KubeRay refused the RayJob")
+    assert describe(got["b"]).startswith("deactivated in Kueue (Workload rayjob-b, spec.active false)")
+    assert column(got["a"], "Suspended") == "on hold"

@@ -14,6 +14,8 @@ import pytest
 
 from environment import environment_from_dict
 from environment.addons import installed_addons
+from environment.contract import PART_OF
+from environment.queueing import KUEUE_RESOURCES
 from existing_cluster_doubles import EC2_KEYS, EKS_KEYS, ModelledApi, helm_release_secret, team_cluster
 from infra_variants import EXISTING_CLUSTER, existing_raw
 from raytrain_eks.cluster_inventory import decode_release
@@ -27,13 +29,16 @@ KUBECTL = Path(__file__).with_name("kubectl_cluster_double.py")
 
 
 class Ec2:
-    """Offerings and reservations from moto; the existing VPC's subnets from the modelled table."""
+    """Offerings and reservations from moto; the existing VPC's subnets, route tables and endpoints
+    from the modelled table."""
 
     def __init__(self, moto_ec2, subnets: ModelledApi):
         for name in ("describe_instance_type_offerings", "describe_availability_zones", "get_paginator",
                      "describe_capacity_reservations"):
             setattr(self, name, getattr(moto_ec2, name))
         self.describe_subnets = subnets.describe_subnets
+        self.describe_route_tables = subnets.describe_route_tables
+        self.describe_vpc_endpoints = subnets.describe_vpc_endpoints
 
 
 def spec(registry) -> dict:  # noqa: F811
@@ -211,6 +216,15 @@ def _kueue_present(world, frameworks, served=("v1beta1", "v1beta2")):
     config = {"apiVersion": "config.kueue.x-k8s.io/v1beta2", "integrations": {"frameworks": frameworks}}
     lists["configmaps"] = [{"metadata": {"name": "kueue-manager-config", "namespace": "kueue-system"},
                             "data": {"controller_manager_config.yaml": json.dumps(config)}}]
+    for plural in KUEUE_RESOURCES.values():  # the team's own queue objects: none yet
+        lists[f"{plural}.kueue.x-k8s.io"] = []
+
+
+def _team_object(world, kind: str, name: str, namespace: str = "", labels: dict | None = None) -> None:
+    """One Kueue object of the team's, as kubectl lists it (``kind`` set on every item)."""
+    meta = {"name": name, **({"namespace": namespace} if namespace else {}), **({"labels": labels} if labels else {})}
+    world.tables["lists"][f"{KUEUE_RESOURCES[kind]}.kueue.x-k8s.io"].append(
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": kind, "metadata": meta})
 
 
 def test_a_teams_kueue_that_manages_rayjobs_is_used_as_it_is(world, charts, capsys):  # noqa: F811
@@ -233,3 +247,45 @@ def test_a_teams_kueue_that_serves_an_older_api_fails(world, charts, capsys):  #
     assert rc == 2 and all("the queue objects are kueue.x-k8s.io/v1beta2" in line for line in failures(lines)), lines
     assert {line.split(" serves ")[1].split(" at ")[0] for line in failures(lines)} == {
         "ClusterQueue", "LocalQueue", "ResourceFlavor", "WorkloadPriorityClass"}
+
+
+@pytest.mark.parametrize("kind, name, namespace, fix", [
+    ("ClusterQueue", "raytrain", "", 'set queueing.name_prefix (e.g. "raytrain-")'),
+    ("ResourceFlavor", "gpu-gpu", "", "named <prefix>gpu-gpu"),
+    ("WorkloadPriorityClass", "short", "", "rename short in queueing.priorities"),
+])
+def test_a_teams_kueue_object_with_the_name_of_one_of_ours_fails(world, charts, capsys, kind, name, namespace, fix):  # noqa: F811
+    _kueue_present(world, ["ray.io/rayjob"])
+    _team_object(world, kind, name, namespace)
+    _one_failure(world, capsys, charts, f"queue-objects: {kind} {name} already exists on {EXISTING_CLUSTER} and is not "
+                 "this app's (no label app.kubernetes.io/part-of=raytrain-eks): the deploy would fail creating it", fix)
+
+
+def test_a_teams_local_queue_of_the_same_name_clashes_only_in_the_ray_namespace(world, charts, capsys):  # noqa: F811
+    _kueue_present(world, ["ray.io/rayjob"])
+    _team_object(world, "LocalQueue", "ray-jobs", "team-a")  # another namespace: no clash
+    rc, lines, _ = world.run(capsys, charts[1])
+    assert rc == 0 and failures(lines) == [], lines
+    _team_object(world, "LocalQueue", "ray-jobs", "ray")
+    world.tables["lists"]["namespaces"].append({"metadata": {"name": "ray"}})
+    rc, lines, _ = world.run(capsys, charts[1])
+    [queue] = [line for line in failures(lines) if "queue-objects:" in line]
+    assert "LocalQueue ray/ray-jobs already exists" in queue and "set queueing.local_queue" in queue, queue
+
+
+def test_our_own_queue_objects_from_an_earlier_deploy_pass(world, charts, capsys):  # noqa: F811
+    _kueue_present(world, ["ray.io/rayjob"])
+    _team_object(world, "ClusterQueue", "raytrain", labels=dict(PART_OF))
+    _team_object(world, "WorkloadPriorityClass", "short", labels=dict(PART_OF))
+    rc, lines, _ = world.run(capsys, charts[1])
+    assert rc == 0 and failures(lines) == [], lines
+    assert any(line.startswith("ok    queue-objects: no Kueue object of") for line in lines), lines
+
+
+def test_a_prefix_moves_our_cluster_wide_names_off_the_teams(world, charts, capsys):  # noqa: F811
+    _kueue_present(world, ["ray.io/rayjob"])
+    _team_object(world, "ClusterQueue", "raytrain")
+    _team_object(world, "ResourceFlavor", "system")
+    world.raw["queueing"]["name_prefix"] = "ml-"
+    rc, lines, _ = world.run(capsys, charts[1])
+    assert rc == 0 and failures(lines) == [], lines

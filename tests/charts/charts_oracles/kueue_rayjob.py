@@ -16,7 +16,8 @@ false, TopologyAwareScheduling and workload slicing off):
   it is; ``rayjob_controller.go:116-120`` ``Skip``: a ``clusterSelector`` job is never reconciled
   (never unsuspended).
 - pod sets (``rayjob_controller.go:133-164, 288-311``; ``raycluster/common.go:60-125``
-  ``BuildPodSets``): ``head`` (count 1), one per worker group (``replicas`` x ``numOfHosts``), and
+  ``BuildPodSets``): ``head`` (count 1), one per worker group (``replicas`` x ``numOfHosts``, as the
+  CRD defaults them: 0 and 1), and
   ``submitter`` (count 1) in K8sJobMode, its template or KubeRay's default submitter resources
   (``rayjob_controller.go:249-263``: 500m / 200Mi requests).
 - flavor assignment (``pkg/scheduler/flavorassigner/flavorassigner.go:1208-1256`` and
@@ -125,7 +126,10 @@ def pod_sets(rayjob: dict) -> list[dict]:
     cluster = spec["rayClusterSpec"]
     sets = [{"name": HEAD_POD_SET, "count": 1, "template": cluster["headGroupSpec"]["template"]}]
     for group in cluster.get("workerGroupSpecs") or []:
-        count = group.get("replicas", 1) * max(1, group.get("numOfHosts", 1))
+        # What Kueue sees is the object after the API server applied the CRD's defaults
+        # (KubeRay v1.7.0 ray.io_rayjobs.yaml: replicas 0, numOfHosts 1), so its "1 when unset"
+        # (raycluster/common.go:64-74 effectiveWorkerCount) never applies to a RayJob.
+        count = group.get("replicas", 0) * max(1, group.get("numOfHosts", 1))
         sets.append({"name": group["groupName"], "count": count, "template": group["template"]})
     if spec.get("submissionMode", "K8sJobMode") == "K8sJobMode":
         template = spec.get("submitterPodTemplate") or {"spec": {"containers": [

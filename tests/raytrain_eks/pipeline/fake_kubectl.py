@@ -39,6 +39,16 @@ containerd would. Each modelled behaviour follows ``ray-project/kuberay`` tag
   driver runs in the deleted head pod): it ends ``FAILED``/``Failed`` and the apply is logged
   with ``killed``.
 
+- Kueue v0.19.2 in front of the RayJobs, when ``state.json`` holds the add-on's objects
+  (``kueue``): the kubectl double's Kueue, reused (tests/raytrain_eks/kueue_double.py: the
+  webhook suspends a labelled RayJob at creation, the scheduler admits its Workload against the
+  ClusterQueue's quota, higher priority first, and unsuspends it). Each ``get rayjob NAME`` is one
+  tick: Kueue's pass, then the reconciles. A suspended RayJob is ``Suspended`` with no cluster
+  (``rayjob_controller.go:366-418``; the controller requeues at once, so no poll sees the steps
+  between), and starts again from New once unsuspended. A user's GPU job applied with
+  ``polls_left`` (no clusterSelector; its own cluster) runs from its admission for that many
+  ticks, then is ``SUCCEEDED``/``Complete`` (its Workload then finishes and frees the quota).
+
 State lives in ``$FAKE_KUBE_DIR``: ``state.json``, ``applied.jsonl``, ``scenario.json``.
 """
 from __future__ import annotations
@@ -52,6 +62,9 @@ import re
 import sys
 import uuid
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the kubectl double's Kueue
+import kueue_double  # noqa: E402
 
 ROOT = Path(os.environ["FAKE_KUBE_DIR"])
 HASH_KEY = "ray.io/upgrade-strategy-recreate-hash"  # utils/constant.go UpgradeStrategyRecreateHashKey
@@ -196,6 +209,7 @@ def apply(state: dict, obj: dict, scenario: dict) -> None:
             killed = kill_jobs_on(state, name)
     else:
         state["rayjobs"][name] = {**obj, "status": {}}
+        kueue_double.on_create(state, state["rayjobs"][name])
         recreated = True
     with open(ROOT / "applied.jsonl", "a") as log:
         spec = obj["spec"] if kind == "RayCluster" else obj["spec"]["rayClusterSpec"]
@@ -249,11 +263,52 @@ def kill_jobs_on(state: dict, cluster: str) -> list[str]:
     return killed
 
 
+def suspended(state: dict, job: dict) -> bool:
+    """KubeRay's suspension (rayjob_controller.go:366-418): a suspended RayJob's cluster is
+    deleted and its status cleared to ``Suspended``; unsuspended, it starts again from New."""
+    status = job["status"]
+    if job["spec"].get("suspend"):
+        if status.get("jobDeploymentStatus") != "Suspended":
+            state["clusters"].pop(status.get("rayClusterName", ""), None)
+            status.clear()
+            status.update(jobStatus="", jobDeploymentStatus="Suspended")
+        return True
+    if status.get("jobDeploymentStatus") == "Suspended":
+        status.clear()
+    return False
+
+
+def run_gpu_job(state: dict, job: dict) -> None:
+    """A user's GPU job (``polls_left``): Running from its admission, Complete after its polls."""
+    status = job["status"]
+    if suspended(state, job) or status.get("jobDeploymentStatus") in ("Complete", "Failed"):
+        return
+    if status.get("jobDeploymentStatus") != "Running":
+        status.update(jobStatus="RUNNING", jobDeploymentStatus="Running", rayClusterName=f"{job['metadata']['name']}-g4p7z")
+        return
+    job["polls_left"] -= 1
+    if job["polls_left"] <= 0:
+        status.update(jobStatus="SUCCEEDED", jobDeploymentStatus="Complete")
+
+
+def tick(state: dict, name: str, scenario: dict) -> dict | None:
+    """``get rayjob NAME``: Kueue's pass, the users' GPU jobs one poll on, then the job's reconcile."""
+    state["now"] = state.get("now", 0) + 1
+    kueue_double.reconcile(state)
+    for job in state["rayjobs"].values():
+        if "polls_left" in job and not (job["spec"].get("clusterSelector") or {}):
+            run_gpu_job(state, job)
+    job = state["rayjobs"].get(name)
+    return job if job is None or "polls_left" in job else step_job(state, name, scenario)
+
+
 def step_job(state: dict, name: str, scenario: dict) -> dict | None:
     """One rayjob_controller.go reconcile of the job's deployment status."""
     job = state["rayjobs"].get(name)
     if job is None:
         return None
+    if suspended(state, job):
+        return job
     status = job["status"]
     cluster = f"{name}-k7x2q"
     done = status.get("jobDeploymentStatus") in ("Complete", "Failed")
@@ -292,11 +347,17 @@ def main(argv: list[str]) -> int:
         apply(state, json.loads(sys.stdin.read()), scenario)
     elif verb == "delete":
         state["rayjobs"].pop(rest[1], None)
+        kueue_double.collect(state)  # its Workload: an owner reference, the garbage collector
     elif verb == "get" and rest[0] == "rayjobs":
         print(json.dumps({"items": list_rayjobs(state)}))
     elif verb == "get" and rest[0] == "rayjob":
-        job = step_job(state, rest[1], scenario)
+        job = tick(state, rest[1], scenario)
         print(json.dumps(job) if job else "")
+    elif verb == "get" and rest[0] == kueue_double.WORKLOADS:
+        if not kueue_double.installed(state):
+            print('error: the server doesn\'t have a resource type "workloads"', file=sys.stderr)
+            return 1
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": kueue_double.workloads(state)}))
     elif verb == "get" and rest[0] == "raycluster":
         cluster = state["clusters"].get(rest[1])
         if cluster is not None:

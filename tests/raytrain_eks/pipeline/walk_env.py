@@ -15,8 +15,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import boto3
+import yaml
 
 from environment import load_environment
+from environment.queueing import kueue_objects
 from fixtures_pipeline import create_watcher_resources
 from infra.lambdas.image_watcher.history import PromotionHistory
 from infra.lambdas.image_watcher.promote import read_record
@@ -58,6 +60,9 @@ def make_walk(tmp_path: Path, aws: dict, registry, real_run: Path, *, starter_st
 
     kube = tmp_path / "kube"
     kube.mkdir()
+    # the cluster as deployed: Kueue's objects when the add-on installs it (environment/queueing.py)
+    kueue = {"kueue": {"objects": kueue_objects(env)}} if env.queueing.enabled else {}
+    (kube / "state.json").write_text(json.dumps({"clusters": {}, "rayjobs": {}, **kueue}))
     (kube / "kubectl").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).parent / "fake_kubectl.py"}" "$@"\n')
     (kube / "kubectl").chmod(0o755)
 
@@ -172,10 +177,21 @@ def make_walk(tmp_path: Path, aws: dict, registry, real_run: Path, *, starter_st
             "polls_left": polls}
         (kube / "state.json").write_text(json.dumps(state))
 
+    def submit_gpu_job(manifest: Path, polls: int) -> str:
+        """A user's GPU RayJob (a synthesized manifest, its own cluster), applied as `submit`
+        applies it and run for ``polls`` ticks from its admission; one tick, so Kueue admits it
+        while the queue is empty. Its name."""
+        job = {**yaml.safe_load(manifest.read_text()), "polls_left": polls}
+        name = job["metadata"]["name"]
+        for args, stdin in ((["apply", "--server-side", "-f", "-"], json.dumps(job)), (["get", "rayjob", name], None)):
+            subprocess.run([str(kube / "kubectl"), "-n", env.ray.namespace, *args], input=stdin, env=w.environ,
+                           capture_output=True, text=True, check=True)
+        return name
+
     def cluster_job(name: str) -> dict:
         return json.loads((kube / "state.json").read_text())["rayjobs"][name]["status"]
 
-    w.start_cluster_job, w.cluster_job = start_cluster_job, cluster_job
+    w.start_cluster_job, w.cluster_job, w.submit_gpu_job = start_cluster_job, cluster_job, submit_gpu_job
     w.scenario, w.applied, w.live_images, w.Execution = scenario, applied, live_images, Execution
     w.read_json = lambda uri: read_record(s3, uri)
     w.keys = lambda prefix: [o["Key"] for o in s3.list_objects_v2(Bucket=env.bucket_name, Prefix=prefix).get("Contents", [])]
