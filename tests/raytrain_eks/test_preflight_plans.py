@@ -478,7 +478,8 @@ def test_the_offload_measurement_is_found_for_offload_jobs_only():
     assert "offload" not in plain and plain["host_bytes_per_gpu"] == 0
     o = moved["offload"]
     assert moved["required_bytes"] < usable_bytes(24) < plain["required_bytes"]
-    assert moved["host_bytes_per_gpu"] == o["host_peak_bytes"] + o["checkpoint_staging_bytes"] + o["pinned_rounding_bytes"]
+    staged_and_rounded = o["checkpoint_staging_bytes"] + o["pinned_rounding_bytes"]
+    assert moved["host_bytes_per_gpu"] == o["host_peak_bytes"] + staged_and_rounded
     p = moved["prediction"]
     assert p["offload_copy_s"] == pytest.approx(offload_copy_bytes(moved, p["grad_accum_steps"]) / (PCIE_GBYTES_PER_S * 1e9),
                                                 abs=1e-3)
