@@ -36,34 +36,46 @@ def test_a_pinned_block_is_rounded_up_to_a_power_of_two_as_torchs_host_allocator
     assert pinned_rounding([3, 4, 5]) == 1 + 0 + 3
 
 
+TINY = dict(model_type="qwen2", vocab_size=250, hidden_size=64, intermediate_size=100, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+SHARDS = """
+import json, sys
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+model = AutoModelForCausalLM.from_config(Qwen2Config(**json.loads(sys.argv[1])), dtype=torch.float32)
+for layer in model.model.layers:
+    fully_shard(layer, offload_policy=CPUOffloadPolicy(pin_memory=False))
+fully_shard(model, offload_policy=CPUOffloadPolicy(pin_memory=False))
+made = []
+for module in model.modules():
+    if isinstance(module, FSDPModule):
+        for p in module._get_fsdp_state()._fsdp_param_group.fsdp_params:
+            assert p.offload_to_cpu and p._sharded_param_data.device.type == "cpu"
+            if p.sharded_param.ndim == 2:
+                made += [p._sharded_param_data.numel() * 4, p.sharded_size.numel() * 4]
+print(json.dumps(made))
+"""
+"""FSDP2 on a fake 8-rank group, in its own process (the fake process group is process-wide)."""
+
+
+@pytest.mark.subprocess
 def test_the_pinned_shards_counted_are_the_ones_fsdp2_makes_under_cpu_offload():
     """Oracle: FSDP2's own sharding (torch 2.13 ``_fsdp_param.py``:300-315: dim 0 chunked over the
     group, every shard padded to chunk 0's size, the padded shard moved to the host) of a tiny
     Qwen2 with GQA on a fake 8-rank group, CPUOffloadPolicy: the weight matrices' shards on
     rank 0 are what the estimate rounds (norms and biases left out: a few KiB)."""
-    import torch.distributed as dist
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    import json
+    import subprocess
+    import sys
 
-    config = dict(model_type="qwen2", vocab_size=250, hidden_size=64, intermediate_size=100, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-    try:
-        model = AutoModelForCausalLM.from_config(Qwen2Config(**config), dtype=torch.float32)
-        for layer in model.model.layers:
-            fully_shard(layer, offload_policy=CPUOffloadPolicy(pin_memory=False))
-        fully_shard(model, offload_policy=CPUOffloadPolicy(pin_memory=False))
-        made = []
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                for p in module._get_fsdp_state()._fsdp_param_group.fsdp_params:
-                    assert p.offload_to_cpu and p._sharded_param_data.device.type == "cpu"
-                    if p.sharded_param.ndim == 2:
-                        made += [p._sharded_param_data.numel() * 4, p.sharded_size.numel() * 4]
-    finally:
-        dist.destroy_process_group()
-    counted = _offloaded_shards(ModelShapes.from_hf_config(config), 8, 4, full=True)
+    out = subprocess.run([sys.executable, "-c", SHARDS, json.dumps(TINY)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    made = json.loads(out.stdout.strip().splitlines()[-1])
+    counted = _offloaded_shards(ModelShapes.from_hf_config(TINY), 8, 4, full=True)
     assert sorted(made) == sorted(counted)
 
 
