@@ -18,7 +18,9 @@ state and whatever its step allocates; the rest is the GPU's). On a GPU three un
 are not in that count (the fp32 shards copied in for two units' all-gathers, the gathered one
 and the prefetched one, and one unit's reduce-scatter output before it goes to the host): the
 result adds them as ``gpu_staging_bytes``. The host also holds, while a checkpoint is staged,
-a pinned copy of the parameters and AdamW's state (training/checkpointing/manager.py).
+a pinned copy of the parameters and AdamW's state (training/checkpointing/manager.py), and the
+pinned allocator rounds each parameter's and gradient's shard up to a power of two
+(``pinned_rounding_bytes``).
 
 Time: bytes / :data:`raytrain_eks.measured_plan.PCIE_GBYTES_PER_S` (the point the preflight's
 prediction uses) and over the L4's ``pcie`` range in :mod:`raytrain_eks.gpu_figures` (the step
@@ -156,7 +158,27 @@ class OffloadProbe:
             "gpu_staging_bytes": 3 * self.largest_unit, "largest_unit_h2d_bytes": self.largest_unit,
             "host_peak_bytes": self.peaks["host"][0], "host_peak_breakdown": self.peaks["host"][1],
             "checkpoint_staging_bytes": int(sum(now.get(key, 0) for key in STAGED)),
+            "pinned_rounding_bytes": self.pinned_rounding(),
         }}
+
+    def pinned_rounding(self) -> int:
+        """What pinning adds on the host over the tracked bytes: one pinned allocation per
+        parameter (its padded shard) and per gradient shard, each rounded up to a power of two
+        (raytrain_eks/memory_estimate.py ``pinned_host_bytes``)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        from raytrain_eks.memory_estimate import pinned_rounding
+
+        shards = []
+        for module in self.model.modules():
+            group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+            for p in (group.fsdp_params if group else []):
+                if p.offload_to_cpu:
+                    size = p._sharded_param_data.element_size()
+                    shards.append(p._sharded_param_data.numel() * size)
+                    if p.sharded_param.requires_grad:
+                        shards.append(p.sharded_size.numel() * size)
+        return pinned_rounding(shards)
 
 
 def transfer_time(result: dict) -> dict:
@@ -198,6 +220,7 @@ def main() -> None:
                 "gpu_staging_gib": round(o["gpu_staging_bytes"] / gib, 2),
                 "host_peak_gib_per_gpu": round(o["host_peak_bytes"] / gib, 2),
                 "checkpoint_staging_gib_per_gpu": round(o["checkpoint_staging_bytes"] / gib, 2),
+                "pinned_rounding_gib_per_gpu": round(o["pinned_rounding_bytes"] / gib, 2),
                 "measure_s": result["measure_s"]}
             print(json.dumps(figures[f"{name} {variant['strategy']}"]), file=sys.stderr, flush=True)
     save(results, RESULTS, cluster, publish=args.publish)

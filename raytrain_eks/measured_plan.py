@@ -181,9 +181,12 @@ def host_bytes_per_gpu(result: dict) -> int:
     """Host memory one GPU's worker holds under ``parallel.cpu_offload`` (0 without): the
     measured host peak (sharded parameters, gradients, AdamW's state and its step's temporaries)
     plus the pinned copy a checkpoint stages, which the job keeps for every later checkpoint
-    (training/checkpointing/manager.py ``pinned_stager``)."""
+    (training/checkpointing/manager.py ``pinned_stager``), plus the pinned allocator's rounding of
+    each parameter and gradient shard (raytrain_eks/memory_estimate.py ``pinned_host_bytes``)."""
     offload = result.get("offload")
-    return int(offload["host_peak_bytes"] + offload["checkpoint_staging_bytes"]) if offload else 0
+    if not offload:
+        return 0
+    return int(offload["host_peak_bytes"] + offload["checkpoint_staging_bytes"] + offload["pinned_rounding_bytes"])
 
 
 def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> dict | None:

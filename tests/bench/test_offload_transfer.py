@@ -70,3 +70,16 @@ def test_the_memory_splits_into_gpu_and_host_and_the_prediction_uses_the_named_p
     accum = measured["prediction"]["grad_accum_steps"]
     assert measured["prediction"]["offload_copy_s"] == pytest.approx(
         offload_copy_bytes(measured, accum) / (PCIE_GBYTES_PER_S * 1e9), abs=1e-3)
+
+
+def test_the_pinned_rounding_is_the_hand_count_of_the_weight_shards_plus_the_small_tensors(measured):
+    """The bench's ``pinned_rounding_bytes`` (every offloaded shard FSDP2 made, one pinned block
+    each, rounded up to a power of two) against the hand model's (the weight matrices only:
+    raytrain_eks/memory_estimate.py); the norms' and biases' shards add a few KiB."""
+    from raytrain_eks.memory_estimate import _offloaded_shards, pinned_rounding
+    from training.flops import ModelShapes
+
+    tiny = dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=False)
+    hand = pinned_rounding(_offloaded_shards(ModelShapes.from_hf_config(tiny), 8, 4, full=True))
+    assert hand > 0 and 0 <= measured["offload"]["pinned_rounding_bytes"] - hand < 64 * 1024

@@ -125,3 +125,80 @@ def test_chat_template_text_reads_what_transformers_reads(tmp_path, layout):
     assert chat_template_text(tmp_path) == expected
     assert (expected == LLAMA3_CHAT_TEMPLATE) == (layout in ("jinja-file", "tokenizer-config", "config-list"))
     assert chat_template_text(f"s3://bucket/{tmp_path.name}") is None  # read by the workers
+
+
+def chatml_with_generation(newline_inside: bool) -> str:
+    """Qwen2.5's ChatML with ``{% generation %}`` around each answer and its ``<|im_end|>`` (and,
+    with ``newline_inside``, the newline the template writes after it)."""
+    block = "{% generation %}{{ m['content'] }}<|im_end|>" + ("\n{% endgeneration %}" if newline_inside
+                                                               else "{% endgeneration %}\n")
+    return ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n" + block +
+            "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["eot-closes-the-block", "newline-inside-the-block"])
+def test_the_mask_is_transformers_own_for_a_template_with_generation_markers(inside):
+    """Oracle: transformers 5.13 ``apply_chat_template(..., return_assistant_tokens_mask=True)``
+    (tokenization_utils_base.py:3146-3162: the tokens from ``char_to_token(start)`` to
+    ``char_to_token(end - 1)`` of each ``{% generation %}`` block, utils/chat_template_utils.py
+    :433-471), on the real Qwen2.5 tokenizer and every shipped conversation. A block that closes
+    with the end-of-turn token gives the same mask; what a block holds after it (a newline) is
+    the template's own and stays untrained here, the one deliberate difference."""
+    import copy
+
+    tok = copy.deepcopy(qwen_tokenizer())
+    tok.chat_template = chatml_with_generation(inside)
+    docs = list(read_documents(str(DEMO_DIR / "chat"), "chat").documents)
+    docs += [Document(source="x", line=i, messages=tuple(m)) for i, m in enumerate(EXTRA)]
+    newline = tok("\n", add_special_tokens=False)["input_ids"]
+    for doc, ours in zip(docs, tokenize_documents(tok, docs), strict=True):
+        theirs = tok.apply_chat_template(list(doc.messages), tokenize=True, return_dict=True,
+                                         return_assistant_tokens_mask=True)
+        assert list(theirs["input_ids"]) == ours.ids.tolist()
+        mask = np.asarray(theirs["assistant_masks"], dtype=bool)
+        if inside:  # transformers also trains the newline after each <|im_end|>
+            after_eot = np.zeros_like(mask)
+            after_eot[1:] = (ours.ids[:-1] == 151645) & (ours.ids[1:] == newline[0])
+            assert not (ours.trained & after_eot).any() and (mask & after_eot).any()
+            mask &= ~after_eot
+        assert mask.tolist() == ours.trained.tolist()
+
+
+def test_a_multi_token_end_of_turn_is_refused_in_one_line():
+    """A template that closes a turn with text the tokenizer splits into several tokens (``</s>``
+    where it is no token of the vocabulary: 4 byte tokens, then a newline) could teach no single
+    stop token: refused in one line where the conversations are tokenized (a DataError: the
+    run fails with it, not retried). The driver's check (training/data/check.py) reads the
+    template's text only, with the standard library: it cannot tokenize."""
+    tok = build_tokenizer(chat_template="{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}</s>\n{% endfor %}"
+                                        "{% if add_generation_prompt %}[assistant] {% endif %}")
+    assert len(tok("</s>", add_special_tokens=False)["input_ids"]) == 4
+    with pytest.raises(DataError, match=r"closes an assistant turn with '</s>\\n': no stop or special token") as err:
+        tokenize_documents(tok, [Document(source="x", line=1, messages=(
+            {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}))])
+    assert "\n" not in str(err.value)
+
+
+def test_an_end_of_turn_that_is_the_eos_then_a_newline_is_one_token_trained_stopped_at_and_exported():
+    """Llama 2 / Mistral close a turn with the eos ``</s>`` (then, in many templates, a newline):
+    the end of turn is the ONE token ``</s>``, trained as the answer's last target (not the
+    newline), the evaluation stops at it, and the export's generation config stops at it
+    (transformers 5.13 generation/utils.py:2044-2057: ``eos_token_id`` an int or a list)."""
+    from transformers import GenerationConfig
+
+    from training.checkpointing.export import stops_at_end_of_turn
+
+    tok = build_tokenizer(chat_template="{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% if m['role'] == "
+                                        "'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
+                                        "{% if add_generation_prompt %}[assistant] {% endif %}")
+    tok.add_special_tokens({"eos_token": "</s>"})
+    eos = tok.eos_token_id
+    found = chat_format(tok, GenerationConfig(eos_token_id=END_OF_TEXT))
+    assert (found.end_of_turn, found.end_of_turn_id, found.stop_ids) == ("</s>", eos, {eos, END_OF_TEXT})
+    messages = ({"role": "user", "content": "q"}, {"role": "assistant", "content": "ab"},
+                {"role": "user", "content": "r"}, {"role": "assistant", "content": "c"})
+    done = tokenize_documents(tok, [Document(source="x", line=1, messages=messages)])[0]
+    trained = [tok.decode([i]) for i, t in zip(done.ids.tolist(), done.trained.tolist()) if t]
+    assert trained == ["a", "b", "</s>", "c", "</s>"]
+    assert stops_at_end_of_turn(GenerationConfig(eos_token_id=END_OF_TEXT), eos).eos_token_id == [END_OF_TEXT, eos]

@@ -125,3 +125,36 @@ def test_peft_is_test_only():
     assert any(d.startswith("peft==") for d in extras["dev"])
     imports = re.compile(r"^\s*(import peft|from peft[ .])", re.MULTILINE)
     assert not [p for p in (root / "training").rglob("*.py") if imports.search(p.read_text())]
+
+
+def test_a_tied_output_layer_targeted_exports_a_merged_model_that_keeps_the_embedding(tmp_path):
+    """``targets`` with ``lm_head`` on a tied model (tiny Qwen2, as Qwen2.5-0.5B to 3B): the
+    merge changes the output weight only, so the merged model cannot stay tied. transformers
+    5.13 ``modeling_utils.py`` ``PreTrainedModel.tie_weights`` re-ties ``lm_head`` to
+    ``embed_tokens`` at ``from_pretrained`` whenever ``tie_word_embeddings`` is set, dropping
+    one of the two, and ``load_state_dict`` into a tied skeleton writes both keys into ONE
+    tensor; peft 0.18.0 keeps the adapter beside the tied base weight (its logits are the oracle)."""
+    from transformers import AutoModelForCausalLM
+
+    from training.checkpointing.export import export_model
+    from training.model import export_config
+    from training.model_transforms import lora
+
+    ours = _base()
+    lora.apply(ours, {"rank": RANK, "alpha": ALPHA, "targets": ["q_proj", "lm_head"], "base_dtype": "float32"})
+    assert ours.lm_head.base_layer.weight is ours.model.embed_tokens.weight  # tied, as built
+    with torch.no_grad():
+        for name, module in ours.named_modules():
+            if name.endswith("lora_B"):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=torch.Generator().manual_seed(2)) * 0.05)
+    ours.eval()
+    ours.published_dtype = "float32"
+    export_model(ours, str(tmp_path / "hf"), model_config=export_config(ours))
+    ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = ours(input_ids=ids).logits
+        loaded = peft.PeftModel.from_pretrained(_base(), str(tmp_path / "hf-adapter")).eval()
+        torch.testing.assert_close(loaded(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
+        merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+        torch.testing.assert_close(merged.model.embed_tokens.weight, _base().model.embed_tokens.weight)
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-4)

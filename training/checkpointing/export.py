@@ -101,14 +101,17 @@ def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, to
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
-    from training.model_transforms.lora import lora_settings, split_state
+    from training.model_transforms.lora import lora_settings, merge_unties, split_state
 
     lora = lora_settings(model)
     adapter = None
+    config_values = {k: v for k, v in model_config.items() if k not in ("dtype", "torch_dtype")}
     if lora:  # the merged model (W + scaling * B @ A under the base names) and the peft adapter
         full, adapter = split_state(full, lora["alpha"] / lora["rank"])
+        if merge_unties(model):  # a tied skeleton would hold ONE of the embedding and the merged head
+            config_values["tie_word_embeddings"] = False
     dtype = export_dtype(model_config, torch.float32)
-    config = AutoConfig.for_model(**{k: v for k, v in model_config.items() if k not in ("dtype", "torch_dtype")})
+    config = AutoConfig.for_model(**config_values)
     config.dtype = dtype
     skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)
     skeleton.load_state_dict({key: value.to(dtype) for key, value in full.items()})
