@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 import urllib.error
 import urllib.parse
@@ -35,6 +36,20 @@ MAX_TAG_VAL_LENGTH = 8000
 # mlflow_sagemaker_helpers.py: get_tracking_server_url; mlflow_sagemaker_request_header_provider.py.
 SAGEMAKER_SERVICE = "sagemaker-mlflow"
 SAGEMAKER_ARN_HEADER = "x-mlflow-sm-tracking-server-arn"
+
+
+def wire_number(value: float) -> float | str:
+    """A metric value as MLflow's REST API takes it: proto3's JSON mapping writes a non-finite
+    double as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (what MLflow's own client
+    sends, ``message_to_json``). A bare ``NaN`` (``json.dumps``' default) is refused by protobuf
+    7.36.2 ``json_format._ConvertFloat``, and mlflow 3.17.2 ``server/handlers.py``
+    ``_get_request_message`` swallows that error and logs the half-parsed batch: the metrics
+    after it and its tags are lost, a 0.0 at step 0 is stored instead."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
 
 
 class MlflowError(RuntimeError):
@@ -100,7 +115,9 @@ class Tracking:
         """``POST /api/2.0/mlflow/<endpoint>`` with ``payload``, or a GET with query ``get``."""
         if get is not None:
             return self.request("GET", f"{API}/{endpoint}", query=get)
-        return self.request("POST", f"{API}/{endpoint}", json.dumps(payload or {}).encode("utf-8"))
+        # allow_nan=False: a non-finite number not sent through wire_number is an error here, not
+        # a batch the server half-logs.
+        return self.request("POST", f"{API}/{endpoint}", json.dumps(payload or {}, allow_nan=False).encode("utf-8"))
 
     def experiment_id(self, name: str) -> str:
         """The experiment's id, created when absent."""

@@ -182,3 +182,36 @@ def test_a_changed_parameter_keeps_its_first_value_and_says_so(server, tmp_path)
                      "cannot change); run.json holds this attempt's"]
     with pytest.raises(MlflowError, match="INVALID_PARAMETER_VALUE"):  # what sending it would have got
         again.tracking.log_batch(first["run_id"], params={"train.max_steps": "20"})
+
+
+def test_a_non_finite_figure_is_logged_as_mlflow_holds_it_and_loses_nothing_after_it(server, tmp_path):
+    """A diverged step writes ``NaN``/``Infinity`` into metrics.jsonl (``json.dumps``' default;
+    the loop's loss is NaN for a batch without targets). Oracle: protobuf 7.36.2
+    ``google/protobuf/json_format.py`` ``_ConvertFloat`` refuses a bare NaN/Infinity ("use quoted
+    \\"NaN\\" instead"), and mlflow 3.17.2 ``server/handlers.py`` ``_get_request_message``
+    swallows that ParseError and goes on with the half-parsed message: every metric after the
+    bad one and the batch's tags (the cursor) are dropped, and a ``0.0`` at step 0, time 0 is
+    stored instead. Sent quoted (proto3's JSON mapping, as MLflow's own client's
+    ``message_to_json`` writes it), NaN is held as NaN and an infinity as
+    ``sqlalchemy_store.sanitize_metric_value`` clamps it (±1.7976931348623157e308)."""
+    run_dir = tmp_path / "live-7"
+    run_dir.mkdir()
+    rows = [{"kind": "train", "step": 1, "loss": 2.0, "grad_norm": 1.0, "time": 1_760_000_001},
+            {"kind": "train", "step": 2, "loss": float("nan"), "grad_norm": float("inf"), "time": 1_760_000_002},
+            {"kind": "eval", "step": 2, "eval_loss": 3.0, "eval_perplexity": float("-inf")},
+            {"kind": "train", "step": 3, "loss": 1.5, "grad_norm": 0.5, "time": 1_760_000_003}]
+    _append(run_dir, rows)
+    live = LiveRun(server, "nonfinite", str(run_dir), timeout_s=120)
+    info = live.open(_record(run_dir))
+    assert live.catch_up() == 4
+    assert _history(server, info["run_id"], "train/loss") == [[1, 2.0], [2, "NaN"], [3, 1.5]]
+    assert _history(server, info["run_id"], "train/grad_norm") == [[1, 1.0], [2, 1.7976931348623157e308], [3, 0.5]]
+    assert _history(server, info["run_id"], "eval/eval_perplexity") == [[2, -1.7976931348623157e308]]
+    assert _history(server, info["run_id"], "eval/eval_loss") == [[2, 3.0]]
+    tags = {t["key"]: t["value"] for t in _runs(server, "nonfinite")[0]["data"]["tags"]}
+    assert tags[CURSOR_TAG] == "4"
+    again = LiveRun(server, "nonfinite", str(run_dir), timeout_s=120)  # a restarted driver re-sends it all: held once
+    again.open(_record(run_dir))
+    again.lines = 0
+    again.catch_up()
+    assert _history(server, info["run_id"], "train/loss") == [[1, 2.0], [2, "NaN"], [3, 1.5]]

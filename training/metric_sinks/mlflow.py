@@ -30,7 +30,7 @@ from typing import Any, Callable
 from training import contract, verdict
 from training.checkpointing.storage import filesystem_for
 from training.metric_sinks._figures import row_step, scalars
-from training.mlflow_rest import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH, Tracking
+from training.mlflow_rest import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH, Tracking, wire_number
 
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
 ENV_EXPERIMENT = "MLFLOW_EXPERIMENT_NAME"
@@ -93,7 +93,7 @@ def rows_entries(rows: list[dict[str, Any] | None], since_ms: int) -> list[list[
         stamp = (row or {}).get(contract.WALL_TIME)
         if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
             since_ms = int(stamp * 1000)
-        out.append([{"key": key, "value": value, "step": row_step(row), "timestamp": since_ms}
+        out.append([{"key": key, "value": wire_number(value), "step": row_step(row), "timestamp": since_ms}
                     for key, value in (scalars(row) if row else ())])
     return out
 
