@@ -96,7 +96,10 @@ class Tracking:
     def request(self, method: str, path: str, body: bytes = b"", *, query: dict[str, str] | None = None,
                 content_type: str = "application/json") -> dict[str, Any]:
         """One call; the JSON answer ({} when empty). Raises :class:`MlflowError` on an HTTP error."""
-        url = self.base + urllib.parse.quote(path) + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        # A space as %20, not urlencode's default "+": SigV4 signs the query as sent while AWS
+        # canonicalizes it RFC 3986 style (botocore auth.py percent_encode), so a "+" never verifies.
+        query_text = urllib.parse.urlencode(query, quote_via=urllib.parse.quote) if query else ""
+        url = self.base + urllib.parse.quote(path) + (f"?{query_text}" if query_text else "")
         req = urllib.request.Request(url, data=body if method in ("POST", "PUT") else None, method=method,
                                      headers=self._headers(method, url, body, content_type))
         try:

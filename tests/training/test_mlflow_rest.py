@@ -55,6 +55,70 @@ def test_a_sagemaker_request_is_signed_as_the_plugin_signs_it(monkeypatch):
     assert "x-mlflow-sm-tracking-server-arn" in headers["authorization"]  # the ARN header is signed too
 
 
+def _sent_through(monkeypatch, action) -> urllib.request.Request:
+    """The one request ``action`` sends, as urllib would put it on the wire (answered ``{}``)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "token")
+    sent: list[urllib.request.Request] = []
+
+    class Answer:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            return b'{"experiment": {"experiment_id": "7"}, "run": {}}'
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda request, timeout: sent.append(request) or Answer())
+    action(Tracking(ARN))
+    return sent[0]
+
+
+def aws_signature_of(sent: urllib.request.Request) -> tuple[str, str]:
+    """(the signature sent, the signature AWS computes for the request it receives).
+
+    The receiving side, with botocore 1.x ``botocore/auth.py`` ``SigV4Auth`` as the oracle of
+    AWS's canonical request: the query is DECODED and re-encoded RFC 3986 style
+    (``_canonical_query_string_params``: ``percent_encode``, a space is ``%20``), the path taken
+    as received and encoded again (``_normalize_url_path``), the headers the Authorization line
+    names, the time of ``X-Amz-Date``."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    url = urlsplit(sent.full_url)
+    headers = {k.lower(): v for k, v in sent.header_items()}
+    signed = re.search(r"SignedHeaders=([^,]+)", headers["authorization"]).group(1).split(";")
+    received = AWSRequest(method=sent.get_method(), url=f"{url.scheme}://{url.netloc}{url.path}",
+                          params=parse_qsl(url.query, keep_blank_values=True), data=sent.data or b"",
+                          headers={name: headers[name] for name in signed if name != "host"})
+    received.context["timestamp"] = headers["x-amz-date"]
+    auth = SigV4Auth(Credentials("AKIDEXAMPLE", "secret", "token"), "sagemaker-mlflow", "eu-west-1")
+    expected = auth.signature(auth.string_to_sign(received, auth.canonical_request(received)), received)
+    return re.search(r"Signature=(\w+)", headers["authorization"]).group(1), expected
+
+
+@pytest.mark.parametrize("action", [
+    lambda t: t.call("experiments/create", {"name": "x"}),
+    lambda t: t.experiment_id("team runs"),  # a GET whose query holds a space (MLFLOW_EXPERIMENT_NAME)
+    lambda t: t.experiment_id("a+b/c~d"),
+    lambda t: t.get_run("0123abcd"),
+], ids=["post", "get-with-space", "get-with-reserved", "get"])
+def test_aws_computes_the_signature_the_request_carries(monkeypatch, action):
+    """Signed as sent: a query encoded with ``+`` for a space (``urlencode``'s default,
+    ``quote_plus``) was signed as ``+`` while AWS canonicalizes it as ``%20``: every call with
+    a space in a query (an experiment named ``team runs``) was refused with a signature error.
+    SageMaker's own plugin does the same fix (aws/sagemaker-mlflow 046823e ``auth.py``
+    ``AuthBoto.__call__``: "Mlflow encodes spaces as +, Auth prefers %20")."""
+    carried, computed = aws_signature_of(_sent_through(monkeypatch, action))
+    assert carried == computed
+
+
 @pytest.mark.parametrize("uri, words", [
     ("mlflow.example.com:5000", "is not http(s)://host[:port] nor a SageMaker MLflow ARN"),
     ("arn:aws:s3:::bucket", "not a SageMaker MLflow tracking server ARN"),
