@@ -169,19 +169,28 @@ def test_a_resumed_run_is_running_again_then_ends_with_the_new_outcome(server, t
         (run_dir / contract.METRICS_NAME).read_bytes()
 
 
-def test_a_changed_parameter_keeps_its_first_value_and_says_so(server, tmp_path):
+def test_a_changed_parameter_keeps_its_first_value_and_this_attempt_s_is_a_tag(server, tmp_path):
     """MLflow parameters cannot change (``_log_params`` refuses the whole batch): the run goes
-    on, one line names the parameter."""
+    on, the parameter keeps its first value, this attempt's value is the tag
+    ``raytrain.param.<key>`` (tags can change: ``set_tag`` overwrites), and one line says so.
+    A later attempt back on the first value sets the tag back."""
     run_dir = tmp_path / "live-6"
     run_dir.mkdir()
-    first = LiveRun(server, "changed", str(run_dir)).open(_record(run_dir))
+    first = LiveRun(server, "changed", str(run_dir), timeout_s=120).open(_record(run_dir))
     lines: list[str] = []
-    again = LiveRun(server, "changed", str(run_dir), say=lines.append)
+    again = LiveRun(server, "changed", str(run_dir), timeout_s=120, say=lines.append)
     assert again.open(_record(run_dir, max_steps=20))["run_id"] == first["run_id"]
     assert lines == [f"mlflow: run {first['run_id']} keeps the first values of train.max_steps (MLflow parameters "
-                     "cannot change); run.json holds this attempt's"]
+                     "cannot change); this attempt's are the tags raytrain.param.<key>"]
+    run = rest_get(server, "/api/2.0/mlflow/runs/get", run_id=first["run_id"])["run"]
+    assert {p["key"]: p["value"] for p in run["data"]["params"]}["train.max_steps"] == "9"
+    assert {t["key"]: t["value"] for t in run["data"]["tags"]}["raytrain.param.train.max_steps"] == "20"
     with pytest.raises(MlflowError, match="INVALID_PARAMETER_VALUE"):  # what sending it would have got
         again.tracking.log_batch(first["run_id"], params={"train.max_steps": "20"})
+    LiveRun(server, "changed", str(run_dir), timeout_s=120, say=lines.append).open(_record(run_dir))
+    run = rest_get(server, "/api/2.0/mlflow/runs/get", run_id=first["run_id"])["run"]
+    assert {t["key"]: t["value"] for t in run["data"]["tags"]}["raytrain.param.train.max_steps"] == "9"
+    assert len(lines) == 1
 
 
 def test_a_non_finite_figure_is_logged_as_mlflow_holds_it_and_loses_nothing_after_it(server, tmp_path):

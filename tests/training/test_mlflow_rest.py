@@ -181,12 +181,13 @@ def test_every_key_the_driver_logs_is_one_mlflow_accepts(job):
     """Every shipped job's params (the config flattened), the tags, and the metric names of rows
     of every kind, including a row without a kind."""
     from training.config import load_job_config
-    from training.metric_sinks.mlflow import flatten, metric_entries, run_tags
+    from training.metric_sinks.mlflow import PARAM_TAG_PREFIX, flatten, metric_entries, run_tags
 
     config = load_job_config(job).to_dict()
     record = {"job_config": config, "verdict": {"verdict": "accepted"}, "source": {"git_commit": "ab" * 20}}
     rows = [{"kind": kind, "step": 1, "loss": 1.0, "tokens_per_s": 2.0} for kind in ("train", "eval", "summary")]
     rows.append({"step": 2, "loss": 1.0})
-    keys = [*flatten(config), *run_tags(record), *(m["key"] for m in metric_entries(rows))]
+    keys = [*flatten(config), *run_tags(record), *(m["key"] for m in metric_entries(rows)),
+            *(PARAM_TAG_PREFIX + key for key in flatten(config))]  # a resumed attempt's changed values
     assert [k for k in keys if mlflow_refuses_key(k)] == []
     assert all(len(v) <= 6000 for v in flatten(config).values())

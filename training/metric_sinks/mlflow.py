@@ -6,7 +6,8 @@ name), through the REST API (training/mlflow_rest.py: no client in the image). L
 
 - at the start: the run, found by its ``raytrain.run_dir`` tag (a resumed run or a restarted
   driver continues the same MLflow run) or created, with the job config flattened as parameters
-  (``train.max_steps``) and the record's identity as tags (image and digest, commit, spec hash);
+  (``train.max_steps``; a resumed attempt's changed value as the tag ``raytrain.param.<key>``:
+  MLflow parameters cannot change) and the record's identity as tags (image and digest, commit, spec hash);
 - while it trains: every :data:`POLL_S` a driver thread reads ``metrics.jsonl`` from the run's
   storage and logs its new lines' figures by step, under the TensorBoard sink's names
   (``train/loss``), in ``log-batch`` calls within MLflow's limits;
@@ -41,6 +42,9 @@ STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
 TAG_PREFIX = "raytrain."
 RUN_DIR_TAG = f"{TAG_PREFIX}run_dir"
 """The tag that finds the MLflow run of a run directory again (a resume, a restarted driver)."""
+PARAM_TAG_PREFIX = f"{TAG_PREFIX}param."
+"""``raytrain.param.<key>``: a resumed attempt's value of a parameter the MLflow run logged
+with another (MLflow parameters cannot change)."""
 CURSOR_TAG = f"{TAG_PREFIX}metrics_lines_logged"
 """How many complete lines of metrics.jsonl the MLflow run holds (a restarted driver goes on from there)."""
 POLL_S = 10.0
@@ -160,24 +164,30 @@ class LiveRun:
         self._start_ms = _epoch_ms(record.get("start_time")) or int(time.time() * 1000)
         params = flatten(record.get("job_config") or {})
         found = self.tracking.find_run(experiment_id, RUN_DIR_TAG, self.run_dir)
+        changed: list[str] = []
         if found is None:
             name = (record.get("job_config") or {}).get("run_name") or self.run_dir.rsplit("/", 1)[-1]
             info = self.tracking.create_run(experiment_id, name, run_tags(record), self._start_ms)
+            tags = None
         else:
             info, data = found["info"], found.get("data") or {}
             self._start_ms = int(info.get("start_time") or self._start_ms)  # the first attempt's: same times again
-            tags = {t["key"]: t["value"] for t in data.get("tags") or []}
+            logged_tags = {t["key"]: t["value"] for t in data.get("tags") or []}
             logged = {p["key"]: p["value"] for p in data.get("params") or []}
-            self.lines = int(tags[CURSOR_TAG]) if tags.get(CURSOR_TAG, "").isdigit() else 0
-            # mlflow 3.17.2 sqlalchemy_store._log_params refuses a changed value (the whole batch).
+            self.lines = int(logged_tags[CURSOR_TAG]) if logged_tags.get(CURSOR_TAG, "").isdigit() else 0
+            # mlflow 3.17.2 sqlalchemy_store._log_params refuses a changed value (the whole batch):
+            # the parameter keeps its first value, this attempt's is a tag (tags may change), and
+            # a tag an earlier attempt set follows the value back.
             changed = sorted(key for key, value in params.items() if logged.get(key, value) != value)
-            if changed:
-                self.say(f"mlflow: run {info['run_id']} keeps the first values of {', '.join(changed)} "
-                         "(MLflow parameters cannot change); run.json holds this attempt's")
+            tags = run_tags(record) | {PARAM_TAG_PREFIX + key: value for key, value in params.items()
+                                       if key in changed or PARAM_TAG_PREFIX + key in logged_tags}
             params = {key: value for key, value in params.items() if key not in logged}
             if info.get("status") != "RUNNING" and record.get("status") == "running":
                 self.tracking.reopen_run(info["run_id"])
-        self.tracking.log_batch(info["run_id"], params=params, tags=run_tags(record) if found else None)
+        self.tracking.log_batch(info["run_id"], params=params, tags=tags)
+        if changed:
+            self.say(f"mlflow: run {info['run_id']} keeps the first values of {', '.join(changed)} "
+                     f"(MLflow parameters cannot change); this attempt's are the tags {PARAM_TAG_PREFIX}<key>")
         self.info = {"run_id": info["run_id"], "experiment_id": experiment_id, "artifact_uri": info["artifact_uri"]}
         return self.info
 
