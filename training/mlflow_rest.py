@@ -161,14 +161,22 @@ class Tracking:
 
         The filter grammar is mlflow 3.17.2 ``mlflow/utils/search_utils.py``: a key in backticks
         (``_trim_backticks``), a value in single or double quotes with no escapes
-        (``_strip_quotes`` trims the ends): a value holding both quote characters finds nothing."""
-        quote = "'" if "'" not in value else '"'
-        if quote in value or "`" in tag:
+        (``_strip_quotes`` trims the ends). A value holding both quote characters is searched
+        with ``LIKE``, each quote and backslash (an escape in MySQL's LIKE) a one-character
+        wildcard, and the runs found are compared with the value here."""
+        if "`" in tag:
             return None
-        runs = self.call("runs/search", {"experiment_ids": [experiment_id], "max_results": 10,
-                                         "filter": f"tags.`{tag}` = {quote}{value}{quote}",
-                                         "order_by": ["attributes.start_time ASC"]}).get("runs") or []
-        return runs[0] if runs else None
+        quote = "'" if "'" not in value else '"'
+        if quote not in value:
+            condition = f"= {quote}{value}{quote}"
+        else:
+            condition = "LIKE '" + value.replace("\\", "_").replace("'", "_") + "'"
+        body = {"experiment_ids": [experiment_id], "max_results": 100, "filter": f"tags.`{tag}` {condition}",
+                "order_by": ["attributes.start_time ASC"]}
+        for run in self.call("runs/search", body).get("runs") or []:
+            if any(t.get("key") == tag and t.get("value") == value for t in (run.get("data") or {}).get("tags") or []):
+                return run
+        return None
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """``runs/get``: the run's ``info`` and ``data`` (params, tags, latest metrics)."""

@@ -224,3 +224,16 @@ def test_a_non_finite_figure_is_logged_as_mlflow_holds_it_and_loses_nothing_afte
     again.lines = 0
     again.catch_up()
     assert _history(server, info["run_id"], "train/loss") == [[1, 2.0], [2, "NaN"], [3, 1.5]]
+
+
+@pytest.mark.parametrize("name", ["it's", 'say "hi"', "both ' and \" \\ 50%_x"])
+def test_a_run_directory_with_quotes_is_found_again(server, tmp_path, name):
+    """mlflow 3.17.2 ``utils/search_utils.py``: a filter value is one string token in single or
+    double quotes with no escapes (``_strip_quotes`` trims its ends), so a value holding both
+    quote characters cannot be written with ``=``; a restarted driver must still find its run
+    (not open a second one)."""
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    first = LiveRun(server, "quotes", str(run_dir), timeout_s=120).open(_record(run_dir))
+    again = LiveRun(server, "quotes", str(run_dir), timeout_s=120).open(_record(run_dir))
+    assert again["run_id"] == first["run_id"]
