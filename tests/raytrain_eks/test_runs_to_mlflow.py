@@ -53,3 +53,9 @@ def test_every_listed_run_is_logged_with_its_figures_by_step(tmp_path):
             root = run["info"]["artifact_uri"].removeprefix("mlflow-artifacts:").lstrip("/")
             stored = rest_get(url, f"/api/2.0/mlflow-artifacts/artifacts/{root}/{contract.RECORD_NAME}")
             assert stored == (run_dir / contract.RECORD_NAME).read_bytes()
+        # Again, from these local copies of runs that ran in S3: each goes into the MLflow run it
+        # has (found by its record's run_dir, where its driver logged it from), not a new one.
+        again = _cli("--to-mlflow", url, "--experiment", "fixtures")
+        assert again.returncode == 0, again.stderr
+        rerun = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
+        assert sorted(r["info"]["run_id"] for r in rerun) == sorted(r["info"]["run_id"] for r in runs)

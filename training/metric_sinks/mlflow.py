@@ -156,6 +156,11 @@ class LiveRun:
         self._thread: threading.Thread | None = None
         self._warned = False
 
+    def _tags(self, record: dict[str, Any]) -> dict[str, str]:
+        """:func:`run_tags`, the run found again by its record's ``run_dir`` (where its driver
+        logged it from: a local copy logged after the fact is the same run), else the folder read."""
+        return {**run_tags(record), RUN_DIR_TAG: str(record.get("run_dir") or self.run_dir).rstrip("/")}
+
     def open(self, record: dict[str, Any]) -> dict[str, str]:
         """Find the run by :data:`RUN_DIR_TAG` or create it; log the parameters it lacks."""
         if self.info:
@@ -163,11 +168,11 @@ class LiveRun:
         experiment_id = self.tracking.experiment_id(self.experiment)
         self._start_ms = _epoch_ms(record.get("start_time")) or int(time.time() * 1000)
         params = flatten(record.get("job_config") or {})
-        found = self.tracking.find_run(experiment_id, RUN_DIR_TAG, self.run_dir)
+        found = self.tracking.find_run(experiment_id, RUN_DIR_TAG, self._tags(record)[RUN_DIR_TAG])
         changed: list[str] = []
         if found is None:
             name = (record.get("job_config") or {}).get("run_name") or self.run_dir.rsplit("/", 1)[-1]
-            info = self.tracking.create_run(experiment_id, name, run_tags(record), self._start_ms)
+            info = self.tracking.create_run(experiment_id, name, self._tags(record), self._start_ms)
             tags = None
         else:
             info, data = found["info"], found.get("data") or {}
@@ -179,7 +184,7 @@ class LiveRun:
             # the parameter keeps its first value, this attempt's is a tag (tags may change), and
             # a tag an earlier attempt set follows the value back.
             changed = sorted(key for key, value in params.items() if logged.get(key, value) != value)
-            tags = run_tags(record) | {PARAM_TAG_PREFIX + key: value for key, value in params.items()
+            tags = self._tags(record) | {PARAM_TAG_PREFIX + key: value for key, value in params.items()
                                        if key in changed or PARAM_TAG_PREFIX + key in logged_tags}
             params = {key: value for key, value in params.items() if key not in logged}
             if info.get("status") != "RUNNING" and record.get("status") == "running":
@@ -250,7 +255,7 @@ class LiveRun:
         self.stop()
         info = self.open(record)
         self.catch_up()
-        self.tracking.log_batch(info["run_id"], tags=run_tags(record))
+        self.tracking.log_batch(info["run_id"], tags=self._tags(record))
         for name in ARTIFACTS:
             data = _read(f"{self.run_dir}/{name}")
             if data is not None:
