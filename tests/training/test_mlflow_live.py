@@ -34,6 +34,12 @@ def server(tmp_path_factory):
         yield url
 
 
+def _live(*args, **kwargs) -> LiveRun:
+    """A LiveRun whose requests wait as long as a loaded machine needs (the driver's 10 s is a
+    production bound; here a slow answer must not read as a server down)."""
+    return LiveRun(*args, timeout_s=300, **kwargs)
+
+
 def _rows(first: int, last: int) -> list[dict]:
     """Train rows of steps first..last, and an evaluation (no time, as the loop writes it) every 3."""
     rows = []
@@ -78,12 +84,12 @@ def test_a_restarted_driver_continues_the_same_mlflow_run_where_it_stopped(serve
     run_dir = tmp_path / "live-1"
     run_dir.mkdir()
     _append(run_dir, _rows(1, 5))
-    first = LiveRun(server, "restart", str(run_dir))
+    first = _live(server, "restart", str(run_dir))
     info = first.open(_record(run_dir))
     assert first.catch_up() == 6 and first.lines == 6  # 5 train rows and the evaluation at step 3
 
     _append(run_dir, _rows(6, 9))  # the run goes on; the driver is replaced (a new process: a new LiveRun)
-    second = LiveRun(server, "restart", str(run_dir))
+    second = _live(server, "restart", str(run_dir))
     assert second.open(_record(run_dir))["run_id"] == info["run_id"]  # found by its tag, not a new run
     assert second.lines == 6  # from the cursor tag the first driver left
     assert second.catch_up() == 6
@@ -101,10 +107,10 @@ def test_a_line_logged_twice_is_held_once(server, tmp_path):
     run_dir = tmp_path / "live-2"
     run_dir.mkdir()
     _append(run_dir, _rows(1, 6))
-    live = LiveRun(server, "twice", str(run_dir))
+    live = _live(server, "twice", str(run_dir))
     info = live.open(_record(run_dir))
     live.catch_up()
-    again = LiveRun(server, "twice", str(run_dir))
+    again = _live(server, "twice", str(run_dir))
     again.open(_record(run_dir))
     again.lines = 0  # as if the cursor tag had never been written
     assert again.catch_up() == 8
@@ -115,7 +121,7 @@ def test_a_line_still_being_written_waits_for_its_newline(server, tmp_path):
     run_dir = tmp_path / "live-3"
     run_dir.mkdir()
     _append(run_dir, _rows(1, 2), tail='{"kind": "train", "step": 3, "lo')
-    live = LiveRun(server, "partial", str(run_dir))
+    live = _live(server, "partial", str(run_dir))
     info = live.open(_record(run_dir))
     assert live.catch_up() == 2
     (run_dir / contract.METRICS_NAME).write_text("".join(json.dumps(r) + "\n" for r in _rows(1, 4)))
@@ -130,7 +136,7 @@ def test_many_lines_go_in_calls_within_the_server_s_limits(server, tmp_path, mon
     rows = [{"kind": "train", "step": s, **{f"m{k}": float(s + k) for k in range(7)}, "time": 1_760_000_000 + s}
             for s in range(1, 401)]  # 2,800 metrics
     _append(run_dir, rows)
-    live = LiveRun(server, "limits", str(run_dir))
+    live = _live(server, "limits", str(run_dir))
     info = live.open(_record(run_dir))
     sent: list[dict] = []
     real_call = Tracking.call
@@ -149,10 +155,10 @@ def test_a_resumed_run_is_running_again_then_ends_with_the_new_outcome(server, t
     run_dir = tmp_path / "live-5"
     run_dir.mkdir()
     _append(run_dir, _rows(1, 3))
-    done = LiveRun(server, "resume", str(run_dir)).finish(_record(run_dir, status="failed"))
+    done = _live(server, "resume", str(run_dir)).finish(_record(run_dir, status="failed"))
     assert rest_get(server, "/api/2.0/mlflow/runs/get", run_id=done["run_id"])["run"]["info"]["status"] == "FAILED"
 
-    resumed = LiveRun(server, "resume", str(run_dir), say=print)
+    resumed = _live(server, "resume", str(run_dir), say=print)
     assert resumed.open(_record(run_dir, lr=2e-4))["run_id"] == done["run_id"]
     run = rest_get(server, "/api/2.0/mlflow/runs/get", run_id=done["run_id"])["run"]
     assert run["info"]["status"] == "RUNNING"
@@ -176,9 +182,9 @@ def test_a_changed_parameter_keeps_its_first_value_and_this_attempt_s_is_a_tag(s
     A later attempt back on the first value sets the tag back."""
     run_dir = tmp_path / "live-6"
     run_dir.mkdir()
-    first = LiveRun(server, "changed", str(run_dir), timeout_s=120).open(_record(run_dir))
+    first = _live(server, "changed", str(run_dir)).open(_record(run_dir))
     lines: list[str] = []
-    again = LiveRun(server, "changed", str(run_dir), timeout_s=120, say=lines.append)
+    again = _live(server, "changed", str(run_dir), say=lines.append)
     assert again.open(_record(run_dir, max_steps=20))["run_id"] == first["run_id"]
     assert lines == [f"mlflow: run {first['run_id']} keeps the first values of train.max_steps (MLflow parameters "
                      "cannot change); this attempt's are the tags raytrain.param.<key>"]
@@ -187,7 +193,7 @@ def test_a_changed_parameter_keeps_its_first_value_and_this_attempt_s_is_a_tag(s
     assert {t["key"]: t["value"] for t in run["data"]["tags"]}["raytrain.param.train.max_steps"] == "20"
     with pytest.raises(MlflowError, match="INVALID_PARAMETER_VALUE"):  # what sending it would have got
         again.tracking.log_batch(first["run_id"], params={"train.max_steps": "20"})
-    LiveRun(server, "changed", str(run_dir), timeout_s=120, say=lines.append).open(_record(run_dir))
+    _live(server, "changed", str(run_dir), say=lines.append).open(_record(run_dir))
     run = rest_get(server, "/api/2.0/mlflow/runs/get", run_id=first["run_id"])["run"]
     assert {t["key"]: t["value"] for t in run["data"]["tags"]}["raytrain.param.train.max_steps"] == "9"
     assert len(lines) == 1
@@ -210,7 +216,7 @@ def test_a_non_finite_figure_is_logged_as_mlflow_holds_it_and_loses_nothing_afte
             {"kind": "eval", "step": 2, "eval_loss": 3.0, "eval_perplexity": float("-inf")},
             {"kind": "train", "step": 3, "loss": 1.5, "grad_norm": 0.5, "time": 1_760_000_003}]
     _append(run_dir, rows)
-    live = LiveRun(server, "nonfinite", str(run_dir), timeout_s=120)
+    live = _live(server, "nonfinite", str(run_dir))
     info = live.open(_record(run_dir))
     assert live.catch_up() == 4
     assert _history(server, info["run_id"], "train/loss") == [[1, 2.0], [2, "NaN"], [3, 1.5]]
@@ -219,7 +225,7 @@ def test_a_non_finite_figure_is_logged_as_mlflow_holds_it_and_loses_nothing_afte
     assert _history(server, info["run_id"], "eval/eval_loss") == [[2, 3.0]]
     tags = {t["key"]: t["value"] for t in _runs(server, "nonfinite")[0]["data"]["tags"]}
     assert tags[CURSOR_TAG] == "4"
-    again = LiveRun(server, "nonfinite", str(run_dir), timeout_s=120)  # a restarted driver re-sends it all: held once
+    again = _live(server, "nonfinite", str(run_dir))  # a restarted driver re-sends it all: held once
     again.open(_record(run_dir))
     again.lines = 0
     again.catch_up()
@@ -234,6 +240,6 @@ def test_a_run_directory_with_quotes_is_found_again(server, tmp_path, name):
     (not open a second one)."""
     run_dir = tmp_path / name
     run_dir.mkdir()
-    first = LiveRun(server, "quotes", str(run_dir), timeout_s=120).open(_record(run_dir))
-    again = LiveRun(server, "quotes", str(run_dir), timeout_s=120).open(_record(run_dir))
+    first = _live(server, "quotes", str(run_dir)).open(_record(run_dir))
+    again = _live(server, "quotes", str(run_dir)).open(_record(run_dir))
     assert again["run_id"] == first["run_id"]
