@@ -6,7 +6,7 @@ The calls (MLflow REST API 2.0, as served by mlflow 3.17.2 ``mlflow/server/handl
 ``experiments/get-by-name``, ``experiments/create``, ``runs/create``, ``runs/search``, ``runs/get``,
 ``runs/log-batch``, ``runs/update``, and the artifact proxy ``PUT /api/2.0/mlflow-artifacts/artifacts/<path>`` for a
 run whose ``artifact_uri`` is ``mlflow-artifacts:/<path>`` (what ``mlflow server`` gives runs by
-default). ``log-batch`` takes at most :data:`MAX_METRICS_PER_BATCH` metrics,
+default; another store, as SageMaker's S3 one, is written with pyarrow, as the run's storage is). ``log-batch`` takes at most :data:`MAX_METRICS_PER_BATCH` metrics,
 :data:`MAX_PARAMS_TAGS_PER_BATCH` params and as many tags, :data:`MAX_ENTITIES_PER_BATCH` in all.
 """
 from __future__ import annotations
@@ -183,11 +183,21 @@ class Tracking:
         return self.call("runs/get", get={"run_id": run_id})["run"]
 
     def put_artifact(self, artifact_uri: str, relative: str, data: bytes) -> None:
-        """One file under the run's artifacts, through the server's artifact proxy."""
-        if not artifact_uri.startswith(ARTIFACT_SCHEME):
-            raise MlflowError(f"artifact store {artifact_uri!r}: only the server's proxy ({ARTIFACT_SCHEME}) is written to")
-        root = artifact_uri[len(ARTIFACT_SCHEME):].lstrip("/")
-        self.request("PUT", f"{ARTIFACTS_API}/{root}/{relative}", data, content_type="application/octet-stream")
+        """One file under the run's artifacts: through the server's artifact proxy
+        (``mlflow-artifacts:``), else into the store the server names, written as the run's own
+        storage is (``s3://``: SageMaker's managed MLflow serves no proxy, its runs' artifacts
+        are in its S3 artifact store, which its clients write themselves)."""
+        if artifact_uri.startswith(ARTIFACT_SCHEME):
+            root = artifact_uri[len(ARTIFACT_SCHEME):].lstrip("/")
+            self.request("PUT", f"{ARTIFACTS_API}/{root}/{relative}", data, content_type="application/octet-stream")
+            return
+        from training.checkpointing.storage import filesystem_for  # pyarrow: only for such a store
+
+        filesystem, folder = filesystem_for(artifact_uri)
+        path = f"{folder.rstrip('/')}/{relative}"
+        filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with filesystem.open_output_stream(path) as out:
+            out.write(data)
 
 
 def batches(metrics: Iterable[dict], params: list[dict], tags: list[dict]) -> Iterator[dict[str, list]]:

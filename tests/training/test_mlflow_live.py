@@ -243,3 +243,28 @@ def test_a_run_directory_with_quotes_is_found_again(server, tmp_path, name):
     first = _live(server, "quotes", str(run_dir)).open(_record(run_dir))
     again = _live(server, "quotes", str(run_dir)).open(_record(run_dir))
     assert again["run_id"] == first["run_id"]
+
+
+def test_a_server_that_does_not_proxy_artifacts_gets_the_run_finished_and_its_files_in_its_store(tmp_path):
+    """SageMaker's managed MLflow keeps artifacts in an S3 artifact store (its ``ArtifactStoreUri``)
+    and serves no ``mlflow-artifacts`` proxy: a run's ``artifact_uri`` is ``s3://...``, which the
+    client writes itself (mlflow 3.17.2 ``store/artifact/artifact_repository_registry.py``: the
+    scheme picks the repository). Modelled by a real server run with ``--no-serve-artifacts
+    --default-artifact-root <folder>`` (the same path through ``pyarrow.fs`` as ``s3://``). The
+    run was left RUNNING with no files, the end refused."""
+    store = tmp_path / "store"
+    run_dir = tmp_path / "live-8"
+    run_dir.mkdir()
+    _append(run_dir, _rows(1, 3))
+    (run_dir / contract.RECORD_NAME).write_text("{}")
+    with mlflow_server(tmp_path / "mlflow", artifact_root=str(store)) as url:
+        info = _live(url, "unproxied", str(run_dir)).finish(_record(run_dir, status="succeeded"))
+        run = rest_get(url, "/api/2.0/mlflow/runs/get", run_id=info["run_id"])["run"]
+        assert run["info"]["status"] == "FINISHED"
+        _holds_exactly(url, info["run_id"], _rows(1, 3))
+    assert not info["artifact_uri"].startswith("mlflow-artifacts:")
+    from training.checkpointing.storage import filesystem_for
+
+    filesystem, folder = filesystem_for(info["artifact_uri"])
+    with filesystem.open_input_stream(f"{folder}/{contract.METRICS_NAME}") as stream:
+        assert stream.read() == (run_dir / contract.METRICS_NAME).read_bytes()

@@ -256,12 +256,12 @@ class LiveRun:
         info = self.open(record)
         self.catch_up()
         self.tracking.log_batch(info["run_id"], tags=self._tags(record))
+        if record.get("status") in STATUS:  # before the files: a store not written leaves no run RUNNING
+            self.tracking.finish_run(info["run_id"], STATUS[record["status"]], _epoch_ms(record.get("end_time")))
         for name in ARTIFACTS:
             data = _read(f"{self.run_dir}/{name}")
             if data is not None:
                 self.tracking.put_artifact(info["artifact_uri"], name, data)
-        if record.get("status") in STATUS:
-            self.tracking.finish_run(info["run_id"], STATUS[record["status"]], _epoch_ms(record.get("end_time")))
         return info
 
     def after_run(self, record: dict[str, Any]) -> None:
