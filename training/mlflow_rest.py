@@ -72,6 +72,7 @@ class Tracking:
     def __init__(self, uri: str, *, timeout_s: float = 30.0):
         self.uri = uri
         self.timeout_s = timeout_s
+        self._credentials: Any = None
         if uri.startswith("arn:"):
             self.base, self.region = sagemaker_endpoint(uri)
         elif not tracking_uri_problem(uri):
@@ -90,7 +91,9 @@ class Tracking:
         headers[SAGEMAKER_ARN_HEADER] = self.uri
         headers["X-Amz-Content-SHA256"] = hashlib.sha256(body).hexdigest()
         request = AWSRequest(method=method, url=url, data=body, headers=headers)
-        SigV4Auth(get_session().get_credentials(), SAGEMAKER_SERVICE, self.region).add_auth(request)
+        if self._credentials is None:  # once: they refresh themselves (RefreshableCredentials)
+            self._credentials = get_session().get_credentials()
+        SigV4Auth(self._credentials, SAGEMAKER_SERVICE, self.region).add_auth(request)
         return dict(request.headers.items())
 
     def request(self, method: str, path: str, body: bytes = b"", *, query: dict[str, str] | None = None,

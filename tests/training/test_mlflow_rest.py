@@ -119,6 +119,20 @@ def test_aws_computes_the_signature_the_request_carries(monkeypatch, action):
     assert carried == computed
 
 
+def test_the_credentials_are_resolved_once_per_tracking_server(monkeypatch):
+    """botocore's ``get_session().get_credentials()`` walks the whole provider chain (on EKS: the
+    pod identity agent or STS AssumeRoleWithWebIdentity); what it returns refreshes itself
+    (``RefreshableCredentials``), as SageMaker's plugin keeps one for its session
+    (aws/sagemaker-mlflow 046823e ``auth.py`` ``AuthBoto.__init__``)."""
+    import botocore.session
+
+    made: list[int] = []
+    real = botocore.session.get_session
+    monkeypatch.setattr(botocore.session, "get_session", lambda *a, **k: made.append(1) or real(*a, **k))
+    _sent_through(monkeypatch, lambda t: (t.experiment_id("a"), t.get_run("0123"), t.call("experiments/create", {})))
+    assert len(made) == 1
+
+
 @pytest.mark.parametrize("uri, words", [
     ("mlflow.example.com:5000", "is not http(s)://host[:port] nor a SageMaker MLflow ARN"),
     ("arn:aws:s3:::bucket", "not a SageMaker MLflow tracking server ARN"),
