@@ -93,6 +93,8 @@ class Tracking:
         request = AWSRequest(method=method, url=url, data=body, headers=headers)
         if self._credentials is None:  # once: they refresh themselves (RefreshableCredentials)
             self._credentials = get_session().get_credentials()
+        if self._credentials is None:  # botocore's NoCredentialsError is no OSError: a caller's one line
+            raise MlflowError("no AWS credentials to sign the requests to the SageMaker MLflow tracking server with (SigV4)")
         SigV4Auth(self._credentials, SAGEMAKER_SERVICE, self.region).add_auth(request)
         return dict(request.headers.items())
 

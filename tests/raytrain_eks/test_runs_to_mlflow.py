@@ -59,3 +59,24 @@ def test_every_listed_run_is_logged_with_its_figures_by_step(tmp_path):
         assert again.returncode == 0, again.stderr
         rerun = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
         assert sorted(r["info"]["run_id"] for r in rerun) == sorted(r["info"]["run_id"] for r in runs)
+
+
+def test_no_aws_credentials_for_a_sagemaker_server_is_one_line(tmp_path):
+    """A SageMaker MLflow ARN signs every request (SigV4): without credentials botocore raises
+    ``NoCredentialsError`` (botocore ``auth.py`` ``SigV4Auth.add_auth``), which is neither an
+    OSError nor a ValueError: the CLI ended in a traceback."""
+    import os
+
+    env = {**os.environ, "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"),
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        env.pop(name, None)
+    arn = "arn:aws:sagemaker:eu-west-1:123456789012:mlflow-tracking-server/team"
+    proc = subprocess.run([sys.executable, "-m", "raytrain_eks.cli", "runs", str(RUNS), "--to-mlflow", arn], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: runs: --to-mlflow {arn}: ") and line.endswith(
+        ": no AWS credentials to sign the requests to the SageMaker MLflow tracking server with (SigV4)")
