@@ -5,6 +5,7 @@ run.json as an artifact. A bad URI is refused in one line before any run is read
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "tests" / "fixtures" / "runs"
 
 
-def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "raytrain_eks.cli", "runs", str(RUNS), *argv], cwd=ROOT,
+def _cli(*argv: str, prefix: Path = RUNS) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "raytrain_eks.cli", "runs", str(prefix), *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -65,8 +66,6 @@ def test_no_aws_credentials_for_a_sagemaker_server_is_one_line(tmp_path):
     """A SageMaker MLflow ARN signs every request (SigV4): without credentials botocore raises
     ``NoCredentialsError`` (botocore ``auth.py`` ``SigV4Auth.add_auth``), which is neither an
     OSError nor a ValueError: the CLI ended in a traceback."""
-    import os
-
     env = {**os.environ, "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"),
            "AWS_EC2_METADATA_DISABLED": "true"}
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
@@ -80,3 +79,24 @@ def test_no_aws_credentials_for_a_sagemaker_server_is_one_line(tmp_path):
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: runs: --to-mlflow {arn}: ") and line.endswith(
         ": no AWS credentials to sign the requests to the SageMaker MLflow tracking server with (SigV4)")
+
+
+@pytest.mark.slow
+def test_without_experiment_the_run_goes_to_the_experiment_its_job_named(tmp_path):
+    """The driver logs into ``tracking.mlflow_experiment`` when the job names one
+    (training/metric_sinks/mlflow.py ``tracking_target``); ``runs/search`` looks in the
+    experiments it is given only, so logging the run later into the job's name instead made a
+    second MLflow run of it, in another experiment."""
+    import shutil
+
+    prefix = tmp_path / "runs"
+    shutil.copytree(RUNS / "efa-full", prefix / "efa-full")
+    record_path = prefix / "efa-full" / contract.RECORD_NAME
+    record = json.loads(record_path.read_text())
+    record["job_config"]["tracking"] = {"mlflow_uri": "", "mlflow_experiment": "team-x"}
+    record_path.write_text(json.dumps(record))
+    with mlflow_server(tmp_path / "mlflow") as url:
+        proc = _cli("--to-mlflow", url, prefix=prefix)
+        assert proc.returncode == 0, proc.stderr
+        names = [e["name"] for e in rest_post(url, "/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]]
+        assert "team-x" in names and "efa-full" not in names

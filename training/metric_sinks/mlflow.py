@@ -284,7 +284,9 @@ def export_run(uri: str, run_dir: str, *, experiment: str = "", record: dict[str
         if text is None:
             raise FileNotFoundError(f"{base}/{contract.RECORD_NAME}: no run record to log")
         record = json.loads(text)
-    experiment = experiment or (record.get("job_config") or {}).get("name") or "raytrain-eks"
+    config = record.get("job_config") or {}
+    # the driver's choice (tracking_target), so the run's MLflow run is found where it was logged
+    experiment = experiment or (config.get("tracking") or {}).get("mlflow_experiment") or config.get("name") or "raytrain-eks"
     return LiveRun(uri, experiment, base, timeout_s=30.0).finish(record)
 
 
