@@ -205,3 +205,9 @@ def test_every_key_the_driver_logs_is_one_mlflow_accepts(job):
             *(PARAM_TAG_PREFIX + key for key in flatten(config))]  # a resumed attempt's changed values
     assert [k for k in keys if mlflow_refuses_key(k)] == []
     assert all(len(v) <= 6000 for v in flatten(config).values())
+
+
+def test_a_bad_request_timeout_after_the_fact_is_one_line_naming_the_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv(mlflow_sink.ENV_REQUEST_TIMEOUT, "soon")
+    with pytest.raises(ValueError, match=r"^MLFLOW_HTTP_REQUEST_TIMEOUT='soon': not a whole number of seconds above 0$"):
+        mlflow_sink.export_run("http://127.0.0.1:9", str(tmp_path), record={})

@@ -35,6 +35,9 @@ from training.mlflow_rest import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MA
 
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
 ENV_EXPERIMENT = "MLFLOW_EXPERIMENT_NAME"
+ENV_REQUEST_TIMEOUT = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+"""One request's wait after the fact (:func:`export_run`), MLflow's own client variable (mlflow
+3.17.2 ``environment_variables.py``: 120 s by default); the live driver keeps :data:`TIMEOUT_S`."""
 ARTIFACTS = (contract.RECORD_NAME, contract.METRICS_NAME, "report/report.md")
 """What is uploaded of the run directory, where present."""
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
@@ -287,7 +290,10 @@ def export_run(uri: str, run_dir: str, *, experiment: str = "", record: dict[str
     config = record.get("job_config") or {}
     # the driver's choice (tracking_target), so the run's MLflow run is found where it was logged
     experiment = experiment or (config.get("tracking") or {}).get("mlflow_experiment") or config.get("name") or "raytrain-eks"
-    return LiveRun(uri, experiment, base, timeout_s=30.0).finish(record)
+    wait = os.environ.get(ENV_REQUEST_TIMEOUT, "120")
+    if not wait.isdigit() or not int(wait):
+        raise ValueError(f"{ENV_REQUEST_TIMEOUT}={wait!r}: not a whole number of seconds above 0")
+    return LiveRun(uri, experiment, base, timeout_s=float(wait)).finish(record)
 
 
 def tracking_target(job: Any, environ: dict[str, str] | None = None) -> tuple[str, str] | None:
