@@ -98,10 +98,12 @@ def _up(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def mlflow_server(folder: Path, *, start_s: float = 300.0) -> Iterator[str]:
+def mlflow_server(folder: Path, *, start_s: float = 300.0, artifact_root: str = "") -> Iterator[str]:
     """A real ``mlflow server`` (3.17.2) on 127.0.0.1: its runs in SQLite under ``folder``, its
     artifacts served through its own proxy (``--serve-artifacts``, the default: runs get
-    ``mlflow-artifacts:/`` URIs). Yields the base URL; stops its process group at the end. A
+    ``mlflow-artifacts:/`` URIs), or with ``artifact_root`` not served: runs get URIs under it,
+    which the client writes itself (as SageMaker's managed MLflow does with its S3 artifact
+    store). Yields the base URL; stops its process group at the end. A
     start that does not answer within ``start_s`` (a loaded machine) is stopped and started again
     on a fresh port with a longer wait (``start_with_retries``)."""
     import time
@@ -114,7 +116,8 @@ def mlflow_server(folder: Path, *, start_s: float = 300.0) -> Iterator[str]:
         url = f"http://127.0.0.1:{_free_port()}"
         argv = [str(tracking_python()), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
                 url.rsplit(":", 1)[1], "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-                "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"]
+                *(["--no-serve-artifacts", "--default-artifact-root", artifact_root] if artifact_root
+                  else ["--artifacts-destination", str(folder / "artifacts")]), "--workers", "1"]
         log = (folder / "server.log").open("w")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder)
         deadline = time.monotonic() + start_s * attempt  # a bound on waiting for the event, not a measurement

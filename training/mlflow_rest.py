@@ -6,13 +6,14 @@ The calls (MLflow REST API 2.0, as served by mlflow 3.17.2 ``mlflow/server/handl
 ``experiments/get-by-name``, ``experiments/create``, ``runs/create``, ``runs/search``, ``runs/get``,
 ``runs/log-batch``, ``runs/update``, and the artifact proxy ``PUT /api/2.0/mlflow-artifacts/artifacts/<path>`` for a
 run whose ``artifact_uri`` is ``mlflow-artifacts:/<path>`` (what ``mlflow server`` gives runs by
-default). ``log-batch`` takes at most :data:`MAX_METRICS_PER_BATCH` metrics,
+default; another store, as SageMaker's S3 one, is written with pyarrow, as the run's storage is). ``log-batch`` takes at most :data:`MAX_METRICS_PER_BATCH` metrics,
 :data:`MAX_PARAMS_TAGS_PER_BATCH` params and as many tags, :data:`MAX_ENTITIES_PER_BATCH` in all.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 import urllib.error
 import urllib.parse
@@ -37,6 +38,20 @@ SAGEMAKER_SERVICE = "sagemaker-mlflow"
 SAGEMAKER_ARN_HEADER = "x-mlflow-sm-tracking-server-arn"
 
 
+def wire_number(value: float) -> float | str:
+    """A metric value as MLflow's REST API takes it: proto3's JSON mapping writes a non-finite
+    double as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (what MLflow's own client
+    sends, ``message_to_json``). A bare ``NaN`` (``json.dumps``' default) is refused by protobuf
+    7.36.2 ``json_format._ConvertFloat``, and mlflow 3.17.2 ``server/handlers.py``
+    ``_get_request_message`` swallows that error and logs the half-parsed batch: the metrics
+    after it and its tags are lost, a 0.0 at step 0 is stored instead."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
 class MlflowError(RuntimeError):
     """A request the tracking server refused: the call, the HTTP status and MLflow's error code."""
 
@@ -57,6 +72,7 @@ class Tracking:
     def __init__(self, uri: str, *, timeout_s: float = 30.0):
         self.uri = uri
         self.timeout_s = timeout_s
+        self._credentials: Any = None
         if uri.startswith("arn:"):
             self.base, self.region = sagemaker_endpoint(uri)
         elif not tracking_uri_problem(uri):
@@ -75,13 +91,20 @@ class Tracking:
         headers[SAGEMAKER_ARN_HEADER] = self.uri
         headers["X-Amz-Content-SHA256"] = hashlib.sha256(body).hexdigest()
         request = AWSRequest(method=method, url=url, data=body, headers=headers)
-        SigV4Auth(get_session().get_credentials(), SAGEMAKER_SERVICE, self.region).add_auth(request)
+        if self._credentials is None:  # once: they refresh themselves (RefreshableCredentials)
+            self._credentials = get_session().get_credentials()
+        if self._credentials is None:  # botocore's NoCredentialsError is no OSError: a caller's one line
+            raise MlflowError("no AWS credentials to sign the requests to the SageMaker MLflow tracking server with (SigV4)")
+        SigV4Auth(self._credentials, SAGEMAKER_SERVICE, self.region).add_auth(request)
         return dict(request.headers.items())
 
     def request(self, method: str, path: str, body: bytes = b"", *, query: dict[str, str] | None = None,
                 content_type: str = "application/json") -> dict[str, Any]:
         """One call; the JSON answer ({} when empty). Raises :class:`MlflowError` on an HTTP error."""
-        url = self.base + urllib.parse.quote(path) + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        # A space as %20, not urlencode's default "+": SigV4 signs the query as sent while AWS
+        # canonicalizes it RFC 3986 style (botocore auth.py percent_encode), so a "+" never verifies.
+        query_text = urllib.parse.urlencode(query, quote_via=urllib.parse.quote) if query else ""
+        url = self.base + urllib.parse.quote(path) + (f"?{query_text}" if query_text else "")
         req = urllib.request.Request(url, data=body if method in ("POST", "PUT") else None, method=method,
                                      headers=self._headers(method, url, body, content_type))
         try:
@@ -100,7 +123,9 @@ class Tracking:
         """``POST /api/2.0/mlflow/<endpoint>`` with ``payload``, or a GET with query ``get``."""
         if get is not None:
             return self.request("GET", f"{API}/{endpoint}", query=get)
-        return self.request("POST", f"{API}/{endpoint}", json.dumps(payload or {}).encode("utf-8"))
+        # allow_nan=False: a non-finite number not sent through wire_number is an error here, not
+        # a batch the server half-logs.
+        return self.request("POST", f"{API}/{endpoint}", json.dumps(payload or {}, allow_nan=False).encode("utf-8"))
 
     def experiment_id(self, name: str) -> str:
         """The experiment's id, created when absent."""
@@ -141,25 +166,43 @@ class Tracking:
 
         The filter grammar is mlflow 3.17.2 ``mlflow/utils/search_utils.py``: a key in backticks
         (``_trim_backticks``), a value in single or double quotes with no escapes
-        (``_strip_quotes`` trims the ends): a value holding both quote characters finds nothing."""
-        quote = "'" if "'" not in value else '"'
-        if quote in value or "`" in tag:
+        (``_strip_quotes`` trims the ends). A value holding both quote characters is searched
+        with ``LIKE``, each quote and backslash (an escape in MySQL's LIKE) a one-character
+        wildcard, and the runs found are compared with the value here."""
+        if "`" in tag:
             return None
-        runs = self.call("runs/search", {"experiment_ids": [experiment_id], "max_results": 10,
-                                         "filter": f"tags.`{tag}` = {quote}{value}{quote}",
-                                         "order_by": ["attributes.start_time ASC"]}).get("runs") or []
-        return runs[0] if runs else None
+        quote = "'" if "'" not in value else '"'
+        if quote not in value:
+            condition = f"= {quote}{value}{quote}"
+        else:
+            condition = "LIKE '" + value.replace("\\", "_").replace("'", "_") + "'"
+        body = {"experiment_ids": [experiment_id], "max_results": 100, "filter": f"tags.`{tag}` {condition}",
+                "order_by": ["attributes.start_time ASC"]}
+        for run in self.call("runs/search", body).get("runs") or []:
+            if any(t.get("key") == tag and t.get("value") == value for t in (run.get("data") or {}).get("tags") or []):
+                return run
+        return None
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """``runs/get``: the run's ``info`` and ``data`` (params, tags, latest metrics)."""
         return self.call("runs/get", get={"run_id": run_id})["run"]
 
     def put_artifact(self, artifact_uri: str, relative: str, data: bytes) -> None:
-        """One file under the run's artifacts, through the server's artifact proxy."""
-        if not artifact_uri.startswith(ARTIFACT_SCHEME):
-            raise MlflowError(f"artifact store {artifact_uri!r}: only the server's proxy ({ARTIFACT_SCHEME}) is written to")
-        root = artifact_uri[len(ARTIFACT_SCHEME):].lstrip("/")
-        self.request("PUT", f"{ARTIFACTS_API}/{root}/{relative}", data, content_type="application/octet-stream")
+        """One file under the run's artifacts: through the server's artifact proxy
+        (``mlflow-artifacts:``), else into the store the server names, written as the run's own
+        storage is (``s3://``: SageMaker's managed MLflow serves no proxy, its runs' artifacts
+        are in its S3 artifact store, which its clients write themselves)."""
+        if artifact_uri.startswith(ARTIFACT_SCHEME):
+            root = artifact_uri[len(ARTIFACT_SCHEME):].lstrip("/")
+            self.request("PUT", f"{ARTIFACTS_API}/{root}/{relative}", data, content_type="application/octet-stream")
+            return
+        from training.checkpointing.storage import filesystem_for  # pyarrow: only for such a store
+
+        filesystem, folder = filesystem_for(artifact_uri)
+        path = f"{folder.rstrip('/')}/{relative}"
+        filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with filesystem.open_output_stream(path) as out:
+            out.write(data)
 
 
 def batches(metrics: Iterable[dict], params: list[dict], tags: list[dict]) -> Iterator[dict[str, list]]:

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from pathlib import Path
+
 from training.netcheck.busbw import BUS_FACTOR, busbw_gbs, link_gbs, sizes
-from training.netcheck.judge import judge
+from training.netcheck.driver import mode_env
+from training.netcheck.judge import NCCL_MODE, SOCKET_MODE, judge
 from training.netcheck.worker import scope_groups
+from training.transport import aggregate, classify_file
+
+NCCL_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
@@ -39,9 +45,30 @@ def _rows(scope, busbw):
             {"scope": scope, "collective": "all_reduce", "bytes": 1 << 21, "busbw_gbs": busbw}]
 
 
+LOG_OF = {"efa": "efa_rank0.log", "socket": "socket_fallback_rank4.log"}
+"""A real NCCL log per class (tests/fixtures/nccl)."""
+
+
+def _evidence(*logs: str) -> dict:
+    """Every rank's evidence as the worker gathers it: its NCCL log classified, then aggregated."""
+    ranks = [classify_file(str(NCCL_LOGS / log)) for log in logs]
+    for rank, found in enumerate(ranks):
+        found.rank = rank
+    return aggregate(ranks)
+
+
+# A forced run as NCCL 2.29.7 logs it with NCCL_NET=Socket and NCCL_NET_PLUGIN=none: no NET/OFI line at all
+# (the plugin is never opened), "Using network Socket" (src/init.cc:457), channels via NET/Socket
+# (src/transport/net.cc:363).
+FORCED_SOCKET = {"transport": "socket", "ranks": [
+    {"rank": rank, "transport": "socket", "network": "Socket", "provider": "", "ofi_nccl_version": "",
+     "evidence": ["h:1:1 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0"]} for rank in (0, 1)]}
+
+
 def _modes(efa_busbw, socket_busbw, *, transport="efa", socket_transport="socket"):
+    socket_evidence = FORCED_SOCKET if socket_transport == "socket" else _evidence(LOG_OF[socket_transport])
     return {"nccl": {"rows": _rows("intra", 50.0) + _rows("inter", efa_busbw), "evidence": {"transport": transport}},
-            "socket": {"rows": _rows("inter", socket_busbw), "evidence": {"transport": socket_transport}}}
+            "socket": {"rows": _rows("inter", socket_busbw), "evidence": socket_evidence}}
 
 
 def _failed(judged):
@@ -71,6 +98,74 @@ def test_nccl_run_not_on_efa_is_rejected_when_required_and_the_forced_run_must_b
                          require_transport="efa")) == ["transport"]
     assert _failed(judge(_modes(10.0, 2.0, socket_transport="efa"), link_gbps=100, min_link_fraction=0.5,
                          require_transport="efa")) == ["socket_run"]
+
+
+def _forced_run_check(socket_evidence: dict) -> dict:
+    modes = _modes(10.0, 2.0)
+    modes[SOCKET_MODE]["evidence"] = socket_evidence
+    judged = judge(modes, link_gbps=100, min_link_fraction=0.5, require_transport="efa")
+    return next(c for c in judged["checks"] if c["name"] == "socket_run")
+
+
+def test_the_forced_run_fails_when_any_rank_shows_efa_or_the_ofi_plugin():
+    """The run forced to sockets proves NCCL's own Socket transport on EVERY rank: the run's
+    aggregate class is the worst rank's (socket beats efa), so one rank on sockets made a run
+    whose other ranks used EFA pass; and aws-ofi-nccl on libfabric's tcp provider (channels via
+    NET/Libfabric) is classified socket though it is not NCCL's socket transport, and its being
+    loaded at all means NCCL_NET_PLUGIN=none did not take."""
+    assert _forced_run_check(FORCED_SOCKET)["ok"] is True
+    mixed = _evidence("socket_fallback_rank4.log", "efa_rank0.log")
+    assert mixed["transport"] == "socket"  # the aggregate alone would pass it
+    check = _forced_run_check({**mixed, "ranks": [FORCED_SOCKET["ranks"][0], mixed["ranks"][1]]})
+    assert check["ok"] is False and "rank 1" in check["detail"] and "efa" in check["detail"]
+    ofi_tcp = _evidence("ofi_tcp_provider.log")
+    assert ofi_tcp["transport"] == "socket"
+    check = _forced_run_check(ofi_tcp)
+    assert check["ok"] is False and "aws-ofi-nccl" in check["detail"] and "NCCL_NET_PLUGIN=none" in check["detail"]
+    check = _forced_run_check(_evidence("socket_fallback_rank4.log"))  # the plugin was opened, failed, NCCL fell back
+    assert check["ok"] is False and "aws-ofi-nccl" in check["detail"]
+    check = _forced_run_check({"transport": "socket", "ranks": []})
+    assert check["ok"] is False and "no rank" in check["detail"]
+
+
+# NVIDIA/nccl v2.29.7-1, how a communicator gets its network, ported as the oracle of the forced
+# run's environment (training/netcheck/driver.py SOCKET_ENV): src/plugin/net.cc:245-276
+# (initPluginLibsOnceFunc) NCCL_NET_PLUGIN lists the external plugins to open ("none": none; unset:
+# libnccl-net.so), :279-284 then the internal IB and Socket nets; :305-307 (ncclNetInit) only a net
+# whose name equals comm->config.netName (strcasecmp) is initialised, and the first that
+# initialises is the communicator's; src/init.cc:1857-1866 netName is NCCL_NET;
+# src/transport/net_socket.cc:725 the internal net's name "Socket". src/misc/param.cc:51 with
+# src/os/linux.cc:57-58: /etc/nccl.conf is applied with setenv(..., 0), so the environment wins.
+def nccl_assigned_net(env: dict[str, str], *, external: dict[str, str], ib_devices: bool = False) -> str:
+    """The net NCCL gives a communicator. ``external``: a library as NCCL_NET_PLUGIN names it ->
+    its net's name."""
+    wanted = env.get("NCCL_NET_PLUGIN")
+    libs = ["libnccl-net.so"] if wanted is None else [n for n in ("" if wanted.lower() == "none" else wanted).split(",") if n]
+    nets = [external[lib] for lib in libs if lib in external]  # a library that does not open is skipped
+    nets += (["IB"] if ib_devices else []) + ["Socket"]  # IB's init fails without IB devices (EKS: EFA only)
+    name = env.get("NCCL_NET")
+    return next(net for net in nets if name is None or net.lower() == name.lower())
+
+
+def test_the_forced_run_s_environment_gives_nccl_s_socket_transport_though_the_ofi_plugin_is_installed():
+    """The pods' env (charts/cluster_spec.py ``gpu_worker_env``: NCCL_NET_PLUGIN=ofi, which NCCL
+    opens as libnccl-net-ofi.so, src/plugin/plugin_open.cc ``openPluginLib``) with the forced
+    run's on top (Ray 2.58 ``_private/utils.py`` ``update_envs``: a runtime env's env_vars
+    replace the process's): NCCL's Socket net, whether or not the DLC also links the plugin as
+    libnccl-net.so; the NCCL run keeps the plugin. Each of NCCL_NET=Socket and
+    NCCL_NET_PLUGIN=none alone would do; both make it exact (no plugin opened: no NET/OFI line)."""
+    from charts.cluster_spec import gpu_worker_env
+    from environment.loader import load_environment
+
+    group = load_environment("environment.toml").primary_gpu_group
+    assert group.efa_per_node
+    pod = {pair["name"]: pair["value"] for pair in gpu_worker_env(group)}
+    plugins = {"ofi": "Libfabric", "libnccl-net.so": "Libfabric"}  # aws-ofi-nccl's net
+    assert nccl_assigned_net(pod, external=plugins) == "Libfabric"
+    assert nccl_assigned_net({**pod, **mode_env(NCCL_MODE)}, external=plugins) == "Libfabric"
+    assert nccl_assigned_net({**pod, **mode_env(SOCKET_MODE)}, external=plugins) == "Socket"
+    assert nccl_assigned_net({**pod, **mode_env(SOCKET_MODE)}, external=plugins, ib_devices=True) == "Socket"
+    assert mode_env(SOCKET_MODE)["NCCL_NET_PLUGIN"] == "none"  # no plugin opened: any NET/OFI line is a failure
 
 
 def test_one_node_or_unknown_link_skips_the_rules_it_cannot_judge():
@@ -156,7 +251,7 @@ def test_the_link_is_judged_by_what_one_node_s_link_carries():
     link, 80 %, not 20 %."""
     rows = [{"scope": "inter", "collective": "all_reduce", "bytes": 1 << 20, "busbw_gbs": 1.0, "groups": 4, "ranks": 2}]
     modes = {"nccl": {"rows": rows, "evidence": {"transport": "efa"}},
-             "socket": {"rows": [{**rows[0], "busbw_gbs": 0.25}], "evidence": {"transport": "socket"}}}
+             "socket": {"rows": [{**rows[0], "busbw_gbs": 0.25}], "evidence": FORCED_SOCKET}}
     judged = judge(modes, link_gbps=40, min_link_fraction=0.5, require_transport="efa")
     assert judged["verdict"] == "accepted", judged["checks"]
     assert judged["figures"]["inter_node_busbw_gbs"] == pytest.approx(4.0)

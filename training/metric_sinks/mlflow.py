@@ -6,7 +6,8 @@ name), through the REST API (training/mlflow_rest.py: no client in the image). L
 
 - at the start: the run, found by its ``raytrain.run_dir`` tag (a resumed run or a restarted
   driver continues the same MLflow run) or created, with the job config flattened as parameters
-  (``train.max_steps``) and the record's identity as tags (image and digest, commit, spec hash);
+  (``train.max_steps``; a resumed attempt's changed value as the tag ``raytrain.param.<key>``:
+  MLflow parameters cannot change) and the record's identity as tags (image and digest, commit, spec hash);
 - while it trains: every :data:`POLL_S` a driver thread reads ``metrics.jsonl`` from the run's
   storage and logs its new lines' figures by step, under the TensorBoard sink's names
   (``train/loss``), in ``log-batch`` calls within MLflow's limits;
@@ -30,10 +31,13 @@ from typing import Any, Callable
 from training import contract, verdict
 from training.checkpointing.storage import filesystem_for
 from training.metric_sinks._figures import row_step, scalars
-from training.mlflow_rest import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH, Tracking
+from training.mlflow_rest import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH, Tracking, wire_number
 
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
 ENV_EXPERIMENT = "MLFLOW_EXPERIMENT_NAME"
+ENV_REQUEST_TIMEOUT = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+"""One request's wait after the fact (:func:`export_run`), MLflow's own client variable (mlflow
+3.17.2 ``environment_variables.py``: 120 s by default); the live driver keeps :data:`TIMEOUT_S`."""
 ARTIFACTS = (contract.RECORD_NAME, contract.METRICS_NAME, "report/report.md")
 """What is uploaded of the run directory, where present."""
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
@@ -41,6 +45,9 @@ STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
 TAG_PREFIX = "raytrain."
 RUN_DIR_TAG = f"{TAG_PREFIX}run_dir"
 """The tag that finds the MLflow run of a run directory again (a resume, a restarted driver)."""
+PARAM_TAG_PREFIX = f"{TAG_PREFIX}param."
+"""``raytrain.param.<key>``: a resumed attempt's value of a parameter the MLflow run logged
+with another (MLflow parameters cannot change)."""
 CURSOR_TAG = f"{TAG_PREFIX}metrics_lines_logged"
 """How many complete lines of metrics.jsonl the MLflow run holds (a restarted driver goes on from there)."""
 POLL_S = 10.0
@@ -93,7 +100,7 @@ def rows_entries(rows: list[dict[str, Any] | None], since_ms: int) -> list[list[
         stamp = (row or {}).get(contract.WALL_TIME)
         if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
             since_ms = int(stamp * 1000)
-        out.append([{"key": key, "value": value, "step": row_step(row), "timestamp": since_ms}
+        out.append([{"key": key, "value": wire_number(value), "step": row_step(row), "timestamp": since_ms}
                     for key, value in (scalars(row) if row else ())])
     return out
 
@@ -152,6 +159,11 @@ class LiveRun:
         self._thread: threading.Thread | None = None
         self._warned = False
 
+    def _tags(self, record: dict[str, Any]) -> dict[str, str]:
+        """:func:`run_tags`, the run found again by its record's ``run_dir`` (where its driver
+        logged it from: a local copy logged after the fact is the same run), else the folder read."""
+        return {**run_tags(record), RUN_DIR_TAG: str(record.get("run_dir") or self.run_dir).rstrip("/")}
+
     def open(self, record: dict[str, Any]) -> dict[str, str]:
         """Find the run by :data:`RUN_DIR_TAG` or create it; log the parameters it lacks."""
         if self.info:
@@ -159,25 +171,31 @@ class LiveRun:
         experiment_id = self.tracking.experiment_id(self.experiment)
         self._start_ms = _epoch_ms(record.get("start_time")) or int(time.time() * 1000)
         params = flatten(record.get("job_config") or {})
-        found = self.tracking.find_run(experiment_id, RUN_DIR_TAG, self.run_dir)
+        found = self.tracking.find_run(experiment_id, RUN_DIR_TAG, self._tags(record)[RUN_DIR_TAG])
+        changed: list[str] = []
         if found is None:
             name = (record.get("job_config") or {}).get("run_name") or self.run_dir.rsplit("/", 1)[-1]
-            info = self.tracking.create_run(experiment_id, name, run_tags(record), self._start_ms)
+            info = self.tracking.create_run(experiment_id, name, self._tags(record), self._start_ms)
+            tags = None
         else:
             info, data = found["info"], found.get("data") or {}
             self._start_ms = int(info.get("start_time") or self._start_ms)  # the first attempt's: same times again
-            tags = {t["key"]: t["value"] for t in data.get("tags") or []}
+            logged_tags = {t["key"]: t["value"] for t in data.get("tags") or []}
             logged = {p["key"]: p["value"] for p in data.get("params") or []}
-            self.lines = int(tags[CURSOR_TAG]) if tags.get(CURSOR_TAG, "").isdigit() else 0
-            # mlflow 3.17.2 sqlalchemy_store._log_params refuses a changed value (the whole batch).
+            self.lines = int(logged_tags[CURSOR_TAG]) if logged_tags.get(CURSOR_TAG, "").isdigit() else 0
+            # mlflow 3.17.2 sqlalchemy_store._log_params refuses a changed value (the whole batch):
+            # the parameter keeps its first value, this attempt's is a tag (tags may change), and
+            # a tag an earlier attempt set follows the value back.
             changed = sorted(key for key, value in params.items() if logged.get(key, value) != value)
-            if changed:
-                self.say(f"mlflow: run {info['run_id']} keeps the first values of {', '.join(changed)} "
-                         "(MLflow parameters cannot change); run.json holds this attempt's")
+            tags = self._tags(record) | {PARAM_TAG_PREFIX + key: value for key, value in params.items()
+                                       if key in changed or PARAM_TAG_PREFIX + key in logged_tags}
             params = {key: value for key, value in params.items() if key not in logged}
             if info.get("status") != "RUNNING" and record.get("status") == "running":
                 self.tracking.reopen_run(info["run_id"])
-        self.tracking.log_batch(info["run_id"], params=params, tags=run_tags(record) if found else None)
+        self.tracking.log_batch(info["run_id"], params=params, tags=tags)
+        if changed:
+            self.say(f"mlflow: run {info['run_id']} keeps the first values of {', '.join(changed)} "
+                     f"(MLflow parameters cannot change); this attempt's are the tags {PARAM_TAG_PREFIX}<key>")
         self.info = {"run_id": info["run_id"], "experiment_id": experiment_id, "artifact_uri": info["artifact_uri"]}
         return self.info
 
@@ -240,13 +258,13 @@ class LiveRun:
         self.stop()
         info = self.open(record)
         self.catch_up()
-        self.tracking.log_batch(info["run_id"], tags=run_tags(record))
+        self.tracking.log_batch(info["run_id"], tags=self._tags(record))
+        if record.get("status") in STATUS:  # before the files: a store not written leaves no run RUNNING
+            self.tracking.finish_run(info["run_id"], STATUS[record["status"]], _epoch_ms(record.get("end_time")))
         for name in ARTIFACTS:
             data = _read(f"{self.run_dir}/{name}")
             if data is not None:
                 self.tracking.put_artifact(info["artifact_uri"], name, data)
-        if record.get("status") in STATUS:
-            self.tracking.finish_run(info["run_id"], STATUS[record["status"]], _epoch_ms(record.get("end_time")))
         return info
 
     def after_run(self, record: dict[str, Any]) -> None:
@@ -269,8 +287,13 @@ def export_run(uri: str, run_dir: str, *, experiment: str = "", record: dict[str
         if text is None:
             raise FileNotFoundError(f"{base}/{contract.RECORD_NAME}: no run record to log")
         record = json.loads(text)
-    experiment = experiment or (record.get("job_config") or {}).get("name") or "raytrain-eks"
-    return LiveRun(uri, experiment, base, timeout_s=30.0).finish(record)
+    config = record.get("job_config") or {}
+    # the driver's choice (tracking_target), so the run's MLflow run is found where it was logged
+    experiment = experiment or (config.get("tracking") or {}).get("mlflow_experiment") or config.get("name") or "raytrain-eks"
+    wait = os.environ.get(ENV_REQUEST_TIMEOUT, "120")
+    if not wait.isdigit() or not int(wait):
+        raise ValueError(f"{ENV_REQUEST_TIMEOUT}={wait!r}: not a whole number of seconds above 0")
+    return LiveRun(uri, experiment, base, timeout_s=float(wait)).finish(record)
 
 
 def tracking_target(job: Any, environ: dict[str, str] | None = None) -> tuple[str, str] | None:

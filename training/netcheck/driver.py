@@ -16,8 +16,14 @@ from training.verdict import ACCEPTED
 from training.netcheck.judge import MODES, NCCL_MODE, SOCKET_MODE, headline, judge
 
 SOCKET_ENV = {"NCCL_NET": "Socket", "FI_PROVIDER": "tcp", "NCCL_NET_PLUGIN": "none"}
-"""NCCL forced to its own TCP transport, the OFI plugin not loaded (the TCP run of an EFA
-comparison; NCCL's log then says ``Using network Socket``)."""
+"""NCCL forced to its own TCP transport (the TCP run of an EFA comparison, as AWS's Ray Train
+sample sets it). NCCL 2.29.7: ``NCCL_NET_PLUGIN=none`` opens no external plugin, so aws-ofi-nccl
+is never loaded (src/plugin/net.cc:245-249), and ``NCCL_NET=Socket`` lets only the net named
+``Socket`` initialise (src/init.cc:1857, src/plugin/net.cc:305-307); these replace the pods'
+``NCCL_NET_PLUGIN=ofi`` (a runtime env's env_vars win), and /etc/nccl.conf never overrides the
+environment (src/os/linux.cc:57, ``setenv(.., 0)``). ``FI_PROVIDER=tcp`` only matters if a plugin
+loaded anyway; the verdict then fails the run (training/netcheck/judge.py
+``forced_socket_problem``: NCCL's log must say ``Using network Socket`` on every rank, no NET/OFI line)."""
 
 
 def mode_env(mode: str) -> dict[str, str]:

@@ -5,8 +5,9 @@
   scope times one group per local rank at once, all through the same link, so the node carries
   the groups' busbw summed (:func:`node_busbw`);
 - ``efa_faster``: when the NCCL run went over EFA, it beats the run forced to sockets;
-- ``transport``: the NCCL run's transport is ``evidence.require_transport`` (when not ``any``),
-  and the socket run really was on sockets (else the comparison compares nothing).
+- ``transport``: the NCCL run's transport is ``evidence.require_transport`` (when not ``any``);
+- ``socket_run``: the run forced to sockets was on NCCL's own Socket transport on every rank,
+  with aws-ofi-nccl never loaded (:func:`forced_socket_problem`; else the comparison compares nothing).
 A rule that has nothing to judge (one node, no link figure, no socket run) is listed as skipped.
 Verdicts and exit codes are training's (:mod:`training.verdict`).
 """
@@ -33,6 +34,25 @@ def node_busbw(rows: list[dict[str, Any]], scope: str = "inter", collective: str
     timed at once (each has one rank on every node); None when not measured."""
     values = [r["busbw_gbs"] * r.get("groups", 1) for r in rows if r["scope"] == scope and r["collective"] == collective]
     return max(values) if values else None
+
+
+def forced_socket_problem(evidence: dict[str, Any]) -> str | None:
+    """Why the run forced to sockets (training/netcheck/driver.py ``SOCKET_ENV``) does not prove
+    NCCL's own Socket transport, or None. Judged per rank: the run's class is its worst rank's
+    (socket beats efa), and aws-ofi-nccl on libfabric's tcp provider is classified socket too,
+    but it is not NCCL's socket transport, and with ``NCCL_NET_PLUGIN=none`` NCCL 2.29.7 never
+    opens the plugin (src/plugin/net.cc:245-249), so any NET/OFI line means the setting did not take."""
+    ranks = evidence.get("ranks") or []
+    if not ranks:
+        return f"no rank's evidence (run class {evidence.get('transport', 'unknown')!r})"
+    for rank in ranks:
+        who = f"rank {rank.get('rank')}" + (f" ({rank['host']})" if rank.get("host") else "")
+        if rank.get("ofi_nccl_version") or rank.get("provider"):
+            return (f"{who} loaded aws-ofi-nccl {rank.get('ofi_nccl_version') or ''}".rstrip()
+                    + f" (provider {rank.get('provider') or 'none selected'}): NCCL_NET_PLUGIN=none did not take")
+        if rank.get("transport") != "socket" or (rank.get("network") or "socket").lower() not in ("socket", "gloo"):
+            return f"{who} on {rank.get('transport')!r} (network {rank.get('network') or 'not logged'!r}), not NCCL's Socket"
+    return None
 
 
 def _check(name: str, ok: bool | None, detail: str) -> dict[str, Any]:
@@ -70,8 +90,9 @@ def judge(modes: dict[str, dict[str, Any]], *, link_gbps: float, min_link_fracti
         checks.append(_check("transport", used == require_transport,
                              f"NCCL run's transport {used!r} (required {require_transport!r})"))
     if socket is not None and inter is not None and used == "efa":
-        seen = (socket.get("evidence") or {}).get("transport", "unknown")
-        checks.append(_check("socket_run", seen == "socket", f"the forced run's transport {seen!r} (must be 'socket')"))
+        problem = forced_socket_problem(socket.get("evidence") or {})
+        checks.append(_check("socket_run", problem is None, f"the forced run: {problem}" if problem
+                             else "the forced run was on NCCL's Socket transport on every rank"))
     verdict = REJECTED if any(c["ok"] is False for c in checks) else ACCEPTED
     return {"verdict": verdict, "exit_code": EXIT_CODES[verdict], "checks": checks, "figures": figures}
 
