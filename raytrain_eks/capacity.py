@@ -3,9 +3,14 @@
 that match a GPU group (DescribeCapacityReservations), with the spec fields that would use them.
 
 The EC2 client is passed in (boto3 in the CLI, moto or a stub in the tests).
+
+The command (``add_arguments`` and ``run``, at the end of this module): `raytrain-eks capacity`: which AZs offer the GPU instance types, and which of the account's
+capacity reservations and Capacity Blocks match a GPU group (read-only EC2 calls).
 """
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
 
 from environment import Environment, GpuNodeGroupSpec
@@ -104,3 +109,27 @@ def _matches(group: GpuNodeGroupSpec, candidates: list[Reservation], gpu_az: str
         if not where and not used:
             lines.append(f"      to use it: {r.spec_fields()}")
     return lines
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", default="environment.toml", help="environment spec (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from environment import load_environment
+
+    env = load_environment(args.env)
+    try:
+        lines, ok = report(env, boto3.client("ec2", region_name=env.cluster.region))
+    except (BotoCoreError, ClientError) as err:
+        print(f"error: EC2: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    if not ok:
+        print(f"error: {env.source}: cluster.gpu_availability_zone: {env.cluster.gpu_availability_zone!r} "
+              "does not offer every GPU group's instance type (see above)", file=sys.stderr)
+        return 2
+    return 0

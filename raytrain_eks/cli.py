@@ -1,7 +1,9 @@
 """`raytrain-eks`: the one command-line entry for the operator's tasks.
 
-Each sub-command lives in its own module under ``raytrain_eks/commands`` with two functions,
-``add_arguments(parser)`` and ``run(args) -> int``. Command modules keep heavy imports
+Each sub-command is a module with two functions, ``add_arguments(parser)`` and ``run(args) ->
+int``: the module that does its work (``raytrain_eks/preflight.py``, ``report.py``, ``runs.py``,
+``reproduce.py``, ``capacity.py``), or one under ``raytrain_eks/commands`` where the command
+ties several modules together. Command modules keep heavy imports
 (matplotlib, boto3, torch) inside ``run`` so ``--help`` stays instant. User errors (spec, job config, registry) print one line and exit 2;
 a cluster kubectl cannot reach exits 5, one that refuses kubectl's request 6; Ctrl-C, SIGTERM and SIGHUP exit 130 after the clean-up
 (one inherited as ignored, as under nohup, stays ignored);
@@ -20,9 +22,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("raytrain_eks.commands.verify",
                "before deploy and before a job: add-on and chart pins, GPU AZ, vCPU quotas, reservations, "
                "CDK bootstrap, image digest"),
-    "capacity": ("raytrain_eks.commands.capacity",
+    "capacity": ("raytrain_eks.capacity",
                  "which AZs offer the GPU instance types; which reservations and Capacity Blocks match"),
-    "preflight": ("raytrain_eks.commands.preflight",
+    "preflight": ("raytrain_eks.preflight",
                   "check a job against the environment before any spend: GPUs, Ray version, EFA, memory, cost"),
     "submit": ("raytrain_eks.commands.submit",
                "run a job: synthesize, upload, apply, follow its log, then fetch the report, model and verdict"),
@@ -32,11 +34,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("raytrain_eks.commands.logs", "a run's driver log: streamed from the cluster, or the copy in storage"),
     "stop": ("raytrain_eks.commands.stop", "stop a run: delete its RayJob (KubeRay stops the job); storage stays"),
     "list": ("raytrain_eks.commands.list", "the submitted runs the cluster knows, with their status"),
-    "report": ("raytrain_eks.commands.report",
+    "report": ("raytrain_eks.report",
                "render a run (or two side by side) as Markdown + PNG plots from run.json and metrics"),
-    "runs": ("raytrain_eks.commands.runs",
+    "runs": ("raytrain_eks.runs",
              "list the runs under a storage prefix: time, image digest, commit, job, verdict, tokens/s, eval"),
-    "reproduce": ("raytrain_eks.commands.reproduce",
+    "reproduce": ("raytrain_eks.reproduce",
                   "re-create a run's manifests from its run.json: byte-identical, or each difference named"),
     "lock": ("raytrain_eks.commands.lock",
              "resolve the image tag to its digest through the registry and pin it in the spec"),

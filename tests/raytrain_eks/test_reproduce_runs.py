@@ -126,7 +126,10 @@ def test_reproduce_of_a_pipeline_smoke_run_says_what_was_applied_beyond_the_mani
                    capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     load = lambda name: next(d for d in yaml.safe_load_all((dist / name).read_text()) if d)  # noqa: E731
     asked = (load("rayjob-smoke.k8s.yaml")["metadata"].get("annotations") or {}).get(IMAGE_DIGEST_ANNOTATION)
-    applied = smoke_job(SimpleNamespace(manifest=load, dist=dist, execution_id="exec-1", attempt="7"), asked)
+    from environment import load_environment
+
+    env = load_environment(ROOT / "environment.toml")  # the step's spec: where the smoke run's record goes
+    applied = smoke_job(SimpleNamespace(manifest=load, dist=dist, execution_id="exec-1", attempt="7", env=env), asked)
     env_vars = yaml.safe_load(applied["spec"]["runtimeEnvYAML"])["env_vars"]
     argv = shlex.split(applied["spec"]["entrypoint"])
     job = load_job_config(ROOT / argv[4], [argv[i + 1] for i, a in enumerate(argv) if a == "--set"])
