@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from charts_oracles.kueue_raycluster import ELASTIC_JOB, managed, pod_sets, validate_create
+from charts_oracles.kueue_raycluster import ELASTIC_JOB, managed, pod_sets, validate_create, validate_update
 from charts_oracles.kueue_rayjob import PRIORITY_CLASS_LABEL, QUEUE_NAME_LABEL, admission
 from charts_testspec import SPEC_TOML, make_env, run_synth, spec_raw
 from test_kueue_rules import queue_objects
@@ -113,3 +113,20 @@ def test_the_autoscaler_sidecar_counts_in_the_head_pod_set(default_synth):
     (head, _) = pod_sets(cluster)
     assert [c.get("name") for c in head["template"]["spec"]["containers"]][-1] == "autoscaler"
     assert head["template"]["spec"]["containers"][-1]["resources"] == cluster["spec"]["autoscalerOptions"]["resources"]
+
+
+def test_a_running_unqueued_cluster_cannot_be_relabelled_in_place(default_synth):
+    """A long-lived cluster deployed without the queue (before this change, or with
+    ``queueing.enabled = false``) is running: Kueue refuses the re-applied, queued manifest
+    (the label, the priority class and the elastic annotation cannot be added in place), so it is
+    deleted once and re-created (docs/submit.md); the re-applied manifest itself is accepted."""
+    new = default_synth.one("raycluster")
+    assert validate_update(copy.deepcopy(new), new) == []
+    old = copy.deepcopy(new)
+    for key in (QUEUE_NAME_LABEL, PRIORITY_CLASS_LABEL):
+        del old["metadata"]["labels"][key]
+    del old["metadata"]["annotations"][ELASTIC_JOB]
+    assert validate_update(old, new) == [
+        "metadata.labels[kueue.x-k8s.io/queue-name]: field is immutable",
+        f"metadata.annotations[{ELASTIC_JOB}]: field is immutable",
+        f"metadata.labels[{PRIORITY_CLASS_LABEL}]: WorkloadPriorityClass cannot be added to a non-suspended workload"]

@@ -25,7 +25,7 @@ off, ``ElasticJobsViaWorkloadSlices`` on: beta, default true since v0.18,
 """
 from __future__ import annotations
 
-from charts_oracles.kueue_rayjob import HEAD_POD_SET, MAX_POD_SETS, queue_name
+from charts_oracles.kueue_rayjob import HEAD_POD_SET, MAX_POD_SETS, PRIORITY_CLASS_LABEL, queue_name
 
 ELASTIC_JOB = "kueue.x-k8s.io/elastic-job"
 """The annotation key (pkg/constants/constants.go:88) and the gate's name (apis/kueue/v1beta2/constants.go:27)."""
@@ -85,3 +85,25 @@ def pod_sets(raycluster: dict, replicas: dict[str, int] | None = None) -> list[d
         sets.append({"name": group["groupName"], "count": count * max(1, group.get("numOfHosts", 1)),
                      "template": group["template"]})
     return sets
+
+
+def validate_update(old: dict, new: dict) -> list[str]:
+    """The validating webhook on update (raycluster_webhook.go:260-276; only a labelled new
+    object is judged, ``jobframework/validation.go:99-104``): ``ValidateJobOnUpdate`` (:107-119) —
+    the queue name is immutable while the cluster runs (:180-190), the elastic-job annotation
+    always (:212-217), a priority class cannot be added to a running one (:219-224) — then the
+    create rules."""
+    if not queue_name(new):
+        return []
+    errors, running = [], new["spec"].get("suspend") is not True
+
+    def labels(obj: dict) -> dict:
+        return obj["metadata"].get("labels") or {}
+    if running and queue_name(new) != queue_name(old):
+        errors.append("metadata.labels[kueue.x-k8s.io/queue-name]: field is immutable")
+    if elastic(new) != elastic(old):
+        errors.append(f"metadata.annotations[{ELASTIC_JOB}]: field is immutable")
+    if running and not labels(old).get(PRIORITY_CLASS_LABEL) and labels(new).get(PRIORITY_CLASS_LABEL):
+        errors.append(f"metadata.labels[{PRIORITY_CLASS_LABEL}]: WorkloadPriorityClass cannot be added to a "
+                      "non-suspended workload")
+    return errors + validate_create(new)
