@@ -238,8 +238,8 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
             out.append(failed("addons", f"kueue: {found.describe()} serves {kind} at {served or 'no version'}, "
                                         f"the queue objects are {KUEUE_API}",
                               f"upgrade Kueue to {env.versions.chart('kueue')} (or one serving {KUEUE_API})"))
-    return out or [passed("addons", f"kueue: present ({found.describe()}), manages {', '.join(KUEUE_FRAMEWORKS)} and serves {KUEUE_API}, "
-                                    "not installed")]
+    return out or [passed("addons", f"kueue: present ({found.describe()}), manages {', '.join(KUEUE_FRAMEWORKS)} "
+                                    f"and serves {KUEUE_API}, not installed")]
 
 
 def _ours(obj: dict) -> bool:
