@@ -13,6 +13,7 @@ from charts.imports.io import ray as generated
 from charts.network_policy import raycluster_label
 from charts.provenance import Provenance
 from environment import Environment
+from environment.queueing import raycluster_queue_metadata
 
 UPGRADE_STRATEGY = {"type": generated.RayClusterSpecUpgradeStrategyType.RECREATE}
 """KubeRay (v1.6+) deletes every pod when the spec's hash changes (a new image digest too) and
@@ -45,10 +46,17 @@ class RayClusterChart(cdk8s.Chart):
         shape = ClusterShape(env=env, worker_replicas=env.primary_gpu_group.job_nodes,
                              checkpoint_grace_seconds=LONG_LIVED_CHECKPOINT_GRACE_SECONDS,
                              autoscale=True, cluster_label=raycluster_label(cluster_name(env)))
+        # Queued (Kueue counts the head and the workers the autoscaler asks for against the
+        # ClusterQueue, so a RayJob is not admitted onto GPUs this cluster holds): an elastic
+        # workload, each scale-up admitted like a job (environment/queueing.py).
+        queue_labels, queue_annotations, gates = raycluster_queue_metadata(env)
+        spec = ray_cluster_spec(shape)
+        for template in [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]:
+            template["spec"] = {**template["spec"], **({"schedulingGates": gates} if gates else {})}
         generated.RayCluster(
             self, "raycluster",
-            metadata=cdk8s.ApiObjectMetadata(name=cluster_name(env), labels=provenance.labels,
-                                             annotations=provenance.annotations),
+            metadata=cdk8s.ApiObjectMetadata(name=cluster_name(env), labels={**provenance.labels, **queue_labels},
+                                             annotations={**provenance.annotations, **queue_annotations}),
             # Only on a RayCluster of our own: KubeRay rejects the field inside a RayJob.
-            spec=to_bindings("RayClusterSpec", {**ray_cluster_spec(shape), "upgradeStrategy": UPGRADE_STRATEGY}),
+            spec=to_bindings("RayClusterSpec", {**spec, "upgradeStrategy": UPGRADE_STRATEGY}),
         )

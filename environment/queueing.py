@@ -14,7 +14,10 @@ group, the submitter; ``pkg/controller/jobs/rayjob/rayjob_controller.go:133-164`
 ClusterQueue's quota, higher priority first, and unsuspends it (``:166-193``); a
 ``clusterSelector`` RayJob is skipped (``:116-120``). So a RayJob on the long-lived RayCluster
 must NOT carry the label: suspended by the webhook and never admitted, KubeRay would refuse it
-(ray-project/kuberay ray-operator/v1.7.0 ``utils/validation.go:561-562``).
+(ray-project/kuberay ray-operator/v1.7.0 ``utils/validation.go:561-562``). The long-lived
+RayCluster those jobs run on is queued instead (:func:`raycluster_queue_metadata`): an elastic
+workload whose head and autoscaled workers count against the same ClusterQueue, so a RayJob is
+never admitted onto GPU nodes the cluster's workers hold, nor its scale-up onto a RayJob's.
 
 Standard library only.
 """
@@ -190,15 +193,37 @@ def rayjob_queue_labels(env: Environment, job: str) -> dict[str, str]:
 KUEUE_IMAGE = "registry.k8s.io/kueue/kueue"
 """The released manager image (the chart's own default is a staging tag, ``release-0.19``,
 pulled Always; the release build overrides it to this repository and the version)."""
-KUEUE_FRAMEWORKS = ("ray.io/rayjob",)
-"""The integrations Kueue manages: RayJobs only (the chart's default also takes over batch
-Jobs, pods, Deployments and StatefulSets of labelled namespaces)."""
+KUEUE_FRAMEWORKS = {"ray.io/rayjob": "queued RayJobs would never be admitted",
+                    "ray.io/raycluster": "the long-lived RayCluster's pods would stay gated, never scheduled"}
+"""The integrations Kueue manages (-> what breaks without it): RayJobs, and the long-lived RayCluster, whose GPU workers
+would otherwise hold the nodes a RayJob was admitted to (the chart's default also takes over
+batch Jobs, pods, Deployments and StatefulSets of labelled namespaces). A RayJob's own
+RayCluster is its child: Kueue counts it in the RayJob's Workload, not twice
+(pkg/controller/jobframework/reconciler.go:342-392)."""
+ELASTIC_JOB = "kueue.x-k8s.io/elastic-job"
+"""The annotation (pkg/constants/constants.go:88 ``ElasticJobAnnotation``, value ``"true"``) and
+the pod scheduling gate (apis/kueue/v1beta2/constants.go:27 ``ElasticJobSchedulingGate``) of an
+elastic workload: Kueue admits an autoscaling RayCluster only so
+(pkg/controller/jobs/raycluster/raycluster_webhook.go:141-155, the ``ElasticJobsViaWorkloadSlices``
+gate, beta and on by default since v0.18, pkg/features/kube_features.go:712-715). Each scale-up
+is a new Workload slice that waits for quota like a RayJob; its new pods stay gated until then."""
+
+
+def raycluster_queue_metadata(env: Environment) -> tuple[dict[str, str], dict[str, str], list[dict[str, str]]]:
+    """The long-lived RayCluster's queue labels, annotations and pod scheduling gates (all empty
+    when queueing is off: a gate nothing lifts would keep every pod Pending). The gates are the
+    ones Kueue's webhook adds at creation (raycluster_webhook.go:99-108); written here so a
+    re-applied manifest keeps them (its update is refused without them, :182-215)."""
+    if not env.queueing.enabled:
+        return {}, {}, []
+    labels = {QUEUE_NAME_LABEL: env.queueing.local_queue, PRIORITY_CLASS_LABEL: env.queueing.default_priority}
+    return labels, {ELASTIC_JOB: "true"}, [{"name": ELASTIC_JOB}]
 
 
 def kueue_values(env: Environment, version: str, node_selector: dict[str, str]) -> dict[str, Any]:
     """The Kueue chart's values: the released image of ``version``, on the system nodes,
-    managing RayJobs only (``managerConfig.controllerManagerConfigYaml`` is a YAML string;
-    JSON is YAML)."""
+    managing :data:`KUEUE_FRAMEWORKS` only (``managerConfig.controllerManagerConfigYaml`` is a
+    YAML string; JSON is YAML)."""
     config = {"apiVersion": "config.kueue.x-k8s.io/v1beta2", "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)}}
     return {
         "controllerManager": {

@@ -95,8 +95,11 @@ def _out_of_queue(workload: dict[str, Any]) -> str:
 
 
 def _owner(workload: dict[str, Any]) -> str:
+    """The RayJob's name; ``RayCluster NAME`` for a slice of the long-lived cluster (it holds and
+    waits for quota like a job: environment/queueing.py ``raycluster_queue_metadata``)."""
     refs = (workload.get("metadata") or {}).get("ownerReferences") or []
-    return next((r.get("name", "") for r in refs if r.get("kind") == "RayJob"), "")
+    ref = next((r for r in refs if r.get("kind") in ("RayJob", "RayCluster")), {})
+    return f"RayCluster {ref.get('name', '')}" if ref.get("kind") == "RayCluster" else ref.get("name", "")
 
 
 def _message(workload: dict[str, Any]) -> str:

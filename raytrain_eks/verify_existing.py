@@ -203,7 +203,8 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
     """A team's own Kueue takes this app's queue objects (environment/queueing.py) and suspends
     and admits its RayJobs only if it manages RayJobs (``integrations.frameworks`` of its
     configuration API, config.kueue.x-k8s.io, lists the job frameworks it sets up: this app's
-    own install lists ``ray.io/rayjob``, environment/queueing.py ``kueue_values``) and serves the
+    own install lists ``ray.io/rayjob`` and ``ray.io/raycluster``, environment/queueing.py
+    ``KUEUE_FRAMEWORKS``) and serves the
     objects' API version (their CRDs' ``spec.versions[].served``)."""
     import yaml
 
@@ -224,7 +225,8 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
         missing = [f for f in KUEUE_FRAMEWORKS if not isinstance(frameworks, list) or f not in frameworks]
         if missing:
             out.append(failed("addons", f"kueue: {found.describe()} does not manage {', '.join(missing)} "
-                                        f"(integrations.frameworks: {frameworks!r}): queued RayJobs would never be admitted",
+                                        f"(integrations.frameworks: {frameworks!r}): "
+                                        f"{'; '.join(KUEUE_FRAMEWORKS[f] for f in missing)}",
                               f"add {', '.join(missing)} to integrations.frameworks of its manager config in {where}, "
                               f"or set queueing.enabled = false in {env.source}"))
     version = KUEUE_API.rsplit("/", 1)[1]
@@ -236,8 +238,8 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
             out.append(failed("addons", f"kueue: {found.describe()} serves {kind} at {served or 'no version'}, "
                                         f"the queue objects are {KUEUE_API}",
                               f"upgrade Kueue to {env.versions.chart('kueue')} (or one serving {KUEUE_API})"))
-    return out or [passed("addons", f"kueue: present ({found.describe()}), manages ray.io/rayjob and serves {KUEUE_API}, "
-                                    "not installed")]
+    return out or [passed("addons", f"kueue: present ({found.describe()}), manages {', '.join(KUEUE_FRAMEWORKS)} "
+                                    f"and serves {KUEUE_API}, not installed")]
 
 
 def _ours(obj: dict) -> bool:

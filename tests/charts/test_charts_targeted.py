@@ -160,6 +160,8 @@ def test_rayjob_clusters_come_from_the_same_builder(default_synth):
     head = rc["headGroupSpec"]["template"]["spec"]  # the autoscaler's token, for its container alone
     head["volumes"] = [v for v in head["volumes"] if v["name"] != "autoscaler-api-token"]
     rc.pop("upgradeStrategy", None)  # how the long-lived cluster takes a new pod template
+    for t in (rc["headGroupSpec"]["template"], worker_group(rc)["template"]):
+        t["spec"].pop("schedulingGates")  # Kueue's elastic-job gate: the long-lived cluster is queued by scale-up
     for job in GPU_JOBS:
         own = copy.deepcopy(default_synth.one(f"rayjob-{job}")["spec"]["rayClusterSpec"])
         for spec in (rc, own):

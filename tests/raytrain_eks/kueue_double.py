@@ -27,6 +27,16 @@ environment/queueing.py ``kueue_objects``; absent: Kueue is not installed):
   ``Admitted``, ``admissionchecks.go:39-66``); one that does not gets ``QuotaReserved`` False with
   reason ``Pending`` and the flavor assigner's message (``pkg/scheduler/scheduler.go:1149-1185``).
   Nothing is preempted (the ClusterQueue preempts Never).
+- the long-lived RayCluster (``state["long_lived"]``: ``raycluster`` as the charts wrote it,
+  ``replicas`` group -> the workers Ray's autoscaler asked for), when Kueue manages it
+  (``ray.io/raycluster`` integrated and the cluster labelled: tests/charts/charts_oracles/
+  kueue_raycluster.py): an elastic Workload per slice (site/content/en/docs/concepts/
+  elastic_workload.md "Lifecycle"; ``pkg/workloadslicing/workloadslicing.go``): a scale-up is a
+  new slice, queued like a RayJob's Workload and counted without the slice it replaces
+  (``ReplacedWorkloadSlice`` :343-355), which is finished with reason ``WorkloadSliceReplaced``
+  once the new one is admitted (:332); a scale-down shrinks the current slice in place. Until its
+  slice is admitted a worker stays gated (``kueue.x-k8s.io/elastic-job``): it holds no node
+  (node_double.py). An unmanaged cluster's workers take their nodes unseen by Kueue.
 - a finished Workload leaves the cache, so its quota is free for the next scheduling pass
   (``pkg/controller/core/workload_controller.go:1403-1424``); a deleted RayJob's Workload goes
   with it (owner reference: the garbage collector).
@@ -39,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "charts"))  # the Kueue oracle is the flavor assigner
 
+from charts_oracles import kueue_raycluster  # noqa: E402
 from charts_oracles.kueue_rayjob import (  # noqa: E402
     PRIORITY_CLASS_LABEL, admission, managed, pod_requests, pod_sets, queue_name,
 )
@@ -94,42 +105,90 @@ def _owner(workload: dict) -> str:
     return workload["metadata"]["ownerReferences"][0]["name"]
 
 
-def _new_workload(state: dict, rayjob: dict) -> dict:
-    meta = rayjob["metadata"]
-    digest = hashlib.sha1(f"RayJob\nray.io\n{meta['name']}\n{meta['uid']}".encode()).hexdigest()[:5]
+def _of_cluster(workload: dict) -> bool:
+    return workload["metadata"]["ownerReferences"][0]["kind"] == "RayCluster"
+
+
+def _new_workload(state: dict, job: dict, sets: list[dict]) -> dict:
+    meta, kind = job["metadata"], job.get("kind", "RayJob")
     state["seq"] = state.get("seq", 0) + 1
+    # workload_names.go:85-96; a cluster's slices also by their sequence (the double's own naming)
+    key = f"{kind}\nray.io\n{meta['name']}\n{meta['uid']}" + (f"\n{state['seq']}" if kind == "RayCluster" else "")
+    digest = hashlib.sha1(key.encode()).hexdigest()[:5]
     priority_class = (meta.get("labels") or {}).get(PRIORITY_CLASS_LABEL, "")
     values = {o["metadata"]["name"]: o["value"] for o in _objects(state, "WorkloadPriorityClass")}
-    spec = {"queueName": queue_name(rayjob), "active": True, "priority": values.get(priority_class, 0),
-            "podSets": [{"name": ps["name"], "count": ps["count"]} for ps in pod_sets(rayjob)]}
+    spec = {"queueName": queue_name(job), "active": True, "priority": values.get(priority_class, 0),
+            "podSets": [{"name": ps["name"], "count": ps["count"]} for ps in sets]}
     if priority_class:
         spec["priorityClassRef"] = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": priority_class}
     return {"apiVersion": KUEUE_API, "kind": "Workload",
-            "metadata": {"name": f"rayjob-{meta['name']}-{digest}", "namespace": meta.get("namespace", "ray"),
+            "metadata": {"name": f"{kind.lower()}-{meta['name']}-{digest}", "namespace": meta.get("namespace", "ray"),
                          "uid": f"11111111-0000-0000-0000-{state['seq']:012d}",
                          "creationTimestamp": timestamp(state), "labels": {JOB_UID_LABEL: meta["uid"]},
-                         "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": meta["name"],
+                         "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": kind, "name": meta["name"],
                                               "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
             "spec": spec, "status": {}}
+
+
+def _job_and_sets(state: dict, workload: dict) -> tuple[dict, list[dict]]:
+    """The object a Workload stands for and the pod sets it reserves (a cluster slice: its counts)."""
+    if not _of_cluster(workload):
+        job = state["rayjobs"][_owner(workload)]
+        return job, pod_sets(job)
+    doc = state["long_lived"]["raycluster"]
+    counts = {ps["name"]: ps["count"] for ps in workload["spec"]["podSets"]}
+    return doc, kueue_raycluster.pod_sets(doc, counts)
 
 
 def collect(state: dict) -> None:
     """The garbage collector: a Workload whose owner RayJob is gone goes too."""
     workloads = state.setdefault("workloads", {})
-    for name in [n for n, w in workloads.items() if _owner(w) not in state["rayjobs"]]:
+    for name in [n for n, w in workloads.items() if not _of_cluster(w) and _owner(w) not in state["rayjobs"]]:
         del workloads[name]
+
+
+def _reconcile_long_lived(state: dict) -> None:
+    """The elastic RayCluster's slices follow the replicas the autoscaler wrote."""
+    long_lived = state.get("long_lived")
+    if not long_lived or not kueue_raycluster.managed(long_lived["raycluster"]):
+        return
+    doc = long_lived["raycluster"]
+    doc["metadata"].setdefault("uid", "22222222-0000-0000-0000-000000000001")
+    want = kueue_raycluster.pod_sets(doc, long_lived.get("replicas") or {})
+    slices = [w for w in state["workloads"].values() if _of_cluster(w) and not _true(w, "Finished")]
+    latest = max(slices, key=lambda w: w["metadata"]["uid"]) if slices else None
+    have = {ps["name"]: ps["count"] for ps in (latest["spec"]["podSets"] if latest else [])}
+    if latest is None or (_true(latest, "QuotaReserved") and any(ps["count"] > have[ps["name"]] for ps in want)):
+        workload = _new_workload(state, doc, want)  # a scale-up: a new slice
+        state["workloads"][workload["metadata"]["name"]] = workload
+    else:
+        latest["spec"]["podSets"] = [{"name": ps["name"], "count": ps["count"]} for ps in want]  # in place
+
+
+def long_lived_workers(state: dict) -> dict[str, int]:
+    """Group -> the long-lived cluster's workers that hold nodes: the admitted slice's when Kueue
+    manages it (the others are gated), else every one the autoscaler asked for."""
+    long_lived = state.get("long_lived")
+    if not long_lived:
+        return {}
+    if not (installed(state) and kueue_raycluster.managed(long_lived["raycluster"])):
+        return dict(long_lived.get("replicas") or {})
+    held = [w for w in (state.get("workloads") or {}).values()
+            if _of_cluster(w) and _true(w, "QuotaReserved") and not _true(w, "Finished")]
+    return {ps["name"]: ps["count"] for w in held for ps in w["spec"]["podSets"] if ps["name"] != "head"}
 
 
 def _reconcile_jobs(state: dict) -> None:
     collect(state)
     workloads = state["workloads"]
-    owned = {_owner(w): w for w in workloads.values()}
+    owned = {_owner(w): w for w in workloads.values() if not _of_cluster(w)}
+    _reconcile_long_lived(state)
     for rayjob in state["rayjobs"].values():
         if not managed(rayjob):
             continue
         workload = owned.get(rayjob["metadata"]["name"])
         if workload is None:
-            workload = _new_workload(state, rayjob)
+            workload = _new_workload(state, rayjob, pod_sets(rayjob))
             workloads[workload["metadata"]["name"]] = workload
         deployment = (rayjob.get("status") or {}).get("jobDeploymentStatus")
         if deployment in ("Complete", "Failed") and not _true(workload, "Finished"):
@@ -140,26 +199,39 @@ def _reconcile_jobs(state: dict) -> None:
             rayjob["spec"]["suspend"] = False  # startJob
 
 
+def _usage(state: dict, cluster_queue: dict, flavors: list[dict], live: list[dict], replacing: bool) -> dict:
+    """What the reserved Workloads hold; a cluster's new slice is counted without the one it replaces."""
+    usage: dict = {}
+    for workload in live:
+        if _true(workload, "QuotaReserved") and not _true(workload, "Finished") \
+                and not (replacing and _of_cluster(workload)):
+            job, sets = _job_and_sets(state, workload)
+            admission(job, cluster_queue, flavors, usage, sets=sets)
+    return usage
+
+
 def _schedule(state: dict) -> None:
     (cluster_queue,) = _objects(state, "ClusterQueue")
     flavors = _objects(state, "ResourceFlavor")
-    usage: dict = {}
     live = [w for w in state["workloads"].values() if not _true(w, "Finished")]
-    for workload in live:
-        if _true(workload, "QuotaReserved"):
-            admission(state["rayjobs"][_owner(workload)], cluster_queue, flavors, usage)  # its reserved quota
     pending = sorted((w for w in live if not _true(w, "QuotaReserved")),
                      key=lambda w: (-w["spec"]["priority"], w["metadata"]["creationTimestamp"], w["metadata"]["uid"]))
     for workload in pending:
-        chosen, problems = admission(state["rayjobs"][_owner(workload)], cluster_queue, flavors, usage)
+        job, sets = _job_and_sets(state, workload)
+        usage = _usage(state, cluster_queue, flavors, live, replacing=_of_cluster(workload))
+        chosen, problems = admission(job, cluster_queue, flavors, usage, sets=sets)
         if problems:
             _set_condition(state, workload, "QuotaReserved", "False", "Pending", "; ".join(problems))
             continue
+        if _of_cluster(workload):
+            for old in (w for w in live if _of_cluster(w) and w is not workload and _true(w, "QuotaReserved")):
+                _set_condition(state, old, "Finished", "True", "WorkloadSliceReplaced",
+                               "Replaced to accommodate a new workload slice")
         cq = cluster_queue["metadata"]["name"]
-        sets = {ps["name"]: ps for ps in pod_sets(state["rayjobs"][_owner(workload)])}
+        by_name = {ps["name"]: ps for ps in sets}
         workload["status"]["admission"] = {"clusterQueue": cq, "podSetAssignments": [
-            {"name": ps, "count": sets[ps]["count"],
-             "flavors": {r: flavor for r in pod_requests(sets[ps]["template"]["spec"])}}
+            {"name": ps, "count": by_name[ps]["count"],
+             "flavors": {r: flavor for r in pod_requests(by_name[ps]["template"]["spec"])}}
             for ps, flavor in chosen.items()]}
         _set_condition(state, workload, "QuotaReserved", "True", "QuotaReserved", f"Quota reserved in ClusterQueue {cq}")
         _set_condition(state, workload, "Admitted", "True", "Admitted", "The workload is admitted")

@@ -8,6 +8,8 @@ node groups' room, and the pods of a cluster that waits for it.
   ``shutdownAfterJobFinishes`` (``ray-project/kuberay`` tag ``ray-operator/v1.7.0``,
   ``rayjob_controller.go`` ``handleShutdownAfterJobFinishes``), at once when it is retried or
   suspended (:366-410).
+- the long-lived RayCluster's workers (``state["long_lived"]``) hold their GPUs first: those
+  Kueue admitted, or, unmanaged, every one the autoscaler asked for (kueue_double.py).
 - pods (``kubectl get pods -l ray.io/cluster=NAME``) while the RayJob is ``Initializing``: the
   worker is Unschedulable ("Insufficient nvidia.com/gpu", as kube-scheduler says) until placed and
   for the first half of ``cluster_ready_after`` reconciles after (a node scales up), then
@@ -15,7 +17,17 @@ node groups' room, and the pods of a cluster that waits for it.
 """
 from __future__ import annotations
 
-from kueue_double import pod_requests, pod_sets  # the Kueue oracle's pod sets: head, worker groups, submitter
+from kueue_double import long_lived_workers, pod_requests, pod_sets  # the Kueue oracle's pod sets
+
+
+def long_lived_gpus(state: dict) -> int:
+    """The GPUs the long-lived RayCluster's workers hold (kueue_double.long_lived_workers)."""
+    long_lived = state.get("long_lived")
+    if not long_lived:
+        return 0
+    groups = {g["groupName"]: g for g in long_lived["raycluster"]["spec"]["workerGroupSpecs"]}
+    return int(sum(count * pod_requests(groups[name]["template"]["spec"]).get("nvidia.com/gpu", 0)
+                   for name, count in long_lived_workers(state).items()))
 
 
 def gpus_of(job: dict) -> int:
@@ -32,7 +44,7 @@ def gpus_fit(state: dict, job: dict) -> bool:
     if state.get("gpu_capacity") is None:
         return True
     return sum(gpus_of(j) for j in state["rayjobs"].values() if j is not job and holds_gpus(state, j)) \
-        + gpus_of(job) <= state["gpu_capacity"]
+        + long_lived_gpus(state) + gpus_of(job) <= state["gpu_capacity"]
 
 
 def holds_gpus(state: dict, job: dict) -> bool:

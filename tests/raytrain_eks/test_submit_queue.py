@@ -124,3 +124,51 @@ def test_without_kueue_the_second_gpu_job_fails_on_its_pre_running_deadline(clus
     assert "RayJob free-b: Failed (cluster free-b-x7k2p)" in out and "PreRunningDeadlineExceeded:" in out, out
     assert "queued" not in out
     assert "suspend" not in cluster.state()["rayjobs"]["free-a"]["spec"]
+
+
+def _long_lived_raycluster() -> dict:
+    """The long-lived RayCluster as its chart writes it for the shipped environment.toml."""
+    import cdk8s
+
+    from charts.raycluster import RayClusterChart
+    from environment import load_environment
+    from raytrain_eks.run_manifest import ROOT
+
+    (doc,) = RayClusterChart(cdk8s.App(), "raycluster", env=load_environment(ROOT / "environment.toml")).to_json()
+    return doc
+
+
+def test_a_gpu_job_waits_while_the_long_lived_clusters_workers_hold_the_gpus(cluster, tmp_path, capfd):
+    """The long-lived RayCluster is a queued elastic workload (environment/queueing.py): while
+    Ray's autoscaler holds every GPU worker for an ``-on-cluster`` job, a GPU RayJob waits in the
+    queue behind it (not admitted onto nodes it cannot get, where its pre-running deadline would
+    fail it), and is admitted once the autoscaler has scaled the workers back to 0."""
+    doc = _long_lived_raycluster()
+    at_max = {g["groupName"]: g["maxReplicas"] for g in doc["spec"]["workerGroupSpecs"]}
+    cluster.set(cluster_ready_after=READY_AFTER, pre_running_deadline_after=PRE_RUNNING_AFTER,
+                long_lived={"raycluster": doc, "replicas": at_max})
+    assert _submit(tmp_path, "busy-b", "--no-wait", "--set", "name=exp") == 0
+    for _ in range(PRE_RUNNING_AFTER + 2):  # longer than its pre-running deadline
+        assert main(["status", "busy-b"]) == 0
+    out = capfd.readouterr().out
+    assert "queued: 1 of 1 in Kueue's queue" in out and f"behind RayCluster {doc['metadata']['name']} (admitted)" in out, out
+    assert [status for _, status in _history(cluster, "busy-b")] == ["Suspended"]
+
+    cluster.set(long_lived={**cluster.state()["long_lived"], "replicas": {g: 0 for g in at_max}})  # idle: scaled down
+    for _ in range(4 * PRE_RUNNING_AFTER):
+        main(["status", "busy-b"])
+        if cluster.state()["rayjobs"]["busy-b"]["status"].get("jobDeploymentStatus") in ("Complete", "Failed"):
+            break
+    assert [status for _, status in _history(cluster, "busy-b")][-1] == "Complete"
+    assert all(status != "Failed" for _, name, status in cluster.state()["history"])
+
+    # the autoscaler asks for the workers again while the job's cluster holds the GPUs: the
+    # cluster's new slice waits, its workers stay gated (they hold no node)
+    assert _submit(tmp_path, "busy-c", "--no-wait", "--set", "name=exp") == 0
+    assert main(["status", "busy-c"]) == 0
+    cluster.set(long_lived={**cluster.state()["long_lived"], "replicas": at_max})
+    assert main(["status", "busy-c"]) == 0
+    slices = [w for w in cluster.state()["workloads"].values() if w["metadata"]["ownerReferences"][0]["kind"] == "RayCluster"]
+    pending = [w for w in slices if any(c["type"] == "QuotaReserved" and c["status"] == "False"
+                                        for c in w["status"].get("conditions", []))]
+    assert len(pending) == 1 and "insufficient unused quota for" in pending[0]["status"]["conditions"][-1]["message"]

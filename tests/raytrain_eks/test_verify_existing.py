@@ -202,6 +202,10 @@ def test_decode_release_is_helms_decode_release():
     assert decode_release(plain) == {"name": "old"}
 
 
+RAY_FRAMEWORKS = ["ray.io/rayjob", "ray.io/raycluster"]
+"""What a team's Kueue must manage: the kueue chart v0.19.2's default list has both (values.yaml:166-178)."""
+
+
 def _kueue_present(world, frameworks, served=("v1beta1", "v1beta2")):
     """The team runs Kueue v0.19.2 by Helm in kueue-system (the spec says present), with its
     manager ConfigMap (kueue chart templates/manager/manager-config.yaml) and CRDs."""
@@ -228,21 +232,30 @@ def _team_object(world, kind: str, name: str, namespace: str = "", labels: dict 
 
 
 def test_a_teams_kueue_that_manages_rayjobs_is_used_as_it_is(world, charts, capsys):  # noqa: F811
-    _kueue_present(world, ["batch/job", "ray.io/rayjob"])
+    _kueue_present(world, ["batch/job", *RAY_FRAMEWORKS])
     rc, lines, err = world.run(capsys, charts[1])
     assert failures(lines) == [] and rc == 0, lines
-    assert any("kueue: present (helm release kueue in kueue-system, chart 0.19.2), manages ray.io/rayjob" in line
+    assert any("kueue: present (helm release kueue in kueue-system, chart 0.19.2), manages ray.io/rayjob, "
+               "ray.io/raycluster" in line
                for line in lines)
 
 
 def test_a_teams_kueue_that_does_not_manage_rayjobs_fails(world, charts, capsys):  # noqa: F811
-    _kueue_present(world, ["batch/job"])
-    _one_failure(world, capsys, charts, "does not manage ray.io/rayjob", "queued RayJobs would never be admitted",
+    _kueue_present(world, ["batch/job", "ray.io/raycluster"])
+    _one_failure(world, capsys, charts, "does not manage ray.io/rayjob (", "queued RayJobs would never be admitted",
                  "add ray.io/rayjob to integrations.frameworks")
 
 
+def test_a_teams_kueue_that_does_not_manage_rayclusters_fails(world, charts, capsys):  # noqa: F811
+    # the long-lived RayCluster carries Kueue's elastic-job scheduling gate: nothing would lift it
+    _kueue_present(world, ["ray.io/rayjob"])
+    _one_failure(world, capsys, charts, "does not manage ray.io/raycluster",
+                 "the long-lived RayCluster's pods would stay gated, never scheduled",
+                 "add ray.io/raycluster to integrations.frameworks")
+
+
 def test_a_teams_kueue_that_serves_an_older_api_fails(world, charts, capsys):  # noqa: F811
-    _kueue_present(world, ["ray.io/rayjob"], served=("v1beta1",))
+    _kueue_present(world, RAY_FRAMEWORKS, served=("v1beta1",))
     rc, lines, err = world.run(capsys, charts[1])
     assert rc == 2 and all("the queue objects are kueue.x-k8s.io/v1beta2" in line for line in failures(lines)), lines
     assert {line.split(" serves ")[1].split(" at ")[0] for line in failures(lines)} == {
@@ -255,14 +268,14 @@ def test_a_teams_kueue_that_serves_an_older_api_fails(world, charts, capsys):  #
     ("WorkloadPriorityClass", "short", "", "rename short in queueing.priorities"),
 ])
 def test_a_teams_kueue_object_with_the_name_of_one_of_ours_fails(world, charts, capsys, kind, name, namespace, fix):  # noqa: F811
-    _kueue_present(world, ["ray.io/rayjob"])
+    _kueue_present(world, RAY_FRAMEWORKS)
     _team_object(world, kind, name, namespace)
     _one_failure(world, capsys, charts, f"queue-objects: {kind} {name} already exists on {EXISTING_CLUSTER} and is not "
                  "this app's (no label app.kubernetes.io/part-of=raytrain-eks): the deploy would fail creating it", fix)
 
 
 def test_a_teams_local_queue_of_the_same_name_clashes_only_in_the_ray_namespace(world, charts, capsys):  # noqa: F811
-    _kueue_present(world, ["ray.io/rayjob"])
+    _kueue_present(world, RAY_FRAMEWORKS)
     _team_object(world, "LocalQueue", "ray-jobs", "team-a")  # another namespace: no clash
     rc, lines, _ = world.run(capsys, charts[1])
     assert rc == 0 and failures(lines) == [], lines
@@ -274,7 +287,7 @@ def test_a_teams_local_queue_of_the_same_name_clashes_only_in_the_ray_namespace(
 
 
 def test_our_own_queue_objects_from_an_earlier_deploy_pass(world, charts, capsys):  # noqa: F811
-    _kueue_present(world, ["ray.io/rayjob"])
+    _kueue_present(world, RAY_FRAMEWORKS)
     _team_object(world, "ClusterQueue", "raytrain", labels=dict(PART_OF))
     _team_object(world, "WorkloadPriorityClass", "short", labels=dict(PART_OF))
     rc, lines, _ = world.run(capsys, charts[1])
@@ -283,7 +296,7 @@ def test_our_own_queue_objects_from_an_earlier_deploy_pass(world, charts, capsys
 
 
 def test_a_prefix_moves_our_cluster_wide_names_off_the_teams(world, charts, capsys):  # noqa: F811
-    _kueue_present(world, ["ray.io/rayjob"])
+    _kueue_present(world, RAY_FRAMEWORKS)
     _team_object(world, "ClusterQueue", "raytrain")
     _team_object(world, "ResourceFlavor", "system")
     world.raw["queueing"]["name_prefix"] = "ml-"

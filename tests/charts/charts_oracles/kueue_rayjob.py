@@ -165,10 +165,11 @@ def flavor_fits_pod(flavor: dict, pod_spec: dict) -> str | None:
 
 
 def admission(rayjob: dict, cluster_queue: dict, flavors: list[dict],
-              usage: dict[str, dict[str, Fraction]] | None = None) -> tuple[dict[str, str], list[str]]:
+              usage: dict[str, dict[str, Fraction]] | None = None,
+              sets: list[dict] | None = None) -> tuple[dict[str, str], list[str]]:
     """Flavor per pod set, and why it cannot be admitted now (empty: it is) given ``usage``
     (flavor -> resource -> reserved, updated in place when it is admitted); with no usage:
-    whether it can EVER be admitted."""
+    whether it can EVER be admitted. ``sets``: another job's pod sets (default: the RayJob's)."""
     by_name = {f["metadata"]["name"]: f for f in flavors}
     group = cluster_queue["spec"]["resourceGroups"][0]
     assert len(cluster_queue["spec"]["resourceGroups"]) == 1, "one resource group ported"
@@ -176,7 +177,7 @@ def admission(rayjob: dict, cluster_queue: dict, flavors: list[dict],
     quota = {f["name"]: {r["name"]: quantity(r["nominalQuota"]) for r in f["resources"]} for f in group["flavors"]}
     used = {f: dict(r) for f, r in (usage or {}).items()}
     chosen, problems = {}, []
-    for ps in pod_sets(rayjob):
+    for ps in (pod_sets(rayjob) if sets is None else sets):
         request = {k: v * ps["count"] for k, v in pod_requests(ps["template"]["spec"]).items() if v}
         missing = set(request) - covered
         if missing:
