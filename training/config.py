@@ -264,7 +264,9 @@ class WorldSize:
     workers_per_node: int
     """Workers (GPUs) in each worker pod: the node's GPUs, or all of them for a job smaller than a node."""
     WORKERS_FLAG: ClassVar[str] = "--workers"
+    """The entry point's argument carrying ``num_workers`` (``python -m training``)."""
     PER_NODE_FLAG: ClassVar[str] = "--workers-per-node"
+    """The entry point's argument carrying ``workers_per_node``."""
 
     @property
     def worker_pods(self) -> int:

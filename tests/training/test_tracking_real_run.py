@@ -91,8 +91,9 @@ def _wait_for_step(url: str, experiment: str, step: int, bound_s: float = 300.0)
     while time.monotonic() < deadline:
         runs = _search(url, experiment)
         if runs:
+            # a run with no train/loss yet answers {} (proto3 JSON leaves an empty list out)
             history = rest_get(url, "/api/2.0/mlflow/metrics/get-history", run_id=runs[0]["info"]["run_id"],
-                               metric_key="train/loss")["metrics"]
+                               metric_key="train/loss").get("metrics", [])
             if any(int(m["step"]) >= step for m in history):
                 return {"status": runs[0]["info"]["status"], "steps": sorted(int(m["step"]) for m in history)}
         time.sleep(1)
