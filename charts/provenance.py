@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from environment import Environment, UnlockedImageWarning
+from environment.contract import PART_OF
 from environment.image_source import pull_reference
 from environment.contract import (
     CODE_HASH_LABEL, CODE_URI_ANNOTATION, IMAGE_ANNOTATION, IMAGE_DIGEST_ANNOTATION, IMAGE_LOCKED_LABEL,
@@ -31,7 +32,7 @@ from training import contract
 
 
 
-POD_TEMPLATE_LABELS = {"app.kubernetes.io/part-of": "raytrain-eks"}
+POD_TEMPLATE_LABELS = dict(PART_OF)
 """The only provenance on a pod template: constant, so it never changes the Recreate hash."""
 
 

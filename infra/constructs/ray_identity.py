@@ -14,7 +14,7 @@ from __future__ import annotations
 from aws_cdk import Stack, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
-from environment.contract import POD_SECURITY_LABELS
+from environment.contract import PART_OF, POD_SECURITY_LABELS
 from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
 
@@ -75,7 +75,7 @@ class RayIdentity(Construct):
         super().__init__(scope, construct_id)
         self.namespace = namespace
         self.service_account_name = service_account_name
-        labels = {"app.kubernetes.io/part-of": "raytrain-eks"}
+        labels = dict(PART_OF)
         # One manifest, applied in order: the namespace, its network policies, then the service
         # account (no token automount: nothing in the Ray pods calls the Kubernetes API).
         self.network_policies = namespace_policies(namespace, operator_namespace)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from aws_cdk import Stack, aws_ec2 as ec2, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam, aws_s3 as s3
 from constructs import Construct
 
-from environment.contract import REGRESSION_REPORT_DIR as REPORT_DIR
+from environment.contract import PART_OF, REGRESSION_REPORT_DIR as REPORT_DIR
 from infra.nag import acknowledge
 
 DEPLOYER_GROUP = "raytrain-pipeline-deployers"
@@ -120,7 +120,7 @@ class KubectlDeployers(Construct):
             conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [r.pointer_key]}}))
         promote.add_to_policy(iam.PolicyStatement(
             sid="WritePromotedDigest", actions=["ssm:PutParameter"], resources=[r.parameter_arn]))
-        labels = {"app.kubernetes.io/part-of": "raytrain-eks", "app.kubernetes.io/component": "pipeline"}
+        labels = {**PART_OF, "app.kubernetes.io/component": "pipeline"}
         self.rbac = eks.KubernetesManifest(self, "Rbac", cluster=cluster, manifest=[
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
              "metadata": {"name": DEPLOYER_GROUP, "namespace": namespace, "labels": labels},

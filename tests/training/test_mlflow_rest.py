@@ -27,25 +27,10 @@ ARN = "arn:aws:sagemaker:eu-west-1:123456789012:mlflow-tracking-server/team"
 
 
 def test_a_sagemaker_request_is_signed_as_the_plugin_signs_it(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    sent: list[urllib.request.Request] = []
-
-    class Answer:  # urlopen's answer as a context manager (the stdlib's HTTPResponse)
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def read(self):
-            return b'{"experiment_id": "7"}'
-
-    monkeypatch.setattr(urllib.request, "urlopen", lambda request, timeout: sent.append(request) or Answer())
-    tracking = Tracking(ARN)
-    assert tracking.call("experiments/create", {"name": "x"}) == {"experiment_id": "7"}
-    request = sent[0]
+    answers = []
+    request = _sent_through(monkeypatch, lambda t: answers.append(t.call("experiments/create", {"name": "x"})),
+                            session_token=None)
+    assert answers == [{"experiment": {"experiment_id": "7"}, "run": {}}]
     assert request.full_url == "https://eu-west-1.experiments.sagemaker.aws/api/2.0/mlflow/experiments/create"
     headers = {k.lower(): v for k, v in request.header_items()}
     assert headers[SAGEMAKER_ARN_HEADER] == ARN
@@ -55,14 +40,18 @@ def test_a_sagemaker_request_is_signed_as_the_plugin_signs_it(monkeypatch):
     assert "x-mlflow-sm-tracking-server-arn" in headers["authorization"]  # the ARN header is signed too
 
 
-def _sent_through(monkeypatch, action) -> urllib.request.Request:
-    """The one request ``action`` sends, as urllib would put it on the wire (answered ``{}``)."""
+def _sent_through(monkeypatch, action, session_token: str | None = "token") -> urllib.request.Request:
+    """The one request ``action`` sends, as urllib would put it on the wire (answered with an
+    experiment and an empty run), with static credentials (``session_token`` None: none)."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    monkeypatch.setenv("AWS_SESSION_TOKEN", "token")
+    if session_token is None:
+        monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("AWS_SESSION_TOKEN", session_token)
     sent: list[urllib.request.Request] = []
 
-    class Answer:
+    class Answer:  # urlopen's answer as a context manager (the stdlib's HTTPResponse)
         def __enter__(self):
             return self
 
