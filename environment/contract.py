@@ -119,11 +119,11 @@ time, and the submitter does not carry it."""
 RAY_DASHBOARD_PORT = 8265
 """The Ray dashboard: the job-submission API the submitter and the KubeRay operator call."""
 
-# --- Kubernetes versions the CDK app can build (infra/kubectl_layer.py) ----------------------
+# --- Kubernetes versions the CDK app can build (infra/build.py KUBECTL_LAYERS) --------------
 KUBERNETES_VERSIONS: tuple[str, ...] = ("1.36",)
 """Minor versions with a kubectl/helm Lambda layer in this CDK app: the provider's client must
 match the server's minor. Each needs the PyPI package ``aws-cdk.lambda-layer-kubectl-v1NN``
-pinned in pyproject.toml; infra/kubectl_layer.py derives the module from the version."""
+pinned in pyproject.toml; infra/build.py (KUBECTL_LAYERS) derives the module from the version."""
 
 # --- what the pipeline adds to a smoke run's run.json ---------------------------------------
 RECORD_IMAGE_RAN = "image_ran"

@@ -3,27 +3,95 @@
 ``build_app(env)`` creates the network, storage and cluster stacks (and the pipeline stack when
 ``env.pipeline.enabled``) and registers cdk-nag's AwsSolutions checks as a synth-time
 validation plugin. It reads nothing from files, context or the environment: app.py does that.
+
+What the spec resolves to before any construct exists is here too, so that a spec this app
+cannot build is refused first (:class:`InfraSpecError`): the Helm add-ons with their versions
+and CRDs, and the kubectl/helm Lambda layer of the cluster's Kubernetes version. So is what the
+app does to every stack once built: each Lambda function's log group (:func:`own_function_logs`).
 """
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aws_cdk as cdk
+from aws_cdk import RemovalPolicy, Stack, Token, aws_lambda, aws_logs as logs
+from constructs import Construct
 
+from environment import Environment, SpecError
 from environment.addons import installed_addons, present_addons_with_objects
+from environment.contract import KUBERNETES_VERSIONS
 from infra.constructs.cluster_addons import ResolvedAddon
-from infra.errors import InfraSpecError
-from infra.function_logs import own_function_logs
-from infra.kubectl_layer import kubectl_layer_factory
 from infra.nag import add_nag_checks
 from infra.stack_names import stack_name
 from infra.stacks.attached import AttachedClusterStack
 from infra.stacks.cluster import ClusterStack, retention_days
 from infra.stacks.network import NetworkStack
 from infra.stacks.storage import StorageStack
-from environment import Environment
 from environment.image_source import cache_prefix
+
+
+class InfraSpecError(SpecError):
+    """The spec is valid on its own but cannot be built by this CDK app (e.g. no kubectl layer
+    is installed for its Kubernetes version); ``str(err)`` is the one line to print."""
+
+
+# --- The kubectl/helm Lambda layer that matches the cluster's Kubernetes version ---------------
+# The kubectl provider runs ``kubectl`` and ``helm`` against the cluster; its client should match
+# the server's minor version. Each layer is a separate PyPI package
+# (``aws-cdk.lambda-layer-kubectl-v3x``). The versions this app supports are listed ONCE, in
+# environment/contract.py (the spec refuses any other); this maps each to its package.
+
+def layer_module(version: str) -> tuple[str, str]:
+    """``1.36`` -> (``aws_cdk.lambda_layer_kubectl_v36``, ``KubectlV36Layer``): the packages'
+    naming scheme."""
+    minor = version.removeprefix("1.")
+    return f"aws_cdk.lambda_layer_kubectl_v{minor}", f"KubectlV{minor}Layer"
+
+
+# Kubernetes minor version -> (module, class), one per supported version.
+KUBECTL_LAYERS: dict[str, tuple[str, str]] = {v: layer_module(v) for v in KUBERNETES_VERSIONS}
+
+
+def kubectl_layer_factory(env: Environment) -> Callable[[Construct, str], aws_lambda.ILayerVersion]:
+    """Return the constructor of the layer for ``env``'s Kubernetes version, or raise
+    :class:`InfraSpecError` (one line) when its package is not installed."""
+    version = env.cluster.kubernetes_version
+    if version not in KUBECTL_LAYERS:  # the spec refuses it first; kept for hand-built Environments
+        raise InfraSpecError(
+            f"{env.source}: cluster.kubernetes_version: {version!r} has no matching kubectl layer "
+            f"in this CDK app (supported: {', '.join(KUBERNETES_VERSIONS)})")
+    module_name, class_name = KUBECTL_LAYERS[version]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        raise InfraSpecError(
+            f"{env.source}: cluster.kubernetes_version: {version!r} needs the Python package "
+            f"{module_name.replace('_', '-').replace('aws-cdk-', 'aws-cdk.', 1)}, which is not installed "
+            "(run make install)") from None
+    return getattr(module, class_name)
+
+
+def own_function_logs(stack: Stack, retention_days: int) -> None:
+    """Give each function of ``stack`` that has no log group of its own a stack-owned one
+    (Lambda's ``LoggingConfig.LogGroup``) kept ``retention_days`` and deleted with the stack.
+
+    Every Lambda function a stack creates, its own or one a CDK construct adds (the kubectl
+    provider's handler and its framework function, AwsCustomResource's singleton), so writes to
+    a log group the stack owns, with a retention: left to Lambda, ``/aws/lambda/<name>`` is
+    created on the first invocation with no retention and outlives ``cdk destroy``."""
+    for construct in stack.node.find_all():
+        if not isinstance(construct, aws_lambda.CfnFunction):
+            continue
+        config = construct.logging_config
+        if config is not None and not Token.is_unresolved(config) and getattr(config, "log_group", None):
+            continue  # already chosen by its owner
+        group = logs.CfnLogGroup(construct.node.scope, f"{construct.node.id}LogGroup",
+                                 retention_in_days=retention_days)
+        group.apply_removal_policy(RemovalPolicy.DESTROY)
+        construct.add_property_override("LoggingConfig.LogGroup", group.ref)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,7 +183,7 @@ def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: s
     ``existing_gpu_groups``: the GPU groups a deploy updates in place (infra/existing_groups.py;
     default none: every group is written as a creation, with its desired size).
 
-    Raises :class:`infra.errors.InfraSpecError` (a SpecError) before creating anything when the
+    Raises :class:`InfraSpecError` (a SpecError) before creating anything when the
     spec cannot be built here (e.g. no kubectl layer for its Kubernetes version).
     """
     problem = deployability_problem(env)

@@ -27,7 +27,7 @@ def _env(**extra) -> dict:
 def test_kubernetes_version_without_a_kubectl_layer_is_refused_by_the_spec():
     # the versions the spec accepts ARE the kubectl layers of this app (one list, environment/contract.py)
     from environment import SpecError, environment_from_dict
-    from infra.kubectl_layer import KUBECTL_LAYERS
+    from infra.build import KUBECTL_LAYERS
 
     raw = default_raw()
     raw["cluster"]["kubernetes_version"] = "1.35"  # valid for EKS, no layer here

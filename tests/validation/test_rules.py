@@ -49,7 +49,7 @@ def test_model_config_keys_are_exactly_what_qwen2config_takes():
 def test_kubectl_layers_are_the_spec_versions():
     pytest.importorskip("aws_cdk")
     from environment.contract import KUBERNETES_VERSIONS
-    from infra.kubectl_layer import KUBECTL_LAYERS
+    from infra.build import KUBECTL_LAYERS
 
     assert tuple(KUBECTL_LAYERS) == KUBERNETES_VERSIONS
 
