@@ -20,8 +20,7 @@ from infra.constructs.kubernetes_order import kubernetes_objects_after
 from infra.constructs.managed_addons import ManagedAddons
 from infra.constructs.node_security import node_role, system_launch_template
 from infra.constructs.ray_identity import RayIdentity
-from infra.nag import acknowledge, acknowledge_cluster_findings
-from infra.nag_rules import ENDPOINT_RULE, OPEN_TO_ALL
+from infra.nag import ENDPOINT_RULE, OPEN_TO_ALL, acknowledge, acknowledge_cluster_findings
 from infra.stack_names import control_plane_log_group
 from infra.stacks.network import NetworkStack
 

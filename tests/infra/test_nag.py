@@ -1,4 +1,4 @@
-"""Our cdk-nag pack (infra/nag_rules.py) on aws_eks_v2 clusters, where AwsSolutions is blind.
+"""Our cdk-nag pack (infra/nag.py) on aws_eks_v2 clusters, where AwsSolutions is blind.
 
 Oracle: cdk-nag 3.0.2's own EKS rules (lib/rules/eks/EKSClusterNoEndpointPublicAccess.js and
 EKSClusterControlPlaneLogs.js) match ``aws_eks.CfnCluster`` by class; they are run here, the
@@ -10,7 +10,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_eks_v2 as eks
 from cdk_nag import AwsSolutionsChecks
 
-from infra.nag_rules import ENDPOINT_RULE, LOGS_RULE, RaytrainChecks
+from infra.nag import ENDPOINT_RULE, LOGS_RULE, RaytrainChecks
 
 
 def _probe(public_cidrs=None, public=True, logs=("api", "audit", "authenticator", "controllerManager", "scheduler")):
