@@ -35,12 +35,12 @@ def _named_spec() -> str:
 def _deploy_gate(env) -> tuple[str | None, frozenset[str], str | None]:
     """What the recorded `raytrain-eks verify` of this spec says (infra/verify_gate.py): why the
     cluster stack may not be deployed yet (None: it may; always None with
-    ``-c raytrain:skip-verify=true``), the GPU groups that already exist (infra/existing_groups.py;
+    ``-c raytrain:skip-verify=true``), the GPU groups that already exist (the same module;
     none without a recent pass: every group is written as a creation) and the warning to print
     when the override deploys without knowing them."""
     from pathlib import Path
 
-    from infra import existing_groups, verify_gate
+    from infra import verify_gate
 
     path = verify_gate.stamp_path(Path(__file__).resolve().parent, env)
     recorded = path.read_text() if path.is_file() else None
@@ -48,7 +48,7 @@ def _deploy_gate(env) -> tuple[str | None, frozenset[str], str | None]:
     found = verify_gate.recorded_groups(recorded) if refusal is None else None
     skip = str(_cli_context().get(verify_gate.SKIP_CONTEXT, "")).lower() == "true"
     deploys = skip or refusal is None
-    warning = existing_groups.reset_warning(env) if deploys and found is None else None
+    warning = verify_gate.reset_warning(env) if deploys and found is None else None
     return (None if skip else refusal), (found or frozenset()), warning
 
 

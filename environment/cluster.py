@@ -183,7 +183,7 @@ class GpuNodeGroupSpec(_NodeSizing):
     desired_nodes: int = 0
     """The size the group starts at. With min_nodes < max_nodes cluster-autoscaler owns the size:
     it must equal min_nodes, and only the deploy that creates the group sends it (a redeploy
-    would reset the autoscaler's size; infra/existing_groups.py)."""
+    would reset the autoscaler's size; infra/verify_gate.py)."""
     max_nodes: int = 2
     """The size every GPU job runs at (its world size = max_nodes x GPUs per node)."""
     root_volume_gib: int = 200

@@ -1,12 +1,12 @@
 """The node-group check of `raytrain-eks verify` (see :mod:`raytrain_eks.verify`): which of the
 spec's GPU node groups already exist, so that the deploy writes a desired size only for a group
-it creates (infra/existing_groups.py says why). Read-only: EKS DescribeCluster, ListNodegroups
+it creates (infra/verify_gate.py says why). Read-only: EKS DescribeCluster, ListNodegroups
 and DescribeNodegroup on the spec's cluster; no cluster yet means no group exists.
 """
 from __future__ import annotations
 
 from environment import Environment
-from infra.existing_groups import autoscaled, creation_key, existing
+from infra.verify_gate import autoscaled, creation_key, existing
 from raytrain_eks.verify import Finding, passed
 
 

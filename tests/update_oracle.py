@@ -368,7 +368,7 @@ def deployed_groups(raw: dict, deployed: dict[str, dict]) -> frozenset[str]:
     templates: the GPU groups of ``raw`` whose running node group carries their tags (EKS
     DescribeNodegroup returns the tags CloudFormation set from the template's Tags)."""
     from environment import environment_from_dict
-    from infra.existing_groups import existing
+    from infra.verify_gate import existing
 
     tags = [r.get("Properties", {}).get("Tags") or {} for r in deployed["cluster"].get("Resources", {}).values()
             if r["Type"] == NODE_GROUP]

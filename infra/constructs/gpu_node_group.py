@@ -7,7 +7,7 @@ from constructs import Construct
 from environment import GpuNodeGroupSpec
 from environment.contract import EFA_RESOURCE, GPU_ACCELERATOR_LABEL, GPU_RESOURCE, gpu_accelerator
 from infra.constructs.efa_launch_template import EfaLaunchTemplate
-from infra.existing_groups import AMI_TYPE, autoscaled, identity_tags
+from infra.verify_gate import AMI_TYPE, autoscaled, identity_tags
 
 NODE_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
 UPDATE_STRATEGY = "MINIMAL"
@@ -59,7 +59,7 @@ class GpuNodeGroup(Construct):
     :attr:`launch_template` and :attr:`placement_group`.
 
     ``exists``: the group is already deployed with this spec's create-only inputs
-    (infra/existing_groups.py); an autoscaled one then carries no desired size.
+    (infra/verify_gate.py); an autoscaled one then carries no desired size.
 
     No node group name: CloudFormation generates one, so a change to a create-only property
     (instance type, capacity type, subnets, disk, AMI type) replaces the group instead of failing

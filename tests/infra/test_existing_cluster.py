@@ -208,7 +208,7 @@ def test_a_cluster_autoscaler_and_kuberay_installed_here(tmp_path):
 def test_the_reset_warning_names_only_groups_this_app_writes():
     # a synth without a recent verify warns that it keeps DesiredSize on the groups it writes;
     # the existing cluster's own L4 group is in no template, so it is not named
-    from infra.existing_groups import reset_warning
+    from infra.verify_gate import reset_warning
 
     env = environment_from_dict(existing_raw(), "existing.toml")
     line = reset_warning(env)

@@ -191,7 +191,7 @@ def test_adopting_the_kept_bucket_after_a_destroy_is_not_refused(baseline):
 
 
 def test_verify_counts_a_group_as_existing_exactly_when_the_deploy_does_not_replace_it(baseline, results):
-    # the creation key (infra/existing_groups.py) must change whenever a create-only property of
+    # the creation key (infra/verify_gate.py) must change whenever a create-only property of
     # the synthesized GPU node group does (schema: the oracle's "replace"), else the replacement
     # is written without DesiredSize and EKS refuses its creation
     for edit, changes in results.items():

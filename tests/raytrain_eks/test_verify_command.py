@@ -143,7 +143,7 @@ def test_verify_records_the_gpu_groups_that_exist_with_the_same_create_only_inpu
     # construct writes; in "replaced" the group was made for another instance type, so this
     # spec replaces it (a creation) and it does not count
     from infra import verify_gate
-    from infra.existing_groups import identity_tags
+    from infra.verify_gate import identity_tags
 
     use_clients(monkeypatch, moto)
     eks = moto.client("eks", REGION)
