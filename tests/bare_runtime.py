@@ -5,7 +5,7 @@ into the test venv's site-packages: ``python -I`` still reads those).
 
 The distributions are linked from the test venv, so nothing downloads. What a runtime provides is
 the caller's to name, e.g. AWS Lambda's Python runtimes: the standard library plus boto3
-(``LAMBDA_RUNTIME`` below, infra/lambda_asset.py).
+(``LAMBDA_RUNTIME`` below, infra/stacks/pipeline_watcher.py).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 LAMBDA_RUNTIME = ("boto3",)
 """The distribution AWS Lambda's Python runtime provides beyond the standard library; with its
-dependencies, the import names infra/lambda_asset.py's LAMBDA_RUNTIME_PACKAGES lists (a test)."""
+dependencies, the import names infra/stacks/pipeline_watcher.py's LAMBDA_RUNTIME_PACKAGES lists (a test)."""
 
 # How AWS's runtime interface client calls a handler (aws-lambda-python-runtime-interface-client,
 # awslambdaric/bootstrap.py `_get_handler`): the task root on sys.path, then

@@ -3,7 +3,7 @@ called the way AWS's runtime interface client calls it, in a venv that holds onl
 Python runtime provides (the standard library and boto3) and not this project. moto's server
 stands in for SSM, DynamoDB and CodePipeline; the digest comes from the real local registry.
 
-Before infra/lambda_asset.py, the asset carried ``image_watcher/`` and ``environment/`` by a
+Before the staging by imports (infra/stacks/pipeline_watcher.py), the asset carried ``image_watcher/`` and ``environment/`` by a
 hand-written list; ``environment`` imports ``spec_schema``, so the handler died at import with
 ``ModuleNotFoundError: No module named 'spec_schema'`` (the old test imported it with
 ``python -I``, which still reads the editable install).
@@ -21,9 +21,9 @@ import pytest
 from fixtures_pipeline import create_watcher_resources
 from bare_runtime import LAMBDA_RUNTIME, distribution_closure, importable_names, invoke_lambda, make_runtime, \
     visible_project_packages
-from infra.lambda_asset import LAMBDA_RUNTIME_PACKAGES, UnshippableImport, first_party_packages, stage_function
 from infra.lambdas.image_watcher.watcher import WatcherConfig
-from infra.stacks.pipeline_watcher import FUNCTION_DIR, WATCH_HANDLER, stage_asset
+from infra.stacks.pipeline_watcher import FUNCTION_DIR, LAMBDA_RUNTIME_PACKAGES, WATCH_HANDLER, UnshippableImport, \
+    first_party_packages, stage_asset, stage_function
 
 NAME = "deep-learning-containers/ray"
 
