@@ -50,7 +50,7 @@ from aws_cdk import (
 from constructs import Construct
 
 from infra.stacks import pipeline_access, pipeline_builds
-from infra.stacks.pipeline_config import CONFIG_VARIABLE, fingerprint, kubectl_in_vpc, required_transport
+from infra.stacks.pipeline_builds import CONFIG_VARIABLE, fingerprint, kubectl_in_vpc, required_transport
 from infra.lambdas.image_watcher.history import pointer_key
 from infra.stacks.pipeline_notify import PipelineNotifications
 from infra.stacks.pipeline_watcher import WatcherFunctions

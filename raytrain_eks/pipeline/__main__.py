@@ -59,7 +59,7 @@ def check_run(args: argparse.Namespace, environ=os.environ) -> int:
     import boto3
 
     from environment import SpecError, load_environment
-    from infra.stacks.pipeline_config import CONFIG_VARIABLE, fingerprint
+    from infra.stacks.pipeline_builds import CONFIG_VARIABLE, fingerprint
 
     from .run_checks import RunRefused, check_run as check
 

@@ -5,7 +5,7 @@
   setting to turn that off. Here it would run a GPU smoke job and redeploy on every first
   ``cdk deploy``. That execution is stopped (abandoned, with the reason); every other trigger
   (a push, the watcher, an operator's ``start-pipeline-execution``) runs.
-- The pipeline stack never redeploys itself (infra/stacks/pipeline_config.py): when the
+- The pipeline stack never redeploys itself (infra/stacks/pipeline_builds.py, its fingerprint): when the
   committed spec or code would synthesize a different pipeline (a new image tag to watch, a new
   transport requirement, new buildspecs), the run is refused until the stack is redeployed.
 """

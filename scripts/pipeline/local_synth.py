@@ -101,8 +101,7 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from environment import load_environment
-    from infra.stacks.pipeline_builds import SYNTH_COMMANDS, synth_spec
-    from infra.stacks.pipeline_config import CONFIG_VARIABLE, fingerprint
+    from infra.stacks.pipeline_builds import CONFIG_VARIABLE, SYNTH_COMMANDS, fingerprint, synth_spec
 
     if args.out.exists():
         shutil.rmtree(args.out)

@@ -20,7 +20,7 @@ from environment.model import MAX_APPLY_WAIT_MINUTES
 from infra.lambdas.image_watcher import watcher as watcher_module
 from infra.stacks import pipeline as pipeline_module
 from infra.stacks.pipeline_access import DEPLOYER_GROUP
-from infra.stacks.pipeline_config import fingerprint
+from infra.stacks.pipeline_builds import fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "111122223333"
@@ -238,7 +238,7 @@ def test_kubectl_builds_join_the_vpc_whenever_the_private_endpoint_is_on():
     """With public_and_private the public endpoint admits only public_access_cidrs, which
     CodeBuild's addresses are not in: the kubectl builds must reach the private endpoint."""
     from environment import environment_from_dict
-    from infra.stacks.pipeline_config import kubectl_in_vpc
+    from infra.stacks.pipeline_builds import kubectl_in_vpc
 
     raw = tomllib.loads((REPO / "environment.toml").read_text())
     for access, cidrs, in_vpc in (("private", [], True), ("public_and_private", ["203.0.113.0/24"], True),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from environment import environment_from_dict
-from infra.stacks.pipeline_config import fingerprint
+from infra.stacks.pipeline_builds import fingerprint
 from raytrain_eks.pipeline.run_checks import RunRefused, check_run
 
 REPO = Path(__file__).resolve().parents[3]
