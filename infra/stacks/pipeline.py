@@ -32,27 +32,38 @@ ordered actions of ONE stage, ``Release``, so that they run under one stage lock
 
 A failed Smoke, Apply or Promote records a ``rolled-back`` history item with the reason and its
 class (the image's failure shelves the digest; others let the watcher retry it) and publishes it
-to the failure topic (infra/stacks/pipeline_notify.py), which also gets every failed action and
+to the failure topic (:class:`PipelineNotifications`), which also gets every failed action and
 the watcher's errors; the
 long-lived cluster is re-applied only when it differs from the manifest the last promotion
 applied (after a failed smoke it was never touched). The pipeline variable ``IMAGE_DIGEST`` (default
 ``spec``) carries an explicit digest; rolling back to an older one is an explicit run:
 ``--variables name=IMAGE_DIGEST,value=sha256:<previous>`` (README, "Rollback").
+
+Failures reach a person: one SNS topic (``pipeline.notify_emails`` subscribe to it by e-mail) fed by
+
+- the pipeline's steps: each failure, with its reason and class (image / infrastructure /
+  deferred) and what follows (raytrain_eks/pipeline/failures.py);
+- an EventBridge rule on every FAILED action of the pipeline, with its stage, action and
+  CodePipeline's own summary (a Synth or Deploy failure, a build killed by its timeout: what no
+  step of ours can report). Action events carry ``execution-result.external-execution-summary``;
+  pipeline-level ones carry no reason, so the rule matches the actions;
+- a CloudWatch alarm on the watcher Lambda's ``Errors`` (a registry outage, an import error):
+  the watcher is scheduled, nobody would see it fail.
 """
 from __future__ import annotations
 
 from aws_cdk import (
-    CfnOutput, Duration, RemovalPolicy, Stack, aws_codebuild as codebuild,
-    aws_codepipeline as codepipeline, aws_codepipeline_actions as actions, aws_dynamodb as dynamodb,
-    aws_events as events, aws_events_targets as targets, aws_iam as iam,
-    aws_s3 as s3, aws_ssm as ssm,
+    CfnOutput, Duration, RemovalPolicy, Stack, aws_cloudwatch as cloudwatch, aws_cloudwatch_actions as cw_actions,
+    aws_codebuild as codebuild, aws_codepipeline as codepipeline, aws_codepipeline_actions as actions,
+    aws_dynamodb as dynamodb, aws_events as events, aws_events_targets as targets, aws_iam as iam,
+    aws_lambda as lambda_, aws_s3 as s3, aws_sns as sns, aws_sns_subscriptions as subscriptions, aws_ssm as ssm,
 )
 from constructs import Construct
 
 from infra.stacks import pipeline_access, pipeline_builds
 from infra.stacks.pipeline_builds import CONFIG_VARIABLE, fingerprint, kubectl_in_vpc, required_transport
 from infra.lambdas.image_watcher.history import pointer_key
-from infra.stacks.pipeline_notify import PipelineNotifications
+from infra.nag import acknowledge
 from infra.stacks.pipeline_watcher import WatcherFunctions
 from environment.contract import CODE_PREFIX
 from environment import Environment
@@ -78,6 +89,58 @@ def connection_actions(connection_arn: str, *names: str) -> list[str]:
 
 
 CONNECTION_SERVICES = ("codeconnections", "codestar-connections")
+
+
+ACTION_EVENT = "CodePipeline Action Execution State Change"
+"""EventBridge detail-type of an action's state change (CodePipeline user guide, "Monitoring
+CodePipeline events": ``detail.state`` FAILED with ``detail.execution-result``)."""
+
+
+class PipelineNotifications(Construct):
+    """The failure topic and what feeds it. Exposes :attr:`topic`."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, emails: tuple[str, ...], pipeline_name: str) -> None:
+        super().__init__(scope, construct_id)
+        self.topic = sns.Topic(self, "Topic", display_name=f"{pipeline_name} failures", enforce_ssl=True)
+        acknowledge(self.topic, "AwsSolutions-SNS2",
+                    "Messages hold digests, stage names and failure reasons, no secrets; CloudWatch alarms and "
+                    "EventBridge cannot publish to a topic encrypted with the AWS-managed SNS key.")
+        for address in emails:
+            self.topic.add_subscription(subscriptions.EmailSubscription(address))
+        self.pipeline_name = pipeline_name
+
+    def on_failed_actions(self, pipeline_name: str) -> events.Rule:
+        """Every FAILED action of the pipeline, with CodePipeline's summary of why."""
+        field = events.EventField.from_path
+        return events.Rule(
+            self, "ActionFailed", description=f"Failed actions of {pipeline_name}, to the failure topic",
+            event_pattern=events.EventPattern(source=["aws.codepipeline"], detail_type=[ACTION_EVENT],
+                                              detail={"pipeline": [pipeline_name], "state": ["FAILED"]}),
+            targets=[targets.SnsTopic(self.topic, message=events.RuleTargetInput.from_text(
+                f"{pipeline_name}: action {field('$.detail.stage')}/{field('$.detail.action')} FAILED in "
+                f"execution {field('$.detail.execution-id')}: "
+                f"{field('$.detail.execution-result.external-execution-summary')} "
+                f"({field('$.detail.execution-result.external-execution-url')})"))])
+
+    def alarm_on_errors(self, function: lambda_.IFunction) -> cloudwatch.Alarm:
+        """An alarm on any error of ``function`` (Sum of Errors >= 1 in 5 minutes)."""
+        alarm = cloudwatch.Alarm(
+            self, "WatcherErrors", metric=function.metric_errors(period=Duration.minutes(5), statistic="Sum"),
+            threshold=1, evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"The image watcher of {self.pipeline_name} failed: new digests are not being "
+                              "detected (see its log group)")
+        alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
+        # The topic has a policy of its own (enforce_ssl, EventBridge's grant), which replaces SNS's
+        # default same-account one: without this grant CloudWatch's publish is denied and the
+        # alarm fires into nothing ("... is not authorized to perform: SNS:Publish").
+        self.topic.add_to_resource_policy(iam.PolicyStatement(
+            sid="AlarmsPublish", actions=["sns:Publish"], resources=[self.topic.topic_arn],
+            principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+            conditions={"ArnLike": {"aws:SourceArn": alarm.alarm_arn},
+                        "StringEquals": {"aws:SourceAccount": Stack.of(self).account}}))
+        return alarm
 
 
 class PipelineStack(Stack):
