@@ -14,7 +14,7 @@ from __future__ import annotations
 from aws_cdk import aws_ec2 as ec2, aws_iam as iam
 from constructs import Construct
 
-from infra.constructs.efa_launch_template import ROOT_DEVICE
+from infra.constructs.gpu_node_group import ROOT_DEVICE
 from infra.nag import acknowledge_node_role
 
 NODE_ROLE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly")
