@@ -1,4 +1,5 @@
-"""What every node of the cluster shares: the node role and the instance metadata settings.
+"""What the nodes of the cluster share: the node role, the instance metadata settings, and (the
+GPU nodes) the security group EFA needs.
 
 - The node role carries only what the kubelet and image pulls need. The VPC CNI's
   network-interface permissions are on the CNI's own Pod Identity role
@@ -8,6 +9,7 @@
   Nothing in a pod needs IMDS: Ray pods get credentials through Pod Identity and their region
   from the environment; the agents that do need it (aws-node, the Pod Identity agent) run in the
   host network namespace.
+- EFA's security group: all traffic to and from itself, nothing else (:class:`EfaSecurityGroup`).
 """
 from __future__ import annotations
 
@@ -44,3 +46,22 @@ def system_launch_template(scope: Construct, construct_id: str, *, disk_gib: int
         block_device_mappings=[ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
             device_name=ROOT_DEVICE, ebs=ec2.CfnLaunchTemplate.EbsProperty(
                 volume_size=disk_gib, volume_type="gp3", encrypted=True, delete_on_termination=True))]))
+
+
+class EfaSecurityGroup(Construct):
+    """A security group whose members may exchange any traffic with each other.
+
+    EFA's SRD transport is not TCP/UDP on a port: the EFA user guide requires a group that
+    allows all inbound and outbound traffic to and from itself. It adds no other rule; the
+    nodes' other traffic goes through the EKS cluster security group on the same interface.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, vpc: ec2.IVpc) -> None:
+        super().__init__(scope, construct_id)
+        self.security_group = ec2.SecurityGroup(
+            self, "Group", vpc=vpc, allow_all_outbound=False,
+            description="EFA: all traffic between GPU nodes of this cluster (self-referencing)")
+        self.security_group.add_ingress_rule(
+            self.security_group, ec2.Port.all_traffic(), "EFA: all traffic from itself")
+        self.security_group.add_egress_rule(
+            self.security_group, ec2.Port.all_traffic(), "EFA: all traffic to itself")

@@ -37,10 +37,9 @@ from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
 from environment.model import ClusterSpec, RaySpec
 from infra.constructs.autoscaler_identity import AutoscalerIdentity
 from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon
-from infra.constructs.efa_security_group import EfaSecurityGroup
 from infra.constructs.gpu_node_group import GpuNodeGroup
 from infra.constructs.kubernetes_order import kubernetes_objects_after
-from infra.constructs.node_security import node_role
+from infra.constructs.node_security import EfaSecurityGroup, node_role
 from infra.constructs.ray_identity import RayIdentity
 from infra.nag import acknowledge_kubectl_provider
 

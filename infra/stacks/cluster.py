@@ -34,11 +34,10 @@ from environment.image_source import CACHE_UPSTREAM_REGISTRY, CACHE_UPSTREAM_URL
 from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
 from infra.constructs.autoscaler_identity import AutoscalerIdentity
 from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon
-from infra.constructs.efa_security_group import EfaSecurityGroup
 from infra.constructs.gpu_node_group import GpuNodeGroup
 from infra.constructs.kubernetes_order import kubernetes_objects_after
 from infra.constructs.managed_addons import ManagedAddons
-from infra.constructs.node_security import node_role, system_launch_template
+from infra.constructs.node_security import EfaSecurityGroup, node_role, system_launch_template
 from infra.constructs.ray_identity import RayIdentity
 from infra.nag import ENDPOINT_RULE, OPEN_TO_ALL, acknowledge, acknowledge_cluster_findings
 from infra.stack_names import control_plane_log_group
