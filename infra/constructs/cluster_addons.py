@@ -1,4 +1,8 @@
-"""Installs the Helm add-ons of the environment package's add-on table
+"""The cluster's add-ons: the EKS managed ones (:class:`ManagedAddons`), the Helm ones
+(:class:`ClusterAddons`), and the order every Kubernetes object of a stack is created in
+(:func:`kubernetes_objects_after`).
+
+The Helm add-ons are those of the environment package's add-on table
 (:data:`environment.addons.ADDONS`): device plugins on the GPU nodes, the KubeRay operator and
 cluster-autoscaler on the system nodes, Prometheus, Grafana and the GPU exporter, and whatever
 else the table holds, each after the add-ons it requires, with its companion objects after it.
@@ -12,6 +16,27 @@ version bump changes the file, hence the chart asset, hence the release: the CRD
 before the operator (Helm never stores the client-side last-applied annotation that makes these
 CRDs too large for ``kubectl apply``). The add-on's own chart keeps its ``crds/`` for kinds this
 project does not use (Helm skips the ones that already exist).
+
+The cluster runs EKS managed add-ons instead of the self-managed bootstrap copies: the
+Pod Identity agent, the VPC CNI (with network-policy enforcement and a Pod Identity role of its
+own), kube-proxy and CoreDNS, each pinned for the spec's Kubernetes version
+(:data:`environment.addons.EKS_ADDONS`).
+
+The CNI's EC2 network-interface permissions live on its own role, assumed only by the
+``kube-system/aws-node`` service account through Pod Identity; the node role no longer carries
+them, so a pod that reached the node's credentials could not use them.
+
+Every Kubernetes object of the cluster stack waits for the nodes and cluster DNS. aws-cdk-lib 2.275's aws_eks_v2 makes each ``HelmChart``, ``KubernetesManifest``,
+``KubernetesPatch`` and ``KubernetesObjectValue`` depend only on the cluster's kubectl barrier
+(``Cluster._dependOnKubectlBarrier``, aws-eks-v2/lib/cluster.js): the control plane is up, but
+no node may exist yet. A chart whose install runs hook Jobs (kube-prometheus-stack) then waits
+for a pod that cannot be scheduled until Helm's timeout, the custom resource fails and the whole
+cluster stack rolls back. So every such custom resource also depends on the system node group
+(its nodes are Ready when CloudFormation sees it ACTIVE) and on the CoreDNS add-on (a hook Job
+or webhook that resolves a service name needs it).
+
+An aspect rather than a list: it also catches objects added later (``cluster.add_manifest`` in
+any construct of the stack), whoever adds them.
 """
 from __future__ import annotations
 
@@ -21,11 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Duration, Stage, aws_eks_v2 as eks, aws_s3_assets as s3_assets
-from constructs import Construct
+import jsii
+from aws_cdk import Aspects, CfnResource, Duration, IAspect, Stack, Stage, aws_eks_v2 as eks, aws_iam as iam, \
+    aws_s3_assets as s3_assets
+from constructs import Construct, IConstruct
 
-from environment.addons import APPLY_ONLY_TIMEOUT_S, HelmAddon, helm_timeout_s
-from infra.nag import acknowledge_chart_asset_read
+from environment.addons import APPLY_ONLY_TIMEOUT_S, EKS_ADDONS_BY_NAME, HelmAddon, helm_timeout_s
+from infra.nag import MANAGED, acknowledge, acknowledge_chart_asset_read
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,3 +164,71 @@ class ClusterAddons(Construct):
             release=crd_chart_name(addon), namespace=addon.namespace,
             create_namespace=addon.create_namespace or None,
             timeout=Duration.seconds(APPLY_ONLY_TIMEOUT_S))
+
+
+# --- The EKS managed add-ons (the module docstring says why) ----------------------------------
+
+CNI_SERVICE_ACCOUNT = "aws-node"
+CNI_POLICY = "AmazonEKS_CNI_Policy"
+CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
+"""The VPC CNI's network-policy agent enforces NetworkPolicies (the value is the STRING "true")."""
+
+
+class ManagedAddons(Construct):
+    """Exposes :attr:`addons` (EKS add-on name -> ``CfnAddon``), :attr:`pod_identity_agent`,
+    :attr:`cni_role`, and :attr:`before_nodes` (the add-ons nodes need to become Ready)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.Cluster,
+                 kubernetes_version: str) -> None:
+        super().__init__(scope, construct_id)
+        self.cni_role = iam.Role(
+            self, "CniRole", description="VPC CNI (kube-system/aws-node) through EKS Pod Identity",
+            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(CNI_POLICY)])
+        acknowledge(self.cni_role, MANAGED.format(CNI_POLICY),
+                    "The AWS managed policy EKS documents for the VPC CNI (ENI and IP assignment); "
+                    "on a role only kube-system/aws-node can assume, no longer on the node role.")
+        extra = {
+            "vpc-cni": dict(configuration_values=json.dumps(CNI_CONFIGURATION),
+                            pod_identity_associations=[eks.CfnAddon.PodIdentityAssociationProperty(
+                                role_arn=self.cni_role.role_arn, service_account=CNI_SERVICE_ACCOUNT)]),
+        }
+        self.addons: dict[str, eks.CfnAddon] = {}
+        for name in ("eks-pod-identity-agent", "vpc-cni", "kube-proxy", "coredns"):
+            self.addons[name] = eks.CfnAddon(
+                self, name, cluster_name=cluster.cluster_name, addon_name=name,
+                addon_version=EKS_ADDONS_BY_NAME[name].versions[kubernetes_version],
+                # Take over whatever a previous install left (e.g. the bootstrap copies).
+                resolve_conflicts="OVERWRITE", **extra.get(name, {}))
+        # The CNI's credentials come through the agent's association.
+        self.addons["vpc-cni"].node.add_dependency(self.addons["eks-pod-identity-agent"])
+        self.pod_identity_agent = self.addons["eks-pod-identity-agent"]
+        self.before_nodes = [self.addons[n] for n in ("eks-pod-identity-agent", "vpc-cni", "kube-proxy")]
+        """DaemonSets a node needs to become Ready; CoreDNS (a Deployment) needs nodes instead."""
+
+
+# --- Every Kubernetes object after the nodes (the module docstring says why) -------------------
+
+KUBERNETES_RESOURCE_TYPES = frozenset({
+    "Custom::AWSCDK-EKS-HelmChart",
+    "Custom::AWSCDK-EKS-KubernetesResource",
+    "Custom::AWSCDK-EKS-KubernetesPatch",
+    "Custom::AWSCDK-EKS-KubernetesObjectValue",
+})
+"""The custom-resource types aws_eks_v2's kubectl provider handles (one per construct class)."""
+
+
+@jsii.implements(IAspect)
+class _AfterNodes:
+    def __init__(self, prerequisites: list[CfnResource]) -> None:
+        self._prerequisites = prerequisites
+
+    def visit(self, node: IConstruct) -> None:
+        if isinstance(node, CfnResource) and node.cfn_resource_type in KUBERNETES_RESOURCE_TYPES:
+            for prerequisite in self._prerequisites:
+                node.node.add_dependency(prerequisite)
+
+
+def kubernetes_objects_after(stack: Stack, *prerequisites: CfnResource) -> None:
+    """Make every Kubernetes custom resource in ``stack`` depend on each of ``prerequisites``."""
+    Aspects.of(stack).add(_AfterNodes(list(prerequisites)))

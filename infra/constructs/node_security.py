@@ -3,7 +3,7 @@ GPU nodes) the security group EFA needs.
 
 - The node role carries only what the kubelet and image pulls need. The VPC CNI's
   network-interface permissions are on the CNI's own Pod Identity role
-  (:mod:`infra.constructs.managed_addons`), not here.
+  (:class:`infra.constructs.cluster_addons.ManagedAddons`), not here.
 - IMDSv2 only, with a response hop limit of 1: a reply to a container behind the node's network
   namespace (one hop further) is dropped, so a pod cannot fetch the node role's credentials.
   Nothing in a pod needs IMDS: Ray pods get credentials through Pod Identity and their region

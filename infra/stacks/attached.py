@@ -18,7 +18,7 @@ What aws-cdk-lib 2.275's aws_eks_v2 gives an imported cluster, and what this sta
   made here, for a first import, and handed to a second import of the same cluster.
 - ``KubectlProvider.getKubectlProvider`` orders a chart or manifest after the kubectl barrier
   (the handler's cluster-admin access entry) only for a ``Cluster``: here every Kubernetes
-  custom resource is made to wait for the handler's access entry (infra/constructs/kubernetes_order.py).
+  custom resource is made to wait for the handler's access entry (infra/constructs/cluster_addons.py).
 - the handler's role gets that access entry here (a new ``Cluster`` grants it itself): EKS
   access entries need the cluster's authentication mode ``API`` or ``API_AND_CONFIG_MAP``
   (verify checks it).
@@ -36,9 +36,8 @@ from environment import GpuNodeGroupSpec
 from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
 from environment.model import ClusterSpec, RaySpec
 from infra.constructs.autoscaler_identity import AutoscalerIdentity
-from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon
+from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.gpu_node_group import GpuNodeGroup
-from infra.constructs.kubernetes_order import kubernetes_objects_after
 from infra.constructs.node_security import EfaSecurityGroup, node_role
 from infra.constructs.ray_identity import RayIdentity
 from infra.nag import acknowledge_kubectl_provider

@@ -15,8 +15,7 @@ import pytest
 from environment import environment_from_dict
 from environment.addons import ADDONS, ADDONS_BY_KEY, installed_addons
 from infra.build import resolved_addons
-from infra.constructs.cluster_addons import crd_chart_name
-from infra.constructs.kubernetes_order import KUBERNETES_RESOURCE_TYPES
+from infra.constructs.cluster_addons import KUBERNETES_RESOURCE_TYPES, crd_chart_name
 from infra_variants import (
     EXISTING_CLUSTER, EXISTING_PRESENT, EXISTING_SECURITY_GROUP, EXISTING_SUBNETS, existing_raw,
 )

@@ -21,7 +21,7 @@ import re
 import pytest
 
 from environment.addons import ADDONS, HANDLER_LIMIT_S, HOOK_JOBS_TIMEOUT_S
-from infra.constructs.kubernetes_order import KUBERNETES_RESOURCE_TYPES
+from infra.constructs.cluster_addons import KUBERNETES_RESOURCE_TYPES
 
 HELM_DEFAULT_TIMEOUT_S = 300
 """helm/helm v3 cmd/helm/install.go: ``f.DurationVar(&client.Timeout, "timeout", 300*time.Second, ...)``."""
