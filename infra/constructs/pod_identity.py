@@ -1,5 +1,7 @@
-"""The Ray namespace, its network policies, its service account, and the pod role behind it
-(EKS Pod Identity).
+"""The AWS identities of the cluster's workloads, through EKS Pod Identity: the Ray pods'
+(:class:`RayIdentity`: the Ray namespace, its network policies, its service account, and the pod
+role behind it) and cluster-autoscaler's (:class:`AutoscalerIdentity`: describe calls on
+anything, scaling only of this cluster's Auto Scaling groups).
 
 The pod role may read and write objects under ``s3://<bucket>/<prefix>/``, list the one bucket,
 READ the spec's read-only prefixes (the code archive, base models, datasets), and
@@ -113,3 +115,39 @@ class RayIdentity(Construct):
                 self.policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{ro}/*]",
                 f"Read-only (s3:GetObject) on the '{ro}/' inputs prefix of the one bucket: content-"
                 "addressed code archives, base models and datasets named at run time.")
+
+
+# cluster-autoscaler's AWS README ("Full Cluster Autoscaler Features Policy").
+READ_ACTIONS = (
+    "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
+    "autoscaling:DescribeLaunchConfigurations", "autoscaling:DescribeScalingActivities",
+    "autoscaling:DescribeTags", "ec2:DescribeImages", "ec2:DescribeInstanceTypes",
+    "ec2:DescribeLaunchTemplateVersions", "ec2:GetInstanceTypesFromInstanceRequirements",
+    "eks:DescribeNodegroup",
+)
+WRITE_ACTIONS = ("autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup")
+
+
+class AutoscalerIdentity(Construct):
+    """Role + Pod Identity association for ``kube-system/<service_account>``."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster, cluster_name: str,
+                 namespace: str, service_account: str) -> None:
+        super().__init__(scope, construct_id)
+        self.role = iam.Role(
+            self, "Role", description=f"cluster-autoscaler of EKS cluster {cluster_name}",
+            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")))
+        policy = iam.Policy(self, "Scaling", statements=[
+            iam.PolicyStatement(sid="Describe", actions=list(READ_ACTIONS), resources=["*"]),
+            # EKS tags every managed node group's ASG with k8s.io/cluster-autoscaler/<cluster>.
+            iam.PolicyStatement(
+                sid="ScaleThisClustersGroups", actions=list(WRITE_ACTIONS), resources=["*"],
+                conditions={"StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned"}}),
+        ])
+        policy.attach_to_role(self.role)
+        acknowledge(policy, "AwsSolutions-IAM5[Resource::*]",
+                    "Describe calls have no resource-level permissions; the two scaling actions "
+                    "are limited by condition to Auto Scaling groups tagged as this cluster's.")
+        self.association = eks.CfnPodIdentityAssociation(
+            self, "Association", cluster_name=cluster.cluster_name, namespace=namespace,
+            service_account=service_account, role_arn=self.role.role_arn)
