@@ -167,7 +167,7 @@ def staging_gib(env: Environment, group: GpuNodeGroupSpec) -> int:
 def _staging(env: Environment, group: GpuNodeGroupSpec) -> tuple[list[dict], list[dict], list[dict]]:
     """The checkpoint staging directory (volumes, mounts, env) of GPU workers: an emptyDir, which
     sits on the node's NVMe RAID0 (nodeadm's RAID0 local-storage strategy bind-mounts the
-    kubelet's folder onto the array: infra/constructs/gpu_node_group.py), sized so the
+    kubelet's folder onto the array: infra/constructs/node_groups.py), sized so the
     kubelet evicts the pod before the disk fills; a hostPath would do the same and fail Pod
     Security's baseline. Nothing where the instance has no instance store."""
     if not group.instance.instance_store_gb:

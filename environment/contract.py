@@ -47,7 +47,7 @@ value survives that round trip digit for digit."""
 EFA_MEMLOCK_RLIMIT = {"type": "RLIMIT_MEMLOCK", "hard": EFA_MEMLOCK_BYTES, "soft": EFA_MEMLOCK_BYTES}
 """What the GPU nodes' containerd base runtime spec must give every container (nodeadm
 NodeConfig ``spec.containerd.baseRuntimeSpec.process.rlimits``, see
-``infra/constructs/gpu_node_group.py``): libfabric's EFA provider pins the buffers it
+``infra/constructs/node_groups.py``): libfabric's EFA provider pins the buffers it
 registers with the NIC, up to RLIMIT_MEMLOCK. Set on the node, not as the pod capability
 IPC_LOCK, which Pod Security's baseline level forbids."""
 

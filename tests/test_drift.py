@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from charts.main import NETWORK_POLICY_CHART
-from infra.constructs.gpu_node_group import EFA_INTERFACE_TYPES
+from infra.constructs.node_groups import EFA_INTERFACE_TYPES
 from fixture_paths import FIXTURE_JOBS
 from training.__main__ import parse_args
 

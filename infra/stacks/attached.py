@@ -36,8 +36,7 @@ from environment import GpuNodeGroupSpec
 from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
 from environment.model import ClusterSpec, RaySpec
 from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon, kubernetes_objects_after
-from infra.constructs.gpu_node_group import GpuNodeGroup
-from infra.constructs.node_security import EfaSecurityGroup, node_role
+from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role
 from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity
 from infra.nag import acknowledge_kubectl_provider
 

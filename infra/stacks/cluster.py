@@ -33,8 +33,7 @@ from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
 from environment.image_source import CACHE_UPSTREAM_REGISTRY, CACHE_UPSTREAM_URL
 from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
 from infra.constructs.cluster_addons import ClusterAddons, ManagedAddons, ResolvedAddon, kubernetes_objects_after
-from infra.constructs.gpu_node_group import GpuNodeGroup
-from infra.constructs.node_security import EfaSecurityGroup, node_role, system_launch_template
+from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role, system_launch_template
 from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity
 from infra.nag import ENDPOINT_RULE, OPEN_TO_ALL, acknowledge, acknowledge_cluster_findings
 from infra.stack_names import control_plane_log_group

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from environment.contract import EFA_MEMLOCK_BYTES, EFA_MEMLOCK_RLIMIT
-from infra.constructs.gpu_node_group import NODEADM_DEFAULT_RLIMITS, node_config_user_data
+from infra.constructs.node_groups import NODEADM_DEFAULT_RLIMITS, node_config_user_data
 
 UINT64_MAX = 2**64 - 1
 DEFAULT_SPEC = {"ociVersion": "1.1.0", "process": {"rlimits": NODEADM_DEFAULT_RLIMITS,

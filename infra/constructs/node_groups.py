@@ -1,6 +1,18 @@
-"""One GPU managed node group from a ``[[gpu_node_groups]]`` entry of the spec, and its launch
-template: EFA interfaces, placement, IMDSv2, gp3 root, the NVMe instance store as RAID0 and the
-EFA memlock limit (nodeadm), and the capacity reservation or capacity block."""
+"""The cluster's managed node groups: what every node shares, the system group's launch
+template, and one GPU group per ``[[gpu_node_groups]]`` entry of the spec with its launch template
+(EFA interfaces, placement, IMDSv2, gp3 root, the NVMe instance store as RAID0 and the EFA memlock
+limit (nodeadm), and the capacity reservation or capacity block) and EFA's security group.
+
+- The node role carries only what the kubelet and image pulls need. The VPC CNI's
+  network-interface permissions are on the CNI's own Pod Identity role
+  (:class:`infra.constructs.cluster_addons.ManagedAddons`), not here.
+- IMDSv2 only, with a response hop limit of 1: a reply to a container behind the node's network
+  namespace (one hop further) is dropped, so a pod cannot fetch the node role's credentials.
+  Nothing in a pod needs IMDS: Ray pods get credentials through Pod Identity and their region
+  from the environment; the agents that do need it (aws-node, the Pod Identity agent) run in the
+  host network namespace.
+- EFA's security group: all traffic to and from itself, nothing else (:class:`EfaSecurityGroup`).
+"""
 from __future__ import annotations
 
 import json
@@ -10,10 +22,69 @@ from constructs import Construct
 
 from environment import GpuNodeGroupSpec
 from environment.contract import EFA_MEMLOCK_RLIMIT, EFA_RESOURCE, GPU_ACCELERATOR_LABEL, GPU_RESOURCE, gpu_accelerator
+from infra.nag import acknowledge_node_role
 from infra.verify_gate import AMI_TYPE, autoscaled, identity_tags
+
+# --- What every node shares ------------------------------------------------------------------
+
+NODE_ROLE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly")
+IMDS_HOP_LIMIT = 1
+
+
+def metadata_options() -> ec2.CfnLaunchTemplate.MetadataOptionsProperty:
+    """IMDSv2 only, unreachable from pod network namespaces (hop limit 1)."""
+    return ec2.CfnLaunchTemplate.MetadataOptionsProperty(
+        http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT)
+
 
 # The AL2023 EKS AMIs boot from /dev/xvda.
 ROOT_DEVICE = "/dev/xvda"
+
+
+def root_volume(disk_gib: int) -> ec2.CfnLaunchTemplate.BlockDeviceMappingProperty:
+    """An encrypted gp3 root volume of ``disk_gib``, deleted with the instance."""
+    return ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
+        device_name=ROOT_DEVICE, ebs=ec2.CfnLaunchTemplate.EbsProperty(
+            volume_size=disk_gib, volume_type="gp3", encrypted=True, delete_on_termination=True))
+
+
+def node_role(scope: Construct, construct_id: str) -> iam.Role:
+    """The role of every managed node group (EKS creates the node access entry for it)."""
+    role = iam.Role(scope, construct_id, assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+                    description="EKS nodes: kubelet and image pulls only (no CNI permissions)",
+                    managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(p) for p in NODE_ROLE_POLICIES])
+    acknowledge_node_role(role)
+    return role
+
+
+def system_launch_template(scope: Construct, construct_id: str, *, disk_gib: int) -> ec2.CfnLaunchTemplate:
+    """The system node group's launch template: the metadata settings and an encrypted gp3 root
+    of ``disk_gib`` (the managed node group fills in the AMI and instance type)."""
+    return ec2.CfnLaunchTemplate(scope, construct_id, launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+        metadata_options=metadata_options(), block_device_mappings=[root_volume(disk_gib)]))
+
+
+class EfaSecurityGroup(Construct):
+    """A security group whose members may exchange any traffic with each other.
+
+    EFA's SRD transport is not TCP/UDP on a port: the EFA user guide requires a group that
+    allows all inbound and outbound traffic to and from itself. It adds no other rule; the
+    nodes' other traffic goes through the EKS cluster security group on the same interface.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, vpc: ec2.IVpc) -> None:
+        super().__init__(scope, construct_id)
+        self.security_group = ec2.SecurityGroup(
+            self, "Group", vpc=vpc, allow_all_outbound=False,
+            description="EFA: all traffic between GPU nodes of this cluster (self-referencing)")
+        self.security_group.add_ingress_rule(
+            self.security_group, ec2.Port.all_traffic(), "EFA: all traffic from itself")
+        self.security_group.add_egress_rule(
+            self.security_group, ec2.Port.all_traffic(), "EFA: all traffic to itself")
+
+
+# --- A GPU group's launch template ----------------------------------------------------------
+
 MIME_BOUNDARY = "RAYTRAIN"
 
 
@@ -92,18 +163,8 @@ class EfaLaunchTemplate(Construct):
         self.placement_group: ec2.CfnPlacementGroup | None = None
         data = dict(
             network_interfaces=efa_network_interfaces(group.efa_per_node, security_group_ids),
-            metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
-                http_endpoint="enabled",
-                http_tokens="required",
-                # 1 hop: pods cannot reach IMDS (see infra/constructs/node_security.py).
-                http_put_response_hop_limit=1,
-            ),
-            block_device_mappings=[ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
-                device_name=ROOT_DEVICE,
-                ebs=ec2.CfnLaunchTemplate.EbsProperty(
-                    volume_size=group.root_volume_gib, volume_type="gp3", encrypted=True,
-                    delete_on_termination=True),
-            )],
+            metadata_options=metadata_options(),  # pods cannot reach IMDS (the module docstring)
+            block_device_mappings=[root_volume(group.root_volume_gib)],
         )
         if group.capacity == "on-demand":
             # Cluster strategy: all nodes in one rack-local group, lowest latency for NCCL.
@@ -132,7 +193,7 @@ class EfaLaunchTemplate(Construct):
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(**data))
 
 
-# --- The node group ---------------------------------------------------------------------------
+# --- A GPU node group -------------------------------------------------------------------------
 
 NODE_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
 UPDATE_STRATEGY = "MINIMAL"
