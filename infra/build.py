@@ -180,7 +180,7 @@ def build_app(env: Environment, app: cdk.App | None = None, *, deploy_refusal: s
     """Create every stack of ``env`` in ``app`` (a new App with the AZ context if None).
     ``deploy_refusal``: why the cluster stack may not be deployed yet (infra/verify_gate.py);
     the stack then carries a rule that refuses the deploy with it (a synth still succeeds).
-    ``existing_gpu_groups``: the GPU groups a deploy updates in place (infra/existing_groups.py;
+    ``existing_gpu_groups``: the GPU groups a deploy updates in place (infra/verify_gate.py;
     default none: every group is written as a creation, with its desired size).
 
     Raises :class:`InfraSpecError` (a SpecError) before creating anything when the
