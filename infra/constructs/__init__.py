@@ -1,1 +1,1 @@
-"""Constructs that model one thing each (EFA launch template, GPU node group, add-ons, ...)."""
+"""Constructs that model one thing each: the node groups, the add-ons, the Pod Identity roles."""
