@@ -36,7 +36,7 @@ from raytrain_eks import measured_plan, step_model
 from raytrain_eks.plan_advice import advise, spare_memory
 from raytrain_eks.step_time import DEFAULT_MFU, estimate_time, strategy_options
 from environment import Environment
-from environment.image_pull import pull_lines
+from environment.image_source import pull_lines
 from training.config import JobConfig
 
 _RAY_VERSION = re.compile(r"""["']?rayVersion["']?\s*:\s*["']?([0-9][\w.\-]*)""")
