@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_node_floor_warning()
 
-    from charts.errors import ChartError
+    from charts import ChartError
     from environment import SpecError, UnlockedImageWarning, load_environment
     from training.config import JobConfigError
 

@@ -8,7 +8,7 @@ from constructs import Construct
 
 from charts.bindings import to_bindings
 from charts.cluster_spec import ClusterShape, ray_cluster_spec
-from charts.errors import ChartError
+from charts import ChartError
 from charts.imports.io import ray as generated
 from charts.network_policy import raycluster_label
 from charts.provenance import Provenance

@@ -7,12 +7,11 @@ import yaml
 from constructs import Construct
 
 from charts.bindings import to_bindings
-from charts.cluster_spec import ClusterShape, ray_cluster_spec
-from charts.errors import ChartError
+from charts.cluster_spec import ClusterShape, ray_cluster_spec, secure_pod
+from charts import ChartError
 from charts.imports.io import ray as generated
 from charts.jobs import MAX_RAYJOB_NAME, JobPlan, pre_running_deadline_seconds
 from charts.network_policy import raycluster_label, rayjob_label
-from charts.pod_security import secure_pod
 from charts.provenance import POD_TEMPLATE_LABELS, Provenance, SourceIdentity, image_reference
 from charts.raycluster import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
 from charts.code_bundle import CodeBundle

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from charts.errors import ChartError
+from charts import ChartError
 from charts.jobs import MAX_RAYJOB_NAME
 from training.run_storage import RunStorage
 

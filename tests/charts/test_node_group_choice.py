@@ -8,7 +8,7 @@ import pytest
 from charts_testspec import ROOT, spec_raw
 
 from charts.code_bundle import CodeBundle
-from charts.errors import ChartError
+from charts import ChartError
 from charts.jobs import plan_job
 from charts.rayjob import rayjob_spec
 from environment import environment_from_dict
