@@ -3,7 +3,7 @@ come from :func:`ray_cluster_spec`, never from a copy.
 
 It returns plain Kubernetes JSON (camelCase, as in the YAML), so it knows nothing of the two
 families of generated classes (``RayClusterSpec...`` for the RayCluster kind,
-``RayJobSpecRayClusterSpec...`` inside a RayJob): :func:`charts.bindings.to_bindings` turns the
+``RayJobSpecRayClusterSpec...`` inside a RayJob): :func:`charts.ray_charts.to_bindings` turns the
 same dictionary into either, type-checking every field on the way.
 
 Every figure derives from the spec: instance type -> GPUs, EFA interfaces, pod CPU and memory;
@@ -274,7 +274,7 @@ def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
 def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     """The cluster as Kubernetes JSON: a head on the system nodes and one GPU worker group.
 
-    Charts turn it into typed bindings with :func:`charts.bindings.to_bindings`.
+    Charts turn it into typed bindings with :func:`charts.ray_charts.to_bindings`.
     """
     env = shape.env
     group = shape.group
