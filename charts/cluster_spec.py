@@ -3,11 +3,39 @@ come from :func:`ray_cluster_spec`, never from a copy.
 
 It returns plain Kubernetes JSON (camelCase, as in the YAML), so it knows nothing of the two
 families of generated classes (``RayClusterSpec...`` for the RayCluster kind,
-``RayJobSpecRayClusterSpec...`` inside a RayJob): :func:`charts.bindings.to_bindings` turns the
+``RayJobSpecRayClusterSpec...`` inside a RayJob): :func:`charts.ray_charts.to_bindings` turns the
 same dictionary into either, type-checking every field on the way.
 
 Every figure derives from the spec: instance type -> GPUs, EFA interfaces, pod CPU and memory;
 node-group labels and taints -> nodeSelector and tolerations; image and Ray version.
+
+Pod security: the settings of every pod the project creates (Ray heads, workers, submitters;
+:func:`secure_pod`, :func:`container_security`).
+
+- No privilege escalation, the container runtime's default seccomp profile, and every Linux
+  capability dropped, on every container, none added back. Ray, NCCL (sockets or EFA) and the
+  S3 clients need none. KubeRay copies the Ray container's ``securityContext`` to the
+  ``wait-gcs-ready`` init container it injects into workers, and the autoscaler sidecar gets
+  :func:`container_security` through ``autoscalerOptions``, so the pods KubeRay creates pass the
+  Ray namespace's Pod Security level ``baseline`` (:data:`environment.contract.POD_SECURITY_LABELS`,
+  enforced) and every ``restricted`` check but ``runAsNonRoot`` (the DLC runs as root).
+- EFA: the AWS EFA device plugin hands the ``/dev/infiniband`` devices to the pod, so no
+  privileged mode is needed (EKS user guide, "Run machine learning training on Amazon EKS with
+  Elastic Fabric Adapter": the device plugin "does not require a Pod to run in privileged
+  mode"). libfabric's EFA provider pins the buffers it registers with the NIC, up to
+  ``RLIMIT_MEMLOCK``; that limit comes from the GPU node's containerd runtime spec
+  (:data:`environment.contract.EFA_MEMLOCK_RLIMIT`), not from the capability ``IPC_LOCK``,
+  which baseline forbids. Pinned pages stay charged to the pod's memory limit.
+- No Kubernetes service-account token mounted: nothing in these pods calls the Kubernetes API,
+  except the Ray autoscaler sidecar KubeRay adds to the long-lived cluster's head (it scales the
+  RayCluster's worker group through the API), which alone mounts the token
+  (:data:`API_TOKEN_PROJECTION`). EKS
+  Pod Identity does not use that token: its admission webhook mounts a separate projected
+  token (audience ``pods.eks.amazonaws.com``) at
+  ``/var/run/secrets/pods.eks.amazonaws.com/serviceaccount/eks-pod-identity-token`` and sets
+  ``AWS_CONTAINER_CREDENTIALS_FULL_URI`` (the node agent, ``http://169.254.170.23/v1/credentials``)
+  and ``AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE``; the AWS SDKs' container credential provider
+  reads those, whatever ``automountServiceAccountToken`` says.
 """
 from __future__ import annotations
 
@@ -15,8 +43,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from charts.errors import ChartError
-from charts.pod_security import container_security, secure_pod
+from charts import ChartError
 from charts.provenance import POD_TEMPLATE_LABELS, image_reference
 from environment import Environment, GpuNodeGroupSpec
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, RAY_PEER_LABEL
@@ -68,6 +95,22 @@ RayJob's submitter, so GCS, dashboard and job API refuse any caller without the 
 explicitly: KubeRay v1.7.0 turns it on only when ``mode`` says ``token``."""
 MIN_TOKEN_AUTH_RAY = (2, 52)
 """KubeRay v1.7.0 refuses token mode for an older ``rayVersion``."""
+
+SECCOMP = {"type": "RuntimeDefault"}
+
+
+def container_security() -> dict[str, Any]:
+    """``securityContext`` of one container: no capability at all."""
+    return {"allowPrivilegeEscalation": False, "privileged": False,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": dict(SECCOMP)}
+
+
+def secure_pod(pod: dict[str, Any], *, automount_token: bool = False) -> dict[str, Any]:
+    """``pod`` (a pod spec) with the pod- and container-level settings of "Pod security" (the module docstring).
+    ``automount_token``: for a pod whose every container calls the Kubernetes API (none here)."""
+    containers = [{**c, "securityContext": container_security()} for c in pod["containers"]]
+    return {**pod, "automountServiceAccountToken": automount_token,
+            "securityContext": {"seccompProfile": dict(SECCOMP)}, "containers": containers}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -231,7 +274,7 @@ def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
 def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     """The cluster as Kubernetes JSON: a head on the system nodes and one GPU worker group.
 
-    Charts turn it into typed bindings with :func:`charts.bindings.to_bindings`.
+    Charts turn it into typed bindings with :func:`charts.ray_charts.to_bindings`.
     """
     env = shape.env
     group = shape.group

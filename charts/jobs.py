@@ -12,7 +12,8 @@ facts that belong to the environment, never to the file:
   reaches the job as data: :class:`training.config.WorldSize`, typed entry-point arguments.
 - CPU jobs (the embedded ``local`` default): keep their own worker count; all of them must fit
   in one worker pod's CPUs.
-- every job: ``checkpoint.storage_path`` = the spec's ``s3://<bucket>/<prefix>``.
+- every job: ``checkpoint.storage_path`` = the spec's ``s3://<bucket>/<prefix>``; its workers must
+  fit the pod and the node (:func:`resource_problems`, below).
 - ``{bucket}`` inside any string of the file (e.g. ``model.path = "s3://{bucket}/models/x"``)
   is replaced by the spec's bucket name, so no file retypes a derived name.
 
@@ -32,8 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from charts.errors import ChartError
-from charts.resources import resource_problems
+from charts import ChartError
 from environment import Environment
 from environment.cluster import GpuNodeGroupSpec
 from environment.addons import SCALE_UP_MINUTES
@@ -46,6 +46,7 @@ SHELL_SPECIAL = frozenset("$`'\\!;&|<>(){}*?[]~#\n\r\t")
 """What /bin/sh would expand, split on or choke on after ``list2cmdline`` (see above)."""
 MAX_RAYJOB_NAME = 47
 """KubeRay appends 6 characters to a RayJob's name for its cluster (limit 53): 53 - 6."""
+GIB = 1024**3
 PRE_RUNNING_FACTOR = 3
 """``preRunningDeadlineSeconds`` = this many times the scale-up and image-pull estimate
 (:data:`environment.addons.SCALE_UP_MINUTES`): a job whose cluster never gets capacity fails
@@ -154,6 +155,50 @@ def size_job(group: GpuNodeGroupSpec, parallel: dict[str, Any], rel: str, where:
         raise ChartError(f"{rel}: parallel.num_workers: {requested} must be a multiple of the GPUs per node, or at most "
                          f"one node's {group.gpus_per_node}: {where}")
     return WorldSize(num_workers=workers, workers_per_node=min(workers, group.gpus_per_node))
+
+
+def resource_problems(env: Environment, job: JobConfig, *, host_model_bytes: int = 0) -> list[str]:
+    """Why the job's workers cannot run on ``env``'s worker pods ([] when they fit): ONE function,
+    used by the charts at synth (:func:`plan_job`) and by the preflight, so the two can never
+    disagree. Each problem is one line: ``<file>: <field>: <value> ... (what fits)``.
+
+    Where the job's Ray workers run, in the group its ``parallel.node_group`` names (empty: the
+    first group):
+
+    - a GPU job: one worker pod per node, holding the node's GPUs and EFA interfaces and the pod's
+      CPUs and memory (environment/instances.py: what is left after the node's own reserve); each
+      pod runs ``parallel.workers_per_node`` Ray workers, one GPU each;
+    - a CPU job (``use_gpu = false``): all its workers in ONE worker pod of the GPU group.
+
+    ``host_model_bytes``: the full model in host memory, built once by EVERY worker before
+    FSDP shards it (0 = unknown: the charts do not know the model's size)."""
+    group = env.gpu_group(job.parallel.node_group)
+    p, s = job.parallel, job.source
+    pod = f"one worker pod ({group.pod_cpu} CPUs on {group.instance_type})"
+    problems = []
+    if not p.use_gpu:
+        cpus = p.num_workers * p.cpus_per_worker
+        if cpus > group.pod_cpu:
+            problems.append(f"{s}: parallel.num_workers: {p.num_workers} x cpus_per_worker {p.cpus_per_worker} = "
+                            f"{cpus:g} CPUs do not fit {pod}")
+        per_pod = p.num_workers
+    else:
+        if p.workers_per_node > group.gpus_per_node:
+            problems.append(f"{s}: parallel.workers_per_node: {p.workers_per_node} workers of one GPU each do not "
+                            f"fit a {group.instance_type} ({group.gpus_per_node} GPUs)")
+        cpus = p.workers_per_node * p.cpus_per_worker
+        if cpus > group.pod_cpu:
+            problems.append(f"{s}: parallel.cpus_per_worker: {p.cpus_per_worker:g} x workers_per_node "
+                            f"{p.workers_per_node} = {cpus:g} CPUs do not fit {pod}")
+        if job.evidence.require_transport == "efa" and group.efa_per_node < 1:
+            problems.append(f"{s}: evidence.require_transport: 'efa' but {group.instance_type} has no EFA interface")
+        per_pod = p.workers_per_node
+    host = per_pod * host_model_bytes
+    if host > group.pod_memory_gib * GIB:
+        problems.append(f"{s}: parallel.workers_per_node: {per_pod} workers each build the full model on the host "
+                        f"before sharding: {per_pod} x {host_model_bytes / GIB:.1f} GiB = {host / GIB:.1f} GiB > "
+                        f"{group.pod_memory_gib} GiB of one worker pod ({group.instance_type})")
+    return problems
 
 
 def plan_job(env: Environment, path: Path, root: Path, user_overrides: tuple[str, ...] | list[str] = (),

@@ -10,6 +10,10 @@ Output, one file per chart (names are stable; the demo and the README rely on th
 
 ``<job>`` is the job config's ``name`` (jobs/local.toml -> ``rayjob-local.k8s.yaml``).
 
+The demo and the local backend read a synthesized RayJob back (:func:`read_rayjob`): they must run
+the RayJob's OWN entrypoint and runtime environment, not a copy. That reading imports only
+PyYAML, so the demo does not pay for the cdk8s bindings.
+
 Reads files and the environment only here (the edge): ``--env`` or ``$ENV_FILE`` (default
 environment.toml), ``--outdir`` or ``$CDK8S_OUTDIR`` (set by the cdk8s CLI; default dist).
 A user error prints ``error: <one line>`` and exits 2.
@@ -21,8 +25,11 @@ import contextlib
 import os
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RAYCLUSTER_CHART = "raycluster"
@@ -68,7 +75,7 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "",
     from charts.code_bundle import build_code_bundle
     from environment.contract import CODE_PREFIX
     from charts.provenance import SourceIdentity
-    from training.contract import JOBS_DIR, fill_manifest_hash, manifest_hash
+    from training.contract import JOBS_DIR
 
     root = Path(root).resolve()
     jobs = Path(jobs).resolve() if jobs is not None else root / JOBS_DIR
@@ -77,29 +84,46 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "",
         plans = plan_jobs(env, jobs, root)  # user errors surface before the slow imports
         code = build_code_bundle(root, outdir / CODE_PREFIX, jobs)  # dist/ mirrors the bucket's layout
         source = SourceIdentity.capture(root, spec_text, jobs)
-
-    import cdk8s
-
-    from charts.network_policy import NetworkPolicyChart, raycluster_label, rayjob_label
-    from charts.raycluster import RayClusterChart, cluster_name
-    from charts.rayjob import RayJobChart
-    for stale in outdir.glob("*.k8s.yaml"):
-        stale.unlink()
     for stale in (outdir / CODE_PREFIX).glob("training-*.zip"):
         if stale != code.path:
             stale.unlink()
-    app = cdk8s.App(outdir=str(outdir), yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
-    RayClusterChart(app, RAYCLUSTER_CHART, env=env)
-    target = cluster_name(env)
+    rayjobs = []
     for plan in plans:
-        RayJobChart(app, rayjob_chart_name(plan.name), env=env, plan=plan, code=code, source=source)
+        rayjobs.append((rayjob_chart_name(plan.name), plan, False))
         if plan.uses_gpu and plan.node_group == env.primary_gpu_group.name:  # the RayCluster's own group
-            RayJobChart(app, rayjob_chart_name(plan.name, on_cluster=True), env=env, plan=plan,
-                        code=code, on_cluster=target, source=source)
-    NetworkPolicyChart(app, NETWORK_POLICY_CHART, env=env, cluster_labels=[
-        raycluster_label(target), *(rayjob_label(plan.name) for plan in plans)])
+            rayjobs.append((rayjob_chart_name(plan.name, on_cluster=True), plan, True))
+    files, hashes = synth_charts(env, outdir, rayjobs, code=code, source=source, raycluster=True)
+    return SynthResult(files=files, code=code, plans=plans, source=source, manifest_hashes=hashes)
+
+
+def synth_charts(env, outdir: Path, rayjobs: list[tuple[str, "JobPlan", bool]], *, code: "CodeBundle",
+                 source: "SourceIdentity", raycluster: bool = False) -> tuple[dict[str, Path], dict[str, str]]:
+    """THE cdk8s pipeline, for the whole app (:func:`synth`) and for one run
+    (``raytrain_eks.run_manifest.synth_run``): into ``outdir`` (its old manifests removed), the
+    long-lived RayCluster when ``raycluster``, one RayJob per ``(chart name, plan, on the long-lived
+    cluster)``, and the NetworkPolicy of every Ray cluster they use; each RayJob's file then
+    carries its own manifest hash. Returns (chart name -> file, chart name -> manifest hash of
+    the RayJobs)."""
+    quiet_node_floor_warning()
+    import cdk8s
+
+    from charts.ray_charts import NetworkPolicyChart, RayClusterChart, RayJobChart, cluster_name, raycluster_label, rayjob_label
+    from training.contract import fill_manifest_hash, manifest_hash
+
+    for stale in outdir.glob("*.k8s.yaml"):
+        stale.unlink()
+    app = cdk8s.App(outdir=str(outdir), yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
+    labels = []  # the Ray clusters the charts use, in order, once each
+    if raycluster:
+        RayClusterChart(app, RAYCLUSTER_CHART, env=env)
+        labels.append(raycluster_label(cluster_name(env)))
+    for chart, plan, on_cluster in rayjobs:
+        target = cluster_name(env) if on_cluster else None
+        RayJobChart(app, chart, env=env, plan=plan, code=code, on_cluster=target, source=source)
+        labels.append(raycluster_label(target) if target else rayjob_label(plan.name))
+    NetworkPolicyChart(app, NETWORK_POLICY_CHART, env=env, cluster_labels=list(dict.fromkeys(labels)))
     app.synth()
-    names = [RAYCLUSTER_CHART] + [c.node.id for c in app.charts if c.node.id != RAYCLUSTER_CHART]
+    names = ([RAYCLUSTER_CHART] if raycluster else []) + [c.node.id for c in app.charts if c.node.id != RAYCLUSTER_CHART]
     files = {name: outdir / f"{name}.k8s.yaml" for name in names}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
@@ -110,7 +134,39 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "",
         if name not in (RAYCLUSTER_CHART, NETWORK_POLICY_CHART):
             path.write_text(fill_manifest_hash(path.read_text(encoding="utf-8")), encoding="utf-8")
             hashes[name] = manifest_hash(path.read_text(encoding="utf-8"))
-    return SynthResult(files=files, code=code, plans=plans, source=source, manifest_hashes=hashes)
+    return files, hashes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RayJobSubmission:
+    """The parts of a RayJob that ``ray job submit`` needs."""
+    name: str
+    entrypoint: str
+    """Exactly the manifest's ``spec.entrypoint`` (a shell command line)."""
+    runtime_env_yaml: str
+    """Exactly the manifest's ``spec.runtimeEnvYAML``."""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def runtime_env(self) -> dict[str, Any]:
+        return yaml.safe_load(self.runtime_env_yaml) or {}
+
+    @property
+    def working_dir(self) -> str:
+        return self.runtime_env.get("working_dir", "")
+
+
+def read_rayjob(manifest: str | Path) -> RayJobSubmission:
+    """The one RayJob in ``manifest``; ValueError if there is none or more than one."""
+    docs = [d for d in yaml.safe_load_all(Path(manifest).read_text(encoding="utf-8")) if d]
+    jobs = [d for d in docs if d.get("kind") == "RayJob"]
+    if len(jobs) != 1:
+        raise ValueError(f"{manifest}: expected one RayJob, found {len(jobs)}")
+    job = jobs[0]
+    return RayJobSubmission(
+        name=job["metadata"]["name"], entrypoint=job["spec"]["entrypoint"],
+        runtime_env_yaml=job["spec"].get("runtimeEnvYAML", ""),
+        labels=dict(job["metadata"].get("labels", {})))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_node_floor_warning()
 
-    from charts.errors import ChartError
+    from charts import ChartError
     from environment import SpecError, UnlockedImageWarning, load_environment
     from training.config import JobConfigError
 

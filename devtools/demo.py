@@ -79,7 +79,7 @@ def _run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, quiet:
 
 
 def run_demo(args: argparse.Namespace) -> dict:
-    from charts.manifests import read_rayjob
+    from charts.main import read_rayjob
     from raytrain_eks.commands.summary import render as render_summary
     from devtools.metrics_scrape import Watcher
     from raytrain_eks.local_backend import run_local

@@ -4,9 +4,9 @@ Pure Python (standard library + tomllib): importable by the CDK app, the cdk8s a
 the tests without pulling in aws_cdk, cdk8s, ray or torch (a test proves it).
 """
 from environment.instances import INSTANCE_TYPES, InstanceType
-from environment.errors import FieldError, SpecError
-from environment.loader import environment_from_dict, load_environment
-from environment.model import Environment, GpuNodeGroupSpec, UnlockedImageWarning
+from environment.model import (
+    Environment, FieldError, GpuNodeGroupSpec, SpecError, UnlockedImageWarning, environment_from_dict, load_environment,
+)
 
 __all__ = [
     "INSTANCE_TYPES", "InstanceType", "FieldError", "SpecError", "environment_from_dict", "load_environment",

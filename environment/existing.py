@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from environment.errors import FieldError
+from spec_schema import FieldError
 
 EKS_NAME = re.compile(r"(?a)[0-9A-Za-z][A-Za-z0-9_-]{0,99}")
 """EKS CreateCluster's ``name`` pattern and length (1-100) (EKS API Reference)."""

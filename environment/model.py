@@ -1,8 +1,19 @@
-"""The environment spec as frozen, typed dataclasses, with every derived value as a property.
+"""The environment spec as frozen, typed dataclasses, with every derived value as a property,
+and the reading of environment.toml into them (:func:`load_environment`).
 
-Nothing here reads files (see :mod:`environment.loader`) or imports anything outside the standard
-library: the CDK app, the cdk8s app, the CLI and the tests all derive from these objects, so a
-fact typed once in environment.toml can never drift between them.
+Nothing here imports anything outside the standard library: the CDK app, the cdk8s app, the CLI
+and the tests all derive from these objects, so a fact typed once in environment.toml can never
+drift between them.
+
+Reading refuses every user error with one line: ``<file>: <field>: <bad value> <what is
+allowed>``; unknown keys are errors, so a typo is never silently ignored. The schema engine
+(spec_schema/) checks the file's SHAPE against the sections' dataclasses (known sections and
+keys, TOML types); each section's own rules live with it here and in environment/cluster.py
+(``__post_init__``, raising :class:`FieldError` naming the field relative to itself), and rules
+across sections in ``Environment.__post_init__``; the engine prefixes the file name and the
+section path and raises :class:`SpecError`, the one line a user sees. Only the two tables whose
+keys are names rather than fields (``[versions]``: add-on keys, ``[prices]``: instance types)
+parse themselves, below.
 """
 from __future__ import annotations
 
@@ -11,21 +22,29 @@ import json
 import re
 import warnings
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
 
 from environment.addons import ADDONS, ADDONS_BY_KEY
 from environment.cluster import (  # noqa: F401  (re-exported: every section is importable from here)
     CAPACITY, ENDPOINT_ACCESS, ClusterSpec, GpuNodeGroupSpec, SystemNodeGroupSpec,
 )
 from environment.contract import CODE_PREFIX, DIGEST_PATTERN
-from environment.errors import FieldError
 from environment.existing import environment_problem
 from environment.image_source import cache_problem
 from environment.instances import INSTANCE_TYPES
 from environment.maintenance import window_problem
 from environment.queueing import QueueingSpec
-from environment.rules import DNS_LABEL, DNS_SUBDOMAIN, bucket_name_problem, schedule_problem, tag_ray_problem
+from environment.rules import (
+    DNS_LABEL, DNS_SUBDOMAIN, bucket_name_problem, derived_bucket_name, schedule_problem, tag_ray_problem,
+)
+from spec_schema import FieldError, SchemaError, build_section, check_keys, read_toml
 
 _SEMVER = re.compile(r"(?a)v?\d+\.\d+\.\d+")
+
+
+class SpecError(SchemaError):
+    """A user error in the environment spec; ``str(err)`` is the one line to print."""
 
 
 class UnlockedImageWarning(UserWarning):
@@ -375,10 +394,8 @@ class Environment:
 
     @property
     def bucket_name(self) -> str:
-        """The checkpoint bucket's name: the spec's, or :func:`environment.names.derived_bucket_name`
+        """The checkpoint bucket's name: the spec's, or :func:`environment.rules.derived_bucket_name`
         (cluster, account, region; S3 names are global, the account keeps two users apart)."""
-        from environment.names import derived_bucket_name
-
         if self.storage.bucket_name:
             return self.storage.bucket_name
         return derived_bucket_name(self.cluster.name, self.cluster.account, self.cluster.region)
@@ -393,3 +410,36 @@ class Environment:
         """Ray Train storage of every run (training/run_storage.py): the shared file system's
         ``file://<storage.shared_path>`` where the spec has one, else :attr:`bucket_uri`."""
         return f"file://{self.storage.shared_path}" if self.storage.shared_path else self.bucket_uri
+
+
+def _versions(table: Any, where: str) -> VersionsSpec:
+    """``[versions]``: one pinned chart version per add-on key of the add-on table."""
+    if not isinstance(table, dict):
+        raise FieldError(where, table, "is not allowed (expected a table of add-on = chart version)")
+    check_keys(table, ADDONS_BY_KEY, where, "add-on")
+    for key, value in table.items():
+        if not isinstance(value, str):
+            raise FieldError(f"{where}.{key}", value, "is not allowed (expected a string)")
+    try:
+        return VersionsSpec(charts=tuple(sorted(table.items())))
+    except FieldError as err:
+        raise FieldError(f"{where}.{err.field}", err.value, err.allowed) from None
+
+
+def _prices(table: Any, where: str) -> tuple[tuple[str, float], ...]:
+    """``[prices]``: instance type = USD per hour (which types exist is Environment's rule)."""
+    if not isinstance(table, dict):
+        raise FieldError(where, table, "is not allowed (expected a table of instance type = USD/hour)")
+    for name, price in table.items():
+        if isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 < price < float("inf"):
+            raise FieldError(f"{where}.{name}", price, "must be a positive number (USD per hour)")
+    return tuple(sorted(table.items()))
+
+
+def environment_from_dict(raw: Mapping[str, Any], source: str = "environment.toml") -> Environment:
+    return build_section(Environment, dict(raw), source=source, error=SpecError, what="section",
+                         parsers={"versions": _versions, "prices": _prices}, extra={"source": source})
+
+
+def load_environment(path: str | Path = "environment.toml") -> Environment:
+    return environment_from_dict(read_toml(path, SpecError, "environment.toml"), str(path))

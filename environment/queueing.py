@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, PART_OF
-from environment.errors import FieldError
+from spec_schema import FieldError
 
 Environment = Any
 """An :class:`environment.model.Environment` (not imported: the model imports this module)."""

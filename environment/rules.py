@@ -1,9 +1,12 @@
 """Rules that several fields (and several tools) apply: S3 bucket names, EventBridge schedule
 expressions, the Ray version an image tag names. One function per rule, so an explicit value and a
 derived one are judged alike. Each returns the problem as text ("" = fine); callers name the field.
+The derived bucket name lives here too: it passes the same validator as a typed one
+(:func:`bucket_name_problem`), so a derived name is never one the spec would refuse if typed in.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 
 DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -42,6 +45,18 @@ def bucket_name_problem(name: str) -> str:
         if name.endswith(suffix):
             return f"is not a valid S3 bucket name (the suffix {suffix!r} is reserved by AWS)"
     return ""
+
+
+def derived_bucket_name(cluster: str, account: str, region: str) -> str:
+    """``raytrain-<cluster>-<account>-<region>``; over 63 characters, the cluster part is cut and
+    8 hex of a hash of the full name keep it unique (a plain cut could end in '-')."""
+    full = "-".join(p for p in ("raytrain", cluster, account, region) if p)
+    if len(full) <= 63:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    tail = "-".join(p for p in (account, region) if p)
+    room = 63 - len("raytrain--") - len(digest) - 1 - len(tail)
+    return f"raytrain-{cluster[:room].rstrip('-')}-{digest}-{tail}"
 
 
 _RATE = re.compile(r"(?a)rate\((\d+) ([a-z]+)\)")

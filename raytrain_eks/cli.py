@@ -104,7 +104,7 @@ def _handle_stop_signals() -> dict:
 def main(argv: list[str] | None = None) -> int:
     import signal
 
-    from charts.errors import ChartError
+    from charts import ChartError
     from environment import SpecError
     from training.config import JobConfigError
     from training.data.records import DataError

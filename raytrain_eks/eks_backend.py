@@ -130,7 +130,7 @@ def get_rayjob(name: str, namespace: str) -> dict[str, Any] | None:
 
 def find_rayjob(run: str, namespace: str) -> tuple[str, dict[str, Any]] | None:
     """``(RayJob name, RayJob)`` of a run: its own cluster's, or ``<run>-on-cluster`` on the
-    long-lived RayCluster (charts/rayjob.py names it so)."""
+    long-lived RayCluster (charts/ray_charts.py names it so)."""
     for name in (run, run + ON_CLUSTER_SUFFIX):
         found = get_rayjob(name, namespace)
         if found is not None:

@@ -109,7 +109,7 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
     ``prepare(s3 client)``: before the head starts (submit uploads the job's own files)."""
     import contextlib
 
-    from charts.manifests import read_rayjob
+    from charts.main import read_rayjob
     from raytrain_eks.local_services import ray_head, s3_server
     from raytrain_eks.run_results import download_run, s3_client, upload_if_missing
 

@@ -30,13 +30,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from charts.resources import resource_problems
+from charts.jobs import resource_problems
 from raytrain_eks.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
 from raytrain_eks import measured_plan, step_model
 from raytrain_eks.plan_advice import advise, spare_memory
 from raytrain_eks.step_time import DEFAULT_MFU, estimate_time, strategy_options
 from environment import Environment
-from environment.image_pull import pull_lines
+from environment.image_source import pull_lines
 from training.config import JobConfig
 
 _RAY_VERSION = re.compile(r"""["']?rayVersion["']?\s*:\s*["']?([0-9][\w.\-]*)""")
@@ -171,7 +171,7 @@ def _transport_rule(env: Environment, job: JobConfig, field: str, want: str) -> 
                               "require 'efa', 'socket' or 'any'")]
     if want == "efa":
         if g.efa_per_node < 1:
-            return []  # refused by the pod-resources check (charts/resources.py)
+            return []  # refused by the pod-resources check (charts/jobs.py resource_problems)
         if job.num_nodes < 2:
             return [Check(name="transport", ok=False,
                           message=f"{field} = 'efa' but the job spans {job.num_nodes} node "
@@ -410,7 +410,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from charts.errors import ChartError
+    from charts import ChartError
     from charts.jobs import plan_job
     from environment import load_environment
 

@@ -10,7 +10,7 @@ at most ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` = 30 s on SIGTERM (ray 2.58
 checkpoint would get ~30 s, not the job's stop wait. ``ray job stop`` in the head container
 asks the job supervisor to stop the job and polls until it is STOPPED/SUCCEEDED/FAILED (ray 2.58
 ``dashboard/modules/job/cli.py:448-466``), so the job's own stop wait
-(``RAY_JOB_STOP_WAIT_TIME_S``, charts/rayjob.py) runs in full. A ``clusterSelector`` cluster
+(``RAY_JOB_STOP_WAIT_TIME_S``, charts/ray_charts.py) runs in full. A ``clusterSelector`` cluster
 outlives the RayJob: KubeRay's StopJob suffices there.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ DEFAULT_STOP_WAIT_S = 600
 
 
 def stop_wait_s(rayjob: dict[str, Any]) -> int:
-    """The job's ``RAY_JOB_STOP_WAIT_TIME_S`` from its runtime env (charts/rayjob.py sets it)."""
+    """The job's ``RAY_JOB_STOP_WAIT_TIME_S`` from its runtime env (charts/ray_charts.py sets it)."""
     env = (yaml.safe_load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "") or {}).get("env_vars") or {}
     try:
         return int(env["RAY_JOB_STOP_WAIT_TIME_S"])

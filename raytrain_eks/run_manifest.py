@@ -8,7 +8,7 @@ name is the RayJob's name (``kubectl get rayjob RUN``), its cluster's network-po
 ``checkpoint.run_name`` (the run's directory in storage).
 
 The RayJob is synthesized by the charts' own builder (:func:`charts.jobs.plan_job`, the sizing
-the preflight checks, and :class:`charts.rayjob.RayJobChart`), so a submitted run is exactly
+the preflight checks, and :func:`charts.main.synth_charts`, the app's own pipeline), so a submitted run is exactly
 what ``make synth`` writes for that job, plus the run name and the user's overrides in its
 entrypoint.
 """
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from charts.errors import ChartError
+from charts import ChartError
 from charts.jobs import MAX_RAYJOB_NAME
 from training.run_storage import RunStorage
 
@@ -73,21 +73,13 @@ def unique_run_name(job: str, now: float | None = None, *, on_cluster: bool = Fa
 
 def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Path, spec_text: str,
               root: Path = ROOT, on_cluster: bool = False) -> RunManifests:
-    """Write ``rayjob-<run>.k8s.yaml``, ``network-policy.k8s.yaml`` and the code archive into ``outdir``."""
-    from charts.main import quiet_node_floor_warning
-
-    quiet_node_floor_warning()
-    import cdk8s
-
+    """Write ``rayjob-<run>.k8s.yaml``, ``network-policy.k8s.yaml`` and the code archive into
+    ``outdir``, through the app's own pipeline (:func:`charts.main.synth_charts`)."""
     from charts.code_bundle import build_code_bundle
     from charts.jobs import plan_job
-    from charts.main import NETWORK_POLICY_CHART, rayjob_chart_name
-    from charts.network_policy import NetworkPolicyChart, raycluster_label, rayjob_label
+    from charts.main import NETWORK_POLICY_CHART, rayjob_chart_name, synth_charts
     from charts.provenance import SourceIdentity
-    from charts.raycluster import cluster_name
-    from charts.rayjob import ON_CLUSTER_SUFFIX, RayJobChart
-    from environment.contract import CODE_PREFIX
-    from training.contract import fill_manifest_hash
+    from environment.contract import CODE_PREFIX, ON_CLUSTER_SUFFIX
 
     root = Path(root).resolve()
     path = Path(job_path).resolve()
@@ -104,18 +96,13 @@ def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Pa
     if on_cluster and not plan.uses_gpu:
         raise ChartError(f"submit: {job_path}: --on-cluster runs GPU jobs on the long-lived RayCluster; "
                          "this job is a CPU job (it brings its own cluster)")
-    for stale in outdir.glob("*.k8s.yaml"):
-        stale.unlink()
-    target = cluster_name(env) if on_cluster else ""
     chart = rayjob_chart_name(run)
-    app = cdk8s.App(outdir=str(outdir), yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
-    RayJobChart(app, chart, env=env, plan=plan, code=code, on_cluster=target or None, source=source)
-    NetworkPolicyChart(app, NETWORK_POLICY_CHART, env=env,
-                       cluster_labels=[raycluster_label(target) if target else rayjob_label(run)])
-    app.synth()
-    rayjob = outdir / f"{chart}.k8s.yaml"
-    rayjob.write_text(fill_manifest_hash(rayjob.read_text(encoding="utf-8")), encoding="utf-8")
-    return RunManifests(run=run, job=plan.config.name, rayjob_name=run + (ON_CLUSTER_SUFFIX if target else ""), rayjob=rayjob, network_policy=outdir / f"{NETWORK_POLICY_CHART}.k8s.yaml",
+    files, _ = synth_charts(env, outdir, [(chart, plan, on_cluster)], code=code, source=source)
+    from charts.ray_charts import cluster_name  # only now: it starts jsii, which synth_charts first quiets
+
+    target = cluster_name(env) if on_cluster else ""
+    return RunManifests(run=run, job=plan.config.name, rayjob_name=run + (ON_CLUSTER_SUFFIX if target else ""),
+                        rayjob=files[chart], network_policy=files[NETWORK_POLICY_CHART],
                         code_path=code.path, code_uri=code.uri(env.bucket_name), storage_uri=env.storage_uri,
                         run_uri=RunStorage(env.storage_uri).run(run),
                         namespace=env.ray.namespace, region=env.cluster.region, on_cluster=target)

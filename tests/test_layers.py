@@ -201,7 +201,7 @@ def test_a_violation_is_reported_with_file_and_line():
     assert check_source("infra/lambdas/image_watcher/watcher.py", "from .registry import resolve_digest\n") == []
     assert cycles({"a": {"b"}, "b": {"a"}}) and not cycles({"a": {"b"}, "b": set()})
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
-    assert check_source("spec_schema/engine.py", "import yaml\n") == [
-        "spec_schema/engine.py:1: spec_schema.engine must import only the standard library (yaml)"]
-    assert check_source("spec_schema/engine.py", "from environment import SpecError\n") == [
-        "spec_schema/engine.py:1: spec_schema may not import environment (environment.SpecError)"]
+    assert check_source("spec_schema/__init__.py", "import yaml\n") == [
+        "spec_schema/__init__.py:1: spec_schema must import only the standard library (yaml)"]
+    assert check_source("spec_schema/__init__.py", "from environment import SpecError\n") == [
+        "spec_schema/__init__.py:1: spec_schema may not import environment (environment.SpecError)"]

@@ -65,7 +65,7 @@ def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> 
     pods, transport, memory), and on EKS that kubectl talks to this environment's cluster. The
     first problem is one :class:`ChartError` line. Returns the inputs that travel with the run
     (:mod:`raytrain_eks.run_inputs`)."""
-    from charts.errors import ChartError
+    from charts import ChartError
     from charts.jobs import plan_job
     from raytrain_eks.preflight import run_preflight
     from raytrain_eks.run_manifest import ROOT
@@ -100,7 +100,7 @@ def step_prediction(plan) -> dict | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from charts.errors import ChartError
+    from charts import ChartError
     from environment import load_environment
     from raytrain_eks.run_manifest import ROOT, check_run_name, synth_run, unique_run_name
 
@@ -162,7 +162,7 @@ def _refuse_a_live_sibling(manifests, *, resume: bool) -> None:
     """A run's two variants (``RUN`` on its own cluster, ``RUN-on-cluster`` on the long-lived
     one) write the same ``<storage>/RUN``: while one is live, the other may not start (the
     trainer's lease refuses it too, but only once its cluster is up and paid for)."""
-    from charts.errors import ChartError
+    from charts import ChartError
     from environment.contract import ON_CLUSTER_SUFFIX
     from raytrain_eks import eks_backend as eks
 
@@ -177,7 +177,7 @@ def _refuse_a_live_sibling(manifests, *, resume: bool) -> None:
 
 def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: dict | None = None, *, resume: bool,
          poll_s: float, wait: bool = True) -> int:
-    from charts.errors import ChartError
+    from charts import ChartError
     from raytrain_eks import eks_backend as eks
     from raytrain_eks.kueue_queue import QueueWatch
     from raytrain_eks.ray_stop import release_after_deadline

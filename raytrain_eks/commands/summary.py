@@ -12,8 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def render(env) -> str:
     from environment import UnlockedImageWarning
     from environment.addons import ADDONS
-    from environment.image_pull import pull_lines
-    from environment.image_source import pull_reference
+    from environment.image_source import pull_lines, pull_reference
 
     c = env.cluster
     lines = [

@@ -12,7 +12,7 @@ import pytest
 from charts_testspec import ROOT, SPEC_TOML, large_env, make_env
 from fixture_paths import FIXTURE_JOBS
 
-from charts.errors import ChartError
+from charts import ChartError
 from charts.jobs import JobPlan, _toml_value, plan_jobs
 from training.config import WorldSize, load_job_config
 

@@ -14,8 +14,7 @@ from charts_testspec import TEST_DIGEST
 
 from charts.cluster_spec import API_TOKEN_PROJECTION, API_TOKEN_VOLUME, IDLE_TIMEOUT_SECONDS
 from charts.provenance import POD_TEMPLATE_LABELS, image_reference
-from charts.raycluster import cluster_name
-from charts.rayjob import SUBMITTER_CONTAINER
+from charts.ray_charts import SUBMITTER_CONTAINER, cluster_name
 from environment.contract import (
     CODE_URI_ANNOTATION, GIT_COMMIT_LABEL, GIT_DIRTY_LABEL, IMAGE_ANNOTATION, IMAGE_DIGEST_ANNOTATION,
     IMAGE_LOCKED_LABEL, JOB_CONFIG_ANNOTATION, RAY_PEER_LABEL,

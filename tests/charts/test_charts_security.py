@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 from charts_testspec import make_env, spec_raw
 
-from charts.errors import ChartError
+from charts import ChartError
 from charts.validate import pod_templates
 from environment.addons import ADDONS_BY_KEY
 from environment.contract import RAY_DASHBOARD_PORT, RAY_METRICS_PORT, RAY_PEER_LABEL

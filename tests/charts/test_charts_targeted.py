@@ -8,7 +8,7 @@ import yaml
 from charts_testspec import ACCOUNT, TEST_DIGEST, make_env
 
 from charts.cluster_spec import ClusterShape, ray_cluster_spec
-from charts.raycluster import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
+from charts.ray_charts import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
 from charts.jobs import PRE_RUNNING_FACTOR
 from training.deadlines import GRACE_MARGIN_SECONDS
 from environment.addons import SCALE_UP_MINUTES

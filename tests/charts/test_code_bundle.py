@@ -65,7 +65,7 @@ def test_rayjob_entrypoints_pass_the_jobs_own_check_in_the_unpacked_archive(defa
     import os
     import subprocess
 
-    from charts.manifests import read_rayjob
+    from charts.main import read_rayjob
     from charts_testspec import ROOT
     from fixture_paths import FIXTURE_JOBS
 

@@ -8,9 +8,9 @@ import pytest
 from charts_testspec import ROOT, spec_raw
 
 from charts.code_bundle import CodeBundle
-from charts.errors import ChartError
+from charts import ChartError
 from charts.jobs import plan_job
-from charts.rayjob import rayjob_spec
+from charts.ray_charts import rayjob_spec
 from environment import environment_from_dict
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE
 

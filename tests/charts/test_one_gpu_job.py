@@ -15,9 +15,9 @@ from charts_testspec import ROOT, make_env
 from tiny_qwen import tiny_qwen2_config
 
 from charts.code_bundle import CodeBundle
-from charts.errors import ChartError
+from charts import ChartError
 from charts.jobs import plan_job
-from charts.rayjob import rayjob_spec
+from charts.ray_charts import rayjob_spec
 from environment.contract import GPU_RESOURCE
 from training.__main__ import parse_args
 from training.config import WorldSize, load_job_config

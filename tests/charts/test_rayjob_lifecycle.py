@@ -13,7 +13,7 @@ from charts_testspec import make_env
 from test_charts_errors import gpu_job, job_root, plan_error
 
 from charts.jobs import plan_jobs, pre_running_deadline_seconds
-from charts.rayjob import SUBMITTER_BACKOFF_LIMIT
+from charts.ray_charts import SUBMITTER_BACKOFF_LIMIT
 
 
 def rayjobs(synth):

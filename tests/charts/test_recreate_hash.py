@@ -61,7 +61,7 @@ def test_adding_a_job_leaves_the_cluster_alone(baseline, tmp_path):
 
 
 def test_a_job_longer_than_the_cluster_grace_is_refused_in_one_line(tmp_path):
-    from charts.errors import ChartError
+    from charts import ChartError
 
     jobs = jobs_with(tmp_path, EXTRA_JOB.replace("= 500", "= 900"))
     with pytest.raises(ChartError) as err:

@@ -14,8 +14,7 @@ from fixture_paths import FIXTURE_JOBS
 
 from charts.code_bundle import CodeBundle
 from charts.jobs import plan_job
-from charts.raycluster import RayClusterChart
-from charts.rayjob import rayjob_spec
+from charts.ray_charts import RayClusterChart, rayjob_spec
 from charts.validate import crd_errors, pod_template_errors
 from training.run_storage import RunStorage
 

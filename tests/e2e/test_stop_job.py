@@ -59,7 +59,7 @@ def _manifests(tmp: Path, run: str, sets: list[str]):
 
 
 def _submit(head, manifests, submission_id: str) -> None:
-    from charts.manifests import read_rayjob
+    from charts.main import read_rayjob
     from raytrain_eks.local_backend import submit
 
     job = read_rayjob(manifests.rayjob)

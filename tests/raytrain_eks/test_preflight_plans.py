@@ -69,7 +69,7 @@ def test_reference_8x_l4_plan_passes_with_breakdown_and_cost(capsys):
     assert "11 min of GPU nodes scaling up from zero and idling before removal" in out
     assert "idle             0.40 USD/h with no job" in out
     # the image each GPU node pulls as it scales up: both paths, the spec's marked
-    # (environment/image_pull.py; the cache is off in this spec)
+    # (environment/image_source.py; the cache is off in this spec)
     assert "image pull   20 GB per GPU node, 2 node(s) start per job" in out
     assert "* public registry via NAT" in out and "  ECR pull-through cache" in out
 

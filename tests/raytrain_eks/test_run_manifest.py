@@ -10,7 +10,7 @@ import pytest
 import yaml
 from fixture_paths import FIXTURE_JOBS
 
-from charts.errors import ChartError
+from charts import ChartError
 from charts.jobs import MAX_RAYJOB_NAME
 from environment import load_environment
 from raytrain_eks.run_manifest import ROOT, check_run_name, synth_run, unique_run_name

@@ -130,7 +130,7 @@ def _long_lived_raycluster() -> dict:
     """The long-lived RayCluster as its chart writes it for the shipped environment.toml."""
     import cdk8s
 
-    from charts.raycluster import RayClusterChart
+    from charts.ray_charts import RayClusterChart
     from environment import load_environment
     from raytrain_eks.run_manifest import ROOT
 

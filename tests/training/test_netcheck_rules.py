@@ -155,7 +155,7 @@ def test_the_forced_run_s_environment_gives_nccl_s_socket_transport_though_the_o
     libnccl-net.so; the NCCL run keeps the plugin. Each of NCCL_NET=Socket and
     NCCL_NET_PLUGIN=none alone would do; both make it exact (no plugin opened: no NET/OFI line)."""
     from charts.cluster_spec import gpu_worker_env
-    from environment.loader import load_environment
+    from environment import load_environment
 
     group = load_environment("environment.toml").primary_gpu_group
     assert group.efa_per_node

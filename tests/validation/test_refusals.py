@@ -85,7 +85,7 @@ def test_model_directory(tmp_path, config_json, extra, words):
 def plan(where: str, tmp_path: Path, text: str, capsys) -> str:
     """Plan a job file against the shipped environment at synth (charts: the error's text) or
     through ``raytrain-eks preflight`` (its one stderr line)."""
-    from charts.errors import ChartError
+    from charts import ChartError
     from charts.jobs import plan_job
     from raytrain_eks.cli import main
 

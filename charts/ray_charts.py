@@ -1,26 +1,156 @@
-"""One RayJob per job config: on its own cluster (built by the same builder as the RayCluster),
-or, as the ``-on-cluster`` variant, on the long-lived RayCluster through ``clusterSelector``."""
+"""The app's cdk8s charts, one per ``dist/*.k8s.yaml`` file (charts.main names them): the
+long-lived RayCluster (interactive work and the ``*-on-cluster`` RayJobs run on it), one RayJob
+per job config (on a cluster of its own, built by the same builder as the RayCluster, or, as the
+``-on-cluster`` variant, on the long-lived RayCluster through ``clusterSelector``), and the
+NetworkPolicies of their Ray clusters.
+
+Kubernetes JSON -> the classes generated from the KubeRay CRDs (charts/imports/): the charts
+write specs as plain camelCase dictionaries (what the YAML shows, easy to read and to test) and
+convert them with :func:`to_bindings`. The generated class names follow the JSON path
+(``RayJobSpec`` + ``RayClusterSpec`` + ``WorkerGroupSpecs`` + ...), so ONE dictionary from
+:func:`charts.cluster_spec.ray_cluster_spec` becomes a ``RayClusterSpec`` for the RayCluster
+kind or a ``RayJobSpecRayClusterSpec`` inside a RayJob, depending only on where it is placed.
+The classes check every field name and type: a misspelled or mistyped field fails synth.
+
+``dist/network-policy.k8s.yaml`` (:class:`NetworkPolicyChart`): one NetworkPolicy per Ray cluster
+the manifests define (the long-lived RayCluster and each RayJob's own cluster), so the pods of one
+cluster, and the submitters of jobs on it, reach each other and nothing else in the namespace
+does. The namespace's default-deny and the two admitted outside callers (the KubeRay operator and
+Prometheus) come with the namespace from the CDK app; both layers are built by
+:mod:`environment.network_policy`. Apply this file before the RayCluster and the RayJobs: without
+it the default-deny keeps a cluster's pods apart and the cluster never comes up.
+"""
 from __future__ import annotations
+
+import enum
+import re
+from typing import Any
 
 import cdk8s
 import yaml
 from constructs import Construct
 
-from charts.bindings import to_bindings
-from charts.cluster_spec import ClusterShape, ray_cluster_spec
-from charts.errors import ChartError
+from charts import ChartError
+from charts.cluster_spec import ClusterShape, ray_cluster_spec, secure_pod
+from charts.code_bundle import CodeBundle
 from charts.imports.io import ray as generated
 from charts.jobs import MAX_RAYJOB_NAME, JobPlan, pre_running_deadline_seconds
-from charts.network_policy import raycluster_label, rayjob_label
-from charts.pod_security import secure_pod
 from charts.provenance import POD_TEMPLATE_LABELS, Provenance, SourceIdentity, image_reference
-from charts.raycluster import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
-from charts.code_bundle import CodeBundle
 from environment import Environment
 from environment.contract import ON_CLUSTER_SUFFIX, RAY_CLUSTER_LABEL, RAY_PEER_LABEL
-from environment.queueing import rayjob_queue_labels
+from environment.network_policy import ray_cluster_policy, raycluster_label, rayjob_label
+from environment.queueing import raycluster_queue_metadata, rayjob_queue_labels
 from training import contract
 from training.deadlines import stop_wait_seconds
+
+_QUANTITY_KEYS = {"limits", "requests"}
+"""Maps of int-or-string quantities: one generated class per JSON path, built from strings."""
+_QUANTITY_FIELDS = {"sizeLimit"}
+"""Single int-or-string quantities (an emptyDir's ``sizeLimit``), built from their string."""
+_STRING_MAP_KEYS = {"labels", "annotations", "nodeSelector", "rayStartParams", "clusterSelector"}
+"""Maps of user data whose keys are not field names (they keep their spelling)."""
+
+
+def _enum_member(cls: type[enum.Enum], path: str, value: str) -> enum.Enum:
+    """A CRD enum value (``token``) as the generated member (``TOKEN``, serialised back as ``token``)."""
+    wanted = re.sub(r"[^a-z0-9]", "", value.lower())
+    for member in cls:
+        if re.sub(r"[^a-z0-9]", "", member.name.lower()) == wanted:
+            return member
+    raise TypeError(f"{path}: {value!r} is not one of {', '.join(m.name.lower() for m in cls)}")
+
+
+def to_bindings(path: str, value: Any) -> Any:
+    """Convert ``value`` (JSON at the binding class ``path``, e.g. ``"RayJobSpec"``)."""
+    if isinstance(value, list):
+        return [to_bindings(path, item) for item in value]
+    if not isinstance(value, dict):
+        cls = getattr(generated, path, None)
+        if isinstance(value, str) and isinstance(cls, type) and issubclass(cls, enum.Enum):
+            return _enum_member(cls, path, value)
+        return value
+    cls = getattr(generated, path, None)
+    if cls is None:
+        raise TypeError(f"no generated binding {path}: a misspelled field in charts/?")
+    # The generated struct's own map of Python name -> property name, reversed. Property names
+    # lower-case acronyms (runtimeEnvYAML -> runtimeEnvYaml; the generated toJson restores the
+    # CRD's spelling), so they are matched without case.
+    python_names = {prop.lower(): py for py, prop in cls.__jsii_name_mapping__.items()}
+    kwargs = {}
+    for key, item in value.items():
+        if key.lower() not in python_names:
+            raise TypeError(f"{path}: {key!r} is not a field (fields: {', '.join(sorted(cls.__jsii_name_mapping__.values()))})")
+        python_name = {key: python_names[key.lower()]}
+        child = path + key[0].upper() + key[1:]
+        if key in _QUANTITY_KEYS:
+            kwargs[python_name[key]] = {k: getattr(generated, child).from_string(v) for k, v in item.items()}
+        elif key in _QUANTITY_FIELDS:
+            kwargs[python_name[key]] = getattr(generated, child).from_string(item)
+        elif key in _STRING_MAP_KEYS:
+            kwargs[python_name[key]] = dict(item)
+        else:
+            kwargs[python_name[key]] = to_bindings(child, item)
+    return cls(**kwargs)
+
+
+class NetworkPolicyChart(cdk8s.Chart):
+    """One NetworkPolicy per label value in ``cluster_labels``."""
+
+    def __init__(self, scope: Construct, id: str, *, env: Environment, cluster_labels: list[str]):
+        super().__init__(scope, id, namespace=env.ray.namespace, disable_resource_name_hashes=True)
+        for label in cluster_labels:
+            policy = ray_cluster_policy(label, env.ray.namespace)
+            obj = cdk8s.ApiObject(self, label, api_version=policy["apiVersion"], kind=policy["kind"],
+                                  metadata=cdk8s.ApiObjectMetadata(**policy["metadata"]))
+            obj.add_json_patch(cdk8s.JsonPatch.add("/spec", policy["spec"]))
+
+
+UPGRADE_STRATEGY = {"type": generated.RayClusterSpecUpgradeStrategyType.RECREATE}
+"""KubeRay (v1.6+) deletes every pod when the spec's hash changes (a new image digest too) and
+recreates them from the new spec; without it a re-applied cluster keeps running the old image."""
+LONG_LIVED_CHECKPOINT_GRACE_SECONDS = 600
+"""The longest ``checkpoint.sigterm_grace_seconds`` of a job run on the long-lived cluster; its
+workers wait this plus the margin on SIGTERM. A constant, not the longest of jobs/: the grace
+is in the pod templates (workers and head), which KubeRay's Recreate hash covers, so adding a job would otherwise
+delete the running cluster."""
+MAX_RAYCLUSTER_NAME = 53
+"""KubeRay's limit: the longest Service it derives (``-serve-svc``) must stay within 63."""
+
+
+def cluster_name(env: Environment) -> str:
+    """The RayCluster's name (what ``clusterSelector`` names): the EKS cluster's name."""
+    name = env.cluster.name
+    if len(name) > MAX_RAYCLUSTER_NAME or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+        raise ChartError(f"{env.source}: cluster.name: {name!r} cannot name the RayCluster "
+                         f"(a DNS-1035 label: starts with a letter, at most {MAX_RAYCLUSTER_NAME} characters)")
+    return name
+
+
+class RayClusterChart(cdk8s.Chart):
+    """One RayCluster: a head on the system nodes, GPU workers only while a job needs them."""
+
+    def __init__(self, scope: Construct, id: str, *, env: Environment):
+        super().__init__(scope, id, namespace=env.ray.namespace, disable_resource_name_hashes=True)
+        # Provenance on the object's own metadata only: KubeRay does not hash it.
+        provenance = Provenance.for_cluster(env)
+        shape = ClusterShape(env=env, worker_replicas=env.primary_gpu_group.job_nodes,
+                             checkpoint_grace_seconds=LONG_LIVED_CHECKPOINT_GRACE_SECONDS,
+                             autoscale=True, cluster_label=raycluster_label(cluster_name(env)))
+        # Queued (Kueue counts the head and the workers the autoscaler asks for against the
+        # ClusterQueue, so a RayJob is not admitted onto GPUs this cluster holds): an elastic
+        # workload, each scale-up admitted like a job (environment/queueing.py).
+        queue_labels, queue_annotations, gates = raycluster_queue_metadata(env)
+        spec = ray_cluster_spec(shape)
+        for template in [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]:
+            template["spec"] = {**template["spec"], **({"schedulingGates": gates} if gates else {})}
+        generated.RayCluster(
+            self, "raycluster",
+            metadata=cdk8s.ApiObjectMetadata(name=cluster_name(env), labels={**provenance.labels, **queue_labels},
+                                             annotations={**provenance.annotations, **queue_annotations}),
+            # Only on a RayCluster of our own: KubeRay rejects the field inside a RayJob.
+            spec=to_bindings("RayClusterSpec", {**spec, "upgradeStrategy": UPGRADE_STRATEGY}),
+        )
+
 
 SUBMITTER_CONTAINER = "ray-job-submitter"
 SUBMITTER_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
