@@ -12,11 +12,21 @@ the whole cluster stack rolls back.
 
 The node groups: which exist, so that the deploy writes a desired size only for a group it
 creates (infra/existing_groups.py says why). Read-only: EKS DescribeCluster, ListNodegroups and
-DescribeNodegroup on the spec's cluster; no cluster yet means no group exists."""
+DescribeNodegroup on the spec's cluster; no cluster yet means no group exists.
+
+The pipeline's Deploy build records the same (:func:`record_node_groups`, ``python -m
+raytrain_eks.pipeline record-groups``), just before ``cdk deploy``: the pipeline deploys with
+``-c raytrain:skip-verify=true`` (its gate is its own checks); without a record app.py writes
+every autoscaled group's DesiredSize, and that update resets the running GPU nodes to it. It
+writes the record where app.py reads it (infra/verify_gate.py), in the Release stage, under its
+lock: no other execution creates a group in between."""
 from __future__ import annotations
+
+from pathlib import Path
 
 from environment import Environment
 from environment.image_source import CACHE_UPSTREAM_URL, cache_prefix
+from infra import verify_gate
 from infra.existing_groups import autoscaled, creation_key, existing
 from raytrain_eks.verify import Finding, failed, passed
 
@@ -223,3 +233,12 @@ def check_node_groups(env: Environment, eks, found: set[str]) -> list[Finding]:
             out.append(passed("node-groups", f"group {g.name} ({creation_key(g, az, zones)}) does not exist yet: "
                                              f"a deploy creates it with {g.min_nodes} node(s)"))
     return out
+
+
+def record_node_groups(env: Environment, root: Path, eks, account: str) -> frozenset[str]:
+    """Write the record of ``env``'s existing GPU groups under ``root``; returns them."""
+    found = existing(env, node_group_tags(eks, env.cluster.name))
+    path = verify_gate.stamp_path(root, env)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(verify_gate.stamp(env, account, verify_gate.now(), found))
+    return found

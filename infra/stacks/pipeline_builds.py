@@ -100,7 +100,7 @@ DEPLOY_COMMANDS = [
 
 def deploy_spec(stack_names: list[str]) -> dict:
     """Record the existing GPU node groups, then ``cdk deploy`` the named stacks (and their
-    dependencies), synthesized again with that record (raytrain_eks/pipeline/record_groups.py)."""
+    dependencies), synthesized again with that record (raytrain_eks/verify_account.py record_node_groups)."""
     *record, deploy = DEPLOY_COMMANDS
     return {
         "version": "0.2",
@@ -163,7 +163,7 @@ def smoke_spec(bucket: str, required_transport: str) -> dict:
 
 
 def promote_spec(required_transport: str) -> dict:
-    """The compare-and-swap promotion (raytrain_eks/pipeline/promote_step.py); on failure the
+    """The compare-and-swap promotion (raytrain_eks/pipeline/apply_promote.py); on failure the
     long-lived cluster goes back to the promoted manifest in the same build, and the history
     says why."""
     return {

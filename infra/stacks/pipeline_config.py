@@ -7,7 +7,7 @@ the deployed pipeline would keep running the old configuration (the same for the
 bound and maintenance window, the failure topic's subscriptions, Apply's build timeout). The stack passes
 :func:`fingerprint` of the spec it was synthesized from to the Synth build (``PIPELINE_CONFIG``);
 Synth recomputes it from the committed spec and refuses to run on a mismatch
-(``raytrain_eks/pipeline/run_checks.py``), naming what to redeploy.
+(``raytrain_eks/pipeline/synth.py``), naming what to redeploy.
 """
 from __future__ import annotations
 

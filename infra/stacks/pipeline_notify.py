@@ -2,7 +2,7 @@
 subscribe to it by e-mail) fed by
 
 - the pipeline's steps: each failure, with its reason and class (image / infrastructure /
-  deferred) and what follows (raytrain_eks/pipeline/failures.py);
+  deferred) and what follows (raytrain_eks/pipeline/rollback.py);
 - an EventBridge rule on every FAILED action of the pipeline, with its stage, action and
   CodePipeline's own summary (a Synth or Deploy failure, a build killed by its timeout: what no
   step of ours can report). Action events carry ``execution-result.external-execution-summary``;
