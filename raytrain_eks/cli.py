@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "check a job against the environment before any spend: GPUs, Ray version, EFA, memory, cost"),
     "submit": ("raytrain_eks.commands.submit",
                "run a job: synthesize, upload, apply, follow its log, then fetch the report, model and verdict"),
-    "netcheck": ("raytrain_eks.commands.netcheck",
+    "netcheck": ("raytrain_eks.commands.submit:Netcheck",
                  "measure the network: collective bus bandwidth by size over EFA and over sockets, with a verdict"),
     "status": ("raytrain_eks.run_commands:Status", "where a submitted run stands (KubeRay's RayJob status)"),
     "logs": ("raytrain_eks.run_commands:Logs", "a run's driver log: streamed from the cluster, or the copy in storage"),
