@@ -182,7 +182,7 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
     from charts.errors import ChartError
     from raytrain_eks import eks_backend as eks
     from raytrain_eks.kueue_queue import QueueWatch
-    from raytrain_eks.ray_stop import release_after_deadline
+    from raytrain_eks.run_commands import release_after_deadline
     from raytrain_eks.run_results import run_exists, s3_client, upload_if_missing
 
     client = s3_client(region=manifests.region)
