@@ -163,7 +163,7 @@ def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
     from environment import load_environment
     from environment.instances import INSTANCE_TYPES
     from raytrain_eks.memory_estimate import usable_bytes
-    from raytrain_eks.step_time import DEFAULT_MFU, estimate_time
+    from raytrain_eks.step_model import DEFAULT_MFU, estimate_time
 
     env = load_environment(ROOT / "environment.toml")
 
@@ -187,7 +187,7 @@ def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
             found = {**found, "global_batch_size": plan["global_batch_size"]}
             old = measured_plan.predict(found, cluster)
             found["grad_accum_steps"] = old["grad_accum_steps"]
-            # the hand model of raytrain_eks/step_time.py, on the job as the shipped spec sizes it
+            # the hand model of raytrain_eks/step_model.py (estimate_time), on the job as the shipped spec sizes it
             config = plan_job(env, ROOT / "jobs" / f"{name}.toml", ROOT).config
             config = dataclasses.replace(
                 config, train=dataclasses.replace(config.train, micro_batch_size=plan["micro_batch_size"]),
@@ -204,7 +204,7 @@ def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| job | data | peak GiB per L4 (tensors / with overhead + 10 %) | old: hand (step_time.py, MFU 0.30 stated) "
+    lines = ["| job | data | peak GiB per L4 (tensors / with overhead + 10 %) | old: hand (step_model.py estimate_time, MFU 0.30 stated) "
              "s / MFU | old: measured_plan.py s / MFU | new, lever off: s / MFU | new (lever on): s / MFU |",
              "|---|---|---|---|---|---|---|"]
     for r in results:

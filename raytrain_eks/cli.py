@@ -1,9 +1,10 @@
 """`raytrain-eks`: the one command-line entry for the operator's tasks.
 
-Each sub-command is a module with two functions, ``add_arguments(parser)`` and ``run(args) ->
-int``: the module that does its work (``raytrain_eks/preflight.py``, ``report.py``, ``runs.py``,
-``reproduce.py``, ``capacity.py``), or one under ``raytrain_eks/commands`` where the command
-ties several modules together. Command modules keep heavy imports
+Each sub-command has two functions, ``add_arguments(parser)`` and ``run(args) -> int``: those of
+the module that does its work (``raytrain_eks/preflight.py``, ``report.py``, ``runs.py``,
+``reproduce.py``, ``capacity.py``), of one under ``raytrain_eks/commands`` where the command
+ties several modules together, or of a class in a module of several commands (``"module:Class"``:
+``run_commands.py``'s status, logs, stop and list of a submitted run). Command modules keep heavy imports
 (matplotlib, boto3, torch) inside ``run`` so ``--help`` stays instant. User errors (spec, job config, registry) print one line and exit 2;
 a cluster kubectl cannot reach exits 5, one that refuses kubectl's request 6; Ctrl-C, SIGTERM and SIGHUP exit 130 after the clean-up
 (one inherited as ignored, as under nohup, stays ignored);
@@ -15,7 +16,7 @@ import argparse
 import importlib
 import sys
 
-# name -> (module, one-line help). Keep sorted by the order a user meets them.
+# name -> (module or "module:Class", one-line help). Keep sorted by the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "summary": ("raytrain_eks.commands.summary",
                 "print the environment: nodes, GPUs, world size, image, versions, cost per hour"),
@@ -28,12 +29,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "check a job against the environment before any spend: GPUs, Ray version, EFA, memory, cost"),
     "submit": ("raytrain_eks.commands.submit",
                "run a job: synthesize, upload, apply, follow its log, then fetch the report, model and verdict"),
-    "netcheck": ("raytrain_eks.commands.netcheck",
+    "netcheck": ("raytrain_eks.commands.submit:Netcheck",
                  "measure the network: collective bus bandwidth by size over EFA and over sockets, with a verdict"),
-    "status": ("raytrain_eks.commands.status", "where a submitted run stands (KubeRay's RayJob status)"),
-    "logs": ("raytrain_eks.commands.logs", "a run's driver log: streamed from the cluster, or the copy in storage"),
-    "stop": ("raytrain_eks.commands.stop", "stop a run: delete its RayJob (KubeRay stops the job); storage stays"),
-    "list": ("raytrain_eks.commands.list", "the submitted runs the cluster knows, with their status"),
+    "status": ("raytrain_eks.run_commands:Status", "where a submitted run stands (KubeRay's RayJob status)"),
+    "logs": ("raytrain_eks.run_commands:Logs", "a run's driver log: streamed from the cluster, or the copy in storage"),
+    "stop": ("raytrain_eks.run_commands:Stop", "stop a run: delete its RayJob (KubeRay stops the job); storage stays"),
+    "list": ("raytrain_eks.run_commands:List", "the submitted runs the cluster knows, with their status"),
     "report": ("raytrain_eks.report",
                "render a run (or two side by side) as Markdown + PNG plots from run.json and metrics"),
     "runs": ("raytrain_eks.runs",
@@ -52,11 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "Everything reads the environment spec (--env, default environment.toml).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module, help_text) in COMMANDS.items():
+    for name, (target, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
-        command.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(command)
+        command.set_defaults(_command=target)
+        _command(target).add_arguments(command)
     return parser
+
+
+def _command(target: str):
+    """What ``target`` names in :data:`COMMANDS`: a module, or a class of one (``"module:Class"``),
+    either with ``add_arguments`` and ``run``."""
+    module, _, attribute = target.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, attribute) if attribute else found
 
 
 def _version() -> str:
@@ -111,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from raytrain_eks.eks_backend import KubectlError
     from raytrain_eks.gpu_figures import CalibrationError
-    from raytrain_eks.local_runs import HeadUnreachable
+    from raytrain_eks.run_commands import HeadUnreachable
 
     args = build_parser().parse_args(argv)
-    module = importlib.import_module(args._module)
+    command = _command(args._command)
     before = _handle_stop_signals()
     try:
-        code = int(module.run(args) or 0)
+        code = int(command.run(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return code
     except (SpecError, JobConfigError, DataError, ChartError, CalibrationError) as err:  # JobConfigError covers the model's

@@ -125,7 +125,7 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
             say(f"    Ray head: dashboard {head.dashboard_url}, metrics {head.metrics_url}")
             say(f"    entrypoint: {job.entrypoint}")
             submission_id = f"{job.name}-{int(time.time())}"
-            from raytrain_eks.local_runs import register, unregister
+            from raytrain_eks.run_commands import register, unregister
 
             def submitted() -> None:  # from now on status/logs/stop RUN reach the job through the head
                 register(out_dir, run=job.name, submission_id=submission_id, dashboard_url=head.dashboard_url,

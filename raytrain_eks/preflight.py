@@ -8,7 +8,7 @@ without runs locally on CPU (the demo) and is checked against this machine. Chec
   manifests under ``dist/`` (when present), and vs the installed Ray for local jobs;
 * transport: ``require_transport = "efa"`` needs an EFA interface per node and >= 2 nodes;
 * memory per GPU (:mod:`raytrain_eks.memory_estimate`), breakdown printed;
-* time and cost at a stated MFU, and every strategy ranked (:mod:`raytrain_eks.step_time`);
+* time and cost at a stated MFU, and every strategy ranked (:mod:`raytrain_eks.step_model`);
 * every pod placed on a node (:mod:`raytrain_eks.fit`).
 
 A refused plan prints its report, then ONE line saying why on stderr; the command exits 2.
@@ -34,7 +34,7 @@ from charts.jobs import resource_problems
 from raytrain_eks.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
 from raytrain_eks import measured_plan, step_model
 from raytrain_eks.plan_advice import advise, spare_memory
-from raytrain_eks.step_time import DEFAULT_MFU, estimate_time, strategy_options
+from raytrain_eks.step_model import DEFAULT_MFU, estimate_time, strategy_options
 from environment import Environment
 from environment.image_source import pull_lines
 from training.config import JobConfig

@@ -5,6 +5,15 @@ A run directory (local or ``s3://``) holds ``run.json`` (training/run_record.py)
 :mod:`training.contract`). Missing keys, files or
 values are tolerated: what is absent is said, not drawn.
 
+metrics.jsonl is read by step (:func:`by_step`): one row per step, the last write wins, and the
+report says where a run resumed. The job appends to ``metrics.jsonl`` for the whole life of a run
+directory. When an attempt dies and Ray Train restarts the workers from the last complete
+checkpoint (or a later submit resumes the run by name), the steps after that checkpoint are
+trained and logged again, so the file's order is not the steps' order: step 15, then 11, 12, ...
+A reader that takes the file order draws a zigzag and pairs step 11 of one run with step 16 of
+another. Every reader of the metrics (the report's tables and plots, ``reproduce --against``)
+goes through :func:`load_run`.
+
 Two runs: every difference between the records is listed, grouped by what it can explain:
 inputs (image, code, spec, config, cluster, versions), run-time conditions (transport, hosts),
 outcomes (throughput, eval, status) and identity (names and times, which always differ).
@@ -55,7 +64,7 @@ class Run:
     evals: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     resumes: list[int] = field(default_factory=list)
-    """The first step each resumed attempt logged again (raytrain_eks/metrics_rows.py)."""
+    """The first step each resumed attempt logged again (:func:`by_step`)."""
 
     @property
     def name(self) -> str:
@@ -72,6 +81,27 @@ def _read_text(uri: str) -> str:
     filesystem, path = fs.FileSystem.from_uri(uri)
     with filesystem.open_input_stream(path) as stream:
         return stream.read().decode("utf-8")
+
+
+def by_step(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+    """``(rows, resumes)``: one row per step in step order, the row written last for a step
+    winning (it is what the finished run's weights came from), and the first step each later
+    attempt logged (a step at or below the step logged before it). Rows without a step keep
+    their order after the stepped ones."""
+    latest: dict[int, dict[str, Any]] = {}
+    unstepped: list[dict[str, Any]] = []
+    resumes: list[int] = []
+    previous: int | None = None
+    for row in rows:
+        step = row.get(contract.STEP)
+        if not isinstance(step, int) or isinstance(step, bool):
+            unstepped.append(row)
+            continue
+        if previous is not None and step <= previous:
+            resumes.append(step)
+        latest[step] = row
+        previous = step
+    return [latest[s] for s in sorted(latest)] + unstepped, resumes
 
 
 def load_run(run_dir: str) -> Run:
@@ -101,8 +131,6 @@ def load_run(run_dir: str) -> Run:
             run.train.append(row)
     if not (run.record or run.train or run.evals):
         raise FileNotFoundError(f"{run_dir}: neither {RECORD_NAME} nor {METRICS_NAME} could be read")
-    from raytrain_eks.metrics_rows import by_step
-
     run.train, run.resumes = by_step(run.train)
     run.evals, _ = by_step(run.evals)
     if run.resumes:

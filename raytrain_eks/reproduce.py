@@ -248,9 +248,19 @@ def reproduce(run: str, *, repo: Path = REPO) -> Outcome:
     return outcome
 
 
+def values_by_step(rows: list[dict[str, Any]], key: str) -> dict[int, float]:
+    """``{step: value}`` of one numeric key, from rows already read by report.py's ``by_step``."""
+    return {r[contract.STEP]: r[key] for r in rows
+            if isinstance(r.get(contract.STEP), int) and isinstance(r.get(key), (int, float))}
+
+
+def first_difference(a: dict[int, float], b: dict[int, float]) -> int | None:
+    """The first step at which two runs' values differ, or one run lacks the step; None when equal."""
+    return next((s for s in sorted(set(a) | set(b)) if a.get(s) != b.get(s)), None)
+
+
 def _losses(run: str) -> dict[int, float]:
-    """``{step: loss}``, the last write winning after a resume (raytrain_eks/metrics_rows.py)."""
-    from raytrain_eks.metrics_rows import values_by_step
+    """``{step: loss}``, the last write winning after a resume (raytrain_eks/report.py ``by_step``)."""
     from raytrain_eks.report import load_run
 
     return values_by_step(load_run(run).train, contract.LOSS)
@@ -264,8 +274,6 @@ def compare_runs(run_a: str, run_b: str) -> dict[str, Any]:
 
     same_config = not factors(a, b)  # names and storage locations aside, nothing that shapes a run differs
     execution = bool(pins_a) and pins_a == pins_b and same_config
-    from raytrain_eks.metrics_rows import first_difference
-
     losses_a, losses_b = _losses(run_a), _losses(run_b)
     result = execution and bool(losses_a) and losses_a == losses_b
     return {"execution": execution, "result": result, "pins": [pins_a, pins_b], "same_config": same_config,

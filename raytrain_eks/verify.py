@@ -4,16 +4,16 @@ check returns :class:`Finding` lines, one per problem, each with its fix.
 - every EKS add-on pin is offered for the spec's Kubernetes version (EKS DescribeAddonVersions);
 - every Helm chart version is in its repository's index (:mod:`raytrain_eks.chart_index`);
 - every GPU instance type is offered in the GPU AZ (EC2 DescribeInstanceTypeOfferings);
-- every AZ's zone id is one EKS supports, and offers the system node type
-  (:mod:`raytrain_eks.verify_zones`);
+- every AZ's zone id is one EKS supports, and offers the system node type (:func:`check_zones`);
 - every admin principal exists (IAM);
 - the On-Demand vCPU quotas cover every node group at its maximum size (Service Quotas);
 - a named capacity reservation or Capacity Block exists and fits its group;
 - the CDK bootstrap stack exists, at a version this CDK accepts (CloudFormation);
 - nothing a first deploy would collide with is left: a retained bucket the spec does not adopt,
-  a control-plane log group of the same name;
+  a control-plane log group of the same name, an image cache rule;
 - the credentials are the spec's account (STS);
-- which GPU node groups already exist, recorded for the deploy (:mod:`raytrain_eks.verify_nodegroups`);
+- which GPU node groups already exist, recorded for the deploy
+  (:func:`raytrain_eks.verify_account.check_node_groups`);
 - the pinned image digest resolves and can run on linux/amd64 (the registry).
 
 The AWS clients and the index fetcher are passed in (boto3 and urllib in the CLI; moto's
@@ -133,6 +133,50 @@ def check_gpu_zones(env: Environment, ec2) -> list[Finding]:
             out.append(failed("gpu-az", f"group {group.name}: {group.instance_type} is not offered in {gpu_az} "
                              f"(offered in: {_listed(zones)})",
                              f"set cluster.gpu_availability_zone in {env.source} to one of those AZs (or another instance_type)"))
+    return out
+
+
+EKS_UNSUPPORTED_ZONE_IDS = {"us-east-1": ("use1-az3",), "us-west-1": ("usw1-az2",), "ca-central-1": ("cac1-az3",)}
+"""Zone ids that do not support EKS control-plane subnets, per the Amazon EKS User Guide, "View
+Amazon EKS networking requirements for VPC and subnets" (docs.aws.amazon.com/eks/latest/
+userguide/network-reqs.html, subnet requirements: "use1-az3 in us-east-1, usw1-az2 in
+us-west-1, cac1-az3 in ca-central-1")."""
+
+
+def zone_ids(env: Environment, ec2) -> dict[str, str]:
+    """AZ name -> zone id of every AZ of the region, in the credentials' account."""
+    reply = ec2.describe_availability_zones()
+    return {z["ZoneName"]: z["ZoneId"] for z in reply["AvailabilityZones"]}
+
+
+def check_zones(env: Environment, ec2) -> list[Finding]:
+    """An AZ name means a different zone in each account (us-east-1a is use1-az6 in one, use1-az3
+    in another), so each of the spec's AZs is mapped to its zone id (EC2
+    DescribeAvailabilityZones) and checked by id: against the zone ids EKS refuses a cluster
+    subnet in (CreateCluster fails with UnsupportedAvailabilityZoneException, 12+ minutes into
+    the cluster stack, and rolls it back), and for the system node type offered in every VPC AZ
+    (location type ``availability-zone-id``); each GPU type in the GPU AZ is the ``gpu-az`` check
+    (the same answer by name: names and ids map one to one within an account)."""
+    c = env.cluster
+    ids = zone_ids(env, ec2)
+    refused = EKS_UNSUPPORTED_ZONE_IDS.get(c.region, ())
+    out = []
+    for name in c.availability_zones:
+        if ids[name] in refused:
+            usable = [n for n, i in sorted(ids.items()) if i not in refused and n not in c.availability_zones]
+            out.append(failed("zones", f"{name} is zone {ids[name]} in this account, where EKS creates no cluster",
+                              f"replace {name} in cluster.availability_zones of {env.source} with another AZ of "
+                              f"{c.region} (not {', '.join(refused)}): {_listed(usable)}"))
+    system = env.system_node_group.instance_type
+    where = offered_zones(ec2, system, "availability-zone-id")
+    for name in c.availability_zones:
+        if ids[name] not in where:
+            out.append(failed("zones", f"system nodes: {system} is not offered in {name} ({ids[name]}) in this account",
+                              f"choose another AZ in cluster.availability_zones of {env.source} (offered in zones "
+                              f"{_listed(where)}) or another system_node_group.instance_type"))
+    if not out:
+        out.append(passed("zones", ", ".join(f"{n}={ids[n]}" for n in c.availability_zones)
+                          + f": EKS supports them, {system} is offered in each"))
     return out
 
 

@@ -1,9 +1,33 @@
 """The account-side checks of `raytrain-eks verify` (see :mod:`raytrain_eks.verify`): whose
-credentials these are, whether CDK is bootstrapped, whether every admin principal exists, and
-what a first deploy would collide with."""
+credentials these are, whether CDK is bootstrapped, whether every admin principal exists, what a
+first deploy would collide with (a leftover bucket or log group, an image cache rule), and which
+of the spec's GPU node groups already exist.
+
+The image cache: with ``image.pull_through_cache``, a first deploy of the cluster stack creates
+the ECR pull-through cache rule ``<cluster>-ecr-public``. A rule is identified by its prefix
+(``AWS::ECR::PullThroughCacheRule`` primaryIdentifier ``/properties/EcrRepositoryPrefix``), so one
+made by hand or left by a failed stack makes the creation fail
+("PullThroughCacheRuleAlreadyExistsException", ECR API Reference, CreatePullThroughCacheRule) and
+the whole cluster stack rolls back.
+
+The node groups: which exist, so that the deploy writes a desired size only for a group it
+creates (infra/verify_gate.py says why). Read-only: EKS DescribeCluster, ListNodegroups and
+DescribeNodegroup on the spec's cluster; no cluster yet means no group exists.
+
+The pipeline's Deploy build records the same (:func:`record_node_groups`, ``python -m
+raytrain_eks.pipeline record-groups``), just before ``cdk deploy``: the pipeline deploys with
+``-c raytrain:skip-verify=true`` (its gate is its own checks); without a record app.py writes
+every autoscaled group's DesiredSize, and that update resets the running GPU nodes to it. It
+writes the record where app.py reads it (infra/verify_gate.py), in the Release stage, under its
+lock: no other execution creates a group in between."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from environment import Environment
+from environment.image_source import CACHE_UPSTREAM_URL, cache_prefix
+from infra import verify_gate
+from infra.verify_gate import autoscaled, creation_key, existing
 from raytrain_eks.verify import Finding, failed, passed
 
 CDK_TOOLKIT_STACK = "CDKToolkit"
@@ -152,3 +176,69 @@ def check_admins(env: Environment, iam, sts) -> list[Finding]:
             continue
         out.append(passed("admins", f"{arn} exists"))
     return out
+
+
+def check_image_cache(env: Environment, cloudformation, ecr) -> list[Finding]:
+    """Nothing to check with the cache off, or once the cluster stack exists (it owns the rule)."""
+    from infra.stack_names import stack_name
+
+    if not env.image.pull_through_cache:
+        return []
+    prefix = cache_prefix(env.cluster.name)
+    if stack_exists(cloudformation, stack_name(env.cluster.name, "cluster")):
+        return [passed("image-cache", f"pull-through cache rule {prefix} belongs to the cluster stack")]
+    try:
+        rules = ecr.describe_pull_through_cache_rules(ecrRepositoryPrefixes=[prefix])["pullThroughCacheRules"]
+    except ecr.exceptions.PullThroughCacheRuleNotFoundException:
+        rules = []
+    if rules:
+        upstream = rules[0].get("upstreamRegistryUrl", "?")
+        return [failed("image-cache", f"a pull-through cache rule {prefix} (upstream {upstream}) already exists "
+                                      "outside the cluster stack, which would fail creating it",
+                       f"aws ecr delete-pull-through-cache-rule --ecr-repository-prefix {prefix} "
+                       f"--region {env.cluster.region} (the cached repositories stay)")]
+    return [passed("image-cache", f"no rule {prefix} in the way; the stack creates it for {CACHE_UPSTREAM_URL}")]
+
+
+def node_group_tags(eks, cluster: str) -> list[dict[str, str]]:
+    """The tags of every node group of ``cluster`` ([] when the cluster does not exist)."""
+    try:
+        eks.describe_cluster(name=cluster)
+    except eks.exceptions.ResourceNotFoundException:
+        return []
+    names: list[str] = []
+    page = eks.list_nodegroups(clusterName=cluster)
+    while True:
+        names += page["nodegroups"]
+        if not page.get("nextToken"):
+            break
+        page = eks.list_nodegroups(clusterName=cluster, nextToken=page["nextToken"])
+    return [eks.describe_nodegroup(clusterName=cluster, nodegroupName=n)["nodegroup"].get("tags") or {}
+            for n in names]
+
+
+def check_node_groups(env: Environment, eks, found: set[str]) -> list[Finding]:
+    """One line per GPU group: updated in place (its size left alone) or created at min_nodes.
+    Adds the existing groups' names to ``found`` (what the pass records)."""
+    found |= existing(env, node_group_tags(eks, env.cluster.eks_name))
+    az, zones = env.cluster.gpu_availability_zone, env.cluster.availability_zones
+    out = []
+    for g in env.gpu_node_groups:
+        if g.existing:  # the existing cluster's own group: raytrain_eks/verify_existing.py checks it
+            continue
+        if g.name in found:
+            size = "its running size left to cluster-autoscaler" if autoscaled(g) else f"sized {g.min_nodes}"
+            out.append(passed("node-groups", f"group {g.name} exists ({creation_key(g, az, zones)}): a deploy updates it, {size}"))
+        else:
+            out.append(passed("node-groups", f"group {g.name} ({creation_key(g, az, zones)}) does not exist yet: "
+                                             f"a deploy creates it with {g.min_nodes} node(s)"))
+    return out
+
+
+def record_node_groups(env: Environment, root: Path, eks, account: str) -> frozenset[str]:
+    """Write the record of ``env``'s existing GPU groups under ``root``; returns them."""
+    found = existing(env, node_group_tags(eks, env.cluster.name))
+    path = verify_gate.stamp_path(root, env)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(verify_gate.stamp(env, account, verify_gate.now(), found))
+    return found

@@ -42,7 +42,7 @@ applied (after a failed smoke it was never touched). The pipeline variable ``IMA
 Failures reach a person: one SNS topic (``pipeline.notify_emails`` subscribe to it by e-mail) fed by
 
 - the pipeline's steps: each failure, with its reason and class (image / infrastructure /
-  deferred) and what follows (raytrain_eks/pipeline/failures.py);
+  deferred) and what follows (raytrain_eks/pipeline/rollback.py);
 - an EventBridge rule on every FAILED action of the pipeline, with its stage, action and
   CodePipeline's own summary (a Synth or Deploy failure, a build killed by its timeout: what no
   step of ours can report). Action events carry ``execution-result.external-execution-summary``;
@@ -244,7 +244,7 @@ class PipelineStack(Stack):
             resources=[self.format_arn(service="iam", region="", resource="role",
                                        resource_name=f"cdk-{BOOTSTRAP_QUALIFIER}-{kind}-role-{self.account}-{self.region}")
                        for kind in ("deploy", "file-publishing", "lookup")]))
-        # record-groups reads this cluster's node groups (raytrain_eks/pipeline/record_groups.py).
+        # record-groups reads this cluster's node groups (raytrain_eks/verify_account.py record_node_groups).
         deploy.add_to_role_policy(iam.PolicyStatement(
             sid="ReadNodeGroups", actions=["eks:DescribeCluster", "eks:ListNodegroups"],
             resources=[self.format_arn(service="eks", resource="cluster", resource_name=name)]))

@@ -17,7 +17,7 @@ run must prove, the buildspecs, the history key), the deployed pipeline would ke
 old configuration (the same for the watcher's retry bound and maintenance window, the failure
 topic's subscriptions, Apply's build timeout). The stack passes :func:`fingerprint` of the spec
 it was synthesized from to the Synth build (``PIPELINE_CONFIG``); Synth recomputes it from the
-committed spec and refuses to run on a mismatch (``raytrain_eks/pipeline/run_checks.py``),
+committed spec and refuses to run on a mismatch (``raytrain_eks/pipeline/synth.py``),
 naming what to redeploy.
 """
 from __future__ import annotations
@@ -116,7 +116,7 @@ DEPLOY_COMMANDS = [
 
 def deploy_spec(stack_names: list[str]) -> dict:
     """Record the existing GPU node groups, then ``cdk deploy`` the named stacks (and their
-    dependencies), synthesized again with that record (raytrain_eks/pipeline/record_groups.py)."""
+    dependencies), synthesized again with that record (raytrain_eks/verify_account.py record_node_groups)."""
     *record, deploy = DEPLOY_COMMANDS
     return {
         "version": "0.2",
@@ -179,7 +179,7 @@ def smoke_spec(bucket: str, required_transport: str) -> dict:
 
 
 def promote_spec(required_transport: str) -> dict:
-    """The compare-and-swap promotion (raytrain_eks/pipeline/promote_step.py); on failure the
+    """The compare-and-swap promotion (raytrain_eks/pipeline/apply_promote.py); on failure the
     long-lived cluster goes back to the promoted manifest in the same build, and the history
     says why."""
     return {

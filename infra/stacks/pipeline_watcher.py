@@ -1,6 +1,6 @@
 """The watcher Lambda of the redeploy pipeline (code in infra/lambdas/image_watcher/) with a
 least-privilege role: it may touch exactly the parameter, table and pipeline it needs. (Promotion
-is a CodeBuild step, raytrain_eks/pipeline/promote_step.py: a failure after Apply must roll the
+is a CodeBuild step, raytrain_eks/pipeline/apply_promote.py: a failure after Apply must roll the
 cluster back, which needs kubectl.)
 
 The asset holds ``image_watcher/`` (with the registry client the ``lock`` command also uses) and

@@ -16,6 +16,8 @@ and read back at that path, so it must be mounted where submit runs.
 On EKS, Ctrl-C detaches: the run goes on (``raytrain-eks status/logs/stop RUN``).
 ``--local`` runs it on this machine instead (a real Ray head and moto's S3 server on
 127.0.0.1, as ``make demo`` does); there Ctrl-C stops the run with the services.
+
+`raytrain-eks netcheck` (:class:`Netcheck`) is submit with its job fixed: jobs/netcheck.toml.
 """
 from __future__ import annotations
 
@@ -180,7 +182,7 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
     from charts import ChartError
     from raytrain_eks import eks_backend as eks
     from raytrain_eks.kueue_queue import QueueWatch
-    from raytrain_eks.ray_stop import release_after_deadline
+    from raytrain_eks.run_commands import release_after_deadline
     from raytrain_eks.run_results import run_exists, s3_client, upload_if_missing
 
     client = s3_client(region=manifests.region)
@@ -252,3 +254,33 @@ def _results(client, manifests, out_dir: Path, ended: str) -> int:
               file=sys.stderr)
         return 1
     return finish(out_dir)
+
+
+class Netcheck:
+    """`raytrain-eks netcheck`: the network measured under control (jobs/netcheck.toml, submitted
+    as any job is: ``submit``'s path, its checks before spend, its RayJob on the GPU node group).
+
+    Prints the bus bandwidth table (NCCL as configured vs forced to sockets), writes
+    ``netcheck.png`` beside ``netcheck.json`` in ``--out`` and exits with the verdict's code (0
+    accepted, 3 rejected, 1 a run failed). ``--local``: on this machine's CPUs with gloo (2
+    workers, 1-4 MiB), the whole path without a GPU: the figures, the record, the verdict."""
+
+    JOB = "jobs/netcheck.toml"
+    LOCAL_SETS = ("parallel.use_gpu=false", "parallel.num_workers=2", "parallel.workers_per_node=2",
+                  "netcheck.max_bytes=4194304", "netcheck.iters=5", "evidence.require_transport=any")
+    """A local netcheck: gloo on two CPU workers of one node, small messages (the figures measure
+    this machine's loopback, not a network; the path is what is proven)."""
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser)
+        parser.set_defaults(job=Netcheck.JOB)
+        for action in parser._actions:  # the job is fixed: JOB becomes an optional argument
+            if action.dest == "job":
+                action.nargs, action.help = "?", f"the netcheck job (default {Netcheck.JOB})"
+
+    @staticmethod
+    def run(args: argparse.Namespace) -> int:
+        if args.local:
+            args.overrides = [*Netcheck.LOCAL_SETS, *args.overrides]
+        return run(args)

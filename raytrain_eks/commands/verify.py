@@ -73,7 +73,7 @@ def existing_cluster_checks(env, client) -> list:
 
 def run(args: argparse.Namespace) -> int:
     from environment import load_environment
-    from raytrain_eks import verify, verify_account, verify_cache, verify_nodegroups, verify_zones
+    from raytrain_eks import verify, verify_account
     from raytrain_eks.chart_index import IndexCache, http_fetch
 
     env = load_environment(args.env)
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     own_cluster = [] if env.cluster.existing else [
         ("eks-addon", lambda: verify.check_eks_addons(env, client("eks"))),
         ("admins", lambda: verify_account.check_admins(env, client("iam"), client("sts"))),
-        ("zones", lambda: verify_zones.check_zones(env, client("ec2"))),
+        ("zones", lambda: verify.check_zones(env, client("ec2"))),
     ]
     findings = verify.run_checks([
         ("account", lambda: verify_account.check_account(env, client("sts"))),
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
         ("quota", lambda: verify.check_quotas(env, client("service-quotas"))),
         ("reservation", lambda: verify.check_reservations(env, client("ec2"))),
         ("image", lambda: verify.check_image(env, args.registry_url, args.timeout)),
-        ("image-cache", lambda: verify_cache.check_image_cache(env, client("cloudformation"), client("ecr"))),
-        ("node-groups", lambda: verify_nodegroups.check_node_groups(env, client("eks"), existing)),
+        ("image-cache", lambda: verify_account.check_image_cache(env, client("cloudformation"), client("ecr"))),
+        ("node-groups", lambda: verify_account.check_node_groups(env, client("eks"), existing)),
     ])
     if env.cluster.existing:
         findings += existing_cluster_checks(env, client)

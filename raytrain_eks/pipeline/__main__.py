@@ -61,7 +61,7 @@ def check_run(args: argparse.Namespace, environ=os.environ) -> int:
     from environment import SpecError, load_environment
     from infra.stacks.pipeline_builds import CONFIG_VARIABLE, fingerprint
 
-    from .run_checks import RunRefused, check_run as check
+    from .synth import RunRefused, check_run as check
 
     try:
         env = load_environment(args.env)
@@ -83,8 +83,7 @@ def record_groups(args: argparse.Namespace) -> int:
     import boto3
 
     from environment import SpecError, load_environment
-
-    from .record_groups import record
+    from raytrain_eks.verify_account import record_node_groups
 
     try:
         env = load_environment(args.env)
@@ -93,7 +92,7 @@ def record_groups(args: argparse.Namespace) -> int:
         return 2
     region = env.cluster.region
     account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
-    found = record(env, Path.cwd(), boto3.client("eks", region_name=region), account)
+    found = record_node_groups(env, Path.cwd(), boto3.client("eks", region_name=region), account)
     print(f"record-groups: existing GPU node groups: {', '.join(sorted(found)) or 'none'}", file=sys.stderr)
     return 0
 
@@ -101,10 +100,9 @@ def record_groups(args: argparse.Namespace) -> int:
 def run(ctx, args: argparse.Namespace) -> int:
     from infra.lambdas.image_watcher.promote import promoted_digest
 
-    from .digests import DigestError, choose
-    from .failures import classify
     from .kube import log
-    from .rollback import rollback
+    from .rollback import classify, rollback
+    from .synth import DigestError, choose
 
     if args.step == "promoted-digest":
         print(promoted_digest(ctx.ssm, ctx.parameter_name, ctx.history))
@@ -148,11 +146,11 @@ def step(ctx, args: argparse.Namespace) -> str:
         gate(ctx, digest=args.digest, candidate_uri=args.record, required_transport=args.required_transport)
         return ""
     if args.step == "apply":
-        from .apply_step import apply
+        from .apply_promote import apply
 
         apply(ctx, args.digest)
         return ""
-    from .promote_step import promote_step
+    from .apply_promote import promote_step
 
     promote_step(ctx, digest=args.digest, record_uri=args.record, required_transport=args.required_transport)
     return ""

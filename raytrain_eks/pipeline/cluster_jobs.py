@@ -27,7 +27,7 @@ from environment.maintenance import parse_window
 from infra.lambdas.image_watcher.history import FAILURE_DEFERRED
 
 from .context import StepContext
-from .failures import StepFailed
+from .rollback import StepFailed
 from .kube import log
 
 TERMINAL_DEPLOYMENTS = ("Complete", "Failed")

@@ -9,20 +9,57 @@ execution per stage at a time, so run A can be in Apply or Promote while run B f
 never touched the cluster and must not put the old promotion over A's rollout. After a failed
 smoke or gate, or an Apply refused because another execution promoted, no apply is issued. A promotion recorded before the
 ``applied`` items existed falls back to ``dist/promoted/`` (this commit at the promoted digest).
+
+Which failures are the image's: a step's exception carries its class of failure in ``failure``
+(history.py FAILURE_*): the image's (the smoke run trained and failed, failed its gates, or the
+image never started) shelves the digest; anything else (no GPUs before
+``preRunningDeadlineSeconds``, kubectl or AWS API errors, another execution's promotion) is
+infrastructure, and the watcher retries the digest on a later tick, up to
+``pipeline.max_attempts``; an Apply that left a running job alone is deferred. An exception that
+does not say is infrastructure: only a verdict on the image shelves it. Every failure is
+published to the pipeline's topic (``NOTIFY_TOPIC_ARN``) with its reason and what follows from it.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from infra.lambdas.image_watcher.history import FAILURE_INFRASTRUCTURE, ROLLED_BACK
+from infra.lambdas.image_watcher.history import FAILURE_DEFERRED, FAILURE_IMAGE, FAILURE_INFRASTRUCTURE, ROLLED_BACK
 from infra.lambdas.image_watcher.watcher import read_promoted
 
 from .context import StepContext
-from .failures import consequence, notify
 from .kube import KubeError, annotated, live_manifest_hash, log, manifest_hash, wait_ready
 
 CLUSTER_FILE = "raycluster.k8s.yaml"
+
+
+class StepFailed(RuntimeError):
+    """A failure whose class the step knows; one line (the rollback reason)."""
+
+    def __init__(self, message: str, failure: str = FAILURE_INFRASTRUCTURE) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+def classify(err: BaseException) -> str:
+    """The failure class of an exception (infrastructure unless it says otherwise)."""
+    failure = getattr(err, "failure", FAILURE_INFRASTRUCTURE)
+    return failure if failure in (FAILURE_IMAGE, FAILURE_INFRASTRUCTURE, FAILURE_DEFERRED) else FAILURE_INFRASTRUCTURE
+
+
+def consequence(failure: str, max_attempts: int) -> str:
+    """What follows from a failure of this class, in words for the notification."""
+    if failure == FAILURE_IMAGE:
+        return "the digest is shelved (the watcher will not start it again; an explicit run can)"
+    window = "in the maintenance window, " if failure == FAILURE_DEFERRED else ""
+    return f"the watcher starts the digest again on a later tick, {window}up to {max_attempts} executions in all"
+
+
+def notify(sns: Any, topic_arn: str, *, subject: str, message: str) -> None:
+    """Publish to the pipeline's topic (nothing without one: a manual run, a test)."""
+    if topic_arn:
+        # SNS Publish: Subject is at most 100 characters (the e-mail subject line).
+        sns.publish(TopicArn=topic_arn, Subject=subject[:100], Message=message)
 
 
 def promoted_manifest(ctx: StepContext) -> tuple[str, dict[str, Any] | None, str]:
@@ -47,7 +84,7 @@ def own_applied_hash(ctx: StepContext) -> str:
 def rollback(ctx: StepContext, *, failed_digest: str, reason: str,
              failure: str = FAILURE_INFRASTRUCTURE) -> dict[str, str]:
     """Put the long-lived cluster back where needed, record the ``rolled-back`` item with the
-    reason and the failure class (failures.py), and tell the pipeline's topic."""
+    reason and the failure class (:func:`classify`), and tell the pipeline's topic."""
     promoted, target, source = promoted_manifest(ctx)
     if target is None:
         outcome = f"{source}: nothing to roll back to; long-lived cluster untouched"

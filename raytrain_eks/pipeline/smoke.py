@@ -25,12 +25,28 @@ from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_IMAGE_RAN
 from infra.lambdas.image_watcher.history import FAILURE_IMAGE, FAILURE_INFRASTRUCTURE
 
 from .context import StepContext, with_version
-from .failures import RAYJOB_REASON_FAILURE, StepFailed, pull_errors
+from .rollback import StepFailed
 from .kube import KubeError, image_ids, log
 
 SMOKE_JOB = "smoke"
 """jobs/smoke.toml's ``name``: its RayJob and file ``dist/rayjob-smoke.k8s.yaml``."""
 FAILED_DEPLOYMENT = ("Failed", "ValidationFailed")
+# KubeRay ray-operator/v1.7.0 apis/ray/v1/rayjob_types.go JobFailedReason: the reasons a RayJob's
+# deployment becomes Failed, and whose fault each is.
+RAYJOB_REASON_FAILURE = {
+    "AppFailed": FAILURE_IMAGE,  # the entrypoint ran and exited non-zero (rayjob_controller.go)
+    "DeadlineExceeded": FAILURE_IMAGE,  # it started and ran past activeDeadlineSeconds
+    # the submitter runs the head's image (common/job.go): a submission that fails is the image's
+    "SubmissionFailed": FAILURE_IMAGE,
+    # never Running before preRunningDeadlineSeconds: no GPU node (capacity, a user's job on them)
+    "PreRunningDeadlineExceeded": FAILURE_INFRASTRUCTURE,
+    "JobDeploymentStatusTransitionGracePeriodExceeded": FAILURE_INFRASTRUCTURE,
+    "JobStatusCheckTimeoutExceeded": FAILURE_INFRASTRUCTURE,  # the dashboard did not answer
+    "ValidationFailed": FAILURE_INFRASTRUCTURE,  # the manifest, not the image
+}
+IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+"""A container's ``state.waiting.reason`` while its image cannot be pulled (kubernetes
+``pkg/kubelet/images/types.go``): a pod that only ever showed these never started the image."""
 
 
 class SmokeFailed(StepFailed):
@@ -47,6 +63,17 @@ def run_name(execution_id: str, attempt: str) -> str:
     """Unique per build: the training refuses a run name that already finished (a retried stage
     keeps the execution id, so the attempt is part of it)."""
     return f"{run_prefix(execution_id)}{attempt}"
+
+
+def pull_errors(pods: list[dict[str, Any]]) -> list[str]:
+    """``pod/container: reason`` of the containers waiting on an image they cannot pull."""
+    out = []
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            reason = ((status.get("state") or {}).get("waiting") or {}).get("reason", "")
+            if reason in IMAGE_PULL_REASONS:
+                out.append(f"{pod['metadata']['name']}/{status['name']}: {reason}")
+    return out
 
 
 def job_failure(status: dict[str, Any], pulls: list[str], started: bool) -> str:

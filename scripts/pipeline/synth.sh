@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Synth stage's digest handling and manifests (buildspec: infra/stacks/pipeline_builds.py).
-# Pins the digest this run deploys (one source of truth: raytrain_eks/pipeline/digests.py) into
+# Pins the digest this run deploys (one source of truth: raytrain_eks/pipeline/synth.py) into
 # $ENV_FILE with the same `lock --digest` an operator runs, synthesizes dist/, and re-synthesizes
 # the promoted digest's manifests into dist/promoted/ (the rollback target for a promotion made
 # before Apply recorded its manifest). dist/pipeline-run.json keeps the digest and the promoted

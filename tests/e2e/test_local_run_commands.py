@@ -26,7 +26,7 @@ from typing import Iterator
 import pytest
 
 from left_running import left_running
-from raytrain_eks.local_runs import RUNS_DIR
+from raytrain_eks.run_commands import RUNS_DIR
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local_run")]
 ROOT = Path(__file__).resolve().parents[2]

@@ -89,7 +89,7 @@ def test_the_plots_of_a_resumed_run_are_monotonic_and_mark_the_resume(tmp_path, 
 
 @pytest.mark.parametrize("steps", [[1, 2, 3], [5, 1, 2, 3, 1]])
 def test_by_step_keeps_the_last_write(steps):
-    from raytrain_eks.metrics_rows import by_step
+    from raytrain_eks.report import by_step
 
     rows = [{"step": s, "order": i} for i, s in enumerate(steps)]
     out, resumes = by_step(rows)

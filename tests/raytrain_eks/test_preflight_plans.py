@@ -168,7 +168,7 @@ def test_sharded_accumulation_costs_nothing_and_kept_gathered_parameters_cost_th
 
 def test_shipped_finetune_job_runs_the_strategy_preflight_finds_fastest(monkeypatch):
     from charts.jobs import plan_job
-    from raytrain_eks.step_time import strategy_options
+    from raytrain_eks.step_model import strategy_options
 
     monkeypatch.chdir(ROOT)
     env = load_environment(ENV)

@@ -229,7 +229,7 @@ def test_a_zone_eks_does_not_support_and_the_gpu_type_not_offered_there(tmp_path
 
 def test_the_eks_zone_list_is_read_by_zone_id_not_name():
     # the same name is another zone in another account: only the id decides
-    from raytrain_eks.verify_zones import check_zones
+    from raytrain_eks.verify import check_zones
 
     class Ec2:
         def __init__(self, ids):

@@ -171,7 +171,7 @@ def step(workdir, environ, execution, *args):
 
 def smoke_record(aws, digest: str, repository: str, execution: str) -> str:
     """A run.json that proves ``digest``, as the smoke step leaves it: in a versioned bucket under
-    the execution's run name, its URI pinned to the version written (smoke.py, promote_step.py)."""
+    the execution's run name, its URI pinned to the version written (smoke.py, apply_promote.py)."""
     from environment.contract import RECORD_IMAGE_RAN
     from raytrain_eks.pipeline.smoke import run_name
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from raytrain_eks.pipeline.failures import StepFailed
-from raytrain_eks.pipeline.promote_step import check_own_record
+from raytrain_eks.pipeline.apply_promote import check_own_record
+from raytrain_eks.pipeline.rollback import StepFailed
 
 OWN = "s3://bucket/runs/smoke-exec-1-7/run.json"
 

@@ -10,7 +10,7 @@ import boto3
 from botocore.stub import Stubber
 
 from environment import environment_from_dict
-from raytrain_eks.verify_cache import check_image_cache
+from raytrain_eks.verify_account import check_image_cache
 from spec_template import template_raw
 
 PREFIX = "raytrain-ecr-public"

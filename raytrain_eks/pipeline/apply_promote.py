@@ -1,4 +1,7 @@
-"""Apply: the long-lived RayCluster on the candidate digest, unless another execution promoted
+"""Apply, then Promote: the long-lived RayCluster moved onto the candidate digest, then that
+digest promoted.
+
+Apply: the long-lived RayCluster on the candidate digest, unless another execution promoted
 since this run's Synth (CodePipeline's QUEUED mode runs one execution per stage at a time, so a
 push's Synth can pick the promoted digest while the watcher's execution is still in Smoke).
 
@@ -6,18 +9,27 @@ It never kills a running job: before a change, it waits (bounded) until no RayJo
 cluster, or defers, and applies only inside ``pipeline.maintenance_window`` when one is declared
 (cluster_jobs.py); it says which. The manifest goes on with :data:`.kube.APPLIED_ANNOTATION` and is recorded as an ``applied``
 history item first, so a later rollback returns to exactly what a promotion applied.
+
+Promote, after Apply: the record checks again and the compare-and-swap on the promoted digest
+this run's Synth saw (infra/lambdas/image_watcher/promote.py). Any failure here leaves the
+long-lived cluster on an unpromoted digest, so the caller rolls it back in the same build.
+
+The record is the exact object version the smoke step wrote and the gate judged (the Smoke
+action exports ``s3://...run.json?versionId=V``), and it must be one of THIS execution's smoke
+runs: its folder and its own ``run_dir`` both name ``smoke-<execution id>-<build>``.
 """
 from __future__ import annotations
 
 import json
 
 from infra.lambdas.image_watcher.history import APPLIED, Superseded
-from infra.lambdas.image_watcher.promote import promoted_digest
+from infra.lambdas.image_watcher.promote import promote, promoted_digest, split_record_uri
 
 from .cluster_jobs import clear_to_recreate
 from .context import StepContext
 from .kube import KubeError, annotated, head_uid, live_manifest_hash, log, manifest_hash, wait_ready
-from .rollback import CLUSTER_FILE
+from .rollback import CLUSTER_FILE, StepFailed, own_applied_hash
+from .smoke import run_prefix
 
 
 def check_not_superseded(ctx: StepContext, digest: str) -> str:
@@ -78,3 +90,36 @@ def apply(ctx: StepContext, digest: str) -> None:
     log(f"apply: RayCluster {manifest['metadata']['name']} applied at @{digest}")
     wait_ready(ctx.kube, manifest, repository=ctx.repository, digest=digest,
                timeout_s=ctx.timeout_s, poll_s=ctx.poll_s, replaced_head=old_head)
+
+
+def check_own_record(ctx: StepContext, record_uri: str) -> None:
+    """StepFailed (not the image's failure) unless ``record_uri`` is pinned to a version and
+    names this execution's run."""
+    _, key, version = split_record_uri(record_uri)
+    if not version:
+        raise StepFailed(f"smoke record {record_uri} names no object version: Promote reads the one the "
+                         "gate judged (s3://...?versionId=V); nothing promoted")
+    folder = key.rsplit("/", 2)[-2] if key.count("/") else ""
+    if not folder.startswith(run_prefix(ctx.execution_id)):
+        raise StepFailed(f"smoke record {record_uri} is not a run of execution {ctx.execution_id} "
+                         f"({run_prefix(ctx.execution_id)}<build>): nothing promoted")
+    run_dir = str(ctx.read_json(record_uri).get("run_dir", ""))
+    if run_dir.rstrip("/").rsplit("/", 1)[-1] != folder:
+        raise StepFailed(f"smoke record {record_uri} says it is run {run_dir!r}, not {folder}: nothing promoted")
+
+
+def promote_step(ctx: StepContext, *, digest: str, record_uri: str, required_transport: str) -> dict[str, str]:
+    run = ctx.run_file()
+    check_own_record(ctx, record_uri)
+    cluster = ctx.manifest(CLUSTER_FILE)
+    live, own = live_manifest_hash(ctx.kube, cluster["metadata"]["name"]) if cluster else "", own_applied_hash(ctx)
+    if not own or live != own:
+        # QUEUED mode overlaps executions across stages: promote only what this run's Apply left on
+        # the cluster, never a digest whose manifest another Apply has replaced since.
+        raise KubeError(f"the long-lived RayCluster is not on this run's Apply ({live or 'unmarked'}, "
+                        f"applied {own or 'nothing'}): nothing promoted")
+    item = promote(ssm=ctx.ssm, s3=ctx.s3, parameter_name=ctx.parameter_name, history=ctx.history,
+                   digest=digest, smoke_record=record_uri, execution_id=ctx.execution_id,
+                   expected=run.get("promoted_at_synth", ""), required_transport=required_transport)
+    log(f"promote: {digest} promoted (was {run.get('promoted_at_synth') or 'none'})")
+    return item
