@@ -1,52 +1,11 @@
 #!/usr/bin/env python3
-"""A kubectl double for `raytrain-eks submit/status/logs/stop/list`, with a KubeRay controller
-that moves a RayJob through the states KubeRay v1.7.0 writes, one reconcile per `get`.
+"""A kubectl double for `raytrain-eks submit/status/logs/stop/list`, on the KubeRay v1.7.0
+controller of kuberay_double.py (a RayJob moves through the states KubeRay writes, one tick per
+``get rayjob NAME``), with the CLI's world around it (:class:`CliWorld`): the GPU nodes' room and
+the pods of a cluster that waits for it (node_double.py), the scenario's knobs in the state
+(``cluster_ready_after``, ``submitter_runs``, ``pre_running_deadline_after``, ``deadline_after``,
+``outcomes``/``outcome``, ``ttl_after``), and the results the job publishes when it ends.
 
-Modelled on ``ray-project/kuberay`` tag ``ray-operator/v1.7.0``:
-``ray-operator/controllers/ray/rayjob_controller.go`` (Reconcile's switch on
-``status.jobDeploymentStatus``) and ``ray-operator/apis/ray/v1/rayjob_types.go``:
-
-- ``""`` (New): the controller adds its stop-job finalizer and initialises the status
-  (initRayJobStatusIfNeed :887-917): ``jobId``, ``rayClusterName`` (``<name>-<5 chars>``, or the
-  clusterSelector's cluster), ``jobStatus = ""``, ``startTime`` (both deadlines count from it);
-  -> ``Initializing``.
-- ``Initializing``: with ``spec.suspend`` -> ``Suspending`` first (:180-182); then
-  ``preRunningDeadlineSeconds`` (``pre_running_deadline_after`` reconciles since ``startTime``):
-  ``Failed`` with ``reason = PreRunningDeadlineExceeded`` (:1247-1262); else it stays while the
-  RayCluster is not ``ready``: its pods wait for room on the GPU nodes (node_double.py), then
-  ``cluster_ready_after`` reconciles (Unschedulable while a node scales up, then
-  ContainerCreating); then, in K8sJobMode, creates the submitter Job; -> ``Running``.
-- suspension (:366-418, 1043-1060): ``Suspending`` deletes the cluster and clears
-  ``rayClusterName``, ``jobId``, ``jobStatus`` -> ``Suspended``, which stays while
-  ``spec.suspend`` is true and goes back to New when it is false (a new ``startTime``: time spent
-  suspended counts against no deadline). The controller requeues at once after each status
-  update, so a suspended RayJob is ``Suspended`` by the first poll. Kueue (kueue_double.py)
-  suspends a labelled RayJob at creation and unsuspends it when admitted.
-- time: each ``get rayjob NAME`` is one tick: Kueue's pass, then one KubeRay reconcile of EVERY
-  RayJob (``now`` counts the ticks; ``history`` records each status a RayJob took, with its tick).
-- ``Running``: ``jobStatus`` is the dashboard's (PENDING, then RUNNING). Terminal only when the
-  Ray job is terminal AND the submitter has finished (K8sJobMode, kuberay PR 1919): then
-  ``Complete`` (SUCCEEDED/STOPPED) or ``Failed`` with ``reason = AppFailed`` (FAILED), and
-  ``endTime``.
-- validation, before the switch on every reconcile (rayjob_controller.go:144-161): a spec
-  KubeRay refuses goes ``ValidationFailed`` with ``reason = ValidationFailed`` and the error as
-  ``message``; modelled: ``backoffLimit > 0`` with a ``clusterSelector`` (utils/validation.go:575-576).
-- retries: a ``Failed`` RayJob with ``status.failed < backoffLimit + 1`` (reason not
-  ``DeadlineExceeded``) becomes ``Retrying`` in the same reconcile, so ``Failed`` is never seen
-  then (rayjob_controller.go:452, 518-556); ``Retrying`` deletes the cluster and the submitter,
-  clears ``rayClusterName``, ``jobId``, ``jobStatus``, ``reason``, ``message`` and goes back to
-  New (rayjob_controller.go:366-410): the next attempt has a new cluster and a new Ray job.
-  ``outcomes`` (one per attempt) scripts the attempts; ``outcome`` the rest.
-- ``kubectl apply --server-side`` of a RayJob that exists succeeds (exit 0): it changes the
-  spec and keeps the status, and a ``Complete``/``Failed`` RayJob is not run again
-  (rayjob_controller.go:420-447 only cleans up).
-- ``activeDeadlineSeconds`` (``deadline_after``: reconciles in Running): the Running case checks
-  it first (rayjob_controller.go:249-257, ``checkActiveDeadlineAndUpdateStatusIfNeeded``
-  :1234-1246): ``Failed`` with ``reason = DeadlineExceeded``; ``jobStatus`` keeps the last value
-  (RUNNING): the Ray job is not stopped.
-- delete: a RayJob whose jobStatus is not terminal gets StopJob on its Ray job first (the
-  finalizer, rayjob_controller.go:112-137); the double records the stopped job id, except under
-  ``--cascade=foreground`` when the RayJob owns its cluster (the collector deletes it first).
 - ``kubectl exec svc/<cluster>-head-svc -c ray-head -- ray job stop --address A ID``: Ray 2.58's
   CLI asks the supervisor to stop the job and returns once it is terminal
   (``dashboard/modules/job/cli.py:448-466``): the double sets ``jobStatus = STOPPED`` at once
@@ -80,10 +39,10 @@ from pathlib import Path
 
 import yaml
 
+import kuberay_double
 import kueue_double
+from kuberay_double import TERMINAL_JOB, World, visible
 from node_double import gpus_fit, pods
-
-TERMINAL_JOB = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def load() -> dict:
@@ -117,90 +76,16 @@ def publish_results(state: dict, job: dict) -> None:
             client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(source).as_posix()}")
 
 
-def reconcile(state: dict, job: dict) -> None:
-    status = job.setdefault("status", {})
-    fake = job.setdefault("_fake", {"reconciles": 0, "submitter_done": False})
-    fake["reconciles"] += 1
-    step(state, job)
-    # KubeRay requeues at once after each status update: a suspended RayJob passes
-    # New -> Initializing -> Suspending -> Suspended before anyone polls (rayjob_controller.go:165-181, 366-418)
-    while job["spec"].get("suspend") and status.get("jobDeploymentStatus") in ("Initializing", "Suspending"):
-        step(state, job)
+class CliWorld(World):
+    """The CLI tests' world: the GPU node groups' room (node_double.py), the knobs in the state,
+    and the results the job publishes at its end."""
 
+    def placed(self, job: dict) -> bool:
+        return gpus_fit(self.state, job)
 
-def step(state: dict, job: dict) -> None:
-    status, fake = job["status"], job["_fake"]
-    deployment = status.get("jobDeploymentStatus", "")
-    name = job["metadata"]["name"]
-    spec = job["spec"]
-    if deployment in ("Complete", "Failed", "ValidationFailed"):
-        return
-    if spec.get("clusterSelector") and (spec.get("backoffLimit") or 0) > 0:
-        status.update(jobDeploymentStatus="ValidationFailed", reason="ValidationFailed",
-                      message="The RayJob spec is invalid: BackoffLimit is incompatible with ClusterSelector mode")
-        return
-    attempt = status.get("failed", 0)
-    if deployment in ("Retrying", "Suspending"):
-        for key in ("rayClusterName", "jobId", "reason", "message", "dashboardURL"):
-            status.pop(key, None)
-        status.update(jobStatus="", jobDeploymentStatus="" if deployment == "Retrying" else "Suspended")
-        fake.update(submitter_done=False, placed_at=None)
-    elif deployment == "Suspended":
-        if not spec.get("suspend"):
-            status.update(jobStatus="", jobDeploymentStatus="")
-    elif deployment == "":
-        if "ray.io/rayjob-stopjob-finalizer" not in job["metadata"].setdefault("finalizers", []):
-            job["metadata"]["finalizers"].append("ray.io/rayjob-stopjob-finalizer")
-        selector = (spec.get("clusterSelector") or {}).get("ray.io/cluster")
-        suffix = "abcde" if attempt == 0 else f"retry{attempt}"
-        cluster = "x7k2p" if attempt == 0 else f"r{attempt}x7k"
-        status.update(jobId=f"{name}-{suffix}", rayClusterName=selector or f"{name}-{cluster}", jobStatus="",
-                      jobDeploymentStatus="Initializing", startTime=kueue_double.timestamp(state))
-        fake["started_at"] = fake["reconciles"]
-        fake["placed_at"] = fake["reconciles"] if not spec.get("suspend") and gpus_fit(state, job) else None
-    elif deployment == "Initializing":
-        pre_running = state.get("pre_running_deadline_after")
-        if spec.get("suspend"):
-            status["jobDeploymentStatus"] = "Suspending"
-        elif pre_running is not None and fake["reconciles"] - fake["started_at"] >= pre_running:
-            status.update(jobDeploymentStatus="Failed", reason="PreRunningDeadlineExceeded",
-                          message="The RayJob has passed the preRunningDeadlineSeconds.")
-        elif fake.get("placed_at") is None:
-            if gpus_fit(state, job):
-                fake["placed_at"] = fake["reconciles"]
-        elif fake["reconciles"] - fake["placed_at"] >= state["cluster_ready_after"]:
-            status.update(jobDeploymentStatus="Running", dashboardURL=f"{status['rayClusterName']}-head-svc:8265")
-            fake["running_since"] = fake["reconciles"]
-    elif deployment == "Running" and spec.get("suspend"):
-        status["jobDeploymentStatus"] = "Suspending"
-    elif deployment == "Running" and state.get("deadline_after") is not None \
-            and fake["reconciles"] - fake["running_since"] >= state["deadline_after"]:
-        status.update(jobDeploymentStatus="Failed", reason="DeadlineExceeded",
-                      message="The RayJob has passed the activeDeadlineSeconds.")
-        fake["ended_at"] = fake["reconciles"]
-    elif deployment == "Running":
-        # jobStatus is what the dashboard says of the Ray job: PENDING, then RUNNING, then the
-        # outcome once the job ended (the submitter's `ray job submit` follows it to its end).
-        ray_status = status.get("jobStatus") or ""
-        if fake["submitter_done"] or fake["reconciles"] - fake["running_since"] > state["submitter_runs"]:
-            if ray_status not in TERMINAL_JOB:
-                outcomes = state.get("outcomes") or []
-                ray_status = outcomes[attempt] if attempt < len(outcomes) else state["outcome"]
-                publish_results(state, job)
-            fake["submitter_done"] = True
-        else:
-            ray_status = "PENDING" if ray_status == "" else "RUNNING"
-        status["jobStatus"] = ray_status
-        if ray_status in TERMINAL_JOB and fake["submitter_done"]:
-            failed = ray_status == "FAILED"
-            fake["ended_at"] = fake["reconciles"]
-            status.update(jobDeploymentStatus="Failed" if failed else "Complete", endTime=kueue_double.timestamp(state),
-                          **({"reason": "AppFailed", "message": "Job entrypoint command failed with exit code 1"}
-                             if failed else {}))
-            if failed:
-                status["failed"] = attempt + 1
-                if status["failed"] < (spec.get("backoffLimit") or 0) + 1:
-                    status["jobDeploymentStatus"] = "Retrying"  # same reconcile: Failed is never written
+    def outcome(self, job: dict, attempt: int) -> tuple[str, int]:
+        publish_results(self.state, job)
+        return super().outcome(job, attempt)
 
 
 def main(argv: list[str]) -> int:
@@ -232,30 +117,17 @@ def dispatch(state: dict, argv: list[str]) -> int:
         for doc in yaml.safe_load_all(Path(_opt(rest, "-f")).read_text()):
             if not doc:
                 continue
-            store = state["rayjobs"] if doc["kind"] == "RayJob" else state.setdefault("policies", {})
-            old = store.get(doc["metadata"]["name"])
-            if doc["kind"] == "RayJob" and old is not None:
-                # server-side apply of an existing object: the spec changes, the status stays
-                old["spec"] = doc["spec"]
-                continue
             if doc["kind"] == "RayJob":
-                kueue_double.on_create(state, doc)
-            store[doc["metadata"]["name"]] = doc
+                kuberay_double.apply_rayjob(state, doc)
+            else:
+                state.setdefault("policies", {})[doc["metadata"]["name"]] = doc
         return 0
     if verb == "get" and rest[0] == "rayjob":
         if len(rest) > 1 and not rest[1].startswith("-"):
             job = state["rayjobs"].get(rest[1])
             if job is None:
                 return not_found("rayjobs.ray.io", rest[1])
-            # one tick of the controllers: Kueue's, then KubeRay's for every RayJob
-            state["now"] = state.get("now", 0) + 1
-            kueue_double.reconcile(state)
-            for each in list(state["rayjobs"].values()):
-                before = (each.get("status") or {}).get("jobDeploymentStatus", "")
-                reconcile(state, each)
-                if each["status"].get("jobDeploymentStatus", "") != before:
-                    state.setdefault("history", []).append([state["now"], each["metadata"]["name"],
-                                                            each["status"].get("jobDeploymentStatus") or "New"])
+            kuberay_double.tick(CliWorld(state, state))
             fake = job["_fake"]
             if "stopped_after" in state and (job.get("status") or {}).get("jobDeploymentStatus") == "Running":
                 fake["running_gets"] = fake.get("running_gets", 0) + 1
@@ -263,9 +135,9 @@ def dispatch(state: dict, argv: list[str]) -> int:
                     publish_results(state, job)
                     del state["rayjobs"][rest[1]]
                     return not_found("rayjobs.ray.io", rest[1])
-            print(json.dumps({k: v for k, v in job.items() if k != "_fake"}))
+            print(json.dumps(visible(job)))
             return 0
-        items = [{k: v for k, v in j.items() if k != "_fake"} for j in state["rayjobs"].values()]
+        items = [visible(j) for j in state["rayjobs"].values()]
         print(json.dumps({"items": items}))
         return 0
     if verb == "get" and rest[0] == kueue_double.WORKLOADS:
@@ -337,25 +209,9 @@ def dispatch(state: dict, argv: list[str]) -> int:
     if verb == "delete":
         kind, name = rest[0], rest[1]
         if kind == "rayjob":
-            job = state["rayjobs"].pop(name, None)
-            if job is None:
+            if kuberay_double.delete_rayjob(CliWorld(state, state), name, "--cascade=foreground" in rest) is None \
+                    and "--ignore-not-found" not in rest:
                 return not_found("rayjobs.ray.io", name)
-            kueue_double.collect(state)  # its Workload: an owner reference, the garbage collector
-            state.setdefault("deleted_rayjobs", []).append({"name": name, "jobStatus": (job.get("status") or {}).get("jobStatus")})
-            # its own RayCluster is a controller reference of the RayJob (rayjob_controller.go:1021):
-            # the garbage collector deletes it; a clusterSelector cluster is not owned and stays.
-            # With --cascade=foreground the collector deletes the owned cluster while the RayJob
-            # waits for its dependents, racing KubeRay's finalizer: the double takes the losing
-            # order (the head is gone before StopJob reaches it, so the job is not stopped).
-            # Background (the default): the finalizer's StopJob runs before the RayJob goes and
-            # the collector deletes the cluster after it (rayjob_controller.go:112-138).
-            cluster = (job.get("status") or {}).get("rayClusterName")
-            owned = bool(cluster) and not job["spec"].get("clusterSelector")
-            foreground = "--cascade=foreground" in rest
-            if (job.get("status") or {}).get("jobStatus") not in TERMINAL_JOB and not (owned and foreground):
-                state.setdefault("stopped_jobs", []).append(job.get("status", {}).get("jobId", ""))
-            if owned:
-                state.setdefault("deleted_clusters", []).append({"cluster": cluster, "foreground": foreground})
             return 0
         if kind == "networkpolicy":
             if state.get("policies", {}).pop(name, None) is None and "--ignore-not-found" not in rest:

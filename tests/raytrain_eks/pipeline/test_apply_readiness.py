@@ -1,4 +1,4 @@
-"""Apply's readiness rule and the fake kubectl's KubeRay model, on plain data (no processes).
+"""Apply's readiness rule and the KubeRay double's model (kuberay_double.py), on plain data (no processes).
 
 The oracle is KubeRay v1.7.0 (``ray-project/kuberay`` tag ``ray-operator/v1.7.0``):
 ``ray-operator/controllers/ray/utils/util.go`` GenerateHashWithoutReplicasAndWorkersToDelete
@@ -8,7 +8,6 @@ ready`` once head + desired workers, autoscaled ones included, all run).
 from __future__ import annotations
 
 import copy
-import os
 import sys
 from pathlib import Path
 
@@ -16,9 +15,8 @@ import pytest
 
 from raytrain_eks.pipeline.kube import annotated, manifest_hash, not_ready
 
-sys.path.insert(0, str(Path(__file__).parent))
-os.environ.setdefault("FAKE_KUBE_DIR", str(Path(__file__).parent))
-import fake_kubectl  # noqa: E402 - needs FAKE_KUBE_DIR at import
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the KubeRay double
+import kuberay_double  # noqa: E402
 
 REPO = "registry.example/ray"
 DIGEST, OLD = "sha256:" + "a" * 64, "sha256:" + "b" * 64
@@ -34,15 +32,15 @@ def spec(image: str = f"{REPO}@{DIGEST}", replicas: int = 1) -> dict:
 
 
 def test_recreate_hash_ignores_replicas_tolerations_and_the_strategy_but_not_labels_or_image():
-    base = fake_kubectl.recreate_hash(spec())
+    base = kuberay_double.recreate_hash(spec())
     scaled = spec(replicas=3)
     scaled["workerGroupSpecs"][0]["template"]["spec"]["tolerations"] = [{"key": "k", "operator": "Exists"}]
     del scaled["upgradeStrategy"]
-    assert fake_kubectl.recreate_hash(scaled) == base
-    assert fake_kubectl.recreate_hash(spec(image=f"{REPO}@{OLD}")) != base
+    assert kuberay_double.recreate_hash(scaled) == base
+    assert kuberay_double.recreate_hash(spec(image=f"{REPO}@{OLD}")) != base
     labelled = spec()
     labelled["headGroupSpec"]["template"]["metadata"]["labels"]["raytrain.io/spec-hash"] = "y"
-    assert fake_kubectl.recreate_hash(labelled) != base  # pod-template labels are in the hash
+    assert kuberay_double.recreate_hash(labelled) != base  # pod-template labels are in the hash
 
 
 def test_the_applied_annotation_is_metadata_so_it_never_recreates_pods():

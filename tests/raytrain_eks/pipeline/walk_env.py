@@ -179,14 +179,19 @@ def make_walk(tmp_path: Path, aws: dict, registry, real_run: Path, *, starter_st
 
     def submit_gpu_job(manifest: Path, polls: int) -> str:
         """A user's GPU RayJob (a synthesized manifest, its own cluster), applied as `submit`
-        applies it and run for ``polls`` ticks from its admission; one tick, so Kueue admits it
-        while the queue is empty. Its name."""
+        applies it and polled until it runs (Kueue admits it while the queue is empty); it runs
+        ``polls`` ticks more. Its name."""
         job = {**yaml.safe_load(manifest.read_text()), "polls_left": polls}
         name = job["metadata"]["name"]
-        for args, stdin in ((["apply", "--server-side", "-f", "-"], json.dumps(job)), (["get", "rayjob", name], None)):
-            subprocess.run([str(kube / "kubectl"), "-n", env.ray.namespace, *args], input=stdin, env=w.environ,
-                           capture_output=True, text=True, check=True)
-        return name
+        kubectl = [str(kube / "kubectl"), "-n", env.ray.namespace]
+        subprocess.run([*kubectl, "apply", "--server-side", "-f", "-"], input=json.dumps(job), env=w.environ,
+                       capture_output=True, text=True, check=True)
+        for _ in range(10):  # admitted, New, Initializing (its cluster's pods run), Running
+            got = subprocess.run([*kubectl, "get", "rayjob", name], env=w.environ, capture_output=True, text=True,
+                                 check=True)
+            if json.loads(got.stdout)["status"].get("jobDeploymentStatus") == "Running":
+                return name
+        raise AssertionError(f"{name} never ran: {got.stdout}")
 
     def cluster_job(name: str) -> dict:
         return json.loads((kube / "state.json").read_text())["rayjobs"][name]["status"]
