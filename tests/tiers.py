@@ -12,7 +12,7 @@ Nobody marks ``unit``: :func:`tier_of` reads it off the test at collection, from
 marker (``slow``/``ray``, ``synth``, ``subprocess``: for what it cannot see), the Ray-starting
 session fixtures, and the code the test and its fixtures run: their own functions and the
 helpers under ``tests/`` they call, transitively, and one level into the product's functions
-they call. What that reading misses, :func:`unit_guard` catches: a ``unit`` test that starts a
+they call (with the helpers of those functions' own module). What that reading misses, :func:`unit_guard` catches: a ``unit`` test that starts a
 process or a jsii object fails, naming what to mark.
 """
 from __future__ import annotations
@@ -110,8 +110,18 @@ def _function_tier(fn, seen: set, deep: bool) -> str:
                 found.append(_object_tier(getattr(sys.modules[module], ins.argval, None), seen, deep))
         for name in each.co_names:
             if name in namespace:
-                found.append(_object_tier(namespace[name], seen, deep))
+                obj = namespace[name]
+                if not deep and _same_file(obj, code):  # the product: its own module's helpers are "itself"
+                    found.append(_function_tier(obj, seen, False))
+                else:
+                    found.append(_object_tier(obj, seen, deep))
     return max(found, key=TIERS.index)
+
+
+def _same_file(obj, code: types.CodeType) -> bool:
+    """Whether ``obj`` is a function defined in the file of ``code`` (a module's own helper)."""
+    other = getattr(inspect.unwrap(obj), "__code__", None) if inspect.isfunction(obj) else None
+    return other is not None and other.co_filename == code.co_filename
 
 
 def _object_tier(obj, seen: set, deep: bool) -> str:
