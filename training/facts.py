@@ -218,7 +218,7 @@ def upload_nccl_log(run_dir: str, rank: int, log_dir: str | None) -> None:
     not fail the run; the record already names where the log was expected)."""
     if not (run_dir and log_dir):
         return
-    from training.nccl_log import own_nccl_log
+    from training.transport import own_nccl_log
 
     path = own_nccl_log(log_dir)
     if not path:

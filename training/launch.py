@@ -119,12 +119,12 @@ def allocator_env(environ: Mapping[str, str]) -> dict[str, str]:
 def worker_env(job: JobConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The workers' environment: the forwarded driver variables and, on GPU, NCCL's debug log
     settings from process start (the worker creates the folder before its first collective:
-    :func:`training.nccl_log.prepare_worker`) and the CUDA allocator's (:func:`allocator_env`),
+    :func:`training.transport.prepare_worker`) and the CUDA allocator's (:func:`allocator_env`),
     which must be there before the worker's first CUDA allocation."""
     environ = os.environ if environ is None else environ
     env = forwarded_env(environ)
     if job.parallel.use_gpu:
-        from training.nccl_log import NCCL_LOG_DIR, nccl_debug_env
+        from training.transport import NCCL_LOG_DIR, nccl_debug_env
 
         env.update(nccl_debug_env(NCCL_LOG_DIR, env))
         env.update(allocator_env(environ))

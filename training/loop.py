@@ -20,12 +20,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, metrics, nccl_log, optim
+from training import contract, evaluation, metrics, optim, transport
 from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
 from training.model import build_model, export_config
 from training.parallel import build_mesh, parallelize
-from training.outcomes import export_on_workers, refuse, transport_evidence
 from training.step import LogWindow, forward_backward
 from training.tokenizer import chat_format
 
@@ -145,11 +144,11 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
     run.json."""
     from training.facts import upload_nccl_log
 
-    nccl_log.prepare_worker(job.parallel.use_gpu)  # before ANY collective: NCCL opens its file once
+    transport.prepare_worker(job.parallel.use_gpu)  # before ANY collective: NCCL opens its file once
     try:
         return _train(job, ctx, data=data, tokenizer=tokenizer, resume_from=resume_from, lease=lease)
     finally:
-        upload_nccl_log(ctx.run_dir, ctx.rank, nccl_log.NCCL_LOG_DIR if job.parallel.use_gpu else None)
+        upload_nccl_log(ctx.run_dir, ctx.rank, transport.NCCL_LOG_DIR if job.parallel.use_gpu else None)
 
 
 def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, resume_from: str,
@@ -177,7 +176,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     optimizer = optim.build_optimizer(model, job.train, job.optim)
     scheduler = optim.build_scheduler(optimizer, job.train, job.optim)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
-    evidence, refused = transport_evidence(job, on_gpu)
+    evidence, refused = transport.transport_evidence(job, on_gpu)
     # What this run's workers read for run.json; rank 0 returns it with the summary.
     facts = gather(job, rank=ctx.rank, world_size=ctx.world_size, data=data, on_gpu=on_gpu, run_dir=ctx.run_dir)
     if facts is not None:
@@ -276,6 +275,8 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                "losses": [e["loss"] for e in steps], "stopped_by_signal": stopped,
                "resumed_from": trainer.restored_from, **figures}
     if ckpt is not None and job.checkpoint.export_hf and not stopped:
+        from training.checkpointing.export import export_on_workers
+
         summary.update(export_on_workers(model, ctx, model_config, job))
     log.write(summary)
     log.print(evaluation.eval_line(figures, stopped=stopped))
@@ -289,6 +290,19 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         ctx.report({"step": trainer.step, "stopped_by_signal": stopped,
                     **{k: v for k, v in figures.items() if v is not None}})
     return _returned(summary, facts)
+
+
+def refuse(reason: str, ctx: WorkerContext) -> dict[str, Any]:
+    """End the run before training (the transport gate refused it), terminally, in the summary
+    row the workers return, never raised: Ray would retry an exception ``max_failures`` times and
+    a retry cannot change the transport. The driver reads the reason from the summary row and
+    fails the run with this one line (:func:`training.verdict.outcome`)."""
+    summary = {contract.KIND: contract.KIND_SUMMARY, "steps": 0, contract.REFUSED: reason}
+    log = metrics.MetricsLog(ctx.local_dir, enabled=ctx.rank == 0, storage=ctx.storage)
+    log.write(summary)
+    log.print(f"refused: {reason}")
+    log.close()
+    return summary
 
 
 def _returned(summary: dict[str, Any], facts: dict[str, Any] | None) -> dict[str, Any]:
@@ -307,7 +321,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     if cwd and os.path.isdir(cwd):  # same machine as the driver (local runs); in a cluster the
         os.chdir(cwd)               # runtime env's working_dir is already the cwd
     job = job_config_from_dict(loop_config["job"], loop_config.get("source", "<job config>"))
-    nccl_log.prepare_worker(job.parallel.use_gpu)  # before ANY collective (agree_on_data below is the first)
+    transport.prepare_worker(job.parallel.use_gpu)  # before ANY collective (agree_on_data below is the first)
     ctx = ray_context(loop_config.get("run_dir", ""))
     # Data first: a data error is deterministic, so it must end the run, not be retried by Ray
     # (training/data/failure.py: the ranks agree, the failed ones leave a marker, all return).

@@ -10,8 +10,8 @@ import ast
 
 from test_layers import ROOT, _imported_modules
 
-RUN_MODULES = ("training.launch", "training.loop", "training.outcomes", "training.run_record", "training.metrics",
-               "training.prometheus", "training.verdict", "training.contract", "training.nccl_log",
+RUN_MODULES = ("training.launch", "training.loop", "training.run_record", "training.metrics",
+               "training.prometheus", "training.verdict", "training.contract",
                "training.transport", "training.facts")
 
 

@@ -96,7 +96,7 @@ def netcheck_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     import torch.distributed as dist
 
     from training.config import job_config_from_dict
-    from training.nccl_log import NCCL_LOG_DIR, prepare_worker
+    from training.transport import NCCL_LOG_DIR, prepare_worker
     from training.transport import collect_evidence
 
     job = job_config_from_dict(config["job"], config["source"])
