@@ -11,7 +11,7 @@ import ast
 from test_layers import ROOT, _imported_modules
 
 RUN_MODULES = ("training.launch", "training.loop", "training.run_record", "training.metrics",
-               "training.prometheus", "training.verdict", "training.contract",
+               "training.metric_sinks.prometheus", "training.verdict", "training.contract",
                "training.transport", "training.facts")
 
 

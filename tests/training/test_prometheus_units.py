@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from training import console, contract, prometheus
+from training import console, contract
+from training.metric_sinks import prometheus
 
 ROW = {"kind": "train", "step": 7, "loss": 2.5, "lr": 1e-4, "grad_norm": 0.75, "tokens_per_s": 800.0,
        "tokens_per_s_per_device": 400.0, "tflops_per_device": 0.5, "mfu": None, "step_time_s": 2.0,

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from training import contract, verdict
 from training.checkpointing.storage import filesystem_for
-from training.metric_sinks._figures import row_step, scalars
+from training.metric_sinks import row_step, scalars
 from training.mlflow_rest import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH, Tracking, wire_number
 
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
