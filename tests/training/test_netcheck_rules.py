@@ -6,7 +6,7 @@ import pytest
 
 from pathlib import Path
 
-from training.netcheck.busbw import BUS_FACTOR, busbw_gbs, link_gbs, sizes
+from training.netcheck.worker import BUS_FACTOR, busbw_gbs, link_gbs, sizes
 from training.netcheck.driver import mode_env
 from training.netcheck.judge import NCCL_MODE, SOCKET_MODE, judge
 from training.netcheck.worker import scope_groups
@@ -208,7 +208,7 @@ def test_the_buffers_are_the_sizes_nccl_tests_moves(n, size):
     src/reduce_scatter.cu ``*GetCollByteCount`` (``base = (count/nranks) & ~(16/eltSize - 1)``)
     and ``*GetBw`` (``count * typesize * nranks`` with count = base); common.cu: count = size /
     wordSize. The busbw is of what moved, not of the size asked for."""
-    from training.netcheck.busbw import moved_bytes
+    from training.netcheck.worker import moved_bytes
 
     count = size // 4
     assert moved_bytes("all_reduce", size, n) == count * 4

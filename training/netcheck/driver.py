@@ -88,7 +88,7 @@ def measure(job: JobConfig) -> dict[str, Any]:
 def run(job: JobConfig) -> int:
     """``kind = "netcheck"``: measure, print the table and the verdict; returns the verdict's
     exit code (1 when a fit failed)."""
-    from training.netcheck.table import table
+    from training.netcheck.judge import table
 
     try:
         out = measure(job)
@@ -106,7 +106,7 @@ def before_training(job: JobConfig) -> dict[str, Any]:
     """``netcheck.run_first``: measure; the summary run.json keeps (``verdict``, ``figures``,
     ``uri``). Raises :class:`training.transport.TransportError` (the run's failure stage
     ``transport``) when the netcheck rejects the network."""
-    from training.netcheck.table import table
+    from training.netcheck.judge import table
     from training.transport import TransportError
 
     out = measure(job)
