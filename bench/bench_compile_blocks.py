@@ -30,7 +30,7 @@ def main() -> None:
 
     from raytrain_eks.measured_plan import MODEL_CONFIGS
     from training import attention
-    from training.loss_head import use_chunked_loss_head
+    from training.model import use_chunked_loss_head
     from training.model import decoder_layers, loss_from_inputs, loss_inputs
 
     attention._on_accelerator = lambda tensor: True  # the GPU branch: varlen flash attention

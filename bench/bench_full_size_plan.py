@@ -16,7 +16,7 @@ own code (``training.parallel.parallelize`` on the shipped mesh, ``training.mode
 its dense per-document mask, full-vocabulary logits copied to fp32, accumulation with the
 parameters gathered and the unsharded fp32 gradient kept until the last micro batch (their
 few lines are repeated here as ``_todays_*``). "after" is the shipped code; a row without
-``loss_head: true`` was measured before the output layer ran in chunks (training/loss_head.py).
+``loss_head: true`` was measured before the output layer ran in chunks (training/model.py: ChunkedLossHead).
 
 Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]``, or
 ``--jobs jobs/family/lora-qwen2.5-7b.toml,...``: each shipped job's own plan (docs/jobs.md)
@@ -181,7 +181,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
 
     from training import flops
     from training.attention import use_packed_attention
-    from training.loss_head import use_chunked_loss_head
+    from training.model import use_chunked_loss_head
     from training.model import loss_from_inputs, loss_inputs
     from training.parallel import begin_micro_batch, end_accumulation, mesh_plan, parallelize
 
@@ -203,7 +203,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
                 from training.model_transforms import lora as lora_transform
 
                 lora_transform.apply(model, lora)
-            if loss_head:  # the output layer and the loss in chunks (training/loss_head.py), as build_model does
+            if loss_head:  # the output layer and the loss in chunks (training/model.py: ChunkedLossHead), as build_model does
                 use_chunked_loss_head(model)
         else:
             batch = {**batch, "attention_mask": _todays_mask(config, batch)}

@@ -49,7 +49,7 @@ def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointi
     from bench_full_size_plan import DOC_LENGTHS, packed_chat_batch
     from training.attention import use_packed_attention
     from training.flops import training_flops_per_token
-    from training.loss_head import use_chunked_loss_head
+    from training.model import use_chunked_loss_head
     from training.model import loss_from_inputs, loss_inputs
     from training.parallel import checkpoint_activations
 
