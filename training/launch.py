@@ -162,14 +162,14 @@ def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: st
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from training.console import ray_train_logging_config, without_preemption_watcher
+    from training.metrics import ray_train_logging_config, without_preemption_watcher
     from training.loop import train_loop_per_worker
     from training.parallel import backend_for
 
     # Ray Train would chdir each worker into its trial folder: the job config's relative paths
     # (data, tokenizer) must keep resolving against the job's working directory.
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
-    without_preemption_watcher()  # training/console.py: its error line on every run
+    without_preemption_watcher()  # training/metrics.py: its error line on every run
     p = job.parallel
     resources = {"CPU": p.cpus_per_worker}
     if p.use_gpu:

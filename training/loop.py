@@ -314,7 +314,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     """Ray Train's per-worker entry: rebuild the validated job config, then :func:`train`. Its
     return value on rank 0 reaches the driver as ``Result.return_value`` (None: the data was
     refused, the driver reads the markers)."""
-    from training.console import quiet_worker_console
+    from training.metrics import quiet_worker_console
 
     quiet_worker_console()  # Ray's per-report lines go to the log files only
     cwd = loop_config.get("cwd", "")

@@ -36,7 +36,7 @@ def fit_mode(job: JobConfig, mode: str) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from training.console import ray_train_logging_config
+    from training.metrics import ray_train_logging_config
     from training.launch import COLLECTIVE_TIMEOUT_S, storage_location, worker_env
     from training.netcheck.worker import netcheck_loop_per_worker
     from training.parallel import backend_for
