@@ -119,7 +119,7 @@ def gpu_worker_env(group: GpuNodeGroupSpec) -> list[dict[str, str]]:
 
 
 def run_record_env(env: Environment, group: GpuNodeGroupSpec, *, gpu_worker: bool = False) -> list[dict[str, Any]]:
-    """What the job records about where it ran (training/facts.py reads these), plus the
+    """What the job records about where it ran (training/run_record.py reads these), plus the
     bucket's region: the pod role may not call GetBucketLocation, so S3 clients must be told.
 
     The node name comes from the downward API (no extra pod privileges). Node labels (zone,

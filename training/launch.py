@@ -17,8 +17,7 @@ from training import contract, metric_sinks, run_logs, verdict
 from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
 from training.deadlines import driver_exit_code, run_time_limit_seconds
-from training.facts import NCCL_ENV_PREFIXES
-from training.run_record import RunRecord, exposed_comm_handed
+from training.run_record import NCCL_ENV_PREFIXES, RunRecord, exposed_comm_handed
 from training.run_storage import RunStorage
 from training.verdict import outcome
 
@@ -65,7 +64,7 @@ def run_dir(job: JobConfig) -> str:
 
 
 def job_network_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The job's OWN NCCL_*/FI_* variables (:data:`training.facts.NCCL_ENV_PREFIXES`).
+    """The job's OWN NCCL_*/FI_* variables (:data:`training.run_record.NCCL_ENV_PREFIXES`).
 
     In a submitted job (a RayJob) the driver runs on the head pod, whose NCCL/libfabric
     settings (the image's, for a CPU node) are not the job's: the GPU pods set their own, and a

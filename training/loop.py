@@ -142,7 +142,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
     read (:data:`training.contract.WORKER_RECORD_FIELDS`): the driver merges them into the record
     once (:func:`training.launch.finish_record`). A worker writes metrics and its NCCL log, never
     run.json."""
-    from training.facts import upload_nccl_log
+    from training.run_record import upload_nccl_log
 
     transport.prepare_worker(job.parallel.use_gpu)  # before ANY collective: NCCL opens its file once
     try:
@@ -154,7 +154,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
 def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, resume_from: str,
            lease: dict[str, Any] | None) -> dict[str, Any]:
     from training import checkpointing as ckpt_api
-    from training.facts import gather
+    from training.run_record import gather
     from training.transport import hosts_from_evidence
 
     if job.parallel.use_gpu and not torch.cuda.is_available():

@@ -12,7 +12,7 @@ from test_layers import ROOT, _imported_modules
 
 RUN_MODULES = ("training.launch", "training.loop", "training.run_record", "training.metrics",
                "training.metric_sinks.prometheus", "training.verdict", "training.contract",
-               "training.transport", "training.facts")
+               "training.transport")
 
 
 def module_graph(package: str = "training") -> dict[str, set[str]]:
