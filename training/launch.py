@@ -13,7 +13,7 @@ import sys
 import uuid
 from typing import Any, Callable, Mapping
 
-from training import contract, metric_sinks, run_logs, verdict
+from training import contract, metric_sinks, run_record, verdict
 from training.config import JobConfig
 from training.data.failure import one_line, read_data_errors
 from training.deadlines import driver_exit_code, run_time_limit_seconds
@@ -341,6 +341,6 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
     # A failure's reason is the error line above: the verdict adds only its stage (one line per error).
     print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED
                          else verdict.headline(judged)), flush=True)
-    run_logs.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_logs.py
+    run_record.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_record.py
     # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/deadlines.py)
     return driver_exit_code(final["status"], final["exit_code"], checkpointing.time_limit_reached())

@@ -60,11 +60,11 @@ def ray_context(run_dir: str = "") -> WorkerContext:
     import ray.train
 
     from training.checkpointing import local_checkpoint_root
-    from training.run_logs import scratch_key
+    from training.run_record import scratch_key
 
     ctx = ray.train.get_context()
     storage = ctx.get_storage()
-    key = scratch_key(run_dir, ctx.get_experiment_name())  # training/run_logs.py: by storage location
+    key = scratch_key(run_dir, ctx.get_experiment_name())  # training/run_record.py: by storage location
     local_dir = os.path.join(tempfile.gettempdir(), "raytrain-runs", key)
     return WorkerContext(rank=ctx.get_world_rank(), world_size=ctx.get_world_size(),
                          local_rank=ctx.get_local_rank(), storage=storage, local_dir=local_dir,
