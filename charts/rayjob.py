@@ -20,7 +20,7 @@ from environment import Environment
 from environment.contract import ON_CLUSTER_SUFFIX, RAY_CLUSTER_LABEL, RAY_PEER_LABEL
 from environment.queueing import rayjob_queue_labels
 from training import contract
-from training.deadlines import stop_wait_seconds
+from training.config import stop_wait_seconds
 
 SUBMITTER_CONTAINER = "ray-job-submitter"
 SUBMITTER_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
@@ -31,7 +31,7 @@ RAY_JOB_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 sends a stopped job's driver SIGTERM and SIGKILLs it after ``int(os.environ[...])`` seconds,
 default ``DEFAULT_RAY_JOB_STOP_WAIT_TIME_S = 3``. It reads its own environment, which is the
 job's runtime env (job_manager.py ``_get_supervisor_runtime_env`` copies its ``env_vars``): set
-there, per job, to :func:`training.deadlines.stop_wait_seconds`. KubeRay's StopJob (a deleted
+there, per job, to :func:`training.config.stop_wait_seconds`. KubeRay's StopJob (a deleted
 RayJob, ``raytrain-eks stop``) takes this path; 3 s would kill any final checkpoint larger
 than a toy's."""
 SUBMITTER_BACKOFF_LIMIT = 10

@@ -14,9 +14,8 @@ import uuid
 from typing import Any, Callable, Mapping
 
 from training import contract, metric_sinks, run_record, verdict
-from training.config import JobConfig
+from training.config import JobConfig, driver_exit_code, run_time_limit_seconds
 from training.data.failure import one_line, read_data_errors
-from training.deadlines import driver_exit_code, run_time_limit_seconds
 from training.run_record import NCCL_ENV_PREFIXES, RunRecord, exposed_comm_handed
 from training.run_storage import RunStorage
 from training.verdict import outcome
@@ -342,5 +341,5 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
     print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED
                          else verdict.headline(judged)), flush=True)
     run_record.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_record.py
-    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/deadlines.py)
+    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/config.py)
     return driver_exit_code(final["status"], final["exit_code"], checkpointing.time_limit_reached())
