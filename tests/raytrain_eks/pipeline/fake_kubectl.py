@@ -28,7 +28,7 @@ containerd would. Each modelled behaviour follows ``ray-project/kuberay`` tag
   set to that folder (``training/run_record.py`` writes it so). Scenario ``smoke_result``
   ``TRAINED_FAILED``: the run is written, then the job fails (``AppFailed``). A run name whose
   run already exists in the bucket is refused, as the training refuses a finished run
-  (``training/checkpointing/run_policy.py`` plan_resume: ExistingRunError, exit 2): the job
+  (``training/checkpointing/restore.py`` plan_resume: ExistingRunError, exit 2): the job
   fails with ``AppFailed`` and writes nothing. Scenario ``smoke_result`` ``NO_CAPACITY``: the
   job's pods stay Pending (unschedulable) and the RayJob fails with ``PreRunningDeadlineExceeded``
   (``rayjob_controller.go`` checkPreRunningDeadlineAndUpdateStatusIfNeeded) without running.
