@@ -304,7 +304,7 @@ class CheckpointConfig:
     """Time allowed for the final checkpoint after SIGTERM; pods get this plus a margin."""
     max_failures: int = 2
     """Worker failures Ray Train recovers from within one run (restarts from the last checkpoint).
-    Data errors are deterministic and never retried (training/data/failure.py)."""
+    Data errors are deterministic and never retried (training/data/__init__.py)."""
     export_hf: bool = True
     """Consolidate the final checkpoint into a Hugging Face directory next to the checkpoints."""
 

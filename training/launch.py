@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from training import contract, metric_sinks, run_record, verdict
 from training.config import JobConfig, driver_exit_code, run_time_limit_seconds
-from training.data.failure import one_line, read_data_errors
+from training.data import one_line, read_data_errors
 from training.run_record import NCCL_ENV_PREFIXES, RunRecord, exposed_comm_handed
 from training.run_storage import RunStorage
 from training.verdict import outcome
@@ -311,7 +311,7 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
         limit = checkpointing.stop_driver_after(seconds, f"time limit {seconds} s reached (rayjob.active_deadline_minutes "
                                                          f"{job.rayjob.active_deadline_minutes} less the stop wait)")
     heartbeat = checkpointing.keep_renewed(lease) if lease is not None else None
-    token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/failure.py)
+    token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/__init__.py)
     returned, error, data_errors = None, None, []
     try:
         if before_fit is not None:  # netcheck.run_first: a rejection fails the run (stage transport)

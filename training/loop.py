@@ -324,9 +324,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     transport.prepare_worker(job.parallel.use_gpu)  # before ANY collective (agree_on_data below is the first)
     ctx = ray_context(loop_config.get("run_dir", ""))
     # Data first: a data error is deterministic, so it must end the run, not be retried by Ray
-    # (training/data/failure.py: the ranks agree, the failed ones leave a marker, all return).
+    # (training/data/__init__.py: the ranks agree, the failed ones leave a marker, all return).
     from training.data import DataError
-    from training.data.failure import agree_on_data, storage_writer
+    from training.data import agree_on_data, storage_writer
 
     data = tokenizer = error = None
     try:
