@@ -32,7 +32,7 @@ import torch.distributed.checkpoint as dcp
 
 from training import contract
 from training.checkpointing import storage
-from training.checkpointing.marker import completeness_problem
+from training.checkpointing.storage import completeness_problem
 from training.config import JobConfig
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from training.checkpointing import storage
-from training.checkpointing.marker import DCP_METADATA, MARKER_NAME, read_marker, sha256_of
+from training.checkpointing.storage import DCP_METADATA, MARKER_NAME, read_marker, sha256_of
 from training.checkpointing.state import TrainerState, checkpoint_state
 
 log = logging.getLogger(__name__)
