@@ -3,7 +3,7 @@
 No GPU and no weights: the model is built from its config under ``FakeTensorMode`` (shapes and
 dtypes only), rank 0 of a fake process group of 2 x 4 ranks (2 x g6.12xlarge) runs the job's
 own code (``training.parallel.parallelize`` on the shipped mesh, ``training.model.loss_inputs``
-/ ``loss_from_inputs``, ``training.step``'s accumulation helpers, AdamW), and torch measures:
+/ ``loss_from_inputs``, ``training.loop``'s accumulation helpers, AdamW), and torch measures:
 
 - memory: ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (every tensor FSDP2,
   autograd and the optimizer allocate, by category), peak over a second optimizer step;

@@ -326,7 +326,7 @@ def test_the_layout_goes_to_the_device_of_the_ids():
 
 
 def test_evaluation_passes_the_host_batch_and_the_device(monkeypatch):
-    """training/evaluation.py hands ``loss_sum`` the host batch and ``device``, as training/step.py
+    """training/evaluation.py hands ``loss_sum`` the host batch and ``device``, as training/loop.py
     does, so the indices and the layout are computed on the host and moved with the tokens."""
     import torch.distributed as dist
 
