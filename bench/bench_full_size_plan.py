@@ -12,7 +12,7 @@ own code (``training.parallel.parallelize`` on the shipped mesh, ``training.mode
 - collectives: every ``torch.distributed`` collective FSDP2 issues, with its buffer bytes and
   group (intra-node shard group / cross-node replicate group), per micro batch.
 
-"today" is the code before training/attention.py (commit f6968c4): transformers' sdpa path with
+"today" is the code before the packed attention (training/model.py; commit f6968c4): transformers' sdpa path with
 its dense per-document mask, full-vocabulary logits copied to fp32, accumulation with the
 parameters gathered and the unsharded fp32 gradient kept until the last micro batch (their
 few lines are repeated here as ``_todays_*``). "after" is the shipped code; a row without
@@ -180,9 +180,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from training import flops
-    from training.attention import use_packed_attention
-    from training.model import use_chunked_loss_head
-    from training.model import loss_from_inputs, loss_inputs
+    from training.model import loss_from_inputs, loss_inputs, use_chunked_loss_head, use_packed_attention
     from training.parallel import begin_micro_batch, end_accumulation, mesh_plan, parallelize
 
     plan = mesh_plan(strategy, cluster.world_size, cluster.gpus_per_node)
