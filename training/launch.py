@@ -263,7 +263,7 @@ def run(job: JobConfig, *, argv: list[str] | None = None, before_fit: Callable[[
     """Fit the job; returns the process exit code: the verdict's (training/verdict.py: 0 accepted,
     1 execution-failed, 3 rejected), 2 refused input (before start, or data the job cannot read),
     143 stopped by SIGTERM (resumable). ``before_fit``: run once the record exists, before the
-    fit; its result is run.json's ``netcheck`` (training/netcheck/driver.py ``before_training``)."""
+    fit; its result is run.json's ``netcheck`` (training/netcheck/__init__.py ``before_training``)."""
     from training import checkpointing
 
     argv = list(argv or sys.argv)

@@ -38,7 +38,7 @@ def node_busbw(rows: list[dict[str, Any]], scope: str = "inter", collective: str
 
 
 def forced_socket_problem(evidence: dict[str, Any]) -> str | None:
-    """Why the run forced to sockets (training/netcheck/driver.py ``SOCKET_ENV``) does not prove
+    """Why the run forced to sockets (training/netcheck/__init__.py ``SOCKET_ENV``) does not prove
     NCCL's own Socket transport, or None. Judged per rank: the run's class is its worst rank's
     (socket beats efa), and aws-ofi-nccl on libfabric's tcp provider is classified socket too,
     but it is not NCCL's socket transport, and with ``NCCL_NET_PLUGIN=none`` NCCL 2.29.7 never
