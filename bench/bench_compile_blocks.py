@@ -1,6 +1,6 @@
 """``parallel.compile = true`` on the GPU path, checked on CPU: graph breaks and recompiles of the
 per-block torch.compile (training/parallel.py ``layer.compile()``) with only the device call
-injected (``training.attention._on_accelerator`` answers True, so attention runs torch's varlen
+injected (``training.model._on_accelerator`` answers True, so attention runs torch's varlen
 flash-attention custom op ``torch_attn::_varlen_attn`` through its registered fake kernel).
 
 The Qwen2.5-1.5B block shapes (4 layers) under ``FakeTensorMode`` in bf16, the job's own
@@ -29,11 +29,10 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from raytrain_eks.measured_plan import MODEL_CONFIGS
-    from training import attention
-    from training.loss_head import use_chunked_loss_head
-    from training.model import decoder_layers, loss_from_inputs, loss_inputs
+    from training import model as modeling
+    from training.model import decoder_layers, loss_from_inputs, loss_inputs, use_chunked_loss_head
 
-    attention._on_accelerator = lambda tensor: True  # the GPU branch: varlen flash attention
+    modeling._on_accelerator = lambda tensor: True  # the GPU branch: varlen flash attention
     config = Qwen2Config(**{**MODEL_CONFIGS["Qwen2.5-1.5B"], "num_hidden_layers": 4})
     graphs = []
 
@@ -51,7 +50,7 @@ def main() -> None:
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         model.config.use_cache = False
-        attention.use_packed_attention(model)
+        modeling.use_packed_attention(model)
         use_chunked_loss_head(model)
         for layer in decoder_layers(model):
             layer.compile(backend=backend)

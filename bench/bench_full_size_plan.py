@@ -3,7 +3,7 @@
 No GPU and no weights: the model is built from its config under ``FakeTensorMode`` (shapes and
 dtypes only), rank 0 of a fake process group of 2 x 4 ranks (2 x g6.12xlarge) runs the job's
 own code (``training.parallel.parallelize`` on the shipped mesh, ``training.model.loss_inputs``
-/ ``loss_from_inputs``, ``training.step``'s accumulation helpers, AdamW), and torch measures:
+/ ``loss_from_inputs``, ``training.loop``'s accumulation helpers, AdamW), and torch measures:
 
 - memory: ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker`` (every tensor FSDP2,
   autograd and the optimizer allocate, by category), peak over a second optimizer step;
@@ -12,11 +12,11 @@ own code (``training.parallel.parallelize`` on the shipped mesh, ``training.mode
 - collectives: every ``torch.distributed`` collective FSDP2 issues, with its buffer bytes and
   group (intra-node shard group / cross-node replicate group), per micro batch.
 
-"today" is the code before training/attention.py (commit f6968c4): transformers' sdpa path with
+"today" is the code before the packed attention (training/model.py; commit f6968c4): transformers' sdpa path with
 its dense per-document mask, full-vocabulary logits copied to fp32, accumulation with the
 parameters gathered and the unsharded fp32 gradient kept until the last micro batch (their
 few lines are repeated here as ``_todays_*``). "after" is the shipped code; a row without
-``loss_head: true`` was measured before the output layer ran in chunks (training/loss_head.py).
+``loss_head: true`` was measured before the output layer ran in chunks (training/model.py: ChunkedLossHead).
 
 Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwen2.5-7B]``, or
 ``--jobs jobs/family/lora-qwen2.5-7b.toml,...``: each shipped job's own plan (docs/jobs.md)
@@ -180,9 +180,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from training import flops
-    from training.attention import use_packed_attention
-    from training.loss_head import use_chunked_loss_head
-    from training.model import loss_from_inputs, loss_inputs
+    from training.model import loss_from_inputs, loss_inputs, use_chunked_loss_head, use_packed_attention
     from training.parallel import begin_micro_batch, end_accumulation, mesh_plan, parallelize
 
     plan = mesh_plan(strategy, cluster.world_size, cluster.gpus_per_node)
@@ -203,7 +201,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
                 from training.model_transforms import lora as lora_transform
 
                 lora_transform.apply(model, lora)
-            if loss_head:  # the output layer and the loss in chunks (training/loss_head.py), as build_model does
+            if loss_head:  # the output layer and the loss in chunks (training/model.py: ChunkedLossHead), as build_model does
                 use_chunked_loss_head(model)
         else:
             batch = {**batch, "attention_mask": _todays_mask(config, batch)}

@@ -1,6 +1,6 @@
 """MFU of one GPU at Qwen2.5-1.5B shapes: random init, packed chat blocks, the job's code.
 
-Same code path as the job: packed-document attention (training/attention.py), the target-only
+Same code path as the job: packed-document attention (training/model.py), the target-only
 chunked loss on the host batch (training.model.loss_sum), training.parallel.parallelize (FSDP2
 on a 1-rank NCCL mesh, bf16 compute, optional activation checkpointing and compile), fused
 AdamW; FLOPs from training/flops.py (the model's real shapes), peak from its bf16 table. To fit
@@ -46,8 +46,7 @@ def main() -> None:
 
     from bench_full_size_plan import packed_chat_batch
     from training import flops
-    from training.attention import use_packed_attention
-    from training.model import count_targets, loss_sum
+    from training.model import count_targets, loss_sum, use_packed_attention
     from training.optim import adamw_kernel
     from training.parallel import build_mesh, parallelize
 

@@ -5,7 +5,7 @@ A real Ray Train run (2 CPU workers, tiny Qwen2, synthetic data) through ``train
 TorchTrainer, with the job's metric reporting on (``ray.train.report`` every
 ``report_every_n_steps`` at Ray's DEFAULT controller poll interval, metrics.jsonl, the progress
 line). The loop books every second outside the steps (report, metrics upload, evaluation,
-checkpoint) as ``overhead_s`` of its log window (training/step.py): overhead % = sum of
+checkpoint) as ``overhead_s`` of its log window (training/loop.py): overhead % = sum of
 overhead_s / sum of window_s over the steady windows (the first, warm-up, excluded). Prints ONE
 JSON object on its last line. Run: ``.venv/bin/python bench/bench_host_overhead.py``.
 """

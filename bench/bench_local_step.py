@@ -2,7 +2,7 @@
 the loss as the loop computes it and with every cross-entropy chunk checkpointed (the previous plan).
 
 The job's own model, batch shapes and strategy come from ``jobs/local.toml``; each rank runs
-``training.step.forward_backward`` (packed attention, ``logits_to_keep``, the chunked summed
+``training.loop.forward_backward`` (packed attention, ``logits_to_keep``, the chunked summed
 cross-entropy, accumulation over the job's micro batches) and AdamW, one thread per rank, as Ray
 runs the two local workers. "every chunk checkpointed" swaps in the loss that recomputed every
 chunk in backward, including the last one (``_every_chunk_checkpointed`` below); the local job's
@@ -46,7 +46,7 @@ def _worker(rank: int, store: str, plan: str, out: str) -> None:
     from training import model as model_module
     from training.config import load_job_config
     from training.parallel import build_mesh, parallelize
-    from training.step import forward_backward
+    from training.loop import forward_backward
 
     if plan == "every_chunk_checkpointed":
         model_module.chunked_cross_entropy_sum = lambda logits, targets, chunk=model_module.CE_CHUNK_TOKENS: \

@@ -9,7 +9,7 @@ the measured collectives (raytrain_eks/measured_plan.json) and the rates of
 raytrain_eks/gpu_figures.py (with raytrain_eks/gpu_calibration.json when ``make gpu-check`` wrote
 one), then every term's source. ``--trace`` first re-measures the traces on CPU: the model built
 from its config under ``FakeTensorMode`` runs one micro batch of the job's own code
-(``training.attention.use_packed_attention``, ``training.model.loss_inputs`` /
+(``training.model.use_packed_attention``, ``training.model.loss_inputs`` /
 ``loss_from_inputs``) forward and backward, in bf16 as on the GPU, and every kernel is recorded:
 GEMM shapes, attention FLOPs (torch's SDPA formulas, per document), and the bytes every other
 non-view kernel reads and writes. About 30 s per trace on an idle core.
@@ -47,10 +47,8 @@ def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointi
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from bench_full_size_plan import DOC_LENGTHS, packed_chat_batch
-    from training.attention import use_packed_attention
     from training.flops import training_flops_per_token
-    from training.loss_head import use_chunked_loss_head
-    from training.model import loss_from_inputs, loss_inputs
+    from training.model import loss_from_inputs, loss_inputs, use_chunked_loss_head, use_packed_attention
     from training.parallel import checkpoint_activations
 
     aten = torch.ops.aten

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from training import contract  # noqa: E402  (standard library only: no torch needed)
-from training.nccl_log import NCCL_LOG_DIR  # noqa: E402
+from training.transport import NCCL_LOG_DIR  # noqa: E402
 
 JOB = """\
 name = "gpu-check"

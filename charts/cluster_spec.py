@@ -48,7 +48,7 @@ from charts.provenance import POD_TEMPLATE_LABELS, image_reference
 from environment import Environment, GpuNodeGroupSpec
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, RAY_PEER_LABEL
 from training import contract
-from training.deadlines import head_grace_seconds, stop_wait_seconds
+from training.config import head_grace_seconds, stop_wait_seconds
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """Well-known label the kubelet puts on every node: the worker nodeSelector pins the type too."""
@@ -162,7 +162,7 @@ def gpu_worker_env(group: GpuNodeGroupSpec) -> list[dict[str, str]]:
 
 
 def run_record_env(env: Environment, group: GpuNodeGroupSpec, *, gpu_worker: bool = False) -> list[dict[str, Any]]:
-    """What the job records about where it ran (training/facts.py reads these), plus the
+    """What the job records about where it ran (training/run_record.py reads these), plus the
     bucket's region: the pod role may not call GetBucketLocation, so S3 clients must be told.
 
     The node name comes from the downward API (no extra pod privileges). Node labels (zone,

@@ -27,9 +27,14 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:  # annotations only: the slow imports stay inside synth
+    from charts.code_bundle import CodeBundle
+    from charts.jobs import JobPlan
+    from charts.provenance import SourceIdentity
 
 ROOT = Path(__file__).resolve().parents[1]
 RAYCLUSTER_CHART = "raycluster"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from training import contract
-from training.prometheus import step_values
+from training.metric_sinks.prometheus import step_values
 
 JOB_METRICS = {contract.prometheus_name(name): name for name in contract.PROMETHEUS_METRICS}
 """Scraped name -> the contract's metric name."""

@@ -49,16 +49,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from training.config import JobConfig
-from training.flops import ModelShapes
+from training.flops import HF_REQUIRED_KEYS, ModelShapes
 from training.model_config import CE_CHUNK_TOKENS, ModelConfigError, read_model_config
 
 GIB = 1024**3
 OVERHEAD_BYTES = int(1.5 * GIB)
 FRAGMENTATION = 1.10
 USABLE_FRACTION = 0.93
-
-_REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-
 
 class ShapesUnknown(ValueError):
     """The model's shapes cannot be found (one-line message). ``unreachable``: only because
@@ -88,7 +85,7 @@ def shapes_for_job(job: JobConfig) -> tuple[ModelShapes, str]:
                 "folder holding its config.json")
         return ModelShapes.from_hf_config(config), f"{path}/config.json"
     config = {"model_type": "qwen2", **dict(job.model.config)}
-    if all(key in config for key in _REQUIRED_KEYS):
+    if all(key in config for key in HF_REQUIRED_KEYS):
         return ModelShapes.from_hf_config(config), "model.config"
     from transformers import Qwen2Config  # only when the config leans on Qwen2Config's defaults (slow import)
 

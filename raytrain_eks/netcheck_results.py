@@ -19,7 +19,7 @@ def plot(record: dict[str, Any], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from training.netcheck.busbw import COLLECTIVES
+    from training.netcheck.worker import COLLECTIVES
 
     fig, axes = plt.subplots(1, len(COLLECTIVES), figsize=(5 * len(COLLECTIVES), 4), dpi=100, squeeze=False)
     link = (record["verdict"].get("figures") or {}).get("link_gbs")
@@ -71,7 +71,7 @@ def summary_text(summary: dict[str, Any] | None) -> str | None:
 def finish(out_dir: Path, say=print) -> int:
     """Print the table, draw the plot, say the verdict; returns its exit code."""
     from training.netcheck.judge import headline
-    from training.netcheck.table import table
+    from training.netcheck.judge import table
 
     record = json.loads((out_dir / NETCHECK_NAME).read_text(encoding="utf-8"))
     say(table(record))

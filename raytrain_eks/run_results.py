@@ -20,7 +20,7 @@ from training.run_storage import RunStorage
 
 RECORD_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".log")
 MODEL_DIR = "hf"
-"""The exported model's folder inside a run directory (training/outcomes.py writes ``<run>/hf``)."""
+"""The exported model's folder inside a run directory (training/checkpointing/export.py: export_on_workers writes ``<run>/hf``)."""
 
 
 def s3_client(client_env: dict[str, str] | None = None, *, region: str | None = None) -> Any:

@@ -6,7 +6,7 @@ Layers (lowest first):
   the repository.
 - ``environment``: the environment spec; the standard library and ``spec_schema`` only.
 - ``training``: the job that runs in the DLC; ``spec_schema``, nothing of ``environment``, ``infra``, ``charts``,
-  the CLI or the developer tooling. Its ``config``, ``config_checks``, ``contract``, ``deadlines``,
+  the CLI or the developer tooling. Its ``config``, ``config_checks``, ``contract``,
   ``model_config`` and ``run_storage`` modules are standard-library only, because ``charts`` imports them.
 - ``charts``: may import ``environment`` and training's stdlib-only modules; never ``infra``,
   the CLI or the developer tooling.
@@ -31,8 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("spec_schema", "environment", "training", "charts", "infra", "raytrain_eks", "devtools")
-TRAINING_STDLIB_MODULES = ("training.config", "training.config_checks", "training.contract", "training.deadlines",
-                           "training.model_config", "training.run_storage")
+TRAINING_STDLIB_MODULES = ("training.config", "training.config_checks", "training.contract", "training.model_config",
+                           "training.run_storage")
 STDLIB_PACKAGES = ("spec_schema", "environment")
 ALLOWED: dict[str, set[str]] = {
     "spec_schema": {"spec_schema"},
@@ -187,7 +187,7 @@ def test_a_violation_is_reported_with_file_and_line():
         "training/loop.py:2: training may not import environment (environment.Environment)"]
     assert check_source("charts/jobs.py", "from training import loop\n") == [
         "charts/jobs.py:1: charts may import only training.config, training.config_checks, training.contract, "
-        "training.deadlines, training.model_config, training.run_storage of training (training.loop)"]
+        "training.model_config, training.run_storage of training (training.loop)"]
     assert check_source("charts/jobs.py", "from training import contract\nfrom training.config import JobConfig\n") == []
     assert check_source("environment/model.py", "import yaml\n") == [
         "environment/model.py:1: environment.model must import only the standard library (yaml)"]

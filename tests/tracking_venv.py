@@ -63,7 +63,7 @@ def expected_scalars(rows: list[dict[str, Any]], *, float32: bool = True) -> dic
     """What the events (``float32``) or MLflow's metrics (doubles) must hold for these
     metrics.jsonl rows: every number of every row by step under ``<kind>/<key>``, the later row
     winning on a repeated step (as the report reads)."""
-    from training.metric_sinks._figures import row_step, scalars
+    from training.metric_sinks import row_step, scalars
 
     table: dict[str, dict[int, float]] = {}
     for row in rows:

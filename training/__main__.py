@@ -65,12 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  data   {data.summary}")
         return 0
     from training.launch import run
-    from training.netcheck import driver
+    from training import netcheck
 
     if job.kind == "netcheck":
-        return driver.run(job)
+        return netcheck.run(job)
     return run(job, argv=[sys.executable, "-m", "training", *argv],
-               before_fit=driver.before_training if job.netcheck.run_first else None)
+               before_fit=netcheck.before_training if job.netcheck.run_first else None)
 
 
 def _count(n: int, noun: str) -> str:

@@ -76,7 +76,7 @@ ENV_PREFIX = "RAYTRAIN_"
 RECORD_NAME = "run.json"
 METRICS_NAME = "metrics.jsonl"
 NETCHECK_NAME = "netcheck.json"
-"""A netcheck run's record (training/netcheck/driver.py), beside where run.json would be."""
+"""A netcheck run's record (training/netcheck/__init__.py), beside where run.json would be."""
 TENSORBOARD_DIR = "tensorboard"
 """The run's TensorBoard event files (training/metric_sinks/tensorboard.py); copied out with the run."""
 

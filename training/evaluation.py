@@ -37,7 +37,7 @@ def evaluate(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]],
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, target tokens
     for batch in local[:n_batches]:
-        # the host batch, as training/step.py passes it: indices and layout computed on the host, then moved
+        # the host batch, as training/loop.py passes it: indices and layout computed on the host, then moved
         totals[0] += loss_sum(model, batch, device).double()
         totals[1] += count_targets(batch["labels"])
     dist.all_reduce(totals)

@@ -33,6 +33,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 
+HF_REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+"""The ``config.json`` keys :meth:`ModelShapes.from_hf_config` cannot do without (the others have
+a default: ``num_key_value_heads`` = the heads, ``head_dim`` = hidden / heads, no tie, no bias)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelShapes:
     """The shapes that determine a decoder-only transformer's compute and memory."""

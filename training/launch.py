@@ -13,12 +13,10 @@ import sys
 import uuid
 from typing import Any, Callable, Mapping
 
-from training import contract, metric_sinks, run_logs, verdict
-from training.config import JobConfig
-from training.data.failure import one_line, read_data_errors
-from training.deadlines import driver_exit_code, run_time_limit_seconds
-from training.facts import NCCL_ENV_PREFIXES
-from training.run_record import RunRecord, exposed_comm_handed
+from training import contract, metric_sinks, run_record, verdict
+from training.config import JobConfig, driver_exit_code, run_time_limit_seconds
+from training.data import one_line, read_data_errors
+from training.run_record import NCCL_ENV_PREFIXES, RunRecord, exposed_comm_handed
 from training.run_storage import RunStorage
 from training.verdict import outcome
 
@@ -65,7 +63,7 @@ def run_dir(job: JobConfig) -> str:
 
 
 def job_network_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The job's OWN NCCL_*/FI_* variables (:data:`training.facts.NCCL_ENV_PREFIXES`).
+    """The job's OWN NCCL_*/FI_* variables (:data:`training.run_record.NCCL_ENV_PREFIXES`).
 
     In a submitted job (a RayJob) the driver runs on the head pod, whose NCCL/libfabric
     settings (the image's, for a CPU node) are not the job's: the GPU pods set their own, and a
@@ -119,12 +117,12 @@ def allocator_env(environ: Mapping[str, str]) -> dict[str, str]:
 def worker_env(job: JobConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The workers' environment: the forwarded driver variables and, on GPU, NCCL's debug log
     settings from process start (the worker creates the folder before its first collective:
-    :func:`training.nccl_log.prepare_worker`) and the CUDA allocator's (:func:`allocator_env`),
+    :func:`training.transport.prepare_worker`) and the CUDA allocator's (:func:`allocator_env`),
     which must be there before the worker's first CUDA allocation."""
     environ = os.environ if environ is None else environ
     env = forwarded_env(environ)
     if job.parallel.use_gpu:
-        from training.nccl_log import NCCL_LOG_DIR, nccl_debug_env
+        from training.transport import NCCL_LOG_DIR, nccl_debug_env
 
         env.update(nccl_debug_env(NCCL_LOG_DIR, env))
         env.update(allocator_env(environ))
@@ -162,14 +160,14 @@ def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: st
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from training.console import ray_train_logging_config, without_preemption_watcher
+    from training.metrics import ray_train_logging_config, without_preemption_watcher
     from training.loop import train_loop_per_worker
     from training.parallel import backend_for
 
     # Ray Train would chdir each worker into its trial folder: the job config's relative paths
     # (data, tokenizer) must keep resolving against the job's working directory.
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
-    without_preemption_watcher()  # training/console.py: its error line on every run
+    without_preemption_watcher()  # training/metrics.py: its error line on every run
     p = job.parallel
     resources = {"CPU": p.cpus_per_worker}
     if p.use_gpu:
@@ -265,7 +263,7 @@ def run(job: JobConfig, *, argv: list[str] | None = None, before_fit: Callable[[
     """Fit the job; returns the process exit code: the verdict's (training/verdict.py: 0 accepted,
     1 execution-failed, 3 rejected), 2 refused input (before start, or data the job cannot read),
     143 stopped by SIGTERM (resumable). ``before_fit``: run once the record exists, before the
-    fit; its result is run.json's ``netcheck`` (training/netcheck/driver.py ``before_training``)."""
+    fit; its result is run.json's ``netcheck`` (training/netcheck/__init__.py ``before_training``)."""
     from training import checkpointing
 
     argv = list(argv or sys.argv)
@@ -313,7 +311,7 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
         limit = checkpointing.stop_driver_after(seconds, f"time limit {seconds} s reached (rayjob.active_deadline_minutes "
                                                          f"{job.rayjob.active_deadline_minutes} less the stop wait)")
     heartbeat = checkpointing.keep_renewed(lease) if lease is not None else None
-    token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/failure.py)
+    token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/__init__.py)
     returned, error, data_errors = None, None, []
     try:
         if before_fit is not None:  # netcheck.run_first: a rejection fails the run (stage transport)
@@ -342,6 +340,6 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
     # A failure's reason is the error line above: the verdict adds only its stage (one line per error).
     print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED
                          else verdict.headline(judged)), flush=True)
-    run_logs.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_logs.py
-    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/deadlines.py)
+    run_record.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_record.py
+    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/config.py)
     return driver_exit_code(final["status"], final["exit_code"], checkpointing.time_limit_reached())

@@ -6,6 +6,11 @@ token count is all-reduced once per step, and backward runs on ``sum * world / g
 (FSDP averages gradients over ranks). So the numbers do not depend on how the global batch is
 split over ranks and micro batches: 2 ranks give the losses of one process with the same batch.
 
+One step's forward/backward is :func:`forward_backward`; :class:`LogWindow` turns steps into
+figures. A step reads no device value on the host: its loss, token count and gradient norm stay
+tensors until :class:`LogWindow` closes at a log step, where ONE synchronisation turns every
+pending step into numbers (a ``.item()`` per step would stall the GPU queue each step).
+
 The loop knows nothing of Ray beyond :class:`WorkerContext`; tests and benchmarks run
 :func:`train` in plain processes (``local_context``) with the same code.
 """
@@ -14,20 +19,111 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, metrics, nccl_log, optim
+from training import contract, evaluation, metrics, optim, transport
 from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
-from training.model import build_model, export_config
-from training.parallel import build_mesh, parallelize
-from training.outcomes import export_on_workers, refuse, transport_evidence
-from training.step import LogWindow, forward_backward
+from training.model import build_model, count_targets, export_config, loss_sum
+from training.parallel import begin_micro_batch, build_mesh, end_accumulation, parallelize
 from training.tokenizer import chat_format
+
+
+def forward_backward(model: torch.nn.Module, micro: list[dict[str, torch.Tensor]], *, device: torch.device,
+                     world_size: int) -> torch.Tensor:
+    """Accumulate the gradients of ``micro`` (this rank's micro batches of one step).
+
+    Returns ``[loss sum, target tokens]`` of the GLOBAL batch as a float64 device tensor (one
+    all-reduce); the host reads it only at a log step.
+    """
+    local_targets = float(sum(count_targets(b["labels"]) for b in micro))  # labels are still on the host
+    global_targets = torch.tensor([local_targets], dtype=torch.float64, device=device)
+    dist.all_reduce(global_targets)
+    scale = world_size / global_targets.clamp(min=1.0)
+    loss_total = torch.zeros(1, dtype=torch.float64, device=device)
+    for index, batch in enumerate(micro):
+        begin_micro_batch(model, index, len(micro))
+        token_loss = loss_sum(model, batch, device)  # the host batch: indices and layout need no device read
+        # FSDP averages gradients over ranks: scale so the result is d(global mean)/d(theta).
+        (token_loss * scale.to(token_loss.dtype)).backward()
+        loss_total += token_loss.detach().double()
+    end_accumulation(model, len(micro))
+    sums = torch.cat([loss_total, torch.tensor([local_targets], dtype=torch.float64, device=device)])
+    dist.all_reduce(sums)
+    return sums
+
+
+class LogWindow:
+    """The steps between two log steps: their pending device values and their wall time.
+
+    Two rates per window, under one definition (:mod:`training.contract`): wall-clock
+    (``tokens_per_s``, ``mfu`` over ``step_time_s``): the window's wall time per step, checkpoint,
+    evaluation and report work included; compute-only (``compute_tokens_per_s``,
+    ``compute_mfu`` over ``compute_s``): minus the time booked in :meth:`overhead`. Both ends of
+    a window are synchronised with the device, so queued GPU work is never counted in the wrong
+    window.
+    """
+
+    def __init__(self, throughput: Any, *, on_gpu: bool):
+        self.throughput, self.on_gpu = throughput, on_gpu
+        self.pending: list[tuple[dict[str, Any], torch.Tensor, Any]] = []
+        self.overhead_s = 0.0
+        self.started = time.perf_counter()
+        self.last_step_s: float | None = None
+
+    def _sync(self) -> None:
+        if self.on_gpu:
+            torch.cuda.synchronize()
+
+    def add(self, entry: dict[str, Any], sums: torch.Tensor, grad_norm: Any) -> None:
+        """A finished step: ``entry`` has the host-side fields; the rest is resolved at :meth:`close`."""
+        self.pending.append((entry, sums.detach(), grad_norm))
+
+    @contextmanager
+    def overhead(self, due: bool = True) -> Iterator[None]:
+        """Time non-step work; when ``due`` (work will happen), the device is drained first so
+        the step's queued compute is not booked as overhead."""
+        if not due:
+            yield
+            return
+        self._sync()
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.overhead_s += time.perf_counter() - began
+
+    def close(self, peak_memory_gib: float | None = None) -> list[dict[str, Any]]:
+        """Synchronise once, resolve every pending step, put the window's figures on the last
+        row; returns the rows (oldest first) and starts the next window."""
+        self._sync()
+        now = time.perf_counter()
+        wall = now - self.started
+        rows: list[dict[str, Any]] = []
+        if self.pending:
+            sums = torch.stack([s for _, s, _ in self.pending]).cpu().tolist()  # the one host read
+            norms = [float(n.full_tensor() if hasattr(n, "full_tensor") else n) for _, _, n in self.pending]
+            for (entry, _, _), (loss_sum_, targets), norm in zip(self.pending, sums, norms):
+                rows.append({**entry, contract.LOSS: loss_sum_ / targets if targets > 0 else float("nan"),
+                             contract.GRAD_NORM: norm})
+            steps = len(rows)
+            compute = max(wall - self.overhead_s, 1e-9)
+            self.last_step_s = wall / steps
+            compute_figures = self.throughput.figures(compute / steps)
+            rows[-1].update(self.throughput.figures(wall / steps))
+            rows[-1].update({contract.STEP_TIME_S: wall / steps, contract.COMPUTE_S: compute / steps,
+                             contract.COMPUTE_TOKENS_PER_S: compute_figures[contract.TOKENS_PER_S],
+                             contract.COMPUTE_MFU: compute_figures[contract.MFU],
+                             contract.WINDOW_S: wall, contract.OVERHEAD_S: self.overhead_s,
+                             contract.PEAK_MEMORY_GIB: peak_memory_gib, contract.WALL_TIME: time.time()})
+        self.pending, self.overhead_s, self.started = [], 0.0, now
+        return rows
 
 
 @dataclass(kw_only=True)
@@ -61,11 +157,11 @@ def ray_context(run_dir: str = "") -> WorkerContext:
     import ray.train
 
     from training.checkpointing import local_checkpoint_root
-    from training.run_logs import scratch_key
+    from training.run_record import scratch_key
 
     ctx = ray.train.get_context()
     storage = ctx.get_storage()
-    key = scratch_key(run_dir, ctx.get_experiment_name())  # training/run_logs.py: by storage location
+    key = scratch_key(run_dir, ctx.get_experiment_name())  # training/run_record.py: by storage location
     local_dir = os.path.join(tempfile.gettempdir(), "raytrain-runs", key)
     return WorkerContext(rank=ctx.get_world_rank(), world_size=ctx.get_world_size(),
                          local_rank=ctx.get_local_rank(), storage=storage, local_dir=local_dir,
@@ -143,19 +239,19 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
     read (:data:`training.contract.WORKER_RECORD_FIELDS`): the driver merges them into the record
     once (:func:`training.launch.finish_record`). A worker writes metrics and its NCCL log, never
     run.json."""
-    from training.facts import upload_nccl_log
+    from training.run_record import upload_nccl_log
 
-    nccl_log.prepare_worker(job.parallel.use_gpu)  # before ANY collective: NCCL opens its file once
+    transport.prepare_worker(job.parallel.use_gpu)  # before ANY collective: NCCL opens its file once
     try:
         return _train(job, ctx, data=data, tokenizer=tokenizer, resume_from=resume_from, lease=lease)
     finally:
-        upload_nccl_log(ctx.run_dir, ctx.rank, nccl_log.NCCL_LOG_DIR if job.parallel.use_gpu else None)
+        upload_nccl_log(ctx.run_dir, ctx.rank, transport.NCCL_LOG_DIR if job.parallel.use_gpu else None)
 
 
 def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, resume_from: str,
            lease: dict[str, Any] | None) -> dict[str, Any]:
     from training import checkpointing as ckpt_api
-    from training.facts import gather
+    from training.run_record import gather
     from training.transport import hosts_from_evidence
 
     if job.parallel.use_gpu and not torch.cuda.is_available():
@@ -177,7 +273,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     optimizer = optim.build_optimizer(model, job.train, job.optim)
     scheduler = optim.build_scheduler(optimizer, job.train, job.optim)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
-    evidence, refused = transport_evidence(job, on_gpu)
+    evidence, refused = transport.transport_evidence(job, on_gpu)
     # What this run's workers read for run.json; rank 0 returns it with the summary.
     facts = gather(job, rank=ctx.rank, world_size=ctx.world_size, data=data, on_gpu=on_gpu, run_dir=ctx.run_dir)
     if facts is not None:
@@ -276,6 +372,8 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                "losses": [e["loss"] for e in steps], "stopped_by_signal": stopped,
                "resumed_from": trainer.restored_from, **figures}
     if ckpt is not None and job.checkpoint.export_hf and not stopped:
+        from training.checkpointing.export import export_on_workers
+
         summary.update(export_on_workers(model, ctx, model_config, job))
     log.write(summary)
     log.print(evaluation.eval_line(figures, stopped=stopped))
@@ -291,6 +389,19 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     return _returned(summary, facts)
 
 
+def refuse(reason: str, ctx: WorkerContext) -> dict[str, Any]:
+    """End the run before training (the transport gate refused it), terminally, in the summary
+    row the workers return, never raised: Ray would retry an exception ``max_failures`` times and
+    a retry cannot change the transport. The driver reads the reason from the summary row and
+    fails the run with this one line (:func:`training.verdict.outcome`)."""
+    summary = {contract.KIND: contract.KIND_SUMMARY, "steps": 0, contract.REFUSED: reason}
+    log = metrics.MetricsLog(ctx.local_dir, enabled=ctx.rank == 0, storage=ctx.storage)
+    log.write(summary)
+    log.print(f"refused: {reason}")
+    log.close()
+    return summary
+
+
 def _returned(summary: dict[str, Any], facts: dict[str, Any] | None) -> dict[str, Any]:
     """What :func:`train` hands back: the summary row (as logged), plus rank 0's facts."""
     return {**summary, contract.WORKER_FACTS: facts} if facts is not None else summary
@@ -300,19 +411,19 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     """Ray Train's per-worker entry: rebuild the validated job config, then :func:`train`. Its
     return value on rank 0 reaches the driver as ``Result.return_value`` (None: the data was
     refused, the driver reads the markers)."""
-    from training.console import quiet_worker_console
+    from training.metrics import quiet_worker_console
 
     quiet_worker_console()  # Ray's per-report lines go to the log files only
     cwd = loop_config.get("cwd", "")
     if cwd and os.path.isdir(cwd):  # same machine as the driver (local runs); in a cluster the
         os.chdir(cwd)               # runtime env's working_dir is already the cwd
     job = job_config_from_dict(loop_config["job"], loop_config.get("source", "<job config>"))
-    nccl_log.prepare_worker(job.parallel.use_gpu)  # before ANY collective (agree_on_data below is the first)
+    transport.prepare_worker(job.parallel.use_gpu)  # before ANY collective (agree_on_data below is the first)
     ctx = ray_context(loop_config.get("run_dir", ""))
     # Data first: a data error is deterministic, so it must end the run, not be retried by Ray
-    # (training/data/failure.py: the ranks agree, the failed ones leave a marker, all return).
+    # (training/data/__init__.py: the ranks agree, the failed ones leave a marker, all return).
     from training.data import DataError
-    from training.data.failure import agree_on_data, storage_writer
+    from training.data import agree_on_data, storage_writer
 
     data = tokenizer = error = None
     try:

@@ -6,10 +6,52 @@ first process takes a node-local lock and downloads, the others wait and reuse t
 Parameters (the optimizer's master copy) are float32 unless ``model.dtype`` says otherwise; on
 GPU, FSDP's MixedPrecisionPolicy computes in bfloat16 (training/parallel.py). Pure bfloat16
 weights (``dtype = "bfloat16"``) halve memory but let AdamW round small updates away.
+
+Attention for packed documents without a dense mask: each document attends causally to itself.
+
+With packed ``position_ids`` transformers' ``sdpa`` path builds a dense 4-D boolean mask per
+forward (``masking_utils.find_packed_sequence_indices`` + ``sdpa_mask``): no flash kernel, the
+full ``seq_len``² scores with no causal skipping, GQA keys/values repeated, and a host sync. This
+module registers its own implementation, :data:`PACKED`, in transformers' ``AttentionInterface``
+instead. transformers 5.13 (``masking_utils._preprocess_mask_arguments``) builds NO mask for an
+implementation that is not in ``ALL_MASK_ATTENTION_FUNCTIONS``: the function here receives
+``attention_mask=None`` and the document layout as ``cu_seq_lens_q``/``max_length_q`` (the names
+transformers' flash-attention kwargs use; they travel through ``model(**kwargs)`` to every
+attention call) and runs:
+
+- on GPU, variable-length flash attention over the flattened tokens
+  (``torch.nn.attention.varlen.varlen_attn``, causal, GQA without repeating keys/values);
+- on CPU, one causal ``scaled_dot_product_attention`` per document (``is_causal=True``, no mask
+  tensor): the same function of the same inputs, so a packed document's output equals the
+  document alone.
+
+Documents are found by transformers' own rule (``find_packed_sequence_indices``: a new document
+wherever the position does not follow the previous one by 1), and every row starts one, so rows
+of a batch are independent documents too (the loss may flatten a batch into one row).
+
+The loss head: the output layer and the cross-entropy over chunks of target tokens, inside the
+model's forward, so the ``[targets, vocab]`` logits of a micro batch never exist at once.
+
+Without it the causal LM returns compute-dtype logits for every target token (Qwen2.5's
+151,936-word vocabulary: 0.30 MB per target in bf16, ~0.37 GB at 1,229 targets, ~0.62 GB when
+all 2,047 of a 2,048-token block are targets) and backward makes a gradient of the same size;
+the float32 cross-entropy then runs in chunks over them (:func:`chunked_cross_entropy_sum`).
+Here each chunk of :data:`CE_CHUNK_TOKENS` targets runs ``hidden @ W.T`` and its float32
+cross-entropy; every chunk but the last is checkpointed (its logits are made again in backward:
+one more ``2 x chunk x hidden x vocab`` FLOP GEMM), so one chunk's logits and their gradient
+exist at a time. The numbers are those of the unchunked loss (the same bf16 GEMM, then float32).
+
+It runs INSIDE the root module's forward (the causal LM's own ``lm_head`` call), so FSDP2's root
+hooks gather the (tied) output weight and reduce its gradient exactly as for the plain linear:
+:func:`use_chunked_loss_head` turns the model's ``lm_head`` (an ``nn.Linear``) into a
+:class:`ChunkedLossHead` in place (the same parameter object, state-dict key and tie), which is
+the plain linear unless :meth:`ChunkedLossHead.computing_loss` hands it a micro batch's targets.
 """
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
 
@@ -58,18 +100,14 @@ def build_model(model_cfg: Any, *, seq_len: int, on_gpu: bool) -> torch.nn.Modul
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     # Training never reuses the KV cache; it only costs memory.
     model.config.use_cache = False
-    # Packed documents attend within themselves with no dense mask (training/attention.py).
-    from training.attention import use_packed_attention
-
+    # Packed documents attend within themselves with no dense mask (:func:`use_packed_attention`).
     use_packed_attention(model)
     # The job's model transforms (training/model_transforms/), before parallelize() shards it.
     from training.model_transforms import apply_transforms
 
     model = apply_transforms(model, getattr(model_cfg, "transforms", ()))
-    # The output layer and the loss in chunks, never the full logits (training/loss_head.py);
+    # The output layer and the loss in chunks, never the full logits (:class:`ChunkedLossHead`);
     # after the transforms: an output layer a transform replaced keeps the logits path.
-    from training.loss_head import use_chunked_loss_head
-
     use_chunked_loss_head(model)
     # The dtype the model was published in (bf16 for Qwen2.5), before the fp32 master copy:
     # the export writes this one.
@@ -91,6 +129,111 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
+PACKED = "raytrain_packed"
+"""The attention implementation name registered in transformers' ``AttentionInterface``."""
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentLayout:
+    """Where documents start in the flattened ``[rows * seq_len]`` tokens of a batch."""
+
+    cu_seqlens: torch.Tensor
+    """int32 ``[documents + 1]``: cumulative document lengths, 0 first, the token count last."""
+    max_len: int
+    """The longest document (an int: the flash kernel needs it on the host)."""
+
+    def kwargs(self, device: torch.device | None = None) -> dict:
+        """The model kwargs that carry the layout to every attention call."""
+        cu = self.cu_seqlens if device is None else self.cu_seqlens.to(device, non_blocking=True)
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": self.max_len, "max_length_k": self.max_len}
+
+
+def document_layout(position_ids: torch.Tensor | None, rows: int, seq_len: int) -> DocumentLayout:
+    """The layout of a ``[rows, seq_len]`` batch from its ``position_ids`` (None: one document
+    per row). Call it on the host copy of the positions: on a device tensor it syncs.
+
+    The boundary rule is transformers 5.13's ``masking_utils.find_packed_sequence_indices``
+    (position difference != 1 starts a document), plus a start at every row.
+    """
+    if position_ids is None:
+        starts = torch.zeros(rows, seq_len, dtype=torch.bool)
+    else:
+        positions = position_ids.expand(rows, -1).cpu()
+        starts = torch.diff(positions, prepend=positions[:, :1] - 1, dim=-1) != 1
+    starts[:, 0] = True
+    begin = torch.nonzero(starts.reshape(-1)).reshape(-1)
+    cu = torch.cat([begin, torch.tensor([rows * seq_len])]).to(torch.int32)
+    return DocumentLayout(cu_seqlens=cu, max_len=int((cu[1:] - cu[:-1]).max()))
+
+
+def _on_accelerator(tensor: torch.Tensor) -> bool:
+    """The device decision, apart so a CPU test can take the GPU branch."""
+    return tensor.is_cuda
+
+
+def _varlen_attn(*args, **kwargs) -> torch.Tensor:
+    """torch 2.13's variable-length flash attention (``torch/nn/attention/varlen.py``)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(*args, **kwargs)
+
+
+def _per_document_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int],
+                       scale: float | None) -> torch.Tensor:
+    """Causal SDPA on each document of ``[tokens, heads, dim]`` tensors; no mask tensor."""
+    gqa = q.shape[1] != k.shape[1]
+    out = []
+    for lo, hi in zip(cu, cu[1:]):
+        one = [t[lo:hi].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]  # [1, heads, len, dim]
+        out.append(torch.nn.functional.scaled_dot_product_attention(
+            *one, is_causal=True, scale=scale, enable_gqa=gqa)[0].transpose(0, 1))
+    return torch.cat(out)
+
+
+def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                             sliding_window: int | None = None, cu_seq_lens_q: torch.Tensor | None = None,
+                             max_length_q: int | None = None, position_ids: torch.Tensor | None = None,
+                             **_: object) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: ``query`` ``[batch, heads, seq, dim]``,
+    ``key``/``value`` ``[batch, kv_heads, seq, dim]``; returns ``[batch, seq, heads, dim]``."""
+    if attention_mask is not None:
+        raise ValueError(f"{PACKED}: got an attention mask; document boundaries come from position_ids")
+    if sliding_window is not None or dropout:
+        raise ValueError(f"{PACKED}: sliding-window attention and attention dropout are not supported")
+    rows, heads, seq_len, dim = query.shape
+    if key.shape[2] != seq_len:
+        raise ValueError(f"{PACKED}: {seq_len} queries over {key.shape[2]} keys (a KV cache is not supported)")
+    if cu_seq_lens_q is None:  # not passed by the caller: derived here (a host read on GPU)
+        layout = document_layout(position_ids, rows, seq_len)
+        cu_seq_lens_q, max_length_q = layout.cu_seqlens.to(query.device), layout.max_len
+    q, k, v = (t.transpose(1, 2).reshape(rows * seq_len, t.shape[1], dim) for t in (query, key, value))
+    if _on_accelerator(q):
+        out = _varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, scale=scaling,
+                           window_size=(-1, 0), enable_gqa=heads != k.shape[1])
+    else:
+        out = _per_document_sdpa(q, k, v, cu_seq_lens_q.tolist(), scaling)
+    return out.reshape(rows, seq_len, heads, dim), None
+
+
+def register() -> None:
+    """Register :data:`PACKED` in transformers' global attention interface (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PACKED, packed_attention_forward)
+
+
+def use_packed_attention(model: torch.nn.Module) -> None:
+    """Switch a transformers model to :data:`PACKED` (before FSDP wraps it)."""
+    register()
+    model.set_attn_implementation(PACKED)
+
+
+def uses_packed_attention(model: torch.nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == PACKED
+
+
 IGNORE_INDEX = -100
 """Label value that carries no loss (prompt tokens, padding), as in Hugging Face."""
 
@@ -106,15 +249,13 @@ def loss_inputs(model: torch.nn.Module | None, batch: dict[str, torch.Tensor], d
 
     Only positions whose next token is a target are sent through the output layer
     (``logits_to_keep`` = their flat indices): prompt and padding rows never get logits. With
-    packed attention (training/attention.py) the ``[rows, seq_len]`` batch runs as ONE row of
+    packed attention (:data:`PACKED`) the ``[rows, seq_len]`` batch runs as ONE row of
     ``rows * seq_len`` tokens (every row starts a document, so the result is the same) so that
     the indices can differ per row; the document layout travels as attention kwargs. Indices
     and layout are computed here, on the host, so the device never waits for a host read.
     The layout goes to ``device``, or (None) to the device ``input_ids`` are on: flash attention
     needs it beside the tokens. ``packed`` None: whether ``model`` uses packed attention.
     """
-    from training.attention import document_layout, uses_packed_attention
-
     ids, labels = batch["input_ids"], batch["labels"]
     rows, seq_len = ids.shape
     positions = batch.get("position_ids")
@@ -162,6 +303,71 @@ def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor,
     return torch.stack(parts).sum()
 
 
+def _linear_chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor) -> torch.Tensor:
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+
+
+def chunked_linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                     targets: torch.Tensor, chunk: int = CE_CHUNK_TOKENS) -> torch.Tensor:
+    """Summed cross-entropy of ``linear(hidden, weight, bias)`` (``hidden`` ``[tokens, in]``),
+    ``chunk`` tokens at a time in float32; every chunk but the last checkpointed (the last's
+    backward runs first, right after forward: recomputing it would save nothing)."""
+    from torch.utils.checkpoint import checkpoint
+
+    if hidden.shape[0] == 0:  # still connected to the graph: every rank runs backward
+        return torch.nn.functional.linear(hidden, weight, bias).sum().float()
+    starts = range(0, hidden.shape[0], chunk)
+    parts = [checkpoint(_linear_chunk_loss, hidden[lo:lo + chunk], weight, bias, targets[lo:lo + chunk], use_reentrant=False)
+             for lo in starts[:-1]]
+    parts.append(_linear_chunk_loss(hidden[starts[-1]:], weight, bias, targets[starts[-1]:]))
+    return torch.stack(parts).sum()
+
+
+class ChunkedLossHead(torch.nn.Linear):
+    """An ``nn.Linear`` output layer that returns the summed cross-entropy of the selected
+    positions (shape ``[]``) instead of logits while :meth:`computing_loss` is active."""
+
+    _loss_request: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
+    chunk: int = CE_CHUNK_TOKENS
+    """Target tokens per chunk (an instance may set its own: tests use small ones)."""
+
+    @contextmanager
+    def computing_loss(self, targets: torch.Tensor, rows: torch.Tensor | None = None,
+                       cols: torch.Tensor | None = None) -> Iterator[None]:
+        """For one forward: ``targets`` of the positions the model already kept
+        (``logits_to_keep``: the hidden states arrive as ``[1, targets, in]``), or of
+        ``hidden[rows, cols]`` when ``rows``/``cols`` are given (the dense-mask path)."""
+        self._loss_request = (targets, rows, cols)
+        try:
+            yield
+        finally:
+            self._loss_request = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._loss_request is None:
+            return super().forward(hidden)
+        targets, rows, cols = self._loss_request
+        selected = hidden[0] if rows is None else hidden[rows, cols]
+        return chunked_linear_cross_entropy_sum(selected, self.weight, self.bias, targets, self.chunk)
+
+
+def use_chunked_loss_head(model: torch.nn.Module) -> bool:
+    """Make ``model``'s output layer a :class:`ChunkedLossHead` (before FSDP wraps it); False,
+    and nothing changed, when it is not a plain ``nn.Linear`` (a transform replaced it)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is torch.nn.Linear:
+        head.__class__ = ChunkedLossHead  # same parameters, state-dict keys and tie
+    return isinstance(head, ChunkedLossHead)
+
+
+def loss_head(model: torch.nn.Module) -> ChunkedLossHead | None:
+    """The model's :class:`ChunkedLossHead`, or None."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return head if isinstance(head, ChunkedLossHead) else None
+
+
 def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
     """Summed next-token cross-entropy of a batch (labels aligned with ``input_ids``, shifted here).
 
@@ -175,10 +381,8 @@ def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: tor
 
 def loss_from_inputs(model: torch.nn.Module, inputs: dict[str, Any], targets: torch.Tensor) -> torch.Tensor:
     """The device half of :func:`loss_sum`, on what :func:`loss_inputs` prepared. With a
-    :class:`training.loss_head.ChunkedLossHead` the model's forward returns the loss itself
+    :class:`ChunkedLossHead` the model's forward returns the loss itself
     (as ``.logits``), computed chunk by chunk; otherwise from the logits of the targets."""
-    from training.loss_head import loss_head
-
     inputs = dict(inputs)
     rows, cols = inputs.pop("_rows", None), inputs.pop("_cols", None)
     head = loss_head(model)

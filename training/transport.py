@@ -25,7 +25,7 @@ Ray prefixes do not matter):
    The bare ``NET/Socket : Using [0]eth0:...`` init line is NOT evidence: older NCCLs initialise
    every network at start-up and print it on EFA hosts too.
 
-In the worker loop: :func:`training.nccl_log.prepare_nccl_logging` (creates the folder, sets NCCL_DEBUG*) before
+In the worker loop: :func:`prepare_nccl_logging` (creates the folder, sets NCCL_DEBUG*) before
 NCCL's first collective (torch creates communicators lazily), then, after the process group
 exists, ONE call on every rank: :func:`collect_evidence` runs a collective, classifies this
 rank's file, gathers every rank's class, and :class:`TransportGate` refuses a wrong transport.
@@ -33,16 +33,102 @@ The loop turns a refusal into a recorded, terminal end of the run (a retry canno
 
 ``NCCL_DEBUG_FILE`` takes ``%h`` (host) and ``%p`` (pid), so each process writes its own file and
 the lines no longer reach stderr (the DLC's ``NCCL_DEBUG=INFO`` would otherwise flood the Ray
-logs). On CPU (gloo) there are no NCCL lines: use :func:`non_nccl_evidence`. Where NCCL logs to is :mod:`training.nccl_log`.
+logs). On CPU (gloo) there are no NCCL lines: use :func:`non_nccl_evidence`.
+
+Where NCCL writes its INFO log: one folder and file name every rank uses, and the environment
+that points NCCL there. NCCL opens ``NCCL_DEBUG_FILE`` at its first collective; if the folder does
+not exist it silently logs to stdout instead, and the rank has no evidence of its transport. So
+the folder is created first (:func:`prepare_nccl_logging`), and a missing file is explained
+(:func:`missing_log_cause`).
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
-from training import nccl_log
+from training.config import JobConfig
+
+LOG_NAME = "nccl.%h.%p.log"
+NCCL_LOG_DIR = "/tmp/raytrain-nccl"
+"""Node-local folder for NCCL's INFO log. NCCL does not create it: when NCCL_DEBUG_FILE cannot be
+opened it silently logs to stdout, so :func:`prepare_nccl_logging` creates it first."""
+
+
+def nccl_debug_env(log_dir: str, environ: dict | None = None) -> dict[str, str]:
+    """Environment that makes NCCL log the transport into ``log_dir/nccl.<host>.<pid>.log``.
+
+    Keeps a user's own NCCL_DEBUG/NCCL_DEBUG_SUBSYS when set (WARN would hide the evidence, so
+    it is raised to INFO). ``log_dir`` must be node-local and writable (e.g. :data:`NCCL_LOG_DIR`).
+    """
+    environ = os.environ if environ is None else environ
+    level = environ.get("NCCL_DEBUG", "").upper()
+    return {
+        "NCCL_DEBUG": level if level in ("INFO", "TRACE") else "INFO",
+        "NCCL_DEBUG_SUBSYS": environ.get("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+        "NCCL_DEBUG_FILE": os.path.join(log_dir, LOG_NAME),
+    }
+
+
+def prepare_nccl_logging(log_dir: str, environ: dict | None = None) -> dict[str, str]:
+    """Create ``log_dir`` and point NCCL's INFO log into it; call before NCCL's first collective.
+
+    Updates ``environ`` (default ``os.environ``) and returns the variables set. The folder must
+    exist before NCCL opens the file, or NCCL writes to stdout and the rank has no evidence.
+    """
+    environ = os.environ if environ is None else environ
+    os.makedirs(log_dir, exist_ok=True)
+    env = nccl_debug_env(log_dir, environ)
+    environ.update(env)
+    return env
+
+
+def prepare_worker(on_gpu: bool, environ: dict | None = None) -> str | None:
+    """A worker's first act, before ANY collective of the process: on GPU, point NCCL's log into
+    :data:`NCCL_LOG_DIR`; on any backend, create the folder ``NCCL_DEBUG_FILE`` names (the
+    driver sets it from the worker's start, :func:`nccl_debug_env`). Returns that folder (None
+    when NCCL_DEBUG_FILE is unset).
+
+    NCCL opens its debug file once, in its lazy initialisation at the process's first collective
+    (NVIDIA/nccl, src/debug.cc ``ncclDebugInit``: ``fopen`` of NCCL_DEBUG_FILE, stdout when that
+    fails); the process group's creation is not one (torch creates communicators lazily). A
+    collective before this call would leave the rank without its log for the whole process."""
+    environ = os.environ if environ is None else environ
+    if on_gpu:
+        prepare_nccl_logging(NCCL_LOG_DIR, environ)
+    target = environ.get("NCCL_DEBUG_FILE", "")
+    folder = os.path.dirname(target)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    return folder or None
+
+
+def missing_log_cause(log_dir: str, environ: dict | None = None) -> str:
+    """Why this process has no NCCL debug file in ``log_dir``: the likely cause, in one line."""
+    environ = os.environ if environ is None else environ
+    level = environ.get("NCCL_DEBUG", "").upper()
+    target = environ.get("NCCL_DEBUG_FILE", "")
+    if level not in ("INFO", "TRACE"):
+        hint = f"NCCL_DEBUG is {level or 'unset'}: set NCCL_DEBUG=INFO so the transport can be proven"
+    elif not os.path.isdir(log_dir):
+        hint = f"folder {log_dir} does not exist, so NCCL logged to stdout instead of {target}"
+    elif not os.access(log_dir, os.W_OK):
+        hint = f"folder {log_dir} is not writable, so NCCL logged to stdout instead of {target}"
+    elif target and os.path.dirname(target) != log_dir.rstrip("/"):
+        hint = f"NCCL_DEBUG_FILE={target} points outside {log_dir}"
+    else:
+        hint = (f"NCCL_DEBUG={level} and NCCL_DEBUG_FILE={target or '(unset)'} but NCCL wrote no file for pid "
+                f"{os.getpid()}: was NCCL initialised before these variables were set?")
+    return hint
+
+
+def own_nccl_log(log_dir: str, pid: int | None = None) -> str | None:
+    """This process's NCCL debug file in ``log_dir`` (NCCL expands %h to the short host name)."""
+    matches = sorted(glob.glob(os.path.join(log_dir, f"nccl.*.{pid or os.getpid()}.log")))
+    return matches[-1] if matches else None
+
 
 TRANSPORTS = ("efa", "socket", "single-node", "unknown")
 
@@ -187,7 +273,7 @@ def classify_file(path: str | None) -> RankTransport:
 def missing_log_evidence(log_dir: str, environ: dict | None = None) -> RankTransport:
     """``unknown`` for a rank whose NCCL debug file is absent, with the likely cause."""
     return RankTransport(reason=f"no NCCL debug file for this process in {log_dir}",
-                         hint=nccl_log.missing_log_cause(log_dir, environ))
+                         hint=missing_log_cause(log_dir, environ))
 
 
 def non_nccl_evidence(backend: str, num_nodes: int, host: str = "", rank: int | None = None) -> RankTransport:
@@ -298,7 +384,7 @@ def collect_evidence(*, require: str, log_dir: str | None, num_nodes: int, enfor
         if not log_dir:
             mine = RankTransport(reason="no NCCL debug file configured")
         else:
-            found = nccl_log.own_nccl_log(log_dir)
+            found = own_nccl_log(log_dir)
             mine = classify_file(found) if found else missing_log_evidence(log_dir)
     else:
         mine = non_nccl_evidence(backend, num_nodes)
@@ -314,3 +400,10 @@ def collect_evidence(*, require: str, log_dir: str | None, num_nodes: int, enfor
 def hosts_from_evidence(evidence: dict) -> dict[str, str]:
     """``{"0": host, "1": host, ...}`` for the run record."""
     return {str(r["rank"]): r.get("host", "") for r in evidence.get("ranks", []) if r.get("rank") is not None}
+
+
+def transport_evidence(job: JobConfig, on_gpu: bool) -> tuple[dict, str | None]:
+    """The run's transport evidence and, when the gate refuses it, the one-line reason."""
+    evidence = collect_evidence(require=job.evidence.require_transport, log_dir=NCCL_LOG_DIR if on_gpu else None,
+                                num_nodes=job.num_nodes, enforce=False)
+    return evidence, TransportGate(require=job.evidence.require_transport).problem(evidence)

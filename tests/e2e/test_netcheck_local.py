@@ -11,7 +11,7 @@ import pytest
 
 from left_running import left_running
 from shared_run import ROOT
-from training.netcheck.busbw import COLLECTIVES, busbw_gbs, sizes
+from training.netcheck.worker import COLLECTIVES, busbw_gbs, sizes
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local_run")]
 

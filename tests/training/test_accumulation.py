@@ -1,6 +1,6 @@
 """Gradient accumulation under FSDP2 with sharded gradients.
 
-Two gloo ranks run the loop's own ``forward_backward`` (training/step.py) on a tiny Qwen2 and
+Two gloo ranks run the loop's own ``forward_backward`` (training/loop.py) on a tiny Qwen2 and
 count the collectives FSDP2 issues (it calls ``torch.distributed.all_gather_single``,
 ``reduce_scatter_single`` and, for hybrid shard's replicate dimension, ``all_reduce`` with a
 group; counted by wrapping them). The global batch is the same at accumulation 1 (one micro
@@ -62,7 +62,7 @@ def _measure(rank: int, accum: int, strategy: str = "full_shard", keep_gathered:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from training.parallel import build_mesh, parallelize
-    from training.step import forward_backward
+    from training.loop import forward_backward
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(**tiny_qwen2_config(num_hidden_layers=3)))
@@ -88,7 +88,7 @@ ACCUM_8 = 8
 
 def _grads_after_eight(rank: int, strategy: str, reduce_dtype: str) -> dict:
     """Run 8 micro batches of one row by hand (training/parallel.py's schedule, as
-    training/step.py's ``forward_backward`` runs it) and record, after micro batch 0, the dtype
+    training/loop.py's ``forward_backward`` runs it) and record, after micro batch 0, the dtype
     of each unit's held-back partial sum and whether any ``.grad`` exists; then the full
     gradient after the last micro batch."""
     from transformers import AutoModelForCausalLM, Qwen2Config

@@ -18,8 +18,7 @@ pytestmark = pytest.mark.slow  # inductor compiles every block once
 def _run(compile: bool) -> tuple[list[float], list[torch.Tensor]]:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from training.attention import use_packed_attention
-    from training.model import loss_sum
+    from training.model import loss_sum, use_packed_attention
     from training.parallel import build_mesh, parallelize
 
     torch.manual_seed(0)

@@ -10,9 +10,9 @@ import ast
 
 from test_layers import ROOT, _imported_modules
 
-RUN_MODULES = ("training.launch", "training.loop", "training.outcomes", "training.run_record", "training.metrics",
-               "training.prometheus", "training.verdict", "training.contract", "training.nccl_log",
-               "training.transport", "training.facts")
+RUN_MODULES = ("training.launch", "training.loop", "training.run_record", "training.metrics",
+               "training.metric_sinks.prometheus", "training.verdict", "training.contract",
+               "training.transport")
 
 
 def module_graph(package: str = "training") -> dict[str, set[str]]:

@@ -1,4 +1,4 @@
-"""The output layer and the cross-entropy in chunks (training/loss_head.py): the loss and every
+"""The output layer and the cross-entropy in chunks (training/model.py: ChunkedLossHead): the loss and every
 gradient equal the unchunked loss on CPU in float32, the full ``[targets, vocab]`` logits are
 never made, and the model's parameters, state-dict keys and tie are unchanged."""
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_no_tensor_holds_the_logits_of_every_target():
 
 
 def test_the_head_keeps_parameters_keys_and_tie():
-    from training.loss_head import ChunkedLossHead
+    from training.model import ChunkedLossHead
 
     chunked, plain = _model(chunked=True), _model(chunked=False)
     assert isinstance(chunked.lm_head, ChunkedLossHead)

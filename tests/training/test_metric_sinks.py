@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 from test_prometheus_units import ROW, RecordingGauge
 
-from training import contract, metric_sinks, metrics, prometheus
+from training import contract, metric_sinks, metrics
+from training.metric_sinks import prometheus
 
 JOB = SimpleNamespace(name="local", run_name="r1", to_dict=lambda: {"name": "local"},
                       train=SimpleNamespace(max_steps=7))

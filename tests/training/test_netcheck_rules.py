@@ -6,8 +6,8 @@ import pytest
 
 from pathlib import Path
 
-from training.netcheck.busbw import BUS_FACTOR, busbw_gbs, link_gbs, sizes
-from training.netcheck.driver import mode_env
+from training.netcheck.worker import BUS_FACTOR, busbw_gbs, link_gbs, sizes
+from training.netcheck import mode_env
 from training.netcheck.judge import NCCL_MODE, SOCKET_MODE, judge
 from training.netcheck.worker import scope_groups
 from training.transport import aggregate, classify_file
@@ -129,7 +129,7 @@ def test_the_forced_run_fails_when_any_rank_shows_efa_or_the_ofi_plugin():
 
 
 # NVIDIA/nccl v2.29.7-1, how a communicator gets its network, ported as the oracle of the forced
-# run's environment (training/netcheck/driver.py SOCKET_ENV): src/plugin/net.cc:245-276
+# run's environment (training/netcheck/__init__.py SOCKET_ENV): src/plugin/net.cc:245-276
 # (initPluginLibsOnceFunc) NCCL_NET_PLUGIN lists the external plugins to open ("none": none; unset:
 # libnccl-net.so), :279-284 then the internal IB and Socket nets; :305-307 (ncclNetInit) only a net
 # whose name equals comm->config.netName (strcasecmp) is initialised, and the first that
@@ -181,9 +181,9 @@ def test_one_node_or_unknown_link_skips_the_rules_it_cannot_judge():
 def test_a_rejected_netcheck_before_training_fails_the_run_at_stage_transport(tmp_path, monkeypatch):
     """``netcheck.run_first``: the rejection :func:`before_training` raises is what the driver's
     record turns into an execution failure of stage ``transport`` (exit 1: the Smoke stage fails)."""
+    from training import netcheck
     from training.config import load_job_config
     from training.launch import finish_record, start_record
-    from training.netcheck import driver
     from training.transport import TransportError
 
     job = load_job_config("jobs/local.toml", [f"checkpoint.storage_path={tmp_path}", "netcheck.run_first=true"])
@@ -191,10 +191,10 @@ def test_a_rejected_netcheck_before_training_fails_the_run_at_stage_transport(tm
     rejected = {"modes": modes, "uri": str(tmp_path / "netcheck.json"),
                 "verdict": judge(modes, link_gbps=100, min_link_fraction=0.5, require_transport="efa")}
     # measure() fits on Ray (tests/e2e/test_netcheck_local.py runs it): here its record is given
-    monkeypatch.setattr(driver, "measure", lambda job: rejected)
+    monkeypatch.setattr(netcheck, "measure", lambda job: rejected)
     record = start_record(job, ["python", "-m", "training"])
     with pytest.raises(TransportError) as raised:
-        driver.before_training(job)
+        netcheck.before_training(job)
     final = finish_record(record, returned=None, error=raised.value)
     assert final["verdict"]["verdict"] == "execution-failed" and final["verdict"]["stage"] == "transport"
     assert final["exit_code"] == 1 and "netcheck REJECTED: EFA" in final["error"]
@@ -208,7 +208,7 @@ def test_the_buffers_are_the_sizes_nccl_tests_moves(n, size):
     src/reduce_scatter.cu ``*GetCollByteCount`` (``base = (count/nranks) & ~(16/eltSize - 1)``)
     and ``*GetBw`` (``count * typesize * nranks`` with count = base); common.cu: count = size /
     wordSize. The busbw is of what moved, not of the size asked for."""
-    from training.netcheck.busbw import moved_bytes
+    from training.netcheck.worker import moved_bytes
 
     count = size // 4
     assert moved_bytes("all_reduce", size, n) == count * 4

@@ -80,12 +80,12 @@ def test_overlong_conversations_truncate_or_refuse():
     assert "\n" not in str(caught.value) and "chat/arithmetic.jsonl" in str(caught.value)
 
 
-# --- packed attention without a dense mask (training/attention.py) and the target-only loss ---
+# --- packed attention without a dense mask (training/model.py) and the target-only loss ---
 
 def _tiny(packed: bool, layers: int = 2):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from training.attention import use_packed_attention
+    from training.model import use_packed_attention
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(**tiny_qwen2_config(num_hidden_layers=layers)))
@@ -111,7 +111,7 @@ def _packed_batch(rows: int = 3, seq_len: int = 40, seed: int = 5) -> dict[str, 
 
 
 def _todays_loss(model, batch) -> torch.Tensor:
-    """The loss as it was computed before training/attention.py: transformers' sdpa path with its
+    """The loss as it was computed before the packed attention (training/model.py): transformers' sdpa path with its
     dense per-document mask, full-vocabulary logits copied to float32."""
     logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
     shift_logits = logits[:, :-1, :].float()
@@ -125,7 +125,7 @@ def test_document_boundaries_follow_transformers_packed_sequence_rule():
     starts; the layout's documents are its segments, plus a start at every row."""
     from transformers.masking_utils import find_packed_sequence_indices
 
-    from training.attention import document_layout
+    from training.model import document_layout
 
     batch = _packed_batch()
     rows, seq_len = batch["input_ids"].shape
@@ -285,7 +285,7 @@ def test_gpu_branch_calls_varlen_flash_attention_with_the_packers_layout(monkeyp
     kernel gets the flattened tokens, the packer's cu_seqlens (int32, on the tensors' device),
     causal window (-1, 0) and GQA without repeated keys/values (torch 2.13
     ``torch/nn/attention/varlen.py``: ``window_size == (-1, 0)`` is causal; ``enable_gqa``)."""
-    from training import attention
+    from training import model as modeling
     from training.model import loss_sum
 
     seen = []
@@ -293,15 +293,15 @@ def test_gpu_branch_calls_varlen_flash_attention_with_the_packers_layout(monkeyp
     def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size, enable_gqa):
         seen.append({"q": tuple(q.shape), "k": tuple(k.shape), "cu": cu_q.tolist(), "cu_dtype": cu_q.dtype,
                      "same_cu": cu_q is cu_k, "max": (max_q, max_k), "window": window_size, "gqa": enable_gqa})
-        return attention._per_document_sdpa(q, k, v, cu_q.tolist(), scale)
+        return modeling._per_document_sdpa(q, k, v, cu_q.tolist(), scale)
 
     batch = _packed_batch()
     model = _tiny(packed=True)
     on_cpu = loss_sum(model, batch).item()
-    monkeypatch.setattr(attention, "_on_accelerator", lambda tensor: True)
-    monkeypatch.setattr(attention, "_varlen_attn", fake_varlen)
+    monkeypatch.setattr(modeling, "_on_accelerator", lambda tensor: True)
+    monkeypatch.setattr(modeling, "_varlen_attn", fake_varlen)
     on_gpu_branch = loss_sum(model, batch).item()
-    layout = attention.document_layout(batch["position_ids"], 3, 40)
+    layout = modeling.document_layout(batch["position_ids"], 3, 40)
     assert len(seen) == 2  # one call per decoder layer
     assert seen[0] == {"q": (120, 4, 16), "k": (120, 2, 16), "cu": layout.cu_seqlens.tolist(),
                        "cu_dtype": torch.int32, "same_cu": True, "max": (layout.max_len,) * 2,
@@ -326,7 +326,7 @@ def test_the_layout_goes_to_the_device_of_the_ids():
 
 
 def test_evaluation_passes_the_host_batch_and_the_device(monkeypatch):
-    """training/evaluation.py hands ``loss_sum`` the host batch and ``device``, as training/step.py
+    """training/evaluation.py hands ``loss_sum`` the host batch and ``device``, as training/loop.py
     does, so the indices and the layout are computed on the host and moved with the tokens."""
     import torch.distributed as dist
 

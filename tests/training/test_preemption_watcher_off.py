@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from training.console import PREEMPTION_WATCHER_ENV, without_preemption_watcher
+from training.metrics import PREEMPTION_WATCHER_ENV, without_preemption_watcher
 
 
 def test_the_switch_is_ray_trains_own_and_propagates():

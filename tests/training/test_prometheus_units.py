@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from training import console, contract, prometheus
+from training import contract
+from training import metrics
+from training.metric_sinks import prometheus
 
 ROW = {"kind": "train", "step": 7, "loss": 2.5, "lr": 1e-4, "grad_norm": 0.75, "tokens_per_s": 800.0,
        "tokens_per_s_per_device": 400.0, "tflops_per_device": 0.5, "mfu": None, "step_time_s": 2.0,
@@ -116,10 +118,10 @@ def test_quiet_console_keeps_the_file_handler(tmp_path):
     logger.setLevel(logging.INFO)
     shown, filed = tmp_path / "console.txt", tmp_path / "file.txt"
     console_handler, file_handler = logging.FileHandler(shown), logging.FileHandler(filed)
-    console_handler.set_name(console.CONSOLE_HANDLER)
+    console_handler.set_name(metrics.CONSOLE_HANDLER)
     logger.handlers = [file_handler, console_handler]
     try:
-        assert console.quiet_worker_console(logger) == 1
+        assert metrics.quiet_worker_console(logger) == 1
         logger.info("Reporting training result 1")
         logger.warning("a warning")
     finally:

@@ -78,7 +78,7 @@ def test_failed_run_records_the_error_and_unknown_fields_are_refused(tmp_path):
 
 
 def test_collect_versions_reads_the_installed_stack_and_says_why_gpu_facts_are_absent():
-    from training.facts import collect_versions
+    from training.run_record import collect_versions
 
     versions = collect_versions(on_gpu=False)
     from importlib import metadata

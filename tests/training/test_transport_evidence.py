@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from training import transport
-from training import nccl_log
 from training.transport import RankTransport, TransportError, TransportGate
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "nccl"
@@ -101,15 +100,15 @@ def test_round_trip_through_a_dict_as_all_gather_object_does():
 
 
 def test_debug_env_and_own_log_file(tmp_path):
-    env = nccl_log.nccl_debug_env(str(tmp_path), environ={"NCCL_DEBUG": "WARN"})
+    env = transport.nccl_debug_env(str(tmp_path), environ={"NCCL_DEBUG": "WARN"})
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
     assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl.%h.%p.log")
     # What NCCL writes for this process once %h and %p are expanded:
     mine = tmp_path / f"nccl.ip-10-0-1-23.{os.getpid()}.log"
     mine.write_text((FIXTURES / "efa_rank0.log").read_text())
     (tmp_path / "nccl.ip-10-0-1-23.1.log").write_text("other process")
-    assert nccl_log.own_nccl_log(str(tmp_path)) == str(mine)
-    assert transport.classify_file(nccl_log.own_nccl_log(str(tmp_path))).transport == "efa"
+    assert transport.own_nccl_log(str(tmp_path)) == str(mine)
+    assert transport.classify_file(transport.own_nccl_log(str(tmp_path))).transport == "efa"
 
 
 def test_gloo_evidence():
@@ -160,14 +159,14 @@ def test_evidence_comes_out_when_the_log_folder_does_not_exist_beforehand(tmp_pa
     try:
         # when the worker prepares NCCL's logging (the loop's GPU set-up) and NCCL's first
         # collective writes its INFO lines (the only injected, device-specific call),
-        nccl_log.prepare_nccl_logging(log_dir, environ)
+        transport.prepare_nccl_logging(log_dir, environ)
         efa_lines = (FIXTURES / "efa_rank0.log").read_text()
         evidence = transport.collect_evidence(require="efa", log_dir=log_dir, num_nodes=2, backend="nccl",
                                               connect=_nccl_writes_its_log(environ, efa_lines))
     finally:
         dist.destroy_process_group()
     # then the rank's file exists, is classified, and the efa gate passes.
-    assert os.path.isdir(log_dir) and nccl_log.own_nccl_log(log_dir)
+    assert os.path.isdir(log_dir) and transport.own_nccl_log(log_dir)
     assert evidence["transport"] == "efa" and evidence["ranks"][0]["provider"] == "efa"
     assert "NET/Libfabric" not in capsys.readouterr().out  # nothing fell back to stdout
 
@@ -175,7 +174,7 @@ def test_evidence_comes_out_when_the_log_folder_does_not_exist_beforehand(tmp_pa
 def test_a_missing_log_names_the_cause_not_nccl_debug_when_it_is_set(tmp_path):
     # Given NCCL_DEBUG=INFO but a folder NCCL could not write into (it logged to stdout),
     log_dir = str(tmp_path / "never-created")
-    environ = nccl_log.nccl_debug_env(log_dir, environ={})
+    environ = transport.nccl_debug_env(log_dir, environ={})
     dist = _one_process_group(tmp_path)
     try:
         os.environ.update(environ)

@@ -59,13 +59,12 @@ Notes for the loop:
 from training.checkpointing.lease import Lease, LeaseHeld, keep_renewed
 from training.checkpointing.export import export_hf, export_latest, export_local, export_model
 from training.checkpointing.manager import CheckpointManager, SaveTiming, checkpoint_dir_name, local_checkpoint_root
-from training.checkpointing.marker import MARKER_NAME, completeness_problem, is_complete
-from training.checkpointing.restore import restore
-from training.checkpointing.run_policy import ExistingRunError, ResumePlan, plan_resume
+from training.checkpointing.restore import ExistingRunError, ResumePlan, plan_resume, restore
 from training.checkpointing.signals import (forward_driver_sigterm, install_worker_handler, request_stop,
                                             stop_driver_after, stop_requested, time_limit_reached)
 from training.checkpointing.state import TrainerState
-from training.checkpointing.storage import copy_report, find_latest_complete, list_checkpoints
+from training.checkpointing.storage import (MARKER_NAME, completeness_problem, copy_report, find_latest_complete,
+                                            is_complete, list_checkpoints)
 
 __all__ = [
     "CheckpointManager", "ExistingRunError", "Lease", "LeaseHeld", "keep_renewed", "MARKER_NAME", "ResumePlan", "SaveTiming", "TrainerState",

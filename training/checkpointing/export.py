@@ -10,21 +10,30 @@ downloaded, and nothing runs on the head pod.
 process group (DCP reassembles the full tensors when no process group exists), for runs exported afterwards.
 The result holds ``config.json``, ``model.safetensors`` and the tokenizer and loads with
 ``AutoModelForCausalLM.from_pretrained``.
+
+A failed export at the end of training (:func:`export_on_workers`) ends in the summary row the
+workers return, never raised: Ray Train would retry an exception ``max_failures`` times, and a
+retry does not change the export. The driver turns the summary into the record's status
+(:func:`training.verdict.outcome`).
 """
 from __future__ import annotations
 
 import copy
 import json
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 
+from training import contract
 from training.checkpointing import storage
-from training.checkpointing.marker import completeness_problem
+from training.checkpointing.storage import completeness_problem
+from training.config import JobConfig
 
 log = logging.getLogger(__name__)
 MODEL_CONFIG = "model_config.json"
@@ -133,6 +142,40 @@ def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, to
                 _upload(target, uri)
     log.info("exported the model (%s) -> %s", dtype, out_uri)
     return written
+
+
+def trained_end_of_turn(job: JobConfig) -> int | None:
+    """The end-of-turn token the run's conversations were tokenized with (as
+    training/data/tokenize.py reads it: :func:`training.tokenizer.chat_format`), or None when
+    the tokenizer has no chat template that closes a turn (synthetic data, plain text models)."""
+    if job.data.kind == "synthetic":
+        return None
+    from training.data.records import DataError
+    from training.tokenizer import chat_format, chat_template_problem, load_tokenizer, tokenizer_location
+
+    tokenizer = load_tokenizer(tokenizer_location(job.model))
+    if chat_template_problem(tokenizer):
+        return None
+    try:
+        return chat_format(tokenizer).end_of_turn_id
+    except DataError:
+        return None
+
+
+def export_on_workers(model: torch.nn.Module, ctx: Any, model_config: dict, job: JobConfig) -> dict[str, Any]:
+    """Export on the workers, where the memory and the shards are (every rank gathers; rank 0
+    writes ``<run>/hf``). A failed export fails the run's status, not its training: it is
+    recorded, not raised (Ray would retry the whole training for it)."""
+    from training.tokenizer import tokenizer_location
+
+    out_uri = f"{ctx.run_dir.rstrip('/')}/hf" if ctx.run_dir else os.path.join(ctx.local_dir, "hf")
+    try:
+        end_of_turn = trained_end_of_turn(job)
+        written = export_model(model, out_uri, model_config=model_config, tokenizer_dir=tokenizer_location(job.model),
+                               scratch=ctx.checkpoint_root, end_of_turn_id=end_of_turn)
+    except Exception as err:  # noqa: BLE001 - reported in one line by the driver
+        return {contract.EXPORT_ERROR: f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+    return {contract.EXPORTED: out_uri, contract.EXPORTS: written or {}}
 
 
 ADAPTER_SUFFIX = "-adapter"

@@ -23,13 +23,20 @@ line, never the run's failure (the tracking is a copy; run.json is the record).
 (gauges through Ray's metrics agent), ``tensorboard`` (event files in the run directory) and
 ``mlflow`` (the run on a tracking server, live from the driver) are the sinks today; adding
 one is adding its file here. The loop knows only :class:`Metrics`.
+
+What a tracking sink logs of a ``metrics.jsonl`` row (its numbers, by step, under one name each:
+:func:`scalars`, :func:`row_step`, :func:`row_time`) is defined here once, for the TensorBoard
+and MLflow sinks and the tests that compare them with the file.
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
 import sys
-from typing import Any, Iterable
+import time
+from typing import Any, Iterable, Iterator
+
+from training import contract
 
 HOOKS = ("write", "checkpoints", "print", "sync", "close")
 
@@ -111,3 +118,25 @@ def open_driver(job: Any, run_dir: str, record: dict[str, Any], names: Iterable[
 def after_run(job: Any, run_dir: str, record: dict[str, Any], names: Iterable[str] | None = None) -> None:
     """The driver's end of a run it opened no sink for: every sink module's ``after_run``."""
     DriverSinks(job, run_dir, {}, sink_names() if names is None else names).after_run(record)
+
+
+def row_step(row: dict[str, Any]) -> int:
+    """The step a row is logged at: its ``step``; the summary's at its ``steps``."""
+    return int(row.get(contract.STEP, row.get("steps", 0)) or 0)
+
+
+def row_time(row: dict[str, Any]) -> float:
+    """When a row was logged (its ``time``, epoch seconds), else now."""
+    value = row.get(contract.WALL_TIME)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else time.time()
+
+
+def scalars(row: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    """Every number of a row as ``(<kind>/<key>, value)`` (a row without a kind: ``<key>``; MLflow
+    refuses a name that starts with ``/``). Left out: None, flags, lists, text, and the wall time
+    (each event and metric carries its own timestamp). MLflow's metric names allow ``/`` (mlflow
+    3.17.2 mlflow/utils/validation.py)."""
+    kind = row.get(contract.KIND, "")
+    for key, value in sorted(row.items()):
+        if key not in (contract.STEP, contract.WALL_TIME) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield (f"{kind}/{key}" if kind else key), float(value)

@@ -25,7 +25,7 @@ from tensorboardX.proto import event_pb2
 
 from training import contract, verdict
 from training.checkpointing.storage import filesystem_for
-from training.metric_sinks._figures import row_step, row_time, scalars
+from training.metric_sinks import row_step, row_time, scalars
 
 TEXT_SUFFIX = "/text_summary"
 """tensorboardX 2.6.5 ``summary.text(tag, ...)`` files text under ``<tag>/text_summary``."""

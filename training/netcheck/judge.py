@@ -1,4 +1,5 @@
-"""The netcheck's verdict: pure rules over its record (standard library only).
+"""The netcheck's record read: its verdict, pure rules over it, and its table (:func:`table`:
+bus bandwidth by size, one column per mode). Standard library only.
 
 - ``link``: across nodes, the NCCL run's all-reduce bus bandwidth through one node's link is at
   least ``netcheck.min_link_fraction`` of that nominal link (``netcheck.link_gbps``): the inter
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.netcheck.busbw import link_gbs
+from training.netcheck.worker import link_gbs
 from training.verdict import ACCEPTED, EXIT_CODES, REJECTED
 
 NCCL_MODE, SOCKET_MODE = "nccl", "socket"
@@ -37,7 +38,7 @@ def node_busbw(rows: list[dict[str, Any]], scope: str = "inter", collective: str
 
 
 def forced_socket_problem(evidence: dict[str, Any]) -> str | None:
-    """Why the run forced to sockets (training/netcheck/driver.py ``SOCKET_ENV``) does not prove
+    """Why the run forced to sockets (training/netcheck/__init__.py ``SOCKET_ENV``) does not prove
     NCCL's own Socket transport, or None. Judged per rank: the run's class is its worst rank's
     (socket beats efa), and aws-ofi-nccl on libfabric's tcp provider is classified socket too,
     but it is not NCCL's socket transport, and with ``NCCL_NET_PLUGIN=none`` NCCL 2.29.7 never
@@ -101,3 +102,22 @@ def headline(judged: dict[str, Any]) -> str:
     """One line: the verdict and its failed checks (or the figure that passed)."""
     failed = [c["detail"] for c in judged["checks"] if c["ok"] is False]
     return f"{judged['verdict'].upper()}" + (": " + "; ".join(failed) if failed else "")
+
+
+def table(record: dict[str, Any]) -> str:
+    """One line per (scope, collective, size): busbw in GB/s of each mode, and their ratio."""
+    modes = list(record["modes"])
+    cells: dict[tuple[str, str, int], dict[str, float]] = {}
+    for mode, result in record["modes"].items():
+        for row in result["rows"]:
+            cells.setdefault((row["scope"], row["collective"], row["bytes"]), {})[mode] = row["busbw_gbs"]
+    head = f"{'scope':<6} {'collective':<15} {'bytes':>11} " + " ".join(f"{m + ' GB/s':>12}" for m in modes)
+    lines = [head + ("  ratio" if len(modes) == 2 else "")]
+    for (scope, collective, size), by_mode in cells.items():
+        values = [by_mode.get(m) for m in modes]
+        text = " ".join(f"{v:>12.3f}" if v is not None else f"{'-':>12}" for v in values)
+        ratio = f"  {values[0] / values[1]:.2f}" if len(values) == 2 and values[0] and values[1] else ""
+        lines.append(f"{scope:<6} {collective:<15} {size:>11} {text}{ratio}")
+    transports = ", ".join(f"{m}: {r['evidence'].get('transport')}" for m, r in record["modes"].items())
+    lines.append(f"transport: {transports}")
+    return "\n".join(lines)

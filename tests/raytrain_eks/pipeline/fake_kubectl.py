@@ -14,7 +14,7 @@ pipeline steps make. The pipeline's world (:class:`PipelineWorld`):
   the (moto) bucket, with its ``run_dir`` set to that folder (``training/run_record.py`` writes it
   so). ``TRAINED_FAILED``: the run is written, then the job fails (``AppFailed``). ``FAILED``: it
   fails without a run. A run name whose run already exists in the bucket is refused, as the
-  training refuses a finished run (``training/checkpointing/run_policy.py`` plan_resume:
+  training refuses a finished run (``training/checkpointing/restore.py`` plan_resume:
   ExistingRunError, exit 2): the job fails with ``AppFailed`` and writes nothing.
   ``NO_CAPACITY``: no GPU node frees up: the pods stay Pending (Unschedulable) and KubeRay's
   preRunningDeadlineSeconds passes ``NO_CAPACITY_DEADLINE`` reconciles after the start
