@@ -66,7 +66,10 @@ synth: cdk-synth cdk8s-synth
 demo: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" ENV_FILE=$(ENV_FILE) FAULT=$(FAULT) bash scripts/demo.sh
 
-PYTEST := PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+# The suite starts hundreds of Python processes (xdist workers, the CLI, Ray drivers and workers):
+# each compiles the repository's modules again unless their bytecode is kept (in __pycache__/,
+# git-ignored; the code archive, lambda assets and tree checks leave it out).
+PYTEST := PYTHONDONTWRITEBYTECODE= PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
 # Every tier. One tier alone: `make test-unit` (no synth, no subprocess, no Ray: the inner loop),
 # test-subprocess, test-synth, test-ray; tests/tiers.py says how a test's tier is decided.

@@ -2,12 +2,14 @@
 
 Every ``TorchTrainer.fit`` costs ~20-30 s of start-up on 2 cores, and ``ray.init`` itself a few
 seconds more: tests that need Ray take ``ray_cluster`` and share the same one. Tests that only
-read what a run left (its record, metrics, report, model) take ``local_run``: one
-``raytrain-eks submit jobs/local.toml --local`` for all of them.
+read what a run left (its record, metrics, report, model, MLflow run, network figures) take
+``local_run``: one ``raytrain-eks submit jobs/local.toml --local`` for all of them
+(tests/shared_run.py).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 from shared_run import submit_local
 from tiers import mark_tiers, unit_guard
 from tiny_qwen import TINY_VOCAB, tiny_qwen2_config  # noqa: F401  (re-exported)
+from tracking_venv import TRACKING_PYTHON, mlflow_server
 
 
 @pytest.fixture
@@ -60,12 +63,26 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
-def local_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """``(out dir, the finished process)`` of ONE ``raytrain-eks submit jobs/local.toml --local``:
-    moto's S3 server and a real Ray head on 127.0.0.1, the RayJob's own entrypoint submitted with
-    ``ray job submit``, the records, report and model copied to the out dir."""
-    out = tmp_path_factory.mktemp("local-run")
-    return out, submit_local(out)
+def local_run_mlflow(tmp_path_factory):
+    """The real MLflow server the shared run's driver keeps its MLflow run on, up until the
+    session ends (the reads come after the run); "" without ``.work/tracking-venv``: the run goes
+    untracked and tests/e2e/test_tracking_submit.py skips, saying how to make the venv."""
+    if not TRACKING_PYTHON.exists():
+        yield ""
+        return
+    with mlflow_server(tmp_path_factory.mktemp("local-run-mlflow")) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def local_run(tmp_path_factory, local_run_mlflow) -> tuple[Path, subprocess.CompletedProcess]:
+    """``(out dir, the finished process)`` of ONE ``raytrain-eks submit jobs/local.toml --local``
+    (tests/shared_run.py): moto's S3 server and a real Ray head on 127.0.0.1, the RayJob's own
+    entrypoint submitted with ``ray job submit``, the records, report and model copied to the out
+    dir (``.work/runs/<run>/``, removed at the end)."""
+    out, proc = submit_local(tmp_path_factory.mktemp("user"), local_run_mlflow)
+    yield out, proc
+    shutil.rmtree(out, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers given here

@@ -1,7 +1,15 @@
 """The session's one local run (the ``local_run`` fixture in tests/conftest.py): how it is made,
-so the tests that read it know what was asked for."""
+so the tests that read it know what was asked for.
+
+One ``raytrain-eks submit jobs/local.toml --local`` serves every test that only reads a finished
+run: submitted as a user does it from a folder outside the repository, on a data file outside it
+(tests/e2e/test_local_run_commands.py), with ``[tracking]`` pointing at a real MLflow server
+(tests/e2e/test_tracking_submit.py); its results in ``.work/runs/<run>/``, where the run
+commands (status, logs, list, stop) find it by name."""
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +21,33 @@ LOCAL_RUN_SETS = ("train.report_every_n_steps=3", "train.max_steps=10", "checkpo
 """The user's ``--set`` of the shared local run: the shipped local job with its steps, checkpoint
 and evaluation cadence pinned here (10 steps, every 5: what the tests that read the run rely on,
 whatever the shipped file says), reported every 3 steps (windows of 3, 3, 3 and 1 step)."""
+MLFLOW_EXPERIMENT = "submit-local"
+"""The experiment the run's MLflow run goes to (``tracking.mlflow_experiment``)."""
+USER_DATA = ROOT / "training" / "assets" / "demo_corpus" / "jsonl" / "notes.jsonl"
+"""The job's own corpus, copied to the user's folder: the run trains on that copy."""
 
 
-def submit_local(out: Path) -> subprocess.CompletedProcess:
-    """``raytrain-eks submit jobs/local.toml --local --set ... --out <out>``, as a user types it."""
-    argv = [sys.executable, "-m", "raytrain_eks.cli", "submit", "jobs/local.toml", "--local", "--out", str(out)]
-    for value in LOCAL_RUN_SETS:
+def local_run_sets(data: Path, mlflow_uri: str) -> list[str]:
+    """Every ``--set`` of the shared run, the pinned cadence first (in the entrypoint's order)."""
+    tracking = [f'tracking.mlflow_uri="{mlflow_uri}"', f'tracking.mlflow_experiment="{MLFLOW_EXPERIMENT}"']
+    return [*LOCAL_RUN_SETS, f"data.path={data}", *(tracking if mlflow_uri else [])]
+
+
+def submit_local(user: Path, mlflow_uri: str = "") -> tuple[Path, subprocess.CompletedProcess]:
+    """``raytrain-eks submit <repo>/jobs/local.toml --local --env <repo>/environment.toml --set ...``
+    typed in ``user`` (a folder outside the repository, holding the data file ``my-data/notes.jsonl``);
+    ``(the run's results folder, the finished process)``. Without ``mlflow_uri`` the run is not
+    tracked (no ``.work/tracking-venv``: the test that reads the MLflow run skips)."""
+    from raytrain_eks.local_runs import RUNS_DIR
+
+    data = user / "my-data" / "notes.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(USER_DATA, data)
+    argv = [sys.executable, "-m", "raytrain_eks.cli", "submit", str(ROOT / "jobs" / "local.toml"), "--local",
+            "--env", str(ROOT / "environment.toml")]
+    for value in local_run_sets(data, mlflow_uri):
         argv += ["--set", value]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    (out / "submit.log").write_text(proc.stdout + proc.stderr)
-    return proc
+    proc = subprocess.run(argv, cwd=user, capture_output=True, text=True, timeout=1800)
+    (user / "submit.log").write_text(proc.stdout + proc.stderr)
+    named = re.search(r"^run (\S+): new,", proc.stdout, re.M)
+    return RUNS_DIR / (named.group(1) if named else "the-submit-named-no-run"), proc

@@ -90,6 +90,25 @@ def _under(path: str | None, folder: Path) -> bool:
     return bool(path) and Path(path).resolve().is_relative_to(folder)
 
 
+@lru_cache(maxsize=None)
+def _references(code: types.CodeType) -> tuple[tuple[tuple[tuple[str, ...], ...], tuple[str, ...]], ...]:
+    """What ``code`` and each code object nested in it refer to, in order: its imports (``(module,)``
+    for ``import module``, ``(module, name)`` for a ``from module import name``) and its names.
+    Read once per code object: the same helpers and fixtures serve many tests, and reading
+    bytecode is the costliest step of the collection."""
+    found = []
+    for each in _codes(code):
+        imports, module = [], None
+        for ins in dis.get_instructions(each):
+            if ins.opname == "IMPORT_NAME":
+                module = ins.argval
+                imports.append((module,))
+            elif ins.opname == "IMPORT_FROM":
+                imports.append((module, ins.argval))
+        found.append((tuple(imports), each.co_names))
+    return tuple(found)
+
+
 def _function_tier(fn, seen: set, deep: bool) -> str:
     """The costliest tier that ``fn``'s code reaches: modules it imports or names, objects it
     names; ``deep`` (a function under tests/) also follows the functions it names."""
@@ -100,15 +119,13 @@ def _function_tier(fn, seen: set, deep: bool) -> str:
     seen.add(code)
     found = ["unit"]
     namespace = getattr(fn, "__globals__", {})
-    for each in _codes(code):
-        module = None
-        for ins in dis.get_instructions(each):
-            if ins.opname == "IMPORT_NAME":
-                module = ins.argval
-                found.append(_module_tier(module))
-            elif ins.opname == "IMPORT_FROM" and module in sys.modules:  # a local `from x import y`
-                found.append(_object_tier(getattr(sys.modules[module], ins.argval, None), seen, deep))
-        for name in each.co_names:
+    for imports, names in _references(code):
+        for imported in imports:
+            if len(imported) == 1:
+                found.append(_module_tier(imported[0]))
+            elif imported[0] in sys.modules:  # a local `from x import y`
+                found.append(_object_tier(getattr(sys.modules[imported[0]], imported[1], None), seen, deep))
+        for name in names:
             if name in namespace:
                 obj = namespace[name]
                 if not deep and _same_file(obj, code):  # the product: its own module's helpers are "itself"

@@ -3,8 +3,9 @@ the repository, on data outside it, then `status`, `logs`, `list` and `stop` on 
 submit ended by SIGTERM (a closed terminal, a CI timeout).
 
 Three local runs, each a real Ray head and moto's S3 server on 127.0.0.1 (the ``submit --local``
-backend): one trains to the verdict on the user's own file; two are given far more steps than
-they could finish, so that they are certainly still running when they are stopped (by
+backend): one trains to the verdict on the user's own file (the session's shared run,
+``local_run`` in tests/conftest.py: tests/shared_run.py submits it so); two are given far more
+steps than they could finish, so that they are certainly still running when they are stopped (by
 ``raytrain-eks stop``, which goes through Ray's ``JobSubmissionClient.stop_job``, and by
 SIGTERM to the submit). Each run's results folder is ``.work/runs/<run>/``, where the run
 commands look for runs by name; the tests remove theirs.
@@ -28,9 +29,8 @@ import pytest
 from left_running import left_running
 from raytrain_eks.run_commands import RUNS_DIR
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local_run")]
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-SETS = ("train.report_every_n_steps=3", "train.max_steps=10", "checkpoint.every_n_steps=5", "eval.every_n_steps=5")
 NEVER_ENDS = ("train.max_steps=100000", "checkpoint.every_n_steps=0", "eval.every_n_steps=0")
 """Steps the test never waits for: the run is running whenever the test looks at it."""
 
@@ -72,18 +72,15 @@ def run_name(request):
     shutil.rmtree(RUNS_DIR / name, ignore_errors=True)
 
 
-def test_own_data_outside_the_repository_travels_with_the_run_and_trains(tmp_path, run_name):
-    mine = tmp_path / "my-data"
-    mine.mkdir()
-    data = mine / "notes.jsonl"
-    shutil.copy(ROOT / "training" / "assets" / "demo_corpus" / "jsonl" / "notes.jsonl", data)
-    elsewhere = tmp_path / "elsewhere"  # the shell's folder: outside the repository
-    elsewhere.mkdir()
-    proc = subprocess.run(submit_cmd(run_name, *SETS, f"data.path={data}"), cwd=elsewhere, capture_output=True,
-                          text=True, timeout=1800)
-    out = RUNS_DIR / run_name
+@pytest.mark.xdist_group("local_run")
+def test_own_data_outside_the_repository_travels_with_the_run_and_trains(local_run):
+    out, proc = local_run
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
+    run_name = out.name
+    sets = [proc.args[i + 1] for i, arg in enumerate(proc.args) if arg == "--set"]
+    [data] = [Path(item.removeprefix("data.path=")) for item in sets if item.startswith("data.path=")]
+    assert data.is_file() and not data.is_relative_to(ROOT)  # the user's own file, outside the repository
     record = json.loads((out / "run.json").read_text())
     stored = json.loads((out / "inputs.json").read_text())["data.path"]
     # the job read the stored copy of the user's file, and trained on it to the verdict

@@ -13,7 +13,7 @@ from left_running import left_running
 from shared_run import ROOT
 from training.netcheck.worker import COLLECTIVES, busbw_gbs, sizes
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local_run")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

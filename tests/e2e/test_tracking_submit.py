@@ -2,40 +2,30 @@
 RayJob's driver (on the local Ray head, reading metrics.jsonl from moto's S3 as it grows) keeps
 the MLflow run on a real ``mlflow server`` 3.17.2 on 127.0.0.1 (tests/tracking_venv.py), read
 back through MLflow's REST API with the standard library and compared with the metrics.jsonl the
-run left, step by step. The in-process run (the live and outage cases):
-tests/training/test_tracking_real_run.py."""
+run left, step by step. The run is the session's shared local run (``local_run`` in
+tests/conftest.py, tracked by ``local_run_mlflow``; tests/shared_run.py). The in-process run (the
+live and outage cases): tests/training/test_tracking_real_run.py."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import datetime
 
 import pytest
-from tracking_venv import expected_scalars, last_by_step, mlflow_server, rest_get, rest_post
+from tracking_venv import expected_scalars, last_by_step, rest_get, rest_post, tracking_python
 
 from left_running import left_running
-from shared_run import ROOT
+from shared_run import MLFLOW_EXPERIMENT as EXPERIMENT
 from training import contract
 from training.metric_sinks.mlflow import CURSOR_TAG, RUN_DIR_TAG, flatten
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local_run")]
-EXPERIMENT = "submit-local"
-SETS = ("train.max_steps=6", "train.report_every_n_steps=2", "checkpoint.every_n_steps=0", "eval.every_n_steps=3",
-        "accept.eval_loss_after_max=0", "accept.improvement_min=0")
 
 
 @pytest.fixture(scope="module")
-def tracked_submit(tmp_path_factory):
+def tracked_submit(local_run, local_run_mlflow):
     """``(out dir, the finished process, server url)``; the server outlives the run for the reads."""
-    out = tmp_path_factory.mktemp("tracked-submit")
-    with mlflow_server(out.parent / f"{out.name}-mlflow") as url:
-        argv = [sys.executable, "-m", "raytrain_eks.cli", "submit", "jobs/local.toml", "--local", "--out", str(out)]
-        for value in (*SETS, f'tracking.mlflow_uri="{url}"', f'tracking.mlflow_experiment="{EXPERIMENT}"'):
-            argv += ["--set", value]
-        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-        (out / "submit.log").write_text(proc.stdout + proc.stderr)
-        yield out, proc, url
+    tracking_python()  # skips, saying how to make it, without the tracking venv (the run went untracked)
+    return (*local_run, local_run_mlflow)
 
 
 def test_the_run_s_mlflow_run_holds_metrics_jsonl_step_by_step(tracked_submit):
