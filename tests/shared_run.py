@@ -21,6 +21,9 @@ LOCAL_RUN_SETS = ("train.report_every_n_steps=3", "train.max_steps=10", "checkpo
 """The user's ``--set`` of the shared local run: the shipped local job with its steps, checkpoint
 and evaluation cadence pinned here (10 steps, every 5: what the tests that read the run rely on,
 whatever the shipped file says), reported every 3 steps (windows of 3, 3, 3 and 1 step)."""
+NETCHECK_FIRST_SETS = ("netcheck.run_first=true", "netcheck.max_bytes=1048576", "netcheck.iters=2")
+"""The run measures the network first (``netcheck.run_first``, as jobs/smoke.toml sets it), on
+the smallest sizes: tests/e2e/test_netcheck_local.py reads that measurement from this run."""
 MLFLOW_EXPERIMENT = "submit-local"
 """The experiment the run's MLflow run goes to (``tracking.mlflow_experiment``)."""
 USER_DATA = ROOT / "training" / "assets" / "demo_corpus" / "jsonl" / "notes.jsonl"
@@ -30,7 +33,7 @@ USER_DATA = ROOT / "training" / "assets" / "demo_corpus" / "jsonl" / "notes.json
 def local_run_sets(data: Path, mlflow_uri: str) -> list[str]:
     """Every ``--set`` of the shared run, the pinned cadence first (in the entrypoint's order)."""
     tracking = [f'tracking.mlflow_uri="{mlflow_uri}"', f'tracking.mlflow_experiment="{MLFLOW_EXPERIMENT}"']
-    return [*LOCAL_RUN_SETS, f"data.path={data}", *(tracking if mlflow_uri else [])]
+    return [*LOCAL_RUN_SETS, *NETCHECK_FIRST_SETS, f"data.path={data}", *(tracking if mlflow_uri else [])]
 
 
 def submit_local(user: Path, mlflow_uri: str = "") -> tuple[Path, subprocess.CompletedProcess]:
@@ -38,7 +41,7 @@ def submit_local(user: Path, mlflow_uri: str = "") -> tuple[Path, subprocess.Com
     typed in ``user`` (a folder outside the repository, holding the data file ``my-data/notes.jsonl``);
     ``(the run's results folder, the finished process)``. Without ``mlflow_uri`` the run is not
     tracked (no ``.work/tracking-venv``: the test that reads the MLflow run skips)."""
-    from raytrain_eks.local_runs import RUNS_DIR
+    from raytrain_eks.run_commands import RUNS_DIR
 
     data = user / "my-data" / "notes.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)

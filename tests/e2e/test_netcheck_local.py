@@ -57,6 +57,12 @@ def test_the_plot_lies_beside_the_record(netcheck):
     assert (out / "netcheck.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_netcheck_prints_no_preemption_watcher_error(netcheck):
+    """Its trainers run without Ray Train's PreemptionWatcher, as the training's do (training/metrics.py)."""
+    _, proc = netcheck
+    assert "PreemptionWatcher" not in proc.stdout + proc.stderr
+
+
 def test_nothing_is_left_running(netcheck):
     out, _ = netcheck
     assert left_running(out) == {}
@@ -71,21 +77,10 @@ def test_a_bad_netcheck_field_is_one_line_before_anything_starts(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.fixture(scope="module")
-def measured_first(tmp_path_factory):
-    """The local training job with ``netcheck.run_first`` (as jobs/smoke.toml sets it), shortened."""
-    out = tmp_path_factory.mktemp("run-first")
-    sets = ("netcheck.run_first=true", "netcheck.max_bytes=1048576", "netcheck.iters=2", "train.max_steps=2", "train.warmup_steps=1",
-            "checkpoint.every_n_steps=0", "eval.every_n_steps=0", "accept.eval_loss_after_max=0",
-            "accept.improvement_min=0")
-    argv = [sys.executable, "-m", "raytrain_eks.cli", "submit", "jobs/local.toml", "--local", "--out", str(out)]
-    for item in sets:
-        argv += ["--set", item]
-    return out, subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1500)
-
-
-def test_a_training_run_measures_the_network_first_and_its_record_says_so(measured_first):
-    out, proc = measured_first
+@pytest.mark.xdist_group("local_run")
+def test_a_training_run_measures_the_network_first_and_its_record_says_so(local_run):
+    """The session's shared run (tests/shared_run.py: ``NETCHECK_FIRST_SETS``) measured the network first."""
+    out, proc = local_run
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     record = json.loads((out / "run.json").read_text())
     assert record["verdict"]["verdict"] == "accepted"

@@ -46,12 +46,13 @@ def fit_mode(job: JobConfig, mode: str) -> dict[str, Any]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from training.metrics import ray_train_logging_config
+    from training.metrics import ray_train_logging_config, without_preemption_watcher
     from training.launch import COLLECTIVE_TIMEOUT_S, storage_location, worker_env
     from training.netcheck.worker import netcheck_loop_per_worker
     from training.parallel import backend_for
 
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
+    without_preemption_watcher()  # as the training driver does (training/metrics.py says why)
     p = job.parallel
     resources = {"CPU": p.cpus_per_worker, **({"GPU": 1} if p.use_gpu else {})}
     storage_path, storage_fs = storage_location(job)
