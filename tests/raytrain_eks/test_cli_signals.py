@@ -39,9 +39,19 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
+def as_a_terminal_starts_it() -> None:
+    """The child's SIGINT, SIGTERM and SIGHUP at their default, as an interactive shell starts a
+    command. The test runner may have inherited one as ignored (a non-interactive shell starts a
+    background job with SIGINT ignored, POSIX "Signals and Error Handling"; nohup ignores SIGHUP);
+    the CLI keeps an ignored signal ignored, so the child would wait for a signal it never gets."""
+    for each in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(each, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_signal_stops_the_command_like_ctrl_c(name):
-    proc = subprocess.run([sys.executable, "-c", PROGRAM.format(name=name)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", PROGRAM.format(name=name)], capture_output=True, text=True, timeout=120,
+                          preexec_fn=as_a_terminal_starts_it)
     assert proc.returncode == 130, proc.stdout + proc.stderr
     assert proc.stdout == "service stopped\n"
     assert proc.stderr.strip() == "raytrain-eks fake: interrupted" and "Traceback" not in proc.stderr
@@ -52,7 +62,8 @@ def test_a_second_signal_during_the_clean_up_does_not_cut_it_short(second):
     """A second Ctrl-C while the clean-up runs would otherwise leave the local Ray head behind."""
     program = PROGRAM.format(name="SIGTERM").replace(
         'print("service stopped", flush=True)', f'os.kill(os.getpid(), signal.{second}); print("service stopped", flush=True)')
-    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          preexec_fn=as_a_terminal_starts_it)
     assert proc.returncode == 130 and proc.stdout == "service stopped\n", proc.stderr
 
 
@@ -100,6 +111,7 @@ def test_a_real_terminal_hangup_exits_130_after_the_clean_up(tmp_path):
     the exit is 130, not 1 from the failed "interrupted" line."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: a session leader with the pty as its controlling terminal
+        as_a_terminal_starts_it()
         os.execv(sys.executable, [sys.executable, "-c", HUNG_UP, str(tmp_path)])
     seen = b""
     while b"ready" not in seen:
