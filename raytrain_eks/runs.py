@@ -120,9 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.to_mlflow:
-        from training.metric_sinks.mlflow import MlflowError, Tracking
+    from training.mlflow_rest import MlflowError, Tracking
 
+    if args.to_mlflow:
         try:  # a bad URI is refused before any run is read
             Tracking(args.to_mlflow)
         except ValueError as err:

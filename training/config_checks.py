@@ -73,7 +73,7 @@ MLFLOW_PARTITIONS = ("aws", "aws-us-gov")
 
 def tracking_uri_problem(uri: str) -> str | None:
     """Why the driver cannot log to this MLflow tracking URI through the REST API
-    (training/metric_sinks/mlflow.py), or None: ``http(s)://host[:port]`` or a SageMaker managed MLflow
+    (training/mlflow_rest.py), or None: ``http(s)://host[:port]`` or a SageMaker managed MLflow
     tracking server ARN (:data:`MLFLOW_ARN_FORM`, signed with SigV4)."""
     if uri.startswith(("http://", "https://")):
         return None if uri.split("://", 1)[1].strip("/") else "names no host"

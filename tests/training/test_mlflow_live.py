@@ -22,7 +22,8 @@ import pytest
 from tracking_venv import expected_scalars, mlflow_server, rest_get, rest_post
 
 from training import contract
-from training.metric_sinks.mlflow import CURSOR_TAG, RUN_DIR_TAG, LiveRun, MlflowError, Tracking
+from training.metric_sinks.mlflow import CURSOR_TAG, RUN_DIR_TAG, LiveRun
+from training.mlflow_rest import MlflowError, Tracking
 
 pytestmark = pytest.mark.subprocess
 

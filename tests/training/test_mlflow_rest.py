@@ -21,7 +21,7 @@ import pytest
 
 from training import metric_sinks
 from training.metric_sinks import mlflow as mlflow_sink
-from training.metric_sinks.mlflow import SAGEMAKER_ARN_HEADER, Tracking
+from training.mlflow_rest import SAGEMAKER_ARN_HEADER, Tracking
 
 ARN = "arn:aws:sagemaker:eu-west-1:123456789012:mlflow-tracking-server/team"
 

@@ -170,7 +170,7 @@ def test_the_mlflow_run_holds_metrics_jsonl_step_by_step(tracked_run):
 def test_log_batch_splits_within_the_server_s_limits(tracked_run):
     """mlflow 3.17.2 ``mlflow/utils/validation.py`` (``_validate_batch_log_limits``): over 1000
     metrics, 100 params or 100 tags in one ``log-batch`` is refused; the client's batches pass."""
-    from training.metric_sinks.mlflow import MlflowError, Tracking
+    from training.mlflow_rest import MlflowError, Tracking
 
     url = tracked_run[3]
     tracking = Tracking(url)
