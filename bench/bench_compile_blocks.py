@@ -28,7 +28,7 @@ def main() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from raytrain_eks.measured_plan import MODEL_CONFIGS
+    from raytrain_eks.planning.measured_plan import MODEL_CONFIGS
     from training import model as modeling
     from training.model import decoder_layers, loss_from_inputs, loss_inputs, use_chunked_loss_head
 

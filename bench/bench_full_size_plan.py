@@ -22,7 +22,7 @@ Run: ``.venv/bin/python bench/bench_full_size_plan.py [--models Qwen2.5-1.5B,Qwe
 ``--jobs jobs/family/lora-qwen2.5-7b.toml,...``: each shipped job's own plan (docs/jobs.md)
 (a few minutes per variant on an idle machine; ``make bench`` runs them all). Writes
 ``bench/results/full_size_plan.json``; ``--publish`` also writes the copy the preflight reads
-(raytrain_eks/measured_plan.json); ``--table`` prints the results as Markdown.
+(raytrain_eks/planning/measured_plan.json); ``--table`` prints the results as Markdown.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from raytrain_eks.measured_plan import (MODEL_CONFIGS, PUBLISHED, RESULTS, Cluster, job_plan, lora_key,  # noqa: E402
+from raytrain_eks.planning.measured_plan import (MODEL_CONFIGS, PUBLISHED, RESULTS, Cluster, job_plan, lora_key,  # noqa: E402
                                         predict, published_model)
 
 SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH = 2048, 1, 64  # jobs/finetune-qwen2.5-1.5b.toml
@@ -321,7 +321,7 @@ VARIANTS_BY_MODEL = {"Qwen2.5-1.5B": VARIANTS, "Qwen2.5-7B": VARIANTS_7B}
 
 def job_variant(path: str) -> tuple[str, dict]:
     """The model and :func:`measure` arguments of a job's own plan (``--jobs``), keyed as the
-    preflight looks it up (raytrain_eks/measured_plan.py ``job_plan``); the model by its folder's
+    preflight looks it up (raytrain_eks/planning/measured_plan.py ``job_plan``); the model by its folder's
     name (``s3://{bucket}/models/Qwen2.5-7B-Instruct`` is ``Qwen2.5-7B``)."""
     from training.config import load_job_config
 
@@ -338,7 +338,7 @@ def job_variant(path: str) -> tuple[str, dict]:
 
 def table(results: list[dict], cluster: Cluster = Cluster()) -> str:
     """The results as a Markdown table (predictions recomputed by measured_plan.predict)."""
-    from raytrain_eks.measured_plan import required_bytes
+    from raytrain_eks.planning.measured_plan import required_bytes
 
     gib, gb = 1024**3, 1e9
     rows = ["| model | code | checkpointing | reduce | kept gathered | strategy | micro batch | peak GiB/GPU (tensors) "
@@ -364,7 +364,7 @@ def jobs_table(paths: list[str], results: list[dict], cluster: Cluster = Cluster
     """One row per job (``--jobs ... --table``): its measured plan's memory per GPU with the
     CUDA/NCCL overhead and fragmentation, FLOPs executed / model FLOPs, collective GB per GPU per
     step, and the predicted step (the preflight's point, and its range over the published rates)."""
-    from raytrain_eks.measured_plan import host_bytes_per_gpu, lookup, predict_range, required_bytes
+    from raytrain_eks.planning.measured_plan import host_bytes_per_gpu, lookup, predict_range, required_bytes
 
     rows = ["| job | model | plan | GiB per L4 (with overhead) | host GiB per node | FLOPs executed / model "
             "| collectives GB per GPU per step | predicted step s (range) | MFU |", "|" + "---|" * 9]

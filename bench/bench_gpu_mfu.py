@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from environment.instances import peak_bf16_tflops  # noqa: E402
 
-from raytrain_eks.measured_plan import MODEL_CONFIGS  # noqa: E402
+from raytrain_eks.planning.measured_plan import MODEL_CONFIGS  # noqa: E402
 
 
 def main() -> None:

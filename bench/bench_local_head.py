@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from raytrain_eks import local_services, processes  # noqa: E402
+from raytrain_eks.backends import local_services, processes  # noqa: E402
 
 ROUNDS = 2
 

@@ -22,8 +22,8 @@ a pinned copy of the parameters and AdamW's state (training/checkpointing/manage
 pinned allocator rounds each parameter's and gradient's shard up to a power of two
 (``pinned_rounding_bytes``).
 
-Time: bytes / :data:`raytrain_eks.measured_plan.PCIE_GBYTES_PER_S` (the point the preflight's
-prediction uses) and over the L4's ``pcie`` range in :mod:`raytrain_eks.gpu_figures` (the step
+Time: bytes / :data:`raytrain_eks.planning.measured_plan.PCIE_GBYTES_PER_S` (the point the preflight's
+prediction uses) and over the L4's ``pcie`` range in :mod:`raytrain_eks.planning.gpu_figures` (the step
 model's). The copies share each GPU's PCIe link with NCCL's intra-node rings; the two directions
 do not compete. What only a GPU can show: how much of it overlaps compute (pinned memory and
 non-blocking copies allow it) and the CPU AdamW step on the node's cores. Neither is predicted.
@@ -164,10 +164,10 @@ class OffloadProbe:
     def pinned_rounding(self) -> int:
         """What pinning adds on the host over the tracked bytes: one pinned allocation per
         parameter (its padded shard) and per gradient shard, each rounded up to a power of two
-        (raytrain_eks/memory_estimate.py ``pinned_host_bytes``)."""
+        (raytrain_eks/planning/memory_estimate.py ``pinned_host_bytes``)."""
         from torch.distributed.fsdp import FSDPModule
 
-        from raytrain_eks.memory_estimate import pinned_rounding
+        from raytrain_eks.planning.memory_estimate import pinned_rounding
 
         shards = []
         for module in self.model.modules():
@@ -184,8 +184,8 @@ class OffloadProbe:
 def transfer_time(result: dict) -> dict:
     """Seconds per step of the counted copies at the preflight's PCIe point and the step
     model's L4 range (the larger direction bounds it: H2D and D2H use opposite lanes)."""
-    from raytrain_eks.gpu_figures import published
-    from raytrain_eks.measured_plan import PCIE_GBYTES_PER_S
+    from raytrain_eks.planning.gpu_figures import published
+    from raytrain_eks.planning.measured_plan import PCIE_GBYTES_PER_S
 
     o = result["offload"]
     worst = max(o["h2d"]["step_bytes"], o["d2h"]["step_bytes"])
@@ -201,11 +201,11 @@ def main() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from bench_full_size_plan import measure, save
-    from raytrain_eks.measured_plan import RESULTS, Cluster
+    from raytrain_eks.planning.measured_plan import RESULTS, Cluster
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="Qwen2.5-7B")
-    parser.add_argument("--publish", action="store_true", help="also write the preflight's raytrain_eks/measured_plan.json")
+    parser.add_argument("--publish", action="store_true", help="also write the preflight's raytrain_eks/planning/measured_plan.json")
     args = parser.parse_args()
     cluster = Cluster()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=cluster.world_size)

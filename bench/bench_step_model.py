@@ -4,9 +4,9 @@ Rows (:data:`PLANS`): each shipped GPU job (jobs/local.toml runs on CPU) as ship
 setting changed: activation checkpointing, and micro batch 2 (the same tokens per step in half
 the micro batches), each with the measured plan's peak memory per L4.
 
-Default: print the table (Markdown) from the published trace (raytrain_eks/step_trace.json),
-the measured collectives (raytrain_eks/measured_plan.json) and the rates of
-raytrain_eks/gpu_figures.py (with raytrain_eks/gpu_calibration.json when ``make gpu-check`` wrote
+Default: print the table (Markdown) from the published trace (raytrain_eks/planning/step_trace.json),
+the measured collectives (raytrain_eks/planning/measured_plan.json) and the rates of
+raytrain_eks/planning/gpu_figures.py (with raytrain_eks/planning/gpu_calibration.json when ``make gpu-check`` wrote
 one), then every term's source. ``--trace`` first re-measures the traces on CPU: the model built
 from its config under ``FakeTensorMode`` runs one micro batch of the job's own code
 (``training.model.use_packed_attention``, ``training.model.loss_inputs`` /
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from raytrain_eks import gpu_figures, measured_plan, step_model  # noqa: E402
-from raytrain_eks.measured_plan import MODEL_CONFIGS  # noqa: E402
+from raytrain_eks.planning import gpu_figures, measured_plan, step_model  # noqa: E402
+from raytrain_eks.planning.measured_plan import MODEL_CONFIGS  # noqa: E402
 from training.flops import ModelShapes  # noqa: E402
 
 MODEL = "Qwen2.5-1.5B"
@@ -160,8 +160,8 @@ def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
     from charts.jobs import plan_job
     from environment import load_environment
     from environment.instances import INSTANCE_TYPES
-    from raytrain_eks.memory_estimate import usable_bytes
-    from raytrain_eks.step_model import DEFAULT_MFU, estimate_time
+    from raytrain_eks.planning.memory_estimate import usable_bytes
+    from raytrain_eks.planning.step_model import DEFAULT_MFU, estimate_time
 
     env = load_environment(ROOT / "environment.toml")
 
@@ -185,7 +185,7 @@ def rows(figures: gpu_figures.Figures | None = None) -> list[dict]:
             found = {**found, "global_batch_size": plan["global_batch_size"]}
             old = measured_plan.predict(found, cluster)
             found["grad_accum_steps"] = old["grad_accum_steps"]
-            # the hand model of raytrain_eks/step_model.py (estimate_time), on the job as the shipped spec sizes it
+            # the hand model of raytrain_eks/planning/step_model.py (estimate_time), on the job as the shipped spec sizes it
             config = plan_job(env, ROOT / "jobs" / f"{name}.toml", ROOT).config
             config = dataclasses.replace(
                 config, train=dataclasses.replace(config.train, micro_batch_size=plan["micro_batch_size"]),

@@ -14,8 +14,8 @@
 3. A resume of that run (more steps, same run name): it must continue from the last checkpoint.
 
 4. The calibration (:func:`measure_calibration`): bf16 GEMM rate at the shipped micro batch's
-   shapes, memory bandwidth and the step above, written to raytrain_eks/gpu_calibration.json,
-   which the preflight's step model (raytrain_eks/step_model.py) reads in place of the published
+   shapes, memory bandwidth and the step above, written to raytrain_eks/planning/gpu_calibration.json,
+   which the preflight's step model (raytrain_eks/planning/step_model.py) reads in place of the published
    and assumed rates.
 
 Without a GPU it prints ``{"name": "gpu_check", "skipped": ...}`` and exits 0. Prints ONE JSON
@@ -75,7 +75,7 @@ def _profile_job(gpus: int, storage: Path) -> str:
     """The shipped job's per-GPU profile as a job file for this machine (see the module docstring)."""
     import tomllib
 
-    from raytrain_eks.measured_plan import MODEL_CONFIGS
+    from raytrain_eks.planning.measured_plan import MODEL_CONFIGS
 
     shipped = tomllib.loads(SHIPPED_JOB.read_text())
     train, parallel = shipped["train"], shipped["parallel"]
@@ -115,9 +115,9 @@ def _profile(gpus: int, storage: Path) -> dict:
 
 def calibration_shapes() -> list[tuple[int, int, int]]:
     """The GEMM shapes to time: the published trace's (the shipped micro batch's own GEMMs,
-    raytrain_eks/step_trace.json) and the squares of the published L4 table."""
-    from raytrain_eks.gpu_figures import L4_GEMM_TFLOPS
-    from raytrain_eks.step_model import load_traces
+    raytrain_eks/planning/step_trace.json) and the squares of the published L4 table."""
+    from raytrain_eks.planning.gpu_figures import L4_GEMM_TFLOPS
+    from raytrain_eks.planning.step_model import load_traces
 
     shapes = {(m, n, k) for trace in load_traces() for m, n, k, _ in trace["gemms"]}
     return sorted(shapes | {(s, s, s) for s in L4_GEMM_TFLOPS})
@@ -125,7 +125,7 @@ def calibration_shapes() -> list[tuple[int, int, int]]:
 
 def measure_calibration(device: str, device_name: str, sync, *, shapes: list[tuple[int, int, int]],
                         repeats: int = 10, copy_bytes: int = 1 << 30, step: dict | None = None) -> dict:
-    """What raytrain_eks/gpu_calibration.json holds: bf16 GEMM TFLOP/s by shape, the bytes per
+    """What raytrain_eks/planning/gpu_calibration.json holds: bf16 GEMM TFLOP/s by shape, the bytes per
     second of a device-to-device copy (read + written), and the shipped per-GPU step as the
     profile run measured it. ``sync`` waits for the device (``torch.cuda.synchronize``); a
     warm-up call of each kernel precedes the timed ones."""
@@ -235,7 +235,7 @@ def main() -> int:
     problems = [p for run in [result["profile"], *result["runs"]] for p in run["problems"]] + (
         [] if code == 0 else ["MFU benchmark failed"])
     # the measurements the preflight's step model uses in place of published and assumed rates
-    from raytrain_eks.gpu_figures import CALIBRATION
+    from raytrain_eks.planning.gpu_figures import CALIBRATION
 
     profile = result["profile"]
     step = {"per_gpu_shape": "jobs/finetune-qwen2.5-1.5b.toml on this machine's GPUs", **{

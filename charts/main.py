@@ -104,7 +104,7 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "",
 def synth_charts(env, outdir: Path, rayjobs: list[tuple[str, "JobPlan", bool]], *, code: "CodeBundle",
                  source: "SourceIdentity", raycluster: bool = False) -> tuple[dict[str, Path], dict[str, str]]:
     """THE cdk8s pipeline, for the whole app (:func:`synth`) and for one run
-    (``raytrain_eks.run_manifest.synth_run``): into ``outdir`` (its old manifests removed), the
+    (``raytrain_eks.runs.manifest.synth_run``): into ``outdir`` (its old manifests removed), the
     long-lived RayCluster when ``raycluster``, one RayJob per ``(chart name, plan, on the long-lived
     cluster)``, and the NetworkPolicy of every Ray cluster they use; each RayJob's file then
     carries its own manifest hash. Returns (chart name -> file, chart name -> manifest hash of

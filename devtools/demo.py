@@ -5,14 +5,14 @@ What it does, in order (each step prints a header):
 2. synthesizes the CloudFormation templates (``cdk synth``, skipped with ``--skip-cdk``) and the
    manifests (``cdk8s synth``), and validates the manifests against the real KubeRay CRDs;
 3. runs preflight for the ``local`` job;
-4. runs the job locally, as ``raytrain-eks submit --local`` does (raytrain_eks/local_backend.py):
+4. runs the job locally, as ``raytrain-eks submit --local`` does (raytrain_eks/backends/local.py):
    moto's S3-compatible server on 127.0.0.1 stands in for the checkpoint bucket (same name as
    the spec derives) and receives the code archive the manifest names; a real Ray head on
    127.0.0.1 gets the ``local`` RayJob's OWN entrypoint and runtimeEnvYAML, read from the
    synthesized manifest (not a copy), with ``ray job submit`` (what KubeRay's submitter does on
    EKS), while the node's metrics endpoint is scraped every 2 s (as Prometheus scrapes the Ray
    pods on EKS);
-5. copies the run's records and its exported model out of the bucket (raytrain_eks/run_results.py),
+5. copies the run's records and its exported model out of the bucket (raytrain_eks/runs/results.py),
    renders the report (Markdown + PNG), prints where everything is, eval before/after, the
    scraped metrics beside metrics.jsonl, and the verdict.
 Everything it started is stopped on exit, also on Ctrl-C or failure.
@@ -80,9 +80,9 @@ def _run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, quiet:
 
 def run_demo(args: argparse.Namespace) -> dict:
     from charts.main import read_rayjob
-    from raytrain_eks.commands.summary import render as render_summary
+    from raytrain_eks.verify.summary import render as render_summary
     from devtools.metrics_scrape import Watcher
-    from raytrain_eks.local_backend import run_local
+    from raytrain_eks.backends.local import run_local
     from environment import load_environment
 
     total = 5
@@ -167,8 +167,8 @@ def _print_scrape(watcher, out_dir: Path) -> None:
 
 
 def _finish(out_dir: Path, info: dict, job) -> dict:
-    from raytrain_eks.report import eval_before_after, load_run
-    from raytrain_eks.run_results import finish
+    from raytrain_eks.runs.report import eval_before_after, load_run
+    from raytrain_eks.runs.results import finish
 
     code = finish(out_dir)
     run = load_run(str(out_dir))

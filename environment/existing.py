@@ -8,7 +8,7 @@ and adds only what is missing (infra/stacks/attached.py). The imported cluster n
 aws-cdk-lib 2.275 cannot look up offline: the VPC and its private subnets (a node group selects
 its subnets through ``cluster.vpc``), and the cluster security group (the GPU nodes' launch
 template lists it; the kubectl handler joins it in the VPC). `raytrain-eks verify` checks every
-one of them against the live cluster (raytrain_eks/verify_existing.py).
+one of them against the live cluster (raytrain_eks/verify/existing.py).
 
 Standard library only.
 """

@@ -1,7 +1,7 @@
 """`raytrain-eks`: the one command-line entry for the operator's tasks.
 
 Each sub-command has two functions, ``add_arguments(parser)`` and ``run(args) -> int``: those of
-the module that does its work (``raytrain_eks/preflight.py``, ``report.py``, ``runs.py``,
+the module that does its work (``raytrain_eks/planning/preflight.py``, ``report.py``, ``runs.py``,
 ``reproduce.py``, ``capacity.py``), of one under ``raytrain_eks/commands`` where the command
 ties several modules together, or of a class in a module of several commands (``"module:Class"``:
 ``run_commands.py``'s status, logs, stop and list of a submitted run). Command modules keep heavy imports
@@ -18,30 +18,30 @@ import sys
 
 # name -> (module or "module:Class", one-line help). Keep sorted by the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "summary": ("raytrain_eks.commands.summary",
+    "summary": ("raytrain_eks.verify.summary",
                 "print the environment: nodes, GPUs, world size, image, versions, cost per hour"),
-    "verify": ("raytrain_eks.commands.verify",
+    "verify": ("raytrain_eks.verify.command",
                "before deploy and before a job: add-on and chart pins, GPU AZ, vCPU quotas, reservations, "
                "CDK bootstrap, image digest"),
-    "capacity": ("raytrain_eks.capacity",
+    "capacity": ("raytrain_eks.verify.capacity",
                  "which AZs offer the GPU instance types; which reservations and Capacity Blocks match"),
-    "preflight": ("raytrain_eks.preflight",
+    "preflight": ("raytrain_eks.planning.preflight",
                   "check a job against the environment before any spend: GPUs, Ray version, EFA, memory, cost"),
-    "submit": ("raytrain_eks.commands.submit",
+    "submit": ("raytrain_eks.runs.submit",
                "run a job: synthesize, upload, apply, follow its log, then fetch the report, model and verdict"),
-    "netcheck": ("raytrain_eks.commands.submit:Netcheck",
+    "netcheck": ("raytrain_eks.runs.submit:Netcheck",
                  "measure the network: collective bus bandwidth by size over EFA and over sockets, with a verdict"),
-    "status": ("raytrain_eks.run_commands:Status", "where a submitted run stands (KubeRay's RayJob status)"),
-    "logs": ("raytrain_eks.run_commands:Logs", "a run's driver log: streamed from the cluster, or the copy in storage"),
-    "stop": ("raytrain_eks.run_commands:Stop", "stop a run: delete its RayJob (KubeRay stops the job); storage stays"),
-    "list": ("raytrain_eks.run_commands:List", "the submitted runs the cluster knows, with their status"),
-    "report": ("raytrain_eks.report",
+    "status": ("raytrain_eks.runs.commands:Status", "where a submitted run stands (KubeRay's RayJob status)"),
+    "logs": ("raytrain_eks.runs.commands:Logs", "a run's driver log: streamed from the cluster, or the copy in storage"),
+    "stop": ("raytrain_eks.runs.commands:Stop", "stop a run: delete its RayJob (KubeRay stops the job); storage stays"),
+    "list": ("raytrain_eks.runs.commands:List", "the submitted runs the cluster knows, with their status"),
+    "report": ("raytrain_eks.runs.report",
                "render a run (or two side by side) as Markdown + PNG plots from run.json and metrics"),
-    "runs": ("raytrain_eks.runs",
+    "runs": ("raytrain_eks.runs.listing",
              "list the runs under a storage prefix: time, image digest, commit, job, verdict, tokens/s, eval"),
-    "reproduce": ("raytrain_eks.reproduce",
+    "reproduce": ("raytrain_eks.runs.reproduce",
                   "re-create a run's manifests from its run.json: byte-identical, or each difference named"),
-    "lock": ("raytrain_eks.commands.lock",
+    "lock": ("raytrain_eks.verify.lock",
              "resolve the image tag to its digest through the registry and pin it in the spec"),
 }
 
@@ -118,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     from training.config import JobConfigError
     from training.data.records import DataError
 
-    from raytrain_eks.eks_backend import KubectlError
-    from raytrain_eks.gpu_figures import CalibrationError
-    from raytrain_eks.run_commands import HeadUnreachable
+    from raytrain_eks.backends.eks import KubectlError
+    from raytrain_eks.planning.gpu_figures import CalibrationError
+    from raytrain_eks.runs.commands import HeadUnreachable
 
     args = build_parser().parse_args(argv)
     command = _command(args._command)

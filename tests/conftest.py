@@ -39,7 +39,7 @@ def ray_cluster():
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
     # The autoscaler's metrics server defaults to one fixed port (AUTOSCALER_METRIC_PORT, 44217):
     # a second test process's cluster would fail to bind it.
-    from raytrain_eks.local_services import ServiceStartError, free_port, start_with_retries
+    from raytrain_eks.backends.local_services import ServiceStartError, free_port, start_with_retries
 
     os.environ.setdefault("AUTOSCALER_METRIC_PORT", str(free_port()))
     # ray.init's wait for the GCS port is 30 s by default (ray 2.58 _private/node.py, honouring

@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from raytrain_eks.local_services import ServiceStartError, free_port, start_with_retries  # noqa: F401  (free_port re-exported)
+from raytrain_eks.backends.local_services import ServiceStartError, free_port, start_with_retries  # noqa: F401  (free_port re-exported)
 
 REGISTRY_BINARY = shutil.which("docker-registry") or shutil.which("registry")
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"

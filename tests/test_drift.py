@@ -201,7 +201,7 @@ def test_world_size_fits_the_node_group(both):
 
 def test_every_pod_gets_a_node(both):
     # the scheduling-fit check on these very outputs: every case places every pod
-    from raytrain_eks.fit_inputs import fit_cases
+    from raytrain_eks.planning.fit_inputs import fit_cases
 
     cases = fit_cases(both.env, {"Resources": both.resources}, both.dist)
     assert len(cases) >= 3

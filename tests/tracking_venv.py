@@ -108,7 +108,7 @@ def mlflow_server(folder: Path, *, start_s: float = 300.0, artifact_root: str = 
     on a fresh port with a longer wait (``start_with_retries``)."""
     import time
 
-    from raytrain_eks.local_services import ServiceStartError, start_with_retries
+    from raytrain_eks.backends.local_services import ServiceStartError, start_with_retries
 
     folder.mkdir(parents=True, exist_ok=True)
 

@@ -225,9 +225,9 @@ RECORD_FIELDS = (
 """Every top-level key a finished run.json holds."""
 EXPOSED_COMM_LABELS = ("measured", "predicted", "unknown")
 """run.json ``exposed_comm.label``: timed by the job; the step model's prediction that ``submit``
-handed the run (raytrain_eks/step_model.py, in :func:`run_inputs_uri`'s file); or neither."""
+handed the run (raytrain_eks/planning/step_model.py, in :func:`run_inputs_uri`'s file); or neither."""
 INPUTS_DIR = "_inputs"
-"""Under the storage prefix: what ``submit`` hands a run besides its config (raytrain_eks/run_inputs.py);
+"""Under the storage prefix: what ``submit`` hands a run besides its config (raytrain_eks/runs/inputs.py);
 not a run's name (run names start with a letter), and nothing inside the run's own directory."""
 STEP_PREDICTION = "step_prediction"
 """Key of :func:`run_inputs_uri`'s file: the step model's exposed communication for this run's plan."""

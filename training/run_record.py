@@ -170,7 +170,7 @@ def exposed_comm_handed(storage_path: str, run: str) -> dict[str, Any]:
     if isinstance(handed, dict) and handed.get("label") == "predicted":
         return handed
     return {"label": "unknown", "why": f"{NOT_TIMED}; no step-model prediction was handed to the run "
-                                       "(raytrain_eks/step_model.py predicts GPU plans with a measured trace)"}
+                                       "(raytrain_eks/planning/step_model.py predicts GPU plans with a measured trace)"}
 
 
 class RunRecord:

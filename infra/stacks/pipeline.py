@@ -244,7 +244,7 @@ class PipelineStack(Stack):
             resources=[self.format_arn(service="iam", region="", resource="role",
                                        resource_name=f"cdk-{BOOTSTRAP_QUALIFIER}-{kind}-role-{self.account}-{self.region}")
                        for kind in ("deploy", "file-publishing", "lookup")]))
-        # record-groups reads this cluster's node groups (raytrain_eks/verify_account.py record_node_groups).
+        # record-groups reads this cluster's node groups (raytrain_eks/verify/account.py record_node_groups).
         deploy.add_to_role_policy(iam.PolicyStatement(
             sid="ReadNodeGroups", actions=["eks:DescribeCluster", "eks:ListNodegroups"],
             resources=[self.format_arn(service="eks", resource="cluster", resource_name=name)]))

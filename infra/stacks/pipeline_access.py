@@ -27,7 +27,7 @@ DEPLOYER_RULES = [
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": READ_VERBS},
     # dist/network-policy.k8s.yaml: one policy per Ray cluster, applied with the RayCluster.
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ALL_VERBS},
-    # The smoke RayJob's place in Kueue's queue while it waits (raytrain_eks/kueue_queue.py).
+    # The smoke RayJob's place in Kueue's queue while it waits (raytrain_eks/backends/kueue_queue.py).
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": READ_VERBS},
 ]
 

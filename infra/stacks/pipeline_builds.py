@@ -44,8 +44,8 @@ NODE_RUNTIME = "22"
 """Node.js 22 (maintenance LTS; 20 reached its end of life in April 2026), a runtime of the
 Ubuntu standard:7.0 image (CodeBuild "Available runtimes")."""
 PIP = "pip install --quiet --disable-pip-version-check -c requirements.lock"
-SYNTH_TESTS = ("tests/environment tests/infra tests/charts tests/raytrain_eks/pipeline tests/raytrain_eks/test_lock.py "
-               "tests/raytrain_eks/test_fit.py tests/raytrain_eks/test_capacity_command.py tests/test_drift.py")
+SYNTH_TESTS = ("tests/environment tests/infra tests/charts tests/raytrain_eks/pipeline tests/raytrain_eks/verify/test_lock.py "
+               "tests/raytrain_eks/planning/test_fit.py tests/raytrain_eks/verify/test_capacity_command.py tests/test_drift.py")
 """What Synth tests: the environment package, infra (with the image watcher Lambda), charts, the
 pipeline's steps, ``lock``, the fit check and the capacity report (not the training loop: that
 needs torch and Ray, which the image ships and Synth never installs)."""
@@ -116,7 +116,7 @@ DEPLOY_COMMANDS = [
 
 def deploy_spec(stack_names: list[str]) -> dict:
     """Record the existing GPU node groups, then ``cdk deploy`` the named stacks (and their
-    dependencies), synthesized again with that record (raytrain_eks/verify_account.py record_node_groups)."""
+    dependencies), synthesized again with that record (raytrain_eks/verify/account.py record_node_groups)."""
     *record, deploy = DEPLOY_COMMANDS
     return {
         "version": "0.2",

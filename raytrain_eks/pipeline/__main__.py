@@ -83,7 +83,7 @@ def record_groups(args: argparse.Namespace) -> int:
     import boto3
 
     from environment import SpecError, load_environment
-    from raytrain_eks.verify_account import record_node_groups
+    from raytrain_eks.verify.account import record_node_groups
 
     try:
         env = load_environment(args.env)

@@ -23,7 +23,7 @@ from pathlib import Path
 from environment.contract import REGRESSION_REPORT_DIR as REPORT_DIR
 from infra.lambdas.image_watcher.history import FAILURE_IMAGE
 from infra.lambdas.image_watcher.promote import PromotionError, RecordMissing, check_smoke_record, split_record_uri
-from raytrain_eks.report import Run, eval_before_after, load_run, render_report, throughput_summary
+from raytrain_eks.runs.report import Run, eval_before_after, load_run, render_report, throughput_summary
 from training.contract import METRICS_NAME, RECORD_NAME, TOKENS_PER_S
 
 from .context import StepContext, split_s3

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raytrain_eks.kueue_queue import WORKLOADS, places, suspended_line, workload_items
+from raytrain_eks.backends.kueue_queue import WORKLOADS, places, suspended_line, workload_items
 
 from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_IMAGE_RAN
 
@@ -100,7 +100,7 @@ def smoke_job(ctx: StepContext, digest: str) -> dict[str, Any]:
 
 
 class QueueWait:
-    """The smoke RayJob's wait in Kueue's queue: each new place logged (raytrain_eks/kueue_queue.py,
+    """The smoke RayJob's wait in Kueue's queue: each new place logged (raytrain_eks/backends/kueue_queue.py,
     as ``submit`` says it), bounded by ``ctx.queue_timeout_s`` per stretch of suspension."""
 
     def __init__(self, ctx: StepContext, name: str) -> None:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.utils.flop_counter
 from torch.testing._internal.distributed.fake_pg import FakeStore
 import bench_full_size_plan as plan
-from raytrain_eks.measured_plan import MODEL_CONFIGS, Cluster
+from raytrain_eks.planning.measured_plan import MODEL_CONFIGS, Cluster
 
 # Activations must be what the peak is made of: deep and narrow, a small vocabulary (the bench's
 # ids folded into it), else the optimizer step or the logits set the peak and hide them.
@@ -75,12 +75,12 @@ def test_counting_the_flops_leaves_the_checkpointed_peak_as_it_is():
 
 
 def test_a_shipped_job_is_measured_by_the_keys_the_preflight_looks_it_up_by():
-    """``--jobs``: the model from the job's folder name, the plan from raytrain_eks.measured_plan
+    """``--jobs``: the model from the job's folder name, the plan from raytrain_eks.planning.measured_plan
     ``job_plan`` (the LoRA options as ``lora_key``: alpha only scales); and each shipped job's
     published row is found by those keys."""
     from bench_full_size_plan import SEQ_LEN, job_variant
 
-    from raytrain_eks.measured_plan import load, lookup, lora_key
+    from raytrain_eks.planning.measured_plan import load, lookup, lora_key
 
     name, variant = job_variant(str(ROOT / "jobs" / "family" / "lora-qwen2.5-14b.toml"))
     assert name == "Qwen2.5-14B"

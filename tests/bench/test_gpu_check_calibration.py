@@ -1,6 +1,6 @@
 """``make gpu-check``'s calibration branch, run on CPU with only the device injected (device
 "cpu", a no-op synchronisation, the device name an L4 reports): the file it writes is the one
-the step model reads (raytrain_eks/gpu_figures.py), and its figures replace the published ones."""
+the step model reads (raytrain_eks/planning/gpu_figures.py), and its figures replace the published ones."""
 from __future__ import annotations
 
 import importlib.util
@@ -18,7 +18,7 @@ def _gpu_check():
 
 
 def test_the_calibration_measured_on_a_device_is_what_the_planner_reads(tmp_path):
-    from raytrain_eks.gpu_figures import figures_for
+    from raytrain_eks.planning.gpu_figures import figures_for
 
     gpu_check = _gpu_check()
     shapes = [(64, 48, 32), (128, 128, 128)]  # small: CPU time, not the shapes, is the point here
@@ -34,7 +34,7 @@ def test_the_calibration_measured_on_a_device_is_what_the_planner_reads(tmp_path
 
 
 def test_the_calibration_times_the_shipped_micro_batchs_own_gemm_shapes():
-    from raytrain_eks.step_model import load_traces
+    from raytrain_eks.planning.step_model import load_traces
 
     shapes = _gpu_check().calibration_shapes()
     traced = {(m, n, k) for t in load_traces() for m, n, k, _ in t["gemms"]}

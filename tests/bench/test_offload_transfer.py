@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 import bench_full_size_plan as plan
 from bench_offload_transfer import OffloadProbe
-from raytrain_eks.measured_plan import MODEL_CONFIGS, Cluster
+from raytrain_eks.planning.measured_plan import MODEL_CONFIGS, Cluster
 
 MODEL_CONFIGS["tiny"] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,
@@ -61,7 +61,7 @@ def test_gpu_to_host_bytes_are_the_reduced_gradient_shards(measured):
 
 
 def test_the_memory_splits_into_gpu_and_host_and_the_prediction_uses_the_named_pcie_rate(measured):
-    from raytrain_eks.measured_plan import PCIE_GBYTES_PER_S, offload_copy_bytes
+    from raytrain_eks.planning.measured_plan import PCIE_GBYTES_PER_S, offload_copy_bytes
 
     o = measured["offload"]
     assert set(o["host_peak_breakdown"]) == {"Sharded Param", "Sharded Grad", "OptState"}
@@ -75,8 +75,8 @@ def test_the_memory_splits_into_gpu_and_host_and_the_prediction_uses_the_named_p
 def test_the_pinned_rounding_is_the_hand_count_of_the_weight_shards_plus_the_small_tensors(measured):
     """The bench's ``pinned_rounding_bytes`` (every offloaded shard FSDP2 made, one pinned block
     each, rounded up to a power of two) against the hand model's (the weight matrices only:
-    raytrain_eks/memory_estimate.py); the norms' and biases' shards add a few KiB."""
-    from raytrain_eks.memory_estimate import _offloaded_shards, pinned_rounding
+    raytrain_eks/planning/memory_estimate.py); the norms' and biases' shards add a few KiB."""
+    from raytrain_eks.planning.memory_estimate import _offloaded_shards, pinned_rounding
     from training.flops import ModelShapes
 
     tiny = dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

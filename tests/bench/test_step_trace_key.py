@@ -1,7 +1,7 @@
 """The step-time traces (bench/bench_step_model.py ``trace``) are keyed by activation
 checkpointing: a checkpointed micro batch runs every block's forward again in backward
 (training/parallel.py: non-reentrant ``gradient_checkpointing_enable``), and a job is predicted
-only from a trace of its own kind (raytrain_eks/step_model.py ``find_trace``)."""
+only from a trace of its own kind (raytrain_eks/planning/step_model.py ``find_trace``)."""
 from __future__ import annotations
 
 import sys
@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def test_a_checkpointed_trace_holds_the_recomputed_forward(monkeypatch):
     import bench_step_model
-    from raytrain_eks.measured_plan import MODEL_CONFIGS
+    from raytrain_eks.planning.measured_plan import MODEL_CONFIGS
 
     tiny = dict(MODEL_CONFIGS[bench_step_model.MODEL], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2)
@@ -26,7 +26,7 @@ def test_a_checkpointed_trace_holds_the_recomputed_forward(monkeypatch):
 
 
 def test_a_job_is_predicted_only_from_a_trace_of_its_own_checkpointing():
-    from raytrain_eks.step_model import find_trace
+    from raytrain_eks.planning.step_model import find_trace
 
     old = {"model": "m", "kind": "chat", "seq_len": 2048, "micro_batch_size": 1}  # published before the key
     key = dict(model="m", kind="chat", seq_len=2048, micro_batch_size=1)
@@ -41,7 +41,7 @@ def test_the_trace_checkpoints_with_the_job_s_own_function(monkeypatch):
     ``checkpoint_activations`` (what ``parallelize`` calls), so a change to how the job
     checkpoints changes the traced recompute with it."""
     import bench_step_model
-    from raytrain_eks.measured_plan import MODEL_CONFIGS
+    from raytrain_eks.planning.measured_plan import MODEL_CONFIGS
     from training import parallel
 
     tiny = dict(MODEL_CONFIGS[bench_step_model.MODEL], hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -74,7 +74,7 @@ def slow_store(bytes_per_s: int) -> Iterator[SlowStore]:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
-    from raytrain_eks.local_services import free_port
+    from raytrain_eks.backends.local_services import free_port
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()

@@ -133,7 +133,7 @@ def test_the_resumed_runs_report_reads_by_step_and_marks_the_resume(demo):
     # metrics.jsonl holds the steps after the first checkpoint twice (before and after the
     # fault); the report shows each step once, its last write, and names the resume
     from devtools.demo import fault_step
-    from raytrain_eks.report import load_run
+    from raytrain_eks.runs.report import load_run
 
     out, _, _ = demo
     job = load_job_config(ROOT / "jobs" / "local.toml")

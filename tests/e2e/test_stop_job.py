@@ -51,7 +51,7 @@ def _wait(predicate, bound_s: float, what: str):
 
 def _manifests(tmp: Path, run: str, sets: list[str]):
     from environment import load_environment
-    from raytrain_eks.run_manifest import synth_run
+    from raytrain_eks.runs.manifest import synth_run
 
     spec = ROOT / "environment.toml"
     return synth_run(load_environment(spec), ROOT / "jobs" / "local.toml", run=run, overrides=sets,
@@ -60,7 +60,7 @@ def _manifests(tmp: Path, run: str, sets: list[str]):
 
 def _submit(head, manifests, submission_id: str) -> None:
     from charts.main import read_rayjob
-    from raytrain_eks.local_backend import submit
+    from raytrain_eks.backends.local import submit
 
     job = read_rayjob(manifests.rayjob)
     submit(head.dashboard_url, submission_id, job.entrypoint, job.runtime_env_yaml, auth_env=head.client_env)
@@ -71,7 +71,7 @@ def _status(client, submission_id: str) -> str:
 
 
 def _run_json(s3, run_uri: str) -> dict:
-    from raytrain_eks.run_results import split_uri
+    from raytrain_eks.runs.results import split_uri
 
     bucket, key = split_uri(f"{run_uri}/run.json")
     return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
@@ -80,7 +80,7 @@ def _run_json(s3, run_uri: str) -> dict:
 @pytest.fixture(scope="module")
 def head_and_store():
     """A local Ray head whose storage is the slowed store."""
-    from raytrain_eks.local_services import ray_head
+    from raytrain_eks.backends.local_services import ray_head
 
     with slow_store(STORE_BYTES_PER_S) as store:
         with ray_head(num_cpus=4, env=store.client_env) as head:
@@ -88,8 +88,8 @@ def head_and_store():
 
 
 def test_stop_job_keeps_the_final_checkpoint_and_the_run_resumes_from_it(head_and_store, tmp_path, monkeypatch):
-    from raytrain_eks.local_backend import job_client
-    from raytrain_eks.run_results import s3_client, upload_if_missing
+    from raytrain_eks.backends.local import job_client
+    from raytrain_eks.runs.results import s3_client, upload_if_missing
     from training.checkpointing import find_latest_complete
 
     head, store = head_and_store
@@ -141,8 +141,8 @@ def _complete(run_uri: str) -> dict[str, dict]:
 
 
 def test_a_second_trainer_on_a_run_refuses_and_prunes_nothing(head_and_store, tmp_path, monkeypatch):
-    from raytrain_eks.local_backend import job_client
-    from raytrain_eks.run_results import s3_client, upload_if_missing
+    from raytrain_eks.backends.local import job_client
+    from raytrain_eks.runs.results import s3_client, upload_if_missing
 
     head, store = head_and_store
     for key, value in store.client_env.items():

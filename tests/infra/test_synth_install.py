@@ -48,7 +48,7 @@ for package in (charts, environment, infra, raytrain_eks.pipeline):
     for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         if ".imports." not in module.name:
             importlib.import_module(module.name)
-import charts.main, raytrain_eks.cli, raytrain_eks.commands.lock, raytrain_eks.report
+import charts.main, raytrain_eks.cli, raytrain_eks.verify.lock, raytrain_eks.runs.report
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,

@@ -54,7 +54,7 @@ def test_a_redeploy_leaves_the_running_size_alone(baseline):
 
 
 def _recorded_by_the_pipeline(raw: dict, deployed: dict[str, dict], root) -> frozenset[str]:
-    """What the pipeline's Deploy build records (raytrain_eks/verify_account.py record_node_groups) over
+    """What the pipeline's Deploy build records (raytrain_eks/verify/account.py record_node_groups) over
     the ``deployed`` templates, with EKS modelled by moto's mock_aws: DescribeNodegroup returns
     the tags CloudFormation set from the template (generated node group names)."""
     import boto3
@@ -62,7 +62,7 @@ def _recorded_by_the_pipeline(raw: dict, deployed: dict[str, dict], root) -> fro
 
     from environment import environment_from_dict
     from infra import verify_gate
-    from raytrain_eks.verify_account import record_node_groups as record
+    from raytrain_eks.verify.account import record_node_groups as record
 
     env = environment_from_dict(raw, "environment.toml")
     with mock_aws():

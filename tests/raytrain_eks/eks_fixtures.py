@@ -47,7 +47,7 @@ def cluster(tmp_path, monkeypatch, s3_server):  # noqa: F811
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_KUBECTL_STATE", str(state))
     monkeypatch.chdir(ROOT)
-    from raytrain_eks import run_commands
+    from raytrain_eks.runs import commands as run_commands
 
     monkeypatch.setattr(run_commands, "RUNS_DIR", tmp_path / "local-runs")  # this machine's own local runs stay out
 

@@ -1,4 +1,4 @@
-"""An existing EKS cluster as `raytrain-eks verify` sees it, for tests/raytrain_eks/test_verify_existing.py:
+"""An existing EKS cluster as `raytrain-eks verify` sees it, for tests/raytrain_eks/verify/test_verify_existing.py:
 
 - :class:`ModelledApi`: EKS and EC2 calls answered from a table, every request and response
   checked against botocore's own service model, as botocore's ``Stubber`` checks them

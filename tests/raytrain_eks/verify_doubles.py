@@ -29,7 +29,7 @@ from pathlib import Path
 import boto3
 from botocore.stub import Stubber
 
-from raytrain_eks.local_services import free_port  # noqa: F401  (one port picker; re-exported)
+from raytrain_eks.backends.local_services import free_port  # noqa: F401  (one port picker; re-exported)
 
 from environment.addons import ADDONS, EKS_ADDONS
 

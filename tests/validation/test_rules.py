@@ -56,7 +56,7 @@ def test_kubectl_layers_are_the_spec_versions():
 
 def test_preflight_of_a_local_job_does_not_depend_on_this_machine(monkeypatch):
     from environment import load_environment
-    from raytrain_eks.preflight import run_preflight
+    from raytrain_eks.planning.preflight import run_preflight
     from training.config import load_job_config
 
     monkeypatch.chdir(ROOT)

@@ -26,7 +26,7 @@ import pytest
 from training import contract
 
 from charts.main import synth
-from raytrain_eks.commands.lock import lock
+from raytrain_eks.verify.lock import lock
 from environment import load_environment
 from fixture_paths import FIXTURE_JOBS
 

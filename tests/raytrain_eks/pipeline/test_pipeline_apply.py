@@ -22,7 +22,7 @@ from charts.main import synth
 from environment import load_environment
 from fixture_paths import FIXTURE_JOBS
 from infra.lambdas.image_watcher.history import APPLIED, ROLLED_BACK, PromotionHistory
-from raytrain_eks.commands.lock import lock
+from raytrain_eks.verify.lock import lock
 
 REPO = Path(__file__).resolve().parents[3]
 PROMOTED = "sha256:" + "1" * 64

@@ -22,7 +22,7 @@ from infra.lambdas.image_watcher.history import (
     FAILURE_DEFERRED, FAILURE_IMAGE, FAILURE_INFRASTRUCTURE, ROLLED_BACK,
 )
 from infra.lambdas.image_watcher.watcher import ALREADY_TRIED, START
-from raytrain_eks.commands.lock import lock
+from raytrain_eks.verify.lock import lock
 
 pytestmark = pytest.mark.slow  # a pipeline run per test (synth, smoke, apply), about 2 minutes each
 

@@ -59,7 +59,7 @@ def rollbacks(walk) -> list[dict]:
 
 
 def test_pipeline_walkthrough(walk):
-    from raytrain_eks.commands.lock import lock
+    from raytrain_eks.verify.lock import lock
 
     # --- 0. the committed digest (raytrain-eks lock against the registry, committed: the spec
     # every Synth starts from is locked) is proven and promoted

@@ -22,7 +22,7 @@ from bare_runtime import _clean_environ, make_runtime, visible_project_packages
 
 from charts.main import synth
 from environment import load_environment
-from raytrain_eks.commands.lock import lock
+from raytrain_eks.verify.lock import lock
 
 REPO = Path(__file__).resolve().parents[3]
 DIGEST = "sha256:" + "7" * 64

@@ -35,7 +35,7 @@ def _smoke(tmp_path, **storage):
 
 
 def test_the_smoke_run_writes_to_the_bucket_when_the_runs_are_on_a_shared_file_system(tmp_path, monkeypatch):
-    from raytrain_eks.run_manifest import ROOT
+    from raytrain_eks.runs.manifest import ROOT
 
     monkeypatch.chdir(ROOT)
     env, job = _smoke(tmp_path, shared_path="/fsx/runs", shared_claim="fsx-runs")
@@ -44,7 +44,7 @@ def test_the_smoke_run_writes_to_the_bucket_when_the_runs_are_on_a_shared_file_s
 
 
 def test_without_one_the_smoke_entrypoint_gains_only_its_run_name(tmp_path, monkeypatch):
-    from raytrain_eks.run_manifest import ROOT
+    from raytrain_eks.runs.manifest import ROOT
 
     monkeypatch.chdir(ROOT)
     env, job = _smoke(tmp_path)

@@ -1,0 +1,308 @@
+"""The EKS backend of ``raytrain-eks submit/status/logs/stop/list``: kubectl against the
+cluster's KubeRay operator, boto3 against the run's bucket.
+
+Following a RayJob reads the status KubeRay v1.7.0's controller writes
+(``ray-project/kuberay``, tag ``ray-operator/v1.7.0``, ``ray-operator/controllers/ray/rayjob_controller.go``
+and ``ray-operator/apis/ray/v1/rayjob_types.go``): ``status.jobDeploymentStatus`` goes
+``""`` (New) -> ``Initializing`` (the RayCluster is created; the job waits until the cluster's
+state is ``ready``: nodes scale up, images pull) -> ``Running`` (the submitter Job runs
+``ray job submit``; ``status.jobStatus`` goes ``PENDING`` -> ``RUNNING``) -> ``Complete``
+(jobStatus ``SUCCEEDED`` or ``STOPPED``) or ``Failed`` (``reason`` says why: ``AppFailed``,
+``DeadlineExceeded``, ...). ``ValidationFailed`` comes right after ``kubectl apply`` when the
+controller refuses the spec (the apply itself succeeds; e.g. ``backoffLimit > 0`` with a
+``clusterSelector``, utils/validation.go:575-576). With ``backoffLimit`` left, a failed attempt
+never shows ``Failed``: the same reconcile writes ``Retrying`` (rayjob_controller.go:452,
+542-555), which deletes the cluster and clears ``rayClusterName``, ``jobId`` and ``jobStatus``
+on the way back to New (rayjob_controller.go:366-410); ``status.failed`` counts the failed
+attempts. ``kubectl apply --server-side`` of a RayJob that exists succeeds and keeps its status:
+a finished RayJob is not run again (rayjob_controller.go:420-447). Deleting a RayJob whose job is not
+terminal makes the controller stop the Ray job first (its ``RayJobStopJobFinalizer``), also for
+a job on the long-lived RayCluster, which stays.
+"""
+from __future__ import annotations
+
+import argparse
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from environment.contract import JOB_LABEL, ON_CLUSTER_SUFFIX
+
+TERMINAL = ("Complete", "Failed", "ValidationFailed")
+"""The jobDeploymentStatus values after which KubeRay changes nothing (rayjob_types.go:
+IsJobDeploymentTerminal, plus the validation refusal)."""
+NEW = "New"
+"""How ``status.jobDeploymentStatus == ""`` is shown (rayjob_types.go: JobDeploymentStatusNew)."""
+DEADLINE_REASONS = ("DeadlineExceeded", "PreRunningDeadlineExceeded")
+"""Failed reasons that free nothing by themselves (KubeRay v1.7.0 rayjob_controller.go): a
+deadline only writes ``Failed`` and the reason (:1234-1262); with ``clusterSelector`` the
+Complete/Failed branch then returns early (:429-432), so the Ray job keeps running and its GPUs
+(and a submitter still waiting for the dashboard submits later); a job's own cluster stays for
+``ttlSecondsAfterFinished`` (``handleShutdownAfterJobFinishes``). Deleting the RayJob frees them:
+its finalizer calls StopJob while ``jobStatus`` is not terminal (:112-138: the job's final
+checkpoint, within its stop wait) and its own cluster and submitter go with it."""
+
+
+TERMINAL_JOB_STATUSES = ("SUCCEEDED", "FAILED", "STOPPED")
+"""Ray's terminal job states (ray 2.58 ``dashboard/modules/job/common.py`` ``JobStatus.is_terminal``)."""
+EXIT_UNREACHABLE = 5
+"""Exit code of a command that could not reach the cluster (kubectl missing, no API server
+answering, expired credentials, another cluster's context)."""
+EXIT_REFUSED = 6
+"""Exit code of a command whose request the cluster answered with a refusal (Forbidden, an
+invalid object): reachable, so retrying later will not help."""
+
+UNREACHABLE_SIGNS = ("Unable to connect to the server", "connection refused", "was refused", "no such host",
+                     "i/o timeout", "TLS handshake timeout", "Unauthorized", "provide credentials",
+                     "getting credentials", "ExpiredToken", "expired")
+"""kubectl's words for no API server reached, or credentials it could not use (kubernetes/kubectl
+``pkg/cmd/util/helpers.go`` StandardErrorMessage: "Unable to connect to the server: ..." for a
+transport error; client-go's "The connection to the server HOST was refused"; the EKS token's
+exec plugin "getting credentials: ..." and the API server's 401 "the server has asked for the
+client to provide credentials" when the token expired). Any other kubectl failure is a refusal."""
+
+
+class KubectlError(RuntimeError):
+    """kubectl could not reach the cluster, or talks to no cluster of this environment; the
+    message is one line. The CLI exits :attr:`exit_code` for it: not the run's failure (1), the tool's."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+class KubectlRefused(KubectlError):
+    """The cluster answered and refused (kubectl's "Error from server (Forbidden|Invalid|...)",
+    a client-side validation error): exit :data:`EXIT_REFUSED`."""
+
+    exit_code = EXIT_REFUSED
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments every command about one submitted run takes (status, logs, stop)."""
+    parser.add_argument("run", metavar="RUN", help="the run's name (printed by submit; raytrain-eks list)")
+    parser.add_argument("--env", default="environment.toml", help="environment spec (default environment.toml)")
+
+
+def kubectl(*args: str, check: bool = True, capture: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
+    exe = shutil.which("kubectl")
+    if exe is None:
+        raise KubectlError("kubectl is not on PATH (install it and run the cluster stack's UpdateKubeconfigCommand)")
+    proc = subprocess.run([exe, *args], text=True, capture_output=capture, timeout=timeout)
+    if check and proc.returncode != 0:
+        text = (proc.stderr or proc.stdout or "").strip()
+        lines = text.splitlines()
+        kind = KubectlError if any(sign in text for sign in UNREACHABLE_SIGNS) else KubectlRefused
+        raise kind(f"kubectl {' '.join(args[:3])}: {lines[-1] if lines else f'exit {proc.returncode}'}")
+    return proc
+
+
+def check_context(cluster: str) -> None:
+    """kubectl's current context must point at ``cluster``: ``aws eks update-kubeconfig`` names
+    the kubeconfig cluster entry by the cluster's ARN (``arn:aws:eks:<region>:<account>:cluster/<name>``),
+    a hand-made entry by its name. Another cluster would run this environment's job elsewhere."""
+    proc = kubectl("config", "view", "--minify", "-o", "json", check=False)
+    if proc.returncode != 0:
+        lines = (proc.stderr or "").strip().splitlines()
+        raise KubectlError(f"kubectl has no current context ({lines[-1] if lines else 'exit ' + str(proc.returncode)}): "
+                           f"run the cluster stack's UpdateKubeconfigCommand for {cluster}")
+    contexts = json.loads(proc.stdout or "{}").get("contexts") or [{}]
+    current = (contexts[0].get("context") or {}).get("cluster", "")
+    if current != cluster and not current.endswith(f":cluster/{cluster}"):
+        raise KubectlError(f"kubectl's current context {contexts[0].get('name', '')!r} is cluster {current!r}, not this "
+                           f"environment's {cluster!r} (kubectl config use-context, or its UpdateKubeconfigCommand)")
+
+
+def _not_found(proc: subprocess.CompletedProcess) -> bool:
+    return proc.returncode != 0 and "NotFound" in (proc.stderr or "")
+
+
+def get_rayjob(name: str, namespace: str) -> dict[str, Any] | None:
+    proc = kubectl("get", "rayjob", name, "-n", namespace, "-o", "json", check=False)
+    if _not_found(proc):
+        return None
+    if proc.returncode != 0:
+        kubectl("get", "rayjob", name, "-n", namespace, "-o", "json")  # raises with kubectl's own line
+    return json.loads(proc.stdout)
+
+
+def find_rayjob(run: str, namespace: str) -> tuple[str, dict[str, Any]] | None:
+    """``(RayJob name, RayJob)`` of a run: its own cluster's, or ``<run>-on-cluster`` on the
+    long-lived RayCluster (charts/ray_charts.py names it so)."""
+    for name in (run, run + ON_CLUSTER_SUFFIX):
+        found = get_rayjob(name, namespace)
+        if found is not None:
+            return name, found
+    return None
+
+
+def list_rayjobs(namespace: str) -> list[dict[str, Any]]:
+    """The RayJobs this project created (they carry the job label)."""
+    return json.loads(kubectl("get", "rayjob", "-n", namespace, "-l", JOB_LABEL, "-o", "json").stdout).get("items", [])
+
+
+def phase(rayjob: dict[str, Any]) -> tuple[str, str]:
+    """``(jobDeploymentStatus, jobStatus)`` with New for the empty deployment status."""
+    status = rayjob.get("status") or {}
+    return status.get("jobDeploymentStatus") or NEW, status.get("jobStatus") or ""
+
+
+def apply(path: str) -> None:
+    # The KubeRay CRDs are too large for client-side apply's last-applied annotation.
+    kubectl("apply", "--server-side", "-f", path)
+
+
+def apply_policy_if_missing(policy_file: str, namespace: str, say: Callable[[str], None]) -> None:
+    """Apply the run's NetworkPolicy unless each policy in the file exists (the namespace denies
+    ingress by default: without it the cluster's pods never reach each other)."""
+    import yaml
+
+    with open(policy_file, encoding="utf-8") as handle:
+        names = [d["metadata"]["name"] for d in yaml.safe_load_all(handle) if d]
+    missing = [n for n in names if _not_found(kubectl("get", "networkpolicy", n, "-n", namespace, check=False))]
+    if missing:
+        apply(policy_file)
+        say(f"    network policy applied: {', '.join(missing)}")
+
+
+def pod_waits(cluster: str, namespace: str) -> list[str]:
+    """Why the cluster's pods are not running yet, one line per reason (Kubernetes pod status)."""
+    if not cluster:
+        return []
+    proc = kubectl("get", "pods", "-n", namespace, "-l", f"ray.io/cluster={cluster}", "-o", "json", check=False)
+    if proc.returncode != 0:
+        return []
+    reasons: dict[str, int] = {}
+    for pod in json.loads(proc.stdout).get("items", []):
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                why = ("waiting for a node (cluster-autoscaler scale-up, ~6 min for GPU nodes)"
+                       if cond.get("reason") == "Unschedulable" else f"not scheduled: {cond.get('reason')}")
+                reasons[why] = reasons.get(why, 0) + 1
+        for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason in ("ContainerCreating", "PodInitializing"):
+                why = "pulling the image / starting containers"
+            elif reason in ("ErrImagePull", "ImagePullBackOff", "CrashLoopBackOff"):
+                why = f"{reason}: {waiting.get('message', '')}".strip()
+            else:
+                continue
+            reasons[why] = reasons.get(why, 0) + 1
+    return [f"{n} pod(s) {why}" for why, n in sorted(reasons.items())]
+
+
+RESYNC_LINES = 5
+"""How many of the last lines shown anchor a re-stream (:class:`LogResync`)."""
+
+
+class LogResync:
+    """Shows each line of a log streamed again and again exactly once.
+
+    Every stream of the submitter's log starts from the top: a stream that dropped is run again
+    on the same pod, and a retried submitter pod prints the Ray job's log from its start behind
+    a preamble of its own (KubeRay v1.7.0 common/job.go:119-130: the first pod prints ``ray job
+    submit``'s lines, a retry only ``ray job logs --follow``'s). So a re-stream is matched on
+    content, not counted: its lines are held back until the last :data:`RESYNC_LINES` lines
+    already shown appear in order, and everything after them is new. A stream that ends
+    without that anchor shows the lines it held that were never shown."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self._anchor: list[str] = []
+        self._window: list[str] = []
+        self._held: list[str] = []
+
+    def start(self) -> None:
+        """A new stream begins (from the top)."""
+        self._anchor = self.shown[-RESYNC_LINES:]
+        self._window, self._held = [], []
+
+    def feed(self, line: str, say: Callable[[str], None]) -> None:
+        if not self._anchor:
+            self.shown.append(line)
+            say(line)
+            return
+        self._held.append(line)
+        self._window = (self._window + [line])[-len(self._anchor):]
+        if self._window == self._anchor:
+            self._anchor, self._held = [], []  # caught up: the rest is new
+
+    def end(self, say: Callable[[str], None]) -> None:
+        """The stream ended: held lines that were never shown are shown now."""
+        seen = set(self.shown)
+        for line in self._held:
+            if line not in seen:
+                self.shown.append(line)
+                say(line)
+        self._anchor, self._held = [], []
+
+
+def stream_submitter_log(name: str, namespace: str, *, resync: LogResync, say: Callable[[str], None]) -> tuple[int, int]:
+    """``kubectl logs -f job/NAME`` (the submitter Job is named after the RayJob,
+    rayjob_controller.go:724), showing only the lines ``resync`` has not shown; (exit code, new lines)."""
+    proc = subprocess.Popen([shutil.which("kubectl") or "kubectl", "logs", "-f", f"job/{name}", "-n", namespace],
+                            stdout=subprocess.PIPE, text=True, errors="replace")
+    before = len(resync.shown)
+    resync.start()
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        resync.feed(line.rstrip("\n"), say)
+    resync.end(say)
+    sys.stdout.flush()
+    return proc.wait(), len(resync.shown) - before
+
+
+def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], None] = print,
+           stream_logs: bool = True, queue_line: Callable[[dict[str, Any]], str] = lambda rayjob: "") \
+        -> dict[str, Any] | None:
+    """Print each status transition and why pods wait, stream the submitter's log (the driver's
+    log: each step's loss, tokens/s and ETA, evaluations, checkpoints) once the job runs, and
+    return the RayJob as it ended; None when it was deleted meanwhile (`raytrain-eks stop`, or
+    kubectl): a stopped run, whose storage holds what it wrote. ``queue_line`` says what is new
+    of its place in a queue ("" when nothing: raytrain_eks/backends/kueue_queue.py ``QueueWatch``)."""
+    seen: tuple[Any, ...] = ()
+    resync = LogResync()  # the log lines of this attempt already shown
+    job_id = None
+    while True:
+        rayjob = get_rayjob(name, namespace)
+        if rayjob is None:
+            say(f"    RayJob {name}: deleted (raytrain-eks stop, or kubectl): the run was stopped")
+            return None
+        deployment, job_status = phase(rayjob)
+        status = rayjob.get("status") or {}
+        queued = queue_line(rayjob)
+        if status.get("jobId") and status["jobId"] != job_id:
+            # A new attempt (after Retrying) is a new Ray job on a new cluster: stream its log too.
+            job_id, resync = status["jobId"], LogResync()
+        waits = pod_waits(status.get("rayClusterName", ""), namespace) if deployment == "Initializing" else []
+        now = (deployment, job_status, tuple(waits))
+        if now != seen:
+            say(f"    RayJob {name}: {deployment}{' / ' + job_status if job_status else ''}"
+                f"{' (cluster ' + status['rayClusterName'] + ')' if status.get('rayClusterName') else ''}")
+            if deployment == "Retrying":
+                say(f"      attempt {status.get('failed', 1)} failed; KubeRay retries on a new cluster "
+                    f"(rayjob.backoff_limit {(rayjob.get('spec') or {}).get('backoffLimit', 0)})")
+            for line in waits:
+                say(f"      {line}")
+            seen = now
+        if queued:
+            say(f"      {queued}")
+        if deployment in TERMINAL:
+            if status.get("reason") or status.get("message"):
+                say(f"    {status.get('reason', '')}: {status.get('message', '')}".rstrip(": "))
+            return rayjob
+        if deployment == "Running" and stream_logs and job_status not in TERMINAL_JOB_STATUSES:
+            # The submitter's log follows the driver's log to its end. kubectl exits 0 when the
+            # submitter's container exits, whatever its code; KubeRay's submitter Job restarts a
+            # failed one (backoffLimit 2, rayjob_controller.go:718) and the new pod runs
+            # `ray job logs --follow` of the same Ray job, which prints its log from the start
+            # (common/job.go:119-130): stream again, showing only lines not shown yet.
+            rc, new_lines = stream_submitter_log(name, namespace, resync=resync, say=say)
+            if rc == 0 and new_lines:
+                continue  # the job has ended, or its submitter restarts: read the status now
+            # nothing new (a finished submitter KubeRay has not marked yet, or no pod yet): wait
+        time.sleep(poll_s)

@@ -1,0 +1,126 @@
+"""`raytrain-eks verify`: what no offline synth can check, asked of the user's account, the chart
+repositories and the image registry before `cdk deploy` and before a job (read-only calls).
+
+Prints one line per check (``ok`` or ``FAIL ... -- fix: ...``); exits 0 when every check
+passes, 2 when any fails (as the other commands do for a problem the user must fix). A pass
+is recorded (infra/verify_gate.py): `cdk deploy` of the cluster stack needs a recent one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository: its ``.work/verify/`` holds the passes app.py reads."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", default="environment.toml", help="environment spec (default: %(default)s)")
+    parser.add_argument("--helm-repo-mirror", default="",
+                        help="read every chart index from URL/<repository host and path>/index.yaml "
+                             "(a caching proxy) instead of the repositories themselves")
+    parser.add_argument("--registry-url", default="",
+                        help="image registry base URL (default: https:// + the host of image.repository)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default: %(default)s)")
+
+
+def make_client(service: str, region: str):
+    """One boto3 client (the tests replace this to point at moto's server or a Stubber)."""
+    import boto3
+
+    return boto3.client(service, region_name=region)
+
+
+def kube_list(kind: str, selector: str) -> list[dict]:
+    """``kubectl get <kind> -A [-l selector] -o json``'s items (kubectl's current context)."""
+    from raytrain_eks.backends.eks import kubectl
+
+    args = ["get", kind, "-A", "-o", "json"] + (["-l", selector] if selector else [])
+    return json.loads(kubectl(*args).stdout or "{}").get("items", [])
+
+
+def existing_cluster_checks(env, client) -> list:
+    """The checks of an existing cluster (raytrain_eks/verify/existing.py), its Kubernetes side
+    read through kubectl, whose current context must be that cluster."""
+    from raytrain_eks.verify import checks as verify
+    from raytrain_eks.verify import egress as verify_egress
+    from raytrain_eks.verify import existing as verify_existing
+    from raytrain_eks.verify.cluster_inventory import read_inventory
+    from raytrain_eks.backends.eks import KubectlError, KubectlRefused, check_context
+
+    try:
+        check_context(env.cluster.eks_name)
+        inventory = read_inventory(kube_list)
+    except (KubectlError, KubectlRefused) as err:
+        kubernetes = [verify.failed("kubernetes", f"cannot read cluster {env.cluster.existing}: {err}",
+                                    f"aws eks update-kubeconfig --name {env.cluster.existing} --region {env.cluster.region}, "
+                                    "as a principal that may list nodes, workloads, CRDs, namespaces and secrets")]
+        inventory = None
+    else:
+        kubernetes = [verify.passed("kubernetes", f"read {len(inventory.nodes)} node(s), {len(inventory.releases)} Helm "
+                                                  f"release(s) of {env.cluster.existing} through kubectl")]
+    checks = [("cluster", lambda: verify_existing.check_cluster(env, client("eks"), client("ec2"))),
+              ("cluster-addons", lambda: verify_existing.check_cluster_addons(env, client("eks"))),
+              ("egress", lambda: verify_egress.check_egress(env, client("eks"), client("ec2")))]
+    if inventory is not None:
+        checks += [("existing-groups", lambda: verify_existing.check_node_groups(env, client("eks"), inventory)),
+                   ("addons", lambda: verify_existing.check_addons(env, inventory)),
+                   ("namespace", lambda: verify_existing.check_namespace(env, inventory))]
+        if env.queueing.enabled:
+            checks.append(("queue-objects", lambda: verify_existing.check_queue_names(env, inventory)))
+    return kubernetes + verify.run_checks(checks) + verify_existing.install_plan(env)
+
+
+def run(args: argparse.Namespace) -> int:
+    from environment import load_environment
+    from raytrain_eks.verify import checks as verify
+    from raytrain_eks.verify import account as verify_account
+    from raytrain_eks.verify.chart_index import IndexCache, http_fetch
+
+    env = load_environment(args.env)
+    region = env.cluster.region
+
+    def client(service: str):
+        return make_client(service, region)
+
+    index = IndexCache(http_fetch(args.timeout))
+    existing: set[str] = set()  # the GPU groups a deploy updates in place, recorded with a pass
+    # What a new cluster needs checked and an existing one does not: the EKS add-on pins, the
+    # admins' access entries and the AZs' zone ids are the existing cluster's owner's.
+    own_cluster = [] if env.cluster.existing else [
+        ("eks-addon", lambda: verify.check_eks_addons(env, client("eks"))),
+        ("admins", lambda: verify_account.check_admins(env, client("iam"), client("sts"))),
+        ("zones", lambda: verify.check_zones(env, client("ec2"))),
+    ]
+    findings = verify.run_checks([
+        ("account", lambda: verify_account.check_account(env, client("sts"))),
+        ("bootstrap", lambda: verify_account.check_bootstrap(env, client("cloudformation"))),
+        ("leftover", lambda: verify_account.check_leftovers(env, client("cloudformation"), client("s3"), client("logs"))),
+        *own_cluster,
+        ("helm-chart", lambda: verify.check_charts(env, index, args.helm_repo_mirror)),
+        ("gpu-az", lambda: verify.check_gpu_zones(env, client("ec2"))),
+        ("quota", lambda: verify.check_quotas(env, client("service-quotas"))),
+        ("reservation", lambda: verify.check_reservations(env, client("ec2"))),
+        ("image", lambda: verify.check_image(env, args.registry_url, args.timeout)),
+        ("image-cache", lambda: verify_account.check_image_cache(env, client("cloudformation"), client("ecr"))),
+        ("node-groups", lambda: verify_account.check_node_groups(env, client("eks"), existing)),
+    ])
+    if env.cluster.existing:
+        findings += existing_cluster_checks(env, client)
+    for finding in findings:
+        print(finding.line())
+    failed = [f for f in findings if not f.ok]
+    if failed:
+        print(f"error: {args.env}: {len(failed)} of {len(findings)} checks failed (see FAIL above)", file=sys.stderr)
+        return 2
+    from infra import verify_gate
+
+    account = client("sts").get_caller_identity()["Account"]
+    stamp = verify_gate.stamp_path(ROOT, env)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(verify_gate.stamp(env, account, verify_gate.now(), frozenset(existing)))
+    hours = verify_gate.MAX_AGE.total_seconds() / 3600
+    print(f"{args.env}: all {len(findings)} checks passed (cdk deploy of account {account} allowed for {hours:.0f} h)")
+    return 0

@@ -1,0 +1,298 @@
+"""The checks `raytrain-eks verify` runs for ``cluster.existing`` (environment/existing.py): the
+existing cluster against the spec, and one line per thing a deploy would install.
+
+- the cluster (EKS DescribeCluster): ACTIVE, the spec's Kubernetes version, VPC, cluster
+  security group and endpoint access, and an authentication mode that takes access entries
+  (the kubectl handler gets one); the private subnets are the VPC's, one per spec AZ (EC2
+  DescribeSubnets);
+- its EKS add-ons (ListAddons, DescribeAddon): the Pod Identity agent (the Ray and
+  cluster-autoscaler roles come through it), the VPC CNI with network-policy enforcement (the
+  Ray namespace's policies are otherwise not enforced);
+- its node groups (DescribeNodegroup, and the nodes through kubectl): the system group and every
+  existing GPU group carry the spec's labels and taint, the GPU type and at least ``max_nodes``;
+  running GPU nodes offer the GPUs and EFA devices the spec counts;
+- every row of the add-on table (raytrain_eks/verify/cluster_inventory.py): present where the spec
+  says so (KubeRay at the spec's version, in the namespace the Ray network policy admits),
+  absent where the spec installs it (a deploy would otherwise take over or collide with it);
+- the Ray namespace does not exist yet (the stack creates it; it never adopts one);
+- then ``install`` lines: what a deploy adds.
+"""
+from __future__ import annotations
+
+import json
+
+from environment import Environment
+from environment.addons import ADDONS, ADDONS_BY_KEY, installed_addons
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE, PART_OF
+from raytrain_eks.verify.cluster_inventory import Inventory, find_addon
+from raytrain_eks.verify.checks import Finding, failed, passed
+
+ACCESS_ENTRY_MODES = ("API", "API_AND_CONFIG_MAP")
+"""EKS authentication modes that take access entries (EKS API Reference, CreateAccessConfigRequest)."""
+POD_IDENTITY_AGENT = "eks-pod-identity-agent"
+
+
+def _endpoint(config: dict) -> str:
+    public, private = config.get("endpointPublicAccess"), config.get("endpointPrivateAccess")
+    return "public_and_private" if public and private else "private" if private else "public"
+
+
+def check_cluster(env: Environment, eks, ec2) -> list[Finding]:
+    c, src = env.cluster, env.source
+    try:
+        cluster = eks.describe_cluster(name=c.existing)["cluster"]
+    except eks.exceptions.ResourceNotFoundException:
+        return [failed("cluster", f"no EKS cluster {c.existing!r} in {c.region}",
+                       f"correct cluster.existing (or cluster.region) in {src} (aws eks list-clusters --region {c.region})")]
+    config = cluster.get("resourcesVpcConfig") or {}
+    wrong = []
+    if cluster.get("status") != "ACTIVE":
+        wrong.append((f"its status is {cluster.get('status')}", "wait until it is ACTIVE"))
+    if cluster.get("version") != c.kubernetes_version:
+        wrong.append((f"it runs Kubernetes {cluster.get('version')}, the spec says {c.kubernetes_version}",
+                      f"set cluster.kubernetes_version = \"{cluster.get('version')}\" (the kubectl layer follows it)"))
+    for field, want, got in (("vpc_id", c.vpc_id, config.get("vpcId")),
+                             ("cluster_security_group_id", c.cluster_security_group_id, config.get("clusterSecurityGroupId"))):
+        if want != got:
+            wrong.append((f"its {field} is {got}, the spec says {want}", f"set cluster.{field} = \"{got}\""))
+    if _endpoint(config) != c.endpoint_access:
+        wrong.append((f"its endpoint is {_endpoint(config)}, the spec says {c.endpoint_access}",
+                      f"set cluster.endpoint_access = \"{_endpoint(config)}\" (it places the kubectl handler)"))
+    elif c.endpoint_access != "private" and sorted(config.get("publicAccessCidrs") or []) != sorted(c.public_access_cidrs):
+        wrong.append((f"its public endpoint admits {config.get('publicAccessCidrs')}, the spec lists "
+                      f"{list(c.public_access_cidrs)}", "copy them into cluster.public_access_cidrs"))
+    mode = (cluster.get("accessConfig") or {}).get("authenticationMode", "CONFIG_MAP")
+    if mode not in ACCESS_ENTRY_MODES:
+        wrong.append((f"its authentication mode is {mode}: no access entry can admit the kubectl handler",
+                      f"aws eks update-cluster-config --name {c.existing} --access-config authenticationMode=API_AND_CONFIG_MAP"))
+    out = [failed("cluster", f"{c.existing}: {what}", f"{fix} in {src}" if fix.startswith("set") else fix)
+           for what, fix in wrong]
+    out += _subnets(env, ec2)
+    if not out:
+        out.append(passed("cluster", f"{c.existing}: ACTIVE, Kubernetes {c.kubernetes_version}, VPC {c.vpc_id}, "
+                                     f"endpoint {c.endpoint_access}, authentication {mode}"))
+    return out
+
+
+def _subnets(env: Environment, ec2) -> list[Finding]:
+    c = env.cluster
+    found = {s["SubnetId"]: s for s in ec2.describe_subnets(SubnetIds=list(c.private_subnet_ids))["Subnets"]}
+    out = []
+    for i, (subnet, az) in enumerate(zip(c.private_subnet_ids, c.availability_zones)):
+        s = found.get(subnet, {})
+        if s.get("VpcId") != c.vpc_id or s.get("AvailabilityZone") != az:
+            out.append(failed("cluster", f"private_subnet_ids[{i}] {subnet} is in {s.get('VpcId')} / {s.get('AvailabilityZone')}, "
+                                         f"not {c.vpc_id} / {az}",
+                              f"list one private subnet of {c.vpc_id} per AZ, in cluster.availability_zones' order, in {env.source}"))
+    return out
+
+
+def check_cluster_addons(env: Environment, eks) -> list[Finding]:
+    name = env.cluster.existing
+    present = eks.list_addons(clusterName=name).get("addons", [])
+    out = []
+    if POD_IDENTITY_AGENT not in present:
+        out.append(failed("cluster-addons", f"{name} has no {POD_IDENTITY_AGENT} add-on: the Ray pods' role comes through Pod Identity",
+                          f"aws eks create-addon --cluster-name {name} --addon-name {POD_IDENTITY_AGENT}"))
+    for addon in present:
+        described = eks.describe_addon(clusterName=name, addonName=addon)["addon"]
+        version = described.get("addonVersion", "")
+        if addon == "vpc-cni":
+            config = json.loads(described.get("configurationValues") or "{}")
+            if str(config.get("enableNetworkPolicy", "false")).lower() != "true":
+                out.append(failed("cluster-addons", f"vpc-cni {version} does not enforce NetworkPolicies: the Ray namespace's "
+                                               "default-deny would be ignored",
+                                  f"aws eks update-addon --cluster-name {name} --addon-name vpc-cni "
+                                  "--configuration-values '{\"enableNetworkPolicy\":\"true\"}'"))
+                continue
+        out.append(passed("cluster-addons", f"{addon} {version} (EKS add-on of {name})"))
+    return out
+
+
+def _group_problems(env: Environment, eks, inventory: Inventory, nodegroup: str, labels: dict, taints: tuple,
+                    instance_type: str = "", max_nodes: int = 0, gpus: int = 0, efa: int = 0) -> list[str]:
+    try:
+        group = eks.describe_nodegroup(clusterName=env.cluster.existing, nodegroupName=nodegroup)["nodegroup"]
+    except eks.exceptions.ResourceNotFoundException:
+        return [f"no node group {nodegroup!r} in {env.cluster.existing}"]
+    wrong = []
+    missing = {k: v for k, v in labels.items() if (group.get("labels") or {}).get(k) != v}
+    if missing:
+        wrong.append(f"labels {missing} missing (aws eks update-nodegroup-config --labels addOrUpdateLabels=...)")
+    have = {(t.get("key"), t.get("value"), t.get("effect")) for t in group.get("taints") or []}
+    for t in taints:
+        if (t["key"], t["value"], "NO_SCHEDULE" if t["effect"] == "NoSchedule" else t["effect"]) not in have:
+            wrong.append(f"taint {t['key']}={t['value']}:{t['effect']} missing")
+    if instance_type and instance_type not in (group.get("instanceTypes") or []):
+        wrong.append(f"its instance types are {group.get('instanceTypes')}, the spec says {instance_type}")
+    if max_nodes and (group.get("scalingConfig") or {}).get("maxSize", 0) < max_nodes:
+        wrong.append(f"its maxSize {(group.get('scalingConfig') or {}).get('maxSize')} is below max_nodes {max_nodes}")
+    for node in inventory.nodes_of(nodegroup):
+        node_labels = node["metadata"].get("labels") or {}
+        if any(node_labels.get(k) != v for k, v in labels.items()):
+            wrong.append(f"node {node['metadata']['name']} lacks the labels {labels}")
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        for resource, want in ((GPU_RESOURCE, gpus), (EFA_RESOURCE, efa)):
+            if want and int(allocatable.get(resource, "0")) != want:
+                wrong.append(f"node {node['metadata']['name']} offers {resource}={allocatable.get(resource, 0)}, the spec "
+                             f"counts {want} (is its device plugin running?)")
+    return wrong
+
+
+def check_node_groups(env: Environment, eks, inventory: Inventory) -> list[Finding]:
+    system = env.system_node_group
+    cases = [("system", system.existing, system.labels, (), {})]
+    cases += [(g.name, g.existing, g.labels, g.taints, dict(instance_type=g.instance_type, max_nodes=g.max_nodes,
+                                                           gpus=g.gpus_per_node, efa=g.efa_per_node))
+              for g in env.gpu_node_groups if g.existing]
+    out = []
+    for name, nodegroup, labels, taints, sizes in cases:
+        wrong = _group_problems(env, eks, inventory, nodegroup, labels, taints, **sizes)
+        running = len(inventory.nodes_of(nodegroup))
+        if wrong:
+            out.append(failed("existing-groups", f"{name} ({nodegroup}): " + "; ".join(wrong),
+                              f"fix node group {nodegroup} of {env.cluster.existing}, or the spec's entry in {env.source}"))
+        else:
+            out.append(passed("existing-groups", f"{name} ({nodegroup}): labels and taints as the spec's, {running} node(s) running"))
+    return out
+
+
+def check_addons(env: Environment, inventory: Inventory) -> list[Finding]:
+    present, out = env.cluster.present_addons, []
+    for addon in ADDONS:
+        if not addon.enabled(env) and addon.key not in present:
+            continue
+        version = env.versions.chart(addon.key)
+        found = find_addon(inventory, addon, version)
+        if addon.key in present and found is None:
+            out.append(failed("addons", f"{addon.key}: cluster.present_addons names it, the cluster does not run {addon.chart}",
+                              f"remove {addon.key!r} from cluster.present_addons in {env.source} (a deploy then installs it)"))
+        elif addon.key not in present and found is not None:
+            out.append(failed("addons", f"{addon.key}: the cluster runs it ({found.describe()}): a deploy would take over "
+                                        "or collide with it, and a destroy remove it",
+                              f"add {addon.key!r} to cluster.present_addons in {env.source}"))
+        elif found is not None and addon.key == "kuberay_operator":
+            out += _kuberay(env, found, version)
+        elif found is not None and addon.key == "kueue":
+            out += _kueue(env, found, inventory)
+        elif found is not None:
+            out.append(passed("addons", f"{addon.key}: present ({found.describe()}), not installed"))
+    return out
+
+
+def _kuberay(env: Environment, found, version: str) -> list[Finding]:
+    """The RayJobs are written and validated for the pinned KubeRay; the Ray namespace's network
+    policy admits the operator from the table's namespace only (environment/network_policy.py)."""
+    out = []
+    namespace = ADDONS_BY_KEY["kuberay_operator"].namespace
+    if found.version and found.version.lstrip("v") != version.lstrip("v"):
+        out.append(failed("addons", f"kuberay_operator: the cluster runs KubeRay {found.version} ({found.describe()}), the "
+                                    f"RayJobs are written for {version}",
+                          f"upgrade it to {version}, or set versions.kuberay_operator in {env.source} to a version whose CRDs are pinned"))
+    elif not found.version:
+        out.append(failed("addons", f"kuberay_operator: {found.describe()}: its version cannot be read",
+                          f"install KubeRay {version} with its Helm chart (or remove it from cluster.present_addons)"))
+    if found.namespace and found.namespace != namespace:
+        out.append(failed("addons", f"kuberay_operator runs in namespace {found.namespace}: the Ray namespace admits "
+                                    f"the operator from {namespace} only",
+                          f"run the operator in {namespace}, or let this app install it"))
+    return out or [passed("addons", f"kuberay_operator: KubeRay {found.version} present ({found.describe()}), not installed")]
+
+
+def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
+    """A team's own Kueue takes this app's queue objects (environment/queueing.py) and suspends
+    and admits its RayJobs only if it manages RayJobs (``integrations.frameworks`` of its
+    configuration API, config.kueue.x-k8s.io, lists the job frameworks it sets up: this app's
+    own install lists ``ray.io/rayjob`` and ``ray.io/raycluster``, environment/queueing.py
+    ``KUEUE_FRAMEWORKS``) and serves the
+    objects' API version (their CRDs' ``spec.versions[].served``)."""
+    import yaml
+
+    from environment.queueing import KUEUE_API, KUEUE_FRAMEWORKS, KUEUE_RESOURCES, kueue_objects
+
+    out, where = [], found.namespace or "kueue-system"
+    text = inventory.manager_configs.get(where)
+    if text is None:
+        out.append(failed("addons", f"kueue: {found.describe()}: no manager configuration (ConfigMap with "
+                                    f"controller_manager_config.yaml) in {where} to confirm it manages RayJobs",
+                          f"let kubectl read ConfigMaps in {where}, or set queueing.enabled = false in {env.source}"))
+    else:
+        try:
+            config = yaml.safe_load(text) or {}
+        except yaml.YAMLError:
+            config = None
+        frameworks = ((config or {}).get("integrations") or {}).get("frameworks") if isinstance(config, dict) else None
+        missing = [f for f in KUEUE_FRAMEWORKS if not isinstance(frameworks, list) or f not in frameworks]
+        if missing:
+            out.append(failed("addons", f"kueue: {found.describe()} does not manage {', '.join(missing)} "
+                                        f"(integrations.frameworks: {frameworks!r}): "
+                                        f"{'; '.join(KUEUE_FRAMEWORKS[f] for f in missing)}",
+                              f"add {', '.join(missing)} to integrations.frameworks of its manager config in {where}, "
+                              f"or set queueing.enabled = false in {env.source}"))
+    version = KUEUE_API.rsplit("/", 1)[1]
+    kinds = sorted({(o["kind"], o["apiVersion"]) for o in kueue_objects(env)})
+    for kind, _ in kinds:
+        crd = f"{KUEUE_RESOURCES[kind]}.{KUEUE_API.split('/')[0]}"
+        if version not in inventory.served.get(crd, ()):
+            served = sorted(inventory.served.get(crd, ()))
+            out.append(failed("addons", f"kueue: {found.describe()} serves {kind} at {served or 'no version'}, "
+                                        f"the queue objects are {KUEUE_API}",
+                              f"upgrade Kueue to {env.versions.chart('kueue')} (or one serving {KUEUE_API})"))
+    return out or [passed("addons", f"kueue: present ({found.describe()}), manages {', '.join(KUEUE_FRAMEWORKS)} "
+                                    f"and serves {KUEUE_API}, not installed")]
+
+
+def _ours(obj: dict) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in PART_OF.items())
+
+
+def check_queue_names(env: Environment, inventory: Inventory) -> list[Finding]:
+    """The queue objects the stack creates (never adopts: environment/queueing.py
+    ``kueue_objects``, infra/constructs/cluster_addons.py) against the cluster's own Kueue
+    objects: one of the same kind and name (and namespace) not labelled :data:`PART_OF` would
+    fail the deploy."""
+    from environment.queueing import kueue_objects
+
+    def key(obj: dict) -> tuple:
+        meta = obj.get("metadata") or {}
+        return obj["kind"], meta.get("namespace", ""), meta["name"]
+
+    theirs = {key(o): o for o in inventory.queue_objects if not _ours(o)}
+    q, src, out = env.queueing, env.source, []
+    for obj in kueue_objects(env):
+        kind, namespace, name = key(obj)
+        if (kind, namespace, name) not in theirs:
+            continue
+        fix = {"LocalQueue": f"set queueing.local_queue in {src} to a name {namespace} does not have",
+               "WorkloadPriorityClass": f"rename {name} in queueing.priorities (and where job_priorities or "
+                                        f"default_priority name it) in {src}"}.get(
+            kind, f"set queueing.name_prefix (e.g. \"raytrain-\") in {src}: the ClusterQueue and ResourceFlavors "
+                  f"are named <prefix>{name.removeprefix(q.name_prefix)}")
+        out.append(failed("queue-objects", f"{kind} {namespace + '/' if namespace else ''}{name} already exists on "
+                                           f"{env.cluster.existing} and is not this app's (no label "
+                                           f"{', '.join(f'{k}={v}' for k, v in PART_OF.items())}): the deploy would fail "
+                                           "creating it", fix))
+    return out or [passed("queue-objects", f"no Kueue object of {env.cluster.existing} has the name of one this app creates")]
+
+
+def check_namespace(env: Environment, inventory: Inventory) -> list[Finding]:
+    ns = env.ray.namespace
+    if ns not in inventory.namespaces:
+        return [passed("namespace", f"{ns} does not exist yet: the cluster stack creates it")]
+    if _ours(inventory.namespaces[ns]):
+        return [passed("namespace", f"{ns} exists, made by this app's cluster stack")]
+    return [failed("namespace", f"namespace {ns} already exists and is not this app's: the stack would fail to create it",
+                   f"set ray.namespace in {env.source} to a namespace the cluster does not have")]
+
+
+def install_plan(env: Environment) -> list[Finding]:
+    """One line per thing a deploy adds to the existing cluster."""
+    name, ray = env.cluster.existing, env.ray
+    lines = [f"access entry for the kubectl handler's role (AmazonEKSClusterAdminPolicy) on {name}",
+             f"namespace {ray.namespace} with its NetworkPolicies and service account {ray.service_account}",
+             f"pod role + Pod Identity association {ray.namespace}/{ray.service_account} (bucket {env.bucket_name})"]
+    lines += [f"GPU node group {g.name}: {g.min_nodes}-{g.max_nodes} x {g.instance_type} in {env.cluster.gpu_availability_zone}"
+              for g in env.gpu_node_groups if not g.existing]
+    lines += [f"Helm chart {a.chart} {env.versions.chart(a.key)} into {a.namespace} ({a.key})" for a in installed_addons(env)]
+    return [passed("install", line) for line in lines]

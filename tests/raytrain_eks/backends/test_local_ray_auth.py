@@ -1,0 +1,85 @@
+"""The local Ray head runs with token auth, as the RayClusters on EKS do: `ray job submit`
+without the token is refused, with the head's token (what KubeRay injects into its submitter)
+it runs the job. Its workers find their own head's state API while another Ray instance runs
+on the machine."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from raytrain_eks.backends.local_services import ray_head
+from raytrain_eks.backends.processes import head_processes, processes_matching, running
+
+pytestmark = pytest.mark.slow  # starts a Ray head
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def submit(head, env: dict[str, str], code: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    return subprocess.run([RAY, "job", "submit", "--address", head.dashboard_url, "--", sys.executable, "-c", code],
+                          env={**clean, **env}, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def head():
+    """One head for the module, started while another "Ray instance" runs on the machine: a
+    process that looks like a raylet to Ray's own scan of local processes (ray 2.58
+    ``_private/services.py`` ``_find_address_from_flag``/``_is_raylet_process``: the executable's
+    name contains "raylet" and its command line has ``--gcs-address=``). Stopped at the end,
+    leaving nothing of its own running, renamed processes included."""
+    decoy = subprocess.Popen(["raylet", "-c", "import time; time.sleep(900)", "--gcs-address=127.0.0.1:9"],
+                             executable=sys.executable)
+    try:
+        with ray_head(num_cpus=1) as started:
+            yield started
+            temp_dir = started.temp_dir
+            # the head's processes before it stops: its daemons, and those that renamed
+            # themselves and name neither its temp dir nor its GCS address any more (the
+            # agents and workers, ray::...; the dashboard's modules, ray-dashboard-...)
+            tree = head_processes(started.temp_dir, started.gcs_address)
+            commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace") for pid in tree]
+    finally:
+        decoy.kill()
+        decoy.wait()
+    assert any(c.startswith("ray::DashboardAgent") for c in commands), commands
+    assert any(c.startswith("ray-dashboard-JobHead") for c in commands), commands
+    assert running(tree) == [] and processes_matching(temp_dir) == []
+
+
+def test_local_head_requires_the_token_and_accepts_it(head):
+    assert head.client_env["RAY_AUTH_MODE"] == "token" and len(head.client_env["RAY_AUTH_TOKEN"]) == 64
+    # the job API refuses a request without the token (401), even from loopback
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{head.dashboard_url}/api/jobs/", timeout=10)
+    assert refused.value.code == 401
+    # a client that does not know the token is refused, a client with it runs the job
+    # (whose driver and workers reach the GCS with the token they inherit)
+    code = "import ray; ray.init(); print('auth-ok', ray.cluster_resources()['CPU'])"
+    denied = submit(head, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}, code)
+    assert denied.returncode != 0
+    allowed = submit(head, head.client_env, code)
+    assert allowed.returncode == 0, allowed.stdout[-2000:] + allowed.stderr[-2000:]
+    assert "auth-ok 1.0" in allowed.stdout
+    assert not (Path.home() / ".ray" / "auth_token").exists() or "RAY_AUTH_TOKEN" in os.environ
+
+
+def test_workers_reach_their_own_heads_state_api_beside_another_ray_instance(head):
+    """Ray Train's PlacementGroupCleaner actor asks the state API for the controller's state with
+    no address (ray 2.58 ``train/v2/_internal/execution/controller/placement_group_cleaner.py``
+    -> ``util/state/api.py`` ``StateApiClient`` -> ``dashboard/utils.py``
+    ``get_address_for_submission_client(None)``). With neither ``RAY_API_SERVER_ADDRESS`` nor
+    ``RAY_ADDRESS`` set, that scans the machine's raylets (``canonicalize_bootstrap_address_or_die``:
+    the head's cluster file is in its own temp dir, so it is not "the latest ``ray start``") and
+    raises "Found multiple active Ray instances" while a second one runs (the decoy here; a demo
+    beside a test run on a real machine). The task runs that same upstream function."""
+    code = ("import ray; from ray.dashboard.utils import get_address_for_submission_client as api; ray.init(); "
+            "print('state-api', ray.get(ray.remote(lambda: api(None)).remote()))")
+    done = submit(head, head.client_env, code)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"state-api {head.dashboard_url}" in done.stdout
