@@ -25,7 +25,8 @@ from typing import Any, ClassVar, Mapping
 from spec_schema import FieldError, build_section, read_toml
 from training.config_checks import (  # noqa: F401  (re-exported: one schema, one place to import from)
     ADAMW_KERNELS, BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, LR_SCHEDULES, NO_DECAY_RULES, ON_EXISTING_RUN,
-    OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES, TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive,
+    OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES, ACCUMULATIONS, PLAN_MODES, PLAN_SETTINGS, TORCH_SEED_RANGE, TRANSPORTS,
+    JobConfigError, one_of, positive,
     s3_problem, tracking_uri_problem,
 )
 from training.model_config import check_config_keys, max_positions
@@ -235,10 +236,31 @@ class ParallelConfig:
     bytes on the network; the master weights and AdamW stay fp32). ``bfloat16`` only with
     full_shard or without accumulation: hybrid_shard and no_shard would sum the micro batches in
     bf16 (refused)."""
+    accumulation: str = "sharded"
+    """Gradient accumulation over micro batches: ``sharded`` reduce-scatters every micro batch
+    (no unsharded gradient outlives a block's backward); ``local`` sums each rank's unsharded
+    fp32 gradient and reduce-scatters once per step (1/micro-batches of the gradient traffic, at
+    the memory of one unsharded fp32 gradient of the trained parameters). Only with the
+    float32 reduce dtype when a step has more than one micro batch."""
+    plan: str = "as_written"
+    """``as_written``: the settings in this file are the plan. ``auto``: the operator CLI's plan
+    search (``raytrain-eks preflight`` shows it) picks the plan that is fastest at the slow end
+    of its predicted range and fits, and submit runs it; the settings ``pinned`` names stay as
+    written."""
+    pinned: tuple[str, ...] = ()
+    """With ``plan = "auto"``: the plan settings the search must keep as written (any of
+    strategy, accumulation, activation_checkpointing, keep_params_gathered, grad_reduce_dtype,
+    cpu_offload, micro_batch_size)."""
 
     def __post_init__(self) -> None:
         one_of(self, "strategy", STRATEGIES)
         one_of(self, "grad_reduce_dtype", REDUCE_DTYPES)
+        one_of(self, "accumulation", ACCUMULATIONS)
+        one_of(self, "plan", PLAN_MODES)
+        object.__setattr__(self, "pinned", tuple(self.pinned))
+        for name in self.pinned:
+            if name not in PLAN_SETTINGS:
+                raise FieldError("pinned", name, f"is not a plan setting (allowed: {', '.join(PLAN_SETTINGS)})")
         positive(self, "num_workers", allow_zero=True)
         positive(self, "workers_per_node", "cpus_per_worker")
         if not self.use_gpu and not self.num_workers:
@@ -550,6 +572,18 @@ class JobConfig:
             raise FieldError("parallel.grad_reduce_dtype", p.grad_reduce_dtype,
                              f"with {p.strategy} and {self.grad_accum_steps} micro batches per step would sum the "
                              "micro batches in bf16, not fp32 (use float32, or full_shard)")
+        if p.grad_reduce_dtype == "bfloat16" and p.accumulation == "local" and p.sized and self.grad_accum_steps > 1:
+            # FSDP2 keeps the unsharded gradient in the reduce dtype between micro batches
+            # (torch 2.13 _fsdp_param.py to_accumulated_grad_if_needed): the sum would be bf16.
+            raise FieldError("parallel.grad_reduce_dtype", p.grad_reduce_dtype,
+                             f"with parallel.accumulation = 'local' and {self.grad_accum_steps} micro batches per step "
+                             "would sum the unsharded gradients in bf16, not fp32 (use float32)")
+        if p.grad_reduce_dtype == "bfloat16" and p.accumulation == "local" and p.sized and self.grad_accum_steps > 1:
+            # FSDP2 keeps the unsharded gradient in the reduce dtype between micro batches
+            # (torch 2.13 _fsdp_param.py to_accumulated_grad_if_needed): the sum would be bf16.
+            raise FieldError("parallel.grad_reduce_dtype", p.grad_reduce_dtype,
+                             f"with parallel.accumulation = 'local' and {self.grad_accum_steps} micro batches per step "
+                             "would sum the unsharded gradients in bf16, not fp32 (use float32)")
         if k.storage_path and not RunStorage(k.storage_path).shared and p.use_gpu and self.num_nodes > 1:
             raise FieldError("checkpoint.storage_path", k.storage_path,
                              f"is a local directory but the job spans {self.num_nodes} nodes (use s3://bucket/prefix, "
