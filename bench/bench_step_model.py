@@ -37,8 +37,11 @@ from training.flops import ModelShapes  # noqa: E402
 MODEL = "Qwen2.5-1.5B"
 
 
-def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointing: bool = False) -> dict:
-    """One micro batch of the job's code on fake tensors; see the module docstring."""
+def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointing: bool = False,
+          model_name: str = MODEL, lora: dict | None = None) -> dict:
+    """One micro batch of the job's code on fake tensors; see the module docstring. ``lora``: a
+    LoRA transform's options (training/model_transforms/lora.py applied as build_model applies
+    it: the frozen base's weight gradients are never computed, the trace shows it)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils import flop_counter as fc
@@ -78,7 +81,7 @@ def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointi
                     self.kernels += 1
             return out
 
-    config = Qwen2Config(**MODEL_CONFIGS[MODEL])
+    config = Qwen2Config(**MODEL_CONFIGS[model_name])
     if kind == "chat":  # packed documents, each one's first 40 % a prompt (bench_full_size_plan)
         batch, docs = packed_chat_batch(micro_batch_size, seq_len), list(DOC_LENGTHS)
     else:  # synthetic: random ids, one document per row, every token a target
@@ -90,6 +93,13 @@ def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointi
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # FSDP computes in bf16
         model.config.use_cache = False
         use_packed_attention(model)
+        if lora is not None:  # the transform before the loss head, as build_model
+            from training.model_transforms import lora as lora_transform
+
+            lora_transform.apply(model, lora)
+            for module in model.modules():  # the adapters compute in bf16 too (FSDP's param dtype)
+                for name, param in module.named_parameters(recurse=False):
+                    param.data = param.data.to(torch.bfloat16)
         use_chunked_loss_head(model)  # as build_model: the output layer and the loss in chunks
         model.train()
         if activation_checkpointing:  # as training/parallel.py: the blocks' forward again in backward
@@ -97,14 +107,20 @@ def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointi
         recorder = Recorder()
         with recorder:
             loss_from_inputs(model, *prepared).backward()
-    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **MODEL_CONFIGS[MODEL]})
-    return {"model": MODEL, "kind": kind, "seq_len": seq_len, "micro_batch_size": micro_batch_size,
-            "activation_checkpointing": activation_checkpointing,
+    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **MODEL_CONFIGS[model_name]})
+    from raytrain_eks.planning.measured_plan import lora_key
+    from raytrain_eks.planning.memory_estimate import lora_adapter_params
+    from training.flops import lora_training_flops_per_token
+
+    per_token = (training_flops_per_token(shapes, seq_len) if lora is None
+                 else lora_training_flops_per_token(shapes, seq_len, lora_adapter_params(shapes, lora)))
+    return {"model": model_name, "kind": kind, "seq_len": seq_len, "micro_batch_size": micro_batch_size,
+            "activation_checkpointing": activation_checkpointing, "lora": lora_key(lora) if lora is not None else None,
             "doc_lengths": docs, "target_tokens": int(prepared[1].numel()),
             "gemms": sorted([*shape, count] for shape, count in recorder.gemms.items()),
             "attention_flops": int(recorder.attention), "elementwise_bytes": int(recorder.bytes),
             "kernels": recorder.kernels,
-            "model_flops": training_flops_per_token(shapes, seq_len) * seq_len * micro_batch_size,
+            "model_flops": per_token * seq_len * micro_batch_size,
             "torch": torch.__version__, "measure_s": round(time.perf_counter() - began, 1)}
 
 

@@ -223,7 +223,7 @@ def job_plan(job) -> dict | None:
     return dict(strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                 activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
                 keep_gathered=p.keep_params_gathered, compile=p.compile, cpu_offload=p.cpu_offload,
-                lora=lora_key(transforms[0][1]) if transforms else None)
+                lora=lora_key(transforms[0][1]) if transforms else None, accumulation=p.accumulation)
 
 
 def published_model(model_path: str) -> str | None:
@@ -247,17 +247,18 @@ def lora_key(options: dict) -> dict:
 
 def lookup(results: list[dict], *, model: str, strategy: str, seq_len: int, micro_batch_size: int,
            activation_checkpointing: bool, reduce_dtype: str = "float32", keep_gathered: bool = False,
-           compile: bool = False, cpu_offload: bool = False, lora: dict | None = None) -> dict | None:
+           compile: bool = False, cpu_offload: bool = False, lora: dict | None = None,
+           accumulation: str = "sharded") -> dict | None:
     """The shipped code's measurement of exactly this plan, or None. A row without ``compile``
     was measured uncompiled (bench/bench_full_size_plan.py never compiles); one without
     ``cpu_offload`` without offload; one without ``lora`` training the whole model (else
-    :func:`lora_key` of its options)."""
+    :func:`lora_key` of its options); one without ``accumulation`` with sharded accumulation."""
     for r in results:
         if (r["code"], r["model"], r["strategy"], r["seq_len"], r["micro_batch_size"], r["activation_checkpointing"],
                 r["reduce_dtype"], r["keep_gathered"], r.get("compile", False), r.get("cpu_offload", False),
-                r.get("lora")) == (
+                r.get("lora"), r.get("accumulation", "sharded")) == (
                 "after", model, strategy, seq_len, micro_batch_size, activation_checkpointing, reduce_dtype,
-                keep_gathered, compile, cpu_offload, lora):
+                keep_gathered, compile, cpu_offload, lora, accumulation):
             return r
     return None
 
