@@ -68,6 +68,8 @@ class Plan:
     """:func:`strategy_options`: every strategy's estimate, fastest first."""
     measured: dict | None = None
     """This exact plan as bench/bench_full_size_plan.py measured it (raytrain_eks/planning/measured_plan.py)."""
+    search: object | None = None
+    """The plan search's result (raytrain_eks/planning/plan_search.py ``Search``) for a GPU job."""
 
     @property
     def refusal(self) -> str | None:
@@ -275,6 +277,7 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
         plan.checks.append(Check(name="memory to spare", ok=True, note=True, message=(
             "the plan also fits with " + " and ".join(faster) + ": set " +
             ", ".join(f.split(" (")[0] for f in faster))))
+    plan.checks += _check_plan_search(plan, shapes, g)
     hand = estimate_time(env, job, shapes, mfu)
     plan.estimate = measured_time(hand, plan.measured, job) if plan.measured else hand
     plan.strategies = strategy_options(env, job, shapes, mfu)
@@ -290,6 +293,48 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
             f"{best['strategy']!r} would take {best['step_s']:.2f} s/step (network {best['network_s']:.2f} s): "
             f"set parallel.strategy = {best['strategy']!r}")))
     return plan
+
+
+def _check_plan_search(plan: Plan, shapes, group) -> list[Check]:
+    """The plan search (raytrain_eks/planning/plan_search.py) for this job on its node group: a
+    note naming the fastest plan that fits when it is not the job's own; with ``parallel.plan =
+    "auto"`` the job runs the search's pick (submit hands its settings over as overrides)."""
+    from raytrain_eks.planning import plan_search
+
+    job = plan.job
+    plan.search = found = plan_search.search(job, shapes, group)
+    chosen, written = found.chosen, found.written
+    if chosen is None:
+        return [Check(name="plan search", ok=True, note=True,
+                      message="no plan whose memory was measured fits: bench/bench_plan_search.py --measure measures them")]
+    if written is not None and chosen.candidate == written.candidate:
+        return [Check(name="plan search", ok=True, note=True,
+                      message=f"the job's plan is the fastest that fits: {chosen.range_text()}")]
+    sets = plan_search.overrides(job, chosen.job)
+    was = written.range_text() if written else "not priced"
+    if job.parallel.plan == "auto":
+        return [Check(name="plan search", ok=True, note=True,
+                      message=f"parallel.plan = 'auto': runs {chosen.candidate.label()} ({chosen.range_text()}) instead "
+                              f"of the file's plan ({was}): {' '.join(sets)}")]
+    return [Check(name="plan search", ok=True, note=True,
+                  message=f"{chosen.candidate.label()} is faster at the slow end ({chosen.range_text()}; the file's: "
+                          f"{was}): set {', '.join(sets)} or parallel.plan = \"auto\"")]
+
+
+def auto_plan_overrides(env: Environment, job: JobConfig) -> list[str]:
+    """For a GPU job with ``parallel.plan = "auto"``: the ``section.key=value`` overrides that
+    turn it into the plan search's pick ([] when it is already the pick, when no measured plan
+    fits, or when the model's shapes cannot be read here). Submit applies them before sizing."""
+    from raytrain_eks.planning import plan_search
+
+    if not (job.parallel.use_gpu and job.parallel.plan == "auto"):
+        return []
+    try:
+        shapes, _ = shapes_for_job(job)
+    except ShapesUnknown:
+        return []
+    found = plan_search.search(job, shapes, env.gpu_group(job.parallel.node_group))
+    return plan_search.overrides(job, found.chosen.job) if found.chosen else []
 
 
 def _offload_check(job: JobConfig, group, required, host_per_node: int) -> Check:
@@ -382,6 +427,10 @@ def render(plan: Plan) -> str:
             f"{e['hourly_usd']:.2f} USD/h for all nodes (evaluation and checkpoint uploads extra)",
             f"  idle             {e['idle_hourly_usd']:.2f} USD/h with no job (GPU groups at min_nodes)",
         ]
+    if plan.search is not None:
+        from raytrain_eks.planning import plan_search
+
+        lines += plan_search.render(plan.search, job)
     lines += pull_lines(env)  # the image each GPU node pulls as it scales up for this job
     if plan.placements:
         from raytrain_eks.planning.fit import render as render_fit
