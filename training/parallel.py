@@ -100,6 +100,7 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_g
     model._raytrain_strategy = strategy  # the accumulation helpers restore this plan
     model._raytrain_keep_gathered = keep_gathered  # parameters stay gathered across micro-batches
     model._raytrain_accumulation = accumulation
+    model._raytrain_cpu_offload = cpu_offload  # training/optim.py: the host AdamW kernel
     return model
 
 
