@@ -275,10 +275,10 @@ def render(found: dict, *, hand_required: int) -> list[str]:
         f"{found['required_bytes'] / gib:.2f} GiB (the hand formula says {hand_required / gib:.2f})",
         f"  FLOPs            executed / model = {p['executed_over_model_flops']:.2f} (recompute and skipped "
         f"logits show); per GPU per step: {comm}",
-        f"  predicted step   {p['step_s']:.2f} s ({p['compute_s']:.2f} compute at {p['sustained_fraction']:.0%} "
+        f"  predicted step   {found['range_s'][1]:.2f}-{found['range_s'][0]:.2f} s (slow-fast) over the published rates "
+        f"(raytrain_eks/planning/gpu_figures.py); its fast end: {p['compute_s']:.2f} compute at {p['sustained_fraction']:.0%} "
         f"of peak + {p['exposed_comm_s']:.2f} exposed collectives"
-        + (f" + {p['offload_copy_s']:.2f} host<->GPU copies" if offload else "") + f"), MFU {p['mfu']:.2f}; "
-        f"{found['range_s'][0]:.2f}-{found['range_s'][1]:.2f} s over the published rates (raytrain_eks/planning/gpu_figures.py)",
+        + (f" + {p['offload_copy_s']:.2f} host<->GPU copies" if offload else ""),
     ]
     if offload:
         accum = p["grad_accum_steps"]

@@ -235,7 +235,7 @@ class Option:
         if not self.prediction:
             return f"no range ({self.missing})"
         (lo, hi), (mfu_lo, mfu_hi) = self.prediction["step_s"], self.prediction["mfu"]
-        return f"{hi:.2f}-{lo:.2f} s/step (slow-fast), MFU {mfu_lo:.2f}-{mfu_hi:.2f}, {self.bound}-bound"
+        return f"{hi:.2f}-{lo:.2f} s/step (slow-fast), MFU {mfu_lo:.2f}-{mfu_hi:.2f}, limited by {self.bound}"
 
 
 @dataclass(kw_only=True)

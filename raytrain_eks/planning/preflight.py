@@ -280,6 +280,7 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     plan.checks += _check_plan_search(plan, shapes, g)
     hand = estimate_time(env, job, shapes, mfu)
     plan.estimate = measured_time(hand, plan.measured, job) if plan.measured else hand
+    plan.estimate.update(prediction_range(plan, hand, g))
     plan.strategies = strategy_options(env, job, shapes, mfu)
     best = plan.strategies[0]
     if job.parallel.cpu_offload and best["fits"]:  # the GPU fits; the state in host memory must too
@@ -289,7 +290,7 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
         best = {**best, "fits": host(other) <= g.pod_memory_gib * GIB}
     if best["strategy"] != job.parallel.strategy and best["fits"]:  # both from the hand model: comparable
         plan.checks.append(Check(name="strategy", ok=True, note=True, message=(
-            f"parallel.strategy = {job.parallel.strategy!r} takes {hand['step_s']:.2f} s/step; "
+            f"parallel.strategy = {job.parallel.strategy!r} takes {hand['step_s']:.2f} s/step at the hand model's fast end; "
             f"{best['strategy']!r} would take {best['step_s']:.2f} s/step (network {best['network_s']:.2f} s): "
             f"set parallel.strategy = {best['strategy']!r}")))
     return plan
@@ -363,6 +364,41 @@ def measured_time(hand: dict, measured: dict, job: JobConfig) -> dict:
             "run_usd": (hours + hand["overhead_h"]) * hand["hourly_usd"]}
 
 
+SLOW_MFU_FRACTION = 0.6
+"""Where no step model covers a plan (no measured plan, or none with a traced micro batch), the
+hand model's range runs from the stated MFU (fast end) down to this fraction of it (slow end):
+ASSUMED; the step model's ranges of the shipped plans span about 0.7 of their fast end."""
+
+
+def prediction_range(plan: Plan, hand: dict, group) -> dict:
+    """The step, MFU, run time and cost as ranges, slow end first, and where they come from: the
+    step model's range where the plan was measured and its micro batch traced; else the measured
+    plan's prediction at the ends of the published rates; else the hand model between the stated
+    MFU and :data:`SLOW_MFU_FRACTION` of it (assumed). ``bound``: what limits the slow end."""
+    from raytrain_eks.planning.plan_search import dominant
+
+    job = plan.job
+    rng = (plan.measured or {}).get("range")
+    if rng:
+        (fast, slow), (mfu_slow, mfu_fast) = rng["step_s"], rng["mfu"]
+        source, bound = "step model (raytrain_eks/planning/step_model.py)", dominant(rng, job.parallel.strategy, job.num_nodes)
+    elif plan.measured:
+        fast, slow = plan.measured["range_s"]
+        point = plan.measured["prediction"]
+        mfu_fast, mfu_slow = point["mfu"] * point["step_s"] / fast, point["mfu"] * point["step_s"] / slow
+        source, bound = "the measured plan at the ends of the published rates", plan.estimate.get("bound", "")
+    else:
+        fast, slow = hand["step_s"], hand["compute_s"] / SLOW_MFU_FRACTION + hand["exposed_network_s"]
+        mfu_fast, mfu_slow = hand["effective_mfu"], hand["effective_mfu"] * fast / slow
+        source, bound = (f"the hand model at MFU {hand['mfu']:.2f}-{hand['mfu'] * SLOW_MFU_FRACTION:.2f} (ASSUMED)",
+                         hand["bound"])
+    hours = [job.train.max_steps * s / 3600 for s in (slow, fast)]
+    return {"step_range": (slow, fast), "mfu_range": (mfu_slow, mfu_fast), "range_source": source,
+            "range_bound": bound, "run_hours_range": tuple(hours),
+            "run_usd_range": tuple((h + hand["overhead_h"]) * hand["hourly_usd"] for h in hours),
+            "tokens_per_hour_range": tuple(job.tokens_per_step / s * 3600 for s in (slow, fast))}
+
+
 def render(plan: Plan) -> str:
     """The human report: checks, memory breakdown, time and cost."""
     job, env = plan.job, plan.env
@@ -386,8 +422,8 @@ def render(plan: Plan) -> str:
             if plan.estimate:  # the same run overheads and prices as the time and cost below
                 e, hours = plan.estimate, [job.train.max_steps * s / 3600 for s in plan.measured["range"]["step_s"]]
                 usd = [(h + e["overhead_h"]) * e["hourly_usd"] for h in hours]
-                lines.append(f"    run            {hours[0] * 60:.1f}-{hours[1] * 60:.1f} min of steps, {usd[0]:.2f}-{usd[1]:.2f} USD "
-                             f"over this range")
+                lines.append(f"    run            {hours[1] * 60:.1f}-{hours[0] * 60:.1f} min of steps, {usd[1]:.2f}-{usd[0]:.2f} USD "
+                             f"over this range (slow-fast)")
         elif not job.parallel.cpu_offload:  # measured, but no trace of its micro batch
             lines += step_model.missing(plan.job, plan.measured)
     if plan.estimate:
@@ -395,11 +431,9 @@ def render(plan: Plan) -> str:
         if e.get("source") == "measured":
             p = plan.measured["prediction"]
             lines += [
-                f"time and cost from the measured plan's predicted step (above); the hand model at MFU "
-                f"{e['mfu']:.2f} would say {e['hand_step_s']:.2f} s/step",
-                f"  compute          {e['compute_s']:.2f} s/step (FLOPs executed at {p['sustained_fraction']:.0%} of "
-                f"peak {e['peak_tflops']:g} TFLOP/s bf16 per GPU)",
-                f"  collectives      {e['exposed_network_s']:.2f} s/step not hidden by compute (PCIe "
+                f"time and cost from the measured plan (above); the hand model at MFU "
+                f"{e['mfu']:.2f} would say {e['hand_step_s']:.2f} s/step (its fast end)",
+                f"  collectives      {e['exposed_network_s']:.2f} s/step not hidden by compute at the published rates' fast end (PCIe "
                 f"{p['pcie_bytes_per_gpu'] / 1e9:.1f} GB per GPU at {p['pcie_gbytes_per_s']:g} GB/s, EFA "
                 f"{p['efa_bytes_per_node'] / 1e9:.1f} GB per node over {e['network_gbps']} Gbit/s, per step)",
                 f"  strategies       the hand model at MFU {e['mfu']:.2f}:",
@@ -416,14 +450,18 @@ def render(plan: Plan) -> str:
             ]
         for o in plan.strategies:
             mark = "*" if o["strategy"] == job.parallel.strategy else " "
+            slow = o["compute_s"] / SLOW_MFU_FRACTION + o["exposed_network_s"]
             lines.append(f"  {mark} {o['strategy']:<14} network {o['network_s']:5.2f} s ({o['exposed_network_s']:.2f} exposed), "
-                         f"step {o['step_s']:5.2f} s, "
+                         f"step {slow:5.2f}-{o['step_s']:.2f} s, "
                          f"memory {o['required_bytes'] / GIB:5.1f} GiB{'' if o['fits'] else ' (does not fit)'}")
+        (slow, fast), (mfu_slow, mfu_fast) = e["step_range"], e["mfu_range"]
+        (h_slow, h_fast), (usd_slow, usd_fast) = e["run_hours_range"], e["run_usd_range"]
         lines += [
-            f"  step             {e['step_s']:.2f} s ({e['bound']}-bound; effective MFU {e['effective_mfu']:.2f}); "
-            f"{e['tokens_per_hour'] / 1e6:.2f} M tokens/hour",
-            f"  run              {job.train.max_steps} steps = {e['run_hours']:.2f} h + {e['overhead_h'] * 60:.0f} min of "
-            f"GPU nodes scaling up from zero and idling before removal; ~{e['run_usd']:.2f} USD at "
+            f"  step             {slow:.2f}-{fast:.2f} s (slow-fast; limited by {e['range_bound']} at the slow end; "
+            f"MFU {mfu_slow:.2f}-{mfu_fast:.2f}); {e['tokens_per_hour_range'][0] / 1e6:.2f}-"
+            f"{e['tokens_per_hour_range'][1] / 1e6:.2f} M tokens/hour; from {e['range_source']}",
+            f"  run              {job.train.max_steps} steps = {h_slow:.2f}-{h_fast:.2f} h + {e['overhead_h'] * 60:.0f} min of "
+            f"GPU nodes scaling up from zero and idling before removal; ~{usd_slow:.2f}-{usd_fast:.2f} USD at "
             f"{e['hourly_usd']:.2f} USD/h for all nodes (evaluation and checkpoint uploads extra)",
             f"  idle             {e['idle_hourly_usd']:.2f} USD/h with no job (GPU groups at min_nodes)",
         ]
