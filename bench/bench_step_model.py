@@ -242,10 +242,32 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+FAMILY_LORA = {"rank": 16, "alpha": 32, "dropout": 0.05}  # jobs/family/lora-*.toml
+FAMILY_TRACES = tuple((model, lora, micro, checkpointing)
+                      for micro, checkpointing in ((1, True), (1, False), (2, True))
+                      for model, lora in (("Qwen2.5-0.5B", None), ("Qwen2.5-3B", None), ("Qwen2.5-7B", FAMILY_LORA),
+                                          ("Qwen2.5-7B", None), ("Qwen2.5-14B", FAMILY_LORA))) + (
+    ("Qwen2.5-0.5B", None, 2, False),)
+"""The micro batches of the family jobs the plan search prices (raytrain_eks/planning/plan_search.py):
+micro batch 1 with and without checkpointing, micro batch 2 with it (and without for the 0.5B,
+whose activations allow it); chat data at seq 2048. ``--trace-family`` records them (about
+20 minutes on the loaded 2-core machine: the 14B's micro batch 2 alone took 5.6)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", action="store_true", help=f"re-measure the traces into {step_model.TRACES.name}")
+    parser.add_argument("--trace-family", action="store_true",
+                        help=f"add the family jobs' traces (FAMILY_TRACES) to {step_model.TRACES.name}")
     args = parser.parse_args()
+    if args.trace_family:
+        traces = step_model.load_traces()
+        for model, lora, micro, checkpointing in FAMILY_TRACES:
+            fresh = trace("chat", 2048, micro, checkpointing, model_name=model, lora=lora)
+            traces = [t for t in traces if (t["model"], t["kind"], t["seq_len"], t["micro_batch_size"],
+                                            t.get("activation_checkpointing", False), t.get("lora")) != (
+                fresh["model"], "chat", 2048, micro, checkpointing, fresh["lora"])] + [fresh]
+            step_model.TRACES.write_text(json.dumps({"traces": traces}, indent=1) + "\n")
     if args.trace:  # the micro batch of every row of PLANS
         keys = ("kind", "seq_len", "micro_batch_size", "activation_checkpointing")
         wanted = sorted({tuple(_plan(n, c)[k] for k in keys) for n, c in PLANS})
