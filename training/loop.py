@@ -295,9 +295,13 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             model_config=model_config, uploads_in_flight=ctx.uploads_in_flight,
             lease=ckpt_api.Lease(**lease) if lease else None)
 
+    # LoRA (a frozen base): the MFU counts the FLOPs a LoRA step executes; a DTensor's numel()
+    # is its global size
+    frozen = any(not p.requires_grad for p in model.parameters())
     throughput = metrics.ThroughputModel.for_model(
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
-        world_size=ctx.world_size, device=metrics.device_name(on_gpu))
+        world_size=ctx.world_size, device=metrics.device_name(on_gpu),
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad) if frozen else None)
     log = open_metrics(job, ctx)  # metrics.jsonl, Prometheus, ...: training/metric_sinks/
     t, accum = job.train, job.grad_accum_steps
     steps: list[dict[str, Any]] = []
