@@ -85,7 +85,7 @@ def test_a_lora_step_counts_the_flops_it_executes_by_hand_at_seq_4096():
     """LoRA freezes the base: its backward computes each matmul's input gradient but no weight
     gradient, so the matmuls count 2 x forward (4N), attention 3 x forward (its backward has no
     weights to skip) and the adapters 6 per parameter: about two thirds of the full 6N."""
-    shapes = ModelShapes.from_hf_config(QWEN2_5_1_5B)
+    shapes = QWEN2_5_1_5B
     seq, adapters = 4096, 18_464_768
     matmuls = 2 * (shapes.num_layers * shapes.layer_matmul_params() + shapes.hidden_size * shapes.vocab_size)
     attention = shapes.num_layers * 2 * (2 * seq * shapes.num_heads * shapes.attention_head_dim)
