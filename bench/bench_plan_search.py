@@ -85,7 +85,7 @@ def measurer(cluster):
 
             variant["probe"] = OffloadProbe()
         row = measure(published_model(job.model.path), code="after", cluster=cluster, **variant)
-        print(json.dumps({k: row[k] for k in ("model", "strategy", "accumulation", "activation_checkpointing",
+        print(json.dumps({k: row.get(k) for k in ("model", "strategy", "accumulation", "activation_checkpointing",
                                               "micro_batch_size", "peak_bytes", "measure_s")}), file=sys.stderr, flush=True)
         return row
     return run
