@@ -100,6 +100,8 @@ def main() -> None:
     parser.add_argument("--publish", action="store_true", help="add the measured rows to measured_plan.json")
     args = parser.parse_args()
     results, measured, summary = measured_plan.load(), [], {}
+    docs_rows = ["| job | model | plan (the search's pick) | GiB per L4 (measured, with overhead) | host GiB per node "
+                 "| predicted step s (slow-fast) | MFU (slow-fast) | limited by (slow end) |", "|" + "---|" * 8]
     if args.measure:
         import torch.distributed as dist
         from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -139,6 +141,12 @@ def main() -> None:
             print(line("unmeasured", option))
         print(f"\n{found.compile_note}; {len(found.options)} priced, {found.pruned} pruned")
         chosen = found.chosen
+        if chosen:
+            (lo, hi), (m_lo, m_hi) = chosen.prediction["step_s"], chosen.prediction["mfu"]
+            host = f"{chosen.host_bytes_per_node / 1024**3:.0f}" if chosen.host_bytes_per_node else "-"
+            docs_rows.append(f"| {Path(path).stem} | {measured_plan.model_name(shapes)} | {chosen.candidate.label()} "
+                             f"| {chosen.required_bytes / 1024**3:.1f} | {host} | {hi:.1f}-{lo:.1f} | {m_lo:.2f}-{m_hi:.2f} "
+                             f"| {chosen.bound} |")
         summary[path] = {
             "chosen": chosen.candidate.label() if chosen else None,
             "chosen_step_s": list(chosen.prediction["step_s"]) if chosen else None,
@@ -152,6 +160,7 @@ def main() -> None:
         from bench_full_size_plan import save
 
         save(measured, measured_plan.RESULTS, measured_plan.Cluster(), publish=True)
+    print("\n" + "\n".join(docs_rows) + "\n")  # docs/jobs.md's table
     print(json.dumps({"name": "plan_search", "jobs": summary}))
 
 

@@ -287,6 +287,6 @@ def render(found: dict, *, hand_required: int) -> list[str]:
             f"{offload['gpu_staging_bytes'] / gib:.2f} copies in flight; in host memory {found['host_bytes_per_gpu'] / gib:.2f} "
             "GiB per GPU with a checkpoint's staged copy (bench/bench_offload_transfer.py)",
             f"  copies           {offload_copy_bytes(found, accum) / 1e9:.1f} GB per step in the busier direction at "
-            f"{PCIE_GBYTES_PER_S:g} GB/s (ASSUMED), none hidden; the CPU AdamW step is not predicted (a GPU node shows it)",
+            f"{PCIE_GBYTES_PER_S:g} GB/s (ASSUMED), none hidden; the host AdamW step is in the plan search's range (below)",
         ]
     return lines

@@ -378,7 +378,10 @@ def prediction_range(plan: Plan, hand: dict, group) -> dict:
     from raytrain_eks.planning.plan_search import dominant
 
     job = plan.job
-    rng = (plan.measured or {}).get("range")
+    written = getattr(plan.search, "written", None)
+    # the search's price of the job's own plan: the step model with LoRA's trained parameters
+    # and offload's host terms; else the measured plan's range
+    rng = (written.prediction if written is not None and written.prediction else None) or (plan.measured or {}).get("range")
     if rng:
         (fast, slow), (mfu_slow, mfu_fast) = rng["step_s"], rng["mfu"]
         source, bound = "step model (raytrain_eks/planning/step_model.py)", dominant(rng, job.parallel.strategy, job.num_nodes)

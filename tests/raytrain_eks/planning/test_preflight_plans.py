@@ -340,10 +340,13 @@ def test_time_and_cost_use_the_measured_step_where_the_exact_plan_was_measured(c
     assert usd_slow == pytest.approx((job.train.max_steps * slow / 3600 + e["overhead_h"]) * e["hourly_usd"])
     assert f"  step             {slow:.2f}-{fast:.2f} s (slow-fast" in out
     assert f"~{usd_slow:.2f}-{usd_fast:.2f} USD at" in out
-    # not measured (the reference plan): the hand model, from the stated MFU down (assumed)
+    # not measured (the reference plan): its range all the same, slow end first (the step model
+    # where its micro batch is traced, with the collectives counted; else the hand model from the
+    # stated MFU down, assumed)
     code, out, err = preflight(capsys)
     assert code == 0 and "time and cost at MFU 0.30" in out and "measured plan (above)" not in out
-    assert "from the hand model at MFU 0.30-0.18 (ASSUMED)" in out
+    step_line = next(line for line in out.splitlines() if line.startswith("  step             "))
+    assert "(slow-fast; limited by " in step_line and ("step model" in step_line or "(ASSUMED)" in step_line)
 
 
 def test_the_readmes_model_path_passes_with_its_config_json_in_the_bucket(capsys):
