@@ -166,9 +166,9 @@ def test_the_chart_tests_plan_and_pack_the_fixture_copies_not_the_shipped_jobs(t
 
 def test_the_smoke_job_runs_the_shipped_finetunes_parallel_shape(shipped_synth):
     """The pipeline's Smoke and a user's first run exercise the long run's path: as synthesized
-    for the shipped spec, the smoke job has the finetune's mesh (replicate x shard, both > 1 on a
-    multi-node group), sequence length, per-GPU micro batch and parallel settings, with more than
-    one micro batch per step (parameters kept gathered across accumulation)."""
+    for the shipped spec, the smoke job has the finetune's mesh (full shard over both nodes),
+    sequence length, per-GPU micro batch and parallel settings, with more than one micro batch
+    per step (parameters kept gathered across accumulation)."""
     by_name = {plan.config_path: plan.config for plan in shipped_synth.plans}
     smoke, finetune = by_name[f"{JOBS_DIR}/smoke.toml"], by_name[f"{JOBS_DIR}/finetune-qwen2.5-1.5b.toml"]
     shape = lambda job: (job.parallel.strategy, job.parallel.num_workers, job.parallel.workers_per_node,
@@ -176,7 +176,7 @@ def test_the_smoke_job_runs_the_shipped_finetunes_parallel_shape(shipped_synth):
                          job.parallel.grad_reduce_dtype, job.parallel.compile, job.train.seq_len,
                          job.train.micro_batch_size)
     assert shape(smoke) == shape(finetune)
-    assert smoke.parallel.strategy == "hybrid_shard" and smoke.num_nodes > 1 and smoke.parallel.workers_per_node > 1
+    assert smoke.parallel.strategy == "full_shard" and smoke.num_nodes > 1 and smoke.parallel.workers_per_node > 1
     assert smoke.grad_accum_steps > 1 and smoke.data.kind == "synthetic"
 
 

@@ -166,20 +166,20 @@ def test_sharded_accumulation_costs_nothing_and_kept_gathered_parameters_cost_th
     assert kept.accumulation == n * 2 and kept.total - one.total == n * 2
 
 
-def test_shipped_finetune_job_runs_the_strategy_preflight_finds_fastest(monkeypatch):
+def test_shipped_finetune_job_runs_the_plan_the_search_finds_fastest(monkeypatch, capsys):
+    """The plan search (not the hand model's strategy ranking at a stated MFU) decides the
+    shipped plan: its pick is the job's plan, and the preflight says so."""
     from charts.jobs import plan_job
-    from raytrain_eks.planning.step_model import strategy_options
+    from raytrain_eks.planning import plan_search
 
     monkeypatch.chdir(ROOT)
     env = load_environment(ENV)
     job = plan_job(env, Path("jobs/finetune-qwen2.5-1.5b.toml"), ROOT).config  # sized as the charts size it
     shapes, _ = shapes_for_job(job)
-    options = strategy_options(env, job, shapes, 0.30)
-    assert options[0]["fits"] and job.parallel.strategy == options[0]["strategy"]
-    chosen = options[0]
-    assert chosen["network_s"] <= chosen["compute_s"]
-    # slower strategies cost at least as much per step
-    assert all(o["step_s"] >= chosen["step_s"] for o in options[1:])
+    found = plan_search.search(job, shapes, env.gpu_group(job.parallel.node_group))
+    assert found.chosen.candidate == plan_search.current(job) and found.chosen.memory_source == "measured"
+    code, out, err = preflight(capsys, job="jobs/finetune-qwen2.5-1.5b.toml")
+    assert code == 0 and "the job's plan is the fastest that fits" in out and "NOTE  strategy" not in out
 
 
 def test_preflight_checks_the_shape_the_charts_synthesize(capsys, tmp_path):
