@@ -389,6 +389,11 @@ def test_the_preflight_shows_the_step_range_and_what_is_assumed(capsys):
     assert "USD over this range" in out
 
 
+HYBRID_PLAN = ("parallel.strategy=\"hybrid_shard\"", "parallel.grad_reduce_dtype=\"float32\"",
+               "parallel.activation_checkpointing=false", "train.micro_batch_size=1")
+"""The shipped finetune's plan before the plan search picked full shard (its measured variants)."""
+
+
 @pytest.mark.parametrize("settings, trace", [
     ((), "(chat, micro batch 1, checkpointing off, documents"),
     (("parallel.activation_checkpointing=true",), "(chat, micro batch 1, checkpointing on, documents"),
@@ -399,7 +404,7 @@ def test_the_step_range_comes_from_the_trace_of_the_job_s_own_micro_batch(capsys
     """A checkpointed micro batch runs every layer's forward again in backward; a micro batch of
     2 rows moves twice the bytes: each job's range is predicted from the trace of its own key."""
     job = str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml")
-    code, out, _ = preflight(capsys, *[a for s in settings for a in ("--set", s)], job=job)
+    code, out, _ = preflight(capsys, *[a for s in (*HYBRID_PLAN, *settings) for a in ("--set", s)], job=job)
     assert code == 0 and "step range       " in out and f"trace          bench/bench_step_model.py --trace {trace}" in out
 
 
@@ -407,7 +412,8 @@ def test_micro_batch_2_is_judged_by_its_own_measured_plan(capsys):
     """bench/bench_full_size_plan.py measured the finetune at micro batch 2 (the same tokens per
     step in half the micro batches): without checkpointing its measured peak does not fit an L4,
     with checkpointing it does, and the preflight says which from the measurement."""
-    job, two = str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml"), ("--set", "train.micro_batch_size=2")
+    job = str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml")
+    two = (*[a for s in HYBRID_PLAN for a in ("--set", s)], "--set", "train.micro_batch_size=2")
     code, out, _ = preflight(capsys, *two, job=job)
     assert code != 0 and "FAIL  memory" in out and "x micro_batch_size = 2 needs ~" in out and "(measured)" in out
     code, out, _ = preflight(capsys, *two, "--set", "parallel.activation_checkpointing=true", job=job)
