@@ -64,6 +64,12 @@ ENV_SPEC_TEXT = "RAYTRAIN_SPEC_B64"
 one line keeps the manifest's ``runtimeEnvYAML`` a plain block. ``base64 -d`` reads it."""
 ENV_MANIFEST_NAME = "RAYTRAIN_MANIFEST_NAME"
 """The chart (file stem in dist/) of the manifest the pod belongs to, e.g. ``rayjob-local``."""
+ENV_HANG_FLOOR_S = "RAYTRAIN_HANG_FLOOR_S"
+"""Overrides the progress watchdog's floor (training/watchdog.py ``FLOOR_S``): the shortest time
+without a step before a run is declared hung."""
+ENV_HANG_FIRST_STEP_S = "RAYTRAIN_HANG_FIRST_STEP_S"
+"""Overrides the watchdog's bound for an attempt's first step (``FIRST_STEP_S``): model build,
+restore, evaluation before training and the first compile come before it."""
 ENV_NODE_NAME = "RAYTRAIN_NODE_NAME"
 """The Kubernetes node of the pod (downward API ``spec.nodeName``)."""
 ENV_AZ = "RAYTRAIN_AVAILABILITY_ZONE"
@@ -221,6 +227,7 @@ RECORD_FIELDS = (
     "verdict", "definitions", "exports",
     "netcheck",  # the network measured before training (netcheck.run_first): verdict, figures, uri; else None
     "exposed_comm",  # the step's exposed communication, and how it is known (EXPOSED_COMM_LABELS)
+    "incidents",  # INCIDENTS: every hang, worker or node loss, failed health check, preemption (training/incidents.py)
 )
 """Every top-level key a finished run.json holds."""
 EXPOSED_COMM_LABELS = ("measured", "predicted", "unknown")
@@ -243,6 +250,9 @@ Rank 0 returns them with its summary; the driver, run.json's only writer, merges
 WORKER_FACTS = "facts"
 """Key of :data:`WORKER_RECORD_FIELDS` in the summary rank 0 returns (``Result.return_value``);
 never written to metrics.jsonl."""
+INCIDENTS = "incidents"
+"""run.json: the list of what went wrong during the run and what it cost (training/incidents.py
+:func:`~training.incidents.incident`); the verdict counts them, ``report`` and ``runs`` show them."""
 RECORD_STATUSES = ("running", "succeeded", "failed", "stopped")
 FAILURE = "failure"
 """run.json: where a failed run failed, e.g. ``{"stage": "data", "rank": 0, "error_class": "DataError"}``."""

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, metrics, optim, transport
+from training import contract, evaluation, metrics, optim, transport, watchdog
 from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
 from training.model import build_model, count_targets, export_config, loss_sum
@@ -293,7 +293,10 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root, run_name=job.run_name,
             every_n_steps=job.checkpoint.every_n_steps, report=ctx.checkpoint_report, device=device,
             model_config=model_config, uploads_in_flight=ctx.uploads_in_flight,
-            lease=ckpt_api.Lease(**lease) if lease else None)
+            lease=ckpt_api.Lease(**lease) if lease else None, every_minutes=job.checkpoint.every_minutes)
+    # Each finished step goes to the driver's progress watchdog (training/watchdog.py); no wait.
+    progress = (watchdog.rank_progress(job.run_name, ctx.rank, trainer.step, ctx.local_dir) if ctx.in_ray
+                else watchdog.Progress(None, ctx.rank, os.getpid()))
 
     throughput = metrics.ThroughputModel.for_model(
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
@@ -342,7 +345,8 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                 # the checkpoint report carries the loss of the last logged step (no host sync here)
                 stopped = ckpt.step_end(step, {"loss": steps[-1][contract.LOSS] if steps else None},
                                         max_steps=t.max_steps)
-        if job.eval.every_n_steps and step % job.eval.every_n_steps == 0 and not last:
+        evaluated = bool(job.eval.every_n_steps and step % job.eval.every_n_steps == 0 and not last)
+        if evaluated:
             with window.overhead():
                 held_out()
         # Ray Train handles reports in order: a metrics-only report after an ASYNC checkpoint
@@ -362,6 +366,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                     log.sync()
                     if report_now:
                         ctx.report({k: v for k, v in rows[-1].items() if v is not None})
+        progress.step(step, heavy=evaluated or (ckpt is not None and ckpt.last_saved_step == step))
 
     after = None if stopped else held_out()  # the SIGTERM grace period is for the checkpoint
     figures = evaluation.before_after(before, after)

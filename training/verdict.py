@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training import contract
+from training import contract, incidents
 
 ACCEPTED, REJECTED, EXECUTION_FAILED = "accepted", "rejected", "execution-failed"
 VERDICTS = (ACCEPTED, REJECTED, EXECUTION_FAILED)
@@ -131,7 +131,18 @@ def criteria_results(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def judge(record: dict[str, Any]) -> dict[str, Any] | None:
-    """The verdict of a finished record (None while it is ``running``)."""
+    """The verdict of a finished record (None while it is ``running``). A run that healed
+    itself says so: the incidents (training/incidents.py) are counted in the verdict and named
+    in its reason, whatever the verdict."""
+    judged = _judge(record)
+    found = incidents.of_record(record)
+    if judged is not None and found:
+        judged["incidents"] = len(found)
+        judged["reason"] = f"{judged['reason']}; after {incidents.summary(found)}"
+    return judged
+
+
+def _judge(record: dict[str, Any]) -> dict[str, Any] | None:
     status = record.get("status")
     if status in (None, "running"):
         return None

@@ -175,6 +175,13 @@ def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
     return flag
 
 
+def stop_was_requested() -> bool:
+    """True once this driver asked its workers to stop (a SIGTERM, or its own time limit): the
+    progress watchdog stands down while they write their final checkpoint."""
+    fired = _driver.get("fired")
+    return fired is not None and fired.is_set()
+
+
 def time_limit_reached() -> bool:
     """True once :func:`stop_driver_after` has fired in this driver: its stop is the run's planned end."""
     return "time_limit" in _driver
