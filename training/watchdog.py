@@ -221,13 +221,14 @@ class _Board:
                 "started": self.started}
 
 
-def _board_actor(node_id: str) -> Any:
+def _board_actor(node_id: str, name: str) -> Any:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     remote = ray.remote(num_cpus=0, max_concurrency=64)(_Board)
     # Pinned to the driver's node: a lost worker node must not take the record of its loss with it.
-    return remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+    return remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                          name=name, namespace=NAMESPACE).remote()
 
 
 def _probe(pid: int, stack_file: str, trace_prefix: str, kill: bool, wait_s: float) -> dict[str, Any]:
@@ -345,8 +346,7 @@ class Watchdog:
             ray.kill(ray.get_actor(board_name(self.run_name), namespace=NAMESPACE))
         except ValueError:
             pass
-        self.board = _board_actor(ray.get_runtime_context().get_node_id()).options(
-            name=board_name(self.run_name), namespace=NAMESPACE).remote()
+        self.board = _board_actor(ray.get_runtime_context().get_node_id(), board_name(self.run_name))
         ray.get(self.board.state.remote())  # up before any rank looks for it
         self._thread = threading.Thread(target=self._loop, name="progress-watchdog", daemon=True)
         self._thread.start()

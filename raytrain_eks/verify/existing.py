@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 
 from environment import Environment
-from environment.addons import ADDONS, ADDONS_BY_KEY, installed_addons
-from environment.contract import EFA_RESOURCE, GPU_RESOURCE, PART_OF
+from environment.addons import ADDONS, ADDONS_BY_KEY, NODE_MONITORING_AGENT, installed_addons, node_monitoring_configuration
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT_KEY, PART_OF
 from raytrain_eks.verify.cluster_inventory import Inventory, find_addon
 from raytrain_eks.verify.checks import Finding, failed, passed
 
@@ -94,9 +94,25 @@ def check_cluster_addons(env: Environment, eks) -> list[Finding]:
     if POD_IDENTITY_AGENT not in present:
         out.append(failed("cluster-addons", f"{name} has no {POD_IDENTITY_AGENT} add-on: the Ray pods' role comes through Pod Identity",
                           f"aws eks create-addon --cluster-name {name} --addon-name {POD_IDENTITY_AGENT}"))
+    if env.gpu_node_groups and NODE_MONITORING_AGENT not in present:
+        out.append(failed("cluster-addons", f"{name} has no {NODE_MONITORING_AGENT} add-on: a GPU node that goes bad "
+                                            "(an XID 79) is never marked unhealthy, so node auto repair never replaces it",
+                          f"aws eks create-addon --cluster-name {name} --addon-name {NODE_MONITORING_AGENT} "
+                          f"--configuration-values '{json.dumps(node_monitoring_configuration())}'"))
     for addon in present:
         described = eks.describe_addon(clusterName=name, addonName=addon)["addon"]
         version = described.get("addonVersion", "")
+        if addon == NODE_MONITORING_AGENT and env.gpu_node_groups:
+            config = json.loads(described.get("configurationValues") or "{}")
+            blind = [part for part in ("nodeAgent", "dcgmAgent")
+                     if not any(t.get("key") == GPU_TAINT_KEY and t.get("operator") == "Exists" or t == {"operator": "Exists"}
+                                for t in (config.get(part) or {}).get("tolerations") or [])]
+            if blind:
+                out.append(failed("cluster-addons", f"{addon} {version}: {' and '.join(blind)} do not tolerate the GPU taint "
+                                                    f"{GPU_TAINT_KEY}: it never runs on the GPU nodes it should watch",
+                                  f"aws eks update-addon --cluster-name {name} --addon-name {addon} "
+                                  f"--configuration-values '{json.dumps(node_monitoring_configuration())}'"))
+                continue
         if addon == "vpc-cni":
             config = json.loads(described.get("configurationValues") or "{}")
             if str(config.get("enableNetworkPolicy", "false")).lower() != "true":
@@ -110,7 +126,7 @@ def check_cluster_addons(env: Environment, eks) -> list[Finding]:
 
 
 def _group_problems(env: Environment, eks, inventory: Inventory, nodegroup: str, labels: dict, taints: tuple,
-                    instance_type: str = "", max_nodes: int = 0, gpus: int = 0, efa: int = 0) -> list[str]:
+                    instance_type: str = "", max_nodes: int = 0, gpus: int = 0, efa: int = 0, repair: bool = False) -> list[str]:
     try:
         group = eks.describe_nodegroup(clusterName=env.cluster.existing, nodegroupName=nodegroup)["nodegroup"]
     except eks.exceptions.ResourceNotFoundException:
@@ -125,6 +141,9 @@ def _group_problems(env: Environment, eks, inventory: Inventory, nodegroup: str,
             wrong.append(f"taint {t['key']}={t['value']}:{t['effect']} missing")
     if instance_type and instance_type not in (group.get("instanceTypes") or []):
         wrong.append(f"its instance types are {group.get('instanceTypes')}, the spec says {instance_type}")
+    if repair and (group.get("nodeRepairConfig") or {}).get("enabled") is not True:
+        # a GPU node the monitoring agent marks unhealthy stays in the group, and the next attempt lands on it
+        wrong.append("node auto repair is off (aws eks update-nodegroup-config --node-repair-config enabled=true)")
     if max_nodes and (group.get("scalingConfig") or {}).get("maxSize", 0) < max_nodes:
         wrong.append(f"its maxSize {(group.get('scalingConfig') or {}).get('maxSize')} is below max_nodes {max_nodes}")
     for node in inventory.nodes_of(nodegroup):
@@ -143,7 +162,7 @@ def check_node_groups(env: Environment, eks, inventory: Inventory) -> list[Findi
     system = env.system_node_group
     cases = [("system", system.existing, system.labels, (), {})]
     cases += [(g.name, g.existing, g.labels, g.taints, dict(instance_type=g.instance_type, max_nodes=g.max_nodes,
-                                                           gpus=g.gpus_per_node, efa=g.efa_per_node))
+                                                           gpus=g.gpus_per_node, efa=g.efa_per_node, repair=True))
               for g in env.gpu_node_groups if g.existing]
     out = []
     for name, nodegroup, labels, taints, sizes in cases:

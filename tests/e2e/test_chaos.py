@@ -159,8 +159,12 @@ def _run(cluster, tmp: Path, run: str, fault=None) -> dict:
         bucket, key = split_uri(f"{manifests.run_uri}/{name}")
         return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
 
+    try:
+        metrics = read("metrics.jsonl").decode()
+    except Exception as err:  # noqa: BLE001 - the job's own log says why
+        raise AssertionError(f"{run}: no metrics.jsonl ({err}):\n{logs[-6000:]}") from None
     losses: dict[int, float] = {}
-    for line in read("metrics.jsonl").decode().splitlines():
+    for line in metrics.splitlines():
         row = json.loads(line)
         if row.get("kind") == "train":
             losses[row["step"]] = row["loss"]  # a step redone after the resume: the later write wins

@@ -17,7 +17,7 @@ from environment.addons import installed_addons
 from environment.contract import PART_OF
 from environment.queueing import KUEUE_RESOURCES
 from existing_cluster_doubles import EC2_KEYS, EKS_KEYS, ModelledApi, helm_release_secret, team_cluster
-from infra_variants import EXISTING_CLUSTER, existing_raw
+from infra_variants import EXISTING_CLUSTER, EXISTING_GPU_GROUP, existing_raw
 from raytrain_eks.verify.cluster_inventory import decode_release
 from raytrain_eks.verify import command as verify_command
 from test_verify_command import charts, failures, moto, registry, run_verify, write_spec  # noqa: F401
@@ -134,6 +134,24 @@ def test_no_pod_identity_agent(world, charts, capsys):  # noqa: F811
     world.tables["eks"][("list_addons", EXISTING_CLUSTER)]["addons"].remove("eks-pod-identity-agent")
     _one_failure(world, capsys, charts, "has no eks-pod-identity-agent add-on",
                  f"aws eks create-addon --cluster-name {EXISTING_CLUSTER} --addon-name eks-pod-identity-agent")
+
+
+def test_no_node_monitoring_agent(world, charts, capsys):  # noqa: F811
+    world.tables["eks"][("list_addons", EXISTING_CLUSTER)]["addons"].remove("eks-node-monitoring-agent")
+    _one_failure(world, capsys, charts, "has no eks-node-monitoring-agent add-on",
+                 f"aws eks create-addon --cluster-name {EXISTING_CLUSTER} --addon-name eks-node-monitoring-agent "
+                 "--configuration-values")
+
+
+def test_a_node_monitoring_agent_that_does_not_tolerate_the_gpu_taint(world, charts, capsys):  # noqa: F811
+    world.tables["eks"][("describe_addon", "eks-node-monitoring-agent")]["addon"]["configurationValues"] = ""
+    _one_failure(world, capsys, charts, "nodeAgent and dcgmAgent do not tolerate the GPU taint nvidia.com/gpu",
+                 "aws eks update-addon")
+
+
+def test_a_gpu_group_without_node_auto_repair(world, charts, capsys):  # noqa: F811
+    del world.tables["eks"][("describe_nodegroup", EXISTING_GPU_GROUP)]["nodegroup"]["nodeRepairConfig"]
+    _one_failure(world, capsys, charts, "node auto repair is off", "--node-repair-config enabled=true")
 
 
 def test_network_policies_not_enforced(world, charts, capsys):  # noqa: F811
