@@ -16,8 +16,8 @@ run spans two nodes as a multi-node job does. The faults:
 - the store slowed under a checkpoint (tests/e2e/slow_store.py) and a rank killed while that
   checkpoint uploads: the run resumes from the last checkpoint the store completed.
 
-The watchdog's floor is lowered for the suite (``RAYTRAIN_HANG_FLOOR_S``) so a case costs
-seconds, not the production minute; bench/bench_recovery.py measures fault-to-progress times.
+The watchdog runs at its production floor (60 s); bench/bench_recovery.py measures
+fault-to-progress times.
 """
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ FAULT_AFTER_STEP = 7
 """The fault strikes once this step is logged: after the step-4 checkpoint, before the last."""
 SETS = [f"train.max_steps={MAX_STEPS}", "checkpoint.every_n_steps=4", "checkpoint.keep_last=4",
         "eval.every_n_steps=0", "checkpoint.export_hf=false"]
-HANG_ENV = {"RAYTRAIN_HANG_FLOOR_S": "20", "RAYTRAIN_HANG_FIRST_STEP_S": "240"}
+HANG_ENV = {"RAYTRAIN_HANG_FIRST_STEP_S": "300"}
+"""The production floor (60 s): a lower one declared a false hang here when the shared machine
+slowed one 6 s step to 28 s. The first-step bound is shortened (the faults strike later)."""
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 FAST = 512 * 2**20
 SLOW = 2 * 2**20
