@@ -154,6 +154,7 @@ def rank_progress(run_name: str, rank: int, start_step: int, local_dir: str) -> 
 
         board = ray.get_actor(board_name(run_name), namespace=NAMESPACE)
         node_id = ray.get_runtime_context().get_node_id()
+        actor_id = ray.get_runtime_context().get_actor_id() or ""
     except Exception:  # noqa: BLE001 - a plain process, or a trainer started without the driver's watchdog
         return Progress(None, rank, pid)
     stacks = os.path.join(local_dir, "stacks")
@@ -162,7 +163,7 @@ def rank_progress(run_name: str, rank: int, start_step: int, local_dir: str) -> 
     handle = open(stack_file, "w", encoding="utf-8")  # noqa: SIM115 - faulthandler keeps the descriptor
     _kept.append(handle)
     faulthandler.register(STACK_SIGNAL, file=handle, all_threads=True, chain=False)
-    board.begin.remote(rank, {"pid": pid, "node_id": node_id, "host": socket.gethostname(),
+    board.begin.remote(rank, {"pid": pid, "node_id": node_id, "actor_id": actor_id, "host": socket.gethostname(),
                               "node": os.environ.get(contract.ENV_NODE_NAME) or socket.gethostname(),
                               "stack_file": stack_file, "start_step": start_step,
                               "trace_prefix": os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "")}, time.time())
@@ -302,6 +303,34 @@ def describe_error(err: BaseException) -> dict[str, Any]:
             "preempted": bool(getattr(inner if inner is not None else err, "preempted", False))}
 
 
+DEATH_KINDS = {"NODE_DIED": incidents.NODE_LOST, "WORKER_DIED": incidents.WORKER_LOST}
+"""Ray's own reason a worker actor died (ray 2.58 ``common.proto`` ``ActorDiedErrorContext.Reason``,
+read through the state API's ``death_cause``): the evidence that outranks the errors the other
+ranks raised (a rank whose peer vanished fails its collective at once, often before Ray's poll
+has seen the vanished one). ``RAY_KILL`` is Ray Train tearing the group down: no evidence."""
+
+
+def death_reasons(ranks: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """``{rank: reason}`` of the ranks whose worker actor Ray records as dead, where it says why."""
+    try:
+        from ray.util.state import get_actor
+    except ImportError:
+        return {}
+    found = {}
+    for rank, info in ranks.items():
+        if not info.get("actor_id"):
+            continue
+        try:
+            actor = get_actor(info["actor_id"], timeout=10)
+            cause = (getattr(actor, "death_cause", None) or {}) if actor is not None else {}
+        except Exception:  # noqa: BLE001 - no state API here: the errors alone decide
+            continue
+        reason = (cause.get("actor_died_error_context") or {}).get("reason")
+        if reason in DEATH_KINDS:
+            found[int(rank)] = reason
+    return found
+
+
 def classify(error: dict[str, Any], node_alive: bool) -> str:
     """The incident kind of one error Ray Train saw on a rank."""
     classes = " ".join(error.get("classes", []))
@@ -403,10 +432,20 @@ class Watchdog:
         if self.open is None:  # a restart the watchdog did not see coming nor Ray's note explain
             self._add(incidents.incident(incidents.WORKER_ERROR, detail="the worker group restarted without a "
                                          "reported error (see the run's logs)", step=None), previous, now)
+        if self.open.get("errors") is not None:  # by now Ray knows which worker died and why
+            self._reclassify(self.open)
         start = [r["start_step"] for r in state["ranks"].values()]
         self.open["resumed_from_step"] = min(start) if start else None
         self.waiting.append(self.open)
         self.open = None
+
+    def _reclassify(self, pending: dict[str, Any]) -> None:
+        entry, ranks = pending["entry"], pending["ranks"]
+        kind, named = self._kinds(ranks, pending["errors"])
+        if (kind, named) != (entry["kind"], entry["ranks"]) and incidents.KINDS.index(kind) < incidents.KINDS.index(entry["kind"]):
+            entry["detail"] += f"; first seen as {entry['kind']} of rank {entry['ranks']}, Ray's record of the deaths says {kind}"
+            entry.update(kind=kind, ranks=named, nodes=sorted({ranks[r]["node"] for r in named if r in ranks}))
+            self.record.update(**{contract.INCIDENTS: list(self.record.data.get(contract.INCIDENTS) or [])})
 
     def _resolve_waiting(self, state: dict[str, Any]) -> None:
         for pending in list(self.waiting):
@@ -438,14 +477,20 @@ class Watchdog:
         except Exception:  # noqa: BLE001
             return {}
 
-    def _ray_saw(self, state: dict[str, Any], errors: dict[int, dict[str, Any]], now: float) -> None:
-        ranks = state["ranks"]
+    def _kinds(self, ranks: dict[int, dict[str, Any]], errors: dict[int, dict[str, Any]]) -> tuple[str, list[int]]:
+        """The incident's kind and the ranks it names: Ray's record of a worker's death first
+        (:func:`death_reasons`), then the errors Ray Train saw."""
         alive = self._nodes_alive()
         kinds = {int(r): classify(e, alive.get(ranks.get(int(r), {}).get("node_id"), True)) for r, e in errors.items()}
-        order = incidents.KINDS
-        kind = min(kinds.values(), key=order.index)
-        named = sorted(r for r, k in kinds.items() if k == kind)
-        detail = "; ".join(f"rank {r}: {'/'.join(errors[r]['classes'])}: {errors[r]['text'][:160]}" for r in named)
+        kinds.update({r: DEATH_KINDS[reason] for r, reason in death_reasons(ranks).items()})
+        kind = min(kinds.values(), key=incidents.KINDS.index)
+        return kind, sorted(r for r, k in kinds.items() if k == kind)
+
+    def _ray_saw(self, state: dict[str, Any], errors: dict[int, dict[str, Any]], now: float) -> None:
+        ranks = state["ranks"]
+        kind, named = self._kinds(ranks, errors)
+        detail = "; ".join(f"rank {r}: {'/'.join(errors[r]['classes'])}: {errors[r]['text'][:160]}" if r in errors
+                           else f"rank {r}: its worker died ({kind})" for r in named)
         if self.open is not None and self.open["attempt"] == self.attempt:
             entry = self.open["entry"]
             if self.open.get("ray_noted"):
@@ -461,7 +506,7 @@ class Watchdog:
                                    step=step, detail=detail,
                                    saved=[] if kind == incidents.WORKER_ERROR else ["nothing: the process was gone"])
         self._add(entry, self.attempt, now, self._step_s(state))
-        self.open["ray_noted"] = True
+        self.open.update(ray_noted=True, ranks=ranks, errors=errors)
 
     def _step_s(self, state: dict[str, Any]) -> float:
         times = sorted((int(k), v) for k, v in (state.get("min_step_at") or {}).items())
