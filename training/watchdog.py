@@ -29,9 +29,9 @@ The parts, none inside a rank's training thread:
   the ranks it named. Ray Train sees the dead worker at its next poll, tears the whole group
   down and restarts it from the last checkpoint (``checkpoint.max_failures``).
 
-The bound (:func:`hang_bound`): ``max(STEP_MULTIPLE x measured step time, FLOOR_S)``, plus an
-allowance when the step due next also evaluates or checkpoints
-(``max(STEP_MULTIPLE x the longest such step measured, EVENT_FLOOR_S)``); before an attempt has
+The bound (:func:`hang_bound`): ``max(STEP_MULTIPLE x measured step time, FLOOR_S)``; when the
+step due next also evaluates or checkpoints, the longest such step measured in the attempt takes
+the step time's place, and before one was measured ``EVENT_FLOOR_S`` is added; before an attempt has
 measured two steps, :data:`FIRST_STEP_S` (model build, restore, the evaluation before training
 and the first compile). The watchdog stands down once the last step is done (evaluation and
 export run after it: Ray's health check covers them) and after a stop was requested.
@@ -58,9 +58,9 @@ FLOOR_S = 60.0
 """The least time without a step before a hang is declared (:data:`contract.ENV_HANG_FLOOR_S`
 overrides): a tiny model's sub-second steps must not make a scheduler hiccup a hang."""
 EVENT_FLOOR_S = 300.0
-"""The least extra time for a step that evaluates or checkpoints before such a step was measured
-(``ENV_HANG_FLOOR_S`` also overrides it): a 7B model's evaluation or checkpoint snapshot takes
-minutes on a slow node."""
+"""The extra time for a step that evaluates or checkpoints before the attempt measured such a
+step (``ENV_HANG_FLOOR_S`` also overrides it): a 7B model's evaluation or checkpoint snapshot
+takes minutes on a slow node."""
 FIRST_STEP_S = 900.0
 """The bound for an attempt's first steps (:data:`contract.ENV_HANG_FIRST_STEP_S` overrides):
 the model build, the restore from storage, the evaluation before training and the first compile
@@ -109,12 +109,16 @@ def hang_bound(intervals: list[float], heavy_intervals: list[float], *, next_is_
     if len(intervals) < 2:
         return first_step_s, f"first steps of the attempt: {first_step_s:.0f} s (no step time measured yet)"
     step = statistics.median(intervals[-50:])
+    if next_is_heavy and heavy_intervals:  # such a step was measured: it is the step time to beat
+        heavy = max(heavy_intervals[-10:])
+        bound = max(STEP_MULTIPLE * max(step, heavy), floor_s)
+        return bound, (f"max({STEP_MULTIPLE:g} x measured evaluating/checkpointing step {heavy:.2f} s, "
+                       f"floor {floor_s:.0f} s) = {bound:.0f} s")
     bound = max(STEP_MULTIPLE * step, floor_s)
     why = f"max({STEP_MULTIPLE:g} x measured step {step:.2f} s, floor {floor_s:.0f} s) = {bound:.0f} s"
-    if next_is_heavy:
-        extra = max(STEP_MULTIPLE * max(heavy_intervals), event_floor_s) if heavy_intervals else event_floor_s
-        bound += extra
-        why += f" + {extra:.0f} s for the evaluation/checkpoint due"
+    if next_is_heavy:  # none measured yet: a stated allowance
+        bound += event_floor_s
+        why += f" + {event_floor_s:.0f} s for the first evaluation/checkpoint of the attempt"
     return bound, why
 
 
