@@ -316,10 +316,8 @@ has seen the vanished one). ``RAY_KILL`` is Ray Train tearing the group down: no
 
 def death_reasons(ranks: dict[int, dict[str, Any]]) -> dict[int, str]:
     """``{rank: reason}`` of the ranks whose worker actor Ray records as dead, where it says why."""
-    try:
-        from ray.util.state import get_actor
-    except ImportError:
-        return {}
+    from ray.util.state import get_actor
+
     found = {}
     for rank, info in ranks.items():
         if not info.get("actor_id"):

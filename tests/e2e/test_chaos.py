@@ -79,16 +79,18 @@ class Node:
         self.proc = subprocess.Popen(cmd, env=child, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT)
 
     def kill(self, actor_pids: list[int]) -> None:
-        """The node lost whole: every process of its session and its workers, SIGKILL."""
+        """The node lost whole: every process of its session (its raylet first, so no one is
+        left to report a worker's death as a worker's: the instance is gone), then any worker
+        of it that left the session, SIGKILL."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         for pid in actor_pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(timeout=30)
 
 

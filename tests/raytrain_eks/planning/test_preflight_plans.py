@@ -461,7 +461,10 @@ def test_a_full_fine_tune_that_does_not_fit_is_told_offload_or_lora_and_each_the
     assert 'add [[model.transforms]] name = "lora" (adapters only; ~' in err, err
     code, out, err = preflight(capsys, *SEVEN_B, "--set", 'model.transforms=[{name = "lora"}]')
     assert code == 0 and "PASS  memory" in out and "host memory" not in out, err
-    code, out, err = preflight(capsys, *SEVEN_B, "--set", "parallel.cpu_offload=true")
+    # 200 offloaded steps take ~250 min at the slow end (71 s/step): past the default deadline,
+    # which the deadline check refuses on its own (test_a_run_its_deadline_cannot_hold_...)
+    code, out, err = preflight(capsys, *SEVEN_B, "--set", "parallel.cpu_offload=true",
+                               "--set", "rayjob.active_deadline_minutes=300")
     assert code == 0 and "PASS  memory" in out, err
     assert "PASS  host memory       parallel.cpu_offload keeps parameters, gradients and AdamW state in host memory" in out
     assert "per node (4 workers) of the 160 GiB one worker pod may use (g6.12xlarge); it saves ~" in out
