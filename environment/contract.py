@@ -84,6 +84,23 @@ JOB_CONFIG_ANNOTATION = f"{PROVENANCE_PREFIX}/job-config"
 UNLOCKED = "unlocked"
 ON_CLUSTER_SUFFIX = "-on-cluster"
 """Appended to the run's name for the RayJob of a run on the long-lived RayCluster."""
+RUN_TAG = "kubernetes-service-account"
+"""The EKS Pod Identity session tag that names a run: each run's pods use a service account
+named after the run, and EKS Pod Identity tags the role session with its name (Amazon EKS User
+Guide, "Grant Pods access to AWS resources based on tags": eks-cluster-arn, eks-cluster-name,
+kubernetes-namespace, kubernetes-service-account, kubernetes-pod-name, kubernetes-pod-uid)."""
+INPUTS_PREFIX = "_inputs"
+"""The folder of the runs' storage where ``submit`` uploads a job's local inputs (the job reads
+it as ``training.contract.INPUTS_DIR``, which cannot import this layer: a test holds them equal)."""
+PIPELINE_RUN_PREFIX = "smoke-"
+"""Run names the pipeline's smoke runs take (raytrain_eks/pipeline/smoke.py): the evidence the
+gate judges; ``submit`` refuses them and the long-lived cluster's pods may not write them."""
+
+
+def run_role_name(cluster_name: str) -> str:
+    """The IAM role every run's own service account is associated with (one role, its grants
+    made per run by the session tag :data:`RUN_TAG`); named, so ``submit`` can name it."""
+    return f"{cluster_name}-ray-runs"[:64]
 """The image-digest annotation of a manifest whose image is a moving tag."""
 
 # --- the checkpoint bucket's layout (infra grants, charts and the demo upload) --------------

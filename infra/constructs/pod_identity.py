@@ -1,12 +1,28 @@
 """The AWS identities of the cluster's workloads, through EKS Pod Identity: the Ray pods'
-(:class:`RayIdentity`: the Ray namespace, its network policies, its service account, and the pod
-role behind it) and cluster-autoscaler's (:class:`AutoscalerIdentity`: describe calls on
-anything, scaling only of this cluster's Auto Scaling groups).
+(:class:`RayIdentity`: the Ray namespace, its network policies, the long-lived cluster's service
+account and role, and the role of every run's own service account) and cluster-autoscaler's
+(:class:`AutoscalerIdentity`: describe calls on anything, scaling only of this cluster's Auto
+Scaling groups).
 
-The pod role may read and write objects under ``s3://<bucket>/<prefix>/``, list the one bucket,
-READ the spec's read-only prefixes (the code archive, base models, datasets), and
-nothing else: no ``s3:*``, no ``Resource: *``; every statement holds only for a bucket owned by
-this account (``s3:ResourceAccount``), so a same-named bucket elsewhere is never trusted.
+**Each run its own prefix.** A job on a cluster of its own runs under a service account named
+after the run (``charts/ray_charts.py``), associated by ``submit`` (or the pipeline's Smoke step)
+with ONE run role (:func:`run_policy_statements`). EKS Pod Identity tags the role session with
+the service account's name (``kubernetes-service-account``), and the run role's grants name the
+prefix through that tag, ``<prefix>/${aws:PrincipalTag/kubernetes-service-account}/*``: a run's
+pods read and write their run's folder only, read the uploaded inputs and the read-only prefixes,
+and nothing else. A Pod Identity association names one service account (no pattern), so a
+per-run account needs a per-run association: ``submit`` creates it with the operator's rights
+(docs/security.md says why this and not a pool of accounts or a role per job class).
+
+**The long-lived RayCluster** (``-on-cluster`` jobs) is one set of pods serving every job that
+lands on it: one service account, one role. It runs in single-team mode: its role may read and
+write every run folder, never the pipeline's smoke runs (``smoke-*``) nor the uploaded inputs
+(explicit Deny statements, which no Allow overrides).
+
+Every statement holds only for a bucket owned by this account (``s3:ResourceAccount``), and
+every trust policy only for this cluster's Ray namespace (the session tags EKS Pod Identity
+sends, ``aws:RequestTag/eks-cluster-arn`` and ``aws:RequestTag/kubernetes-namespace``, as the
+Amazon EKS User Guide's "Create IAM role with trust policy required by EKS Pod Identity" shows).
 
 The namespace comes with its default-deny ingress and the two admitted outside callers
 (:func:`environment.network_policy.namespace_policies`), so no Ray pod ever runs unprotected.
@@ -16,7 +32,7 @@ from __future__ import annotations
 from aws_cdk import Stack, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
-from environment.contract import PART_OF, POD_SECURITY_LABELS
+from environment.contract import INPUTS_PREFIX, PART_OF, PIPELINE_RUN_PREFIX, POD_SECURITY_LABELS, RUN_TAG, run_role_name
 from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
 
@@ -36,21 +52,59 @@ def same_account(account: str) -> dict:
     return {"StringEquals": {"s3:ResourceAccount": account}}
 
 
+RUN_FOLDER = "${aws:PrincipalTag/%s}" % RUN_TAG
+"""An IAM policy variable: the session tag EKS Pod Identity sets to the service account's name."""
+TRACKING_ACTIONS = ("sagemaker-mlflow:*",)
+"""Every action of SageMaker with MLflow (Service Authorization Reference, service prefix
+``sagemaker-mlflow``), granted on the one tracking server ARN: only the actions whose resource
+type is ``mlflow-tracking-server`` can apply (``AccessUI`` has none, so it is not granted)."""
+
+
 def checkpoint_policy_statements(bucket_arn: str, prefix: str, account: str,
                                  read_only_prefixes: tuple[str, ...] = ()) -> list[iam.PolicyStatement]:
-    """Least privilege on one bucket of ``account``: read/write one prefix, read-only on a few others."""
+    """The long-lived cluster's role (single-team mode): read/write every run under ``prefix``,
+    read-only on a few others; never the pipeline's smoke runs nor the uploaded inputs."""
     owned = same_account(account)
     statements = [
         iam.PolicyStatement(
             sid="CheckpointObjects", actions=list(OBJECT_ACTIONS),
             resources=[f"{bucket_arn}/{prefix}/*"], conditions=owned),
+        # The evidence the pipeline's gate judges, and what submit uploaded for other runs:
+        # an explicit Deny wins over every Allow (IAM policy evaluation logic).
+        iam.PolicyStatement(
+            sid="NeverPipelineEvidenceOrInputs", effect=iam.Effect.DENY,
+            actions=["s3:PutObject", "s3:DeleteObject"],
+            resources=[f"{bucket_arn}/{prefix}/{PIPELINE_RUN_PREFIX}*", f"{bucket_arn}/{prefix}/{INPUTS_PREFIX}/*"]),
     ]
-    if read_only_prefixes:
-        # Ray's runtime-env agent downloads the code archive (working_dir) with the pod's
-        # credentials; jobs read their base model and data from here. Never written by pods.
+    return [*statements, *_reads(bucket_arn, prefix, owned, read_only_prefixes)]
+
+
+def run_policy_statements(bucket_arn: str, prefix: str, account: str, read_only_prefixes: tuple[str, ...] = (),
+                          tracking_server_arn: str = "") -> list[iam.PolicyStatement]:
+    """The run role: each run's pods read and write their own run folder only (the session tag
+    names it), read the inputs submit uploaded and the read-only prefixes; MLflow on the one
+    tracking server when the spec names one."""
+    owned = same_account(account)
+    statements = [
+        iam.PolicyStatement(
+            sid="OwnRunObjects", actions=list(OBJECT_ACTIONS),
+            resources=[f"{bucket_arn}/{prefix}/{RUN_FOLDER}/*"], conditions=owned),
+        *_reads(bucket_arn, prefix, owned, read_only_prefixes),
+    ]
+    if tracking_server_arn:
         statements.append(iam.PolicyStatement(
-            sid="ReadJobInputs", actions=["s3:GetObject"],
-            resources=[f"{bucket_arn}/{p}/*" for p in read_only_prefixes], conditions=owned))
+            sid="TrackingServer", actions=list(TRACKING_ACTIONS), resources=[tracking_server_arn]))
+    return statements
+
+
+def _reads(bucket_arn: str, prefix: str, owned: dict, read_only_prefixes: tuple[str, ...]) -> list[iam.PolicyStatement]:
+    # Ray's runtime-env agent downloads the code archive (working_dir) with the pod's
+    # credentials; jobs read their base model and data from here, and what submit uploaded
+    # (content-addressed, written by people who submit, never by a pod).
+    statements = [iam.PolicyStatement(
+        sid="ReadJobInputs", actions=["s3:GetObject"],
+        resources=[f"{bucket_arn}/{p}/*" for p in read_only_prefixes] + [f"{bucket_arn}/{prefix}/{INPUTS_PREFIX}/*"],
+        conditions=owned)]
     statements.append(iam.PolicyStatement(
         # On the one bucket, without an s3:prefix condition: HeadBucket (pyarrow's and Ray's
         # "does the bucket exist" check before every write) is authorised by s3:ListBucket and
@@ -60,9 +114,18 @@ def checkpoint_policy_statements(bucket_arn: str, prefix: str, account: str,
     return statements
 
 
+def pod_identity_trust(cluster_arn: str, namespace: str) -> iam.IPrincipal:
+    """EKS Pod Identity (AssumeRole with session tags), for pods of this cluster's ``namespace`` only."""
+    return iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")).with_conditions({
+        "StringEquals": {"aws:RequestTag/eks-cluster-arn": cluster_arn,
+                         "aws:RequestTag/kubernetes-namespace": namespace}})
+
+
 class RayIdentity(Construct):
-    """Namespace + service account + pod role + Pod Identity association. Exposes :attr:`role`,
-    :attr:`manifest`, :attr:`association`, :attr:`namespace` and :attr:`service_account_name`.
+    """Namespace + the long-lived cluster's service account, role and Pod Identity association +
+    the run role (no association: one per run, made by ``submit``). Exposes :attr:`role`,
+    :attr:`run_role`, :attr:`manifest`, :attr:`association`, :attr:`namespace` and
+    :attr:`service_account_name`.
 
     Built from parts instead of ``cluster.add_service_account(identity_type=POD_IDENTITY)``:
     that helper also annotates the service account with the IRSA ``eks.amazonaws.com/role-arn``,
@@ -70,10 +133,10 @@ class RayIdentity(Construct):
     whose trust policy (rightly) does not accept it.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster,
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster, cluster_name: str,
                  namespace: str, service_account_name: str, bucket_name: str, prefix: str,
                  pod_identity_agent: Construct | None, operator_namespace: str,
-                 read_only_prefixes: tuple[str, ...] = ()) -> None:
+                 read_only_prefixes: tuple[str, ...] = (), tracking_server_arn: str = "") -> None:
         super().__init__(scope, construct_id)
         self.namespace = namespace
         self.service_account_name = service_account_name
@@ -89,32 +152,57 @@ class RayIdentity(Construct):
             *self.network_policies,
             {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
              "metadata": {"name": service_account_name, "namespace": namespace, "labels": labels}})
+        stack = Stack.of(self)
+        # Built from the spec's name: the same string the session tag carries (an imported
+        # cluster's attribute would be a token of another stack).
+        cluster_arn = stack.format_arn(service="eks", resource="cluster", resource_name=cluster_name)
+        trust = pod_identity_trust(cluster_arn, namespace)
         self.role = iam.Role(
             self, "PodRole",
-            description=f"Ray pods ({namespace}/{service_account_name}): checkpoints under one prefix, read-only inputs",
+            description=f"Ray pods of the long-lived cluster ({namespace}/{service_account_name}): every run "
+                        "(single-team), never the pipeline's smoke runs or the uploaded inputs",
             # EKS Pod Identity assumes the role with session tags: both actions are required.
-            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")))
+            assumed_by=trust)
         self.association = eks.CfnPodIdentityAssociation(
             self, "Association", cluster_name=cluster.cluster_name, namespace=namespace,
             service_account=service_account_name, role_arn=self.role.role_arn)
         if pod_identity_agent is not None:  # None: an existing cluster's agent (verify checks it)
             self.association.node.add_dependency(pod_identity_agent)
+        self.run_role = iam.Role(
+            self, "RunRole", role_name=run_role_name(cluster_name), assumed_by=trust,
+            description=f"Each run's own pods ({namespace}/<run>): their run's folder only, read-only inputs")
         # The bucket lives in the storage stack; its name is spec-derived, so the ARN is built
         # here instead of imported (no cross-stack export pins the stateful stack).
-        stack = Stack.of(self)
         bucket_arn = f"arn:{stack.partition}:s3:::{bucket_name}"
         self.policy = iam.Policy(self, "CheckpointAccess", statements=checkpoint_policy_statements(
             bucket_arn, prefix, stack.account, read_only_prefixes))
         self.policy.attach_to_role(self.role)
+        self.run_policy = iam.Policy(self, "RunAccess", statements=run_policy_statements(
+            bucket_arn, prefix, stack.account, read_only_prefixes, tracking_server_arn))
+        self.run_policy.attach_to_role(self.run_role)
+        if tracking_server_arn:
+            # The long-lived cluster's jobs log to the same server.
+            self.policy.add_statements(iam.PolicyStatement(
+                sid="TrackingServer", actions=list(TRACKING_ACTIONS), resources=[tracking_server_arn]))
         acknowledge(
             self.policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/*]",
-            "Checkpoint keys are created at run time under the run prefix; the wildcard "
-            "is confined to that prefix of the one checkpoint bucket.")
-        for ro in read_only_prefixes:
-            acknowledge(
-                self.policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{ro}/*]",
-                f"Read-only (s3:GetObject) on the '{ro}/' inputs prefix of the one bucket: content-"
-                "addressed code archives, base models and datasets named at run time.")
+            "Single-team mode of the long-lived cluster: its pods serve every -on-cluster job; the "
+            "wildcard is confined to the runs prefix of the one bucket, less the pipeline's runs and inputs.")
+        acknowledge(
+            self.run_policy,
+            # cdk-nag names a policy variable ${aws:X} as <aws:X> in its finding ids.
+            f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/<aws:PrincipalTag/{RUN_TAG}>/*]",
+            "One run's own folder: the policy variable is the run's service account, set by EKS Pod "
+            "Identity's session tag; the wildcard covers the keys the run creates there.")
+        for policy in (self.policy, self.run_policy):
+            for ro in (*read_only_prefixes, f"{prefix}/{INPUTS_PREFIX}"):
+                acknowledge(
+                    policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{ro}/*]",
+                    f"Read-only (s3:GetObject) on the '{ro}/' inputs prefix of the one bucket: content-"
+                    "addressed code archives, uploaded inputs, base models and datasets named at run time.")
+            if tracking_server_arn:
+                acknowledge(policy, "AwsSolutions-IAM5[Action::sagemaker-mlflow:*]",
+                            "Every MLflow action on the one tracking server the spec names (resource-level).")
 
 
 # cluster-autoscaler's AWS README ("Full Cluster Autoscaler Features Policy").
@@ -136,7 +224,8 @@ class AutoscalerIdentity(Construct):
         super().__init__(scope, construct_id)
         self.role = iam.Role(
             self, "Role", description=f"cluster-autoscaler of EKS cluster {cluster_name}",
-            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")))
+            assumed_by=pod_identity_trust(
+                Stack.of(self).format_arn(service="eks", resource="cluster", resource_name=cluster_name), namespace))
         policy = iam.Policy(self, "Scaling", statements=[
             iam.PolicyStatement(sid="Describe", actions=list(READ_ACTIONS), resources=["*"]),
             # EKS tags every managed node group's ASG with k8s.io/cluster-autoscaler/<cluster>.

@@ -101,10 +101,10 @@ class AttachedClusterStack(Stack):
 
         self.addons = ClusterAddons(self, "Addons", cluster=self.cluster, addons=addons, present=present_addons)
         identity = RayIdentity(
-            self, "Ray", cluster=self.cluster, namespace=ray.namespace,
+            self, "Ray", cluster=self.cluster, cluster_name=spec.existing, namespace=ray.namespace,
             service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
             pod_identity_agent=None, operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace,
-            read_only_prefixes=read_only_prefixes)
+            read_only_prefixes=read_only_prefixes, tracking_server_arn=ray.mlflow_tracking_server_arn)
         if "kuberay_operator" in self.addons.charts:
             # Deleted before the operator, which alone removes the RayJobs' finalizers (cluster.py).
             identity.manifest.node.add_dependency(self.addons.charts["kuberay_operator"])
@@ -125,3 +125,5 @@ class AttachedClusterStack(Stack):
                   value=f"aws eks update-kubeconfig --name {spec.existing} --region {spec.region}")
         CfnOutput(self, "PodRoleArn", value=self.pod_role.role_arn,
                   description=f"Role of service account {ray.namespace}/{ray.service_account}")
+        CfnOutput(self, "RunRoleArn", value=identity.run_role.role_arn,
+                  description=f"Role of each run's own service account {ray.namespace}/<run> (submit associates it)")

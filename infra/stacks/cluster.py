@@ -187,11 +187,11 @@ class ClusterStack(Stack):
                                  self.managed_addons.addons["coredns"])
 
         identity = RayIdentity(
-            self, "Ray", cluster=self.cluster, namespace=ray.namespace,
+            self, "Ray", cluster=self.cluster, cluster_name=spec.name, namespace=ray.namespace,
             service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
             pod_identity_agent=self.managed_addons.pod_identity_agent,
             operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace,
-            read_only_prefixes=read_only_prefixes)
+            read_only_prefixes=read_only_prefixes, tracking_server_arn=ray.mlflow_tracking_server_arn)
         self.autoscaler = AutoscalerIdentity(
             self, "ClusterAutoscaler", cluster=self.cluster, cluster_name=spec.name,
             namespace="kube-system", service_account=CLUSTER_AUTOSCALER_SERVICE_ACCOUNT)
@@ -214,6 +214,8 @@ class ClusterStack(Stack):
                   value=f"aws eks update-kubeconfig --name {spec.name} --region {spec.region}")
         CfnOutput(self, "PodRoleArn", value=self.pod_role.role_arn,
                   description=f"Role of service account {ray.namespace}/{ray.service_account}")
+        CfnOutput(self, "RunRoleArn", value=identity.run_role.role_arn,
+                  description=f"Role of each run's own service account {ray.namespace}/<run> (submit associates it)")
 
 
 def admin_construct_id(arn: str) -> str:
