@@ -144,6 +144,9 @@ pinned in pyproject.toml; infra/build.py (KUBECTL_LAYERS) derives the module fro
 
 # --- what the pipeline adds to a smoke run's run.json ---------------------------------------
 RECORD_IMAGE_RAN = "image_ran"
+RECORD_EVIDENCE = "evidence_versions"
+"""run.json key the pipeline's Smoke step writes: ``{file name: S3 VersionId}`` of the records the
+gate judges, pinned when the smoke run ended (raytrain_eks/pipeline/smoke.py ``pin_evidence``)."""
 """run.json key the pipeline writes after a smoke run: ``{"pods": {pod: imageID}, "source": ...}``
 from the pods' ``status.containerStatuses[].imageID`` (what the runtime pulled). A container
 cannot read its own imageID (the downward API has no such field), so the job records only the
