@@ -94,7 +94,7 @@ INPUTS_PREFIX = "_inputs"
 it as ``training.contract.INPUTS_DIR``, which cannot import this layer: a test holds them equal)."""
 PIPELINE_RUN_PREFIX = "smoke-"
 """Run names the pipeline's smoke runs take (raytrain_eks/pipeline/smoke.py): the evidence the
-gate judges; ``submit`` refuses them and the long-lived cluster's pods may not write them."""
+gate judges; the long-lived cluster's pods may not write them (docs/security.md)."""
 
 
 def run_role_name(cluster_name: str) -> str:

@@ -194,15 +194,16 @@ class RayIdentity(Construct):
             f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/<aws:PrincipalTag/{RUN_TAG}>/*]",
             "One run's own folder: the policy variable is the run's service account, set by EKS Pod "
             "Identity's session tag; the wildcard covers the keys the run creates there.")
-        for policy in (self.policy, self.run_policy):
+        for policy, whose in ((self.policy, "the long-lived cluster's pods"), (self.run_policy, "each run's own pods")):
             for ro in (*read_only_prefixes, f"{prefix}/{INPUTS_PREFIX}"):
                 acknowledge(
                     policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{ro}/*]",
-                    f"Read-only (s3:GetObject) on the '{ro}/' inputs prefix of the one bucket: content-"
-                    "addressed code archives, uploaded inputs, base models and datasets named at run time.")
+                    f"Read-only (s3:GetObject) for {whose} on the '{ro}/' inputs prefix of the one bucket: "
+                    "content-addressed code archives, uploaded inputs, base models and datasets named at run time.")
             if tracking_server_arn:
                 acknowledge(policy, "AwsSolutions-IAM5[Action::sagemaker-mlflow:*]",
-                            "Every MLflow action on the one tracking server the spec names (resource-level).")
+                            f"Every MLflow action for {whose} on the one tracking server the spec names "
+                            "(resource-level; AccessUI, which has no resource type, is not granted).")
 
 
 # cluster-autoscaler's AWS README ("Full Cluster Autoscaler Features Policy").

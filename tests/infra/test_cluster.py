@@ -223,40 +223,59 @@ def _pod_role_id(synth) -> str:
     return synth.json("cluster")["Outputs"]["PodRoleArn"]["Value"]["Fn::GetAtt"][0]
 
 
-def test_pod_role_trusts_only_pod_identity(default):
-    role = default.json("cluster")["Resources"][_pod_role_id(default)]["Properties"]
-    [statement] = role["AssumeRolePolicyDocument"]["Statement"]
-    assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
-    assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
-    assert "ManagedPolicyArns" not in role
+def test_pod_roles_trust_only_pod_identity_of_this_clusters_ray_namespace(default):
+    for output in ("PodRoleArn", "RunRoleArn"):
+        role = default.json("cluster")["Resources"][_output_role_id(default, output)]["Properties"]
+        [statement] = role["AssumeRolePolicyDocument"]["Statement"]
+        assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+        assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
+        tags = statement["Condition"]["StringEquals"]
+        assert tags["aws:RequestTag/kubernetes-namespace"] == default.env.ray.namespace
+        assert tags["aws:RequestTag/eks-cluster-arn"]["Fn::Join"][1][-1] == f":cluster/{default.env.cluster.eks_name}"
+        assert "ManagedPolicyArns" not in role
 
 
-def test_pod_policy_is_least_privilege_on_the_prefix(variant):
-    env = variant.env
-    bucket, prefix = env.bucket_name, env.storage.prefix
-    pod_role = {"Ref": _pod_role_id(variant)}
-    policies = [p["Properties"] for p in variant.resources("cluster", "AWS::IAM::Policy").values()
-                if pod_role in p["Properties"]["Roles"]]
-    [policy] = policies  # nothing else is attached to the pod role
-    statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
-    arn = lambda suffix: {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":s3:::{bucket}{suffix}"]]}
-    # every statement: only for a bucket of this account, never a same-named one elsewhere
-    owned = {"StringEquals": {"s3:ResourceAccount": env.cluster.account or {"Ref": "AWS::AccountId"}}}
-    assert statements["CheckpointObjects"] == {
-        "Sid": "CheckpointObjects", "Effect": "Allow", "Resource": arn(f"/{prefix}/*"), "Condition": owned,
-        "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
-                   "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]}
-    read_only = env.storage.read_only_prefixes
-    assert statements["ReadJobInputs"] == {
-        "Sid": "ReadJobInputs", "Effect": "Allow", "Action": "s3:GetObject",
-        "Resource": [arn(f"/{ro}/*") for ro in read_only], "Condition": owned}
-    # HeadBucket needs s3:ListBucket with no prefix: unconditioned, but on this one bucket only
-    assert statements["ListCheckpointBucket"] == {
-        "Sid": "ListCheckpointBucket", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn(""),
-        "Condition": owned}
-    assert set(statements) == {"CheckpointObjects", "ReadJobInputs", "ListCheckpointBucket"}
+def _output_role_id(synth, output: str) -> str:
+    return synth.json("cluster")["Outputs"][output]["Value"]["Fn::GetAtt"][0]
+
+
+def _statements(synth, output: str) -> dict:
+    role = {"Ref": _output_role_id(synth, output)}
+    [policy] = [p["Properties"] for p in synth.resources("cluster", "AWS::IAM::Policy").values()
+                if role in p["Properties"]["Roles"]]  # nothing else is attached to a pod role
     text = json.dumps(policy)
     assert '"s3:*"' not in text and '"Resource": "*"' not in text
+    return {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
+
+
+def test_pod_policies_are_least_privilege(variant):
+    """The statements as written (what each grants is judged by IAM's rules in test_run_isolation.py)."""
+    env = variant.env
+    bucket, prefix = env.bucket_name, env.storage.prefix
+    arn = lambda suffix: {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":s3:::{bucket}{suffix}"]]}  # noqa: E731
+    # every statement: only for a bucket of this account, never a same-named one elsewhere
+    owned = {"StringEquals": {"s3:ResourceAccount": env.cluster.account or {"Ref": "AWS::AccountId"}}}
+    actions = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+    reads = {"Sid": "ReadJobInputs", "Effect": "Allow", "Action": "s3:GetObject", "Condition": owned,
+             "Resource": [arn(f"/{ro}/*") for ro in env.storage.read_only_prefixes] + [arn(f"/{prefix}/_inputs/*")]}
+    # HeadBucket needs s3:ListBucket with no prefix: unconditioned, but on this one bucket only
+    listing = {"Sid": "ListCheckpointBucket", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn(""),
+               "Condition": owned}
+    tracking = ({"TrackingServer": {"Sid": "TrackingServer", "Effect": "Allow", "Action": "sagemaker-mlflow:*",
+                                    "Resource": env.ray.mlflow_tracking_server_arn}}
+                if env.ray.mlflow_tracking_server_arn else {})
+    run = _statements(variant, "RunRoleArn")
+    assert run == {"OwnRunObjects": {"Sid": "OwnRunObjects", "Effect": "Allow", "Action": actions, "Condition": owned,
+                                     "Resource": arn(f"/{prefix}/${{aws:PrincipalTag/kubernetes-service-account}}/*")},
+                   "ReadJobInputs": reads, "ListCheckpointBucket": listing, **tracking}
+    shared = _statements(variant, "PodRoleArn")
+    assert shared == {
+        "CheckpointObjects": {"Sid": "CheckpointObjects", "Effect": "Allow", "Action": actions, "Condition": owned,
+                              "Resource": arn(f"/{prefix}/*")},
+        "NeverPipelineEvidenceOrInputs": {"Sid": "NeverPipelineEvidenceOrInputs", "Effect": "Deny",
+                                          "Action": ["s3:PutObject", "s3:DeleteObject"],
+                                          "Resource": [arn(f"/{prefix}/smoke-*"), arn(f"/{prefix}/_inputs/*")]},
+        "ReadJobInputs": reads, "ListCheckpointBucket": listing, **tracking}
 
 
 def test_outputs(default):

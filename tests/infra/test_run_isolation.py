@@ -140,3 +140,12 @@ def test_the_evaluator_follows_iams_rules():
     assert not allowed(cond({"StringLike": {"k": "a*"}}), req())
     assert allowed(cond({"StringNotEquals": {"k": "a"}}), req())
     assert not allowed(cond({"StringNotEquals": {"k": "a"}}), req(k="a"))
+
+
+def test_the_inputs_folder_is_one_name_on_both_sides_of_the_layers():
+    """infra may not import training (tests/test_layers.py): the folder the policies protect and
+    the folder submit uploads into and the job reads are held equal here."""
+    from environment.contract import INPUTS_PREFIX
+    from training.contract import INPUTS_DIR
+
+    assert INPUTS_PREFIX == INPUTS_DIR
