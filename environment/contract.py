@@ -97,6 +97,12 @@ PIPELINE_RUN_PREFIX = "smoke-"
 gate judges; the long-lived cluster's pods may not write them (docs/security.md)."""
 
 
+SMOKE_SERVICE_ACCOUNT = "raytrain-smoke"
+"""The service account of the pipeline's smoke runs (raytrain_eks/pipeline/smoke.py): associated
+by the cluster stack with a role that writes ``<prefix>/smoke-*`` only, so the pipeline needs no
+right to create associations."""
+
+
 def run_role_name(cluster_name: str) -> str:
     """The IAM role every run's own service account is associated with (one role, its grants
     made per run by the session tag :data:`RUN_TAG`); named, so ``submit`` can name it."""

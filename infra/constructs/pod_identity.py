@@ -14,6 +14,10 @@ and nothing else. A Pod Identity association names one service account (no patte
 per-run account needs a per-run association: ``submit`` creates it with the operator's rights
 (docs/security.md says why this and not a pool of accounts or a role per job class).
 
+**The pipeline's smoke runs** run under one fixed service account (``raytrain-smoke``),
+associated here with a role that writes the smoke runs' folders (``smoke-*``) only: the evidence
+the pipeline's gate judges is written by the smoke run and the pipeline alone.
+
 **The long-lived RayCluster** (``-on-cluster`` jobs) is one set of pods serving every job that
 lands on it: one service account, one role. It runs in single-team mode: its role may read and
 write every run folder, never the pipeline's smoke runs (``smoke-*``) nor the uploaded inputs
@@ -32,7 +36,8 @@ from __future__ import annotations
 from aws_cdk import Stack, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
-from environment.contract import INPUTS_PREFIX, PART_OF, PIPELINE_RUN_PREFIX, POD_SECURITY_LABELS, RUN_TAG, run_role_name
+from environment.contract import (INPUTS_PREFIX, PART_OF, PIPELINE_RUN_PREFIX, POD_SECURITY_LABELS, RUN_TAG,
+                                  SMOKE_SERVICE_ACCOUNT, run_role_name)
 from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
 
@@ -97,6 +102,23 @@ def run_policy_statements(bucket_arn: str, prefix: str, account: str, read_only_
     return statements
 
 
+def smoke_policy_statements(bucket_arn: str, prefix: str, account: str, read_only_prefixes: tuple[str, ...] = (),
+                            tracking_server_arn: str = "") -> list[iam.PolicyStatement]:
+    """The pipeline's smoke runs (one service account, :data:`SMOKE_SERVICE_ACCOUNT`): read and
+    write the smoke runs' folders only, read the inputs, as a run does."""
+    owned = same_account(account)
+    statements = [
+        iam.PolicyStatement(
+            sid="SmokeRunObjects", actions=list(OBJECT_ACTIONS),
+            resources=[f"{bucket_arn}/{prefix}/{PIPELINE_RUN_PREFIX}*"], conditions=owned),
+        *_reads(bucket_arn, prefix, owned, read_only_prefixes),
+    ]
+    if tracking_server_arn:
+        statements.append(iam.PolicyStatement(
+            sid="TrackingServer", actions=list(TRACKING_ACTIONS), resources=[tracking_server_arn]))
+    return statements
+
+
 def _reads(bucket_arn: str, prefix: str, owned: dict, read_only_prefixes: tuple[str, ...]) -> list[iam.PolicyStatement]:
     # Ray's runtime-env agent downloads the code archive (working_dir) with the pod's
     # credentials; jobs read their base model and data from here, and what submit uploaded
@@ -114,11 +136,13 @@ def _reads(bucket_arn: str, prefix: str, owned: dict, read_only_prefixes: tuple[
     return statements
 
 
-def pod_identity_trust(cluster_arn: str, namespace: str) -> iam.IPrincipal:
-    """EKS Pod Identity (AssumeRole with session tags), for pods of this cluster's ``namespace`` only."""
-    return iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")).with_conditions({
-        "StringEquals": {"aws:RequestTag/eks-cluster-arn": cluster_arn,
-                         "aws:RequestTag/kubernetes-namespace": namespace}})
+def pod_identity_trust(cluster_arn: str, namespace: str, service_account: str = "") -> iam.IPrincipal:
+    """EKS Pod Identity (AssumeRole with session tags), for pods of this cluster's ``namespace``
+    only (and of one ``service_account`` where given)."""
+    tags = {"aws:RequestTag/eks-cluster-arn": cluster_arn, "aws:RequestTag/kubernetes-namespace": namespace,
+            **({f"aws:RequestTag/{RUN_TAG}": service_account} if service_account else {})}
+    return iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")).with_conditions(
+        {"StringEquals": tags})
 
 
 class RayIdentity(Construct):
@@ -150,24 +174,33 @@ class RayIdentity(Construct):
             {"apiVersion": "v1", "kind": "Namespace",
              "metadata": {"name": namespace, "labels": {**labels, **POD_SECURITY_LABELS}}},
             *self.network_policies,
-            {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
-             "metadata": {"name": service_account_name, "namespace": namespace, "labels": labels}})
+            *({"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
+               "metadata": {"name": name, "namespace": namespace, "labels": labels}}
+              for name in (service_account_name, SMOKE_SERVICE_ACCOUNT)))
         stack = Stack.of(self)
         # Built from the spec's name: the same string the session tag carries (an imported
         # cluster's attribute would be a token of another stack).
         cluster_arn = stack.format_arn(service="eks", resource="cluster", resource_name=cluster_name)
         trust = pod_identity_trust(cluster_arn, namespace)
         self.role = iam.Role(
-            self, "PodRole",
+            self, "PodRole", assumed_by=pod_identity_trust(cluster_arn, namespace, service_account_name),
             description=f"Ray pods of the long-lived cluster ({namespace}/{service_account_name}): every run "
-                        "(single-team), never the pipeline's smoke runs or the uploaded inputs",
-            # EKS Pod Identity assumes the role with session tags: both actions are required.
-            assumed_by=trust)
+                        "(single-team), never the pipeline's smoke runs or the uploaded inputs")
         self.association = eks.CfnPodIdentityAssociation(
             self, "Association", cluster_name=cluster.cluster_name, namespace=namespace,
             service_account=service_account_name, role_arn=self.role.role_arn)
         if pod_identity_agent is not None:  # None: an existing cluster's agent (verify checks it)
             self.association.node.add_dependency(pod_identity_agent)
+        # The pipeline's smoke runs: one fixed account, associated here (the pipeline's builds
+        # need no right to create associations); its role writes the smoke runs' folders only.
+        self.smoke_role = iam.Role(
+            self, "SmokeRole", assumed_by=pod_identity_trust(cluster_arn, namespace, SMOKE_SERVICE_ACCOUNT),
+            description=f"The pipeline's smoke runs ({namespace}/{SMOKE_SERVICE_ACCOUNT}): their folders only")
+        self.smoke_association = eks.CfnPodIdentityAssociation(
+            self, "SmokeAssociation", cluster_name=cluster.cluster_name, namespace=namespace,
+            service_account=SMOKE_SERVICE_ACCOUNT, role_arn=self.smoke_role.role_arn)
+        if pod_identity_agent is not None:
+            self.smoke_association.node.add_dependency(pod_identity_agent)
         self.run_role = iam.Role(
             self, "RunRole", role_name=run_role_name(cluster_name), assumed_by=trust,
             description=f"Each run's own pods ({namespace}/<run>): their run's folder only, read-only inputs")
@@ -180,6 +213,14 @@ class RayIdentity(Construct):
         self.run_policy = iam.Policy(self, "RunAccess", statements=run_policy_statements(
             bucket_arn, prefix, stack.account, read_only_prefixes, tracking_server_arn))
         self.run_policy.attach_to_role(self.run_role)
+        self.smoke_policy = iam.Policy(self, "SmokeAccess", statements=smoke_policy_statements(
+            bucket_arn, prefix, stack.account, read_only_prefixes, tracking_server_arn))
+        self.smoke_policy.attach_to_role(self.smoke_role)
+        acknowledge(
+            self.smoke_policy,
+            f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/{PIPELINE_RUN_PREFIX}*]",
+            "The pipeline's smoke runs, one folder per build named smoke-<execution>-<build>: the wildcard "
+            "covers those folders only, which no other pod identity may write.")
         if tracking_server_arn:
             # The long-lived cluster's jobs log to the same server.
             self.policy.add_statements(iam.PolicyStatement(
@@ -194,7 +235,8 @@ class RayIdentity(Construct):
             f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/<aws:PrincipalTag/{RUN_TAG}>/*]",
             "One run's own folder: the policy variable is the run's service account, set by EKS Pod "
             "Identity's session tag; the wildcard covers the keys the run creates there.")
-        for policy, whose in ((self.policy, "the long-lived cluster's pods"), (self.run_policy, "each run's own pods")):
+        for policy, whose in ((self.policy, "the long-lived cluster's pods"), (self.run_policy, "each run's own pods"),
+                              (self.smoke_policy, "the pipeline's smoke runs")):
             for ro in (*read_only_prefixes, f"{prefix}/{INPUTS_PREFIX}"):
                 acknowledge(
                     policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{ro}/*]",

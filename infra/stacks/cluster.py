@@ -214,6 +214,8 @@ class ClusterStack(Stack):
                   value=f"aws eks update-kubeconfig --name {spec.name} --region {spec.region}")
         CfnOutput(self, "PodRoleArn", value=self.pod_role.role_arn,
                   description=f"Role of service account {ray.namespace}/{ray.service_account}")
+        CfnOutput(self, "SmokeRoleArn", value=identity.smoke_role.role_arn,
+                  description="Role of the pipeline's smoke runs (their folders only)")
         CfnOutput(self, "RunRoleArn", value=identity.run_role.role_arn,
                   description=f"Role of each run's own service account {ray.namespace}/<run> (submit associates it)")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from raytrain_eks.backends.kueue_queue import WORKLOADS, places, suspended_line, workload_items
 
-from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_EVIDENCE, RECORD_IMAGE_RAN
+from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_EVIDENCE, RECORD_IMAGE_RAN, SMOKE_SERVICE_ACCOUNT
 
 from infra.lambdas.image_watcher.history import FAILURE_IMAGE, FAILURE_INFRASTRUCTURE
 
@@ -92,6 +92,11 @@ def smoke_job(ctx: StepContext, digest: str) -> dict[str, Any]:
     if asked != digest:
         raise SmokeFailed(f"rayjob-{SMOKE_JOB}.k8s.yaml was synthesized for {asked}, not {digest}")
     job["spec"]["entrypoint"] += f" --set checkpoint.run_name={run_name(ctx.execution_id, ctx.attempt)}"
+    # The smoke runs' own identity (the cluster stack associates it): it alone writes smoke-*,
+    # so the evidence the gate judges is written by this run's pods and the pipeline only.
+    cluster = job["spec"]["rayClusterSpec"]
+    for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])):
+        template["spec"]["serviceAccountName"] = SMOKE_SERVICE_ACCOUNT
     if ctx.env.storage_uri != ctx.env.bucket_uri:
         # The smoke run's record is read, versioned and promoted in the bucket (CodeBuild mounts
         # no shared file system): it stays there whatever storage.shared_path says.

@@ -6,7 +6,7 @@ import json
 
 from aws_cdk.assertions import Match
 
-from environment.contract import EFA_LABEL, GPU_ACCELERATOR_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL
+from environment.contract import EFA_LABEL, GPU_ACCELERATOR_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL, SMOKE_SERVICE_ACCOUNT
 
 
 def _one(synth, type_name: str) -> dict:
@@ -206,14 +206,19 @@ def test_ray_namespace_service_account_and_pod_identity(variant):
     kinds = {(m["kind"], m["metadata"]["name"]) for m in flat if isinstance(m, dict) and "kind" in m}
     assert ("Namespace", ray.namespace) in kinds
     assert ("ServiceAccount", ray.service_account) in kinds
-    [account] = [m for m in flat if m.get("kind") == "ServiceAccount"]
-    assert account["metadata"]["namespace"] == ray.namespace
-    # no IRSA annotation: its web-identity token would shadow Pod Identity in the SDKs
-    assert "eks.amazonaws.com/role-arn" not in account["metadata"].get("annotations", {})
-    [association] = [a["Properties"] for a in variant.resources("cluster", "AWS::EKS::PodIdentityAssociation").values()
-                     if a["Properties"]["Namespace"] == ray.namespace]
-    assert (association["Namespace"], association["ServiceAccount"]) == (ray.namespace, ray.service_account)
-    assert association["RoleArn"] == {"Fn::GetAtt": [_pod_role_id(variant), "Arn"]}
+    accounts = [m for m in flat if m.get("kind") == "ServiceAccount"]
+    assert sorted(a["metadata"]["name"] for a in accounts) == sorted([ray.service_account, SMOKE_SERVICE_ACCOUNT])
+    for account in accounts:
+        assert account["metadata"]["namespace"] == ray.namespace and account["automountServiceAccountToken"] is False
+        # no IRSA annotation: its web-identity token would shadow Pod Identity in the SDKs
+        assert "eks.amazonaws.com/role-arn" not in account["metadata"].get("annotations", {})
+    associations = {a["Properties"]["ServiceAccount"]: a["Properties"]
+                    for a in variant.resources("cluster", "AWS::EKS::PodIdentityAssociation").values()
+                    if a["Properties"]["Namespace"] == ray.namespace}
+    # the long-lived cluster's and the smoke runs'; each run's own is made by submit
+    assert set(associations) == {ray.service_account, SMOKE_SERVICE_ACCOUNT}
+    assert associations[ray.service_account]["RoleArn"] == {"Fn::GetAtt": [_pod_role_id(variant), "Arn"]}
+    assert associations[SMOKE_SERVICE_ACCOUNT]["RoleArn"] == {"Fn::GetAtt": [_output_role_id(variant, "SmokeRoleArn"), "Arn"]}
     # the pod-identity agent add-on, exactly once (a second one fails CloudFormation, E3019)
     addons = [a["Properties"]["AddonName"] for a in variant.resources("cluster", "AWS::EKS::Addon").values()]
     assert addons.count("eks-pod-identity-agent") == 1
@@ -224,7 +229,7 @@ def _pod_role_id(synth) -> str:
 
 
 def test_pod_roles_trust_only_pod_identity_of_this_clusters_ray_namespace(default):
-    for output in ("PodRoleArn", "RunRoleArn"):
+    for output in ("PodRoleArn", "RunRoleArn", "SmokeRoleArn"):
         role = default.json("cluster")["Resources"][_output_role_id(default, output)]["Properties"]
         [statement] = role["AssumeRolePolicyDocument"]["Statement"]
         assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
@@ -268,6 +273,10 @@ def test_pod_policies_are_least_privilege(variant):
     assert run == {"OwnRunObjects": {"Sid": "OwnRunObjects", "Effect": "Allow", "Action": actions, "Condition": owned,
                                      "Resource": arn(f"/{prefix}/${{aws:PrincipalTag/kubernetes-service-account}}/*")},
                    "ReadJobInputs": reads, "ListCheckpointBucket": listing, **tracking}
+    smoke = _statements(variant, "SmokeRoleArn")
+    assert smoke == {"SmokeRunObjects": {"Sid": "SmokeRunObjects", "Effect": "Allow", "Action": actions,
+                                         "Condition": owned, "Resource": arn(f"/{prefix}/smoke-*")},
+                     "ReadJobInputs": reads, "ListCheckpointBucket": listing, **tracking}
     shared = _statements(variant, "PodRoleArn")
     assert shared == {
         "CheckpointObjects": {"Sid": "CheckpointObjects", "Effect": "Allow", "Action": actions, "Condition": owned,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from iam_policy import Request, allowed, assume_context, decide, pod_identity_context, resolve, role_policies
+from environment.contract import SMOKE_SERVICE_ACCOUNT
 from infra_variants import ACCOUNT, TRACKING_SERVER
 
 WRITE = ("s3:PutObject", "s3:DeleteObject")
@@ -73,6 +74,16 @@ def test_a_session_without_the_run_tag_reaches_no_run(variant):
     assert decide(_policies(variant, "RunRoleArn"), request) == "ImplicitDeny"
 
 
+def test_the_smoke_runs_write_their_folders_only(variant):
+    prefix = variant.env.storage.prefix
+    ctx = pod_identity_context(run=SMOKE_SERVICE_ACCOUNT, account=_account(variant), cluster=variant.env.cluster.eks_name)
+    ask = lambda action, key: decide(_policies(variant, "SmokeRoleArn"),  # noqa: E731
+                                     Request(action=action, resource=_object(variant, key), context=ctx))
+    assert ask("s3:PutObject", f"{prefix}/smoke-exec-1/run.json") == "Allow"
+    assert ask("s3:PutObject", f"{prefix}/run-a/run.json") == "ImplicitDeny"
+    assert ask("s3:PutObject", f"{prefix}/_inputs/h/x") == "ImplicitDeny"
+
+
 def test_the_long_lived_cluster_is_single_team_but_never_writes_the_pipeline_evidence_or_inputs(variant):
     prefix = variant.env.storage.prefix
     policies = _policies(variant, "PodRoleArn")
@@ -86,17 +97,21 @@ def test_the_long_lived_cluster_is_single_team_but_never_writes_the_pipeline_evi
     assert ask("s3:GetObject", f"{prefix}/smoke-exec-1/run.json") == "Allow"
 
 
-@pytest.mark.parametrize("output", ["RunRoleArn", "PodRoleArn"])
+@pytest.mark.parametrize("output", ["RunRoleArn", "PodRoleArn", "SmokeRoleArn"])
 def test_only_this_clusters_ray_namespace_may_assume_the_pod_roles(variant, output):
     role = variant.json("cluster")["Resources"][_output_role(variant, output)]["Properties"]
     trust = [resolve(role["AssumeRolePolicyDocument"], account=_account(variant))]
     name = variant.env.cluster.eks_name
     assume = lambda **kw: decide(trust, Request(action="sts:AssumeRole", resource="*",  # noqa: E731
                                                 context=assume_context(**{"account": _account(variant), **kw})))
-    assert assume(run="run-a", cluster=name) == "Allow"
-    assert assume(run="run-a", cluster="another-cluster") == "ImplicitDeny"
-    assert assume(run="run-a", cluster=name, namespace="default") == "ImplicitDeny"
-    assert assume(run="run-a", cluster=name, account="999999999999") == "ImplicitDeny"
+    # the run role: any run's account; the two fixed roles: their own account only
+    own = {"RunRoleArn": "run-a", "PodRoleArn": variant.env.ray.service_account, "SmokeRoleArn": SMOKE_SERVICE_ACCOUNT}[output]
+    assert assume(run=own, cluster=name) == "Allow"
+    assert assume(run=own, cluster="another-cluster") == "ImplicitDeny"
+    assert assume(run=own, cluster=name, namespace="default") == "ImplicitDeny"
+    assert assume(run=own, cluster=name, account="999999999999") == "ImplicitDeny"
+    if output != "RunRoleArn":
+        assert assume(run="run-a", cluster=name) == "ImplicitDeny"
 
 
 def test_mlflow_only_on_the_named_tracking_server(alternative, default):
