@@ -33,7 +33,9 @@ The namespace comes with its default-deny ingress and the two admitted outside c
 """
 from __future__ import annotations
 
-from aws_cdk import Stack, aws_eks_v2 as eks, aws_iam as iam
+import hashlib
+
+from aws_cdk import CfnOutput, Stack, Token, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
 from environment.contract import (INPUTS_PREFIX, PART_OF, PIPELINE_RUN_PREFIX, POD_SECURITY_LABELS, RUN_TAG,
@@ -246,6 +248,95 @@ class RayIdentity(Construct):
                 acknowledge(policy, "AwsSolutions-IAM5[Action::sagemaker-mlflow:*]",
                             f"Every MLflow action for {whose} on the one tracking server the spec names "
                             "(resource-level; AccessUI, which has no resource type, is not granted).")
+
+
+SUBMITTERS_GROUP = "raytrain-submitters"
+"""The Kubernetes group of the people who only submit (their EKS access entries name it)."""
+SUBMITTER_RULES = [
+    # submit applies, follows and deletes its RayJob; stop deletes it
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "update",
+                                                                 "patch", "delete"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "list", "watch"]},
+    # the run's own service account and its cluster's network policy (submit applies, stop deletes)
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "create",
+                                                                                     "patch", "delete"]},
+    # following: pods waiting for nodes and images, the submitter's log, events
+    {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "services"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]},
+    # the run's place in Kueue's queue (raytrain_eks/backends/kueue_queue.py)
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": ["get", "list", "watch"]},
+]
+"""What ``raytrain-eks submit/status/logs/stop/list`` do in the Ray namespace, and nothing else:
+no Secret (the Ray token stays with KubeRay), no pod exec, no other namespace."""
+
+
+def _nag(value: str, pseudo: str) -> str:
+    """How cdk-nag writes a value in a finding's id: the literal, or ``<AWS::...>`` for a token."""
+    return f"<{pseudo}>" if Token.is_unresolved(value) else value
+
+
+class SubmitterAccess(Construct):
+    """The people who only submit (``cluster.submitter_principal_arns``): each an EKS access entry
+    with NO access policy, mapped to :data:`SUBMITTERS_GROUP`, bound to :data:`SUBMITTER_RULES` in
+    the Ray namespace only (admins stay cluster-admin, apart). And :attr:`policy`, the IAM managed
+    policy to attach to them for the AWS side of ``submit`` (output ``SubmitRunsPolicyArn``):
+    upload the code archive and inputs, read the runs, make and remove a run's Pod Identity
+    association with the run role (``iam:PassRole`` of that role, to EKS Pod Identity only)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster, cluster_name: str,
+                 namespace: str, principals: tuple[str, ...], bucket_name: str, prefix: str, code_prefix: str,
+                 run_role: iam.IRole) -> None:
+        super().__init__(scope, construct_id)
+        labels = {**PART_OF, "app.kubernetes.io/component": "submitters"}
+        self.manifest = cluster.add_manifest(
+            "SubmitterRbac",
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": SUBMITTERS_GROUP, "namespace": namespace, "labels": labels},
+             "rules": SUBMITTER_RULES},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": SUBMITTERS_GROUP, "namespace": namespace, "labels": labels},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SUBMITTERS_GROUP},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": SUBMITTERS_GROUP}]})
+        self.entries = [eks_l1.CfnAccessEntry(self, "Submitter" + hashlib.sha256(arn.encode()).hexdigest()[:12],
+                                              cluster_name=cluster.cluster_name, principal_arn=arn, type="STANDARD",
+                                              kubernetes_groups=[SUBMITTERS_GROUP])
+                        for arn in principals]
+        stack = Stack.of(self)
+        cluster_arn = stack.format_arn(service="eks", resource="cluster", resource_name=cluster_name)
+        bucket_arn = f"arn:{stack.partition}:s3:::{bucket_name}"
+        owned = same_account(stack.account)
+        self.policy = iam.ManagedPolicy(self, "SubmitRuns", description=(
+            f"Submit runs to EKS cluster {cluster_name}: its Ray namespace through kubectl (access entry), the "
+            "bucket's code, inputs and runs, a run's own Pod Identity association"), statements=[
+            iam.PolicyStatement(sid="Kubeconfig", actions=["eks:DescribeCluster"], resources=[cluster_arn]),
+            iam.PolicyStatement(sid="RunIdentity", actions=["eks:CreatePodIdentityAssociation",
+                                                            "eks:ListPodIdentityAssociations"],
+                                resources=[cluster_arn]),
+            iam.PolicyStatement(sid="RemoveRunIdentity", actions=["eks:DeletePodIdentityAssociation"],
+                                resources=[stack.format_arn(service="eks", resource="podidentityassociation",
+                                                            resource_name=f"{cluster_name}/*")]),
+            iam.PolicyStatement(sid="PassRunRole", actions=["iam:PassRole"], resources=[run_role.role_arn],
+                                conditions={"StringEquals": {"iam:PassedToService": "pods.eks.amazonaws.com"}}),
+            iam.PolicyStatement(sid="UploadCodeAndInputs", actions=["s3:PutObject", "s3:GetObject"], conditions=owned,
+                                resources=[f"{bucket_arn}/{code_prefix}/*", f"{bucket_arn}/{prefix}/{INPUTS_PREFIX}/*"]),
+            iam.PolicyStatement(sid="ReadRuns", actions=["s3:GetObject"], resources=[f"{bucket_arn}/{prefix}/*"],
+                                conditions=owned),
+            iam.PolicyStatement(sid="ListRuns", actions=["s3:ListBucket"], resources=[bucket_arn], conditions=owned),
+        ])
+        for resource, why in (
+                (f"arn:<AWS::Partition>:eks:{_nag(stack.region, 'AWS::Region')}:{_nag(stack.account, 'AWS::AccountId')}"
+                 f":podidentityassociation/{cluster_name}/*",
+                 "A run's association is removed by its id, known only once submit made it; this cluster's only."),
+                (f"arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*",
+                 "People who submit upload the content-addressed code archive; this prefix of the one bucket."),
+                (f"arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/{INPUTS_PREFIX}/*",
+                 "People who submit upload a job's local inputs, content-addressed, under this one folder."),
+                (f"arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/*",
+                 "People who submit read their runs' results back (records, logs, the exported model).")):
+            acknowledge(self.policy, f"AwsSolutions-IAM5[Resource::{resource}]", why)
+        CfnOutput(stack, "SubmitRunsPolicyArn", value=self.policy.managed_policy_arn,
+                  description="Attach to the people who submit (cluster.submitter_principal_arns)")
 
 
 # cluster-autoscaler's AWS README ("Full Cluster Autoscaler Features Policy").

@@ -34,10 +34,11 @@ from constructs import Construct
 
 from environment import GpuNodeGroupSpec
 from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
+from environment.contract import CODE_PREFIX
 from environment.model import ClusterSpec, RaySpec
 from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role
-from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity
+from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity, SubmitterAccess
 from infra.nag import acknowledge_kubectl_provider
 
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
@@ -116,6 +117,11 @@ class AttachedClusterStack(Stack):
                 namespace="kube-system", service_account=CLUSTER_AUTOSCALER_SERVICE_ACCOUNT)
             self.addons.charts["cluster_autoscaler"].node.add_dependency(self.autoscaler.association)
         self.ray_identity = identity
+        self.submitters = SubmitterAccess(
+            self, "Submitters", cluster=self.cluster, cluster_name=spec.existing, namespace=ray.namespace,
+            principals=spec.submitter_principal_arns, bucket_name=bucket_name, prefix=storage_prefix,
+            code_prefix=CODE_PREFIX, run_role=identity.run_role)
+        self.submitters.manifest.node.add_dependency(identity.manifest)  # the namespace first
         self.pod_role = identity.role
         self.service_account_name = identity.service_account_name
         self.service_account_namespace = identity.namespace

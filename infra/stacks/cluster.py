@@ -30,11 +30,12 @@ from constructs import Construct
 
 from environment import GpuNodeGroupSpec
 from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
+from environment.contract import CODE_PREFIX
 from environment.image_source import CACHE_UPSTREAM_REGISTRY, CACHE_UPSTREAM_URL
 from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
 from infra.constructs.cluster_addons import ClusterAddons, ManagedAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role, system_launch_template
-from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity
+from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity, SubmitterAccess
 from infra.nag import ENDPOINT_RULE, OPEN_TO_ALL, acknowledge, acknowledge_cluster_findings
 from infra.stack_names import control_plane_log_group
 from infra.stacks.network import NetworkStack
@@ -205,6 +206,11 @@ class ClusterStack(Stack):
         if "cluster_autoscaler" in self.addons.charts:
             self.addons.charts["cluster_autoscaler"].node.add_dependency(self.autoscaler.association)
         self.ray_identity = identity
+        self.submitters = SubmitterAccess(
+            self, "Submitters", cluster=self.cluster, cluster_name=spec.name, namespace=ray.namespace,
+            principals=spec.submitter_principal_arns, bucket_name=bucket_name, prefix=storage_prefix,
+            code_prefix=CODE_PREFIX, run_role=identity.run_role)
+        self.submitters.manifest.node.add_dependency(identity.manifest)  # the namespace first
         self.pod_role = identity.role
         self.service_account_name = identity.service_account_name
         self.service_account_namespace = identity.namespace

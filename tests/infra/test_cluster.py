@@ -59,6 +59,26 @@ def test_admin_principals_get_cluster_admin_access_entries(alternative):
     assert json.dumps(admin["AccessPolicies"][0]["PolicyArn"]).endswith('AmazonEKSClusterAdminPolicy"]]}')
 
 
+def test_people_who_only_submit_get_the_ray_namespace_and_the_queue_not_cluster_admin(alternative, default):
+    from infra.constructs.pod_identity import SUBMITTER_RULES, SUBMITTERS_GROUP
+
+    entries = [e["Properties"] for e in alternative.resources("cluster", "AWS::EKS::AccessEntry").values()]
+    [submitter] = [e for e in entries if e["PrincipalArn"] == alternative.env.cluster.submitter_principal_arns[0]]
+    assert submitter["Type"] == "STANDARD" and submitter["KubernetesGroups"] == [SUBMITTERS_GROUP]
+    assert "AccessPolicies" not in submitter  # no EKS access policy: RBAC in one namespace only
+    assert not [e for e in default.resources("cluster", "AWS::EKS::AccessEntry").values()
+                if e["Properties"].get("KubernetesGroups") == [SUBMITTERS_GROUP]]
+    manifests = [json.loads(r["Properties"]["Manifest"]) for r in
+                 alternative.resources("cluster", "Custom::AWSCDK-EKS-KubernetesResource").values()
+                 if SUBMITTERS_GROUP in r["Properties"]["Manifest"]]
+    [[role, binding]] = manifests
+    assert role["kind"] == "Role" and role["metadata"]["namespace"] == alternative.env.ray.namespace
+    assert role["rules"] == SUBMITTER_RULES and binding["subjects"][0]["name"] == SUBMITTERS_GROUP
+    granted = {(g, r) for rule in SUBMITTER_RULES for g in rule["apiGroups"] for r in rule["resources"]}
+    assert ("", "secrets") not in granted and ("", "pods/exec") not in granted
+    assert ("kueue.x-k8s.io", "localqueues") in granted and ("ray.io", "rayjobs") in granted
+
+
 def test_kubectl_layer_matches_the_kubernetes_version(default):
     layers = default.resources("cluster", "AWS::Lambda::LayerVersion")
     assert any("kubectl" in json.dumps(layer["Properties"]).lower() for layer in layers.values())

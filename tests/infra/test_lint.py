@@ -117,7 +117,8 @@ def test_every_nag_acknowledgement_has_a_real_reason(variant):
     # + cluster-autoscaler's describe/scale policy 1 + with the image cache, the node role's
     # statements on the cache's repositories 1
     cache = 1 if variant.env.image.pull_through_cache else 0
-    assert groups >= 1 and len(acks) == 1 + 8 + 4 + 2 + 1 + 1 + 3 * (1 + read_only + 1 + tracking) + 1 + cache
+    # + the submitters' policy: associations by id, code archive, inputs, runs read 4
+    assert groups >= 1 and len(acks) == 1 + 8 + 4 + 2 + 1 + 1 + 3 * (1 + read_only + 1 + tracking) + 1 + cache + 4
     for key, reason in acks.items():
         assert len(reason) >= 40, key
     # each finding has a reason of its own (no sentence copied from one finding to another)
