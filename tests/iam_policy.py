@@ -37,21 +37,30 @@ from typing import Any
 PARTITION, ACCOUNT, REGION = "aws", "123456789012", "us-east-1"
 
 
-def resolve(value: Any, *, account: str = ACCOUNT, region: str = REGION) -> Any:
-    """A CloudFormation value as the deployed text (strings, lists and dicts walked)."""
+UNRESOLVED = "<unresolved>"
+"""What a token of another resource becomes with ``strict=False``: a text no ARN matches."""
+
+
+def resolve(value: Any, *, account: str = ACCOUNT, region: str = REGION, strict: bool = True) -> Any:
+    """A CloudFormation value as the deployed text (strings, lists and dicts walked). A token of
+    another resource (``Fn::GetAtt``, a ``Ref`` of a resource) raises, or with ``strict=False``
+    becomes :data:`UNRESOLVED`."""
+    again = lambda v: resolve(v, account=account, region=region, strict=strict)  # noqa: E731
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        return [resolve(v, account=account, region=region) for v in value]
+        return [again(v) for v in value]
     if isinstance(value, dict):
         if set(value) == {"Fn::Join"}:
             sep, parts = value["Fn::Join"]
-            return sep.join(resolve(p, account=account, region=region) for p in parts)
+            return sep.join(again(p) for p in parts)
         if set(value) == {"Ref"} and value["Ref"].startswith("AWS::"):
             return {"AWS::Partition": PARTITION, "AWS::AccountId": account, "AWS::Region": region}[value["Ref"]]
         if any(k.startswith(("Fn::", "Ref")) for k in value):
-            raise ValueError(f"cannot resolve {value}")
-        return {k: resolve(v, account=account, region=region) for k, v in value.items()}
+            if strict:
+                raise ValueError(f"cannot resolve {value}")
+            return UNRESOLVED
+        return {k: again(v) for k, v in value.items()}
     return value
 
 
@@ -169,7 +178,7 @@ def allowed(policies: list[dict], request: Request) -> bool:
     return decide(policies, request) == "Allow"
 
 
-def role_policies(template: dict, role_id: str, **resolve_args: str) -> list[dict]:
+def role_policies(template: dict, role_id: str, **resolve_args: Any) -> list[dict]:
     """The policy documents attached to one role of a synthesized template (inline AWS::IAM::Policy
     resources naming it), resolved as deployed."""
     return [resolve(r["Properties"]["PolicyDocument"], **resolve_args) for r in template["Resources"].values()
