@@ -468,10 +468,8 @@ class Stop:
         from environment.contract import ON_CLUSTER_SUFFIX
 
         if not found[0].endswith(ON_CLUSTER_SUFFIX):  # its own service account's association goes too
-            from raytrain_eks.backends import run_identity
-
-            run_identity.release(run_identity.eks_client(env.cluster.region), cluster=env.cluster.eks_name,
-                                 namespace=namespace, run=args.run)
+            eks.release_run_identity(eks.eks_api(env.cluster.region), cluster=env.cluster.eks_name,
+                                     namespace=namespace, run=args.run)
         print(f"stopped {args.run}: RayJob deleted (KubeRay stops the Ray job); storage kept: "
               f"{env.storage_uri}/{args.run} (raytrain-eks submit JOB --resume {args.run})")
         return 0

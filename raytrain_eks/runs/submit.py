@@ -245,30 +245,29 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
 
 def _run_identity(manifests, out_dir: Path) -> None:
     """The run's own service account and its Pod Identity association with the run role
-    (raytrain_eks/backends/run_identity.py), made with the operator's rights before the RayJob."""
+    (raytrain_eks/backends/eks.py), made with the operator's rights before the RayJob."""
     import boto3
     import yaml
 
-    from raytrain_eks.backends import eks, run_identity
+    from raytrain_eks.backends import eks
 
     cluster = manifests.cluster_name
     path = out_dir / "manifests" / f"serviceaccount-{manifests.run}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(run_identity.service_account(manifests.run, manifests.namespace)), encoding="utf-8")
+    path.write_text(yaml.safe_dump(eks.run_service_account(manifests.run, manifests.namespace)), encoding="utf-8")
     eks.apply(str(path))
-    account, partition = run_identity.caller_account(boto3.client("sts", region_name=manifests.region))
-    run_identity.ensure(run_identity.eks_client(manifests.region), cluster=cluster,
-                        namespace=manifests.namespace, run=manifests.run,
-                        role=run_identity.role_arn(cluster, account, partition))
+    account, partition = eks.caller_account(boto3.client("sts", region_name=manifests.region))
+    eks.ensure_run_identity(eks.eks_api(manifests.region), cluster=cluster, namespace=manifests.namespace,
+                            run=manifests.run, role=eks.run_role_arn(cluster, account, partition))
 
 
 def _release_identity(manifests) -> None:
     """The run's association goes once its pods are gone (a later --resume makes a new one)."""
-    from raytrain_eks.backends import run_identity
+    from raytrain_eks.backends import eks
 
     if not manifests.on_cluster:
-        run_identity.release(run_identity.eks_client(manifests.region), cluster=manifests.cluster_name,
-                             namespace=manifests.namespace, run=manifests.run)
+        eks.release_run_identity(eks.eks_api(manifests.region), cluster=manifests.cluster_name,
+                                 namespace=manifests.namespace, run=manifests.run)
 
 
 def _results(client, manifests, out_dir: Path, ended: str) -> int:

@@ -1,5 +1,5 @@
 """A double of EKS's Pod Identity association API (moto 5 does not implement it): the three
-operations ``raytrain_eks/backends/run_identity.py`` calls, each request validated against the
+operations ``raytrain_eks/backends/eks.py`` calls, each request validated against the
 operation's input shape in botocore's own EKS service model (botocore 1.44.8,
 ``botocore/data/eks/2017-11-01/service-2.json``: ``CreatePodIdentityAssociation``,
 ``ListPodIdentityAssociations``, ``DeletePodIdentityAssociation``), and answered in its output
