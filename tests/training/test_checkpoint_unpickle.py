@@ -60,7 +60,7 @@ def test_a_planted_dcp_metadata_is_refused_before_it_is_read(tmp_path):
 
     from training.checkpointing.restore import restore
     from training.checkpointing.state import TrainerState, checkpoint_state
-    from training.checkpointing.storage import DCP_METADATA, describe_files, write_marker
+    from training.checkpointing.markers import DCP_METADATA, describe_files, write_marker
 
     model = torch.nn.Linear(4, 2)
     trainer = TrainerState(step=2)
