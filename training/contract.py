@@ -381,7 +381,8 @@ def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS,
 
     ``jobs`` (default ``root/jobs``) is the folder that travels as ``jobs/``: the chart tests pack
     fixture copies there, so an edit of a shipped job changes none of their inputs.
-    Hidden entries, ``__pycache__`` and compiled files stay behind; a missing folder is an error
+    Hidden entries, ``__pycache__``, compiled files and symbolic links stay behind (a folder
+    reached through a link is not walked: ``os.walk`` does not follow links); a missing folder is an error
     (an archive without it could not run)."""
     root = Path(root)
     found = []
@@ -393,7 +394,9 @@ def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS,
             dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
             for filename in filenames:
                 path = Path(dirpath, filename)
-                if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES) or not path.is_file():
+                # A symbolic link would carry its target, wherever it points, into the archive.
+                if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES) or path.is_symlink() \
+                        or not path.is_file():
                     continue
                 found.append((f"{top}/{path.relative_to(base).as_posix()}", path))
     return sorted(found)

@@ -30,11 +30,12 @@ from constructs import Construct
 
 from environment import GpuNodeGroupSpec
 from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
+from environment.contract import CODE_PREFIX
 from environment.image_source import CACHE_UPSTREAM_REGISTRY, CACHE_UPSTREAM_URL
 from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
 from infra.constructs.cluster_addons import ClusterAddons, ManagedAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role, system_launch_template
-from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity
+from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity, SubmitterAccess
 from infra.nag import ENDPOINT_RULE, OPEN_TO_ALL, acknowledge, acknowledge_cluster_findings
 from infra.stack_names import control_plane_log_group
 from infra.stacks.network import NetworkStack
@@ -187,11 +188,11 @@ class ClusterStack(Stack):
                                  self.managed_addons.addons["coredns"])
 
         identity = RayIdentity(
-            self, "Ray", cluster=self.cluster, namespace=ray.namespace,
+            self, "Ray", cluster=self.cluster, cluster_name=spec.name, namespace=ray.namespace,
             service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
             pod_identity_agent=self.managed_addons.pod_identity_agent,
             operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace,
-            read_only_prefixes=read_only_prefixes)
+            read_only_prefixes=read_only_prefixes, tracking_server_arn=ray.mlflow_tracking_server_arn)
         self.autoscaler = AutoscalerIdentity(
             self, "ClusterAutoscaler", cluster=self.cluster, cluster_name=spec.name,
             namespace="kube-system", service_account=CLUSTER_AUTOSCALER_SERVICE_ACCOUNT)
@@ -205,6 +206,11 @@ class ClusterStack(Stack):
         if "cluster_autoscaler" in self.addons.charts:
             self.addons.charts["cluster_autoscaler"].node.add_dependency(self.autoscaler.association)
         self.ray_identity = identity
+        self.submitters = SubmitterAccess(
+            self, "Submitters", cluster=self.cluster, cluster_name=spec.name, namespace=ray.namespace,
+            principals=spec.submitter_principal_arns, bucket_name=bucket_name, prefix=storage_prefix,
+            code_prefix=CODE_PREFIX, run_role=identity.run_role)
+        self.submitters.manifest.node.add_dependency(identity.manifest)  # the namespace first
         self.pod_role = identity.role
         self.service_account_name = identity.service_account_name
         self.service_account_namespace = identity.namespace
@@ -214,6 +220,10 @@ class ClusterStack(Stack):
                   value=f"aws eks update-kubeconfig --name {spec.name} --region {spec.region}")
         CfnOutput(self, "PodRoleArn", value=self.pod_role.role_arn,
                   description=f"Role of service account {ray.namespace}/{ray.service_account}")
+        CfnOutput(self, "SmokeRoleArn", value=identity.smoke_role.role_arn,
+                  description="Role of the pipeline's smoke runs (their folders only)")
+        CfnOutput(self, "RunRoleArn", value=identity.run_role.role_arn,
+                  description=f"Role of each run's own service account {ray.namespace}/<run> (submit associates it)")
 
 
 def admin_construct_id(arn: str) -> str:

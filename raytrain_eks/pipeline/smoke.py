@@ -20,11 +20,11 @@ from typing import Any
 
 from raytrain_eks.backends.kueue_queue import WORKLOADS, places, suspended_line, workload_items
 
-from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_IMAGE_RAN
+from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_EVIDENCE, RECORD_IMAGE_RAN, SMOKE_SERVICE_ACCOUNT
 
 from infra.lambdas.image_watcher.history import FAILURE_IMAGE, FAILURE_INFRASTRUCTURE
 
-from .context import StepContext, with_version
+from .context import StepContext, split_s3, with_version
 from .rollback import StepFailed
 from .kube import KubeError, image_ids, log
 
@@ -92,6 +92,11 @@ def smoke_job(ctx: StepContext, digest: str) -> dict[str, Any]:
     if asked != digest:
         raise SmokeFailed(f"rayjob-{SMOKE_JOB}.k8s.yaml was synthesized for {asked}, not {digest}")
     job["spec"]["entrypoint"] += f" --set checkpoint.run_name={run_name(ctx.execution_id, ctx.attempt)}"
+    # The smoke runs' own identity (the cluster stack associates it): it alone writes smoke-*,
+    # so the evidence the gate judges is written by this run's pods and the pipeline only.
+    cluster = job["spec"]["rayClusterSpec"]
+    for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])):
+        template["spec"]["serviceAccountName"] = SMOKE_SERVICE_ACCOUNT
     if ctx.env.storage_uri != ctx.env.bucket_uri:
         # The smoke run's record is read, versioned and promoted in the bucket (CodeBuild mounts
         # no shared file system): it stays there whatever storage.shared_path says.
@@ -135,6 +140,28 @@ class QueueWait:
             log(f"smoke: admitted by Kueue after {time.monotonic() - self.since:.0f} s in the queue; "
                 f"its {self.ctx.timeout_s:g} s count from now")
         self.since, self.last = None, ""
+
+
+EVIDENCE_FILES = ("run.json", "metrics.jsonl")
+"""What the gate judges of a smoke run (raytrain_eks/pipeline/gate.py ``RUN_FILES``)."""
+
+
+def pin_evidence(ctx: StepContext, record_uri: str) -> dict[str, str]:
+    """``{file: VersionId}`` of the smoke run's evidence as it stands once the run has ended. Only
+    the smoke run's own identity could write there (its service account's prefix; the long-lived
+    cluster's role is denied ``smoke-*``), and its pods are done: the gate reads these versions,
+    never the newest, and fails when a newer one appears (:func:`raytrain_eks.pipeline.gate.untouched`)."""
+    bucket, key = split_s3(record_uri)
+    prefix = key.rsplit("/", 1)[0]
+    pinned = {}
+    for name in EVIDENCE_FILES:
+        try:
+            version = ctx.s3.head_object(Bucket=bucket, Key=f"{prefix}/{name}").get("VersionId") or ""
+        except ctx.s3.exceptions.ClientError:
+            continue  # a run without metrics is still judged (and compared on what it has)
+        if version and version != "null":
+            pinned[name] = version
+    return pinned
 
 
 def run_smoke(ctx: StepContext, digest: str) -> str:
@@ -185,9 +212,11 @@ def run_smoke(ctx: StepContext, digest: str) -> str:
     if not seen:
         raise SmokeFailed(f"smoke RayJob {name}: no pod of its cluster reported an image ID")
     uri = f"{ctx.env.bucket_uri}/{run_name(ctx.execution_id, ctx.attempt)}/run.json"
-    record = ctx.read_json(uri)
+    evidence = pin_evidence(ctx, uri)
+    record = ctx.read_json(with_version(uri, evidence.get("run.json")))
     record[RECORD_IMAGE_RAN] = {"pods": dict(sorted(seen.items())),
                                 "source": "kubectl: pod status.containerStatuses[].imageID"}
+    record[RECORD_EVIDENCE] = evidence
     version = ctx.write_json(uri, record)
     log(f"smoke: {uri}: image_ran {sorted(set(seen.values()))}")
     # The exact object the gate judges and Promote re-reads (the bucket is versioned).

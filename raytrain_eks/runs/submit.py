@@ -216,6 +216,8 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
     run_inputs.upload(client, uploads, storage_uri, manifests.run, prediction=prediction,
                       run_storage=manifests.storage_uri)
     eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
+    if not manifests.on_cluster:
+        _run_identity(manifests, out_dir)
     if existing is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.
         # Foreground: wait until its own cluster (a controller reference) is gone too.
@@ -241,12 +243,40 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
     return _results(client, manifests, out_dir, f"{deployment}{' / ' + job_status if job_status else ''}")
 
 
+def _run_identity(manifests, out_dir: Path) -> None:
+    """The run's own service account and its Pod Identity association with the run role
+    (raytrain_eks/backends/eks.py), made with the operator's rights before the RayJob."""
+    import boto3
+    import yaml
+
+    from raytrain_eks.backends import eks
+
+    cluster = manifests.cluster_name
+    path = out_dir / "manifests" / f"serviceaccount-{manifests.run}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(eks.run_service_account(manifests.run, manifests.namespace)), encoding="utf-8")
+    eks.apply(str(path))
+    account, partition = eks.caller_account(boto3.client("sts", region_name=manifests.region))
+    eks.ensure_run_identity(eks.eks_api(manifests.region), cluster=cluster, namespace=manifests.namespace,
+                            run=manifests.run, role=eks.run_role_arn(cluster, account, partition))
+
+
+def _release_identity(manifests) -> None:
+    """The run's association goes once its pods are gone (a later --resume makes a new one)."""
+    from raytrain_eks.backends import eks
+
+    if not manifests.on_cluster:
+        eks.release_run_identity(eks.eks_api(manifests.region), cluster=manifests.cluster_name,
+                                 namespace=manifests.namespace, run=manifests.run)
+
+
 def _results(client, manifests, out_dir: Path, ended: str) -> int:
     """Copy what the run wrote to storage and exit with its verdict's code; 1 without a record."""
     from raytrain_eks.runs.results import download_run, finish
 
     print(f"==> {manifests.run}: {ended}")
     copied = download_run(client, manifests.run_uri, out_dir)
+    _release_identity(manifests)
     if NETCHECK_NAME in copied and "run.json" not in copied:
         return netcheck_finish(out_dir)
     if "run.json" not in copied:

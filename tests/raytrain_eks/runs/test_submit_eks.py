@@ -34,9 +34,22 @@ def test_submit_follows_the_rayjob_through_kuberays_states_to_the_verdict(cluste
              "==> smoke-a1: Complete / SUCCEEDED", "verdict:   "]
     positions = [next((i for i, line in enumerate(lines) if line.startswith(want)), -1) for want in order]
     assert -1 not in positions and positions == sorted(positions), out
+    job = cluster.state()["rayjobs"]["smoke-a1"]
     calls = cluster.state()["calls"]
     applied = [c[-1] for c in calls if c[0] == "apply"]
-    assert applied[0].endswith("network-policy.k8s.yaml") and applied[1].endswith("rayjob-smoke-a1.k8s.yaml")
+    assert applied[0].endswith("network-policy.k8s.yaml") and applied[1].endswith("serviceaccount-smoke-a1.yaml")
+    assert applied[2].endswith("rayjob-smoke-a1.k8s.yaml")
+    # the run's own identity: its service account, associated with the run role before the
+    # RayJob, the association gone once the results are copied
+    account = cluster.state()["serviceaccounts"]["smoke-a1"]
+    assert account["automountServiceAccountToken"] is False and account["metadata"]["namespace"] == "ray"
+    [(_, made), (gone, _)] = cluster.identity.calls
+    assert (made["namespace"], made["serviceAccount"], made["clusterName"]) == ("ray", "smoke-a1", "raytrain")
+    assert made["roleArn"].endswith(":role/raytrain-ray-runs") and gone == "delete"
+    assert cluster.identity.associations == {}
+    pods = job["spec"]["rayClusterSpec"]
+    assert {t["spec"]["serviceAccountName"] for t in (pods["headGroupSpec"]["template"],
+                                                      pods["workerGroupSpecs"][0]["template"])} == {"smoke-a1"}
     # followed, not done at the first poll: New, Initializing until the cluster is ready, Running, Complete
     assert sum(c[:2] == ["get", "rayjob"] for c in calls) >= 6
     # the code archive the RayJob names is in the bucket, and the results came back
