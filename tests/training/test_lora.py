@@ -62,14 +62,17 @@ def test_base_frozen_in_bf16_adapters_trainable_in_fp32_and_the_start_is_the_bas
         assert torch.equal(model(input_ids=ids).logits, base(input_ids=ids).logits)
 
 
-def _train(job, workdir, *, resume_from="", phase="train"):
+def _train(job, workdir, *, resume_from="", phase="train", base_seed=0):
     from training.checkpointing import CheckpointManager, TrainerState, copy_report, restore
     from training.model import build_model, loss_sum
     from training.optim import build_optimizer, build_scheduler
     from training.parallel import build_mesh, parallelize
 
-    torch.manual_seed(0)
+    from training.loop import lora_base_problem
+
+    torch.manual_seed(base_seed)
     model = build_model(job.model, seq_len=16, on_gpu=False)
+    torch.manual_seed(0)
     # activation checkpointing as the shipped jobs run: recomputed blocks see the same dropout masks
     parallelize(model, build_mesh("full_shard", 1, on_gpu=False), strategy="full_shard", on_gpu=False,
                 activation_checkpointing=True)
@@ -77,6 +80,8 @@ def _train(job, workdir, *, resume_from="", phase="train"):
     scheduler = build_scheduler(optimizer, job.train, job.optim)
     trainer = TrainerState(scheduler=scheduler)
     restore(model=model, optimizer=optimizer, trainer=trainer, local_root=f"{workdir}/node", resume_from=resume_from)
+    if problem := lora_base_problem(model, trainer):  # as training/loop.py does after the restore
+        return problem, None
     manager = CheckpointManager(model=model, optimizer=optimizer, trainer=trainer, local_root=f"{workdir}/node",
                                 run_name=phase, every_n_steps=EVERY, report=copy_report(f"{workdir}/storage/{phase}"),
                                 model_config=model.config.to_dict())
@@ -124,6 +129,11 @@ def test_fsdp2_trains_only_the_adapters_checkpoints_hold_only_them_and_resume_is
     assert sorted(resumed) == [3, 4]
     assert resumed == {s: losses[s] for s in (3, 4)}  # bit-identical floats
     assert all(torch.equal(adapters[n], resumed_adapters[n]) for n in adapters)
+
+    # the same run resumed on ANOTHER base (other weights, same shapes): refused before a step
+    problem, _ = _train(job, tmp_path, resume_from=str(checkpoint), phase="other-base", base_seed=1)
+    assert problem.startswith("resume refused: the frozen base model differs from the one this LoRA run started with")
+    assert "\n" not in problem
 
 
 def test_the_bf16_base_keeps_its_rotary_frequencies_in_fp32():

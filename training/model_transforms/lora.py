@@ -116,7 +116,26 @@ def apply(model: Any, options: dict[str, Any]) -> None:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, LoraLinear(module, opts["rank"], float(opts["alpha"]), float(opts["dropout"])))
-    model._raytrain_lora = {**opts, "target_names": sorted({n.rsplit(".", 1)[-1] for n, _ in found})}
+    model._raytrain_lora = {**opts, "target_names": sorted({n.rsplit(".", 1)[-1] for n, _ in found}),
+                            "base_hash": base_hash(model)}
+
+
+def base_hash(model: Any) -> str:
+    """sha256 over the frozen base's parameters (names, dtypes, shapes, bytes) as the adapters
+    see them: a resume whose base differs from the one the run started with would train the
+    adapters against another model (training/loop.py refuses it)."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        if param.requires_grad:
+            continue
+        tensor = param.detach().contiguous().cpu()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def lora_settings(model: Any) -> dict[str, Any] | None:
