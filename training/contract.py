@@ -79,6 +79,9 @@ NETCHECK_NAME = "netcheck.json"
 """A netcheck run's record (training/netcheck/__init__.py), beside where run.json would be."""
 TENSORBOARD_DIR = "tensorboard"
 """The run's TensorBoard event files (training/metric_sinks/tensorboard.py); copied out with the run."""
+ADAPTER_SUFFIX = "-adapter"
+"""A LoRA run's peft adapter sits beside its export, ``<export>-adapter`` (``<run>/hf-adapter``:
+training/checkpointing/export.py writes it, raytrain_eks/runs/results.py copies it out whole)."""
 
 # --- metrics.jsonl rows ---------------------------------------------------------------------
 KIND = "kind"
