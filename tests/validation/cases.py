@@ -24,6 +24,11 @@ ALPACA_OK = {"instruction": "Add the two numbers.", "input": "2 and 3", "output"
 SHAREGPT_OK = {"conversations": [{"from": "human", "value": "What is 2 + 2?"}, {"from": "gpt", "value": "4"}]}
 
 
+OVERLONG_CHAT = {"messages": [{"role": "user", "content": "Tell me a long story."},
+                               {"role": "assistant", "content": "once upon a time " * 40}]}
+"""An answer far longer than the fixture local job's train.seq_len (128)."""
+
+
 def _lines(records, n=40) -> str:
     return "".join(json.dumps(r) + "\n" for r in records * n)
 
