@@ -168,7 +168,7 @@ def test_the_adapter_submit_copies_back_loads_in_peft(tmp_path):
     from raytrain_eks.runs.results import download_run
     from training.checkpointing.export import export_model
     from training.model import export_config
-    from training.run_storage import RunStorage
+    from training.storage import RunStorage
 
     ours, _ = _pair()
     ours.eval()

@@ -46,17 +46,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.checkpointing.storage import LEASE_NAME, filesystem_for, join
-from training.run_storage import S3_SCHEME, RunStorage
+from training.checkpointing.markers import LEASE_NAME
+from training.storage import S3_SCHEME, RunStorage, join
+from training.storage import files
+from training.storage.files import READ_TRIES  # noqa: F401  (re-exported: the lease's read policy is the storage's)
 
 log = logging.getLogger(__name__)
 
 LEASE_TTL_S = 120
 """A lease whose heartbeat is older than this is a crashed holder's: the next trainer takes it."""
-READ_TRIES = 3
-"""Reads of the lease before an error counts (the storage client has retried each already)."""
-READ_RETRY_S = 2.0
-"""The pause before the second read; it grows by as much for each further one."""
 HEARTBEAT_S = 30
 """How often the driver renews its lease (a quarter of :data:`LEASE_TTL_S`: three missed renewals
 are still no expiry)."""
@@ -102,26 +100,29 @@ class _Store:
             self.path = RunStorage(uri).path
 
     def get(self) -> tuple[bytes, str] | None:
-        """The stored bytes and their ETag; None when absent. Any other failure is an OSError."""
-        if self.s3:
-            from botocore.exceptions import BotoCoreError, ClientError
+        """The stored bytes and their ETag; None when absent. A read error is retried as the
+        storage's retry policy says (:mod:`training.storage.files`: ``READ_TRIES``,
+        ``RETRY_PAUSE_S``), then raised as an OSError."""
+        if not self.s3:
+            raw = files.read_retrying(self.uri)
+            return None if raw is None else (raw, hashlib.sha256(raw).hexdigest())
+        from botocore.exceptions import BotoCoreError, ClientError
 
+        for attempt in range(files.READ_TRIES):
             try:
                 got = _s3_client().get_object(Bucket=self.bucket, Key=self.key)
                 return got["Body"].read(), got["ETag"]
             except ClientError as err:
                 if _s3_code(err) in ("NoSuchKey", "404"):
                     return None
-                raise OSError(f"S3 GetObject: {err}") from err
+                problem: Exception = err
             except BotoCoreError as err:
-                raise OSError(f"S3 GetObject: {err}") from err
-        fs, path = filesystem_for(self.uri)
-        try:
-            with fs.open_input_stream(path) as handle:
-                raw = handle.read()
-        except FileNotFoundError:
-            return None
-        return raw, hashlib.sha256(raw).hexdigest()
+                problem = err
+            if attempt + 1 == files.READ_TRIES:
+                raise OSError(f"S3 GetObject: {problem}") from problem
+            log.warning("%s: read failed, retrying: %s", self.uri, problem)
+            time.sleep(files.RETRY_PAUSE_S * (attempt + 1))
+        return None
 
     def put(self, body: bytes, *, etag: str | None) -> str | None:
         """Write ``body`` only if the stored lease is still ``etag`` (None: only if there is none).
@@ -210,18 +211,12 @@ class Lease:
 
     def _fetch(self) -> tuple[dict[str, Any] | None, str | None]:
         """The stored lease and its ETag; (None, None) when absent, (None, etag) when not a lease.
-        A read error is retried :data:`READ_TRIES` times, then raises :class:`LeaseUnreadable`:
-        an unreadable lease is never taken for an absent one."""
-        store = _Store(self.uri)
-        for attempt in range(READ_TRIES):
-            try:
-                got = store.get()
-                break
-            except OSError as err:
-                if attempt + 1 == READ_TRIES:
-                    raise LeaseUnreadable(f"lease {self.uri} could not be read ({READ_TRIES} tries): {err}") from err
-                log.warning("lease %s: read failed, retrying: %s", self.uri, err)
-                time.sleep(READ_RETRY_S * (attempt + 1))
+        A read error (after the storage's retries) raises :class:`LeaseUnreadable`: an unreadable
+        lease is never taken for an absent one."""
+        try:
+            got = _Store(self.uri).get()
+        except OSError as err:
+            raise LeaseUnreadable(f"lease {self.uri} could not be read ({files.READ_TRIES} tries): {err}") from err
         if got is None:
             return None, None
         raw, etag = got
