@@ -158,7 +158,7 @@ def _overlong(job, docs) -> int | None:
     if "://" in where or not Path(where).is_dir() or importlib.util.find_spec("transformers") is None:
         return None
     from training.data.tokenize import tokenize_documents
-    from training.tokenizer import load_tokenizer
+    from training.data.tokenizer import load_tokenizer
 
     seq_len = job.train.seq_len
     lengths = [len(t.ids) + 1 for t in tokenize_documents(load_tokenizer(where), docs)]
