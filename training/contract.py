@@ -85,6 +85,9 @@ NETCHECK_NAME = "netcheck.json"
 """A netcheck run's record (training/netcheck/__init__.py), beside where run.json would be."""
 TENSORBOARD_DIR = "tensorboard"
 """The run's TensorBoard event files (training/metric_sinks/tensorboard.py); copied out with the run."""
+ADAPTER_SUFFIX = "-adapter"
+"""A LoRA run's peft adapter sits beside its export, ``<export>-adapter`` (``<run>/hf-adapter``:
+training/checkpointing/export.py writes it, raytrain_eks/runs/results.py copies it out whole)."""
 
 # --- metrics.jsonl rows ---------------------------------------------------------------------
 KIND = "kind"
@@ -259,6 +262,14 @@ FAILURE = "failure"
 FAILURE_STAGE = "stage"
 STAGE_DATA = "data"
 """The data could not be read or parsed (a deterministic user error: never retried)."""
+STAGE_STOPPED = "stopped"
+"""A run stopped on purpose where nothing else sends SIGTERM (a local run: ``raytrain-eks stop``,
+or its submit ended): no infrastructure fault, and nothing to resume."""
+STORAGE_LIVES_FOR_ONE_SUBMIT_ENV = "RAYTRAIN_STORAGE_LIVES_FOR_ONE_SUBMIT"
+"""Set (``1``) by the local backend (raytrain_eks/backends/local.py): the run's storage (moto's S3
+in memory) and its Ray head end with the submit, so a stopped run cannot be resumed."""
+STORAGE_LIVES_FOR_ONE_SUBMIT = "storage_lives_for_one_submit"
+"""run.json: True for such a run (training/launch.py records it; training/verdict.py reads it)."""
 
 
 # --- the five hashes of a run: run.json key -> what it is the hash of ------------------------

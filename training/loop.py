@@ -289,6 +289,8 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             ckpt_api.install_worker_handler(job.checkpoint.sigterm_grace_seconds, run_name=job.run_name)
         ckpt_api.restore(model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root,
                          resume_from=resume_from, device=device)
+        if problem := lora_base_problem(model, trainer):
+            return _returned(refuse(problem, ctx), facts)
         ckpt = ckpt_api.CheckpointManager(
             model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root, run_name=job.run_name,
             every_n_steps=job.checkpoint.every_n_steps, report=ctx.checkpoint_report, device=device,
@@ -392,6 +394,27 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         ctx.report({"step": trainer.step, "stopped_by_signal": stopped,
                     **{k: v for k, v in figures.items() if v is not None}})
     return _returned(summary, facts)
+
+
+LORA_BASE_HASH = "lora_base_hash"
+"""The trainer state's record of the frozen base a LoRA run started with (lora.base_hash)."""
+
+
+def lora_base_problem(model: torch.nn.Module, trainer: Any) -> str | None:
+    """Why a LoRA run may not continue on this base: a resume whose frozen base differs from the
+    one its adapters were trained against (the checkpoints hold the adapters only). Records the
+    base's hash in the trainer state (saved with every checkpoint) otherwise."""
+    from training.model_transforms.lora import lora_settings
+
+    current = (lora_settings(model) or {}).get("base_hash")
+    if not current:
+        return None
+    started = trainer.extra.get(LORA_BASE_HASH)
+    if trainer.restored_from and started and started != current:
+        return (f"resume refused: the frozen base model differs from the one this LoRA run started with (sha256 "
+                f"{started[:12]}, now {current[:12]}); resume with the same model.path, or start a new run")
+    trainer.extra[LORA_BASE_HASH] = current
+    return None
 
 
 def refuse(reason: str, ctx: WorkerContext) -> dict[str, Any]:

@@ -4,7 +4,7 @@ the report and the verdict. Used by ``raytrain-eks submit`` (both backends) and 
 What is copied: ``run.json``, ``metrics.jsonl``, the logs and NCCL logs, the TensorBoard event
 files (``<run>/tensorboard/``: ``tensorboard --logdir`` over the copies shows runs side by side), and the exported
 Hugging Face model (``<run>/hf/``: weights, config and tokenizer, so ``from_pretrained`` loads
-the folder). The checkpoint shards stay in storage: they are for resuming, not for using.
+the folder) and a LoRA run's adapter (``<run>/hf-adapter/``, for ``PeftModel.from_pretrained``). The checkpoint shards stay in storage: they are for resuming, not for using.
 
 Any run storage (training/storage/__init__.py): the bucket through boto3's ``client``, a shared or
 local file system by its path (readable where it is mounted; ``client`` is then unused).
@@ -16,12 +16,14 @@ import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from training.contract import TENSORBOARD_DIR
+from training.contract import ADAPTER_SUFFIX, TENSORBOARD_DIR
 from training.storage import RunStorage
 
 RECORD_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".log")
 MODEL_DIR = "hf"
 """The exported model's folder inside a run directory (training/checkpointing/export.py: export_on_workers writes ``<run>/hf``)."""
+MODEL_DIRS = (MODEL_DIR, MODEL_DIR + ADAPTER_SUFFIX)
+"""Copied whole: the export and a LoRA run's peft adapter beside it (``<run>/hf-adapter``, its weights included)."""
 
 
 def s3_client(client_env: dict[str, str] | None = None, *, region: str | None = None) -> Any:
@@ -53,7 +55,7 @@ def wanted(relative: str) -> bool:
     """A run directory's file worth copying out: records and logs, the event files, and the whole exported model."""
     if relative.endswith("/"):  # a folder marker (pyarrow's S3 create_dir writes one): no file
         return False
-    if relative.startswith((f"{MODEL_DIR}/", f"{TENSORBOARD_DIR}/")):
+    if relative.startswith((*(f"{d}/" for d in MODEL_DIRS), f"{TENSORBOARD_DIR}/")):
         return True
     name = Path(relative).name
     return relative.endswith(RECORD_SUFFIXES) and not relative.startswith("checkpoint") and "__" not in name

@@ -91,6 +91,37 @@ def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> 
     return run_inputs.plan_uploads(config, env.bucket_uri, ROOT), step_prediction(plan)
 
 
+CLAIM_NAME = ".submit.lock"
+
+
+def claim_results_folder(out_dir: Path, run_name: str, *, local: bool, resume: bool) -> int:
+    """One submit per run and results folder on this machine, before anything is written or
+    spent: an exclusive ``flock`` of ``<out>/.submit.lock`` held for the submit's life (the
+    returned descriptor; the kernel releases it when the process ends, however it ends), so a second concurrent submit of the run is
+    one line, not a traceback from the two writing one folder. And ``--local``: the run's storage
+    lives for one submit, so the results folder is the record of a finished run, and a ``--name``
+    whose folder holds a ``run.json`` is refused (docs/submit.md: a name storage already holds is
+    refused) instead of overwriting it."""
+    import fcntl
+
+    from charts import ChartError
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir / CLAIM_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ChartError(f"submit: run {run_name}: another submit of this run is running on this machine (it holds "
+                         f"{out_dir / CLAIM_NAME}): wait for it, or pick another --name") from None
+    if local and not resume and (out_dir / "run.json").is_file():
+        os.close(fd)
+        raise ChartError(f"submit --local: --name {run_name}: {out_dir / 'run.json'} already holds a run of that name "
+                         "(a local run's storage lives for one submit: this folder is its record): pick another "
+                         "--name, or leave --name out for a fresh one")
+    return fd
+
+
 def step_prediction(plan) -> dict | None:
     """The step model's exposed communication for the preflight's plan (run.json's
     ``exposed_comm``, handed to the run in ``_inputs/<run>.json``); None where the preflight has
@@ -123,21 +154,25 @@ def run(args: argparse.Namespace) -> int:
     run_name = (check_run_name(args.resume, "--resume") if args.resume else check_run_name(args.name, "--name")
                 if args.name else unique_run_name(_job_name(job, args.overrides), on_cluster=args.on_cluster))
     out_dir = Path(args.out) if args.out else ROOT / ".work" / "runs" / run_name
-    manifests = synth_run(env, job, run=run_name, overrides=[*args.overrides, *run_inputs.overrides(uploads)],
-                          outdir=out_dir / "manifests",
-                          spec_text=Path(args.env).read_text(encoding="utf-8"), on_cluster=args.on_cluster)
-    print(f"run {run_name}: {'resumes' if args.resume else 'new'}, job {manifests.job}, storage {manifests.run_uri}")
-    print(f"    RayJob {manifests.rayjob}")
-    run_inputs.write_record(uploads, out_dir)
-    if args.local:
-        return _local(manifests, out_dir, uploads, env.bucket_uri, prediction)
+    claim = claim_results_folder(out_dir, run_name, local=args.local, resume=bool(args.resume))
     try:
-        return _eks(manifests, out_dir, uploads, env.bucket_uri, prediction, resume=bool(args.resume), poll_s=args.poll_seconds,
-                    wait=not args.no_wait)
-    except KeyboardInterrupt:
-        print(f"\nsubmit: detached; the run goes on. raytrain-eks status {run_name} | logs {run_name} | stop {run_name}",
-              file=sys.stderr)
-        return 130
+        manifests = synth_run(env, job, run=run_name, overrides=[*args.overrides, *run_inputs.overrides(uploads)],
+                              outdir=out_dir / "manifests",
+                              spec_text=Path(args.env).read_text(encoding="utf-8"), on_cluster=args.on_cluster)
+        print(f"run {run_name}: {'resumes' if args.resume else 'new'}, job {manifests.job}, storage {manifests.run_uri}")
+        print(f"    RayJob {manifests.rayjob}")
+        run_inputs.write_record(uploads, out_dir)
+        if args.local:
+            return _local(manifests, out_dir, uploads, env.bucket_uri, prediction)
+        try:
+            return _eks(manifests, out_dir, uploads, env.bucket_uri, prediction, resume=bool(args.resume), poll_s=args.poll_seconds,
+                        wait=not args.no_wait)
+        except KeyboardInterrupt:
+            print(f"\nsubmit: detached; the run goes on. raytrain-eks status {run_name} | logs {run_name} | stop {run_name}",
+                  file=sys.stderr)
+            return 130
+    finally:
+        os.close(claim)  # the lock goes with it
 
 
 def _local(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: dict | None = None) -> int:
