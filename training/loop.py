@@ -269,7 +269,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     parallelize(model, mesh, strategy=job.parallel.strategy, on_gpu=on_gpu,
                 activation_checkpointing=job.parallel.activation_checkpointing, compile=job.parallel.compile,
                 keep_gathered=job.parallel.keep_params_gathered, reduce_dtype=job.parallel.grad_reduce_dtype,
-                cpu_offload=job.parallel.cpu_offload)
+                cpu_offload=job.parallel.cpu_offload, accumulation=job.parallel.accumulation)
     optimizer = optim.build_optimizer(model, job.train, job.optim)
     scheduler = optim.build_scheduler(optimizer, job.train, job.optim)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
@@ -300,9 +300,13 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     progress = (watchdog.rank_progress(job.run_name, ctx.rank, trainer.step, ctx.local_dir) if ctx.in_ray
                 else watchdog.Progress(None, ctx.rank, os.getpid()))
 
+    # LoRA (a frozen base): the MFU counts the FLOPs a LoRA step executes; a DTensor's numel()
+    # is its global size
+    frozen = any(not p.requires_grad for p in model.parameters())
     throughput = metrics.ThroughputModel.for_model(
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
-        world_size=ctx.world_size, device=metrics.device_name(on_gpu))
+        world_size=ctx.world_size, device=metrics.device_name(on_gpu),
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad) if frozen else None)
     log = open_metrics(job, ctx)  # metrics.jsonl, Prometheus, ...: training/metric_sinks/
     t, accum = job.train, job.grad_accum_steps
     steps: list[dict[str, Any]] = []

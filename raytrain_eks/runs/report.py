@@ -286,7 +286,7 @@ def predicted_step_text(value: Any) -> str | None:
     if not isinstance(value, dict) or value.get("label") != "predicted" or not value.get("step_s"):
         return None
     (lo, hi), mfu = value["step_s"], value.get("mfu") or []
-    text = f"predicted {lo:.2f}-{hi:.2f} s"
+    text = f"predicted {hi:.2f}-{lo:.2f} s (slow-fast)"
     if mfu:
         text += f", MFU {100 * min(mfu):.1f}-{100 * max(mfu):.1f}%"
     assumed = value.get("assumed")

@@ -60,6 +60,22 @@ def _job_name(job: Path, overrides: list[str]) -> str:
         return load_job_config(job, overrides).name
 
 
+def auto_plan(env, job: Path, overrides: list[str]) -> list[str]:
+    """A GPU job with ``parallel.plan = "auto"``: the plan search's pick as ``--set`` overrides
+    (raytrain_eks/planning/preflight.py ``auto_plan_overrides``), printed; they travel in the
+    RayJob's entrypoint like any other. [] for any other job."""
+    from charts.jobs import plan_job
+    from raytrain_eks.planning.preflight import auto_plan_overrides
+    from raytrain_eks.runs.manifest import ROOT
+
+    with contextlib.chdir(ROOT):
+        config = plan_job(env, job.resolve(), ROOT, list(overrides)).config
+    sets = auto_plan_overrides(env, config)
+    if sets:
+        print(f"plan: parallel.plan = 'auto' runs the plan search's pick: {' '.join(sets)}")
+    return sets
+
+
 def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> list:
     """Everything that can be known before a node scales up or a Ray head starts: the job config
     at the environment's size (charts.jobs.plan_job), the model's config.json and every data file
@@ -150,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         raise ChartError("submit --local: --no-wait: a local run lives as long as its submit "
                          "(its Ray head and storage stop with it); raytrain-eks status/logs/stop RUN reach it meanwhile")
     env = load_environment(args.env)
+    args.overrides = [*auto_plan(env, job, args.overrides), *args.overrides]  # the user's --set win
     uploads, prediction = check_before_spend(env, job, args.overrides, local=args.local)
     run_name = (check_run_name(args.resume, "--resume") if args.resume else check_run_name(args.name, "--name")
                 if args.name else unique_run_name(_job_name(job, args.overrides), on_cluster=args.on_cluster))
