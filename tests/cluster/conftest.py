@@ -22,13 +22,6 @@ from plane import Plane, PlaneError, spec  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def pytest_collection_modifyitems(items):
-    # One xdist worker holds the plane: every test of the tier runs there, one after another.
-    for item in items:
-        if Path(str(item.fspath)).resolve().is_relative_to(Path(__file__).resolve().parent):
-            item.add_marker(pytest.mark.xdist_group("cluster"))
-
-
 @pytest.fixture(scope="session")
 def plane(tmp_path_factory):
     """The running plane (etcd, apiserver, controller-manager, scheduler, kwok, KubeRay, Kueue)

@@ -18,6 +18,9 @@ from test_queue import condition, workload_of
 from test_manifests import wait_for
 from toml_writer import toml_text
 
+# One xdist worker holds the session's plane: every test of the tier runs there.
+pytestmark = pytest.mark.xdist_group("cluster")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

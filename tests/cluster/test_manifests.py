@@ -16,6 +16,9 @@ import pytest
 from environment.contract import NODE_GROUP_LABEL, RAY_NODE_TYPE_LABEL
 from environment.queueing import QUEUE_NAME_LABEL
 
+# One xdist worker holds the session's plane: every test of the tier runs there.
+pytestmark = pytest.mark.xdist_group("cluster")
+
 SETTLE_S = 90
 """How long a check waits for the operators and the scheduler to act (they answer in seconds;
 the margin is for a loaded 2-core machine). Never a timing assertion: only an upper bound."""

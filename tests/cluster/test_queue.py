@@ -4,7 +4,12 @@ it until the first one's GPUs are free; with a GPU's worth of quota more than a 
 second would have been admitted (the breakage), so the hold is the quota's, not chance."""
 from __future__ import annotations
 
+import pytest
+
 from test_manifests import SETTLE_S, wait_for
+
+# One xdist worker holds the session's plane: every test of the tier runs there.
+pytestmark = pytest.mark.xdist_group("cluster")
 
 
 def workload_of(namespace, rayjob: str) -> dict | None:
