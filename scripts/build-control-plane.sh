@@ -72,7 +72,7 @@ build() {
   echo "build-control-plane: building $name $version (${pkgs[*]})"
   local targets=()
   for p in "${pkgs[@]}"; do targets+=("${p%%=*}"); done
-  (cd "$dir" && go mod tidy && go build -o "$out/" "${targets[@]}")
+  (cd "$dir" && go mod tidy && go build ${LDFLAGS:+-ldflags "$LDFLAGS"} -o "$out/" "${targets[@]}")
   for p in "${pkgs[@]}"; do
     [ "$(basename "${p%%=*}")" = "$(bin_name "$p")" ] || mv "$out/$(basename "${p%%=*}")" "$out/$(bin_name "$p")"
   done
@@ -127,6 +127,11 @@ for part in "${parts[@]}"; do
     etcd) build etcd "$ETCD_VERSION" "go.etcd.io/etcd/server/v3@$ETCD_VERSION" -- go.etcd.io/etcd/server/v3=etcd ;;
     kubernetes)
       k8s_replaces
+      # The version the binaries report (/version; clients such as Kueue compare it): what the
+      # release build stamps in with hack/lib/version.sh, here from the pinned tag.
+      minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+      LDFLAGS="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 \
+-X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
       build kubernetes "$K8S_VERSION" "k8s.io/kubernetes@$K8S_VERSION" -- \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl ;;
