@@ -94,6 +94,12 @@ class JobConfig:
             raise FieldError("parallel.grad_reduce_dtype", p.grad_reduce_dtype,
                              f"with {p.strategy} and {self.grad_accum_steps} micro batches per step would sum the "
                              "micro batches in bf16, not fp32 (use float32, or full_shard)")
+        if p.grad_reduce_dtype == "bfloat16" and p.accumulation == "local" and p.sized and self.grad_accum_steps > 1:
+            # FSDP2 keeps the unsharded gradient in the reduce dtype between micro batches
+            # (torch 2.13 _fsdp_param.py to_accumulated_grad_if_needed): the sum would be bf16.
+            raise FieldError("parallel.grad_reduce_dtype", p.grad_reduce_dtype,
+                             f"with parallel.accumulation = 'local' and {self.grad_accum_steps} micro batches per step "
+                             "would sum the unsharded gradients in bf16, not fp32 (use float32)")
         if k.storage_path and not RunStorage(k.storage_path).shared and p.use_gpu and self.num_nodes > 1:
             raise FieldError("checkpoint.storage_path", k.storage_path,
                              f"is a local directory but the job spans {self.num_nodes} nodes (use s3://bucket/prefix, "

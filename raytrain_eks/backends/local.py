@@ -220,7 +220,11 @@ def submit_command(dashboard_url: str, submission_id: str, entrypoint: str, runt
     manifest's (shlex-joined) entrypoint gives back the very same string."""
     import yaml
 
+    from training.contract import STORAGE_LIVES_FOR_ONE_SUBMIT_ENV
+
     runtime_env = yaml.safe_load(runtime_env_yaml) or {}
+    # the run's storage and head end with this submit: a stop is no fault and not resumable
+    runtime_env.setdefault("env_vars", {})[STORAGE_LIVES_FOR_ONE_SUBMIT_ENV] = "1"
     return [str(BIN / "ray"), "job", "submit", "--no-wait", "--address", dashboard_url, "--submission-id", submission_id,
             "--runtime-env-json", json.dumps(runtime_env), "--", *shlex.split(entrypoint)]
 

@@ -227,6 +227,22 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None, what: 
     raise ServiceStartError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
 
 
+USER_CREDENTIAL_VARIABLES = (
+    "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+)
+"""The user's AWS credentials (botocore's credential providers read these). A local run talks to
+moto only (its keys come from :attr:`S3Server.client_env`), and Ray writes every worker's
+environment into logs under its temp dir, readable by other users of the machine: they stay out."""
+
+
+def without_user_credentials(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` less the user's AWS credentials (:data:`USER_CREDENTIAL_VARIABLES`) and keys."""
+    drop = {*USER_CREDENTIAL_VARIABLES, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    return {k: v for k, v in environ.items() if k not in drop}
+
+
 @dataclass(frozen=True)
 class S3Server:
     endpoint_url: str
@@ -309,7 +325,7 @@ def _start_head(num_cpus: int, env: dict[str, str] | None, temp_dir: str, token:
         # Workers push their metrics to the node's agent every 10 s by default (ray 2.58
         # ``metrics_report_interval_ms``); a local job is short: every second, unless set.
         "RAY_metrics_report_interval_ms": "1000",
-        **os.environ, **(env or {}), "RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": token,
+        **without_user_credentials(os.environ), **(env or {}), "RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": token,
                  "RAY_USAGE_STATS_ENABLED": "0",
                  "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300",
                  # The dashboard's and the autoscaler's own metrics servers default to fixed

@@ -207,6 +207,11 @@ class Stop:
         eks.kubectl("delete", "rayjob", found[0], "-n", namespace, "--cascade=background", "--wait=true")
         policy = ray_cluster_policy(rayjob_label(args.run), namespace)["metadata"]["name"]
         eks.kubectl("delete", "networkpolicy", policy, "-n", namespace, "--ignore-not-found")
+        from environment.contract import ON_CLUSTER_SUFFIX
+
+        if not found[0].endswith(ON_CLUSTER_SUFFIX):  # its own service account's association goes too
+            eks.release_run_identity(eks.eks_api(env.cluster.region), cluster=env.cluster.eks_name,
+                                     namespace=namespace, run=args.run)
         print(f"stopped {args.run}: RayJob deleted (KubeRay stops the Ray job); storage kept: "
               f"{env.storage_uri}/{args.run} (raytrain-eks submit JOB --resume {args.run})")
         return 0

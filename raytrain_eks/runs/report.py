@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training import contract
+from training import contract, incidents
 from training.contract import METRICS_NAME, RECORD_NAME
 from training.storage.files import read_bytes, read_json
 
@@ -286,7 +286,7 @@ def predicted_step_text(value: Any) -> str | None:
     if not isinstance(value, dict) or value.get("label") != "predicted" or not value.get("step_s"):
         return None
     (lo, hi), mfu = value["step_s"], value.get("mfu") or []
-    text = f"predicted {lo:.2f}-{hi:.2f} s"
+    text = f"predicted {hi:.2f}-{lo:.2f} s (slow-fast)"
     if mfu:
         text += f", MFU {100 * min(mfu):.1f}-{100 * max(mfu):.1f}%"
     assumed = value.get("assumed")
@@ -341,6 +341,7 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("step time, predicted", predicted_step_text(r.get("exposed_comm"))),
         ("peak memory (GiB)", t[contract.PEAK_MEMORY_GIB]), ("eval loss before", before), ("eval loss after", after),
         ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),
+        ("incidents", incidents.summary(incidents.of_record(r)) or "none"),
         ("started", r.get("start_time")), ("error", r.get("error")),
     ]
 
@@ -364,6 +365,11 @@ def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
     for run in runs:
         for note in run.notes:
             lines.append(f"\n> note ({run.name}): {note}")
+    for run in runs:  # what went wrong and what it cost, each fault in full (training/incidents.py)
+        found = incidents.of_record(run.record)
+        if found:
+            lines += ["", f"## Incidents ({run.name}): {incidents.summary(found)}", ""]
+            lines += [f"{n}. {incidents.line(entry)}" for n, entry in enumerate(found, 1)]
     if len(runs) == 2:
         lines += ["", "## Differences between the records", "",
                   "Every leaf of run.json that differs. Inputs and run-time conditions are what can explain a "
