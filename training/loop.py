@@ -349,7 +349,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         if ckpt is not None:
             with window.overhead(due=ckpt.due(step, max_steps=t.max_steps)):
                 # the checkpoint report carries the loss of the last logged step (no host sync here)
-                stopped = ckpt.step_end(step, {"loss": steps[-1][contract.LOSS] if steps else None},
+                stopped = ckpt.step_end(step, {contract.LOSS: steps[-1][contract.LOSS] if steps else None},
                                         max_steps=t.max_steps)
         evaluated = bool(job.eval.every_n_steps and step % job.eval.every_n_steps == 0 and not last)
         if evaluated:
@@ -377,10 +377,10 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     after = None if stopped else held_out()  # the SIGTERM grace period is for the checkpoint
     figures = evaluation.before_after(before, after)
     if ckpt is not None:
-        ckpt.finish(trainer.step, {"loss": steps[-1]["loss"] if steps else float("nan"), **figures})
+        ckpt.finish(trainer.step, {contract.LOSS: steps[-1][contract.LOSS] if steps else float("nan"), **figures})
         log.checkpoints(ckpt.timings)  # the writes that ended after the last step
-    summary = {"kind": "summary", "steps": trainer.step, "tokens_seen": trainer.tokens_seen,
-               "losses": [e["loss"] for e in steps], "stopped_by_signal": stopped,
+    summary = {contract.KIND: contract.KIND_SUMMARY, "steps": trainer.step, contract.TOKENS_SEEN: trainer.tokens_seen,
+               "losses": [e[contract.LOSS] for e in steps], "stopped_by_signal": stopped,
                "resumed_from": trainer.restored_from, **figures}
     if ckpt is not None and job.checkpoint.export_hf and not stopped:
         from training.checkpointing.export import export_on_workers

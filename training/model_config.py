@@ -147,12 +147,19 @@ def max_positions(model_config: Mapping[str, Any]) -> int | None:
     return int(value) if value else None
 
 
-def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "job config") -> None:
-    """Refuse a sequence length beyond the model's own ``max_position_embeddings``."""
-    limit = max_positions(model_config)
+def seq_len_problem(seq_len: int, limit: int | None) -> str | None:
+    """The rule "seq_len <= the model's max positions", in its one text: why ``seq_len`` is
+    refused by a model of ``limit`` positions (None: unknown, nothing to check), or None."""
     if limit is not None and seq_len > limit:
-        raise ModelConfigError(
-            f"{source}: train.seq_len: {seq_len} exceeds the model's max_position_embeddings ({limit})")
+        return f"exceeds the model's max_position_embeddings ({limit})"
+    return None
+
+
+def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "job config") -> None:
+    """Refuse a sequence length beyond the model's own ``max_position_embeddings`` (the worker's
+    check, once the model's config is loaded; the job config applies the same rule first)."""
+    if problem := seq_len_problem(seq_len, max_positions(model_config)):
+        raise ModelConfigError(f"{source}: train.seq_len: {seq_len} {problem}")
 
 
 _HUB_ID = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)

@@ -31,14 +31,13 @@ from constructs import Construct
 
 from environment import GpuNodeGroupSpec
 from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
-from environment.contract import CODE_PREFIX
+from environment.contract import CODE_PREFIX, control_plane_log_group
 from environment.image_source import CACHE_UPSTREAM_REGISTRY, CACHE_UPSTREAM_URL
 from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
 from infra.constructs.cluster_addons import ClusterAddons, ManagedAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role, system_launch_template
 from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity, SubmitterAccess
 from infra.nag import ENDPOINT_RULE, OPEN_TO_ALL, acknowledge, acknowledge_cluster_findings
-from infra.stack_names import control_plane_log_group
 from infra.stacks.network import NetworkStack
 
 ENDPOINT_ACCESS = {

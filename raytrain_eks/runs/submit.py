@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from raytrain_eks.runs import inputs as run_inputs
-from raytrain_eks.runs.netcheck_results import finish as netcheck_finish
+from raytrain_eks.runs.results import finish_netcheck
 from training.contract import NETCHECK_NAME
 from training.storage import RunStorage
 
@@ -201,7 +201,7 @@ def _local(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction
                                                              prediction=prediction,
                                                              run_storage=manifests.storage_uri))
     if NETCHECK_NAME in ran.copied and "run.json" not in ran.copied:  # a netcheck job (not a run_first)
-        return netcheck_finish(out_dir)
+        return finish_netcheck(out_dir)
     if "run.json" not in ran.copied:
         # Ray's word for a job that exits non-zero is FAILED, also for a run the verdict rejects:
         # it is shown only when there is no record (and so no verdict) to speak instead.
@@ -234,7 +234,7 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
     from charts import ChartError
     from raytrain_eks.backends import eks
     from raytrain_eks.backends.kueue_queue import QueueWatch
-    from raytrain_eks.runs.commands import release_after_deadline
+    from raytrain_eks.backends.eks import release_after_deadline
     from raytrain_eks.runs.results import run_exists, s3_client, upload_if_missing
 
     client = s3_client(region=manifests.region)
@@ -330,7 +330,7 @@ def _results(client, manifests, out_dir: Path, ended: str) -> int:
     copied = download_run(client, manifests.run_uri, out_dir)
     _release_identity(manifests)
     if NETCHECK_NAME in copied and "run.json" not in copied:
-        return netcheck_finish(out_dir)
+        return finish_netcheck(out_dir)
     if "run.json" not in copied:
         print(f"submit: the run wrote no run.json to {manifests.run_uri} (raytrain-eks logs {manifests.run})",
               file=sys.stderr)

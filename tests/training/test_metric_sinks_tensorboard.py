@@ -35,7 +35,7 @@ def _assert_same_figures(events: dict, rows: list[dict]) -> None:
 def test_every_figure_by_step_reaches_the_run_directory_at_each_sync(tmp_path):
     ctx = SimpleNamespace(rank=0, local_dir=str(tmp_path / "scratch"), run_dir=str(tmp_path / "run"), storage=None,
                           in_ray=False)
-    log = metric_sinks.open_metrics(JOB, ctx, names=("jsonl", "tensorboard"))
+    log = metric_sinks.open_metrics(JOB, ctx, names=("tensorboard",))  # and metrics.jsonl, always first
     log.sinks[0].stream = open("/dev/null", "w")
     log.write({"kind": "eval", "step": 0, "eval_loss": 4.5})
     for step in (1, 2):
