@@ -109,7 +109,7 @@ def _profile(gpus: int, storage: Path) -> dict:
     record = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
     throughput = record.get("throughput") or {}
     out = {"gpus": gpus, "exit": code, "seconds": round(seconds, 1), **{k: throughput.get(k) for k in (
-        "tokens_per_s", "mfu", "compute_mfu", "peak_memory_gib")}}
+        contract.TOKENS_PER_S, contract.MFU, "compute_mfu", contract.PEAK_MEMORY_GIB)}}
     out["problems"] = [] if code == 0 else [f"profile exit {code}: " + log.strip().splitlines()[-1][-300:]]
     return out
 
@@ -290,8 +290,8 @@ def main() -> int:
     gpus = torch.cuda.device_count()
     result: dict = {"name": "gpu_check", "device": torch.cuda.get_device_name(), "gpus": gpus}
     code, log, seconds = _run([sys.executable, "bench/bench_gpu_mfu.py", "--seq", "2048", "--steps", "6"], 120)
-    result["mfu_1_5b"] = {k: v for k, v in _last_json(log).items() if k in ("mfu", "tflops", "tokens_per_s",
-                                                                                "step_s", "peak_memory_gib", "peak_reserved_gib")}
+    result["mfu_1_5b"] = {k: v for k, v in _last_json(log).items() if k in (
+        contract.MFU, "tflops", contract.TOKENS_PER_S, "step_s", contract.PEAK_MEMORY_GIB, "peak_reserved_gib")}
     result["mfu_1_5b"]["seconds"] = round(seconds, 1)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         result["profile"] = _profile(gpus, Path(scratch))
@@ -303,7 +303,7 @@ def main() -> int:
 
     profile = result["profile"]
     step = {"per_gpu_shape": "jobs/finetune-qwen2.5-1.5b.toml on this machine's GPUs", **{
-        k: profile.get(k) for k in ("tokens_per_s", "mfu", "peak_memory_gib")}, "step_s": result["mfu_1_5b"].get("step_s")}
+        k: profile.get(k) for k in (contract.TOKENS_PER_S, contract.MFU, contract.PEAK_MEMORY_GIB)}, "step_s": result["mfu_1_5b"].get("step_s")}
     calibration = measure_calibration("cuda", torch.cuda.get_device_name(), torch.cuda.synchronize,
                                       shapes=calibration_shapes(), step=step if step["step_s"] else None)
     CALIBRATION.write_text(json.dumps(calibration, indent=1) + "\n")

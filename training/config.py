@@ -28,6 +28,7 @@ from training.config_checks import JobConfigError, one_of
 from training.config_sections import (AcceptConfig, CheckpointConfig, DataConfig, EvalConfig, EvidenceConfig,
                                       ModelConfig, NetcheckConfig, OptimConfig, ParallelConfig, RayJobConfig,
                                       TrackingConfig, TrainConfig, WorldSize)
+from training.model_config import seq_len_problem
 from training.storage import RunStorage
 
 JOB_KINDS = ("train", "netcheck")
@@ -76,9 +77,8 @@ class JobConfig:
             raise FieldError("name", self.name, "is not a lower-case DNS label of at most 40 characters")
         one_of(self, "kind", JOB_KINDS)
         t, p, k = self.train, self.parallel, self.checkpoint
-        limit = self.model.known_max_positions
-        if limit and t.seq_len > limit:
-            raise FieldError("train.seq_len", t.seq_len, f"exceeds the model's max_position_embeddings ({limit})")
+        if problem := seq_len_problem(t.seq_len, self.model.known_max_positions or None):
+            raise FieldError("train.seq_len", t.seq_len, problem)
         if p.strategy == "hybrid_shard" and self.num_nodes < 2 and p.sized:
             raise FieldError("parallel.strategy", p.strategy,
                              f"needs >= 2 nodes (num_workers {p.num_workers} / workers_per_node {p.workers_per_node} = "

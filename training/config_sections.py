@@ -295,6 +295,11 @@ class WorldSize:
             parallel |= {"num_workers": self.num_workers, "workers_per_node": self.workers_per_node}
 
 
+MIN_CHECKPOINT_MINUTES = 1.0
+"""The shortest ``checkpoint.every_minutes``: the snapshot stalls the loop and the upload queue
+holds two at most (training/checkpointing/manager.py), so a shorter cadence only skips saves."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointConfig:
     storage_path: str = ""
@@ -305,6 +310,10 @@ class CheckpointConfig:
     """Run name under the storage path; empty = the job name."""
     every_n_steps: int = 0
     """0 = only at the end."""
+    every_minutes: float = 0.0
+    """Also checkpoint once this many minutes of training passed since the last checkpoint, the
+    first that comes of this and ``every_n_steps`` (0 = by steps only): a failure then loses at
+    most about this much, however long a step is."""
     keep_last: int = 2
     """Checkpoints Ray Train keeps in storage (``CheckpointConfig.num_to_keep``); older ones are deleted."""
     on_existing_run: str = "resume"
@@ -319,7 +328,10 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         positive(self, "keep_last", "sigterm_grace_seconds")
-        positive(self, "every_n_steps", "max_failures", allow_zero=True)
+        positive(self, "every_n_steps", "max_failures", "every_minutes", allow_zero=True)
+        if self.every_minutes and self.every_minutes < MIN_CHECKPOINT_MINUTES:
+            raise FieldError("every_minutes", self.every_minutes,
+                             f"must be 0 (by steps only) or >= {MIN_CHECKPOINT_MINUTES:g} (a checkpoint is not free)")
         one_of(self, "on_existing_run", ON_EXISTING_RUN)
         if self.run_name and not re.fullmatch(r"(?a)[A-Za-z0-9][A-Za-z0-9._-]{0,127}", self.run_name):
             raise FieldError("run_name", self.run_name, "may hold only letters, digits, '.', '_' and '-'")

@@ -281,6 +281,7 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     hand = estimate_time(env, job, shapes, mfu)
     plan.estimate = measured_time(hand, plan.measured, job) if plan.measured else hand
     plan.estimate.update(prediction_range(plan, hand, g))
+    plan.checks.append(deadline_check(job, slow_step_s(plan), shapes.num_params()))
     plan.strategies = strategy_options(env, job, shapes, mfu)
     best = plan.strategies[0]
     if job.parallel.cpu_offload and best["fits"]:  # the GPU fits; the state in host memory must too
@@ -295,6 +296,89 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
             f"{best['strategy']!r} would take {best['step_s']:.2f} s/step (network {best['network_s']:.2f} s): "
             f"set parallel.strategy = {best['strategy']!r}")))
     return plan
+
+
+def slow_step_s(plan: Plan) -> float:
+    """The SLOW end of the plan's predicted step: the prediction's range (:func:`prediction_range`),
+    the step model's range (a measured trace), the measured plan's range over the published rates,
+    else the estimate's one figure; the slowest of those the plan has."""
+    ends = [plan.estimate.get("step_s") or 0.0, (plan.estimate.get("step_range") or (0.0,))[0]]
+    if plan.measured:
+        ends.append(plan.measured.get("range_s", [0.0, 0.0])[1])
+        if plan.measured.get("range"):
+            ends.append(plan.measured["range"]["step_s"][1])
+    return max(ends)
+
+
+CHECKPOINT_BYTES_PER_S = 1e9
+"""ASSUMED: one checkpoint's stall and write, per GPU's shard (its bf16 weights and fp32 AdamW
+state), at 1 GB/s (device-to-host staging and local disk; the upload to S3 runs behind later
+steps)."""
+EXPORT_BYTES_PER_S = 100e6
+"""ASSUMED: the export's gather, safetensors write and upload of the whole model (bf16) at 100 MB/s."""
+EVAL_FORWARD_SHARE = 1 / 3
+"""An evaluation batch is a forward pass: a third of a training micro batch's forward + backward
+(the same 3x the FLOPs model uses)."""
+
+
+def run_minutes(job: JobConfig, step_s: float, params: int) -> dict[str, float]:
+    """The run's minutes, term by term, at ``step_s`` a step: the steps, the evaluations (before,
+    every ``eval.every_n_steps`` and after), the checkpoints (every ``checkpoint.every_n_steps``, every
+    ``checkpoint.every_minutes`` and the final one), the export and the GPU nodes' start."""
+    from environment.addons import SCALE_UP_MINUTES
+
+    steps = job.train.max_steps * step_s / 60
+    evals = 2 + (job.train.max_steps // job.eval.every_n_steps if job.eval.every_n_steps else 0)
+    eval_s = step_s * EVAL_FORWARD_SHARE * min(job.eval.max_batches, job.grad_accum_steps) / max(job.grad_accum_steps, 1)
+    k = job.checkpoint
+    saves = 1 + (job.train.max_steps // k.every_n_steps if k.every_n_steps else 0)
+    if k.every_minutes:
+        saves += int(steps // k.every_minutes)
+    save_s = params * 14 / max(job.parallel.num_workers, 1) / CHECKPOINT_BYTES_PER_S  # bf16 weights + fp32 AdamW
+    export_s = params * 2 / EXPORT_BYTES_PER_S if k.export_hf else 0.0
+    return {"steps": steps, "evaluations": evals * eval_s / 60, "checkpoints": saves * save_s / 60,
+            "export": export_s / 60, "start": SCALE_UP_MINUTES}
+
+
+def deadline_check(job: JobConfig, step_s: float, params: int) -> Check:
+    """The run at the SLOW end of its predicted step, plus its evaluations, checkpoints, export
+    and the nodes' start, against ``rayjob.active_deadline_minutes`` less the final checkpoint's
+    stop wait. KubeRay never retries a RayJob that hit its deadline (v1.7.0
+    ``rayjob_controller.go`` ``checkBackoffLimitAndUpdateStatusIfNeeded``: DeadlineExceeded is
+    exempt from ``backoffLimit``): a run that does not fit ends without its final evaluation and
+    export, every time. The fix is named: fewer steps, a longer deadline, or a chain of runs."""
+    from training.deadlines import run_time_limit_seconds
+
+    terms = run_minutes(job, step_s, params)
+    total = sum(terms.values())
+    limit = run_time_limit_seconds(job.rayjob.active_deadline_minutes, job.checkpoint.sigterm_grace_seconds) / 60
+    parts = ", ".join(f"{name} {value:.0f}" for name, value in terms.items())
+    fits_steps = _most_steps(job, step_s, params, limit)
+    if total <= limit:
+        return Check(name="deadline", ok=True, message=(
+            f"{total:.0f} min at the slow end ({step_s:.2f} s/step; {parts} min; checkpoint and export rates ASSUMED) "
+            f"fits rayjob.active_deadline_minutes = {job.rayjob.active_deadline_minutes} ({limit:.0f} min after the stop wait)"))
+    need = int(-(-(total * 60 + (job.rayjob.active_deadline_minutes * 60 - limit * 60)) // 60))
+    return Check(name="deadline", ok=False, message=(
+        f"the run takes {total:.0f} min at the slow end of its predicted step ({step_s:.2f} s/step; {parts} min; "
+        f"checkpoint and export rates ASSUMED) but rayjob.active_deadline_minutes = {job.rayjob.active_deadline_minutes} "
+        f"ends it at {limit:.0f} min, without its final evaluation and export (KubeRay never retries a deadline): "
+        f"set train.max_steps <= {fits_steps}, or rayjob.active_deadline_minutes >= {need}, or run it as a chain "
+        f"of resumed runs (submit --resume RUN with a higher train.max_steps)"))
+
+
+def _most_steps(job: JobConfig, step_s: float, params: int, limit: float) -> int:
+    """The most ``train.max_steps`` whose run (:func:`run_minutes`) fits ``limit`` minutes."""
+    from dataclasses import replace
+
+    def fits(steps: int) -> bool:
+        return sum(run_minutes(replace(job, train=replace(job.train, max_steps=steps)), step_s, params).values()) <= limit
+
+    low, high = 0, job.train.max_steps
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
 
 
 def _check_plan_search(plan: Plan, shapes, group) -> list[Check]:
