@@ -13,16 +13,21 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-from training.model import count_targets, loss_sum
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]], *,
-             device: torch.device, max_batches: int, step: int) -> dict[str, Any] | None:
-    """Held-out loss and perplexity over at most ``max_batches`` batches per rank.
+             device: torch.device, max_batches: int, step: int, objective: Any = None) -> dict[str, Any] | None:
+    """Held-out loss and perplexity over at most ``max_batches`` batches per rank, under the
+    run's objective (training/objectives/; None: ``sft``): DPO's held-out figures are its loss
+    and its rewards (``eval_rewards_accuracy``...); its "perplexity" is exp of the DPO loss,
+    kept for the shape of the record only.
 
     Returns None when no rank has a held-out batch (the run record then says so).
     """
+    from training.objectives import sft
+
+    objective = objective or sft.SFT()
     local = []
     for batch in batches:
         if len(local) >= max_batches:
@@ -35,15 +40,18 @@ def evaluate(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]],
         return None
     was_training = model.training
     model.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, target tokens
+    totals = torch.zeros(2 + len(objective.extra), dtype=torch.float64, device=device)  # loss sum, units, extra
     for batch in local[:n_batches]:
         # the host batch, as training/loop.py passes it: indices and layout computed on the host, then moved
-        totals[0] += loss_sum(model, batch, device).double()
-        totals[1] += count_targets(batch["labels"])
+        loss, extra = objective.loss(model, batch, device)
+        totals[0] += loss.double()
+        totals[1] += objective.units(batch)
+        totals[2:] += extra
     dist.all_reduce(totals)
     model.train(was_training)
-    loss = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
-    return {"kind": "eval", "step": step, "eval_loss": loss,
+    figures = objective.figures(totals.tolist(), prefix="eval_")
+    loss = figures["eval_loss"]
+    return {"kind": "eval", "step": step, **figures,
             "eval_perplexity": math.exp(loss) if loss < 50 else float("inf"),
             "eval_tokens": int(totals[1]), "eval_batches_per_rank": n_batches}
 
