@@ -599,6 +599,9 @@ class JobConfig:
             # other kinds: the data check refuses data that holds no conversations (training/data/check.py)
             raise FieldError("eval.exact_match", True, "needs conversation data (data.kind 'synthetic' has none)")
         self._check_objective()
+        if self.eval.benchmarks and self.is_infrastructure_check:
+            raise FieldError("eval.benchmarks", list(self.eval.benchmarks),
+                             "needs a tokenizer: data.kind 'synthetic' loads none")
         tasks = {benchmark_task(entry)[0] for entry in self.eval.benchmarks}
         for key in self.accept.benchmarks:
             if key.rpartition(".")[0] not in tasks:

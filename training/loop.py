@@ -324,11 +324,26 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             log.write(figures)
         return figures
 
-    # A resumed run keeps the figure measured before ANY training (stored in the trainer state).
+    def benchmarks() -> dict[str, Any] | None:
+        """The benchmark tasks (``eval.benchmarks``), sharded over the ranks."""
+        if not job.eval.benchmarks:
+            return None
+        stop = chat_format(tokenizer, getattr(model, "generation_config", None)).stop_ids
+        result = evaluation.benchmark(model, tokenizer, job.eval.benchmarks, device=device, rank=ctx.rank,
+                                      world_size=ctx.world_size, max_questions=job.eval.benchmark_max_questions,
+                                      stop_ids=stop, step=trainer.step)
+        log.write(evaluation.benchmark_row(result))
+        return result
+
+    # A resumed run keeps the figures measured before ANY training (stored in the trainer state).
     before = trainer.extra.get("eval_before") if trainer.restored_from else None
     if before is None:
         before = held_out()
         trainer.extra["eval_before"] = before
+    bench_before = trainer.extra.get("benchmarks_before") if trainer.restored_from else None
+    if bench_before is None:
+        bench_before = benchmarks()  # the base model's scores
+        trainer.extra["benchmarks_before"] = bench_before
     model.train()
     stopped = False
     window = LogWindow(throughput, on_gpu=on_gpu, objective=objective)
@@ -373,6 +388,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                         ctx.report({k: v for k, v in rows[-1].items() if v is not None})
 
     after = None if stopped else held_out()  # the SIGTERM grace period is for the checkpoint
+    bench_after = None if stopped else benchmarks()
     figures = evaluation.before_after(before, after)
     if ckpt is not None:
         ckpt.finish(trainer.step, {"loss": steps[-1]["loss"] if steps else float("nan"), **figures})
@@ -386,9 +402,13 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         summary.update(export_on_workers(model, ctx, model_config, job))
     log.write(summary)
     log.print(evaluation.eval_line(figures, stopped=stopped))
+    if bench_after:
+        log.print(evaluation.benchmark_line(bench_before, bench_after))
     log.close()
     if facts is not None:
         facts.update(throughput=contract.throughput_summary(steps), eval={"before": before, "after": after},
+                     benchmarks={"before": bench_before, "after": bench_after} if job.eval.benchmarks else None,
+                     objective=objectives.settings(job.train.objective, job.train.objective_options),
                      exports=summary.get(contract.EXPORTS, {}),
                      checkpoints=[{"step": x.step, "stall_s": x.stall_s, "write_s": x.write_s} for x in ckpt.timings]
                      if ckpt is not None else [])

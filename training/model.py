@@ -387,6 +387,26 @@ def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: tor
     return loss_from_inputs(model, *loss_inputs(model, batch, device))
 
 
+def document_segments(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """``(segment of every target, segments)`` of a HOST batch: the documents that hold targets,
+    numbered 0, 1, ... in order (rows, then documents by :func:`document_layout`'s rule), and
+    each target's number, in the order of ``labels[:, 1:] != -100`` (as :func:`loss_inputs`
+    keeps them): what sums :func:`token_losses` per sequence."""
+    labels = batch["labels"]
+    rows, seq_len = labels.shape
+    positions = batch.get("position_ids")
+    if positions is None:
+        starts = torch.zeros(rows, seq_len, dtype=torch.bool)
+    else:
+        positions = positions.expand(rows, -1)
+        starts = torch.diff(positions, prepend=positions[:, :1] - 1, dim=-1) != 1
+    starts[:, 0] = True
+    document = torch.cumsum(starts.reshape(-1).long(), 0).reshape(rows, seq_len) - 1
+    owner = document[:, 1:][labels[:, 1:] != IGNORE_INDEX]  # the document of each predicted token
+    found, segment = torch.unique(owner, sorted=True, return_inverse=True)
+    return segment, len(found)
+
+
 def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
     """Each target token's cross-entropy (= minus its log-probability), in the row-major order of
     ``labels[:, 1:] != -100``: what an objective sums per sequence (DPO's log-probabilities)."""

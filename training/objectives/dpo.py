@@ -76,27 +76,13 @@ def pair_segments(batch: Mapping[str, Any]) -> tuple[Any, int]:
     """``(segment of every target, pairs)`` from a HOST batch: segment ``2p`` is pair p's chosen
     sequence, ``2p + 1`` its rejected one; targets in the order of ``labels[:, 1:] != -100``
     (row-major, as :func:`training.model.loss_inputs` keeps them)."""
-    import torch
+    from training.model import document_segments
 
-    from training.model import IGNORE_INDEX
-
-    labels = batch["labels"]
-    rows, seq_len = labels.shape
-    positions = batch.get("position_ids")
-    if positions is None:
-        starts = torch.zeros(rows, seq_len, dtype=torch.bool)
-    else:  # transformers' packed-sequence rule (training/model.py document_layout)
-        positions = positions.expand(rows, -1)
-        starts = torch.diff(positions, prepend=positions[:, :1] - 1, dim=-1) != 1
-    starts[:, 0] = True
-    document = torch.cumsum(starts.reshape(-1).long(), 0).reshape(rows, seq_len) - 1
-    is_target = labels[:, 1:] != IGNORE_INDEX
-    owner = document[:, 1:][is_target]  # the document of each predicted token
-    found, segment = torch.unique(owner, sorted=True, return_inverse=True)
-    if len(found) % 2:
-        raise ValueError(f"a preference batch holds {len(found)} sequences with completion tokens: pairs need an "
+    segment, sequences = document_segments(batch)
+    if sequences % 2:
+        raise ValueError(f"a preference batch holds {sequences} sequences with completion tokens: pairs need an "
                          "even number (chosen, rejected)")
-    return segment, len(found) // 2
+    return segment, sequences // 2
 
 
 def sequence_logps(token_losses: Any, segment: Any, pairs: int) -> tuple[Any, Any]:
