@@ -117,6 +117,14 @@ def training_flops_per_token(shapes: ModelShapes, seq_len: int) -> int:
     return 3 * forward_flops_per_token(shapes, seq_len)
 
 
+def objective_factor(objective: str) -> float:
+    """Model FLOPs of a trained token under ``train.objective``, as a multiple of next-token
+    training's (3 x forward): DPO runs the reference's forward too (no backward), 4 forwards'
+    worth, so 4/3. Per token, not per example: a preference pair is two sequences (prompt +
+    chosen, prompt + rejected), so an example costs about twice an SFT example's tokens on top."""
+    return 4 / 3 if objective == "dpo" else 1.0
+
+
 def training_flops_per_step(shapes: ModelShapes, seq_len: int, tokens_per_step: int) -> int:
     """FLOPs of one optimizer step over all devices (``tokens_per_step`` = global batch x seq_len)."""
     return training_flops_per_token(shapes, seq_len) * tokens_per_step
