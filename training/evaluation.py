@@ -28,9 +28,10 @@ def evaluate(model: torch.nn.Module, batches: Iterable[dict[str, torch.Tensor]],
 
     Returns None when no rank has a held-out batch (the run record then says so).
     """
+    from training import model as forward_fns
     from training.objectives import sft
 
-    objective = objective or sft.SFT()
+    objective = objective or sft.SFT(forward_fns)
     local = []
     for batch in batches:
         if len(local) >= max_batches:
@@ -328,7 +329,7 @@ def evaluate_export(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from training.model import resolve_model_path, use_packed_attention
-    from training.tokenizer import load_tokenizer
+    from training.data.tokenizer import load_tokenizer
 
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(args.tokenizer or path)

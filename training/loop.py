@@ -30,6 +30,7 @@ import torch.distributed as dist
 from training import contract, evaluation, metrics, objectives, optim, transport
 from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
+from training import model as forward_fns
 from training.model import build_model, export_config
 from training.objectives import Objective, sft
 from training.parallel import begin_micro_batch, build_mesh, end_accumulation, parallelize
@@ -45,7 +46,7 @@ def forward_backward(model: torch.nn.Module, micro: list[dict[str, torch.Tensor]
     (one all-reduce; units: target tokens for sft, pairs for dpo); the host reads it only at a
     log step.
     """
-    objective = objective or sft.SFT()
+    objective = objective or sft.SFT(forward_fns)
     local_units = float(sum(objective.units(b) for b in micro))  # the batch is still on the host
     global_units = torch.tensor([local_units], dtype=torch.float64, device=device)
     dist.all_reduce(global_units)
@@ -76,7 +77,7 @@ class LogWindow:
 
     def __init__(self, throughput: Any, *, on_gpu: bool, objective: Objective | None = None):
         self.throughput, self.on_gpu = throughput, on_gpu
-        self.objective = objective or sft.SFT()
+        self.objective = objective or sft.SFT(forward_fns)
         self.pending: list[tuple[dict[str, Any], torch.Tensor, Any]] = []
         self.overhead_s = 0.0
         self.started = time.perf_counter()
@@ -271,7 +272,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     hf_config, model_config = model.config, export_config(model)
     # The step's loss (training/objectives/): made before FSDP, so DPO's frozen reference of a
     # full fine-tune is a copy of the unsharded base, then sharded the same way below.
-    objective = objectives.get(job.train.objective).make(model, job)
+    objective = objectives.get(job.train.objective).make(model, job, forward_fns)
     mesh = build_mesh(job.parallel.strategy, job.parallel.workers_per_node, on_gpu, ctx.local_world_size)
     for module in (model, getattr(objective, "frozen", None)):
         if module is not None:

@@ -118,7 +118,7 @@ def _ours(folder, task):
 
     from training import evaluation
     from training.model import use_chunked_loss_head, use_packed_attention
-    from training.tokenizer import load_tokenizer
+    from training.data.tokenizer import load_tokenizer
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tempfile.mkdtemp()}/pg")
@@ -200,7 +200,7 @@ def _no_delimiter(model, tokenizer, q, device):
 
 @pytest.mark.parametrize("broken", ["acc_norm-by-tokens", "no-delimiter"])
 def test_the_oracle_fails_a_broken_scorer(broken, saved_model, word_task, tmp_path):
-    from training.tokenizer import load_tokenizer
+    from training.data.tokenizer import load_tokenizer
 
     _by_tokens.tokenizer = load_tokenizer(TOKENIZER)
     kwargs = {"score": _by_tokens} if broken == "acc_norm-by-tokens" else {"ll": _no_delimiter}

@@ -7,11 +7,15 @@ cross-entropy on the target tokens; ``dpo``: direct preference optimization). A 
   ``spec_schema.FieldError(<option>, <value>, <what is allowed>)``; standard library only at
   module level (the job config imports it to check);
 - ``settings(options)``: the options with their defaults filled in (what run.json records);
-- ``make(model, job, ...)``: an :class:`Objective` for the built (transformed, not yet
+- ``make(model, job, forward)``: an :class:`Objective` for the built (transformed, not yet
   parallelized) model; torch is imported inside.
 
 The training loop and the held-out evaluation call only the :class:`Objective` interface, so a
-new objective is one new file here.
+new objective is one new file here. ``forward`` is training/model.py itself, handed in by the
+caller: the job config imports this room to check the options, so it sits below the model in
+training/'s layers (tests/test_layers.py) and never imports it; an objective computes through
+``forward.loss_sum``, ``forward.token_losses``, ``forward.count_targets`` and
+``forward.document_segments``.
 """
 from __future__ import annotations
 

@@ -72,13 +72,11 @@ def settings(options: dict[str, Any]) -> dict[str, Any]:
     return {**DEFAULTS, **options}
 
 
-def pair_segments(batch: Mapping[str, Any]) -> tuple[Any, int]:
+def pair_segments(batch: Mapping[str, Any], forward: Any) -> tuple[Any, int]:
     """``(segment of every target, pairs)`` from a HOST batch: segment ``2p`` is pair p's chosen
     sequence, ``2p + 1`` its rejected one; targets in the order of ``labels[:, 1:] != -100``
-    (row-major, as :func:`training.model.loss_inputs` keeps them)."""
-    from training.model import document_segments
-
-    segment, sequences = document_segments(batch)
+    (row-major, as training/model.py ``loss_inputs`` keeps them). ``forward``: training/model.py."""
+    segment, sequences = forward.document_segments(batch)
     if sequences % 2:
         raise ValueError(f"a preference batch holds {sequences} sequences with completion tokens: pairs need an "
                          "even number (chosen, rejected)")
@@ -109,19 +107,20 @@ def pair_losses(chosen: Any, rejected: Any, ref_chosen: Any, ref_rejected: Any, 
 class DPO:
     extra: Sequence[str] = EXTRA
 
-    def __init__(self, *, beta: float, loss_type: str, label_smoothing: float, frozen: Any = None):
+    def __init__(self, *, beta: float, loss_type: str, label_smoothing: float, forward: Any, frozen: Any = None):
         self.beta, self.loss_type, self.label_smoothing = float(beta), loss_type, float(label_smoothing)
+        self.forward = forward
+        """training/model.py (handed in: see the package docstring)."""
         self.frozen = frozen
         """The reference copy of a full fine-tune (parallelized by the loop beside the policy); None with LoRA."""
 
     def units(self, batch: Mapping[str, Any]) -> float:
-        return float(pair_segments(batch)[1])
+        return float(pair_segments(batch, self.forward)[1])
 
     def reference_losses(self, model: Any, batch: Mapping[str, Any], device: Any) -> Any:
         import torch
 
-        from training.model import token_losses
-
+        token_losses = self.forward.token_losses
         with torch.no_grad():
             if self.frozen is not None:
                 return token_losses(self.frozen, batch, device)
@@ -138,11 +137,9 @@ class DPO:
     def loss(self, model: Any, batch: Mapping[str, Any], device: Any) -> tuple[Any, Any]:
         import torch
 
-        from training.model import token_losses
-
-        segment, pairs = pair_segments(batch)
+        segment, pairs = pair_segments(batch, self.forward)
         ref_c, ref_r = sequence_logps(self.reference_losses(model, batch, device), segment, pairs)
-        chosen, rejected = sequence_logps(token_losses(model, batch, device), segment, pairs)
+        chosen, rejected = sequence_logps(self.forward.token_losses(model, batch, device), segment, pairs)
         losses = pair_losses(chosen, rejected, ref_c, ref_r, beta=self.beta, loss_type=self.loss_type,
                              label_smoothing=self.label_smoothing)
         with torch.no_grad():
@@ -160,7 +157,7 @@ class DPO:
                 f"{prefix}logps_rejected": l_r / pairs, f"{prefix}pairs": int(pairs)}
 
 
-def make(model: Any, job: Any, **_: Any) -> DPO:
+def make(model: Any, job: Any, forward: Any) -> DPO:
     """The objective for ``model`` (built and transformed, not yet parallelized): with LoRA the
     reference is the model with its adapters off; else a frozen copy made here, before FSDP."""
     import copy
@@ -173,4 +170,5 @@ def make(model: Any, job: Any, **_: Any) -> DPO:
         frozen = copy.deepcopy(model)
         frozen.requires_grad_(False)
         frozen.eval()
-    return DPO(beta=opts["beta"], loss_type=opts["loss_type"], label_smoothing=opts["label_smoothing"], frozen=frozen)
+    return DPO(beta=opts["beta"], loss_type=opts["loss_type"], label_smoothing=opts["label_smoothing"],
+               forward=forward, frozen=frozen)

@@ -56,7 +56,7 @@ def _models():
 
 
 def _tokenizer():
-    from training.tokenizer import load_tokenizer
+    from training.data.tokenizer import load_tokenizer
 
     return load_tokenizer(TOKENIZER)
 
@@ -85,7 +85,7 @@ def _batch(pairs, *, mask_prompt=True):
     from training.data.packing import pack
     from training.data.records import Document
     from training.data.tokenize import tokenize_documents
-    from training.tokenizer import document_separator_id
+    from training.data.tokenizer import document_separator_id
 
     tokenizer = _tokenizer()
     docs = [Document(source="t", line=i, pair=tuple(tuple(v) if isinstance(v, list) else v
@@ -103,6 +103,7 @@ def _batch(pairs, *, mask_prompt=True):
 
 def _ours(pairs, policy, reference, *, beta=BETA, loss_type="sigmoid", label_smoothing=0.0, swap=False,
           mask_prompt=True):
+    from training import model as forward
     from training.model import use_chunked_loss_head, use_packed_attention
     from training.objectives import dpo
 
@@ -110,7 +111,8 @@ def _ours(pairs, policy, reference, *, beta=BETA, loss_type="sigmoid", label_smo
         use_packed_attention(model)
         use_chunked_loss_head(model)
     reference.requires_grad_(False)
-    objective = dpo.DPO(beta=beta, loss_type=loss_type, label_smoothing=label_smoothing, frozen=reference)
+    objective = dpo.DPO(beta=beta, loss_type=loss_type, label_smoothing=label_smoothing, forward=forward,
+                        frozen=reference)
     batch = _batch(pairs, mask_prompt=mask_prompt)
     if swap:  # broken: chosen and rejected exchanged
         original = dpo.sequence_logps

@@ -82,12 +82,13 @@ def test_trl_and_lm_eval_are_test_only():
 
 
 def _tokenizer():
-    from training.tokenizer import load_tokenizer
+    from training.data.tokenizer import load_tokenizer
 
     return load_tokenizer("training/assets/qwen2.5-tokenizer")
 
 
 def test_a_packed_batch_tells_each_pairs_chosen_and_rejected_completion():
+    from training import model as forward
     from training.data.packing import pack
     from training.data.records import Document
     from training.data.tokenize import tokenize_documents
@@ -98,7 +99,7 @@ def test_a_packed_batch_tells_each_pairs_chosen_and_rejected_completion():
     tokenized = tokenize_documents(tokenizer, docs)
     blocks = pack(tokenized, 64, 151643, train_separator=False, seed=0, whole_documents=True)
     batch = {k: torch.from_numpy(getattr(blocks, k).astype(np.int64)) for k in ("input_ids", "labels", "position_ids")}
-    segment, pairs = pair_segments(batch)
+    segment, pairs = pair_segments(batch, forward)
     assert pairs == 5 and blocks.num_blocks < 5  # several pairs a row, none split
     # each segment's targets decode to a completion: chosen " 2!..." + eos, rejected " no" + eos
     targets = batch["labels"][:, 1:][batch["labels"][:, 1:] != -100]
@@ -143,7 +144,9 @@ def test_the_lora_reference_is_the_base_model_with_no_second_copy():
     for m in (base, model):
         use_packed_attention(m)
         use_chunked_loss_head(m)
-    objective = dpo.make(model, load_job_config(ROOT / "jobs" / "local-dpo.toml"))
+    from training import model as forward
+
+    objective = dpo.make(model, load_job_config(ROOT / "jobs" / "local-dpo.toml"), forward)
     assert objective.frozen is None
     batch = {"input_ids": torch.randint(0, 1000, (2, 24)), "position_ids": torch.arange(24).repeat(2, 1)}
     batch["labels"] = batch["input_ids"].clone()
@@ -159,8 +162,10 @@ def test_a_full_fine_tune_keeps_a_frozen_copy():
     from training.config import load_job_config
     from training.objectives import dpo
 
+    from training import model as forward
+
     model = AutoModelForCausalLM.from_config(Qwen2Config(**tiny_qwen2_config()), dtype=torch.float32)
-    objective = dpo.make(model, load_job_config(ROOT / "jobs" / "local-dpo.toml"))
+    objective = dpo.make(model, load_job_config(ROOT / "jobs" / "local-dpo.toml"), forward)
     assert objective.frozen is not model and not any(p.requires_grad for p in objective.frozen.parameters())
     assert all(torch.equal(a, b) for a, b in zip(objective.frozen.parameters(), model.parameters()))
 
