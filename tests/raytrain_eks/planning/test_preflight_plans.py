@@ -33,7 +33,7 @@ MODELS = {  # where the plans below name a model: its published config.json is p
 
 @pytest.fixture(autouse=True)
 def models_in_s3(s3_server):  # noqa: F811
-    """The models' config.json files (and the shipped job's chat data) in moto's S3, where the
+    """The models' config.json files (and the shipped jobs' chat and preference data) in moto's S3, where the
     plans name them: the preflight reads a model's shapes from its config.json, nothing else."""
     import boto3
 
@@ -49,6 +49,9 @@ def models_in_s3(s3_server):  # noqa: F811
                                             {"role": "assistant", "content": f"answer {i} " * 80}]}) + "\n"
                    for i in range(400))
     client.put_object(Bucket=bucket, Key="data/chat/train.jsonl", Body=chat.encode())
+    pairs = "".join(json.dumps({"prompt": f"question {i} " * 40, "chosen": f" answer {i}" * 40,
+                                "rejected": f" no {i}" * 30}) + "\n" for i in range(400))
+    client.put_object(Bucket=bucket, Key="data/preference/pairs.jsonl", Body=pairs.encode())
 
 
 def preflight(capsys, *extra: str, job: str = REFERENCE, dist: str = "/nonexistent-dist") -> tuple[int, str, str]:
@@ -597,3 +600,31 @@ def test_a_lora_measurement_is_found_only_for_the_same_lora_settings():
     assert lookup([row], **plan, lora=lora_key({"rank": 8, "dropout": 0.05})) is None
     assert lookup([row], **plan, lora=lora_key({"rank": 16, "dropout": 0.05, "targets": ["q_proj"]})) is None
     assert lookup([row], **plan) is None
+
+
+def test_the_7b_lora_dpo_job_fits_with_the_lora_jobs_memory_and_a_third_more_compute(capsys, monkeypatch):
+    """DPO through LoRA keeps no second copy (its reference is the model with the adapters off)
+    and saves no reference activations (no_grad): the LoRA job's measured memory. Its step runs
+    the reference's forward too: 4/3 the model FLOPs per trained token, in both the hand model and
+    the traced range."""
+    from raytrain_eks.planning.memory_estimate import estimate_for_job
+    from raytrain_eks.planning.step_model import estimate_time
+
+    monkeypatch.chdir(ROOT)
+    code, out, err = preflight(capsys, job="jobs/family/dpo-lora-qwen2.5-7b.toml")
+    assert code == 0, err
+    assert "verdict    OK" in out and "GiB per GPU (measured)" in out, out
+    from training.config import WorldSize
+
+    env = load_environment(ENV)
+    world = WorldSize(num_workers=8, workers_per_node=4)  # as the charts size them on 2 x g6.12xlarge
+    dpo = load_job_config("jobs/family/dpo-lora-qwen2.5-7b.toml", world=world)
+    sft = load_job_config("jobs/family/lora-qwen2.5-7b.toml", world=world)
+    assert estimate_for_job(dpo, QWEN2_5_7B).total == estimate_for_job(sft, QWEN2_5_7B).total
+    ratio = estimate_time(env, dpo, QWEN2_5_7B, 0.4)["compute_s"] / estimate_time(env, sft, QWEN2_5_7B, 0.4)["compute_s"]
+    assert ratio == pytest.approx(4 / 3)
+    full = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct", "train.objective=dpo",
+                                       "data.kind=preference", "data.path=training/assets/demo_corpus/preference"])
+    plain = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct"])
+    # a full fine-tune's DPO keeps a frozen copy, sharded like the parameters
+    assert estimate_for_job(full, QWEN2_5_7B).reference == estimate_for_job(plain, QWEN2_5_7B).parameters > 0
