@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # 0 runs the tests in this process. tests/conftest.py says how the work is split.
 TEST_WORKERS ?= 2
 
-.PHONY: tracking-venv install demo test test-unit test-subprocess test-synth test-ray synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
+.PHONY: tracking-venv install cluster-plane demo test test-unit test-subprocess test-synth test-ray test-cluster synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
 
 TOKENIZER := training/assets/qwen2.5-tokenizer/tokenizer.json
 TRACKING_VENV := .work/tracking-venv
@@ -46,6 +46,12 @@ $(TRACKING_VENV)/.installed: tracking-requirements.txt
 	touch $@
 
 tracking-venv: $(TRACKING_VENV)/.installed
+
+# The local Kubernetes control plane of the cluster tier (etcd, kube-apiserver, controller-manager,
+# scheduler, kubectl, kwok, the KubeRay operator, Kueue), built from source through the Go module
+# proxy into .work/cluster-bin/ (Go >= 1.26 needed); a re-run with the binaries there costs nothing.
+cluster-plane:
+	bash scripts/build-control-plane.sh
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
@@ -79,12 +85,16 @@ demo: install
 PYTEST := PYTHONDONTWRITEBYTECODE= PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
 # Every tier. One tier alone: `make test-unit` (no synth, no subprocess, no Ray: the inner loop),
-# test-subprocess, test-synth, test-ray; tests/tiers.py says how a test's tier is decided.
-test: install
+# test-subprocess, test-synth, test-ray, test-cluster (the real control plane: built first);
+# tests/tiers.py says how a test's tier is decided.
+test: install cluster-plane
 	$(PYTEST) $(PYTEST_ARGS)
 
 test-unit test-subprocess test-synth test-ray: install
 	$(PYTEST) -m $(@:test-%=%) $(PYTEST_ARGS)
+
+test-cluster: install cluster-plane
+	$(PYTEST) -m cluster $(PYTEST_ARGS)
 
 bench: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from spec_schema import FieldError, build_section, read_toml
-from training.config_checks import JobConfigError, one_of
+from training.config_checks import JobConfigError, benchmark_task, one_of
 from training.config_sections import (AcceptConfig, CheckpointConfig, DataConfig, EvalConfig, EvidenceConfig,
                                       ModelConfig, NetcheckConfig, OptimConfig, ParallelConfig, RayJobConfig,
                                       TrackingConfig, TrainConfig, WorldSize)
@@ -111,9 +111,35 @@ class JobConfig:
         if self.eval.exact_match and self.is_infrastructure_check:
             # other kinds: the data check refuses data that holds no conversations (training/data/check.py)
             raise FieldError("eval.exact_match", True, "needs conversation data (data.kind 'synthetic' has none)")
+        self._check_objective()
+        if self.eval.benchmarks and self.is_infrastructure_check:
+            raise FieldError("eval.benchmarks", list(self.eval.benchmarks),
+                             "needs a tokenizer: data.kind 'synthetic' loads none")
+        tasks = {benchmark_task(entry)[0] for entry in self.eval.benchmarks}
+        for key in self.accept.benchmarks:
+            if key.rpartition(".")[0] not in tasks:
+                raise FieldError(f"accept.benchmarks.{key}", self.accept.benchmarks[key],
+                                 f"names a task eval.benchmarks does not run (runs: {', '.join(sorted(tasks)) or 'none'})")
         if self.accept.exact_match_min and not self.eval.exact_match:
             raise FieldError("accept.exact_match_min", self.accept.exact_match_min,
                              "needs eval.exact_match = true (else it is never measured)")
+
+    def _check_objective(self) -> None:
+        """The objective against the data it trains on (the data check reads the records)."""
+        from training.objectives.dpo import DATA_KINDS as PAIR_KINDS
+
+        objective, kind = self.train.objective, self.data.kind
+        if objective == "dpo" and kind not in PAIR_KINDS:
+            raise FieldError("train.objective", objective, f"needs preference pairs: data.kind {kind!r} holds none "
+                                                           f"(allowed: {', '.join(PAIR_KINDS)})")
+        if objective != "dpo" and kind == "preference":
+            raise FieldError("train.objective", objective, "cannot train on data.kind 'preference' (pairs): set "
+                                                           "train.objective = 'dpo'")
+        if objective == "dpo" and self.eval.exact_match:
+            raise FieldError("eval.exact_match", True, "needs conversations; train.objective 'dpo' reads pairs")
+        if self.accept.rewards_accuracy_min and objective != "dpo":
+            raise FieldError("accept.rewards_accuracy_min", self.accept.rewards_accuracy_min,
+                             f"needs train.objective = 'dpo' (got {objective!r}): only DPO has rewards")
 
     @property
     def run_name(self) -> str:

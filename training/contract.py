@@ -223,7 +223,7 @@ def prometheus_name(metric: str) -> str:
 RECORD_FIELDS = (
     "schema_version", "run_dir", "kind", "is_infrastructure_check", "image", "image_digest", "code_hash",
     "spec_hash", "manifest_hash", "job_config", "job_config_hash", "cluster", "versions", "hosts", "transport",
-    "throughput", "eval", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
+    "throughput", "eval", "benchmarks", "objective", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
     "exit_code", "error", "command", "failure",
     # identity and what ran (the reproducibility review):
     "source", "manifest_name", "environment_spec", "inputs", "ranks", "nccl_logs", "reproducibility",
@@ -247,7 +247,7 @@ def run_inputs_uri(storage: str, run: str) -> str:
     """``<storage>/_inputs/<run>.json``: the run's inputs as ``submit`` uploaded them."""
     return f"{storage.rstrip('/')}/{INPUTS_DIR}/{run}.json"
 WORKER_RECORD_FIELDS = ("versions", "ranks", "inputs", "nccl_logs", "transport", "hosts", "data", "throughput",
-                        "eval", "checkpoints", "exports")
+                        "eval", "benchmarks", "objective", "checkpoints", "exports")
 """The run.json fields only the workers can read (what ran on the GPU nodes, what they measured).
 Rank 0 returns them with its summary; the driver, run.json's only writer, merges them once."""
 WORKER_FACTS = "facts"

@@ -183,6 +183,8 @@ class RunRecord:
             "transport": {"transport": "unknown", "ranks": []},
             "throughput": {},
             "eval": {"before": None, "after": None},
+            "benchmarks": None,  # {"before", "after"}: eval.benchmarks' scores (training/evaluation.py)
+            "objective": None,  # train.objective and its options with defaults (training/objectives/)
             "checkpoints": [],
             "exports": {},
             "data": {},

@@ -289,7 +289,8 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
 
         other = replace(job, parallel=replace(job.parallel, strategy=best["strategy"]))
         best = {**best, "fits": host(other) <= g.pod_memory_gib * GIB}
-    if best["strategy"] != job.parallel.strategy and best["fits"]:  # both from the hand model: comparable
+    searched = plan.search is not None and plan.search.chosen is not None  # the search's pick supersedes it
+    if best["strategy"] != job.parallel.strategy and best["fits"] and not searched:  # both from the hand model
         plan.checks.append(Check(name="strategy", ok=True, note=True, message=(
             f"parallel.strategy = {job.parallel.strategy!r} takes {hand['step_s']:.2f} s/step at the hand model's fast end; "
             f"{best['strategy']!r} would take {best['step_s']:.2f} s/step (network {best['network_s']:.2f} s): "
