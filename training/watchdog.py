@@ -586,16 +586,8 @@ class Watchdog:
 
 
 def _write(uri: str, data: bytes) -> str:
-    """Write ``data`` to a local path or an ``s3://`` URI; returns the URI."""
-    if "://" not in uri or uri.startswith("file://"):
-        path = uri.removeprefix("file://")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
-            handle.write(data)
-        return uri
-    from pyarrow import fs
+    """Write ``data`` to a local path or an ``s3://`` URI (the storage room's one way); returns the URI."""
+    from training.storage.files import write_bytes
 
-    filesystem, path = fs.FileSystem.from_uri(uri)
-    with filesystem.open_output_stream(path) as stream:
-        stream.write(data)
+    write_bytes(uri, data)
     return uri
