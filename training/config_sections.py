@@ -16,7 +16,7 @@ from spec_schema import FieldError
 from training.config_checks import (
     ADAMW_KERNELS, BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, LR_SCHEDULES, NO_DECAY_RULES, ON_EXISTING_RUN,
     OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES, TORCH_SEED_RANGE, TRANSPORTS, one_of, positive, s3_problem,
-    tracking_uri_problem,
+    tracking_uri_problem, ACCUMULATIONS, PLAN_MODES, PLAN_SETTINGS,
 )
 from training.model_config import check_config_keys, max_positions
 from training.storage import storage_problem
@@ -223,10 +223,31 @@ class ParallelConfig:
     bytes on the network; the master weights and AdamW stay fp32). ``bfloat16`` only with
     full_shard or without accumulation: hybrid_shard and no_shard would sum the micro batches in
     bf16 (refused)."""
+    accumulation: str = "sharded"
+    """Gradient accumulation over micro batches: ``sharded`` reduce-scatters every micro batch
+    (no unsharded gradient outlives a block's backward); ``local`` sums each rank's unsharded
+    fp32 gradient and reduce-scatters once per step (1/micro-batches of the gradient traffic, at
+    the memory of one unsharded fp32 gradient of the trained parameters). Only with the
+    float32 reduce dtype when a step has more than one micro batch."""
+    plan: str = "as_written"
+    """``as_written``: the settings in this file are the plan. ``auto``: the operator CLI's plan
+    search (``raytrain-eks preflight`` shows it) picks the plan that is fastest at the slow end
+    of its predicted range and fits, and submit runs it; the settings ``pinned`` names stay as
+    written."""
+    pinned: tuple[str, ...] = ()
+    """With ``plan = "auto"``: the plan settings the search must keep as written (any of
+    strategy, accumulation, activation_checkpointing, keep_params_gathered, grad_reduce_dtype,
+    cpu_offload, micro_batch_size)."""
 
     def __post_init__(self) -> None:
         one_of(self, "strategy", STRATEGIES)
         one_of(self, "grad_reduce_dtype", REDUCE_DTYPES)
+        one_of(self, "accumulation", ACCUMULATIONS)
+        one_of(self, "plan", PLAN_MODES)
+        object.__setattr__(self, "pinned", tuple(self.pinned))
+        for name in self.pinned:
+            if name not in PLAN_SETTINGS:
+                raise FieldError("pinned", name, f"is not a plan setting (allowed: {', '.join(PLAN_SETTINGS)})")
         positive(self, "num_workers", allow_zero=True)
         positive(self, "workers_per_node", "cpus_per_worker")
         if not self.use_gpu and not self.num_workers:

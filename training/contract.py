@@ -85,6 +85,9 @@ NETCHECK_NAME = "netcheck.json"
 """A netcheck run's record (training/netcheck/__init__.py), beside where run.json would be."""
 TENSORBOARD_DIR = "tensorboard"
 """The run's TensorBoard event files (training/metric_sinks/tensorboard.py); copied out with the run."""
+ADAPTER_SUFFIX = "-adapter"
+"""A LoRA run's peft adapter sits beside its export, ``<export>-adapter`` (``<run>/hf-adapter``:
+training/checkpointing/export.py writes it, raytrain_eks/runs/results.py copies it out whole)."""
 
 # --- metrics.jsonl rows ---------------------------------------------------------------------
 KIND = "kind"
@@ -259,6 +262,14 @@ FAILURE = "failure"
 FAILURE_STAGE = "stage"
 STAGE_DATA = "data"
 """The data could not be read or parsed (a deterministic user error: never retried)."""
+STAGE_STOPPED = "stopped"
+"""A run stopped on purpose where nothing else sends SIGTERM (a local run: ``raytrain-eks stop``,
+or its submit ended): no infrastructure fault, and nothing to resume."""
+STORAGE_LIVES_FOR_ONE_SUBMIT_ENV = "RAYTRAIN_STORAGE_LIVES_FOR_ONE_SUBMIT"
+"""Set (``1``) by the local backend (raytrain_eks/backends/local.py): the run's storage (moto's S3
+in memory) and its Ray head end with the submit, so a stopped run cannot be resumed."""
+STORAGE_LIVES_FOR_ONE_SUBMIT = "storage_lives_for_one_submit"
+"""run.json: True for such a run (training/launch.py records it; training/verdict.py reads it)."""
 
 
 # --- the five hashes of a run: run.json key -> what it is the hash of ------------------------
@@ -381,7 +392,8 @@ def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS,
 
     ``jobs`` (default ``root/jobs``) is the folder that travels as ``jobs/``: the chart tests pack
     fixture copies there, so an edit of a shipped job changes none of their inputs.
-    Hidden entries, ``__pycache__`` and compiled files stay behind; a missing folder is an error
+    Hidden entries, ``__pycache__``, compiled files and symbolic links stay behind (a folder
+    reached through a link is not walked: ``os.walk`` does not follow links); a missing folder is an error
     (an archive without it could not run)."""
     root = Path(root)
     found = []
@@ -393,7 +405,9 @@ def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS,
             dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
             for filename in filenames:
                 path = Path(dirpath, filename)
-                if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES) or not path.is_file():
+                # A symbolic link would carry its target, wherever it points, into the archive.
+                if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES) or path.is_symlink() \
+                        or not path.is_file():
                     continue
                 found.append((f"{top}/{path.relative_to(base).as_posix()}", path))
     return sorted(found)

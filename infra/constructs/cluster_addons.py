@@ -184,7 +184,10 @@ class ManagedAddons(Construct):
         super().__init__(scope, construct_id)
         self.cni_role = iam.Role(
             self, "CniRole", description="VPC CNI (kube-system/aws-node) through EKS Pod Identity",
-            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+            # Only this cluster's kube-system pods (the session tags EKS Pod Identity sends).
+            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")).with_conditions({
+                "StringEquals": {"aws:RequestTag/eks-cluster-arn": cluster.cluster_arn,
+                                 "aws:RequestTag/kubernetes-namespace": "kube-system"}}),
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(CNI_POLICY)])
         acknowledge(self.cni_role, MANAGED.format(CNI_POLICY),
                     "The AWS managed policy EKS documents for the VPC CNI (ENI and IP assignment); "

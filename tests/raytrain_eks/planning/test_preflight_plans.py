@@ -330,12 +330,23 @@ def test_time_and_cost_use_the_measured_step_where_the_exact_plan_was_measured(c
     assert e["source"] == "measured" and e["step_s"] == step_s and e["hand_step_s"] != step_s
     assert e["run_hours"] == pytest.approx(job.train.max_steps * step_s / 3600)
     assert e["run_usd"] == pytest.approx((e["run_hours"] + e["overhead_h"]) * e["hourly_usd"])
-    assert "time and cost from the measured plan's predicted step" in out
+    assert "time and cost from the measured plan" in out
     assert f"would say {e['hand_step_s']:.2f} s/step" in out
-    assert f"  step             {step_s:.2f} s" in out and f"~{e['run_usd']:.2f} USD at" in out
-    # not measured (the reference plan): the hand model, as stated
+    # every predicted step, run time and cost is shown as its range, slow end first: the step
+    # model's range of the traced micro batch
+    slow, fast = e["step_range"]
+    assert (fast, slow) == tuple(plan.measured["range"]["step_s"]) and slow > fast
+    (usd_slow, usd_fast) = e["run_usd_range"]
+    assert usd_slow == pytest.approx((job.train.max_steps * slow / 3600 + e["overhead_h"]) * e["hourly_usd"])
+    assert f"  step             {slow:.2f}-{fast:.2f} s (slow-fast" in out
+    assert f"~{usd_slow:.2f}-{usd_fast:.2f} USD at" in out
+    # not measured (the reference plan): its range all the same, slow end first (the step model
+    # where its micro batch is traced, with the collectives counted; else the hand model from the
+    # stated MFU down, assumed)
     code, out, err = preflight(capsys)
-    assert code == 0 and "time and cost at MFU 0.30" in out and "measured plan's predicted step" not in out
+    assert code == 0 and "time and cost at MFU 0.30" in out and "measured plan (above)" not in out
+    step_line = next(line for line in out.splitlines() if line.startswith("  step             "))
+    assert "(slow-fast; limited by " in step_line and ("step model" in step_line or "(ASSUMED)" in step_line)
 
 
 def test_the_readmes_model_path_passes_with_its_config_json_in_the_bucket(capsys):
