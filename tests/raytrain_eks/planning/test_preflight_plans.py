@@ -567,7 +567,7 @@ def test_each_family_job_fits_two_g6_12xlarge_as_shipped(capsys, job):
 
 
 def test_a_run_its_deadline_cannot_hold_at_the_slow_end_is_refused_with_the_fix(capsys):
-    """The 7B offload job as it first shipped (1000 steps of 86-143 s): the steps alone are 24-40 h
+    """The 7B offload job as it first shipped (1000 steps of 86-150 s): the steps alone are 24-42 h
     against its 600-minute deadline, which KubeRay never retries (v1.7.0 rayjob_controller.go
     ``checkBackoffLimitAndUpdateStatusIfNeeded``). The preflight said OK; now it refuses in one
     line and names the three fixes, computed from the slow end."""
