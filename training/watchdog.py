@@ -450,20 +450,30 @@ class Watchdog:
             self.record.update(**{contract.INCIDENTS: list(self.record.data.get(contract.INCIDENTS) or [])})
 
     def _resolve_waiting(self, state: dict[str, Any]) -> None:
-        for pending in list(self.waiting):
+        after = {int(k): v for k, v in (state.get("min_step_at") or {}).items()}
+        ready = [p for p in self.waiting if p["resumed_from_step"] is not None] if after else []
+        if not ready:
+            return
+        again = after[min(after)]
+        done = {int(k): v for k, v in (state.get("first_done") or {}).items()}
+        # One step's time, measured before the faults (an attempt that failed before its first
+        # step measured none).
+        step_s = next((p["step_s"] for p in reversed(ready) if p.get("step_s")), 0.0)
+        previous_end = None
+        for i, pending in enumerate(ready):
             resumed = pending["resumed_from_step"]
-            after = {int(k): v for k, v in (state.get("min_step_at") or {}).items()}
-            if resumed is None or not after:
-                continue
-            first = min(after)
-            again = after[first]
-            done = {int(k): v for k, v in (state.get("first_done") or {}).items()}
             started = (state.get("started") or {}).get(pending["attempt"]) or pending["seen"]
             since = done.get(resumed, started) if resumed else started
-            step_s = pending.get("step_s") or 0.0
+            # Several restarts before the run trained again (an attempt failed before its first
+            # step) lost ONE stretch of time: each incident owns it up to the next one's sighting,
+            # the last up to training again, so their losses add up to the run's.
+            if previous_end is not None:
+                since = max(since, previous_end)
+            end = ready[i + 1]["seen"] if i + 1 < len(ready) else again - step_s
             incidents.resolved(self.record, pending["entry"], resumed_from_step=resumed,
-                               progress_again_s=again - pending["seen"], wall_lost_s=again - since - step_s,
+                               progress_again_s=again - pending["seen"], wall_lost_s=end - since,
                                devices=self.world_size, on_gpu=self.on_gpu)
+            previous_end = end
             self.waiting.remove(pending)
             log.warning("watchdog: training again %.0f s after the %s", again - pending["seen"], pending["entry"]["kind"])
 
