@@ -157,3 +157,14 @@ gate judges, pinned when the smoke run ended (raytrain_eks/pipeline/smoke.py ``p
 from the pods' ``status.containerStatuses[].imageID`` (what the runtime pulled). A container
 cannot read its own imageID (the downward API has no such field), so the job records only the
 image the manifest ASKED for (``image``); promotion compares this one."""
+
+
+# --- the CloudFormation stacks of an environment (the CDK app names them, the CLI reads them) ---
+def stack_name(cluster_name: str, part: str) -> str:
+    """``raytrain`` + ``cluster`` -> ``raytrain-cluster`` (parts: network, storage, cluster, pipeline)."""
+    return f"{cluster_name}-{part}"
+
+
+def control_plane_log_group(cluster_name: str) -> str:
+    """Where EKS writes a cluster's control-plane logs (the cluster stack creates it, with a retention)."""
+    return f"/aws/eks/{cluster_name}/cluster"

@@ -64,6 +64,12 @@ ENV_SPEC_TEXT = "RAYTRAIN_SPEC_B64"
 one line keeps the manifest's ``runtimeEnvYAML`` a plain block. ``base64 -d`` reads it."""
 ENV_MANIFEST_NAME = "RAYTRAIN_MANIFEST_NAME"
 """The chart (file stem in dist/) of the manifest the pod belongs to, e.g. ``rayjob-local``."""
+ENV_HANG_FLOOR_S = "RAYTRAIN_HANG_FLOOR_S"
+"""Overrides the progress watchdog's floor (training/watchdog.py ``FLOOR_S``): the shortest time
+without a step before a run is declared hung."""
+ENV_HANG_FIRST_STEP_S = "RAYTRAIN_HANG_FIRST_STEP_S"
+"""Overrides the watchdog's bound for an attempt's first step (``FIRST_STEP_S``): model build,
+restore, evaluation before training and the first compile come before it."""
 ENV_NODE_NAME = "RAYTRAIN_NODE_NAME"
 """The Kubernetes node of the pod (downward API ``spec.nodeName``)."""
 ENV_AZ = "RAYTRAIN_AVAILABILITY_ZONE"
@@ -79,6 +85,9 @@ NETCHECK_NAME = "netcheck.json"
 """A netcheck run's record (training/netcheck/__init__.py), beside where run.json would be."""
 TENSORBOARD_DIR = "tensorboard"
 """The run's TensorBoard event files (training/metric_sinks/tensorboard.py); copied out with the run."""
+ADAPTER_SUFFIX = "-adapter"
+"""A LoRA run's peft adapter sits beside its export, ``<export>-adapter`` (``<run>/hf-adapter``:
+training/checkpointing/export.py writes it, raytrain_eks/runs/results.py copies it out whole)."""
 
 # --- metrics.jsonl rows ---------------------------------------------------------------------
 KIND = "kind"
@@ -221,6 +230,7 @@ RECORD_FIELDS = (
     "verdict", "definitions", "exports",
     "netcheck",  # the network measured before training (netcheck.run_first): verdict, figures, uri; else None
     "exposed_comm",  # the step's exposed communication, and how it is known (EXPOSED_COMM_LABELS)
+    "incidents",  # INCIDENTS: every hang, worker or node loss, failed health check, preemption (training/incidents.py)
 )
 """Every top-level key a finished run.json holds."""
 EXPOSED_COMM_LABELS = ("measured", "predicted", "unknown")
@@ -243,12 +253,23 @@ Rank 0 returns them with its summary; the driver, run.json's only writer, merges
 WORKER_FACTS = "facts"
 """Key of :data:`WORKER_RECORD_FIELDS` in the summary rank 0 returns (``Result.return_value``);
 never written to metrics.jsonl."""
+INCIDENTS = "incidents"
+"""run.json: the list of what went wrong during the run and what it cost (training/incidents.py
+:func:`~training.incidents.incident`); the verdict counts them, ``report`` and ``runs`` show them."""
 RECORD_STATUSES = ("running", "succeeded", "failed", "stopped")
 FAILURE = "failure"
 """run.json: where a failed run failed, e.g. ``{"stage": "data", "rank": 0, "error_class": "DataError"}``."""
 FAILURE_STAGE = "stage"
 STAGE_DATA = "data"
 """The data could not be read or parsed (a deterministic user error: never retried)."""
+STAGE_STOPPED = "stopped"
+"""A run stopped on purpose where nothing else sends SIGTERM (a local run: ``raytrain-eks stop``,
+or its submit ended): no infrastructure fault, and nothing to resume."""
+STORAGE_LIVES_FOR_ONE_SUBMIT_ENV = "RAYTRAIN_STORAGE_LIVES_FOR_ONE_SUBMIT"
+"""Set (``1``) by the local backend (raytrain_eks/backends/local.py): the run's storage (moto's S3
+in memory) and its Ray head end with the submit, so a stopped run cannot be resumed."""
+STORAGE_LIVES_FOR_ONE_SUBMIT = "storage_lives_for_one_submit"
+"""run.json: True for such a run (training/launch.py records it; training/verdict.py reads it)."""
 
 
 # --- the five hashes of a run: run.json key -> what it is the hash of ------------------------

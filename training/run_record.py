@@ -199,6 +199,7 @@ class RunRecord:
             "environment_spec": {"text": spec_text(env)},  # its hash: spec_hash (contract.HASHES)
             "inputs": {}, "ranks": [], "nccl_logs": [], "reproducibility": {}, "verdict": None,
             "netcheck": None,
+            contract.INCIDENTS: [],  # training/incidents.py: appended as faults are seen
             "exposed_comm": exposed_comm or exposed_comm_handed("", ""),
             # what each hash and throughput figure of this record is (one definition each)
             "definitions": {"hashes": dict(contract.HASHES), "throughput": dict(contract.FIGURES)},

@@ -22,6 +22,7 @@ same prefix finds them again.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Callable
 
 from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_ec2 as ec2, aws_ecr as ecr, aws_eks_v2 as eks, aws_iam as iam, \
@@ -30,14 +31,13 @@ from constructs import Construct
 
 from environment import GpuNodeGroupSpec
 from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
-from environment.contract import CODE_PREFIX
+from environment.contract import CODE_PREFIX, control_plane_log_group
 from environment.image_source import CACHE_UPSTREAM_REGISTRY, CACHE_UPSTREAM_URL
 from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
 from infra.constructs.cluster_addons import ClusterAddons, ManagedAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role, system_launch_template
 from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity, SubmitterAccess
 from infra.nag import ENDPOINT_RULE, OPEN_TO_ALL, acknowledge, acknowledge_cluster_findings
-from infra.stack_names import control_plane_log_group
 from infra.stacks.network import NetworkStack
 
 ENDPOINT_ACCESS = {
@@ -64,6 +64,9 @@ ALL_CONTROL_PLANE_LOGS = [
 
 
 NODE_CACHE_ACTIONS = ("ecr:BatchImportUpstreamImage", "ecr:CreateRepository")
+CACHE_KEEP_IMAGES = 3
+"""Images each cache repository keeps (the pinned digest, the one before it for a rollback, one
+being promoted); older ones expire (:class:`PullThroughCache`)."""
 
 
 class PullThroughCache(Construct):
@@ -76,6 +79,18 @@ class PullThroughCache(Construct):
         self.rule = ecr.CfnPullThroughCacheRule(
             self, "Rule", ecr_repository_prefix=prefix,
             upstream_registry_url=CACHE_UPSTREAM_URL, upstream_registry=CACHE_UPSTREAM_REGISTRY)
+        # The cache makes one repository per upstream image on its first pull and keeps every
+        # digest pulled through it (~20 GB each for the DLC), billed for ever. A creation template
+        # for the prefix gives each such repository a lifecycle policy (ECR User Guide,
+        # "Repository creation templates": appliedFor PULL_THROUGH_CACHE). An expired digest is
+        # pulled through again from the upstream on its next use.
+        self.lifecycle = ecr.CfnRepositoryCreationTemplate(
+            self, "Lifecycle", prefix=prefix, applied_for=["PULL_THROUGH_CACHE"],
+            description="raytrain-eks: keep the newest cached images of each upstream repository",
+            lifecycle_policy=json.dumps({"rules": [{
+                "rulePriority": 1, "description": f"keep the newest {CACHE_KEEP_IMAGES} images",
+                "selection": {"tagStatus": "any", "countType": "imageCountMoreThan", "countNumber": CACHE_KEEP_IMAGES},
+                "action": {"type": "expire"}}]}))
         repositories = Stack.of(self).format_arn(service="ecr", resource="repository", resource_name=f"{prefix}/*")
         self.policy = iam.Policy(self, "NodePolicy", roles=[node_role], statements=[iam.PolicyStatement(
             actions=list(NODE_CACHE_ACTIONS), resources=[repositories])])

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training import contract
+from training import contract, incidents
 from training.contract import METRICS_NAME, RECORD_NAME
 from training.storage.files import read_bytes, read_json
 
@@ -286,7 +286,7 @@ def predicted_step_text(value: Any) -> str | None:
     if not isinstance(value, dict) or value.get("label") != "predicted" or not value.get("step_s"):
         return None
     (lo, hi), mfu = value["step_s"], value.get("mfu") or []
-    text = f"predicted {lo:.2f}-{hi:.2f} s"
+    text = f"predicted {hi:.2f}-{lo:.2f} s (slow-fast)"
     if mfu:
         text += f", MFU {100 * min(mfu):.1f}-{100 * max(mfu):.1f}%"
     assumed = value.get("assumed")
@@ -296,9 +296,26 @@ def predicted_step_text(value: Any) -> str | None:
     return f"{text} (raytrain_eks/planning/step_model.py; {basis})"
 
 
-def _summary_rows(run: Run) -> list[tuple[str, Any]]:
-    from raytrain_eks.runs.netcheck_results import summary_text as netcheck_summary
+def netcheck_summary_text(summary: dict[str, Any] | None) -> str | None:
+    """run.json's ``netcheck`` (a run that measured the network first) as one report cell."""
+    if not summary:
+        return None
+    f = summary.get("figures") or {}
+    parts = [str(summary.get("verdict", "?")).upper(), f"transport {f.get('transport', '?')}"]
+    for key, label, unit in (("inter_busbw_gbs", "inter-node all-reduce busbw", " GB/s"),
+                             ("intra_busbw_gbs", "intra-node", " GB/s")):
+        if f.get(key) is not None:
+            parts.append(f"{label} {f[key]:.2f}{unit}")
+    if f.get("link_ratio") is not None:
+        node = f.get("inter_node_busbw_gbs")
+        parts.append((f"{node:.2f} GB/s through each node's link, " if node is not None else "")
+                     + f"{f['link_ratio']:.0%} of the link")
+    if f.get("efa_over_socket") is not None:
+        parts.append(f"{f['efa_over_socket']:.1f}x sockets")
+    return ", ".join(parts)
 
+
+def _summary_rows(run: Run) -> list[tuple[str, Any]]:
     r, t = run.record, throughput_summary(run)
     before, after = eval_before_after(run)
     cluster = r.get("cluster") or {}
@@ -319,11 +336,12 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("TFLOP/s per device", t[contract.TFLOPS_PER_DEVICE]),
         ("MFU", None if t[contract.MFU] is None else f"{100 * t[contract.MFU]:.2f}%"),
         ("exposed communication", exposed_comm_text(r.get("exposed_comm"))),
-        ("network (netcheck)", netcheck_summary(r.get("netcheck"))),
+        ("network (netcheck)", netcheck_summary_text(r.get("netcheck"))),
         ("step time (s)", t[contract.STEP_TIME_S]),
         ("step time, predicted", predicted_step_text(r.get("exposed_comm"))),
         ("peak memory (GiB)", t[contract.PEAK_MEMORY_GIB]), ("eval loss before", before), ("eval loss after", after),
         ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),
+        ("incidents", incidents.summary(incidents.of_record(r)) or "none"),
         ("started", r.get("start_time")), ("error", r.get("error")),
     ]
 
@@ -347,6 +365,11 @@ def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
     for run in runs:
         for note in run.notes:
             lines.append(f"\n> note ({run.name}): {note}")
+    for run in runs:  # what went wrong and what it cost, each fault in full (training/incidents.py)
+        found = incidents.of_record(run.record)
+        if found:
+            lines += ["", f"## Incidents ({run.name}): {incidents.summary(found)}", ""]
+            lines += [f"{n}. {incidents.line(entry)}" for n, entry in enumerate(found, 1)]
     if len(runs) == 2:
         lines += ["", "## Differences between the records", "",
                   "Every leaf of run.json that differs. Inputs and run-time conditions are what can explain a "

@@ -4,24 +4,31 @@ the report and the verdict. Used by ``raytrain-eks submit`` (both backends) and 
 What is copied: ``run.json``, ``metrics.jsonl``, the logs and NCCL logs, the TensorBoard event
 files (``<run>/tensorboard/``: ``tensorboard --logdir`` over the copies shows runs side by side), and the exported
 Hugging Face model (``<run>/hf/``: weights, config and tokenizer, so ``from_pretrained`` loads
-the folder). The checkpoint shards stay in storage: they are for resuming, not for using.
+the folder) and a LoRA run's adapter (``<run>/hf-adapter/``, for ``PeftModel.from_pretrained``). The checkpoint shards stay in storage: they are for resuming, not for using.
+
+A netcheck run's results (:func:`finish_netcheck`): its table, its plot (``netcheck.png`` beside
+``netcheck.json``: bus bandwidth by message size, one line per scope, collective and mode) and
+its verdict's exit code.
 
 Any run storage (training/storage/__init__.py): the bucket through boto3's ``client``, a shared or
 local file system by its path (readable where it is mounted; ``client`` is then unused).
 """
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from training.contract import TENSORBOARD_DIR
+from training.contract import ADAPTER_SUFFIX, NETCHECK_NAME, TENSORBOARD_DIR
 from training.storage import RunStorage
 
 RECORD_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".log")
 MODEL_DIR = "hf"
 """The exported model's folder inside a run directory (training/checkpointing/export.py: export_on_workers writes ``<run>/hf``)."""
+MODEL_DIRS = (MODEL_DIR, MODEL_DIR + ADAPTER_SUFFIX)
+"""Copied whole: the export and a LoRA run's peft adapter beside it (``<run>/hf-adapter``, its weights included)."""
 
 
 def s3_client(client_env: dict[str, str] | None = None, *, region: str | None = None) -> Any:
@@ -53,7 +60,7 @@ def wanted(relative: str) -> bool:
     """A run directory's file worth copying out: records and logs, the event files, and the whole exported model."""
     if relative.endswith("/"):  # a folder marker (pyarrow's S3 create_dir writes one): no file
         return False
-    if relative.startswith((f"{MODEL_DIR}/", f"{TENSORBOARD_DIR}/")):
+    if relative.startswith((*(f"{d}/" for d in MODEL_DIRS), f"{TENSORBOARD_DIR}/")):
         return True
     name = Path(relative).name
     return relative.endswith(RECORD_SUFFIXES) and not relative.startswith("checkpoint") and "__" not in name
@@ -212,3 +219,56 @@ def finish(out_dir: Path, say=print) -> int:
     verdict = of_record(run.record)
     say(f"    verdict:   {headline(verdict)}")
     return exit_code(verdict)
+
+
+PLOT_NAME = "netcheck.png"
+
+
+def plot(record: dict[str, Any], out: Path) -> Path:
+    """busbw (GB/s) against message size (log2), one panel per collective."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from training.netcheck.worker import COLLECTIVES
+
+    fig, axes = plt.subplots(1, len(COLLECTIVES), figsize=(5 * len(COLLECTIVES), 4), dpi=100, squeeze=False)
+    link = (record["verdict"].get("figures") or {}).get("link_gbs")
+    for ax, collective in zip(axes[0], COLLECTIVES):
+        for mode, result in record["modes"].items():
+            scopes = sorted({r["scope"] for r in result["rows"]})
+            for scope in scopes:
+                points = sorted((r["bytes"], r["busbw_gbs"]) for r in result["rows"]
+                                if r["scope"] == scope and r["collective"] == collective)
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, marker="o", markersize=3, linestyle="-" if mode == "nccl" else "--",
+                            label=f"{scope} {mode} ({result['evidence'].get('transport')})")
+        if link:
+            ax.axhline(link, color="grey", linewidth=0.8, label=f"link {link:g} GB/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(collective)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"netcheck: {record['verdict']['verdict']}")
+    fig.tight_layout()
+    target = out / PLOT_NAME
+    fig.savefig(target)
+    plt.close(fig)
+    return target
+
+
+def finish_netcheck(out_dir: Path, say=print) -> int:
+    """Print the table, draw the plot, say the verdict; returns its exit code."""
+    from training.netcheck.judge import headline
+    from training.netcheck.judge import table
+
+    record = json.loads((out_dir / NETCHECK_NAME).read_text(encoding="utf-8"))
+    say(table(record))
+    say(f"    netcheck:  {out_dir / NETCHECK_NAME}")
+    say(f"    plot:      {plot(record, out_dir)}")
+    say(f"    verdict:   {headline(record['verdict'])}")
+    return int(record["verdict"]["exit_code"])

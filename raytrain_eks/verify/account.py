@@ -116,7 +116,7 @@ def check_leftovers(env: Environment, cloudformation, s3, logs) -> list[Finding]
     name that already exists, and the stack rolls back."""
     from botocore.exceptions import ClientError
 
-    from infra.stack_names import control_plane_log_group, stack_name
+    from environment.contract import control_plane_log_group, stack_name
 
     out = []
     bucket = env.bucket_name
@@ -209,7 +209,7 @@ def check_tracking_server(env: Environment, sagemaker) -> list[Finding]:
 
 def check_image_cache(env: Environment, cloudformation, ecr) -> list[Finding]:
     """Nothing to check with the cache off, or once the cluster stack exists (it owns the rule)."""
-    from infra.stack_names import stack_name
+    from environment.contract import stack_name
 
     if not env.image.pull_through_cache:
         return []

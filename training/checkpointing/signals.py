@@ -40,13 +40,27 @@ def stop_requested() -> bool:
         import ray
 
         ready, _ = ray.wait([ref], timeout=0)
-        if ready:
+        if ready and _flag_fired(ref):
             log.warning("stop forwarded by the driver")
             _STOP.set()
     if not _STOP.is_set() and _ray_preemption_pending():
         log.warning("Ray reports this node as draining (preemption)")
         _STOP.set()
     return _STOP.is_set()
+
+
+def _flag_fired(ref: Any) -> bool:
+    """The driver's flag resolved: True when it was set; a flag actor that DIED (its node lost)
+    resolves its pending ``wait()`` with an error, which is no stop request. The watch is then
+    dropped (the driver's flag is gone with it) instead of stopping every rank."""
+    import ray
+
+    try:
+        return bool(ray.get(ref, timeout=0))
+    except Exception as err:  # noqa: BLE001 - RayActorError and friends: the flag, not the run, is gone
+        log.warning("the driver's stop flag is gone (%s): no stop requested", type(err).__name__)
+        _watch.pop("ref", None)
+        return False
 
 
 def request_stop() -> None:
@@ -159,8 +173,14 @@ def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
     Returns the flag actor (keep a reference for the run's lifetime). The handler itself only
     sets an event; a helper thread talks to Ray (no Ray calls inside a signal handler).
     """
-    flag = _stop_flag_class().options(name=_flag_name(run_name), namespace=_NAMESPACE,
-                                      get_if_exists=True, lifetime=None).remote()
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # On the driver's own node: on another node, losing that node killed the flag, and every
+    # rank read its death as a stop (found by tests/e2e/test_chaos.py's lost node).
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    flag = _stop_flag_class().options(name=_flag_name(run_name), namespace=_NAMESPACE, get_if_exists=True,
+                                      lifetime=None, scheduling_strategy=here).remote()
     fired = threading.Event()
 
     def _forward() -> None:
@@ -173,6 +193,13 @@ def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
     _driver["fired"] = fired
     _driver.pop("time_limit", None)  # a new run: its own limit has not fired yet
     return flag
+
+
+def stop_was_requested() -> bool:
+    """True once this driver asked its workers to stop (a SIGTERM, or its own time limit): the
+    progress watchdog stands down while they write their final checkpoint."""
+    fired = _driver.get("fired")
+    return fired is not None and fired.is_set()
 
 
 def time_limit_reached() -> bool:

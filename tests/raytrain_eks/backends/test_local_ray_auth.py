@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from raytrain_eks.backends.local_services import ray_head
-from raytrain_eks.backends.processes import head_processes, processes_matching, running
+from raytrain_eks.backends.local_services import head_processes, processes_matching, running
 
 pytestmark = pytest.mark.slow  # starts a Ray head
 RAY = str(Path(sys.executable).with_name("ray"))
