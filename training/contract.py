@@ -231,6 +231,7 @@ RECORD_FIELDS = (
     "netcheck",  # the network measured before training (netcheck.run_first): verdict, figures, uri; else None
     "exposed_comm",  # the step's exposed communication, and how it is known (EXPOSED_COMM_LABELS)
     "incidents",  # INCIDENTS: every hang, worker or node loss, failed health check, preemption (training/incidents.py)
+    "storage_lives_for_one_submit",  # STORAGE_LIVES_FOR_ONE_SUBMIT: a local run's bucket ends with its submit (no resume)
 )
 """Every top-level key a finished run.json holds."""
 EXPOSED_COMM_LABELS = ("measured", "predicted", "unknown")
