@@ -516,7 +516,7 @@ class Watchdog:
         step = max((r["step"] for r in ranks.values()), default=None)
         entry = incidents.incident(kind, ranks=named, nodes=[ranks[r]["node"] for r in named if r in ranks],
                                    step=step, detail=detail,
-                                   saved=[] if kind == incidents.WORKER_ERROR else ["nothing: the process was gone"])
+                                   saved=_saved_when_ray_saw(kind))
         self._add(entry, self.attempt, now, self._step_s(state))
         self.open.update(ray_noted=True, ranks=ranks, errors=errors)
 
@@ -593,6 +593,18 @@ class Watchdog:
         task = ray.remote(num_cpus=0, max_retries=0)(_probe).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(info["node_id"], soft=False))
         return task.remote(info["pid"], info["stack_file"], info.get("trace_prefix", ""), kill, DUMP_WAIT_S)
+
+
+def _saved_when_ray_saw(kind: str) -> list[str]:
+    """What a fault Ray Train found first left for diagnosis. A health-check timeout (ray 2.58
+    ``worker_group/worker_group.py`` ``_poll_workers_and_collect_errors``: a poll hung past
+    ``RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S``) names a process that was ALIVE but did not answer;
+    Ray Train ``ray.kill``s it at once (``worker_group/state.py`` ``_shutdown_workers``)."""
+    if kind == incidents.WORKER_ERROR:
+        return []
+    if kind == incidents.HEALTH_CHECK:
+        return ["nothing: the process was alive but did not answer; Ray Train killed it before a stack was taken"]
+    return ["nothing: the process was gone"]
 
 
 def _write(uri: str, data: bytes) -> str:

@@ -139,3 +139,23 @@ def test_two_restarts_before_training_again_do_not_count_the_lost_time_twice(tmp
     # one stretch lost: step 4 first finished at 108, step 5 again at 180, less one step (2 s)
     assert sum(e["wall_lost_s"] for e in entries) == 70.0
     assert [e["wall_lost_s"] for e in entries] == [52.0, 18.0]  # each up to the next fault, the last to training again
+
+
+def test_a_health_check_timeout_does_not_claim_the_unanswering_process_was_gone(tmp_path):
+    """Ray Train 2.58 ``worker_group/worker_group.py`` ``_poll_workers_and_collect_errors``: a
+    WorkerHealthCheckTimeoutError is raised for a poll that has HUNG past
+    ``RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S`` (600 s): the process is alive (frozen, e.g. SIGSTOP,
+    which the first steps' 900 s bound lets Ray see first); Ray then ``ray.kill``s it
+    (``worker_group/state.py`` ``_shutdown_workers``). The record must not say it was gone."""
+    record = RunRecord(str(tmp_path / "run"), environ={})
+    record.start(job_config={"name": "j"}, is_infrastructure_check=False)
+    watch = watchdog.Watchdog(run_name="j", run_dir=str(tmp_path / "run"), record=record, max_steps=16,
+                              world_size=2, on_gpu=True)
+    hung = {"classes": ["WorkerHealthCheckTimeoutError"], "text": "A worker health check has been hanging for 600.1 "
+            "seconds. Marking the worker as dead.", "preempted": False}
+    state = {"attempt": 1, "ranks": {0: _rank(10, 1), 1: _rank(11, 1)}, "min_step_at": {1: 100.0},
+             "first_done": {1: 100.0}, "heavy": [], "started": {1: 90.0}, "errors": {1: {1: hung}}}
+    watch.check(state, now=700.0)
+    [entry] = record.data[contract.INCIDENTS]
+    assert entry["kind"] == "health_check"
+    assert not any("gone" in s for s in entry["saved"]), entry["saved"]
