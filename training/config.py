@@ -28,6 +28,7 @@ from training.config_checks import (  # noqa: F401  (re-exported: one schema, on
     OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES, TORCH_SEED_RANGE, TRANSPORTS, JobConfigError, one_of, positive,
     s3_problem, tracking_uri_problem,
 )
+from training import contract
 from training.model_config import check_config_keys, max_positions
 from training.run_storage import RunStorage, storage_problem
 
@@ -214,6 +215,12 @@ class ParallelConfig:
     the first group. The charts and the preflight size the job to it."""
     cpus_per_worker: float = 1.0
     """Ray CPUs each Ray Train worker asks for."""
+    min_nodes: int = 0
+    """Elastic size: the fewest nodes (of ``workers_per_node`` workers each) the job goes on with
+    after a lost node; 0 = a fixed size. The maximum is ``num_workers / workers_per_node``. Ray
+    Train's elastic ``ScalingConfig(num_workers=(min, max))`` resumes on what is left and grows
+    back when nodes return, with the SAME global batch (more micro batches per worker) and data
+    order; the global batch must divide at every size between the bounds."""
     activation_checkpointing: bool = False
     """Recompute each decoder block's activations in the backward (less memory, more compute)."""
     compile: bool = False
@@ -241,6 +248,7 @@ class ParallelConfig:
         one_of(self, "grad_reduce_dtype", REDUCE_DTYPES)
         positive(self, "num_workers", allow_zero=True)
         positive(self, "workers_per_node", "cpus_per_worker")
+        positive(self, "min_nodes", allow_zero=True)
         if not self.use_gpu and not self.num_workers:
             object.__setattr__(self, "num_workers", 1)  # a CPU job's default: the file alone sizes it
         if self.num_workers % self.workers_per_node:
@@ -300,8 +308,9 @@ class CheckpointConfig:
     """Checkpoints Ray Train keeps in storage (``CheckpointConfig.num_to_keep``); older ones are deleted."""
     on_existing_run: str = "resume"
     """``resume`` (default) or ``refuse`` when the run name already exists in storage."""
-    sigterm_grace_seconds: int = 120
-    """Time allowed for the final checkpoint after SIGTERM; pods get this plus a margin."""
+    sigterm_grace_seconds: int = contract.NOTICE_CHECKPOINT_SECONDS
+    """Time allowed for the final checkpoint after SIGTERM; pods get this plus a margin. The
+    default fits EC2's two-minute spot notice (``training/contract.py``)."""
     max_failures: int = 2
     """Worker failures Ray Train recovers from within one run (restarts from the last checkpoint).
     Data errors are deterministic and never retried (training/data/__init__.py)."""
@@ -449,7 +458,7 @@ class RayJobConfig:
 # to every worker, they write and commit a final checkpoint within the job's
 # ``checkpoint.sigterm_grace_seconds``, the driver writes the record and exits. Each outer wait
 # is the inner one plus :data:`GRACE_MARGIN_SECONDS`.
-GRACE_MARGIN_SECONDS = 30
+GRACE_MARGIN_SECONDS = contract.STOP_MARGIN_SECONDS
 """Added to a job's ``checkpoint.sigterm_grace_seconds`` at each level: after the final
 checkpoint is written a worker still finishes the upload's last request, reports to the
 controller and lets ``ray stop`` tear down the raylet; the driver then writes run.json and copies
@@ -544,6 +553,15 @@ class JobConfig:
             raise FieldError("train.global_batch_size", t.global_batch_size,
                              f"must be divisible by num_workers x micro_batch_size ({p.num_workers} x "
                              f"{t.micro_batch_size} = {per_step})")
+        if p.min_nodes and p.sized and p.min_nodes > self.num_nodes:
+            raise FieldError("parallel.min_nodes", p.min_nodes,
+                             f"is more than the job's nodes (num_workers {p.num_workers} / workers_per_node "
+                             f"{p.workers_per_node} = {self.num_nodes}); allowed 0 (fixed) or 1..{self.num_nodes}")
+        for world in self.world_sizes if p.sized else ():
+            if t.global_batch_size % (world * t.micro_batch_size):
+                raise FieldError("train.global_batch_size", t.global_batch_size,
+                                 f"must be divisible by every elastic size x micro_batch_size (parallel.min_nodes "
+                                 f"{p.min_nodes}: {world} workers x {t.micro_batch_size})")
         if p.grad_reduce_dtype == "bfloat16" and p.strategy != "full_shard" and p.sized and self.grad_accum_steps > 1:
             # FSDP2 holds the all-reduce back until the last micro batch and sums the held-back
             # ones in the reduce dtype, before the fp32 gradient exists (tests/training/test_accumulation.py).
@@ -571,7 +589,25 @@ class JobConfig:
 
     @property
     def grad_accum_steps(self) -> int:
-        return self.train.global_batch_size // (self.parallel.num_workers * self.train.micro_batch_size)
+        return self.accum_steps_at(self.parallel.num_workers)
+
+    def accum_steps_at(self, world_size: int) -> int:
+        """Micro batches per worker per step at ``world_size`` workers: the global batch is fixed,
+        an elastic run at fewer workers accumulates more."""
+        return self.train.global_batch_size // (world_size * self.train.micro_batch_size)
+
+    @property
+    def world_sizes(self) -> tuple[int, ...]:
+        """Every worker count the job may run at, fewest first: ``(num_workers,)`` at a fixed size,
+        whole nodes from ``parallel.min_nodes`` to ``num_workers / workers_per_node`` when elastic."""
+        p = self.parallel
+        if not p.min_nodes:
+            return (p.num_workers,)
+        return tuple(n * p.workers_per_node for n in range(p.min_nodes, self.num_nodes + 1))
+
+    @property
+    def elastic(self) -> bool:
+        return len(self.world_sizes) > 1
 
     @property
     def num_nodes(self) -> int:

@@ -66,6 +66,14 @@ ENV_MANIFEST_NAME = "RAYTRAIN_MANIFEST_NAME"
 """The chart (file stem in dist/) of the manifest the pod belongs to, e.g. ``rayjob-local``."""
 ENV_NODE_NAME = "RAYTRAIN_NODE_NAME"
 """The Kubernetes node of the pod (downward API ``spec.nodeName``)."""
+ENV_CAPACITY_TYPE = "RAYTRAIN_CAPACITY_TYPE"
+"""The pod's node group's capacity (``on-demand``, ``spot``, ``capacity-reservation``, ``capacity-block``)."""
+ENV_NODE_PRICE = "RAYTRAIN_NODE_PRICE_PER_HOUR"
+"""USD per node-hour of the pod's node group, at the prices the preflight uses (spot: an estimate)."""
+ENV_PRICE_LABEL = "RAYTRAIN_PRICE_LABEL"
+"""How that price is known: ``list price``, ``spot estimate`` (the spec's or the table's)."""
+ENV_ELASTIC_RESIZE_S = "RAYTRAIN_ELASTIC_RESIZE_INTERVAL_S"
+"""Seconds between Ray Train's checks for more capacity in an elastic run (tests shorten it)."""
 ENV_AZ = "RAYTRAIN_AVAILABILITY_ZONE"
 """The availability zone of a GPU worker pod: the spec's GPU zone, where every GPU node is (the
 downward API does not expose node labels such as topology.kubernetes.io/zone)."""
@@ -210,6 +218,40 @@ def prometheus_name(metric: str) -> str:
     return PROMETHEUS_PREFIX + metric
 
 
+# --- a spot node's interruption notice: the one place the stop and grace values derive from ---
+SPOT_NOTICE_SECONDS = 120
+"""EC2's Spot Instance interruption notice: two minutes between the notice and the reclaim (EC2
+User Guide, "Spot Instance interruption notices"). An EKS managed node group drains the node on
+it (Kubernetes evicts the Ray pod; ``ray start`` drains its Ray node with the deadline); Ray
+Train's PreemptionWatcher sees the drain; the job commits a checkpoint at the next step."""
+STOP_MARGIN_SECONDS = 30
+"""After a final checkpoint is written a worker still finishes the upload's last request,
+reports to the controller and lets ``ray stop`` tear down the raylet; each outer wait is the
+inner one plus this margin."""
+NOTICE_CHECKPOINT_SECONDS = SPOT_NOTICE_SECONDS - STOP_MARGIN_SECONDS
+"""What a checkpoint may take and still fit the notice: ``checkpoint.sigterm_grace_seconds``'s
+default, so the worker pods' stop wait (grace + margin) equals the notice."""
+
+# --- incidents: a fault the run lived through, in run.json ``incidents`` ---------------------
+INCIDENTS = "incidents"
+INCIDENT_FIELDS = ("kind", "time", "rank", "node", "saved", "resumed_from_step", "steps_lost", "gpu_minutes_lost")
+"""One incident: ``kind`` (:data:`INCIDENT_KINDS`), ``time`` (ISO, UTC, when it struck), ``rank``
+(the first rank it took), ``node`` (the Ray node id), ``saved`` (the step checkpointed on its
+notice, None without one), ``resumed_from_step``, ``steps_lost`` (steps trained after the
+checkpoint resumed from, done again), ``gpu_minutes_lost`` (devices x minutes not training:
+the gap until the run went on, plus the steps done again)."""
+INCIDENT_PREEMPTION = "preemption"
+"""A node the run used was drained with a notice (a spot reclaim, an eviction)."""
+INCIDENT_NODE_LOST = "node_lost"
+"""A node the run used went away without a notice (killed whole)."""
+INCIDENT_KINDS = (INCIDENT_PREEMPTION, INCIDENT_NODE_LOST)
+ATTEMPTS_DIR = "attempts"
+"""Under a run: one small JSON per worker-group start and per notice, written by rank 0 (the
+driver does not see Ray Train's restarts); the driver turns them into ``incidents``."""
+COST = "cost"
+"""run.json: node-hours by instance type and capacity type and their price (``raytrain_eks``'s
+prices; spot as an estimate), cost per 1M tokens, GPU-minutes lost to incidents."""
+
 # --- run.json -------------------------------------------------------------------------------
 RECORD_FIELDS = (
     "schema_version", "run_dir", "kind", "is_infrastructure_check", "image", "image_digest", "code_hash",
@@ -221,6 +263,9 @@ RECORD_FIELDS = (
     "verdict", "definitions", "exports",
     "netcheck",  # the network measured before training (netcheck.run_first): verdict, figures, uri; else None
     "exposed_comm",  # the step's exposed communication, and how it is known (EXPOSED_COMM_LABELS)
+    "incidents",  # faults the run lived through (INCIDENT_FIELDS)
+    "attempts",  # each worker-group start: time, world size, nodes, step resumed from
+    "cost",  # node-hours, price, cost per 1M tokens (COST)
 )
 """Every top-level key a finished run.json holds."""
 EXPOSED_COMM_LABELS = ("measured", "predicted", "unknown")

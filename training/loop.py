@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, metrics, optim, transport
+from training import contract, evaluation, incidents, metrics, optim, transport
 from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
 from training.model import build_model, count_targets, export_config, loss_sum
@@ -289,17 +289,34 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             ckpt_api.install_worker_handler(job.checkpoint.sigterm_grace_seconds, run_name=job.run_name)
         ckpt_api.restore(model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root,
                          resume_from=resume_from, device=device)
+        placed = incidents.node_ranks(ctx.rank, ctx.world_size, ctx.in_ray)
+        if ctx.rank == 0 and ctx.run_dir:  # training/incidents.py: the driver sees no restart
+            incidents.write_note(ctx.run_dir, incidents.NOTE_START, incidents.start_note(
+                world_size=ctx.world_size, node_ranks=placed or {}, resumed_from_step=trainer.step,
+                run_dir=ctx.run_dir, environ=os.environ))
+
+        def noticed(step: int, info: Any, seconds: float) -> None:
+            if ctx.rank == 0 and ctx.run_dir:
+                incidents.write_note(ctx.run_dir, incidents.NOTE_NOTICE, incidents.notice_note(
+                    step=step, info=info, seconds=seconds, world_size=ctx.world_size))
+            # the steps up to the notice, this one included, reach storage before the node goes
+            for row in window.close(metrics.peak_memory_gib(on_gpu)):
+                log.write(row)
+            log.sync()
+
         ckpt = ckpt_api.CheckpointManager(
             model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root, run_name=job.run_name,
             every_n_steps=job.checkpoint.every_n_steps, report=ctx.checkpoint_report, device=device,
             model_config=model_config, uploads_in_flight=ctx.uploads_in_flight,
-            lease=ckpt_api.Lease(**lease) if lease else None)
+            lease=ckpt_api.Lease(**lease) if lease else None, on_notice=noticed)
 
     throughput = metrics.ThroughputModel.for_model(
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
         world_size=ctx.world_size, device=metrics.device_name(on_gpu))
     log = open_metrics(job, ctx)  # metrics.jsonl, Prometheus, ...: training/metric_sinks/
-    t, accum = job.train, job.grad_accum_steps
+    # The global batch is the job's at every size: an elastic run at fewer workers accumulates
+    # more micro batches (training/config.py checked that it divides at every size).
+    t, accum = job.train, job.accum_steps_at(ctx.world_size)
     steps: list[dict[str, Any]] = []
 
     def held_out() -> dict[str, Any] | None:
