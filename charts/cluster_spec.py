@@ -172,6 +172,11 @@ def run_record_env(env: Environment, group: GpuNodeGroupSpec, *, gpu_worker: boo
     zone = [(contract.ENV_AZ, env.cluster.gpu_availability_zone)] if gpu_worker else []
     pairs = zone + [(contract.ENV_CLUSTER, env.cluster.name), (contract.ENV_REGION, env.cluster.region),
              (contract.ENV_INSTANCE_TYPE, group.instance_type),
+             # the run's cost (training/incidents.py): its node group's capacity and price as
+             # the preflight prices it (a spot price is an estimate, and says so)
+             (contract.ENV_CAPACITY_TYPE, group.capacity),
+             (contract.ENV_NODE_PRICE, f"{env.node_price(group)[0]:g}"),
+             (contract.ENV_PRICE_LABEL, env.node_price(group)[1]),
              # MFU's denominator: the job never guesses its GPU's peak from a device name.
              (contract.ENV_PEAK_TFLOPS, f"{group.instance.gpu_bf16_tflops:g}"),
              ("AWS_REGION", env.cluster.region), ("AWS_DEFAULT_REGION", env.cluster.region)]
