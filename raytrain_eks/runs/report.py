@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raytrain_eks.runs.listing import cost_text
 from training import contract
 from training.contract import METRICS_NAME, RECORD_NAME
 from training.run_record import read_json
@@ -302,6 +303,24 @@ def predicted_step_text(value: Any) -> str | None:
     return f"{text} (raytrain_eks/planning/step_model.py; {basis})"
 
 
+def node_hours_text(record: dict[str, Any]) -> str | None:
+    """``2.000 h g6.12xlarge spot at $1.84/h (spot estimate ...)``, one entry per type and capacity."""
+    rows = (record.get(contract.COST) or {}).get("node_hours") or []
+    return "; ".join(f"{r['node_hours']:.3f} h {r['instance_type']} {r['capacity_type']} at "
+                     f"${r['usd_per_node_hour']:g}/h ({r['price']})" for r in rows) or None
+
+
+def incidents_text(record: dict[str, Any]) -> str | None:
+    """Each incident as ``kind at step S (saved S', lost N steps, M GPU-min)``."""
+    found = record.get(contract.INCIDENTS) or []
+    if not found:
+        return "none" if contract.COST in record else None
+    lost = (record.get(contract.COST) or {}).get("gpu_minutes_lost")
+    return "; ".join(f"{i['kind']} -> resumed from step {i['resumed_from_step']} (saved "
+                     f"{i['saved'] if i['saved'] is not None else '-'}, {i['steps_lost']} steps lost)"
+                     for i in found) + (f"; {lost:g} GPU-minutes lost" if lost is not None else "")
+
+
 def _summary_rows(run: Run) -> list[tuple[str, Any]]:
     from raytrain_eks.runs.netcheck_results import summary_text as netcheck_summary
 
@@ -330,6 +349,9 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("step time, predicted", predicted_step_text(r.get("exposed_comm"))),
         ("peak memory (GiB)", t[contract.PEAK_MEMORY_GIB]), ("eval loss before", before), ("eval loss after", after),
         ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),
+        ("cost", cost_text(r)), ("cost per 1M tokens", cost_text(r, per_1m_tokens=True)),
+        ("node-hours", node_hours_text(r)),
+        ("incidents", incidents_text(r)),
         ("started", r.get("start_time")), ("error", r.get("error")),
     ]
 

@@ -556,3 +556,27 @@ def test_a_lora_measurement_is_found_only_for_the_same_lora_settings():
     assert lookup([row], **plan, lora=lora_key({"rank": 8, "dropout": 0.05})) is None
     assert lookup([row], **plan, lora=lora_key({"rank": 16, "dropout": 0.05, "targets": ["q_proj"]})) is None
     assert lookup([row], **plan) is None
+
+
+def test_an_elastic_job_is_planned_at_every_size_between_its_bounds(capsys):
+    # min_nodes 1 of 2: the plan at 1 node (4 GPUs, twice the micro batches) and at 2, each
+    # with its memory per GPU and its step; the global batch is the same at both
+    code, out, err = preflight(capsys, "--set", "parallel.min_nodes=1")
+    assert code == 0, err
+    sizes = [line for line in out.splitlines() if "elastic size" in line]
+    assert len(sizes) == 2
+    assert "1 node(s), 4 GPUs, 8 micro batches per GPU" in sizes[0] and "2 node(s), 8 GPUs, 4 micro batches" in sizes[1]
+    memory = [float(line.split(": ~")[1].split(" GiB")[0]) for line in sizes]
+    assert memory[0] > memory[1]  # half the shards: more per GPU
+
+
+def test_an_elastic_size_that_does_not_fit_refuses_the_job_in_one_line(capsys):
+    # Qwen2.5-3B full shard at seq 8192 fits 8 L4s (~18.6 GiB each), not 4 (~24.9): after a
+    # lost node the run could not go on at 1 node
+    fits_at_two = ("--set", "model.path=s3://{bucket}/models/Qwen2.5-3B-Instruct", "--set",
+                   "parallel.activation_checkpointing=true", "--set", "train.seq_len=8192")
+    code, out, err = preflight(capsys, *fits_at_two)
+    assert code == 0, err
+    code, out, err = preflight(capsys, *fits_at_two, "--set", "parallel.min_nodes=1")
+    assert code == 2 and err.count("\n") == 1
+    assert "parallel.min_nodes = 1 allows 1 node(s), 4 GPUs" in err and "raise parallel.min_nodes above 1" in err
