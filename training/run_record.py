@@ -231,6 +231,8 @@ class RunRecord:
             "inputs": {}, "ranks": [], "nccl_logs": [], "reproducibility": {}, "verdict": None,
             "netcheck": None,
             "exposed_comm": exposed_comm or exposed_comm_handed("", ""),
+            # worker groups, faults and cost: the driver fills them at the end (training/incidents.py)
+            "attempts": [], contract.INCIDENTS: [], contract.COST: {},
             # what each hash and throughput figure of this record is (one definition each)
             "definitions": {"hashes": dict(contract.HASHES), "throughput": dict(contract.FIGURES)},
         }

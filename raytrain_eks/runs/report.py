@@ -49,9 +49,9 @@ PLOTS = (  # file stem, metric key, y label
     ("tokens_per_s", contract.TOKENS_PER_S, "tokens/s (all devices)"),
     ("mfu", contract.MFU, "MFU"),
 )
-RUNTIME = ("transport", "hosts", "ranks", "nccl_logs")
+RUNTIME = ("transport", "hosts", "ranks", "nccl_logs", "attempts", "incidents")
 OUTCOMES = ("status", "exit_code", "error", "throughput", "eval", "checkpoints", "duration_s", "verdict", "failure",
-            "reproducibility")
+            "reproducibility", "cost")
 IDENTITY = ("run_dir", "start_time", "end_time")
 
 

@@ -7,8 +7,8 @@ second node started by ``ray start --address`` with its own CPUs. From outside t
 1. the second node is drained the way Ray Core drains a node for a spot reclaim: ``ray
    drain-node`` (the GCS DrainNode RPC, reason PREEMPTION, a deadline; ray 2.58
    ``ray/scripts/scripts.py`` ``drain_node``, the same call the autoscaler makes) -> the workers
-   commit a checkpoint at the step boundary and hold; when the node's notice note is in storage
-   the node is killed whole (its raylet and everything under it, SIGKILL), as EC2 reclaims it;
+   commit a checkpoint at the step boundary and hold; at the drain's deadline the node is killed
+   whole (its raylet and everything under it, SIGKILL), as EC2 reclaims it;
 2. the run goes on at 2 workers from that checkpoint (0 steps lost);
 3. a new node joins (``ray start --address``) -> Ray Train's elastic policy grows the run back to 4;
 4. that node is killed whole without notice -> 2 workers again, from the last periodic checkpoint.
@@ -176,7 +176,9 @@ def test_drain_then_lost_node_then_growth_keeps_every_loss(tmp_path):
                             f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"],
                            env={**os.environ, **head.client_env}, check=True, timeout=120)
             _wait("the checkpoint on notice", lambda: any(n["note"] == "notice" for n in _notes(run_dir)), 300, run)
-            _kill_node(second)  # the reclaim
+            [notice] = [n for n in _notes(run_dir) if n["note"] == "notice"]
+            time.sleep(max(0.0, notice["deadline_ms"] / 1000 - time.time()))
+            _kill_node(second)  # the reclaim, at the notice's deadline as EC2 reclaims
             # 2. on what is left, 3. a node joins again: back to 4
             _wait("2 workers", lambda: any(n["note"] == "start" and n["world_size"] == 2 for n in _notes(run_dir)),
                   300, run)
