@@ -46,8 +46,15 @@ def stop_requested() -> bool:
 
         ready, _ = ray.wait([ref], timeout=0)
         if ready:
-            log.warning("stop forwarded by the driver")
-            _STOP.set()
+            try:
+                ray.get(ready[0])
+            except Exception as err:  # noqa: BLE001 - the flag's node went, not a stop
+                # A lost flag (its actor's node gone) is no stop request: stop watching it.
+                log.warning("the driver's stop flag is gone (%s): no longer watched", type(err).__name__)
+                _watch.pop("ref", None)
+            else:
+                log.warning("stop forwarded by the driver")
+                _STOP.set()
     return _STOP.is_set()
 
 
@@ -166,8 +173,14 @@ def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
     Returns the flag actor (keep a reference for the run's lifetime). The handler itself only
     sets an event; a helper thread talks to Ray (no Ray calls inside a signal handler).
     """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # On the driver's own node (the head): a 0-CPU actor may land on any node, and one on a
+    # worker node dies with it (a spot reclaim), which every worker would read as a stop.
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     flag = _stop_flag_class().options(name=_flag_name(run_name), namespace=_NAMESPACE,
-                                      get_if_exists=True, lifetime=None).remote()
+                                      get_if_exists=True, lifetime=None, scheduling_strategy=here).remote()
     fired = threading.Event()
 
     def _forward() -> None:
