@@ -325,17 +325,20 @@ worker's folder with pyarrow's S3 client; no measured figure on this project's n
 
 def spot_notice(env: Environment, job: JobConfig, shapes) -> list[Check]:
     """A job on a spot group: its checkpoint must be written and uploaded inside EC2's two-minute
-    notice (less the stop margin, ``training/contract.py``). The bytes are the model's fp32
+    notice (less the stop margin, ``training/contract.py``). The bytes are the trained fp32
     parameters and AdamW's two moments (measured plans carry no checkpoint time); per node all
     of them under hybrid_shard (each node holds a replica; DCP may still spread the writes), a
     share under full_shard; the rate is :data:`NOTICE_UPLOAD_GBPS` (assumed). A checkpoint that
     may not fit is a note, not a refusal: the run then loses the steps since its last one."""
     from training import contract as tc
 
+    from raytrain_eks.planning.memory_estimate import lora_adapter_params, lora_options
+
     g = env.gpu_group(job.parallel.node_group)
     if not g.spot:
         return []
-    total = shapes.num_params() * 12
+    lora = lora_options(job)  # a LoRA checkpoint holds the adapters only (the frozen base is not stored)
+    total = (lora_adapter_params(shapes, lora) if lora is not None else shapes.num_params()) * 12
     per_node = total if job.parallel.strategy == "hybrid_shard" else total / max(1, job.num_nodes)
     slow, fast = (per_node / 1e9 / rate for rate in NOTICE_UPLOAD_GBPS)
     budget = tc.NOTICE_CHECKPOINT_SECONDS

@@ -580,3 +580,23 @@ def test_an_elastic_size_that_does_not_fit_refuses_the_job_in_one_line(capsys):
     code, out, err = preflight(capsys, *fits_at_two, "--set", "parallel.min_nodes=1")
     assert code == 2 and err.count("\n") == 1
     assert "parallel.min_nodes = 1 allows 1 node(s), 4 GPUs" in err and "raise parallel.min_nodes above 1" in err
+
+
+def test_on_a_spot_group_the_preflight_says_whether_the_checkpoint_fits_the_notice(capsys, tmp_path):
+    import tomllib
+
+    from toml_writer import toml_text
+
+    raw = tomllib.loads(Path(ENV).read_text())
+    raw["gpu_node_groups"][0].update(capacity="spot", instance_types=["g5.12xlarge"])
+    spot = tmp_path / "environment.toml"
+    spot.write_text(toml_text(raw))
+    code = main(["preflight", "--env", str(spot), "--job", REFERENCE, "--dist", "/nonexistent-dist"])
+    out = capsys.readouterr().out
+    assert code == 0
+    [line] = [line for line in out.splitlines() if "spot notice" in line]
+    # Qwen2.5-1.5B full shard over 2 nodes: 1.54 B x 12 bytes / 2 = 9.3 GB per node
+    assert "~9.3 GB per node takes ~46-9 s" in line and "the notice leaves 90 s: it fits" in line
+    # the on-demand spec says nothing of a notice
+    main(["preflight", "--env", ENV, "--job", REFERENCE, "--dist", "/nonexistent-dist"])
+    assert "spot notice" not in capsys.readouterr().out
