@@ -42,11 +42,18 @@ from training import contract, flops
 CPU_DEVICE = "cpu"
 
 
-def peak_tflops_from_env(environ: Mapping[str, str]) -> float | None:
+def peak_tflops_from_env(environ: Mapping[str, str], device: str = "") -> float | None:
     """The GPU's peak bf16 TFLOP/s as the manifest states it; None when absent (MFU then n/a,
-    never guessed from the device name)."""
+    never guessed from the device name). A spot group of several GPU models states
+    ``MODEL=peak,...`` (charts/cluster_spec.py): the entry whose model is a word of ``device``."""
+    text = environ.get(contract.ENV_PEAK_TFLOPS, "")
+    if "=" in text:
+        words = device.upper().replace("-", " ").split()
+        found = [peak for model, _, peak in (part.partition("=") for part in text.split(","))
+                 if model.strip() and all(w in words for w in model.upper().split())]
+        text = found[0] if len(found) == 1 else ""
     try:
-        value = float(environ.get(contract.ENV_PEAK_TFLOPS, ""))
+        value = float(text)
     except ValueError:
         return None
     return value if value > 0 else None
@@ -81,7 +88,7 @@ class ThroughputModel:
     def for_model(cls, hf_config: Any, *, seq_len: int, tokens_per_step: int, world_size: int,
                   device: str, environ: Mapping[str, str] | None = None) -> "ThroughputModel":
         shapes = flops.ModelShapes.from_hf_config(hf_config)
-        peak = None if device == CPU_DEVICE else peak_tflops_from_env(os.environ if environ is None else environ)
+        peak = None if device == CPU_DEVICE else peak_tflops_from_env(os.environ if environ is None else environ, device)
         return cls(tokens_per_step=tokens_per_step, world_size=world_size,
                    flops_per_token=flops.training_flops_per_token(shapes, seq_len), peak_tflops=peak)
 
