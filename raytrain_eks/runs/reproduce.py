@@ -155,6 +155,11 @@ def submitted_run(record: dict, name: str) -> tuple[str, str, list[str]] | None:
     return argv[argv.index("--config") + 1], run, items[:runs[0]]
 
 
+# Where a tree keeps its run-manifest writer: today's room, then where trees before the rooms
+# (f3e5feb) kept it, so that a run recorded by an older commit still reproduces.
+_MANIFEST_MODULES = ("raytrain_eks.runs.manifest", "raytrain_eks.run_manifest")
+
+
 def _synth_run(tree: Path, spec_text: str, work: Path, submitted: tuple[str, str, list[str]],
                on_cluster: bool) -> Path:
     """That tree's ``python -m raytrain_eks.runs.manifest``: the run's manifests as submit wrote them."""
@@ -162,9 +167,10 @@ def _synth_run(tree: Path, spec_text: str, work: Path, submitted: tuple[str, str
     spec = work / "environment.toml"
     spec.write_text(spec_text, encoding="utf-8")
     outdir = work / ("dist-on-cluster" if on_cluster else "dist")
-    if not (tree / "raytrain_eks" / "run_manifest.py").is_file():
+    module = next((m for m in _MANIFEST_MODULES if (tree / (m.replace(".", "/") + ".py")).is_file()), None)
+    if module is None:
         raise ReproduceError("the recorded tree has no raytrain_eks/runs/manifest.py: the run was not made by submit")
-    cmd = [sys.executable, "-m", "raytrain_eks.runs.manifest", "--env", str(spec), "--job", config, "--run", run,
+    cmd = [sys.executable, "-m", module, "--env", str(spec), "--job", config, "--run", run,
            "--outdir", str(outdir), "--root", str(tree), *(a for item in overrides for a in ("--set", item)),
            *(["--on-cluster"] if on_cluster else [])]
     out = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
