@@ -90,7 +90,7 @@ def existing_raw() -> dict:
     raw["system_node_group"]["existing"] = EXISTING_SYSTEM_GROUP
     raw["gpu_node_groups"][0]["existing"] = EXISTING_GPU_GROUP
     raw["gpu_node_groups"].append(dict(name="p5", instance_type="p5.48xlarge", min_nodes=0, desired_nodes=0,
-                                       max_nodes=2, root_volume_gib=500, capacity="spot"))
+                                       max_nodes=2, root_volume_gib=500))
     return raw
 
 
