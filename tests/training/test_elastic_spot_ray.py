@@ -7,8 +7,8 @@ second node started by ``ray start --address`` with its own CPUs. From outside t
 1. the second node is drained the way Ray Core drains a node for a spot reclaim: ``ray
    drain-node`` (the GCS DrainNode RPC, reason PREEMPTION, a deadline; ray 2.58
    ``ray/scripts/scripts.py`` ``drain_node``, the same call the autoscaler makes) -> the workers
-   commit a checkpoint at the step boundary and hold; shortly before the drain's deadline the
-   node is killed whole (its raylet and everything under it, SIGKILL), as EC2 reclaims it;
+   commit a checkpoint at the step boundary and hold; inside the notice the node is killed whole
+   (its raylet and everything under it, SIGKILL), as EC2 reclaims it;
 2. the run goes on at 2 workers from that checkpoint (0 steps lost);
 3. a new node joins (``ray start --address``) -> Ray Train's elastic policy grows the run back to 4;
 4. that node is killed whole without notice -> 2 workers again, from the last periodic checkpoint.
@@ -37,8 +37,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 LOSS_TOLERANCE = 1e-4
 """Absolute, per step: fp32 sums over 4 micro batches in another order (measured < 1e-5 here)."""
-DRAIN_DEADLINE_S = 25
-MAX_STEPS = 40
+DRAIN_DEADLINE_S = 60
+MAX_STEPS = 60
 
 JOB = """name = "elastic"
 [model]
@@ -77,7 +77,18 @@ require_transport = "any"
 
 def _start_node(head, temp_root: Path, name: str) -> int:
     """``ray start --address``: a second Ray node on loopback with 1 CPU (2 workers of 0.5), its
-    own ports; returns its node manager port (what names its raylet)."""
+    own ports; returns its node manager port (what names its raylet). On a busy machine a
+    raylet can miss Ray's start-up wait: what it left is killed and it starts again."""
+    for attempt in range(3):
+        try:
+            return _start_node_once(head, temp_root, name)
+        except subprocess.CalledProcessError as err:
+            _kill_node(err.port)
+            if attempt == 2:
+                raise
+
+
+def _start_node_once(head, temp_root: Path, name: str) -> int:
     port = free_port()
     ports = {flag: free_port() for flag in ("--object-manager-port", "--metrics-export-port",
                                             "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
@@ -88,7 +99,11 @@ def _start_node(head, temp_root: Path, name: str) -> int:
            *(f"{flag}={p}" for flag, p in ports.items())]
     env = {**os.environ, **head.client_env, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(temp_root / f"{name}.log", "a") as log:
-        subprocess.run(cmd, env=env, check=True, stdout=log, stderr=subprocess.STDOUT, timeout=300)
+        try:
+            subprocess.run(cmd, env=env, check=True, stdout=log, stderr=subprocess.STDOUT, timeout=300)
+        except subprocess.CalledProcessError as err:
+            err.port = port
+            raise
     return port
 
 
@@ -179,10 +194,9 @@ def test_drain_then_lost_node_then_growth_keeps_every_loss(tmp_path):
                             f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"],
                            env={**os.environ, **head.client_env}, check=True, timeout=120)
             _wait("the checkpoint on notice", lambda: any(n["note"] == "notice" for n in _notes(run_dir)), 300, run)
-            [notice] = [n for n in _notes(run_dir) if n["note"] == "notice"]
-            # the reclaim, inside the notice as EC2's comes (here 10 s before its deadline, so
-            # Ray's GCS has marked the node dead when Ray Train restarts at the deadline)
-            time.sleep(max(0.0, notice["deadline_ms"] / 1000 - 10 - time.time()))
+            # the reclaim, inside the notice (well before its deadline here: Ray Train restarts
+            # at the deadline, and by then Ray's GCS must have marked the node dead, else Ray
+            # Train's elastic policy still counts its CPUs and waits for 4 workers in vain)
             _kill_node(second)
             # 2. on what is left, 3. a node joins again: back to 4
             _wait("2 workers", lambda: any(n["note"] == "start" and n["world_size"] == 2 for n in _notes(run_dir)),
