@@ -130,7 +130,7 @@ def _plan(name: str, change: dict) -> dict:
     other keys, the job file's values with ``change`` applied (the config's defaults filled in)."""
     import dataclasses
 
-    from training.config import ParallelConfig
+    from training.config_sections import ParallelConfig
 
     default = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
     job = _job(name)

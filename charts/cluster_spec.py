@@ -48,7 +48,7 @@ from charts.provenance import POD_TEMPLATE_LABELS, image_reference
 from environment import Environment, GpuNodeGroupSpec
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, RAY_PEER_LABEL
 from training import contract
-from training.config import head_grace_seconds, stop_wait_seconds
+from training.deadlines import head_grace_seconds, stop_wait_seconds
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """Well-known label the kubelet puts on every node: the worker nodeSelector pins the type too."""
@@ -258,7 +258,7 @@ def _shm(memory: str) -> tuple[list[dict], list[dict]]:
 
 def _shared_runs(env: Environment) -> tuple[list[dict], list[dict]]:
     """The runs' shared file system (``storage.shared_claim`` mounted at ``storage.shared_path``,
-    training/run_storage.py), on the head (the driver writes the run record) and every worker;
+    training/storage/__init__.py), on the head (the driver writes the run record) and every worker;
     nothing when the runs are in the bucket."""
     if not env.storage.shared_claim:
         return [], []

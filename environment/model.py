@@ -159,7 +159,7 @@ class StorageSpec:
     shared_path: str = ""
     """The runs on a shared file system instead of the bucket (FSx for Lustre, EFS): the absolute
     path where every Ray pod mounts it, e.g. ``/fsx/runs`` (runs are ``file://<path>/<run>``,
-    training/run_storage.py). The bucket still holds the code archive, models, data and the
+    training/storage/__init__.py). The bucket still holds the code archive, models, data and the
     uploaded inputs. Needs ``shared_claim``."""
     shared_claim: str = ""
     """The PersistentVolumeClaim, in ``ray.namespace``, holding that file system: the charts
@@ -418,7 +418,7 @@ class Environment:
 
     @property
     def storage_uri(self) -> str:
-        """Ray Train storage of every run (training/run_storage.py): the shared file system's
+        """Ray Train storage of every run (training/storage/__init__.py): the shared file system's
         ``file://<storage.shared_path>`` where the spec has one, else :attr:`bucket_uri`."""
         return f"file://{self.storage.shared_path}" if self.storage.shared_path else self.bucket_uri
 

@@ -1,7 +1,7 @@
 """The job config's allowed values, its error type and the small rules its sections share.
-Standard library only, like training/config.py which re-exports them; it imports nothing of
-the job config itself, so the sections (config.py) and the model checks (model_config.py) both
-build on it without importing each other back.
+Standard library only, like training/config.py; it imports nothing of the job config itself, so
+the sections (config_sections.py) and the model checks (model_config.py) both build on it
+without importing each other back.
 """
 from __future__ import annotations
 

@@ -45,35 +45,25 @@ def notes_dir(run_dir: str) -> str:
 
 def write_note(run_dir: str, kind: str, data: dict[str, Any]) -> None:
     """Rank 0: one note (never overwritten: named by its time)."""
-    from training.run_record import write_json
+    from training.storage.files import write_json
 
-    now = time.time()
-    write_json(f"{notes_dir(run_dir)}/{time.time_ns()}-{kind}.json", {"note": kind, "time": _iso(now), **data})
+    write_json(f"{notes_dir(run_dir)}/{time.time_ns()}-{kind}.json", {"note": kind, "time": _iso(time.time()), **data})
 
 
 def read_notes(run_dir: str) -> list[dict[str, Any]]:
     """Every note of the run, oldest first ([] when none)."""
-    from pathlib import Path
+    from training.storage import SHARED_SCHEME
+    from training.storage.files import list_files, read_bytes
 
-    where = notes_dir(run_dir)
-    texts: list[tuple[str, str]] = []
-    if "://" not in where or where.startswith("file://"):
-        folder = Path(where.removeprefix("file://"))
-        if folder.is_dir():
-            texts = [(p.name, p.read_text(encoding="utf-8")) for p in folder.glob("*.json")]
-    else:
-        from pyarrow import fs
-
-        filesystem, path = fs.FileSystem.from_uri(where)
-        for info in filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True)):
-            if info.type == fs.FileType.File and info.base_name.endswith(".json"):
-                with filesystem.open_input_stream(info.path) as stream:
-                    texts.append((info.base_name, stream.read().decode("utf-8")))
+    try:
+        found = list_files(notes_dir(run_dir).removeprefix(SHARED_SCHEME), (".json",))
+    except FileNotFoundError:
+        return []
     notes = []
-    for name, text in sorted(texts, key=lambda item: int(item[0].split("-", 1)[0])):
+    for entry in sorted(found, key=lambda f: int(f.uri.rsplit("/", 1)[-1].split("-", 1)[0])):
         try:
-            notes.append(json.loads(text))
-        except ValueError:
+            notes.append(json.loads(read_bytes(entry.uri)))
+        except (OSError, ValueError):
             continue  # a note cut off by the node's loss says nothing
     return notes
 
@@ -96,15 +86,9 @@ def last_logged_step(run_dir: str) -> tuple[int, str | None]:
 
 
 def _read_text(uri: str) -> str:
-    from pathlib import Path
+    from training.storage.files import read_bytes
 
-    if "://" not in uri or uri.startswith("file://"):
-        return Path(uri.removeprefix("file://")).read_text(encoding="utf-8")
-    from pyarrow import fs
-
-    filesystem, path = fs.FileSystem.from_uri(uri)
-    with filesystem.open_input_stream(path) as stream:
-        return stream.read().decode("utf-8")
+    return read_bytes(uri).decode("utf-8")
 
 
 def start_note(*, world_size: int, node_ranks: Mapping[str, list[int]], resumed_from_step: int, run_dir: str,

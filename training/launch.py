@@ -13,11 +13,13 @@ import sys
 import uuid
 from typing import Any, Callable, Mapping
 
-from training import contract, metric_sinks, run_record, verdict
-from training.config import JobConfig, driver_exit_code, run_time_limit_seconds
+from training import contract, metric_sinks, run_logs, verdict
+from training.config import JobConfig
+from training.deadlines import driver_exit_code, run_time_limit_seconds
 from training.data import one_line, read_data_errors
-from training.run_record import NCCL_ENV_PREFIXES, RunRecord, exposed_comm_handed
-from training.run_storage import RunStorage
+from training.run_facts import NCCL_ENV_PREFIXES
+from training.run_record import RunRecord, exposed_comm_handed
+from training.storage import RunStorage
 from training.verdict import outcome
 
 # Driver environment variables the workers need too (fault injection, S3 endpoint for tests,
@@ -38,7 +40,7 @@ DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), "ray_results")
 
 
 def run_storage(job: JobConfig) -> RunStorage:
-    """The job's run storage (:mod:`training.run_storage`); empty = Ray's default local directory."""
+    """The job's run storage (:mod:`training.storage`); empty = Ray's default local directory."""
     return RunStorage(job.checkpoint.storage_path or DEFAULT_STORAGE)
 
 
@@ -51,7 +53,7 @@ def storage_location(job: JobConfig) -> tuple[str, Any]:
     """
     storage = run_storage(job)
     if storage.kind == "s3":
-        from training.data.remote import s3_filesystem
+        from training.storage.files import s3_filesystem
 
         return storage.path, s3_filesystem()
     return storage.path, None
@@ -63,7 +65,7 @@ def run_dir(job: JobConfig) -> str:
 
 
 def job_network_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The job's OWN NCCL_*/FI_* variables (:data:`training.run_record.NCCL_ENV_PREFIXES`).
+    """The job's OWN NCCL_*/FI_* variables (:data:`training.run_facts.NCCL_ENV_PREFIXES`).
 
     In a submitted job (a RayJob) the driver runs on the head pod, whose NCCL/libfabric
     settings (the image's, for a CPU node) are not the job's: the GPU pods set their own, and a
@@ -379,6 +381,6 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
     # A failure's reason is the error line above: the verdict adds only its stage (one line per error).
     print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED
                          else verdict.headline(judged)), flush=True)
-    run_record.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_record.py
-    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/config.py)
+    run_logs.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_logs.py
+    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/deadlines.py)
     return driver_exit_code(final["status"], final["exit_code"], checkpointing.time_limit_reached())

@@ -32,7 +32,7 @@ from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
 from training.model import build_model, count_targets, export_config, loss_sum
 from training.parallel import begin_micro_batch, build_mesh, end_accumulation, parallelize
-from training.tokenizer import chat_format
+from training.data.tokenizer import chat_format
 
 
 def forward_backward(model: torch.nn.Module, micro: list[dict[str, torch.Tensor]], *, device: torch.device,
@@ -157,11 +157,11 @@ def ray_context(run_dir: str = "") -> WorkerContext:
     import ray.train
 
     from training.checkpointing import local_checkpoint_root
-    from training.run_record import scratch_key
+    from training.run_logs import scratch_key
 
     ctx = ray.train.get_context()
     storage = ctx.get_storage()
-    key = scratch_key(run_dir, ctx.get_experiment_name())  # training/run_record.py: by storage location
+    key = scratch_key(run_dir, ctx.get_experiment_name())  # training/run_logs.py: by storage location
     local_dir = os.path.join(tempfile.gettempdir(), "raytrain-runs", key)
     return WorkerContext(rank=ctx.get_world_rank(), world_size=ctx.get_world_size(),
                          local_rank=ctx.get_local_rank(), storage=storage, local_dir=local_dir,
@@ -226,7 +226,7 @@ def open_data(job: JobConfig, ctx: WorkerContext) -> tuple[Any, Any]:
 
     tokenizer = None
     if job.data.kind != "synthetic":
-        from training.tokenizer import load_tokenizer, tokenizer_location
+        from training.data.tokenizer import load_tokenizer, tokenizer_location
 
         tokenizer = load_tokenizer(tokenizer_location(job.model))
     return build_data(job, tokenizer, rank=ctx.rank, world_size=ctx.world_size), tokenizer
@@ -239,7 +239,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
     read (:data:`training.contract.WORKER_RECORD_FIELDS`): the driver merges them into the record
     once (:func:`training.launch.finish_record`). A worker writes metrics and its NCCL log, never
     run.json."""
-    from training.run_record import upload_nccl_log
+    from training.run_logs import upload_nccl_log
 
     transport.prepare_worker(job.parallel.use_gpu)  # before ANY collective: NCCL opens its file once
     try:
@@ -251,7 +251,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
 def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, resume_from: str,
            lease: dict[str, Any] | None) -> dict[str, Any]:
     from training import checkpointing as ckpt_api
-    from training.run_record import gather
+    from training.run_facts import gather
     from training.transport import hosts_from_evidence
 
     if job.parallel.use_gpu and not torch.cuda.is_available():

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from spec_schema import FieldError, unknown
 from training.config_checks import JobConfigError
 from training.contract import BUCKET_PLACEHOLDER
+from training.storage import S3_SCHEME
 
 # Keyword arguments transformers' Qwen2Config (5.x) accepts: its own and PretrainedConfig's
 # (a test compares this with inspect.signature(Qwen2Config.__init__)). Qwen2Config keeps ANY
@@ -108,8 +109,8 @@ def read_model_config(path: str, source: str = "job config") -> dict[str, Any] |
     """
     where = path.rstrip("/") + "/config.json"
     try:
-        if path.startswith("s3://"):
-            from training.data.remote import read_bytes
+        if path.startswith(S3_SCHEME):
+            from training.storage.files import read_bytes
 
             text = read_bytes(where).decode("utf-8")
         else:
@@ -187,12 +188,12 @@ def check_model(job: Any, *, read_s3: bool = True, local_tokenizer: bool = True)
         return "model from model.config"
     if BUCKET_PLACEHOLDER in path:
         return f"{path} not read: {BUCKET_PLACEHOLDER} is filled in from environment.toml"
-    if path.startswith("s3://") and not read_s3:
+    if path.startswith(S3_SCHEME) and not read_s3:
         return f"{path} not read (s3)"
     try:
         model_config = read_model_config(path, job.source)
     except ModelConfigError as err:
-        if path.startswith("s3://") and "cannot read" in str(err):
+        if path.startswith(S3_SCHEME) and "cannot read" in str(err):
             return f"{path} not read: S3 not reachable from here ({str(err).rsplit(': ', 1)[-1][:120]})"
         raise
     if model_config is None:

@@ -340,8 +340,8 @@ class Status:
 def _stored_log(env, run: str) -> tuple[str | None, str]:
     """(the driver log from the run's storage or None, why not)."""
     from raytrain_eks.runs.results import read_file, s3_client
-    from training.run_record import RUN_LOGS_DIR
-    from training.run_storage import RunStorage
+    from training.run_logs import RUN_LOGS_DIR
+    from training.storage import RunStorage
 
     uri = f"{RunStorage(env.storage_uri).run(run)}/{RUN_LOGS_DIR}/driver.log"
     try:

@@ -97,7 +97,7 @@ def upload(client: Any, uploads: list[Upload], storage_uri: str, run: str, say: 
     this file), then write ``<run storage>/_inputs/<run>.json`` with the step model's ``prediction``
     of the run's exposed communication (:data:`training.contract.STEP_PREDICTION`; the driver
     records it in run.json). ``run_storage``: where the job's runs are when not in the bucket
-    (a shared file system, training/run_storage.py), which is where the job reads that file."""
+    (a shared file system, training/storage/__init__.py), which is where the job reads that file."""
     from raytrain_eks.runs.results import upload_if_missing, write_file
 
     for u in uploads:

@@ -16,7 +16,7 @@ from typing import Any
 
 from environment.contract import RECORD_IMAGE_RAN
 from training import contract
-from training.run_record import read_json
+from training.storage.files import filesystem_for, read_json
 from training.verdict import of_record
 
 COLUMNS = ("run", "started", "image digest", "commit", "job", "verdict", "tokens/s", "eval before -> after", "cost")
@@ -44,7 +44,7 @@ def _run_dirs(prefix: str) -> list[str]:
         return sorted(str(p.parent) for p in root.glob(f"*/{contract.RECORD_NAME}"))
     from pyarrow import fs
 
-    filesystem, path = fs.FileSystem.from_uri(base)
+    filesystem, path = filesystem_for(base)
     infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
     found = [i.path for i in infos if i.type == fs.FileType.Directory]
     names = {i.path for i in filesystem.get_file_info([f"{p}/{contract.RECORD_NAME}" for p in found])

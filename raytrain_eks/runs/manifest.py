@@ -23,7 +23,7 @@ from pathlib import Path
 
 from charts import ChartError
 from charts.jobs import MAX_RAYJOB_NAME
-from training.run_storage import RunStorage
+from training.storage import RunStorage
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -47,7 +47,7 @@ class RunManifests:
     """The runs' storage (``Environment.storage_uri``: the bucket's prefix or ``file://<shared path>``)."""
     run_uri: str
     """Where the run's records, checkpoints and model land: ``s3://<bucket>/<prefix>/<run>``, or its
-    folder on the spec's shared file system (training/run_storage.py)."""
+    folder on the spec's shared file system (training/storage/__init__.py)."""
     namespace: str
     region: str
     """The environment's region (the bucket's)."""

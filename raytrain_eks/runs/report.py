@@ -41,7 +41,7 @@ from typing import Any
 from raytrain_eks.runs.listing import cost_text
 from training import contract
 from training.contract import METRICS_NAME, RECORD_NAME
-from training.run_record import read_json
+from training.storage.files import read_bytes, read_json
 
 PLOTS = (  # file stem, metric key, y label
     ("loss", contract.LOSS, "training loss"),
@@ -75,13 +75,7 @@ class Run:
 
 
 def _read_text(uri: str) -> str:
-    if "://" not in uri or uri.startswith("file://"):
-        return Path(uri.removeprefix("file://")).read_text(encoding="utf-8")
-    from pyarrow import fs
-
-    filesystem, path = fs.FileSystem.from_uri(uri)
-    with filesystem.open_input_stream(path) as stream:
-        return stream.read().decode("utf-8")
+    return read_bytes(uri).decode("utf-8")
 
 
 def by_step(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:

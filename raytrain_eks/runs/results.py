@@ -6,7 +6,7 @@ files (``<run>/tensorboard/``: ``tensorboard --logdir`` over the copies shows ru
 Hugging Face model (``<run>/hf/``: weights, config and tokenizer, so ``from_pretrained`` loads
 the folder). The checkpoint shards stay in storage: they are for resuming, not for using.
 
-Any run storage (training/run_storage.py): the bucket through boto3's ``client``, a shared or
+Any run storage (training/storage/__init__.py): the bucket through boto3's ``client``, a shared or
 local file system by its path (readable where it is mounted; ``client`` is then unused).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from training.contract import TENSORBOARD_DIR
-from training.run_storage import RunStorage
+from training.storage import RunStorage
 
 RECORD_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".log")
 MODEL_DIR = "hf"

@@ -10,7 +10,7 @@ missing, applies the RayJob and follows it: its place in Kueue's queue while it 
 it copies run.json, the metrics, the logs and the exported model out of storage into
 ``--out`` (default ``.work/runs/<run>``), renders the report, prints the verdict and exits
 with its code (0 accepted, 3 rejected, 1 execution-failed, 4 no verdict; 2 bad input). Runs on
-a shared file system (``storage.shared_path``, training/run_storage.py) are handed their inputs
+a shared file system (``storage.shared_path``, training/storage/__init__.py) are handed their inputs
 and read back at that path, so it must be mounted where submit runs.
 
 On EKS, Ctrl-C detaches: the run goes on (``raytrain-eks status/logs/stop RUN``).
@@ -30,7 +30,7 @@ from pathlib import Path
 from raytrain_eks.runs import inputs as run_inputs
 from raytrain_eks.runs.netcheck_results import finish as netcheck_finish
 from training.contract import NETCHECK_NAME
-from training.run_storage import RunStorage
+from training.storage import RunStorage
 
 DEFAULT_POLL_S = 10.0
 

@@ -12,7 +12,8 @@ from charts.ray_charts import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
 from charts.jobs import PRE_RUNNING_FACTOR
 from environment.addons import SCALE_UP_MINUTES
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL
-from training.config import GRACE_MARGIN_SECONDS, load_job_config
+from training.config import load_job_config
+from training.deadlines import GRACE_MARGIN_SECONDS
 from training.__main__ import parse_args
 
 PRE_RUNNING_SECONDS = PRE_RUNNING_FACTOR * SCALE_UP_MINUTES * 60

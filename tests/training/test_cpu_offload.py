@@ -58,7 +58,7 @@ def _phase(rank: int, workdir: str, name: str, cpu_offload: bool, resume_run: st
 
     from training import optim
     from training.checkpointing import CheckpointManager, TrainerState, copy_report, restore
-    from training.config import OptimConfig, TrainConfig
+    from training.config_sections import OptimConfig, TrainConfig
     from training.parallel import build_mesh, parallelize
 
     torch.manual_seed(0)

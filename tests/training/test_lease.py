@@ -10,7 +10,7 @@ import torch
 
 from training.checkpointing import CheckpointManager, Lease, LeaseHeld, TrainerState
 from training.checkpointing.lease import LEASE_TTL_S, LeaseLost
-from training.checkpointing.storage import run_exists
+from training.checkpointing.markers import run_exists
 
 
 def _lease(run, name: str) -> Lease:
@@ -103,10 +103,10 @@ class _FlakyReads:
 
 
 def _flaky(monkeypatch, failures: int) -> _FlakyReads:
-    from training.checkpointing import lease as lease_module
+    from training.storage import files
 
-    monkeypatch.setattr(lease_module, "READ_RETRY_S", 0.0)
-    real = lease_module.filesystem_for
+    monkeypatch.setattr(files, "RETRY_PAUSE_S", 0.0)
+    real = files.filesystem_for
     flaky = _FlakyReads(None, failures)
 
     def filesystem_for(uri):
@@ -114,7 +114,7 @@ def _flaky(monkeypatch, failures: int) -> _FlakyReads:
         flaky.fs = fs
         return flaky, path
 
-    monkeypatch.setattr(lease_module, "filesystem_for", filesystem_for)
+    monkeypatch.setattr(files, "filesystem_for", filesystem_for)
     return flaky
 
 

@@ -28,18 +28,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow.fs as pafs
-
-from training.checkpointing.storage import LEASE_NAME, filesystem_for, join
+from training.checkpointing.markers import LEASE_NAME
+from training.storage import join
+from training.storage.files import READ_TRIES, filesystem_for, read_retrying, write_bytes
 
 log = logging.getLogger(__name__)
 
 LEASE_TTL_S = 120
 """A lease whose heartbeat is older than this is a crashed holder's: the next trainer takes it."""
-READ_TRIES = 3
-"""Reads of the lease before an error counts (pyarrow's S3 client has retried each already)."""
-READ_RETRY_S = 2.0
-"""The pause before the second read; it grows by as much for each further one."""
 HEARTBEAT_S = 30
 """How often the driver renews its lease (a quarter of :data:`LEASE_TTL_S`: three missed renewals
 are still no expiry)."""
@@ -76,21 +72,14 @@ class Lease:
 
     def read(self) -> dict[str, Any] | None:
         """The stored lease; None when there is none (absent, or not a lease). A read error
-        (S3 after pyarrow's own retries) is retried :data:`READ_TRIES` times, then raises
-        :class:`LeaseUnreadable`: an unreadable lease is never taken for an absent one."""
-        fs, path = filesystem_for(self.uri)
-        for attempt in range(READ_TRIES):
-            try:
-                with fs.open_input_stream(path) as handle:
-                    raw = handle.read()
-                break
-            except FileNotFoundError:
-                return None
-            except OSError as err:
-                if attempt + 1 == READ_TRIES:
-                    raise LeaseUnreadable(f"lease {self.uri} could not be read ({READ_TRIES} tries): {err}") from err
-                log.warning("lease %s: read failed, retrying: %s", self.uri, err)
-                time.sleep(READ_RETRY_S * (attempt + 1))
+        is retried as the storage's retry policy says (:func:`training.storage.files.read_retrying`),
+        then raises :class:`LeaseUnreadable`: an unreadable lease is never taken for an absent one."""
+        try:
+            raw = read_retrying(self.uri)
+        except OSError as err:
+            raise LeaseUnreadable(f"lease {self.uri} could not be read ({READ_TRIES} tries): {err}") from err
+        if raw is None:
+            return None
         try:
             body = json.loads(raw.decode("utf-8"))
         except ValueError:
@@ -98,12 +87,8 @@ class Lease:
         return body if isinstance(body, dict) and "attempt" in body else None
 
     def _write(self, now: float) -> None:
-        fs, path = filesystem_for(self.uri)
-        if isinstance(fs, pafs.LocalFileSystem):
-            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         body = {"attempt": self.attempt, "holder": self.holder, "heartbeat": now, "ttl_s": self.ttl_s}
-        with fs.open_output_stream(path) as out:
-            out.write(json.dumps(body, sort_keys=True).encode("utf-8"))
+        write_bytes(self.uri, json.dumps(body, sort_keys=True).encode("utf-8"))
 
     def acquire(self, now: float | None = None) -> None:
         """Take the lease, or raise :class:`LeaseHeld` while another attempt's is alive."""

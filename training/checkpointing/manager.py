@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_map
 from training import contract
 from training.checkpointing import signals
 from training.checkpointing.lease import LeaseLost
-from training.checkpointing.storage import FileEntry, describe_files, write_marker
+from training.checkpointing.markers import FileEntry, describe_files, write_marker
 from training.checkpointing.state import TrainerState, checkpoint_state
 
 log = logging.getLogger(__name__)

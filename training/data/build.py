@@ -20,7 +20,7 @@ import numpy as np
 from training.data.packing import pack, split_documents
 from training.data.formats import files_of, read_documents, reads
 from training.data.records import DataError
-from training.data.remote import cache_root, node_lock
+from training.storage.cache import cache_root, node_lock
 from training.data.stream import PackedStream, SyntheticStream, TrainStream, eval_batches_for_rank
 from training.data.tokenize import chat_prompt_and_answer, tokenize_documents
 
@@ -155,7 +155,7 @@ def _cache_key(cfg, tokenizer, separator_id: int) -> str:
 
 def load_packed(cfg, tokenizer, *, cache_dir: str | Path | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any], str]:
     """The packed corpus for ``cfg`` from the node-local cache, building it under a lock if absent."""
-    from training.tokenizer import document_separator_id
+    from training.data.tokenizer import document_separator_id
 
     separator_id = document_separator_id(tokenizer)
     key = _cache_key(cfg, tokenizer, separator_id)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from training.contract import BUCKET_PLACEHOLDER
 from training.data import formats
 from training.data.records import DataError, Reader
-from training.data.remote import RemoteFile, is_s3, list_files, s3_filesystem, split_s3
-from training.tokenizer import chat_template_text, tokenizer_location
+from training.storage.files import RemoteFile, filesystem_for, is_s3, list_files, split_s3
+from training.data.tokenizer import chat_template_text, tokenizer_location
 
 LOCAL_FULL_BYTES = 256 * 1024**2
 """Local files up to this size are read in full."""
@@ -70,7 +70,8 @@ def _bucket_exists(path: str) -> bool:
     existing bucket is data not uploaded (refused)."""
     from pyarrow import fs
 
-    return s3_filesystem().get_file_info(split_s3(path)[0]).type != fs.FileType.NotFound
+    s3, where = filesystem_for(path)
+    return s3.get_file_info(where.split("/", 1)[0]).type != fs.FileType.NotFound
 
 
 def _token_upper_bound(documents, template_bytes: int = 0) -> int:

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from training.data.remote import RemoteFile, is_s3, s3_filesystem, split_s3
+from training.storage.files import RemoteFile, filesystem_for, is_s3
 
 
 class DataError(ValueError):
@@ -91,8 +91,8 @@ class DataFormat:
 def read_head(f: RemoteFile, limit: int | None) -> tuple[bytes, bool]:
     """(bytes, complete): the whole file, or its first ``limit`` bytes cut at the last newline."""
     if is_s3(f.uri):
-        bucket, key = split_s3(f.uri)
-        with s3_filesystem().open_input_stream(f"{bucket}/{key}") as stream:
+        s3, path = filesystem_for(f.uri)
+        with s3.open_input_stream(path) as stream:
             data = stream.read() if limit is None else stream.read(limit + 1)
     else:
         with open(f.uri, "rb") as handle:

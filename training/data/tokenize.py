@@ -3,7 +3,7 @@
 Text documents are trained on every token. Chat documents are rendered with the tokenizer's
 own chat template and trained ONLY on assistant tokens: the assistant's content and the
 end-of-turn token that closes its turn (so the model learns to stop: ``<|im_end|>`` for Qwen2.5,
-``<|eot_id|>`` for Llama 3, read off the template by :func:`training.tokenizer.chat_format`),
+``<|eot_id|>`` for Llama 3, read off the template by :func:`training.data.tokenizer.chat_format`),
 not the system/user turns, not the assistant header the generation prompt writes and not what
 the template writes after the end-of-turn token (Qwen's newline).
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from training.data.records import DataError, Document
-from training.tokenizer import chat_format
+from training.data.tokenizer import chat_format
 
 BATCH = 256
 

@@ -24,7 +24,7 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2
 
 from training import contract, verdict
-from training.checkpointing.storage import filesystem_for
+from training.storage.files import filesystem_for
 from training.metric_sinks import row_step, row_time, scalars
 
 TEXT_SUFFIX = "/text_summary"

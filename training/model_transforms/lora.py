@@ -119,14 +119,13 @@ def lora_settings(model: Any) -> dict[str, Any] | None:
     return getattr(model, "_raytrain_lora", None)
 
 
-def merge_unties(model: Any) -> bool:
-    """Whether the merge changes one weight of a tied pair (``lm_head`` targeted on a model whose
-    output layer IS its embedding): the merged export is then written with
+def merge_unties(tied: dict[str, str]) -> bool:
+    """Whether the merge changes one weight of a tied pair (``tied``: ``{alias: name}`` of the
+    model's tied parameters, :func:`training.checkpointing.state.tied_names`; ``lm_head``
+    targeted on a model whose output layer IS its embedding): the merged export is then written with
     ``tie_word_embeddings = False``, or ``from_pretrained`` would tie them again (transformers 5.13
     ``modeling_utils.py`` ``get_expanded_tied_weights_keys`` :2638 reads that flag alone)."""
-    from training.checkpointing.state import tied_names
-
-    return any(BASE_PART in name.split(".") for pair in tied_names(model).items() for name in pair)
+    return any(BASE_PART in name.split(".") for pair in tied.items() for name in pair)
 
 
 def split_state(full: dict[str, Any], scaling: float) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -95,7 +95,7 @@ def test_the_step_model_s_prediction_travels_in_the_run_s_inputs_record(s3_bucke
 
 
 def test_a_run_on_a_shared_file_system_is_handed_its_record_there(tmp_path):
-    """Runs on a shared file system (training/run_storage.py): the uploads stay in the bucket, but
+    """Runs on a shared file system (training/storage/__init__.py): the uploads stay in the bucket, but
     ``_inputs/<run>.json`` goes where the job's runs are, and the driver's own reader finds it."""
     from training.run_record import exposed_comm_handed
 

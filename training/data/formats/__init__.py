@@ -15,7 +15,7 @@ from functools import cache
 
 from training.config_checks import FILE_KINDS
 from training.data.records import DataError, DataFormat, Reader, ReadResult
-from training.data.remote import RemoteFile, list_files
+from training.storage.files import RemoteFile, list_files
 
 
 @cache
