@@ -210,14 +210,15 @@ read by the controller in ``execution/controller/controller.py``; default on).""
 
 def without_preemption_watcher() -> None:
     """Turn off Ray Train's PreemptionWatcher for this driver's runs (the controller and its
-    workers inherit the setting: the variable is in Ray Train's ``ENV_VARS_TO_PROPAGATE``).
+    workers inherit the setting: the variable is in Ray Train's ``ENV_VARS_TO_PROPAGATE``). Only
+    a netcheck does: a training run keeps it on, it is how a node drain's notice reaches the
+    workers (training/checkpointing/manager.py checkpoints on it).
 
     The watcher is an actor whose constructor arguments (the workers' actor handles) go through
     the object store while it may restart, so Ray core logs an error line for it on every run
     (``core_worker.cc``: "Actor with class name: 'PreemptionWatcher' ... has constructor arguments
-    in the object store and max_restarts > 0"). It only feeds ``ray.train.get_preemption_info()``,
-    which this job never reads (a drained node ends in Ray Train's restart from the last
-    checkpoint either way), so turning it off loses nothing. A value the user set is kept."""
+    in the object store and max_restarts > 0"): harmless, and the price of the notice in a
+    training run; a netcheck has no checkpoint to save on a notice. A value the user set is kept."""
     import os
 
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
