@@ -10,7 +10,9 @@ second node started by ``ray start --address`` with its own CPUs. From outside t
    commit a checkpoint at the step boundary and hold; inside the notice the node is killed whole
    (its raylet and everything under it, SIGKILL), as EC2 reclaims it;
 2. the run goes on at 2 workers from that checkpoint (0 steps lost);
-3. a new node joins (``ray start --address``) -> Ray Train's elastic policy grows the run back to 4.
+3. a new node joins (``ray start --address``) -> Ray Train's elastic policy grows the run back to 4
+   (the two workers are paused with SIGSTOP while the node starts: on this loaded 2-core machine
+   a node takes minutes to start and the 2-worker run would finish first).
 
 The reference is the same job with no faults on the same two nodes (4 workers throughout). Every
 step's loss of the elastic run equals the reference's within :data:`LOSS_TOLERANCE`: the data of
@@ -40,8 +42,7 @@ LOSS_TOLERANCE = 1e-5
 """Absolute, per step: fp32 sums over 4 micro batches in another order (measured 2.5e-7 over 60
 steps at 4 -> 2 workers on this machine)."""
 DRAIN_DEADLINE_S = 60
-MAX_STEPS = 150
-"""Long enough that the 2-worker phase (about 0.5 s a step here) outlasts a new node's start."""
+MAX_STEPS = 60
 
 JOB = """name = "elastic"
 [model]
@@ -129,6 +130,22 @@ def _kill_node(port: int) -> None:
             pass
 
 
+def _train_workers(head) -> list:
+    """This head's Ray Train worker processes (under its own raylet, named by its temp dir)."""
+    import psutil
+
+    raylets = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
+               and "raylet" in p.info["cmdline"][0] and any(head.temp_dir in a for a in p.info["cmdline"])]
+    return [c for r in raylets for c in r.children(recursive=True)
+            if "RayTrainWorker" in " ".join(c.cmdline() or [c.name()])]
+
+
+def _controller_said(head, text: str) -> bool:
+    """Ray Train's controller log of this head's session holds ``text``."""
+    logs = Path(head.temp_dir) / "session_latest" / "logs" / "train"
+    return any(text in f.read_text(errors="replace") for f in logs.glob("ray-train-sys-controller-*.log"))
+
+
 def _node_id(head, port: int) -> str:
     code = ("import ray, json; ray.init(address='%s', log_to_driver=False); "
             "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive'] and n['NodeManagerPort'] == %d]))"
@@ -204,7 +221,24 @@ def test_drain_then_lost_node_then_growth_keeps_every_loss(tmp_path):
             # 2. on what is left, 3. a node joins again: back to 4
             _wait("2 workers", lambda: any(n["note"] == "start" and n["world_size"] == 2 for n in _notes(run_dir)),
                   300, run)
-            _start_node(head, tmp_path, "node-c")
+            [resumed] = [n["resumed_from_step"] for n in _notes(run_dir) if n["note"] == "start" and n["world_size"] == 2]
+            _wait("a step at 2 workers", lambda: max(_losses(run_dir)) > resumed, 300, run)
+            # A 2-worker step takes ~0.3 s here and a node ~2 min to start on this loaded machine:
+            # the two workers are paused (SIGSTOP, as a stalled host pauses them) while the node
+            # joins, and go on once Ray Train decided to grow (its health check waits 10 min).
+            paused = _train_workers(head)
+            for proc in paused:
+                proc.send_signal(signal.SIGSTOP)
+            try:
+                _start_node(head, tmp_path, "node-c")
+                _wait("the decision to grow", lambda: _controller_said(head, "resize the worker group from 2 -> 4"),
+                      600, run)
+            finally:
+                for proc in paused:
+                    try:
+                        proc.send_signal(signal.SIGCONT)
+                    except Exception:  # noqa: BLE001 - already gone with the resize
+                        pass
             _wait("4 workers again", lambda: [n["world_size"] for n in _notes(run_dir) if n["note"] == "start"][-1] == 4,
                   600, run)
             assert run.wait(timeout=1200) == 0, (tmp_path / "elastic.out").read_text()[-3000:]
