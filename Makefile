@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # 0 runs the tests in this process. tests/conftest.py says how the work is split.
 TEST_WORKERS ?= 2
 
-.PHONY: tracking-venv install demo test test-unit test-subprocess test-synth test-ray synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
+.PHONY: tracking-venv install cluster-plane demo test test-unit test-subprocess test-synth test-ray test-cluster synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
 
 TOKENIZER := training/assets/qwen2.5-tokenizer/tokenizer.json
 TRACKING_VENV := .work/tracking-venv
@@ -47,6 +47,12 @@ $(TRACKING_VENV)/.installed: tracking-requirements.txt
 
 tracking-venv: $(TRACKING_VENV)/.installed
 
+# The local Kubernetes control plane of the cluster tier (etcd, kube-apiserver, controller-manager,
+# scheduler, kubectl, kwok, the KubeRay operator, Kueue), built from source through the Go module
+# proxy into .work/cluster-bin/ (Go >= 1.26 needed); a re-run with the binaries there costs nothing.
+cluster-plane:
+	bash scripts/build-control-plane.sh
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
@@ -57,8 +63,15 @@ summary: install
 cdk-synth: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(NODE_BIN)/cdk synth --quiet
 
+# The cdk8s CLI empties its output folder before it runs the app: it synthesizes into a staging
+# folder, and dist/ is replaced only once the app succeeded (a broken jobs/*.toml or spec keeps
+# the last good dist/).
+DIST ?= dist
+CDK8S_STAGING ?= .work/cdk8s-staging
 cdk8s-synth: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(NODE_BIN)/cdk8s synth --no-check-upgrade
+	rm -rf $(CDK8S_STAGING)
+	PATH="$(CURDIR)/$(BIN):$$PATH" ENV_FILE=$(ENV_FILE) $(NODE_BIN)/cdk8s synth --no-check-upgrade --output $(CDK8S_STAGING)
+	rm -rf $(DIST) && mv $(CDK8S_STAGING) $(DIST)
 
 synth: cdk-synth cdk8s-synth
 
@@ -72,12 +85,16 @@ demo: install
 PYTEST := PYTHONDONTWRITEBYTECODE= PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
 # Every tier. One tier alone: `make test-unit` (no synth, no subprocess, no Ray: the inner loop),
-# test-subprocess, test-synth, test-ray; tests/tiers.py says how a test's tier is decided.
-test: install
+# test-subprocess, test-synth, test-ray, test-cluster (the real control plane: built first);
+# tests/tiers.py says how a test's tier is decided.
+test: install cluster-plane
 	$(PYTEST) $(PYTEST_ARGS)
 
 test-unit test-subprocess test-synth test-ray: install
 	$(PYTEST) -m $(@:test-%=%) $(PYTEST_ARGS)
+
+test-cluster: install cluster-plane
+	$(PYTEST) -m cluster $(PYTEST_ARGS)
 
 bench: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run_all.py

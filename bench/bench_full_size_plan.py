@@ -163,7 +163,7 @@ def _flop_mapping():
 def measure(model_name: str, *, code: str, activation_checkpointing: bool, strategy: str = "hybrid_shard",
             reduce_dtype: str = "float32", keep_gathered: bool = False, cluster: Cluster = Cluster(),
             loss_head: bool = True, cpu_offload: bool = False, lora: dict | None = None, probe=None,
-            micro_batch_size: int = MICRO_BATCH) -> dict:
+            micro_batch_size: int = MICRO_BATCH, accumulation: str = "sharded") -> dict:
     """One variant's figures. ``micro_batch_size``: rows per micro batch, the global batch (and
     so the tokens per step) unchanged: fewer, larger micro batches. ``cpu_offload``:
     ``parallel.cpu_offload`` with the job's own AdamW (training/optim.py: on host-held
@@ -207,7 +207,8 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
             batch = {**batch, "attention_mask": _todays_mask(config, batch)}
         with _unpinned():  # a fake tensor cannot be pinned; pinning changes where, not how much
             parallelize(model, mesh, strategy=strategy, on_gpu=True, activation_checkpointing=activation_checkpointing,
-                        keep_gathered=keep_gathered, reduce_dtype=reduce_dtype, cpu_offload=cpu_offload)
+                        keep_gathered=keep_gathered, reduce_dtype=reduce_dtype, cpu_offload=cpu_offload,
+                        accumulation=accumulation)
         if cpu_offload:
             from training.config_sections import OptimConfig, TrainConfig
             from training.optim import build_optimizer
@@ -261,6 +262,8 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
               "measure_s": round(time.perf_counter() - began, 1)}
     if cpu_offload:
         result["cpu_offload"] = True
+    if accumulation != "sharded":  # a row without it accumulated sharded (measured_plan.lookup)
+        result["accumulation"] = accumulation
     if lora is not None:
         result["lora"] = lora_key(lora)
     if probe:
@@ -332,7 +335,7 @@ def job_variant(path: str) -> tuple[str, dict]:
     if plan is None or plan["compile"] or plan["seq_len"] != SEQ_LEN:
         raise SystemExit(f"{path}: measured at seq {SEQ_LEN}, uncompiled, lora the only transform; the job has {plan}")
     keys = ("strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered", "cpu_offload", "lora",
-            "micro_batch_size")
+            "micro_batch_size", "accumulation")
     return name, {"code": "after", **{key: plan[key] for key in keys}}
 
 
@@ -525,7 +528,7 @@ def save(results: list[dict], out: Path, cluster: Cluster, *, publish: bool) -> 
     variants replaces those and keeps the others already measured. Returns all of them."""
     key = lambda r: tuple(json.dumps(r.get(k, False), sort_keys=True) for k in (
         "model", "code", "strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered", "compile", "seq_len",
-        "micro_batch_size", "cpu_offload", "lora"))
+        "micro_batch_size", "cpu_offload", "lora", "accumulation"))
     start = out if out.is_file() else PUBLISHED  # a fresh checkout has only the published copy
     previous = json.loads(start.read_text())["results"] if start.is_file() else []
     fresh = {key(r) for r in results}

@@ -126,6 +126,10 @@ class ClusterShape:
     """Value of the Ray-cluster label on its pods: what its network policy admits."""
     group_name: str = ""
     """The GPU node group the workers run on (empty: the spec's primary group)."""
+    service_account: str = ""
+    """The pods' service account: a RayJob's own cluster runs under one named after the run (its
+    AWS identity reaches only that run's folder, infra/constructs/pod_identity.py); empty: the
+    spec's ``ray.service_account`` (the long-lived cluster's, single-team)."""
 
     @property
     def group(self) -> GpuNodeGroupSpec:
@@ -282,7 +286,7 @@ def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
     volumes, mounts = _shm(resources["memory"])
     runs_volumes, runs_mounts = _shared_runs(env)
     return {
-        "serviceAccountName": env.ray.service_account,
+        "serviceAccountName": shape.service_account or env.ray.service_account,
         "terminationGracePeriodSeconds": stop_wait_seconds(shape.checkpoint_grace_seconds),
         **node_placement(group),
         "tolerations": [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}
@@ -317,7 +321,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     runs_volumes, runs_mounts = _shared_runs(env)
     volumes, mounts = volumes + runs_volumes, mounts + runs_mounts
     head_pod = {
-        "serviceAccountName": env.ray.service_account,
+        "serviceAccountName": shape.service_account or env.ray.service_account,
         "terminationGracePeriodSeconds": head_grace_seconds(shape.checkpoint_grace_seconds),
         "nodeSelector": dict(env.system_node_group.labels),
         "volumes": volumes + ([{"name": API_TOKEN_VOLUME, "projected": API_TOKEN_PROJECTION}] if shape.autoscale else []),

@@ -242,7 +242,8 @@ def rayjob_spec(env: Environment, plan: JobPlan, code: CodeBundle, on_cluster: s
         shape = ClusterShape(env=env, worker_replicas=plan.worker_replicas,
                              checkpoint_grace_seconds=plan.grace_seconds,
                              group_name=plan.node_group, cluster_label=cluster_label, cpu_job_cpus=cpus,
-                             gpus_per_pod=plan.world.workers_per_node if plan.world else 0)
+                             gpus_per_pod=plan.world.workers_per_node if plan.world else 0,
+                             service_account=plan.name)
         spec |= {
             "backoffLimit": limits.backoff_limit,
             "shutdownAfterJobFinishes": True,

@@ -71,6 +71,11 @@ class ClusterSpec:
     """IAM principals given cluster-admin through EKS access entries. The CDK app refuses an
     empty list: CloudFormation creates the cluster, so the "cluster creator" EKS makes admin is
     CloudFormation's execution role, never the person running ``cdk deploy``."""
+    submitter_principal_arns: tuple[str, ...] = ()
+    """IAM principals who may only submit: an EKS access entry bound to the Ray namespace's
+    ``raytrain-submitters`` role (RayJobs, their pods' logs, the run's service account and network
+    policy, Kueue's queue), never cluster-admin; attach the stack's ``SubmitRunsPolicyArn`` output
+    to them for the AWS side (docs/security.md)."""
     log_retention_days: int = 30
     """Days the control plane's CloudWatch log group keeps its logs."""
     existing: str = ""
@@ -139,10 +144,14 @@ class ClusterSpec:
             raise FieldError("public_access_cidrs", list(self.public_access_cidrs),
                              "cannot narrow a public-only endpoint (endpoint_access = 'public'): use "
                              "endpoint_access = 'public_and_private' with these CIDRs, or [\"0.0.0.0/0\"]")
-        for i, arn in enumerate(self.admin_principal_arns):
-            if not re.fullmatch(r"(?a)arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
-                raise FieldError(f"admin_principal_arns[{i}]", arn, "is not an IAM role or user ARN")
-        for name in ("public_access_cidrs", "admin_principal_arns"):
+        for name in ("admin_principal_arns", "submitter_principal_arns"):
+            for i, arn in enumerate(getattr(self, name)):
+                if not re.fullmatch(r"(?a)arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
+                    raise FieldError(f"{name}[{i}]", arn, "is not an IAM role or user ARN")
+        if both := next((a for a in self.submitter_principal_arns if a in self.admin_principal_arns), None):
+            raise FieldError("submitter_principal_arns", both, "is also an admin principal (EKS allows one access "
+                             "entry per principal): list it in one of the two")
+        for name in ("public_access_cidrs", "admin_principal_arns", "submitter_principal_arns"):
             # EKS makes one access entry per principal: a second one for the same ARN fails the deploy.
             values = getattr(self, name)
             if dup := next((v for i, v in enumerate(values) if v in values[:i]), None):

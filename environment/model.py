@@ -208,8 +208,17 @@ class RaySpec:
     head_cpu: int = 2
     """CPUs of each Ray head pod (GCS, dashboard, the job's driver; no Ray tasks: num-cpus 0)."""
     head_memory_gib: int = 8
+    mlflow_tracking_server_arn: str = ""
+    """A SageMaker managed MLflow tracking server the jobs log to
+    (``arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>``): the pods' roles get
+    ``sagemaker-mlflow:*`` on that ARN only. Empty: no AWS right for MLflow."""
 
     def __post_init__(self) -> None:
+        arn = r"(?a)arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:mlflow-tracking-server/[A-Za-z0-9](-*[A-Za-z0-9])*"
+        if self.mlflow_tracking_server_arn and not re.fullmatch(arn, self.mlflow_tracking_server_arn):
+            raise FieldError("mlflow_tracking_server_arn", self.mlflow_tracking_server_arn,
+                             "is not a SageMaker MLflow tracking server ARN "
+                             "(arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>, or empty)")
         for name in ("namespace", "service_account"):
             if not DNS_LABEL.fullmatch(getattr(self, name)):
                 raise FieldError(name, getattr(self, name), "is not a Kubernetes name (lower-case letters, digits, '-')")

@@ -96,7 +96,9 @@ def pytest_collection_modifyitems(config, items):
     mark_tiers(items)
     slow_modules = {item.path for item in items if item.get_closest_marker("ray") is not None}
     shared_run = {item.path for item in items if "local_run" in getattr(item, "fixturenames", ())}
-    rank = {path: 0 if path in shared_run or "e2e" in path.parts else 1 if path in slow_modules else 2
+    # the cluster tier's one worker starts its control plane early too, beside the training modules
+    plane = {item.path for item in items if item.get_closest_marker("cluster") is not None}
+    rank = {path: 0 if path in shared_run or "e2e" in path.parts or path in plane else 1 if path in slow_modules else 2
             for path in {item.path for item in items}}
     items.sort(key=lambda item: rank[item.path])  # stable: the order inside each rank is kept
 

@@ -25,6 +25,8 @@ from spec_template import template_raw
 
 REPO = Path(__file__).resolve().parents[1]
 ACCOUNT = "111122223333"
+SUBMITTER = f"arn:aws:iam::{ACCOUNT}:role/ml-team"
+TRACKING_SERVER = f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:mlflow-tracking-server/team"
 RESERVATION = "cr-0123456789abcdef0"
 BLOCK = "cr-0fedcba9876543210"
 ADMIN = f"arn:aws:iam::{ACCOUNT}:role/platform-admin"
@@ -59,6 +61,8 @@ def alternative_raw() -> dict:
     raw["storage"]["bucket_name"] = ""
     raw["cluster"].update(account=ACCOUNT, endpoint_access="private", public_access_cidrs=[],
                           admin_principal_arns=[ADMIN])
+    raw.setdefault("ray", {})["mlflow_tracking_server_arn"] = TRACKING_SERVER
+    raw["cluster"]["submitter_principal_arns"] = [SUBMITTER]
     raw["gpu_node_groups"][0].update(
         instance_type="g6.48xlarge", min_nodes=4, desired_nodes=4, max_nodes=4,
         capacity="capacity-reservation", capacity_reservation_id=RESERVATION)

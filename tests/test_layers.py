@@ -216,9 +216,9 @@ TRAINING_ROOMS: tuple[tuple[str, ...], ...] = (
     ("storage", "model_config", "model_transforms"),      # where files live; what a model is; its plug-ins
     ("config_sections",),                                 # the job config's sections
     ("config",),                                          # the job config
-    ("data", "model", "flops", "verdict", "mlflow_rest"),  # inputs, the model, figures, judgement, MLflow's API
+    ("data", "model", "flops", "verdict", "mlflow_rest", "incidents"),  # inputs, the model, figures, judgement, MLflow's API, faults
     ("checkpointing", "evaluation", "parallel", "optim", "metrics", "transport"),
-    ("metric_sinks", "run_logs", "run_record", "run_facts", "incidents"),
+    ("metric_sinks", "run_logs", "run_record", "run_facts", "watchdog", "attempts"),
     ("loop",),                                            # the worker's training loop
     ("launch",),                                          # the driver
     ("netcheck",),                                        # a job kind built on the driver

@@ -64,6 +64,38 @@ def test_a_shipped_job_passes_the_preflight(job, monkeypatch, capsys):
     assert "verdict    OK" in out.out
 
 
+GPU_JOBS = sorted(p for p in [*SHIPPED, *(ROOT / JOBS_DIR / "family").glob("*.toml")]
+                  if tomllib.loads(p.read_text()).get("parallel", {}).get("use_gpu"))
+
+
+@pytest.mark.parametrize("job", GPU_JOBS, ids=lambda p: p.stem)
+def test_a_shipped_gpu_job_writes_the_plan_the_search_picks(job):
+    """Each shipped GPU training job is ``parallel.plan = "auto"`` and writes the plan search's pick
+    (raytrain_eks/planning/plan_search.py) at the spec's size: submit would hand it no overrides,
+    and the charts' manifests (which cannot run the search) run the same plan. The model's
+    shapes: its published config.json (raytrain_eks/planning/measured_plan.py MODEL_CONFIGS).
+    The smoke and netcheck jobs keep their written plans: the smoke proves the finetune's shape
+    on synthetic data, the netcheck trains nothing."""
+    import contextlib
+
+    from charts.jobs import plan_job
+    from raytrain_eks.planning import measured_plan, plan_search
+    from training.flops import ModelShapes
+
+    env = load_environment(ENV_FILE)
+    with contextlib.chdir(ROOT):
+        config = plan_job(env, job, ROOT).config
+    if config.kind == "netcheck" or config.is_infrastructure_check:
+        assert config.parallel.plan == "as_written"
+        return
+    assert config.parallel.plan == "auto"
+    name = measured_plan.published_model(config.model.path)
+    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **measured_plan.MODEL_CONFIGS[name]})
+    found = plan_search.search(config, shapes, env.gpu_group(config.parallel.node_group))
+    assert found.chosen is not None
+    assert plan_search.overrides(config, found.chosen.job) == [], found.chosen.candidate.label()
+
+
 @pytest.fixture(scope="module")
 def shipped_synth(tmp_path_factory):
     """One synth of the shipped jobs with the shipped spec, as ``cdk8s synth`` runs it."""

@@ -11,6 +11,7 @@ CROSS_CUTTING = {
     "e2e": "the demo and `submit --local` end to end",
     "validation": "the battery of bad inputs, each by the fastest entry point that sees it",
     "fixtures": "the tests' input files",
+    "cluster": "the Kubernetes layer against a real control plane (the cluster tier)",
 }
 
 

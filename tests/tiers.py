@@ -6,7 +6,9 @@ A test's tier is the costliest thing it does:
 - ``subprocess``: starts a process (the CLI as a user runs it, a registry, a tracking server,
   ranks spawned by ``torch.multiprocessing``, a bare runtime);
 - ``synth``: runs the CDK or the cdk8s app (jsii: a Node.js process and its round trips);
-- ``ray``: starts Ray or trains (the old ``slow`` marker, which stays its alias).
+- ``ray``: starts Ray or trains (the old ``slow`` marker, which stays its alias);
+- ``cluster``: runs against the real Kubernetes control plane (tests/cluster/plane.py; its
+  session fixture ``plane`` starts it once, after scripts/build-control-plane.sh built it).
 
 Nobody marks ``unit``: :func:`tier_of` reads it off the test at collection, from an explicit
 marker (``slow``/``ray``, ``synth``, ``subprocess``: for what it cannot see), the Ray-starting
@@ -34,11 +36,14 @@ from typing import Iterator
 
 import pytest
 
-TIERS = ("unit", "subprocess", "synth", "ray")
+TIERS = ("unit", "subprocess", "synth", "ray", "cluster")
 """Cheapest first; each is a pytest marker (pyproject.toml) and a make target (``make test-<tier>``)."""
 
 RAY_FIXTURES = ("ray_cluster", "local_run")
 """Session fixtures that start Ray (tests/conftest.py)."""
+
+CLUSTER_FIXTURES = ("plane",)
+"""The session fixture that starts the control plane (tests/cluster/conftest.py)."""
 
 ALIASES = {"slow": "ray"}
 """Markers of the same tier: ``slow`` is what ``-m "not slow"`` has always skipped."""
@@ -195,6 +200,8 @@ def tier_of(item: pytest.Item) -> str:
     names = getattr(item, "fixturenames", ())
     if set(RAY_FIXTURES) & set(names):
         found.append("ray")
+    if set(CLUSTER_FIXTURES) & set(names):
+        found.append("cluster")
     seen: set = set()
     if getattr(item, "function", None) is not None:
         found.append(_function_tier(item.function, seen, True))

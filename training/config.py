@@ -28,6 +28,7 @@ from training.config_checks import JobConfigError, one_of
 from training.config_sections import (AcceptConfig, CheckpointConfig, DataConfig, EvalConfig, EvidenceConfig,
                                       ModelConfig, NetcheckConfig, OptimConfig, ParallelConfig, RayJobConfig,
                                       TrackingConfig, TrainConfig, WorldSize)
+from training.model_config import seq_len_problem
 from training.storage import RunStorage
 
 JOB_KINDS = ("train", "netcheck")
@@ -76,9 +77,8 @@ class JobConfig:
             raise FieldError("name", self.name, "is not a lower-case DNS label of at most 40 characters")
         one_of(self, "kind", JOB_KINDS)
         t, p, k = self.train, self.parallel, self.checkpoint
-        limit = self.model.known_max_positions
-        if limit and t.seq_len > limit:
-            raise FieldError("train.seq_len", t.seq_len, f"exceeds the model's max_position_embeddings ({limit})")
+        if problem := seq_len_problem(t.seq_len, self.model.known_max_positions or None):
+            raise FieldError("train.seq_len", t.seq_len, problem)
         if p.strategy == "hybrid_shard" and self.num_nodes < 2 and p.sized:
             raise FieldError("parallel.strategy", p.strategy,
                              f"needs >= 2 nodes (num_workers {p.num_workers} / workers_per_node {p.workers_per_node} = "
@@ -103,6 +103,12 @@ class JobConfig:
             raise FieldError("parallel.grad_reduce_dtype", p.grad_reduce_dtype,
                              f"with {p.strategy} and {self.grad_accum_steps} micro batches per step would sum the "
                              "micro batches in bf16, not fp32 (use float32, or full_shard)")
+        if p.grad_reduce_dtype == "bfloat16" and p.accumulation == "local" and p.sized and self.grad_accum_steps > 1:
+            # FSDP2 keeps the unsharded gradient in the reduce dtype between micro batches
+            # (torch 2.13 _fsdp_param.py to_accumulated_grad_if_needed): the sum would be bf16.
+            raise FieldError("parallel.grad_reduce_dtype", p.grad_reduce_dtype,
+                             f"with parallel.accumulation = 'local' and {self.grad_accum_steps} micro batches per step "
+                             "would sum the unsharded gradients in bf16, not fp32 (use float32)")
         if k.storage_path and not RunStorage(k.storage_path).shared and p.use_gpu and self.num_nodes > 1:
             raise FieldError("checkpoint.storage_path", k.storage_path,
                              f"is a local directory but the job spans {self.num_nodes} nodes (use s3://bucket/prefix, "

@@ -29,6 +29,15 @@ TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
 """What ``torch.manual_seed`` accepts (torch 2.13 torch/random.py: "must be within the inclusive
 range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff]"; outside, a RuntimeError in the workers)."""
 REDUCE_DTYPES = ("float32", "bfloat16")
+ACCUMULATIONS = ("sharded", "local")
+"""``parallel.accumulation``: gradients reduce-scattered every micro batch, or summed unsharded
+on each rank and reduce-scattered once per step (training/parallel.py ``begin_micro_batch``)."""
+PLAN_MODES = ("as_written", "auto")
+"""``parallel.plan``: run the file's plan, or let the operator CLI's plan search fill every plan
+setting ``parallel.pinned`` does not name (raytrain_eks/planning/plan_search.py)."""
+PLAN_SETTINGS = ("strategy", "accumulation", "activation_checkpointing", "keep_params_gathered", "grad_reduce_dtype",
+                 "cpu_offload", "micro_batch_size")
+"""The settings the plan search chooses (``micro_batch_size`` is ``train.micro_batch_size``)."""
 NO_DECAY_RULES = ("1d", "none")
 """``optim.no_decay``: which parameters AdamW does not decay (training/optim.py)."""
 ADAMW_KERNELS = ("auto", "fused", "foreach", "for_loop")

@@ -16,7 +16,7 @@ from spec_schema import FieldError
 from training.config_checks import (
     ADAMW_KERNELS, BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, LR_SCHEDULES, NO_DECAY_RULES, ON_EXISTING_RUN,
     OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES, TORCH_SEED_RANGE, TRANSPORTS, one_of, positive, s3_problem,
-    tracking_uri_problem,
+    tracking_uri_problem, ACCUMULATIONS, PLAN_MODES, PLAN_SETTINGS,
 )
 from training import contract
 from training.model_config import check_config_keys, max_positions
@@ -230,10 +230,31 @@ class ParallelConfig:
     bytes on the network; the master weights and AdamW stay fp32). ``bfloat16`` only with
     full_shard or without accumulation: hybrid_shard and no_shard would sum the micro batches in
     bf16 (refused)."""
+    accumulation: str = "sharded"
+    """Gradient accumulation over micro batches: ``sharded`` reduce-scatters every micro batch
+    (no unsharded gradient outlives a block's backward); ``local`` sums each rank's unsharded
+    fp32 gradient and reduce-scatters once per step (1/micro-batches of the gradient traffic, at
+    the memory of one unsharded fp32 gradient of the trained parameters). Only with the
+    float32 reduce dtype when a step has more than one micro batch."""
+    plan: str = "as_written"
+    """``as_written``: the settings in this file are the plan. ``auto``: the operator CLI's plan
+    search (``raytrain-eks preflight`` shows it) picks the plan that is fastest at the slow end
+    of its predicted range and fits, and submit runs it; the settings ``pinned`` names stay as
+    written."""
+    pinned: tuple[str, ...] = ()
+    """With ``plan = "auto"``: the plan settings the search must keep as written (any of
+    strategy, accumulation, activation_checkpointing, keep_params_gathered, grad_reduce_dtype,
+    cpu_offload, micro_batch_size)."""
 
     def __post_init__(self) -> None:
         one_of(self, "strategy", STRATEGIES)
         one_of(self, "grad_reduce_dtype", REDUCE_DTYPES)
+        one_of(self, "accumulation", ACCUMULATIONS)
+        one_of(self, "plan", PLAN_MODES)
+        object.__setattr__(self, "pinned", tuple(self.pinned))
+        for name in self.pinned:
+            if name not in PLAN_SETTINGS:
+                raise FieldError("pinned", name, f"is not a plan setting (allowed: {', '.join(PLAN_SETTINGS)})")
         positive(self, "num_workers", allow_zero=True)
         positive(self, "workers_per_node", "cpus_per_worker")
         positive(self, "min_nodes", allow_zero=True)
@@ -282,6 +303,11 @@ class WorldSize:
             parallel |= {"num_workers": self.num_workers, "workers_per_node": self.workers_per_node}
 
 
+MIN_CHECKPOINT_MINUTES = 1.0
+"""The shortest ``checkpoint.every_minutes``: the snapshot stalls the loop and the upload queue
+holds two at most (training/checkpointing/manager.py), so a shorter cadence only skips saves."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointConfig:
     storage_path: str = ""
@@ -292,6 +318,10 @@ class CheckpointConfig:
     """Run name under the storage path; empty = the job name."""
     every_n_steps: int = 0
     """0 = only at the end."""
+    every_minutes: float = 0.0
+    """Also checkpoint once this many minutes of training passed since the last checkpoint, the
+    first that comes of this and ``every_n_steps`` (0 = by steps only): a failure then loses at
+    most about this much, however long a step is."""
     keep_last: int = 2
     """Checkpoints Ray Train keeps in storage (``CheckpointConfig.num_to_keep``); older ones are deleted."""
     on_existing_run: str = "resume"
@@ -307,7 +337,10 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         positive(self, "keep_last", "sigterm_grace_seconds")
-        positive(self, "every_n_steps", "max_failures", allow_zero=True)
+        positive(self, "every_n_steps", "max_failures", "every_minutes", allow_zero=True)
+        if self.every_minutes and self.every_minutes < MIN_CHECKPOINT_MINUTES:
+            raise FieldError("every_minutes", self.every_minutes,
+                             f"must be 0 (by steps only) or >= {MIN_CHECKPOINT_MINUTES:g} (a checkpoint is not free)")
         one_of(self, "on_existing_run", ON_EXISTING_RUN)
         if self.run_name and not re.fullmatch(r"(?a)[A-Za-z0-9][A-Za-z0-9._-]{0,127}", self.run_name):
             raise FieldError("run_name", self.run_name, "may hold only letters, digits, '.', '_' and '-'")

@@ -64,6 +64,12 @@ ENV_SPEC_TEXT = "RAYTRAIN_SPEC_B64"
 one line keeps the manifest's ``runtimeEnvYAML`` a plain block. ``base64 -d`` reads it."""
 ENV_MANIFEST_NAME = "RAYTRAIN_MANIFEST_NAME"
 """The chart (file stem in dist/) of the manifest the pod belongs to, e.g. ``rayjob-local``."""
+ENV_HANG_FLOOR_S = "RAYTRAIN_HANG_FLOOR_S"
+"""Overrides the progress watchdog's floor (training/watchdog.py ``FLOOR_S``): the shortest time
+without a step before a run is declared hung."""
+ENV_HANG_FIRST_STEP_S = "RAYTRAIN_HANG_FIRST_STEP_S"
+"""Overrides the watchdog's bound for an attempt's first step (``FIRST_STEP_S``): model build,
+restore, evaluation before training and the first compile come before it."""
 ENV_NODE_NAME = "RAYTRAIN_NODE_NAME"
 """The Kubernetes node of the pod (downward API ``spec.nodeName``)."""
 ENV_CAPACITY_TYPE = "RAYTRAIN_CAPACITY_TYPE"
@@ -87,6 +93,9 @@ NETCHECK_NAME = "netcheck.json"
 """A netcheck run's record (training/netcheck/__init__.py), beside where run.json would be."""
 TENSORBOARD_DIR = "tensorboard"
 """The run's TensorBoard event files (training/metric_sinks/tensorboard.py); copied out with the run."""
+ADAPTER_SUFFIX = "-adapter"
+"""A LoRA run's peft adapter sits beside its export, ``<export>-adapter`` (``<run>/hf-adapter``:
+training/checkpointing/export.py writes it, raytrain_eks/runs/results.py copies it out whole)."""
 
 # --- metrics.jsonl rows ---------------------------------------------------------------------
 KIND = "kind"
@@ -232,19 +241,7 @@ NOTICE_CHECKPOINT_SECONDS = SPOT_NOTICE_SECONDS - STOP_MARGIN_SECONDS
 """What a checkpoint may take and still fit the notice: ``checkpoint.sigterm_grace_seconds``'s
 default, so the worker pods' stop wait (grace + margin) equals the notice."""
 
-# --- incidents: a fault the run lived through, in run.json ``incidents`` ---------------------
-INCIDENTS = "incidents"
-INCIDENT_FIELDS = ("kind", "time", "rank", "node", "saved", "resumed_from_step", "steps_lost", "gpu_minutes_lost")
-"""One incident: ``kind`` (:data:`INCIDENT_KINDS`), ``time`` (ISO, UTC, when it struck), ``rank``
-(the first rank it took), ``node`` (the Ray node id), ``saved`` (the step checkpointed on its
-notice, None without one), ``resumed_from_step``, ``steps_lost`` (steps trained after the
-checkpoint resumed from, done again), ``gpu_minutes_lost`` (devices x minutes not training:
-the gap until the run went on, plus the steps done again)."""
-INCIDENT_PREEMPTION = "preemption"
-"""A node the run used was drained with a notice (a spot reclaim, an eviction)."""
-INCIDENT_NODE_LOST = "node_lost"
-"""A node the run used went away without a notice (killed whole)."""
-INCIDENT_KINDS = (INCIDENT_PREEMPTION, INCIDENT_NODE_LOST)
+# --- attempts and cost (training/attempts.py); the incidents themselves: training/incidents.py ---
 ATTEMPTS_DIR = "attempts"
 """Under a run: one small JSON per worker-group start and per notice, written by rank 0 (the
 driver does not see Ray Train's restarts); the driver turns them into ``incidents``."""
@@ -263,8 +260,8 @@ RECORD_FIELDS = (
     "verdict", "definitions", "exports",
     "netcheck",  # the network measured before training (netcheck.run_first): verdict, figures, uri; else None
     "exposed_comm",  # the step's exposed communication, and how it is known (EXPOSED_COMM_LABELS)
-    "incidents",  # faults the run lived through (INCIDENT_FIELDS)
-    "attempts",  # each worker-group start: time, world size, nodes, step resumed from
+    "incidents",  # INCIDENTS: every hang, worker or node loss, failed health check, preemption (training/incidents.py)
+    "attempts",  # each worker-group start: time, world size, nodes, step resumed from (training/attempts.py)
     "cost",  # node-hours, price, cost per 1M tokens (COST)
 )
 """Every top-level key a finished run.json holds."""
@@ -288,12 +285,23 @@ Rank 0 returns them with its summary; the driver, run.json's only writer, merges
 WORKER_FACTS = "facts"
 """Key of :data:`WORKER_RECORD_FIELDS` in the summary rank 0 returns (``Result.return_value``);
 never written to metrics.jsonl."""
+INCIDENTS = "incidents"
+"""run.json: the list of what went wrong during the run and what it cost (training/incidents.py
+:func:`~training.incidents.incident`); the verdict counts them, ``report`` and ``runs`` show them."""
 RECORD_STATUSES = ("running", "succeeded", "failed", "stopped")
 FAILURE = "failure"
 """run.json: where a failed run failed, e.g. ``{"stage": "data", "rank": 0, "error_class": "DataError"}``."""
 FAILURE_STAGE = "stage"
 STAGE_DATA = "data"
 """The data could not be read or parsed (a deterministic user error: never retried)."""
+STAGE_STOPPED = "stopped"
+"""A run stopped on purpose where nothing else sends SIGTERM (a local run: ``raytrain-eks stop``,
+or its submit ended): no infrastructure fault, and nothing to resume."""
+STORAGE_LIVES_FOR_ONE_SUBMIT_ENV = "RAYTRAIN_STORAGE_LIVES_FOR_ONE_SUBMIT"
+"""Set (``1``) by the local backend (raytrain_eks/backends/local.py): the run's storage (moto's S3
+in memory) and its Ray head end with the submit, so a stopped run cannot be resumed."""
+STORAGE_LIVES_FOR_ONE_SUBMIT = "storage_lives_for_one_submit"
+"""run.json: True for such a run (training/launch.py records it; training/verdict.py reads it)."""
 
 
 # --- the five hashes of a run: run.json key -> what it is the hash of ------------------------
@@ -416,7 +424,8 @@ def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS,
 
     ``jobs`` (default ``root/jobs``) is the folder that travels as ``jobs/``: the chart tests pack
     fixture copies there, so an edit of a shipped job changes none of their inputs.
-    Hidden entries, ``__pycache__`` and compiled files stay behind; a missing folder is an error
+    Hidden entries, ``__pycache__``, compiled files and symbolic links stay behind (a folder
+    reached through a link is not walked: ``os.walk`` does not follow links); a missing folder is an error
     (an archive without it could not run)."""
     root = Path(root)
     found = []
@@ -428,7 +437,9 @@ def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS,
             dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
             for filename in filenames:
                 path = Path(dirpath, filename)
-                if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES) or not path.is_file():
+                # A symbolic link would carry its target, wherever it points, into the archive.
+                if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES) or path.is_symlink() \
+                        or not path.is_file():
                     continue
                 found.append((f"{top}/{path.relative_to(base).as_posix()}", path))
     return sorted(found)

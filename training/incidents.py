@@ -1,213 +1,131 @@
-"""What a run lived through and what it cost: attempts, incidents, node-hours and price.
+"""Incidents: what went wrong during a run, where, what was saved and what it cost.
 
-The driver is run.json's only writer, but it does not see Ray Train's restarts (a lost node, a
-drain, an elastic resize all happen inside the controller). So rank 0 of every worker group
-leaves a small note in the run's storage, ``<run>/attempts/``:
+Standard library only: the driver appends them to run.json (its only writer), the verdict
+(training/verdict.py) counts them and the operator CLI (``report``, ``runs``) shows them with
+this very code.
 
-- ``start``: when the group started, its size, which Ray node holds which ranks, the step it
-  resumed from, and the last step the run had logged before it (from ``metrics.jsonl``);
-- ``notice``: a node drain's notice, the step checkpointed on it and how long that took.
+One incident per fault, appended once when it is seen and completed when the run is training
+again (:func:`resolved`)::
 
-At the end the driver turns the notes into run.json's ``attempts``, ``incidents`` (the shape
-:data:`training.contract.INCIDENT_FIELDS`) and ``cost`` (:func:`cost_of`). Standard library only.
+    from training import incidents
+    entry = incidents.incident(incidents.HANG, ranks=[1], nodes=["ip-10-0-0-7"], step=30,
+                               detail="no step for 61 s (bound 60 s = max(3 x 0.9 s, floor 60 s))",
+                               saved=["s3://bucket/runs/x/incidents/1-hang/rank-1.txt"])
+    incidents.add(record, entry)                    # appended to run.json, written now
+    incidents.resolved(record, entry, resumed_from_step=20, progress_again_s=74.2,
+                       wall_lost_s=95.0, devices=8, on_gpu=True)
 
-``steps_lost`` is the last step logged before the restart less the step resumed from:
-``metrics.jsonl`` reaches storage every ``train.report_every_n_steps``, so on a node lost
-without notice it is a lower bound by up to that many steps. A checkpoint on notice makes it 0.
+``add`` is the one way in (the spot helper appends its preemptions with it): a record never
+holds an incident the verdict does not count.
 """
 from __future__ import annotations
 
-import json
-import time
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any
 
 from training import contract
 
-NOTE_START = "start"
-NOTE_NOTICE = "notice"
-LOCAL_CAPACITY = "local"
-LOCAL_PRICE_LABEL = "stated: a local machine, no price"
+HANG = "hang"
+"""No rank made progress within the watchdog's bound (training/watchdog.py)."""
+WORKER_LOST = "worker_lost"
+"""A rank's process died (killed, OOM-killed, crashed in native code) on a node that is still up."""
+NODE_LOST = "node_lost"
+"""The node a rank ran on left the cluster (Ray marked it dead)."""
+HEALTH_CHECK = "health_check"
+"""Ray Train's own worker health check timed out (``RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S``)."""
+WORKER_ERROR = "worker_error"
+"""A rank raised an exception; Ray Train restarted the group."""
+PREEMPTION = "preemption"
+"""The node was drained or reclaimed (spot interruption, eviction)."""
+KINDS = (HANG, WORKER_LOST, NODE_LOST, HEALTH_CHECK, WORKER_ERROR, PREEMPTION)
+FIELDS = ("kind", "time", "ranks", "nodes", "step", "detail", "saved", "resumed_from_step", "steps_lost",
+          "progress_again_s", "wall_lost_s", "devices", "gpu_minutes_lost", "device_minutes_lost")
+"""Every key of an incident: ``time`` (ISO, UTC) when it was seen; ``ranks``/``nodes`` that
+failed; ``step`` the furthest step any rank had finished; ``saved`` what was kept for diagnosis
+(URIs); ``resumed_from_step`` the checkpoint step the next attempt restored (None: the run did
+not go on); ``steps_lost`` = ``step`` - ``resumed_from_step``; ``progress_again_s`` from the fault
+being seen to the next attempt's first finished step; ``wall_lost_s`` from the moment the
+resumed step was first finished to that first step again, less one step (the run's time thrown
+away); ``device_minutes_lost`` = ``devices`` x ``wall_lost_s`` / 60, and ``gpu_minutes_lost`` the
+same on a GPU run (0 on CPU: no GPU was held)."""
 
 
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _seconds(when: str | float) -> float:
-    """ISO text (the notes) or epoch seconds (``metrics.jsonl``'s ``time``)."""
-    return float(when) if isinstance(when, (int, float)) else datetime.fromisoformat(when).timestamp()
+def incident(kind: str, *, ranks: list[int] | None = None, nodes: list[str] | None = None, step: int | None = None,
+             detail: str = "", saved: list[str] | None = None, time: str = "") -> dict[str, Any]:
+    """A new incident (not yet resolved: its cost is known once the run trains again)."""
+    if kind not in KINDS:
+        raise ValueError(f"incident kind: {kind!r} is not allowed (allowed: {', '.join(KINDS)})")
+    return {"kind": kind, "time": time or _now(), "ranks": sorted(ranks or []), "nodes": sorted(set(nodes or [])),
+            "step": step, "detail": detail, "saved": list(saved or []), "resumed_from_step": None,
+            "steps_lost": None, "progress_again_s": None, "wall_lost_s": None, "devices": None,
+            "gpu_minutes_lost": None, "device_minutes_lost": None}
 
 
-def notes_dir(run_dir: str) -> str:
-    return f"{run_dir.rstrip('/')}/{contract.ATTEMPTS_DIR}"
+def add(record: Any, entry: dict[str, Any]) -> dict[str, Any]:
+    """Append ``entry`` to the record's incidents and write run.json now; returns the entry."""
+    record.update(**{contract.INCIDENTS: [*(record.data.get(contract.INCIDENTS) or []), entry]})
+    return entry
 
 
-def write_note(run_dir: str, kind: str, data: dict[str, Any]) -> None:
-    """Rank 0: one note (never overwritten: named by its time)."""
-    from training.storage.files import write_json
-
-    write_json(f"{notes_dir(run_dir)}/{time.time_ns()}-{kind}.json", {"note": kind, "time": _iso(time.time()), **data})
-
-
-def read_notes(run_dir: str) -> list[dict[str, Any]]:
-    """Every note of the run, oldest first ([] when none)."""
-    from training.storage import SHARED_SCHEME
-    from training.storage.files import list_files, read_bytes
-
-    try:
-        found = list_files(notes_dir(run_dir).removeprefix(SHARED_SCHEME), (".json",))
-    except FileNotFoundError:
-        return []
-    notes = []
-    for entry in sorted(found, key=lambda f: int(f.uri.rsplit("/", 1)[-1].split("-", 1)[0])):
-        try:
-            notes.append(json.loads(read_bytes(entry.uri)))
-        except (OSError, ValueError):
-            continue  # a note cut off by the node's loss says nothing
-    return notes
+def resolved(record: Any, entry: dict[str, Any], *, resumed_from_step: int | None, progress_again_s: float | None,
+             wall_lost_s: float | None, devices: int, on_gpu: bool) -> dict[str, Any]:
+    """Complete ``entry`` (already added) with where the run went on and what the fault cost; rewrite run.json."""
+    entry["resumed_from_step"] = resumed_from_step
+    if resumed_from_step is not None and isinstance(entry.get("step"), int):
+        entry["steps_lost"] = max(entry["step"] - resumed_from_step, 0)
+    entry["progress_again_s"] = None if progress_again_s is None else round(progress_again_s, 1)
+    entry["wall_lost_s"] = None if wall_lost_s is None else round(max(wall_lost_s, 0.0), 1)
+    entry["devices"] = devices
+    if wall_lost_s is not None:
+        minutes = round(devices * max(wall_lost_s, 0.0) / 60, 2)
+        entry["device_minutes_lost"] = minutes
+        entry["gpu_minutes_lost"] = minutes if on_gpu else 0.0
+    record.update(**{contract.INCIDENTS: list(record.data.get(contract.INCIDENTS) or [])})
+    return entry
 
 
-def last_logged_step(run_dir: str) -> tuple[int, str | None]:
-    """(the highest train step ``metrics.jsonl`` in storage holds, that row's time); (0, None)."""
-    try:
-        text = _read_text(f"{run_dir.rstrip('/')}/{contract.METRICS_NAME}")
-    except OSError:
-        return 0, None
-    best, when = 0, None
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if row.get(contract.KIND) == contract.KIND_TRAIN and int(row.get(contract.STEP, 0)) >= best:
-            best, when = int(row[contract.STEP]), row.get(contract.WALL_TIME)
-    return best, when
+def of_record(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's incidents ([] for a record written before incidents existed)."""
+    found = record.get(contract.INCIDENTS)
+    return [i for i in found if isinstance(i, dict)] if isinstance(found, list) else []
 
 
-def _read_text(uri: str) -> str:
-    from training.storage.files import read_bytes
-
-    return read_bytes(uri).decode("utf-8")
-
-
-def start_note(*, world_size: int, node_ranks: Mapping[str, list[int]], resumed_from_step: int, run_dir: str,
-               environ: Mapping[str, str]) -> dict[str, Any]:
-    """Rank 0's note at a worker group's start: its size and place, and where it starts from."""
-    reached, reached_time = last_logged_step(run_dir)
-    return {"world_size": world_size, "nodes": {node: sorted(ranks) for node, ranks in node_ranks.items()},
-            "resumed_from_step": resumed_from_step, "reached_step": reached, "reached_time": reached_time,
-            "instance_type": environ.get(contract.ENV_INSTANCE_TYPE) or "local",
-            "capacity_type": environ.get(contract.ENV_CAPACITY_TYPE) or LOCAL_CAPACITY}
-
-
-def node_ranks(rank: int, world_size: int, in_ray: bool) -> dict[str, list[int]] | None:
-    """Every rank: which Ray node (its id; the host name outside Ray) holds which ranks, to rank 0
-    (one collective); None on the other ranks."""
-    import socket
-
-    import torch.distributed as dist
-
-    if in_ray:
-        import ray
-
-        mine = ray.get_runtime_context().get_node_id()
+def line(entry: dict[str, Any]) -> str:
+    """One incident in one line: ``hang of rank 1 on node-a at step 30: ...; resumed from step 20,
+    10 steps and 1.5 GPU-minutes lost, training again 74 s after``."""
+    who = f"rank {', '.join(str(r) for r in entry.get('ranks') or []) or '?'}"
+    where = f" on {', '.join(entry['nodes'])}" if entry.get("nodes") else ""
+    at = f" at step {entry['step']}" if entry.get("step") is not None else ""
+    text = f"{entry.get('kind', '?')} of {who}{where}{at}"
+    if entry.get("detail"):
+        text += f": {entry['detail']}"
+    if entry.get("resumed_from_step") is not None:
+        text += f"; resumed from step {entry['resumed_from_step']}"
+        if entry.get("steps_lost") is not None:
+            text += f", {entry['steps_lost']} steps lost"
+        if entry.get("gpu_minutes_lost"):
+            text += f", {entry['gpu_minutes_lost']} GPU-minutes lost"
+        elif entry.get("device_minutes_lost") is not None:
+            text += f", {entry['device_minutes_lost']} worker-minutes lost (CPU run)"
+        if entry.get("progress_again_s") is not None:
+            text += f", training again {entry['progress_again_s']:.0f} s after it was seen"
     else:
-        mine = socket.gethostname()
-    everyone: list[Any] = [mine]
-    if dist.is_available() and dist.is_initialized():
-        everyone = [None] * world_size
-        dist.all_gather_object(everyone, mine)
-    if rank != 0:
-        return None
-    out: dict[str, list[int]] = {}
-    for r, node in enumerate(everyone):
-        out.setdefault(str(node), []).append(r)
-    return out
+        text += "; the run did not go on after it"
+    if entry.get("saved"):
+        text += f"; saved: {', '.join(entry['saved'])}"
+    return text
 
 
-def notice_note(*, step: int, info: Any, seconds: float, world_size: int) -> dict[str, Any]:
-    """Rank 0's note once the checkpoint on a drain notice is committed."""
-    nodes = {str(k): list(v) for k, v in (getattr(info, "preempted_node_to_ranks", None) or {}).items()}
-    return {"saved": step, "nodes": nodes, "deadline_ms": getattr(info, "deadline_ms", None),
-            "checkpoint_s": round(seconds, 3), "world_size": world_size}
-
-
-def _incident(kind: str, *, when: float, rank: int | None, node: str | None, saved: int | None, resumed: int,
-              lost: int, devices_minutes: float) -> dict[str, Any]:
-    fields = dict(zip(contract.INCIDENT_FIELDS, (kind, _iso(when), rank, node, saved, resumed, lost,
-                                                 round(devices_minutes, 3))))
-    return fields
-
-
-def incidents_from(notes: list[dict[str, Any]], *, step_s: float | None) -> tuple[list[dict], list[dict]]:
-    """(run.json ``attempts``, ``incidents``) from the notes. Between two worker groups:
-    a ``preemption`` when a notice came in between, ``node_lost`` when a node of the earlier group
-    is missing from the later one, ``resize`` when the group grew, else ``restart``."""
-    starts = [n for n in notes if n.get("note") == NOTE_START]
-    notices = [n for n in notes if n.get("note") == NOTE_NOTICE]
-    attempts = [{k: n.get(k) for k in ("time", "world_size", "nodes", "resumed_from_step", "instance_type",
-                                       "capacity_type")} for n in starts]
-    incidents = []
-    for before, after in zip(starts, starts[1:]):
-        t0, t1 = _seconds(before["time"]), _seconds(after["time"])
-        notice = next((n for n in notices if t0 <= _seconds(n["time"]) <= t1), None)
-        gone = [node for node in before.get("nodes", {}) if node not in after.get("nodes", {})]
-        resumed = int(after.get("resumed_from_step") or 0)
-        lost = max(0, int(after.get("reached_step") or 0) - resumed)
-        if notice is not None:
-            kind, saved, when = contract.INCIDENT_PREEMPTION, notice.get("saved"), _seconds(notice["time"])
-            gone = list(notice.get("nodes") or {}) or gone
-        else:
-            kind = contract.INCIDENT_NODE_LOST if gone else (
-                "resize" if after.get("world_size", 0) > before.get("world_size", 0) else "restart")
-            saved = None
-            reached_time = after.get("reached_time")
-            when = _seconds(reached_time) if reached_time else t0
-            when = min(max(when, t0), t1)
-        node = gone[0] if gone else None
-        ranks = (before.get("nodes") or {}).get(node) if node else None
-        devices = int(before.get("world_size") or 0)
-        # devices idle from the incident until the next group started, and the steps done again
-        minutes = devices * (max(0.0, t1 - when) + lost * (step_s or 0.0)) / 60
-        incidents.append(_incident(kind, when=when, rank=min(ranks) if ranks else None, node=node, saved=saved,
-                                   resumed=resumed, lost=lost, devices_minutes=minutes))
-    return attempts, incidents
-
-
-def cost_of(attempts: list[dict], *, end: str, tokens: int, incidents: list[dict],
-            environ: Mapping[str, str]) -> dict[str, Any]:
-    """run.json ``cost``: node-hours by instance type and capacity type (each worker group's
-    nodes from its start until the next one's, or the run's end), at the node price the
-    manifest carries (:data:`training.contract.ENV_NODE_PRICE`, the preflight's; a spot price is
-    an estimate) or 0 for a local run, and the cost per 1M tokens trained."""
-    price_text = environ.get(contract.ENV_NODE_PRICE, "")
-    try:
-        price = float(price_text) if price_text else 0.0
-    except ValueError:
-        price = 0.0
-    label = environ.get(contract.ENV_PRICE_LABEL) or (LOCAL_PRICE_LABEL if not price_text else "list price")
-    rows: dict[tuple[str, str], float] = {}
-    ends = [a["time"] for a in attempts[1:]] + [end]
-    for attempt, until in zip(attempts, ends):
-        hours = max(0.0, _seconds(until) - _seconds(attempt["time"])) / 3600 * len(attempt.get("nodes") or {})
-        key = (attempt.get("instance_type") or "local", attempt.get("capacity_type") or LOCAL_CAPACITY)
-        rows[key] = rows.get(key, 0.0) + hours
-    by_type = [{"instance_type": it, "capacity_type": cap, "node_hours": round(h, 6), "usd_per_node_hour": price,
-                "usd": round(h * price, 4), "price": label + (" (estimate)" if cap == "spot" and "estimate" not in label
-                                                             else "")}
-               for (it, cap), h in sorted(rows.items())]
-    total = sum(r["usd"] for r in by_type)
-    return {"node_hours": by_type, "usd": round(total, 4), "tokens": tokens,
-            "usd_per_1m_tokens": round(total / tokens * 1e6, 6) if tokens else None,
-            "estimate": any(r["capacity_type"] == "spot" for r in by_type),
-            "gpu_minutes_lost": round(sum(i.get("gpu_minutes_lost") or 0.0 for i in incidents), 3),
-            "price_label": label}
-
-
-def summarize(run_dir: str, *, end: str, tokens: int, step_s: float | None,
-              environ: Mapping[str, str]) -> dict[str, Any]:
-    """The driver, at the end: run.json's ``attempts``, ``incidents`` and ``cost``."""
-    attempts, incidents = incidents_from(read_notes(run_dir), step_s=step_s)
-    return {"attempts": attempts, contract.INCIDENTS: incidents,
-            contract.COST: cost_of(attempts, end=end, tokens=tokens, incidents=incidents, environ=environ)}
+def summary(found: list[dict[str, Any]]) -> str:
+    """``2 incidents (1 hang, 1 worker_lost)``; ``""`` for none."""
+    if not found:
+        return ""
+    counts: dict[str, int] = {}
+    for entry in found:
+        counts[entry.get("kind", "?")] = counts.get(entry.get("kind", "?"), 0) + 1
+    kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    return f"{len(found)} incident{'s' if len(found) != 1 else ''} ({kinds})"

@@ -13,7 +13,7 @@ import sys
 import uuid
 from typing import Any, Callable, Mapping
 
-from training import contract, metric_sinks, run_logs, verdict
+from training import contract, metric_sinks, run_logs, verdict, watchdog
 from training.config import JobConfig
 from training.deadlines import driver_exit_code, run_time_limit_seconds
 from training.data import one_line, read_data_errors
@@ -126,8 +126,13 @@ def worker_env(job: JobConfig, environ: Mapping[str, str] | None = None) -> dict
     if job.parallel.use_gpu:
         from training.transport import NCCL_LOG_DIR, nccl_debug_env
 
+        from training.watchdog import flight_recorder_env
+
         env.update(nccl_debug_env(NCCL_LOG_DIR, env))
         env.update(allocator_env(environ))
+        # NCCL's flight recorder: its dump on a collective timeout lands in the same node-local
+        # folder, where a hang's probe copies it into <run>/incidents/ (training/watchdog.py).
+        env.update({k: v for k, v in flight_recorder_env(NCCL_LOG_DIR).items() if k not in env})
     return env
 
 
@@ -156,9 +161,10 @@ def connect_ray() -> None:
 
 
 def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: str = "run",
-                  lease: dict[str, Any] | None = None) -> Any:
+                  lease: dict[str, Any] | None = None, callbacks: list[Any] | None = None) -> Any:
     """The TorchTrainer for ``job`` (not started); ``resume_from``: a checkpoint URI for a new run;
-    ``lease``: this attempt's (:meth:`training.checkpointing.Lease.to_dict`), checked by the workers."""
+    ``lease``: this attempt's (:meth:`training.checkpointing.Lease.to_dict`), checked by the workers;
+    ``callbacks``: Ray Train ``UserCallback``s run by its controller (the watchdog's notes)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -193,6 +199,7 @@ def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: st
             checkpoint_config=CheckpointConfig(num_to_keep=job.checkpoint.keep_last),
             worker_runtime_env={"env_vars": worker_env(job)},
             logging_config=ray_train_logging_config(),  # INFO to the log files only
+            callbacks=list(callbacks or []),
         ),
     )
 
@@ -229,6 +236,8 @@ def start_record(job: JobConfig, argv: list[str], where: str = "") -> RunRecord:
     record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
                  cluster=_cluster_shape(job), command=argv,
                  exposed_comm=exposed_comm_handed(job.checkpoint.storage_path, job.run_name))
+    if os.environ.get(contract.STORAGE_LIVES_FOR_ONE_SUBMIT_ENV) == "1":
+        record.update(**{contract.STORAGE_LIVES_FOR_ONE_SUBMIT: True})
     return record
 
 
@@ -264,17 +273,23 @@ def finish_record(record: RunRecord, *, returned: dict[str, Any] | None, error: 
 
 
 def _incidents_and_cost(record: RunRecord, summary: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """run.json's ``attempts``, ``incidents`` and ``cost`` from the workers' notes
-    (training/incidents.py); never fails the record."""
+    """run.json's ``attempts`` and ``cost`` from the workers' notes (training/attempts.py); each
+    drain notice's checkpoint becomes a ``preemption`` incident (training/incidents.py ``add``,
+    the one way in). Never fails the record."""
     from datetime import datetime, timezone
 
-    from training import incidents
+    from training import attempts, incidents
 
     tokens = summary.get(contract.TOKENS_SEEN) or 0
-    step_s = (fields.get("throughput") or {}).get(contract.STEP_TIME_S)
+    on_gpu = bool(((record.data.get("job_config") or {}).get("parallel") or {}).get("use_gpu"))
     try:
-        return incidents.summarize(record.run_dir, end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                   tokens=int(tokens), step_s=step_s, environ=os.environ)
+        found = attempts.summarize(record.run_dir, end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                   on_gpu=on_gpu)
+        for entry in found["preemptions"]:
+            incidents.add(record, entry)
+        cost = attempts.cost_of(found["attempts"], end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                tokens=int(tokens), incidents=incidents.of_record(record.data), environ=os.environ)
+        return {"attempts": found["attempts"], contract.COST: cost}
     except Exception as err:  # noqa: BLE001 - storage hiccup: the record says so
         return {contract.COST: {"error": f"{type(err).__name__}: {err}"}}
 
@@ -354,17 +369,24 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
     heartbeat = checkpointing.keep_renewed(lease) if lease is not None else None
     token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/__init__.py)
     returned, error, data_errors = None, None, []
+    watch = watchdog.Watchdog(run_name=job.run_name, run_dir=run_dir(job), record=record, max_steps=job.train.max_steps,
+                              world_size=job.parallel.num_workers, on_gpu=job.parallel.use_gpu,
+                              eval_every=job.eval.every_n_steps, checkpoint_every=job.checkpoint.every_n_steps,
+                              checkpoint_minutes=job.checkpoint.every_minutes,
+                              stopping=checkpointing.stop_was_requested).start()
     try:
         if before_fit is not None:  # netcheck.run_first: a rejection fails the run (stage transport)
             record.update(netcheck=before_fit(job))
         result = build_trainer(job, resume_from=resume_from, data_error_token=token,
-                               lease=lease.to_dict() if lease is not None else None).fit()
+                               lease=lease.to_dict() if lease is not None else None,
+                               callbacks=[watch.callback()]).fit()
         if getattr(result, "error", None):
             raise result.error
         data_errors = read_data_errors(run_dir(job), token)
         returned = result.return_value  # rank 0's summary and facts (None after a data refusal)
     except Exception as err:  # TrainingFailedError and friends: one line, details in the logs
         error = err
+    watch.stop()  # its last look records the final attempt's errors before the record's last write
     if heartbeat is not None:
         heartbeat.set()
     if limit is not None:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, incidents, metrics, optim, transport
+from training import attempts, contract, evaluation, metrics, optim, transport, watchdog
 from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
 from training.model import build_model, count_targets, export_config, loss_sum
@@ -269,7 +269,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     parallelize(model, mesh, strategy=job.parallel.strategy, on_gpu=on_gpu,
                 activation_checkpointing=job.parallel.activation_checkpointing, compile=job.parallel.compile,
                 keep_gathered=job.parallel.keep_params_gathered, reduce_dtype=job.parallel.grad_reduce_dtype,
-                cpu_offload=job.parallel.cpu_offload)
+                cpu_offload=job.parallel.cpu_offload, accumulation=job.parallel.accumulation)
     optimizer = optim.build_optimizer(model, job.train, job.optim)
     scheduler = optim.build_scheduler(optimizer, job.train, job.optim)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
@@ -289,15 +289,17 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             ckpt_api.install_worker_handler(job.checkpoint.sigterm_grace_seconds, run_name=job.run_name)
         ckpt_api.restore(model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root,
                          resume_from=resume_from, device=device)
-        placed = incidents.node_ranks(ctx.rank, ctx.world_size, ctx.in_ray)
-        if ctx.rank == 0 and ctx.run_dir:  # training/incidents.py: the driver sees no restart
-            incidents.write_note(ctx.run_dir, incidents.NOTE_START, incidents.start_note(
+        if problem := lora_base_problem(model, trainer):
+            return _returned(refuse(problem, ctx), facts)
+        placed = attempts.node_ranks(ctx.rank, ctx.world_size, ctx.in_ray)
+        if ctx.rank == 0 and ctx.run_dir:  # training/attempts.py: the driver sees no restart
+            attempts.write_note(ctx.run_dir, attempts.NOTE_START, attempts.start_note(
                 world_size=ctx.world_size, node_ranks=placed or {}, resumed_from_step=trainer.step,
                 run_dir=ctx.run_dir, environ=os.environ))
 
         def noticed(step: int, info: Any, seconds: float) -> None:
             if ctx.rank == 0 and ctx.run_dir:
-                incidents.write_note(ctx.run_dir, incidents.NOTE_NOTICE, incidents.notice_note(
+                attempts.write_note(ctx.run_dir, attempts.NOTE_NOTICE, attempts.notice_note(
                     step=step, info=info, seconds=seconds, world_size=ctx.world_size))
             # the steps up to the notice, this one included, reach storage before the node goes
             for row in window.close(metrics.peak_memory_gib(on_gpu)):
@@ -308,11 +310,19 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root, run_name=job.run_name,
             every_n_steps=job.checkpoint.every_n_steps, report=ctx.checkpoint_report, device=device,
             model_config=model_config, uploads_in_flight=ctx.uploads_in_flight,
-            lease=ckpt_api.Lease(**lease) if lease else None, on_notice=noticed)
+            lease=ckpt_api.Lease(**lease) if lease else None, every_minutes=job.checkpoint.every_minutes,
+            on_notice=noticed)
+    # Each finished step goes to the driver's progress watchdog (training/watchdog.py); no wait.
+    progress = (watchdog.rank_progress(job.run_name, ctx.rank, trainer.step, ctx.local_dir) if ctx.in_ray
+                else watchdog.Progress(None, ctx.rank, os.getpid()))
 
+    # LoRA (a frozen base): the MFU counts the FLOPs a LoRA step executes; a DTensor's numel()
+    # is its global size
+    frozen = any(not p.requires_grad for p in model.parameters())
     throughput = metrics.ThroughputModel.for_model(
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
-        world_size=ctx.world_size, device=metrics.device_name(on_gpu))
+        world_size=ctx.world_size, device=metrics.device_name(on_gpu),
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad) if frozen else None)
     log = open_metrics(job, ctx)  # metrics.jsonl, Prometheus, ...: training/metric_sinks/
     # The global batch is the job's at every size: an elastic run at fewer workers accumulates
     # more micro batches (training/config.py checked that it divides at every size).
@@ -357,9 +367,10 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         if ckpt is not None:
             with window.overhead(due=ckpt.due(step, max_steps=t.max_steps)):
                 # the checkpoint report carries the loss of the last logged step (no host sync here)
-                stopped = ckpt.step_end(step, {"loss": steps[-1][contract.LOSS] if steps else None},
+                stopped = ckpt.step_end(step, {contract.LOSS: steps[-1][contract.LOSS] if steps else None},
                                         max_steps=t.max_steps)
-        if job.eval.every_n_steps and step % job.eval.every_n_steps == 0 and not last:
+        evaluated = bool(job.eval.every_n_steps and step % job.eval.every_n_steps == 0 and not last)
+        if evaluated:
             with window.overhead():
                 held_out()
         # Ray Train handles reports in order: a metrics-only report after an ASYNC checkpoint
@@ -379,14 +390,15 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                     log.sync()
                     if report_now:
                         ctx.report({k: v for k, v in rows[-1].items() if v is not None})
+        progress.step(step, heavy=evaluated or (ckpt is not None and ckpt.last_saved_step == step))
 
     after = None if stopped else held_out()  # the SIGTERM grace period is for the checkpoint
     figures = evaluation.before_after(before, after)
     if ckpt is not None:
-        ckpt.finish(trainer.step, {"loss": steps[-1]["loss"] if steps else float("nan"), **figures})
+        ckpt.finish(trainer.step, {contract.LOSS: steps[-1][contract.LOSS] if steps else float("nan"), **figures})
         log.checkpoints(ckpt.timings)  # the writes that ended after the last step
-    summary = {"kind": "summary", "steps": trainer.step, "tokens_seen": trainer.tokens_seen,
-               "losses": [e["loss"] for e in steps], "stopped_by_signal": stopped,
+    summary = {contract.KIND: contract.KIND_SUMMARY, "steps": trainer.step, contract.TOKENS_SEEN: trainer.tokens_seen,
+               "losses": [e[contract.LOSS] for e in steps], "stopped_by_signal": stopped,
                "resumed_from": trainer.restored_from, **figures}
     if ckpt is not None and job.checkpoint.export_hf and not stopped:
         from training.checkpointing.export import export_on_workers
@@ -404,6 +416,27 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         ctx.report({"step": trainer.step, "stopped_by_signal": stopped,
                     **{k: v for k, v in figures.items() if v is not None}})
     return _returned(summary, facts)
+
+
+LORA_BASE_HASH = "lora_base_hash"
+"""The trainer state's record of the frozen base a LoRA run started with (lora.base_hash)."""
+
+
+def lora_base_problem(model: torch.nn.Module, trainer: Any) -> str | None:
+    """Why a LoRA run may not continue on this base: a resume whose frozen base differs from the
+    one its adapters were trained against (the checkpoints hold the adapters only). Records the
+    base's hash in the trainer state (saved with every checkpoint) otherwise."""
+    from training.model_transforms.lora import lora_settings
+
+    current = (lora_settings(model) or {}).get("base_hash")
+    if not current:
+        return None
+    started = trainer.extra.get(LORA_BASE_HASH)
+    if trainer.restored_from and started and started != current:
+        return (f"resume refused: the frozen base model differs from the one this LoRA run started with (sha256 "
+                f"{started[:12]}, now {current[:12]}); resume with the same model.path, or start a new run")
+    trainer.extra[LORA_BASE_HASH] = current
+    return None
 
 
 def refuse(reason: str, ctx: WorkerContext) -> dict[str, Any]:

@@ -86,11 +86,16 @@ class ThroughputModel:
 
     @classmethod
     def for_model(cls, hf_config: Any, *, seq_len: int, tokens_per_step: int, world_size: int,
-                  device: str, environ: Mapping[str, str] | None = None) -> "ThroughputModel":
+                  device: str, environ: Mapping[str, str] | None = None,
+                  trainable_params: int | None = None) -> "ThroughputModel":
+        """``trainable_params``: the trained parameters when the base is frozen (LoRA): the FLOPs
+        per token are then the ones a LoRA step executes (no weight gradients of the base,
+        training/flops.py ``lora_training_flops_per_token``), not a full fine-tune's 6N."""
         shapes = flops.ModelShapes.from_hf_config(hf_config)
         peak = None if device == CPU_DEVICE else peak_tflops_from_env(os.environ if environ is None else environ, device)
-        return cls(tokens_per_step=tokens_per_step, world_size=world_size,
-                   flops_per_token=flops.training_flops_per_token(shapes, seq_len), peak_tflops=peak)
+        per_token = (flops.training_flops_per_token(shapes, seq_len) if trainable_params is None
+                     else flops.lora_training_flops_per_token(shapes, seq_len, trainable_params))
+        return cls(tokens_per_step=tokens_per_step, world_size=world_size, flops_per_token=per_token, peak_tflops=peak)
 
     def figures(self, step_time_s: float) -> dict[str, Any]:
         tokens_per_s = self.tokens_per_step / step_time_s

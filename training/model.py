@@ -1,7 +1,7 @@
 """The model: a Hugging Face causal LM from a local directory, an ``s3://`` prefix or a hub id,
 or a randomly initialised one built from a config (tiny models for tests and the local demo).
 
-An ``s3://`` prefix is fetched ONCE per node (training/storage/cache.py's ``fetch_prefix``: the
+An ``s3://`` prefix is fetched ONCE per node (training/storage/files.py's ``fetch_prefix``: the
 first process takes a node-local lock and downloads, the others wait and reuse the copy).
 Parameters (the optimizer's master copy) are float32 unless ``model.dtype`` says otherwise; on
 GPU, FSDP's MixedPrecisionPolicy computes in bfloat16 (training/parallel.py). Pure bfloat16
@@ -72,7 +72,7 @@ def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
 def resolve_model_path(path: str) -> str:
     """A local directory stays; ``s3://`` is fetched once per node; anything else is a hub id."""
     if path.startswith(S3_SCHEME):
-        from training.storage.cache import fetch_prefix  # one download per node (a node-local lock)
+        from training.storage.files import fetch_prefix  # one download per node (a node-local lock)
 
         return str(fetch_prefix(path))
     return path

@@ -147,12 +147,19 @@ def max_positions(model_config: Mapping[str, Any]) -> int | None:
     return int(value) if value else None
 
 
-def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "job config") -> None:
-    """Refuse a sequence length beyond the model's own ``max_position_embeddings``."""
-    limit = max_positions(model_config)
+def seq_len_problem(seq_len: int, limit: int | None) -> str | None:
+    """The rule "seq_len <= the model's max positions", in its one text: why ``seq_len`` is
+    refused by a model of ``limit`` positions (None: unknown, nothing to check), or None."""
     if limit is not None and seq_len > limit:
-        raise ModelConfigError(
-            f"{source}: train.seq_len: {seq_len} exceeds the model's max_position_embeddings ({limit})")
+        return f"exceeds the model's max_position_embeddings ({limit})"
+    return None
+
+
+def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "job config") -> None:
+    """Refuse a sequence length beyond the model's own ``max_position_embeddings`` (the worker's
+    check, once the model's config is loaded; the job config applies the same rule first)."""
+    if problem := seq_len_problem(seq_len, max_positions(model_config)):
+        raise ModelConfigError(f"{source}: train.seq_len: {seq_len} {problem}")
 
 
 _HUB_ID = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)
@@ -202,4 +209,27 @@ def check_model(job: Any, *, read_s3: bool = True, local_tokenizer: bool = True)
                                    f"hub id ({problem}): give a model directory, an s3:// prefix or a hub id (org/name)")
         return f"{path}: a hub id (checked by the workers once downloaded)"
     check_seq_len(job.train.seq_len, model_config, source=job.source)
+    if "://" not in path and (missing := missing_model_files(Path(path), tokenizer_here=not tokenizer)):
+        raise ModelConfigError(f"{job.source}: model.path: {path!r} holds config.json but no {' and no '.join(missing)}: "
+                               "give the folder save_pretrained wrote (weights, config, tokenizer), or set "
+                               "model.tokenizer to a tokenizer directory")
     return f"{path}/config.json read (max_position_embeddings {max_positions(model_config)})"
+
+
+WEIGHT_PATTERNS = ("*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin")
+"""What ``from_pretrained`` loads weights from (transformers 5.13 ``modeling_utils.py``: the
+safetensors file or its index, else the PyTorch pickles)."""
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",))
+"""What ``AutoTokenizer.from_pretrained`` builds a tokenizer from: the fast tokenizer's file, a
+BPE's vocabulary and merges, or a SentencePiece model."""
+
+
+def missing_model_files(folder: Path, *, tokenizer_here: bool) -> list[str]:
+    """What a local model folder lacks for the job to load it (weights; the tokenizer when the job
+    takes it from the model folder): the run would fail only after its workers started."""
+    missing = []
+    if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+        missing.append(f"weights ({', '.join(WEIGHT_PATTERNS)})")
+    if tokenizer_here and not any(all((folder / name).is_file() for name in files) for files in TOKENIZER_FILES):
+        missing.append("tokenizer (tokenizer.json, or vocab.json + merges.txt, or tokenizer.model)")
+    return missing

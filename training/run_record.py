@@ -199,6 +199,7 @@ class RunRecord:
             "environment_spec": {"text": spec_text(env)},  # its hash: spec_hash (contract.HASHES)
             "inputs": {}, "ranks": [], "nccl_logs": [], "reproducibility": {}, "verdict": None,
             "netcheck": None,
+            contract.INCIDENTS: [],  # training/incidents.py: appended as faults are seen
             "exposed_comm": exposed_comm or exposed_comm_handed("", ""),
             # worker groups, faults and cost: the driver fills them at the end (training/incidents.py)
             "attempts": [], contract.INCIDENTS: [], contract.COST: {},

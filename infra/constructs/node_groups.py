@@ -292,6 +292,11 @@ class GpuNodeGroup(Construct):
                 version=self.launch_template.attr_latest_version_number),
             # One node at a time (EKS requires a maximum unavailable beside the strategy).
             max_unavailable=1,
+            # NodeRepairConfig {Enabled: true}: EKS replaces a node the node monitoring agent
+            # (the eks-node-monitoring-agent add-on, infra/constructs/cluster_addons.py) reports
+            # unhealthy (an XID 79 GPU fallen off the bus, a failed NVLink, a kernel hang), so the
+            # next attempt of a run does not land on it again, without a person.
+            enable_node_auto_repair=True,
         )
         cfn = self.nodegroup.node.default_child
         cfn.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)

@@ -16,7 +16,8 @@ reduction, AdamW. Terms, in bytes per GPU:
 * **accumulation** (sharded strategies with ``grad_accum_steps > 1``): every micro-batch
   reduce-scatters into the sharded gradient (training/parallel.py), so nothing beyond the
   working set, unless ``parallel.keep_params_gathered``: then every unit stays gathered from the
-  first forward to the last backward, ``P x c``;
+  first forward to the last backward, ``P x c``; with ``parallel.accumulation = "local"`` every
+  unit's unsharded fp32 gradient sum lives through the step too, ``4 x P`` (trained parameters);
 * **activations** saved for backward, per token and layer, in elements of the compute dtype:
   ``11 h + 4 i + 3 kv`` (two RMSNorms with their fp32 upcast, q/k/v before and after rotary,
   the attention output, SwiGLU's gate, up, SiLU and product; SDPA/flash attention keeps no
@@ -125,7 +126,7 @@ class MemoryEstimate:
         act = "activations (checkpointed)" if self.activation_checkpointing else "activations"
         return [("parameters", self.parameters), ("gradients", self.gradients),
                 ("optimizer (AdamW fp32)", self.optimizer), ("FSDP gathered working set", self.fsdp_working_set),
-                ("accumulation (kept gathered)", self.accumulation),
+                ("accumulation (kept gathered, local sum)", self.accumulation),
                 (act, self.activations), ("logits + loss", self.logits), ("CUDA/NCCL overhead", self.overhead)]
 
 
@@ -187,7 +188,7 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
                     seq_len: int, micro_batch_size: int, activation_checkpointing: bool,
                     param_bytes: int = 4, compute_bytes: int = 2, grad_accum_steps: int = 1,
                     keep_gathered: bool = False, cpu_offload: bool = False,
-                    trainable: int | None = None) -> MemoryEstimate:
+                    trainable: int | None = None, local_accumulation: bool = False) -> MemoryEstimate:
     """Per-GPU memory of one training step at the peak (end of forward / start of backward).
     ``trainable``: the trained parameters when they are not all of them (LoRA's fp32 adapters,
     the rest frozen at ``param_bytes``)."""
@@ -204,6 +205,8 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
         working = (root_params + 2 * layer_params) * compute_bytes + unsharded_grads
         if grad_accum_steps > 1 and keep_gathered:
             accumulation = n * compute_bytes
+        if grad_accum_steps > 1 and local_accumulation:  # every unit's unsharded fp32 gradient sum
+            accumulation += (n if trainable is None else trainable) * 4
     per_token_layer = (11 * h + 4 * i + 3 * kv) * compute_bytes
     full = tokens * shapes.num_layers * per_token_layer
     checkpointed = tokens * shapes.num_layers * h * compute_bytes + tokens * per_token_layer
@@ -234,7 +237,7 @@ def estimate_for_job(job: JobConfig, shapes: ModelShapes, strategy: str | None =
                            activation_checkpointing=p.activation_checkpointing,
                            param_bytes=storage_bytes(job), compute_bytes=compute_bytes(job),
                            grad_accum_steps=job.grad_accum_steps, keep_gathered=p.keep_params_gathered,
-                           cpu_offload=p.cpu_offload,
+                           cpu_offload=p.cpu_offload, local_accumulation=p.accumulation == "local",
                            trainable=None if lora is None else lora_adapter_params(shapes, lora))
 
 

@@ -16,10 +16,12 @@ from typing import Any
 
 from environment.contract import RECORD_IMAGE_RAN
 from training import contract
+from training import incidents
 from training.storage.files import filesystem_for, read_json
 from training.verdict import of_record
 
-COLUMNS = ("run", "started", "image digest", "commit", "job", "verdict", "tokens/s", "eval before -> after", "cost")
+COLUMNS = ("run", "started", "image digest", "commit", "job", "verdict", "incidents", "tokens/s", "eval before -> after",
+           "cost")
 
 
 def cost_text(record: dict[str, Any], per_1m_tokens: bool = False) -> str:
@@ -77,6 +79,7 @@ def row(run_dir: str, record: dict[str, Any]) -> dict[str, Any]:
         "commit": (commit[:12] + ("+dirty" if source.get("git_dirty") is True else "")) if commit else "-",
         "job": (record.get("job_config") or {}).get("name", ""),
         "verdict": verdict.get("verdict") or "none",
+        "incidents": len(incidents.of_record(record)),  # training/incidents.py: hangs, losses, preemptions
         "tokens/s": (record.get("throughput") or {}).get(contract.TOKENS_PER_S),
         "eval before -> after": (_loss(evals.get("before")), _loss(evals.get("after"))),
         "cost": cost_text(record),

@@ -52,6 +52,8 @@ class RunManifests:
     region: str
     """The environment's region (the bucket's)."""
     on_cluster: str = ""
+    cluster_name: str = ""
+    """The EKS cluster's name (a run's Pod Identity association is made there)."""
 
 
 def check_run_name(name: str, flag: str) -> str:
@@ -105,7 +107,8 @@ def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Pa
                         rayjob=files[chart], network_policy=files[NETWORK_POLICY_CHART],
                         code_path=code.path, code_uri=code.uri(env.bucket_name), storage_uri=env.storage_uri,
                         run_uri=RunStorage(env.storage_uri).run(run),
-                        namespace=env.ray.namespace, region=env.cluster.region, on_cluster=target)
+                        namespace=env.ray.namespace, region=env.cluster.region, on_cluster=target,
+                        cluster_name=env.cluster.eks_name)
 
 
 def main(argv: list[str] | None = None) -> int:

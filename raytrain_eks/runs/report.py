@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain_eks.runs.listing import cost_text
-from training import contract
+from training import contract, incidents
 from training.contract import METRICS_NAME, RECORD_NAME
 from training.storage.files import read_bytes, read_json
 
@@ -287,7 +287,7 @@ def predicted_step_text(value: Any) -> str | None:
     if not isinstance(value, dict) or value.get("label") != "predicted" or not value.get("step_s"):
         return None
     (lo, hi), mfu = value["step_s"], value.get("mfu") or []
-    text = f"predicted {lo:.2f}-{hi:.2f} s"
+    text = f"predicted {hi:.2f}-{lo:.2f} s (slow-fast)"
     if mfu:
         text += f", MFU {100 * min(mfu):.1f}-{100 * max(mfu):.1f}%"
     assumed = value.get("assumed")
@@ -304,20 +304,26 @@ def node_hours_text(record: dict[str, Any]) -> str | None:
                      f"${r['usd_per_node_hour']:g}/h ({r['price']})" for r in rows) or None
 
 
-def incidents_text(record: dict[str, Any]) -> str | None:
-    """Each incident as ``kind at step S (saved S', lost N steps, M GPU-min)``."""
-    found = record.get(contract.INCIDENTS) or []
-    if not found:
-        return "none" if contract.COST in record else None
-    lost = (record.get(contract.COST) or {}).get("gpu_minutes_lost")
-    return "; ".join(f"{i['kind']} -> resumed from step {i['resumed_from_step']} (saved "
-                     f"{i['saved'] if i['saved'] is not None else '-'}, {i['steps_lost']} steps lost)"
-                     for i in found) + (f"; {lost:g} GPU-minutes lost" if lost is not None else "")
+def netcheck_summary_text(summary: dict[str, Any] | None) -> str | None:
+    """run.json's ``netcheck`` (a run that measured the network first) as one report cell."""
+    if not summary:
+        return None
+    f = summary.get("figures") or {}
+    parts = [str(summary.get("verdict", "?")).upper(), f"transport {f.get('transport', '?')}"]
+    for key, label, unit in (("inter_busbw_gbs", "inter-node all-reduce busbw", " GB/s"),
+                             ("intra_busbw_gbs", "intra-node", " GB/s")):
+        if f.get(key) is not None:
+            parts.append(f"{label} {f[key]:.2f}{unit}")
+    if f.get("link_ratio") is not None:
+        node = f.get("inter_node_busbw_gbs")
+        parts.append((f"{node:.2f} GB/s through each node's link, " if node is not None else "")
+                     + f"{f['link_ratio']:.0%} of the link")
+    if f.get("efa_over_socket") is not None:
+        parts.append(f"{f['efa_over_socket']:.1f}x sockets")
+    return ", ".join(parts)
 
 
 def _summary_rows(run: Run) -> list[tuple[str, Any]]:
-    from raytrain_eks.runs.netcheck_results import summary_text as netcheck_summary
-
     r, t = run.record, throughput_summary(run)
     before, after = eval_before_after(run)
     cluster = r.get("cluster") or {}
@@ -338,14 +344,14 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("TFLOP/s per device", t[contract.TFLOPS_PER_DEVICE]),
         ("MFU", None if t[contract.MFU] is None else f"{100 * t[contract.MFU]:.2f}%"),
         ("exposed communication", exposed_comm_text(r.get("exposed_comm"))),
-        ("network (netcheck)", netcheck_summary(r.get("netcheck"))),
+        ("network (netcheck)", netcheck_summary_text(r.get("netcheck"))),
         ("step time (s)", t[contract.STEP_TIME_S]),
         ("step time, predicted", predicted_step_text(r.get("exposed_comm"))),
         ("peak memory (GiB)", t[contract.PEAK_MEMORY_GIB]), ("eval loss before", before), ("eval loss after", after),
         ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),
         ("cost", cost_text(r)), ("cost per 1M tokens", cost_text(r, per_1m_tokens=True)),
         ("node-hours", node_hours_text(r)),
-        ("incidents", incidents_text(r)),
+        ("incidents", incidents.summary(incidents.of_record(r)) or "none"),
         ("started", r.get("start_time")), ("error", r.get("error")),
     ]
 
@@ -369,6 +375,11 @@ def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
     for run in runs:
         for note in run.notes:
             lines.append(f"\n> note ({run.name}): {note}")
+    for run in runs:  # what went wrong and what it cost, each fault in full (training/incidents.py)
+        found = incidents.of_record(run.record)
+        if found:
+            lines += ["", f"## Incidents ({run.name}): {incidents.summary(found)}", ""]
+            lines += [f"{n}. {incidents.line(entry)}" for n, entry in enumerate(found, 1)]
     if len(runs) == 2:
         lines += ["", "## Differences between the records", "",
                   "Every leaf of run.json that differs. Inputs and run-time conditions are what can explain a "

@@ -173,6 +173,10 @@ def test_rayjob_clusters_come_from_the_same_builder(default_synth):
             spec["headGroupSpec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 0
             for t in (spec["headGroupSpec"]["template"], worker_group(spec)["template"]):
                 t["metadata"] = {}
+        # each run's pods under a service account named after the run (the long-lived one: the spec's)
+        for spec, account in ((rc, default_synth.env.ray.service_account), (own, job)):
+            for t in (spec["headGroupSpec"]["template"], worker_group(spec)["template"]):
+                assert t["spec"].pop("serviceAccountName") == account
         assert own == rc
 
 

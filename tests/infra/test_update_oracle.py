@@ -5,6 +5,7 @@ prints the whole table."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -256,3 +257,33 @@ def test_destroy_keeps_the_buckets_with_their_policies(baseline):
     kept = {(c.stack, c.type) for c in destroy(baseline) if c.action == "retain"}
     assert {("storage", "AWS::S3::Bucket"), ("storage", "AWS::S3::BucketPolicy")} <= kept
     assert [c for c in destroy(baseline) if c.effect.startswith("PROTECTION")] == []
+
+
+def test_turning_on_node_auto_repair_and_the_monitoring_agent_touches_nothing_running(baseline):
+    """A cluster deployed before node auto repair (main's template: no NodeRepairConfig, no
+    eks-node-monitoring-agent add-on), deployed again with it: each GPU group is updated in
+    place (``NodeRepairConfig`` is not among AWS::EKS::Nodegroup's createOnlyProperties, and
+    EKS applies it through UpdateNodegroupConfig, which replaces no node), the add-on is added,
+    and nothing running is touched."""
+    now = redeploy(default_raw(), baseline)
+    before = copy.deepcopy(now)
+    cluster = before["cluster"]["Resources"]
+    repaired = [k for k, r in cluster.items() if r["Type"] == "AWS::EKS::Nodegroup"
+                and (r["Properties"].get("NodeRepairConfig") or {}).get("Enabled") is True]
+    gpu = [k for k, r in cluster.items() if r["Type"] == "AWS::EKS::Nodegroup"
+           and any(t.get("Key") == "nvidia.com/gpu" for t in r["Properties"].get("Taints") or [])]
+    assert repaired == gpu and gpu  # every GPU group, and only they
+    for key in repaired:
+        del cluster[key]["Properties"]["NodeRepairConfig"]
+    agent = [k for k, r in cluster.items() if r["Type"] == "AWS::EKS::Addon"
+             and r["Properties"]["AddonName"] == "eks-node-monitoring-agent"]
+    assert len(agent) == 1
+    config = json.loads(cluster[agent[0]]["Properties"]["ConfigurationValues"])
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in config["nodeAgent"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in config["dcgmAgent"]["tolerations"]
+    del cluster[agent[0]]
+    changes = diff(before, now)
+    print(table({"node auto repair + monitoring agent": changes}))
+    assert sorted((c.type, c.action) for c in changes) == sorted(
+        [("AWS::EKS::Nodegroup", "update")] * len(gpu) + [("AWS::EKS::Addon", "add")])
+    assert touches_running(changes) == [] and refused(changes) == []

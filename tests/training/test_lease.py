@@ -138,3 +138,18 @@ def test_an_unreadable_lease_is_not_an_absent_one(tmp_path, monkeypatch):
     with pytest.raises(LeaseHeld):
         second.acquire(now=1000.0 + LEASE_TTL_S)  # even an expired-looking run is not taken blind
     assert first.read()["attempt"] == "attempt-a"
+
+
+def test_a_write_based_on_a_stale_read_is_refused(tmp_path):
+    """The compare-and-swap itself (directory storage: flock + sha256 "ETag"): a trainer that read
+    the lease, then lost the race to a writer, writes nothing. Before the fix the lease was
+    written unconditionally and the later writer won."""
+    run = tmp_path / "run"
+    first, second = _lease(run, "a"), _lease(run, "b")
+    first.acquire(now=1000.0)
+    seen, etag = second._fetch()  # b read an expired-looking lease ...
+    first.renew(now=1000.0 + LEASE_TTL_S)  # ... a renewed meanwhile ...
+    assert not second._swap(1000.0 + LEASE_TTL_S, etag)  # ... so b's takeover is refused
+    assert first.read()["attempt"] == "attempt-a" and first.problem() is None
+    third = _lease(run, "c")
+    assert not third._swap(1000.0, None)  # "create only if absent" while one exists

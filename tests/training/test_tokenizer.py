@@ -5,7 +5,7 @@ import json
 import pytest
 from test_data_support import qwen_tokenizer, qwen_tokenizer_dir, s3_put_tree, use_moto
 
-from training.storage.cache import fetch_prefix
+from training.storage.files import fetch_prefix
 from training.data.tokenizer import TokenizerError, document_separator_id, load_tokenizer
 
 # transformers' own Qwen2 tokenization integration test (tests/models/qwen2/test_tokenization_qwen2.py,

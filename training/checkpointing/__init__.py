@@ -61,7 +61,8 @@ from training.checkpointing.export import export_hf, export_latest, export_local
 from training.checkpointing.manager import CheckpointManager, SaveTiming, checkpoint_dir_name, local_checkpoint_root
 from training.checkpointing.restore import ExistingRunError, ResumePlan, plan_resume, restore
 from training.checkpointing.signals import (forward_driver_sigterm, install_worker_handler, request_stop,
-                                            stop_driver_after, stop_requested, time_limit_reached)
+                                            stop_driver_after, stop_requested, stop_was_requested,
+                                            time_limit_reached)
 from training.checkpointing.state import TrainerState
 from training.checkpointing.markers import (MARKER_NAME, completeness_problem, copy_report, find_latest_complete,
                                             is_complete, list_checkpoints)
@@ -71,5 +72,5 @@ __all__ = [
     "checkpoint_dir_name", "completeness_problem", "copy_report", "export_hf", "export_latest",
     "export_local", "export_model", "find_latest_complete", "forward_driver_sigterm", "install_worker_handler",
     "is_complete", "list_checkpoints", "local_checkpoint_root", "plan_resume", "request_stop", "restore",
-    "stop_driver_after", "stop_requested", "time_limit_reached",
+    "stop_driver_after", "stop_requested", "stop_was_requested", "time_limit_reached",
 ]

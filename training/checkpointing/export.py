@@ -173,12 +173,9 @@ def export_on_workers(model: torch.nn.Module, ctx: Any, model_config: dict, job:
     return {contract.EXPORTED: out_uri, contract.EXPORTS: written or {}}
 
 
-ADAPTER_SUFFIX = "-adapter"
-
-
 def adapter_uri(out_uri: str) -> str:
     """Where a LoRA run's peft adapter goes: beside the merged export (``<run>/hf-adapter``)."""
-    return out_uri.rstrip("/") + ADAPTER_SUFFIX
+    return out_uri.rstrip("/") + contract.ADAPTER_SUFFIX
 
 
 def write_peft_adapter(out: Path, adapter: dict, lora: dict, base_model: str) -> None:

@@ -114,9 +114,12 @@ class CheckpointManager:
                  report: ReportFn | None = None, async_save: bool = True,
                  model_config: dict[str, Any] | None = None, device: torch.device | None = None,
                  uploads_in_flight: Callable[[], int] | None = None, lease: Any = None,
-                 on_notice: Callable[[int, Any, float], None] | None = None):
+                 every_minutes: float = 0.0, on_notice: Callable[[int, Any, float], None] | None = None):
         self.model, self.optimizer, self.trainer = model, optimizer, trainer
         self.every_n_steps = every_n_steps
+        self.every_minutes = every_minutes
+        """Also save once this many minutes passed since the last save (0: by steps only)."""
+        self._last_save_at = time.monotonic()
         self.async_save = async_save
         self.model_config = model_config
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -161,12 +164,13 @@ class CheckpointManager:
         Every rank must call it at every step (it runs one small all-reduce): ranks agree on
         whether a SIGTERM arrived anywhere and on when a background write is finished.
         """
-        stop, ready, queued, notice = self._agree()
+        stop, ready, queued, late, notice = self._agree()
         if self._pending is not None and ready:
             self._finalize()
         if notice and not stop and self.notice_step is None:
             self._checkpoint_on_notice(step, metrics)  # holds; Ray Train restarts the workers
-        due = self.every_n_steps > 0 and step % self.every_n_steps == 0
+        # by steps or by time, the first that comes; every rank acts on the agreed answer
+        due = (self.every_n_steps > 0 and step % self.every_n_steps == 0) or late
         final = max_steps is not None and step >= max_steps
         if stop:
             self.stopped_by_signal = True
@@ -216,8 +220,13 @@ class CheckpointManager:
 
     def due(self, step: int, *, max_steps: int | None = None) -> bool:
         """Whether :meth:`step_end` at ``step`` starts a checkpoint (barring a SIGTERM): the loop
-        books that time as checkpoint overhead."""
-        return (self.every_n_steps > 0 and step % self.every_n_steps == 0) or (max_steps is not None and step >= max_steps)
+        books that time as checkpoint overhead. (A checkpoint by time is decided by every rank
+        together inside :meth:`step_end`; here this rank's own clock says whether one is near.)"""
+        return ((self.every_n_steps > 0 and step % self.every_n_steps == 0) or (max_steps is not None and step >= max_steps)
+                or self._late())
+
+    def _late(self) -> bool:
+        return self.every_minutes > 0 and time.monotonic() - self._last_save_at >= self.every_minutes * 60
 
     def finish(self, step: int, metrics: dict[str, Any] | None = None) -> None:
         """Make sure the final step is checkpointed and handed to Ray; blocks until written."""
@@ -238,6 +247,7 @@ class CheckpointManager:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         state = checkpoint_state(self.model, self.optimizer, self.trainer, self.rank)
+        self._last_save_at = time.monotonic()
         timing = SaveTiming(step=step, stall_s=0.0)
         if self.async_save and self.device.type == "cpu":
             # A plain clone is the cheapest snapshot on CPU (DCP's default stager measured ~3x
@@ -340,18 +350,20 @@ class CheckpointManager:
 
     # -- agreement ------------------------------------------------------------------------------
 
-    def _agree(self) -> tuple[bool, bool, int, bool]:
+    def _agree(self) -> tuple[bool, bool, int, bool, bool]:
         """(any rank asked to stop, every rank's write is done, most uploads in flight on a rank,
-        any rank saw a node drain notice)."""
+        a rank's clock says a checkpoint by time is due: clocks differ, the answer may not; any rank
+        saw a node drain notice)."""
         stop = signals.stop_requested()
         notice = signals.preemption_notice() is not None
         busy = self._pending is not None and not self._pending.future.done()
         queued = int(self.uploads_in_flight())
+        late = self._late()
         if not self.distributed:
-            return stop, not busy, queued, notice
-        flags = torch.tensor([int(stop), int(busy), queued, int(notice)], dtype=torch.int32)
+            return stop, not busy, queued, late, notice
+        flags = torch.tensor([int(stop), int(busy), queued, int(late), int(notice)], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._agree_group)
-        return bool(flags[0]), not bool(flags[1]), int(flags[2]), bool(flags[3])
+        return bool(flags[0]), not bool(flags[1]), int(flags[2]), bool(flags[3]), bool(flags[4])
 
 
 class DrainNotFollowed(RuntimeError):

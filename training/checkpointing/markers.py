@@ -127,7 +127,8 @@ def is_complete(folder: str | os.PathLike, *, verify_hashes: bool = True) -> boo
 
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
 LEASE_NAME = "LEASE.json"
-"""The run's writer lease (training/checkpointing/lease.py): on its own, no run yet."""
+"""The run's writer lease (training/checkpointing/lease.py): on its own, no run yet (nor is its
+``LEASE.json.lock``, the lock of a directory's or a shared mount's lease)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,7 +174,7 @@ def run_exists(run: str) -> bool:
         infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False))
     except (FileNotFoundError, OSError):
         return False
-    return any(info.base_name != LEASE_NAME for info in infos)
+    return any(not info.base_name.startswith(LEASE_NAME) for info in infos)  # the lease, its lock
 
 
 def read_remote_marker(checkpoint_uri: str) -> dict[str, Any] | None:

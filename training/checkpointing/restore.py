@@ -187,6 +187,10 @@ def _fetch(source: str, state: dict[str, Any], local: Path) -> str | None:
         if marker is None:
             return f"no readable {MARKER_NAME}"
         entries = {entry["path"]: entry for entry in marker["files"]}
+        # DCP's .metadata is a pickle (torch 2.13 distributed/checkpoint/filesystem.py
+        # read_metadata: pickle.load): its hash is checked BEFORE anything reads it.
+        if problem := _mismatch(local, DCP_METADATA, entries):
+            return problem
         whole, partial = fetch_plan(state, local, {name: entry["size"] for name, entry in entries.items()})
         missing = [name for name in whole + list(partial) if name not in entries]
         if missing:
@@ -194,15 +198,25 @@ def _fetch(source: str, state: dict[str, Any], local: Path) -> str | None:
         files.download_files(source, whole, local)
         for name, spans in partial.items():
             files.download_ranges(source, name, spans, local, size=entries[name]["size"])
-        names = [DCP_METADATA] + whole
+        names = whole
     except (OSError, ValueError) as err:
         return f"cannot download: {err}"
     for name in names:
-        path, entry = local / name, entries[name]
-        if path.stat().st_size != entry["size"]:
-            return f"{name} has {path.stat().st_size} bytes, the marker says {entry['size']}"
-        if sha256_of(path) != entry["sha256"]:
-            return f"{name} has a different sha256 than the marker records"
+        if problem := _mismatch(local, name, entries):
+            return problem
+    return None
+
+
+def _mismatch(local: Path, name: str, entries: dict[str, dict]) -> str | None:
+    """Why ``local/name`` is not the file the marker lists (its writer's size and sha256), or None.
+    The marker lies in the run's own prefix, which only the run's own identity may write."""
+    if name not in entries:
+        return f"{name} is not listed in {MARKER_NAME}"
+    path, entry = local / name, entries[name]
+    if path.stat().st_size != entry["size"]:
+        return f"{name} has {path.stat().st_size} bytes, the marker says {entry['size']}"
+    if sha256_of(path) != entry["sha256"]:
+        return f"{name} has a different sha256 than the marker records"
     return None
 
 

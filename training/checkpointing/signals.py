@@ -37,7 +37,7 @@ _overrun_timer: list[threading.Timer] = []
 
 
 def stop_requested() -> bool:
-    """True once this process was asked to stop (SIGTERM, driver forward, node drain)."""
+    """True once this process was asked to stop (SIGTERM, driver forward)."""
     if _STOP.is_set():
         return True
     ref = _watch.get("ref")
@@ -45,17 +45,24 @@ def stop_requested() -> bool:
         import ray
 
         ready, _ = ray.wait([ref], timeout=0)
-        if ready:
-            try:
-                ray.get(ready[0])
-            except Exception as err:  # noqa: BLE001 - the flag's node went, not a stop
-                # A lost flag (its actor's node gone) is no stop request: stop watching it.
-                log.warning("the driver's stop flag is gone (%s): no longer watched", type(err).__name__)
-                _watch.pop("ref", None)
-            else:
-                log.warning("stop forwarded by the driver")
-                _STOP.set()
+        if ready and _flag_fired(ref):
+            log.warning("stop forwarded by the driver")
+            _STOP.set()
     return _STOP.is_set()
+
+
+def _flag_fired(ref: Any) -> bool:
+    """The driver's flag resolved: True when it was set; a flag actor that DIED (its node lost)
+    resolves its pending ``wait()`` with an error, which is no stop request. The watch is then
+    dropped (the driver's flag is gone with it) instead of stopping every rank."""
+    import ray
+
+    try:
+        return bool(ray.get(ref, timeout=0))
+    except Exception as err:  # noqa: BLE001 - RayActorError and friends: the flag, not the run, is gone
+        log.warning("the driver's stop flag is gone (%s): no stop requested", type(err).__name__)
+        _watch.pop("ref", None)
+        return False
 
 
 def request_stop() -> None:
@@ -176,11 +183,11 @@ def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    # On the driver's own node (the head): a 0-CPU actor may land on any node, and one on a
-    # worker node dies with it (a spot reclaim), which every worker would read as a stop.
-    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-    flag = _stop_flag_class().options(name=_flag_name(run_name), namespace=_NAMESPACE,
-                                      get_if_exists=True, lifetime=None, scheduling_strategy=here).remote()
+    # On the driver's own node: on another node, losing that node killed the flag, and every
+    # rank read its death as a stop (found by tests/e2e/test_chaos.py's lost node).
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    flag = _stop_flag_class().options(name=_flag_name(run_name), namespace=_NAMESPACE, get_if_exists=True,
+                                      lifetime=None, scheduling_strategy=here).remote()
     fired = threading.Event()
 
     def _forward() -> None:
@@ -193,6 +200,13 @@ def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
     _driver["fired"] = fired
     _driver.pop("time_limit", None)  # a new run: its own limit has not fired yet
     return flag
+
+
+def stop_was_requested() -> bool:
+    """True once this driver asked its workers to stop (a SIGTERM, or its own time limit): the
+    progress watchdog stands down while they write their final checkpoint."""
+    fired = _driver.get("fired")
+    return fired is not None and fired.is_set()
 
 
 def time_limit_reached() -> bool:

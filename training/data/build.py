@@ -20,7 +20,7 @@ import numpy as np
 from training.data.packing import pack, split_documents
 from training.data.formats import files_of, read_documents, reads
 from training.data.records import DataError
-from training.storage.cache import cache_root, node_lock
+from training.storage.files import cache_root, node_lock
 from training.data.stream import PackedStream, SyntheticStream, TrainStream, eval_batches_for_rank
 from training.data.tokenize import chat_prompt_and_answer, tokenize_documents
 

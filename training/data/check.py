@@ -130,6 +130,7 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
     if job.eval.exact_match and not docs[0].messages:
         raise DataError(f"{job.source}: eval.exact_match: True needs conversations, but {d.path} holds text "
                         f"documents (data.kind {d.kind!r})")
+    overlong = _overlong(job, docs) if template is not None else None
     if complete:  # conversations with a template not read here: their size is not bounded
         _check_size(job, docs, None if docs[0].messages and template is None else len((template or "").encode("utf-8")))
     size = f"{head_bytes / 1024**2:g} MiB" if head_bytes >= 1024**2 else f"{head_bytes / 1024:g} KiB"
@@ -137,8 +138,37 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
     bad = f", {reader.result.bad_records} bad records to skip" if reader.result.bad_records else ""
     if reader.result.dropped_turns:
         bad += f", {reader.result.dropped_turns} leading assistant turns dropped"
+    if overlong:
+        bad += (f"; warning: {overlong} of {n} conversations are longer than train.seq_len {job.train.seq_len} "
+                f"and will be cut to it (data.overlong = 'truncate'; 'refuse' refuses them, a longer seq_len keeps them)")
     return DataCheck(checked=True, documents=n, files=len(files), complete=complete,
                      summary=f"{d.path}: {n} {d.kind} documents in {len(files)} file(s), {read} bytes {scope}{bad}")
+
+
+def _overlong(job, docs) -> int | None:
+    """How many conversations are longer than ``train.seq_len`` once tokenized as the job
+    tokenizes them (with the separator it appends: training/data/packing.py ``_pack_whole``); with
+    ``data.overlong = "refuse"`` the first one is refused here, naming its file and line, before
+    any worker starts. None: the tokenizer is not a local directory here (the job still applies
+    the policy; run.json counts what it cut)."""
+    import importlib.util
+    from pathlib import Path
+
+    where = tokenizer_location(job.model)
+    if "://" in where or not Path(where).is_dir() or importlib.util.find_spec("transformers") is None:
+        return None
+    from training.data.tokenize import tokenize_documents
+    from training.data.tokenizer import load_tokenizer
+
+    seq_len = job.train.seq_len
+    lengths = [len(t.ids) + 1 for t in tokenize_documents(load_tokenizer(where), docs)]
+    over = [(doc, size) for doc, size in zip(docs, lengths) if size > seq_len]
+    if over and job.data.overlong == "refuse":
+        doc, size = over[0]
+        raise DataError(f"{job.source}: data.path: {doc.source}, line {doc.line}: a conversation of {size - 1} tokens "
+                        f"does not fit train.seq_len = {seq_len} ({len(over)} of {len(docs)} do not; "
+                        "data.overlong = 'refuse'; set 'truncate' or a longer seq_len)")
+    return len(over)
 
 
 def _chat_template(job, kind: str) -> str | None:

@@ -4,7 +4,8 @@
 Each target ``nn.Linear`` (by the last part of its name: ``q_proj``, ``down_proj``...) becomes a
 :class:`LoraLinear`: ``y = base(x) + lora_B(lora_A(dropout(x))) * alpha / rank``, ``lora_A``
 Kaiming-uniform and ``lora_B`` zero so training starts from the base model exactly. Every other
-parameter is frozen and cast to ``base_dtype`` (bf16 halves the frozen weights); the adapters
+parameter is frozen and cast to ``base_dtype`` (bf16 halves the frozen weights; buffers such as the
+rotary ``inv_freq`` keep their dtype); the adapters
 stay float32, so AdamW's state for them is float32 too.
 
 FSDP2 (torch 2.13 ``_fsdp_param_group.py`` ``_init_mp_dtypes``) needs one dtype among a unit's
@@ -100,8 +101,12 @@ def apply(model: Any, options: dict[str, Any]) -> None:
     base_dtype = getattr(torch, opts["base_dtype"])
     for param in model.parameters():
         param.requires_grad_(False)
-    if any(param.dtype != base_dtype for param in model.parameters()):  # a base loaded in it stays as it is
-        model.to(base_dtype)
+    # Parameters only: ``model.to(dtype)`` casts floating BUFFERS too, and the rotary ``inv_freq``
+    # in bf16 is off by up to 3.6e-3 relative (2.4 rad of angle at distance 2047 for Qwen2.5)
+    # while a server loading the export recomputes it in fp32 (transformers 5.13 Qwen2RotaryEmbedding).
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != base_dtype:  # a base loaded in it stays as it is
+            param.data = param.data.to(base_dtype)
     targets = set(opts["targets"])
     found = [(name, module) for name, module in model.named_modules()
              if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets]
@@ -111,7 +116,26 @@ def apply(model: Any, options: dict[str, Any]) -> None:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, LoraLinear(module, opts["rank"], float(opts["alpha"]), float(opts["dropout"])))
-    model._raytrain_lora = {**opts, "target_names": sorted({n.rsplit(".", 1)[-1] for n, _ in found})}
+    model._raytrain_lora = {**opts, "target_names": sorted({n.rsplit(".", 1)[-1] for n, _ in found}),
+                            "base_hash": base_hash(model)}
+
+
+def base_hash(model: Any) -> str:
+    """sha256 over the frozen base's parameters (names, dtypes, shapes, bytes) as the adapters
+    see them: a resume whose base differs from the one the run started with would train the
+    adapters against another model (training/loop.py refuses it)."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        if param.requires_grad:
+            continue
+        tensor = param.detach().contiguous().cpu()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def lora_settings(model: Any) -> dict[str, Any] | None:

@@ -1,8 +1,8 @@
 """The remote-storage room: every reader and writer of run data, inputs and checkpoints goes
 through it. This module is the ONE description of where runs live (standard library only: charts/
 and the CLI import it); :mod:`training.storage.files` is the one file-system factory, the one retry
-policy and the reads, writes, listings and downloads over it; :mod:`training.storage.cache` is the
-node-local download cache (one download per node).
+policy and the reads, writes, listings and downloads over it, with the node-local download cache
+(one download per node).
 
 The storage of a job's runs is taken by the charts (the storage path every job gets), the job
 config (its rules), the launcher (Ray Train's storage) and the CLI readers (a finished run's

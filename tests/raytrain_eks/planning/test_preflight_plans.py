@@ -330,12 +330,23 @@ def test_time_and_cost_use_the_measured_step_where_the_exact_plan_was_measured(c
     assert e["source"] == "measured" and e["step_s"] == step_s and e["hand_step_s"] != step_s
     assert e["run_hours"] == pytest.approx(job.train.max_steps * step_s / 3600)
     assert e["run_usd"] == pytest.approx((e["run_hours"] + e["overhead_h"]) * e["hourly_usd"])
-    assert "time and cost from the measured plan's predicted step" in out
+    assert "time and cost from the measured plan" in out
     assert f"would say {e['hand_step_s']:.2f} s/step" in out
-    assert f"  step             {step_s:.2f} s" in out and f"~{e['run_usd']:.2f} USD at" in out
-    # not measured (the reference plan): the hand model, as stated
+    # every predicted step, run time and cost is shown as its range, slow end first: the step
+    # model's range of the traced micro batch
+    slow, fast = e["step_range"]
+    assert (fast, slow) == tuple(plan.measured["range"]["step_s"]) and slow > fast
+    (usd_slow, usd_fast) = e["run_usd_range"]
+    assert usd_slow == pytest.approx((job.train.max_steps * slow / 3600 + e["overhead_h"]) * e["hourly_usd"])
+    assert f"  step             {slow:.2f}-{fast:.2f} s (slow-fast" in out
+    assert f"~{usd_slow:.2f}-{usd_fast:.2f} USD at" in out
+    # not measured (the reference plan): its range all the same, slow end first (the step model
+    # where its micro batch is traced, with the collectives counted; else the hand model from the
+    # stated MFU down, assumed)
     code, out, err = preflight(capsys)
-    assert code == 0 and "time and cost at MFU 0.30" in out and "measured plan's predicted step" not in out
+    assert code == 0 and "time and cost at MFU 0.30" in out and "measured plan (above)" not in out
+    step_line = next(line for line in out.splitlines() if line.startswith("  step             "))
+    assert "(slow-fast; limited by " in step_line and ("step model" in step_line or "(ASSUMED)" in step_line)
 
 
 def test_the_readmes_model_path_passes_with_its_config_json_in_the_bucket(capsys):
@@ -461,7 +472,10 @@ def test_a_full_fine_tune_that_does_not_fit_is_told_offload_or_lora_and_each_the
     assert 'add [[model.transforms]] name = "lora" (adapters only; ~' in err, err
     code, out, err = preflight(capsys, *SEVEN_B, "--set", 'model.transforms=[{name = "lora"}]')
     assert code == 0 and "PASS  memory" in out and "host memory" not in out, err
-    code, out, err = preflight(capsys, *SEVEN_B, "--set", "parallel.cpu_offload=true")
+    # 200 offloaded steps take ~250 min at the slow end (71 s/step): past the default deadline,
+    # which the deadline check refuses on its own (test_a_run_its_deadline_cannot_hold_...)
+    code, out, err = preflight(capsys, *SEVEN_B, "--set", "parallel.cpu_offload=true",
+                               "--set", "rayjob.active_deadline_minutes=300")
     assert code == 0 and "PASS  memory" in out, err
     assert "PASS  host memory       parallel.cpu_offload keeps parameters, gradients and AdamW state in host memory" in out
     assert "per node (4 workers) of the 160 GiB one worker pod may use (g6.12xlarge); it saves ~" in out
@@ -540,6 +554,25 @@ def test_each_family_job_fits_two_g6_12xlarge_as_shipped(capsys, job):
     # each takes the planner's own advice; the offload job's full shard too: hybrid shard would be
     # faster on the GPU but hold each node's state over 4 GPUs, twice the host memory, past the pod's
     assert "NOTE  strategy" not in out, out
+    assert "PASS  deadline" in out, out
+
+
+def test_a_run_its_deadline_cannot_hold_at_the_slow_end_is_refused_with_the_fix(capsys):
+    """The 7B offload job as it first shipped (1000 steps of 86-143 s): the steps alone are 24-40 h
+    against its 600-minute deadline, which KubeRay never retries (v1.7.0 rayjob_controller.go
+    ``checkBackoffLimitAndUpdateStatusIfNeeded``). The preflight said OK; now it refuses in one
+    line and names the three fixes, computed from the slow end."""
+    job = str(ROOT / "jobs" / "family" / "finetune-qwen2.5-7b-offload.toml")
+    code, out, err = preflight(capsys, "--set", "train.max_steps=1000", job=job)
+    assert code == 2 and "FAIL  deadline" in out and "verdict    REFUSED" in out, out
+    line = err.strip().splitlines()[-1]
+    assert "at the slow end of its predicted step (142.94 s/step" in line, line
+    assert "set train.max_steps <= " in line and "rayjob.active_deadline_minutes >= " in line and "chain" in line
+    most = int(line.split("set train.max_steps <= ")[1].split(",")[0])
+    code, out, _ = preflight(capsys, "--set", f"train.max_steps={most}", job=job)
+    assert code == 0 and "PASS  deadline" in out, out  # the named fix is enough
+    code, out, _ = preflight(capsys, "--set", f"train.max_steps={most + 5}", job=job)
+    assert code == 2 and "FAIL  deadline" in out, out  # and it is the most that fits
 
 
 def test_a_lora_measurement_is_found_only_for_the_same_lora_settings():

@@ -191,7 +191,7 @@ def test_the_predicted_step_sits_beside_the_measured_one_with_what_it_assumed(tm
                               "calibrated": False}
     (run / "run.json").write_text(json.dumps(record))
     text = render_report([str(run)], tmp_path / "out").read_text()
-    row = ("| step time, predicted | predicted 5.69-8.04 s, MFU 17.4-24.5% (raytrain_eks/planning/step_model.py; "
+    row = ("| step time, predicted | predicted 8.04-5.69 s (slow-fast), MFU 17.4-24.5% (raytrain_eks/planning/step_model.py; "
            "assumed: gemm, pcie) |")
     assert row in text and text.index("| step time (s) |") < text.index(row)
     record["exposed_comm"] = {"label": "unknown", "why": "..."}

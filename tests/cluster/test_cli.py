@@ -1,0 +1,95 @@
+"""The CLI's Kubernetes paths (raytrain_eks/backends/eks.py, raytrain_eks/backends/kueue_queue.py)
+against the real API server, with the real kubectl built for the plane: ``submit --no-wait``
+applies the run's NetworkPolicy and RayJob; ``status`` and ``list`` read KubeRay's and Kueue's
+own objects (a second GPU run waits in Kueue's queue behind the first); ``stop`` deletes the
+RayJob through KubeRay's finalizer. What the plane cannot give (a Ray head answering ``ray job
+stop``: nothing runs in KWOK's pods) the CLI reports and goes on, as it does on EKS."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from fixtures_s3 import s3_server  # noqa: F401  (the session's moto S3 server)
+from plane import spec_raw
+from test_queue import condition, workload_of
+from test_manifests import wait_for
+from toml_writer import toml_text
+
+# One xdist worker holds the session's plane: every test of the tier runs there.
+pytestmark = pytest.mark.xdist_group("cluster")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cli(plane, namespace, s3_server, tmp_path, monkeypatch, capsys):  # noqa: F811
+    import boto3
+
+    from raytrain_eks.cli import main
+    from raytrain_eks.runs import commands as run_commands
+
+    env_file = tmp_path / "environment.toml"
+    env_file.write_text(toml_text(spec_raw(namespace.name, f"{namespace.name}-")))
+    client = boto3.client("s3")
+    if namespace.env.bucket_name not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=namespace.env.bucket_name)
+    monkeypatch.setenv("PATH", f"{plane.bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("KUBECONFIG", str(plane.kubeconfig))
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(run_commands, "RUNS_DIR", tmp_path / "local-runs")  # this machine's own local runs stay out
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        argv = [*args, "--env", str(env_file)]
+        if args[0] == "submit":
+            argv += ["--out", str(tmp_path / args[args.index("--name") + 1])]
+        code = main(argv)
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run
+
+
+def test_submit_no_wait_status_list_and_stop_against_the_real_api_server(cli, plane, namespace):
+    ns = namespace.name
+    code, out, err = cli("submit", "jobs/smoke.toml", "--no-wait", "--name", "first")
+    assert code == 0, out + err
+    assert "network policy applied" in out and "RayJob first applied" in out
+    rayjob = plane.get("rayjob", "first", "-n", ns)
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "ray-jobs"
+    wait_for("first admitted", lambda: condition(workload_of(namespace, "first"), "Admitted").get("status") == "True")
+
+    code, out, err = cli("submit", "jobs/smoke.toml", "--no-wait", "--name", "second")
+    assert code == 0, out + err
+    wait_for("second's workload says why it waits",
+             lambda: condition(workload_of(namespace, "second"), "QuotaReserved").get("message"))
+
+    code, out, err = cli("status", "second", "-o", "json")
+    assert code == 0, err
+    status = json.loads(out)
+    assert status["backend"] == "eks", status
+    assert status["queue"].startswith("queued: 1 of 1"), status
+    assert "first (admitted)" in status["queue"], status
+
+    code, out, err = cli("list", "-o", "json")
+    assert code == 0, err
+    rows = {row["run"]: row for row in json.loads(out)}
+    assert rows["first"]["queue"] == "admitted" and rows["second"]["queue"] == "queued 1/1", rows
+    assert rows["first"]["job config"] == "jobs/smoke.toml"
+
+    code, out, err = cli("stop", "first")
+    assert code == 0, out + err
+    assert "stopped first: RayJob deleted" in out
+    assert plane.kubectl("get", "rayjob", "first", "-n", ns, check=False).returncode != 0  # gone
+    # its GPUs are free: Kueue admits the second run now
+    wait_for("second admitted after first stopped",
+             lambda: condition(workload_of(namespace, "second"), "Admitted").get("status") == "True")
+
+
+def test_status_of_a_run_the_cluster_does_not_have_is_refused(cli):
+    code, out, err = cli("status", "nobody")
+    assert code == 2
+    assert "no RayJob 'nobody'" in err
