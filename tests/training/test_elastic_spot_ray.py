@@ -156,7 +156,7 @@ def _node_id(head, port: int) -> str:
 
 
 def _notes(run_dir: Path) -> list[dict]:
-    from training.incidents import read_notes
+    from training.attempts import read_notes
 
     return read_notes(str(run_dir))
 
@@ -190,6 +190,9 @@ def _launch(tmp: Path, head, run: str, min_nodes: int) -> subprocess.Popen:
            # 4 workers' actors took 37 s to start on this shared 2-core machine (Ray's default
            # limit is 60 s, ray/train/v2/_internal/constants.py): room for a busier moment
            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "120",
+           # the two workers are paused on purpose while a node joins: not a hang for the
+           # progress watchdog (training/watchdog.py)
+           "RAYTRAIN_HANG_FLOOR_S": "900",
            "RAYTRAIN_CHECKPOINT_LOCAL_DIR": str(tmp / "scratch")}
     return subprocess.Popen([sys.executable, "-m", "training", "--config", str(job)], cwd=ROOT, env=env,
                             stdout=open(tmp / f"{run}.out", "w"), stderr=subprocess.STDOUT)
@@ -249,18 +252,14 @@ def test_drain_then_lost_node_then_growth_keeps_every_loss(tmp_path):
     record = json.loads((run_dir / "run.json").read_text())
     sizes = [a["world_size"] for a in record["attempts"]]
     assert sizes == [4, 2, 4], sizes
-    kinds = [i["kind"] for i in record["incidents"]]
-    assert kinds == ["preemption", "resize"], record["incidents"]
-    notice, grown = record["incidents"]
+    [notice] = [i for i in record["incidents"] if i["kind"] == "preemption"]
     # the checkpoint on notice is the step the run went on from: no step lost
-    assert notice["saved"] == notice["resumed_from_step"] == record["attempts"][1]["resumed_from_step"]
-    assert notice["steps_lost"] == 0 and notice["node"] not in record["attempts"][1]["nodes"]
-    # a growth restarts from the last checkpoint too: whatever was trained since is done again
-    assert grown["resumed_from_step"] >= notice["saved"] and grown["saved"] is None
-    assert record["cost"]["gpu_minutes_lost"] > 0 and record["cost"]["node_hours"], record["cost"]
+    assert notice["step"] == notice["resumed_from_step"] == record["attempts"][1]["resumed_from_step"]
+    assert notice["steps_lost"] == 0 and not set(notice["nodes"]) & set(record["attempts"][1]["nodes"])
+    assert record["cost"]["node_hours"] and record["cost"]["device_minutes_lost"] > 0, record["cost"]
     want, got = _losses(store / "reference"), _losses(run_dir)
     assert sorted(got) == sorted(want) == list(range(1, MAX_STEPS + 1))
     worst = max(abs(got[s] - want[s]) for s in want)
     print(f"elastic vs reference: worst |loss difference| over {len(want)} steps = {worst:.2e}; "
-          f"attempts {sizes}; incidents {kinds}")
+          f"attempts {sizes}; incidents {[i['kind'] for i in record['incidents']]}")
     assert worst <= LOSS_TOLERANCE

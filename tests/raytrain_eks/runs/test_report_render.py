@@ -211,12 +211,14 @@ def test_the_prediction_handed_to_a_run_carries_its_ranges_and_assumptions():
 
 
 def test_two_runs_show_their_cost_and_cost_per_1m_tokens_side_by_side(tmp_path, capsys):
+    from training import incidents
+
     # an on-demand run and a spot run (its price an estimate) that lived through a reclaim
     a_dir, b_dir = tmp_path / "on-demand", tmp_path / "spot"
     for where, capacity, price, usd, incidents in (
             (a_dir, "on-demand", 4.6, 9.2, []),
-            (b_dir, "spot", 1.84, 4.6, [{"kind": "preemption", "time": "2026-12-05T12:01:00+00:00", "rank": 4,
-                                         "node": "n2", "saved": 8, "resumed_from_step": 8, "steps_lost": 0,
+            (b_dir, "spot", 1.84, 4.6, [{**incidents.incident(incidents.PREEMPTION, ranks=[4, 5, 6, 7], nodes=["n2"],
+                                                              step=8), "resumed_from_step": 8, "steps_lost": 0,
                                          "gpu_minutes_lost": 4.0}])):
         shutil.copytree(RUNS / "efa-full", where)
         record = json.loads((where / "run.json").read_text())
@@ -230,7 +232,7 @@ def test_two_runs_show_their_cost_and_cost_per_1m_tokens_side_by_side(tmp_path, 
     text = render_report([str(a_dir), str(b_dir)], tmp_path / "out").read_text()
     assert "| cost | $9.20 | ~$4.60 est. |" in text
     assert "| cost per 1M tokens | $2.30 | ~$1.15 est. |" in text
-    assert "preemption -> resumed from step 8 (saved 8, 0 steps lost); 4 GPU-minutes lost" in text
+    assert "| incidents | none | 1 incident (1 preemption) |" in text
     # runs: the cost column
     assert main(["runs", str(tmp_path)]) == 0
     out = capsys.readouterr().out
