@@ -209,3 +209,46 @@ def test_the_shipped_pairs_read_as_pairs():
 
     docs = read_documents(str(ROOT / PAIRS), "preference").documents
     assert len(docs) == 240 and all(d.pair and d.pair[1].startswith(" The answer is") for d in docs)
+
+
+def test_dpo_trains_without_dropout_as_trl_does():
+    """TRL 1.16.0 DPOConfig.disable_dropout defaults to True and DPOTrainer.__init__
+    (trl/trainer/dpo_trainer.py:932-935) sets p = 0 on every torch.nn.Dropout of the policy
+    (trl/trainer/utils.py disable_dropout_in_model), LoRA's dropout included. The shipped 7B DPO
+    job sets LoRA dropout 0.05: in train mode two forwards of the same pair must give the same
+    loss, as they do under TRL."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from training import model as forward
+    from training.config import load_job_config
+    from training.model import use_chunked_loss_head, use_packed_attention
+    from training.model_transforms import lora
+    from training.objectives import dpo
+
+    torch.manual_seed(0)
+    config = Qwen2Config(**tiny_qwen2_config(vocab_size=151936, hidden_size=16, intermediate_size=32,
+                                             num_attention_heads=2, num_key_value_heads=1))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    lora.apply(model, {"rank": 4, "alpha": 8, "dropout": 0.5, "base_dtype": "float32"})
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    use_packed_attention(model)
+    use_chunked_loss_head(model)
+    objective = dpo.make(model, load_job_config(ROOT / "jobs" / "local-dpo.toml"), forward)
+    model.train()
+    tokenizer = _tokenizer()
+    from training.data.records import Document
+    from training.data.tokenize import tokenize_documents
+
+    doc = tokenize_documents(tokenizer, [Document(source="t", line=1, pair=("Q: 1+1?\nA:", " 2", " no"))])[0]
+    ids = torch.from_numpy(doc.ids.astype(np.int64))[None]
+    labels = ids.masked_fill(~torch.from_numpy(doc.trained)[None], -100)
+    starts = np.flatnonzero(doc.starts)
+    positions = torch.from_numpy(np.concatenate([np.arange(b - a) for a, b in
+                                                 zip(starts, list(starts[1:]) + [len(doc.ids)])]))[None]
+    batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
+    first, _ = objective.loss(model, batch, torch.device("cpu"))
+    second, _ = objective.loss(model, batch, torch.device("cpu"))
+    assert torch.equal(first, second)
