@@ -252,3 +252,17 @@ def test_dpo_trains_without_dropout_as_trl_does():
     first, _ = objective.loss(model, batch, torch.device("cpu"))
     second, _ = objective.loss(model, batch, torch.device("cpu"))
     assert torch.equal(first, second)
+
+
+def test_a_benchmark_file_mixing_choice_and_generative_questions_is_refused(tmp_path):
+    """lm-eval 0.4.13 gives a task ONE output_type (lm_eval/api/task.py: multiple_choice or
+    generate_until for every doc); a file mixing both was scored by its first line's kind (a
+    generative question sent to the choice scorer with no choices, or a choice index compared as
+    text). One line naming the file, the line and the field."""
+    from training.evaluation import read_task
+
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"question": "1+1?", "choices": ["2", "3"], "answer": 0}\n'
+                    '{"question": "2+2?", "answer": "4"}\n')
+    with pytest.raises(ValueError, match=r"mixed.jsonl, line 2: .*'choices'"):
+        read_task(str(path))
