@@ -247,10 +247,13 @@ def _generate(model: torch.nn.Module, tokenizer: Any, q: Question | None, device
         token = int(model(input_ids=ids).logits[0, -1].argmax())
         if done:
             continue
-        if token in stop_ids or GENERATION_STOP in tokenizer.decode(generated + [token]):
+        if token in stop_ids:
             done = True
             continue
-        generated.append(token)
+        generated.append(token)  # the text before a stop string inside this token is kept (split below)
+        if GENERATION_STOP in tokenizer.decode(generated):
+            done = True
+            continue
         ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=1)
     return tokenizer.decode(generated).split(GENERATION_STOP)[0].strip()
 

@@ -266,3 +266,39 @@ def test_a_benchmark_file_mixing_choice_and_generative_questions_is_refused(tmp_
                     '{"question": "2+2?", "answer": "4"}\n')
     with pytest.raises(ValueError, match=r"mixed.jsonl, line 2: .*'choices'"):
         read_task(str(path))
+
+
+class _Scripted(torch.nn.Module):
+    """Stands in for a causal LM whose greedy continuation is a fixed token list (the stop rule
+    under test reads only the argmax of the last position's logits)."""
+
+    def __init__(self, prompt_len: int, tokens: list[int], vocab: int):
+        super().__init__()
+        self.prompt_len, self.tokens, self.vocab = prompt_len, tokens, vocab
+
+    def forward(self, input_ids):
+        from types import SimpleNamespace
+
+        logits = torch.zeros(1, input_ids.shape[1], self.vocab)
+        logits[0, -1, self.tokens[min(input_ids.shape[1] - self.prompt_len, len(self.tokens) - 1)]] = 1.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_generation_keeps_the_text_before_a_newline_inside_a_token():
+    """lm-eval 0.4.13 HFLM.generate_until (lm_eval/models/huggingface.py:1693-1705) decodes the
+    continuation's tokens and cuts the TEXT at the first stop string (models/utils.py
+    postprocess_generated_text): Qwen2's ".\\n" is one token, so " Paris" + ".\\n" gives
+    " Paris." (then stripped: "Paris."). Dropping the whole token that holds the newline loses
+    the "."."""
+    import torch.distributed as dist
+
+    from training import evaluation
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29731", rank=0, world_size=1)
+    tokenizer = _tokenizer()
+    q = evaluation.Question("Capital of France?", "Paris.")
+    prompt = evaluation.encode_pair(tokenizer, evaluation.BENCHMARK_PROMPT.format(question=q.question), "")[0]
+    model = _Scripted(len(prompt), [12095, 624, 48], len(tokenizer))  # " Paris", ".\n", "Q"
+    text = evaluation._generate(model, tokenizer, q, torch.device("cpu"), max_new_tokens=8, stop_ids=set())
+    assert text == "Paris."
