@@ -77,12 +77,6 @@ class LeaseLost(RuntimeError):
     """This trainer's lease was taken over: it may write nothing more to the run."""
 
 
-def _s3_client() -> Any:
-    import boto3  # in the DLC; only the S3 path needs it
-
-    return boto3.client("s3")
-
-
 def _s3_code(err: Exception) -> str:
     response = getattr(err, "response", None) or {}
     return str(response.get("Error", {}).get("Code", "")) or str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
@@ -110,7 +104,7 @@ class _Store:
 
         for attempt in range(files.READ_TRIES):
             try:
-                got = _s3_client().get_object(Bucket=self.bucket, Key=self.key)
+                got = files.s3_client().get_object(Bucket=self.bucket, Key=self.key)
                 return got["Body"].read(), got["ETag"]
             except ClientError as err:
                 if _s3_code(err) in ("NoSuchKey", "404"):
@@ -132,7 +126,7 @@ class _Store:
 
             condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
             try:
-                return _s3_client().put_object(Bucket=self.bucket, Key=self.key, Body=body, **condition)["ETag"]
+                return files.s3_client().put_object(Bucket=self.bucket, Key=self.key, Body=body, **condition)["ETag"]
             except ClientError as err:
                 if _s3_code(err) in LOST_RACE_CODES:
                     return None
@@ -155,7 +149,7 @@ class _Store:
             from botocore.exceptions import ClientError
 
             try:
-                _s3_client().delete_object(Bucket=self.bucket, Key=self.key, IfMatch=etag)
+                files.s3_client().delete_object(Bucket=self.bucket, Key=self.key, IfMatch=etag)
                 return True
             except ClientError as err:
                 if _s3_code(err) in LOST_RACE_CODES:

@@ -133,11 +133,16 @@ def base_hash(model: Any) -> str:
     import hashlib
 
     import torch
+    from torch._subclasses.fake_tensor import is_fake
 
     digest = hashlib.sha256()
     for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
         if param.requires_grad:
             continue
+        if is_fake(param) or param.is_meta:
+            # A model of shapes only (the preflight's memory measurement under fake tensors, a
+            # meta-device build) has no bytes to hash: no hash, so no resume check, is the answer.
+            return ""
         tensor = param.detach().contiguous().cpu()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())

@@ -94,6 +94,18 @@ def s3_filesystem(bucket: str = ""):
     return fs.S3FileSystem(**kwargs)
 
 
+def s3_client():
+    """A boto3 S3 client for what pyarrow cannot do (a conditional put, object versions), on the
+    same endpoint and retry policy as :func:`s3_filesystem` (botocore's ``standard`` retries,
+    :data:`S3_ATTEMPTS` attempts; boto3 is in the DLC: Ray's runtime-env agent downloads
+    working_dir with it). Credentials and region come from the usual chain."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=_endpoint(),
+                        config=Config(retries={"mode": "standard", "max_attempts": S3_ATTEMPTS}))
+
+
 def filesystem_for(uri: str):
     """The pyarrow file system and the path on it for an ``s3://`` URI, a ``file://`` URI or a
     local path (made absolute)."""
@@ -160,13 +172,10 @@ def _mtime(info) -> float:
 
 def object_versions(uri: str) -> list[dict[str, Any]]:
     """Key, ETag, size and version id of every latest object under an ``s3://`` prefix, by key.
-    boto3 (in the DLC: Ray's runtime-env agent downloads working_dir with it), as pyarrow lists
-    no versions; ListObjectVersions may be denied, then ETags alone (``list_objects_v2``).
+    boto3 (:func:`s3_client`), as pyarrow lists no versions; ListObjectVersions may be denied, then ETags alone (``list_objects_v2``).
     Raises OSError naming both errors when neither listing answers."""
-    import boto3
-
     bucket, _, prefix = uri[len(S3_SCHEME):].partition("/")  # the prefix as given (a trailing / kept)
-    client = boto3.client("s3", endpoint_url=_endpoint())
+    client = s3_client()
     objects = []
     try:
         for page in client.get_paginator("list_object_versions").paginate(Bucket=bucket, Prefix=prefix):
