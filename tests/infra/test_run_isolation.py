@@ -164,3 +164,12 @@ def test_the_inputs_folder_is_one_name_on_both_sides_of_the_layers():
     from training.contract import INPUTS_DIR
 
     assert INPUTS_PREFIX == INPUTS_DIR
+
+
+def test_a_run_named_like_a_smoke_run_never_writes_the_pipeline_evidence(variant):
+    # Run names (raytrain_eks/runs/manifest.py RUN_NAME) admit "smoke-<execution>-<build>": the
+    # session tag then names the smoke run's folder, and the run role's own-folder Allow covers it.
+    prefix = variant.env.storage.prefix
+    for action in WRITE:
+        assert _as_run(variant, "smoke-exec-1", action, f"{prefix}/smoke-exec-1/run.json") == "Deny", action
+        assert _as_run(variant, "smoke-exec-1", action, f"{prefix}/smoke-exec-1/metrics.jsonl") == "Deny", action
