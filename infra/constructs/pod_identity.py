@@ -320,7 +320,10 @@ class SubmitterAccess(Construct):
             iam.PolicyStatement(sid="RunIdentity", actions=["eks:CreatePodIdentityAssociation",
                                                             "eks:ListPodIdentityAssociations"],
                                 resources=[cluster_arn]),
-            iam.PolicyStatement(sid="RemoveRunIdentity", actions=["eks:DeletePodIdentityAssociation"],
+            # Describe: the list's summaries name no role, and a run named like another role's
+            # account must neither borrow nor delete that association.
+            iam.PolicyStatement(sid="RemoveRunIdentity", actions=["eks:DescribePodIdentityAssociation",
+                                                                  "eks:DeletePodIdentityAssociation"],
                                 resources=[stack.format_arn(service="eks", resource="podidentityassociation",
                                                             resource_name=f"{cluster_name}/*")]),
             iam.PolicyStatement(sid="PassRunRole", actions=["iam:PassRole"], resources=[run_role.role_arn],
