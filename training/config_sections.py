@@ -19,6 +19,7 @@ from training.config_checks import (
     TRANSPORTS, benchmark_task, one_of, positive, s3_problem, tracking_uri_problem, ACCUMULATIONS, PLAN_MODES,
     PLAN_SETTINGS,
 )
+from training import contract
 from training.model_config import check_config_keys, max_positions
 from training.storage import storage_problem
 
@@ -212,6 +213,12 @@ class ParallelConfig:
     the first group. The charts and the preflight size the job to it."""
     cpus_per_worker: float = 1.0
     """Ray CPUs each Ray Train worker asks for."""
+    min_nodes: int = 0
+    """Elastic size: the fewest nodes (of ``workers_per_node`` workers each) the job goes on with
+    after a lost node; 0 = a fixed size. The maximum is ``num_workers / workers_per_node``. Ray
+    Train's elastic ``ScalingConfig(num_workers=(min, max))`` resumes on what is left and grows
+    back when nodes return, with the SAME global batch (more micro batches per worker) and data
+    order; the global batch must divide at every size between the bounds."""
     activation_checkpointing: bool = False
     """Recompute each decoder block's activations in the backward (less memory, more compute)."""
     compile: bool = False
@@ -260,6 +267,7 @@ class ParallelConfig:
                 raise FieldError("pinned", name, f"is not a plan setting (allowed: {', '.join(PLAN_SETTINGS)})")
         positive(self, "num_workers", allow_zero=True)
         positive(self, "workers_per_node", "cpus_per_worker")
+        positive(self, "min_nodes", allow_zero=True)
         if not self.use_gpu and not self.num_workers:
             object.__setattr__(self, "num_workers", 1)  # a CPU job's default: the file alone sizes it
         if self.num_workers % self.workers_per_node:
@@ -328,8 +336,9 @@ class CheckpointConfig:
     """Checkpoints Ray Train keeps in storage (``CheckpointConfig.num_to_keep``); older ones are deleted."""
     on_existing_run: str = "resume"
     """``resume`` (default) or ``refuse`` when the run name already exists in storage."""
-    sigterm_grace_seconds: int = 120
-    """Time allowed for the final checkpoint after SIGTERM; pods get this plus a margin."""
+    sigterm_grace_seconds: int = contract.NOTICE_CHECKPOINT_SECONDS
+    """Time allowed for the final checkpoint after SIGTERM; pods get this plus a margin. The
+    default fits EC2's two-minute spot notice (``training/contract.py``)."""
     max_failures: int = 2
     """Worker failures Ray Train recovers from within one run (restarts from the last checkpoint).
     Data errors are deterministic and never retried (training/data/__init__.py)."""

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, metrics, objectives, optim, transport, watchdog
+from training import attempts, contract, evaluation, metrics, objectives, optim, transport, watchdog
 from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
 from training import model as forward_fns
@@ -302,11 +302,27 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                          resume_from=resume_from, device=device)
         if problem := lora_base_problem(model, trainer):
             return _returned(refuse(problem, ctx), facts)
+        placed = attempts.node_ranks(ctx.rank, ctx.world_size, ctx.in_ray)
+        if ctx.rank == 0 and ctx.run_dir:  # training/attempts.py: the driver sees no restart
+            attempts.write_note(ctx.run_dir, attempts.NOTE_START, attempts.start_note(
+                world_size=ctx.world_size, node_ranks=placed or {}, resumed_from_step=trainer.step,
+                run_dir=ctx.run_dir, environ=os.environ))
+
+        def noticed(step: int, info: Any, seconds: float) -> None:
+            if ctx.rank == 0 and ctx.run_dir:
+                attempts.write_note(ctx.run_dir, attempts.NOTE_NOTICE, attempts.notice_note(
+                    step=step, info=info, seconds=seconds, world_size=ctx.world_size))
+            # the steps up to the notice, this one included, reach storage before the node goes
+            for row in window.close(metrics.peak_memory_gib(on_gpu)):
+                log.write(row)
+            log.sync()
+
         ckpt = ckpt_api.CheckpointManager(
             model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root, run_name=job.run_name,
             every_n_steps=job.checkpoint.every_n_steps, report=ctx.checkpoint_report, device=device,
             model_config=model_config, uploads_in_flight=ctx.uploads_in_flight,
-            lease=ckpt_api.Lease(**lease) if lease else None, every_minutes=job.checkpoint.every_minutes)
+            lease=ckpt_api.Lease(**lease) if lease else None, every_minutes=job.checkpoint.every_minutes,
+            on_notice=noticed)
     # Each finished step goes to the driver's progress watchdog (training/watchdog.py); no wait.
     progress = (watchdog.rank_progress(job.run_name, ctx.rank, trainer.step, ctx.local_dir) if ctx.in_ray
                 else watchdog.Progress(None, ctx.rank, os.getpid()))
@@ -319,7 +335,9 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         world_size=ctx.world_size, device=metrics.device_name(on_gpu),
         trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad) if frozen else None)
     log = open_metrics(job, ctx)  # metrics.jsonl, Prometheus, ...: training/metric_sinks/
-    t, accum = job.train, job.grad_accum_steps
+    # The global batch is the job's at every size: an elastic run at fewer workers accumulates
+    # more micro batches (training/config.py checked that it divides at every size).
+    t, accum = job.train, job.accum_steps_at(ctx.world_size)
     steps: list[dict[str, Any]] = []
 
     def held_out() -> dict[str, Any] | None:

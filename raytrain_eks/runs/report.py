@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raytrain_eks.runs.listing import cost_text
 from training import contract, incidents
 from training.contract import METRICS_NAME, RECORD_NAME
 from training.storage.files import read_bytes, read_json
@@ -48,9 +49,9 @@ PLOTS = (  # file stem, metric key, y label
     ("tokens_per_s", contract.TOKENS_PER_S, "tokens/s (all devices)"),
     ("mfu", contract.MFU, "MFU"),
 )
-RUNTIME = ("transport", "hosts", "ranks", "nccl_logs")
+RUNTIME = ("transport", "hosts", "ranks", "nccl_logs", "attempts", "incidents")
 OUTCOMES = ("status", "exit_code", "error", "throughput", "eval", "checkpoints", "duration_s", "verdict", "failure",
-            "reproducibility")
+            "reproducibility", "cost")
 IDENTITY = ("run_dir", "start_time", "end_time")
 
 
@@ -296,6 +297,13 @@ def predicted_step_text(value: Any) -> str | None:
     return f"{text} (raytrain_eks/planning/step_model.py; {basis})"
 
 
+def node_hours_text(record: dict[str, Any]) -> str | None:
+    """``2.000 h g6.12xlarge spot at $1.84/h (spot estimate ...)``, one entry per type and capacity."""
+    rows = (record.get(contract.COST) or {}).get("node_hours") or []
+    return "; ".join(f"{r['node_hours']:.3f} h {r['instance_type']} {r['capacity_type']} at "
+                     f"${r['usd_per_node_hour']:g}/h ({r['price']})" for r in rows) or None
+
+
 def netcheck_summary_text(summary: dict[str, Any] | None) -> str | None:
     """run.json's ``netcheck`` (a run that measured the network first) as one report cell."""
     if not summary:
@@ -343,6 +351,8 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("objective", _objective_text(r.get("objective"))),
         ("reward accuracy before -> after", _rewards_text(r.get("eval") or {})),
         ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),
+        ("cost", cost_text(r)), ("cost per 1M tokens", cost_text(r, per_1m_tokens=True)),
+        ("node-hours", node_hours_text(r)),
         ("incidents", incidents.summary(incidents.of_record(r)) or "none"),
         ("started", r.get("start_time")), ("error", r.get("error")),
     ]

@@ -628,3 +628,47 @@ def test_the_7b_lora_dpo_job_fits_with_the_lora_jobs_memory_and_a_third_more_com
     plain = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct"])
     # a full fine-tune's DPO keeps a frozen copy, sharded like the parameters
     assert estimate_for_job(full, QWEN2_5_7B).reference == estimate_for_job(plain, QWEN2_5_7B).parameters > 0
+
+
+def test_an_elastic_job_is_planned_at_every_size_between_its_bounds(capsys):
+    # min_nodes 1 of 2: the plan at 1 node (4 GPUs, twice the micro batches) and at 2, each
+    # with its memory per GPU and its step; the global batch is the same at both
+    code, out, err = preflight(capsys, "--set", "parallel.min_nodes=1")
+    assert code == 0, err
+    sizes = [line for line in out.splitlines() if "elastic size" in line]
+    assert len(sizes) == 2
+    assert "1 node(s), 4 GPUs, 8 micro batches per GPU" in sizes[0] and "2 node(s), 8 GPUs, 4 micro batches" in sizes[1]
+    memory = [float(line.split(": ~")[1].split(" GiB")[0]) for line in sizes]
+    assert memory[0] > memory[1]  # half the shards: more per GPU
+
+
+def test_an_elastic_size_that_does_not_fit_refuses_the_job_in_one_line(capsys):
+    # Qwen2.5-3B full shard at seq 8192 fits 8 L4s (~18.6 GiB each), not 4 (~24.9): after a
+    # lost node the run could not go on at 1 node
+    fits_at_two = ("--set", "model.path=s3://{bucket}/models/Qwen2.5-3B-Instruct", "--set",
+                   "parallel.activation_checkpointing=true", "--set", "train.seq_len=8192")
+    code, out, err = preflight(capsys, *fits_at_two)
+    assert code == 0, err
+    code, out, err = preflight(capsys, *fits_at_two, "--set", "parallel.min_nodes=1")
+    assert code == 2 and err.count("\n") == 1
+    assert "parallel.min_nodes = 1 allows 1 node(s), 4 GPUs" in err and "raise parallel.min_nodes above 1" in err
+
+
+def test_on_a_spot_group_the_preflight_says_whether_the_checkpoint_fits_the_notice(capsys, tmp_path):
+    import tomllib
+
+    from toml_writer import toml_text
+
+    raw = tomllib.loads(Path(ENV).read_text())
+    raw["gpu_node_groups"][0].update(capacity="spot", instance_types=["g5.12xlarge"])
+    spot = tmp_path / "environment.toml"
+    spot.write_text(toml_text(raw))
+    code = main(["preflight", "--env", str(spot), "--job", REFERENCE, "--dist", "/nonexistent-dist"])
+    out = capsys.readouterr().out
+    assert code == 0
+    [line] = [line for line in out.splitlines() if "spot notice" in line]
+    # Qwen2.5-1.5B full shard over 2 nodes: 1.54 B x 12 bytes / 2 = 9.3 GB per node
+    assert "~9.3 GB per node takes ~46-9 s" in line and "the notice leaves 90 s: it fits" in line
+    # the on-demand spec says nothing of a notice
+    main(["preflight", "--env", ENV, "--job", REFERENCE, "--dist", "/nonexistent-dist"])
+    assert "spot notice" not in capsys.readouterr().out
