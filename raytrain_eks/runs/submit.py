@@ -336,7 +336,8 @@ def _release_identity(manifests) -> None:
 
     if not manifests.on_cluster:
         eks.release_run_identity(eks.eks_api(manifests.region), cluster=manifests.cluster_name,
-                                 namespace=manifests.namespace, run=manifests.run)
+                                 namespace=manifests.namespace, run=manifests.run,
+                                 role=eks.caller_run_role(manifests.cluster_name, manifests.region))
 
 
 def _results(client, manifests, out_dir: Path, ended: str) -> int:
