@@ -236,8 +236,6 @@ def start_record(job: JobConfig, argv: list[str], where: str = "") -> RunRecord:
     record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
                  cluster=_cluster_shape(job), command=argv,
                  exposed_comm=exposed_comm_handed(job.checkpoint.storage_path, job.run_name))
-    if os.environ.get(contract.STORAGE_LIVES_FOR_ONE_SUBMIT_ENV) == "1":
-        record.update(**{contract.STORAGE_LIVES_FOR_ONE_SUBMIT: True})
     return record
 
 
