@@ -164,19 +164,17 @@ def preemptions(notes: list[dict[str, Any]], *, on_gpu: bool) -> list[dict[str, 
 def absorb(existing: list[dict[str, Any]], found: list[dict[str, Any]], notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """run.json's incidents with each preemption in ``found`` added ONCE: the watchdog's incidents
     seen from a notice until the next worker group starts (the drained node's loss, a hang while
-    the group is held) are that drain's consequence, not faults of their own, so the preemption
+    the group is held, the watchdog's own ``preemption`` from Ray's ``preempted`` flag) are that drain's consequence, not faults of their own, so the preemption
     absorbs them (their kind and detail go into its detail; its cost stays the one measured from
     the notice) and they leave the list: one event, one incident, its device-minutes counted once.
     Matched by time, not node name: the notice names Ray node ids, the watchdog Kubernetes node
     names."""
-    from training import incidents
-
     starts = sorted(_seconds(n["time"]) for n in notes if n.get("note") == NOTE_START)
     kept = list(existing)
     for entry in found:
         when = _seconds(entry["time"])
         until = next((t for t in starts if t > when), None)
-        caused = [i for i in kept if i.get("kind") != incidents.PREEMPTION and i.get("time")
+        caused = [i for i in kept if not any(i is f for f in found) and i.get("time")
                   and when <= _seconds(i["time"]) and (until is None or _seconds(i["time"]) <= until)]
         for other in caused:
             entry["detail"] += f"; then seen as {other.get('kind')}: {other.get('detail')}"

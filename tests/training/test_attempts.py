@@ -86,8 +86,12 @@ def test_a_drain_is_one_incident_the_node_loss_after_its_notice_is_folded_into_t
                               detail="node left the cluster", time="2026-12-05T12:01:30+00:00")
     lost.update(resumed_from_step=8, steps_lost=0, wall_lost_s=60.0, devices=4, device_minutes_lost=4.0,
                 gpu_minutes_lost=4.0)
+    # the watchdog may also call a worker's death a preemption (Ray's ``preempted`` flag): the same event
+    flagged = incidents.incident(incidents.PREEMPTION, ranks=[2], nodes=["ip-10-0-0-7"], step=8, detail="preempted",
+                                 time="2026-12-05T12:01:40+00:00")
+    flagged.update(device_minutes_lost=4.0, gpu_minutes_lost=4.0)
     found = attempts.preemptions(notes, on_gpu=True)
-    merged = attempts.absorb([earlier, lost], found, notes)
+    merged = attempts.absorb([earlier, lost, flagged], found, notes)
     assert [i["kind"] for i in merged] == [incidents.HANG, incidents.PREEMPTION]
     assert "node_lost" in merged[1]["detail"] and merged[1]["device_minutes_lost"] == pytest.approx(4.0)
     cost = attempts.cost_of(attempts.attempts_of(notes), end="2026-12-05T12:03:00+00:00", tokens=10,
