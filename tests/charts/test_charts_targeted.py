@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import shlex
 
+import pytest
 import yaml
 from charts_testspec import ACCOUNT, TEST_DIGEST, make_env
 
@@ -346,6 +347,7 @@ def test_names_are_valid_kuberay_names(default_synth):
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= limit, name
 
 
+@pytest.mark.subprocess  # synthesizes the charts through the cdk8s CLI
 def test_a_spot_group_of_two_types_places_workers_on_either_and_tells_them_both_peaks():
     from charts.cluster_spec import gpu_peaks, node_placement, run_record_env
 
