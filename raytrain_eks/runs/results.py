@@ -15,6 +15,8 @@ local file system by its path (readable where it is mounted; ``client`` is then 
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
 import sys
@@ -169,10 +171,36 @@ def download_run(client: Any, run_uri: str, dest: Path) -> list[str]:
     return copied
 
 
+def sha256_b64(local: Path) -> str:
+    """The file's SHA-256 as S3 writes ``ChecksumSHA256``: base64 of the raw digest."""
+    digest = hashlib.sha256()
+    with open(local, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return base64.b64encode(digest.digest()).decode()
+
+
+def put_once(client: Any, local: Path, bucket: str, key: str) -> None:
+    """Write ``local`` at ``key`` only if no object is there (``If-None-Match: *``: S3 answers 412
+    PreconditionFailed otherwise), with its SHA-256 for S3 to check and keep. The bucket policy
+    (infra/constructs/storage.py) denies a put on code/ and inputs without that header, so
+    nobody's put, ours included, replaces an archive that runs execute."""
+    with open(local, "rb") as body:
+        client.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*",
+                          ChecksumAlgorithm="SHA256", ChecksumSHA256=sha256_b64(local))
+
+
 def upload_if_missing(client: Any, local: Path, uri: str, *, create_bucket: bool = False) -> bool:
-    """Upload ``local`` to ``uri`` unless an object is there already (the name is its content's
-    hash, so an object of that name IS this file); returns whether it uploaded."""
+    """Upload ``local`` to ``uri`` unless an object is there already; returns whether it uploaded.
+
+    The name is a content hash anyone who submits can compute, so an object of that name is
+    trusted only when S3's stored SHA-256 (``HeadObject`` with ``ChecksumMode=ENABLED``) equals
+    the local file's; otherwise a one-line refusal naming the key. Pods read these keys without
+    hashing them again (Ray's working_dir download), so this check and the write-once policy are
+    what stand between another submitter and the code a run executes."""
     from botocore.exceptions import ClientError
+
+    from charts import ChartError
 
     bucket, key = split_uri(uri)
     if create_bucket:
@@ -181,12 +209,18 @@ def upload_if_missing(client: Any, local: Path, uri: str, *, create_bucket: bool
         except client.exceptions.BucketAlreadyOwnedByYou:
             pass
     try:
-        client.head_object(Bucket=bucket, Key=key)
-        return False
+        head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     except ClientError as err:
         if err.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
             raise
-    client.upload_file(str(local), bucket, key)
+    else:
+        want = sha256_b64(local)
+        if head.get("ChecksumSHA256") != want:
+            raise ChartError(f"upload: s3://{bucket}/{key} already holds other bytes (stored SHA-256 "
+                             f"{head.get('ChecksumSHA256') or 'none'}, this file's {want}): refusing to run "
+                             "it; ask the bucket's owner who wrote it")
+        return False
+    put_once(client, local, bucket, key)
     return True
 
 
