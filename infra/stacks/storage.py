@@ -12,6 +12,7 @@ from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack, aws_iam as iam, a
 from constructs import Construct
 
 from infra.nag import MANAGED, acknowledge
+from environment.contract import CODE_PREFIX, INPUTS_PREFIX
 
 ACCESS_LOG_PREFIX = "checkpoint-bucket/"
 _COMMON = dict(
@@ -49,7 +50,7 @@ class CheckpointBucket(Construct):
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, bucket_name: str,
-                 noncurrent_version_days: int) -> None:
+                 noncurrent_version_days: int, write_once_keys: tuple[str, ...] = ()) -> None:
         super().__init__(scope, construct_id)
         # Log delivery through a bucket policy instead of the legacy LogDeliveryWrite ACL, so
         # both buckets can keep ACLs disabled (BucketOwnerEnforced). Set before any child exists.
@@ -69,6 +70,18 @@ class CheckpointBucket(Construct):
                                  noncurrent_version_expiration=Duration.days(noncurrent_version_days)),
             ],
             **_COMMON)
+        if write_once_keys:
+            # Code archives and uploaded inputs are named by their content's hash, which anyone who
+            # submits can compute, and pods run them without hashing again: a put there must carry
+            # If-None-Match: * (condition key s3:if-none-match, Amazon S3 User Guide "Enforce
+            # conditional writes on Amazon S3 buckets"), so a key, once written, is never replaced,
+            # by anyone. A negated operator holds when the key is absent: no header, Deny. The
+            # uploader (raytrain_eks/runs/results.py, put_once) sends a single PutObject with it.
+            self.bucket.add_to_resource_policy(iam.PolicyStatement(
+                sid="WriteOnceCodeAndInputs", effect=iam.Effect.DENY, actions=["s3:PutObject"],
+                principals=[iam.AnyPrincipal()],
+                resources=[self.bucket.arn_for_objects(p) for p in write_once_keys],
+                conditions={"StringNotEquals": {"s3:if-none-match": "*"}}))
         retain_policy(self.bucket)
         retain_policy(self.access_logs)
 
@@ -125,8 +138,11 @@ class StorageStack(Stack):
         if existing_bucket:
             checkpoints = AdoptedCheckpointBucket(self, "Checkpoints", bucket_name=bucket_name)
         else:
+            prefix = storage_uri.removeprefix("s3://").partition("/")[2].strip("/")
             checkpoints = CheckpointBucket(
-                self, "Checkpoints", bucket_name=bucket_name, noncurrent_version_days=noncurrent_version_days)
+                self, "Checkpoints", bucket_name=bucket_name, noncurrent_version_days=noncurrent_version_days,
+                # <hash>/<name> under the inputs: <run>.json beside them is rewritten at each resume
+                write_once_keys=(f"{CODE_PREFIX}/*", "/".join(filter(None, (prefix, INPUTS_PREFIX, "*/*")))))
         self.bucket = checkpoints.bucket
         self.access_logs_bucket = checkpoints.access_logs
         CfnOutput(self, "BucketName", value=self.bucket.bucket_name,

@@ -183,7 +183,7 @@ def sha256_b64(local: Path) -> str:
 def put_once(client: Any, local: Path, bucket: str, key: str) -> None:
     """Write ``local`` at ``key`` only if no object is there (``If-None-Match: *``: S3 answers 412
     PreconditionFailed otherwise), with its SHA-256 for S3 to check and keep. The bucket policy
-    (infra/constructs/storage.py) denies a put on code/ and inputs without that header, so
+    (infra/stacks/storage.py) denies a put on code/ and inputs without that header, so
     nobody's put, ours included, replaces an archive that runs execute."""
     with open(local, "rb") as body:
         client.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*",

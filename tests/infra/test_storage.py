@@ -1,6 +1,8 @@
 """Storage stack: the retained, encrypted, TLS-only, private, versioned, logged checkpoint bucket."""
 from __future__ import annotations
 
+import json
+
 from aws_cdk.assertions import Match
 
 
@@ -77,3 +79,31 @@ def test_outputs_bucket_name(default):
     logical_id, _ = _checkpoint_bucket(default)
     assert outputs["BucketName"]["Value"] == {"Ref": logical_id}
     assert outputs["StorageUri"]["Value"] == default.env.storage_uri
+
+
+def test_code_and_inputs_are_write_once(default):
+    """The synthesized bucket policy, evaluated with IAM's rules (tests/iam_policy.py): a put on
+    ``code/`` or the inputs without ``If-None-Match: *`` (condition key ``s3:if-none-match``,
+    Amazon S3 User Guide "Enforce conditional writes on Amazon S3 buckets") is an explicit Deny,
+    whoever asks, so nobody replaces a content-addressed archive that later runs execute. A run's
+    own prefix is untouched (checkpoints overwrite their files)."""
+    from iam_policy import Request, decide, resolve
+
+    logical_id, _ = _checkpoint_bucket(default)
+    [policy] = [r["Properties"]["PolicyDocument"] for r in default.resources("storage", "AWS::S3::BucketPolicy").values()
+                if r["Properties"]["Bucket"] == {"Ref": logical_id}]
+    bucket, prefix = default.env.bucket_name, default.env.storage.prefix
+    # the bucket's own ARN, as CloudFormation resolves GetAtt Arn of an S3 bucket
+    arn_of = json.dumps({"Fn::GetAtt": [logical_id, "Arn"]})
+    policy = resolve(json.loads(json.dumps(policy).replace(arn_of, json.dumps(f"arn:aws:s3:::{bucket}"))))
+    for key in ("code/0123abcd.zip", f"{prefix}/_inputs/0123abcd/data.jsonl"):
+        arn = f"arn:aws:s3:::{bucket}/{key}"
+        secure = {"aws:SecureTransport": "true"}
+        assert decide([policy], Request(action="s3:PutObject", resource=arn, context=secure)) == "Deny", key
+        assert decide([policy], Request(action="s3:PutObject", resource=arn,
+                                        context={**secure, "s3:if-none-match": "*"})) != "Deny", key
+    # a run's records, and its inputs record that each resume rewrites, stay writable
+    for key in (f"{prefix}/run-a/run.json", f"{prefix}/_inputs/run-a.json"):
+        run = Request(action="s3:PutObject", resource=f"arn:aws:s3:::{bucket}/{key}",
+                      context={"aws:SecureTransport": "true"})
+        assert decide([policy], run) != "Deny", key
