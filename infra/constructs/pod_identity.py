@@ -264,10 +264,11 @@ SUBMITTER_RULES = [
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "update",
                                                                  "patch", "delete"]},
     {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "list", "watch"]},
-    # the run's own service account and its cluster's network policy (submit applies, stop deletes)
+    # the run's own service account; its cluster's network policy, created when missing. No patch
+    # or delete: a create cannot be bounded by resourceNames, so one who may patch or delete a
+    # run's policy may patch or delete the namespace's default deny too. stop leaves it for them.
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch"]},
-    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "create",
-                                                                                     "patch", "delete"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "create"]},
     # following: pods waiting for nodes and images, the submitter's log, events
     {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "services"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]},

@@ -163,7 +163,9 @@ def apply_policy_if_missing(policy_file: str, namespace: str, say: Callable[[str
         names = [d["metadata"]["name"] for d in yaml.safe_load_all(handle) if d]
     missing = [n for n in names if _not_found(kubectl("get", "networkpolicy", n, "-n", namespace, check=False))]
     if missing:
-        apply(policy_file)
+        # create, not apply: people who only submit may create a policy but never patch one
+        # (infra/constructs/pod_identity.py SUBMITTER_RULES); each document is one run's policy.
+        kubectl("create", "-f", policy_file)
         say(f"    network policy applied: {', '.join(missing)}")
 
 

@@ -206,7 +206,11 @@ class Stop:
         stop_ray_job_first(found[1], namespace, print)  # its own cluster: a full stop wait, not ~30 s
         eks.kubectl("delete", "rayjob", found[0], "-n", namespace, "--cascade=background", "--wait=true")
         policy = ray_cluster_policy(rayjob_label(args.run), namespace)["metadata"]["name"]
-        eks.kubectl("delete", "networkpolicy", policy, "-n", namespace, "--ignore-not-found")
+        # People who only submit may not delete a policy (SUBMITTER_RULES): theirs stays, selecting
+        # this RayJob's pods only, none once it is gone; a resume under the same name reuses it.
+        if eks.kubectl("delete", "networkpolicy", policy, "-n", namespace, "--ignore-not-found",
+                       check=False).returncode != 0:
+            print(f"    network policy {policy} kept (deleting it is for the cluster's admins)")
         from environment.contract import ON_CLUSTER_SUFFIX
 
         if not found[0].endswith(ON_CLUSTER_SUFFIX):  # its own service account's association goes too

@@ -79,6 +79,19 @@ def test_people_who_only_submit_get_the_ray_namespace_and_the_queue_not_cluster_
     assert ("kueue.x-k8s.io", "localqueues") in granted and ("ray.io", "rayjobs") in granted
 
 
+def test_people_who_only_submit_cannot_change_or_delete_a_network_policy():
+    """The namespace's default-deny policy and every run's allow policy live in the Ray namespace
+    beside the runs. RBAC's resourceNames cannot bound a create (the name is not known at
+    authorization, Kubernetes "Using RBAC Authorization": create cannot be restricted by resource
+    name), and a policy's name is the run's, so a submitter who may patch or delete one may
+    patch or delete them all, the default deny included. Submit only creates its run's policy
+    when missing (kubectl create); stop leaves it (it selects that RayJob's pods only)."""
+    from infra.constructs.pod_identity import SUBMITTER_RULES
+
+    verbs = {v for rule in SUBMITTER_RULES if "networkpolicies" in rule["resources"] for v in rule["verbs"]}
+    assert verbs == {"get", "list", "create"}
+
+
 def test_kubectl_layer_matches_the_kubernetes_version(default):
     layers = default.resources("cluster", "AWS::Lambda::LayerVersion")
     assert any("kubectl" in json.dumps(layer["Properties"]).lower() for layer in layers.values())

@@ -124,6 +124,17 @@ def dispatch(state: dict, argv: list[str]) -> int:
             else:
                 state.setdefault("policies", {})[doc["metadata"]["name"]] = doc
         return 0
+    if verb == "create":
+        # kubectl create -f: the API server refuses a name that exists (AlreadyExists)
+        for doc in yaml.safe_load_all(Path(_opt(rest, "-f")).read_text()):
+            if doc:
+                name = doc["metadata"]["name"]
+                if name in state.setdefault("policies", {}):
+                    print(f'Error from server (AlreadyExists): networkpolicies.networking.k8s.io "{name}" already exists',
+                          file=sys.stderr)
+                    return 1
+                state["policies"][name] = doc
+        return 0
     if verb == "get" and rest[0] == "rayjob":
         if len(rest) > 1 and not rest[1].startswith("-"):
             job = state["rayjobs"].get(rest[1])

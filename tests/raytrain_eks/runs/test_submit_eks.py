@@ -36,9 +36,12 @@ def test_submit_follows_the_rayjob_through_kuberays_states_to_the_verdict(cluste
     assert -1 not in positions and positions == sorted(positions), out
     job = cluster.state()["rayjobs"]["smoke-a1"]
     calls = cluster.state()["calls"]
+    # the run's network policy is created (submitters may not patch one), then the rest applied
+    created = [c[-1] for c in calls if c[0] == "create"]
+    assert len(created) == 1 and created[0].endswith("network-policy.k8s.yaml")
     applied = [c[-1] for c in calls if c[0] == "apply"]
-    assert applied[0].endswith("network-policy.k8s.yaml") and applied[1].endswith("serviceaccount-smoke-a1.yaml")
-    assert applied[2].endswith("rayjob-smoke-a1.k8s.yaml")
+    assert applied[0].endswith("serviceaccount-smoke-a1.yaml")
+    assert applied[1].endswith("rayjob-smoke-a1.k8s.yaml")
     # the run's own identity: its service account, associated with the run role before the
     # RayJob, the association gone once the results are copied
     account = cluster.state()["serviceaccounts"]["smoke-a1"]
@@ -76,7 +79,7 @@ def test_a_second_submit_refuses_a_used_name_and_resume_continues_it(cluster, tm
     calls = cluster.state()["calls"]
     assert ["delete", "rayjob", "smoke-b1", "-n", "ray", "--cascade=foreground", "--wait=true"] in calls
     # the network policy existed already: applied once, for the first submit only
-    assert sum(c[0] == "apply" and c[-1].endswith("network-policy.k8s.yaml") for c in calls) == 1
+    assert sum(c[0] == "create" and c[-1].endswith("network-policy.k8s.yaml") for c in calls) == 1
 
 
 def test_status_list_logs_and_stop(cluster, tmp_path, capfd):
@@ -191,7 +194,7 @@ def test_a_new_run_name_with_a_leftover_rayjob_is_refused(cluster, tmp_path, cap
     out, err = capfd.readouterr()
     assert "RayJob smoke-l1 already exists (ValidationFailed): raytrain-eks stop smoke-l1" in err, err
     # refused before anything is written: no upload, no network policy, no RayJob
-    assert "code archive" not in out and not any(c[0] == "apply" for c in cluster.state()["calls"])
+    assert "code archive" not in out and not any(c[0] in ("apply", "create") for c in cluster.state()["calls"])
 
 
 def test_resume_refuses_a_run_whose_rayjob_is_still_live(cluster, tmp_path, capfd):
@@ -322,7 +325,7 @@ def test_resume_refuses_while_the_other_variant_of_the_run_is_live(cluster, tmp_
     out, err = capfd.readouterr()
     assert f"RayJob {live} is Running / RUNNING on the same storage {cluster.storage}/smoke-w1: " \
            "raytrain-eks stop smoke-w1 first" in err, err
-    assert not any(c[0] in ("apply", "delete") for c in cluster.state()["calls"])  # nothing written
+    assert not any(c[0] in ("apply", "create", "delete") for c in cluster.state()["calls"])  # nothing written
     assert "code archive" not in out
 
 
