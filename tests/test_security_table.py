@@ -126,3 +126,20 @@ def test_the_mlflow_claim_holds_for_the_jobs(synthesized):
     policies, context = identity(env, cluster, {}, row["Identity"])
     assert allowed(policies, Request(action="sagemaker-mlflow:LogBatch", resource=TRACKING, context=context))
     assert not allowed(policies, Request(action="sagemaker-mlflow:LogBatch", resource=TRACKING + "x", context=context))
+
+
+def test_submitters_delete_only_the_pod_identity_associations_raytrain_made(synthesized):
+    """eks:DeletePodIdentityAssociation on the podidentityassociation resource type, which takes
+    aws:ResourceTag/${TagKey} (Service Authorization Reference, Amazon EKS): submit tags each
+    association it makes (raytrain_eks/backends/eks.py), and the delete needs that tag, so a
+    submitter cannot remove another tool's or an add-on's association in the cluster."""
+    from environment.contract import PART_OF
+
+    env, cluster, pipeline = synthesized
+    policies, context = identity(env, cluster, pipeline, "`SubmitRunsPolicyArn`")
+    arn = f"arn:aws:eks:{env.cluster.region}:{ACCOUNT}:podidentityassociation/{env.cluster.eks_name}/a-123"
+    [(key, value)] = PART_OF.items()
+    ours = {**context, f"aws:ResourceTag/{key}": value}
+    assert allowed(policies, Request(action="eks:DeletePodIdentityAssociation", resource=arn, context=ours))
+    assert not allowed(policies, Request(action="eks:DeletePodIdentityAssociation", resource=arn, context=context))
+    assert allowed(policies, Request(action="eks:DescribePodIdentityAssociation", resource=arn, context=context))

@@ -314,6 +314,8 @@ class SubmitterAccess(Construct):
         cluster_arn = stack.format_arn(service="eks", resource="cluster", resource_name=cluster_name)
         bucket_arn = f"arn:{stack.partition}:s3:::{bucket_name}"
         owned = same_account(stack.account)
+        association_arn = stack.format_arn(service="eks", resource="podidentityassociation",
+                                           resource_name=f"{cluster_name}/*")
         self.policy = iam.ManagedPolicy(self, "SubmitRuns", description=(
             f"Submit runs to EKS cluster {cluster_name}: its Ray namespace through kubectl (access entry), the "
             "bucket's code, inputs and runs, a run's own Pod Identity association"), statements=[
@@ -323,10 +325,14 @@ class SubmitterAccess(Construct):
                                 resources=[cluster_arn]),
             # Describe: the list's summaries name no role, and a run named like another role's
             # account must neither borrow nor delete that association.
-            iam.PolicyStatement(sid="RemoveRunIdentity", actions=["eks:DescribePodIdentityAssociation",
-                                                                  "eks:DeletePodIdentityAssociation"],
-                                resources=[stack.format_arn(service="eks", resource="podidentityassociation",
-                                                            resource_name=f"{cluster_name}/*")]),
+            iam.PolicyStatement(sid="DescribeRunIdentity", actions=["eks:DescribePodIdentityAssociation"],
+                                resources=[association_arn]),
+            # Only associations submit made (it tags each, raytrain_eks/backends/eks.py): the
+            # podidentityassociation resource type takes aws:ResourceTag/${TagKey} (Service
+            # Authorization Reference, Amazon EKS), so an add-on's or another tool's stays.
+            iam.PolicyStatement(sid="RemoveRunIdentity", actions=["eks:DeletePodIdentityAssociation"],
+                                resources=[association_arn],
+                                conditions={"StringEquals": {f"aws:ResourceTag/{k}": v for k, v in PART_OF.items()}}),
             iam.PolicyStatement(sid="PassRunRole", actions=["iam:PassRole"], resources=[run_role.role_arn],
                                 conditions={"StringEquals": {"iam:PassedToService": "pods.eks.amazonaws.com"}}),
             iam.PolicyStatement(sid="UploadCodeAndInputs", actions=["s3:PutObject", "s3:GetObject"], conditions=owned,
