@@ -586,16 +586,9 @@ class Watchdog:
 
 
 def _write(uri: str, data: bytes) -> str:
-    """Write ``data`` to a local path or an ``s3://`` URI; returns the URI."""
-    if "://" not in uri or uri.startswith("file://"):
-        path = uri.removeprefix("file://")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
-            handle.write(data)
-        return uri
-    from pyarrow import fs
+    """Write ``data`` to a local path, a ``file://`` mount or an ``s3://`` URI (through the storage
+    room's one file-system factory and retry policy); returns the URI."""
+    from training.storage import files
 
-    filesystem, path = fs.FileSystem.from_uri(uri)
-    with filesystem.open_output_stream(path) as stream:
-        stream.write(data)
+    files.write_bytes(uri, data)
     return uri
