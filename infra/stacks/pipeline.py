@@ -282,6 +282,12 @@ class PipelineStack(Stack):
         deploy.add_to_role_policy(iam.PolicyStatement(
             sid="DescribeNodeGroups", actions=["eks:DescribeNodegroup"],
             resources=[self.format_arn(service="eks", resource="nodegroup", resource_name=f"{name}/*/*")]))
+        # record-groups and app.py read the cluster stack's state (infra/verify_gate.py
+        # stack_state): the record's groups count only while the stack is the one they were read from.
+        deploy.add_to_role_policy(iam.PolicyStatement(
+            sid="ReadClusterStackState", actions=["cloudformation:DescribeStacks"],
+            resources=[self.format_arn(service="cloudformation", resource="stack",
+                                       resource_name=f"{cluster_stack.stack_name}/*")]))
         # Each kubectl build's own role (pipeline_access.KubectlDeployers): only Promote may
         # write the promoted digest. The topic's ARN is a project variable (a token there is fine).
         notify = {"NOTIFY_TOPIC_ARN": codebuild.BuildEnvironmentVariable(value=self.notifications.topic.topic_arn)}

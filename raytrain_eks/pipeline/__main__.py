@@ -92,7 +92,8 @@ def record_groups(args: argparse.Namespace) -> int:
         return 2
     region = env.cluster.region
     account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
-    found = record_node_groups(env, Path.cwd(), boto3.client("eks", region_name=region), account)
+    found = record_node_groups(env, Path.cwd(), boto3.client("eks", region_name=region), account,
+                               boto3.client("cloudformation", region_name=region))
     print(f"record-groups: existing GPU node groups: {', '.join(sorted(found)) or 'none'}", file=sys.stderr)
     return 0
 

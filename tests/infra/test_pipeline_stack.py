@@ -376,6 +376,10 @@ def test_deploy_may_only_assume_the_cdk_bootstrap_roles(synthesized):
     assert statements["ReadNodeGroups"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:cluster/{env.cluster.name}")
     assert statements["DescribeNodeGroups"]["Action"] == "eks:DescribeNodegroup"
     assert statements["DescribeNodeGroups"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:nodegroup/{env.cluster.name}/*/*")
+    # and the cluster stack's state (the record counts only while the stack is unchanged)
+    assert statements["ReadClusterStackState"]["Action"] == "cloudformation:DescribeStacks"
+    assert statements["ReadClusterStackState"]["Resource"] == _arn(
+        f":cloudformation:us-east-1:{ACCOUNT}:stack/{env.cluster.name}-cluster/*")
 
 
 def test_no_build_outlives_codepipelines_limit_on_a_codebuild_action(synthesized):
