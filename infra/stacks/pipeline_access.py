@@ -223,6 +223,10 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
         "(the run name is per build; Promote checks it is this execution's).")
     add(roles["Smoke"], f"{runs}/metrics.jsonl", "The regression gate reads the smoke runs' metrics (per build).")
     add(roles["Smoke"], f"{runs}/{REPORT_DIR}/*", "The regression gate writes its report next to the smoke run.")
+    add(roles["Apply"], f"Resource::arn:<AWS::Partition>:cloudformation:{region}:{account}:stack/"
+        f"{stack_name(cluster_name, 'cluster')}/*",
+        "HoldDeploy (in Apply's role) reads the deployed cluster template to see whether the deploy rolls or "
+        "replaces a GPU node group; GetTemplate of that one stack (its StackId suffix is generated).")
     for step in ("Smoke", "Apply"):
         add(roles[step], f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*",
             "The build uploads the code archive: only under the code prefix (names carry the content hash).")

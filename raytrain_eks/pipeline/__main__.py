@@ -154,16 +154,19 @@ def hold_step(ctx, args: argparse.Namespace) -> int:
 
     cloudformation = boto3.client("cloudformation", region_name=ctx.env.cluster.region)
     try:
-        body = cloudformation.get_template(StackName=stack_name(ctx.env.cluster.name, "cluster"))["TemplateBody"]
-    except cloudformation.exceptions.ClientError as err:
-        if "does not exist" not in str(err):
-            raise
-        body = {}
-    deployed = json.loads(body) if isinstance(body, str) else body
-    try:
+        try:
+            body = cloudformation.get_template(StackName=stack_name(ctx.env.cluster.name, "cluster"))["TemplateBody"]
+        except cloudformation.exceptions.ClientError as err:
+            if "does not exist" not in str(err):
+                raise
+            body = {}  # no cluster stack yet: the deploy creates every group, disturbing nothing
+        deployed = json.loads(body) if isinstance(body, str) else body
         log(f"hold: {hold_deploy(ctx, deployed, json.loads(Path(args.template).read_text()))}")
     except Deferred as err:
-        log(f"error: hold: deferred: {err}")
+        log(f"error: hold: deferred, nothing deployed: {err}")
+        return 1
+    except Exception as err:  # noqa: BLE001 - unknown is no licence to deploy: the action fails, nothing deployed
+        log(f"error: hold: {type(err).__name__}: {err}")
         return 1
     return 0
 
