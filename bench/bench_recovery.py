@@ -41,7 +41,7 @@ def main() -> int:
             os.environ.update({**store.client_env, **head.client_env})
             node = chaos.Node(head, env, "node-b")
             try:
-                chaos._wait(lambda: chaos._alive_nodes(head) == 2, 300, "the second node")
+                chaos._wait(lambda: node.up() or chaos._alive_nodes(head) == 2, 600, "the second node")
                 for name in args.faults.split(","):
                     struck: dict = {}
 

@@ -82,7 +82,7 @@ def _profile_job(gpus: int, storage: Path) -> str:
     train, parallel = shipped["train"], shipped["parallel"]
     config = ", ".join(f"{k} = {json.dumps(v)}" for k, v in MODEL_CONFIGS["Qwen2.5-1.5B"].items())
     keep = {k: v for k, v in parallel.items() if k in ("activation_checkpointing", "keep_params_gathered",
-                                                        "grad_reduce_dtype", "compile")}
+                                                        "grad_reduce_dtype", "compile", "accumulation")}
     lines = [
         'name = "gpu-check-profile"',
         "[model]", f"config = {{ {config} }}", 'tokenizer = "training/assets/qwen2.5-tokenizer"',

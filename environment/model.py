@@ -32,7 +32,7 @@ from environment.cluster import (  # noqa: F401  (re-exported: every section is 
 from environment.contract import CODE_PREFIX, DIGEST_PATTERN
 from environment.existing import environment_problem
 from environment.image_source import cache_problem
-from environment.instances import INSTANCE_TYPES
+from environment.instances import INSTANCE_TYPES, SPOT_PRICE_FRACTION
 from environment.maintenance import window_problem
 from environment.queueing import QueueingSpec
 from environment.rules import (
@@ -372,12 +372,23 @@ class Environment:
     def hourly_price(self, instance_type: str) -> float:
         return dict(self.prices).get(instance_type, INSTANCE_TYPES[instance_type].hourly_usd_estimate)
 
+    def node_price(self, group: Any) -> tuple[float, str]:
+        """(USD per node-hour, how it is known) of a node group: the on-demand estimate (or
+        ``[prices]``), and for spot that times :data:`~environment.instances.SPOT_PRICE_FRACTION`,
+        labelled the estimate it is. What the preflight and a run's ``cost`` use."""
+        price = self.hourly_price(group.instance_type)
+        if getattr(group, "capacity", "") == "spot":
+            return (round(price * SPOT_PRICE_FRACTION, 4),
+                    f"spot estimate ({SPOT_PRICE_FRACTION:g} x the on-demand price, assumed)")
+        return price, "on-demand price (spec [prices])" if group.instance_type in dict(self.prices) else \
+            "on-demand price (estimate, environment/instances.py)"
+
     @property
     def idle_hourly_cost_usd(self) -> float:
         """Estimated on-demand cost of the nodes when no job runs (GPU groups at min_nodes)."""
         cost = self.system_node_group.nodes * self.hourly_price(self.system_node_group.instance_type)
         for group in self.gpu_node_groups:
-            cost += group.min_nodes * self.hourly_price(group.instance_type)
+            cost += group.min_nodes * self.node_price(group)[0]
         return round(cost, 4)
 
     @property
@@ -385,7 +396,7 @@ class Environment:
         """Estimated on-demand cost while a job runs on the primary group at its job size (EKS
         control plane, NAT and storage not included)."""
         group = self.primary_gpu_group
-        extra = max(0, group.job_nodes - group.min_nodes) * self.hourly_price(group.instance_type)
+        extra = max(0, group.job_nodes - group.min_nodes) * self.node_price(group)[0]
         return round(self.idle_hourly_cost_usd + extra, 4)
 
     def to_dict(self) -> dict:

@@ -43,8 +43,8 @@ def default_raw() -> dict:
 
 
 def capacity_raw() -> dict:
-    """A capacity reservation made in a placement group, plus an on-demand p5.48xlarge group
-    that scales from zero; the image through the account's ECR pull-through cache."""
+    """A capacity reservation made in a placement group, plus a SPOT p5.48xlarge group that
+    scales from zero; the image through the account's ECR pull-through cache."""
     raw = copy.deepcopy(default_raw())
     raw["cluster"]["account"] = ACCOUNT
     raw["storage"]["bucket_name"] = ""
@@ -52,7 +52,7 @@ def capacity_raw() -> dict:
     raw["gpu_node_groups"][0].update(capacity="capacity-reservation", capacity_reservation_id=RESERVATION,
                                      placement_group="odcr-training-pg")
     raw["gpu_node_groups"].append(dict(name="p5", instance_type="p5.48xlarge", min_nodes=0, desired_nodes=0,
-                                       max_nodes=2, root_volume_gib=500))
+                                       max_nodes=2, root_volume_gib=500, capacity="spot"))
     return raw
 
 

@@ -213,12 +213,12 @@ def test_a_violation_is_reported_with_file_and_line():
 # room can be read and tested with only what is below it.
 TRAINING_ROOMS: tuple[tuple[str, ...], ...] = (
     ("contract", "config_checks", "deadlines"),           # the shared vocabulary (standard library)
-    ("storage", "model_config", "model_transforms"),      # where files live; what a model is; its plug-ins
+    ("storage", "model_config", "model_transforms", "objectives"),  # where files live; what a model is; its plug-ins; the loss
     ("config_sections",),                                 # the job config's sections
     ("config",),                                          # the job config
     ("data", "model", "flops", "verdict", "mlflow_rest", "incidents"),  # inputs, the model, figures, judgement, MLflow's API, faults
     ("checkpointing", "evaluation", "parallel", "optim", "metrics", "transport"),
-    ("metric_sinks", "run_logs", "run_record", "run_facts", "watchdog"),
+    ("metric_sinks", "run_logs", "run_record", "run_facts", "watchdog", "attempts"),
     ("loop",),                                            # the worker's training loop
     ("launch",),                                          # the driver
     ("netcheck",),                                        # a job kind built on the driver

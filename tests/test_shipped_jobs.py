@@ -75,7 +75,8 @@ def test_a_shipped_gpu_job_writes_the_plan_the_search_picks(job):
     and the charts' manifests (which cannot run the search) run the same plan. The model's
     shapes: its published config.json (raytrain_eks/planning/measured_plan.py MODEL_CONFIGS).
     The smoke and netcheck jobs keep their written plans: the smoke proves the finetune's shape
-    on synthetic data, the netcheck trains nothing."""
+    on synthetic data, the netcheck trains nothing; so does the DPO job (the search prices a
+    next-token step, not DPO's extra reference forward)."""
     import contextlib
 
     from charts.jobs import plan_job
@@ -85,7 +86,8 @@ def test_a_shipped_gpu_job_writes_the_plan_the_search_picks(job):
     env = load_environment(ENV_FILE)
     with contextlib.chdir(ROOT):
         config = plan_job(env, job, ROOT).config
-    if config.kind == "netcheck" or config.is_infrastructure_check:
+    if config.kind == "netcheck" or config.is_infrastructure_check or config.train.objective != "sft":
+        # the search prices a next-token step: DPO's reference forward is not in its model
         assert config.parallel.plan == "as_written"
         return
     assert config.parallel.plan == "auto"
@@ -166,9 +168,9 @@ def test_the_chart_tests_plan_and_pack_the_fixture_copies_not_the_shipped_jobs(t
 
 def test_the_smoke_job_runs_the_shipped_finetunes_parallel_shape(shipped_synth):
     """The pipeline's Smoke and a user's first run exercise the long run's path: as synthesized
-    for the shipped spec, the smoke job has the finetune's mesh (replicate x shard, both > 1 on a
-    multi-node group), sequence length, per-GPU micro batch and parallel settings, with more than
-    one micro batch per step (parameters kept gathered across accumulation)."""
+    for the shipped spec, the smoke job has the finetune's mesh (full shard over both nodes),
+    sequence length, per-GPU micro batch and parallel settings, with more than one micro batch
+    per step (parameters kept gathered across accumulation)."""
     by_name = {plan.config_path: plan.config for plan in shipped_synth.plans}
     smoke, finetune = by_name[f"{JOBS_DIR}/smoke.toml"], by_name[f"{JOBS_DIR}/finetune-qwen2.5-1.5b.toml"]
     shape = lambda job: (job.parallel.strategy, job.parallel.num_workers, job.parallel.workers_per_node,
@@ -176,7 +178,7 @@ def test_the_smoke_job_runs_the_shipped_finetunes_parallel_shape(shipped_synth):
                          job.parallel.grad_reduce_dtype, job.parallel.compile, job.train.seq_len,
                          job.train.micro_batch_size)
     assert shape(smoke) == shape(finetune)
-    assert smoke.parallel.strategy == "hybrid_shard" and smoke.num_nodes > 1 and smoke.parallel.workers_per_node > 1
+    assert smoke.parallel.strategy == "full_shard" and smoke.num_nodes > 1 and smoke.parallel.workers_per_node > 1
     assert smoke.grad_accum_steps > 1 and smoke.data.kind == "synthetic"
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from spec_schema import FieldError, build_section, read_toml
-from training.config_checks import JobConfigError, one_of
+from training.config_checks import JobConfigError, benchmark_task, one_of
 from training.config_sections import (AcceptConfig, CheckpointConfig, DataConfig, EvalConfig, EvidenceConfig,
                                       ModelConfig, NetcheckConfig, OptimConfig, ParallelConfig, RayJobConfig,
                                       TrackingConfig, TrainConfig, WorldSize)
@@ -88,6 +88,15 @@ class JobConfig:
             raise FieldError("train.global_batch_size", t.global_batch_size,
                              f"must be divisible by num_workers x micro_batch_size ({p.num_workers} x "
                              f"{t.micro_batch_size} = {per_step})")
+        if p.min_nodes and p.sized and p.min_nodes > self.num_nodes:
+            raise FieldError("parallel.min_nodes", p.min_nodes,
+                             f"is more than the job's nodes (num_workers {p.num_workers} / workers_per_node "
+                             f"{p.workers_per_node} = {self.num_nodes}); allowed 0 (fixed) or 1..{self.num_nodes}")
+        for world in self.world_sizes if p.sized else ():
+            if t.global_batch_size % (world * t.micro_batch_size):
+                raise FieldError("train.global_batch_size", t.global_batch_size,
+                                 f"must be divisible by every elastic size x micro_batch_size (parallel.min_nodes "
+                                 f"{p.min_nodes}: {world} workers x {t.micro_batch_size})")
         if p.grad_reduce_dtype == "bfloat16" and p.strategy != "full_shard" and p.sized and self.grad_accum_steps > 1:
             # FSDP2 holds the all-reduce back until the last micro batch and sums the held-back
             # ones in the reduce dtype, before the fp32 gradient exists (tests/training/test_accumulation.py).
@@ -111,9 +120,35 @@ class JobConfig:
         if self.eval.exact_match and self.is_infrastructure_check:
             # other kinds: the data check refuses data that holds no conversations (training/data/check.py)
             raise FieldError("eval.exact_match", True, "needs conversation data (data.kind 'synthetic' has none)")
+        self._check_objective()
+        if self.eval.benchmarks and self.is_infrastructure_check:
+            raise FieldError("eval.benchmarks", list(self.eval.benchmarks),
+                             "needs a tokenizer: data.kind 'synthetic' loads none")
+        tasks = {benchmark_task(entry)[0] for entry in self.eval.benchmarks}
+        for key in self.accept.benchmarks:
+            if key.rpartition(".")[0] not in tasks:
+                raise FieldError(f"accept.benchmarks.{key}", self.accept.benchmarks[key],
+                                 f"names a task eval.benchmarks does not run (runs: {', '.join(sorted(tasks)) or 'none'})")
         if self.accept.exact_match_min and not self.eval.exact_match:
             raise FieldError("accept.exact_match_min", self.accept.exact_match_min,
                              "needs eval.exact_match = true (else it is never measured)")
+
+    def _check_objective(self) -> None:
+        """The objective against the data it trains on (the data check reads the records)."""
+        from training.objectives.dpo import DATA_KINDS as PAIR_KINDS
+
+        objective, kind = self.train.objective, self.data.kind
+        if objective == "dpo" and kind not in PAIR_KINDS:
+            raise FieldError("train.objective", objective, f"needs preference pairs: data.kind {kind!r} holds none "
+                                                           f"(allowed: {', '.join(PAIR_KINDS)})")
+        if objective != "dpo" and kind == "preference":
+            raise FieldError("train.objective", objective, "cannot train on data.kind 'preference' (pairs): set "
+                                                           "train.objective = 'dpo'")
+        if objective == "dpo" and self.eval.exact_match:
+            raise FieldError("eval.exact_match", True, "needs conversations; train.objective 'dpo' reads pairs")
+        if self.accept.rewards_accuracy_min and objective != "dpo":
+            raise FieldError("accept.rewards_accuracy_min", self.accept.rewards_accuracy_min,
+                             f"needs train.objective = 'dpo' (got {objective!r}): only DPO has rewards")
 
     @property
     def run_name(self) -> str:
@@ -121,7 +156,25 @@ class JobConfig:
 
     @property
     def grad_accum_steps(self) -> int:
-        return self.train.global_batch_size // (self.parallel.num_workers * self.train.micro_batch_size)
+        return self.accum_steps_at(self.parallel.num_workers)
+
+    def accum_steps_at(self, world_size: int) -> int:
+        """Micro batches per worker per step at ``world_size`` workers: the global batch is fixed,
+        an elastic run at fewer workers accumulates more."""
+        return self.train.global_batch_size // (world_size * self.train.micro_batch_size)
+
+    @property
+    def world_sizes(self) -> tuple[int, ...]:
+        """Every worker count the job may run at, fewest first: ``(num_workers,)`` at a fixed size,
+        whole nodes from ``parallel.min_nodes`` to ``num_workers / workers_per_node`` when elastic."""
+        p = self.parallel
+        if not p.min_nodes:
+            return (p.num_workers,)
+        return tuple(n * p.workers_per_node for n in range(p.min_nodes, self.num_nodes + 1))
+
+    @property
+    def elastic(self) -> bool:
+        return len(self.world_sizes) > 1
 
     @property
     def num_nodes(self) -> int:

@@ -17,6 +17,19 @@ FILE_KINDS = tuple(sorted(p.stem for p in (Path(__file__).parent / "data" / "for
 """The data formats: one file each in training/data/formats/, named by its kind (the registry)."""
 DATA_KINDS = ("synthetic", *FILE_KINDS)
 BAD_RECORD_POLICIES = ("error", "skip")
+BENCHMARK_DIR = Path(__file__).parent / "assets" / "benchmarks"
+"""The tiny benchmark tasks the project ships: ``<name>.jsonl`` each (training/evaluation.py)."""
+SHIPPED_BENCHMARKS = tuple(sorted(p.stem for p in BENCHMARK_DIR.glob("*.jsonl")))
+BENCHMARK_METRICS = ("acc", "acc_norm", "exact_match")
+"""lm-evaluation-harness's names: multiple choice gives acc and acc_norm, generation exact_match."""
+
+
+def benchmark_task(entry: str) -> tuple[str, Path]:
+    """``(task name, file)`` of one ``eval.benchmarks`` entry: a shipped task's name, or a
+    ``.jsonl`` file (its name without the suffix is the task's)."""
+    if entry in SHIPPED_BENCHMARKS:
+        return entry, BENCHMARK_DIR / f"{entry}.jsonl"
+    return Path(entry).stem, Path(entry)
 OVERLONG_POLICIES = ("truncate", "refuse")
 ON_EXISTING_RUN = ("resume", "refuse")
 TRANSPORTS = ("any", "efa", "socket", "single-node")

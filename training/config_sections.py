@@ -14,10 +14,12 @@ from typing import Any, ClassVar, Mapping
 
 from spec_schema import FieldError
 from training.config_checks import (
-    ADAMW_KERNELS, BAD_RECORD_POLICIES, DATA_KINDS, DTYPES, INT32_MAX, LR_SCHEDULES, NO_DECAY_RULES, ON_EXISTING_RUN,
-    OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES, TORCH_SEED_RANGE, TRANSPORTS, one_of, positive, s3_problem,
-    tracking_uri_problem, ACCUMULATIONS, PLAN_MODES, PLAN_SETTINGS,
+    ADAMW_KERNELS, BAD_RECORD_POLICIES, BENCHMARK_METRICS, SHIPPED_BENCHMARKS, DATA_KINDS, DTYPES, INT32_MAX,
+    LR_SCHEDULES, NO_DECAY_RULES, ON_EXISTING_RUN, OVERLONG_POLICIES, REDUCE_DTYPES, STRATEGIES, TORCH_SEED_RANGE,
+    TRANSPORTS, benchmark_task, one_of, positive, s3_problem, tracking_uri_problem, ACCUMULATIONS, PLAN_MODES,
+    PLAN_SETTINGS,
 )
+from training import contract
 from training.model_config import check_config_keys, max_positions
 from training.storage import storage_problem
 
@@ -133,8 +135,17 @@ class TrainConfig:
     """Cadence of the metrics rows (``metrics.jsonl``) and the progress line."""
     report_every_n_steps: int = 10
     """Cadence of ``ray.train.report`` for metrics (each report waits for a controller poll)."""
+    objective: str = "sft"
+    """What the loss is: a file of training/objectives/ (``sft``: next-token cross-entropy on the
+    targets; ``dpo``: direct preference optimization on ``data.kind = "preference"`` pairs)."""
+    objective_options: Mapping[str, Any] = field(default_factory=dict)
+    """The objective's own settings, judged by its ``check`` (``dpo``: ``beta`` > 0, ``loss_type``
+    sigmoid | robust, ``label_smoothing`` in [0, 0.5) with robust); run.json records them."""
 
     def __post_init__(self) -> None:
+        from training.objectives import check_objective  # the registry (standard library at import)
+
+        check_objective(self.objective, self.objective_options)
         positive(self, "seq_len", "micro_batch_size", "global_batch_size", "max_steps", "log_every_n_steps",
                  "report_every_n_steps", "lr")
         if self.seq_len < 8:
@@ -202,6 +213,12 @@ class ParallelConfig:
     the first group. The charts and the preflight size the job to it."""
     cpus_per_worker: float = 1.0
     """Ray CPUs each Ray Train worker asks for."""
+    min_nodes: int = 0
+    """Elastic size: the fewest nodes (of ``workers_per_node`` workers each) the job goes on with
+    after a lost node; 0 = a fixed size. The maximum is ``num_workers / workers_per_node``. Ray
+    Train's elastic ``ScalingConfig(num_workers=(min, max))`` resumes on what is left and grows
+    back when nodes return, with the SAME global batch (more micro batches per worker) and data
+    order; the global batch must divide at every size between the bounds."""
     activation_checkpointing: bool = False
     """Recompute each decoder block's activations in the backward (less memory, more compute)."""
     compile: bool = False
@@ -250,6 +267,7 @@ class ParallelConfig:
                 raise FieldError("pinned", name, f"is not a plan setting (allowed: {', '.join(PLAN_SETTINGS)})")
         positive(self, "num_workers", allow_zero=True)
         positive(self, "workers_per_node", "cpus_per_worker")
+        positive(self, "min_nodes", allow_zero=True)
         if not self.use_gpu and not self.num_workers:
             object.__setattr__(self, "num_workers", 1)  # a CPU job's default: the file alone sizes it
         if self.num_workers % self.workers_per_node:
@@ -318,8 +336,9 @@ class CheckpointConfig:
     """Checkpoints Ray Train keeps in storage (``CheckpointConfig.num_to_keep``); older ones are deleted."""
     on_existing_run: str = "resume"
     """``resume`` (default) or ``refuse`` when the run name already exists in storage."""
-    sigterm_grace_seconds: int = 120
-    """Time allowed for the final checkpoint after SIGTERM; pods get this plus a margin."""
+    sigterm_grace_seconds: int = contract.NOTICE_CHECKPOINT_SECONDS
+    """Time allowed for the final checkpoint after SIGTERM; pods get this plus a margin. The
+    default fits EC2's two-minute spot notice (``training/contract.py``)."""
     max_failures: int = 2
     """Worker failures Ray Train recovers from within one run (restarts from the last checkpoint).
     Data errors are deterministic and never retried (training/data/__init__.py)."""
@@ -349,10 +368,23 @@ class EvalConfig:
     exact_match: bool = False
     """Generation-based exact match on the held-out conversations' last answers (conversation
     data: chat, alpaca, sharegpt, or a Hugging Face dataset of those)."""
+    benchmarks: tuple[str, ...] = ()
+    """Benchmark tasks scored before (the base model) and after training, sharded over the
+    workers (training/evaluation.py): a shipped task's name (training/assets/benchmarks/) or a
+    local ``.jsonl`` file of ``{"question", "choices", "answer"}`` (multiple choice by
+    log-likelihood: acc, acc_norm) or ``{"question", "answer"}`` (greedy generation: exact_match)."""
+    benchmark_max_questions: int = 0
+    """Questions per task at most (0: all)."""
 
     def __post_init__(self) -> None:
         positive(self, "every_n_steps", allow_zero=True)
         positive(self, "max_batches")
+        positive(self, "benchmark_max_questions", allow_zero=True)
+        for i, entry in enumerate(self.benchmarks):
+            _, path = benchmark_task(entry)
+            if entry not in SHIPPED_BENCHMARKS and (not entry.endswith(".jsonl") or not path.is_file()):
+                raise FieldError(f"benchmarks[{i}]", entry, f"is neither a shipped task ({', '.join(SHIPPED_BENCHMARKS)}) "
+                                                            "nor an existing .jsonl file")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -376,13 +408,28 @@ class AcceptConfig:
     """Exact match after training at least this share (needs eval.exact_match)."""
     tokens_per_s_min: float = 0.0
     """Steady-state tokens/s over all devices at least this."""
+    rewards_accuracy_min: float = 0.0
+    """DPO: the held-out reward accuracy after training (share of pairs whose chosen answer gets
+    the higher reward) at least this; 0.5 is chance."""
+    benchmarks: Mapping[str, float] = field(default_factory=dict)
+    """Benchmark scores after training at least these: ``{"<task>.<metric>" = share}``, e.g.
+    ``{"tiny-arith.acc" = 0.5}`` (``eval.benchmarks`` names the tasks; metrics: acc, acc_norm,
+    exact_match)."""
     transport: str = "any"
     """NCCL's transport of the finished run must be this (a miss is an execution failure)."""
 
     def __post_init__(self) -> None:
-        positive(self, "eval_loss_after_max", "improvement_min", "exact_match_min", "tokens_per_s_min", allow_zero=True)
-        if self.exact_match_min > 1:
-            raise FieldError("exact_match_min", self.exact_match_min, "must be a share between 0 and 1")
+        positive(self, "eval_loss_after_max", "improvement_min", "exact_match_min", "tokens_per_s_min",
+                 "rewards_accuracy_min", allow_zero=True)
+        for name in ("exact_match_min", "rewards_accuracy_min"):
+            if getattr(self, name) > 1:
+                raise FieldError(name, getattr(self, name), "must be a share between 0 and 1")
+        for key, value in self.benchmarks.items():
+            task, _, metric = key.rpartition(".")
+            if not task or metric not in BENCHMARK_METRICS:
+                raise FieldError(f"benchmarks.{key}", value, f"is not '<task>.<metric>' (metrics: {', '.join(BENCHMARK_METRICS)})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise FieldError(f"benchmarks.{key}", value, "must be a share between 0 and 1")
         one_of(self, "transport", TRANSPORTS)
 
 

@@ -72,6 +72,14 @@ ENV_HANG_FIRST_STEP_S = "RAYTRAIN_HANG_FIRST_STEP_S"
 restore, evaluation before training and the first compile come before it."""
 ENV_NODE_NAME = "RAYTRAIN_NODE_NAME"
 """The Kubernetes node of the pod (downward API ``spec.nodeName``)."""
+ENV_CAPACITY_TYPE = "RAYTRAIN_CAPACITY_TYPE"
+"""The pod's node group's capacity (``on-demand``, ``spot``, ``capacity-reservation``, ``capacity-block``)."""
+ENV_NODE_PRICE = "RAYTRAIN_NODE_PRICE_PER_HOUR"
+"""USD per node-hour of the pod's node group, at the prices the preflight uses (spot: an estimate)."""
+ENV_PRICE_LABEL = "RAYTRAIN_PRICE_LABEL"
+"""How that price is known: ``list price``, ``spot estimate`` (the spec's or the table's)."""
+ENV_ELASTIC_RESIZE_S = "RAYTRAIN_ELASTIC_RESIZE_INTERVAL_S"
+"""Seconds between Ray Train's checks for more capacity in an elastic run (tests shorten it)."""
 ENV_AZ = "RAYTRAIN_AVAILABILITY_ZONE"
 """The availability zone of a GPU worker pod: the spec's GPU zone, where every GPU node is (the
 downward API does not expose node labels such as topology.kubernetes.io/zone)."""
@@ -219,11 +227,33 @@ def prometheus_name(metric: str) -> str:
     return PROMETHEUS_PREFIX + metric
 
 
+# --- a spot node's interruption notice: the one place the stop and grace values derive from ---
+SPOT_NOTICE_SECONDS = 120
+"""EC2's Spot Instance interruption notice: two minutes between the notice and the reclaim (EC2
+User Guide, "Spot Instance interruption notices"). An EKS managed node group drains the node on
+it (Kubernetes evicts the Ray pod; ``ray start`` drains its Ray node with the deadline); Ray
+Train's PreemptionWatcher sees the drain; the job commits a checkpoint at the next step."""
+STOP_MARGIN_SECONDS = 30
+"""After a final checkpoint is written a worker still finishes the upload's last request,
+reports to the controller and lets ``ray stop`` tear down the raylet; each outer wait is the
+inner one plus this margin."""
+NOTICE_CHECKPOINT_SECONDS = SPOT_NOTICE_SECONDS - STOP_MARGIN_SECONDS
+"""What a checkpoint may take and still fit the notice: ``checkpoint.sigterm_grace_seconds``'s
+default, so the worker pods' stop wait (grace + margin) equals the notice."""
+
+# --- attempts and cost (training/attempts.py); the incidents themselves: training/incidents.py ---
+ATTEMPTS_DIR = "attempts"
+"""Under a run: one small JSON per worker-group start and per notice, written by rank 0 (the
+driver does not see Ray Train's restarts); the driver turns them into ``incidents``."""
+COST = "cost"
+"""run.json: node-hours by instance type and capacity type and their price (``raytrain_eks``'s
+prices; spot as an estimate), cost per 1M tokens, GPU-minutes lost to incidents."""
+
 # --- run.json -------------------------------------------------------------------------------
 RECORD_FIELDS = (
     "schema_version", "run_dir", "kind", "is_infrastructure_check", "image", "image_digest", "code_hash",
     "spec_hash", "manifest_hash", "job_config", "job_config_hash", "cluster", "versions", "hosts", "transport",
-    "throughput", "eval", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
+    "throughput", "eval", "benchmarks", "objective", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
     "exit_code", "error", "command", "failure",
     # identity and what ran (the reproducibility review):
     "source", "manifest_name", "environment_spec", "inputs", "ranks", "nccl_logs", "reproducibility",
@@ -231,6 +261,9 @@ RECORD_FIELDS = (
     "netcheck",  # the network measured before training (netcheck.run_first): verdict, figures, uri; else None
     "exposed_comm",  # the step's exposed communication, and how it is known (EXPOSED_COMM_LABELS)
     "incidents",  # INCIDENTS: every hang, worker or node loss, failed health check, preemption (training/incidents.py)
+    "storage_lives_for_one_submit",  # STORAGE_LIVES_FOR_ONE_SUBMIT: a local run's bucket ends with its submit (no resume)
+    "attempts",  # each worker-group start: time, world size, nodes, step resumed from (training/attempts.py)
+    "cost",  # node-hours, price, cost per 1M tokens (COST)
 )
 """Every top-level key a finished run.json holds."""
 EXPOSED_COMM_LABELS = ("measured", "predicted", "unknown")
@@ -247,7 +280,7 @@ def run_inputs_uri(storage: str, run: str) -> str:
     """``<storage>/_inputs/<run>.json``: the run's inputs as ``submit`` uploaded them."""
     return f"{storage.rstrip('/')}/{INPUTS_DIR}/{run}.json"
 WORKER_RECORD_FIELDS = ("versions", "ranks", "inputs", "nccl_logs", "transport", "hosts", "data", "throughput",
-                        "eval", "checkpoints", "exports")
+                        "eval", "benchmarks", "objective", "checkpoints", "exports")
 """The run.json fields only the workers can read (what ran on the GPU nodes, what they measured).
 Rank 0 returns them with its summary; the driver, run.json's only writer, merges them once."""
 WORKER_FACTS = "facts"

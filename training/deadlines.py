@@ -12,7 +12,9 @@ is the inner one plus :data:`GRACE_MARGIN_SECONDS`.
 """
 from __future__ import annotations
 
-GRACE_MARGIN_SECONDS = 30
+from training import contract
+
+GRACE_MARGIN_SECONDS = contract.STOP_MARGIN_SECONDS
 """Added to a job's ``checkpoint.sigterm_grace_seconds`` at each level: after the final
 checkpoint is written a worker still finishes the upload's last request, reports to the
 controller and lets ``ray stop`` tear down the raylet; the driver then writes run.json and copies

@@ -117,6 +117,14 @@ def training_flops_per_token(shapes: ModelShapes, seq_len: int) -> int:
     return 3 * forward_flops_per_token(shapes, seq_len)
 
 
+def objective_factor(objective: str) -> float:
+    """Model FLOPs of a trained token under ``train.objective``, as a multiple of next-token
+    training's (3 x forward): DPO runs the reference's forward too (no backward), 4 forwards'
+    worth, so 4/3. Per token, not per example: a preference pair is two sequences (prompt +
+    chosen, prompt + rejected), so an example costs about twice an SFT example's tokens on top."""
+    return 4 / 3 if objective == "dpo" else 1.0
+
+
 def lora_training_flops_per_token(shapes: ModelShapes, seq_len: int, adapter_params: int) -> int:
     """FLOPs per trained token that a LoRA step EXECUTES, the base frozen. The forward is the
     full model's (matmuls 2N + attention A); the backward computes every matmul's input gradient

@@ -165,17 +165,18 @@ def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: st
     """The TorchTrainer for ``job`` (not started); ``resume_from``: a checkpoint URI for a new run;
     ``lease``: this attempt's (:meth:`training.checkpointing.Lease.to_dict`), checked by the workers;
     ``callbacks``: Ray Train ``UserCallback``s run by its controller (the watchdog's notes)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from training.metrics import ray_train_logging_config, without_preemption_watcher
+    from training.metrics import ray_train_logging_config
     from training.loop import train_loop_per_worker
     from training.parallel import backend_for
 
     # Ray Train would chdir each worker into its trial folder: the job config's relative paths
     # (data, tokenizer) must keep resolving against the job's working directory.
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
-    without_preemption_watcher()  # training/metrics.py: its error line on every run
+    # Ray Train's PreemptionWatcher stays on (its default): it is how a node drain's notice
+    # reaches the workers, which then checkpoint at the step boundary (training/checkpointing/manager.py).
     p = job.parallel
     resources = {"CPU": p.cpus_per_worker}
     if p.use_gpu:
@@ -187,11 +188,13 @@ def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: st
                            "resume_from": resume_from, "cwd": os.getcwd(), "data_error_token": data_error_token,
                            "lease": lease},
         torch_config=TorchConfig(backend=backend_for(p.use_gpu, p.cpu_offload), timeout_s=COLLECTIVE_TIMEOUT_S),
-        scaling_config=ScalingConfig(num_workers=p.num_workers, use_gpu=p.use_gpu, resources_per_worker=resources),
+        scaling_config=scaling_config(job, resources),
         run_config=RunConfig(
             name=job.run_name,
             storage_path=storage_path,
             storage_filesystem=storage_fs,
+            # a node drained with notice restarts on Ray Train's own preemption budget
+            # (FailureConfig.max_preemption_failures, unlimited by default), not on max_failures
             failure_config=FailureConfig(max_failures=job.checkpoint.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=job.checkpoint.keep_last),
             worker_runtime_env={"env_vars": worker_env(job)},
@@ -201,10 +204,29 @@ def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: st
     )
 
 
+ELASTIC_RESIZE_INTERVAL_S = 60.0
+"""Ray Train's ``elastic_resize_monitor_interval_s`` (its default): how often an elastic run below
+its maximum looks for capacity that came back; a grow restarts the workers from the last
+checkpoint, so checking more often than a checkpoint interval only loses steps."""
+
+
+def scaling_config(job: JobConfig, resources: dict[str, float]) -> Any:
+    """Ray Train's ScalingConfig: ``num_workers=(min, max)`` for an elastic job
+    (``parallel.min_nodes``; ray 2.58 ``train/v2/api/config.py``), else the one size."""
+    from ray.train import ScalingConfig
+
+    p = job.parallel
+    sizes = job.world_sizes
+    interval = float(os.environ.get(contract.ENV_ELASTIC_RESIZE_S, ELASTIC_RESIZE_INTERVAL_S))
+    return ScalingConfig(num_workers=(sizes[0], sizes[-1]) if job.elastic else p.num_workers, use_gpu=p.use_gpu,
+                         resources_per_worker=resources, elastic_resize_monitor_interval_s=interval)
+
+
 def _cluster_shape(job: JobConfig) -> dict[str, Any]:
     p = job.parallel
     return {"nodes": job.num_nodes, "world_size": p.num_workers,
-            "gpus_per_node": p.workers_per_node if p.use_gpu else 0, "workers_per_node": p.workers_per_node}
+            "gpus_per_node": p.workers_per_node if p.use_gpu else 0, "workers_per_node": p.workers_per_node,
+            "world_sizes": list(job.world_sizes)}
 
 
 def start_record(job: JobConfig, argv: list[str], where: str = "") -> RunRecord:
@@ -243,10 +265,33 @@ def finish_record(record: RunRecord, *, returned: dict[str, Any] | None, error: 
         status, message, _ = outcome(summary)
         failure = verdict.failure_of_summary(summary) or {}
     fields = {key: value for key, value in facts.items() if key in contract.WORKER_RECORD_FIELDS}
+    fields.update(_incidents_and_cost(record, summary, fields))
     if failure:
         fields[contract.FAILURE] = failure
     # The exit code is the verdict's, except 2 (refused data); finish() gives a stop its 143.
     return record.finish(status=status, error=message, exit_code=code, **fields)
+
+
+def _incidents_and_cost(record: RunRecord, summary: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """run.json's ``attempts`` and ``cost`` from the workers' notes (training/attempts.py); each
+    drain notice's checkpoint becomes a ``preemption`` incident (training/incidents.py ``add``,
+    the one way in). Never fails the record."""
+    from datetime import datetime, timezone
+
+    from training import attempts, incidents
+
+    tokens = summary.get(contract.TOKENS_SEEN) or 0
+    on_gpu = bool(((record.data.get("job_config") or {}).get("parallel") or {}).get("use_gpu"))
+    try:
+        found = attempts.summarize(record.run_dir, end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                   on_gpu=on_gpu)
+        for entry in found["preemptions"]:
+            incidents.add(record, entry)
+        cost = attempts.cost_of(found["attempts"], end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                tokens=int(tokens), incidents=incidents.of_record(record.data), environ=os.environ)
+        return {"attempts": found["attempts"], contract.COST: cost}
+    except Exception as err:  # noqa: BLE001 - storage hiccup: the record says so
+        return {contract.COST: {"error": f"{type(err).__name__}: {err}"}}
 
 
 def run_in_process(job: JobConfig, ctx: Any, *, argv: list[str] | None = None, **train_args: Any) -> dict[str, Any]:

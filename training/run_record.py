@@ -183,6 +183,8 @@ class RunRecord:
             "transport": {"transport": "unknown", "ranks": []},
             "throughput": {},
             "eval": {"before": None, "after": None},
+            "benchmarks": None,  # {"before", "after"}: eval.benchmarks' scores (training/evaluation.py)
+            "objective": None,  # train.objective and its options with defaults (training/objectives/)
             "checkpoints": [],
             "exports": {},
             "data": {},
@@ -201,6 +203,8 @@ class RunRecord:
             "netcheck": None,
             contract.INCIDENTS: [],  # training/incidents.py: appended as faults are seen
             "exposed_comm": exposed_comm or exposed_comm_handed("", ""),
+            # worker groups, faults and cost: the driver fills them at the end (training/incidents.py)
+            "attempts": [], contract.INCIDENTS: [], contract.COST: {},
             # what each hash and throughput figure of this record is (one definition each)
             "definitions": {"hashes": dict(contract.HASHES), "throughput": dict(contract.FIGURES)},
         }

@@ -123,6 +123,17 @@ def criteria_results(record: dict[str, Any]) -> list[dict[str, Any]]:
         measured = (evals.get("after") or {}).get("exact_match")
         results.append(_criterion("exact_match_min", least, measured,
                                   isinstance(measured, (int, float)) and measured >= least))
+    if accept.get("rewards_accuracy_min"):
+        least = accept["rewards_accuracy_min"]
+        measured = (evals.get("after") or {}).get("eval_rewards_accuracy")
+        results.append(_criterion("rewards_accuracy_min", least, measured,
+                                  isinstance(measured, (int, float)) and measured >= least))
+    scores = ((record.get("benchmarks") or {}).get("after") or {}).get("tasks") or {}
+    for key, least in sorted((accept.get("benchmarks") or {}).items()):
+        task, _, metric = key.rpartition(".")
+        measured = (scores.get(task) or {}).get(metric)
+        results.append(_criterion(f"benchmarks.{key}", least, measured,
+                                  isinstance(measured, (int, float)) and measured >= least))
     if accept.get("tokens_per_s_min"):
         least = accept["tokens_per_s_min"]
         measured = (record.get("throughput") or {}).get("tokens_per_s")

@@ -450,20 +450,30 @@ class Watchdog:
             self.record.update(**{contract.INCIDENTS: list(self.record.data.get(contract.INCIDENTS) or [])})
 
     def _resolve_waiting(self, state: dict[str, Any]) -> None:
-        for pending in list(self.waiting):
+        after = {int(k): v for k, v in (state.get("min_step_at") or {}).items()}
+        ready = [p for p in self.waiting if p["resumed_from_step"] is not None] if after else []
+        if not ready:
+            return
+        again = after[min(after)]
+        done = {int(k): v for k, v in (state.get("first_done") or {}).items()}
+        # One step's time, measured before the faults (an attempt that failed before its first
+        # step measured none).
+        step_s = next((p["step_s"] for p in reversed(ready) if p.get("step_s")), 0.0)
+        previous_end = None
+        for i, pending in enumerate(ready):
             resumed = pending["resumed_from_step"]
-            after = {int(k): v for k, v in (state.get("min_step_at") or {}).items()}
-            if resumed is None or not after:
-                continue
-            first = min(after)
-            again = after[first]
-            done = {int(k): v for k, v in (state.get("first_done") or {}).items()}
             started = (state.get("started") or {}).get(pending["attempt"]) or pending["seen"]
             since = done.get(resumed, started) if resumed else started
-            step_s = pending.get("step_s") or 0.0
+            # Several restarts before the run trained again (an attempt failed before its first
+            # step) lost ONE stretch of time: each incident owns it up to the next one's sighting,
+            # the last up to training again, so their losses add up to the run's.
+            if previous_end is not None:
+                since = max(since, previous_end)
+            end = ready[i + 1]["seen"] if i + 1 < len(ready) else again - step_s
             incidents.resolved(self.record, pending["entry"], resumed_from_step=resumed,
-                               progress_again_s=again - pending["seen"], wall_lost_s=again - since - step_s,
+                               progress_again_s=again - pending["seen"], wall_lost_s=end - since,
                                devices=self.world_size, on_gpu=self.on_gpu)
+            previous_end = end
             self.waiting.remove(pending)
             log.warning("watchdog: training again %.0f s after the %s", again - pending["seen"], pending["entry"]["kind"])
 
@@ -506,7 +516,7 @@ class Watchdog:
         step = max((r["step"] for r in ranks.values()), default=None)
         entry = incidents.incident(kind, ranks=named, nodes=[ranks[r]["node"] for r in named if r in ranks],
                                    step=step, detail=detail,
-                                   saved=[] if kind == incidents.WORKER_ERROR else ["nothing: the process was gone"])
+                                   saved=_saved_when_ray_saw(kind))
         self._add(entry, self.attempt, now, self._step_s(state))
         self.open.update(ray_noted=True, ranks=ranks, errors=errors)
 
@@ -585,10 +595,21 @@ class Watchdog:
         return task.remote(info["pid"], info["stack_file"], info.get("trace_prefix", ""), kill, DUMP_WAIT_S)
 
 
-def _write(uri: str, data: bytes) -> str:
-    """Write ``data`` to a local path, a ``file://`` mount or an ``s3://`` URI (through the storage
-    room's one file-system factory and retry policy); returns the URI."""
-    from training.storage import files
+def _saved_when_ray_saw(kind: str) -> list[str]:
+    """What a fault Ray Train found first left for diagnosis. A health-check timeout (ray 2.58
+    ``worker_group/worker_group.py`` ``_poll_workers_and_collect_errors``: a poll hung past
+    ``RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S``) names a process that was ALIVE but did not answer;
+    Ray Train ``ray.kill``s it at once (``worker_group/state.py`` ``_shutdown_workers``)."""
+    if kind == incidents.WORKER_ERROR:
+        return []
+    if kind == incidents.HEALTH_CHECK:
+        return ["nothing: the process was alive but did not answer; Ray Train killed it before a stack was taken"]
+    return ["nothing: the process was gone"]
 
-    files.write_bytes(uri, data)
+
+def _write(uri: str, data: bytes) -> str:
+    """Write ``data`` to a local path or an ``s3://`` URI (the storage room's one way); returns the URI."""
+    from training.storage.files import write_bytes
+
+    write_bytes(uri, data)
     return uri

@@ -207,8 +207,27 @@ def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> di
     if found is None or job.grad_accum_steps < 2:  # measured with accumulation
         return None
     found = {**found, "global_batch_size": t.global_batch_size}
+    if t.objective == "dpo":
+        found = with_dpo_reference(found)
     return {**found, "prediction": predict(found, cluster), "range_s": predict_range(found, cluster),
             "required_bytes": required_bytes(found), "host_bytes_per_gpu": host_bytes_per_gpu(found)}
+
+
+def with_dpo_reference(found: dict) -> dict:
+    """A measured next-token plan turned into DPO's with LoRA (training/objectives/dpo.py): the
+    same memory (the reference is the model with its adapters off, its forward under no_grad saves
+    nothing), and each micro batch runs one more forward: a third more model FLOPs executed
+    (model FLOPs = 3 x forward) and one more pass of the forward's all-gathers (the measured
+    all-gathers are the forward's and, with parameters resharded after forward, the backward's:
+    one more of those two). Derived from the measurement, not measured: ``dpo_derived`` says so."""
+    forward = found["model_flops_per_micro_batch"] / 3
+    passes = 2 if not found.get("keep_gathered") else 1
+    collectives = [{**c, **{k: c[k] * (passes + 1) / passes for k in ("bytes", "first_bytes", "middle_bytes",
+                                                                       "last_bytes") if k in c}}
+                   if c["kind"] == "all_gather" else c for c in found["collectives"]]
+    return {**found, "executed_flops_per_micro_batch": found["executed_flops_per_micro_batch"] + forward,
+            "model_flops_per_micro_batch": found["model_flops_per_micro_batch"] + forward,
+            "collectives": collectives, "dpo_derived": True}
 
 
 def job_plan(job) -> dict | None:
@@ -280,6 +299,10 @@ def render(found: dict, *, hand_required: int) -> list[str]:
         f"of peak + {p['exposed_comm_s']:.2f} exposed collectives"
         + (f" + {p['offload_copy_s']:.2f} host<->GPU copies" if offload else ""),
     ]
+    if found.get("dpo_derived"):
+        lines.append("  DPO              derived from the next-token measurement, not measured: the same memory, + the "
+                     "reference's forward (a third more model FLOPs) and its all-gathers; a preference example is two "
+                     "sequences, so a step holds about half the examples of an SFT step at this seq_len and batch")
     if offload:
         accum = p["grad_accum_steps"]
         lines += [

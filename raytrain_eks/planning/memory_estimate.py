@@ -111,11 +111,16 @@ class MemoryEstimate:
     activation_checkpointing: bool
     host: int = 0
     """Host bytes per GPU that ``parallel.cpu_offload`` keeps there (0 without it)."""
+    reference: int = 0
+    """DPO's frozen reference copy of a full fine-tune, sharded like the parameters (no gradients,
+    no optimizer state); 0 for other objectives and for LoRA, whose reference is the same model
+    with its adapters off (training/objectives/dpo.py). Its forward runs under no_grad: it saves
+    no activations beside the policy's."""
 
     @property
     def total(self) -> int:
         return (self.parameters + self.gradients + self.optimizer + self.fsdp_working_set + self.accumulation
-                + self.activations + self.logits + self.overhead)
+                + self.activations + self.logits + self.overhead + self.reference)
 
     @property
     def required(self) -> int:
@@ -127,7 +132,8 @@ class MemoryEstimate:
         return [("parameters", self.parameters), ("gradients", self.gradients),
                 ("optimizer (AdamW fp32)", self.optimizer), ("FSDP gathered working set", self.fsdp_working_set),
                 ("accumulation (kept gathered, local sum)", self.accumulation),
-                (act, self.activations), ("logits + loss", self.logits), ("CUDA/NCCL overhead", self.overhead)]
+                (act, self.activations), ("logits + loss", self.logits), ("CUDA/NCCL overhead", self.overhead)] + (
+                    [("DPO reference (frozen copy)", self.reference)] if self.reference else [])
 
 
 def usable_bytes(gpu_memory_gib: float) -> int:
@@ -230,15 +236,22 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
 
 def estimate_for_job(job: JobConfig, shapes: ModelShapes, strategy: str | None = None) -> MemoryEstimate:
     """The job's plan (``strategy``: another sharding strategy for the same job)."""
+    import dataclasses
+
     p, t = job.parallel, job.train
     lora = lora_options(job)
-    return estimate_memory(shapes, strategy=strategy or p.strategy, world_size=p.num_workers, workers_per_node=p.workers_per_node,
+    estimate = estimate_memory(shapes, strategy=strategy or p.strategy, world_size=p.num_workers, workers_per_node=p.workers_per_node,
                            seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                            activation_checkpointing=p.activation_checkpointing,
                            param_bytes=storage_bytes(job), compute_bytes=compute_bytes(job),
                            grad_accum_steps=job.grad_accum_steps, keep_gathered=p.keep_params_gathered,
                            cpu_offload=p.cpu_offload, local_accumulation=p.accumulation == "local",
                            trainable=None if lora is None else lora_adapter_params(shapes, lora))
+    if t.objective == "dpo" and lora is None:
+        frozen = shapes.num_params() * storage_bytes(job) // estimate.shard_group
+        estimate = dataclasses.replace(estimate, reference=0 if p.cpu_offload else frozen,
+                                       host=estimate.host + (frozen if p.cpu_offload else 0))
+    return estimate
 
 
 def lora_options(job: JobConfig) -> dict | None:

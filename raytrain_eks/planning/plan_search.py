@@ -292,6 +292,8 @@ def search(job, shapes: ModelShapes, group, *, results: list[dict] | None = None
             if option.memory_source == "measured" or not option.prediction:
                 continue
             row = measure(option.job)
+            if row is not None:  # measured on this search's cluster (measured_plan.for_job matches by it)
+                row = {"cluster": cluster.to_dict(), **row}
             spent += 1
             if row is not None:
                 results = [*results, row]

@@ -278,6 +278,8 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
             "the plan also fits with " + " and ".join(faster) + ": set " +
             ", ".join(f.split(" (")[0] for f in faster))))
     plan.checks += _check_plan_search(plan, shapes, g)
+    plan.checks += elastic_sizes(env, job, shapes, required, usable, mfu)
+    plan.checks += spot_notice(env, job, shapes)
     hand = estimate_time(env, job, shapes, mfu)
     plan.estimate = measured_time(hand, plan.measured, job) if plan.measured else hand
     plan.estimate.update(prediction_range(plan, hand, g))
@@ -289,12 +291,70 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
 
         other = replace(job, parallel=replace(job.parallel, strategy=best["strategy"]))
         best = {**best, "fits": host(other) <= g.pod_memory_gib * GIB}
-    if best["strategy"] != job.parallel.strategy and best["fits"]:  # both from the hand model: comparable
+    searched = plan.search is not None and plan.search.chosen is not None  # the search's pick supersedes it
+    if best["strategy"] != job.parallel.strategy and best["fits"] and not searched:  # both from the hand model
         plan.checks.append(Check(name="strategy", ok=True, note=True, message=(
             f"parallel.strategy = {job.parallel.strategy!r} takes {hand['step_s']:.2f} s/step at the hand model's fast end; "
             f"{best['strategy']!r} would take {best['step_s']:.2f} s/step (network {best['network_s']:.2f} s): "
             f"set parallel.strategy = {best['strategy']!r}")))
     return plan
+
+
+def elastic_sizes(env: Environment, job: JobConfig, shapes, required, usable: int, mfu: float) -> list[Check]:
+    """An elastic job (``parallel.min_nodes``): the plan at every size it may run at, fewest
+    nodes first: memory per GPU (the same estimate or measured figure as the job's own) and the
+    hand model's step at the stated MFU, with the micro batches per worker that keep the global
+    batch. A size whose memory does not fit refuses the job: after a lost node it would fail."""
+    from dataclasses import replace
+
+    if not job.elastic:
+        return []
+    out = []
+    for world in job.world_sizes:
+        at = replace(job, parallel=replace(job.parallel, num_workers=world))
+        need = required(at)
+        step = estimate_time(env, at, shapes, mfu)["step_s"]
+        nodes = world // job.parallel.workers_per_node
+        text = (f"{nodes} node(s), {world} GPUs, {at.grad_accum_steps} micro batches per GPU: ~{need / GIB:.1f} GiB "
+                f"per GPU of {usable / GIB:.1f}, ~{step:.2f} s/step (hand model at MFU {mfu:g}, assumed)")
+        fits = need <= usable
+        out.append(Check(name="elastic size", ok=fits, note=fits, message=text if fits else (
+            f"parallel.min_nodes = {job.parallel.min_nodes} allows {text}: it does not fit; raise parallel.min_nodes "
+            f"above {nodes}")))
+    return out
+
+
+NOTICE_UPLOAD_GBPS = (0.2, 1.0)
+"""ASSUMED GB/s one node writes a checkpoint to S3 at (slow end, fast end): Ray Train uploads each
+worker's folder with pyarrow's S3 client; no measured figure on this project's nodes yet."""
+
+
+def spot_notice(env: Environment, job: JobConfig, shapes) -> list[Check]:
+    """A job on a spot group: its checkpoint must be written and uploaded inside EC2's two-minute
+    notice (less the stop margin, ``training/contract.py``). The bytes are the trained fp32
+    parameters and AdamW's two moments (measured plans carry no checkpoint time); per node all
+    of them under hybrid_shard (each node holds a replica; DCP may still spread the writes), a
+    share under full_shard; the rate is :data:`NOTICE_UPLOAD_GBPS` (assumed). A checkpoint that
+    may not fit is a note, not a refusal: the run then loses the steps since its last one."""
+    from training import contract as tc
+
+    from raytrain_eks.planning.memory_estimate import lora_adapter_params, lora_options
+
+    g = env.gpu_group(job.parallel.node_group)
+    if not g.spot:
+        return []
+    lora = lora_options(job)  # a LoRA checkpoint holds the adapters only (the frozen base is not stored)
+    total = (lora_adapter_params(shapes, lora) if lora is not None else shapes.num_params()) * 12
+    per_node = total if job.parallel.strategy == "hybrid_shard" else total / max(1, job.num_nodes)
+    slow, fast = (per_node / 1e9 / rate for rate in NOTICE_UPLOAD_GBPS)
+    budget = tc.NOTICE_CHECKPOINT_SECONDS
+    fits = slow <= budget
+    return [Check(name="spot notice", ok=True, note=True, message=(
+        f"a checkpoint of ~{per_node / 1e9:.1f} GB per node takes ~{slow:.0f}-{fast:.0f} s to S3 (assumed "
+        f"{NOTICE_UPLOAD_GBPS[0]:g}-{NOTICE_UPLOAD_GBPS[1]:g} GB/s per node); the notice leaves {budget} s: "
+        + ("it fits, a reclaim loses no step" if fits else
+           "it may not fit: a reclaim then loses the steps since the last periodic checkpoint "
+           f"(checkpoint.every_n_steps = {job.checkpoint.every_n_steps})")))]
 
 
 def slow_step_s(plan: Plan) -> float:

@@ -112,15 +112,18 @@ def _comm_s(entries: list[dict], which: str, kind: str, strategy: str, cluster: 
 
 
 def _bound(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, f: Figures, end: str,
-           last_backward_lever: bool) -> dict:
-    """Every term at one end of the range (``end`` = "low": fast rates, "high": slow rates)."""
+           last_backward_lever: bool, objective_factor: float = 1.0) -> dict:
+    """Every term at one end of the range (``end`` = "low": fast rates, "high": slow rates).
+    ``objective_factor``: the model's own work per micro batch against the traced (next-token)
+    one: DPO's reference forward makes it 4/3 (training/flops.py ``objective_factor``)."""
     fast = end == "low"
     pick = (lambda lo, hi: hi) if fast else (lambda lo, hi: lo)  # the faster rate is the higher one
-    gemm_s = sum(count * 2 * m * n * k / (pick(*f.gemm_rate(m, n, k)) * 1e12) for m, n, k, count in trace["gemms"])
-    attention_s = trace["attention_flops"] / 2 / (pick(f.gemm.low, f.gemm.high) * 1e12)
+    gemm_s = objective_factor * sum(count * 2 * m * n * k / (pick(*f.gemm_rate(m, n, k)) * 1e12)
+                                    for m, n, k, count in trace["gemms"])
+    attention_s = objective_factor * trace["attention_flops"] / 2 / (pick(f.gemm.low, f.gemm.high) * 1e12)
     memory = pick(f.memory.low, f.memory.high) * 1e9
     floor = 0.0 if fast else trace["kernels"] * f.kernel_floor_us.high * 1e-6
-    elementwise_s = trace["elementwise_bytes"] / memory + floor
+    elementwise_s = objective_factor * (trace["elementwise_bytes"] / memory + floor)
     strategy, accum = measured["strategy"], measured["grad_accum_steps"]
     shard = cluster.gpus_per_node if strategy == "hybrid_shard" else cluster.world_size
     params = shapes.num_params()
@@ -160,19 +163,19 @@ def _bound(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, f
     trained = measured.get("trainable_params") or params
     terms["optimizer_s"] = 0.0 if measured.get("cpu_offload") else _optimizer_bytes(trained, shard) / memory
     step_s = sum(terms.values())
-    model_flops = accum * trace["model_flops"]
+    model_flops = accum * trace["model_flops"] * objective_factor
     return {**terms, "step_s": step_s, "mfu": model_flops / (step_s * f.peak_tflops * 1e12)}
 
 
 def predict(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, figures: Figures, *,
-            last_backward_lever: bool = True) -> dict:
+            last_backward_lever: bool = True, objective_factor: float = 1.0) -> dict:
     """The step's time and MFU as ranges, every term at both ends, and which figures are assumed.
 
     ``measured`` is a row of :mod:`raytrain_eks.planning.measured_plan` with ``grad_accum_steps``;
     ``last_backward_lever``: the job sets ``is_last_backward`` False on non-last micro batches
     (training/parallel.py does)."""
-    low = _bound(trace, measured, cluster, shapes, figures, "low", last_backward_lever)
-    high = _bound(trace, measured, cluster, shapes, figures, "high", last_backward_lever)
+    low = _bound(trace, measured, cluster, shapes, figures, "low", last_backward_lever, objective_factor)
+    high = _bound(trace, measured, cluster, shapes, figures, "high", last_backward_lever, objective_factor)
     return {"step_s": (round(low["step_s"], 3), round(high["step_s"], 3)),
             "mfu": (round(high["mfu"], 4), round(low["mfu"], 4)),  # (slow end's, fast end's)
             "terms": {k: (round(low[k], 3), round(high[k], 3)) for k in low if k not in ("step_s", "mfu")},
@@ -221,7 +224,8 @@ def trace_key(job, model: str) -> dict | None:
     from raytrain_eks.planning.measured_plan import lora_key
     from raytrain_eks.planning.memory_estimate import lora_options
 
-    kind = {"chat": "chat", "synthetic": "synthetic"}.get(job.data.kind)
+    # preference pairs are packed like conversations (whole documents, best fit): the chat trace
+    kind = {"chat": "chat", "preference": "chat", "synthetic": "synthetic"}.get(job.data.kind)
     lora = lora_options(job)
     return kind and {"model": model, "kind": kind, "seq_len": job.train.seq_len,
                      "micro_batch_size": job.train.micro_batch_size,
@@ -254,7 +258,8 @@ def for_job(job, shapes: ModelShapes, measured: dict, cluster: Cluster, gpu: str
     row = {**measured, "grad_accum_steps": measured["prediction"]["grad_accum_steps"]}
     # training/parallel.py pulls the lever only where parameters stay gathered between micro batches
     return predict(trace, row, cluster, shapes, figures_for(gpu, network_gbps),
-                   last_backward_lever=job.parallel.keep_params_gathered)
+                   last_backward_lever=job.parallel.keep_params_gathered,
+                   objective_factor=flops.objective_factor(job.train.objective))
 
 
 def missing(job, measured: dict, traces: list[dict] | None = None) -> list[str]:
@@ -317,7 +322,8 @@ def estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, m
     g = env.gpu_group(job.parallel.node_group)
     strategy = strategy or job.parallel.strategy
     peak = g.instance.gpu_bf16_tflops
-    per_token = flops.training_flops_per_token(shapes, job.train.seq_len)
+    # DPO's reference forward: 4/3 the FLOPs of a trained token (training/flops.py objective_factor)
+    per_token = flops.training_flops_per_token(shapes, job.train.seq_len) * flops.objective_factor(job.train.objective)
     per_step = per_token * job.tokens_per_step
     compute_s = per_step / (job.parallel.num_workers * peak * 1e12 * mfu)
     # FSDP gathers parameters in the compute dtype (bf16 on GPU); gradients are reduced in fp32

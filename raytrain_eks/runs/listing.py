@@ -20,7 +20,21 @@ from training import incidents
 from training.storage.files import filesystem_for, read_json
 from training.verdict import of_record
 
-COLUMNS = ("run", "started", "image digest", "commit", "job", "verdict", "incidents", "tokens/s", "eval before -> after")
+COLUMNS = ("run", "started", "image digest", "commit", "job", "verdict", "incidents", "tokens/s", "eval before -> after",
+           "cost")
+
+
+def cost_text(record: dict[str, Any], per_1m_tokens: bool = False) -> str:
+    """run.json ``cost`` as one cell: ``$12.34`` (on-demand), ``~$4.94 est.`` (spot: an
+    estimate), ``$0 (local)``; ``per_1m_tokens``: the cost per 1M tokens trained; ``-`` when
+    the record has none (older records)."""
+    cost = record.get(contract.COST) or {}
+    value = cost.get("usd_per_1m_tokens") if per_1m_tokens else cost.get("usd")
+    if not isinstance(value, (int, float)):
+        return "-"
+    if not any(r.get("usd_per_node_hour") for r in cost.get("node_hours") or []):
+        return f"$0 ({cost.get('price_label') or 'no price'})"
+    return f"~${value:,.2f} est." if cost.get("estimate") else f"${value:,.2f}"
 
 
 def _run_dirs(prefix: str) -> list[str]:
@@ -68,6 +82,7 @@ def row(run_dir: str, record: dict[str, Any]) -> dict[str, Any]:
         "incidents": len(incidents.of_record(record)),  # training/incidents.py: hangs, losses, preemptions
         "tokens/s": (record.get("throughput") or {}).get(contract.TOKENS_PER_S),
         "eval before -> after": (_loss(evals.get("before")), _loss(evals.get("after"))),
+        "cost": cost_text(record),
         "run_dir": run_dir,  # not a column: where the run is (runs --to-mlflow reads it)
     }
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raytrain_eks.runs.listing import cost_text
 from training import contract, incidents
 from training.contract import METRICS_NAME, RECORD_NAME
 from training.storage.files import read_bytes, read_json
@@ -48,9 +49,9 @@ PLOTS = (  # file stem, metric key, y label
     ("tokens_per_s", contract.TOKENS_PER_S, "tokens/s (all devices)"),
     ("mfu", contract.MFU, "MFU"),
 )
-RUNTIME = ("transport", "hosts", "ranks", "nccl_logs")
+RUNTIME = ("transport", "hosts", "ranks", "nccl_logs", "attempts", "incidents")
 OUTCOMES = ("status", "exit_code", "error", "throughput", "eval", "checkpoints", "duration_s", "verdict", "failure",
-            "reproducibility")
+            "reproducibility", "cost")
 IDENTITY = ("run_dir", "start_time", "end_time")
 
 
@@ -296,6 +297,13 @@ def predicted_step_text(value: Any) -> str | None:
     return f"{text} (raytrain_eks/planning/step_model.py; {basis})"
 
 
+def node_hours_text(record: dict[str, Any]) -> str | None:
+    """``2.000 h g6.12xlarge spot at $1.84/h (spot estimate ...)``, one entry per type and capacity."""
+    rows = (record.get(contract.COST) or {}).get("node_hours") or []
+    return "; ".join(f"{r['node_hours']:.3f} h {r['instance_type']} {r['capacity_type']} at "
+                     f"${r['usd_per_node_hour']:g}/h ({r['price']})" for r in rows) or None
+
+
 def netcheck_summary_text(summary: dict[str, Any] | None) -> str | None:
     """run.json's ``netcheck`` (a run that measured the network first) as one report cell."""
     if not summary:
@@ -340,10 +348,49 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("step time (s)", t[contract.STEP_TIME_S]),
         ("step time, predicted", predicted_step_text(r.get("exposed_comm"))),
         ("peak memory (GiB)", t[contract.PEAK_MEMORY_GIB]), ("eval loss before", before), ("eval loss after", after),
+        ("objective", _objective_text(r.get("objective"))),
+        ("reward accuracy before -> after", _rewards_text(r.get("eval") or {})),
         ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),
+        ("cost", cost_text(r)), ("cost per 1M tokens", cost_text(r, per_1m_tokens=True)),
+        ("node-hours", node_hours_text(r)),
         ("incidents", incidents.summary(incidents.of_record(r)) or "none"),
         ("started", r.get("start_time")), ("error", r.get("error")),
     ]
+
+
+def _objective_text(objective: Any) -> str | None:
+    if not isinstance(objective, dict):
+        return None
+    options = ", ".join(f"{k} {v}" for k, v in objective.items() if k != "name")
+    return f"{objective.get('name')}" + (f" ({options})" if options else "")
+
+
+def _rewards_text(evals: dict[str, Any]) -> str | None:
+    """DPO's held-out reward accuracy before and after (None for other objectives)."""
+    side = lambda name: (evals.get(name) or {}).get("eval_rewards_accuracy")  # noqa: E731
+    if side("after") is None:
+        return None
+    before = side("before")
+    return f"{'?' if before is None else f'{before:.3f}'} -> {side('after'):.3f} (chance 0.5)"
+
+
+def benchmark_lines(runs: list[Run]) -> list[str]:
+    """The benchmark scores of each run: the base model (before training) and the trained one."""
+    lines: list[str] = []
+    for run in runs:
+        scores = run.record.get("benchmarks") or {}
+        after = (scores.get("after") or {}).get("tasks") or {}
+        if not after:
+            continue
+        before = (scores.get("before") or {}).get("tasks") or {}
+        lines += ["", f"## Benchmarks: {run.name}", "", "| task | metric | base model | after training | questions |",
+                  "|---|---|---|---|---|"]
+        for task, figures in after.items():
+            for metric, value in figures.items():
+                if metric != "questions":
+                    lines.append(f"| {task} | {metric} | {_fmt((before.get(task) or {}).get(metric))} | {_fmt(value)} "
+                                 f"| {figures.get('questions')} |")
+    return lines
 
 
 def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
@@ -370,6 +417,7 @@ def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
         if found:
             lines += ["", f"## Incidents ({run.name}): {incidents.summary(found)}", ""]
             lines += [f"{n}. {incidents.line(entry)}" for n, entry in enumerate(found, 1)]
+    lines += benchmark_lines(runs)
     if len(runs) == 2:
         lines += ["", "## Differences between the records", "",
                   "Every leaf of run.json that differs. Inputs and run-time conditions are what can explain a "

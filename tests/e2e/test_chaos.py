@@ -65,8 +65,21 @@ class Node:
     """A worker Ray node of this machine: ``ray start --address ... --block`` in its own session."""
 
     def __init__(self, head, env: dict[str, str], name: str):
+        self.head, self.env, self.name = head, env, name
+        self.log = open(Path(head.temp_dir) / f"{name}.log", "a")
+        self._start()
+
+    def up(self) -> bool:
+        """Start it again if it exited (on a loaded machine Ray's fixed 30 s raylet registration
+        wait can run out, as raytrain_eks/backends/local_services.py's heads retry for); False."""
+        if self.proc.poll() is not None:
+            self._start()
+        return False
+
+    def _start(self) -> None:
         from raytrain_eks.backends.local_services import free_port
 
+        head, env, name = self.head, self.env, self.name
         self.temp_dir = f"{head.temp_dir}/{name}"  # under the head's: its cleanup stops this node too
         ports = [f"{flag}={free_port()}" for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                                                        "--runtime-env-agent-port", "--metrics-export-port")]
@@ -75,7 +88,6 @@ class Node:
                "--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats", "--block", *ports]
         child = {**os.environ, **env, **head.client_env, "RAY_API_SERVER_ADDRESS": head.dashboard_url,
                  "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
-        self.log = open(Path(head.temp_dir) / f"{name}.log", "a")
         self.proc = subprocess.Popen(cmd, env=child, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT)
 
     def kill(self, actor_pids: list[int]) -> None:
@@ -97,13 +109,14 @@ class Node:
 def _alive_nodes(head) -> int:
     from ray.util.state import list_nodes
 
-    return len(list_nodes(address=head.dashboard_url, filters=[("state", "=", "ALIVE")]))
+    # a filter that leaves nodes out is "truncation" to the state API unless told otherwise
+    return len(list_nodes(address=head.dashboard_url, filters=[("state", "=", "ALIVE")], raise_on_missing_output=False))
 
 
 def _workers(head) -> list:
     from ray.util.state import list_actors
 
-    return list_actors(address=head.dashboard_url,
+    return list_actors(address=head.dashboard_url, raise_on_missing_output=False,
                        filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
 
 
@@ -119,7 +132,7 @@ def cluster():
             os.environ.update({**store.client_env, **head.client_env})
             nodes = [Node(head, env, "node-b")]
             try:
-                _wait(lambda: _alive_nodes(head) == 2, 300, "the second node to join")
+                _wait(lambda: nodes[0].up() or _alive_nodes(head) == 2, 600, "the second node to join")
                 yield {"head": head, "store": store, "env": env, "nodes": nodes}
             finally:
                 for node in nodes:
@@ -235,12 +248,19 @@ def test_a_killed_rank_is_recorded_and_the_run_resumes(cluster, reference, tmp_p
 def test_a_lost_node_is_recorded_and_the_run_resumes_on_its_replacement(cluster, reference, tmp_path):
     head = cluster["head"]
 
+    from ray.util.state import list_nodes
+
     def lose_node(client, run):
         node = cluster["nodes"][0]
-        head_node = [n.node_id for n in __import__("ray.util.state", fromlist=["list_nodes"]).list_nodes(
-            address=head.dashboard_url, filters=[("is_head_node", "=", "True")])][0]
+        [head_node] = [n.node_id for n in list_nodes(address=head.dashboard_url, filters=[("is_head_node", "=", "True")],
+                                                   raise_on_missing_output=False)]
+        lost = {w.node_id for w in _workers(head) if w.node_id != head_node}
         node.kill([w.pid for w in _workers(head) if w.node_id != head_node])
-        cluster["nodes"].append(Node(head, cluster["env"], "node-c"))  # the replacement joins
+        replacement = Node(head, cluster["env"], "node-c")  # the replacement joins, as an autoscaler's would
+        cluster["nodes"].append(replacement)
+        _wait(lambda: replacement.up() or any(n.node_id not in lost | {head_node} for n in list_nodes(
+            address=head.dashboard_url, filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)),
+            600, "the replacement node")
 
     entry = _healed(_run(cluster, tmp_path, "chaos-node", lose_node), reference, "node_lost")
     assert len(entry["ranks"]) == 1

@@ -44,9 +44,9 @@ def _jsonl(records) -> str:
 
 
 def test_the_kinds_are_the_files_of_the_registry():
-    assert FILE_KINDS == ("alpaca", "chat", "hf", "jsonl", "sharegpt", "text")
+    assert FILE_KINDS == ("alpaca", "chat", "hf", "jsonl", "preference", "sharegpt", "text")
     assert DATA_KINDS == ("synthetic", *FILE_KINDS)
-    assert [kind for kind, _ in formats.record_formats()] == ["alpaca", "chat", "sharegpt", "jsonl"]
+    assert [kind for kind, _ in formats.record_formats()] == ["alpaca", "chat", "sharegpt", "preference", "jsonl"]
 
 
 @pytest.mark.parametrize("kind, records, expected", [("alpaca", ALPACA, ALPACA_MESSAGES),

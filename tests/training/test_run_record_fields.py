@@ -118,6 +118,7 @@ def test_code_hash_changes_with_the_code(tmp_path):
     assert run_record.code_hash(tmp_path) != before
 
 
+@pytest.mark.subprocess  # charts/code_bundle.py starts a process to build the archive
 def test_code_hash_equals_the_code_archive_hash_the_manifests_carry(tmp_path):
     from charts.code_bundle import build_code_bundle
 

@@ -108,3 +108,54 @@ def test_a_verdict_never_hides_an_incident(tmp_path):
     assert "12.67 GPU-minutes lost" in line
     with pytest.raises(ValueError, match="incident kind: 'oops' is not allowed"):
         incidents.incident("oops")
+
+
+def test_two_restarts_before_training_again_do_not_count_the_lost_time_twice(tmp_path):
+    """A restart whose next attempt fails again before its first step (the bad node not yet
+    replaced) leaves two incidents waiting; the first finished step resolves both. Ray Train 2.58
+    restarts the whole group each time (``worker_group/state.py`` ``_shutdown_workers``, then a new
+    group): the run lost ONE stretch of time, from the resumed step's first finish to training
+    again; the incidents' losses must add up to it, not each claim all of it."""
+    record = RunRecord(str(tmp_path / "run"), environ={})
+    record.start(job_config={"name": "j"}, is_infrastructure_check=False)
+    watch = watchdog.Watchdog(run_name="j", run_dir=str(tmp_path / "run"), record=record, max_steps=16,
+                              world_size=2, on_gpu=True)
+    died = {"classes": ["WorkerHealthCheckFailedError", "ActorDiedError"], "text": "The actor died", "preempted": False}
+    first = {"attempt": 1, "ranks": {0: _rank(10, 7), 1: _rank(11, 7)},
+             "min_step_at": {s: 100.0 + 2 * s for s in range(1, 8)},
+             "first_done": {s: 100.0 + 2 * s for s in range(1, 8)}, "heavy": [4], "started": {1: 90.0},
+             "errors": {1: {1: died}}}
+    watch.check(first, now=120.0)
+    second = {**first, "attempt": 2, "ranks": {0: _rank(20, 4, 4), 1: _rank(21, 4, 4)}, "min_step_at": {},
+              "started": {1: 90.0, 2: 140.0}}
+    watch.check(second, now=141.0)
+    watch.check({**second, "errors": {**first["errors"], 2: {1: died}}}, now=160.0)  # fails again, no step made
+    third = {**second, "attempt": 3, "ranks": {0: _rank(30, 4, 4), 1: _rank(31, 4, 4)},
+             "started": {1: 90.0, 2: 140.0, 3: 170.0}, "errors": {**first["errors"], 2: {1: died}}}
+    watch.check(third, now=171.0)
+    watch.check({**third, "min_step_at": {5: 180.0}}, now=181.0)
+    entries = json.loads((tmp_path / "run" / "run.json").read_text())[contract.INCIDENTS]
+    assert [e["resumed_from_step"] for e in entries] == [4, 4]
+    # one stretch lost: step 4 first finished at 108, step 5 again at 180, less one step (2 s)
+    assert sum(e["wall_lost_s"] for e in entries) == 70.0
+    assert [e["wall_lost_s"] for e in entries] == [52.0, 18.0]  # each up to the next fault, the last to training again
+
+
+def test_a_health_check_timeout_does_not_claim_the_unanswering_process_was_gone(tmp_path):
+    """Ray Train 2.58 ``worker_group/worker_group.py`` ``_poll_workers_and_collect_errors``: a
+    WorkerHealthCheckTimeoutError is raised for a poll that has HUNG past
+    ``RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S`` (600 s): the process is alive (frozen, e.g. SIGSTOP,
+    which the first steps' 900 s bound lets Ray see first); Ray then ``ray.kill``s it
+    (``worker_group/state.py`` ``_shutdown_workers``). The record must not say it was gone."""
+    record = RunRecord(str(tmp_path / "run"), environ={})
+    record.start(job_config={"name": "j"}, is_infrastructure_check=False)
+    watch = watchdog.Watchdog(run_name="j", run_dir=str(tmp_path / "run"), record=record, max_steps=16,
+                              world_size=2, on_gpu=True)
+    hung = {"classes": ["WorkerHealthCheckTimeoutError"], "text": "A worker health check has been hanging for 600.1 "
+            "seconds. Marking the worker as dead.", "preempted": False}
+    state = {"attempt": 1, "ranks": {0: _rank(10, 1), 1: _rank(11, 1)}, "min_step_at": {1: 100.0},
+             "first_done": {1: 100.0}, "heavy": [], "started": {1: 90.0}, "errors": {1: {1: hung}}}
+    watch.check(state, now=700.0)
+    [entry] = record.data[contract.INCIDENTS]
+    assert entry["kind"] == "health_check"
+    assert not any("gone" in s for s in entry["saved"]), entry["saved"]

@@ -9,9 +9,14 @@ Three ways a stop request reaches a worker; :func:`stop_requested` is True after
   overruns ``grace_seconds``.
 - SIGTERM to the driver: :func:`forward_driver_sigterm` sets a flag in a named actor that every
   worker watches without blocking (one pending ``ray.wait`` with timeout 0 per step).
-- a node drain (Ray 2.58 drains a node when ``ray start`` gets SIGTERM, e.g. a pod eviction):
-  Ray Train records it in the worker's preemption context, read here without a barrier.
 The manager all-reduces the flag, so every rank checkpoints at the same step.
+
+A node drain is not a stop: Ray Core drains a node with a deadline (a spot reclaim's notice
+reaches it when the managed node group evicts the Ray pod and ``ray start`` drains its node;
+``ray drain-node`` and the autoscaler send the same GCS DrainNode), Ray Train's PreemptionWatcher
+sees it and marks every worker (``ray/train/v2/_internal/execution/preemption.py``), and
+:func:`preemption_notice` reads that mark without a barrier. The manager then commits a
+checkpoint at the step boundary and holds until Ray Train restarts the run on what is left.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ _overrun_timer: list[threading.Timer] = []
 
 
 def stop_requested() -> bool:
-    """True once this process was asked to stop (SIGTERM, driver forward, node drain)."""
+    """True once this process was asked to stop (SIGTERM, driver forward)."""
     if _STOP.is_set():
         return True
     ref = _watch.get("ref")
@@ -43,9 +48,6 @@ def stop_requested() -> bool:
         if ready and _flag_fired(ref):
             log.warning("stop forwarded by the driver")
             _STOP.set()
-    if not _STOP.is_set() and _ray_preemption_pending():
-        log.warning("Ray reports this node as draining (preemption)")
-        _STOP.set()
     return _STOP.is_set()
 
 
@@ -129,13 +131,18 @@ def watch_driver_flag(run_name: str) -> bool:
     return True
 
 
-def _ray_preemption_pending() -> bool:
-    try:  # internal API, read locally: the public get_preemption_info() is a barrier
+def preemption_notice() -> Any:
+    """Ray Train's ``PreemptionInfo`` for this worker (a node of the run is draining: its
+    ``preempted_node_to_ranks`` and ``deadline_ms``), or None. Read from the worker's own
+    preemption context, which the PreemptionWatcher's ``mark_preempt`` sets (ray 2.58
+    ``train/v2/_internal/execution/context.py``): the public ``ray.train.get_preemption_info()``
+    is a barrier across the workers, this is not; the manager agrees on it in its own all-reduce."""
+    try:
         from ray.train.v2._internal.execution.context import get_train_context
 
-        return get_train_context().preemption_context.preemption_info is not None
-    except Exception:
-        return False
+        return get_train_context().preemption_context.preemption_info
+    except Exception:  # outside a Ray Train worker
+        return None
 
 
 _NAMESPACE = "raytrain-eks"

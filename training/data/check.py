@@ -82,7 +82,15 @@ def _token_upper_bound(documents, template_bytes: int = 0) -> int:
     own size once, and once more per message its loop renders."""
     total = 0
     for d in documents:
-        if d.messages:
+        if d.pair:  # two sequences: prompt + chosen, prompt + rejected (training/data/tokenize.py tokenize_pair)
+            prompt, chosen, rejected = d.pair
+            for side in (chosen, rejected):
+                if isinstance(prompt, str):  # + the eos TRL appends and a BOS the tokenizer may add
+                    total += len(prompt.encode("utf-8")) + len(side.encode("utf-8")) + 2
+                else:
+                    turns = tuple(prompt) + tuple(side)
+                    total += sum(len(m["content"].encode("utf-8")) for m in turns) + (len(turns) + 1) * template_bytes
+        elif d.messages:
             total += sum(len(m["content"].encode("utf-8")) for m in d.messages)
             total += (len(d.messages) + 1) * template_bytes
         else:
@@ -126,13 +134,14 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
     if not docs:
         raise DataError(f"{job.source}: data.path: {d.path}: no usable {d.kind} documents "
                         f"({reader.result.bad_records} bad records skipped in {len(files)} files)")
-    template = _chat_template(job, d.kind) if docs[0].messages else None
+    chats = bool(docs[0].messages) or (bool(docs[0].pair) and not isinstance(docs[0].pair[0], str))
+    template = _chat_template(job, d.kind) if chats else None
     if job.eval.exact_match and not docs[0].messages:
         raise DataError(f"{job.source}: eval.exact_match: True needs conversations, but {d.path} holds text "
                         f"documents (data.kind {d.kind!r})")
     overlong = _overlong(job, docs) if template is not None else None
     if complete:  # conversations with a template not read here: their size is not bounded
-        _check_size(job, docs, None if docs[0].messages and template is None else len((template or "").encode("utf-8")))
+        _check_size(job, docs, None if chats and template is None else len((template or "").encode("utf-8")))
     size = f"{head_bytes / 1024**2:g} MiB" if head_bytes >= 1024**2 else f"{head_bytes / 1024:g} KiB"
     scope = "read in full" if complete else f"first {size} of each file read"
     bad = f", {reader.result.bad_records} bad records to skip" if reader.result.bad_records else ""

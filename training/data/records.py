@@ -2,7 +2,8 @@
 
 A *document* is the unit that is tokenized, separated from the next by ``<|endoftext|>`` when
 packed, and assigned as a whole to the train or the held-out split. It is either ``text``
-(trained on every token) or ``messages`` (a conversation: trained on the assistant turns). The
+(trained on every token), ``messages`` (a conversation: trained on the assistant turns) or a
+preference ``pair`` (two sequences, prompt + chosen and prompt + rejected: DPO). The
 code after the reader branches on the document, never on the format that produced it.
 
 A :class:`DataFormat` is one entry of the registry (``training/data/formats/``, one file per
@@ -38,6 +39,9 @@ class Document:
     line: int
     text: str = ""
     messages: tuple[dict[str, str], ...] = ()
+    pair: tuple[Any, ...] = ()
+    """A preference pair ``(prompt, chosen, rejected)``: three strings, or three tuples of messages
+    (training/data/formats/preference.py)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -20,7 +20,8 @@ Options (``[[model.transforms]] name = "lora"``): ``rank`` (8), ``alpha`` (16), 
 from __future__ import annotations
 
 import math
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from spec_schema import FieldError
 
@@ -80,8 +81,13 @@ def _layer_class():
             torch.nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
             torch.nn.init.zeros_(self.lora_B.weight)
 
+        disabled = False
+        """True inside :func:`adapters_disabled`: the layer is its frozen base alone."""
+
         def forward(self, x):
             result = self.base_layer(x)
+            if self.disabled:  # peft layer.py Linear.forward: ``if self.disable_adapters: base_layer(x)``
+                return result
             x = x.to(self.lora_A.weight.dtype)
             return (result + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling).to(result.dtype)
 
@@ -127,15 +133,35 @@ def base_hash(model: Any) -> str:
     import hashlib
 
     import torch
+    from torch._subclasses.fake_tensor import is_fake
 
     digest = hashlib.sha256()
     for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
         if param.requires_grad:
             continue
+        if is_fake(param) or param.is_meta:
+            # A model of shapes only (the preflight's memory measurement under fake tensors, a
+            # meta-device build) has no bytes to hash: no hash, so no resume check, is the answer.
+            return ""
         tensor = param.detach().contiguous().cpu()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+@contextmanager
+def adapters_disabled(model: Any) -> Iterator[None]:
+    """The model without its adapters: every LoRA layer computes its frozen base alone (peft
+    0.18.0 ``tuners/lora/layer.py`` ``Linear.forward``, its ``disable_adapters`` branch). DPO's
+    reference for a LoRA run is the same model inside this block: no second copy."""
+    layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    for layer in layers:
+        layer.disabled = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.disabled = False
 
 
 def lora_settings(model: Any) -> dict[str, Any] | None:

@@ -95,6 +95,18 @@ def s3_filesystem(bucket: str = ""):
     return fs.S3FileSystem(**kwargs)
 
 
+def s3_client():
+    """A boto3 S3 client for what pyarrow cannot do (a conditional put, object versions), on the
+    same endpoint and retry policy as :func:`s3_filesystem` (botocore's ``standard`` retries,
+    :data:`S3_ATTEMPTS` attempts; boto3 is in the DLC: Ray's runtime-env agent downloads
+    working_dir with it). Credentials and region come from the usual chain."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=_endpoint(),
+                        config=Config(retries={"mode": "standard", "max_attempts": S3_ATTEMPTS}))
+
+
 def filesystem_for(uri: str):
     """The pyarrow file system and the path on it for an ``s3://`` URI, a ``file://`` URI or a
     local path (made absolute)."""
@@ -157,18 +169,6 @@ def list_files(path: str, suffixes: tuple[str, ...] = ()) -> list[RemoteFile]:
 
 def _mtime(info) -> float:
     return info.mtime.timestamp() if info.mtime is not None else 0.0
-
-
-def s3_client() -> Any:
-    """The one boto3 S3 client of the job, for what pyarrow cannot do (object versions,
-    conditional writes): ``AWS_ENDPOINT_URL(_S3)`` as the endpoint and the same retry policy
-    (:data:`S3_ATTEMPTS`, the SDK's standard mode). boto3 is in the DLC (Ray's runtime-env agent
-    downloads working_dir with it); credentials and region come from the usual AWS chain."""
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", endpoint_url=_endpoint(),
-                        config=Config(retries={"max_attempts": S3_ATTEMPTS, "mode": "standard"}))
 
 
 LOST_RACE_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"})
@@ -297,8 +297,7 @@ class ConditionalFile:
 
 def object_versions(uri: str) -> list[dict[str, Any]]:
     """Key, ETag, size and version id of every latest object under an ``s3://`` prefix, by key.
-    boto3 (in the DLC: Ray's runtime-env agent downloads working_dir with it), as pyarrow lists
-    no versions; ListObjectVersions may be denied, then ETags alone (``list_objects_v2``).
+    boto3 (:func:`s3_client`), as pyarrow lists no versions; ListObjectVersions may be denied, then ETags alone (``list_objects_v2``).
     Raises OSError naming both errors when neither listing answers."""
     bucket, _, prefix = uri[len(S3_SCHEME):].partition("/")  # the prefix as given (a trailing / kept)
     client = s3_client()

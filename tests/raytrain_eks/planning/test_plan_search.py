@@ -74,6 +74,7 @@ def test_the_counted_collectives_are_the_measured_ones():
 
 def test_local_accumulation_reduce_scatters_once_per_step_and_holds_the_fp32_gradient():
     job, _, shapes = _job(FLAGSHIP)
+    job = dataclasses.replace(job, parallel=dataclasses.replace(job.parallel, grad_reduce_dtype="float32"))
     local = dataclasses.replace(job, parallel=dataclasses.replace(job.parallel, accumulation="local"))
     sharded = {c["kind"]: c for c in plan_search.collectives(shapes, job, None)}["reduce_scatter"]
     once = {c["kind"]: c for c in plan_search.collectives(shapes, local, None)}["reduce_scatter"]
@@ -110,18 +111,19 @@ def test_pinned_settings_stay_as_written():
                                          "parallel.strategy=\"full_shard\""))
     found = plan_search.search(job, shapes, group)
     assert found.options and {(o.candidate.strategy, o.candidate.micro_batch_size) for o in found.options} == {
-        ("full_shard", 1)}
+        ("full_shard", job.train.micro_batch_size)}
 
 
 def test_auto_runs_the_pick_through_overrides():
     """``parallel.plan = "auto"``: the overrides submit hands the job turn the file's plan into
-    the pick (here the file asks for checkpointing; the pick is the measured plan without)."""
-    job, group, shapes = _job(FLAGSHIP, ("parallel.plan=\"auto\"", "parallel.activation_checkpointing=true"))
+    the pick (here the file asks for hybrid shard; the pick is the measured full-shard plan)."""
+    asked = ["parallel.strategy=\"hybrid_shard\"", "parallel.grad_reduce_dtype=\"float32\""]
+    job, group, shapes = _job(FLAGSHIP, tuple(asked))
     found = plan_search.search(job, shapes, group)
     sets = plan_search.overrides(job, found.chosen.job)
-    assert "parallel.activation_checkpointing=false" in sets
+    assert 'parallel.strategy="full_shard"' in sets
     with contextlib.chdir(ROOT):
-        raw = apply_overrides(read_job_file(FLAGSHIP, ["parallel.activation_checkpointing=true"]), sets, FLAGSHIP)
+        raw = apply_overrides(read_job_file(FLAGSHIP, asked), sets, FLAGSHIP)
     applied = job_config_from_dict(raw, FLAGSHIP)
     assert plan_search.current(applied) == found.chosen.candidate
 
