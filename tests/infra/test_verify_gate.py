@@ -85,6 +85,8 @@ def test_app_py_reads_the_recorded_pass_and_the_explicit_override(tmp_path, monk
     # models DescribeStacks: "Stack with id ... does not exist" for a stack never created)
     from moto import mock_aws
 
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_CLOUDFORMATION", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():
@@ -99,12 +101,10 @@ def test_app_py_reads_the_recorded_pass_and_the_explicit_override(tmp_path, monk
         # an old record of the same state: the override deploys with the groups it found
         record.write_text(verify_gate.stamp(env, ACCOUNT, NOW - timedelta(hours=30), frozenset({"gpu"}), verify_gate.ABSENT))
         assert app._deploy_gate(env) == (None, frozenset({"gpu"}), None)
-    # no credentials (an offline synth): the state is unknown, so the record is trusted by no deploy
-    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
-    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # CloudFormation unreachable (an offline synth): the state is unknown, so the record is
+    # trusted by no deploy (a closed port answers at once: connection refused)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     refusal, existing, warning = app._deploy_gate(env)
     assert "state could not be read" in refusal and existing == frozenset() and warning is None
 
