@@ -283,6 +283,8 @@ def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
         resources = worker_resources(group, shape.pod_gpus)
         staging_volumes, staging_mounts, staging_env = _staging(env, group)
         pod_env = [*gpu_worker_env(group), *run_record_env(env, group, gpu_worker=True), *staging_env]
+    # Ray's own SIGTERM drain (30 s unless told) would kill the workers long before the checkpoint grace
+    pod_env.append({"name": contract.RAY_SIGTERM_DRAIN_ENV, "value": str(shape.checkpoint_grace_seconds)})
     volumes, mounts = _shm(resources["memory"])
     runs_volumes, runs_mounts = _shared_runs(env)
     return {

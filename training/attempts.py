@@ -161,6 +161,32 @@ def preemptions(notes: list[dict[str, Any]], *, on_gpu: bool) -> list[dict[str, 
     return out
 
 
+def absorb(existing: list[dict[str, Any]], found: list[dict[str, Any]], notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """run.json's incidents with each preemption in ``found`` added ONCE: the watchdog's incidents
+    seen from a notice until the next worker group starts (the drained node's loss, a hang while
+    the group is held, the watchdog's own ``preemption`` from Ray's ``preempted`` flag) are that drain's consequence, not faults of their own, so the preemption
+    absorbs them (their kind and detail go into its detail; its cost stays the one measured from
+    the notice) and they leave the list: one event, one incident, its device-minutes counted once.
+    Matched by time, not node name: the notice names Ray node ids, the watchdog Kubernetes node
+    names."""
+    starts = sorted(_seconds(n["time"]) for n in notes if n.get("note") == NOTE_START)
+    kept = list(existing)
+    for entry in found:
+        when = _seconds(entry["time"])
+        until = next((t for t in starts if t > when), None)
+        caused = [i for i in kept if not any(i is f for f in found) and i.get("time")
+                  and when <= _seconds(i["time"]) and (until is None or _seconds(i["time"]) <= until)]
+        for other in caused:
+            entry["detail"] += f"; then seen as {other.get('kind')}: {other.get('detail')}"
+            if entry.get("device_minutes_lost") is None:  # no later group: the watchdog's measure is all there is
+                for key in ("resumed_from_step", "steps_lost", "progress_again_s", "wall_lost_s", "devices",
+                            "gpu_minutes_lost", "device_minutes_lost"):
+                    entry[key] = other.get(key) if other.get(key) is not None else entry.get(key)
+            kept.remove(other)
+        kept.append(entry)
+    return kept
+
+
 def attempts_of(notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """run.json ``attempts``: each worker group's start."""
     return [{k: n.get(k) for k in ("time", "world_size", "nodes", "resumed_from_step", "instance_type",
@@ -201,4 +227,4 @@ def cost_of(attempts: list[dict], *, end: str, tokens: int, incidents: list[dict
 def summarize(run_dir: str, *, end: str, on_gpu: bool) -> dict[str, Any]:
     """The driver, at the end: run.json's ``attempts`` and the preemptions to add."""
     notes = read_notes(run_dir)
-    return {"attempts": attempts_of(notes), "preemptions": preemptions(notes, on_gpu=on_gpu)}
+    return {"attempts": attempts_of(notes), "preemptions": preemptions(notes, on_gpu=on_gpu), "notes": notes}

@@ -160,8 +160,15 @@ class JobConfig:
 
     def accum_steps_at(self, world_size: int) -> int:
         """Micro batches per worker per step at ``world_size`` workers: the global batch is fixed,
-        an elastic run at fewer workers accumulates more."""
-        return self.train.global_batch_size // (world_size * self.train.micro_batch_size)
+        an elastic run at fewer workers accumulates more. Ray Train's elastic policy may start any
+        count in [min, max] (it sums free GPUs per node, not whole nodes): a count that does not
+        divide the global batch is refused, never trained at a smaller batch."""
+        per_step = world_size * self.train.micro_batch_size
+        if self.train.global_batch_size % per_step:
+            raise ValueError(f"train.global_batch_size: {self.train.global_batch_size} is not a multiple of "
+                             f"{world_size} workers x train.micro_batch_size {self.train.micro_batch_size} (this "
+                             f"job's sizes: {', '.join(map(str, self.world_sizes))})")
+        return self.train.global_batch_size // per_step
 
     @property
     def world_sizes(self) -> tuple[int, ...]:

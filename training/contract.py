@@ -240,6 +240,11 @@ inner one plus this margin."""
 NOTICE_CHECKPOINT_SECONDS = SPOT_NOTICE_SECONDS - STOP_MARGIN_SECONDS
 """What a checkpoint may take and still fit the notice: ``checkpoint.sigterm_grace_seconds``'s
 default, so the worker pods' stop wait (grace + margin) equals the notice."""
+RAY_SIGTERM_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+"""Ray 2.58 (``ray/_private/node.py`` ``_drain_node_before_shutdown``, default 30 s in
+``ray/_private/ray_constants.py``): on SIGTERM ``ray start`` drains its node with deadline now +
+this, then kills every process on the node at that deadline, whatever the pod's grace. The
+worker pods set it to the checkpoint grace: the drain's deadline is the notice the job sees."""
 
 # --- attempts and cost (training/attempts.py); the incidents themselves: training/incidents.py ---
 ATTEMPTS_DIR = "attempts"

@@ -157,6 +157,11 @@ def read_task(entry: str) -> tuple[str, list[Question]]:
         except json.JSONDecodeError as err:
             raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
         question, choices, answer = record.get("question"), record.get("choices"), record.get("answer")
+        if questions and bool(questions[0].choices) != (choices is not None):
+            # one kind per task, as lm-eval's output_type: the scorer is picked by the first line
+            raise ValueError(f"{where}: field 'choices' is {'missing' if choices is None else 'present'} but the "
+                             f"first question {'has' if questions[0].choices else 'has no'} choices (a task is all "
+                             "multiple choice or all generative)")
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{where}: field 'question' must be a non-empty string, got {question!r}")
         if choices is None:
@@ -242,10 +247,13 @@ def _generate(model: torch.nn.Module, tokenizer: Any, q: Question | None, device
         token = int(model(input_ids=ids).logits[0, -1].argmax())
         if done:
             continue
-        if token in stop_ids or GENERATION_STOP in tokenizer.decode(generated + [token]):
+        if token in stop_ids:
             done = True
             continue
-        generated.append(token)
+        generated.append(token)  # the text before a stop string inside this token is kept (split below)
+        if GENERATION_STOP in tokenizer.decode(generated):
+            done = True
+            continue
         ids = torch.cat([ids, torch.tensor([[token]], device=device)], dim=1)
     return tokenizer.decode(generated).split(GENERATION_STOP)[0].strip()
 

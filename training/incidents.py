@@ -15,8 +15,9 @@ again (:func:`resolved`)::
     incidents.resolved(record, entry, resumed_from_step=20, progress_again_s=74.2,
                        wall_lost_s=95.0, devices=8, on_gpu=True)
 
-``add`` is the one way in (the spot helper appends its preemptions with it): a record never
-holds an incident the verdict does not count.
+``add`` is the one way in (the spot helper's preemptions come in through training/attempts.py
+``absorb``, which folds the node loss that follows a drain notice into that one preemption): a
+record never holds an incident the verdict does not count, nor one event twice.
 """
 from __future__ import annotations
 

@@ -236,8 +236,6 @@ def start_record(job: JobConfig, argv: list[str], where: str = "") -> RunRecord:
     record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
                  cluster=_cluster_shape(job), command=argv,
                  exposed_comm=exposed_comm_handed(job.checkpoint.storage_path, job.run_name))
-    if os.environ.get(contract.STORAGE_LIVES_FOR_ONE_SUBMIT_ENV) == "1":
-        record.update(**{contract.STORAGE_LIVES_FOR_ONE_SUBMIT: True})
     return record
 
 
@@ -274,8 +272,8 @@ def finish_record(record: RunRecord, *, returned: dict[str, Any] | None, error: 
 
 def _incidents_and_cost(record: RunRecord, summary: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """run.json's ``attempts`` and ``cost`` from the workers' notes (training/attempts.py); each
-    drain notice's checkpoint becomes a ``preemption`` incident (training/incidents.py ``add``,
-    the one way in). Never fails the record."""
+    drain notice's checkpoint becomes ONE ``preemption`` incident, absorbing the watchdog's
+    incidents its drain caused (training/attempts.py ``absorb``). Never fails the record."""
     from datetime import datetime, timezone
 
     from training import attempts, incidents
@@ -285,8 +283,9 @@ def _incidents_and_cost(record: RunRecord, summary: dict[str, Any], fields: dict
     try:
         found = attempts.summarize(record.run_dir, end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                    on_gpu=on_gpu)
-        for entry in found["preemptions"]:
-            incidents.add(record, entry)
+        if found["preemptions"]:  # one incident per drain: the node loss after its notice is folded in
+            record.update(**{contract.INCIDENTS: attempts.absorb(incidents.of_record(record.data), found["preemptions"],
+                                                                 found["notes"])})
         cost = attempts.cost_of(found["attempts"], end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                 tokens=int(tokens), incidents=incidents.of_record(record.data), environ=os.environ)
         return {"attempts": found["attempts"], contract.COST: cost}

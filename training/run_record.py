@@ -201,10 +201,11 @@ class RunRecord:
             "environment_spec": {"text": spec_text(env)},  # its hash: spec_hash (contract.HASHES)
             "inputs": {}, "ranks": [], "nccl_logs": [], "reproducibility": {}, "verdict": None,
             "netcheck": None,
-            contract.INCIDENTS: [],  # training/incidents.py: appended as faults are seen
+            # a local run's bucket ends with its submit: a stop there is final (training/verdict.py)
+            contract.STORAGE_LIVES_FOR_ONE_SUBMIT: env.get(contract.STORAGE_LIVES_FOR_ONE_SUBMIT_ENV) == "1",
             "exposed_comm": exposed_comm or exposed_comm_handed("", ""),
             # worker groups, faults and cost: the driver fills them at the end (training/incidents.py)
-            "attempts": [], contract.INCIDENTS: [], contract.COST: {},
+            "attempts": [], contract.INCIDENTS: [], contract.COST: {},  # INCIDENTS: appended as faults are seen
             # what each hash and throughput figure of this record is (one definition each)
             "definitions": {"hashes": dict(contract.HASHES), "throughput": dict(contract.FIGURES)},
         }

@@ -76,12 +76,7 @@ def checkpoint_policy_statements(bucket_arn: str, prefix: str, account: str,
         iam.PolicyStatement(
             sid="CheckpointObjects", actions=list(OBJECT_ACTIONS),
             resources=[f"{bucket_arn}/{prefix}/*"], conditions=owned),
-        # The evidence the pipeline's gate judges, and what submit uploaded for other runs:
-        # an explicit Deny wins over every Allow (IAM policy evaluation logic).
-        iam.PolicyStatement(
-            sid="NeverPipelineEvidenceOrInputs", effect=iam.Effect.DENY,
-            actions=["s3:PutObject", "s3:DeleteObject"],
-            resources=[f"{bucket_arn}/{prefix}/{PIPELINE_RUN_PREFIX}*", f"{bucket_arn}/{prefix}/{INPUTS_PREFIX}/*"]),
+        _never_evidence_or_inputs(bucket_arn, prefix),
     ]
     return [*statements, *_reads(bucket_arn, prefix, owned, read_only_prefixes)]
 
@@ -96,12 +91,24 @@ def run_policy_statements(bucket_arn: str, prefix: str, account: str, read_only_
         iam.PolicyStatement(
             sid="OwnRunObjects", actions=list(OBJECT_ACTIONS),
             resources=[f"{bucket_arn}/{prefix}/{RUN_FOLDER}/*"], conditions=owned),
+        # Run names admit "smoke-<execution>-<build>": the session tag would then name a smoke
+        # run's folder, which the Allow above covers.
+        _never_evidence_or_inputs(bucket_arn, prefix),
         *_reads(bucket_arn, prefix, owned, read_only_prefixes),
     ]
     if tracking_server_arn:
         statements.append(iam.PolicyStatement(
             sid="TrackingServer", actions=list(TRACKING_ACTIONS), resources=[tracking_server_arn]))
     return statements
+
+
+def _never_evidence_or_inputs(bucket_arn: str, prefix: str) -> iam.PolicyStatement:
+    # The evidence the pipeline's gate judges, and what submit uploaded for other runs:
+    # an explicit Deny wins over every Allow (IAM policy evaluation logic).
+    return iam.PolicyStatement(
+        sid="NeverPipelineEvidenceOrInputs", effect=iam.Effect.DENY,
+        actions=["s3:PutObject", "s3:DeleteObject"],
+        resources=[f"{bucket_arn}/{prefix}/{PIPELINE_RUN_PREFIX}*", f"{bucket_arn}/{prefix}/{INPUTS_PREFIX}/*"])
 
 
 def smoke_policy_statements(bucket_arn: str, prefix: str, account: str, read_only_prefixes: tuple[str, ...] = (),
@@ -313,7 +320,10 @@ class SubmitterAccess(Construct):
             iam.PolicyStatement(sid="RunIdentity", actions=["eks:CreatePodIdentityAssociation",
                                                             "eks:ListPodIdentityAssociations"],
                                 resources=[cluster_arn]),
-            iam.PolicyStatement(sid="RemoveRunIdentity", actions=["eks:DeletePodIdentityAssociation"],
+            # Describe: the list's summaries name no role, and a run named like another role's
+            # account must neither borrow nor delete that association.
+            iam.PolicyStatement(sid="RemoveRunIdentity", actions=["eks:DescribePodIdentityAssociation",
+                                                                  "eks:DeletePodIdentityAssociation"],
                                 resources=[stack.format_arn(service="eks", resource="podidentityassociation",
                                                             resource_name=f"{cluster_name}/*")]),
             iam.PolicyStatement(sid="PassRunRole", actions=["iam:PassRole"], resources=[run_role.role_arn],

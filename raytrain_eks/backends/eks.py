@@ -344,6 +344,14 @@ def run_role_arn(cluster_name: str, account: str, partition: str = "aws") -> str
     return f"arn:{partition}:iam::{account}:role/{run_role_name(cluster_name)}"
 
 
+def caller_run_role(cluster_name: str, region: str) -> str:
+    """The run role's ARN in the account of the credentials in use."""
+    import boto3
+
+    account, partition = caller_account(boto3.client("sts", region_name=region))
+    return run_role_arn(cluster_name, account, partition)
+
+
 def caller_account(sts: Any) -> tuple[str, str]:
     """``(account, partition)`` of the credentials in use."""
     arn = sts.get_caller_identity()["Arn"]
@@ -366,6 +374,12 @@ def ensure_run_identity(api: Any, *, cluster: str, namespace: str, run: str, rol
     """The association of ``namespace/run`` with the run role (made unless it exists); its id."""
     found = _run_associations(api, cluster, namespace, run)
     if found:
+        # The list's summaries carry no roleArn: a run named like an account another role is
+        # associated with (the smoke runs', the long-lived cluster's) would borrow that role.
+        theirs = _role_of(api, cluster, found[0]["associationId"])
+        if theirs != role:
+            raise KubectlError(f"submit: run name {run!r}: service account {namespace}/{run} is associated with "
+                               f"{theirs}, not the run role {role}; choose another run name")
         return found[0]["associationId"]
     made = api.create_pod_identity_association(
         clusterName=cluster, namespace=namespace, serviceAccount=run, roleArn=role,
@@ -374,9 +388,16 @@ def ensure_run_identity(api: Any, *, cluster: str, namespace: str, run: str, rol
     return made["association"]["associationId"]
 
 
-def release_run_identity(api: Any, *, cluster: str, namespace: str, run: str) -> int:
-    """Delete the run's associations (its pods are gone: nothing else uses that account); how many."""
-    found = _run_associations(api, cluster, namespace, run)
+def _role_of(api: Any, cluster: str, association_id: str) -> str:
+    return api.describe_pod_identity_association(clusterName=cluster, associationId=association_id)[
+        "association"].get("roleArn", "")
+
+
+def release_run_identity(api: Any, *, cluster: str, namespace: str, run: str, role: str) -> int:
+    """Delete the run's associations with the run role ``role`` (its pods are gone: nothing else
+    uses that account), never another role's; how many."""
+    found = [a for a in _run_associations(api, cluster, namespace, run)
+             if _role_of(api, cluster, a["associationId"]) == role]
     for association in found:
         api.delete_pod_identity_association(clusterName=cluster, associationId=association["associationId"])
     return len(found)

@@ -211,7 +211,8 @@ class Stop:
 
         if not found[0].endswith(ON_CLUSTER_SUFFIX):  # its own service account's association goes too
             eks.release_run_identity(eks.eks_api(env.cluster.region), cluster=env.cluster.eks_name,
-                                     namespace=namespace, run=args.run)
+                                     namespace=namespace, run=args.run,
+                                     role=eks.caller_run_role(env.cluster.eks_name, env.cluster.region))
         print(f"stopped {args.run}: RayJob deleted (KubeRay stops the Ray job); storage kept: "
               f"{env.storage_uri}/{args.run} (raytrain-eks submit JOB --resume {args.run})")
         return 0

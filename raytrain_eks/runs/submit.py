@@ -70,10 +70,27 @@ def auto_plan(env, job: Path, overrides: list[str]) -> list[str]:
 
     with contextlib.chdir(ROOT):
         config = plan_job(env, job.resolve(), ROOT, list(overrides)).config
+    # The user's --set come after these overrides and win: a plan setting they set is pinned for
+    # the search, else the job run would mix the user's setting with a pick made without it.
+    config = _pin_user_plan_settings(config, overrides)
     sets = auto_plan_overrides(env, config)
     if sets:
         print(f"plan: parallel.plan = 'auto' runs the plan search's pick: {' '.join(sets)}")
     return sets
+
+
+def _pin_user_plan_settings(config, overrides: list[str]):
+    """``config`` with every plan setting an ``--set`` names added to ``parallel.pinned``."""
+    import dataclasses
+
+    from training.config_checks import PLAN_SETTINGS
+
+    keys = {item.split("=", 1)[0].strip() for item in overrides}
+    named = [n for n in PLAN_SETTINGS if (f"train.{n}" if n == "micro_batch_size" else f"parallel.{n}") in keys]
+    if not named:
+        return config
+    pinned = tuple(dict.fromkeys([*config.parallel.pinned, *named]))
+    return dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, pinned=pinned))
 
 
 def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> list:
@@ -319,7 +336,8 @@ def _release_identity(manifests) -> None:
 
     if not manifests.on_cluster:
         eks.release_run_identity(eks.eks_api(manifests.region), cluster=manifests.cluster_name,
-                                 namespace=manifests.namespace, run=manifests.run)
+                                 namespace=manifests.namespace, run=manifests.run,
+                                 role=eks.caller_run_role(manifests.cluster_name, manifests.region))
 
 
 def _results(client, manifests, out_dir: Path, ended: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import shlex
 
+import pytest
 import yaml
 from charts_testspec import ACCOUNT, TEST_DIGEST, make_env
 
@@ -109,7 +110,9 @@ def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
         "RAYTRAIN_NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}}, "RAYTRAIN_AVAILABILITY_ZONE": "us-east-1a",
         # checkpoints are staged in an emptyDir: on the node's NVMe RAID0 (the kubelet's folder
         # is bind-mounted onto it), not the gp3 root
-        "RAYTRAIN_CHECKPOINT_LOCAL_DIR": "/mnt/raytrain-local/checkpoints"}
+        "RAYTRAIN_CHECKPOINT_LOCAL_DIR": "/mnt/raytrain-local/checkpoints",
+        # Ray's SIGTERM drain lasts the checkpoint grace (the long-lived cluster's)
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(LONG_LIVED_CHECKPOINT_GRACE_SECONDS)}
     [staging] = [v for v in wg["template"]["spec"]["volumes"] if v["name"] == "local-staging"]
     # 90 % of 4 x 940 GB, less the 40 GiB image on the same array
     assert staging == {"name": "local-staging", "emptyDir": {"sizeLimit": "3111Gi"}}
@@ -171,6 +174,9 @@ def test_rayjob_clusters_come_from_the_same_builder(default_synth):
             worker_group(spec)["replicas"] = worker_group(spec)["minReplicas"] = worker_group(spec)["maxReplicas"] = 0
             worker_group(spec)["template"]["spec"]["terminationGracePeriodSeconds"] = 0
             spec["headGroupSpec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 0
+            for e in container(worker_group(spec)["template"])["env"]:  # Ray's SIGTERM drain: the job's grace
+                if e["name"] == "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S":
+                    e["value"] = "0"
             for t in (spec["headGroupSpec"]["template"], worker_group(spec)["template"]):
                 t["metadata"] = {}
         # each run's pods under a service account named after the run (the long-lived one: the spec's)
@@ -239,6 +245,20 @@ def test_large_spec_scales_world_size_and_workers(large_synth):
         assert (wg["replicas"], limits[GPU_RESOURCE], limits["cpu"], limits["memory"]) == (4, "8", "160", "640Gi")
         assert entry_args(rj).world.num_workers == 32
         assert wg["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] == "g6.48xlarge"
+
+
+def test_a_worker_pods_sigterm_drain_lasts_the_checkpoint_grace_inside_the_pod_grace(default_synth):
+    # ray 2.58 _private/node.py _drain_node_before_shutdown: on SIGTERM `ray start` drains its node
+    # (DrainNode, reason PREEMPTION) with deadline now + RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
+    # (_private/ray_constants.py, default 30 s), then kills every process on the node at that
+    # deadline, whatever the pod's terminationGracePeriodSeconds. That deadline is the notice
+    # Ray Train's PreemptionWatcher sees: it must be the checkpoint grace, not Ray's 30 s.
+    specs = [default_synth.one("raycluster")["spec"]] + [
+        default_synth.one(f"rayjob-{job}")["spec"]["rayClusterSpec"] for job in GPU_JOBS + ("local",)]
+    for spec in specs:
+        pod = worker_group(spec)["template"]
+        drain = int(env_of(container(pod))["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"])
+        assert drain + GRACE_MARGIN_SECONDS == pod["spec"]["terminationGracePeriodSeconds"]
 
 
 def test_rayjob_lifecycle_fields(default_synth):
@@ -327,6 +347,7 @@ def test_names_are_valid_kuberay_names(default_synth):
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= limit, name
 
 
+@pytest.mark.subprocess  # synthesizes the charts through the cdk8s CLI
 def test_a_spot_group_of_two_types_places_workers_on_either_and_tells_them_both_peaks():
     from charts.cluster_spec import gpu_peaks, node_placement, run_record_env
 

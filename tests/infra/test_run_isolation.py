@@ -46,7 +46,7 @@ def test_run_a_reads_and_writes_its_own_prefix_only(variant):
     # a name that only starts like run A's is another run
     assert _as_run(variant, "run-a", "s3:PutObject", f"{prefix}/run-ab/run.json") == "ImplicitDeny"
     # the pipeline's evidence is another run's prefix
-    assert _as_run(variant, "run-a", "s3:PutObject", f"{prefix}/smoke-exec-1/run.json") == "ImplicitDeny"
+    assert _as_run(variant, "run-a", "s3:PutObject", f"{prefix}/smoke-exec-1/run.json") == "Deny"
 
 
 def test_run_a_reads_but_never_writes_the_inputs_and_read_only_prefixes(variant):
@@ -54,8 +54,8 @@ def test_run_a_reads_but_never_writes_the_inputs_and_read_only_prefixes(variant)
     keys = [f"{prefix}/_inputs/0123456789abcdef/data.jsonl"] + [f"{ro}/x/y" for ro in variant.env.storage.read_only_prefixes]
     for key in keys:
         assert _as_run(variant, "run-a", "s3:GetObject", key) == "Allow", key
-        for action in WRITE:
-            assert _as_run(variant, "run-a", action, key) == "ImplicitDeny", (action, key)
+        for action in WRITE:  # the inputs: an explicit Deny; the read-only prefixes: no Allow
+            assert _as_run(variant, "run-a", action, key) in ("Deny", "ImplicitDeny"), (action, key)
     # nothing outside: another prefix of the bucket, another bucket, a same-named bucket elsewhere
     assert _as_run(variant, "run-a", "s3:GetObject", "other/x") == "ImplicitDeny"
     ctx = pod_identity_context(run="run-a", account=_account(variant), cluster=variant.env.cluster.eks_name)
@@ -164,3 +164,12 @@ def test_the_inputs_folder_is_one_name_on_both_sides_of_the_layers():
     from training.contract import INPUTS_DIR
 
     assert INPUTS_PREFIX == INPUTS_DIR
+
+
+def test_a_run_named_like_a_smoke_run_never_writes_the_pipeline_evidence(variant):
+    # Run names (raytrain_eks/runs/manifest.py RUN_NAME) admit "smoke-<execution>-<build>": the
+    # session tag then names the smoke run's folder, and the run role's own-folder Allow covers it.
+    prefix = variant.env.storage.prefix
+    for action in WRITE:
+        assert _as_run(variant, "smoke-exec-1", action, f"{prefix}/smoke-exec-1/run.json") == "Deny", action
+        assert _as_run(variant, "smoke-exec-1", action, f"{prefix}/smoke-exec-1/metrics.jsonl") == "Deny", action

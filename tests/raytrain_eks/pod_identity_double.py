@@ -2,7 +2,7 @@
 operations ``raytrain_eks/backends/eks.py`` calls, each request validated against the
 operation's input shape in botocore's own EKS service model (botocore 1.44.8,
 ``botocore/data/eks/2017-11-01/service-2.json``: ``CreatePodIdentityAssociation``,
-``ListPodIdentityAssociations``, ``DeletePodIdentityAssociation``), and answered in its output
+``ListPodIdentityAssociations``, ``DescribePodIdentityAssociation``, ``DeletePodIdentityAssociation``), and answered in its output
 shape. What it models of EKS: one association per (cluster, namespace, service account) (EKS
 refuses a second with ``ResourceInUseException``), listing filtered by namespace and service
 account, deletion by id (``ResourceNotFoundException`` for an unknown one)."""
@@ -45,6 +45,13 @@ class PodIdentityApi:
                  and a["namespace"] == params.get("namespace", a["namespace"])
                  and a["serviceAccount"] == params.get("serviceAccount", a["serviceAccount"])]
         return {"associations": found}
+
+    def describe_pod_identity_association(self, **params) -> dict:
+        _validated("DescribePodIdentityAssociation", params)
+        if params["associationId"] not in self.associations:
+            raise ClientError({"Error": {"Code": "ResourceNotFoundException", "Message": "gone"}},
+                              "DescribePodIdentityAssociation")
+        return {"association": dict(self.associations[params["associationId"]])}
 
     def delete_pod_identity_association(self, **params) -> dict:
         _validated("DeletePodIdentityAssociation", params)

@@ -67,3 +67,33 @@ def test_the_driver_summary_reads_the_notes_and_the_metrics(tmp_path):
                                                  if k not in ("note", "time")})
     found = attempts.summarize(str(tmp_path), end="2099-01-01T00:00:00+00:00", on_gpu=False)
     assert found["preemptions"] == [] and len(found["attempts"]) == 1
+
+
+def test_a_drain_is_one_incident_the_node_loss_after_its_notice_is_folded_into_the_preemption():
+    """The drained node then leaves the cluster: the watchdog sees that as ``node_lost`` (by the
+    Kubernetes node name; the notice names Ray node ids). One event: ONE incident, its
+    device-minutes counted once in ``cost``; a fault before the notice stays its own."""
+    notes = [
+        _start("2026-12-05T12:00:00+00:00", 4, {A: [0, 1], B: [2, 3]}, 0),
+        {"note": "notice", "time": "2026-12-05T12:01:00+00:00", "saved": 8, "nodes": {B: [2, 3]},
+         "checkpoint_s": 2.4, "world_size": 4},
+        _start("2026-12-05T12:02:00+00:00", 2, {A: [0, 1]}, 8, 8),
+    ]
+    earlier = incidents.incident(incidents.HANG, ranks=[1], nodes=["ip-10-0-0-6"], step=3, detail="no step",
+                                 time="2026-12-05T12:00:20+00:00")
+    earlier.update(device_minutes_lost=1.0, gpu_minutes_lost=1.0)
+    lost = incidents.incident(incidents.NODE_LOST, ranks=[2, 3], nodes=["ip-10-0-0-7"], step=8,
+                              detail="node left the cluster", time="2026-12-05T12:01:30+00:00")
+    lost.update(resumed_from_step=8, steps_lost=0, wall_lost_s=60.0, devices=4, device_minutes_lost=4.0,
+                gpu_minutes_lost=4.0)
+    # the watchdog may also call a worker's death a preemption (Ray's ``preempted`` flag): the same event
+    flagged = incidents.incident(incidents.PREEMPTION, ranks=[2], nodes=["ip-10-0-0-7"], step=8, detail="preempted",
+                                 time="2026-12-05T12:01:40+00:00")
+    flagged.update(device_minutes_lost=4.0, gpu_minutes_lost=4.0)
+    found = attempts.preemptions(notes, on_gpu=True)
+    merged = attempts.absorb([earlier, lost, flagged], found, notes)
+    assert [i["kind"] for i in merged] == [incidents.HANG, incidents.PREEMPTION]
+    assert "node_lost" in merged[1]["detail"] and merged[1]["device_minutes_lost"] == pytest.approx(4.0)
+    cost = attempts.cost_of(attempts.attempts_of(notes), end="2026-12-05T12:03:00+00:00", tokens=10,
+                            incidents=merged, environ={})
+    assert cost["device_minutes_lost"] == pytest.approx(5.0)  # 1 (hang) + 4 (the drain), not 1 + 4 + 4

@@ -133,3 +133,13 @@ def test_job_config_schema_imports_only_the_standard_library():
             "print(','.join(sorted(m for m in new if m not in ('training','spec_schema') and m not in sys.stdlib_module_names and not m.startswith('_'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_a_worker_count_ray_may_choose_that_does_not_keep_the_global_batch_is_refused(job):
+    # Ray 2.58 train/v2/_internal/execution/scaling_policy/elastic.py _count_possible_workers sums
+    # floor(free / per-worker) over nodes: any count in [min, max], not whole nodes (a node with
+    # one GPU taken gives 2 + 1 = 3 here). Flooring the accumulation would train a smaller batch.
+    cfg = load_job_config(job, ["parallel.num_workers=6", "parallel.min_nodes=1", "train.micro_batch_size=1",
+                                "train.global_batch_size=12"])
+    with pytest.raises(ValueError, match=r"train.global_batch_size: 12 .* 5 workers"):
+        cfg.accum_steps_at(5)

@@ -164,7 +164,15 @@ def make(model: Any, job: Any, forward: Any) -> DPO:
 
     from training.model_transforms.lora import lora_settings
 
+    import torch
+
     opts = settings(dict(job.train.objective_options))
+    # TRL 1.16 DPOConfig.disable_dropout (default True): DPOTrainer sets p = 0 on every
+    # torch.nn.Dropout of the policy (LoRA's included), so the policy's log-probs are the same
+    # function the reference's are, and a pair's loss is deterministic.
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
     frozen = None
     if lora_settings(model) is None:
         frozen = copy.deepcopy(model)

@@ -167,3 +167,27 @@ def test_offload_plans_get_their_pods_cpus_and_the_host_adamw_term():
     assert written.job.parallel.cpus_per_worker == group.pod_cpu // job.parallel.workers_per_node > 1
     fast, slow = written.prediction["terms"]["host_optimizer_s"]
     assert 0 < fast < slow
+
+
+
+def _submitted(asked: list[str], searched_job) -> tuple:
+    """What submit runs for a ``plan = "auto"`` job with the user's ``--set`` ``asked``: the
+    search's overrides of ``searched_job``, then the user's (raytrain_eks/runs/submit.py: they win)."""
+    _, group, shapes = _job(FLAGSHIP, tuple(asked))
+    found = plan_search.search(searched_job, shapes, group)
+    sets = plan_search.overrides(searched_job, found.chosen.job)
+    final, _, _ = _job(FLAGSHIP, (*sets, *asked))
+    return found, sets, final
+
+
+def test_a_plan_setting_the_user_sets_is_pinned_in_the_search():
+    """submit puts the user's ``--set`` after the search's overrides: a plan setting the user
+    sets must be one the search kept, else the job run mixes the user's setting with a pick made
+    without it (one the search never weighed, which the config may even refuse)."""
+    from raytrain_eks.runs import submit
+
+    asked = ["parallel.strategy=\"hybrid_shard\"", "parallel.grad_reduce_dtype=\"float32\""]
+    job, _, _ = _job(FLAGSHIP, tuple(asked))
+    found, sets, final = _submitted(asked, submit._pin_user_plan_settings(job, asked))
+    assert found.chosen.candidate.strategy == "hybrid_shard"
+    assert plan_search.current(final) == found.chosen.candidate, sets

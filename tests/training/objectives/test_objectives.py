@@ -209,3 +209,96 @@ def test_the_shipped_pairs_read_as_pairs():
 
     docs = read_documents(str(ROOT / PAIRS), "preference").documents
     assert len(docs) == 240 and all(d.pair and d.pair[1].startswith(" The answer is") for d in docs)
+
+
+def test_dpo_trains_without_dropout_as_trl_does():
+    """TRL 1.16.0 DPOConfig.disable_dropout defaults to True and DPOTrainer.__init__
+    (trl/trainer/dpo_trainer.py:932-935) sets p = 0 on every torch.nn.Dropout of the policy
+    (trl/trainer/utils.py disable_dropout_in_model), LoRA's dropout included. The shipped 7B DPO
+    job sets LoRA dropout 0.05: in train mode two forwards of the same pair must give the same
+    loss, as they do under TRL."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from training import model as forward
+    from training.config import load_job_config
+    from training.model import use_chunked_loss_head, use_packed_attention
+    from training.model_transforms import lora
+    from training.objectives import dpo
+
+    torch.manual_seed(0)
+    config = Qwen2Config(**tiny_qwen2_config(vocab_size=151936, hidden_size=16, intermediate_size=32,
+                                             num_attention_heads=2, num_key_value_heads=1))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    lora.apply(model, {"rank": 4, "alpha": 8, "dropout": 0.5, "base_dtype": "float32"})
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    use_packed_attention(model)
+    use_chunked_loss_head(model)
+    objective = dpo.make(model, load_job_config(ROOT / "jobs" / "local-dpo.toml"), forward)
+    model.train()
+    tokenizer = _tokenizer()
+    from training.data.records import Document
+    from training.data.tokenize import tokenize_documents
+
+    doc = tokenize_documents(tokenizer, [Document(source="t", line=1, pair=("Q: 1+1?\nA:", " 2", " no"))])[0]
+    ids = torch.from_numpy(doc.ids.astype(np.int64))[None]
+    labels = ids.masked_fill(~torch.from_numpy(doc.trained)[None], -100)
+    starts = np.flatnonzero(doc.starts)
+    positions = torch.from_numpy(np.concatenate([np.arange(b - a) for a, b in
+                                                 zip(starts, list(starts[1:]) + [len(doc.ids)])]))[None]
+    batch = {"input_ids": ids, "labels": labels, "position_ids": positions}
+    first, _ = objective.loss(model, batch, torch.device("cpu"))
+    second, _ = objective.loss(model, batch, torch.device("cpu"))
+    assert torch.equal(first, second)
+
+
+def test_a_benchmark_file_mixing_choice_and_generative_questions_is_refused(tmp_path):
+    """lm-eval 0.4.13 gives a task ONE output_type (lm_eval/api/task.py: multiple_choice or
+    generate_until for every doc); a file mixing both was scored by its first line's kind (a
+    generative question sent to the choice scorer with no choices, or a choice index compared as
+    text). One line naming the file, the line and the field."""
+    from training.evaluation import read_task
+
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"question": "1+1?", "choices": ["2", "3"], "answer": 0}\n'
+                    '{"question": "2+2?", "answer": "4"}\n')
+    with pytest.raises(ValueError, match=r"mixed.jsonl, line 2: .*'choices'"):
+        read_task(str(path))
+
+
+class _Scripted(torch.nn.Module):
+    """Stands in for a causal LM whose greedy continuation is a fixed token list (the stop rule
+    under test reads only the argmax of the last position's logits)."""
+
+    def __init__(self, prompt_len: int, tokens: list[int], vocab: int):
+        super().__init__()
+        self.prompt_len, self.tokens, self.vocab = prompt_len, tokens, vocab
+
+    def forward(self, input_ids):
+        from types import SimpleNamespace
+
+        logits = torch.zeros(1, input_ids.shape[1], self.vocab)
+        logits[0, -1, self.tokens[min(input_ids.shape[1] - self.prompt_len, len(self.tokens) - 1)]] = 1.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_generation_keeps_the_text_before_a_newline_inside_a_token():
+    """lm-eval 0.4.13 HFLM.generate_until (lm_eval/models/huggingface.py:1693-1705) decodes the
+    continuation's tokens and cuts the TEXT at the first stop string (models/utils.py
+    postprocess_generated_text): Qwen2's ".\\n" is one token, so " Paris" + ".\\n" gives
+    " Paris." (then stripped: "Paris."). Dropping the whole token that holds the newline loses
+    the "."."""
+    import torch.distributed as dist
+
+    from training import evaluation
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29731", rank=0, world_size=1)
+    tokenizer = _tokenizer()
+    q = evaluation.Question("Capital of France?", "Paris.")
+    prompt = evaluation.encode_pair(tokenizer, evaluation.BENCHMARK_PROMPT.format(question=q.question), "")[0]
+    model = _Scripted(len(prompt), [12095, 624, 48], len(tokenizer))  # " Paris", ".\n", "Q"
+    text = evaluation._generate(model, tokenizer, q, torch.device("cpu"), max_new_tokens=8, stop_ids=set())
+    assert text == "Paris."
