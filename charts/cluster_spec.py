@@ -178,7 +178,7 @@ def run_record_env(env: Environment, group: GpuNodeGroupSpec, *, gpu_worker: boo
              # a spot group of several types: the pod cannot read its node's labels, so it is
              # told the types it may be on
              (contract.ENV_INSTANCE_TYPE, ",".join(group.all_instance_types)),
-             # the run's cost (training/attempts.py): its node group's capacity type; the price
+             # the run's cost (training/incidents.py): its node group's capacity type; the price
              # travels in the job's runtime env (charts/ray_charts.py runtime_env_yaml), never in
              # the pod template, where a price edit would recreate the long-lived cluster
              (contract.ENV_CAPACITY_TYPE, group.capacity),

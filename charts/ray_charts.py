@@ -200,7 +200,7 @@ def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle, *, sourc
 
 def node_price_env(env: Environment, plan: JobPlan) -> dict[str, str]:
     """The price of an hour of the job's node (the preflight's; a spot price is an estimate, and
-    its label says so) for the run's cost (training/attempts.py). Per job, in the runtime env:
+    its label says so) for the run's cost (training/incidents.py). Per job, in the runtime env:
     in the pods' template a price edit would change the long-lived RayCluster's hash and KubeRay
     would recreate it under running jobs."""
     group = env.gpu_group(plan.node_group) if plan.uses_gpu else None
