@@ -79,7 +79,7 @@ def test_a_lost_worker_becomes_one_incident_with_its_resume_and_cost(tmp_path):
     assert entry["gpu_minutes_lost"] == entry["device_minutes_lost"] == round(2 * 40 / 60, 2)
 
 
-def test_no_hang_is_declared_before_every_rank_registered_or_after_the_last_step(tmp_path):
+def test_no_hang_is_declared_while_ranks_register_within_the_first_step_bound_or_after_the_last_step(tmp_path):
     record = RunRecord(str(tmp_path / "run"), environ={})
     record.start(job_config={"name": "j"}, is_infrastructure_check=False)
     watch = watchdog.Watchdog(run_name="j", run_dir=str(tmp_path / "run"), record=record, max_steps=8,
@@ -87,7 +87,7 @@ def test_no_hang_is_declared_before_every_rank_registered_or_after_the_last_step
     watch.attempt = 1
     state = {"attempt": 1, "ranks": {0: _rank(10, 3)}, "min_step_at": {1: 1.0, 2: 2.0, 3: 3.0}, "first_done": {},
              "heavy": [], "started": {1: 0.0}, "errors": {}}
-    watch.check(state, now=10_000.0)  # one rank of two: still starting
+    watch.check(state, now=500.0)  # one rank of two, within the first-step bound: still starting
     done = {**state, "ranks": {0: _rank(10, 8), 1: _rank(11, 8)}}
     watch.check(done, now=10_000.0)  # past the last step: evaluation and export, Ray's health check covers them
     assert record.data[contract.INCIDENTS] == []
@@ -253,10 +253,10 @@ def test_a_normal_first_step_within_the_bound_is_never_a_hang(tmp_path, fake_ray
     board.begin(0, _info(10), 100.0)
     board.begin(1, _info(11), 101.0)
     watch.check(board.state(), now=100.0 + first - 10)
-    board.started(0, 10, 4, 100.0 + first - 5)  # restored step 4, late but within the bound
+    board.restored(0, 10, 4, 100.0 + first - 5)  # restored step 4, late but within the bound
     board.step(0, 10, 5, False, 100.0 + first - 4)  # rank 1 has no step yet: it must not count
     assert board.state()["min_step_at"] == {5: 100.0 + first - 4}
-    board.started(1, 11, 4, 100.0 + first - 3)
+    board.restored(1, 11, 4, 100.0 + first - 3)
     watch.check(board.state(), now=100.0 + first + 10)  # everyone started: the first step's bound runs
     board.step(1, 11, 5, False, 100.0 + first + 20)
     watch.check(board.state(), now=100.0 + first + 21)
