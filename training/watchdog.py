@@ -473,6 +473,12 @@ class Watchdog:
             self.record.update(**{contract.INCIDENTS: list(self.record.data.get(contract.INCIDENTS) or [])})
 
     def _resolve_waiting(self, state: dict[str, Any]) -> None:
+        # The ranks register at worker start, before their restore: the step the next attempt
+        # resumed from is known only once they restored.
+        restored = [r["start_step"] for r in state["ranks"].values() if r["start_step"] is not None]
+        for pending in self.waiting:
+            if pending["resumed_from_step"] is None and state["attempt"] > pending["attempt"] and restored:
+                pending["resumed_from_step"] = min(restored)
         after = {int(k): v for k, v in (state.get("min_step_at") or {}).items()}
         ready = [p for p in self.waiting if p["resumed_from_step"] is not None] if after else []
         if not ready:

@@ -281,3 +281,32 @@ def test_probes_wait_once_for_all_ranks_and_an_unanswering_rank_is_not_killed(tm
     assert (1, True) in watch.sent  # the stopped one
     assert "rank 2: step 7, process no answer" in entry["detail"] and entry["ranks"] == [1, 2]
     assert "not killed" in entry["detail"]
+
+
+def test_an_incident_resolves_when_the_next_attempt_registered_before_its_restore(tmp_path):
+    """The ranks now register at worker start, before their restore: the watchdog may see the
+    next attempt before any rank knows the step it resumes from; the incident must still resolve
+    with it once the ranks restored and trained again."""
+    record = RunRecord(str(tmp_path / "run"), environ={})
+    record.start(job_config={"name": "j"}, is_infrastructure_check=False)
+    watch = watchdog.Watchdog(run_name="j", run_dir=str(tmp_path / "run"), record=record, max_steps=16,
+                              world_size=2, on_gpu=True)
+    died = {"classes": ["WorkerHealthCheckFailedError", "ActorDiedError"], "text": "The actor died", "preempted": False}
+    first = {"attempt": 1, "ranks": {0: _rank(10, 7), 1: _rank(11, 7)},
+             "min_step_at": {s: 100.0 + 2 * s for s in range(1, 8)},
+             "first_done": {s: 100.0 + 2 * s for s in range(1, 8)}, "heavy": [], "started": {1: 90.0},
+             "errors": {1: {1: died}}}
+    watch.check(first, now=120.0)
+    board = watchdog._Board()
+    board.attempt, board.first_done, board.errors = 1, dict(first["first_done"]), dict(first["errors"])
+    board.ranks = {0: {**_rank(10, 7), "attempt": 1}, 1: {**_rank(11, 7), "attempt": 1}}
+    board.begin(0, _info(20), 130.0)
+    board.begin(1, _info(21), 130.0)
+    watch.check(board.state(), now=131.0)  # the next attempt, not restored yet
+    board.restored(0, 20, 4, 140.0)
+    board.restored(1, 21, 4, 140.0)
+    board.step(0, 20, 5, False, 150.0)
+    board.step(1, 21, 5, False, 150.0)
+    watch.check(board.state(), now=151.0)
+    [entry] = record.data[contract.INCIDENTS]
+    assert entry["resumed_from_step"] == 4 and entry["steps_lost"] == 3
