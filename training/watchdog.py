@@ -11,29 +11,37 @@ GPU of the job idles meanwhile. Ray's health check stays as the backstop.
 
 The parts, none inside a rank's training thread:
 
-- :class:`ProgressBoard`, an actor on the driver's node (0 CPUs). Every rank registers when its
-  attempt starts (pid, node, where its stack dump goes, the step it restored) and reports each
-  step as it finishes: one fire-and-forget actor call per step, no wait.
+- ``_Board``, an actor on the driver's node (0 CPUs). Every rank registers at worker start,
+  before its model build (pid, node, where its stack dump goes; no step yet), says the step it
+  restored once its restore is done (:meth:`Progress.started`) and reports each step as it
+  finishes: one fire-and-forget actor call each, no wait.
 - :class:`FailureNotes`, a Ray Train ``UserCallback`` on the controller: the errors Ray Train
   itself saw (a dead worker, a failed or timed-out health check, an exception) reach the board
   with their ranks, before the controller restarts the group.
 - :class:`Watchdog`, a thread of the driver: it reads the board every :data:`POLL_S` and
   records each fault as an incident (training/incidents.py) in run.json, completed with the
   step the next attempt resumed from and the time and GPU-minutes lost. When no rank finished a
-  step within :func:`hang_bound` it declares a hang: it saves each rank's Python stack (the
+  step within :func:`hang_bound`, or when :data:`FIRST_STEP_S` after the attempt started some
+  rank has no step yet (stuck in its build, data open or restore) or never registered, it
+  declares a hang: on every registered rank's node at once (one :data:`PROBE_TIMEOUT_S` for all)
+  it saves the rank's Python stack (the
   rank installed ``faulthandler`` on SIGUSR1 into a file on its node: a task on that node
   sends the signal and reads the file, so a rank whose training thread holds the GIL in native
   code still dumps), reads each process's state (``/proc/<pid>/stat``: ``T`` = stopped), names
-  the rank(s) and node(s) that did not progress, copies the stacks (and, on GPU, NCCL's
-  flight-recorder dumps, :func:`flight_recorder_env`) into ``<run>/incidents/``, and SIGKILLs
-  the ranks it named. Ray Train sees the dead worker at its next poll, tears the whole group
+  the rank(s) and node(s) that did not progress (a rank that never registered by number),
+  copies the stacks (and, on GPU, NCCL's flight-recorder dumps, :func:`flight_recorder_env`)
+  into ``<run>/incidents/``, and SIGKILLs the ranks it named whose node answered the probe (a
+  rank that never registered has no pid: the registered ranks waiting on it are killed; a
+  rank whose node gave no answer is recorded as such, and Ray's health check remains its
+  backstop). Ray Train sees the dead worker at its next poll, tears the whole group
   down and restarts it from the last checkpoint (``checkpoint.max_failures``).
 
 The bound (:func:`hang_bound`): ``max(STEP_MULTIPLE x measured step time, FLOOR_S)``; when the
 step due next also evaluates or checkpoints, the longest such step measured in the attempt takes
 the step time's place, and before one was measured ``EVENT_FLOOR_S`` is added; before an attempt has
 measured two steps, :data:`FIRST_STEP_S` (model build, restore, the evaluation before training
-and the first compile). The watchdog stands down once the last step is done (evaluation and
+and the first compile), counted from the last rank's restore; and until every rank has restored,
+:data:`FIRST_STEP_S` from the attempt's first registration. The watchdog stands down once the last step is done (evaluation and
 export run after it: Ray's health check covers them) and after a stop was requested.
 """
 from __future__ import annotations
