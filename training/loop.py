@@ -262,6 +262,10 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     if job.parallel.use_gpu and not torch.cuda.is_available():
         raise RuntimeError("parallel.use_gpu = true but this worker sees no CUDA device "
                            "(check the pod's nvidia.com/gpu limit and the device plugin)")
+    # Registered with the driver's progress watchdog (training/watchdog.py) before the model
+    # build, data open, gather and restore: a rank stuck in any of them is then a hang it sees.
+    progress = (watchdog.rank_progress(job.run_name, ctx.rank, None, ctx.local_dir) if ctx.in_ray
+                else watchdog.Progress(None, ctx.rank, os.getpid()))
     on_gpu = job.parallel.use_gpu
     device = torch.device("cuda", ctx.local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
@@ -323,9 +327,8 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             model_config=model_config, uploads_in_flight=ctx.uploads_in_flight,
             lease=ckpt_api.Lease(**lease) if lease else None, every_minutes=job.checkpoint.every_minutes,
             on_notice=noticed)
-    # Each finished step goes to the driver's progress watchdog (training/watchdog.py); no wait.
-    progress = (watchdog.rank_progress(job.run_name, ctx.rank, trainer.step, ctx.local_dir) if ctx.in_ray
-                else watchdog.Progress(None, ctx.rank, os.getpid()))
+    # Restored: each finished step from here goes to the watchdog; no wait.
+    progress.started(trainer.step)
 
     # LoRA (a frozen base): the MFU counts the FLOPs a LoRA step executes; a DTensor's numel()
     # is its global size
