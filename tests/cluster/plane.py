@@ -207,14 +207,14 @@ class Plane:
         return self.kubectl("get", "--raw", path, check=False, timeout=20).returncode == 0
 
     def stop(self) -> None:
+        """Each process in the reverse order of its start, one at a time: an apiserver whose etcd
+        is already gone waits on it instead of exiting."""
         for name in reversed(list(self.procs)):
             proc = self.procs[name]
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for name in reversed(list(self.procs)):
-            proc = self.procs[name]
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
