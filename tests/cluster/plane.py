@@ -320,6 +320,17 @@ class Plane:
                        "leaderElection": {"leaderElect": False},
                        "internalCertManagement": {"enable": False}})
         (w / "kueue-config.yaml").write_text(yaml.safe_dump(config))
+        # Kueue v0.19.2 reads its metrics certificate from a fixed path whenever its internal
+        # certificate management is off (cmd/kueue/main.go:215-229, "/etc/kueue/metrics/certs"),
+        # even with metrics disabled, and exits without it: the plane's serving certificate.
+        metrics = Path("/etc/kueue/metrics/certs")
+        try:
+            metrics.mkdir(parents=True, exist_ok=True)
+            shutil.copy(w / "serving.crt", metrics / "tls.crt")
+            shutil.copy(w / "serving.key", metrics / "tls.key")
+        except OSError as err:
+            raise PlaneError(f"kueue needs its metrics certificate in {metrics} (a path fixed in Kueue v0.19.2 "
+                             f"cmd/kueue/main.go:217) and it cannot be written here: {err}") from err
         self._start("kueue", [str(binary("kueue", "kueue")), f"--config={w / 'kueue-config.yaml'}"],
                     env={"KUBECONFIG": str(self.kubeconfig)})
         self._wait("kueue", lambda: _http_ok(f"http://127.0.0.1:{p['kueue-probe']}/readyz"), "/readyz")
