@@ -63,8 +63,15 @@ summary: install
 cdk-synth: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(NODE_BIN)/cdk synth --quiet
 
+# The cdk8s CLI empties its output folder before it runs the app: it synthesizes into a staging
+# folder, and dist/ is replaced only once the app succeeded (a broken jobs/*.toml or spec keeps
+# the last good dist/).
+DIST ?= dist
+CDK8S_STAGING ?= .work/cdk8s-staging
 cdk8s-synth: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(NODE_BIN)/cdk8s synth --no-check-upgrade
+	rm -rf $(CDK8S_STAGING)
+	PATH="$(CURDIR)/$(BIN):$$PATH" ENV_FILE=$(ENV_FILE) $(NODE_BIN)/cdk8s synth --no-check-upgrade --output $(CDK8S_STAGING)
+	rm -rf $(DIST) && mv $(CDK8S_STAGING) $(DIST)
 
 synth: cdk-synth cdk8s-synth
 

@@ -163,7 +163,7 @@ def _flop_mapping():
 def measure(model_name: str, *, code: str, activation_checkpointing: bool, strategy: str = "hybrid_shard",
             reduce_dtype: str = "float32", keep_gathered: bool = False, cluster: Cluster = Cluster(),
             loss_head: bool = True, cpu_offload: bool = False, lora: dict | None = None, probe=None,
-            micro_batch_size: int = MICRO_BATCH) -> dict:
+            micro_batch_size: int = MICRO_BATCH, accumulation: str = "sharded") -> dict:
     """One variant's figures. ``micro_batch_size``: rows per micro batch, the global batch (and
     so the tokens per step) unchanged: fewer, larger micro batches. ``cpu_offload``:
     ``parallel.cpu_offload`` with the job's own AdamW (training/optim.py: on host-held
@@ -207,9 +207,10 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
             batch = {**batch, "attention_mask": _todays_mask(config, batch)}
         with _unpinned():  # a fake tensor cannot be pinned; pinning changes where, not how much
             parallelize(model, mesh, strategy=strategy, on_gpu=True, activation_checkpointing=activation_checkpointing,
-                        keep_gathered=keep_gathered, reduce_dtype=reduce_dtype, cpu_offload=cpu_offload)
+                        keep_gathered=keep_gathered, reduce_dtype=reduce_dtype, cpu_offload=cpu_offload,
+                        accumulation=accumulation)
         if cpu_offload:
-            from training.config import OptimConfig, TrainConfig
+            from training.config_sections import OptimConfig, TrainConfig
             from training.optim import build_optimizer
 
             optimizer = build_optimizer(model, TrainConfig(), OptimConfig())
@@ -261,6 +262,8 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
               "measure_s": round(time.perf_counter() - began, 1)}
     if cpu_offload:
         result["cpu_offload"] = True
+    if accumulation != "sharded":  # a row without it accumulated sharded (measured_plan.lookup)
+        result["accumulation"] = accumulation
     if lora is not None:
         result["lora"] = lora_key(lora)
     if probe:
@@ -332,7 +335,7 @@ def job_variant(path: str) -> tuple[str, dict]:
     if plan is None or plan["compile"] or plan["seq_len"] != SEQ_LEN:
         raise SystemExit(f"{path}: measured at seq {SEQ_LEN}, uncompiled, lora the only transform; the job has {plan}")
     keys = ("strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered", "cpu_offload", "lora",
-            "micro_batch_size")
+            "micro_batch_size", "accumulation")
     return name, {"code": "after", **{key: plan[key] for key in keys}}
 
 
@@ -386,12 +389,146 @@ def jobs_table(paths: list[str], results: list[dict], cluster: Cluster = Cluster
     return "\n".join(rows)
 
 
+HOST = ("Sharded Param", "Sharded Grad", "OptState")
+"""(:class:`OffloadProbe`) FSDPMemTracker's categories CPUOffloadPolicy keeps in host memory (the step's own allocations
+are ``OptState`` to the tracker: it marks everything the optimizer step makes)."""
+STAGED = ("Sharded Param", "OptState")
+"""What a checkpoint copies into pinned host memory (the model and optimizer state)."""
+
+class OffloadProbe:
+    """Counts the copies per micro batch and splits the memory peak (see the module docstring)."""
+
+    def __init__(self):
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        probe = self
+        self.model = None
+        """Set by the measurement once the model is sharded."""
+        self.micro = 0
+        self.h2d: dict[int, int] = {}
+        self.d2h: dict[int, int] = {}
+        self.largest_unit = 0
+        self.peaks = {"gpu": (0, {}), "host": (0, {})}
+
+        class Tracker(FSDPMemTracker):
+            """DTensor's sharding propagation builds its ops' arguments at their GLOBAL shape
+            under the ambient fake mode (torch 2.13 ``distributed/tensor/_sharding_prop.py``
+            ``_propagate_tensor_meta_non_cached``); in a real run that is a private fake mode
+            and no memory, under this bench's fake mode the tracker would count it (a foreach
+            AdamW step over every shard at full size): peaks are not taken while it runs."""
+
+            propagating = 0
+
+            def __enter__(self):
+                from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+                self._propagator = ShardingPropagator
+                self._original = original = ShardingPropagator._propagate_tensor_meta_non_cached
+                tracker = self
+
+                def propagate(*args, **kwargs):
+                    tracker.propagating += 1
+                    try:
+                        return original(*args, **kwargs)
+                    finally:
+                        tracker.propagating -= 1
+
+                ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+                return super().__enter__()
+
+            def __exit__(self, *exc):
+                self._propagator._propagate_tensor_meta_non_cached = self._original
+                return super().__exit__(*exc)
+
+            def _update_peak_stats(self, peak_state) -> None:
+                if self.propagating:
+                    return
+                super()._update_peak_stats(peak_state)
+                for snap in self._curr_mem_snap.values():
+                    host = sum(snap.get(key, 0) for key in HOST)
+                    probe._peak("host", host, snap)
+                    probe._peak("gpu", snap["Total"] - host, snap)
+
+        self.tracker_class = Tracker
+
+    def _peak(self, where: str, value: int, snap: dict) -> None:
+        if value > self.peaks[where][0]:
+            keys = HOST if where == "host" else [k for k in snap if k not in HOST and k != "Total"]
+            self.peaks[where] = (value, {key: int(snap.get(key, 0)) for key in keys})
+
+    def __enter__(self):
+        from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+        self._module, self._original = _fsdp_collectives, _fsdp_collectives._get_param_all_gather_inputs
+
+        def counted(fsdp_params):
+            unit = sum(p._sharded_param_data.numel() * p._sharded_param_data.element_size()
+                       for p in fsdp_params if p.offload_to_cpu)
+            self.h2d[self.micro] = self.h2d.get(self.micro, 0) + unit
+            self.largest_unit = max(self.largest_unit, unit)
+            return self._original(fsdp_params)
+
+        _fsdp_collectives._get_param_all_gather_inputs = counted
+        # model.parameters() are FSDP2's sharded parameters, the tensors foreach_reduce hands .grad to
+        self._hooks = [param.register_post_accumulate_grad_hook(self._gradient)
+                       for param in self.model.parameters() if param.requires_grad]
+        return self
+
+    def _gradient(self, param) -> None:
+        local = param.grad._local_tensor if hasattr(param.grad, "_local_tensor") else param.grad
+        self.d2h[self.micro] = self.d2h.get(self.micro, 0) + local.numel() * local.element_size()
+
+    def __exit__(self, *exc):
+        self._module._get_param_all_gather_inputs = self._original
+        for hook in self._hooks:
+            hook.remove()
+        return False
+
+    def figures(self, tracker, accum: int) -> dict:
+        """The result's offload fields: per micro batch (first, middle, last) and per step of
+        ``accum`` micro batches, the peaks, and what a checkpoint stages on the host."""
+        def step(counts: dict[int, int]) -> dict:
+            first, last = counts.get(0, 0), counts.get(MEASURED_ACCUM - 1, 0)
+            middle = sum(counts.get(i, 0) for i in range(1, MEASURED_ACCUM - 1)) / max(1, MEASURED_ACCUM - 2)
+            return {"first_bytes": first, "middle_bytes": middle, "last_bytes": last,
+                    "step_bytes": int(first + max(0, accum - 2) * middle + last)}
+
+        now = next(iter(tracker.get_tracker_snapshot("current").values()), {})
+        return {"offload": {
+            "h2d": step(self.h2d), "d2h": step(self.d2h),
+            "gpu_peak_bytes": self.peaks["gpu"][0], "gpu_peak_breakdown": self.peaks["gpu"][1],
+            "gpu_staging_bytes": 3 * self.largest_unit, "largest_unit_h2d_bytes": self.largest_unit,
+            "host_peak_bytes": self.peaks["host"][0], "host_peak_breakdown": self.peaks["host"][1],
+            "checkpoint_staging_bytes": int(sum(now.get(key, 0) for key in STAGED)),
+            "pinned_rounding_bytes": self.pinned_rounding(),
+        }}
+
+    def pinned_rounding(self) -> int:
+        """What pinning adds on the host over the tracked bytes: one pinned allocation per
+        parameter (its padded shard) and per gradient shard, each rounded up to a power of two
+        (raytrain_eks/planning/memory_estimate.py ``pinned_host_bytes``)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        from raytrain_eks.planning.memory_estimate import pinned_rounding
+
+        shards = []
+        for module in self.model.modules():
+            group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+            for p in (group.fsdp_params if group else []):
+                if p.offload_to_cpu:
+                    size = p._sharded_param_data.element_size()
+                    shards.append(p._sharded_param_data.numel() * size)
+                    if p.sharded_param.requires_grad:
+                        shards.append(p.sharded_size.numel() * size)
+        return pinned_rounding(shards)
+
+
 def save(results: list[dict], out: Path, cluster: Cluster, *, publish: bool) -> list[dict]:
     """Write ``results`` into ``out`` (and the preflight's copy with ``publish``): a run of some
     variants replaces those and keeps the others already measured. Returns all of them."""
     key = lambda r: tuple(json.dumps(r.get(k, False), sort_keys=True) for k in (
         "model", "code", "strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered", "compile", "seq_len",
-        "micro_batch_size", "cpu_offload", "lora"))
+        "micro_batch_size", "cpu_offload", "lora", "accumulation"))
     start = out if out.is_file() else PUBLISHED  # a fresh checkout has only the published copy
     previous = json.loads(start.read_text())["results"] if start.is_file() else []
     fresh = {key(r) for r in results}
@@ -433,8 +570,6 @@ def main() -> None:
     results = []
     for name, variant in runs:
         if variant.get("cpu_offload"):  # the host<->GPU copies and the GPU/host split too
-            from bench_offload_transfer import OffloadProbe
-
             variant = {**variant, "probe": OffloadProbe()}
         results.append(measure(name, cluster=cluster, **variant))
         print(json.dumps({k: results[-1][k] for k in ("model", "code", "activation_checkpointing", "micro_batch_size",

@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from environment.instances import peak_bf16_tflops  # noqa: E402
 
 from raytrain_eks.planning.measured_plan import MODEL_CONFIGS  # noqa: E402
+from training.contract import PEAK_MEMORY_GIB  # noqa: E402  (the key the job's own rows use)
 
 
 def main() -> None:
@@ -89,7 +90,7 @@ def main() -> None:
         "step_s": round(step_s, 4), "tokens_per_s": round(tokens_per_s, 1),
         "tflops": round(flops.achieved_tflops(tokens_per_s, per_token), 2),
         "mfu": round(mfu, 4) if mfu is not None else None,
-        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        PEAK_MEMORY_GIB: round(torch.cuda.max_memory_allocated() / 2**30, 2),
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
         "torch": torch.__version__,
     }))

@@ -37,8 +37,11 @@ from training.flops import ModelShapes  # noqa: E402
 MODEL = "Qwen2.5-1.5B"
 
 
-def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointing: bool = False) -> dict:
-    """One micro batch of the job's code on fake tensors; see the module docstring."""
+def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointing: bool = False,
+          model_name: str = MODEL, lora: dict | None = None) -> dict:
+    """One micro batch of the job's code on fake tensors; see the module docstring. ``lora``: a
+    LoRA transform's options (training/model_transforms/lora.py applied as build_model applies
+    it: the frozen base's weight gradients are never computed, the trace shows it)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils import flop_counter as fc
@@ -78,7 +81,7 @@ def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointi
                     self.kernels += 1
             return out
 
-    config = Qwen2Config(**MODEL_CONFIGS[MODEL])
+    config = Qwen2Config(**MODEL_CONFIGS[model_name])
     if kind == "chat":  # packed documents, each one's first 40 % a prompt (bench_full_size_plan)
         batch, docs = packed_chat_batch(micro_batch_size, seq_len), list(DOC_LENGTHS)
     else:  # synthetic: random ids, one document per row, every token a target
@@ -90,6 +93,13 @@ def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointi
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # FSDP computes in bf16
         model.config.use_cache = False
         use_packed_attention(model)
+        if lora is not None:  # the transform before the loss head, as build_model
+            from training.model_transforms import lora as lora_transform
+
+            lora_transform.apply(model, lora)
+            for module in model.modules():  # the adapters compute in bf16 too (FSDP's param dtype)
+                for name, param in module.named_parameters(recurse=False):
+                    param.data = param.data.to(torch.bfloat16)
         use_chunked_loss_head(model)  # as build_model: the output layer and the loss in chunks
         model.train()
         if activation_checkpointing:  # as training/parallel.py: the blocks' forward again in backward
@@ -97,14 +107,20 @@ def trace(kind: str, seq_len: int, micro_batch_size: int, activation_checkpointi
         recorder = Recorder()
         with recorder:
             loss_from_inputs(model, *prepared).backward()
-    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **MODEL_CONFIGS[MODEL]})
-    return {"model": MODEL, "kind": kind, "seq_len": seq_len, "micro_batch_size": micro_batch_size,
-            "activation_checkpointing": activation_checkpointing,
+    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **MODEL_CONFIGS[model_name]})
+    from raytrain_eks.planning.measured_plan import lora_key
+    from raytrain_eks.planning.memory_estimate import lora_adapter_params
+    from training.flops import lora_training_flops_per_token
+
+    per_token = (training_flops_per_token(shapes, seq_len) if lora is None
+                 else lora_training_flops_per_token(shapes, seq_len, lora_adapter_params(shapes, lora)))
+    return {"model": model_name, "kind": kind, "seq_len": seq_len, "micro_batch_size": micro_batch_size,
+            "activation_checkpointing": activation_checkpointing, "lora": lora_key(lora) if lora is not None else None,
             "doc_lengths": docs, "target_tokens": int(prepared[1].numel()),
             "gemms": sorted([*shape, count] for shape, count in recorder.gemms.items()),
             "attention_flops": int(recorder.attention), "elementwise_bytes": int(recorder.bytes),
             "kernels": recorder.kernels,
-            "model_flops": training_flops_per_token(shapes, seq_len) * seq_len * micro_batch_size,
+            "model_flops": per_token * seq_len * micro_batch_size,
             "torch": torch.__version__, "measure_s": round(time.perf_counter() - began, 1)}
 
 
@@ -130,7 +146,7 @@ def _plan(name: str, change: dict) -> dict:
     other keys, the job file's values with ``change`` applied (the config's defaults filled in)."""
     import dataclasses
 
-    from training.config import ParallelConfig
+    from training.config_sections import ParallelConfig
 
     default = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
     job = _job(name)
@@ -226,10 +242,32 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+FAMILY_LORA = {"rank": 16, "alpha": 32, "dropout": 0.05}  # jobs/family/lora-*.toml
+FAMILY_TRACES = tuple((model, lora, micro, checkpointing)
+                      for micro, checkpointing in ((1, True), (1, False), (2, True))
+                      for model, lora in (("Qwen2.5-0.5B", None), ("Qwen2.5-3B", None), ("Qwen2.5-7B", FAMILY_LORA),
+                                          ("Qwen2.5-7B", None), ("Qwen2.5-14B", FAMILY_LORA))) + (
+    ("Qwen2.5-0.5B", None, 2, False),)
+"""The micro batches of the family jobs the plan search prices (raytrain_eks/planning/plan_search.py):
+micro batch 1 with and without checkpointing, micro batch 2 with it (and without for the 0.5B,
+whose activations allow it); chat data at seq 2048. ``--trace-family`` records them (about
+20 minutes on the loaded 2-core machine: the 14B's micro batch 2 alone took 5.6)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", action="store_true", help=f"re-measure the traces into {step_model.TRACES.name}")
+    parser.add_argument("--trace-family", action="store_true",
+                        help=f"add the family jobs' traces (FAMILY_TRACES) to {step_model.TRACES.name}")
     args = parser.parse_args()
+    if args.trace_family:
+        traces = step_model.load_traces()
+        for model, lora, micro, checkpointing in FAMILY_TRACES:
+            fresh = trace("chat", 2048, micro, checkpointing, model_name=model, lora=lora)
+            traces = [t for t in traces if (t["model"], t["kind"], t["seq_len"], t["micro_batch_size"],
+                                            t.get("activation_checkpointing", False), t.get("lora")) != (
+                fresh["model"], "chat", 2048, micro, checkpointing, fresh["lora"])] + [fresh]
+            step_model.TRACES.write_text(json.dumps({"traces": traces}, indent=1) + "\n")
     if args.trace:  # the micro batch of every row of PLANS
         keys = ("kind", "seq_len", "micro_batch_size", "activation_checkpointing")
         wanted = sorted({tuple(_plan(n, c)[k] for k in keys) for n, c in PLANS})

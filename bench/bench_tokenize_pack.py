@@ -33,7 +33,7 @@ def main() -> int:
     from devtools.tokenizer_build import DEFAULT_OUT, build
     from training.config import job_config_from_dict
     from training.data.build import build_packed
-    from training.tokenizer import document_separator_id, load_tokenizer
+    from training.data.tokenizer import document_separator_id, load_tokenizer
 
     tok_dir = build(ROOT / DEFAULT_OUT)
     t0 = time.perf_counter()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from training import contract  # noqa: E402  (standard library only: no torch needed)
 from training.transport import NCCL_LOG_DIR  # noqa: E402
@@ -81,7 +82,7 @@ def _profile_job(gpus: int, storage: Path) -> str:
     train, parallel = shipped["train"], shipped["parallel"]
     config = ", ".join(f"{k} = {json.dumps(v)}" for k, v in MODEL_CONFIGS["Qwen2.5-1.5B"].items())
     keep = {k: v for k, v in parallel.items() if k in ("activation_checkpointing", "keep_params_gathered",
-                                                        "grad_reduce_dtype", "compile")}
+                                                        "grad_reduce_dtype", "compile", "accumulation")}
     lines = [
         'name = "gpu-check-profile"',
         "[model]", f"config = {{ {config} }}", 'tokenizer = "training/assets/qwen2.5-tokenizer"',
@@ -108,7 +109,7 @@ def _profile(gpus: int, storage: Path) -> dict:
     record = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
     throughput = record.get("throughput") or {}
     out = {"gpus": gpus, "exit": code, "seconds": round(seconds, 1), **{k: throughput.get(k) for k in (
-        "tokens_per_s", "mfu", "compute_mfu", "peak_memory_gib")}}
+        contract.TOKENS_PER_S, contract.MFU, "compute_mfu", contract.PEAK_MEMORY_GIB)}}
     out["problems"] = [] if code == 0 else [f"profile exit {code}: " + log.strip().splitlines()[-1][-300:]]
     return out
 
@@ -123,12 +124,72 @@ def calibration_shapes() -> list[tuple[int, int, int]]:
     return sorted(shapes | {(s, s, s) for s in L4_GEMM_TFLOPS})
 
 
+BLOCK = {"hidden_size": 1536, "intermediate_size": 8960, "num_attention_heads": 12, "num_key_value_heads": 2}
+"""The decoder block timed compiled against eager: Qwen2.5-1.5B's (raytrain_eks/planning/measured_plan.py)."""
+
+
+def measure_block(device: str, sync, *, block: dict = BLOCK, tokens: int = 2048, repeats: int = 10) -> dict:
+    """Forward + backward of ONE Qwen2 decoder block in bf16, eager and ``torch.compile``d as the
+    job compiles its blocks (training/parallel.py ``layer.compile()``): seconds each and their
+    ratio, what the plan search needs to price ``parallel.compile``."""
+    import torch
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+
+    config = Qwen2Config(**block, num_hidden_layers=1)
+    dtype = torch.bfloat16
+    layer = Qwen2DecoderLayer(config, 0).to(device=device, dtype=dtype)
+    rotary = Qwen2RotaryEmbedding(config).to(device)
+    hidden = torch.randn(1, tokens, config.hidden_size, device=device, dtype=dtype, requires_grad=True)
+    positions = torch.arange(tokens, device=device)[None]
+    embeddings = rotary(hidden, positions)
+
+    def run(module):
+        out = module(hidden, position_embeddings=embeddings, position_ids=positions)
+        (out[0] if isinstance(out, tuple) else out).float().sum().backward()
+
+    def timed(module) -> float:
+        run(module)  # warm-up (and, compiled, the compile)
+        sync()
+        began = time.perf_counter()
+        for _ in range(repeats):
+            run(module)
+        sync()
+        return (time.perf_counter() - began) / repeats
+
+    eager = timed(layer)
+    layer.compile()
+    compiled = timed(layer)
+    return {"eager_s": eager, "compiled_s": compiled, "ratio": float(f"{compiled / eager:.4g}"), "tokens": tokens, **block}
+
+
+def measure_host_adamw(millions: int = 16, repeats: int = 5) -> dict:
+    """One host thread's AdamW step per million fp32 parameters, fused and foreach
+    (bench/bench_host_adamw.py): the host work of an offload plan on the GPU host's own CPUs."""
+    import statistics
+
+    import torch
+
+    from bench_host_adamw import adamw_ms_per_million
+
+    threads = torch.get_num_threads()
+    try:
+        out = {kernel: float(f"{statistics.median(adamw_ms_per_million(kernel, 1, millions, repeats)):.4g}")
+               for kernel in ("fused", "foreach")}
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
 def measure_calibration(device: str, device_name: str, sync, *, shapes: list[tuple[int, int, int]],
-                        repeats: int = 10, copy_bytes: int = 1 << 30, step: dict | None = None) -> dict:
+                        repeats: int = 10, copy_bytes: int = 1 << 30, step: dict | None = None,
+                        block: dict = BLOCK, block_tokens: int = 2048, adamw_millions: int = 16) -> dict:
     """What raytrain_eks/planning/gpu_calibration.json holds: bf16 GEMM TFLOP/s by shape, the bytes per
-    second of a device-to-device copy (read + written), and the shipped per-GPU step as the
-    profile run measured it. ``sync`` waits for the device (``torch.cuda.synchronize``); a
-    warm-up call of each kernel precedes the timed ones."""
+    second of a device-to-device copy (read + written), the shipped per-GPU step as the
+    profile run measured it, a compiled decoder block's time over the eager one's
+    (:func:`measure_block`) and the host's AdamW rate (:func:`measure_host_adamw`). ``sync``
+    waits for the device (``torch.cuda.synchronize``); a warm-up call of each kernel precedes
+    the timed ones."""
     import datetime
 
     import torch
@@ -153,9 +214,12 @@ def measure_calibration(device: str, device_name: str, sync, *, shapes: list[tup
     source = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
     copy_s = timed(lambda: target.copy_(source))
+    compiled = measure_block(device, sync, block=block, tokens=block_tokens, repeats=max(2, repeats // 2))
     return {"gpu": gpu_model_of(device_name), "device": device_name, "torch": torch.__version__,
             "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gemm": gemms, "memory_gbytes_per_s": float(f"{2 * copy_bytes / copy_s / 1e9:.4g}"), "step": step}
+            "gemm": gemms, "memory_gbytes_per_s": float(f"{2 * copy_bytes / copy_s / 1e9:.4g}"), "step": step,
+            "compiled_block": compiled, "compiled_block_ratio": compiled["ratio"],
+            "host_adamw_ms_per_million": measure_host_adamw(adamw_millions, max(2, repeats // 2))}
 
 
 def _last_json(text: str) -> dict:
@@ -226,8 +290,8 @@ def main() -> int:
     gpus = torch.cuda.device_count()
     result: dict = {"name": "gpu_check", "device": torch.cuda.get_device_name(), "gpus": gpus}
     code, log, seconds = _run([sys.executable, "bench/bench_gpu_mfu.py", "--seq", "2048", "--steps", "6"], 120)
-    result["mfu_1_5b"] = {k: v for k, v in _last_json(log).items() if k in ("mfu", "tflops", "tokens_per_s",
-                                                                                "step_s", "peak_memory_gib", "peak_reserved_gib")}
+    result["mfu_1_5b"] = {k: v for k, v in _last_json(log).items() if k in (
+        contract.MFU, "tflops", contract.TOKENS_PER_S, "step_s", contract.PEAK_MEMORY_GIB, "peak_reserved_gib")}
     result["mfu_1_5b"]["seconds"] = round(seconds, 1)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         result["profile"] = _profile(gpus, Path(scratch))
@@ -239,7 +303,7 @@ def main() -> int:
 
     profile = result["profile"]
     step = {"per_gpu_shape": "jobs/finetune-qwen2.5-1.5b.toml on this machine's GPUs", **{
-        k: profile.get(k) for k in ("tokens_per_s", "mfu", "peak_memory_gib")}, "step_s": result["mfu_1_5b"].get("step_s")}
+        k: profile.get(k) for k in (contract.TOKENS_PER_S, contract.MFU, contract.PEAK_MEMORY_GIB)}, "step_s": result["mfu_1_5b"].get("step_s")}
     calibration = measure_calibration("cuda", torch.cuda.get_device_name(), torch.cuda.synchronize,
                                       shapes=calibration_shapes(), step=step if step["step_s"] else None)
     CALIBRATION.write_text(json.dumps(calibration, indent=1) + "\n")

@@ -48,7 +48,7 @@ from charts.provenance import POD_TEMPLATE_LABELS, image_reference
 from environment import Environment, GpuNodeGroupSpec
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, RAY_PEER_LABEL
 from training import contract
-from training.config import head_grace_seconds, stop_wait_seconds
+from training.deadlines import head_grace_seconds, stop_wait_seconds
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 """Well-known label the kubelet puts on every node: the worker nodeSelector pins the type too."""
@@ -126,6 +126,10 @@ class ClusterShape:
     """Value of the Ray-cluster label on its pods: what its network policy admits."""
     group_name: str = ""
     """The GPU node group the workers run on (empty: the spec's primary group)."""
+    service_account: str = ""
+    """The pods' service account: a RayJob's own cluster runs under one named after the run (its
+    AWS identity reaches only that run's folder, infra/constructs/pod_identity.py); empty: the
+    spec's ``ray.service_account`` (the long-lived cluster's, single-team)."""
 
     @property
     def group(self) -> GpuNodeGroupSpec:
@@ -171,11 +175,39 @@ def run_record_env(env: Environment, group: GpuNodeGroupSpec, *, gpu_worker: boo
     node = {"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     zone = [(contract.ENV_AZ, env.cluster.gpu_availability_zone)] if gpu_worker else []
     pairs = zone + [(contract.ENV_CLUSTER, env.cluster.name), (contract.ENV_REGION, env.cluster.region),
-             (contract.ENV_INSTANCE_TYPE, group.instance_type),
+             # a spot group of several types: the pod cannot read its node's labels, so it is
+             # told the types it may be on
+             (contract.ENV_INSTANCE_TYPE, ",".join(group.all_instance_types)),
+             # the run's cost (training/incidents.py): its node group's capacity and price as
+             # the preflight prices it (a spot price is an estimate, and says so)
+             (contract.ENV_CAPACITY_TYPE, group.capacity),
+             (contract.ENV_NODE_PRICE, f"{env.node_price(group)[0]:g}"),
+             (contract.ENV_PRICE_LABEL, env.node_price(group)[1]),
              # MFU's denominator: the job never guesses its GPU's peak from a device name.
-             (contract.ENV_PEAK_TFLOPS, f"{group.instance.gpu_bf16_tflops:g}"),
+             (contract.ENV_PEAK_TFLOPS, gpu_peaks(group)),
              ("AWS_REGION", env.cluster.region), ("AWS_DEFAULT_REGION", env.cluster.region)]
     return [node] + [{"name": k, "value": v} for k, v in pairs]
+
+
+def node_placement(group: GpuNodeGroupSpec) -> dict[str, Any]:
+    """The worker pods' node selection: the group's labels, and its instance type; a spot group
+    of several types accepts each of them (a nodeSelector holds one value: node affinity)."""
+    if len(group.all_instance_types) == 1:
+        return {"nodeSelector": {**group.labels, INSTANCE_TYPE_LABEL: group.instance_type}}
+    types = {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(group.all_instance_types)}
+    return {"nodeSelector": dict(group.labels), "affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [types]}]}}}}
+
+
+def gpu_peaks(group: GpuNodeGroupSpec) -> str:
+    """``RAYTRAIN_PEAK_BF16_TFLOPS``: the GPU's peak; for a group whose types carry different GPU
+    models, ``MODEL=peak`` per model (the job takes the one its device names: training/metrics.py)."""
+    from environment.instances import INSTANCE_TYPES
+
+    peaks = {INSTANCE_TYPES[t].gpu_model: INSTANCE_TYPES[t].gpu_bf16_tflops for t in group.all_instance_types}
+    if len(peaks) == 1:
+        return f"{group.instance.gpu_bf16_tflops:g}"
+    return ",".join(f"{model}={peak:g}" for model, peak in peaks.items())
 
 
 def cpu_worker_resources(group: GpuNodeGroupSpec, cpus: float) -> dict[str, str]:
@@ -230,7 +262,7 @@ def _shm(memory: str) -> tuple[list[dict], list[dict]]:
 
 def _shared_runs(env: Environment) -> tuple[list[dict], list[dict]]:
     """The runs' shared file system (``storage.shared_claim`` mounted at ``storage.shared_path``,
-    training/run_storage.py), on the head (the driver writes the run record) and every worker;
+    training/storage/__init__.py), on the head (the driver writes the run record) and every worker;
     nothing when the runs are in the bucket."""
     if not env.storage.shared_claim:
         return [], []
@@ -254,9 +286,9 @@ def _worker_pod(shape: ClusterShape) -> dict[str, Any]:
     volumes, mounts = _shm(resources["memory"])
     runs_volumes, runs_mounts = _shared_runs(env)
     return {
-        "serviceAccountName": env.ray.service_account,
+        "serviceAccountName": shape.service_account or env.ray.service_account,
         "terminationGracePeriodSeconds": stop_wait_seconds(shape.checkpoint_grace_seconds),
-        "nodeSelector": {**group.labels, INSTANCE_TYPE_LABEL: group.instance_type},
+        **node_placement(group),
         "tolerations": [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}
                         for t in group.taints],
         "volumes": volumes + staging_volumes + runs_volumes,
@@ -289,7 +321,7 @@ def ray_cluster_spec(shape: ClusterShape) -> dict[str, Any]:
     runs_volumes, runs_mounts = _shared_runs(env)
     volumes, mounts = volumes + runs_volumes, mounts + runs_mounts
     head_pod = {
-        "serviceAccountName": env.ray.service_account,
+        "serviceAccountName": shape.service_account or env.ray.service_account,
         "terminationGracePeriodSeconds": head_grace_seconds(shape.checkpoint_grace_seconds),
         "nodeSelector": dict(env.system_node_group.labels),
         "volumes": volumes + ([{"name": API_TOKEN_VOLUME, "projected": API_TOKEN_PROJECTION}] if shape.autoscale else []),

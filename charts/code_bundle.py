@@ -70,10 +70,45 @@ class CodeBundle:
         return f"s3://{bucket}/{self.key()}"
 
 
+BUILT_ASSETS = ("training/assets/qwen2.5-tokenizer/",)
+"""Ignored by git yet part of the code: what ``make`` builds into the tree (the offline tokenizer)."""
+
+
 def bundle_files(root: Path, jobs: Path | None = None) -> list[tuple[str, Path]]:
-    """``(archive name, file)`` of every file that travels (:func:`training.contract.code_files`);
-    ``jobs`` (default ``root/jobs``) travels as ``jobs/``."""
-    return contract.code_files(root, BUNDLED_DIRS, jobs)
+    """``(archive name, file)`` of every file that travels (:func:`training.contract.code_files`:
+    no hidden file, no symbolic link); ``jobs`` (default ``root/jobs``) travels as ``jobs/``.
+
+    In a git work tree only what git tracks travels, plus :data:`BUILT_ASSETS`: a stray file left
+    in ``training/`` or ``jobs/`` (notes, a key, a scratch script) would otherwise reach every pod
+    and the bucket. Outside a work tree (an unpacked release) every file travels."""
+    files = contract.code_files(root, BUNDLED_DIRS, jobs)
+    tracked = tracked_files(root)
+    if tracked is None:
+        return files
+    return [(name, path) for name, path in files if _travels(path, root, tracked)]
+
+
+def tracked_files(root: Path) -> set[str] | None:
+    """The paths git tracks under ``root`` (relative, ``/``-separated), or None outside a work tree."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--full-name"],
+                              capture_output=True, check=False, timeout=60)
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0 or top.returncode != 0 or Path(top.stdout.strip()).resolve() != root.resolve():
+        return None
+    return {name for name in proc.stdout.decode().split("\0") if name}
+
+
+def _travels(path: Path, root: Path, tracked: set[str]) -> bool:
+    if not path.resolve().is_relative_to(root.resolve()):
+        return True  # a jobs folder from elsewhere (the chart tests' fixture copies): all of it
+    relative = path.resolve().relative_to(root.resolve()).as_posix()
+    return relative in tracked or relative.startswith(BUILT_ASSETS)
 
 
 def build_code_bundle(root: str | Path, outdir: str | Path, jobs: str | Path | None = None) -> CodeBundle:

@@ -9,7 +9,7 @@ facts that belong to the environment, never to the file:
   (``parallel.node_group``; empty: the first group) and the file's ``parallel.num_workers``
   (absent or 0: every GPU of the group; fewer: a multiple of the GPUs per node, or up to one
   node's GPUs, 1 included); asking for more GPUs than the group has fails synth. The size
-  reaches the job as data: :class:`training.config.WorldSize`, typed entry-point arguments.
+  reaches the job as data: :class:`training.config_sections.WorldSize`, typed entry-point arguments.
 - CPU jobs (the embedded ``local`` default): keep their own worker count; all of them must fit
   in one worker pod's CPUs.
 - every job: ``checkpoint.storage_path`` = the spec's ``s3://<bucket>/<prefix>``; its workers must
@@ -38,7 +38,8 @@ from environment import Environment
 from environment.cluster import GpuNodeGroupSpec
 from environment.addons import SCALE_UP_MINUTES
 from training import contract
-from training.config import JobConfig, JobConfigError, WorldSize, apply_overrides, job_config_from_dict, read_job_file
+from training.config import JobConfig, JobConfigError, apply_overrides, job_config_from_dict, read_job_file
+from training.config_sections import WorldSize
 from training.contract import BUCKET_PLACEHOLDER
 from training.model_config import check_model
 

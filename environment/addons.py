@@ -171,6 +171,11 @@ def _dcgm_values(env: "Environment") -> dict[str, Any]:
         # honorLabels keeps the exporter's pod/namespace labels: the Ray pod holding each GPU.
         "serviceMonitor": {"enabled": True, "honorLabels": True,
                            "additionalLabels": {"release": observability.PROMETHEUS_RELEASE}},
+        # One DCGM host engine per node: the node monitoring agent's (node_monitoring_configuration),
+        # reached on the node's own address; dcgm-exporter's -r / DCGM_REMOTE_HOSTENGINE_INFO
+        # (NVIDIA/dcgm-exporter cmd flags: "Connect to remote hostengine at <HOST>:<PORT>").
+        "extraEnv": [{"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                     {"name": "DCGM_REMOTE_HOSTENGINE_INFO", "value": f"$(NODE_IP):{DCGM_HOSTENGINE_PORT}"}],
     }
 
 
@@ -353,6 +358,25 @@ EKS_ADDON_PODS: tuple[tuple[AddonPod, dict[str, Any]], ...] = (
 
 # --- EKS managed add-ons (AWS::EKS::Addon): the cluster's networking, DNS and credentials -----
 
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
+"""The EKS add-on that watches each node (kernel, networking, storage, NVIDIA: XIDs, DCGM health)
+and marks an unhealthy one in its conditions; the GPU groups' node auto repair replaces it."""
+DCGM_HOSTENGINE_PORT = 5555
+"""nv-hostengine's port: the agent's ``dcgm-server`` DaemonSet publishes it as a hostPort
+(aws/eks-node-monitoring-agent charts/eks-node-monitoring-agent/templates/dcgm-daemonset.yaml)."""
+
+
+def node_monitoring_configuration() -> dict[str, Any]:
+    """The agent's configuration values, within the add-on's configuration schema
+    (aws/eks-node-monitoring-agent charts/configuration.schema.json: ``nodeAgent`` and
+    ``dcgmAgent`` each take ``tolerations``; nothing else is accepted). Both tolerate the GPU
+    groups' taint: without it neither the agent nor its DCGM host engine runs on a GPU node
+    (aws/containers-roadmap issue 2567), and the NVIDIA checks see nothing. The agent's
+    ``dcgm-server`` is the node's ONE DCGM host engine: the dcgm-exporter add-on connects to it
+    (:func:`_dcgm_values`) instead of starting its own embedded one, which would contend for the
+    same GPUs (aws/containers-roadmap issue 2555)."""
+    return {"nodeAgent": {"tolerations": [GPU_TOLERATION]}, "dcgmAgent": {"tolerations": [GPU_TOLERATION]}}
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EksAddon:
     """One EKS managed add-on, pinned per Kubernetes minor version."""
@@ -373,6 +397,9 @@ EKS_ADDONS: tuple[EksAddon, ...] = (
                                           "1.35": "v1.35.3-eksbuild.13", "1.36": "v1.36.0-eksbuild.14"}),
     EksAddon(name="coredns", versions={"1.33": "v1.12.4-eksbuild.18", "1.34": "v1.13.2-eksbuild.11",
                                        "1.35": "v1.14.3-eksbuild.3", "1.36": "v1.14.3-eksbuild.3"}),
+    # The chart's appVersion 1.6.2 (aws/eks-node-monitoring-agent charts/eks-node-monitoring-agent/
+    # Chart.yaml); `raytrain-eks verify` checks the pin against DescribeAddonVersions before a deploy.
+    EksAddon(name=NODE_MONITORING_AGENT, versions={v: "v1.6.2-eksbuild.1" for v in ("1.33", "1.34", "1.35", "1.36")}),
 )
 """vpc-cni, CoreDNS, kube-proxy and the Pod Identity agent as EKS add-ons (never the
 self-managed bootstrap copies): upgraded by EKS, each at a version pinned for the cluster."""

@@ -21,7 +21,7 @@ from spec_schema import FieldError
 ENDPOINT_ACCESS = ("public", "private", "public_and_private")
 OPEN_TO_ALL = "0.0.0.0/0"
 """The public_access_cidrs entry that admits every address (EKS's own default)."""
-CAPACITY = ("on-demand", "capacity-reservation", "capacity-block")
+CAPACITY = ("on-demand", "spot", "capacity-reservation", "capacity-block")
 
 # AWS Regions a spec may name: a well-formed typo (``us-east-3``) is refused here, not by
 # CloudFormation after the network stack is half deployed.
@@ -71,6 +71,11 @@ class ClusterSpec:
     """IAM principals given cluster-admin through EKS access entries. The CDK app refuses an
     empty list: CloudFormation creates the cluster, so the "cluster creator" EKS makes admin is
     CloudFormation's execution role, never the person running ``cdk deploy``."""
+    submitter_principal_arns: tuple[str, ...] = ()
+    """IAM principals who may only submit: an EKS access entry bound to the Ray namespace's
+    ``raytrain-submitters`` role (RayJobs, their pods' logs, the run's service account and network
+    policy, Kueue's queue), never cluster-admin; attach the stack's ``SubmitRunsPolicyArn`` output
+    to them for the AWS side (docs/security.md)."""
     log_retention_days: int = 30
     """Days the control plane's CloudWatch log group keeps its logs."""
     existing: str = ""
@@ -139,10 +144,14 @@ class ClusterSpec:
             raise FieldError("public_access_cidrs", list(self.public_access_cidrs),
                              "cannot narrow a public-only endpoint (endpoint_access = 'public'): use "
                              "endpoint_access = 'public_and_private' with these CIDRs, or [\"0.0.0.0/0\"]")
-        for i, arn in enumerate(self.admin_principal_arns):
-            if not re.fullmatch(r"(?a)arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
-                raise FieldError(f"admin_principal_arns[{i}]", arn, "is not an IAM role or user ARN")
-        for name in ("public_access_cidrs", "admin_principal_arns"):
+        for name in ("admin_principal_arns", "submitter_principal_arns"):
+            for i, arn in enumerate(getattr(self, name)):
+                if not re.fullmatch(r"(?a)arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
+                    raise FieldError(f"{name}[{i}]", arn, "is not an IAM role or user ARN")
+        if both := next((a for a in self.submitter_principal_arns if a in self.admin_principal_arns), None):
+            raise FieldError("submitter_principal_arns", both, "is also an admin principal (EKS allows one access "
+                             "entry per principal): list it in one of the two")
+        for name in ("public_access_cidrs", "admin_principal_arns", "submitter_principal_arns"):
             # EKS makes one access entry per principal: a second one for the same ARN fails the deploy.
             values = getattr(self, name)
             if dup := next((v for i, v in enumerate(values) if v in values[:i]), None):
@@ -151,6 +160,15 @@ class ClusterSpec:
         if not 1 <= self.log_retention_days <= 3653:
             raise FieldError("log_retention_days", self.log_retention_days, "must be between 1 and 3653")
         cluster_problem(self, tuple(a.key for a in ADDONS))
+
+
+def gpu_shape(instance: InstanceType) -> tuple[int, int, int]:
+    """What a job's plan depends on: GPUs per node, memory of one GPU (GiB), EFA interfaces."""
+    return instance.gpus, instance.gpu_memory_gib, instance.max_efa_interfaces
+
+
+def _shape_text(shape: tuple[int, int, int]) -> str:
+    return f"{shape[0]} GPUs x {shape[1]} GiB, {shape[2]} EFA"
 
 
 class _NodeSizing:
@@ -213,7 +231,13 @@ class GpuNodeGroupSpec(_NodeSizing):
     """The size every GPU job runs at (its world size = max_nodes x GPUs per node)."""
     root_volume_gib: int = 200
     capacity: str = "on-demand"
-    """``on-demand``, ``capacity-reservation`` or ``capacity-block``."""
+    """``on-demand``, ``spot``, ``capacity-reservation`` or ``capacity-block``. Spot: EC2 may
+    reclaim a node with two minutes' notice; the managed node group drains it and the job
+    checkpoints on the notice (docs/spot.md says which jobs fit)."""
+    instance_types: tuple[str, ...] = ()
+    """Spot only: further instance types the group may launch besides ``instance_type``, each of
+    the same GPU shape (GPUs per node, GPU memory, EFA interfaces), so the job's plan holds on
+    any of them; more types, more spot pools to draw from. Empty: ``instance_type`` alone."""
     capacity_reservation_id: str = ""
     """``cr-...`` for a capacity reservation or a capacity block; empty for on-demand."""
     placement_group: str = ""
@@ -249,12 +273,27 @@ class GpuNodeGroupSpec(_NodeSizing):
                              "must be between 50 and 16384 (the DLC image alone is tens of GB)")
         if self.capacity not in CAPACITY:
             raise FieldError("capacity", self.capacity, f"is not allowed (allowed: {', '.join(CAPACITY)})")
-        if self.capacity == "on-demand" and self.capacity_reservation_id:
+        if self.capacity in ("on-demand", "spot") and self.capacity_reservation_id:
             raise FieldError("capacity_reservation_id", self.capacity_reservation_id,
-                             "must be empty for on-demand capacity (set capacity to capacity-reservation or capacity-block)")
-        if self.capacity != "on-demand" and not re.fullmatch(r"cr-[0-9a-f]{17}", self.capacity_reservation_id):
+                             f"must be empty for {self.capacity} capacity (set capacity to capacity-reservation or "
+                             "capacity-block)")
+        if self.capacity not in ("on-demand", "spot") and not re.fullmatch(r"cr-[0-9a-f]{17}", self.capacity_reservation_id):
             raise FieldError("capacity_reservation_id", self.capacity_reservation_id,
                              f"is not a capacity reservation id (cr- and 17 hex digits), required for {self.capacity}")
+        if self.instance_types and self.capacity != "spot":
+            raise FieldError("instance_types", list(self.instance_types),
+                             f"is only for capacity = spot (capacity is {self.capacity!r}: one instance_type)")
+        for i, other in enumerate(self.instance_types):
+            if other not in known_gpu_types():
+                raise FieldError(f"instance_types[{i}]", other,
+                                 f"is not a known GPU instance type (known: {', '.join(known_gpu_types())})")
+            if other == self.instance_type or other in self.instance_types[:i]:
+                raise FieldError(f"instance_types[{i}]", other, "is listed twice (instance_type and instance_types)")
+            mine, theirs = gpu_shape(INSTANCE_TYPES[self.instance_type]), gpu_shape(INSTANCE_TYPES[other])
+            if mine != theirs:
+                raise FieldError(f"instance_types[{i}]", other,
+                                 f"has another GPU shape ({_shape_text(theirs)}) than instance_type "
+                                 f"{self.instance_type} ({_shape_text(mine)}): the job's plan would not hold")
         if self.placement_group and self.capacity != "capacity-reservation":
             raise FieldError("placement_group", self.placement_group,
                              "is only for capacity = capacity-reservation (the reservation's own placement group)")
@@ -264,6 +303,15 @@ class GpuNodeGroupSpec(_NodeSizing):
     @property
     def gpus_per_node(self) -> int:
         return self.instance.gpus
+
+    @property
+    def all_instance_types(self) -> tuple[str, ...]:
+        """Every type the group may launch: ``instance_type`` first, then ``instance_types``."""
+        return (self.instance_type, *self.instance_types)
+
+    @property
+    def spot(self) -> bool:
+        return self.capacity == "spot"
 
     @property
     def efa_per_node(self) -> int:

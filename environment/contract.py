@@ -84,6 +84,29 @@ JOB_CONFIG_ANNOTATION = f"{PROVENANCE_PREFIX}/job-config"
 UNLOCKED = "unlocked"
 ON_CLUSTER_SUFFIX = "-on-cluster"
 """Appended to the run's name for the RayJob of a run on the long-lived RayCluster."""
+RUN_TAG = "kubernetes-service-account"
+"""The EKS Pod Identity session tag that names a run: each run's pods use a service account
+named after the run, and EKS Pod Identity tags the role session with its name (Amazon EKS User
+Guide, "Grant Pods access to AWS resources based on tags": eks-cluster-arn, eks-cluster-name,
+kubernetes-namespace, kubernetes-service-account, kubernetes-pod-name, kubernetes-pod-uid)."""
+INPUTS_PREFIX = "_inputs"
+"""The folder of the runs' storage where ``submit`` uploads a job's local inputs (the job reads
+it as ``training.contract.INPUTS_DIR``, which cannot import this layer: a test holds them equal)."""
+PIPELINE_RUN_PREFIX = "smoke-"
+"""Run names the pipeline's smoke runs take (raytrain_eks/pipeline/smoke.py): the evidence the
+gate judges; the long-lived cluster's pods may not write them (docs/security.md)."""
+
+
+SMOKE_SERVICE_ACCOUNT = "raytrain-smoke"
+"""The service account of the pipeline's smoke runs (raytrain_eks/pipeline/smoke.py): associated
+by the cluster stack with a role that writes ``<prefix>/smoke-*`` only, so the pipeline needs no
+right to create associations."""
+
+
+def run_role_name(cluster_name: str) -> str:
+    """The IAM role every run's own service account is associated with (one role, its grants
+    made per run by the session tag :data:`RUN_TAG`); named, so ``submit`` can name it."""
+    return f"{cluster_name}-ray-runs"[:64]
 """The image-digest annotation of a manifest whose image is a moving tag."""
 
 # --- the checkpoint bucket's layout (infra grants, charts and the demo upload) --------------
@@ -127,7 +150,21 @@ pinned in pyproject.toml; infra/build.py (KUBECTL_LAYERS) derives the module fro
 
 # --- what the pipeline adds to a smoke run's run.json ---------------------------------------
 RECORD_IMAGE_RAN = "image_ran"
+RECORD_EVIDENCE = "evidence_versions"
+"""run.json key the pipeline's Smoke step writes: ``{file name: S3 VersionId}`` of the records the
+gate judges, pinned when the smoke run ended (raytrain_eks/pipeline/smoke.py ``pin_evidence``)."""
 """run.json key the pipeline writes after a smoke run: ``{"pods": {pod: imageID}, "source": ...}``
 from the pods' ``status.containerStatuses[].imageID`` (what the runtime pulled). A container
 cannot read its own imageID (the downward API has no such field), so the job records only the
 image the manifest ASKED for (``image``); promotion compares this one."""
+
+
+# --- the CloudFormation stacks of an environment (the CDK app names them, the CLI reads them) ---
+def stack_name(cluster_name: str, part: str) -> str:
+    """``raytrain`` + ``cluster`` -> ``raytrain-cluster`` (parts: network, storage, cluster, pipeline)."""
+    return f"{cluster_name}-{part}"
+
+
+def control_plane_log_group(cluster_name: str) -> str:
+    """Where EKS writes a cluster's control-plane logs (the cluster stack creates it, with a retention)."""
+    return f"/aws/eks/{cluster_name}/cluster"

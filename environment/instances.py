@@ -114,6 +114,13 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
 }
 
 
+SPOT_PRICE_FRACTION = 0.4
+"""ASSUMED, for cost estimates only: a spot node's price as a fraction of its on-demand estimate.
+Spot prices move with supply and demand, per type and AZ (the EC2 Spot price history); a run
+record labels every spot cost an estimate, and ``[prices]`` overrides the on-demand figure it
+is taken from."""
+
+
 def known_gpu_types() -> list[str]:
     return sorted(n for n, t in INSTANCE_TYPES.items() if t.is_gpu)
 

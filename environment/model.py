@@ -32,7 +32,7 @@ from environment.cluster import (  # noqa: F401  (re-exported: every section is 
 from environment.contract import CODE_PREFIX, DIGEST_PATTERN
 from environment.existing import environment_problem
 from environment.image_source import cache_problem
-from environment.instances import INSTANCE_TYPES
+from environment.instances import INSTANCE_TYPES, SPOT_PRICE_FRACTION
 from environment.maintenance import window_problem
 from environment.queueing import QueueingSpec
 from environment.rules import (
@@ -159,7 +159,7 @@ class StorageSpec:
     shared_path: str = ""
     """The runs on a shared file system instead of the bucket (FSx for Lustre, EFS): the absolute
     path where every Ray pod mounts it, e.g. ``/fsx/runs`` (runs are ``file://<path>/<run>``,
-    training/run_storage.py). The bucket still holds the code archive, models, data and the
+    training/storage/__init__.py). The bucket still holds the code archive, models, data and the
     uploaded inputs. Needs ``shared_claim``."""
     shared_claim: str = ""
     """The PersistentVolumeClaim, in ``ray.namespace``, holding that file system: the charts
@@ -208,8 +208,17 @@ class RaySpec:
     head_cpu: int = 2
     """CPUs of each Ray head pod (GCS, dashboard, the job's driver; no Ray tasks: num-cpus 0)."""
     head_memory_gib: int = 8
+    mlflow_tracking_server_arn: str = ""
+    """A SageMaker managed MLflow tracking server the jobs log to
+    (``arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>``): the pods' roles get
+    ``sagemaker-mlflow:*`` on that ARN only. Empty: no AWS right for MLflow."""
 
     def __post_init__(self) -> None:
+        arn = r"(?a)arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:mlflow-tracking-server/[A-Za-z0-9](-*[A-Za-z0-9])*"
+        if self.mlflow_tracking_server_arn and not re.fullmatch(arn, self.mlflow_tracking_server_arn):
+            raise FieldError("mlflow_tracking_server_arn", self.mlflow_tracking_server_arn,
+                             "is not a SageMaker MLflow tracking server ARN "
+                             "(arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>, or empty)")
         for name in ("namespace", "service_account"):
             if not DNS_LABEL.fullmatch(getattr(self, name)):
                 raise FieldError(name, getattr(self, name), "is not a Kubernetes name (lower-case letters, digits, '-')")
@@ -363,12 +372,23 @@ class Environment:
     def hourly_price(self, instance_type: str) -> float:
         return dict(self.prices).get(instance_type, INSTANCE_TYPES[instance_type].hourly_usd_estimate)
 
+    def node_price(self, group: Any) -> tuple[float, str]:
+        """(USD per node-hour, how it is known) of a node group: the on-demand estimate (or
+        ``[prices]``), and for spot that times :data:`~environment.instances.SPOT_PRICE_FRACTION`,
+        labelled the estimate it is. What the preflight and a run's ``cost`` use."""
+        price = self.hourly_price(group.instance_type)
+        if getattr(group, "capacity", "") == "spot":
+            return (round(price * SPOT_PRICE_FRACTION, 4),
+                    f"spot estimate ({SPOT_PRICE_FRACTION:g} x the on-demand price, assumed)")
+        return price, "on-demand price (spec [prices])" if group.instance_type in dict(self.prices) else \
+            "on-demand price (estimate, environment/instances.py)"
+
     @property
     def idle_hourly_cost_usd(self) -> float:
         """Estimated on-demand cost of the nodes when no job runs (GPU groups at min_nodes)."""
         cost = self.system_node_group.nodes * self.hourly_price(self.system_node_group.instance_type)
         for group in self.gpu_node_groups:
-            cost += group.min_nodes * self.hourly_price(group.instance_type)
+            cost += group.min_nodes * self.node_price(group)[0]
         return round(cost, 4)
 
     @property
@@ -376,7 +396,7 @@ class Environment:
         """Estimated on-demand cost while a job runs on the primary group at its job size (EKS
         control plane, NAT and storage not included)."""
         group = self.primary_gpu_group
-        extra = max(0, group.job_nodes - group.min_nodes) * self.hourly_price(group.instance_type)
+        extra = max(0, group.job_nodes - group.min_nodes) * self.node_price(group)[0]
         return round(self.idle_hourly_cost_usd + extra, 4)
 
     def to_dict(self) -> dict:
@@ -407,7 +427,7 @@ class Environment:
 
     @property
     def storage_uri(self) -> str:
-        """Ray Train storage of every run (training/run_storage.py): the shared file system's
+        """Ray Train storage of every run (training/storage/__init__.py): the shared file system's
         ``file://<storage.shared_path>`` where the spec has one, else :attr:`bucket_uri`."""
         return f"file://{self.storage.shared_path}" if self.storage.shared_path else self.bucket_uri
 

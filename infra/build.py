@@ -22,10 +22,9 @@ from constructs import Construct
 
 from environment import Environment, SpecError
 from environment.addons import installed_addons, present_addons_with_objects
-from environment.contract import KUBERNETES_VERSIONS
+from environment.contract import KUBERNETES_VERSIONS, stack_name
 from infra.constructs.cluster_addons import ResolvedAddon
 from infra.nag import add_nag_checks
-from infra.stack_names import stack_name
 from infra.stacks.attached import AttachedClusterStack
 from infra.stacks.cluster import ClusterStack, retention_days
 from infra.stacks.network import NetworkStack

@@ -114,7 +114,7 @@ def creation_key(group: GpuNodeGroupSpec, gpu_availability_zone: str, availabili
     NodeRole, ClusterName, RemoteAccess, NodegroupName and DiskSize no spec field drives (the
     disk is in the launch template: a new version, not a replacement)."""
     zones = ".".join(sorted(availability_zones))
-    return f"{group.instance_type}/{group.capacity}/{gpu_availability_zone}/{zones}/{AMI_TYPE}"
+    return f"{'+'.join(group.all_instance_types)}/{group.capacity}/{gpu_availability_zone}/{zones}/{AMI_TYPE}"
 
 
 def identity_tags(group: GpuNodeGroupSpec, gpu_availability_zone: str, availability_zones: tuple[str, ...]) -> dict[str, str]:

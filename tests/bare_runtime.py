@@ -17,6 +17,13 @@ import venv
 from importlib import metadata
 from pathlib import Path
 
+DLC_RUNTIME = ("torch", "ray", "transformers", "datasets", "accelerate", "tensorboardX", "pyarrow", "numpy",
+               "safetensors")
+"""The distributions the AWS Ray Train DLC provides that training/ may import (its release notes'
+package set at Ray 2.58.0, PyTorch 2.13.0, Transformers 5.13.0), with their dependencies.
+flash-attn is the DLC's too but GPU-only and not installable here: training/ imports it only on GPU.
+No peft, trl, lm_eval, mlflow or wandb: the job must run without them."""
+
 LAMBDA_RUNTIME = ("boto3",)
 """The distribution AWS Lambda's Python runtime provides beyond the standard library; with its
 dependencies, the import names infra/stacks/pipeline_watcher.py's LAMBDA_RUNTIME_PACKAGES lists (a test)."""
@@ -52,7 +59,13 @@ def distribution_closure(names: tuple[str, ...]) -> list[metadata.Distribution]:
         key = name.lower().replace("_", "-")
         if key in seen:
             continue
-        seen[key] = dist = metadata.distribution(name)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            # a requirement pip left out for this interpreter (its environment marker, e.g.
+            # tomli's python_version < "3.11"): what the runtime's own resolver would do too
+            continue
+        seen[key] = dist
         todo.extend(_requirement_names(dist))
     return list(seen.values())
 

@@ -25,6 +25,8 @@ from spec_template import template_raw
 
 REPO = Path(__file__).resolve().parents[1]
 ACCOUNT = "111122223333"
+SUBMITTER = f"arn:aws:iam::{ACCOUNT}:role/ml-team"
+TRACKING_SERVER = f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:mlflow-tracking-server/team"
 RESERVATION = "cr-0123456789abcdef0"
 BLOCK = "cr-0fedcba9876543210"
 ADMIN = f"arn:aws:iam::{ACCOUNT}:role/platform-admin"
@@ -41,8 +43,8 @@ def default_raw() -> dict:
 
 
 def capacity_raw() -> dict:
-    """A capacity reservation made in a placement group, plus an on-demand p5.48xlarge group
-    that scales from zero; the image through the account's ECR pull-through cache."""
+    """A capacity reservation made in a placement group, plus a SPOT p5.48xlarge group that
+    scales from zero; the image through the account's ECR pull-through cache."""
     raw = copy.deepcopy(default_raw())
     raw["cluster"]["account"] = ACCOUNT
     raw["storage"]["bucket_name"] = ""
@@ -50,7 +52,7 @@ def capacity_raw() -> dict:
     raw["gpu_node_groups"][0].update(capacity="capacity-reservation", capacity_reservation_id=RESERVATION,
                                      placement_group="odcr-training-pg")
     raw["gpu_node_groups"].append(dict(name="p5", instance_type="p5.48xlarge", min_nodes=0, desired_nodes=0,
-                                       max_nodes=2, root_volume_gib=500))
+                                       max_nodes=2, root_volume_gib=500, capacity="spot"))
     return raw
 
 
@@ -59,6 +61,8 @@ def alternative_raw() -> dict:
     raw["storage"]["bucket_name"] = ""
     raw["cluster"].update(account=ACCOUNT, endpoint_access="private", public_access_cidrs=[],
                           admin_principal_arns=[ADMIN])
+    raw.setdefault("ray", {})["mlflow_tracking_server_arn"] = TRACKING_SERVER
+    raw["cluster"]["submitter_principal_arns"] = [SUBMITTER]
     raw["gpu_node_groups"][0].update(
         instance_type="g6.48xlarge", min_nodes=4, desired_nodes=4, max_nodes=4,
         capacity="capacity-reservation", capacity_reservation_id=RESERVATION)

@@ -41,7 +41,7 @@ def submit_local(user: Path, mlflow_uri: str = "") -> tuple[Path, subprocess.Com
     typed in ``user`` (a folder outside the repository, holding the data file ``my-data/notes.jsonl``);
     ``(the run's results folder, the finished process)``. Without ``mlflow_uri`` the run is not
     tracked (no ``.work/tracking-venv``: the test that reads the MLflow run skips)."""
-    from raytrain_eks.runs.commands import RUNS_DIR
+    from raytrain_eks.backends.local import RUNS_DIR
 
     data = user / "my-data" / "notes.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)

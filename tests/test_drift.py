@@ -209,13 +209,18 @@ def test_every_pod_gets_a_node(both):
 
 
 def test_service_account_matches_the_pod_identity_association(both):
+    """The long-lived RayCluster's pods run under the service account the stack associates;
+    a RayJob's own cluster under one named after the run (submit associates it with the run
+    role, whose grants name the run's folder through that name)."""
     (assoc,) = [a["Properties"] for a in both.of_type("AWS::EKS::PodIdentityAssociation")
                 if a["Properties"]["ServiceAccount"] == both.env.ray.service_account]
     for chart, obj in both.manifests.items():
         assert obj["metadata"]["namespace"] == assoc["Namespace"], chart
     for chart, spec in cluster_specs(both):
+        obj = both.manifests[chart]
+        expected = assoc["ServiceAccount"] if obj["kind"] == "RayCluster" else obj["metadata"]["name"]
         for template in (spec["headGroupSpec"]["template"], worker(spec)[0]["template"]):
-            assert template["spec"]["serviceAccountName"] == assoc["ServiceAccount"], chart
+            assert template["spec"]["serviceAccountName"] == expected, chart
 
 
 def test_kuberay_operator_matches_the_crds_of_the_bindings(both):
@@ -227,9 +232,25 @@ def test_kuberay_operator_matches_the_crds_of_the_bindings(both):
 
 
 def test_pod_role_can_write_checkpoints_where_the_jobs_put_them(both):
+    """Each RayJob's own pods (service account = the run) may write under ``<storage>/<run>/``,
+    judged by IAM's rules with the session tags EKS Pod Identity sets (tests/iam_policy.py)."""
+    from iam_policy import Request, allowed as iam_allowed, pod_identity_context, resolve as deployed
+
     storage = both.env.storage_uri.removeprefix("s3://")
-    for action in ("s3:PutObject", "s3:GetObject", "s3:DeleteObject"):
-        assert allowed(both, action, f"arn:aws:s3:::{storage}/smoke/checkpoint_000001/model.pt"), action
+    [role] = [k for k, r in both.resources.items() if r["Type"] == "AWS::IAM::Role"
+              and r["Properties"].get("RoleName") == f"{both.env.cluster.eks_name}-ray-runs"]
+    account = both.env.cluster.account or "123456789012"
+    policies = [deployed(r["Properties"]["PolicyDocument"], account=account) for r in both.of_type("AWS::IAM::Policy")
+                if {"Ref": role} in r["Properties"]["Roles"]]
+    for chart, obj in both.manifests.items():
+        if obj["kind"] != "RayJob" or "clusterSelector" in obj["spec"]:
+            continue
+        run = obj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["serviceAccountName"]
+        context = pod_identity_context(run=run, account=account, cluster=both.env.cluster.eks_name)
+        for action in ("s3:PutObject", "s3:GetObject", "s3:DeleteObject"):
+            request = Request(action=action, resource=f"arn:aws:s3:::{storage}/{run}/checkpoint_000001/model.pt",
+                              context=context)
+            assert iam_allowed(policies, request), (chart, action)
 
 
 def objects_the_jobs_read(both: Both) -> list[tuple[str, str]]:

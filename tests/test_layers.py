@@ -6,8 +6,9 @@ Layers (lowest first):
   the repository.
 - ``environment``: the environment spec; the standard library and ``spec_schema`` only.
 - ``training``: the job that runs in the DLC; ``spec_schema``, nothing of ``environment``, ``infra``, ``charts``,
-  the CLI or the developer tooling. Its ``config``, ``config_checks``, ``contract``,
-  ``model_config`` and ``run_storage`` modules are standard-library only, because ``charts`` imports them.
+  the CLI or the developer tooling. Its ``config``, ``config_sections``, ``config_checks``, ``contract``,
+  ``deadlines`` and ``model_config`` modules and its ``storage`` package's ``__init__`` are standard-library
+  only, because ``charts`` imports them.
 - ``charts``: may import ``environment`` and training's stdlib-only modules; never ``infra``,
   the CLI or the developer tooling.
 - ``infra``: may import ``environment`` and itself; never ``charts``, ``training``, the CLI or
@@ -31,8 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("spec_schema", "environment", "training", "charts", "infra", "raytrain_eks", "devtools")
-TRAINING_STDLIB_MODULES = ("training.config", "training.config_checks", "training.contract", "training.model_config",
-                           "training.run_storage")
+TRAINING_STDLIB_MODULES = ("training.config", "training.config_sections", "training.config_checks", "training.contract",
+                           "training.deadlines", "training.model_config", "training.storage")
 STDLIB_PACKAGES = ("spec_schema", "environment")
 ALLOWED: dict[str, set[str]] = {
     "spec_schema": {"spec_schema"},
@@ -89,10 +90,10 @@ def check_source(rel: str, source: str) -> list[str]:
             if top in PACKAGES:
                 if top not in ALLOWED[package]:
                     problems.append(f"{where}: {package} may not import {top} ({target})")
-                elif package == "charts" and top == "training" and not target.startswith(TRAINING_STDLIB_MODULES):
+                elif package == "charts" and top == "training" and target not in TRAINING_STDLIB_MODULES:
                     problems.append(f"{where}: charts may import only {', '.join(TRAINING_STDLIB_MODULES)} of training"
                                     f" ({target})")
-            elif (package in STDLIB_PACKAGES or module.startswith(TRAINING_STDLIB_MODULES)) and top and \
+            elif (package in STDLIB_PACKAGES or module in TRAINING_STDLIB_MODULES) and top and \
                     top not in sys.stdlib_module_names and top != "__future__":
                 problems.append(f"{where}: {module} must import only the standard library ({target})")
     return problems
@@ -186,8 +187,8 @@ def test_a_violation_is_reported_with_file_and_line():
     assert check_source("training/loop.py", "def f():\n    from environment import Environment\n") == [
         "training/loop.py:2: training may not import environment (environment.Environment)"]
     assert check_source("charts/jobs.py", "from training import loop\n") == [
-        "charts/jobs.py:1: charts may import only training.config, training.config_checks, training.contract, "
-        "training.model_config, training.run_storage of training (training.loop)"]
+        "charts/jobs.py:1: charts may import only training.config, training.config_sections, training.config_checks, "
+        "training.contract, training.deadlines, training.model_config, training.storage of training (training.loop)"]
     assert check_source("charts/jobs.py", "from training import contract\nfrom training.config import JobConfig\n") == []
     assert check_source("environment/model.py", "import yaml\n") == [
         "environment/model.py:1: environment.model must import only the standard library (yaml)"]
@@ -205,3 +206,89 @@ def test_a_violation_is_reported_with_file_and_line():
         "spec_schema/__init__.py:1: spec_schema must import only the standard library (yaml)"]
     assert check_source("spec_schema/__init__.py", "from environment import SpecError\n") == [
         "spec_schema/__init__.py:1: spec_schema may not import environment (environment.SpecError)"]
+
+
+# training/'s rooms (a top-level module or a subpackage), lowest first. A room imports only the
+# rooms of its own layer or a lower one: an import from a lower room back up is refused, so each
+# room can be read and tested with only what is below it.
+TRAINING_ROOMS: tuple[tuple[str, ...], ...] = (
+    ("contract", "config_checks", "deadlines"),           # the shared vocabulary (standard library)
+    ("storage", "model_config", "model_transforms", "objectives"),  # where files live; what a model is; its plug-ins; the loss
+    ("config_sections",),                                 # the job config's sections
+    ("config",),                                          # the job config
+    ("data", "model", "flops", "verdict", "mlflow_rest", "incidents"),  # inputs, the model, figures, judgement, MLflow's API, faults
+    ("checkpointing", "evaluation", "parallel", "optim", "metrics", "transport"),
+    ("metric_sinks", "run_logs", "run_record", "run_facts", "watchdog", "attempts"),
+    ("loop",),                                            # the worker's training loop
+    ("launch",),                                          # the driver
+    ("netcheck",),                                        # a job kind built on the driver
+    ("__main__",),                                        # the entry point
+)
+
+
+def room_of(module: str) -> str:
+    """``training.data.records`` -> ``data``; ``training`` (the package itself) -> ``""``."""
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def upward_imports(graph: dict[str, set[str]], rooms: tuple[tuple[str, ...], ...]) -> list[str]:
+    """``module -> target`` for every import of a room in a higher layer (or of no declared room)."""
+    layer = {room: i for i, group in enumerate(rooms) for room in group}
+    found = []
+    for module in sorted(graph):
+        if not module.startswith("training."):
+            continue
+        for target in sorted(graph[module]):
+            mine, theirs = room_of(module), room_of(target)
+            if theirs and mine != theirs and (mine not in layer or theirs not in layer or layer[theirs] > layer[mine]):
+                found.append(f"{module} ({mine}) -> {target} ({theirs})")
+    return found
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        if module.startswith("training."):
+            rooms.setdefault(room_of(module), set()).update(
+                room_of(t) for t in targets if room_of(t) and room_of(t) != room_of(module))
+    return {room: targets for room, targets in rooms.items() if room}
+
+
+def test_training_rooms_import_only_downwards_and_form_no_cycle():
+    graph = module_graph()
+    declared = {room for group in TRAINING_ROOMS for room in group}
+    present = {room_of(m) for m in graph if m.startswith("training.")} - {"assets"}
+    assert present - declared == set(), f"rooms of training/ missing from TRAINING_ROOMS: {sorted(present - declared)}"
+    assert upward_imports(graph, TRAINING_ROOMS) == []
+    rooms = room_graph(graph)
+    assert cycles({room: rooms.get(room, set()) & set(rooms) for room in rooms}) == []
+
+
+def test_an_upward_import_between_rooms_is_named():
+    # The checks fail on the imports issue 49 found climbing back up.
+    graph = {"training.data": {"training.checkpointing.storage"}, "training.checkpointing.storage": set(),
+             "training.model_transforms.lora": {"training.checkpointing.state"}, "training.checkpointing.state": set()}
+    assert upward_imports(graph, TRAINING_ROOMS) == [
+        "training.data (data) -> training.checkpointing.storage (checkpointing)",
+        "training.model_transforms.lora (model_transforms) -> training.checkpointing.state (checkpointing)"]
+    assert cycles(room_graph({"training.tokenizer": {"training.data.records"},
+                              "training.data.tokenize": {"training.tokenizer"}})) == [["data", "tokenizer", "data"]]
+
+
+def bench_graph() -> dict[str, set[str]]:
+    """``script -> the bench scripts it imports`` (bench/ is a folder of scripts on sys.path, so
+    they import each other by bare name)."""
+    scripts = {p.stem: p for p in sorted((ROOT / "bench").glob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in scripts}
+    for name, path in scripts.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for target in _imported_modules(node, name, False):
+                if target.split(".")[0] in scripts and target.split(".")[0] != name:
+                    graph[name].add(target.split(".")[0])
+    return graph
+
+
+def test_bench_scripts_form_no_cycle():
+    graph = bench_graph()
+    assert any(graph.values()), "bench/ scripts import each other: the graph cannot be empty"
+    assert cycles(graph) == [], graph

@@ -64,6 +64,40 @@ def test_a_shipped_job_passes_the_preflight(job, monkeypatch, capsys):
     assert "verdict    OK" in out.out
 
 
+GPU_JOBS = sorted(p for p in [*SHIPPED, *(ROOT / JOBS_DIR / "family").glob("*.toml")]
+                  if tomllib.loads(p.read_text()).get("parallel", {}).get("use_gpu"))
+
+
+@pytest.mark.parametrize("job", GPU_JOBS, ids=lambda p: p.stem)
+def test_a_shipped_gpu_job_writes_the_plan_the_search_picks(job):
+    """Each shipped GPU training job is ``parallel.plan = "auto"`` and writes the plan search's pick
+    (raytrain_eks/planning/plan_search.py) at the spec's size: submit would hand it no overrides,
+    and the charts' manifests (which cannot run the search) run the same plan. The model's
+    shapes: its published config.json (raytrain_eks/planning/measured_plan.py MODEL_CONFIGS).
+    The smoke and netcheck jobs keep their written plans: the smoke proves the finetune's shape
+    on synthetic data, the netcheck trains nothing; so does the DPO job (the search prices a
+    next-token step, not DPO's extra reference forward)."""
+    import contextlib
+
+    from charts.jobs import plan_job
+    from raytrain_eks.planning import measured_plan, plan_search
+    from training.flops import ModelShapes
+
+    env = load_environment(ENV_FILE)
+    with contextlib.chdir(ROOT):
+        config = plan_job(env, job, ROOT).config
+    if config.kind == "netcheck" or config.is_infrastructure_check or config.train.objective != "sft":
+        # the search prices a next-token step: DPO's reference forward is not in its model
+        assert config.parallel.plan == "as_written"
+        return
+    assert config.parallel.plan == "auto"
+    name = measured_plan.published_model(config.model.path)
+    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **measured_plan.MODEL_CONFIGS[name]})
+    found = plan_search.search(config, shapes, env.gpu_group(config.parallel.node_group))
+    assert found.chosen is not None
+    assert plan_search.overrides(config, found.chosen.job) == [], found.chosen.candidate.label()
+
+
 @pytest.fixture(scope="module")
 def shipped_synth(tmp_path_factory):
     """One synth of the shipped jobs with the shipped spec, as ``cdk8s synth`` runs it."""
@@ -134,9 +168,9 @@ def test_the_chart_tests_plan_and_pack_the_fixture_copies_not_the_shipped_jobs(t
 
 def test_the_smoke_job_runs_the_shipped_finetunes_parallel_shape(shipped_synth):
     """The pipeline's Smoke and a user's first run exercise the long run's path: as synthesized
-    for the shipped spec, the smoke job has the finetune's mesh (replicate x shard, both > 1 on a
-    multi-node group), sequence length, per-GPU micro batch and parallel settings, with more than
-    one micro batch per step (parameters kept gathered across accumulation)."""
+    for the shipped spec, the smoke job has the finetune's mesh (full shard over both nodes),
+    sequence length, per-GPU micro batch and parallel settings, with more than one micro batch
+    per step (parameters kept gathered across accumulation)."""
     by_name = {plan.config_path: plan.config for plan in shipped_synth.plans}
     smoke, finetune = by_name[f"{JOBS_DIR}/smoke.toml"], by_name[f"{JOBS_DIR}/finetune-qwen2.5-1.5b.toml"]
     shape = lambda job: (job.parallel.strategy, job.parallel.num_workers, job.parallel.workers_per_node,
@@ -144,7 +178,7 @@ def test_the_smoke_job_runs_the_shipped_finetunes_parallel_shape(shipped_synth):
                          job.parallel.grad_reduce_dtype, job.parallel.compile, job.train.seq_len,
                          job.train.micro_batch_size)
     assert shape(smoke) == shape(finetune)
-    assert smoke.parallel.strategy == "hybrid_shard" and smoke.num_nodes > 1 and smoke.parallel.workers_per_node > 1
+    assert smoke.parallel.strategy == "full_shard" and smoke.num_nodes > 1 and smoke.parallel.workers_per_node > 1
     assert smoke.grad_accum_steps > 1 and smoke.data.kind == "synthetic"
 
 

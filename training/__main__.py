@@ -1,6 +1,6 @@
 """``python -m training --config FILE [--set section.key=value ...] [--workers N --workers-per-node G]``:
 the job's entry point. ``--workers``/``--workers-per-node`` carry a GPU job's size as the charts
-decided it from the spec (:class:`training.config.WorldSize`); they win over the file and ``--set``.
+decided it from the spec (:class:`training.config_sections.WorldSize`); they win over the file and ``--set``.
 
 Everything is validated BEFORE a worker starts: the job config's own rules (training/config.py),
 what needs the model's config.json (``seq_len`` within ``max_position_embeddings``) and the data
@@ -22,7 +22,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="override one field, e.g. --set train.max_steps=20 (repeatable)")
     parser.add_argument("--check", action="store_true",
                         help="validate the job config, the model's config and the data it can reach, and exit")
-    from training.config import WorldSize
+    from training.config_sections import WorldSize
 
     parser.add_argument(WorldSize.WORKERS_FLAG, dest="workers", type=int, metavar="N",
                         help="the job's world size (Ray Train workers, one GPU each), as the charts size it")

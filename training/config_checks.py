@@ -1,7 +1,7 @@
 """The job config's allowed values, its error type and the small rules its sections share.
-Standard library only, like training/config.py which re-exports them; it imports nothing of
-the job config itself, so the sections (config.py) and the model checks (model_config.py) both
-build on it without importing each other back.
+Standard library only, like training/config.py; it imports nothing of the job config itself, so
+the sections (config_sections.py) and the model checks (model_config.py) both build on it
+without importing each other back.
 """
 from __future__ import annotations
 
@@ -17,6 +17,19 @@ FILE_KINDS = tuple(sorted(p.stem for p in (Path(__file__).parent / "data" / "for
 """The data formats: one file each in training/data/formats/, named by its kind (the registry)."""
 DATA_KINDS = ("synthetic", *FILE_KINDS)
 BAD_RECORD_POLICIES = ("error", "skip")
+BENCHMARK_DIR = Path(__file__).parent / "assets" / "benchmarks"
+"""The tiny benchmark tasks the project ships: ``<name>.jsonl`` each (training/evaluation.py)."""
+SHIPPED_BENCHMARKS = tuple(sorted(p.stem for p in BENCHMARK_DIR.glob("*.jsonl")))
+BENCHMARK_METRICS = ("acc", "acc_norm", "exact_match")
+"""lm-evaluation-harness's names: multiple choice gives acc and acc_norm, generation exact_match."""
+
+
+def benchmark_task(entry: str) -> tuple[str, Path]:
+    """``(task name, file)`` of one ``eval.benchmarks`` entry: a shipped task's name, or a
+    ``.jsonl`` file (its name without the suffix is the task's)."""
+    if entry in SHIPPED_BENCHMARKS:
+        return entry, BENCHMARK_DIR / f"{entry}.jsonl"
+    return Path(entry).stem, Path(entry)
 OVERLONG_POLICIES = ("truncate", "refuse")
 ON_EXISTING_RUN = ("resume", "refuse")
 TRANSPORTS = ("any", "efa", "socket", "single-node")
@@ -29,6 +42,15 @@ TORCH_SEED_RANGE = (-(2**63), 2**64 - 1)
 """What ``torch.manual_seed`` accepts (torch 2.13 torch/random.py: "must be within the inclusive
 range [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff]"; outside, a RuntimeError in the workers)."""
 REDUCE_DTYPES = ("float32", "bfloat16")
+ACCUMULATIONS = ("sharded", "local")
+"""``parallel.accumulation``: gradients reduce-scattered every micro batch, or summed unsharded
+on each rank and reduce-scattered once per step (training/parallel.py ``begin_micro_batch``)."""
+PLAN_MODES = ("as_written", "auto")
+"""``parallel.plan``: run the file's plan, or let the operator CLI's plan search fill every plan
+setting ``parallel.pinned`` does not name (raytrain_eks/planning/plan_search.py)."""
+PLAN_SETTINGS = ("strategy", "accumulation", "activation_checkpointing", "keep_params_gathered", "grad_reduce_dtype",
+                 "cpu_offload", "micro_batch_size")
+"""The settings the plan search chooses (``micro_batch_size`` is ``train.micro_batch_size``)."""
 NO_DECAY_RULES = ("1d", "none")
 """``optim.no_decay``: which parameters AdamW does not decay (training/optim.py)."""
 ADAMW_KERNELS = ("auto", "fused", "foreach", "for_loop")

@@ -64,8 +64,22 @@ ENV_SPEC_TEXT = "RAYTRAIN_SPEC_B64"
 one line keeps the manifest's ``runtimeEnvYAML`` a plain block. ``base64 -d`` reads it."""
 ENV_MANIFEST_NAME = "RAYTRAIN_MANIFEST_NAME"
 """The chart (file stem in dist/) of the manifest the pod belongs to, e.g. ``rayjob-local``."""
+ENV_HANG_FLOOR_S = "RAYTRAIN_HANG_FLOOR_S"
+"""Overrides the progress watchdog's floor (training/watchdog.py ``FLOOR_S``): the shortest time
+without a step before a run is declared hung."""
+ENV_HANG_FIRST_STEP_S = "RAYTRAIN_HANG_FIRST_STEP_S"
+"""Overrides the watchdog's bound for an attempt's first step (``FIRST_STEP_S``): model build,
+restore, evaluation before training and the first compile come before it."""
 ENV_NODE_NAME = "RAYTRAIN_NODE_NAME"
 """The Kubernetes node of the pod (downward API ``spec.nodeName``)."""
+ENV_CAPACITY_TYPE = "RAYTRAIN_CAPACITY_TYPE"
+"""The pod's node group's capacity (``on-demand``, ``spot``, ``capacity-reservation``, ``capacity-block``)."""
+ENV_NODE_PRICE = "RAYTRAIN_NODE_PRICE_PER_HOUR"
+"""USD per node-hour of the pod's node group, at the prices the preflight uses (spot: an estimate)."""
+ENV_PRICE_LABEL = "RAYTRAIN_PRICE_LABEL"
+"""How that price is known: ``list price``, ``spot estimate`` (the spec's or the table's)."""
+ENV_ELASTIC_RESIZE_S = "RAYTRAIN_ELASTIC_RESIZE_INTERVAL_S"
+"""Seconds between Ray Train's checks for more capacity in an elastic run (tests shorten it)."""
 ENV_AZ = "RAYTRAIN_AVAILABILITY_ZONE"
 """The availability zone of a GPU worker pod: the spec's GPU zone, where every GPU node is (the
 downward API does not expose node labels such as topology.kubernetes.io/zone)."""
@@ -79,6 +93,9 @@ NETCHECK_NAME = "netcheck.json"
 """A netcheck run's record (training/netcheck/__init__.py), beside where run.json would be."""
 TENSORBOARD_DIR = "tensorboard"
 """The run's TensorBoard event files (training/metric_sinks/tensorboard.py); copied out with the run."""
+ADAPTER_SUFFIX = "-adapter"
+"""A LoRA run's peft adapter sits beside its export, ``<export>-adapter`` (``<run>/hf-adapter``:
+training/checkpointing/export.py writes it, raytrain_eks/runs/results.py copies it out whole)."""
 
 # --- metrics.jsonl rows ---------------------------------------------------------------------
 KIND = "kind"
@@ -210,17 +227,43 @@ def prometheus_name(metric: str) -> str:
     return PROMETHEUS_PREFIX + metric
 
 
+# --- a spot node's interruption notice: the one place the stop and grace values derive from ---
+SPOT_NOTICE_SECONDS = 120
+"""EC2's Spot Instance interruption notice: two minutes between the notice and the reclaim (EC2
+User Guide, "Spot Instance interruption notices"). An EKS managed node group drains the node on
+it (Kubernetes evicts the Ray pod; ``ray start`` drains its Ray node with the deadline); Ray
+Train's PreemptionWatcher sees the drain; the job commits a checkpoint at the next step."""
+STOP_MARGIN_SECONDS = 30
+"""After a final checkpoint is written a worker still finishes the upload's last request,
+reports to the controller and lets ``ray stop`` tear down the raylet; each outer wait is the
+inner one plus this margin."""
+NOTICE_CHECKPOINT_SECONDS = SPOT_NOTICE_SECONDS - STOP_MARGIN_SECONDS
+"""What a checkpoint may take and still fit the notice: ``checkpoint.sigterm_grace_seconds``'s
+default, so the worker pods' stop wait (grace + margin) equals the notice."""
+
+# --- attempts and cost (training/attempts.py); the incidents themselves: training/incidents.py ---
+ATTEMPTS_DIR = "attempts"
+"""Under a run: one small JSON per worker-group start and per notice, written by rank 0 (the
+driver does not see Ray Train's restarts); the driver turns them into ``incidents``."""
+COST = "cost"
+"""run.json: node-hours by instance type and capacity type and their price (``raytrain_eks``'s
+prices; spot as an estimate), cost per 1M tokens, GPU-minutes lost to incidents."""
+
 # --- run.json -------------------------------------------------------------------------------
 RECORD_FIELDS = (
     "schema_version", "run_dir", "kind", "is_infrastructure_check", "image", "image_digest", "code_hash",
     "spec_hash", "manifest_hash", "job_config", "job_config_hash", "cluster", "versions", "hosts", "transport",
-    "throughput", "eval", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
+    "throughput", "eval", "benchmarks", "objective", "checkpoints", "data", "start_time", "end_time", "duration_s", "status",
     "exit_code", "error", "command", "failure",
     # identity and what ran (the reproducibility review):
     "source", "manifest_name", "environment_spec", "inputs", "ranks", "nccl_logs", "reproducibility",
     "verdict", "definitions", "exports",
     "netcheck",  # the network measured before training (netcheck.run_first): verdict, figures, uri; else None
     "exposed_comm",  # the step's exposed communication, and how it is known (EXPOSED_COMM_LABELS)
+    "incidents",  # INCIDENTS: every hang, worker or node loss, failed health check, preemption (training/incidents.py)
+    "storage_lives_for_one_submit",  # STORAGE_LIVES_FOR_ONE_SUBMIT: a local run's bucket ends with its submit (no resume)
+    "attempts",  # each worker-group start: time, world size, nodes, step resumed from (training/attempts.py)
+    "cost",  # node-hours, price, cost per 1M tokens (COST)
 )
 """Every top-level key a finished run.json holds."""
 EXPOSED_COMM_LABELS = ("measured", "predicted", "unknown")
@@ -237,18 +280,29 @@ def run_inputs_uri(storage: str, run: str) -> str:
     """``<storage>/_inputs/<run>.json``: the run's inputs as ``submit`` uploaded them."""
     return f"{storage.rstrip('/')}/{INPUTS_DIR}/{run}.json"
 WORKER_RECORD_FIELDS = ("versions", "ranks", "inputs", "nccl_logs", "transport", "hosts", "data", "throughput",
-                        "eval", "checkpoints", "exports")
+                        "eval", "benchmarks", "objective", "checkpoints", "exports")
 """The run.json fields only the workers can read (what ran on the GPU nodes, what they measured).
 Rank 0 returns them with its summary; the driver, run.json's only writer, merges them once."""
 WORKER_FACTS = "facts"
 """Key of :data:`WORKER_RECORD_FIELDS` in the summary rank 0 returns (``Result.return_value``);
 never written to metrics.jsonl."""
+INCIDENTS = "incidents"
+"""run.json: the list of what went wrong during the run and what it cost (training/incidents.py
+:func:`~training.incidents.incident`); the verdict counts them, ``report`` and ``runs`` show them."""
 RECORD_STATUSES = ("running", "succeeded", "failed", "stopped")
 FAILURE = "failure"
 """run.json: where a failed run failed, e.g. ``{"stage": "data", "rank": 0, "error_class": "DataError"}``."""
 FAILURE_STAGE = "stage"
 STAGE_DATA = "data"
 """The data could not be read or parsed (a deterministic user error: never retried)."""
+STAGE_STOPPED = "stopped"
+"""A run stopped on purpose where nothing else sends SIGTERM (a local run: ``raytrain-eks stop``,
+or its submit ended): no infrastructure fault, and nothing to resume."""
+STORAGE_LIVES_FOR_ONE_SUBMIT_ENV = "RAYTRAIN_STORAGE_LIVES_FOR_ONE_SUBMIT"
+"""Set (``1``) by the local backend (raytrain_eks/backends/local.py): the run's storage (moto's S3
+in memory) and its Ray head end with the submit, so a stopped run cannot be resumed."""
+STORAGE_LIVES_FOR_ONE_SUBMIT = "storage_lives_for_one_submit"
+"""run.json: True for such a run (training/launch.py records it; training/verdict.py reads it)."""
 
 
 # --- the five hashes of a run: run.json key -> what it is the hash of ------------------------
@@ -371,7 +425,8 @@ def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS,
 
     ``jobs`` (default ``root/jobs``) is the folder that travels as ``jobs/``: the chart tests pack
     fixture copies there, so an edit of a shipped job changes none of their inputs.
-    Hidden entries, ``__pycache__`` and compiled files stay behind; a missing folder is an error
+    Hidden entries, ``__pycache__``, compiled files and symbolic links stay behind (a folder
+    reached through a link is not walked: ``os.walk`` does not follow links); a missing folder is an error
     (an archive without it could not run)."""
     root = Path(root)
     found = []
@@ -383,7 +438,9 @@ def code_files(root: str | Path, dirs: Iterable[str] = CODE_DIRS,
             dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
             for filename in filenames:
                 path = Path(dirpath, filename)
-                if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES) or not path.is_file():
+                # A symbolic link would carry its target, wherever it points, into the archive.
+                if filename.startswith(".") or filename.endswith(_SKIP_SUFFIXES) or path.is_symlink() \
+                        or not path.is_file():
                     continue
                 found.append((f"{top}/{path.relative_to(base).as_posix()}", path))
     return sorted(found)

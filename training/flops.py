@@ -117,6 +117,27 @@ def training_flops_per_token(shapes: ModelShapes, seq_len: int) -> int:
     return 3 * forward_flops_per_token(shapes, seq_len)
 
 
+def objective_factor(objective: str) -> float:
+    """Model FLOPs of a trained token under ``train.objective``, as a multiple of next-token
+    training's (3 x forward): DPO runs the reference's forward too (no backward), 4 forwards'
+    worth, so 4/3. Per token, not per example: a preference pair is two sequences (prompt +
+    chosen, prompt + rejected), so an example costs about twice an SFT example's tokens on top."""
+    return 4 / 3 if objective == "dpo" else 1.0
+
+
+def lora_training_flops_per_token(shapes: ModelShapes, seq_len: int, adapter_params: int) -> int:
+    """FLOPs per trained token that a LoRA step EXECUTES, the base frozen. The forward is the
+    full model's (matmuls 2N + attention A); the backward computes every matmul's input gradient
+    (2N) and attention's (2A: its gradients of q, k and v), but no weight gradient of the
+    frozen base (the 2N a full fine-tune adds); the adapters (``adapter_params``) run forward
+    (2 per parameter) and both backward products (4). So ~4N + 3A + 6 x adapters, not the
+    6N + 3A of :func:`training_flops_per_token`: counting 6N would report an MFU half again too
+    high for the work the GPU does."""
+    matmuls = 2 * (shapes.num_layers * shapes.layer_matmul_params() + shapes.hidden_size * shapes.vocab_size)
+    attention = forward_flops_per_token(shapes, seq_len) - matmuls
+    return 2 * matmuls + 3 * attention + 6 * adapter_params
+
+
 def training_flops_per_step(shapes: ModelShapes, seq_len: int, tokens_per_step: int) -> int:
     """FLOPs of one optimizer step over all devices (``tokens_per_step`` = global batch x seq_len)."""
     return training_flops_per_token(shapes, seq_len) * tokens_per_step

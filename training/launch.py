@@ -13,11 +13,13 @@ import sys
 import uuid
 from typing import Any, Callable, Mapping
 
-from training import contract, metric_sinks, run_record, verdict
-from training.config import JobConfig, driver_exit_code, run_time_limit_seconds
+from training import contract, metric_sinks, run_logs, verdict, watchdog
+from training.config import JobConfig
+from training.deadlines import driver_exit_code, run_time_limit_seconds
 from training.data import one_line, read_data_errors
-from training.run_record import NCCL_ENV_PREFIXES, RunRecord, exposed_comm_handed
-from training.run_storage import RunStorage
+from training.run_facts import NCCL_ENV_PREFIXES
+from training.run_record import RunRecord, exposed_comm_handed
+from training.storage import RunStorage
 from training.verdict import outcome
 
 # Driver environment variables the workers need too (fault injection, S3 endpoint for tests,
@@ -38,7 +40,7 @@ DEFAULT_STORAGE = os.path.join(os.path.expanduser("~"), "ray_results")
 
 
 def run_storage(job: JobConfig) -> RunStorage:
-    """The job's run storage (:mod:`training.run_storage`); empty = Ray's default local directory."""
+    """The job's run storage (:mod:`training.storage`); empty = Ray's default local directory."""
     return RunStorage(job.checkpoint.storage_path or DEFAULT_STORAGE)
 
 
@@ -51,7 +53,7 @@ def storage_location(job: JobConfig) -> tuple[str, Any]:
     """
     storage = run_storage(job)
     if storage.kind == "s3":
-        from training.data.remote import s3_filesystem
+        from training.storage.files import s3_filesystem
 
         return storage.path, s3_filesystem()
     return storage.path, None
@@ -63,7 +65,7 @@ def run_dir(job: JobConfig) -> str:
 
 
 def job_network_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The job's OWN NCCL_*/FI_* variables (:data:`training.run_record.NCCL_ENV_PREFIXES`).
+    """The job's OWN NCCL_*/FI_* variables (:data:`training.run_facts.NCCL_ENV_PREFIXES`).
 
     In a submitted job (a RayJob) the driver runs on the head pod, whose NCCL/libfabric
     settings (the image's, for a CPU node) are not the job's: the GPU pods set their own, and a
@@ -124,8 +126,13 @@ def worker_env(job: JobConfig, environ: Mapping[str, str] | None = None) -> dict
     if job.parallel.use_gpu:
         from training.transport import NCCL_LOG_DIR, nccl_debug_env
 
+        from training.watchdog import flight_recorder_env
+
         env.update(nccl_debug_env(NCCL_LOG_DIR, env))
         env.update(allocator_env(environ))
+        # NCCL's flight recorder: its dump on a collective timeout lands in the same node-local
+        # folder, where a hang's probe copies it into <run>/incidents/ (training/watchdog.py).
+        env.update({k: v for k, v in flight_recorder_env(NCCL_LOG_DIR).items() if k not in env})
     return env
 
 
@@ -154,20 +161,22 @@ def connect_ray() -> None:
 
 
 def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: str = "run",
-                  lease: dict[str, Any] | None = None) -> Any:
+                  lease: dict[str, Any] | None = None, callbacks: list[Any] | None = None) -> Any:
     """The TorchTrainer for ``job`` (not started); ``resume_from``: a checkpoint URI for a new run;
-    ``lease``: this attempt's (:meth:`training.checkpointing.Lease.to_dict`), checked by the workers."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    ``lease``: this attempt's (:meth:`training.checkpointing.Lease.to_dict`), checked by the workers;
+    ``callbacks``: Ray Train ``UserCallback``s run by its controller (the watchdog's notes)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from training.metrics import ray_train_logging_config, without_preemption_watcher
+    from training.metrics import ray_train_logging_config
     from training.loop import train_loop_per_worker
     from training.parallel import backend_for
 
     # Ray Train would chdir each worker into its trial folder: the job config's relative paths
     # (data, tokenizer) must keep resolving against the job's working directory.
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
-    without_preemption_watcher()  # training/metrics.py: its error line on every run
+    # Ray Train's PreemptionWatcher stays on (its default): it is how a node drain's notice
+    # reaches the workers, which then checkpoint at the step boundary (training/checkpointing/manager.py).
     p = job.parallel
     resources = {"CPU": p.cpus_per_worker}
     if p.use_gpu:
@@ -179,23 +188,45 @@ def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: st
                            "resume_from": resume_from, "cwd": os.getcwd(), "data_error_token": data_error_token,
                            "lease": lease},
         torch_config=TorchConfig(backend=backend_for(p.use_gpu, p.cpu_offload), timeout_s=COLLECTIVE_TIMEOUT_S),
-        scaling_config=ScalingConfig(num_workers=p.num_workers, use_gpu=p.use_gpu, resources_per_worker=resources),
+        scaling_config=scaling_config(job, resources),
         run_config=RunConfig(
             name=job.run_name,
             storage_path=storage_path,
             storage_filesystem=storage_fs,
+            # a node drained with notice restarts on Ray Train's own preemption budget
+            # (FailureConfig.max_preemption_failures, unlimited by default), not on max_failures
             failure_config=FailureConfig(max_failures=job.checkpoint.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=job.checkpoint.keep_last),
             worker_runtime_env={"env_vars": worker_env(job)},
             logging_config=ray_train_logging_config(),  # INFO to the log files only
+            callbacks=list(callbacks or []),
         ),
     )
+
+
+ELASTIC_RESIZE_INTERVAL_S = 60.0
+"""Ray Train's ``elastic_resize_monitor_interval_s`` (its default): how often an elastic run below
+its maximum looks for capacity that came back; a grow restarts the workers from the last
+checkpoint, so checking more often than a checkpoint interval only loses steps."""
+
+
+def scaling_config(job: JobConfig, resources: dict[str, float]) -> Any:
+    """Ray Train's ScalingConfig: ``num_workers=(min, max)`` for an elastic job
+    (``parallel.min_nodes``; ray 2.58 ``train/v2/api/config.py``), else the one size."""
+    from ray.train import ScalingConfig
+
+    p = job.parallel
+    sizes = job.world_sizes
+    interval = float(os.environ.get(contract.ENV_ELASTIC_RESIZE_S, ELASTIC_RESIZE_INTERVAL_S))
+    return ScalingConfig(num_workers=(sizes[0], sizes[-1]) if job.elastic else p.num_workers, use_gpu=p.use_gpu,
+                         resources_per_worker=resources, elastic_resize_monitor_interval_s=interval)
 
 
 def _cluster_shape(job: JobConfig) -> dict[str, Any]:
     p = job.parallel
     return {"nodes": job.num_nodes, "world_size": p.num_workers,
-            "gpus_per_node": p.workers_per_node if p.use_gpu else 0, "workers_per_node": p.workers_per_node}
+            "gpus_per_node": p.workers_per_node if p.use_gpu else 0, "workers_per_node": p.workers_per_node,
+            "world_sizes": list(job.world_sizes)}
 
 
 def start_record(job: JobConfig, argv: list[str], where: str = "") -> RunRecord:
@@ -205,6 +236,8 @@ def start_record(job: JobConfig, argv: list[str], where: str = "") -> RunRecord:
     record.start(job_config=job.to_dict(), is_infrastructure_check=job.is_infrastructure_check,
                  cluster=_cluster_shape(job), command=argv,
                  exposed_comm=exposed_comm_handed(job.checkpoint.storage_path, job.run_name))
+    if os.environ.get(contract.STORAGE_LIVES_FOR_ONE_SUBMIT_ENV) == "1":
+        record.update(**{contract.STORAGE_LIVES_FOR_ONE_SUBMIT: True})
     return record
 
 
@@ -232,10 +265,33 @@ def finish_record(record: RunRecord, *, returned: dict[str, Any] | None, error: 
         status, message, _ = outcome(summary)
         failure = verdict.failure_of_summary(summary) or {}
     fields = {key: value for key, value in facts.items() if key in contract.WORKER_RECORD_FIELDS}
+    fields.update(_incidents_and_cost(record, summary, fields))
     if failure:
         fields[contract.FAILURE] = failure
     # The exit code is the verdict's, except 2 (refused data); finish() gives a stop its 143.
     return record.finish(status=status, error=message, exit_code=code, **fields)
+
+
+def _incidents_and_cost(record: RunRecord, summary: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """run.json's ``attempts`` and ``cost`` from the workers' notes (training/attempts.py); each
+    drain notice's checkpoint becomes a ``preemption`` incident (training/incidents.py ``add``,
+    the one way in). Never fails the record."""
+    from datetime import datetime, timezone
+
+    from training import attempts, incidents
+
+    tokens = summary.get(contract.TOKENS_SEEN) or 0
+    on_gpu = bool(((record.data.get("job_config") or {}).get("parallel") or {}).get("use_gpu"))
+    try:
+        found = attempts.summarize(record.run_dir, end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                   on_gpu=on_gpu)
+        for entry in found["preemptions"]:
+            incidents.add(record, entry)
+        cost = attempts.cost_of(found["attempts"], end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                tokens=int(tokens), incidents=incidents.of_record(record.data), environ=os.environ)
+        return {"attempts": found["attempts"], contract.COST: cost}
+    except Exception as err:  # noqa: BLE001 - storage hiccup: the record says so
+        return {contract.COST: {"error": f"{type(err).__name__}: {err}"}}
 
 
 def run_in_process(job: JobConfig, ctx: Any, *, argv: list[str] | None = None, **train_args: Any) -> dict[str, Any]:
@@ -313,17 +369,24 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
     heartbeat = checkpointing.keep_renewed(lease) if lease is not None else None
     token = uuid.uuid4().hex[:12]  # this attempt's data-error markers (training/data/__init__.py)
     returned, error, data_errors = None, None, []
+    watch = watchdog.Watchdog(run_name=job.run_name, run_dir=run_dir(job), record=record, max_steps=job.train.max_steps,
+                              world_size=job.parallel.num_workers, on_gpu=job.parallel.use_gpu,
+                              eval_every=job.eval.every_n_steps, checkpoint_every=job.checkpoint.every_n_steps,
+                              checkpoint_minutes=job.checkpoint.every_minutes,
+                              stopping=checkpointing.stop_was_requested).start()
     try:
         if before_fit is not None:  # netcheck.run_first: a rejection fails the run (stage transport)
             record.update(netcheck=before_fit(job))
         result = build_trainer(job, resume_from=resume_from, data_error_token=token,
-                               lease=lease.to_dict() if lease is not None else None).fit()
+                               lease=lease.to_dict() if lease is not None else None,
+                               callbacks=[watch.callback()]).fit()
         if getattr(result, "error", None):
             raise result.error
         data_errors = read_data_errors(run_dir(job), token)
         returned = result.return_value  # rank 0's summary and facts (None after a data refusal)
     except Exception as err:  # TrainingFailedError and friends: one line, details in the logs
         error = err
+    watch.stop()  # its last look records the final attempt's errors before the record's last write
     if heartbeat is not None:
         heartbeat.set()
     if limit is not None:
@@ -340,6 +403,6 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
     # A failure's reason is the error line above: the verdict adds only its stage (one line per error).
     print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED
                          else verdict.headline(judged)), flush=True)
-    run_record.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_record.py
-    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/config.py)
+    run_logs.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_logs.py
+    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/deadlines.py)
     return driver_exit_code(final["status"], final["exit_code"], checkpointing.time_limit_reached())

@@ -27,34 +27,39 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, metrics, optim, transport
+from training import attempts, contract, evaluation, metrics, objectives, optim, transport, watchdog
 from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
-from training.model import build_model, count_targets, export_config, loss_sum
+from training import model as forward_fns
+from training.model import build_model, export_config
+from training.objectives import Objective, sft
 from training.parallel import begin_micro_batch, build_mesh, end_accumulation, parallelize
-from training.tokenizer import chat_format
+from training.data.tokenizer import chat_format
 
 
 def forward_backward(model: torch.nn.Module, micro: list[dict[str, torch.Tensor]], *, device: torch.device,
-                     world_size: int) -> torch.Tensor:
-    """Accumulate the gradients of ``micro`` (this rank's micro batches of one step).
+                     world_size: int, objective: Objective | None = None) -> torch.Tensor:
+    """Accumulate the gradients of ``micro`` (this rank's micro batches of one step) under
+    ``objective`` (training/objectives/; None: ``sft``).
 
-    Returns ``[loss sum, target tokens]`` of the GLOBAL batch as a float64 device tensor (one
-    all-reduce); the host reads it only at a log step.
+    Returns ``[loss sum, units, *extra sums]`` of the GLOBAL batch as a float64 device tensor
+    (one all-reduce; units: target tokens for sft, pairs for dpo); the host reads it only at a
+    log step.
     """
-    local_targets = float(sum(count_targets(b["labels"]) for b in micro))  # labels are still on the host
-    global_targets = torch.tensor([local_targets], dtype=torch.float64, device=device)
-    dist.all_reduce(global_targets)
-    scale = world_size / global_targets.clamp(min=1.0)
-    loss_total = torch.zeros(1, dtype=torch.float64, device=device)
+    objective = objective or sft.SFT(forward_fns)
+    local_units = float(sum(objective.units(b) for b in micro))  # the batch is still on the host
+    global_units = torch.tensor([local_units], dtype=torch.float64, device=device)
+    dist.all_reduce(global_units)
+    scale = world_size / global_units.clamp(min=1.0)
+    totals = torch.zeros(1 + len(objective.extra), dtype=torch.float64, device=device)
     for index, batch in enumerate(micro):
         begin_micro_batch(model, index, len(micro))
-        token_loss = loss_sum(model, batch, device)  # the host batch: indices and layout need no device read
+        loss, extra = objective.loss(model, batch, device)  # the host batch: indices and layout need no device read
         # FSDP averages gradients over ranks: scale so the result is d(global mean)/d(theta).
-        (token_loss * scale.to(token_loss.dtype)).backward()
-        loss_total += token_loss.detach().double()
+        (loss * scale.to(loss.dtype)).backward()
+        totals += torch.cat([loss.detach().double().reshape(1), extra])
     end_accumulation(model, len(micro))
-    sums = torch.cat([loss_total, torch.tensor([local_targets], dtype=torch.float64, device=device)])
+    sums = torch.cat([totals[:1], torch.tensor([local_units], dtype=torch.float64, device=device), totals[1:]])
     dist.all_reduce(sums)
     return sums
 
@@ -70,8 +75,9 @@ class LogWindow:
     window.
     """
 
-    def __init__(self, throughput: Any, *, on_gpu: bool):
+    def __init__(self, throughput: Any, *, on_gpu: bool, objective: Objective | None = None):
         self.throughput, self.on_gpu = throughput, on_gpu
+        self.objective = objective or sft.SFT(forward_fns)
         self.pending: list[tuple[dict[str, Any], torch.Tensor, Any]] = []
         self.overhead_s = 0.0
         self.started = time.perf_counter()
@@ -109,9 +115,8 @@ class LogWindow:
         if self.pending:
             sums = torch.stack([s for _, s, _ in self.pending]).cpu().tolist()  # the one host read
             norms = [float(n.full_tensor() if hasattr(n, "full_tensor") else n) for _, _, n in self.pending]
-            for (entry, _, _), (loss_sum_, targets), norm in zip(self.pending, sums, norms):
-                rows.append({**entry, contract.LOSS: loss_sum_ / targets if targets > 0 else float("nan"),
-                             contract.GRAD_NORM: norm})
+            for (entry, _, _), step_sums, norm in zip(self.pending, sums, norms):
+                rows.append({**entry, **self.objective.figures(step_sums), contract.GRAD_NORM: norm})
             steps = len(rows)
             compute = max(wall - self.overhead_s, 1e-9)
             self.last_step_s = wall / steps
@@ -157,11 +162,11 @@ def ray_context(run_dir: str = "") -> WorkerContext:
     import ray.train
 
     from training.checkpointing import local_checkpoint_root
-    from training.run_record import scratch_key
+    from training.run_logs import scratch_key
 
     ctx = ray.train.get_context()
     storage = ctx.get_storage()
-    key = scratch_key(run_dir, ctx.get_experiment_name())  # training/run_record.py: by storage location
+    key = scratch_key(run_dir, ctx.get_experiment_name())  # training/run_logs.py: by storage location
     local_dir = os.path.join(tempfile.gettempdir(), "raytrain-runs", key)
     return WorkerContext(rank=ctx.get_world_rank(), world_size=ctx.get_world_size(),
                          local_rank=ctx.get_local_rank(), storage=storage, local_dir=local_dir,
@@ -226,7 +231,7 @@ def open_data(job: JobConfig, ctx: WorkerContext) -> tuple[Any, Any]:
 
     tokenizer = None
     if job.data.kind != "synthetic":
-        from training.tokenizer import load_tokenizer, tokenizer_location
+        from training.data.tokenizer import load_tokenizer, tokenizer_location
 
         tokenizer = load_tokenizer(tokenizer_location(job.model))
     return build_data(job, tokenizer, rank=ctx.rank, world_size=ctx.world_size), tokenizer
@@ -239,7 +244,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
     read (:data:`training.contract.WORKER_RECORD_FIELDS`): the driver merges them into the record
     once (:func:`training.launch.finish_record`). A worker writes metrics and its NCCL log, never
     run.json."""
-    from training.run_record import upload_nccl_log
+    from training.run_logs import upload_nccl_log
 
     transport.prepare_worker(job.parallel.use_gpu)  # before ANY collective: NCCL opens its file once
     try:
@@ -251,7 +256,7 @@ def train(job: JobConfig, ctx: WorkerContext, *, data: Any = None, tokenizer: An
 def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, resume_from: str,
            lease: dict[str, Any] | None) -> dict[str, Any]:
     from training import checkpointing as ckpt_api
-    from training.run_record import gather
+    from training.run_facts import gather
     from training.transport import hosts_from_evidence
 
     if job.parallel.use_gpu and not torch.cuda.is_available():
@@ -265,11 +270,17 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     torch.manual_seed(job.train.seed)
     model = build_model(job.model, seq_len=job.train.seq_len, on_gpu=on_gpu)
     hf_config, model_config = model.config, export_config(model)
+    # The step's loss (training/objectives/): made before FSDP, so DPO's frozen reference of a
+    # full fine-tune is a copy of the unsharded base, then sharded the same way below.
+    objective = objectives.get(job.train.objective).make(model, job, forward_fns)
     mesh = build_mesh(job.parallel.strategy, job.parallel.workers_per_node, on_gpu, ctx.local_world_size)
-    parallelize(model, mesh, strategy=job.parallel.strategy, on_gpu=on_gpu,
-                activation_checkpointing=job.parallel.activation_checkpointing, compile=job.parallel.compile,
-                keep_gathered=job.parallel.keep_params_gathered, reduce_dtype=job.parallel.grad_reduce_dtype,
-                cpu_offload=job.parallel.cpu_offload)
+    for module in (model, getattr(objective, "frozen", None)):
+        if module is not None:
+            parallelize(module, mesh, strategy=job.parallel.strategy, on_gpu=on_gpu,
+                        activation_checkpointing=job.parallel.activation_checkpointing and module is model,
+                        compile=job.parallel.compile, keep_gathered=job.parallel.keep_params_gathered,
+                        reduce_dtype=job.parallel.grad_reduce_dtype, cpu_offload=job.parallel.cpu_offload,
+                        accumulation=job.parallel.accumulation)
     optimizer = optim.build_optimizer(model, job.train, job.optim)
     scheduler = optim.build_scheduler(optimizer, job.train, job.optim)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)
@@ -289,22 +300,49 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             ckpt_api.install_worker_handler(job.checkpoint.sigterm_grace_seconds, run_name=job.run_name)
         ckpt_api.restore(model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root,
                          resume_from=resume_from, device=device)
+        if problem := lora_base_problem(model, trainer):
+            return _returned(refuse(problem, ctx), facts)
+        placed = attempts.node_ranks(ctx.rank, ctx.world_size, ctx.in_ray)
+        if ctx.rank == 0 and ctx.run_dir:  # training/attempts.py: the driver sees no restart
+            attempts.write_note(ctx.run_dir, attempts.NOTE_START, attempts.start_note(
+                world_size=ctx.world_size, node_ranks=placed or {}, resumed_from_step=trainer.step,
+                run_dir=ctx.run_dir, environ=os.environ))
+
+        def noticed(step: int, info: Any, seconds: float) -> None:
+            if ctx.rank == 0 and ctx.run_dir:
+                attempts.write_note(ctx.run_dir, attempts.NOTE_NOTICE, attempts.notice_note(
+                    step=step, info=info, seconds=seconds, world_size=ctx.world_size))
+            # the steps up to the notice, this one included, reach storage before the node goes
+            for row in window.close(metrics.peak_memory_gib(on_gpu)):
+                log.write(row)
+            log.sync()
+
         ckpt = ckpt_api.CheckpointManager(
             model=model, optimizer=optimizer, trainer=trainer, local_root=ctx.checkpoint_root, run_name=job.run_name,
             every_n_steps=job.checkpoint.every_n_steps, report=ctx.checkpoint_report, device=device,
             model_config=model_config, uploads_in_flight=ctx.uploads_in_flight,
-            lease=ckpt_api.Lease(**lease) if lease else None)
+            lease=ckpt_api.Lease(**lease) if lease else None, every_minutes=job.checkpoint.every_minutes,
+            on_notice=noticed)
+    # Each finished step goes to the driver's progress watchdog (training/watchdog.py); no wait.
+    progress = (watchdog.rank_progress(job.run_name, ctx.rank, trainer.step, ctx.local_dir) if ctx.in_ray
+                else watchdog.Progress(None, ctx.rank, os.getpid()))
 
+    # LoRA (a frozen base): the MFU counts the FLOPs a LoRA step executes; a DTensor's numel()
+    # is its global size
+    frozen = any(not p.requires_grad for p in model.parameters())
     throughput = metrics.ThroughputModel.for_model(
         hf_config, seq_len=job.train.seq_len, tokens_per_step=job.tokens_per_step,
-        world_size=ctx.world_size, device=metrics.device_name(on_gpu))
+        world_size=ctx.world_size, device=metrics.device_name(on_gpu),
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad) if frozen else None)
     log = open_metrics(job, ctx)  # metrics.jsonl, Prometheus, ...: training/metric_sinks/
-    t, accum = job.train, job.grad_accum_steps
+    # The global batch is the job's at every size: an elastic run at fewer workers accumulates
+    # more micro batches (training/config.py checked that it divides at every size).
+    t, accum = job.train, job.accum_steps_at(ctx.world_size)
     steps: list[dict[str, Any]] = []
 
     def held_out() -> dict[str, Any] | None:
         figures = evaluation.evaluate(model, data.eval_batches(), device=device,
-                                      max_batches=job.eval.max_batches, step=trainer.step)
+                                      max_batches=job.eval.max_batches, step=trainer.step, objective=objective)
         if figures and job.eval.exact_match and tokenizer is not None:
             # The model's own stop tokens: its generation config's eos ids, the tokenizer's eos
             # and the end-of-turn token its chat template closes answers with.
@@ -315,18 +353,33 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             log.write(figures)
         return figures
 
-    # A resumed run keeps the figure measured before ANY training (stored in the trainer state).
+    def benchmarks() -> dict[str, Any] | None:
+        """The benchmark tasks (``eval.benchmarks``), sharded over the ranks."""
+        if not job.eval.benchmarks:
+            return None
+        stop = chat_format(tokenizer, getattr(model, "generation_config", None)).stop_ids
+        result = evaluation.benchmark(model, tokenizer, job.eval.benchmarks, device=device, rank=ctx.rank,
+                                      world_size=ctx.world_size, max_questions=job.eval.benchmark_max_questions,
+                                      stop_ids=stop, step=trainer.step)
+        log.write(evaluation.benchmark_row(result))
+        return result
+
+    # A resumed run keeps the figures measured before ANY training (stored in the trainer state).
     before = trainer.extra.get("eval_before") if trainer.restored_from else None
     if before is None:
         before = held_out()
         trainer.extra["eval_before"] = before
+    bench_before = trainer.extra.get("benchmarks_before") if trainer.restored_from else None
+    if bench_before is None:
+        bench_before = benchmarks()  # the base model's scores
+        trainer.extra["benchmarks_before"] = bench_before
     model.train()
     stopped = False
-    window = LogWindow(throughput, on_gpu=on_gpu)
+    window = LogWindow(throughput, on_gpu=on_gpu, objective=objective)
     while trainer.step < t.max_steps and not stopped:
         maybe_inject_fault(trainer.step, ctx.rank, ctx, settle=ckpt.settle if ckpt is not None else None)
         micro = [data.train.next_batch() for _ in range(accum)]
-        sums = forward_backward(model, micro, device=device, world_size=ctx.world_size)
+        sums = forward_backward(model, micro, device=device, world_size=ctx.world_size, objective=objective)
         grad_norm = optim.clip_gradients(model, t.grad_clip)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
@@ -340,9 +393,10 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         if ckpt is not None:
             with window.overhead(due=ckpt.due(step, max_steps=t.max_steps)):
                 # the checkpoint report carries the loss of the last logged step (no host sync here)
-                stopped = ckpt.step_end(step, {"loss": steps[-1][contract.LOSS] if steps else None},
+                stopped = ckpt.step_end(step, {contract.LOSS: steps[-1][contract.LOSS] if steps else None},
                                         max_steps=t.max_steps)
-        if job.eval.every_n_steps and step % job.eval.every_n_steps == 0 and not last:
+        evaluated = bool(job.eval.every_n_steps and step % job.eval.every_n_steps == 0 and not last)
+        if evaluated:
             with window.overhead():
                 held_out()
         # Ray Train handles reports in order: a metrics-only report after an ASYNC checkpoint
@@ -362,14 +416,16 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                     log.sync()
                     if report_now:
                         ctx.report({k: v for k, v in rows[-1].items() if v is not None})
+        progress.step(step, heavy=evaluated or (ckpt is not None and ckpt.last_saved_step == step))
 
     after = None if stopped else held_out()  # the SIGTERM grace period is for the checkpoint
+    bench_after = None if stopped else benchmarks()
     figures = evaluation.before_after(before, after)
     if ckpt is not None:
-        ckpt.finish(trainer.step, {"loss": steps[-1]["loss"] if steps else float("nan"), **figures})
+        ckpt.finish(trainer.step, {contract.LOSS: steps[-1][contract.LOSS] if steps else float("nan"), **figures})
         log.checkpoints(ckpt.timings)  # the writes that ended after the last step
-    summary = {"kind": "summary", "steps": trainer.step, "tokens_seen": trainer.tokens_seen,
-               "losses": [e["loss"] for e in steps], "stopped_by_signal": stopped,
+    summary = {contract.KIND: contract.KIND_SUMMARY, "steps": trainer.step, contract.TOKENS_SEEN: trainer.tokens_seen,
+               "losses": [e[contract.LOSS] for e in steps], "stopped_by_signal": stopped,
                "resumed_from": trainer.restored_from, **figures}
     if ckpt is not None and job.checkpoint.export_hf and not stopped:
         from training.checkpointing.export import export_on_workers
@@ -377,9 +433,13 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         summary.update(export_on_workers(model, ctx, model_config, job))
     log.write(summary)
     log.print(evaluation.eval_line(figures, stopped=stopped))
+    if bench_after:
+        log.print(evaluation.benchmark_line(bench_before, bench_after))
     log.close()
     if facts is not None:
         facts.update(throughput=contract.throughput_summary(steps), eval={"before": before, "after": after},
+                     benchmarks={"before": bench_before, "after": bench_after} if job.eval.benchmarks else None,
+                     objective=objectives.settings(job.train.objective, job.train.objective_options),
                      exports=summary.get(contract.EXPORTS, {}),
                      checkpoints=[{"step": x.step, "stall_s": x.stall_s, "write_s": x.write_s} for x in ckpt.timings]
                      if ckpt is not None else [])
@@ -387,6 +447,27 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         ctx.report({"step": trainer.step, "stopped_by_signal": stopped,
                     **{k: v for k, v in figures.items() if v is not None}})
     return _returned(summary, facts)
+
+
+LORA_BASE_HASH = "lora_base_hash"
+"""The trainer state's record of the frozen base a LoRA run started with (lora.base_hash)."""
+
+
+def lora_base_problem(model: torch.nn.Module, trainer: Any) -> str | None:
+    """Why a LoRA run may not continue on this base: a resume whose frozen base differs from the
+    one its adapters were trained against (the checkpoints hold the adapters only). Records the
+    base's hash in the trainer state (saved with every checkpoint) otherwise."""
+    from training.model_transforms.lora import lora_settings
+
+    current = (lora_settings(model) or {}).get("base_hash")
+    if not current:
+        return None
+    started = trainer.extra.get(LORA_BASE_HASH)
+    if trainer.restored_from and started and started != current:
+        return (f"resume refused: the frozen base model differs from the one this LoRA run started with (sha256 "
+                f"{started[:12]}, now {current[:12]}); resume with the same model.path, or start a new run")
+    trainer.extra[LORA_BASE_HASH] = current
+    return None
 
 
 def refuse(reason: str, ctx: WorkerContext) -> dict[str, Any]:

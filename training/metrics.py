@@ -42,11 +42,18 @@ from training import contract, flops
 CPU_DEVICE = "cpu"
 
 
-def peak_tflops_from_env(environ: Mapping[str, str]) -> float | None:
+def peak_tflops_from_env(environ: Mapping[str, str], device: str = "") -> float | None:
     """The GPU's peak bf16 TFLOP/s as the manifest states it; None when absent (MFU then n/a,
-    never guessed from the device name)."""
+    never guessed from the device name). A spot group of several GPU models states
+    ``MODEL=peak,...`` (charts/cluster_spec.py): the entry whose model is a word of ``device``."""
+    text = environ.get(contract.ENV_PEAK_TFLOPS, "")
+    if "=" in text:
+        words = device.upper().replace("-", " ").split()
+        found = [peak for model, _, peak in (part.partition("=") for part in text.split(","))
+                 if model.strip() and all(w in words for w in model.upper().split())]
+        text = found[0] if len(found) == 1 else ""
     try:
-        value = float(environ.get(contract.ENV_PEAK_TFLOPS, ""))
+        value = float(text)
     except ValueError:
         return None
     return value if value > 0 else None
@@ -79,11 +86,16 @@ class ThroughputModel:
 
     @classmethod
     def for_model(cls, hf_config: Any, *, seq_len: int, tokens_per_step: int, world_size: int,
-                  device: str, environ: Mapping[str, str] | None = None) -> "ThroughputModel":
+                  device: str, environ: Mapping[str, str] | None = None,
+                  trainable_params: int | None = None) -> "ThroughputModel":
+        """``trainable_params``: the trained parameters when the base is frozen (LoRA): the FLOPs
+        per token are then the ones a LoRA step executes (no weight gradients of the base,
+        training/flops.py ``lora_training_flops_per_token``), not a full fine-tune's 6N."""
         shapes = flops.ModelShapes.from_hf_config(hf_config)
-        peak = None if device == CPU_DEVICE else peak_tflops_from_env(os.environ if environ is None else environ)
-        return cls(tokens_per_step=tokens_per_step, world_size=world_size,
-                   flops_per_token=flops.training_flops_per_token(shapes, seq_len), peak_tflops=peak)
+        peak = None if device == CPU_DEVICE else peak_tflops_from_env(os.environ if environ is None else environ, device)
+        per_token = (flops.training_flops_per_token(shapes, seq_len) if trainable_params is None
+                     else flops.lora_training_flops_per_token(shapes, seq_len, trainable_params))
+        return cls(tokens_per_step=tokens_per_step, world_size=world_size, flops_per_token=per_token, peak_tflops=peak)
 
     def figures(self, step_time_s: float) -> dict[str, Any]:
         tokens_per_s = self.tokens_per_step / step_time_s
@@ -203,14 +215,15 @@ read by the controller in ``execution/controller/controller.py``; default on).""
 
 def without_preemption_watcher() -> None:
     """Turn off Ray Train's PreemptionWatcher for this driver's runs (the controller and its
-    workers inherit the setting: the variable is in Ray Train's ``ENV_VARS_TO_PROPAGATE``).
+    workers inherit the setting: the variable is in Ray Train's ``ENV_VARS_TO_PROPAGATE``). Only
+    a netcheck does: a training run keeps it on, it is how a node drain's notice reaches the
+    workers (training/checkpointing/manager.py checkpoints on it).
 
     The watcher is an actor whose constructor arguments (the workers' actor handles) go through
     the object store while it may restart, so Ray core logs an error line for it on every run
     (``core_worker.cc``: "Actor with class name: 'PreemptionWatcher' ... has constructor arguments
-    in the object store and max_restarts > 0"). It only feeds ``ray.train.get_preemption_info()``,
-    which this job never reads (a drained node ends in Ray Train's restart from the last
-    checkpoint either way), so turning it off loses nothing. A value the user set is kept."""
+    in the object store and max_restarts > 0"): harmless, and the price of the notice in a
+    training run; a netcheck has no checkpoint to save on a notice. A value the user set is kept."""
     import os
 
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")

@@ -196,7 +196,7 @@ class Tracking:
             root = artifact_uri[len(ARTIFACT_SCHEME):].lstrip("/")
             self.request("PUT", f"{ARTIFACTS_API}/{root}/{relative}", data, content_type="application/octet-stream")
             return
-        from training.checkpointing.storage import filesystem_for  # pyarrow: only for such a store
+        from training.storage.files import filesystem_for  # pyarrow: only for such a store
 
         filesystem, folder = filesystem_for(artifact_uri)
         path = f"{folder.rstrip('/')}/{relative}"

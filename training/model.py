@@ -1,7 +1,7 @@
 """The model: a Hugging Face causal LM from a local directory, an ``s3://`` prefix or a hub id,
 or a randomly initialised one built from a config (tiny models for tests and the local demo).
 
-An ``s3://`` prefix is fetched ONCE per node (training/data/remote.py's ``fetch_prefix``: the
+An ``s3://`` prefix is fetched ONCE per node (training/storage/files.py's ``fetch_prefix``: the
 first process takes a node-local lock and downloads, the others wait and reuse the copy).
 Parameters (the optimizer's master copy) are float32 unless ``model.dtype`` says otherwise; on
 GPU, FSDP's MixedPrecisionPolicy computes in bfloat16 (training/parallel.py). Pure bfloat16
@@ -58,6 +58,7 @@ import torch
 from training.model_config import (  # noqa: F401  (re-exported: the checks the driver and the worker share)
     CE_CHUNK_TOKENS, ModelConfigError, check_seq_len, max_positions, read_model_config,
 )
+from training.storage import S3_SCHEME
 
 
 def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
@@ -70,8 +71,8 @@ def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
 
 def resolve_model_path(path: str) -> str:
     """A local directory stays; ``s3://`` is fetched once per node; anything else is a hub id."""
-    if path.startswith("s3://"):
-        from training.data.remote import fetch_prefix  # one download per node (a node-local lock)
+    if path.startswith(S3_SCHEME):
+        from training.storage.files import fetch_prefix  # one download per node (a node-local lock)
 
         return str(fetch_prefix(path))
     return path
@@ -278,12 +279,17 @@ def loss_inputs(model: torch.nn.Module | None, batch: dict[str, torch.Tensor], d
     return {"use_cache": False, **inputs}, move(targets)
 
 
-def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction=reduction)
+
+
+def _joined(parts: list[torch.Tensor], reduction: str) -> torch.Tensor:
+    """The chunks' sums added up (``sum``), or their per-token losses in order (``none``)."""
+    return torch.cat(parts) if reduction == "none" else torch.stack(parts).sum()
 
 
 def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor,
-                              chunk: int = CE_CHUNK_TOKENS) -> torch.Tensor:
+                              chunk: int = CE_CHUNK_TOKENS, reduction: str = "sum") -> torch.Tensor:
     """Summed cross-entropy of ``[tokens, vocab]`` logits, ``chunk`` tokens at a time, in float32.
 
     Every chunk but the last is checkpointed: its float32 copy is made in forward, dropped, and
@@ -294,52 +300,55 @@ def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor,
     """
     from torch.utils.checkpoint import checkpoint
 
-    if logits.shape[0] == 0:
-        return logits.sum().float()  # still connected to the graph: every rank runs backward
+    if logits.shape[0] == 0:  # still connected to the graph: every rank runs backward
+        return logits.sum(dim=-1).float() if reduction == "none" else logits.sum().float()
     starts = range(0, logits.shape[0], chunk)
-    parts = [checkpoint(_chunk_loss, logits[lo:lo + chunk], targets[lo:lo + chunk], use_reentrant=False)
+    parts = [checkpoint(_chunk_loss, logits[lo:lo + chunk], targets[lo:lo + chunk], reduction, use_reentrant=False)
              for lo in starts[:-1]]
-    parts.append(_chunk_loss(logits[starts[-1]:], targets[starts[-1]:]))
-    return torch.stack(parts).sum()
+    parts.append(_chunk_loss(logits[starts[-1]:], targets[starts[-1]:], reduction))
+    return _joined(parts, reduction)
 
 
 def _linear_chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                targets: torch.Tensor) -> torch.Tensor:
+                targets: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     logits = torch.nn.functional.linear(hidden, weight, bias)
-    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction=reduction)
 
 
 def chunked_linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                                     targets: torch.Tensor, chunk: int = CE_CHUNK_TOKENS) -> torch.Tensor:
+                                     targets: torch.Tensor, chunk: int = CE_CHUNK_TOKENS,
+                                     reduction: str = "sum") -> torch.Tensor:
     """Summed cross-entropy of ``linear(hidden, weight, bias)`` (``hidden`` ``[tokens, in]``),
     ``chunk`` tokens at a time in float32; every chunk but the last checkpointed (the last's
     backward runs first, right after forward: recomputing it would save nothing)."""
     from torch.utils.checkpoint import checkpoint
 
     if hidden.shape[0] == 0:  # still connected to the graph: every rank runs backward
-        return torch.nn.functional.linear(hidden, weight, bias).sum().float()
+        empty = torch.nn.functional.linear(hidden, weight, bias)
+        return empty.sum(dim=-1).float() if reduction == "none" else empty.sum().float()
     starts = range(0, hidden.shape[0], chunk)
-    parts = [checkpoint(_linear_chunk_loss, hidden[lo:lo + chunk], weight, bias, targets[lo:lo + chunk], use_reentrant=False)
-             for lo in starts[:-1]]
-    parts.append(_linear_chunk_loss(hidden[starts[-1]:], weight, bias, targets[starts[-1]:]))
-    return torch.stack(parts).sum()
+    parts = [checkpoint(_linear_chunk_loss, hidden[lo:lo + chunk], weight, bias, targets[lo:lo + chunk], reduction,
+                        use_reentrant=False) for lo in starts[:-1]]
+    parts.append(_linear_chunk_loss(hidden[starts[-1]:], weight, bias, targets[starts[-1]:], reduction))
+    return _joined(parts, reduction)
 
 
 class ChunkedLossHead(torch.nn.Linear):
     """An ``nn.Linear`` output layer that returns the summed cross-entropy of the selected
     positions (shape ``[]``) instead of logits while :meth:`computing_loss` is active."""
 
-    _loss_request: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None = None
+    _loss_request: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, str] | None = None
     chunk: int = CE_CHUNK_TOKENS
     """Target tokens per chunk (an instance may set its own: tests use small ones)."""
 
     @contextmanager
     def computing_loss(self, targets: torch.Tensor, rows: torch.Tensor | None = None,
-                       cols: torch.Tensor | None = None) -> Iterator[None]:
+                       cols: torch.Tensor | None = None, reduction: str = "sum") -> Iterator[None]:
         """For one forward: ``targets`` of the positions the model already kept
         (``logits_to_keep``: the hidden states arrive as ``[1, targets, in]``), or of
-        ``hidden[rows, cols]`` when ``rows``/``cols`` are given (the dense-mask path)."""
-        self._loss_request = (targets, rows, cols)
+        ``hidden[rows, cols]`` when ``rows``/``cols`` are given (the dense-mask path).
+        ``reduction="none"``: each target's loss, in order (an objective that sums per sequence)."""
+        self._loss_request = (targets, rows, cols, reduction)
         try:
             yield
         finally:
@@ -348,9 +357,9 @@ class ChunkedLossHead(torch.nn.Linear):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._loss_request is None:
             return super().forward(hidden)
-        targets, rows, cols = self._loss_request
+        targets, rows, cols, reduction = self._loss_request
         selected = hidden[0] if rows is None else hidden[rows, cols]
-        return chunked_linear_cross_entropy_sum(selected, self.weight, self.bias, targets, self.chunk)
+        return chunked_linear_cross_entropy_sum(selected, self.weight, self.bias, targets, self.chunk, reduction)
 
 
 def use_chunked_loss_head(model: torch.nn.Module) -> bool:
@@ -379,7 +388,34 @@ def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: tor
     return loss_from_inputs(model, *loss_inputs(model, batch, device))
 
 
-def loss_from_inputs(model: torch.nn.Module, inputs: dict[str, Any], targets: torch.Tensor) -> torch.Tensor:
+def document_segments(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """``(segment of every target, segments)`` of a HOST batch: the documents that hold targets,
+    numbered 0, 1, ... in order (rows, then documents by :func:`document_layout`'s rule), and
+    each target's number, in the order of ``labels[:, 1:] != -100`` (as :func:`loss_inputs`
+    keeps them): what sums :func:`token_losses` per sequence."""
+    labels = batch["labels"]
+    rows, seq_len = labels.shape
+    positions = batch.get("position_ids")
+    if positions is None:
+        starts = torch.zeros(rows, seq_len, dtype=torch.bool)
+    else:
+        positions = positions.expand(rows, -1)
+        starts = torch.diff(positions, prepend=positions[:, :1] - 1, dim=-1) != 1
+    starts[:, 0] = True
+    document = torch.cumsum(starts.reshape(-1).long(), 0).reshape(rows, seq_len) - 1
+    owner = document[:, 1:][labels[:, 1:] != IGNORE_INDEX]  # the document of each predicted token
+    found, segment = torch.unique(owner, sorted=True, return_inverse=True)
+    return segment, len(found)
+
+
+def token_losses(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
+    """Each target token's cross-entropy (= minus its log-probability), in the row-major order of
+    ``labels[:, 1:] != -100``: what an objective sums per sequence (DPO's log-probabilities)."""
+    return loss_from_inputs(model, *loss_inputs(model, batch, device), reduction="none")
+
+
+def loss_from_inputs(model: torch.nn.Module, inputs: dict[str, Any], targets: torch.Tensor,
+                     reduction: str = "sum") -> torch.Tensor:
     """The device half of :func:`loss_sum`, on what :func:`loss_inputs` prepared. With a
     :class:`ChunkedLossHead` the model's forward returns the loss itself
     (as ``.logits``), computed chunk by chunk; otherwise from the logits of the targets."""
@@ -387,8 +423,8 @@ def loss_from_inputs(model: torch.nn.Module, inputs: dict[str, Any], targets: to
     rows, cols = inputs.pop("_rows", None), inputs.pop("_cols", None)
     head = loss_head(model)
     if head is not None:
-        with head.computing_loss(targets, rows, cols):
+        with head.computing_loss(targets, rows, cols, reduction):
             return model(**inputs).logits
     logits = model(**inputs).logits
     logits = logits[0] if rows is None else logits[rows, cols]
-    return chunked_cross_entropy_sum(logits, targets)
+    return chunked_cross_entropy_sum(logits, targets, reduction=reduction)

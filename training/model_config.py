@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from spec_schema import FieldError, unknown
 from training.config_checks import JobConfigError
 from training.contract import BUCKET_PLACEHOLDER
+from training.storage import S3_SCHEME
 
 # Keyword arguments transformers' Qwen2Config (5.x) accepts: its own and PretrainedConfig's
 # (a test compares this with inspect.signature(Qwen2Config.__init__)). Qwen2Config keeps ANY
@@ -108,8 +109,8 @@ def read_model_config(path: str, source: str = "job config") -> dict[str, Any] |
     """
     where = path.rstrip("/") + "/config.json"
     try:
-        if path.startswith("s3://"):
-            from training.data.remote import read_bytes
+        if path.startswith(S3_SCHEME):
+            from training.storage.files import read_bytes
 
             text = read_bytes(where).decode("utf-8")
         else:
@@ -146,12 +147,19 @@ def max_positions(model_config: Mapping[str, Any]) -> int | None:
     return int(value) if value else None
 
 
-def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "job config") -> None:
-    """Refuse a sequence length beyond the model's own ``max_position_embeddings``."""
-    limit = max_positions(model_config)
+def seq_len_problem(seq_len: int, limit: int | None) -> str | None:
+    """The rule "seq_len <= the model's max positions", in its one text: why ``seq_len`` is
+    refused by a model of ``limit`` positions (None: unknown, nothing to check), or None."""
     if limit is not None and seq_len > limit:
-        raise ModelConfigError(
-            f"{source}: train.seq_len: {seq_len} exceeds the model's max_position_embeddings ({limit})")
+        return f"exceeds the model's max_position_embeddings ({limit})"
+    return None
+
+
+def check_seq_len(seq_len: int, model_config: Mapping[str, Any], source: str = "job config") -> None:
+    """Refuse a sequence length beyond the model's own ``max_position_embeddings`` (the worker's
+    check, once the model's config is loaded; the job config applies the same rule first)."""
+    if problem := seq_len_problem(seq_len, max_positions(model_config)):
+        raise ModelConfigError(f"{source}: train.seq_len: {seq_len} {problem}")
 
 
 _HUB_ID = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)
@@ -187,12 +195,12 @@ def check_model(job: Any, *, read_s3: bool = True, local_tokenizer: bool = True)
         return "model from model.config"
     if BUCKET_PLACEHOLDER in path:
         return f"{path} not read: {BUCKET_PLACEHOLDER} is filled in from environment.toml"
-    if path.startswith("s3://") and not read_s3:
+    if path.startswith(S3_SCHEME) and not read_s3:
         return f"{path} not read (s3)"
     try:
         model_config = read_model_config(path, job.source)
     except ModelConfigError as err:
-        if path.startswith("s3://") and "cannot read" in str(err):
+        if path.startswith(S3_SCHEME) and "cannot read" in str(err):
             return f"{path} not read: S3 not reachable from here ({str(err).rsplit(': ', 1)[-1][:120]})"
         raise
     if model_config is None:
@@ -201,4 +209,27 @@ def check_model(job: Any, *, read_s3: bool = True, local_tokenizer: bool = True)
                                    f"hub id ({problem}): give a model directory, an s3:// prefix or a hub id (org/name)")
         return f"{path}: a hub id (checked by the workers once downloaded)"
     check_seq_len(job.train.seq_len, model_config, source=job.source)
+    if "://" not in path and (missing := missing_model_files(Path(path), tokenizer_here=not tokenizer)):
+        raise ModelConfigError(f"{job.source}: model.path: {path!r} holds config.json but no {' and no '.join(missing)}: "
+                               "give the folder save_pretrained wrote (weights, config, tokenizer), or set "
+                               "model.tokenizer to a tokenizer directory")
     return f"{path}/config.json read (max_position_embeddings {max_positions(model_config)})"
+
+
+WEIGHT_PATTERNS = ("*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin")
+"""What ``from_pretrained`` loads weights from (transformers 5.13 ``modeling_utils.py``: the
+safetensors file or its index, else the PyTorch pickles)."""
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",))
+"""What ``AutoTokenizer.from_pretrained`` builds a tokenizer from: the fast tokenizer's file, a
+BPE's vocabulary and merges, or a SentencePiece model."""
+
+
+def missing_model_files(folder: Path, *, tokenizer_here: bool) -> list[str]:
+    """What a local model folder lacks for the job to load it (weights; the tokenizer when the job
+    takes it from the model folder): the run would fail only after its workers started."""
+    missing = []
+    if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+        missing.append(f"weights ({', '.join(WEIGHT_PATTERNS)})")
+    if tokenizer_here and not any(all((folder / name).is_file() for name in files) for files in TOKENIZER_FILES):
+        missing.append("tokenizer (tokenizer.json, or vocab.json + merges.txt, or tokenizer.model)")
+    return missing

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from training.config_checks import ACCUMULATIONS
 from training.model import decoder_layers
 
 
@@ -71,13 +72,17 @@ def build_mesh(strategy: str, workers_per_node: int, on_gpu: bool, local_world_s
 
 def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_gpu: bool,
                 activation_checkpointing: bool = False, compile: bool = False,
-                keep_gathered: bool = False, reduce_dtype: str = "float32", cpu_offload: bool = False) -> torch.nn.Module:
+                keep_gathered: bool = False, reduce_dtype: str = "float32", cpu_offload: bool = False,
+                accumulation: str = "sharded") -> torch.nn.Module:
     """Apply activation checkpointing, optional compile and FSDP2 to ``model`` in place.
 
     On GPU parameters are gathered in bfloat16 and gradients reduced in ``reduce_dtype``
     (``MixedPrecisionPolicy``); on CPU everything stays float32. ``cpu_offload``: FSDP2's
-    ``CPUOffloadPolicy`` (:func:`offload_policy`).
+    ``CPUOffloadPolicy`` (:func:`offload_policy`). ``accumulation``: ``sharded`` (every micro
+    batch reduce-scatters) or ``local`` (one reduce-scatter per step): :func:`begin_micro_batch`.
     """
+    if accumulation not in ACCUMULATIONS:
+        raise ValueError(f"accumulation {accumulation!r} (allowed: {', '.join(ACCUMULATIONS)})")
     from torch.distributed.fsdp import fully_shard
 
     if activation_checkpointing:
@@ -94,6 +99,8 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_g
         fully_shard(layer, reshard_after_forward=reshard, **kwargs)
     model._raytrain_strategy = strategy  # the accumulation helpers restore this plan
     model._raytrain_keep_gathered = keep_gathered  # parameters stay gathered across micro-batches
+    model._raytrain_accumulation = accumulation
+    model._raytrain_cpu_offload = cpu_offload  # training/optim.py: the host AdamW kernel
     return model
 
 
@@ -145,21 +152,31 @@ def reshard_plan(model: torch.nn.Module, strategy: str) -> list[tuple[torch.nn.M
 
 
 def begin_micro_batch(model: torch.nn.Module, index: int, count: int) -> None:
-    """Gradient accumulation with SHARDED gradients: call before each micro-batch.
+    """Gradient accumulation: call before each micro-batch; :func:`end_accumulation` after the last.
 
-    Every micro-batch's backward reduce-scatters its gradients into a sharded buffer, so no
-    unsharded gradient outlives a block's backward and the gradient traffic overlaps every
-    micro-batch's compute instead of bunching into the last one. full_shard adds each one to the
-    sharded fp32 gradient. hybrid shard's (and no_shard's) all-reduce (``set_requires_all_reduce``)
-    waits for the last micro-batch, so the network (EFA) carries it once per step. Until then
-    FSDP2 sums the reduce-scatter outputs in a buffer of the reduce dtype, and ``.grad`` is None
-    (fp32 because the config refuses a bf16 reduction there; :func:`mixed_precision_policy`).
+    SHARDED accumulation (``parallelize(accumulation="sharded")``, the default): every
+    micro-batch's backward reduce-scatters its gradients into a sharded buffer, so no unsharded
+    gradient outlives a block's backward and the gradient traffic overlaps every micro-batch's
+    compute instead of bunching into the last one. full_shard adds each one to the sharded fp32
+    gradient. hybrid shard's (and no_shard's) all-reduce (``set_requires_all_reduce``) waits for
+    the last micro-batch, so the network (EFA) carries it once per step. Until then FSDP2 sums
+    the reduce-scatter outputs in a buffer of the reduce dtype, and ``.grad`` is None (fp32
+    because the config refuses a bf16 reduction there; :func:`mixed_precision_policy`).
 
-    Parameters are re-gathered per micro-batch (the plan ``parallelize`` chose), unless
+    LOCAL accumulation (``accumulation="local"``): ``set_requires_gradient_sync(False)`` on all
+    but the last micro-batch, so each unit's post-backward skips both the reduce-scatter and the
+    all-reduce and keeps the gradient unsharded: FSDP2 casts it to the reduce dtype on the first
+    backward and adds every later one to it (torch 2.13 ``_fsdp_param_group.py`` ``post_backward``,
+    ``_fsdp_param.py`` ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_needed``);
+    the last backward reduce-scatters that sum once. The gradient traffic is 1/count of the
+    sharded schedule's, at the memory of one unsharded fp32 gradient of every trained parameter
+    for the whole step (the config refuses a bf16 reduce dtype here: the sum would be bf16).
+
+    Parameters are re-gathered per micro-batch (the plan ``parallelize`` chose; with local
+    accumulation too: skipping the reduce-scatter does not keep them), unless
     ``parallelize(keep_gathered=True)``: then they stay unsharded from the first forward to the
     last backward (one all-gather per unit per step), which costs the unsharded bf16 parameters
     for the whole step: the memory plan decides (``parallel.keep_params_gathered``).
-    Call :func:`end_accumulation` after the last micro-batch.
     """
     if count <= 1 or not hasattr(model, "set_requires_gradient_sync"):
         return
@@ -169,7 +186,10 @@ def begin_micro_batch(model: torch.nn.Module, index: int, count: int) -> None:
         if getattr(model, "_raytrain_keep_gathered", False):
             for module, _ in reshard_plan(model, getattr(model, "_raytrain_strategy", "full_shard")):
                 module.set_reshard_after_forward(False, recurse=False)
-    model.set_requires_all_reduce(last)
+    if getattr(model, "_raytrain_accumulation", "sharded") == "local":
+        model.set_requires_gradient_sync(last)  # reduce-scatter (and all-reduce) only in the last backward
+    else:
+        model.set_requires_all_reduce(last)
     if getattr(model, "_raytrain_keep_gathered", False):
         model.set_reshard_after_backward(last)
         # Only the last backward waits for the retained reduce-scatters (the root's, the largest,

@@ -8,8 +8,9 @@ Three verdicts (:data:`VERDICTS`):
 ``execution-failed``  the run did not complete, or the place it ran was not the one required; the
                       failing stage is named (:data:`STAGES`): ``data`` (corpus, tokenizer),
                       ``transport`` (NCCL/EFA), ``storage`` (S3, checkpoints, export),
-                      ``infrastructure`` (workers lost, devices, signals) or ``training`` (the
-                      loop itself, e.g. a NaN);
+                      ``infrastructure`` (workers lost, devices, signals), ``training`` (the
+                      loop itself, e.g. a NaN) or ``stopped`` (a local run stopped on purpose:
+                      no fault, and nothing to resume);
 ``rejected``          the run completed but missed a criterion of the job config's ``[accept]``
                       section (each criterion is named with the required and the measured value);
 ``accepted``          the run completed and met every declared criterion (none declared: accepted
@@ -27,11 +28,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from training import contract
+from training import contract, incidents
 
 ACCEPTED, REJECTED, EXECUTION_FAILED = "accepted", "rejected", "execution-failed"
 VERDICTS = (ACCEPTED, REJECTED, EXECUTION_FAILED)
-STAGES = (contract.STAGE_DATA, "transport", "storage", "infrastructure", "training")
+STAGES = (contract.STAGE_DATA, "transport", "storage", "infrastructure", "training", contract.STAGE_STOPPED)
 EXIT_CODES = {ACCEPTED: 0, EXECUTION_FAILED: 1, REJECTED: 3}
 EXIT_NO_VERDICT = 4
 """A record without a verdict (still running, or written before verdicts existed)."""
@@ -122,6 +123,17 @@ def criteria_results(record: dict[str, Any]) -> list[dict[str, Any]]:
         measured = (evals.get("after") or {}).get("exact_match")
         results.append(_criterion("exact_match_min", least, measured,
                                   isinstance(measured, (int, float)) and measured >= least))
+    if accept.get("rewards_accuracy_min"):
+        least = accept["rewards_accuracy_min"]
+        measured = (evals.get("after") or {}).get("eval_rewards_accuracy")
+        results.append(_criterion("rewards_accuracy_min", least, measured,
+                                  isinstance(measured, (int, float)) and measured >= least))
+    scores = ((record.get("benchmarks") or {}).get("after") or {}).get("tasks") or {}
+    for key, least in sorted((accept.get("benchmarks") or {}).items()):
+        task, _, metric = key.rpartition(".")
+        measured = (scores.get(task) or {}).get(metric)
+        results.append(_criterion(f"benchmarks.{key}", least, measured,
+                                  isinstance(measured, (int, float)) and measured >= least))
     if accept.get("tokens_per_s_min"):
         least = accept["tokens_per_s_min"]
         measured = (record.get("throughput") or {}).get("tokens_per_s")
@@ -131,7 +143,18 @@ def criteria_results(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def judge(record: dict[str, Any]) -> dict[str, Any] | None:
-    """The verdict of a finished record (None while it is ``running``)."""
+    """The verdict of a finished record (None while it is ``running``). A run that healed
+    itself says so: the incidents (training/incidents.py) are counted in the verdict and named
+    in its reason, whatever the verdict."""
+    judged = _judge(record)
+    found = incidents.of_record(record)
+    if judged is not None and found:
+        judged["incidents"] = len(found)
+        judged["reason"] = f"{judged['reason']}; after {incidents.summary(found)}"
+    return judged
+
+
+def _judge(record: dict[str, Any]) -> dict[str, Any] | None:
     status = record.get("status")
     if status in (None, "running"):
         return None
@@ -139,6 +162,11 @@ def judge(record: dict[str, Any]) -> dict[str, Any] | None:
     if status != "succeeded":
         failure = record.get(contract.FAILURE) or {}
         error = failure.get("error") or record.get("error") or ""
+        if status == "stopped" and record.get(contract.STORAGE_LIVES_FOR_ONE_SUBMIT):
+            # a local run: only a stop (or its submit ending) sends SIGTERM, and its storage is gone
+            return {"verdict": EXECUTION_FAILED, "stage": contract.STAGE_STOPPED,
+                    "reason": error or ("stopped before max_steps (raytrain-eks stop, or its submit ended); a local "
+                                        "run cannot resume: its storage lived for its submit only")}
         if status == "stopped":
             error = error or "stopped by SIGTERM before max_steps (resumable from its last checkpoint)"
         stage = failure.get(contract.FAILURE_STAGE) or failure_stage(error if status != "stopped" else "stopped by SIGTERM")

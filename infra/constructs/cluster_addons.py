@@ -51,7 +51,8 @@ from aws_cdk import Aspects, CfnResource, Duration, IAspect, Stack, Stage, aws_e
     aws_s3_assets as s3_assets
 from constructs import Construct, IConstruct
 
-from environment.addons import APPLY_ONLY_TIMEOUT_S, EKS_ADDONS_BY_NAME, HelmAddon, helm_timeout_s
+from environment.addons import (APPLY_ONLY_TIMEOUT_S, EKS_ADDONS_BY_NAME, NODE_MONITORING_AGENT, HelmAddon, helm_timeout_s,
+                                node_monitoring_configuration)
 from infra.nag import MANAGED, acknowledge, acknowledge_chart_asset_read
 
 
@@ -183,7 +184,10 @@ class ManagedAddons(Construct):
         super().__init__(scope, construct_id)
         self.cni_role = iam.Role(
             self, "CniRole", description="VPC CNI (kube-system/aws-node) through EKS Pod Identity",
-            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+            # Only this cluster's kube-system pods (the session tags EKS Pod Identity sends).
+            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")).with_conditions({
+                "StringEquals": {"aws:RequestTag/eks-cluster-arn": cluster.cluster_arn,
+                                 "aws:RequestTag/kubernetes-namespace": "kube-system"}}),
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(CNI_POLICY)])
         acknowledge(self.cni_role, MANAGED.format(CNI_POLICY),
                     "The AWS managed policy EKS documents for the VPC CNI (ENI and IP assignment); "
@@ -193,8 +197,9 @@ class ManagedAddons(Construct):
                             pod_identity_associations=[eks.CfnAddon.PodIdentityAssociationProperty(
                                 role_arn=self.cni_role.role_arn, service_account=CNI_SERVICE_ACCOUNT)]),
         }
+        extra[NODE_MONITORING_AGENT] = dict(configuration_values=json.dumps(node_monitoring_configuration()))
         self.addons: dict[str, eks.CfnAddon] = {}
-        for name in ("eks-pod-identity-agent", "vpc-cni", "kube-proxy", "coredns"):
+        for name in ("eks-pod-identity-agent", "vpc-cni", "kube-proxy", "coredns", NODE_MONITORING_AGENT):
             self.addons[name] = eks.CfnAddon(
                 self, name, cluster_name=cluster.cluster_name, addon_name=name,
                 addon_version=EKS_ADDONS_BY_NAME[name].versions[kubernetes_version],

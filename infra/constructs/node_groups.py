@@ -166,8 +166,12 @@ class EfaLaunchTemplate(Construct):
             metadata_options=metadata_options(),  # pods cannot reach IMDS (the module docstring)
             block_device_mappings=[root_volume(group.root_volume_gib)],
         )
-        if group.capacity == "on-demand":
-            # Cluster strategy: all nodes in one rack-local group, lowest latency for NCCL.
+        if group.capacity in ("on-demand", "spot"):
+            # Cluster strategy: all nodes in one rack-local group, lowest latency for NCCL. Spot
+            # may launch there too: EC2 refuses only a Spot Instance that stops or hibernates on
+            # interruption in a placement group ("Placement group rules and limitations", EC2
+            # User Guide); a managed node group's spot instances terminate. A cluster group
+            # narrows the pools a spot request can draw from: more instance types offset it.
             self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
             data["placement"] = ec2.CfnLaunchTemplate.PlacementProperty(
                 group_name=self.placement_group.attr_group_name)
@@ -177,7 +181,7 @@ class EfaLaunchTemplate(Construct):
         if group.instance.instance_store_gb or group.efa_per_node:
             data["user_data"] = Fn.base64(node_config_user_data(
                 raid0=bool(group.instance.instance_store_gb), memlock=bool(group.efa_per_node)))
-        if group.capacity != "on-demand":
+        if group.capacity not in ("on-demand", "spot"):
             data["capacity_reservation_specification"] = (
                 ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
                     capacity_reservation_target=ec2.CfnLaunchTemplate.CapacityReservationTargetProperty(
@@ -211,7 +215,10 @@ CAPACITY_TYPES = {"on-demand": eks.CapacityType.ON_DEMAND,
                   # A targeted On-Demand Capacity Reservation is still On-Demand capacity;
                   # the reservation id lives in the launch template.
                   "capacity-reservation": eks.CapacityType.ON_DEMAND,
-                  "capacity-block": eks.CapacityType.CAPACITY_BLOCK}
+                  "capacity-block": eks.CapacityType.CAPACITY_BLOCK,
+                  # EKS picks the pool (price-capacity-optimized) among the group's instance
+                  # types and drains a node on its interruption notice.
+                  "spot": eks.CapacityType.SPOT}
 
 
 def taint_specs(group: GpuNodeGroupSpec) -> list[eks.TaintSpec]:
@@ -268,7 +275,7 @@ class GpuNodeGroup(Construct):
             cluster=cluster,
             node_role=node_role,
             # A capacity block's type is in the launch template; EKS refuses it in both places.
-            instance_types=None if block else [ec2.InstanceType(group.instance_type)],
+            instance_types=None if block else [ec2.InstanceType(t) for t in group.all_instance_types],
             capacity_type=CAPACITY_TYPES[group.capacity],
             min_size=group.min_nodes,
             desired_size=group.desired_nodes,
@@ -285,6 +292,11 @@ class GpuNodeGroup(Construct):
                 version=self.launch_template.attr_latest_version_number),
             # One node at a time (EKS requires a maximum unavailable beside the strategy).
             max_unavailable=1,
+            # NodeRepairConfig {Enabled: true}: EKS replaces a node the node monitoring agent
+            # (the eks-node-monitoring-agent add-on, infra/constructs/cluster_addons.py) reports
+            # unhealthy (an XID 79 GPU fallen off the bus, a failed NVLink, a kernel hang), so the
+            # next attempt of a run does not land on it again, without a person.
+            enable_node_auto_repair=True,
         )
         cfn = self.nodegroup.node.default_child
         cfn.add_property_override("UpdateConfig.UpdateStrategy", UPDATE_STRATEGY)

@@ -1,22 +1,45 @@
 """The AWS identities of the cluster's workloads, through EKS Pod Identity: the Ray pods'
-(:class:`RayIdentity`: the Ray namespace, its network policies, its service account, and the pod
-role behind it) and cluster-autoscaler's (:class:`AutoscalerIdentity`: describe calls on
-anything, scaling only of this cluster's Auto Scaling groups).
+(:class:`RayIdentity`: the Ray namespace, its network policies, the long-lived cluster's service
+account and role, and the role of every run's own service account) and cluster-autoscaler's
+(:class:`AutoscalerIdentity`: describe calls on anything, scaling only of this cluster's Auto
+Scaling groups).
 
-The pod role may read and write objects under ``s3://<bucket>/<prefix>/``, list the one bucket,
-READ the spec's read-only prefixes (the code archive, base models, datasets), and
-nothing else: no ``s3:*``, no ``Resource: *``; every statement holds only for a bucket owned by
-this account (``s3:ResourceAccount``), so a same-named bucket elsewhere is never trusted.
+**Each run its own prefix.** A job on a cluster of its own runs under a service account named
+after the run (``charts/ray_charts.py``), associated by ``submit`` (or the pipeline's Smoke step)
+with ONE run role (:func:`run_policy_statements`). EKS Pod Identity tags the role session with
+the service account's name (``kubernetes-service-account``), and the run role's grants name the
+prefix through that tag, ``<prefix>/${aws:PrincipalTag/kubernetes-service-account}/*``: a run's
+pods read and write their run's folder only, read the uploaded inputs and the read-only prefixes,
+and nothing else. A Pod Identity association names one service account (no pattern), so a
+per-run account needs a per-run association: ``submit`` creates it with the operator's rights
+(docs/security.md says why this and not a pool of accounts or a role per job class).
+
+**The pipeline's smoke runs** run under one fixed service account (``raytrain-smoke``),
+associated here with a role that writes the smoke runs' folders (``smoke-*``) only: the evidence
+the pipeline's gate judges is written by the smoke run and the pipeline alone.
+
+**The long-lived RayCluster** (``-on-cluster`` jobs) is one set of pods serving every job that
+lands on it: one service account, one role. It runs in single-team mode: its role may read and
+write every run folder, never the pipeline's smoke runs (``smoke-*``) nor the uploaded inputs
+(explicit Deny statements, which no Allow overrides).
+
+Every statement holds only for a bucket owned by this account (``s3:ResourceAccount``), and
+every trust policy only for this cluster's Ray namespace (the session tags EKS Pod Identity
+sends, ``aws:RequestTag/eks-cluster-arn`` and ``aws:RequestTag/kubernetes-namespace``, as the
+Amazon EKS User Guide's "Create IAM role with trust policy required by EKS Pod Identity" shows).
 
 The namespace comes with its default-deny ingress and the two admitted outside callers
 (:func:`environment.network_policy.namespace_policies`), so no Ray pod ever runs unprotected.
 """
 from __future__ import annotations
 
-from aws_cdk import Stack, aws_eks_v2 as eks, aws_iam as iam
+import hashlib
+
+from aws_cdk import CfnOutput, Stack, Token, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
-from environment.contract import PART_OF, POD_SECURITY_LABELS
+from environment.contract import (INPUTS_PREFIX, PART_OF, PIPELINE_RUN_PREFIX, POD_SECURITY_LABELS, RUN_TAG,
+                                  SMOKE_SERVICE_ACCOUNT, run_role_name)
 from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
 
@@ -36,21 +59,76 @@ def same_account(account: str) -> dict:
     return {"StringEquals": {"s3:ResourceAccount": account}}
 
 
+RUN_FOLDER = "${aws:PrincipalTag/%s}" % RUN_TAG
+"""An IAM policy variable: the session tag EKS Pod Identity sets to the service account's name."""
+TRACKING_ACTIONS = ("sagemaker-mlflow:*",)
+"""Every action of SageMaker with MLflow (Service Authorization Reference, service prefix
+``sagemaker-mlflow``), granted on the one tracking server ARN: only the actions whose resource
+type is ``mlflow-tracking-server`` can apply (``AccessUI`` has none, so it is not granted)."""
+
+
 def checkpoint_policy_statements(bucket_arn: str, prefix: str, account: str,
                                  read_only_prefixes: tuple[str, ...] = ()) -> list[iam.PolicyStatement]:
-    """Least privilege on one bucket of ``account``: read/write one prefix, read-only on a few others."""
+    """The long-lived cluster's role (single-team mode): read/write every run under ``prefix``,
+    read-only on a few others; never the pipeline's smoke runs nor the uploaded inputs."""
     owned = same_account(account)
     statements = [
         iam.PolicyStatement(
             sid="CheckpointObjects", actions=list(OBJECT_ACTIONS),
             resources=[f"{bucket_arn}/{prefix}/*"], conditions=owned),
+        # The evidence the pipeline's gate judges, and what submit uploaded for other runs:
+        # an explicit Deny wins over every Allow (IAM policy evaluation logic).
+        iam.PolicyStatement(
+            sid="NeverPipelineEvidenceOrInputs", effect=iam.Effect.DENY,
+            actions=["s3:PutObject", "s3:DeleteObject"],
+            resources=[f"{bucket_arn}/{prefix}/{PIPELINE_RUN_PREFIX}*", f"{bucket_arn}/{prefix}/{INPUTS_PREFIX}/*"]),
     ]
-    if read_only_prefixes:
-        # Ray's runtime-env agent downloads the code archive (working_dir) with the pod's
-        # credentials; jobs read their base model and data from here. Never written by pods.
+    return [*statements, *_reads(bucket_arn, prefix, owned, read_only_prefixes)]
+
+
+def run_policy_statements(bucket_arn: str, prefix: str, account: str, read_only_prefixes: tuple[str, ...] = (),
+                          tracking_server_arn: str = "") -> list[iam.PolicyStatement]:
+    """The run role: each run's pods read and write their own run folder only (the session tag
+    names it), read the inputs submit uploaded and the read-only prefixes; MLflow on the one
+    tracking server when the spec names one."""
+    owned = same_account(account)
+    statements = [
+        iam.PolicyStatement(
+            sid="OwnRunObjects", actions=list(OBJECT_ACTIONS),
+            resources=[f"{bucket_arn}/{prefix}/{RUN_FOLDER}/*"], conditions=owned),
+        *_reads(bucket_arn, prefix, owned, read_only_prefixes),
+    ]
+    if tracking_server_arn:
         statements.append(iam.PolicyStatement(
-            sid="ReadJobInputs", actions=["s3:GetObject"],
-            resources=[f"{bucket_arn}/{p}/*" for p in read_only_prefixes], conditions=owned))
+            sid="TrackingServer", actions=list(TRACKING_ACTIONS), resources=[tracking_server_arn]))
+    return statements
+
+
+def smoke_policy_statements(bucket_arn: str, prefix: str, account: str, read_only_prefixes: tuple[str, ...] = (),
+                            tracking_server_arn: str = "") -> list[iam.PolicyStatement]:
+    """The pipeline's smoke runs (one service account, :data:`SMOKE_SERVICE_ACCOUNT`): read and
+    write the smoke runs' folders only, read the inputs, as a run does."""
+    owned = same_account(account)
+    statements = [
+        iam.PolicyStatement(
+            sid="SmokeRunObjects", actions=list(OBJECT_ACTIONS),
+            resources=[f"{bucket_arn}/{prefix}/{PIPELINE_RUN_PREFIX}*"], conditions=owned),
+        *_reads(bucket_arn, prefix, owned, read_only_prefixes),
+    ]
+    if tracking_server_arn:
+        statements.append(iam.PolicyStatement(
+            sid="TrackingServer", actions=list(TRACKING_ACTIONS), resources=[tracking_server_arn]))
+    return statements
+
+
+def _reads(bucket_arn: str, prefix: str, owned: dict, read_only_prefixes: tuple[str, ...]) -> list[iam.PolicyStatement]:
+    # Ray's runtime-env agent downloads the code archive (working_dir) with the pod's
+    # credentials; jobs read their base model and data from here, and what submit uploaded
+    # (content-addressed, written by people who submit, never by a pod).
+    statements = [iam.PolicyStatement(
+        sid="ReadJobInputs", actions=["s3:GetObject"],
+        resources=[f"{bucket_arn}/{p}/*" for p in read_only_prefixes] + [f"{bucket_arn}/{prefix}/{INPUTS_PREFIX}/*"],
+        conditions=owned)]
     statements.append(iam.PolicyStatement(
         # On the one bucket, without an s3:prefix condition: HeadBucket (pyarrow's and Ray's
         # "does the bucket exist" check before every write) is authorised by s3:ListBucket and
@@ -60,9 +138,20 @@ def checkpoint_policy_statements(bucket_arn: str, prefix: str, account: str,
     return statements
 
 
+def pod_identity_trust(cluster_arn: str, namespace: str, service_account: str = "") -> iam.IPrincipal:
+    """EKS Pod Identity (AssumeRole with session tags), for pods of this cluster's ``namespace``
+    only (and of one ``service_account`` where given)."""
+    tags = {"aws:RequestTag/eks-cluster-arn": cluster_arn, "aws:RequestTag/kubernetes-namespace": namespace,
+            **({f"aws:RequestTag/{RUN_TAG}": service_account} if service_account else {})}
+    return iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")).with_conditions(
+        {"StringEquals": tags})
+
+
 class RayIdentity(Construct):
-    """Namespace + service account + pod role + Pod Identity association. Exposes :attr:`role`,
-    :attr:`manifest`, :attr:`association`, :attr:`namespace` and :attr:`service_account_name`.
+    """Namespace + the long-lived cluster's service account, role and Pod Identity association +
+    the run role (no association: one per run, made by ``submit``). Exposes :attr:`role`,
+    :attr:`run_role`, :attr:`manifest`, :attr:`association`, :attr:`namespace` and
+    :attr:`service_account_name`.
 
     Built from parts instead of ``cluster.add_service_account(identity_type=POD_IDENTITY)``:
     that helper also annotates the service account with the IRSA ``eks.amazonaws.com/role-arn``,
@@ -70,10 +159,10 @@ class RayIdentity(Construct):
     whose trust policy (rightly) does not accept it.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster,
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster, cluster_name: str,
                  namespace: str, service_account_name: str, bucket_name: str, prefix: str,
                  pod_identity_agent: Construct | None, operator_namespace: str,
-                 read_only_prefixes: tuple[str, ...] = ()) -> None:
+                 read_only_prefixes: tuple[str, ...] = (), tracking_server_arn: str = "") -> None:
         super().__init__(scope, construct_id)
         self.namespace = namespace
         self.service_account_name = service_account_name
@@ -87,34 +176,167 @@ class RayIdentity(Construct):
             {"apiVersion": "v1", "kind": "Namespace",
              "metadata": {"name": namespace, "labels": {**labels, **POD_SECURITY_LABELS}}},
             *self.network_policies,
-            {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
-             "metadata": {"name": service_account_name, "namespace": namespace, "labels": labels}})
+            *({"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
+               "metadata": {"name": name, "namespace": namespace, "labels": labels}}
+              for name in (service_account_name, SMOKE_SERVICE_ACCOUNT)))
+        stack = Stack.of(self)
+        # Built from the spec's name: the same string the session tag carries (an imported
+        # cluster's attribute would be a token of another stack).
+        cluster_arn = stack.format_arn(service="eks", resource="cluster", resource_name=cluster_name)
+        trust = pod_identity_trust(cluster_arn, namespace)
         self.role = iam.Role(
-            self, "PodRole",
-            description=f"Ray pods ({namespace}/{service_account_name}): checkpoints under one prefix, read-only inputs",
-            # EKS Pod Identity assumes the role with session tags: both actions are required.
-            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")))
+            self, "PodRole", assumed_by=pod_identity_trust(cluster_arn, namespace, service_account_name),
+            description=f"Ray pods of the long-lived cluster ({namespace}/{service_account_name}): every run "
+                        "(single-team), never the pipeline's smoke runs or the uploaded inputs")
         self.association = eks.CfnPodIdentityAssociation(
             self, "Association", cluster_name=cluster.cluster_name, namespace=namespace,
             service_account=service_account_name, role_arn=self.role.role_arn)
         if pod_identity_agent is not None:  # None: an existing cluster's agent (verify checks it)
             self.association.node.add_dependency(pod_identity_agent)
+        # The pipeline's smoke runs: one fixed account, associated here (the pipeline's builds
+        # need no right to create associations); its role writes the smoke runs' folders only.
+        self.smoke_role = iam.Role(
+            self, "SmokeRole", assumed_by=pod_identity_trust(cluster_arn, namespace, SMOKE_SERVICE_ACCOUNT),
+            description=f"The pipeline's smoke runs ({namespace}/{SMOKE_SERVICE_ACCOUNT}): their folders only")
+        self.smoke_association = eks.CfnPodIdentityAssociation(
+            self, "SmokeAssociation", cluster_name=cluster.cluster_name, namespace=namespace,
+            service_account=SMOKE_SERVICE_ACCOUNT, role_arn=self.smoke_role.role_arn)
+        if pod_identity_agent is not None:
+            self.smoke_association.node.add_dependency(pod_identity_agent)
+        self.run_role = iam.Role(
+            self, "RunRole", role_name=run_role_name(cluster_name), assumed_by=trust,
+            description=f"Each run's own pods ({namespace}/<run>): their run's folder only, read-only inputs")
         # The bucket lives in the storage stack; its name is spec-derived, so the ARN is built
         # here instead of imported (no cross-stack export pins the stateful stack).
-        stack = Stack.of(self)
         bucket_arn = f"arn:{stack.partition}:s3:::{bucket_name}"
         self.policy = iam.Policy(self, "CheckpointAccess", statements=checkpoint_policy_statements(
             bucket_arn, prefix, stack.account, read_only_prefixes))
         self.policy.attach_to_role(self.role)
+        self.run_policy = iam.Policy(self, "RunAccess", statements=run_policy_statements(
+            bucket_arn, prefix, stack.account, read_only_prefixes, tracking_server_arn))
+        self.run_policy.attach_to_role(self.run_role)
+        self.smoke_policy = iam.Policy(self, "SmokeAccess", statements=smoke_policy_statements(
+            bucket_arn, prefix, stack.account, read_only_prefixes, tracking_server_arn))
+        self.smoke_policy.attach_to_role(self.smoke_role)
+        acknowledge(
+            self.smoke_policy,
+            f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/{PIPELINE_RUN_PREFIX}*]",
+            "The pipeline's smoke runs, one folder per build named smoke-<execution>-<build>: the wildcard "
+            "covers those folders only, which no other pod identity may write.")
+        if tracking_server_arn:
+            # The long-lived cluster's jobs log to the same server.
+            self.policy.add_statements(iam.PolicyStatement(
+                sid="TrackingServer", actions=list(TRACKING_ACTIONS), resources=[tracking_server_arn]))
         acknowledge(
             self.policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/*]",
-            "Checkpoint keys are created at run time under the run prefix; the wildcard "
-            "is confined to that prefix of the one checkpoint bucket.")
-        for ro in read_only_prefixes:
-            acknowledge(
-                self.policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{ro}/*]",
-                f"Read-only (s3:GetObject) on the '{ro}/' inputs prefix of the one bucket: content-"
-                "addressed code archives, base models and datasets named at run time.")
+            "Single-team mode of the long-lived cluster: its pods serve every -on-cluster job; the "
+            "wildcard is confined to the runs prefix of the one bucket, less the pipeline's runs and inputs.")
+        acknowledge(
+            self.run_policy,
+            # cdk-nag names a policy variable ${aws:X} as <aws:X> in its finding ids.
+            f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/<aws:PrincipalTag/{RUN_TAG}>/*]",
+            "One run's own folder: the policy variable is the run's service account, set by EKS Pod "
+            "Identity's session tag; the wildcard covers the keys the run creates there.")
+        for policy, whose in ((self.policy, "the long-lived cluster's pods"), (self.run_policy, "each run's own pods"),
+                              (self.smoke_policy, "the pipeline's smoke runs")):
+            for ro in (*read_only_prefixes, f"{prefix}/{INPUTS_PREFIX}"):
+                acknowledge(
+                    policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{ro}/*]",
+                    f"Read-only (s3:GetObject) for {whose} on the '{ro}/' inputs prefix of the one bucket: "
+                    "content-addressed code archives, uploaded inputs, base models and datasets named at run time.")
+            if tracking_server_arn:
+                acknowledge(policy, "AwsSolutions-IAM5[Action::sagemaker-mlflow:*]",
+                            f"Every MLflow action for {whose} on the one tracking server the spec names "
+                            "(resource-level; AccessUI, which has no resource type, is not granted).")
+
+
+SUBMITTERS_GROUP = "raytrain-submitters"
+"""The Kubernetes group of the people who only submit (their EKS access entries name it)."""
+SUBMITTER_RULES = [
+    # submit applies, follows and deletes its RayJob; stop deletes it
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "update",
+                                                                 "patch", "delete"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "list", "watch"]},
+    # the run's own service account and its cluster's network policy (submit applies, stop deletes)
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "create",
+                                                                                     "patch", "delete"]},
+    # following: pods waiting for nodes and images, the submitter's log, events
+    {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "services"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]},
+    # the run's place in Kueue's queue (raytrain_eks/backends/kueue_queue.py)
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues", "workloads"], "verbs": ["get", "list", "watch"]},
+]
+"""What ``raytrain-eks submit/status/logs/stop/list`` do in the Ray namespace, and nothing else:
+no Secret (the Ray token stays with KubeRay), no pod exec, no other namespace."""
+
+
+def _nag(value: str, pseudo: str) -> str:
+    """How cdk-nag writes a value in a finding's id: the literal, or ``<AWS::...>`` for a token."""
+    return f"<{pseudo}>" if Token.is_unresolved(value) else value
+
+
+class SubmitterAccess(Construct):
+    """The people who only submit (``cluster.submitter_principal_arns``): each an EKS access entry
+    with NO access policy, mapped to :data:`SUBMITTERS_GROUP`, bound to :data:`SUBMITTER_RULES` in
+    the Ray namespace only (admins stay cluster-admin, apart). And :attr:`policy`, the IAM managed
+    policy to attach to them for the AWS side of ``submit`` (output ``SubmitRunsPolicyArn``):
+    upload the code archive and inputs, read the runs, make and remove a run's Pod Identity
+    association with the run role (``iam:PassRole`` of that role, to EKS Pod Identity only)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster, cluster_name: str,
+                 namespace: str, principals: tuple[str, ...], bucket_name: str, prefix: str, code_prefix: str,
+                 run_role: iam.IRole) -> None:
+        super().__init__(scope, construct_id)
+        labels = {**PART_OF, "app.kubernetes.io/component": "submitters"}
+        self.manifest = cluster.add_manifest(
+            "SubmitterRbac",
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": SUBMITTERS_GROUP, "namespace": namespace, "labels": labels},
+             "rules": SUBMITTER_RULES},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": SUBMITTERS_GROUP, "namespace": namespace, "labels": labels},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SUBMITTERS_GROUP},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": SUBMITTERS_GROUP}]})
+        self.entries = [eks_l1.CfnAccessEntry(self, "Submitter" + hashlib.sha256(arn.encode()).hexdigest()[:12],
+                                              cluster_name=cluster.cluster_name, principal_arn=arn, type="STANDARD",
+                                              kubernetes_groups=[SUBMITTERS_GROUP])
+                        for arn in principals]
+        stack = Stack.of(self)
+        cluster_arn = stack.format_arn(service="eks", resource="cluster", resource_name=cluster_name)
+        bucket_arn = f"arn:{stack.partition}:s3:::{bucket_name}"
+        owned = same_account(stack.account)
+        self.policy = iam.ManagedPolicy(self, "SubmitRuns", description=(
+            f"Submit runs to EKS cluster {cluster_name}: its Ray namespace through kubectl (access entry), the "
+            "bucket's code, inputs and runs, a run's own Pod Identity association"), statements=[
+            iam.PolicyStatement(sid="Kubeconfig", actions=["eks:DescribeCluster"], resources=[cluster_arn]),
+            iam.PolicyStatement(sid="RunIdentity", actions=["eks:CreatePodIdentityAssociation",
+                                                            "eks:ListPodIdentityAssociations"],
+                                resources=[cluster_arn]),
+            iam.PolicyStatement(sid="RemoveRunIdentity", actions=["eks:DeletePodIdentityAssociation"],
+                                resources=[stack.format_arn(service="eks", resource="podidentityassociation",
+                                                            resource_name=f"{cluster_name}/*")]),
+            iam.PolicyStatement(sid="PassRunRole", actions=["iam:PassRole"], resources=[run_role.role_arn],
+                                conditions={"StringEquals": {"iam:PassedToService": "pods.eks.amazonaws.com"}}),
+            iam.PolicyStatement(sid="UploadCodeAndInputs", actions=["s3:PutObject", "s3:GetObject"], conditions=owned,
+                                resources=[f"{bucket_arn}/{code_prefix}/*", f"{bucket_arn}/{prefix}/{INPUTS_PREFIX}/*"]),
+            iam.PolicyStatement(sid="ReadRuns", actions=["s3:GetObject"], resources=[f"{bucket_arn}/{prefix}/*"],
+                                conditions=owned),
+            iam.PolicyStatement(sid="ListRuns", actions=["s3:ListBucket"], resources=[bucket_arn], conditions=owned),
+        ])
+        for resource, why in (
+                (f"arn:<AWS::Partition>:eks:{_nag(stack.region, 'AWS::Region')}:{_nag(stack.account, 'AWS::AccountId')}"
+                 f":podidentityassociation/{cluster_name}/*",
+                 "A run's association is removed by its id, known only once submit made it; this cluster's only."),
+                (f"arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*",
+                 "People who submit upload the content-addressed code archive; this prefix of the one bucket."),
+                (f"arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/{INPUTS_PREFIX}/*",
+                 "People who submit upload a job's local inputs, content-addressed, under this one folder."),
+                (f"arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/*",
+                 "People who submit read their runs' results back (records, logs, the exported model).")):
+            acknowledge(self.policy, f"AwsSolutions-IAM5[Resource::{resource}]", why)
+        CfnOutput(stack, "SubmitRunsPolicyArn", value=self.policy.managed_policy_arn,
+                  description="Attach to the people who submit (cluster.submitter_principal_arns)")
 
 
 # cluster-autoscaler's AWS README ("Full Cluster Autoscaler Features Policy").
@@ -136,7 +358,8 @@ class AutoscalerIdentity(Construct):
         super().__init__(scope, construct_id)
         self.role = iam.Role(
             self, "Role", description=f"cluster-autoscaler of EKS cluster {cluster_name}",
-            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")))
+            assumed_by=pod_identity_trust(
+                Stack.of(self).format_arn(service="eks", resource="cluster", resource_name=cluster_name), namespace))
         policy = iam.Policy(self, "Scaling", statements=[
             iam.PolicyStatement(sid="Describe", actions=list(READ_ACTIONS), resources=["*"]),
             # EKS tags every managed node group's ASG with k8s.io/cluster-autoscaler/<cluster>.

@@ -1,2 +1,4 @@
-"""CDK stacks: network, storage, cluster (and pipeline, written elsewhere). Stacks compose
-constructs from :mod:`infra.constructs`; every value comes from the environment spec."""
+"""CDK stacks: network, storage, cluster or attached (an existing cluster), and the pipeline
+(``pipeline.py`` with ``pipeline_access.py``, ``pipeline_builds.py``, ``pipeline_watcher.py``).
+Stacks compose constructs from :mod:`infra.constructs`; every value comes from the environment
+spec."""

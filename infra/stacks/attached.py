@@ -34,10 +34,11 @@ from constructs import Construct
 
 from environment import GpuNodeGroupSpec
 from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
+from environment.contract import CODE_PREFIX
 from environment.model import ClusterSpec, RaySpec
 from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role
-from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity
+from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity, SubmitterAccess
 from infra.nag import acknowledge_kubectl_provider
 
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
@@ -101,10 +102,10 @@ class AttachedClusterStack(Stack):
 
         self.addons = ClusterAddons(self, "Addons", cluster=self.cluster, addons=addons, present=present_addons)
         identity = RayIdentity(
-            self, "Ray", cluster=self.cluster, namespace=ray.namespace,
+            self, "Ray", cluster=self.cluster, cluster_name=spec.existing, namespace=ray.namespace,
             service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
             pod_identity_agent=None, operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace,
-            read_only_prefixes=read_only_prefixes)
+            read_only_prefixes=read_only_prefixes, tracking_server_arn=ray.mlflow_tracking_server_arn)
         if "kuberay_operator" in self.addons.charts:
             # Deleted before the operator, which alone removes the RayJobs' finalizers (cluster.py).
             identity.manifest.node.add_dependency(self.addons.charts["kuberay_operator"])
@@ -116,6 +117,11 @@ class AttachedClusterStack(Stack):
                 namespace="kube-system", service_account=CLUSTER_AUTOSCALER_SERVICE_ACCOUNT)
             self.addons.charts["cluster_autoscaler"].node.add_dependency(self.autoscaler.association)
         self.ray_identity = identity
+        self.submitters = SubmitterAccess(
+            self, "Submitters", cluster=self.cluster, cluster_name=spec.existing, namespace=ray.namespace,
+            principals=spec.submitter_principal_arns, bucket_name=bucket_name, prefix=storage_prefix,
+            code_prefix=CODE_PREFIX, run_role=identity.run_role)
+        self.submitters.manifest.node.add_dependency(identity.manifest)  # the namespace first
         self.pod_role = identity.role
         self.service_account_name = identity.service_account_name
         self.service_account_namespace = identity.namespace
@@ -125,3 +131,7 @@ class AttachedClusterStack(Stack):
                   value=f"aws eks update-kubeconfig --name {spec.existing} --region {spec.region}")
         CfnOutput(self, "PodRoleArn", value=self.pod_role.role_arn,
                   description=f"Role of service account {ray.namespace}/{ray.service_account}")
+        CfnOutput(self, "SmokeRoleArn", value=identity.smoke_role.role_arn,
+                  description="Role of the pipeline's smoke runs (their folders only)")
+        CfnOutput(self, "RunRoleArn", value=identity.run_role.role_arn,
+                  description=f"Role of each run's own service account {ray.namespace}/<run> (submit associates it)")

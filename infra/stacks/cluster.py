@@ -22,6 +22,7 @@ same prefix finds them again.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Callable
 
 from aws_cdk import CfnOutput, RemovalPolicy, Stack, aws_ec2 as ec2, aws_ecr as ecr, aws_eks_v2 as eks, aws_iam as iam, \
@@ -30,13 +31,13 @@ from constructs import Construct
 
 from environment import GpuNodeGroupSpec
 from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
+from environment.contract import CODE_PREFIX, control_plane_log_group
 from environment.image_source import CACHE_UPSTREAM_REGISTRY, CACHE_UPSTREAM_URL
 from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
 from infra.constructs.cluster_addons import ClusterAddons, ManagedAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role, system_launch_template
-from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity
+from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity, SubmitterAccess
 from infra.nag import ENDPOINT_RULE, OPEN_TO_ALL, acknowledge, acknowledge_cluster_findings
-from infra.stack_names import control_plane_log_group
 from infra.stacks.network import NetworkStack
 
 ENDPOINT_ACCESS = {
@@ -63,6 +64,9 @@ ALL_CONTROL_PLANE_LOGS = [
 
 
 NODE_CACHE_ACTIONS = ("ecr:BatchImportUpstreamImage", "ecr:CreateRepository")
+CACHE_KEEP_IMAGES = 3
+"""Images each cache repository keeps (the pinned digest, the one before it for a rollback, one
+being promoted); older ones expire (:class:`PullThroughCache`)."""
 
 
 class PullThroughCache(Construct):
@@ -75,6 +79,18 @@ class PullThroughCache(Construct):
         self.rule = ecr.CfnPullThroughCacheRule(
             self, "Rule", ecr_repository_prefix=prefix,
             upstream_registry_url=CACHE_UPSTREAM_URL, upstream_registry=CACHE_UPSTREAM_REGISTRY)
+        # The cache makes one repository per upstream image on its first pull and keeps every
+        # digest pulled through it (~20 GB each for the DLC), billed for ever. A creation template
+        # for the prefix gives each such repository a lifecycle policy (ECR User Guide,
+        # "Repository creation templates": appliedFor PULL_THROUGH_CACHE). An expired digest is
+        # pulled through again from the upstream on its next use.
+        self.lifecycle = ecr.CfnRepositoryCreationTemplate(
+            self, "Lifecycle", prefix=prefix, applied_for=["PULL_THROUGH_CACHE"],
+            description="raytrain-eks: keep the newest cached images of each upstream repository",
+            lifecycle_policy=json.dumps({"rules": [{
+                "rulePriority": 1, "description": f"keep the newest {CACHE_KEEP_IMAGES} images",
+                "selection": {"tagStatus": "any", "countType": "imageCountMoreThan", "countNumber": CACHE_KEEP_IMAGES},
+                "action": {"type": "expire"}}]}))
         repositories = Stack.of(self).format_arn(service="ecr", resource="repository", resource_name=f"{prefix}/*")
         self.policy = iam.Policy(self, "NodePolicy", roles=[node_role], statements=[iam.PolicyStatement(
             actions=list(NODE_CACHE_ACTIONS), resources=[repositories])])
@@ -187,11 +203,11 @@ class ClusterStack(Stack):
                                  self.managed_addons.addons["coredns"])
 
         identity = RayIdentity(
-            self, "Ray", cluster=self.cluster, namespace=ray.namespace,
+            self, "Ray", cluster=self.cluster, cluster_name=spec.name, namespace=ray.namespace,
             service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
             pod_identity_agent=self.managed_addons.pod_identity_agent,
             operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace,
-            read_only_prefixes=read_only_prefixes)
+            read_only_prefixes=read_only_prefixes, tracking_server_arn=ray.mlflow_tracking_server_arn)
         self.autoscaler = AutoscalerIdentity(
             self, "ClusterAutoscaler", cluster=self.cluster, cluster_name=spec.name,
             namespace="kube-system", service_account=CLUSTER_AUTOSCALER_SERVICE_ACCOUNT)
@@ -205,6 +221,11 @@ class ClusterStack(Stack):
         if "cluster_autoscaler" in self.addons.charts:
             self.addons.charts["cluster_autoscaler"].node.add_dependency(self.autoscaler.association)
         self.ray_identity = identity
+        self.submitters = SubmitterAccess(
+            self, "Submitters", cluster=self.cluster, cluster_name=spec.name, namespace=ray.namespace,
+            principals=spec.submitter_principal_arns, bucket_name=bucket_name, prefix=storage_prefix,
+            code_prefix=CODE_PREFIX, run_role=identity.run_role)
+        self.submitters.manifest.node.add_dependency(identity.manifest)  # the namespace first
         self.pod_role = identity.role
         self.service_account_name = identity.service_account_name
         self.service_account_namespace = identity.namespace
@@ -214,6 +235,10 @@ class ClusterStack(Stack):
                   value=f"aws eks update-kubeconfig --name {spec.name} --region {spec.region}")
         CfnOutput(self, "PodRoleArn", value=self.pod_role.role_arn,
                   description=f"Role of service account {ray.namespace}/{ray.service_account}")
+        CfnOutput(self, "SmokeRoleArn", value=identity.smoke_role.role_arn,
+                  description="Role of the pipeline's smoke runs (their folders only)")
+        CfnOutput(self, "RunRoleArn", value=identity.run_role.role_arn,
+                  description=f"Role of each run's own service account {ray.namespace}/<run> (submit associates it)")
 
 
 def admin_construct_id(arn: str) -> str:

@@ -154,12 +154,44 @@ class PipelineStack(Stack):
                  cluster_stack, storage_stack, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         env = env_spec
-        cluster = cluster_stack.cluster
         name = env.cluster.name
         # Fixed names: the watcher's environment names the pipeline, and the pipeline invokes the
         # promoter, so generated names would form a reference cycle.
         self.pipeline_name = f"{name}-image-redeploy"
+        table_name, parameter_name = self._promotion_state(name)
+        image = f"{env.image.repository}:{env.image.tag}"
+        self._watcher(env, image)
+        artifacts = s3.Bucket(
+            self, "Artifacts", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL, versioned=True,
+            lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(30),
+                                              noncurrent_version_expiration=Duration.days(1))],
+            removal_policy=RemovalPolicy.RETAIN)
+        pipeline_access.acknowledge_artifact_bucket(artifacts)
 
+        in_vpc = kubectl_in_vpc(env)
+        vpc_args = self._kubectl_access(env, cluster_stack.cluster, image, in_vpc)
+        common = {"CLUSTER_NAME": name, "NAMESPACE": env.ray.namespace,
+                  "KUBERNETES_VERSION": env.cluster.kubernetes_version,
+                  # the fixed names, not tokens: the builds' variables stay plain JSON
+                  "PROMOTED_DIGEST_PARAMETER": parameter_name, "HISTORY_TABLE": table_name}
+        projects = self._build_projects(env, storage_stack, cluster_stack, vpc_args)
+        self._pipeline(env, common, projects, artifacts)
+        pipeline_access.acknowledge_pipeline(
+            self, artifacts=artifacts, projects=list(projects.values()),
+            bucket_name=env.bucket_name, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix,
+            in_vpc=in_vpc, cluster_name=name)
+
+        CfnOutput(self, "PipelineName", value=self.pipeline_name)
+        CfnOutput(self, "PromotedDigestParameter", value=self.promoted_digest.parameter_name)
+        CfnOutput(self, "PromotionHistoryTable", value=self.history_table.table_name,
+                  description=f"List promotions: aws dynamodb query --table-name {name}-image-promotions "
+                              f"--no-scan-index-forward --key-condition-expression 'image = :i' "
+                              f"--expression-attribute-values '{{\":i\":{{\"S\":\"{image}\"}}}}'")
+
+    def _promotion_state(self, name: str) -> tuple[str, str]:
+        """The promotion history table and the promoted-digest parameter: what the watcher, the
+        pipeline's steps and an operator read and the promoter writes. Returns their fixed names."""
         table_name, parameter_name = f"{name}-image-promotions", f"/raytrain/{name}/image/promoted-digest"
         self.history_table = dynamodb.Table(
             self, "PromotionHistory", table_name=table_name,
@@ -179,12 +211,13 @@ class PipelineStack(Stack):
             # description naming the tag would reset the promotion whenever the tag changed.
             string_value="none", description="Image digest last proven by the smoke run (written by the "
                                              "pipeline; CloudFormation only creates it)")
+        return table_name, parameter_name
 
-        image = f"{env.image.repository}:{env.image.tag}"
+    def _watcher(self, env: Environment, image: str) -> None:
+        """The failure topic, and the watcher that resolves the tag on a schedule and starts the
+        pipeline for a new digest (its errors alarm into the topic)."""
         self.notifications = PipelineNotifications(self, "Notifications", emails=env.pipeline.notify_emails,
                                                    pipeline_name=self.pipeline_name)
-        # Built from the spec's name like the pod role does: no export pins the stateful stack.
-        bucket_arn = f"arn:{self.partition}:s3:::{env.bucket_name}"
         functions = WatcherFunctions(
             self, "Watcher", image_repository=env.image.repository, image_tag=env.image.tag,
             parameter=self.promoted_digest, table=self.history_table,
@@ -198,15 +231,12 @@ class PipelineStack(Stack):
             description=f"Resolve {image} and start {self.pipeline_name} for a new digest",
             targets=[targets.LambdaFunction(self.watcher, retry_attempts=2)])
 
-        artifacts = s3.Bucket(
-            self, "Artifacts", encryption=s3.BucketEncryption.S3_MANAGED, enforce_ssl=True,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL, versioned=True,
-            lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(30),
-                                              noncurrent_version_expiration=Duration.days(1))],
-            removal_policy=RemovalPolicy.RETAIN)
-        pipeline_access.acknowledge_artifact_bucket(artifacts)
-
-        in_vpc = kubectl_in_vpc(env)
+    def _kubectl_access(self, env: Environment, cluster, image: str, in_vpc: bool) -> dict:
+        """Each kubectl build's own role (:attr:`kubectl_roles`), and with a private endpoint the
+        VPC arguments that put the builds inside it."""
+        name = env.cluster.name
+        # Built from the spec's name like the pod role does: no export pins the stateful stack.
+        bucket_arn = f"arn:{self.partition}:s3:::{env.bucket_name}"
         vpc_args = pipeline_access.private_endpoint_access(self, cluster) if in_vpc else {}
         self.kubectl_roles = pipeline_access.KubectlDeployers(
             self, "KubectlDeployers", cluster=cluster, namespace=env.ray.namespace,
@@ -215,11 +245,12 @@ class PipelineStack(Stack):
                 bucket_arn=bucket_arn, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix,
                 table_arn=self.history_table.table_arn, history_key=image, pointer_key=pointer_key(image),
                 parameter_arn=self.promoted_digest.parameter_arn, topic_arn=self.notifications.topic.topic_arn)).roles
+        return vpc_args
 
-        common = {"CLUSTER_NAME": name, "NAMESPACE": env.ray.namespace,
-                  "KUBERNETES_VERSION": env.cluster.kubernetes_version,
-                  # the fixed names, not tokens: the builds' variables stay plain JSON
-                  "PROMOTED_DIGEST_PARAMETER": parameter_name, "HISTORY_TABLE": table_name}
+    def _build_projects(self, env: Environment, storage_stack, cluster_stack, vpc_args: dict) -> dict:
+        """The CodeBuild projects of the steps (Synth, DeployStacks, ApplyManifests, SmokeRun,
+        PromoteDigest), each with the rights its step needs and no more."""
+        name = env.cluster.name
         synth = pipeline_builds.project(self, "Synth", pipeline_builds.synth_spec(),
                                         compute=codebuild.ComputeType.LARGE)
         pipeline_arn = self.format_arn(service="codepipeline", resource=self.pipeline_name)
@@ -270,7 +301,11 @@ class PipelineStack(Stack):
                                           timeout=Duration.minutes(
                                               pipeline_builds.PROMOTE_TIMEOUT_MINUTES
                                               + pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
+        return {"synth": synth, "deploy": deploy, "apply": apply, "smoke": smoke, "promote": promote}
 
+    def _pipeline(self, env: Environment, common: dict, projects: dict, artifacts: s3.Bucket) -> None:
+        """The pipeline: Source, Synth, and one Release stage (Deploy -> Smoke -> Apply -> Promote)."""
+        synth, deploy, apply, smoke, promote = (projects[k] for k in ("synth", "deploy", "apply", "smoke", "promote"))
         source_output = codepipeline.Artifact("Source")
         built = codepipeline.Artifact("Built")
         digest_variable = codepipeline.Variable(
@@ -335,14 +370,3 @@ class PipelineStack(Stack):
         source_role.add_to_principal_policy(iam.PolicyStatement(
             sid="UseConnection", resources=[env.pipeline.connection_arn],
             actions=connection_actions(env.pipeline.connection_arn, "UseConnection")))
-        pipeline_access.acknowledge_pipeline(
-            self, artifacts=artifacts, projects=[synth, deploy, apply, smoke, promote],
-            bucket_name=env.bucket_name, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix,
-            in_vpc=in_vpc, cluster_name=name)
-
-        CfnOutput(self, "PipelineName", value=self.pipeline_name)
-        CfnOutput(self, "PromotedDigestParameter", value=self.promoted_digest.parameter_name)
-        CfnOutput(self, "PromotionHistoryTable", value=self.history_table.table_name,
-                  description=f"List promotions: aws dynamodb query --table-name {name}-image-promotions "
-                              f"--no-scan-index-forward --key-condition-expression 'image = :i' "
-                              f"--expression-attribute-values '{{\":i\":{{\"S\":\"{image}\"}}}}'")

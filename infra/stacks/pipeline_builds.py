@@ -50,9 +50,14 @@ SYNTH_TESTS = ("tests/environment tests/infra tests/charts tests/raytrain_eks/pi
 pipeline's steps, ``lock``, the fit check and the capacity report (not the training loop: that
 needs torch and Ray, which the image ships and Synth never installs)."""
 KUBECTL_INSTALL = (
-    # The newest patch of the cluster's minor version (kubectl supports one minor of skew).
-    'curl -fsSLo /usr/local/bin/kubectl "https://dl.k8s.io/release/'
-    '$(curl -fsSL https://dl.k8s.io/release/stable-${KUBERNETES_VERSION}.txt)/bin/linux/amd64/kubectl"'
+    # The newest patch of the cluster's minor version (kubectl supports one minor of skew),
+    # checked against the sha256 the Kubernetes release publishes beside it (kubernetes.io,
+    # "Install and Set Up kubectl on Linux": validate the binary against kubectl.sha256) before
+    # it runs with the build's deploy rights.
+    'KUBECTL_URL="https://dl.k8s.io/release/$(curl -fsSL https://dl.k8s.io/release/stable-${KUBERNETES_VERSION}.txt)'
+    '/bin/linux/amd64/kubectl"'
+    ' && curl -fsSLo /usr/local/bin/kubectl "$KUBECTL_URL"'
+    ' && echo "$(curl -fsSL "$KUBECTL_URL.sha256")  /usr/local/bin/kubectl" | sha256sum --check --strict'
     " && chmod +x /usr/local/bin/kubectl",
     'aws eks update-kubeconfig --name "$CLUSTER_NAME" --region "$AWS_REGION"',
 )

@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from environment.contract import JOB_LABEL, ON_CLUSTER_SUFFIX
+from environment.contract import JOB_LABEL, ON_CLUSTER_SUFFIX, PART_OF, run_role_name
 
 TERMINAL = ("Complete", "Failed", "ValidationFailed")
 """The jobDeploymentStatus values after which KubeRay changes nothing (rayjob_types.go:
@@ -306,3 +306,151 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
                 continue  # the job has ended, or its submitter restarts: read the status now
             # nothing new (a finished submitter KubeRay has not marked yet, or no pod yet): wait
         time.sleep(poll_s)
+
+
+# --- A run's own AWS identity ------------------------------------------------------------
+# A run's own AWS identity on EKS: a service account named after the run, associated through
+# EKS Pod Identity with the run role (infra/constructs/pod_identity.py ``RayIdentity.run_role``).
+#
+# EKS Pod Identity tags every role session with the pod's service account
+# (``kubernetes-service-account``; Amazon EKS User Guide, "Grant Pods access to AWS resources based
+# on tags"), and the run role's S3 grants name the run's folder through that tag: the pods of run A
+# cannot reach run B's folder. An association names ONE service account (the EKS API's
+# ``CreatePodIdentityAssociation`` takes ``namespace`` and ``serviceAccount``, no pattern), so each
+# run gets its own, made here by ``submit`` with the operator's rights before its RayJob is
+# applied, and removed once the run is over (``submit`` after the copy, ``stop``). The pipeline's
+# smoke runs use a fixed account the cluster stack associates (``raytrain-smoke``). The API is eventually consistent ("may take several
+# seconds to be effective"): the association is made before the RayJob, whose pods come minutes
+# later (Kueue's queue, node scale-up, the image pull).
+#
+# The long-lived RayCluster's pods keep the spec's ``ray.service_account`` (single-team mode).
+
+
+def eks_api(region: str) -> Any:
+    """boto3's EKS client (the tests put a double of the Pod Identity association API here)."""
+    import boto3
+
+    return boto3.client("eks", region_name=region)
+
+
+def run_service_account(run: str, namespace: str) -> dict[str, Any]:
+    """The run's service account (no token automount: nothing in the Ray pods calls the Kubernetes API)."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
+            "metadata": {"name": run, "namespace": namespace, "labels": dict(PART_OF)}}
+
+
+def run_role_arn(cluster_name: str, account: str, partition: str = "aws") -> str:
+    """The run role's ARN (a fixed name: infra/constructs/pod_identity.py names it the same way)."""
+    return f"arn:{partition}:iam::{account}:role/{run_role_name(cluster_name)}"
+
+
+def caller_account(sts: Any) -> tuple[str, str]:
+    """``(account, partition)`` of the credentials in use."""
+    arn = sts.get_caller_identity()["Arn"]
+    return arn.split(":")[4], arn.split(":")[1]
+
+
+def _run_associations(api: Any, cluster: str, namespace: str, run: str) -> list[dict[str, Any]]:
+    found, token = [], None
+    while True:
+        page = api.list_pod_identity_associations(clusterName=cluster, namespace=namespace, serviceAccount=run,
+                                                  **({"nextToken": token} if token else {}))
+        found += page.get("associations", [])
+        token = page.get("nextToken")
+        if not token:
+            return found
+
+
+def ensure_run_identity(api: Any, *, cluster: str, namespace: str, run: str, role: str,
+                        say: Callable[[str], None] = print) -> str:
+    """The association of ``namespace/run`` with the run role (made unless it exists); its id."""
+    found = _run_associations(api, cluster, namespace, run)
+    if found:
+        return found[0]["associationId"]
+    made = api.create_pod_identity_association(
+        clusterName=cluster, namespace=namespace, serviceAccount=run, roleArn=role,
+        tags={"app.kubernetes.io/part-of": PART_OF["app.kubernetes.io/part-of"], "raytrain.io/run": run})
+    say(f"    identity: service account {namespace}/{run} -> {role} (this run's folder only)")
+    return made["association"]["associationId"]
+
+
+def release_run_identity(api: Any, *, cluster: str, namespace: str, run: str) -> int:
+    """Delete the run's associations (its pods are gone: nothing else uses that account); how many."""
+    found = _run_associations(api, cluster, namespace, run)
+    for association in found:
+        api.delete_pod_identity_association(clusterName=cluster, associationId=association["associationId"])
+    return len(found)
+
+
+# --- an EKS run's Ray job stopped through its head before its RayJob goes --------------------
+# Stopping an EKS run (``stop``, and a deadline's release in ``status`` and ``submit``): its Ray job
+# is stopped through its own head, and waited for until terminal, BEFORE its RayJob is deleted
+# (:func:`stop_ray_job_first`). Deleting the RayJob alone is not enough on a run's OWN cluster:
+# KubeRay v1.7.0's finalizer calls the dashboard's StopJob, which returns at once, and removes the
+# finalizer in the same reconcile (``ray-operator/controllers/ray/rayjob_controller.go:112-138``); the
+# RayCluster the RayJob owns is then deleted, and each Ray container's PID 1 (``ray start --block``)
+# drains for at most ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` = 30 s on SIGTERM (ray 2.58
+# ``_private/ray_constants.py:40``, ``_private/node.py:629-664``) before the driver dies: the final
+# checkpoint would get ~30 s, not the job's stop wait. ``ray job stop`` in the head container asks the
+# job supervisor to stop the job and polls until it is STOPPED/SUCCEEDED/FAILED (ray 2.58
+# ``dashboard/modules/job/cli.py:448-466``), so the job's own stop wait (``RAY_JOB_STOP_WAIT_TIME_S``,
+# charts/ray_charts.py) runs in full. A ``clusterSelector`` cluster outlives the RayJob: KubeRay's StopJob
+# suffices there.
+
+HEAD_CONTAINER = "ray-head"
+"""The head pod's Ray container (charts/cluster_spec.py ``RAY_CONTAINER_HEAD``)."""
+DASHBOARD = "http://127.0.0.1:8265"
+"""The job API, from inside the head container."""
+MARGIN_S = 60
+"""Beyond the job's stop wait: kubectl exec's start and Ray's 1 s polls."""
+DEFAULT_STOP_WAIT_S = 600
+"""A RayJob whose runtime env names no stop wait (made by hand): a generous bound."""
+
+
+def stop_wait_s(rayjob: dict[str, Any]) -> int:
+    """The job's ``RAY_JOB_STOP_WAIT_TIME_S`` from its runtime env (charts/ray_charts.py sets it)."""
+    import yaml
+
+    env = (yaml.safe_load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "") or {}).get("env_vars") or {}
+    try:
+        return int(env["RAY_JOB_STOP_WAIT_TIME_S"])
+    except (KeyError, TypeError, ValueError):
+        return DEFAULT_STOP_WAIT_S
+
+
+def stop_ray_job_first(rayjob: dict[str, Any], namespace: str, say: Callable[[str], None]) -> None:
+    """On a run's own cluster, once ready, with its Ray job not terminal: ``ray job stop`` in the head
+    container (through KubeRay's head service, ``<cluster>-head-svc``), returning when the job
+    is terminal or its stop wait and :data:`MARGIN_S` have passed. Failing here only says so:
+    the RayJob's deletion (KubeRay's StopJob) still follows."""
+    status, spec = rayjob.get("status") or {}, rayjob.get("spec") or {}
+    # dashboardURL: KubeRay sets it once the cluster is ready (before it, no head to ask); an
+    # empty jobStatus is a job KubeRay has not read yet, which may run all the same
+    if spec.get("clusterSelector") or not status.get("dashboardURL") or status.get("jobStatus") in TERMINAL_JOB_STATUSES:
+        return
+    cluster, job_id = status.get("rayClusterName"), status.get("jobId")
+    if not cluster or not job_id:
+        return
+    bound = stop_wait_s(rayjob) + MARGIN_S
+    say(f"    stopping Ray job {job_id} through its head (final checkpoint; at most {bound} s)")
+    try:
+        proc = kubectl("exec", f"svc/{cluster}-head-svc", "-n", namespace, "-c", HEAD_CONTAINER, "--",
+                       "ray", "job", "stop", "--address", DASHBOARD, job_id, check=False, timeout=bound)
+    except subprocess.TimeoutExpired:
+        say(f"    Ray job {job_id} not stopped within {bound} s: deleting its RayJob anyway")
+        return
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout or "").strip().splitlines()
+        say(f"    ray job stop failed ({lines[-1] if lines else f'exit {proc.returncode}'}): deleting its RayJob anyway")
+
+
+def release_after_deadline(name: str, namespace: str, rayjob: dict[str, Any], say: Callable[[str], None]) -> bool:
+    """Delete a RayJob that failed on a deadline (:data:`DEADLINE_REASONS`); True if it did."""
+    status = rayjob.get("status") or {}
+    if status.get("jobDeploymentStatus") != "Failed" or status.get("reason") not in DEADLINE_REASONS:
+        return False
+    stop_ray_job_first(rayjob, namespace, say)  # its own cluster: a full stop wait, not ~30 s
+    kubectl("delete", "rayjob", name, "-n", namespace, "--wait=false", "--ignore-not-found")
+    say(f"    {status['reason']}: RayJob {name} deleted, so KubeRay stops its Ray job (final checkpoint) "
+        "and its GPUs are freed; its checkpoints stay")
+    return True

@@ -4,7 +4,10 @@ regression gate against the newest COMPARABLE promoted smoke run of ANOTHER dige
 of the promoted digest is not its own bar, so the bar cannot ratchet): same world size,
 instance type and job config (:func:`comparable`). With none (before the first promotion, a
 changed job or cluster, or a baseline whose objects are gone) the gate says so, names why, and
-judges the record checks only (a baseline that exists but cannot be read fails the gate):
+judges the record checks only (a baseline that exists but cannot be read fails the gate).
+Every file is read at the S3 version the Smoke step pinned when the smoke run ended; a newer
+version of the candidate's evidence fails the gate (:func:`untouched`: only that run's own
+identity could write there). The regression checks:
 
 - the same inter-node transport class (an EFA run must not turn into a socket run);
 - tokens/s at least ``pipeline.min_tokens_per_s_fraction`` of the promoted run's;
@@ -20,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from environment.contract import REGRESSION_REPORT_DIR as REPORT_DIR
+from environment.contract import RECORD_EVIDENCE, REGRESSION_REPORT_DIR as REPORT_DIR
 from infra.lambdas.image_watcher.history import FAILURE_IMAGE
 from infra.lambdas.image_watcher.promote import PromotionError, RecordMissing, check_smoke_record, split_record_uri
 from raytrain_eks.runs.report import Run, eval_before_after, load_run, render_report, throughput_summary
@@ -99,15 +102,37 @@ def baseline_record(ctx: StepContext, candidate: dict, digest: str) -> tuple[str
     return "", "; ".join(skipped[:3]) or "no promoted run of another digest yet"
 
 
-def download_run(ctx: StepContext, record_uri: str, into: Path) -> Path:
-    """run.json and metrics.jsonl of a run into ``into/<run name>/``."""
+def untouched(ctx: StepContext, record_uri: str, record: dict) -> None:
+    """GateFailed when the smoke run's evidence changed after Smoke pinned it: the newest
+    version of run.json must be the one Smoke wrote (``record_uri``'s), and each file's newest
+    version the one Smoke recorded (``evidence_versions``). Only the smoke run's own identity
+    could write there: a newer version is tampering (or a job that outlived its run)."""
+    bucket, key, version = split_record_uri(record_uri)
+    prefix = key.rsplit("/", 1)[0]
+    expected = {**(record.get(RECORD_EVIDENCE) or {}), **({RECORD_NAME: version} if version else {})}
+    for name, pinned in sorted(expected.items()):
+        try:
+            newest = ctx.s3.head_object(Bucket=bucket, Key=f"{prefix}/{name}").get("VersionId")
+        except Exception as err:  # noqa: BLE001 - deleted or unreadable evidence is not the evidence judged
+            raise GateFailed(f"smoke evidence {prefix}/{name} cannot be read now ({type(err).__name__}): "
+                             "it changed after the smoke run ended") from None
+        if newest != pinned:
+            raise GateFailed(f"smoke evidence s3://{bucket}/{prefix}/{name} was written after the smoke run "
+                             f"ended (version {newest}, the smoke step pinned {pinned}): not judged")
+
+
+def download_run(ctx: StepContext, record_uri: str, into: Path, record: dict | None = None) -> Path:
+    """run.json and metrics.jsonl of a run into ``into/<run name>/``, each at the version the
+    smoke step pinned (``record``'s ``evidence_versions``; a record from before the pins: the
+    metrics as they are)."""
     bucket, key, version = split_record_uri(record_uri)
     prefix = key.rsplit("/", 1)[0]
     local = into / prefix.rsplit("/", 1)[-1]
     local.mkdir(parents=True)
+    pinned = {**((record or {}).get(RECORD_EVIDENCE) or {}), **({RECORD_NAME: version} if version else {})}
     for name in RUN_FILES:
-        # the record at the version judged (the one the smoke step wrote), the metrics as they are
-        extra = {"VersionId": version} if version and name == RECORD_NAME else None
+        # the record at the version judged (the one the smoke step wrote), the metrics as pinned
+        extra = {"VersionId": pinned[name]} if name in pinned else None
         try:
             ctx.s3.download_file(bucket, f"{prefix}/{name}", str(local / name), ExtraArgs=extra)
         except Exception as err:  # noqa: BLE001 - a run without metrics still gets compared and reported
@@ -126,6 +151,7 @@ def upload_report(ctx: StepContext, report_dir: Path, candidate_uri: str) -> str
 def gate(ctx: StepContext, *, digest: str, candidate_uri: str, required_transport: str) -> list[Check]:
     """GateFailed unless the candidate may replace the promoted digest."""
     candidate = ctx.read_json(candidate_uri)
+    untouched(ctx, candidate_uri, candidate)
     try:
         check_smoke_record(candidate, digest=digest, required_transport=required_transport, uri=candidate_uri)
     except PromotionError as err:
@@ -136,7 +162,7 @@ def gate(ctx: StepContext, *, digest: str, candidate_uri: str, required_transpor
         return [Check("regression", True, f"not comparable: {why_none}")]
     p = ctx.env.pipeline
     with tempfile.TemporaryDirectory(prefix="raytrain-gate-") as tmp:
-        dirs = [download_run(ctx, uri, Path(tmp) / side)
+        dirs = [download_run(ctx, uri, Path(tmp) / side, ctx.read_json(uri))
                 for side, uri in (("promoted", baseline_uri), ("candidate", candidate_uri))]
         old, new = (load_run(str(d)) for d in dirs)
         checks = compare(new, old, min_tokens_fraction=p.min_tokens_per_s_fraction,

@@ -20,11 +20,11 @@ from typing import Any
 
 from raytrain_eks.backends.kueue_queue import WORKLOADS, places, suspended_line, workload_items
 
-from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_IMAGE_RAN
+from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_EVIDENCE, RECORD_IMAGE_RAN, SMOKE_SERVICE_ACCOUNT
 
 from infra.lambdas.image_watcher.history import FAILURE_IMAGE, FAILURE_INFRASTRUCTURE
 
-from .context import StepContext, with_version
+from .context import StepContext, split_s3, with_version
 from .rollback import StepFailed
 from .kube import KubeError, image_ids, log
 
@@ -65,22 +65,48 @@ def run_name(execution_id: str, attempt: str) -> str:
     return f"{run_prefix(execution_id)}{attempt}"
 
 
+REGISTRY_FAULTS = ("500 Internal Server Error", "502 Bad Gateway", "503 Service Unavailable", "504 Gateway Timeout",
+                   "429 Too Many Requests", "toomanyrequests", "i/o timeout", "dial tcp", "connection reset",
+                   "connection refused", "context deadline exceeded", "TLS handshake timeout", "unexpected EOF",
+                   "403 Forbidden", "401 Unauthorized", "no basic auth credentials")
+"""Words of a pull error (the kubelet's ``state.waiting.message``: the container runtime's error,
+containerd's ``failed to pull and unpack image ...: <cause>``) that put the fault on the registry,
+the cache or the network between (5xx, throttling, time-outs, the node role refused): the same
+digest pulls once they pass, so it is not the image's fault."""
+CACHE_MISS = ("not found", "manifest unknown")
+"""A digest the pull-through cache says it does not have: a first pull BY DIGEST may not fill
+the cache (aws/containers-roadmap issue 2837, a user report), so through the cache this is
+no proof the image is missing upstream."""
+
+
 def pull_errors(pods: list[dict[str, Any]]) -> list[str]:
-    """``pod/container: reason`` of the containers waiting on an image they cannot pull."""
+    """``pod/container: reason: message`` of the containers waiting on an image they cannot pull."""
     out = []
     for pod in pods:
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            reason = ((status.get("state") or {}).get("waiting") or {}).get("reason", "")
-            if reason in IMAGE_PULL_REASONS:
-                out.append(f"{pod['metadata']['name']}/{status['name']}: {reason}")
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason", "") in IMAGE_PULL_REASONS:
+                message = str(waiting.get("message", "")).strip()
+                # the runtime's cause ends the message (after the references it names): keep the end
+                message = message if len(message) <= 300 else "..." + message[-300:]
+                out.append(f"{pod['metadata']['name']}/{status['name']}: {waiting['reason']}"
+                           + (f": {message}" if message else ""))
     return out
 
 
-def job_failure(status: dict[str, Any], pulls: list[str], started: bool) -> str:
+def registry_fault(pull: str, *, cached: bool) -> bool:
+    """Whether one :func:`pull_errors` line is the registry's, the cache's or the network's fault."""
+    text = pull.lower()
+    return any(m.lower() in text for m in REGISTRY_FAULTS) or (cached and any(m in text for m in CACHE_MISS))
+
+
+def job_failure(status: dict[str, Any], pulls: list[str], started: bool, *, cached: bool = False) -> str:
     """Whose fault a failed smoke RayJob is: the image's when its pods could not pull it (it
-    never started) or KubeRay's reason says the run itself failed; infrastructure otherwise."""
+    never started) for a reason of the image's own, or KubeRay's reason says the run itself
+    failed; infrastructure otherwise, a pull error of the registry or cache (:func:`registry_fault`,
+    ``cached``: the pods pull through the pull-through cache) included: the image is not shelved for it."""
     if pulls and not started:
-        return FAILURE_IMAGE
+        return FAILURE_INFRASTRUCTURE if all(registry_fault(p, cached=cached) for p in pulls) else FAILURE_IMAGE
     return RAYJOB_REASON_FAILURE.get(status.get("reason", ""), FAILURE_INFRASTRUCTURE)
 
 
@@ -92,6 +118,11 @@ def smoke_job(ctx: StepContext, digest: str) -> dict[str, Any]:
     if asked != digest:
         raise SmokeFailed(f"rayjob-{SMOKE_JOB}.k8s.yaml was synthesized for {asked}, not {digest}")
     job["spec"]["entrypoint"] += f" --set checkpoint.run_name={run_name(ctx.execution_id, ctx.attempt)}"
+    # The smoke runs' own identity (the cluster stack associates it): it alone writes smoke-*,
+    # so the evidence the gate judges is written by this run's pods and the pipeline only.
+    cluster = job["spec"]["rayClusterSpec"]
+    for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])):
+        template["spec"]["serviceAccountName"] = SMOKE_SERVICE_ACCOUNT
     if ctx.env.storage_uri != ctx.env.bucket_uri:
         # The smoke run's record is read, versioned and promoted in the bucket (CodeBuild mounts
         # no shared file system): it stays there whatever storage.shared_path says.
@@ -137,6 +168,28 @@ class QueueWait:
         self.since, self.last = None, ""
 
 
+EVIDENCE_FILES = ("run.json", "metrics.jsonl")
+"""What the gate judges of a smoke run (raytrain_eks/pipeline/gate.py ``RUN_FILES``)."""
+
+
+def pin_evidence(ctx: StepContext, record_uri: str) -> dict[str, str]:
+    """``{file: VersionId}`` of the smoke run's evidence as it stands once the run has ended. Only
+    the smoke run's own identity could write there (its service account's prefix; the long-lived
+    cluster's role is denied ``smoke-*``), and its pods are done: the gate reads these versions,
+    never the newest, and fails when a newer one appears (:func:`raytrain_eks.pipeline.gate.untouched`)."""
+    bucket, key = split_s3(record_uri)
+    prefix = key.rsplit("/", 1)[0]
+    pinned = {}
+    for name in EVIDENCE_FILES:
+        try:
+            version = ctx.s3.head_object(Bucket=bucket, Key=f"{prefix}/{name}").get("VersionId") or ""
+        except ctx.s3.exceptions.ClientError:
+            continue  # a run without metrics is still judged (and compared on what it has)
+        if version and version != "null":
+            pinned[name] = version
+    return pinned
+
+
 def run_smoke(ctx: StepContext, digest: str) -> str:
     """Run it, wait, record ``image_ran``; return the run.json URI. SmokeFailed otherwise."""
     job = smoke_job(ctx, digest)
@@ -171,7 +224,7 @@ def run_smoke(ctx: StepContext, digest: str) -> str:
         if job_status == "SUCCEEDED" and deployment == "Complete":
             break
         if job_status in ("FAILED", "STOPPED") or deployment in FAILED_DEPLOYMENT:
-            failure = job_failure(status, pulls, started)
+            failure = job_failure(status, pulls, started, cached=ctx.env.image.pull_through_cache)
             pulled = f"; image pull: {', '.join(pulls[:3])}" if pulls and not started else ""
             raise SmokeFailed(f"smoke RayJob {name}: {job_status or '-'} / {deployment or '-'} "
                               f"({status.get('reason', '')}: {str(status.get('message', ''))[:200]}){pulled}",
@@ -185,9 +238,11 @@ def run_smoke(ctx: StepContext, digest: str) -> str:
     if not seen:
         raise SmokeFailed(f"smoke RayJob {name}: no pod of its cluster reported an image ID")
     uri = f"{ctx.env.bucket_uri}/{run_name(ctx.execution_id, ctx.attempt)}/run.json"
-    record = ctx.read_json(uri)
+    evidence = pin_evidence(ctx, uri)
+    record = ctx.read_json(with_version(uri, evidence.get("run.json")))
     record[RECORD_IMAGE_RAN] = {"pods": dict(sorted(seen.items())),
                                 "source": "kubectl: pod status.containerStatuses[].imageID"}
+    record[RECORD_EVIDENCE] = evidence
     version = ctx.write_json(uri, record)
     log(f"smoke: {uri}: image_ran {sorted(set(seen.values()))}")
     # The exact object the gate judges and Promote re-reads (the bucket is versioned).

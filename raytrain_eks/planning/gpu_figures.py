@@ -21,6 +21,11 @@ issue 120 (45-59 % of the 121 TFLOP/s dense peak)."""
 L4_GEMM_SOURCE = "published: L4 bf16 square GEMM, zzc0721/torch-performance-test-data issue 120"
 L4_MEMORY_GBYTES_PER_S = 300.0
 """NVIDIA L4 datasheet: 300 GB/s GDDR6."""
+HOST_ADAMW_MS_PER_MILLION = {"fused": (3.35, 7.01), "foreach": (24.54, 33.65)}
+"""One host thread's ``torch.optim.AdamW.step`` per million fp32 parameters (min-max of 5 steps
+of 16 M parameters), torch 2.13 on this project's 2-core development machine under load:
+``bench/bench_host_adamw.py``. Offload plans step AdamW on the host (parallel.cpu_offload)."""
+HOST_ADAMW_SOURCE = "measured: bench/bench_host_adamw.py, 1 thread of the development machine (not the GPU host)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,21 @@ class Figures:
     calibrated: bool = False
     """``make gpu-check``'s measurements replaced the published GEMM and memory rates (with or
     without a measured step)."""
+    host_adamw: dict = None
+    """Kernel -> (low, high) ms per million parameters on ONE host thread
+    (:data:`HOST_ADAMW_MS_PER_MILLION`, or ``make gpu-check``'s on the GPU host)."""
+    host_adamw_source: str = HOST_ADAMW_SOURCE
+    compiled_block_ratio: float | None = None
+    """A compiled decoder block's time over the eager one's, measured by ``make gpu-check`` on
+    this GPU type; None: unmeasured (the plan search then never picks ``parallel.compile``)."""
+
+    def host_adamw_rate(self, threads: int, fused: bool = True) -> tuple[float, float]:
+        """(fast, slow) ms per million parameters of AdamW on ``threads`` host threads: the fast
+        end divides one thread's best by the threads (the fused CPU kernel splits the tensors
+        over OpenMP threads), the slow end is one thread's worst (no scaling: ASSUMED until a GPU
+        host measures its pod's thread count)."""
+        low, high = (self.host_adamw or HOST_ADAMW_MS_PER_MILLION)["fused" if fused else "foreach"]
+        return low / max(1, threads), high
 
     def gemm_rate(self, m: int, n: int, k: int) -> tuple[float, float]:
         """(low, high) TFLOP/s of an ``(m, k) @ (k, n)`` GEMM: a measured shape's own rate;
@@ -151,9 +171,21 @@ def calibrated(figures: Figures, path: Path | None = None) -> Figures:
     step = data.get("step")
     if step is not None and not (isinstance(step, dict) and isinstance(step.get("step_s"), (int, float))):
         raise CalibrationError(f"{path}: step = {step!r}: must be an object with step_s (seconds)")
+    extra = {}
+    host = data.get("host_adamw_ms_per_million")
+    if host is not None:
+        if not isinstance(host, dict) or not host:
+            raise CalibrationError(f"{path}: host_adamw_ms_per_million = {host!r}: must be {{kernel: ms}} "
+                                   "(fused, foreach) for one host thread")
+        rates = {k: _positive(path, f"host_adamw_ms_per_million.{k}", v) for k, v in host.items()}
+        extra.update(host_adamw={**HOST_ADAMW_MS_PER_MILLION, **{k: (v, v) for k, v in rates.items()}},
+                     host_adamw_source=where)
+    ratio = data.get("compiled_block_ratio")
+    if ratio is not None:
+        extra["compiled_block_ratio"] = _positive(path, "compiled_block_ratio", ratio)
     return replace(figures, gemm_tflops=table,
                    gemm=Rate(min(table.values()), max(table.values()), "TFLOP/s", where),
-                   memory=Rate(memory, memory, "GB/s", where), measured_step=step, calibrated=True)
+                   memory=Rate(memory, memory, "GB/s", where), measured_step=step, calibrated=True, **extra)
 
 
 def figures_for(gpu: str, network_gbps: float, path: Path | None = None) -> Figures:

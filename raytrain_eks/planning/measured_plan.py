@@ -207,8 +207,27 @@ def for_job(job, shapes, instance: str, results: list[dict] | None = None) -> di
     if found is None or job.grad_accum_steps < 2:  # measured with accumulation
         return None
     found = {**found, "global_batch_size": t.global_batch_size}
+    if t.objective == "dpo":
+        found = with_dpo_reference(found)
     return {**found, "prediction": predict(found, cluster), "range_s": predict_range(found, cluster),
             "required_bytes": required_bytes(found), "host_bytes_per_gpu": host_bytes_per_gpu(found)}
+
+
+def with_dpo_reference(found: dict) -> dict:
+    """A measured next-token plan turned into DPO's with LoRA (training/objectives/dpo.py): the
+    same memory (the reference is the model with its adapters off, its forward under no_grad saves
+    nothing), and each micro batch runs one more forward: a third more model FLOPs executed
+    (model FLOPs = 3 x forward) and one more pass of the forward's all-gathers (the measured
+    all-gathers are the forward's and, with parameters resharded after forward, the backward's:
+    one more of those two). Derived from the measurement, not measured: ``dpo_derived`` says so."""
+    forward = found["model_flops_per_micro_batch"] / 3
+    passes = 2 if not found.get("keep_gathered") else 1
+    collectives = [{**c, **{k: c[k] * (passes + 1) / passes for k in ("bytes", "first_bytes", "middle_bytes",
+                                                                       "last_bytes") if k in c}}
+                   if c["kind"] == "all_gather" else c for c in found["collectives"]]
+    return {**found, "executed_flops_per_micro_batch": found["executed_flops_per_micro_batch"] + forward,
+            "model_flops_per_micro_batch": found["model_flops_per_micro_batch"] + forward,
+            "collectives": collectives, "dpo_derived": True}
 
 
 def job_plan(job) -> dict | None:
@@ -223,7 +242,7 @@ def job_plan(job) -> dict | None:
     return dict(strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                 activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
                 keep_gathered=p.keep_params_gathered, compile=p.compile, cpu_offload=p.cpu_offload,
-                lora=lora_key(transforms[0][1]) if transforms else None)
+                lora=lora_key(transforms[0][1]) if transforms else None, accumulation=p.accumulation)
 
 
 def published_model(model_path: str) -> str | None:
@@ -247,17 +266,18 @@ def lora_key(options: dict) -> dict:
 
 def lookup(results: list[dict], *, model: str, strategy: str, seq_len: int, micro_batch_size: int,
            activation_checkpointing: bool, reduce_dtype: str = "float32", keep_gathered: bool = False,
-           compile: bool = False, cpu_offload: bool = False, lora: dict | None = None) -> dict | None:
+           compile: bool = False, cpu_offload: bool = False, lora: dict | None = None,
+           accumulation: str = "sharded") -> dict | None:
     """The shipped code's measurement of exactly this plan, or None. A row without ``compile``
     was measured uncompiled (bench/bench_full_size_plan.py never compiles); one without
     ``cpu_offload`` without offload; one without ``lora`` training the whole model (else
-    :func:`lora_key` of its options)."""
+    :func:`lora_key` of its options); one without ``accumulation`` with sharded accumulation."""
     for r in results:
         if (r["code"], r["model"], r["strategy"], r["seq_len"], r["micro_batch_size"], r["activation_checkpointing"],
                 r["reduce_dtype"], r["keep_gathered"], r.get("compile", False), r.get("cpu_offload", False),
-                r.get("lora")) == (
+                r.get("lora"), r.get("accumulation", "sharded")) == (
                 "after", model, strategy, seq_len, micro_batch_size, activation_checkpointing, reduce_dtype,
-                keep_gathered, compile, cpu_offload, lora):
+                keep_gathered, compile, cpu_offload, lora, accumulation):
             return r
     return None
 
@@ -274,11 +294,15 @@ def render(found: dict, *, hand_required: int) -> list[str]:
         f"{found['required_bytes'] / gib:.2f} GiB (the hand formula says {hand_required / gib:.2f})",
         f"  FLOPs            executed / model = {p['executed_over_model_flops']:.2f} (recompute and skipped "
         f"logits show); per GPU per step: {comm}",
-        f"  predicted step   {p['step_s']:.2f} s ({p['compute_s']:.2f} compute at {p['sustained_fraction']:.0%} "
+        f"  predicted step   {found['range_s'][1]:.2f}-{found['range_s'][0]:.2f} s (slow-fast) over the published rates "
+        f"(raytrain_eks/planning/gpu_figures.py); its fast end: {p['compute_s']:.2f} compute at {p['sustained_fraction']:.0%} "
         f"of peak + {p['exposed_comm_s']:.2f} exposed collectives"
-        + (f" + {p['offload_copy_s']:.2f} host<->GPU copies" if offload else "") + f"), MFU {p['mfu']:.2f}; "
-        f"{found['range_s'][0]:.2f}-{found['range_s'][1]:.2f} s over the published rates (raytrain_eks/planning/gpu_figures.py)",
+        + (f" + {p['offload_copy_s']:.2f} host<->GPU copies" if offload else ""),
     ]
+    if found.get("dpo_derived"):
+        lines.append("  DPO              derived from the next-token measurement, not measured: the same memory, + the "
+                     "reference's forward (a third more model FLOPs) and its all-gathers; a preference example is two "
+                     "sequences, so a step holds about half the examples of an SFT step at this seq_len and batch")
     if offload:
         accum = p["grad_accum_steps"]
         lines += [
@@ -286,6 +310,6 @@ def render(found: dict, *, hand_required: int) -> list[str]:
             f"{offload['gpu_staging_bytes'] / gib:.2f} copies in flight; in host memory {found['host_bytes_per_gpu'] / gib:.2f} "
             "GiB per GPU with a checkpoint's staged copy (bench/bench_offload_transfer.py)",
             f"  copies           {offload_copy_bytes(found, accum) / 1e9:.1f} GB per step in the busier direction at "
-            f"{PCIE_GBYTES_PER_S:g} GB/s (ASSUMED), none hidden; the CPU AdamW step is not predicted (a GPU node shows it)",
+            f"{PCIE_GBYTES_PER_S:g} GB/s (ASSUMED), none hidden; the host AdamW step is in the plan search's range (below)",
         ]
     return lines

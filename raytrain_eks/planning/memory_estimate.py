@@ -16,7 +16,8 @@ reduction, AdamW. Terms, in bytes per GPU:
 * **accumulation** (sharded strategies with ``grad_accum_steps > 1``): every micro-batch
   reduce-scatters into the sharded gradient (training/parallel.py), so nothing beyond the
   working set, unless ``parallel.keep_params_gathered``: then every unit stays gathered from the
-  first forward to the last backward, ``P x c``;
+  first forward to the last backward, ``P x c``; with ``parallel.accumulation = "local"`` every
+  unit's unsharded fp32 gradient sum lives through the step too, ``4 x P`` (trained parameters);
 * **activations** saved for backward, per token and layer, in elements of the compute dtype:
   ``11 h + 4 i + 3 kv`` (two RMSNorms with their fp32 upcast, q/k/v before and after rotary,
   the attention output, SwiGLU's gate, up, SiLU and product; SDPA/flash attention keeps no
@@ -110,11 +111,16 @@ class MemoryEstimate:
     activation_checkpointing: bool
     host: int = 0
     """Host bytes per GPU that ``parallel.cpu_offload`` keeps there (0 without it)."""
+    reference: int = 0
+    """DPO's frozen reference copy of a full fine-tune, sharded like the parameters (no gradients,
+    no optimizer state); 0 for other objectives and for LoRA, whose reference is the same model
+    with its adapters off (training/objectives/dpo.py). Its forward runs under no_grad: it saves
+    no activations beside the policy's."""
 
     @property
     def total(self) -> int:
         return (self.parameters + self.gradients + self.optimizer + self.fsdp_working_set + self.accumulation
-                + self.activations + self.logits + self.overhead)
+                + self.activations + self.logits + self.overhead + self.reference)
 
     @property
     def required(self) -> int:
@@ -125,8 +131,9 @@ class MemoryEstimate:
         act = "activations (checkpointed)" if self.activation_checkpointing else "activations"
         return [("parameters", self.parameters), ("gradients", self.gradients),
                 ("optimizer (AdamW fp32)", self.optimizer), ("FSDP gathered working set", self.fsdp_working_set),
-                ("accumulation (kept gathered)", self.accumulation),
-                (act, self.activations), ("logits + loss", self.logits), ("CUDA/NCCL overhead", self.overhead)]
+                ("accumulation (kept gathered, local sum)", self.accumulation),
+                (act, self.activations), ("logits + loss", self.logits), ("CUDA/NCCL overhead", self.overhead)] + (
+                    [("DPO reference (frozen copy)", self.reference)] if self.reference else [])
 
 
 def usable_bytes(gpu_memory_gib: float) -> int:
@@ -187,7 +194,7 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
                     seq_len: int, micro_batch_size: int, activation_checkpointing: bool,
                     param_bytes: int = 4, compute_bytes: int = 2, grad_accum_steps: int = 1,
                     keep_gathered: bool = False, cpu_offload: bool = False,
-                    trainable: int | None = None) -> MemoryEstimate:
+                    trainable: int | None = None, local_accumulation: bool = False) -> MemoryEstimate:
     """Per-GPU memory of one training step at the peak (end of forward / start of backward).
     ``trainable``: the trained parameters when they are not all of them (LoRA's fp32 adapters,
     the rest frozen at ``param_bytes``)."""
@@ -204,6 +211,8 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
         working = (root_params + 2 * layer_params) * compute_bytes + unsharded_grads
         if grad_accum_steps > 1 and keep_gathered:
             accumulation = n * compute_bytes
+        if grad_accum_steps > 1 and local_accumulation:  # every unit's unsharded fp32 gradient sum
+            accumulation += (n if trainable is None else trainable) * 4
     per_token_layer = (11 * h + 4 * i + 3 * kv) * compute_bytes
     full = tokens * shapes.num_layers * per_token_layer
     checkpointed = tokens * shapes.num_layers * h * compute_bytes + tokens * per_token_layer
@@ -227,15 +236,22 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
 
 def estimate_for_job(job: JobConfig, shapes: ModelShapes, strategy: str | None = None) -> MemoryEstimate:
     """The job's plan (``strategy``: another sharding strategy for the same job)."""
+    import dataclasses
+
     p, t = job.parallel, job.train
     lora = lora_options(job)
-    return estimate_memory(shapes, strategy=strategy or p.strategy, world_size=p.num_workers, workers_per_node=p.workers_per_node,
+    estimate = estimate_memory(shapes, strategy=strategy or p.strategy, world_size=p.num_workers, workers_per_node=p.workers_per_node,
                            seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                            activation_checkpointing=p.activation_checkpointing,
                            param_bytes=storage_bytes(job), compute_bytes=compute_bytes(job),
                            grad_accum_steps=job.grad_accum_steps, keep_gathered=p.keep_params_gathered,
-                           cpu_offload=p.cpu_offload,
+                           cpu_offload=p.cpu_offload, local_accumulation=p.accumulation == "local",
                            trainable=None if lora is None else lora_adapter_params(shapes, lora))
+    if t.objective == "dpo" and lora is None:
+        frozen = shapes.num_params() * storage_bytes(job) // estimate.shard_group
+        estimate = dataclasses.replace(estimate, reference=0 if p.cpu_offload else frozen,
+                                       host=estimate.host + (frozen if p.cpu_offload else 0))
+    return estimate
 
 
 def lora_options(job: JobConfig) -> dict | None:

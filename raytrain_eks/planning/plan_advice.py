@@ -16,7 +16,8 @@ from dataclasses import replace
 from typing import Callable
 
 from raytrain_eks.planning.memory_estimate import estimate_for_job, lora_options
-from training.config import JobConfig, TransformConfig
+from training.config import JobConfig
+from training.config_sections import TransformConfig
 from training.flops import ModelShapes
 
 MIN_SEQ_LEN = 512

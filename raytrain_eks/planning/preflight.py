@@ -68,6 +68,8 @@ class Plan:
     """:func:`strategy_options`: every strategy's estimate, fastest first."""
     measured: dict | None = None
     """This exact plan as bench/bench_full_size_plan.py measured it (raytrain_eks/planning/measured_plan.py)."""
+    search: object | None = None
+    """The plan search's result (raytrain_eks/planning/plan_search.py ``Search``) for a GPU job."""
 
     @property
     def refusal(self) -> str | None:
@@ -275,8 +277,13 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
         plan.checks.append(Check(name="memory to spare", ok=True, note=True, message=(
             "the plan also fits with " + " and ".join(faster) + ": set " +
             ", ".join(f.split(" (")[0] for f in faster))))
+    plan.checks += _check_plan_search(plan, shapes, g)
+    plan.checks += elastic_sizes(env, job, shapes, required, usable, mfu)
+    plan.checks += spot_notice(env, job, shapes)
     hand = estimate_time(env, job, shapes, mfu)
     plan.estimate = measured_time(hand, plan.measured, job) if plan.measured else hand
+    plan.estimate.update(prediction_range(plan, hand, g))
+    plan.checks.append(deadline_check(job, slow_step_s(plan), shapes.num_params()))
     plan.strategies = strategy_options(env, job, shapes, mfu)
     best = plan.strategies[0]
     if job.parallel.cpu_offload and best["fits"]:  # the GPU fits; the state in host memory must too
@@ -284,12 +291,195 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
 
         other = replace(job, parallel=replace(job.parallel, strategy=best["strategy"]))
         best = {**best, "fits": host(other) <= g.pod_memory_gib * GIB}
-    if best["strategy"] != job.parallel.strategy and best["fits"]:  # both from the hand model: comparable
+    searched = plan.search is not None and plan.search.chosen is not None  # the search's pick supersedes it
+    if best["strategy"] != job.parallel.strategy and best["fits"] and not searched:  # both from the hand model
         plan.checks.append(Check(name="strategy", ok=True, note=True, message=(
-            f"parallel.strategy = {job.parallel.strategy!r} takes {hand['step_s']:.2f} s/step; "
+            f"parallel.strategy = {job.parallel.strategy!r} takes {hand['step_s']:.2f} s/step at the hand model's fast end; "
             f"{best['strategy']!r} would take {best['step_s']:.2f} s/step (network {best['network_s']:.2f} s): "
             f"set parallel.strategy = {best['strategy']!r}")))
     return plan
+
+
+def elastic_sizes(env: Environment, job: JobConfig, shapes, required, usable: int, mfu: float) -> list[Check]:
+    """An elastic job (``parallel.min_nodes``): the plan at every size it may run at, fewest
+    nodes first: memory per GPU (the same estimate or measured figure as the job's own) and the
+    hand model's step at the stated MFU, with the micro batches per worker that keep the global
+    batch. A size whose memory does not fit refuses the job: after a lost node it would fail."""
+    from dataclasses import replace
+
+    if not job.elastic:
+        return []
+    out = []
+    for world in job.world_sizes:
+        at = replace(job, parallel=replace(job.parallel, num_workers=world))
+        need = required(at)
+        step = estimate_time(env, at, shapes, mfu)["step_s"]
+        nodes = world // job.parallel.workers_per_node
+        text = (f"{nodes} node(s), {world} GPUs, {at.grad_accum_steps} micro batches per GPU: ~{need / GIB:.1f} GiB "
+                f"per GPU of {usable / GIB:.1f}, ~{step:.2f} s/step (hand model at MFU {mfu:g}, assumed)")
+        fits = need <= usable
+        out.append(Check(name="elastic size", ok=fits, note=fits, message=text if fits else (
+            f"parallel.min_nodes = {job.parallel.min_nodes} allows {text}: it does not fit; raise parallel.min_nodes "
+            f"above {nodes}")))
+    return out
+
+
+NOTICE_UPLOAD_GBPS = (0.2, 1.0)
+"""ASSUMED GB/s one node writes a checkpoint to S3 at (slow end, fast end): Ray Train uploads each
+worker's folder with pyarrow's S3 client; no measured figure on this project's nodes yet."""
+
+
+def spot_notice(env: Environment, job: JobConfig, shapes) -> list[Check]:
+    """A job on a spot group: its checkpoint must be written and uploaded inside EC2's two-minute
+    notice (less the stop margin, ``training/contract.py``). The bytes are the trained fp32
+    parameters and AdamW's two moments (measured plans carry no checkpoint time); per node all
+    of them under hybrid_shard (each node holds a replica; DCP may still spread the writes), a
+    share under full_shard; the rate is :data:`NOTICE_UPLOAD_GBPS` (assumed). A checkpoint that
+    may not fit is a note, not a refusal: the run then loses the steps since its last one."""
+    from training import contract as tc
+
+    from raytrain_eks.planning.memory_estimate import lora_adapter_params, lora_options
+
+    g = env.gpu_group(job.parallel.node_group)
+    if not g.spot:
+        return []
+    lora = lora_options(job)  # a LoRA checkpoint holds the adapters only (the frozen base is not stored)
+    total = (lora_adapter_params(shapes, lora) if lora is not None else shapes.num_params()) * 12
+    per_node = total if job.parallel.strategy == "hybrid_shard" else total / max(1, job.num_nodes)
+    slow, fast = (per_node / 1e9 / rate for rate in NOTICE_UPLOAD_GBPS)
+    budget = tc.NOTICE_CHECKPOINT_SECONDS
+    fits = slow <= budget
+    return [Check(name="spot notice", ok=True, note=True, message=(
+        f"a checkpoint of ~{per_node / 1e9:.1f} GB per node takes ~{slow:.0f}-{fast:.0f} s to S3 (assumed "
+        f"{NOTICE_UPLOAD_GBPS[0]:g}-{NOTICE_UPLOAD_GBPS[1]:g} GB/s per node); the notice leaves {budget} s: "
+        + ("it fits, a reclaim loses no step" if fits else
+           "it may not fit: a reclaim then loses the steps since the last periodic checkpoint "
+           f"(checkpoint.every_n_steps = {job.checkpoint.every_n_steps})")))]
+
+
+def slow_step_s(plan: Plan) -> float:
+    """The SLOW end of the plan's predicted step: the prediction's range (:func:`prediction_range`),
+    the step model's range (a measured trace), the measured plan's range over the published rates,
+    else the estimate's one figure; the slowest of those the plan has."""
+    ends = [plan.estimate.get("step_s") or 0.0, (plan.estimate.get("step_range") or (0.0,))[0]]
+    if plan.measured:
+        ends.append(plan.measured.get("range_s", [0.0, 0.0])[1])
+        if plan.measured.get("range"):
+            ends.append(plan.measured["range"]["step_s"][1])
+    return max(ends)
+
+
+CHECKPOINT_BYTES_PER_S = 1e9
+"""ASSUMED: one checkpoint's stall and write, per GPU's shard (its bf16 weights and fp32 AdamW
+state), at 1 GB/s (device-to-host staging and local disk; the upload to S3 runs behind later
+steps)."""
+EXPORT_BYTES_PER_S = 100e6
+"""ASSUMED: the export's gather, safetensors write and upload of the whole model (bf16) at 100 MB/s."""
+EVAL_FORWARD_SHARE = 1 / 3
+"""An evaluation batch is a forward pass: a third of a training micro batch's forward + backward
+(the same 3x the FLOPs model uses)."""
+
+
+def run_minutes(job: JobConfig, step_s: float, params: int) -> dict[str, float]:
+    """The run's minutes, term by term, at ``step_s`` a step: the steps, the evaluations (before,
+    every ``eval.every_n_steps`` and after), the checkpoints (every ``checkpoint.every_n_steps``, every
+    ``checkpoint.every_minutes`` and the final one), the export and the GPU nodes' start."""
+    from environment.addons import SCALE_UP_MINUTES
+
+    steps = job.train.max_steps * step_s / 60
+    evals = 2 + (job.train.max_steps // job.eval.every_n_steps if job.eval.every_n_steps else 0)
+    eval_s = step_s * EVAL_FORWARD_SHARE * min(job.eval.max_batches, job.grad_accum_steps) / max(job.grad_accum_steps, 1)
+    k = job.checkpoint
+    saves = 1 + (job.train.max_steps // k.every_n_steps if k.every_n_steps else 0)
+    if k.every_minutes:
+        saves += int(steps // k.every_minutes)
+    save_s = params * 14 / max(job.parallel.num_workers, 1) / CHECKPOINT_BYTES_PER_S  # bf16 weights + fp32 AdamW
+    export_s = params * 2 / EXPORT_BYTES_PER_S if k.export_hf else 0.0
+    return {"steps": steps, "evaluations": evals * eval_s / 60, "checkpoints": saves * save_s / 60,
+            "export": export_s / 60, "start": SCALE_UP_MINUTES}
+
+
+def deadline_check(job: JobConfig, step_s: float, params: int) -> Check:
+    """The run at the SLOW end of its predicted step, plus its evaluations, checkpoints, export
+    and the nodes' start, against ``rayjob.active_deadline_minutes`` less the final checkpoint's
+    stop wait. KubeRay never retries a RayJob that hit its deadline (v1.7.0
+    ``rayjob_controller.go`` ``checkBackoffLimitAndUpdateStatusIfNeeded``: DeadlineExceeded is
+    exempt from ``backoffLimit``): a run that does not fit ends without its final evaluation and
+    export, every time. The fix is named: fewer steps, a longer deadline, or a chain of runs."""
+    from training.deadlines import run_time_limit_seconds
+
+    terms = run_minutes(job, step_s, params)
+    total = sum(terms.values())
+    limit = run_time_limit_seconds(job.rayjob.active_deadline_minutes, job.checkpoint.sigterm_grace_seconds) / 60
+    parts = ", ".join(f"{name} {value:.0f}" for name, value in terms.items())
+    fits_steps = _most_steps(job, step_s, params, limit)
+    if total <= limit:
+        return Check(name="deadline", ok=True, message=(
+            f"{total:.0f} min at the slow end ({step_s:.2f} s/step; {parts} min; checkpoint and export rates ASSUMED) "
+            f"fits rayjob.active_deadline_minutes = {job.rayjob.active_deadline_minutes} ({limit:.0f} min after the stop wait)"))
+    need = int(-(-(total * 60 + (job.rayjob.active_deadline_minutes * 60 - limit * 60)) // 60))
+    return Check(name="deadline", ok=False, message=(
+        f"the run takes {total:.0f} min at the slow end of its predicted step ({step_s:.2f} s/step; {parts} min; "
+        f"checkpoint and export rates ASSUMED) but rayjob.active_deadline_minutes = {job.rayjob.active_deadline_minutes} "
+        f"ends it at {limit:.0f} min, without its final evaluation and export (KubeRay never retries a deadline): "
+        f"set train.max_steps <= {fits_steps}, or rayjob.active_deadline_minutes >= {need}, or run it as a chain "
+        f"of resumed runs (submit --resume RUN with a higher train.max_steps)"))
+
+
+def _most_steps(job: JobConfig, step_s: float, params: int, limit: float) -> int:
+    """The most ``train.max_steps`` whose run (:func:`run_minutes`) fits ``limit`` minutes."""
+    from dataclasses import replace
+
+    def fits(steps: int) -> bool:
+        return sum(run_minutes(replace(job, train=replace(job.train, max_steps=steps)), step_s, params).values()) <= limit
+
+    low, high = 0, job.train.max_steps
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
+def _check_plan_search(plan: Plan, shapes, group) -> list[Check]:
+    """The plan search (raytrain_eks/planning/plan_search.py) for this job on its node group: a
+    note naming the fastest plan that fits when it is not the job's own; with ``parallel.plan =
+    "auto"`` the job runs the search's pick (submit hands its settings over as overrides)."""
+    from raytrain_eks.planning import plan_search
+
+    job = plan.job
+    plan.search = found = plan_search.search(job, shapes, group)
+    chosen, written = found.chosen, found.written
+    if chosen is None:
+        return [Check(name="plan search", ok=True, note=True,
+                      message="no plan whose memory was measured fits: bench/bench_plan_search.py --measure measures them")]
+    if written is not None and chosen.candidate == written.candidate:
+        return [Check(name="plan search", ok=True, note=True,
+                      message=f"the job's plan is the fastest that fits: {chosen.range_text()}")]
+    sets = plan_search.overrides(job, chosen.job)
+    was = written.range_text() if written else "not priced"
+    if job.parallel.plan == "auto":
+        return [Check(name="plan search", ok=True, note=True,
+                      message=f"parallel.plan = 'auto': runs {chosen.candidate.label()} ({chosen.range_text()}) instead "
+                              f"of the file's plan ({was}): {' '.join(sets)}")]
+    return [Check(name="plan search", ok=True, note=True,
+                  message=f"{chosen.candidate.label()} is faster at the slow end ({chosen.range_text()}; the file's: "
+                          f"{was}): set {', '.join(sets)} or parallel.plan = \"auto\"")]
+
+
+def auto_plan_overrides(env: Environment, job: JobConfig) -> list[str]:
+    """For a GPU job with ``parallel.plan = "auto"``: the ``section.key=value`` overrides that
+    turn it into the plan search's pick ([] when it is already the pick, when no measured plan
+    fits, or when the model's shapes cannot be read here). Submit applies them before sizing."""
+    from raytrain_eks.planning import plan_search
+
+    if not (job.parallel.use_gpu and job.parallel.plan == "auto"):
+        return []
+    try:
+        shapes, _ = shapes_for_job(job)
+    except ShapesUnknown:
+        return []
+    found = plan_search.search(job, shapes, env.gpu_group(job.parallel.node_group))
+    return plan_search.overrides(job, found.chosen.job) if found.chosen else []
 
 
 def _offload_check(job: JobConfig, group, required, host_per_node: int) -> Check:
@@ -318,6 +508,44 @@ def measured_time(hand: dict, measured: dict, job: JobConfig) -> dict:
             "run_usd": (hours + hand["overhead_h"]) * hand["hourly_usd"]}
 
 
+SLOW_MFU_FRACTION = 0.6
+"""Where no step model covers a plan (no measured plan, or none with a traced micro batch), the
+hand model's range runs from the stated MFU (fast end) down to this fraction of it (slow end):
+ASSUMED; the step model's ranges of the shipped plans span about 0.7 of their fast end."""
+
+
+def prediction_range(plan: Plan, hand: dict, group) -> dict:
+    """The step, MFU, run time and cost as ranges, slow end first, and where they come from: the
+    step model's range where the plan was measured and its micro batch traced; else the measured
+    plan's prediction at the ends of the published rates; else the hand model between the stated
+    MFU and :data:`SLOW_MFU_FRACTION` of it (assumed). ``bound``: what limits the slow end."""
+    from raytrain_eks.planning.plan_search import dominant
+
+    job = plan.job
+    written = getattr(plan.search, "written", None)
+    # the search's price of the job's own plan: the step model with LoRA's trained parameters
+    # and offload's host terms; else the measured plan's range
+    rng = (written.prediction if written is not None and written.prediction else None) or (plan.measured or {}).get("range")
+    if rng:
+        (fast, slow), (mfu_slow, mfu_fast) = rng["step_s"], rng["mfu"]
+        source, bound = "step model (raytrain_eks/planning/step_model.py)", dominant(rng, job.parallel.strategy, job.num_nodes)
+    elif plan.measured:
+        fast, slow = plan.measured["range_s"]
+        point = plan.measured["prediction"]
+        mfu_fast, mfu_slow = point["mfu"] * point["step_s"] / fast, point["mfu"] * point["step_s"] / slow
+        source, bound = "the measured plan at the ends of the published rates", plan.estimate.get("bound", "")
+    else:
+        fast, slow = hand["step_s"], hand["compute_s"] / SLOW_MFU_FRACTION + hand["exposed_network_s"]
+        mfu_fast, mfu_slow = hand["effective_mfu"], hand["effective_mfu"] * fast / slow
+        source, bound = (f"the hand model at MFU {hand['mfu']:.2f}-{hand['mfu'] * SLOW_MFU_FRACTION:.2f} (ASSUMED)",
+                         hand["bound"])
+    hours = [job.train.max_steps * s / 3600 for s in (slow, fast)]
+    return {"step_range": (slow, fast), "mfu_range": (mfu_slow, mfu_fast), "range_source": source,
+            "range_bound": bound, "run_hours_range": tuple(hours),
+            "run_usd_range": tuple((h + hand["overhead_h"]) * hand["hourly_usd"] for h in hours),
+            "tokens_per_hour_range": tuple(job.tokens_per_step / s * 3600 for s in (slow, fast))}
+
+
 def render(plan: Plan) -> str:
     """The human report: checks, memory breakdown, time and cost."""
     job, env = plan.job, plan.env
@@ -341,8 +569,8 @@ def render(plan: Plan) -> str:
             if plan.estimate:  # the same run overheads and prices as the time and cost below
                 e, hours = plan.estimate, [job.train.max_steps * s / 3600 for s in plan.measured["range"]["step_s"]]
                 usd = [(h + e["overhead_h"]) * e["hourly_usd"] for h in hours]
-                lines.append(f"    run            {hours[0] * 60:.1f}-{hours[1] * 60:.1f} min of steps, {usd[0]:.2f}-{usd[1]:.2f} USD "
-                             f"over this range")
+                lines.append(f"    run            {hours[1] * 60:.1f}-{hours[0] * 60:.1f} min of steps, {usd[1]:.2f}-{usd[0]:.2f} USD "
+                             f"over this range (slow-fast)")
         elif not job.parallel.cpu_offload:  # measured, but no trace of its micro batch
             lines += step_model.missing(plan.job, plan.measured)
     if plan.estimate:
@@ -350,11 +578,9 @@ def render(plan: Plan) -> str:
         if e.get("source") == "measured":
             p = plan.measured["prediction"]
             lines += [
-                f"time and cost from the measured plan's predicted step (above); the hand model at MFU "
-                f"{e['mfu']:.2f} would say {e['hand_step_s']:.2f} s/step",
-                f"  compute          {e['compute_s']:.2f} s/step (FLOPs executed at {p['sustained_fraction']:.0%} of "
-                f"peak {e['peak_tflops']:g} TFLOP/s bf16 per GPU)",
-                f"  collectives      {e['exposed_network_s']:.2f} s/step not hidden by compute (PCIe "
+                f"time and cost from the measured plan (above); the hand model at MFU "
+                f"{e['mfu']:.2f} would say {e['hand_step_s']:.2f} s/step (its fast end)",
+                f"  collectives      {e['exposed_network_s']:.2f} s/step not hidden by compute at the published rates' fast end (PCIe "
                 f"{p['pcie_bytes_per_gpu'] / 1e9:.1f} GB per GPU at {p['pcie_gbytes_per_s']:g} GB/s, EFA "
                 f"{p['efa_bytes_per_node'] / 1e9:.1f} GB per node over {e['network_gbps']} Gbit/s, per step)",
                 f"  strategies       the hand model at MFU {e['mfu']:.2f}:",
@@ -371,17 +597,25 @@ def render(plan: Plan) -> str:
             ]
         for o in plan.strategies:
             mark = "*" if o["strategy"] == job.parallel.strategy else " "
+            slow = o["compute_s"] / SLOW_MFU_FRACTION + o["exposed_network_s"]
             lines.append(f"  {mark} {o['strategy']:<14} network {o['network_s']:5.2f} s ({o['exposed_network_s']:.2f} exposed), "
-                         f"step {o['step_s']:5.2f} s, "
+                         f"step {slow:5.2f}-{o['step_s']:.2f} s, "
                          f"memory {o['required_bytes'] / GIB:5.1f} GiB{'' if o['fits'] else ' (does not fit)'}")
+        (slow, fast), (mfu_slow, mfu_fast) = e["step_range"], e["mfu_range"]
+        (h_slow, h_fast), (usd_slow, usd_fast) = e["run_hours_range"], e["run_usd_range"]
         lines += [
-            f"  step             {e['step_s']:.2f} s ({e['bound']}-bound; effective MFU {e['effective_mfu']:.2f}); "
-            f"{e['tokens_per_hour'] / 1e6:.2f} M tokens/hour",
-            f"  run              {job.train.max_steps} steps = {e['run_hours']:.2f} h + {e['overhead_h'] * 60:.0f} min of "
-            f"GPU nodes scaling up from zero and idling before removal; ~{e['run_usd']:.2f} USD at "
+            f"  step             {slow:.2f}-{fast:.2f} s (slow-fast; limited by {e['range_bound']} at the slow end; "
+            f"MFU {mfu_slow:.2f}-{mfu_fast:.2f}); {e['tokens_per_hour_range'][0] / 1e6:.2f}-"
+            f"{e['tokens_per_hour_range'][1] / 1e6:.2f} M tokens/hour; from {e['range_source']}",
+            f"  run              {job.train.max_steps} steps = {h_slow:.2f}-{h_fast:.2f} h + {e['overhead_h'] * 60:.0f} min of "
+            f"GPU nodes scaling up from zero and idling before removal; ~{usd_slow:.2f}-{usd_fast:.2f} USD at "
             f"{e['hourly_usd']:.2f} USD/h for all nodes (evaluation and checkpoint uploads extra)",
             f"  idle             {e['idle_hourly_usd']:.2f} USD/h with no job (GPU groups at min_nodes)",
         ]
+    if plan.search is not None:
+        from raytrain_eks.planning import plan_search
+
+        lines += plan_search.render(plan.search, job)
     lines += pull_lines(env)  # the image each GPU node pulls as it scales up for this job
     if plan.placements:
         from raytrain_eks.planning.fit import render as render_fit

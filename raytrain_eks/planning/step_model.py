@@ -59,27 +59,31 @@ def load_traces(path: Path | None = None) -> list[dict]:
 
 
 def find_trace(traces: list[dict], *, model: str, kind: str, seq_len: int, micro_batch_size: int,
-               activation_checkpointing: bool = False) -> dict | None:
+               activation_checkpointing: bool = False, lora: dict | None = None) -> dict | None:
     """The trace of exactly this micro batch, or None. Checkpointing is part of the key: it runs
     every block's forward again in backward (about a third more GEMMs and element-wise bytes),
     so a trace without it would predict a checkpointed job too fast. A trace without the key
-    was made without checkpointing."""
+    was made without checkpointing. ``lora`` (:func:`raytrain_eks.planning.measured_plan.lora_key`):
+    a LoRA step computes no weight gradient of the frozen base (a third fewer GEMM FLOPs) and its
+    MFU counts the FLOPs LoRA executes (training/flops.py ``lora_training_flops_per_token``)."""
     for trace in traces:
         if (trace["model"], trace["kind"], trace["seq_len"], trace["micro_batch_size"],
-                trace.get("activation_checkpointing", False)) == (
-                model, kind, seq_len, micro_batch_size, activation_checkpointing):
+                trace.get("activation_checkpointing", False), trace.get("lora")) == (
+                model, kind, seq_len, micro_batch_size, activation_checkpointing, lora):
             return trace
     return None
 
 
-def _fsdp_bytes(params: int, shard: int, *, gathers: bool) -> float:
+def _fsdp_bytes(params: int, shard: int, *, gathers: bool, trained: int | None = None) -> float:
     """Bytes FSDP2 moves through memory in one micro batch besides the model's kernels: the
-    bf16 gradients cast into the fp32 reduce-scatter input (2 + 4 bytes per parameter), the
-    output added to the held-back sum (3 x 4 per local parameter); with a gather, the fp32 shard
-    cast to bf16 (4 + 2 per local parameter) and the gathered buffer copied out to the
-    parameters (2 x 2 per parameter)."""
+    bf16 gradients cast into the fp32 reduce-scatter input (2 + 4 bytes per trained parameter;
+    local accumulation's add to the unsharded fp32 sum moves as much), the output added to the
+    held-back sum (3 x 4 per local trained parameter); with a gather, the fp32 shard cast to
+    bf16 (4 + 2 per local parameter) and the gathered buffer copied out to the parameters
+    (2 x 2 per parameter). ``trained``: LoRA's adapters (None: every parameter)."""
+    trained = params if trained is None else trained
     local = params / shard
-    moved = 6 * params + 12 * local
+    moved = 6 * trained + 12 * trained / shard
     return moved + (6 * local + 4 * params if gathers else 0)
 
 
@@ -108,15 +112,18 @@ def _comm_s(entries: list[dict], which: str, kind: str, strategy: str, cluster: 
 
 
 def _bound(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, f: Figures, end: str,
-           last_backward_lever: bool) -> dict:
-    """Every term at one end of the range (``end`` = "low": fast rates, "high": slow rates)."""
+           last_backward_lever: bool, objective_factor: float = 1.0) -> dict:
+    """Every term at one end of the range (``end`` = "low": fast rates, "high": slow rates).
+    ``objective_factor``: the model's own work per micro batch against the traced (next-token)
+    one: DPO's reference forward makes it 4/3 (training/flops.py ``objective_factor``)."""
     fast = end == "low"
     pick = (lambda lo, hi: hi) if fast else (lambda lo, hi: lo)  # the faster rate is the higher one
-    gemm_s = sum(count * 2 * m * n * k / (pick(*f.gemm_rate(m, n, k)) * 1e12) for m, n, k, count in trace["gemms"])
-    attention_s = trace["attention_flops"] / 2 / (pick(f.gemm.low, f.gemm.high) * 1e12)
+    gemm_s = objective_factor * sum(count * 2 * m * n * k / (pick(*f.gemm_rate(m, n, k)) * 1e12)
+                                    for m, n, k, count in trace["gemms"])
+    attention_s = objective_factor * trace["attention_flops"] / 2 / (pick(f.gemm.low, f.gemm.high) * 1e12)
     memory = pick(f.memory.low, f.memory.high) * 1e9
     floor = 0.0 if fast else trace["kernels"] * f.kernel_floor_us.high * 1e-6
-    elementwise_s = trace["elementwise_bytes"] / memory + floor
+    elementwise_s = objective_factor * (trace["elementwise_bytes"] / memory + floor)
     strategy, accum = measured["strategy"], measured["grad_accum_steps"]
     shard = cluster.gpus_per_node if strategy == "hybrid_shard" else cluster.world_size
     params = shapes.num_params()
@@ -133,7 +140,7 @@ def _bound(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, f
     for which in ("first", "middle", "last"):
         weight = max(0, accum - 2) if which == "middle" else 1
         gather_s = _comm_s(entries, which, "all_gather", strategy, cluster, pcie, efa)
-        fsdp_s = _fsdp_bytes(params, shard, gathers=gather_s > 0) / memory
+        fsdp_s = _fsdp_bytes(params, shard, gathers=gather_s > 0, trained=measured.get("trainable_params")) / memory
         compute = gemm_s + attention_s + elementwise_s + fsdp_s
         forward, backward = compute / 3, 2 * compute / 3
         reduce_s = _comm_s(entries, which, "reduce_scatter", strategy, cluster, pcie, efa)
@@ -151,21 +158,24 @@ def _bound(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, f
                             ("fsdp_copies_s", fsdp_s), ("forward_gathers_s", exposed_gather),
                             ("backward_reduce_scatters_s", exposed_reduce), ("step_all_reduce_s", exposed_all_reduce)):
             terms[name] += weight * value
-    terms["optimizer_s"] = _optimizer_bytes(params, shard) / memory
+    # the GPU's AdamW over the trained parameters; under cpu_offload it runs on the host (a term
+    # of its own: raytrain_eks/planning/plan_search.py host_terms)
+    trained = measured.get("trainable_params") or params
+    terms["optimizer_s"] = 0.0 if measured.get("cpu_offload") else _optimizer_bytes(trained, shard) / memory
     step_s = sum(terms.values())
-    model_flops = accum * trace["model_flops"]
+    model_flops = accum * trace["model_flops"] * objective_factor
     return {**terms, "step_s": step_s, "mfu": model_flops / (step_s * f.peak_tflops * 1e12)}
 
 
 def predict(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, figures: Figures, *,
-            last_backward_lever: bool = True) -> dict:
+            last_backward_lever: bool = True, objective_factor: float = 1.0) -> dict:
     """The step's time and MFU as ranges, every term at both ends, and which figures are assumed.
 
     ``measured`` is a row of :mod:`raytrain_eks.planning.measured_plan` with ``grad_accum_steps``;
     ``last_backward_lever``: the job sets ``is_last_backward`` False on non-last micro batches
     (training/parallel.py does)."""
-    low = _bound(trace, measured, cluster, shapes, figures, "low", last_backward_lever)
-    high = _bound(trace, measured, cluster, shapes, figures, "high", last_backward_lever)
+    low = _bound(trace, measured, cluster, shapes, figures, "low", last_backward_lever, objective_factor)
+    high = _bound(trace, measured, cluster, shapes, figures, "high", last_backward_lever, objective_factor)
     return {"step_s": (round(low["step_s"], 3), round(high["step_s"], 3)),
             "mfu": (round(high["mfu"], 4), round(low["mfu"], 4)),  # (slow end's, fast end's)
             "terms": {k: (round(low[k], 3), round(high[k], 3)) for k in low if k not in ("step_s", "mfu")},
@@ -198,7 +208,7 @@ def render(prediction: dict) -> list[str]:
     """The preflight's lines for a prediction."""
     (lo, hi), (mfu_lo, mfu_hi) = prediction["step_s"], prediction["mfu"]
     terms = ", ".join(f"{k.removesuffix('_s')} {a:.2f}-{b:.2f}" for k, (a, b) in prediction["terms"].items())
-    lines = [f"  step range       {lo:.2f}-{hi:.2f} s, MFU {mfu_lo:.2f}-{mfu_hi:.2f} (raytrain_eks/planning/step_model.py)",
+    lines = [f"  step range       {hi:.2f}-{lo:.2f} s (slow-fast), MFU {mfu_lo:.2f}-{mfu_hi:.2f} (raytrain_eks/planning/step_model.py)",
              f"    terms (s)      {terms}"]
     lines += [f"    {name:<14} {text}" for name, text in prediction["sources"].items()]
     if prediction["assumed"]:
@@ -209,12 +219,29 @@ def render(prediction: dict) -> list[str]:
     return lines
 
 
-def _trace_key(job, model: str) -> dict | None:
+def trace_key(job, model: str) -> dict | None:
     """The trace key of ``job``'s micro batch (None for data the step model has no trace kind of)."""
-    kind = {"chat": "chat", "synthetic": "synthetic"}.get(job.data.kind)
+    from raytrain_eks.planning.measured_plan import lora_key
+    from raytrain_eks.planning.memory_estimate import lora_options
+
+    # preference pairs are packed like conversations (whole documents, best fit): the chat trace
+    kind = {"chat": "chat", "preference": "chat", "synthetic": "synthetic"}.get(job.data.kind)
+    lora = lora_options(job)
     return kind and {"model": model, "kind": kind, "seq_len": job.train.seq_len,
                      "micro_batch_size": job.train.micro_batch_size,
-                     "activation_checkpointing": job.parallel.activation_checkpointing}
+                     "activation_checkpointing": job.parallel.activation_checkpointing,
+                     "lora": lora_key(lora) if lora is not None else None}
+
+
+def with_terms(prediction: dict, extra: dict[str, tuple[float, float]]) -> dict:
+    """``prediction`` with more terms (fast, slow seconds) added to the step and the MFU scaled
+    to the longer step (the same model FLOPs)."""
+    (lo, hi), (mfu_slow, mfu_fast) = prediction["step_s"], prediction["mfu"]
+    add_lo, add_hi = sum(v[0] for v in extra.values()), sum(v[1] for v in extra.values())
+    new_lo, new_hi = lo + add_lo, hi + add_hi
+    return {**prediction, "step_s": (round(new_lo, 3), round(new_hi, 3)),
+            "mfu": (round(mfu_slow * hi / new_hi, 4), round(mfu_fast * lo / new_lo, 4)),
+            "terms": {**prediction["terms"], **{k: (round(a, 3), round(b, 3)) for k, (a, b) in extra.items()}}}
 
 
 def for_job(job, shapes: ModelShapes, measured: dict, cluster: Cluster, gpu: str, network_gbps: float,
@@ -224,21 +251,22 @@ def for_job(job, shapes: ModelShapes, measured: dict, cluster: Cluster, gpu: str
     chat data (packed conversations) or synthetic; None otherwise (:func:`missing` says why)."""
     from raytrain_eks.planning.gpu_figures import figures_for
 
-    key = _trace_key(job, measured["model"])
+    key = trace_key(job, measured["model"])
     trace = key and find_trace(load_traces() if traces is None else traces, **key)
     if not trace:
         return None
     row = {**measured, "grad_accum_steps": measured["prediction"]["grad_accum_steps"]}
     # training/parallel.py pulls the lever only where parameters stay gathered between micro batches
     return predict(trace, row, cluster, shapes, figures_for(gpu, network_gbps),
-                   last_backward_lever=job.parallel.keep_params_gathered)
+                   last_backward_lever=job.parallel.keep_params_gathered,
+                   objective_factor=flops.objective_factor(job.train.objective))
 
 
 def missing(job, measured: dict, traces: list[dict] | None = None) -> list[str]:
     """The preflight's one line where a measured plan has no range because no trace of its micro
     batch was recorded (its sequence, micro batch or checkpointing), never a range from another
     key's trace; nothing where the data kind has no trace at all or a trace exists."""
-    key = _trace_key(job, measured["model"])
+    key = trace_key(job, measured["model"])
     if not key or find_trace(load_traces() if traces is None else traces, **key):
         return []
     return [f"  step range       none: {TRACES.name} has no trace of {key['model']} {key['kind']} seq_len = "
@@ -294,7 +322,8 @@ def estimate_time(env: Environment, job: JobConfig, shapes: flops.ModelShapes, m
     g = env.gpu_group(job.parallel.node_group)
     strategy = strategy or job.parallel.strategy
     peak = g.instance.gpu_bf16_tflops
-    per_token = flops.training_flops_per_token(shapes, job.train.seq_len)
+    # DPO's reference forward: 4/3 the FLOPs of a trained token (training/flops.py objective_factor)
+    per_token = flops.training_flops_per_token(shapes, job.train.seq_len) * flops.objective_factor(job.train.objective)
     per_step = per_token * job.tokens_per_step
     compute_s = per_step / (job.parallel.num_workers * peak * 1e12 * mfu)
     # FSDP gathers parameters in the compute dtype (bf16 on GPU); gradients are reduced in fp32

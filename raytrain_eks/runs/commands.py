@@ -1,278 +1,20 @@
 """The commands acting on a submitted run: ``status``, ``logs``, ``stop`` and ``list``, each a
 class with the ``add_arguments(parser)`` and ``run(args)`` pair raytrain_eks/cli.py calls.
 
-A local run (``submit --local``) is answered by its own Ray head while it runs, then by the
-records it copied out. Its Ray head and storage live as long as its submit. While it runs,
-``local.json`` in its results folder (``.work/runs/<run>/``, written once the head is up,
-readable by this user only: it holds the head's token) names the submit's process and the head's
-dashboard, so the commands ask the head itself (Ray's ``JobSubmissionClient``: status, logs,
-``stop_job``). Once the submit has ended, the folder holds what it copied out: ``ray_job.json``
-(the Ray job's final status), ``run.json`` (the verdict) and ``logs/driver.log``. No kubectl, no
-cluster. An EKS run is answered by its RayJob (KubeRay's status) through kubectl.
-
-Stopping an EKS run (``stop``, and a deadline's release in ``status`` and ``submit``): its Ray job
-is stopped through its own head, and waited for until terminal, BEFORE its RayJob is deleted
-(:func:`stop_ray_job_first`). Deleting the RayJob alone is not enough on a run's OWN cluster:
-KubeRay v1.7.0's finalizer calls the dashboard's StopJob, which returns at once, and removes the
-finalizer in the same reconcile (``ray-operator/controllers/ray/rayjob_controller.go:112-138``); the
-RayCluster the RayJob owns is then deleted, and each Ray container's PID 1 (``ray start --block``)
-drains for at most ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S`` = 30 s on SIGTERM (ray 2.58
-``_private/ray_constants.py:40``, ``_private/node.py:629-664``) before the driver dies: the final
-checkpoint would get ~30 s, not the job's stop wait. ``ray job stop`` in the head container asks the
-job supervisor to stop the job and polls until it is STOPPED/SUCCEEDED/FAILED (ray 2.58
-``dashboard/modules/job/cli.py:448-466``), so the job's own stop wait (``RAY_JOB_STOP_WAIT_TIME_S``,
-charts/ray_charts.py) runs in full. A ``clusterSelector`` cluster outlives the RayJob: KubeRay's StopJob
-suffices there.
+A local run is answered by its own Ray head while its submit runs, then by the records it
+copied out (raytrain_eks/backends/local.py); an EKS run by its RayJob (KubeRay's status) through
+kubectl, its Ray job stopped through its head before its RayJob goes
+(raytrain_eks/backends/eks.py :func:`~raytrain_eks.backends.eks.stop_ray_job_first`).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterator
 
-from raytrain_eks.backends.eks import DEADLINE_REASONS, EXIT_UNREACHABLE, TERMINAL_JOB_STATUSES, kubectl
-
-ROOT = Path(__file__).resolve().parents[2]
-RUNS_DIR = ROOT / ".work" / "runs"
-"""Where ``submit`` puts each run's results by default (``--out`` elsewhere: not found by name)."""
-LIVE = "local.json"
-FINAL = "ray_job.json"
-
-
-def register(out_dir: Path, *, run: str, submission_id: str, dashboard_url: str, auth_env: dict[str, str],
-             services: dict[str, str]) -> None:
-    """Write ``<out_dir>/local.json`` for the run commands (mode 0600: the head's token is in it).
-    ``services``: where the run's head and storage ran (their temp dir and address name every
-    process they started), kept after the run."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / LIVE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"run": run, "pid": os.getpid(), "pid_started": _started(os.getpid()), "submission_id": submission_id, "dashboard_url": dashboard_url,
-                   "auth_env": auth_env, **services}, handle, indent=2)
-
-
-KEPT = ("run", "submission_id", "ray_temp_dir", "storage_endpoint")
-"""What ``local.json`` keeps once the submit has ended (no process, no token)."""
-
-
-def unregister(out_dir: Path) -> None:
-    """The submit has ended: ``local.json`` keeps :data:`KEPT` only."""
-    path = out_dir / LIVE
-    if path.is_file():
-        live = json.loads(path.read_text(encoding="utf-8"))
-        path.write_text(json.dumps({k: live[k] for k in KEPT if k in live}, indent=2) + "\n", encoding="utf-8")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LocalRun:
-    """One local run's folder, and its live head while its submit runs."""
-    run: str
-    folder: Path
-    live: dict[str, Any] | None
-    """``local.json`` while the submit that owns the head is alive; else None."""
-
-    @property
-    def final(self) -> dict[str, Any]:
-        path = self.folder / FINAL
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-    @property
-    def record(self) -> dict[str, Any]:
-        path = self.folder / "run.json"
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def _started(pid: int) -> str | None:
-    """When process ``pid`` started, in clock ticks since boot (proc(5): ``/proc/PID/stat``
-    field 22, counted after the parenthesised command name); None where there is no /proc."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _alive(pid: int, started: str | None) -> bool:
-    """``pid`` is the submit that wrote ``local.json``: alive, and (where /proc tells) started
-    when it was; a reused pid is another process."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return started is None or _started(pid) in (None, started)
-
-
-def find(run: str, runs_dir: Path | None = None) -> LocalRun | None:
-    """The local run ``run`` (its folder holds ``local.json``), or None: not a local run."""
-    folder = (runs_dir or RUNS_DIR) / run
-    path = folder / LIVE
-    if not path.is_file():
-        return None
-    live = json.loads(path.read_text(encoding="utf-8"))
-    pid = int(live.get("pid", 0))
-    return LocalRun(run=run, folder=folder, live=live if pid and _alive(pid, live.get("pid_started")) else None)
-
-
-def all_runs(runs_dir: Path | None = None) -> Iterator[LocalRun]:
-    """Every local run under ``runs_dir`` (default :data:`RUNS_DIR`), by name."""
-    runs_dir = runs_dir or RUNS_DIR
-    for path in sorted(runs_dir.glob(f"*/{LIVE}")):
-        found = find(path.parent.name, runs_dir)
-        if found is not None:
-            yield found
-
-
-class HeadUnreachable(RuntimeError):
-    """A live local run's Ray head does not answer (it died before its submit): one line, and
-    the CLI exits :attr:`exit_code`, as for a cluster kubectl cannot reach."""
-
-    exit_code = EXIT_UNREACHABLE
-
-
-@contextmanager
-def _client(found: LocalRun) -> Iterator[Any]:
-    """Ray's ``JobSubmissionClient`` for the run's head. A head that does not answer raises the
-    builtin ConnectionError at construction (ray 2.58 ``dashboard/modules/dashboard_sdk.py``
-    ``_check_connection_and_version``: it re-raises requests' ConnectionError so), and requests'
-    own ConnectionError on a later call: both become :class:`HeadUnreachable`."""
-    import requests
-    from ray.job_submission import JobSubmissionClient
-
-    live = found.live or {}
-    # The token goes in the request's header (Ray's client caches RAY_AUTH_MODE per process).
-    token = live["auth_env"].get("RAY_AUTH_TOKEN", "")
-    try:
-        yield JobSubmissionClient(live["dashboard_url"],
-                                  headers={"authorization": f"Bearer {token}"} if token else None)
-    except requests.exceptions.ConnectionError as err:
-        raise HeadUnreachable(_unreachable(found, err)) from None
-    except ConnectionError as err:
-        if isinstance(err, BrokenPipeError):  # our own stdout's reader left: cli.py answers that
-            raise
-        raise HeadUnreachable(_unreachable(found, err)) from None
-
-
-def _unreachable(found: LocalRun, err: Exception) -> str:
-    live = found.live or {}
-    return (f"local run {found.run}: its Ray head at {live.get('dashboard_url')} does not answer "
-            f"({str(err).splitlines()[0] if str(err) else type(err).__name__}), though its submit "
-            f"(pid {live.get('pid')}) runs: wait for that submit to end, or stop it (kill -INT {live.get('pid')})")
-
-
-def local_status(found: LocalRun) -> dict[str, str]:
-    """``{"run", "backend", "status", "verdict", "folder"}``: the head's word while it runs, the
-    copied records after."""
-    from training.verdict import headline, of_record
-
-    if found.live:
-        with _client(found) as client:
-            info = client.get_job_info(found.live["submission_id"])
-        state = f"RUNNING on the local Ray head: Ray job {getattr(info.status, 'value', info.status)}"
-        return {"run": found.run, "backend": "local", "status": state, "verdict": "", "folder": str(found.folder)}
-    final, record = found.final, found.record
-    state = f"ended: Ray job {final['status']}" if final else "ended (its submit stopped before the job did)"
-    return {"run": found.run, "backend": "local", "status": state,
-            "verdict": headline(of_record(record)) if record else "", "folder": str(found.folder)}
-
-
-def local_log(found: LocalRun, *, follow: bool) -> str | None:
-    """The driver's log: from the head while it runs (``follow``: streamed to stdout, returns
-    ""), else the copy in the folder; None when neither exists."""
-    if found.live:
-        with _client(found) as client:
-            if not follow:
-                return client.get_job_logs(found.live["submission_id"])
-            import asyncio
-
-            async def stream() -> None:
-                async for chunk in client.tail_job_logs(found.live["submission_id"]):
-                    sys.stdout.write(chunk)
-                    sys.stdout.flush()
-
-            asyncio.run(stream())
-            return ""
-    path = found.folder / "logs" / "driver.log"
-    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
-
-
-def local_stop(found: LocalRun) -> bool:
-    """Stop the run's Ray job through the head (``JobSubmissionClient.stop_job``: SIGTERM to the
-    driver, SIGKILL after ``RAY_JOB_STOP_WAIT_TIME_S``); its submit then copies what the run
-    wrote and stops the head and the storage. False when the run had already ended."""
-    if not found.live:
-        return False
-    with _client(found) as client:
-        return bool(client.stop_job(found.live["submission_id"]))
-
-
-# An EKS run's Ray job stopped through its head before its RayJob goes.
-
-HEAD_CONTAINER = "ray-head"
-"""The head pod's Ray container (charts/cluster_spec.py ``RAY_CONTAINER_HEAD``)."""
-DASHBOARD = "http://127.0.0.1:8265"
-"""The job API, from inside the head container."""
-MARGIN_S = 60
-"""Beyond the job's stop wait: kubectl exec's start and Ray's 1 s polls."""
-DEFAULT_STOP_WAIT_S = 600
-"""A RayJob whose runtime env names no stop wait (made by hand): a generous bound."""
-
-
-def stop_wait_s(rayjob: dict[str, Any]) -> int:
-    """The job's ``RAY_JOB_STOP_WAIT_TIME_S`` from its runtime env (charts/ray_charts.py sets it)."""
-    import yaml
-
-    env = (yaml.safe_load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "") or {}).get("env_vars") or {}
-    try:
-        return int(env["RAY_JOB_STOP_WAIT_TIME_S"])
-    except (KeyError, TypeError, ValueError):
-        return DEFAULT_STOP_WAIT_S
-
-
-def stop_ray_job_first(rayjob: dict[str, Any], namespace: str, say: Callable[[str], None]) -> None:
-    """On a run's own cluster, once ready, with its Ray job not terminal: ``ray job stop`` in the head
-    container (through KubeRay's head service, ``<cluster>-head-svc``), returning when the job
-    is terminal or its stop wait and :data:`MARGIN_S` have passed. Failing here only says so:
-    the RayJob's deletion (KubeRay's StopJob) still follows."""
-    status, spec = rayjob.get("status") or {}, rayjob.get("spec") or {}
-    # dashboardURL: KubeRay sets it once the cluster is ready (before it, no head to ask); an
-    # empty jobStatus is a job KubeRay has not read yet, which may run all the same
-    if spec.get("clusterSelector") or not status.get("dashboardURL") or status.get("jobStatus") in TERMINAL_JOB_STATUSES:
-        return
-    cluster, job_id = status.get("rayClusterName"), status.get("jobId")
-    if not cluster or not job_id:
-        return
-    bound = stop_wait_s(rayjob) + MARGIN_S
-    say(f"    stopping Ray job {job_id} through its head (final checkpoint; at most {bound} s)")
-    try:
-        proc = kubectl("exec", f"svc/{cluster}-head-svc", "-n", namespace, "-c", HEAD_CONTAINER, "--",
-                       "ray", "job", "stop", "--address", DASHBOARD, job_id, check=False, timeout=bound)
-    except subprocess.TimeoutExpired:
-        say(f"    Ray job {job_id} not stopped within {bound} s: deleting its RayJob anyway")
-        return
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout or "").strip().splitlines()
-        say(f"    ray job stop failed ({lines[-1] if lines else f'exit {proc.returncode}'}): deleting its RayJob anyway")
-
-
-def release_after_deadline(name: str, namespace: str, rayjob: dict[str, Any], say: Callable[[str], None]) -> bool:
-    """Delete a RayJob that failed on a deadline (:data:`DEADLINE_REASONS`); True if it did."""
-    status = rayjob.get("status") or {}
-    if status.get("jobDeploymentStatus") != "Failed" or status.get("reason") not in DEADLINE_REASONS:
-        return False
-    stop_ray_job_first(rayjob, namespace, say)  # its own cluster: a full stop wait, not ~30 s
-    kubectl("delete", "rayjob", name, "-n", namespace, "--wait=false", "--ignore-not-found")
-    say(f"    {status['reason']}: RayJob {name} deleted, so KubeRay stops its Ray job (final checkpoint) "
-        "and its GPUs are freed; its checkpoints stay")
-    return True
+from raytrain_eks.backends import local as local_runs
+from raytrain_eks.backends.eks import release_after_deadline, stop_ray_job_first
+from raytrain_eks.backends.local import all_runs, find, local_log, local_status, local_stop
 
 
 def _print(fields: dict[str, str], output: str) -> None:
@@ -340,8 +82,8 @@ class Status:
 def _stored_log(env, run: str) -> tuple[str | None, str]:
     """(the driver log from the run's storage or None, why not)."""
     from raytrain_eks.runs.results import read_file, s3_client
-    from training.run_record import RUN_LOGS_DIR
-    from training.run_storage import RunStorage
+    from training.run_logs import RUN_LOGS_DIR
+    from training.storage import RunStorage
 
     uri = f"{RunStorage(env.storage_uri).run(run)}/{RUN_LOGS_DIR}/driver.log"
     try:
@@ -397,7 +139,7 @@ class Logs:
             print(f"logs: the cluster does not answer ({unreachable}); reading the stored copy", file=sys.stderr)
         text, why = _stored_log(env, args.run)
         if text is None:
-            copy = RUNS_DIR / args.run / "logs" / "driver.log"
+            copy = local_runs.RUNS_DIR / args.run / "logs" / "driver.log"
             if copy.is_file():
                 print(f"logs: storage not readable ({why}); the copy submit made: {copy}", file=sys.stderr)
                 text = copy.read_text(encoding="utf-8", errors="replace")
@@ -465,6 +207,11 @@ class Stop:
         eks.kubectl("delete", "rayjob", found[0], "-n", namespace, "--cascade=background", "--wait=true")
         policy = ray_cluster_policy(rayjob_label(args.run), namespace)["metadata"]["name"]
         eks.kubectl("delete", "networkpolicy", policy, "-n", namespace, "--ignore-not-found")
+        from environment.contract import ON_CLUSTER_SUFFIX
+
+        if not found[0].endswith(ON_CLUSTER_SUFFIX):  # its own service account's association goes too
+            eks.release_run_identity(eks.eks_api(env.cluster.region), cluster=env.cluster.eks_name,
+                                     namespace=namespace, run=args.run)
         print(f"stopped {args.run}: RayJob deleted (KubeRay stops the Ray job); storage kept: "
               f"{env.storage_uri}/{args.run} (raytrain-eks submit JOB --resume {args.run})")
         return 0

@@ -16,10 +16,25 @@ from typing import Any
 
 from environment.contract import RECORD_IMAGE_RAN
 from training import contract
-from training.run_record import read_json
+from training import incidents
+from training.storage.files import filesystem_for, read_json
 from training.verdict import of_record
 
-COLUMNS = ("run", "started", "image digest", "commit", "job", "verdict", "tokens/s", "eval before -> after")
+COLUMNS = ("run", "started", "image digest", "commit", "job", "verdict", "incidents", "tokens/s", "eval before -> after",
+           "cost")
+
+
+def cost_text(record: dict[str, Any], per_1m_tokens: bool = False) -> str:
+    """run.json ``cost`` as one cell: ``$12.34`` (on-demand), ``~$4.94 est.`` (spot: an
+    estimate), ``$0 (local)``; ``per_1m_tokens``: the cost per 1M tokens trained; ``-`` when
+    the record has none (older records)."""
+    cost = record.get(contract.COST) or {}
+    value = cost.get("usd_per_1m_tokens") if per_1m_tokens else cost.get("usd")
+    if not isinstance(value, (int, float)):
+        return "-"
+    if not any(r.get("usd_per_node_hour") for r in cost.get("node_hours") or []):
+        return f"$0 ({cost.get('price_label') or 'no price'})"
+    return f"~${value:,.2f} est." if cost.get("estimate") else f"${value:,.2f}"
 
 
 def _run_dirs(prefix: str) -> list[str]:
@@ -31,7 +46,7 @@ def _run_dirs(prefix: str) -> list[str]:
         return sorted(str(p.parent) for p in root.glob(f"*/{contract.RECORD_NAME}"))
     from pyarrow import fs
 
-    filesystem, path = fs.FileSystem.from_uri(base)
+    filesystem, path = filesystem_for(base)
     infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
     found = [i.path for i in infos if i.type == fs.FileType.Directory]
     names = {i.path for i in filesystem.get_file_info([f"{p}/{contract.RECORD_NAME}" for p in found])
@@ -64,8 +79,10 @@ def row(run_dir: str, record: dict[str, Any]) -> dict[str, Any]:
         "commit": (commit[:12] + ("+dirty" if source.get("git_dirty") is True else "")) if commit else "-",
         "job": (record.get("job_config") or {}).get("name", ""),
         "verdict": verdict.get("verdict") or "none",
+        "incidents": len(incidents.of_record(record)),  # training/incidents.py: hangs, losses, preemptions
         "tokens/s": (record.get("throughput") or {}).get(contract.TOKENS_PER_S),
         "eval before -> after": (_loss(evals.get("before")), _loss(evals.get("after"))),
+        "cost": cost_text(record),
         "run_dir": run_dir,  # not a column: where the run is (runs --to-mlflow reads it)
     }
 

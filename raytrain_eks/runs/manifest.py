@@ -23,7 +23,7 @@ from pathlib import Path
 
 from charts import ChartError
 from charts.jobs import MAX_RAYJOB_NAME
-from training.run_storage import RunStorage
+from training.storage import RunStorage
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -47,11 +47,13 @@ class RunManifests:
     """The runs' storage (``Environment.storage_uri``: the bucket's prefix or ``file://<shared path>``)."""
     run_uri: str
     """Where the run's records, checkpoints and model land: ``s3://<bucket>/<prefix>/<run>``, or its
-    folder on the spec's shared file system (training/run_storage.py)."""
+    folder on the spec's shared file system (training/storage/__init__.py)."""
     namespace: str
     region: str
     """The environment's region (the bucket's)."""
     on_cluster: str = ""
+    cluster_name: str = ""
+    """The EKS cluster's name (a run's Pod Identity association is made there)."""
 
 
 def check_run_name(name: str, flag: str) -> str:
@@ -105,7 +107,8 @@ def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Pa
                         rayjob=files[chart], network_policy=files[NETWORK_POLICY_CHART],
                         code_path=code.path, code_uri=code.uri(env.bucket_name), storage_uri=env.storage_uri,
                         run_uri=RunStorage(env.storage_uri).run(run),
-                        namespace=env.ray.namespace, region=env.cluster.region, on_cluster=target)
+                        namespace=env.ray.namespace, region=env.cluster.region, on_cluster=target,
+                        cluster_name=env.cluster.eks_name)
 
 
 def main(argv: list[str] | None = None) -> int:

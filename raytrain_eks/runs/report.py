@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training import contract
+from raytrain_eks.runs.listing import cost_text
+from training import contract, incidents
 from training.contract import METRICS_NAME, RECORD_NAME
-from training.run_record import read_json
+from training.storage.files import read_bytes, read_json
 
 PLOTS = (  # file stem, metric key, y label
     ("loss", contract.LOSS, "training loss"),
@@ -48,9 +49,9 @@ PLOTS = (  # file stem, metric key, y label
     ("tokens_per_s", contract.TOKENS_PER_S, "tokens/s (all devices)"),
     ("mfu", contract.MFU, "MFU"),
 )
-RUNTIME = ("transport", "hosts", "ranks", "nccl_logs")
+RUNTIME = ("transport", "hosts", "ranks", "nccl_logs", "attempts", "incidents")
 OUTCOMES = ("status", "exit_code", "error", "throughput", "eval", "checkpoints", "duration_s", "verdict", "failure",
-            "reproducibility")
+            "reproducibility", "cost")
 IDENTITY = ("run_dir", "start_time", "end_time")
 
 
@@ -74,13 +75,7 @@ class Run:
 
 
 def _read_text(uri: str) -> str:
-    if "://" not in uri or uri.startswith("file://"):
-        return Path(uri.removeprefix("file://")).read_text(encoding="utf-8")
-    from pyarrow import fs
-
-    filesystem, path = fs.FileSystem.from_uri(uri)
-    with filesystem.open_input_stream(path) as stream:
-        return stream.read().decode("utf-8")
+    return read_bytes(uri).decode("utf-8")
 
 
 def by_step(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
@@ -292,7 +287,7 @@ def predicted_step_text(value: Any) -> str | None:
     if not isinstance(value, dict) or value.get("label") != "predicted" or not value.get("step_s"):
         return None
     (lo, hi), mfu = value["step_s"], value.get("mfu") or []
-    text = f"predicted {lo:.2f}-{hi:.2f} s"
+    text = f"predicted {hi:.2f}-{lo:.2f} s (slow-fast)"
     if mfu:
         text += f", MFU {100 * min(mfu):.1f}-{100 * max(mfu):.1f}%"
     assumed = value.get("assumed")
@@ -302,9 +297,33 @@ def predicted_step_text(value: Any) -> str | None:
     return f"{text} (raytrain_eks/planning/step_model.py; {basis})"
 
 
-def _summary_rows(run: Run) -> list[tuple[str, Any]]:
-    from raytrain_eks.runs.netcheck_results import summary_text as netcheck_summary
+def node_hours_text(record: dict[str, Any]) -> str | None:
+    """``2.000 h g6.12xlarge spot at $1.84/h (spot estimate ...)``, one entry per type and capacity."""
+    rows = (record.get(contract.COST) or {}).get("node_hours") or []
+    return "; ".join(f"{r['node_hours']:.3f} h {r['instance_type']} {r['capacity_type']} at "
+                     f"${r['usd_per_node_hour']:g}/h ({r['price']})" for r in rows) or None
 
+
+def netcheck_summary_text(summary: dict[str, Any] | None) -> str | None:
+    """run.json's ``netcheck`` (a run that measured the network first) as one report cell."""
+    if not summary:
+        return None
+    f = summary.get("figures") or {}
+    parts = [str(summary.get("verdict", "?")).upper(), f"transport {f.get('transport', '?')}"]
+    for key, label, unit in (("inter_busbw_gbs", "inter-node all-reduce busbw", " GB/s"),
+                             ("intra_busbw_gbs", "intra-node", " GB/s")):
+        if f.get(key) is not None:
+            parts.append(f"{label} {f[key]:.2f}{unit}")
+    if f.get("link_ratio") is not None:
+        node = f.get("inter_node_busbw_gbs")
+        parts.append((f"{node:.2f} GB/s through each node's link, " if node is not None else "")
+                     + f"{f['link_ratio']:.0%} of the link")
+    if f.get("efa_over_socket") is not None:
+        parts.append(f"{f['efa_over_socket']:.1f}x sockets")
+    return ", ".join(parts)
+
+
+def _summary_rows(run: Run) -> list[tuple[str, Any]]:
     r, t = run.record, throughput_summary(run)
     before, after = eval_before_after(run)
     cluster = r.get("cluster") or {}
@@ -325,13 +344,53 @@ def _summary_rows(run: Run) -> list[tuple[str, Any]]:
         ("TFLOP/s per device", t[contract.TFLOPS_PER_DEVICE]),
         ("MFU", None if t[contract.MFU] is None else f"{100 * t[contract.MFU]:.2f}%"),
         ("exposed communication", exposed_comm_text(r.get("exposed_comm"))),
-        ("network (netcheck)", netcheck_summary(r.get("netcheck"))),
+        ("network (netcheck)", netcheck_summary_text(r.get("netcheck"))),
         ("step time (s)", t[contract.STEP_TIME_S]),
         ("step time, predicted", predicted_step_text(r.get("exposed_comm"))),
         ("peak memory (GiB)", t[contract.PEAK_MEMORY_GIB]), ("eval loss before", before), ("eval loss after", after),
+        ("objective", _objective_text(r.get("objective"))),
+        ("reward accuracy before -> after", _rewards_text(r.get("eval") or {})),
         ("duration (s)", r.get("duration_s")), ("checkpoints", len(r.get("checkpoints") or [])),
+        ("cost", cost_text(r)), ("cost per 1M tokens", cost_text(r, per_1m_tokens=True)),
+        ("node-hours", node_hours_text(r)),
+        ("incidents", incidents.summary(incidents.of_record(r)) or "none"),
         ("started", r.get("start_time")), ("error", r.get("error")),
     ]
+
+
+def _objective_text(objective: Any) -> str | None:
+    if not isinstance(objective, dict):
+        return None
+    options = ", ".join(f"{k} {v}" for k, v in objective.items() if k != "name")
+    return f"{objective.get('name')}" + (f" ({options})" if options else "")
+
+
+def _rewards_text(evals: dict[str, Any]) -> str | None:
+    """DPO's held-out reward accuracy before and after (None for other objectives)."""
+    side = lambda name: (evals.get(name) or {}).get("eval_rewards_accuracy")  # noqa: E731
+    if side("after") is None:
+        return None
+    before = side("before")
+    return f"{'?' if before is None else f'{before:.3f}'} -> {side('after'):.3f} (chance 0.5)"
+
+
+def benchmark_lines(runs: list[Run]) -> list[str]:
+    """The benchmark scores of each run: the base model (before training) and the trained one."""
+    lines: list[str] = []
+    for run in runs:
+        scores = run.record.get("benchmarks") or {}
+        after = (scores.get("after") or {}).get("tasks") or {}
+        if not after:
+            continue
+        before = (scores.get("before") or {}).get("tasks") or {}
+        lines += ["", f"## Benchmarks: {run.name}", "", "| task | metric | base model | after training | questions |",
+                  "|---|---|---|---|---|"]
+        for task, figures in after.items():
+            for metric, value in figures.items():
+                if metric != "questions":
+                    lines.append(f"| {task} | {metric} | {_fmt((before.get(task) or {}).get(metric))} | {_fmt(value)} "
+                                 f"| {figures.get('questions')} |")
+    return lines
 
 
 def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
@@ -353,6 +412,12 @@ def render_markdown(runs: list[Run], plots: dict[str, str]) -> str:
     for run in runs:
         for note in run.notes:
             lines.append(f"\n> note ({run.name}): {note}")
+    for run in runs:  # what went wrong and what it cost, each fault in full (training/incidents.py)
+        found = incidents.of_record(run.record)
+        if found:
+            lines += ["", f"## Incidents ({run.name}): {incidents.summary(found)}", ""]
+            lines += [f"{n}. {incidents.line(entry)}" for n, entry in enumerate(found, 1)]
+    lines += benchmark_lines(runs)
     if len(runs) == 2:
         lines += ["", "## Differences between the records", "",
                   "Every leaf of run.json that differs. Inputs and run-time conditions are what can explain a "

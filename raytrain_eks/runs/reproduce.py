@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from training import contract
-from training.run_record import read_json
+from training.storage.files import read_json
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,23 +4,31 @@ the report and the verdict. Used by ``raytrain-eks submit`` (both backends) and 
 What is copied: ``run.json``, ``metrics.jsonl``, the logs and NCCL logs, the TensorBoard event
 files (``<run>/tensorboard/``: ``tensorboard --logdir`` over the copies shows runs side by side), and the exported
 Hugging Face model (``<run>/hf/``: weights, config and tokenizer, so ``from_pretrained`` loads
-the folder). The checkpoint shards stay in storage: they are for resuming, not for using.
+the folder) and a LoRA run's adapter (``<run>/hf-adapter/``, for ``PeftModel.from_pretrained``). The checkpoint shards stay in storage: they are for resuming, not for using.
 
-Any run storage (training/run_storage.py): the bucket through boto3's ``client``, a shared or
+A netcheck run's results (:func:`finish_netcheck`): its table, its plot (``netcheck.png`` beside
+``netcheck.json``: bus bandwidth by message size, one line per scope, collective and mode) and
+its verdict's exit code.
+
+Any run storage (training/storage/__init__.py): the bucket through boto3's ``client``, a shared or
 local file system by its path (readable where it is mounted; ``client`` is then unused).
 """
 from __future__ import annotations
 
+import json
 import shutil
-from pathlib import Path
+import sys
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from training.contract import TENSORBOARD_DIR
-from training.run_storage import RunStorage
+from training.contract import ADAPTER_SUFFIX, NETCHECK_NAME, TENSORBOARD_DIR
+from training.storage import RunStorage
 
 RECORD_SUFFIXES = (".json", ".jsonl", ".md", ".txt", ".log")
 MODEL_DIR = "hf"
 """The exported model's folder inside a run directory (training/checkpointing/export.py: export_on_workers writes ``<run>/hf``)."""
+MODEL_DIRS = (MODEL_DIR, MODEL_DIR + ADAPTER_SUFFIX)
+"""Copied whole: the export and a LoRA run's peft adapter beside it (``<run>/hf-adapter``, its weights included)."""
 
 
 def s3_client(client_env: dict[str, str] | None = None, *, region: str | None = None) -> Any:
@@ -52,16 +60,65 @@ def wanted(relative: str) -> bool:
     """A run directory's file worth copying out: records and logs, the event files, and the whole exported model."""
     if relative.endswith("/"):  # a folder marker (pyarrow's S3 create_dir writes one): no file
         return False
-    if relative.startswith((f"{MODEL_DIR}/", f"{TENSORBOARD_DIR}/")):
+    if relative.startswith((*(f"{d}/" for d in MODEL_DIRS), f"{TENSORBOARD_DIR}/")):
         return True
     name = Path(relative).name
     return relative.endswith(RECORD_SUFFIXES) and not relative.startswith("checkpoint") and "__" not in name
 
 
 def _files(run_uri: str) -> list[str]:
-    """Every file under a run on a file system, relative to it, ``/``-separated."""
+    """Every file under a run on a file system, relative to it, ``/``-separated. A symbolic link
+    is no file of the run: a job may leave one pointing at anything the operator can read."""
     base = Path(RunStorage(run_uri).path)
-    return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+    return sorted(p.relative_to(base).as_posix() for p in base.rglob("*")
+                  if p.is_file() and not p.is_symlink()) if base.is_dir() else []
+
+
+def unsafe_relative(relative: str) -> str:
+    """Why a stored name (a key below the run's prefix) cannot be a file of the run folder, or "".
+
+    Nothing read back is trusted by its name: any pod of the run may write any key below its
+    prefix, and S3 keeps a key as given (an object key is any UTF-8 string, the Amazon S3 User
+    Guide, "Creating object key names"). Refused: an empty name, an absolute one (``//`` after
+    the prefix), empty, ``.`` or ``..`` segments, backslashes (a separator on Windows) and
+    control characters (NUL ends a path in the C library)."""
+    if not relative:
+        return "empty name"
+    if relative.startswith("/"):
+        return "absolute path"
+    if "\\" in relative:
+        return "backslash"
+    if any(ord(c) < 32 for c in relative):
+        return "control character"
+    parts = relative.split("/")
+    if any(part in ("", ".", "..") for part in parts[:-1]) or parts[-1] in (".", ".."):
+        return "empty, '.' or '..' segment"
+    return ""
+
+
+def safe_target(dest: Path, relative: str) -> Path | None:
+    """``dest/relative`` when it stays inside ``dest`` with no symbolic link on the way (a
+    results folder reused by ``--out`` may hold one), else None."""
+    if unsafe_relative(relative):
+        return None
+    root = dest.resolve()
+    target = root.joinpath(*PurePosixPath(relative).parts)
+    if not target.is_relative_to(root):
+        return None
+    probe = root
+    for part in PurePosixPath(relative).parts:
+        probe = probe / part
+        if probe.is_symlink():
+            return None
+    return target
+
+
+def refuse_line(refused: list[str], run_uri: str) -> str:
+    """The one line that names what the copy left in storage, and why."""
+    shown = ", ".join(f"{r!r} ({unsafe_relative(r) or 'through a symbolic link'})" for r in refused[:3])
+    more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+    return (f"results: refused {len(refused)} key(s) of {run_uri} that would land outside the run folder or "
+            f"through a link: {shown}{more} (a job wrote them; nothing was written for them)")
 
 
 def read_file(client: Any, uri: str) -> bytes:
@@ -85,24 +142,30 @@ def write_file(client: Any, uri: str, body: bytes) -> None:
 
 
 def download_run(client: Any, run_uri: str, dest: Path) -> list[str]:
-    """Copy the run's records and exported model into ``dest``; returns the relative paths copied."""
-    if RunStorage(run_uri).kind != "s3":
-        copied = [relative for relative in _files(run_uri) if wanted(relative)]
-        for relative in copied:
-            (dest / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(Path(RunStorage(run_uri).path, relative), dest / relative)
-        return copied
+    """Copy the run's records and exported model into ``dest``; returns the relative paths copied.
+    A name that would land outside ``dest`` or through a link is refused (:func:`safe_target`),
+    all of them in one line on stderr."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copied, refused = [], []
+    on_s3 = RunStorage(run_uri).kind == "s3"
     bucket, prefix = split_uri(run_uri)
     base = prefix.rstrip("/") + "/"
-    copied = []
-    for key in list_keys(client, run_uri):
-        relative = key[len(base):]
-        if not wanted(relative):
+    names = [key[len(base):] for key in list_keys(client, run_uri)] if on_s3 else _files(run_uri)
+    for relative in names:
+        if not wanted(relative) and not unsafe_relative(relative):
             continue
-        target = dest / relative
+        target = safe_target(dest, relative)
+        if target is None:
+            refused.append(relative)
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        client.download_file(bucket, key, str(target))
+        if on_s3:
+            client.download_file(bucket, base + relative, str(target))
+        else:
+            shutil.copyfile(Path(RunStorage(run_uri).path, relative), target, follow_symlinks=False)
         copied.append(relative)
+    if refused:
+        print(refuse_line(refused, run_uri), file=sys.stderr)
     return copied
 
 
@@ -156,3 +219,56 @@ def finish(out_dir: Path, say=print) -> int:
     verdict = of_record(run.record)
     say(f"    verdict:   {headline(verdict)}")
     return exit_code(verdict)
+
+
+PLOT_NAME = "netcheck.png"
+
+
+def plot(record: dict[str, Any], out: Path) -> Path:
+    """busbw (GB/s) against message size (log2), one panel per collective."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from training.netcheck.worker import COLLECTIVES
+
+    fig, axes = plt.subplots(1, len(COLLECTIVES), figsize=(5 * len(COLLECTIVES), 4), dpi=100, squeeze=False)
+    link = (record["verdict"].get("figures") or {}).get("link_gbs")
+    for ax, collective in zip(axes[0], COLLECTIVES):
+        for mode, result in record["modes"].items():
+            scopes = sorted({r["scope"] for r in result["rows"]})
+            for scope in scopes:
+                points = sorted((r["bytes"], r["busbw_gbs"]) for r in result["rows"]
+                                if r["scope"] == scope and r["collective"] == collective)
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, marker="o", markersize=3, linestyle="-" if mode == "nccl" else "--",
+                            label=f"{scope} {mode} ({result['evidence'].get('transport')})")
+        if link:
+            ax.axhline(link, color="grey", linewidth=0.8, label=f"link {link:g} GB/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(collective)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"netcheck: {record['verdict']['verdict']}")
+    fig.tight_layout()
+    target = out / PLOT_NAME
+    fig.savefig(target)
+    plt.close(fig)
+    return target
+
+
+def finish_netcheck(out_dir: Path, say=print) -> int:
+    """Print the table, draw the plot, say the verdict; returns its exit code."""
+    from training.netcheck.judge import headline
+    from training.netcheck.judge import table
+
+    record = json.loads((out_dir / NETCHECK_NAME).read_text(encoding="utf-8"))
+    say(table(record))
+    say(f"    netcheck:  {out_dir / NETCHECK_NAME}")
+    say(f"    plot:      {plot(record, out_dir)}")
+    say(f"    verdict:   {headline(record['verdict'])}")
+    return int(record["verdict"]["exit_code"])

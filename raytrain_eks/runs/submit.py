@@ -10,7 +10,7 @@ missing, applies the RayJob and follows it: its place in Kueue's queue while it 
 it copies run.json, the metrics, the logs and the exported model out of storage into
 ``--out`` (default ``.work/runs/<run>``), renders the report, prints the verdict and exits
 with its code (0 accepted, 3 rejected, 1 execution-failed, 4 no verdict; 2 bad input). Runs on
-a shared file system (``storage.shared_path``, training/run_storage.py) are handed their inputs
+a shared file system (``storage.shared_path``, training/storage/__init__.py) are handed their inputs
 and read back at that path, so it must be mounted where submit runs.
 
 On EKS, Ctrl-C detaches: the run goes on (``raytrain-eks status/logs/stop RUN``).
@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 
 from raytrain_eks.runs import inputs as run_inputs
-from raytrain_eks.runs.netcheck_results import finish as netcheck_finish
+from raytrain_eks.runs.results import finish_netcheck
 from training.contract import NETCHECK_NAME
-from training.run_storage import RunStorage
+from training.storage import RunStorage
 
 DEFAULT_POLL_S = 10.0
 
@@ -58,6 +58,22 @@ def _job_name(job: Path, overrides: list[str]) -> str:
 
     with contextlib.chdir(ROOT):
         return load_job_config(job, overrides).name
+
+
+def auto_plan(env, job: Path, overrides: list[str]) -> list[str]:
+    """A GPU job with ``parallel.plan = "auto"``: the plan search's pick as ``--set`` overrides
+    (raytrain_eks/planning/preflight.py ``auto_plan_overrides``), printed; they travel in the
+    RayJob's entrypoint like any other. [] for any other job."""
+    from charts.jobs import plan_job
+    from raytrain_eks.planning.preflight import auto_plan_overrides
+    from raytrain_eks.runs.manifest import ROOT
+
+    with contextlib.chdir(ROOT):
+        config = plan_job(env, job.resolve(), ROOT, list(overrides)).config
+    sets = auto_plan_overrides(env, config)
+    if sets:
+        print(f"plan: parallel.plan = 'auto' runs the plan search's pick: {' '.join(sets)}")
+    return sets
 
 
 def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> list:
@@ -91,6 +107,37 @@ def check_before_spend(env, job: Path, overrides: list[str], *, local: bool) -> 
     return run_inputs.plan_uploads(config, env.bucket_uri, ROOT), step_prediction(plan)
 
 
+CLAIM_NAME = ".submit.lock"
+
+
+def claim_results_folder(out_dir: Path, run_name: str, *, local: bool, resume: bool) -> int:
+    """One submit per run and results folder on this machine, before anything is written or
+    spent: an exclusive ``flock`` of ``<out>/.submit.lock`` held for the submit's life (the
+    returned descriptor; the kernel releases it when the process ends, however it ends), so a second concurrent submit of the run is
+    one line, not a traceback from the two writing one folder. And ``--local``: the run's storage
+    lives for one submit, so the results folder is the record of a finished run, and a ``--name``
+    whose folder holds a ``run.json`` is refused (docs/submit.md: a name storage already holds is
+    refused) instead of overwriting it."""
+    import fcntl
+
+    from charts import ChartError
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir / CLAIM_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ChartError(f"submit: run {run_name}: another submit of this run is running on this machine (it holds "
+                         f"{out_dir / CLAIM_NAME}): wait for it, or pick another --name") from None
+    if local and not resume and (out_dir / "run.json").is_file():
+        os.close(fd)
+        raise ChartError(f"submit --local: --name {run_name}: {out_dir / 'run.json'} already holds a run of that name "
+                         "(a local run's storage lives for one submit: this folder is its record): pick another "
+                         "--name, or leave --name out for a fresh one")
+    return fd
+
+
 def step_prediction(plan) -> dict | None:
     """The step model's exposed communication for the preflight's plan (run.json's
     ``exposed_comm``, handed to the run in ``_inputs/<run>.json``); None where the preflight has
@@ -119,25 +166,30 @@ def run(args: argparse.Namespace) -> int:
         raise ChartError("submit --local: --no-wait: a local run lives as long as its submit "
                          "(its Ray head and storage stop with it); raytrain-eks status/logs/stop RUN reach it meanwhile")
     env = load_environment(args.env)
+    args.overrides = [*auto_plan(env, job, args.overrides), *args.overrides]  # the user's --set win
     uploads, prediction = check_before_spend(env, job, args.overrides, local=args.local)
     run_name = (check_run_name(args.resume, "--resume") if args.resume else check_run_name(args.name, "--name")
                 if args.name else unique_run_name(_job_name(job, args.overrides), on_cluster=args.on_cluster))
     out_dir = Path(args.out) if args.out else ROOT / ".work" / "runs" / run_name
-    manifests = synth_run(env, job, run=run_name, overrides=[*args.overrides, *run_inputs.overrides(uploads)],
-                          outdir=out_dir / "manifests",
-                          spec_text=Path(args.env).read_text(encoding="utf-8"), on_cluster=args.on_cluster)
-    print(f"run {run_name}: {'resumes' if args.resume else 'new'}, job {manifests.job}, storage {manifests.run_uri}")
-    print(f"    RayJob {manifests.rayjob}")
-    run_inputs.write_record(uploads, out_dir)
-    if args.local:
-        return _local(manifests, out_dir, uploads, env.bucket_uri, prediction)
+    claim = claim_results_folder(out_dir, run_name, local=args.local, resume=bool(args.resume))
     try:
-        return _eks(manifests, out_dir, uploads, env.bucket_uri, prediction, resume=bool(args.resume), poll_s=args.poll_seconds,
-                    wait=not args.no_wait)
-    except KeyboardInterrupt:
-        print(f"\nsubmit: detached; the run goes on. raytrain-eks status {run_name} | logs {run_name} | stop {run_name}",
-              file=sys.stderr)
-        return 130
+        manifests = synth_run(env, job, run=run_name, overrides=[*args.overrides, *run_inputs.overrides(uploads)],
+                              outdir=out_dir / "manifests",
+                              spec_text=Path(args.env).read_text(encoding="utf-8"), on_cluster=args.on_cluster)
+        print(f"run {run_name}: {'resumes' if args.resume else 'new'}, job {manifests.job}, storage {manifests.run_uri}")
+        print(f"    RayJob {manifests.rayjob}")
+        run_inputs.write_record(uploads, out_dir)
+        if args.local:
+            return _local(manifests, out_dir, uploads, env.bucket_uri, prediction)
+        try:
+            return _eks(manifests, out_dir, uploads, env.bucket_uri, prediction, resume=bool(args.resume), poll_s=args.poll_seconds,
+                        wait=not args.no_wait)
+        except KeyboardInterrupt:
+            print(f"\nsubmit: detached; the run goes on. raytrain-eks status {run_name} | logs {run_name} | stop {run_name}",
+                  file=sys.stderr)
+            return 130
+    finally:
+        os.close(claim)  # the lock goes with it
 
 
 def _local(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: dict | None = None) -> int:
@@ -149,7 +201,7 @@ def _local(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction
                                                              prediction=prediction,
                                                              run_storage=manifests.storage_uri))
     if NETCHECK_NAME in ran.copied and "run.json" not in ran.copied:  # a netcheck job (not a run_first)
-        return netcheck_finish(out_dir)
+        return finish_netcheck(out_dir)
     if "run.json" not in ran.copied:
         # Ray's word for a job that exits non-zero is FAILED, also for a run the verdict rejects:
         # it is shown only when there is no record (and so no verdict) to speak instead.
@@ -182,7 +234,7 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
     from charts import ChartError
     from raytrain_eks.backends import eks
     from raytrain_eks.backends.kueue_queue import QueueWatch
-    from raytrain_eks.runs.commands import release_after_deadline
+    from raytrain_eks.backends.eks import release_after_deadline
     from raytrain_eks.runs.results import run_exists, s3_client, upload_if_missing
 
     client = s3_client(region=manifests.region)
@@ -216,6 +268,8 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
     run_inputs.upload(client, uploads, storage_uri, manifests.run, prediction=prediction,
                       run_storage=manifests.storage_uri)
     eks.apply_policy_if_missing(str(manifests.network_policy), manifests.namespace, print)
+    if not manifests.on_cluster:
+        _run_identity(manifests, out_dir)
     if existing is not None:
         # A RayJob's spec cannot be re-run in place: the old one goes, its storage stays.
         # Foreground: wait until its own cluster (a controller reference) is gone too.
@@ -241,14 +295,42 @@ def _eks(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction: 
     return _results(client, manifests, out_dir, f"{deployment}{' / ' + job_status if job_status else ''}")
 
 
+def _run_identity(manifests, out_dir: Path) -> None:
+    """The run's own service account and its Pod Identity association with the run role
+    (raytrain_eks/backends/eks.py), made with the operator's rights before the RayJob."""
+    import boto3
+    import yaml
+
+    from raytrain_eks.backends import eks
+
+    cluster = manifests.cluster_name
+    path = out_dir / "manifests" / f"serviceaccount-{manifests.run}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(eks.run_service_account(manifests.run, manifests.namespace)), encoding="utf-8")
+    eks.apply(str(path))
+    account, partition = eks.caller_account(boto3.client("sts", region_name=manifests.region))
+    eks.ensure_run_identity(eks.eks_api(manifests.region), cluster=cluster, namespace=manifests.namespace,
+                            run=manifests.run, role=eks.run_role_arn(cluster, account, partition))
+
+
+def _release_identity(manifests) -> None:
+    """The run's association goes once its pods are gone (a later --resume makes a new one)."""
+    from raytrain_eks.backends import eks
+
+    if not manifests.on_cluster:
+        eks.release_run_identity(eks.eks_api(manifests.region), cluster=manifests.cluster_name,
+                                 namespace=manifests.namespace, run=manifests.run)
+
+
 def _results(client, manifests, out_dir: Path, ended: str) -> int:
     """Copy what the run wrote to storage and exit with its verdict's code; 1 without a record."""
     from raytrain_eks.runs.results import download_run, finish
 
     print(f"==> {manifests.run}: {ended}")
     copied = download_run(client, manifests.run_uri, out_dir)
+    _release_identity(manifests)
     if NETCHECK_NAME in copied and "run.json" not in copied:
-        return netcheck_finish(out_dir)
+        return finish_netcheck(out_dir)
     if "run.json" not in copied:
         print(f"submit: the run wrote no run.json to {manifests.run_uri} (raytrain-eks logs {manifests.run})",
               file=sys.stderr)

@@ -116,7 +116,7 @@ def check_leftovers(env: Environment, cloudformation, s3, logs) -> list[Finding]
     name that already exists, and the stack rolls back."""
     from botocore.exceptions import ClientError
 
-    from infra.stack_names import control_plane_log_group, stack_name
+    from environment.contract import control_plane_log_group, stack_name
 
     out = []
     bucket = env.bucket_name
@@ -178,9 +178,38 @@ def check_admins(env: Environment, iam, sts) -> list[Finding]:
     return out
 
 
+def check_tracking_server(env: Environment, sagemaker) -> list[Finding]:
+    """``ray.mlflow_tracking_server_arn``: in this account and region (the pods' roles are this
+    account's, and a SageMaker MLflow tracking server has no resource policy that could admit
+    another account's), existing, and active (DescribeMlflowTrackingServer ``IsActive``): else every
+    MLflow call of every run fails and the runs go on untracked, each with one warning."""
+    from botocore.exceptions import ClientError
+
+    arn = env.ray.mlflow_tracking_server_arn
+    if not arn:
+        return []
+    region, account, name = arn.split(":")[3], arn.split(":")[4], arn.rsplit("/", 1)[-1]
+    fix = f"correct ray.mlflow_tracking_server_arn in {env.source}, or create the server"
+    if region != env.cluster.region or (env.cluster.account and account != env.cluster.account):
+        return [failed("mlflow", f"{arn} is in {account}/{region}, the cluster in "
+                       f"{env.cluster.account or 'this account'}/{env.cluster.region}: its pods cannot reach it", fix)]
+    try:
+        server = sagemaker.describe_mlflow_tracking_server(TrackingServerName=name)
+    except ClientError as err:
+        code = err.response.get("Error", {}).get("Code", "")
+        if code not in ("ResourceNotFound", "ValidationException"):
+            raise
+        return [failed("mlflow", f"{arn}: no such tracking server ({code})", fix)]
+    if server.get("IsActive") != "Active":
+        return [failed("mlflow", f"{arn} is {server.get('TrackingServerStatus')} ({server.get('IsActive')}): "
+                       "the runs' MLflow calls would fail", f"aws sagemaker start-mlflow-tracking-server "
+                       f"--tracking-server-name {name}")]
+    return [passed("mlflow", f"{arn} is active ({server.get('TrackingServerStatus')}); the pods' roles may call it")]
+
+
 def check_image_cache(env: Environment, cloudformation, ecr) -> list[Finding]:
     """Nothing to check with the cache off, or once the cluster stack exists (it owns the rule)."""
-    from infra.stack_names import stack_name
+    from environment.contract import stack_name
 
     if not env.image.pull_through_cache:
         return []

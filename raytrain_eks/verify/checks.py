@@ -40,6 +40,14 @@ VCPU_QUOTAS = {
     "L-417A185B": ("P", ("p",)),
 }
 
+# Service Quotas codes of the EC2 Spot vCPU quotas, by instance family: "All <families> Spot
+# Instance Requests". A separate quota from the On-Demand one (0 by default in many accounts).
+SPOT_VCPU_QUOTAS = {
+    "L-34B43A08": ("Standard (A, C, D, H, I, M, R, T, Z)", ("a", "c", "d", "h", "i", "m", "r", "t", "z")),
+    "L-3819A6DF": ("G and VT", ("g", "vt")),
+    "L-7212CCBC": ("P", ("p",)),
+}
+
 # What each check calls, for the fix of a check the credentials may not run.
 ACTIONS = {"account": "sts:GetCallerIdentity", "eks-addon": "eks:DescribeAddonVersions",
            "gpu-az": "ec2:DescribeInstanceTypeOfferings", "quota": "servicequotas:GetServiceQuota",
@@ -180,12 +188,12 @@ def check_zones(env: Environment, ec2) -> list[Finding]:
     return out
 
 
-def quota_code(instance_type: str) -> str | None:
+def quota_code(instance_type: str, spot: bool = False) -> str | None:
     """The vCPU quota an instance type runs under: by its family letters (``g6`` -> ``g``,
-    ``m7i`` -> ``m``, ``vt1`` -> ``vt``)."""
+    ``m7i`` -> ``m``, ``vt1`` -> ``vt``); ``spot``: the Spot quota of that family."""
     family = instance_type.split(".")[0]
     letters = family[:len(family) - len(family.lstrip("abcdefghijklmnopqrstuvwxyz"))]
-    for code, (_, families) in VCPU_QUOTAS.items():
+    for code, (_, families) in (SPOT_VCPU_QUOTAS if spot else VCPU_QUOTAS).items():
         if letters in families:
             return code
     return None
@@ -197,13 +205,15 @@ def vcpu_needs(env: Environment) -> dict[str, list[tuple[str, int]]]:
     needs: dict[str, list[tuple[str, int]]] = defaultdict(list)
     system = env.system_node_group
     # Groups an existing cluster already runs are already counted by EC2: only new ones need room.
-    groups = [] if system.existing else [("system", system.instance_type, system.nodes)]
-    groups += [(g.name, g.instance_type, g.max_nodes) for g in env.gpu_node_groups
+    groups = [] if system.existing else [("system", (system.instance_type,), system.nodes, False)]
+    groups += [(g.name, g.all_instance_types, g.max_nodes, g.spot) for g in env.gpu_node_groups
                if g.capacity != "capacity-block" and not g.existing]
-    for name, instance_type, count in groups:
+    for name, types, count, spot in groups:
+        # a spot group may launch any of its types: the largest is what the quota must hold
+        instance_type = max(types, key=lambda t: INSTANCE_TYPES[t].vcpus if t in INSTANCE_TYPES else 0)
         vcpus = INSTANCE_TYPES[instance_type].vcpus if instance_type in INSTANCE_TYPES else 0
-        needs[quota_code(instance_type) or f"unknown:{instance_type}"].append(
-            (f"{name} {count} x {instance_type}", vcpus * count))
+        needs[quota_code(instance_type, spot) or f"unknown:{instance_type}"].append(
+            (f"{name} {count} x {'/'.join(types)}{' (spot)' if spot else ''}", vcpus * count))
     return dict(needs)
 
 
@@ -216,7 +226,9 @@ def check_quotas(env: Environment, quotas) -> list[Finding]:
             continue
         need = sum(v for _, v in parts)
         value = int(quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
-        what = f"On-Demand {VCPU_QUOTAS[code][0]} vCPUs in {env.cluster.region}: quota {value}, " \
+        kind = f"On-Demand {VCPU_QUOTAS[code][0]}" if code in VCPU_QUOTAS else \
+            f"Spot (All {SPOT_VCPU_QUOTAS[code][0]} Spot Instance Requests, {code})"
+        what = f"{kind} vCPUs in {env.cluster.region}: quota {value}, " \
                f"needed {need} ({' + '.join(p for p, _ in parts)})"
         if value >= need:
             out.append(passed("quota", what))

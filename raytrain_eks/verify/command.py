@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         ("image", lambda: verify.check_image(env, args.registry_url, args.timeout)),
         ("image-cache", lambda: verify_account.check_image_cache(env, client("cloudformation"), client("ecr"))),
         ("node-groups", lambda: verify_account.check_node_groups(env, client("eks"), existing)),
+        ("mlflow", lambda: verify_account.check_tracking_server(env, client("sagemaker"))),
     ])
     if env.cluster.existing:
         findings += existing_cluster_checks(env, client)

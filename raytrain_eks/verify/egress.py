@@ -4,7 +4,7 @@ Each private subnet a node of this app lands in (the existing node groups' subne
 DescribeNodegroup, and the spec's ``cluster.private_subnet_ids``: new GPU groups go in the GPU
 AZ's, the kubectl handler in all) needs either an active ``0.0.0.0/0`` route to an egress target
 (a NAT gateway, or its equivalent: a NAT instance, a transit gateway or Cloud WAN core network to
-a central egress VPC, an internet gateway) or, without one, everything a node without internet
+a central egress VPC, an internet gateway for a subnet that gives its nodes public addresses) or, without one, everything a node without internet
 needs (Amazon EKS User Guide, "Deploy private clusters with limited internet access"): interface
 endpoints for EC2 (the VPC CNI attaches addresses), ECR (``ecr.api``, ``ecr.dkr``), STS and EKS
 Auth (Pod Identity, how the Ray pods get their role), S3 (a gateway endpoint on the subnet's
@@ -30,7 +30,7 @@ from raytrain_eks.verify.checks import Finding, failed, passed
 DEFAULT_ROUTE = "0.0.0.0/0"
 EGRESS_TARGETS = ("NatGatewayId", "TransitGatewayId", "CoreNetworkArn", "InstanceId", "NetworkInterfaceId")
 """Route targets (botocore ec2 ``Route`` members) that carry a private subnet's traffic out;
-an internet gateway (``GatewayId`` igw-...) too."""
+an internet gateway (``GatewayId`` igw-...) only for nodes with a public address."""
 INTERFACE_ENDPOINTS = ("ec2", "ecr.api", "ecr.dkr", "sts", "eks-auth")
 """Services a node without a default route reaches through interface endpoints
 (``com.amazonaws.<region>.<service>``)."""
@@ -108,11 +108,23 @@ def _without_egress(env: Environment, table: dict[str, Any], endpoints: list[dic
     return missing
 
 
+def _public_addresses(env: Environment, ec2, subnet: str, known: dict[str, dict[str, Any]]) -> bool:
+    """Whether the subnet gives new instances a public IPv4 address (EC2 DescribeSubnets
+    ``MapPublicIpOnLaunch``): only then is an internet gateway a way out for its nodes."""
+    if not known:
+        known.update({s["SubnetId"]: s for s in ec2.describe_subnets(
+            SubnetIds=list(env.cluster.private_subnet_ids))["Subnets"]})
+    if subnet not in known:
+        known.update({s["SubnetId"]: s for s in ec2.describe_subnets(SubnetIds=[subnet])["Subnets"]})
+    return bool((known.get(subnet) or {}).get("MapPublicIpOnLaunch"))
+
+
 def check_egress(env: Environment, eks, ec2) -> list[Finding]:
     """One FAIL line per subnet in use whose nodes could not pull the DLC or reach AWS."""
     vpc = [{"Name": "vpc-id", "Values": [env.cluster.vpc_id]}]
     tables = _pages(ec2.describe_route_tables, "RouteTables", Filters=vpc)
     endpoints: list[dict[str, Any]] | None = None
+    known: dict[str, dict[str, Any]] = {}
     out = []
     for subnet, users in subnets_in_use(env, eks).items():
         table, implicit = route_table_of(subnet, tables)
@@ -123,6 +135,14 @@ def check_egress(env: Environment, eks, ec2) -> list[Finding]:
             continue
         where = f"route table {table['RouteTableId']}" + (" (the VPC's main: no explicit association)" if implicit else "")
         target = egress_route(table)
+        if target.startswith("igw-") and not _public_addresses(env, ec2, subnet, known):
+            # An internet gateway carries only traffic from public addresses: a node without one
+            # (a private subnet's nodes get none) sends into it and nothing comes back.
+            out.append(failed("egress", f"{whose}: {DEFAULT_ROUTE} goes to the internet gateway {target} ({where}), but the "
+                                        "subnet gives its nodes no public address (MapPublicIpOnLaunch false): they "
+                                        "cannot reach out, nor pull the DLC",
+                              f"route {DEFAULT_ROUTE} of {table['RouteTableId']} to a NAT gateway in a public subnet"))
+            continue
         if target:
             out.append(passed("egress", f"{whose}: {DEFAULT_ROUTE} via {target} ({where})"))
             continue

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 
 from environment import Environment
-from environment.addons import ADDONS, ADDONS_BY_KEY, installed_addons
-from environment.contract import EFA_RESOURCE, GPU_RESOURCE, PART_OF
+from environment.addons import ADDONS, ADDONS_BY_KEY, NODE_MONITORING_AGENT, installed_addons, node_monitoring_configuration
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE, GPU_TAINT_KEY, PART_OF
 from raytrain_eks.verify.cluster_inventory import Inventory, find_addon
 from raytrain_eks.verify.checks import Finding, failed, passed
 
@@ -94,9 +94,25 @@ def check_cluster_addons(env: Environment, eks) -> list[Finding]:
     if POD_IDENTITY_AGENT not in present:
         out.append(failed("cluster-addons", f"{name} has no {POD_IDENTITY_AGENT} add-on: the Ray pods' role comes through Pod Identity",
                           f"aws eks create-addon --cluster-name {name} --addon-name {POD_IDENTITY_AGENT}"))
+    if env.gpu_node_groups and NODE_MONITORING_AGENT not in present:
+        out.append(failed("cluster-addons", f"{name} has no {NODE_MONITORING_AGENT} add-on: a GPU node that goes bad "
+                                            "(an XID 79) is never marked unhealthy, so node auto repair never replaces it",
+                          f"aws eks create-addon --cluster-name {name} --addon-name {NODE_MONITORING_AGENT} "
+                          f"--configuration-values '{json.dumps(node_monitoring_configuration())}'"))
     for addon in present:
         described = eks.describe_addon(clusterName=name, addonName=addon)["addon"]
         version = described.get("addonVersion", "")
+        if addon == NODE_MONITORING_AGENT and env.gpu_node_groups:
+            config = json.loads(described.get("configurationValues") or "{}")
+            blind = [part for part in ("nodeAgent", "dcgmAgent")
+                     if not any(t.get("key") == GPU_TAINT_KEY and t.get("operator") == "Exists" or t == {"operator": "Exists"}
+                                for t in (config.get(part) or {}).get("tolerations") or [])]
+            if blind:
+                out.append(failed("cluster-addons", f"{addon} {version}: {' and '.join(blind)} do not tolerate the GPU taint "
+                                                    f"{GPU_TAINT_KEY}: it never runs on the GPU nodes it should watch",
+                                  f"aws eks update-addon --cluster-name {name} --addon-name {addon} "
+                                  f"--configuration-values '{json.dumps(node_monitoring_configuration())}'"))
+                continue
         if addon == "vpc-cni":
             config = json.loads(described.get("configurationValues") or "{}")
             if str(config.get("enableNetworkPolicy", "false")).lower() != "true":
@@ -110,7 +126,7 @@ def check_cluster_addons(env: Environment, eks) -> list[Finding]:
 
 
 def _group_problems(env: Environment, eks, inventory: Inventory, nodegroup: str, labels: dict, taints: tuple,
-                    instance_type: str = "", max_nodes: int = 0, gpus: int = 0, efa: int = 0) -> list[str]:
+                    instance_type: str = "", max_nodes: int = 0, gpus: int = 0, efa: int = 0, repair: bool = False) -> list[str]:
     try:
         group = eks.describe_nodegroup(clusterName=env.cluster.existing, nodegroupName=nodegroup)["nodegroup"]
     except eks.exceptions.ResourceNotFoundException:
@@ -125,6 +141,9 @@ def _group_problems(env: Environment, eks, inventory: Inventory, nodegroup: str,
             wrong.append(f"taint {t['key']}={t['value']}:{t['effect']} missing")
     if instance_type and instance_type not in (group.get("instanceTypes") or []):
         wrong.append(f"its instance types are {group.get('instanceTypes')}, the spec says {instance_type}")
+    if repair and (group.get("nodeRepairConfig") or {}).get("enabled") is not True:
+        # a GPU node the monitoring agent marks unhealthy stays in the group, and the next attempt lands on it
+        wrong.append("node auto repair is off (aws eks update-nodegroup-config --node-repair-config enabled=true)")
     if max_nodes and (group.get("scalingConfig") or {}).get("maxSize", 0) < max_nodes:
         wrong.append(f"its maxSize {(group.get('scalingConfig') or {}).get('maxSize')} is below max_nodes {max_nodes}")
     for node in inventory.nodes_of(nodegroup):
@@ -143,7 +162,7 @@ def check_node_groups(env: Environment, eks, inventory: Inventory) -> list[Findi
     system = env.system_node_group
     cases = [("system", system.existing, system.labels, (), {})]
     cases += [(g.name, g.existing, g.labels, g.taints, dict(instance_type=g.instance_type, max_nodes=g.max_nodes,
-                                                           gpus=g.gpus_per_node, efa=g.efa_per_node))
+                                                           gpus=g.gpus_per_node, efa=g.efa_per_node, repair=True))
               for g in env.gpu_node_groups if g.existing]
     out = []
     for name, nodegroup, labels, taints, sizes in cases:
@@ -229,6 +248,9 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
                                         f"{'; '.join(KUEUE_FRAMEWORKS[f] for f in missing)}",
                               f"add {', '.join(missing)} to integrations.frameworks of its manager config in {where}, "
                               f"or set queueing.enabled = false in {env.source}"))
+        if isinstance(config, dict):
+            out += _kueue_manages_unlabelled(env, config, inventory, where)
+    out += _kueue_version(env, found, inventory, where)
     version = KUEUE_API.rsplit("/", 1)[1]
     kinds = sorted({(o["kind"], o["apiVersion"]) for o in kueue_objects(env)})
     for kind, _ in kinds:
@@ -240,6 +262,99 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
                               f"upgrade Kueue to {env.versions.chart('kueue')} (or one serving {KUEUE_API})"))
     return out or [passed("addons", f"kueue: present ({found.describe()}), manages {', '.join(KUEUE_FRAMEWORKS)} "
                                     f"and serves {KUEUE_API}, not installed")]
+
+
+KUEUE_MINIMUM = (0, 19, 1)
+"""The oldest Kueue the long-lived RayCluster's elastic scheduling works with. Kueue's
+``pkg/features/kube_features.go``: ``ElasticJobsViaWorkloadSlices`` is alpha and off from v0.13,
+beta and on from v0.18 (v0.15-v0.17 serve v1beta2 too, and their RayCluster webhook refuses an
+autoscaling queue-labelled cluster without the gate: ``raycluster_webhook.go`` v0.17.0 :139-145);
+v0.18.x and v0.19.0 lack the ungater's fixes (kueue commits cbacfe0850, d01f14fa3b, 3f5a9d5fcd:
+scale-up pods stay scheduling-gated for ever)."""
+KUEUE_ELASTIC_GATE = "ElasticJobsViaWorkloadSlices"
+
+
+def _version_tuple(text: str) -> tuple[int, ...] | None:
+    parts = text.strip().lstrip("v").split("-")[0].split(".")
+    return tuple(int(p) for p in parts[:3]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:3]) else None
+
+
+def _kueue_manager(inventory: Inventory, where: str) -> dict | None:
+    """The manager container of Kueue's controller Deployment (kueue chart v0.19.2
+    ``templates/manager/manager.yaml``: container ``manager``, image ``<repository>:<tag or
+    appVersion>``, args ``--config=...``, ``--zap-log-level=...`` and ``--feature-gates=A=true,...``)."""
+    for workload in inventory.workloads:
+        if workload.get("kind", "Deployment") != "Deployment" or workload["metadata"].get("namespace", "") != where:
+            continue
+        for container in ((workload.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
+            if container.get("name") == "manager" and "kueue" in container.get("image", ""):
+                return container
+    return None
+
+
+def _kueue_version(env: Environment, found, inventory: Inventory, where: str) -> list[Finding]:
+    """Kueue's version (its manager's image tag, else its Helm chart's) at least
+    :data:`KUEUE_MINIMUM`, and ``ElasticJobsViaWorkloadSlices`` not turned off by ``--feature-gates``."""
+    pinned = env.versions.chart("kueue")
+    fix = f"upgrade Kueue to {pinned} (the version this app installs), or set queueing.enabled = false in {env.source}"
+    minimum = "v" + ".".join(map(str, KUEUE_MINIMUM))
+    manager = _kueue_manager(inventory, where)
+    image = (manager or {}).get("image", "")
+    running = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else (found.version or "")
+    version = _version_tuple(running)
+    if version is None:
+        return [failed("addons", f"kueue: {found.describe()}: its version cannot be read (manager image {image or 'not found'} "
+                                 f"in {where}); the long-lived RayCluster needs Kueue {minimum} or later", fix)]
+    if version < KUEUE_MINIMUM:
+        return [failed("addons", f"kueue: the cluster runs Kueue {running} ({found.describe()}): the long-lived "
+                                 f"RayCluster needs {minimum} or later ({KUEUE_ELASTIC_GATE} is beta from v0.18, the "
+                                 "ungater's fixes arrive in v0.19.1: before, its scale-up pods stay gated)", fix)]
+    gates = {}
+    for arg in (manager or {}).get("args") or []:
+        if arg.startswith("--feature-gates="):
+            for item in arg.split("=", 1)[1].split(","):
+                name, _, value = item.partition("=")
+                gates[name.strip()] = value.strip().lower()
+    if gates.get(KUEUE_ELASTIC_GATE) == "false":
+        return [failed("addons", f"kueue: {found.describe()} runs with --feature-gates {KUEUE_ELASTIC_GATE}=false: the "
+                                 "long-lived RayCluster's scale-up pods would stay gated",
+                       f"remove {KUEUE_ELASTIC_GATE}=false from controllerManager.featureGates of its Helm values in {where}")]
+    return []
+
+
+def _selector_matches(selector: dict, labels: dict) -> bool:
+    """A Kubernetes LabelSelector (matchLabels, matchExpressions) against a namespace's labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and key in labels and labels[key] in values) \
+                or (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
+            return False
+    return True
+
+
+def _kueue_manages_unlabelled(env: Environment, config: dict, inventory: Inventory, where: str) -> list[Finding]:
+    """``manageJobsWithoutQueueName: true`` suspends every RayJob without a queue label in the
+    namespaces ``managedJobsNamespaceSelector`` selects (all, without one): Kueue v0.19.2
+    ``pkg/controller/jobframework/utils.go`` ``WorkloadShouldBeSuspended`` :147-156. An
+    ``-on-cluster`` RayJob carries no queue label (its cluster is queued); KubeRay v1.7.0 refuses a
+    suspended clusterSelector RayJob and Kueue skips clusterSelector jobs: it stays ValidationFailed."""
+    if config.get("manageJobsWithoutQueueName") is not True:
+        return []
+    namespace = env.ray.namespace
+    selector = config.get("managedJobsNamespaceSelector")
+    # a namespace the cluster stack has yet to create gets at least the name label the API server adds
+    labels = ((inventory.namespaces.get(namespace) or {}).get("metadata") or {}).get("labels") or \
+        {"kubernetes.io/metadata.name": namespace}
+    if isinstance(selector, dict) and not _selector_matches(selector, labels):
+        return []
+    return [failed("addons", f"kueue: its manager config in {where} sets manageJobsWithoutQueueName: true"
+                             f"{' and its managedJobsNamespaceSelector selects' if isinstance(selector, dict) else ' for every namespace, also'}"
+                             f" the Ray namespace {namespace}: Kueue would suspend each -on-cluster RayJob (no queue label), "
+                             "which KubeRay refuses: it would sit in ValidationFailed",
+                   f"give managedJobsNamespaceSelector a selector that leaves out namespace {namespace} (e.g. matchExpressions "
+                   f"kubernetes.io/metadata.name NotIn [{namespace}]), or set manageJobsWithoutQueueName: false")]
 
 
 def _ours(obj: dict) -> bool:

@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -17,13 +19,16 @@ def _gpu_check():
     return module
 
 
+@pytest.mark.subprocess  # torch.compile's inductor compiles the block's kernels in worker processes
 def test_the_calibration_measured_on_a_device_is_what_the_planner_reads(tmp_path):
     from raytrain_eks.planning.gpu_figures import figures_for
 
     gpu_check = _gpu_check()
     shapes = [(64, 48, 32), (128, 128, 128)]  # small: CPU time, not the shapes, is the point here
+    tiny_block = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
     data = gpu_check.measure_calibration("cpu", "NVIDIA L4", lambda: None, shapes=shapes, repeats=2,
-                                         copy_bytes=1 << 20, step={"step_s": 6.0, "mfu": 0.2})
+                                         copy_bytes=1 << 20, step={"step_s": 6.0, "mfu": 0.2},
+                                         block=tiny_block, block_tokens=64, adamw_millions=1)
     assert data["gpu"] == "L4" and [(g["m"], g["n"], g["k"]) for g in data["gemm"]] == shapes
     path = tmp_path / "gpu_calibration.json"
     path.write_text(json.dumps(data))
@@ -31,6 +36,14 @@ def test_the_calibration_measured_on_a_device_is_what_the_planner_reads(tmp_path
     assert f.gemm_rate(128, 128, 128)[0] == data["gemm"][1]["tflops"]
     assert f.memory.low == data["memory_gbytes_per_s"] > 0
     assert "memory" not in f.assumed() and "gemm" not in f.assumed() and f.measured_step["step_s"] == 6.0
+    # what the plan search needs besides: a compiled block against an eager one, the host's AdamW
+    assert f.compiled_block_ratio == data["compiled_block"]["ratio"] > 0
+    assert data["compiled_block"]["compiled_s"] > 0 and data["compiled_block"]["eager_s"] > 0
+    fused = data["host_adamw_ms_per_million"]["fused"]
+    assert f.host_adamw_rate(1, fused=True) == (fused, fused) and f.host_adamw_source.startswith("measured by make gpu-check")
+    from raytrain_eks.planning.plan_search import compile_note
+
+    assert "unmeasured" not in compile_note(f) and "unmeasured" in compile_note(figures_for("L4", 40, tmp_path / "none.json"))
 
 
 def test_the_calibration_times_the_shipped_micro_batchs_own_gemm_shapes():

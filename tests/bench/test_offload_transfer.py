@@ -24,7 +24,7 @@ sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 import bench_full_size_plan as plan
-from bench_offload_transfer import OffloadProbe
+from bench_full_size_plan import OffloadProbe
 from raytrain_eks.planning.measured_plan import MODEL_CONFIGS, Cluster
 
 MODEL_CONFIGS["tiny"] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

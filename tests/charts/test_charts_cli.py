@@ -70,3 +70,22 @@ def test_crd_file_is_the_unmodified_kuberay_crds():
     assert {name: hashlib.sha256(part.encode()).hexdigest() for name, part in parts.items()} == KUBERAY_V170_CRDS
     kinds = [d["spec"]["names"]["kind"] for d in yaml.safe_load_all(text) if d]
     assert kinds == ["RayCluster", "RayJob"]
+
+
+@pytest.mark.subprocess
+def test_a_failed_synth_keeps_the_last_good_dist(tmp_path):
+    """``make cdk8s-synth`` with a broken input (here the spec; a broken jobs/*.toml fails the app
+    the same way): the cdk8s CLI empties its output folder before it runs the app (cdk8s-cli
+    ``lib/cli/cmds/synth.js``: ``fs.rmSync(outdir)``), so before the fix dist/ was gone."""
+    import subprocess
+
+    dist = tmp_path / "dist"
+    (dist / "code").mkdir(parents=True)
+    (dist / "raycluster.k8s.yaml").write_text("kind: RayCluster\n")
+    broken = tmp_path / "environment.toml"
+    broken.write_text("this is not toml = = \n")
+    proc = subprocess.run(["make", "-o", "install", "cdk8s-synth", f"ENV_FILE={broken}", f"DIST={dist}",
+                           f"CDK8S_STAGING={tmp_path / 'staging'}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert (dist / "raycluster.k8s.yaml").read_text() == "kind: RayCluster\n", proc.stdout + proc.stderr

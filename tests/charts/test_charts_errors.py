@@ -14,7 +14,8 @@ from fixture_paths import FIXTURE_JOBS
 
 from charts import ChartError
 from charts.jobs import JobPlan, _toml_value, plan_jobs
-from training.config import WorldSize, load_job_config
+from training.config import load_job_config
+from training.config_sections import WorldSize
 
 GPU_JOB = """
 name = "{name}"

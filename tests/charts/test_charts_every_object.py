@@ -137,14 +137,17 @@ def test_the_local_jobs_cluster_is_the_gpu_jobs_cluster_with_a_cpu_shape(default
     smoke = copy.deepcopy(default_synth.one("rayjob-smoke")["spec"]["rayClusterSpec"])
     assert local["rayVersion"] == smoke["rayVersion"]
     heads = [spec["headGroupSpec"] for spec in (local, smoke)]
+    assert [h["template"]["spec"].pop("serviceAccountName") for h in heads] == ["local", "smoke"]
     for head in heads:
         head["template"]["spec"].pop("terminationGracePeriodSeconds", None)
         head["template"]["metadata"] = {}
     assert heads[0] == heads[1]
     (cpu,), (gpu,) = local["workerGroupSpecs"], smoke["workerGroupSpecs"]
     cpu_pod, gpu_pod = cpu["template"]["spec"], gpu["template"]["spec"]
-    for key in ("nodeSelector", "tolerations", "serviceAccountName"):
+    for key in ("nodeSelector", "tolerations"):
         assert cpu_pod[key] == gpu_pod[key], key
+    # each run's pods under a service account of its own, named after the run (its AWS grants)
+    assert (cpu_pod["serviceAccountName"], gpu_pod["serviceAccountName"]) == ("local", "smoke")
     (cpu_c,), (gpu_c,) = cpu_pod["containers"], gpu_pod["containers"]
     for key in ("name", "image", "imagePullPolicy"):
         assert cpu_c[key] == gpu_c[key], key

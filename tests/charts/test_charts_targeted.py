@@ -12,7 +12,8 @@ from charts.ray_charts import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
 from charts.jobs import PRE_RUNNING_FACTOR
 from environment.addons import SCALE_UP_MINUTES
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL
-from training.config import GRACE_MARGIN_SECONDS, load_job_config
+from training.config import load_job_config
+from training.deadlines import GRACE_MARGIN_SECONDS
 from training.__main__ import parse_args
 
 PRE_RUNNING_SECONDS = PRE_RUNNING_FACTOR * SCALE_UP_MINUTES * 60
@@ -100,6 +101,9 @@ def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
         "RAYTRAIN_CLUSTER": "raytrain", "RAYTRAIN_INSTANCE_TYPE": "g6.12xlarge", "RAYTRAIN_REGION": "us-east-1",
         # the L4's peak, MFU's denominator, from the environment package's GPU table
         "RAYTRAIN_PEAK_BF16_TFLOPS": "121",
+        # the run's cost: the group's capacity and price as the preflight prices it
+        "RAYTRAIN_CAPACITY_TYPE": "on-demand", "RAYTRAIN_NODE_PRICE_PER_HOUR": "4.6",
+        "RAYTRAIN_PRICE_LABEL": "on-demand price (estimate, environment/instances.py)",
         "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
         # where each rank ran: the node from the downward API, the zone from the spec
         "RAYTRAIN_NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}}, "RAYTRAIN_AVAILABILITY_ZONE": "us-east-1a",
@@ -169,6 +173,11 @@ def test_rayjob_clusters_come_from_the_same_builder(default_synth):
             spec["headGroupSpec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 0
             for t in (spec["headGroupSpec"]["template"], worker_group(spec)["template"]):
                 t["metadata"] = {}
+        # each run's pods under a service account named after the run (the long-lived one: the spec's)
+        for spec, account in ((rc, default_synth.env.ray.service_account), (own, job)):
+            for t in (spec["headGroupSpec"]["template"], worker_group(spec)["template"]):
+                assert t["spec"].get("serviceAccountName", account) == account
+                t["spec"].pop("serviceAccountName", None)
         assert own == rc
 
 
@@ -316,3 +325,24 @@ def test_names_are_valid_kuberay_names(default_synth):
         name = obj["metadata"]["name"]
         limit = 53 if obj["kind"] == "RayCluster" else 47
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= limit, name
+
+
+def test_a_spot_group_of_two_types_places_workers_on_either_and_tells_them_both_peaks():
+    from charts.cluster_spec import gpu_peaks, node_placement, run_record_env
+
+    env = make_env(capacity="spot", instance_types=["g5.12xlarge"])
+    group = env.primary_gpu_group
+    placed = node_placement(group)
+    assert "node.kubernetes.io/instance-type" not in placed["nodeSelector"]
+    [term] = placed["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                         "values": ["g6.12xlarge", "g5.12xlarge"]}]
+    assert gpu_peaks(group) == "L4=121,A10G=70"
+    pod_env = {e["name"]: e.get("value") for e in run_record_env(env, group, gpu_worker=True)}
+    assert pod_env["RAYTRAIN_CAPACITY_TYPE"] == "spot" and "estimate" in pod_env["RAYTRAIN_PRICE_LABEL"]
+    assert pod_env["RAYTRAIN_INSTANCE_TYPE"] == "g6.12xlarge,g5.12xlarge"
+    # the job takes its own GPU's peak from that list (training/metrics.py)
+    from training.metrics import peak_tflops_from_env
+
+    assert peak_tflops_from_env({"RAYTRAIN_PEAK_BF16_TFLOPS": "L4=121,A10G=70"}, "NVIDIA A10G") == 70.0
+    assert peak_tflops_from_env({"RAYTRAIN_PEAK_BF16_TFLOPS": "L4=121,A10G=70"}, "NVIDIA L40S") is None

@@ -86,3 +86,26 @@ def test_rayjob_entrypoints_pass_the_jobs_own_check_in_the_unpacked_archive(defa
     if unbuilt:
         pytest.skip(f"jobs {', '.join(unbuilt)} not checked: {TOKENIZER_DIR} is absent (build it with "
                     f"`python -m devtools.tokenizer_build`; it needs transformers, which Synth does not install)")
+
+
+@pytest.mark.subprocess  # asks git which files it tracks
+def test_untracked_files_and_symbolic_links_stay_behind(tmp_path):
+    """A stray file in training/ or jobs/ (notes, a key) and a link to a file elsewhere never reach
+    the pods: in a git work tree only tracked files travel, plus what make builds (the tokenizer)."""
+    import subprocess
+
+    root = tree(tmp_path / "src")
+    (tmp_path / "secret").write_text("the operator's key")
+    (root / "jobs" / "key.toml").symlink_to(tmp_path / "secret")
+    built = root / "training" / "assets" / "qwen2.5-tokenizer"
+    built.mkdir(parents=True)
+    (built / "tokenizer.json").write_text("{}")
+    (root / ".gitignore").write_text("training/assets/qwen2.5-tokenizer/\n")
+    git = ["git", "-C", str(root), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "training", "jobs/a.toml", "spec_schema", ".gitignore"], check=True)
+    subprocess.run([*git, "commit", "-qm", "tree"], check=True)
+    (root / "training" / "notes.py").write_text("scratch, never committed")
+    names = set(zipfile.ZipFile(build_code_bundle(root, tmp_path / "out").path).namelist())
+    assert "training/notes.py" not in names and "jobs/key.toml" not in names
+    assert {"training/__main__.py", "jobs/a.toml", "training/assets/qwen2.5-tokenizer/tokenizer.json"} <= names

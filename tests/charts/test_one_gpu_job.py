@@ -1,5 +1,5 @@
 """A job smaller than a node, down to one GPU: its world size is decided once (``charts.jobs.size_job``),
-reaches the job as typed entry-point arguments (``training.config.WorldSize``) and is what the
+reaches the job as typed entry-point arguments (``training.config_sections.WorldSize``) and is what the
 worker pod asks for. ``num_workers = 1`` is one GPU, no longer "not sized yet"."""
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from charts.jobs import plan_job
 from charts.ray_charts import rayjob_spec
 from environment.contract import GPU_RESOURCE
 from training.__main__ import parse_args
-from training.config import WorldSize, load_job_config
+from training.config import load_job_config
+from training.config_sections import WorldSize
 
 CODE = CodeBundle(path=Path("training-0000000000000000.zip"), content_hash="0" * 16, files=1)
 MODEL = ", ".join(f"{k} = {json.dumps(v)}" for k, v in tiny_qwen2_config().items())

@@ -1,5 +1,5 @@
 """Runs on a shared file system (``storage.shared_path`` + ``shared_claim``): one spec value reaches
-the job's storage (``file://<path>``, training/run_storage.py) and every Ray pod mounts the claim
+the job's storage (``file://<path>``, training/storage/__init__.py) and every Ray pod mounts the claim
 there, head included (the driver writes the run record); the pods still validate and pass Pod
 Security. Without it nothing changes (the bucket)."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from charts.code_bundle import CodeBundle
 from charts.jobs import plan_job
 from charts.ray_charts import RayClusterChart, rayjob_spec
 from charts.validate import crd_errors, pod_template_errors
-from training.run_storage import RunStorage
+from training.storage import RunStorage
 
 CODE = CodeBundle(path=Path("training-0000000000000000.zip"), content_hash="0" * 16, files=1)
 MOUNT = {"name": "runs", "mountPath": "/fsx/runs"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from raytrain_eks.backends.processes import processes_matching
+from raytrain_eks.backends.local_services import processes_matching
 
 
 def left_running(out: Path) -> dict[str, list[int]]:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 CHECKPOINT_KEY_PART = "/checkpoint_"
@@ -27,6 +27,17 @@ CHECKPOINT_KEY_PART = "/checkpoint_"
 class SlowStore:
     endpoint_url: str
     bytes_per_s: int
+    _rate: list[int] = field(default_factory=list, repr=False)
+    """The rate in force, one element: :meth:`slowed` changes it for a while on a shared store."""
+
+    @contextlib.contextmanager
+    def slowed(self, bytes_per_s: int) -> Iterator[None]:
+        """Checkpoint uploads at ``bytes_per_s`` inside the block, at :attr:`bytes_per_s` after it."""
+        self._rate[0] = bytes_per_s
+        try:
+            yield
+        finally:
+            self._rate[0] = self.bytes_per_s
 
     @property
     def client_env(self) -> dict[str, str]:
@@ -41,29 +52,29 @@ class _Throttled:
 
     CHUNK = 64 * 1024
 
-    def __init__(self, stream, bytes_per_s: int):
-        self._stream, self._rate = stream, bytes_per_s
+    def __init__(self, stream, rate: list[int]):
+        self._stream, self._rate = stream, rate
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:  # everything, a chunk at a time
             return b"".join(iter(lambda: self.read(self.CHUNK), b""))
         data = self._stream.read(min(size, self.CHUNK))
-        time.sleep(len(data) / self._rate)
+        time.sleep(len(data) / self._rate[0])
         return data
 
     def readline(self, size: int = -1) -> bytes:
         data = self._stream.readline(size)
-        time.sleep(len(data) / self._rate)
+        time.sleep(len(data) / self._rate[0])
         return data
 
     def __iter__(self):
         return iter(self.readline, b"")
 
 
-def _slowed(app, bytes_per_s: int):
+def _slowed(app, rate: list[int]):
     def handle(environ, start_response):
         if environ.get("REQUEST_METHOD") == "PUT" and CHECKPOINT_KEY_PART in environ.get("PATH_INFO", ""):
-            environ["wsgi.input"] = _Throttled(environ["wsgi.input"], bytes_per_s)
+            environ["wsgi.input"] = _Throttled(environ["wsgi.input"], rate)
         return app(environ, start_response)
     return handle
 
@@ -78,12 +89,13 @@ def slow_store(bytes_per_s: int) -> Iterator[SlowStore]:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()
-    server = make_server("127.0.0.1", port, _slowed(DomainDispatcherApplication(create_backend_app), bytes_per_s),
+    rate = [bytes_per_s]
+    server = make_server("127.0.0.1", port, _slowed(DomainDispatcherApplication(create_backend_app), rate),
                          True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield SlowStore(endpoint_url=f"http://127.0.0.1:{port}", bytes_per_s=bytes_per_s)
+        yield SlowStore(endpoint_url=f"http://127.0.0.1:{port}", bytes_per_s=bytes_per_s, _rate=rate)
     finally:
         server.shutdown()
         thread.join()

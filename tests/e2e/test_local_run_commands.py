@@ -27,7 +27,7 @@ from typing import Iterator
 import pytest
 
 from left_running import left_running
-from raytrain_eks.runs.commands import RUNS_DIR
+from raytrain_eks.backends.local import RUNS_DIR
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 from spec_template import template_raw
 from toml_writer import toml_text
 
-from training.run_storage import RunStorage
+from training.storage import RunStorage
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = ("train.max_steps=2", "train.warmup_steps=1", "checkpoint.every_n_steps=0", "eval.every_n_steps=0",

@@ -135,7 +135,7 @@ def test_stop_job_keeps_the_final_checkpoint_and_the_run_resumes_from_it(head_an
 
 
 def _complete(run_uri: str) -> dict[str, dict]:
-    from training.checkpointing.storage import list_checkpoints, read_remote_marker, remote_problem
+    from training.checkpointing.markers import list_checkpoints, read_remote_marker, remote_problem
 
     return {c.uri: read_remote_marker(c.uri) for c in list_checkpoints(run_uri) if remote_problem(c.uri) is None}
 

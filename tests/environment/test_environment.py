@@ -169,8 +169,9 @@ BAD_SPECS = [
      "storage.existing_bucket: True needs the bucket's name: set storage.bucket_name (or cluster.account)"),
     (lambda r: r["gpu_node_groups"][0].update(desired_nodes="2"),
      "gpu_node_groups[0].desired_nodes: '2' is not allowed (expected an integer)"),
-    (lambda r: r["gpu_node_groups"][0].update(capacity="spot"),
-     "gpu_node_groups[0].capacity: 'spot' is not allowed (allowed: on-demand, capacity-reservation, capacity-block)"),
+    (lambda r: r["gpu_node_groups"][0].update(capacity="preemptible"),
+     "gpu_node_groups[0].capacity: 'preemptible' is not allowed (allowed: on-demand, spot, capacity-reservation, "
+     "capacity-block)"),
     (lambda r: r["gpu_node_groups"][0].update(capacity="capacity-block"),
      "gpu_node_groups[0].capacity_reservation_id: '' is not a capacity reservation id (cr- and 17 hex digits), required for capacity-block"),
     (lambda r: r["gpu_node_groups"][0].update(capacity_reservation_id="cr-0123456789abcdef0"),
@@ -286,3 +287,34 @@ def test_summary_refuses_bad_spec_with_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert "gpu_node_groups[0].instance_type: 'g6.12xlarg'" in out.stderr
+
+
+def test_a_spot_group_takes_types_of_one_gpu_shape_and_prices_as_an_estimate(raw):
+    from environment.instances import SPOT_PRICE_FRACTION
+
+    changed = copy.deepcopy(raw)
+    changed["gpu_node_groups"][0].update(capacity="spot", instance_types=["g5.12xlarge"])
+    env = environment_from_dict(changed)
+    group = env.primary_gpu_group
+    assert group.all_instance_types == ("g6.12xlarge", "g5.12xlarge") and group.spot
+    price, label = env.node_price(group)
+    assert price == pytest.approx(INSTANCE_TYPES["g6.12xlarge"].hourly_usd_estimate * SPOT_PRICE_FRACTION, abs=1e-4)
+    assert "estimate" in label
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"instance_types": ["g5.12xlarge"]},
+     "gpu_node_groups[0].instance_types: ['g5.12xlarge'] is only for capacity = spot"),
+    ({"capacity": "spot", "instance_types": ["g6.48xlarge"]},
+     "gpu_node_groups[0].instance_types[0]: 'g6.48xlarge' has another GPU shape (8 GPUs x 24 GiB, 1 EFA) than "
+     "instance_type g6.12xlarge (4 GPUs x 24 GiB, 1 EFA)"),
+    ({"capacity": "spot", "instance_types": ["g6.12xlarge"]}, "is listed twice"),
+    ({"capacity": "spot", "instance_types": ["g9.12xlarge"]}, "is not a known GPU instance type"),
+    ({"capacity": "spot", "capacity_reservation_id": "cr-0123456789abcdef0"}, "must be empty for spot capacity"),
+])
+def test_spot_fields_refused_in_one_line(raw, fields, message):
+    changed = copy.deepcopy(raw)
+    changed["gpu_node_groups"][0].update(fields)
+    with pytest.raises(SpecError) as err:
+        environment_from_dict(changed)
+    assert message in str(err.value) and "\n" not in str(err.value)

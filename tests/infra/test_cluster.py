@@ -6,7 +6,7 @@ import json
 
 from aws_cdk.assertions import Match
 
-from environment.contract import EFA_LABEL, GPU_ACCELERATOR_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL
+from environment.contract import EFA_LABEL, GPU_ACCELERATOR_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL, SMOKE_SERVICE_ACCOUNT
 
 
 def _one(synth, type_name: str) -> dict:
@@ -57,6 +57,26 @@ def test_admin_principals_get_cluster_admin_access_entries(alternative):
     [admin] = [e for e in entries if e["PrincipalArn"] == alternative.env.cluster.admin_principal_arns[0]]
     assert admin["AccessPolicies"][0]["AccessScope"] == {"Type": "cluster"}
     assert json.dumps(admin["AccessPolicies"][0]["PolicyArn"]).endswith('AmazonEKSClusterAdminPolicy"]]}')
+
+
+def test_people_who_only_submit_get_the_ray_namespace_and_the_queue_not_cluster_admin(alternative, default):
+    from infra.constructs.pod_identity import SUBMITTER_RULES, SUBMITTERS_GROUP
+
+    entries = [e["Properties"] for e in alternative.resources("cluster", "AWS::EKS::AccessEntry").values()]
+    [submitter] = [e for e in entries if e["PrincipalArn"] == alternative.env.cluster.submitter_principal_arns[0]]
+    assert submitter["Type"] == "STANDARD" and submitter["KubernetesGroups"] == [SUBMITTERS_GROUP]
+    assert "AccessPolicies" not in submitter  # no EKS access policy: RBAC in one namespace only
+    assert not [e for e in default.resources("cluster", "AWS::EKS::AccessEntry").values()
+                if e["Properties"].get("KubernetesGroups") == [SUBMITTERS_GROUP]]
+    manifests = [json.loads(r["Properties"]["Manifest"]) for r in
+                 alternative.resources("cluster", "Custom::AWSCDK-EKS-KubernetesResource").values()
+                 if SUBMITTERS_GROUP in r["Properties"]["Manifest"]]
+    [[role, binding]] = manifests
+    assert role["kind"] == "Role" and role["metadata"]["namespace"] == alternative.env.ray.namespace
+    assert role["rules"] == SUBMITTER_RULES and binding["subjects"][0]["name"] == SUBMITTERS_GROUP
+    granted = {(g, r) for rule in SUBMITTER_RULES for g in rule["apiGroups"] for r in rule["resources"]}
+    assert ("", "secrets") not in granted and ("", "pods/exec") not in granted
+    assert ("kueue.x-k8s.io", "localqueues") in granted and ("ray.io", "rayjobs") in granted
 
 
 def test_kubectl_layer_matches_the_kubernetes_version(default):
@@ -206,14 +226,19 @@ def test_ray_namespace_service_account_and_pod_identity(variant):
     kinds = {(m["kind"], m["metadata"]["name"]) for m in flat if isinstance(m, dict) and "kind" in m}
     assert ("Namespace", ray.namespace) in kinds
     assert ("ServiceAccount", ray.service_account) in kinds
-    [account] = [m for m in flat if m.get("kind") == "ServiceAccount"]
-    assert account["metadata"]["namespace"] == ray.namespace
-    # no IRSA annotation: its web-identity token would shadow Pod Identity in the SDKs
-    assert "eks.amazonaws.com/role-arn" not in account["metadata"].get("annotations", {})
-    [association] = [a["Properties"] for a in variant.resources("cluster", "AWS::EKS::PodIdentityAssociation").values()
-                     if a["Properties"]["Namespace"] == ray.namespace]
-    assert (association["Namespace"], association["ServiceAccount"]) == (ray.namespace, ray.service_account)
-    assert association["RoleArn"] == {"Fn::GetAtt": [_pod_role_id(variant), "Arn"]}
+    accounts = [m for m in flat if m.get("kind") == "ServiceAccount"]
+    assert sorted(a["metadata"]["name"] for a in accounts) == sorted([ray.service_account, SMOKE_SERVICE_ACCOUNT])
+    for account in accounts:
+        assert account["metadata"]["namespace"] == ray.namespace and account["automountServiceAccountToken"] is False
+        # no IRSA annotation: its web-identity token would shadow Pod Identity in the SDKs
+        assert "eks.amazonaws.com/role-arn" not in account["metadata"].get("annotations", {})
+    associations = {a["Properties"]["ServiceAccount"]: a["Properties"]
+                    for a in variant.resources("cluster", "AWS::EKS::PodIdentityAssociation").values()
+                    if a["Properties"]["Namespace"] == ray.namespace}
+    # the long-lived cluster's and the smoke runs'; each run's own is made by submit
+    assert set(associations) == {ray.service_account, SMOKE_SERVICE_ACCOUNT}
+    assert associations[ray.service_account]["RoleArn"] == {"Fn::GetAtt": [_pod_role_id(variant), "Arn"]}
+    assert associations[SMOKE_SERVICE_ACCOUNT]["RoleArn"] == {"Fn::GetAtt": [_output_role_id(variant, "SmokeRoleArn"), "Arn"]}
     # the pod-identity agent add-on, exactly once (a second one fails CloudFormation, E3019)
     addons = [a["Properties"]["AddonName"] for a in variant.resources("cluster", "AWS::EKS::Addon").values()]
     assert addons.count("eks-pod-identity-agent") == 1
@@ -223,40 +248,63 @@ def _pod_role_id(synth) -> str:
     return synth.json("cluster")["Outputs"]["PodRoleArn"]["Value"]["Fn::GetAtt"][0]
 
 
-def test_pod_role_trusts_only_pod_identity(default):
-    role = default.json("cluster")["Resources"][_pod_role_id(default)]["Properties"]
-    [statement] = role["AssumeRolePolicyDocument"]["Statement"]
-    assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
-    assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
-    assert "ManagedPolicyArns" not in role
+def test_pod_roles_trust_only_pod_identity_of_this_clusters_ray_namespace(default):
+    for output in ("PodRoleArn", "RunRoleArn", "SmokeRoleArn"):
+        role = default.json("cluster")["Resources"][_output_role_id(default, output)]["Properties"]
+        [statement] = role["AssumeRolePolicyDocument"]["Statement"]
+        assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+        assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
+        tags = statement["Condition"]["StringEquals"]
+        assert tags["aws:RequestTag/kubernetes-namespace"] == default.env.ray.namespace
+        assert tags["aws:RequestTag/eks-cluster-arn"]["Fn::Join"][1][-1] == f":cluster/{default.env.cluster.eks_name}"
+        assert "ManagedPolicyArns" not in role
 
 
-def test_pod_policy_is_least_privilege_on_the_prefix(variant):
-    env = variant.env
-    bucket, prefix = env.bucket_name, env.storage.prefix
-    pod_role = {"Ref": _pod_role_id(variant)}
-    policies = [p["Properties"] for p in variant.resources("cluster", "AWS::IAM::Policy").values()
-                if pod_role in p["Properties"]["Roles"]]
-    [policy] = policies  # nothing else is attached to the pod role
-    statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
-    arn = lambda suffix: {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":s3:::{bucket}{suffix}"]]}
-    # every statement: only for a bucket of this account, never a same-named one elsewhere
-    owned = {"StringEquals": {"s3:ResourceAccount": env.cluster.account or {"Ref": "AWS::AccountId"}}}
-    assert statements["CheckpointObjects"] == {
-        "Sid": "CheckpointObjects", "Effect": "Allow", "Resource": arn(f"/{prefix}/*"), "Condition": owned,
-        "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
-                   "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]}
-    read_only = env.storage.read_only_prefixes
-    assert statements["ReadJobInputs"] == {
-        "Sid": "ReadJobInputs", "Effect": "Allow", "Action": "s3:GetObject",
-        "Resource": [arn(f"/{ro}/*") for ro in read_only], "Condition": owned}
-    # HeadBucket needs s3:ListBucket with no prefix: unconditioned, but on this one bucket only
-    assert statements["ListCheckpointBucket"] == {
-        "Sid": "ListCheckpointBucket", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn(""),
-        "Condition": owned}
-    assert set(statements) == {"CheckpointObjects", "ReadJobInputs", "ListCheckpointBucket"}
+def _output_role_id(synth, output: str) -> str:
+    return synth.json("cluster")["Outputs"][output]["Value"]["Fn::GetAtt"][0]
+
+
+def _statements(synth, output: str) -> dict:
+    role = {"Ref": _output_role_id(synth, output)}
+    [policy] = [p["Properties"] for p in synth.resources("cluster", "AWS::IAM::Policy").values()
+                if role in p["Properties"]["Roles"]]  # nothing else is attached to a pod role
     text = json.dumps(policy)
     assert '"s3:*"' not in text and '"Resource": "*"' not in text
+    return {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
+
+
+def test_pod_policies_are_least_privilege(variant):
+    """The statements as written (what each grants is judged by IAM's rules in test_run_isolation.py)."""
+    env = variant.env
+    bucket, prefix = env.bucket_name, env.storage.prefix
+    arn = lambda suffix: {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"}, f":s3:::{bucket}{suffix}"]]}  # noqa: E731
+    # every statement: only for a bucket of this account, never a same-named one elsewhere
+    owned = {"StringEquals": {"s3:ResourceAccount": env.cluster.account or {"Ref": "AWS::AccountId"}}}
+    actions = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+    reads = {"Sid": "ReadJobInputs", "Effect": "Allow", "Action": "s3:GetObject", "Condition": owned,
+             "Resource": [arn(f"/{ro}/*") for ro in env.storage.read_only_prefixes] + [arn(f"/{prefix}/_inputs/*")]}
+    # HeadBucket needs s3:ListBucket with no prefix: unconditioned, but on this one bucket only
+    listing = {"Sid": "ListCheckpointBucket", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn(""),
+               "Condition": owned}
+    tracking = ({"TrackingServer": {"Sid": "TrackingServer", "Effect": "Allow", "Action": "sagemaker-mlflow:*",
+                                    "Resource": env.ray.mlflow_tracking_server_arn}}
+                if env.ray.mlflow_tracking_server_arn else {})
+    run = _statements(variant, "RunRoleArn")
+    assert run == {"OwnRunObjects": {"Sid": "OwnRunObjects", "Effect": "Allow", "Action": actions, "Condition": owned,
+                                     "Resource": arn(f"/{prefix}/${{aws:PrincipalTag/kubernetes-service-account}}/*")},
+                   "ReadJobInputs": reads, "ListCheckpointBucket": listing, **tracking}
+    smoke = _statements(variant, "SmokeRoleArn")
+    assert smoke == {"SmokeRunObjects": {"Sid": "SmokeRunObjects", "Effect": "Allow", "Action": actions,
+                                         "Condition": owned, "Resource": arn(f"/{prefix}/smoke-*")},
+                     "ReadJobInputs": reads, "ListCheckpointBucket": listing, **tracking}
+    shared = _statements(variant, "PodRoleArn")
+    assert shared == {
+        "CheckpointObjects": {"Sid": "CheckpointObjects", "Effect": "Allow", "Action": actions, "Condition": owned,
+                              "Resource": arn(f"/{prefix}/*")},
+        "NeverPipelineEvidenceOrInputs": {"Sid": "NeverPipelineEvidenceOrInputs", "Effect": "Deny",
+                                          "Action": ["s3:PutObject", "s3:DeleteObject"],
+                                          "Resource": [arn(f"/{prefix}/smoke-*"), arn(f"/{prefix}/_inputs/*")]},
+        "ReadJobInputs": reads, "ListCheckpointBucket": listing, **tracking}
 
 
 def test_outputs(default):

@@ -101,7 +101,9 @@ def _namespace_manifest(synth) -> list[dict]:
 def test_namespace_comes_with_its_network_policies_and_no_token_automount(variant):
     docs = _namespace_manifest(variant)
     ns = variant.env.ray.namespace
-    assert [d["kind"] for d in docs] == ["Namespace", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "ServiceAccount"]
+    # the long-lived cluster's service account and the pipeline's smoke runs' (each run's own: submit)
+    assert [d["kind"] for d in docs] == ["Namespace", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy",
+                                         "ServiceAccount", "ServiceAccount"]
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
     for policy in policies:  # the kubectl provider's own pruning label aside
         policy["metadata"]["labels"] = {k: v for k, v in policy["metadata"]["labels"].items()
@@ -109,7 +111,7 @@ def test_namespace_comes_with_its_network_policies_and_no_token_automount(varian
     assert policies == namespace_policies(ns, ADDONS_BY_KEY["kuberay_operator"].namespace)
     for doc in docs:
         kubernetes_validate.validate(doc, f"{variant.env.cluster.kubernetes_version}.0", strict=True)
-    assert docs[-1]["automountServiceAccountToken"] is False
+    assert [d["automountServiceAccountToken"] for d in docs[-2:]] == [False, False]
     # Pod Security: baseline enforced (tests/charts/test_pod_security_admission.py proves every
     # pod KubeRay creates passes it), restricted warned and audited
     labels = docs[0]["metadata"]["labels"]

@@ -14,6 +14,7 @@ import pytest
 
 from environment import environment_from_dict
 from environment.addons import ADDONS, ADDONS_BY_KEY, installed_addons
+from environment.contract import SMOKE_SERVICE_ACCOUNT
 from infra.build import resolved_addons
 from infra.constructs.cluster_addons import KUBERNETES_RESOURCE_TYPES, crd_chart_name
 from infra_variants import (
@@ -67,7 +68,9 @@ def test_no_addon_the_spec_marks_present_is_installed(existing):
     assert releases == expected and expected
     # cluster-autoscaler is present: no role or association for one is made here
     associations = existing.resources("cluster", "AWS::EKS::PodIdentityAssociation")
-    assert [a["Properties"]["ServiceAccount"] for a in associations.values()] == [existing.env.ray.service_account]
+    # (the long-lived cluster's pods and the pipeline's smoke runs have theirs)
+    assert sorted(a["Properties"]["ServiceAccount"] for a in associations.values()) == sorted(
+        [existing.env.ray.service_account, SMOKE_SERVICE_ACCOUNT])
     assert existing.built.cluster.autoscaler is None
 
 

@@ -63,5 +63,18 @@ def test_turning_it_on_for_a_running_cluster_adds_and_touches_nothing_running():
     print(table({name: changes}))
     assert touches_running(changes) == [] and [c for c in changes if c.effect] == []
     assert {(c.type, c.action) for c in changes} == {
-        ("AWS::ECR::PullThroughCacheRule", "add"), ("AWS::IAM::Policy", "add"),
+        ("AWS::ECR::PullThroughCacheRule", "add"), ("AWS::ECR::RepositoryCreationTemplate", "add"), ("AWS::IAM::Policy", "add"),
         ("AWS::EC2::VPCEndpoint", "add"), ("AWS::EC2::SecurityGroup", "add")}
+
+
+def test_each_cache_repository_gets_a_lifecycle_policy(capacity):
+    """The cache's repositories are made by ECR on the first pull, so only a repository creation
+    template for the rule's prefix (appliedFor PULL_THROUGH_CACHE) can give them a lifecycle
+    policy; before it every ~20 GB digest ever pulled stayed, billed."""
+    import json
+
+    [template] = [r["Properties"] for r in capacity.resources("cluster", "AWS::ECR::RepositoryCreationTemplate").values()]
+    assert template["Prefix"] == PREFIX and template["AppliedFor"] == ["PULL_THROUGH_CACHE"]
+    [rule] = json.loads(template["LifecyclePolicy"])["rules"]
+    assert rule["selection"]["countType"] == "imageCountMoreThan" and rule["selection"]["countNumber"] >= 2
+    assert rule["action"] == {"type": "expire"}

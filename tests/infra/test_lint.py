@@ -110,12 +110,15 @@ def test_every_nag_acknowledgement_has_a_real_reason(variant):
     groups = len(variant.env.gpu_node_groups)
     # control-plane role 1 + kubectl provider 8 + its read of the CRD chart assets 4 + the ONE
     # node role's 2 managed policies (no CNI policy) + the CNI's own role 1 + access-log bucket 1
-    # + pod policy: its read/write prefix 1 + each read-only prefix
+    # + the three pod policies (the long-lived cluster's, the run role's, the smoke runs'): each its read/write
+    # prefix 1 + each read-only prefix + the uploaded inputs 1 (+ MLflow on the tracking server 1)
     read_only = len(variant.env.storage.read_only_prefixes)
+    tracking = 1 if variant.env.ray.mlflow_tracking_server_arn else 0
     # + cluster-autoscaler's describe/scale policy 1 + with the image cache, the node role's
     # statements on the cache's repositories 1
     cache = 1 if variant.env.image.pull_through_cache else 0
-    assert groups >= 1 and len(acks) == 1 + 8 + 4 + 2 + 1 + 1 + 1 + read_only + 1 + cache
+    # + the submitters' policy: associations by id, code archive, inputs, runs read 4
+    assert groups >= 1 and len(acks) == 1 + 8 + 4 + 2 + 1 + 1 + 3 * (1 + read_only + 1 + tracking) + 1 + cache + 4
     for key, reason in acks.items():
         assert len(reason) >= 40, key
     # each finding has a reason of its own (no sentence copied from one finding to another)

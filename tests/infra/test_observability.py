@@ -61,6 +61,24 @@ def test_dcgm_exporter_on_gpu_nodes_found_by_the_stack(default):
     assert stack_id in dcgm["DependsOn"]
 
 
+def test_one_dcgm_host_engine_per_gpu_node_the_monitoring_agents(default):
+    """The node monitoring agent's dcgm-server runs nv-hostengine on hostPort 5555
+    (aws/eks-node-monitoring-agent charts/.../templates/dcgm-daemonset.yaml); dcgm-exporter
+    connects to it on the node's address (its -r flag, DCGM_REMOTE_HOSTENGINE_INFO) instead of
+    embedding a second engine (aws/containers-roadmap issue 2555), and both agent DaemonSets
+    tolerate the GPU taint (issue 2567)."""
+    _, dcgm = _charts(default)["dcgm-exporter"]
+    env = {e["name"]: e for e in json.loads(dcgm["Properties"]["Values"])["extraEnv"]}
+    assert env["NODE_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert env["DCGM_REMOTE_HOSTENGINE_INFO"]["value"] == "$(NODE_IP):5555"
+    [agent] = [r for r in default.resources("cluster", "AWS::EKS::Addon").values()
+               if r["Properties"]["AddonName"] == "eks-node-monitoring-agent"]
+    config = json.loads(agent["Properties"]["ConfigurationValues"])
+    assert set(config) == {"nodeAgent", "dcgmAgent"}  # only keys the add-on's configuration schema accepts
+    for part in ("nodeAgent", "dcgmAgent"):
+        assert [t["key"] for t in config[part]["tolerations"]] == [GPU_TAINT_KEY]
+
+
 def test_dashboards_applied_as_labelled_config_maps_after_the_stack(default):
     stack_id, _ = _charts(default)["kube-prometheus-stack"]
     [(objects, resource)] = [(m, r) for m, r in _manifests(default).values()

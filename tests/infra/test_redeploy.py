@@ -142,7 +142,7 @@ def test_capacity_reservation_uses_its_own_placement_group(capacity):
     assert data["Placement"] == {"GroupName": "odcr-training-pg"}
     assert data["CapacityReservationSpecification"]["CapacityReservationTarget"] == {
         "CapacityReservationId": RESERVATION}
-    # only the on-demand p5 group gets a placement group of its own
+    # only the spot p5 group gets a placement group of its own (as an on-demand one would)
     assert len(capacity.resources("cluster", "AWS::EC2::PlacementGroup")) == 1
 
 

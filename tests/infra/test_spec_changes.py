@@ -61,13 +61,21 @@ def test_capacity_block_group_with_32_efa_interfaces(alternative):
 
 
 def test_each_on_demand_gpu_group_has_its_own_placement_group(capacity, alternative):
-    # the capacity variant: an on-demand p5 group and a reservation in a named placement group
+    # the capacity variant: a spot p5 group (a placement group of its own, as on-demand: EC2
+    # refuses only spot that stops or hibernates there) and a reservation in a named one
     groups = _gpu_groups(capacity)
     placements = [_template_data(capacity, g)["Placement"]["GroupName"] for g in groups.values()]
     assert "odcr-training-pg" in placements
     assert [p["Fn::GetAtt"][1] for p in placements if isinstance(p, dict)] == ["GroupName"]
     # a reservation without a placement group, and a capacity block, get none of their own
     assert all("Placement" not in _template_data(alternative, g) for g in _gpu_groups(alternative).values())
+
+
+def test_a_spot_group_is_a_spot_node_group_with_its_types(capacity):
+    groups = _gpu_groups(capacity)
+    [spot] = [g for g in groups.values() if g["CapacityType"] == "SPOT"]
+    assert spot["InstanceTypes"] == ["p5.48xlarge"]
+    assert "CapacityReservationSpecification" not in _template_data(capacity, spot)
 
 
 def test_account_binds_the_stacks_and_names_the_bucket(default, alternative):

@@ -5,13 +5,14 @@ prints the whole table."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
 from infra_variants import default_raw
 from update_oracle import (
-    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_results, edited, kept, redeploy, refused, table,
-    templates, touches_running,
+    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_over, edit_results, edited, kept, redeploy, refused,
+    table, templates, touches_running,
 )
 
 SCALING_EDITS = ("gpu max_nodes 2 -> 3", "gpu min_nodes 0 -> 1", "system nodes 1 -> 2")
@@ -150,6 +151,10 @@ def test_what_each_edit_replaces_or_disrupts(results):
     assert effects["gpu instance_type -> g6.48xlarge"] == [
         ("AWS::EKS::Nodegroup", "replace", "NODES TERMINATED")]
     assert effects["gpu root_volume_gib 200 -> 300"] == [("AWS::EKS::Nodegroup", "update", "NODES ROLLED")]
+    # CapacityType and InstanceTypes are create-only (the Nodegroup schema): on-demand -> spot
+    # replaces the group, its nodes go; the launch template (placement group, EFA) is the same
+    assert effects["gpu capacity on-demand -> spot"] == effects["gpu capacity on-demand -> spot with g5.12xlarge too"] \
+        == [("AWS::EKS::Nodegroup", "replace", "NODES TERMINATED")]
     # a raised minimum carries no desired size either: EKS refuses it while fewer nodes run
     assert effects["gpu min_nodes 0 -> 1"] == [("AWS::EKS::Nodegroup", "update", "MAY BE REFUSED")]
     # so does a lowered maximum while more nodes run than it allows (the desired size stays)
@@ -162,6 +167,20 @@ def test_what_each_edit_replaces_or_disrupts(results):
     # observability off: its charts go, no node is touched
     assert {t for t, _, _ in effects["observability enabled -> false"]} == {
         "Custom::AWSCDK-EKS-HelmChart", "Custom::AWSCDK-EKS-KubernetesResource"}
+
+
+def test_spot_back_to_on_demand_replaces_the_group_and_its_nodes():
+    # the other way: a spot group (two types) made on-demand again; CapacityType and
+    # InstanceTypes are create-only, so the group is replaced, as a type change is
+    spot = edited(default_raw(), "gpu capacity on-demand -> spot with g5.12xlarge too")
+    back = {"gpu_node_groups.0.capacity": "on-demand", "gpu_node_groups.0.instance_types": []}
+    changes = edit_over(spot, back)
+    print(table({"gpu capacity spot -> on-demand": changes}))
+    assert sorted((c.type, c.action, c.effect.split(":")[0]) for c in changes if c.effect or c.action != "update") == [
+        ("AWS::EKS::Nodegroup", "replace", "NODES TERMINATED")]
+    # the type list alone, on spot: the same replacement
+    assert [c.action for c in edit_over(spot, {"gpu_node_groups.0.instance_types": []})
+            if c.type == "AWS::EKS::Nodegroup"] == ["replace"]
 
 
 def test_a_second_policy_on_a_bucket_that_keeps_one_is_refused():
@@ -238,3 +257,33 @@ def test_destroy_keeps_the_buckets_with_their_policies(baseline):
     kept = {(c.stack, c.type) for c in destroy(baseline) if c.action == "retain"}
     assert {("storage", "AWS::S3::Bucket"), ("storage", "AWS::S3::BucketPolicy")} <= kept
     assert [c for c in destroy(baseline) if c.effect.startswith("PROTECTION")] == []
+
+
+def test_turning_on_node_auto_repair_and_the_monitoring_agent_touches_nothing_running(baseline):
+    """A cluster deployed before node auto repair (main's template: no NodeRepairConfig, no
+    eks-node-monitoring-agent add-on), deployed again with it: each GPU group is updated in
+    place (``NodeRepairConfig`` is not among AWS::EKS::Nodegroup's createOnlyProperties, and
+    EKS applies it through UpdateNodegroupConfig, which replaces no node), the add-on is added,
+    and nothing running is touched."""
+    now = redeploy(default_raw(), baseline)
+    before = copy.deepcopy(now)
+    cluster = before["cluster"]["Resources"]
+    repaired = [k for k, r in cluster.items() if r["Type"] == "AWS::EKS::Nodegroup"
+                and (r["Properties"].get("NodeRepairConfig") or {}).get("Enabled") is True]
+    gpu = [k for k, r in cluster.items() if r["Type"] == "AWS::EKS::Nodegroup"
+           and any(t.get("Key") == "nvidia.com/gpu" for t in r["Properties"].get("Taints") or [])]
+    assert repaired == gpu and gpu  # every GPU group, and only they
+    for key in repaired:
+        del cluster[key]["Properties"]["NodeRepairConfig"]
+    agent = [k for k, r in cluster.items() if r["Type"] == "AWS::EKS::Addon"
+             and r["Properties"]["AddonName"] == "eks-node-monitoring-agent"]
+    assert len(agent) == 1
+    config = json.loads(cluster[agent[0]]["Properties"]["ConfigurationValues"])
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in config["nodeAgent"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in config["dcgmAgent"]["tolerations"]
+    del cluster[agent[0]]
+    changes = diff(before, now)
+    print(table({"node auto repair + monitoring agent": changes}))
+    assert sorted((c.type, c.action) for c in changes) == sorted(
+        [("AWS::EKS::Nodegroup", "update")] * len(gpu) + [("AWS::EKS::Addon", "add")])
+    assert touches_running(changes) == [] and refused(changes) == []

@@ -47,14 +47,20 @@ def cluster(tmp_path, monkeypatch, s3_server):  # noqa: F811
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_KUBECTL_STATE", str(state))
     monkeypatch.chdir(ROOT)
-    from raytrain_eks.runs import commands as run_commands
+    from raytrain_eks.backends import local as local_runs
 
-    monkeypatch.setattr(run_commands, "RUNS_DIR", tmp_path / "local-runs")  # this machine's own local runs stay out
+    monkeypatch.setattr(local_runs, "RUNS_DIR", tmp_path / "local-runs")  # this machine's own local runs stay out
+    from pod_identity_double import PodIdentityApi
+    from raytrain_eks.backends import eks as eks_backend
+
+    pod_identity = PodIdentityApi()  # moto has no Pod Identity associations (pod_identity_double.py)
+    monkeypatch.setattr(eks_backend, "eks_api", lambda region: pod_identity)
 
     class Cluster:
         storage = env.storage_uri
         bucket = env.bucket_name
         s3 = client
+        identity = pod_identity
 
         @staticmethod
         def state() -> dict:

@@ -29,6 +29,7 @@ from typing import Any
 import boto3
 from botocore.validate import validate_parameters
 
+from environment.addons import NODE_MONITORING_AGENT, node_monitoring_configuration
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE
 from infra_variants import (
     EXISTING_CLUSTER, EXISTING_GPU_GROUP, EXISTING_SECURITY_GROUP, EXISTING_SUBNETS, EXISTING_SYSTEM_GROUP, EXISTING_VPC,
@@ -88,11 +89,12 @@ def team_cluster(env) -> dict[str, Any]:
                                       "publicAccessCidrs": list(c.public_access_cidrs)},
                "accessConfig": {"authenticationMode": "API_AND_CONFIG_MAP"}}
 
-    def nodegroup(name: str, instance_type: str, labels: dict, taints: list, max_size: int) -> dict:
+    def nodegroup(name: str, instance_type: str, labels: dict, taints: list, max_size: int, repair: bool = False) -> dict:
         return {"nodegroup": {"nodegroupName": name, "clusterName": EXISTING_CLUSTER, "status": "ACTIVE",
                               "instanceTypes": [instance_type], "labels": labels, "taints": taints,
                               "scalingConfig": {"minSize": 0, "maxSize": max_size, "desiredSize": 0},
-                              "subnets": [EXISTING_SUBNETS[0]], "tags": {}}}
+                              "subnets": [EXISTING_SUBNETS[0]], "tags": {},
+                              **({"nodeRepairConfig": {"enabled": True}} if repair else {})}}
 
     gpu_taints = [{"key": t["key"], "value": t["value"], "effect": "NO_SCHEDULE"} for t in l4.taints]
     eks = {
@@ -101,12 +103,14 @@ def team_cluster(env) -> dict[str, Any]:
         ("describe_nodegroup", EXISTING_SYSTEM_GROUP): nodegroup(EXISTING_SYSTEM_GROUP, system.instance_type,
                                                                  system.labels, [], system.nodes),
         ("describe_nodegroup", EXISTING_GPU_GROUP): nodegroup(EXISTING_GPU_GROUP, l4.instance_type, l4.labels,
-                                                              gpu_taints, l4.max_nodes),
-        ("list_addons", EXISTING_CLUSTER): {"addons": ["eks-pod-identity-agent", "vpc-cni", "coredns", "kube-proxy"]},
+                                                              gpu_taints, l4.max_nodes, repair=True),
+        ("list_addons", EXISTING_CLUSTER): {"addons": ["eks-pod-identity-agent", "vpc-cni", "coredns", "kube-proxy",
+                                                       NODE_MONITORING_AGENT]},
     }
     for name, version, config in (("eks-pod-identity-agent", "v1.3.9-eksbuild.3", ""),
                                   ("vpc-cni", "v1.20.1-eksbuild.3", '{"enableNetworkPolicy":"true"}'),
-                                  ("coredns", "v1.14.3-eksbuild.3", ""), ("kube-proxy", "v1.36.0-eksbuild.14", "")):
+                                  ("coredns", "v1.14.3-eksbuild.3", ""), ("kube-proxy", "v1.36.0-eksbuild.14", ""),
+                                  (NODE_MONITORING_AGENT, "v1.6.2-eksbuild.1", json.dumps(node_monitoring_configuration()))):
         eks[("describe_addon", name)] = {"addon": {"addonName": name, "clusterName": EXISTING_CLUSTER,
                                                    "addonVersion": version, "status": "ACTIVE",
                                                    "configurationValues": config}}

@@ -119,6 +119,8 @@ def dispatch(state: dict, argv: list[str]) -> int:
                 continue
             if doc["kind"] == "RayJob":
                 kuberay_double.apply_rayjob(state, doc)
+            elif doc["kind"] == "ServiceAccount":
+                state.setdefault("serviceaccounts", {})[doc["metadata"]["name"]] = doc
             else:
                 state.setdefault("policies", {})[doc["metadata"]["name"]] = doc
         return 0

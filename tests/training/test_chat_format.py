@@ -1,4 +1,4 @@
-"""Conversations in the model's own format (training/tokenizer.py ``chat_format``,
+"""Conversations in the model's own format (training/data/tokenizer.py ``chat_format``,
 ``chat_template_text``; training/data/tokenize.py): Qwen2.5's ids and masks exactly as before,
 a Llama-3-style template's assistant-only mask and stop tokens, the template read as
 transformers reads it, and a tokenizer without a template refused in one line."""
@@ -15,7 +15,7 @@ from tiny_llama import EOT, END_OF_TEXT, LLAMA3_CHAT_TEMPLATE, build_tokenizer
 from training.data.formats import read_documents
 from training.data.records import DataError, Document
 from training.data.tokenize import chat_prompt_and_answer, tokenize_documents
-from training.tokenizer import chat_format, chat_template_text
+from training.data.tokenizer import chat_format, chat_template_text
 
 EXTRA = [  # beyond the demo corpus: a system turn, a trailing newline, non-ASCII, padded content
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello\n"}],

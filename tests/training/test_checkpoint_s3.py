@@ -167,7 +167,7 @@ def test_export_to_s3_loads_with_from_pretrained(run, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from training.checkpointing import export_latest
-    from training.checkpointing.storage import download
+    from training.storage.files import download
 
     model, _, _, _ = write_run(run, tmp_path, steps=2, every=0)
     out = export_latest(run)

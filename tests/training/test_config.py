@@ -78,10 +78,24 @@ BAD = [
     (["modle.path=x"], "modle: 'modle' is not a known field (known: "),
     (["name=Bad_Name"], "name: 'Bad_Name' is not a lower-case DNS label"),
     (["parallel.use_gpu=1"], "parallel.use_gpu: 1 is not allowed (expected true or false)"),
+    (["parallel.min_nodes=2"], "parallel.min_nodes: 2 is more than the job's nodes (num_workers 2 / workers_per_node 2 "
+                               "= 1); allowed 0 (fixed) or 1..1"),
+    (["parallel.num_workers=6", "parallel.min_nodes=2", "train.micro_batch_size=1", "train.global_batch_size=6"],
+     "train.global_batch_size: 6 must be divisible by every elastic size x micro_batch_size (parallel.min_nodes 2: "
+     "4 workers x 1)"),
+    (["parallel.min_nodes=-1"], "parallel.min_nodes: -1 must be >= 0"),
     (["parallel.strategy=no_shard", "parallel.grad_reduce_dtype=bfloat16"],
      "parallel.grad_reduce_dtype: 'bfloat16' with no_shard and 2 micro batches per step would sum the micro batches "
      "in bf16, not fp32 (use float32, or full_shard)"),
 ]
+
+
+def test_an_elastic_job_keeps_its_global_batch_at_every_size(job):
+    cfg = load_job_config(job, ["parallel.num_workers=6", "parallel.min_nodes=1", "train.micro_batch_size=1",
+                                "train.global_batch_size=12"])
+    assert cfg.world_sizes == (2, 4, 6) and cfg.elastic
+    assert [cfg.accum_steps_at(w) * w for w in cfg.world_sizes] == [12, 12, 12]
+    assert load_job_config(job).world_sizes == (2,) and not load_job_config(job).elastic
 
 
 def test_bf16_reduce_is_accepted_where_fp32_accumulation_holds(job):

@@ -44,9 +44,9 @@ def _jsonl(records) -> str:
 
 
 def test_the_kinds_are_the_files_of_the_registry():
-    assert FILE_KINDS == ("alpaca", "chat", "hf", "jsonl", "sharegpt", "text")
+    assert FILE_KINDS == ("alpaca", "chat", "hf", "jsonl", "preference", "sharegpt", "text")
     assert DATA_KINDS == ("synthetic", *FILE_KINDS)
-    assert [kind for kind, _ in formats.record_formats()] == ["alpaca", "chat", "sharegpt", "jsonl"]
+    assert [kind for kind, _ in formats.record_formats()] == ["alpaca", "chat", "sharegpt", "preference", "jsonl"]
 
 
 @pytest.mark.parametrize("kind, records, expected", [("alpaca", ALPACA, ALPACA_MESSAGES),
@@ -189,7 +189,7 @@ def test_the_head_of_a_large_json_array_gives_the_records_it_holds_whole(tmp_pat
     """The data check reads the head of an S3 object (training/data/check.py): a cut-off last
     element is not a bad record; a real syntax error inside the head still is."""
     from training.data.records import Reader
-    from training.data.remote import list_files
+    from training.storage.files import list_files
 
     path = tmp_path / "big.json"
     path.write_text(json.dumps(ALPACA * 50, indent=2))
@@ -381,7 +381,7 @@ import json, sys
 import training
 from training.config import load_job_config
 from training.data import build_data
-from training.tokenizer import load_tokenizer, tokenizer_location
+from training.data.tokenizer import load_tokenizer, tokenizer_location
 for sets in json.loads(sys.argv[2]):
     job = load_job_config("jobs/local.toml", sets)
     bundle = build_data(job, load_tokenizer(tokenizer_location(job.model)), rank=0, world_size=2, cache_dir=sys.argv[1])

@@ -33,7 +33,7 @@ def qwen_tokenizer_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def qwen_tokenizer():
-    from training.tokenizer import load_tokenizer
+    from training.data.tokenizer import load_tokenizer
 
     return load_tokenizer(qwen_tokenizer_dir())
 

@@ -1,12 +1,12 @@
-"""The waits of a stop and the run's own time limit (training/config.py): each outer wait
+"""The waits of a stop and the run's own time limit (training/deadlines.py): each outer wait
 covers the inner one, so a SIGKILL never lands inside the final checkpoint."""
 from __future__ import annotations
 
 import threading
 
 from training.checkpointing import signals, stop_driver_after, time_limit_reached
-from training.config import (GRACE_MARGIN_SECONDS, driver_exit_code, head_grace_seconds, run_time_limit_seconds,
-                             stop_wait_seconds)
+from training.deadlines import (GRACE_MARGIN_SECONDS, driver_exit_code, head_grace_seconds, run_time_limit_seconds,
+                                stop_wait_seconds)
 
 
 def test_each_wait_covers_the_one_inside_it():

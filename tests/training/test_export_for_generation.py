@@ -54,7 +54,7 @@ def test_a_base_model_tuned_on_a_chat_template_stops_at_that_templates_end_of_tu
 
     from tiny_llama import EOT, END_OF_TEXT, build_model_dir, build_tokenizer
     from training.checkpointing.export import export_model
-    from training.tokenizer import chat_format
+    from training.data.tokenizer import chat_format
 
     base = AutoModelForCausalLM.from_pretrained(build_model_dir(tmp_path / "base"))
     base.generation_config = GenerationConfig(bos_token_id=base.config.bos_token_id, eos_token_id=END_OF_TEXT)

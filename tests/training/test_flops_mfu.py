@@ -79,3 +79,16 @@ def test_mfu_round_trip():
     assert flops.mfu(tps, f_tok, 121.0) == pytest.approx(0.4)
     assert flops.mfu(tps, f_tok, None) is None
     assert flops.achieved_tflops(tps, f_tok) == pytest.approx(48.4)
+
+
+def test_a_lora_step_counts_the_flops_it_executes_by_hand_at_seq_4096():
+    """LoRA freezes the base: its backward computes each matmul's input gradient but no weight
+    gradient, so the matmuls count 2 x forward (4N), attention 3 x forward (its backward has no
+    weights to skip) and the adapters 6 per parameter: the matmuls two thirds of the full 6N."""
+    shapes = QWEN2_5_1_5B
+    seq, adapters = 4096, 18_464_768
+    matmuls = 2 * (shapes.num_layers * shapes.layer_matmul_params() + shapes.hidden_size * shapes.vocab_size)
+    attention = shapes.num_layers * 2 * (2 * seq * shapes.num_heads * shapes.attention_head_dim)
+    assert flops.lora_training_flops_per_token(shapes, seq, adapters) == 2 * matmuls + 3 * attention + 6 * adapters
+    ratio = flops.lora_training_flops_per_token(shapes, seq, adapters) / flops.training_flops_per_token(shapes, seq)
+    assert 0.73 < ratio < 0.75  # (4 x 9.26 / 6 + 2.1) / (9.26 + 2.1) G: attention is a fifth of it at 4096

@@ -8,7 +8,8 @@ import pytest
 from tiny_qwen import tiny_qwen2_config
 from training import contract, launch
 from training.config import job_config_from_dict
-from training.run_record import RunRecord, read_json
+from training.run_record import RunRecord
+from training.storage.files import read_json
 
 
 def _job(storage: str = "", **parallel):

@@ -10,7 +10,7 @@ import torch
 
 from training.checkpointing import CheckpointManager, Lease, LeaseHeld, TrainerState
 from training.checkpointing.lease import LEASE_TTL_S, LeaseLost
-from training.checkpointing.storage import run_exists
+from training.checkpointing.markers import run_exists
 
 
 def _lease(run, name: str) -> Lease:
@@ -103,10 +103,10 @@ class _FlakyReads:
 
 
 def _flaky(monkeypatch, failures: int) -> _FlakyReads:
-    from training.checkpointing import lease as lease_module
+    from training.storage import files
 
-    monkeypatch.setattr(lease_module, "READ_RETRY_S", 0.0)
-    real = lease_module.filesystem_for
+    monkeypatch.setattr(files, "RETRY_PAUSE_S", 0.0)
+    real = files.filesystem_for
     flaky = _FlakyReads(None, failures)
 
     def filesystem_for(uri):
@@ -114,7 +114,7 @@ def _flaky(monkeypatch, failures: int) -> _FlakyReads:
         flaky.fs = fs
         return flaky, path
 
-    monkeypatch.setattr(lease_module, "filesystem_for", filesystem_for)
+    monkeypatch.setattr(files, "filesystem_for", filesystem_for)
     return flaky
 
 
@@ -138,3 +138,18 @@ def test_an_unreadable_lease_is_not_an_absent_one(tmp_path, monkeypatch):
     with pytest.raises(LeaseHeld):
         second.acquire(now=1000.0 + LEASE_TTL_S)  # even an expired-looking run is not taken blind
     assert first.read()["attempt"] == "attempt-a"
+
+
+def test_a_write_based_on_a_stale_read_is_refused(tmp_path):
+    """The compare-and-swap itself (directory storage: flock + sha256 "ETag"): a trainer that read
+    the lease, then lost the race to a writer, writes nothing. Before the fix the lease was
+    written unconditionally and the later writer won."""
+    run = tmp_path / "run"
+    first, second = _lease(run, "a"), _lease(run, "b")
+    first.acquire(now=1000.0)
+    seen, etag = second._fetch()  # b read an expired-looking lease ...
+    first.renew(now=1000.0 + LEASE_TTL_S)  # ... a renewed meanwhile ...
+    assert not second._swap(1000.0 + LEASE_TTL_S, etag)  # ... so b's takeover is refused
+    assert first.read()["attempt"] == "attempt-a" and first.problem() is None
+    third = _lease(run, "c")
+    assert not third._swap(1000.0, None)  # "create only if absent" while one exists

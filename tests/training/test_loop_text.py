@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from tiny_qwen import tiny_qwen2_config
 from training.config import job_config_from_dict
-from training.tokenizer import DEFAULT_TOKENIZER_DIR
+from training.data.tokenizer import DEFAULT_TOKENIZER_DIR
 
 DEMO_JSONL = "training/assets/demo_corpus/jsonl/notes.jsonl"
 STEPS = 10

@@ -113,6 +113,8 @@ def test_entry_point_reads_max_positions_from_the_model_directory(tmp_path, caps
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 128}))
+    (model_dir / "model.safetensors").write_bytes(b"")  # the check looks for the weights' file, not into it
+    (model_dir / "tokenizer.json").write_text("{}")
     job = _write_job(tmp_path, TINY_JOB.replace("[model.config]", f'[model]\npath = "{model_dir}"\n[model.config]'))
     assert main(["--config", job, "--check"]) == 0  # seq_len 64 fits
     assert main(["--config", job, "--check", "--set", "train.seq_len=256"]) == 2

@@ -54,20 +54,25 @@ def test_base_frozen_in_bf16_adapters_trainable_in_fp32_and_the_start_is_the_bas
     assert "model.layers.0.self_attn.q_proj.base_layer.weight" in frozen
     torch.manual_seed(0)
     base = build_model(job_config_from_dict({**job.to_dict(), "model": {"config": tiny_qwen2_config()}},
-                                            "jobs/t.toml").model, seq_len=16, on_gpu=False).to(torch.bfloat16)
+                                            "jobs/t.toml").model, seq_len=16, on_gpu=False)
+    for param in base.parameters():  # bf16 weights, fp32 rotary frequencies: as a bf16 export loads
+        param.data = param.data.to(torch.bfloat16)
     ids = torch.randint(0, 500, (1, 16))
     with torch.no_grad():  # B = 0: the adapted model starts as the base model, exactly
         assert torch.equal(model(input_ids=ids).logits, base(input_ids=ids).logits)
 
 
-def _train(job, workdir, *, resume_from="", phase="train"):
+def _train(job, workdir, *, resume_from="", phase="train", base_seed=0):
     from training.checkpointing import CheckpointManager, TrainerState, copy_report, restore
     from training.model import build_model, loss_sum
     from training.optim import build_optimizer, build_scheduler
     from training.parallel import build_mesh, parallelize
 
-    torch.manual_seed(0)
+    from training.loop import lora_base_problem
+
+    torch.manual_seed(base_seed)
     model = build_model(job.model, seq_len=16, on_gpu=False)
+    torch.manual_seed(0)
     # activation checkpointing as the shipped jobs run: recomputed blocks see the same dropout masks
     parallelize(model, build_mesh("full_shard", 1, on_gpu=False), strategy="full_shard", on_gpu=False,
                 activation_checkpointing=True)
@@ -75,6 +80,8 @@ def _train(job, workdir, *, resume_from="", phase="train"):
     scheduler = build_scheduler(optimizer, job.train, job.optim)
     trainer = TrainerState(scheduler=scheduler)
     restore(model=model, optimizer=optimizer, trainer=trainer, local_root=f"{workdir}/node", resume_from=resume_from)
+    if problem := lora_base_problem(model, trainer):  # as training/loop.py does after the restore
+        return problem, None
     manager = CheckpointManager(model=model, optimizer=optimizer, trainer=trainer, local_root=f"{workdir}/node",
                                 run_name=phase, every_n_steps=EVERY, report=copy_report(f"{workdir}/storage/{phase}"),
                                 model_config=model.config.to_dict())
@@ -122,3 +129,37 @@ def test_fsdp2_trains_only_the_adapters_checkpoints_hold_only_them_and_resume_is
     assert sorted(resumed) == [3, 4]
     assert resumed == {s: losses[s] for s in (3, 4)}  # bit-identical floats
     assert all(torch.equal(adapters[n], resumed_adapters[n]) for n in adapters)
+
+    # the same run resumed on ANOTHER base (other weights, same shapes): refused before a step
+    problem, _ = _train(job, tmp_path, resume_from=str(checkpoint), phase="other-base", base_seed=1)
+    assert problem.startswith("resume refused: the frozen base model differs from the one this LoRA run started with")
+    assert "\n" not in problem
+
+
+def test_the_bf16_base_keeps_its_rotary_frequencies_in_fp32():
+    """Oracle: transformers 5.13 ``models/qwen2/modeling_qwen2.py`` ``Qwen2RotaryEmbedding``
+    (:65-68 ``inv_freq``/``original_inv_freq`` buffers from ``compute_default_rope_parameters``
+    :71-98, computed in float32; ``forward`` :103-108 multiplies them by the positions in float32).
+    A base loaded in fp32 (``dtype = "auto"``) and frozen in bf16 must keep those buffers as
+    computed: ``model.to(bfloat16)`` cast them too (relative error up to 3.6e-3), while a server
+    loading the exported model recomputes them in fp32."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+
+    from training.model_transforms import lora
+
+    config = Qwen2Config(**tiny_qwen2_config())
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)  # float32, as "auto" loads an fp32 checkpoint
+    lora.apply(model, {"base_dtype": "bfloat16"})
+    assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    exact, _ = Qwen2RotaryEmbedding.compute_default_rope_parameters(config, device=None)
+    rotary = model.model.rotary_emb
+    for name in ("inv_freq", "original_inv_freq"):
+        buffer = getattr(rotary, name)
+        assert buffer.dtype == torch.float32, f"{name} cast to {buffer.dtype}"
+        assert torch.equal(buffer, exact.float()), f"{name} differs from the fp32 frequencies"
+    positions = torch.tensor([[2047]])
+    cos, _ = rotary(torch.zeros(1, 1, config.hidden_size), positions)
+    angle = positions.float()[..., None] * exact.float()
+    assert torch.equal(cos[0, 0, : exact.numel()], torch.cos(angle)[0, 0])

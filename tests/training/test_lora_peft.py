@@ -158,3 +158,26 @@ def test_a_tied_output_layer_targeted_exports_a_merged_model_that_keeps_the_embe
         merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
         torch.testing.assert_close(merged.model.embed_tokens.weight, _base().model.embed_tokens.weight)
         torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_adapter_submit_copies_back_loads_in_peft(tmp_path):
+    """What a user gets: submit copies the run's folders out of its storage
+    (raytrain_eks/runs/results.py ``download_run``); the adapter must come with its weights (a copy
+    holding only ``adapter_config.json`` made ``PeftModel.from_pretrained`` fail, and a local
+    run's bucket is gone when submit ends)."""
+    from raytrain_eks.runs.results import download_run
+    from training.checkpointing.export import export_model
+    from training.model import export_config
+    from training.storage import RunStorage
+
+    ours, _ = _pair()
+    ours.eval()
+    ours.published_dtype = "float32"
+    run = RunStorage(f"file://{tmp_path / 'runs'}").run("lora-run")
+    export_model(ours, f"{run}/hf", model_config=export_config(ours))
+    copied = download_run(None, run, tmp_path / "out")
+    assert "hf-adapter/adapter_model.safetensors" in copied, copied
+    ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        loaded = peft.PeftModel.from_pretrained(_base(), str(tmp_path / "out" / "hf-adapter")).eval()
+        torch.testing.assert_close(loaded(input_ids=ids).logits, ours(input_ids=ids).logits)

@@ -58,7 +58,7 @@ def _gauges_made():
 
 
 def test_the_registry_is_the_folder():
-    assert metric_sinks.sink_names() == ("jsonl", "mlflow", "prometheus", "tensorboard")
+    assert metric_sinks.sink_names() == ("mlflow", "prometheus", "tensorboard")
 
 
 def test_the_fan_out_writes_what_the_loop_wrote_before(tmp_path, recording):
@@ -70,7 +70,7 @@ def test_the_fan_out_writes_what_the_loop_wrote_before(tmp_path, recording):
 
     ctx = SimpleNamespace(rank=0, local_dir=str(tmp_path / "after"), storage=None, in_ray=True, run_dir="")
     fan_out = metric_sinks.open_metrics(JOB, ctx)
-    fan_out.sinks[0].stream = after_out  # the jsonl sink prints rank 0's console lines
+    fan_out.sinks[0].stream = after_out  # metrics.jsonl's log prints rank 0's console lines
     _script(fan_out)
     after = _gauges_made()
 
@@ -128,7 +128,7 @@ def test_a_sink_is_one_file_in_the_folder(tmp_path, monkeypatch, recording):
     folder.mkdir()
     (folder / "recorder.py").write_text(SINK_FILE)
     monkeypatch.setattr(metric_sinks, "__path__", [*metric_sinks.__path__, str(folder)])
-    assert metric_sinks.sink_names() == ("jsonl", "mlflow", "prometheus", "recorder", "tensorboard")
+    assert metric_sinks.sink_names() == ("mlflow", "prometheus", "recorder", "tensorboard")
     try:
         for rank in (0, 1):
             ctx = SimpleNamespace(rank=rank, local_dir=str(tmp_path / f"rank{rank}"), storage=None, in_ray=False,

@@ -35,7 +35,7 @@ def _assert_same_figures(events: dict, rows: list[dict]) -> None:
 def test_every_figure_by_step_reaches_the_run_directory_at_each_sync(tmp_path):
     ctx = SimpleNamespace(rank=0, local_dir=str(tmp_path / "scratch"), run_dir=str(tmp_path / "run"), storage=None,
                           in_ray=False)
-    log = metric_sinks.open_metrics(JOB, ctx, names=("jsonl", "tensorboard"))
+    log = metric_sinks.open_metrics(JOB, ctx, names=("tensorboard",))  # and metrics.jsonl, always first
     log.sinks[0].stream = open("/dev/null", "w")
     log.write({"kind": "eval", "step": 0, "eval_loss": 4.5})
     for step in (1, 2):
@@ -66,3 +66,20 @@ def test_other_ranks_write_no_events(tmp_path):
     log = metric_sinks.open_metrics(JOB, ctx, names=("tensorboard",))
     assert log.sinks == []
     assert not (tmp_path / "scratch").exists()
+
+
+def test_an_earlier_runs_event_file_in_the_scratch_folder_stays_out_of_this_run(tmp_path):
+    """The scratch folder is keyed by the run's storage location (training/run_record.py
+    ``scratch_key``): a local run reusing a name, or the demo's ``local`` on another clone of the
+    same host, finds the earlier run's event file there. Before the fix ``sync`` mirrored every
+    file of the folder, and TensorBoard showed both runs' losses as one run."""
+    scratch = tmp_path / "scratch" / contract.TENSORBOARD_DIR
+    scratch.mkdir(parents=True)
+    (scratch / "events.out.tfevents.1700000000.host.worker").write_bytes(b"an earlier run's events")
+    ctx = SimpleNamespace(rank=0, local_dir=str(tmp_path / "scratch"), run_dir=str(tmp_path / "run"), storage=None,
+                          in_ray=False)
+    log = metric_sinks.open_metrics(JOB, ctx, names=("tensorboard",))
+    log.write({**TRAIN, "step": 1, "loss": 2.75})
+    log.close()
+    mirrored = sorted(p.name for p in (tmp_path / "run" / contract.TENSORBOARD_DIR).iterdir())
+    assert len(mirrored) == 1 and "1700000000" not in mirrored[0], mirrored

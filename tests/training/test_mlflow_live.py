@@ -263,7 +263,7 @@ def test_a_server_that_does_not_proxy_artifacts_gets_the_run_finished_and_its_fi
         assert run["info"]["status"] == "FINISHED"
         _holds_exactly(url, info["run_id"], _rows(1, 3))
     assert not info["artifact_uri"].startswith("mlflow-artifacts:")
-    from training.checkpointing.storage import filesystem_for
+    from training.storage.files import filesystem_for
 
     filesystem, folder = filesystem_for(info["artifact_uri"])
     with filesystem.open_input_stream(f"{folder}/{contract.METRICS_NAME}") as stream:

@@ -12,7 +12,7 @@ import torch
 from spec_schema import FieldError
 from tiny_qwen import tiny_qwen2_config
 from training import optim
-from training.config import OptimConfig, TrainConfig
+from training.config_sections import OptimConfig, TrainConfig
 
 
 def _hard_coded_build_optimizer(model, train_cfg):
@@ -147,7 +147,7 @@ def test_run_json_records_the_optimizer_settings(tmp_path):
     from fixture_paths import FIXTURE_JOBS
     from training import launch
     from training.config import load_job_config
-    from training.run_record import read_json
+    from training.storage.files import read_json
 
     job = load_job_config(FIXTURE_JOBS / "local.toml", [f"checkpoint.storage_path={tmp_path}", "optim.beta2=0.99",
                                                         "optim.schedule='linear'"])

@@ -326,11 +326,13 @@ def test_the_layout_goes_to_the_device_of_the_ids():
 
 
 def test_evaluation_passes_the_host_batch_and_the_device(monkeypatch):
-    """training/evaluation.py hands ``loss_sum`` the host batch and ``device``, as training/loop.py
-    does, so the indices and the layout are computed on the host and moved with the tokens."""
+    """training/evaluation.py hands ``loss_sum`` the host batch and ``device`` (through the
+    objective, training/objectives/sft.py), as training/loop.py does, so the indices and the
+    layout are computed on the host and moved with the tokens."""
     import torch.distributed as dist
 
     from training import evaluation
+    from training import model as forward
 
     seen = []
 
@@ -338,7 +340,7 @@ def test_evaluation_passes_the_host_batch_and_the_device(monkeypatch):
         seen.append(({k: v.device for k, v in batch.items()}, device))
         return torch.tensor(1.0)
 
-    monkeypatch.setattr(evaluation, "loss_sum", fake_loss_sum)
+    monkeypatch.setattr(forward, "loss_sum", fake_loss_sum)
     monkeypatch.setattr(dist, "all_reduce", lambda tensor, op=None: None)
     batch = _packed_batch()
     device = torch.device("cpu")

@@ -140,7 +140,7 @@ def reference():
 
 def test_failure_then_resume_is_bit_identical_and_a_new_cluster_continues_from_s3(storage, reference):
     from training.checkpointing import ExistingRunError, plan_resume
-    from training.checkpointing.storage import filesystem_for
+    from training.storage.files import filesystem_for
 
     prefix, out = storage
     # the fault hook settles first: the step-4 checkpoint is committed by Ray Train before rank 1 dies

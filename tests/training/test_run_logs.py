@@ -1,9 +1,9 @@
-"""training/run_record.py: scratch keyed by the run's storage location; the log copy never fails a run."""
+"""training/run_logs.py: scratch keyed by the run's storage location; the log copy never fails a run."""
 from __future__ import annotations
 
 import json
 
-from training.run_record import RUN_LOGS_DIR, copy_cluster_logs, scratch_key
+from training.run_logs import RUN_LOGS_DIR, copy_cluster_logs, scratch_key
 
 
 def test_two_runs_of_one_name_get_two_scratch_folders_and_a_resume_gets_its_own_back():

@@ -13,6 +13,7 @@ from training import run_record
 from training import contract as c
 from training.contract import RECORD_FIELDS as FIELDS
 from training.run_record import RunRecord
+from training.storage.files import read_json
 
 ENV = {
     c.ENV_IMAGE: "public.ecr.aws/deep-learning-containers/ray@sha256:" + "ab" * 32,
@@ -25,7 +26,8 @@ ENV = {
 
 
 def test_training_modules_import_without_torch_or_ray():
-    code = ("import sys; import training.flops, training.transport, training.run_record; "
+    code = ("import sys; import training.flops, training.transport, training.run_record, training.run_facts, "
+            "training.run_logs, training.storage.files, training.deadlines; "
             "bad = {'torch', 'ray', 'pyarrow', 'transformers', 'spec'} & set(sys.modules); print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -72,13 +74,13 @@ def test_failed_run_records_the_error_and_unknown_fields_are_refused(tmp_path):
     with pytest.raises(KeyError, match="no field 'colour'"):
         record.update(colour="blue")
     record.finish(status="failed", error="TransportError: rank 4 saw 'socket'")
-    final = run_record.read_json(str(tmp_path / "run.json"))
+    final = read_json(str(tmp_path / "run.json"))
     assert final["kind"] == "fine_tune" and final["image"] == "" and final["image_digest"] == ""
     assert final["status"] == "failed" and final["exit_code"] == 1 and "socket" in final["error"]
 
 
 def test_collect_versions_reads_the_installed_stack_and_says_why_gpu_facts_are_absent():
-    from training.run_record import collect_versions
+    from training.run_facts import collect_versions
 
     versions = collect_versions(on_gpu=False)
     from importlib import metadata
@@ -116,6 +118,7 @@ def test_code_hash_changes_with_the_code(tmp_path):
     assert run_record.code_hash(tmp_path) != before
 
 
+@pytest.mark.subprocess  # charts/code_bundle.py starts a process to build the archive
 def test_code_hash_equals_the_code_archive_hash_the_manifests_carry(tmp_path):
     from charts.code_bundle import build_code_bundle
 
@@ -127,5 +130,5 @@ def test_record_on_s3(moto_s3):
     record = RunRecord("s3://runs-111122223333/jobs/smoke", environ=ENV)
     record.start(job_config={"name": "smoke"}, is_infrastructure_check=True, versions={})
     record.finish(status="stopped", error="SIGTERM")
-    final = run_record.read_json("s3://runs-111122223333/jobs/smoke/run.json")
+    final = read_json("s3://runs-111122223333/jobs/smoke/run.json")
     assert final["status"] == "stopped" and final["spec_hash"] == ENV[c.ENV_SPEC_HASH]

@@ -1,15 +1,16 @@
-"""The run storage's one description (training/run_storage.py): the kind follows from the URI, and
+"""The run storage's one description (training/storage/__init__.py): the kind follows from the URI, and
 the job config, the launcher and the checkpoint code all read it from there."""
 from __future__ import annotations
 
 import os
 
 import pytest
+from fixtures_runs_s3 import _moto_server, moto_s3  # noqa: F401  (fixtures)
 
 from training import launch
-from training.checkpointing.storage import run_uri
+from training.checkpointing.markers import run_uri
 from training.config import JobConfigError, job_config_from_dict
-from training.run_storage import RunStorage
+from training.storage import RunStorage
 
 
 @pytest.mark.parametrize("uri, kind, shared, path, run", [
@@ -69,3 +70,77 @@ def test_ray_train_takes_the_launchers_shared_path_as_one_storage_every_worker_c
     assert context.storage_filesystem.type_name == "local"
     assert context.experiment_fs_path == launch.run_dir(job) == str(tmp_path / "fsx" / "runs" / "spans-nodes")
     context._check_validation_file()  # what a worker on another node of the mount runs before each checkpoint
+
+
+# --- the storage room: one file-system factory, one retry policy, the same reads on every kind ---
+
+def test_every_kind_of_storage_is_read_and_written_through_the_one_factory(tmp_path, moto_s3):
+    """The same write, read, listing and download on a plain path, a ``file://`` mount and S3
+    (moto's server, the real S3 protocol); the factory names the path on each kind's file system."""
+    from training.storage import files
+
+    for base in (str(tmp_path / "plain"), f"file://{tmp_path / 'shared'}", "s3://runs-111122223333/room"):
+        run = RunStorage(base).run("r1")
+        files.write_json(f"{run}/run.json", {"status": "running"})
+        files.write_bytes(f"{run}/logs/a/b.log", b"line\n")
+        assert files.read_json(f"{run}/run.json") == {"status": "running"}
+        assert [f.uri.rsplit("/", 1)[-1] for f in files.list_files(run)] == ["b.log", "run.json"]
+        assert (files.download(f"{run}/logs", tmp_path / "dl" / RunStorage(base).kind) / "a" / "b.log").read_bytes() \
+            == b"line\n"
+        filesystem, path = files.filesystem_for(run)
+        assert path == RunStorage(base).path + "/r1"
+        assert files.is_local(filesystem) == (RunStorage(base).kind != "s3")
+        assert files.read_retrying(f"{run}/absent.json") is None  # absent: None, never an error
+    with pytest.raises(ValueError, match="gs://b/k: not s3://bucket/key, file:///<path> nor a path"):
+        files.filesystem_for("gs://b/k")
+
+
+def test_the_retry_policy_is_read_in_one_place(monkeypatch, tmp_path):
+    """pyarrow's S3 client is built with the policy's attempts; a read that must not take an
+    error for an absent file is retried READ_TRIES times, then raises (the lease's read)."""
+    from pyarrow import fs
+
+    from training.storage import files
+
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    built = []
+    monkeypatch.setattr(fs, "S3FileSystem", lambda **kwargs: built.append(kwargs) or fs.LocalFileSystem())
+    files.filesystem_for("s3://bucket/key")
+    assert built[0]["retry_strategy"].max_attempts == files.S3_ATTEMPTS
+    monkeypatch.setattr(files, "RETRY_PAUSE_S", 0.0)
+    target = tmp_path / "x.json"
+    target.write_text("{}")
+    calls = []
+    real = files.filesystem_for
+
+    class Failing:
+        """A file system whose reads fail as pyarrow's S3 client's do once its retries are spent."""
+        def open_input_stream(self, path):
+            calls.append(path)
+            raise OSError("AWS Error NETWORK_CONNECTION")
+
+    monkeypatch.setattr(files, "filesystem_for", lambda uri: (Failing(), real(uri)[1]))
+    with pytest.raises(OSError, match="NETWORK_CONNECTION"):
+        files.read_retrying(str(target))
+    assert len(calls) == files.READ_TRIES
+
+
+def test_no_module_outside_the_storage_room_builds_a_file_system_or_an_s3_client():
+    """One factory: every pyarrow file system and S3 client of the job is built in
+    training/storage/files.py; elsewhere a module asks it, or uses the one Ray Train's
+    StorageContext holds (which the launcher built there)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    builders = {"S3FileSystem", "LocalFileSystem", "from_uri", "client", "resource"}
+    found = []
+    for path in sorted((root / "training").rglob("*.py")):
+        if path.parent.name == "storage" and path.parent.parent.name == "training":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in builders:
+                owner = ast.unparse(node.func.value)
+                if owner in ("fs", "pafs", "pyarrow.fs", "fs.FileSystem", "pafs.FileSystem", "boto3"):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node.func)}")
+    assert found == []

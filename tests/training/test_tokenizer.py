@@ -5,8 +5,8 @@ import json
 import pytest
 from test_data_support import qwen_tokenizer, qwen_tokenizer_dir, s3_put_tree, use_moto
 
-from training.data.remote import fetch_prefix
-from training.tokenizer import TokenizerError, document_separator_id, load_tokenizer
+from training.storage.files import fetch_prefix
+from training.data.tokenizer import TokenizerError, document_separator_id, load_tokenizer
 
 # transformers' own Qwen2 tokenization integration test (tests/models/qwen2/test_tokenization_qwen2.py,
 # test_tokenizer_integration, revision 5909c822 of Qwen/Qwen-tokenizer): strings and expected ids.
@@ -101,7 +101,7 @@ def test_load_tokenizer_from_s3_downloads_once_per_node(tmp_path, monkeypatch):
 def test_concurrent_ranks_on_a_node_download_a_prefix_once(tmp_path, monkeypatch):
     import threading
 
-    from training.data import remote
+    from training.storage import files as remote
 
     use_moto(monkeypatch)
     s3_put_tree("tok-bucket", "small/prefix", {"a.json": b"{}", "sub/b.txt": b"bee"})

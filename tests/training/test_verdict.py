@@ -56,3 +56,22 @@ def test_bad_criteria_are_refused_in_one_line(override, message):
     with pytest.raises(JobConfigError) as caught:
         load_job_config(FIXTURE_JOBS / "local.toml", [override])
     assert message in str(caught.value) and "jobs/local.toml" in str(caught.value)
+
+
+def test_a_stopped_local_run_is_no_infrastructure_fault_and_not_called_resumable():
+    """A local run's storage (moto in memory) and Ray head end with its submit: before the fix a
+    deliberate ``raytrain-eks stop`` read "EXECUTION-FAILED (infrastructure) ... resumable". The
+    local backend marks its runs (the variable in the Ray job's runtime env); the driver records it."""
+    import json
+
+    from raytrain_eks.backends.local import submit_command
+    from training import contract
+
+    command = submit_command("http://127.0.0.1:8265", "r1", "python -m training --config jobs/local.toml",
+                             "env_vars:\n  A: b\n")
+    env_vars = json.loads(command[command.index("--runtime-env-json") + 1])["env_vars"]
+    assert env_vars == {"A": "b", contract.STORAGE_LIVES_FOR_ONE_SUBMIT_ENV: "1"}
+    stopped = verdict.judge({**_record(status="stopped"), contract.STORAGE_LIVES_FOR_ONE_SUBMIT: True})
+    line = verdict.headline(stopped)
+    assert line.startswith("EXECUTION-FAILED (stopped): stopped before max_steps") and "cannot resume" in line
+    assert "infrastructure" not in line and "resumable" not in line

@@ -24,6 +24,11 @@ ALPACA_OK = {"instruction": "Add the two numbers.", "input": "2 and 3", "output"
 SHAREGPT_OK = {"conversations": [{"from": "human", "value": "What is 2 + 2?"}, {"from": "gpt", "value": "4"}]}
 
 
+OVERLONG_CHAT = {"messages": [{"role": "user", "content": "Tell me a long story."},
+                               {"role": "assistant", "content": "once upon a time " * 40}]}
+"""An answer far longer than the fixture local job's train.seq_len (128)."""
+
+
 def _lines(records, n=40) -> str:
     return "".join(json.dumps(r) + "\n" for r in records * n)
 
@@ -253,6 +258,13 @@ MODEL_DIR_CASES = [
      "train.seq_len: 128 exceeds the model's max_position_embeddings (64)"),
     ("config-json-positions-string", json.dumps({"max_position_embeddings": "4k"}), [],
      "model.path: {model}/config.json: max_position_embeddings '4k' is not a positive integer"),
+    # a folder with config.json alone passed every check and failed 71 s into the run
+    ("config-json-only", json.dumps({"max_position_embeddings": 2048}), [],
+     "model.path: '{model}' holds config.json but no weights (*.safetensors, model.safetensors.index.json, "
+     "pytorch_model*.bin): give the folder save_pretrained wrote"),
+    ("config-json-only-no-tokenizer", json.dumps({"max_position_embeddings": 2048}), ["model.tokenizer="],
+     "holds config.json but no weights (*.safetensors, model.safetensors.index.json, pytorch_model*.bin) and no "
+     "tokenizer (tokenizer.json, or vocab.json + merges.txt, or tokenizer.model)"),
 ]
 
 # (id, job TOML, where it is planned: "charts" or "preflight", words)

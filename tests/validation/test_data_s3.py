@@ -19,7 +19,7 @@ GOOD = json.dumps({"text": "a sentence of training text that is long enough to m
 
 
 def _put(uri: str, body: bytes) -> None:
-    from training.data.remote import s3_filesystem, split_s3
+    from training.storage.files import s3_filesystem, split_s3
 
     bucket, key = split_s3(uri)
     with s3_filesystem().open_output_stream(f"{bucket}/{key}") as out:

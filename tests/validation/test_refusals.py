@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cases import (DATA_CASES, ENV_CASES, JOB_CASES, LOCAL_JOB, MODEL_DIR_CASES, PLAN_CASES, ROOT)
+from cases import (CHAT_OK, OVERLONG_CHAT, _lines, DATA_CASES, ENV_CASES, JOB_CASES, LOCAL_JOB, MODEL_DIR_CASES, PLAN_CASES, ROOT)
 from environment import SpecError, environment_from_dict, load_environment
 from training.config import JobConfigError, load_job_config
 from training.data.check import check_data
@@ -67,6 +67,22 @@ def test_data(tmp_path, kind, name, content, extra, words):
     with pytest.raises(DataError) as err:
         check_data(job)
     assert _one_line(err.value, f"{LOCAL_JOB}: data.path: ", words)
+
+
+@pytest.mark.subprocess  # the check loads the job's tokenizer (transformers' import starts a process)
+def test_overlong_answers_are_counted_before_spend_and_refused_at_the_users_line(tmp_path):
+    """An answer longer than train.seq_len: the check passed it silently (24% of a user's tokens
+    were cut, said only in run.json), and ``overlong = "refuse"`` failed the run later, naming the
+    uploaded copy. Now the check counts them, and refuses naming the user's file and line."""
+    content = _lines([CHAT_OK], 20) + _lines([OVERLONG_CHAT], 1) + _lines([CHAT_OK], 20)
+    job = _data_job(tmp_path, "chat", "c.jsonl", content, [])
+    summary = check_data(job).summary
+    assert "warning: 1 of 41 conversations are longer than train.seq_len 128 and will be cut to it" in summary
+    refusing = _data_job(tmp_path, "chat", "c.jsonl", content, ["data.overlong=refuse"])
+    with pytest.raises(DataError) as err:
+        check_data(refusing)
+    assert _one_line(err.value, f"{LOCAL_JOB}: data.path: {tmp_path / 'c.jsonl'}, line 21: a conversation of ",
+                     "does not fit train.seq_len = 128 (1 of 41 do not; data.overlong = 'refuse'")
 
 
 @pytest.mark.parametrize("config_json,extra,words", [c[1:] for c in MODEL_DIR_CASES], ids=[c[0] for c in MODEL_DIR_CASES])

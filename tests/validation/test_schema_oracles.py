@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from spec_schema import FieldError
-from training.config import CheckpointConfig, DataConfig, RayJobConfig, TrainConfig
+from training.config_sections import CheckpointConfig, DataConfig, RayJobConfig, TrainConfig
 from training.config_checks import INT32_MAX, TORCH_SEED_RANGE
 from training.model_config import (QWEN2_ACTIVATIONS, QWEN2_TYPES, check_config_keys, hub_id_problem)
 from cases import ROOT

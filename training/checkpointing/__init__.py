@@ -7,7 +7,7 @@ Layout in storage (Ray Train's run folder; every rank's files merge into one fol
     <storage_path>/<run_name>/hf/{config.json, model.safetensors, tokenizer files}   (export)
 
 A checkpoint counts only when ``COMPLETE.json`` (written last by rank 0, listing every file with
-size and sha256) matches the files: :func:`is_complete` (local) / ``storage.remote_problem``.
+size and sha256) matches the files: :func:`is_complete` (local) / ``markers.remote_problem``.
 
 DRIVER (before ``trainer.fit``)::
 
@@ -54,16 +54,17 @@ Notes for the loop:
   itself; the loop's metric-only reports are separate calls (all ranks, same cadence).
 - the stream must be built BEFORE ``restore`` so its position can be loaded into it; RNG states
   are restored last, so anything seeded after restore continues the same random sequence.
-- tests and benchmarks outside Ray pass ``report=storage.copy_report(run_uri)``.
+- tests and benchmarks outside Ray pass ``report=markers.copy_report(run_uri)``.
 """
 from training.checkpointing.lease import Lease, LeaseHeld, keep_renewed
 from training.checkpointing.export import export_hf, export_latest, export_local, export_model
 from training.checkpointing.manager import CheckpointManager, SaveTiming, checkpoint_dir_name, local_checkpoint_root
 from training.checkpointing.restore import ExistingRunError, ResumePlan, plan_resume, restore
 from training.checkpointing.signals import (forward_driver_sigterm, install_worker_handler, request_stop,
-                                            stop_driver_after, stop_requested, time_limit_reached)
+                                            stop_driver_after, stop_requested, stop_was_requested,
+                                            time_limit_reached)
 from training.checkpointing.state import TrainerState
-from training.checkpointing.storage import (MARKER_NAME, completeness_problem, copy_report, find_latest_complete,
+from training.checkpointing.markers import (MARKER_NAME, completeness_problem, copy_report, find_latest_complete,
                                             is_complete, list_checkpoints)
 
 __all__ = [
@@ -71,5 +72,5 @@ __all__ = [
     "checkpoint_dir_name", "completeness_problem", "copy_report", "export_hf", "export_latest",
     "export_local", "export_model", "find_latest_complete", "forward_driver_sigterm", "install_worker_handler",
     "is_complete", "list_checkpoints", "local_checkpoint_root", "plan_resume", "request_stop", "restore",
-    "stop_driver_after", "stop_requested", "time_limit_reached",
+    "stop_driver_after", "stop_requested", "stop_was_requested", "time_limit_reached",
 ]

@@ -31,9 +31,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from training import contract
-from training.checkpointing import storage
-from training.checkpointing.storage import completeness_problem
+from training.checkpointing import markers
+from training.checkpointing.markers import completeness_problem
+from training.checkpointing.state import tied_names
 from training.config import JobConfig
+from training.storage import files, join
 
 log = logging.getLogger(__name__)
 MODEL_CONFIG = "model_config.json"
@@ -60,7 +62,7 @@ def stops_at_end_of_turn(generation_config, end_of_turn_id: int | None):
     run taught answers to end with. ``generate()`` stops only on ``eos_token_id`` (transformers
     5.13 generation/utils.py:2044-2057), so a base model tuned on an instruct template whose
     end-of-turn is not its eos would otherwise run past the answer. Unchanged when already there."""
-    from training.tokenizer import generation_eos_ids
+    from training.data.tokenizer import generation_eos_ids
 
     if generation_config is None or end_of_turn_id is None or end_of_turn_id in generation_eos_ids(generation_config):
         return generation_config
@@ -82,16 +84,9 @@ def _write_hf(model: torch.nn.Module, out: Path, tokenizer_dir: str, generation_
         model.generation_config = generation_config
     model.save_pretrained(out, safe_serialization=True)
     if tokenizer_dir:
-        from training.tokenizer import load_tokenizer  # local dir or s3:// prefix (fetched once)
+        from training.data.tokenizer import load_tokenizer  # local dir or s3:// prefix (fetched once)
 
         load_tokenizer(tokenizer_dir).save_pretrained(out)
-
-
-def _upload(target: Path, out_uri: str) -> None:
-    import pyarrow.fs as pafs
-
-    fs, path = storage.filesystem_for(out_uri)
-    pafs.copy_files(str(target), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
 
 
 def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, tokenizer_dir: str = "",
@@ -117,7 +112,7 @@ def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, to
     config_values = {k: v for k, v in model_config.items() if k not in ("dtype", "torch_dtype")}
     if lora:  # the merged model (W + scaling * B @ A under the base names) and the peft adapter
         full, adapter = split_state(full, lora["alpha"] / lora["rank"])
-        if merge_unties(model):  # a tied skeleton would hold ONE of the embedding and the merged head
+        if merge_unties(tied_names(model)):  # a tied skeleton would hold ONE of the embedding and the merged head
             config_values["tie_word_embeddings"] = False
     dtype = export_dtype(model_config, torch.float32)
     config = AutoConfig.for_model(**config_values)
@@ -139,19 +134,19 @@ def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, to
                           stops_at_end_of_turn(getattr(model, "generation_config", None), end_of_turn_id))
             written[kind] = {"uri": uri, "sha256": directory_hash(target)}
             if "://" in uri:
-                _upload(target, uri)
+                files.upload(target, uri)
     log.info("exported the model (%s) -> %s", dtype, out_uri)
     return written
 
 
 def trained_end_of_turn(job: JobConfig) -> int | None:
     """The end-of-turn token the run's conversations were tokenized with (as
-    training/data/tokenize.py reads it: :func:`training.tokenizer.chat_format`), or None when
+    training/data/tokenize.py reads it: :func:`training.data.tokenizer.chat_format`), or None when
     the tokenizer has no chat template that closes a turn (synthetic data, plain text models)."""
     if job.data.kind == "synthetic":
         return None
     from training.data.records import DataError
-    from training.tokenizer import chat_format, chat_template_problem, load_tokenizer, tokenizer_location
+    from training.data.tokenizer import chat_format, chat_template_problem, load_tokenizer, tokenizer_location
 
     tokenizer = load_tokenizer(tokenizer_location(job.model))
     if chat_template_problem(tokenizer):
@@ -166,7 +161,7 @@ def export_on_workers(model: torch.nn.Module, ctx: Any, model_config: dict, job:
     """Export on the workers, where the memory and the shards are (every rank gathers; rank 0
     writes ``<run>/hf``). A failed export fails the run's status, not its training: it is
     recorded, not raised (Ray would retry the whole training for it)."""
-    from training.tokenizer import tokenizer_location
+    from training.data.tokenizer import tokenizer_location
 
     out_uri = f"{ctx.run_dir.rstrip('/')}/hf" if ctx.run_dir else os.path.join(ctx.local_dir, "hf")
     try:
@@ -178,12 +173,9 @@ def export_on_workers(model: torch.nn.Module, ctx: Any, model_config: dict, job:
     return {contract.EXPORTED: out_uri, contract.EXPORTS: written or {}}
 
 
-ADAPTER_SUFFIX = "-adapter"
-
-
 def adapter_uri(out_uri: str) -> str:
     """Where a LoRA run's peft adapter goes: beside the merged export (``<run>/hf-adapter``)."""
-    return out_uri.rstrip("/") + ADAPTER_SUFFIX
+    return out_uri.rstrip("/") + contract.ADAPTER_SUFFIX
 
 
 def write_peft_adapter(out: Path, adapter: dict, lora: dict, base_model: str) -> None:
@@ -241,21 +233,22 @@ def export_local(checkpoint_dir: str | Path, out_dir: str | Path, *, tokenizer_d
 
 def export_hf(checkpoint_uri: str, out_uri: str = "", *, tokenizer_dir: str = "") -> str:
     """Export a stored checkpoint (local path or ``s3://``) to ``out_uri`` (default: ``<run>/hf``)."""
-    out_uri = out_uri or storage.join(checkpoint_uri.rstrip("/").rsplit("/", 1)[0], "hf")
+    out_uri = out_uri or join(checkpoint_uri.rstrip("/").rsplit("/", 1)[0], "hf")
     with tempfile.TemporaryDirectory(prefix="raytrain-export-") as scratch:
-        local = checkpoint_uri if "://" not in checkpoint_uri else str(storage.download(checkpoint_uri, Path(scratch) / "ckpt"))
+        local = checkpoint_uri if "://" not in checkpoint_uri else str(files.download(checkpoint_uri,
+                                                                                     Path(scratch) / "ckpt"))
         target = Path(scratch) / "hf" if "://" in out_uri else Path(out_uri)
         if target.exists():
             shutil.rmtree(target)
         export_local(local, target, tokenizer_dir=tokenizer_dir)
         if "://" in out_uri:
-            _upload(target, out_uri)
+            files.upload(target, out_uri)
     return out_uri
 
 
 def export_latest(run_uri: str, out_uri: str = "", *, tokenizer_dir: str = "") -> str:
     """Export the newest complete checkpoint of a run (the driver calls this after ``fit``)."""
-    latest = storage.find_latest_complete(run_uri)
+    latest = markers.find_latest_complete(run_uri)
     if latest is None:
         raise RuntimeError(f"{run_uri}: no complete checkpoint to export")
     return export_hf(latest.uri, out_uri, tokenizer_dir=tokenizer_dir)

@@ -7,42 +7,61 @@ would both restore, both write ``checkpoint_<step>`` folders of the same names, 
 
 - the driver takes it before anything is restored or written (:meth:`Lease.acquire`): a lease
   held by another attempt whose heartbeat is younger than its ``ttl_s`` refuses the start in one
-  line naming the holder; an expired one (a crashed holder stops renewing) is taken over;
+  line naming the holder (exit 2: nothing waits); an expired one (a crashed holder stops renewing)
+  is taken over;
 - the driver renews it every :data:`HEARTBEAT_S` (:func:`keep_renewed`) and releases it at the end;
 - before a checkpoint is sealed (its ``COMPLETE.json``) and reported to Ray Train, whose
   controller prunes beyond ``keep_last`` only on a report, rank 0 checks that the lease is still
   this attempt's (:meth:`Lease.problem`): a trainer that lost its run writes and prunes nothing.
 
-Object stores offer no compare-and-swap here (pyarrow has no conditional put), so the take is
-write-then-read-back: of two trainers starting in the same instant the later writer wins at the
-read-back and the other refuses; any leftover race is caught at the loser's first checkpoint.
+Every write is a compare-and-swap, so of two trainers racing for one run exactly one wins and the
+other refuses at :meth:`Lease.acquire`, before it has written anything of the run. A write-then-
+read-back is no mutual exclusion: a trainer writing between another's write and read-back wins
+too. The swap, per storage kind:
+
+- S3: conditional writes (S3 User Guide, "Add preconditions to S3 operations with conditional
+  requests"): ``PutObject`` with ``If-None-Match: *`` creates the lease only if there is none,
+  ``If-Match: <ETag>`` replaces (renews, takes over) or deletes only the version that was read; a
+  lost race answers 412 PreconditionFailed (or 409 ConditionalRequestConflict while a concurrent
+  write is in flight). pyarrow's S3 file system has no conditional put, so these go through boto3
+  (in the DLC; it honours ``AWS_ENDPOINT_URL`` and the pod-identity / IRSA credential chain as
+  pyarrow does).
+- a directory or a shared ``file://`` mount: the read-compare-write runs under an exclusive
+  ``flock`` of ``LEASE.json.lock`` (EFS and FSx for Lustre honour it across nodes) and the new
+  lease lands by ``os.replace`` of a complete temporary file, so no reader sees half a lease.
+  The "ETag" is the sha256 of the bytes read.
+
 Heartbeats are wall-clock times of the writer's clock, compared with the reader's (EKS nodes
 keep NTP time); ``ttl_s`` is far above any plausible skew.
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import logging
+import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow.fs as pafs
-
-from training.checkpointing.storage import LEASE_NAME, filesystem_for, join
+from training.checkpointing.markers import LEASE_NAME
+from training.storage import S3_SCHEME, RunStorage, join
+from training.storage import files
+from training.storage.files import READ_TRIES  # noqa: F401  (re-exported: the lease's read policy is the storage's)
 
 log = logging.getLogger(__name__)
 
 LEASE_TTL_S = 120
 """A lease whose heartbeat is older than this is a crashed holder's: the next trainer takes it."""
-READ_TRIES = 3
-"""Reads of the lease before an error counts (pyarrow's S3 client has retried each already)."""
-READ_RETRY_S = 2.0
-"""The pause before the second read; it grows by as much for each further one."""
 HEARTBEAT_S = 30
 """How often the driver renews its lease (a quarter of :data:`LEASE_TTL_S`: three missed renewals
 are still no expiry)."""
+LOST_RACE_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"})
+"""S3's answers to a conditional write whose condition no longer holds: 412 (the object exists, or
+its ETag changed), 409 (another conditional write to the key is in flight), 404 (``If-Match`` on a
+key deleted meanwhile)."""
 
 
 class LeaseHeld(ValueError):
@@ -58,7 +77,115 @@ class LeaseLost(RuntimeError):
     """This trainer's lease was taken over: it may write nothing more to the run."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+def _s3_code(err: Exception) -> str:
+    response = getattr(err, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", "")) or str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+
+
+class _Store:
+    """The lease object's reads and compare-and-swap writes on one storage kind."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.s3 = uri.startswith(S3_SCHEME)
+        if self.s3:
+            self.bucket, _, self.key = uri[len(S3_SCHEME):].partition("/")
+        else:
+            self.path = RunStorage(uri).path
+
+    def get(self) -> tuple[bytes, str] | None:
+        """The stored bytes and their ETag; None when absent. A read error is retried as the
+        storage's retry policy says (:mod:`training.storage.files`: ``READ_TRIES``,
+        ``RETRY_PAUSE_S``), then raised as an OSError."""
+        if not self.s3:
+            raw = files.read_retrying(self.uri)
+            return None if raw is None else (raw, hashlib.sha256(raw).hexdigest())
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        for attempt in range(files.READ_TRIES):
+            try:
+                got = files.s3_client().get_object(Bucket=self.bucket, Key=self.key)
+                return got["Body"].read(), got["ETag"]
+            except ClientError as err:
+                if _s3_code(err) in ("NoSuchKey", "404"):
+                    return None
+                problem: Exception = err
+            except BotoCoreError as err:
+                problem = err
+            if attempt + 1 == files.READ_TRIES:
+                raise OSError(f"S3 GetObject: {problem}") from problem
+            log.warning("%s: read failed, retrying: %s", self.uri, problem)
+            time.sleep(files.RETRY_PAUSE_S * (attempt + 1))
+        return None
+
+    def put(self, body: bytes, *, etag: str | None) -> str | None:
+        """Write ``body`` only if the stored lease is still ``etag`` (None: only if there is none).
+        Returns the new ETag, or None when the condition failed (another writer won)."""
+        if self.s3:
+            from botocore.exceptions import ClientError
+
+            condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+            try:
+                return files.s3_client().put_object(Bucket=self.bucket, Key=self.key, Body=body, **condition)["ETag"]
+            except ClientError as err:
+                if _s3_code(err) in LOST_RACE_CODES:
+                    return None
+                raise
+        with self._locked():
+            current = self._local_etag()
+            if current != etag:
+                return None
+            tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "wb") as out:
+                out.write(body)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+            return hashlib.sha256(body).hexdigest()
+
+    def delete(self, etag: str) -> bool:
+        """Delete the lease only if it is still ``etag``."""
+        if self.s3:
+            from botocore.exceptions import ClientError
+
+            try:
+                files.s3_client().delete_object(Bucket=self.bucket, Key=self.key, IfMatch=etag)
+                return True
+            except ClientError as err:
+                if _s3_code(err) in LOST_RACE_CODES:
+                    return False
+                raise
+        with self._locked():
+            if self._local_etag() != etag:
+                return False
+            os.unlink(self.path)
+            return True
+
+    def _local_etag(self) -> str | None:
+        try:
+            with open(self.path, "rb") as handle:
+                return hashlib.sha256(handle.read()).hexdigest()
+        except FileNotFoundError:
+            return None
+
+    class _Lock:
+        def __init__(self, path: str):
+            self.path = path
+
+        def __enter__(self) -> None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+        def __exit__(self, *exc: Any) -> None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+    def _locked(self) -> "_Store._Lock":
+        return self._Lock(f"{self.path}.lock")
+
+
+@dataclass(kw_only=True, slots=True)
 class Lease:
     """This attempt's claim on one run directory."""
 
@@ -69,60 +196,65 @@ class Lease:
     holder: str
     """Who holds it, for the refusal line: the Ray job, its host (on EKS the head pod) and pid."""
     ttl_s: int = LEASE_TTL_S
+    _etag: str | None = field(default=None, repr=False, compare=False)
+    """The ETag of this attempt's last write (what :meth:`release` deletes)."""
 
     @property
     def uri(self) -> str:
         return join(self.run, LEASE_NAME)
 
-    def read(self) -> dict[str, Any] | None:
-        """The stored lease; None when there is none (absent, or not a lease). A read error
-        (S3 after pyarrow's own retries) is retried :data:`READ_TRIES` times, then raises
-        :class:`LeaseUnreadable`: an unreadable lease is never taken for an absent one."""
-        fs, path = filesystem_for(self.uri)
-        for attempt in range(READ_TRIES):
-            try:
-                with fs.open_input_stream(path) as handle:
-                    raw = handle.read()
-                break
-            except FileNotFoundError:
-                return None
-            except OSError as err:
-                if attempt + 1 == READ_TRIES:
-                    raise LeaseUnreadable(f"lease {self.uri} could not be read ({READ_TRIES} tries): {err}") from err
-                log.warning("lease %s: read failed, retrying: %s", self.uri, err)
-                time.sleep(READ_RETRY_S * (attempt + 1))
+    def _fetch(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The stored lease and its ETag; (None, None) when absent, (None, etag) when not a lease.
+        A read error (after the storage's retries) raises :class:`LeaseUnreadable`: an unreadable
+        lease is never taken for an absent one."""
+        try:
+            got = _Store(self.uri).get()
+        except OSError as err:
+            raise LeaseUnreadable(f"lease {self.uri} could not be read ({files.READ_TRIES} tries): {err}") from err
+        if got is None:
+            return None, None
+        raw, etag = got
         try:
             body = json.loads(raw.decode("utf-8"))
         except ValueError:
-            return None
-        return body if isinstance(body, dict) and "attempt" in body else None
+            return None, etag
+        return (body if isinstance(body, dict) and "attempt" in body else None), etag
 
-    def _write(self, now: float) -> None:
-        fs, path = filesystem_for(self.uri)
-        if isinstance(fs, pafs.LocalFileSystem):
-            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    def read(self) -> dict[str, Any] | None:
+        """The stored lease; None when there is none (absent, or not a lease)."""
+        return self._fetch()[0]
+
+    def _swap(self, now: float, etag: str | None) -> bool:
         body = {"attempt": self.attempt, "holder": self.holder, "heartbeat": now, "ttl_s": self.ttl_s}
-        with fs.open_output_stream(path) as out:
-            out.write(json.dumps(body, sort_keys=True).encode("utf-8"))
+        new = _Store(self.uri).put(json.dumps(body, sort_keys=True).encode("utf-8"), etag=etag)
+        if new is not None:
+            self._etag = new
+        return new is not None
 
     def acquire(self, now: float | None = None) -> None:
-        """Take the lease, or raise :class:`LeaseHeld` while another attempt's is alive."""
+        """Take the lease, or raise :class:`LeaseHeld` while another attempt's is alive or another
+        trainer won the same instant. Writes nothing but the lease."""
         now = time.time() if now is None else now
         try:
-            current = self.read()
+            current, etag = self._fetch()
         except LeaseUnreadable as err:  # fail closed: a live holder's lease may be behind the error
             raise LeaseHeld(f"run {self.run}: refusing to start: {err}; another trainer may hold it") from err
         if current is not None and current["attempt"] != self.attempt and _alive(current, now):
             raise LeaseHeld(self._refusal(current, now))
-        self._write(now)
-        back = self.read()
-        if back is None or back["attempt"] != self.attempt:  # another writer won the same instant
-            raise LeaseHeld(self._refusal(back or {"holder": "an unknown writer", "attempt": "?", "heartbeat": now}, now))
+        if self._swap(now, etag):
+            return
+        try:  # the condition failed: another writer created or took the lease since our read
+            winner = self.read()
+        except LeaseUnreadable:
+            winner = None
+        raise LeaseHeld(self._refusal(winner or {"holder": "another trainer", "attempt": "?", "heartbeat": now}, now))
 
     def problem(self) -> str | None:
         """Why this attempt may not write the run any more (its lease taken or gone), or None.
         Raises :class:`LeaseUnreadable` when that cannot be known."""
-        current = self.read()
+        return self._problem(self.read())
+
+    def _problem(self, current: dict[str, Any] | None) -> str | None:
         if current is None:
             return f"its lease {self.uri} is gone"
         if current["attempt"] != self.attempt:
@@ -130,30 +262,31 @@ class Lease:
         return None
 
     def renew(self, now: float | None = None) -> str | None:
-        """Refresh the heartbeat while the lease is ours; else return :meth:`problem`'s reason.
+        """Refresh the heartbeat while the lease is ours; else return the reason it is not.
         Raises :class:`LeaseUnreadable` (nothing written) when that cannot be known."""
-        problem = self.problem()
-        if problem is None:
-            self._write(time.time() if now is None else now)
+        current, etag = self._fetch()
+        problem = self._problem(current)
+        if problem is None and not self._swap(time.time() if now is None else now, etag):
+            return self._problem(self.read()) or f"its lease {self.uri} changed while it was renewed"
         return problem
 
     def release(self) -> None:
         """Delete the lease if it is still ours (the next trainer need not wait for expiry)."""
         try:
-            current = self.read()
+            current, etag = self._fetch()
         except LeaseUnreadable as err:  # it expires after ttl_s instead
             log.warning("could not release the lease: %s", err)
             return
-        if current is not None and current["attempt"] == self.attempt:
-            fs, path = filesystem_for(self.uri)
+        if current is not None and current["attempt"] == self.attempt and etag is not None:
             try:
-                fs.delete_file(path)
-            except (FileNotFoundError, OSError) as err:
+                _Store(self.uri).delete(etag)
+            except Exception as err:  # noqa: BLE001  (it expires after ttl_s instead)
                 log.warning("could not release the lease %s: %s", self.uri, err)
 
     def _refusal(self, current: dict[str, Any], now: float) -> str:
         return (f"run {self.run} is being written by another trainer: {_describe(current, now)}; "
-                "stop that run first (raytrain-eks stop RUN), or wait for its lease to expire")
+                "this start is refused (exit 2) and nothing waits: stop that run first (raytrain-eks stop RUN), "
+                "or start again once its lease has expired")
 
     def to_dict(self) -> dict[str, Any]:
         """What the driver hands the workers (train_loop_config)."""

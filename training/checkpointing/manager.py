@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_map
 from training import contract
 from training.checkpointing import signals
 from training.checkpointing.lease import LeaseLost
-from training.checkpointing.storage import FileEntry, describe_files, write_marker
+from training.checkpointing.markers import FileEntry, describe_files, write_marker
 from training.checkpointing.state import TrainerState, checkpoint_state
 
 log = logging.getLogger(__name__)
@@ -113,9 +113,13 @@ class CheckpointManager:
                  trainer: TrainerState, local_root: str, run_name: str, every_n_steps: int = 0,
                  report: ReportFn | None = None, async_save: bool = True,
                  model_config: dict[str, Any] | None = None, device: torch.device | None = None,
-                 uploads_in_flight: Callable[[], int] | None = None, lease: Any = None):
+                 uploads_in_flight: Callable[[], int] | None = None, lease: Any = None,
+                 every_minutes: float = 0.0, on_notice: Callable[[int, Any, float], None] | None = None):
         self.model, self.optimizer, self.trainer = model, optimizer, trainer
         self.every_n_steps = every_n_steps
+        self.every_minutes = every_minutes
+        """Also save once this many minutes passed since the last save (0: by steps only)."""
+        self._last_save_at = time.monotonic()
         self.async_save = async_save
         self.model_config = model_config
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -126,6 +130,11 @@ class CheckpointManager:
         in_ray = _in_ray_train()
         self.report = report if report is not None else (ray_report if in_ray else _no_report)
         self.uploads_in_flight = uploads_in_flight or (ray_uploads_in_flight if in_ray else _nothing_in_flight)
+        self.on_notice = on_notice
+        """Called on every rank once the checkpoint on a drain notice is committed: ``(step,
+        PreemptionInfo or None, seconds from the notice's agreement to the commit)``."""
+        self.notice_step: int | None = None
+        """The step checkpointed on a node drain's notice (None: no notice in this attempt)."""
         self.lease = lease
         """This attempt's :class:`~training.checkpointing.lease.Lease` (None: not checked)."""
         if local_rank(self.rank) == 0:
@@ -155,10 +164,13 @@ class CheckpointManager:
         Every rank must call it at every step (it runs one small all-reduce): ranks agree on
         whether a SIGTERM arrived anywhere and on when a background write is finished.
         """
-        stop, ready, queued = self._agree()
+        stop, ready, queued, late, notice = self._agree()
         if self._pending is not None and ready:
             self._finalize()
-        due = self.every_n_steps > 0 and step % self.every_n_steps == 0
+        if notice and not stop and self.notice_step is None:
+            self._checkpoint_on_notice(step, metrics)  # holds; Ray Train restarts the workers
+        # by steps or by time, the first that comes; every rank acts on the agreed answer
+        due = (self.every_n_steps > 0 and step % self.every_n_steps == 0) or late
         final = max_steps is not None and step >= max_steps
         if stop:
             self.stopped_by_signal = True
@@ -175,10 +187,46 @@ class CheckpointManager:
             signals.final_checkpoint_written()
         return stop
 
+    def _checkpoint_on_notice(self, step: int, metrics: dict[str, Any] | None) -> None:
+        """A node of the run is draining: commit a checkpoint of THIS step boundary, then hold.
+
+        Every rank agreed on the notice in this step's all-reduce, so every rank saves the same
+        step. The checkpoint is committed (:meth:`settle`: Ray Train has registered it) before
+        the hold, so the restart's ``get_checkpoint()`` returns it and no step is lost. The hold
+        trains nothing more: a step after the notice would be lost with the node anyway unless a
+        further checkpoint fitted the notice. Ray Train's controller waits in its PREEMPTING state
+        until every worker ended or the drain's deadline passed, then restarts the worker group
+        (``FailureConfig.max_preemption_failures``, unlimited by default) on the nodes that are
+        not draining (ray 2.58 ``controller.py`` ``_handle_preempting_state``)."""
+        began = time.time()
+        info = signals.preemption_notice()
+        log.warning("rank %d: node drain notice (%s): checkpoint at step %d, then hold", self.rank,
+                    getattr(info, "preempted_node_to_ranks", "seen by another rank"), step)
+        if self.last_saved_step != step:
+            self.save(step, dict(metrics or {}, preemption_notice=True))
+        self.settle()
+        self.notice_step = step
+        if self.on_notice is not None:
+            self.on_notice(step, info, time.time() - began)
+        deadline_ms = getattr(info, "deadline_ms", None)
+        until = (deadline_ms / 1000 if deadline_ms else began + contract.SPOT_NOTICE_SECONDS) + contract.STOP_MARGIN_SECONDS
+        while time.time() < until:
+            time.sleep(1.0)
+        # The drain was cancelled or its node outlived the deadline: go on through Ray Train's
+        # failure path (a restart from the checkpoint just committed), never train on a node
+        # that is about to go.
+        raise DrainNotFollowed(f"node drain notice at step {step}: the run was not restarted by the deadline "
+                               f"plus {contract.STOP_MARGIN_SECONDS} s")
+
     def due(self, step: int, *, max_steps: int | None = None) -> bool:
         """Whether :meth:`step_end` at ``step`` starts a checkpoint (barring a SIGTERM): the loop
-        books that time as checkpoint overhead."""
-        return (self.every_n_steps > 0 and step % self.every_n_steps == 0) or (max_steps is not None and step >= max_steps)
+        books that time as checkpoint overhead. (A checkpoint by time is decided by every rank
+        together inside :meth:`step_end`; here this rank's own clock says whether one is near.)"""
+        return ((self.every_n_steps > 0 and step % self.every_n_steps == 0) or (max_steps is not None and step >= max_steps)
+                or self._late())
+
+    def _late(self) -> bool:
+        return self.every_minutes > 0 and time.monotonic() - self._last_save_at >= self.every_minutes * 60
 
     def finish(self, step: int, metrics: dict[str, Any] | None = None) -> None:
         """Make sure the final step is checkpointed and handed to Ray; blocks until written."""
@@ -199,6 +247,7 @@ class CheckpointManager:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         state = checkpoint_state(self.model, self.optimizer, self.trainer, self.rank)
+        self._last_save_at = time.monotonic()
         timing = SaveTiming(step=step, stall_s=0.0)
         if self.async_save and self.device.type == "cpu":
             # A plain clone is the cheapest snapshot on CPU (DCP's default stager measured ~3x
@@ -301,16 +350,24 @@ class CheckpointManager:
 
     # -- agreement ------------------------------------------------------------------------------
 
-    def _agree(self) -> tuple[bool, bool, int]:
-        """(any rank asked to stop, every rank's write is done, most uploads in flight on a rank)."""
+    def _agree(self) -> tuple[bool, bool, int, bool, bool]:
+        """(any rank asked to stop, every rank's write is done, most uploads in flight on a rank,
+        a rank's clock says a checkpoint by time is due: clocks differ, the answer may not; any rank
+        saw a node drain notice)."""
         stop = signals.stop_requested()
+        notice = signals.preemption_notice() is not None
         busy = self._pending is not None and not self._pending.future.done()
         queued = int(self.uploads_in_flight())
+        late = self._late()
         if not self.distributed:
-            return stop, not busy, queued
-        flags = torch.tensor([int(stop), int(busy), queued], dtype=torch.int32)
+            return stop, not busy, queued, late, notice
+        flags = torch.tensor([int(stop), int(busy), queued, int(late), int(notice)], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._agree_group)
-        return bool(flags[0]), not bool(flags[1]), int(flags[2])
+        return bool(flags[0]), not bool(flags[1]), int(flags[2]), bool(flags[3]), bool(flags[4])
+
+
+class DrainNotFollowed(RuntimeError):
+    """A drain's notice passed its deadline without Ray Train restarting the run."""
 
 
 def _detached_copy(value: Any) -> Any:

@@ -36,9 +36,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from training.checkpointing import storage
-from training.checkpointing.storage import DCP_METADATA, MARKER_NAME, read_marker, sha256_of
+from training.checkpointing import markers
+from training.checkpointing.markers import DCP_METADATA, MARKER_NAME, read_marker, sha256_of
 from training.checkpointing.state import TrainerState, checkpoint_state
+from training.storage import files
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +67,14 @@ def plan_resume(*, storage_path: str, run_name: str, on_existing_run: str, max_s
 
     ``world_size`` (parallel.num_workers) may differ from the checkpoint's: the workers reshard
     through DCP (checkpoints are taken at step boundaries, where the data position is global)."""
-    run = storage.run_uri(storage_path, run_name)
-    if not storage.run_exists(run):
+    run = markers.run_uri(storage_path, run_name)
+    if not markers.run_exists(run):
         return ResumePlan(run_uri=run, existed=False)
     if on_existing_run == "refuse":
         raise ExistingRunError(
             f"{source}: checkpoint.on_existing_run: 'refuse' and run {run_name!r} already exists at {run} "
             "(choose a new checkpoint.run_name, delete the run, or set on_existing_run = 'resume')")
-    latest = storage.find_latest_complete(run)
+    latest = markers.find_latest_complete(run)
     if latest is None:
         log.warning("run %s exists but holds no complete checkpoint: starting at step 0", run)
         return ResumePlan(run_uri=run, existed=True)
@@ -181,27 +182,41 @@ def _fetch(source: str, state: dict[str, Any], local: Path) -> str | None:
     """Fetch and verify this rank's files into ``local``; the problem, or None."""
     shutil.rmtree(local, ignore_errors=True)
     try:
-        storage.download_files(source, [MARKER_NAME, DCP_METADATA], local)
+        files.download_files(source, [MARKER_NAME, DCP_METADATA], local)
         marker = read_marker(local)
         if marker is None:
             return f"no readable {MARKER_NAME}"
         entries = {entry["path"]: entry for entry in marker["files"]}
+        # DCP's .metadata is a pickle (torch 2.13 distributed/checkpoint/filesystem.py
+        # read_metadata: pickle.load): its hash is checked BEFORE anything reads it.
+        if problem := _mismatch(local, DCP_METADATA, entries):
+            return problem
         whole, partial = fetch_plan(state, local, {name: entry["size"] for name, entry in entries.items()})
         missing = [name for name in whole + list(partial) if name not in entries]
         if missing:
             return f"{missing[0]} is not listed in {MARKER_NAME}"
-        storage.download_files(source, whole, local)
+        files.download_files(source, whole, local)
         for name, spans in partial.items():
-            storage.download_ranges(source, name, spans, local, size=entries[name]["size"])
-        names = [DCP_METADATA] + whole
+            files.download_ranges(source, name, spans, local, size=entries[name]["size"])
+        names = whole
     except (OSError, ValueError) as err:
         return f"cannot download: {err}"
     for name in names:
-        path, entry = local / name, entries[name]
-        if path.stat().st_size != entry["size"]:
-            return f"{name} has {path.stat().st_size} bytes, the marker says {entry['size']}"
-        if sha256_of(path) != entry["sha256"]:
-            return f"{name} has a different sha256 than the marker records"
+        if problem := _mismatch(local, name, entries):
+            return problem
+    return None
+
+
+def _mismatch(local: Path, name: str, entries: dict[str, dict]) -> str | None:
+    """Why ``local/name`` is not the file the marker lists (its writer's size and sha256), or None.
+    The marker lies in the run's own prefix, which only the run's own identity may write."""
+    if name not in entries:
+        return f"{name} is not listed in {MARKER_NAME}"
+    path, entry = local / name, entries[name]
+    if path.stat().st_size != entry["size"]:
+        return f"{name} has {path.stat().st_size} bytes, the marker says {entry['size']}"
+    if sha256_of(path) != entry["sha256"]:
+        return f"{name} has a different sha256 than the marker records"
     return None
 
 
@@ -219,7 +234,7 @@ def restore(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
     source = _from_rank0(ray_checkpoint_uri() or resume_from or None)
     tried: set[str] = set()
     while source:
-        written_by = _from_rank0((storage.read_remote_marker(source) or {}).get("world_size") if rank == 0 else None)
+        written_by = _from_rank0((markers.read_remote_marker(source) or {}).get("world_size") if rank == 0 else None)
         # Same world size: every rank its own trainer state. Otherwise rank 0's (the data
         # position is global; per-rank RNG streams cannot be mapped onto another world size).
         trainer_rank = rank if written_by in (None, world) else 0
@@ -258,5 +273,5 @@ def _remove_if_empty(folder: Path) -> None:
 
 
 def _previous(source: str, tried: set[str]) -> str | None:
-    found = storage.find_latest_complete(_run_of(source), skip=frozenset(tried))
+    found = markers.find_latest_complete(_run_of(source), skip=frozenset(tried))
     return found.uri if found else None

@@ -9,9 +9,14 @@ Three ways a stop request reaches a worker; :func:`stop_requested` is True after
   overruns ``grace_seconds``.
 - SIGTERM to the driver: :func:`forward_driver_sigterm` sets a flag in a named actor that every
   worker watches without blocking (one pending ``ray.wait`` with timeout 0 per step).
-- a node drain (Ray 2.58 drains a node when ``ray start`` gets SIGTERM, e.g. a pod eviction):
-  Ray Train records it in the worker's preemption context, read here without a barrier.
 The manager all-reduces the flag, so every rank checkpoints at the same step.
+
+A node drain is not a stop: Ray Core drains a node with a deadline (a spot reclaim's notice
+reaches it when the managed node group evicts the Ray pod and ``ray start`` drains its node;
+``ray drain-node`` and the autoscaler send the same GCS DrainNode), Ray Train's PreemptionWatcher
+sees it and marks every worker (``ray/train/v2/_internal/execution/preemption.py``), and
+:func:`preemption_notice` reads that mark without a barrier. The manager then commits a
+checkpoint at the step boundary and holds until Ray Train restarts the run on what is left.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ _overrun_timer: list[threading.Timer] = []
 
 
 def stop_requested() -> bool:
-    """True once this process was asked to stop (SIGTERM, driver forward, node drain)."""
+    """True once this process was asked to stop (SIGTERM, driver forward)."""
     if _STOP.is_set():
         return True
     ref = _watch.get("ref")
@@ -40,13 +45,24 @@ def stop_requested() -> bool:
         import ray
 
         ready, _ = ray.wait([ref], timeout=0)
-        if ready:
+        if ready and _flag_fired(ref):
             log.warning("stop forwarded by the driver")
             _STOP.set()
-    if not _STOP.is_set() and _ray_preemption_pending():
-        log.warning("Ray reports this node as draining (preemption)")
-        _STOP.set()
     return _STOP.is_set()
+
+
+def _flag_fired(ref: Any) -> bool:
+    """The driver's flag resolved: True when it was set; a flag actor that DIED (its node lost)
+    resolves its pending ``wait()`` with an error, which is no stop request. The watch is then
+    dropped (the driver's flag is gone with it) instead of stopping every rank."""
+    import ray
+
+    try:
+        return bool(ray.get(ref, timeout=0))
+    except Exception as err:  # noqa: BLE001 - RayActorError and friends: the flag, not the run, is gone
+        log.warning("the driver's stop flag is gone (%s): no stop requested", type(err).__name__)
+        _watch.pop("ref", None)
+        return False
 
 
 def request_stop() -> None:
@@ -115,13 +131,18 @@ def watch_driver_flag(run_name: str) -> bool:
     return True
 
 
-def _ray_preemption_pending() -> bool:
-    try:  # internal API, read locally: the public get_preemption_info() is a barrier
+def preemption_notice() -> Any:
+    """Ray Train's ``PreemptionInfo`` for this worker (a node of the run is draining: its
+    ``preempted_node_to_ranks`` and ``deadline_ms``), or None. Read from the worker's own
+    preemption context, which the PreemptionWatcher's ``mark_preempt`` sets (ray 2.58
+    ``train/v2/_internal/execution/context.py``): the public ``ray.train.get_preemption_info()``
+    is a barrier across the workers, this is not; the manager agrees on it in its own all-reduce."""
+    try:
         from ray.train.v2._internal.execution.context import get_train_context
 
-        return get_train_context().preemption_context.preemption_info is not None
-    except Exception:
-        return False
+        return get_train_context().preemption_context.preemption_info
+    except Exception:  # outside a Ray Train worker
+        return None
 
 
 _NAMESPACE = "raytrain-eks"
@@ -159,8 +180,14 @@ def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
     Returns the flag actor (keep a reference for the run's lifetime). The handler itself only
     sets an event; a helper thread talks to Ray (no Ray calls inside a signal handler).
     """
-    flag = _stop_flag_class().options(name=_flag_name(run_name), namespace=_NAMESPACE,
-                                      get_if_exists=True, lifetime=None).remote()
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # On the driver's own node: on another node, losing that node killed the flag, and every
+    # rank read its death as a stop (found by tests/e2e/test_chaos.py's lost node).
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    flag = _stop_flag_class().options(name=_flag_name(run_name), namespace=_NAMESPACE, get_if_exists=True,
+                                      lifetime=None, scheduling_strategy=here).remote()
     fired = threading.Event()
 
     def _forward() -> None:
@@ -173,6 +200,13 @@ def forward_driver_sigterm(run_name: str, grace_seconds: float) -> Any:
     _driver["fired"] = fired
     _driver.pop("time_limit", None)  # a new run: its own limit has not fired yet
     return flag
+
+
+def stop_was_requested() -> bool:
+    """True once this driver asked its workers to stop (a SIGTERM, or its own time limit): the
+    progress watchdog stands down while they write their final checkpoint."""
+    fired = _driver.get("fired")
+    return fired is not None and fired.is_set()
 
 
 def time_limit_reached() -> bool:

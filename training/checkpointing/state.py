@@ -88,10 +88,16 @@ def frozen_names(model: torch.nn.Module) -> set[str]:
 
 
 def capture_rng() -> dict[str, Any]:
-    """The RNG states of python, numpy and torch (CPU and, where present, CUDA) of this process."""
+    """The RNG states of python, numpy and torch (CPU and, where present, CUDA) of this process,
+    as tensors, ints, floats and strings only: what ``torch.load(weights_only=True)`` reads back
+    (:func:`_from_bytes`)."""
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": {"version": int(version), "state": torch.tensor(words, dtype=torch.int64),
+                   "gauss": gauss},
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():  # dropout masks on GPU come from the CUDA generator
@@ -100,8 +106,16 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(_as_tuple(state["python"]))
-    np.random.set_state(_as_tuple(state["numpy"]))
+    python, numpy_state = state["python"], state["numpy"]
+    if isinstance(python, dict):
+        random.setstate((python["version"], tuple(int(w) for w in python["state"].tolist()), python["gauss"]))
+    else:  # a checkpoint written before the states were tensors: the tuples themselves
+        random.setstate(_as_tuple(python))
+    if isinstance(numpy_state, dict):
+        np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32),
+                             numpy_state["pos"], numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    else:
+        np.random.set_state(_as_tuple(numpy_state))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -173,8 +187,16 @@ def _to_bytes(value: Any) -> bytes:
 
 
 def _from_bytes(blob: bytes) -> Any:
-    # Our own checkpoint, integrity-checked against the marker's sha256 before loading.
-    return torch.load(io.BytesIO(blob), weights_only=False)
+    """The trainer state with torch's restricted unpickler (``weights_only=True``): tensors,
+    containers and primitive values only, so a state planted by anyone who could write the run's
+    prefix cannot run code on load (a plain ``pickle`` load calls whatever the bytes name)."""
+    import numpy._core.multiarray as multiarray
+
+    # A state written before the RNG states were tensors holds numpy's RNG array: its data
+    # types only (no callable that runs code) are allowed besides tensors.
+    allowed = [multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(io.BytesIO(blob), weights_only=True)
 
 
 def trainer_key(rank: int) -> str:

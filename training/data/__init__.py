@@ -8,7 +8,7 @@ Interface for the training loop
     bundle = build_data(cfg, tokenizer, rank=rank, world_size=world_size)   # once per worker
 
 ``cfg`` is the JobConfig (sections ``data``, ``train``, ``eval``, ``model``); ``tokenizer`` is from
-``training.tokenizer.load_tokenizer`` (may be ``None`` for ``data.kind = "synthetic"``, then the
+``training.data.tokenizer.load_tokenizer`` (may be ``None`` for ``data.kind = "synthetic"``, then the
 vocabulary is ``model.config["vocab_size"]`` or 151,936). Errors a user can cause (missing
 path, malformed records under ``on_bad_record = "error"``, too few documents) raise
 :class:`DataError`, whose text is ONE line naming the file and line; catch it at the entry point.
@@ -141,7 +141,7 @@ def read_data_errors(run_dir: str, token: str) -> list[dict]:
     """The markers this attempt's ranks wrote under ``run_dir``, lowest rank first."""
     import pyarrow.fs as pafs
 
-    from training.checkpointing.storage import filesystem_for
+    from training.storage.files import filesystem_for
 
     try:
         fs, path = filesystem_for(run_dir)

@@ -20,11 +20,11 @@ import numpy as np
 from training.data.packing import pack, split_documents
 from training.data.formats import files_of, read_documents, reads
 from training.data.records import DataError
-from training.data.remote import cache_root, node_lock
+from training.storage.files import cache_root, node_lock
 from training.data.stream import PackedStream, SyntheticStream, TrainStream, eval_batches_for_rank
 from training.data.tokenize import chat_prompt_and_answer, tokenize_documents
 
-CACHE_FORMAT = 2  # 2: per-document position ids, whole-conversation packing
+CACHE_FORMAT = 3  # 2: per-document position ids, whole-conversation packing; 3: preference pairs
 SYNTHETIC_VOCAB_DEFAULT = 151_936
 SYNTHETIC_EVAL_BLOCKS = 16
 
@@ -113,8 +113,10 @@ def build_packed(cfg, tokenizer, separator_id: int) -> tuple[dict[str, np.ndarra
     read = read_documents(d.path, d.kind, on_bad_record=d.on_bad_record)
     train_idx, eval_idx = split_documents(read.documents, d.eval_fraction, d.seed)
     tokenized = tokenize_documents(tokenizer, read.documents)
-    is_chat = bool(read.documents[0].messages)  # one corpus is all conversations or all text (formats.one_shape)
-    options = dict(train_separator=not is_chat, whole_documents=is_chat, overlong=d.overlong, source=d.path)
+    is_chat = bool(read.documents[0].messages)  # one corpus is all of one shape (formats.one_shape)
+    is_pairs = bool(read.documents[0].pair)
+    options = dict(train_separator=not (is_chat or is_pairs), whole_documents=is_chat or is_pairs, overlong=d.overlong,
+                   source=d.path)
     train = pack([tokenized[i] for i in train_idx], cfg.train.seq_len, separator_id, seed=d.seed, **options)
     held = pack([tokenized[i] for i in eval_idx], cfg.train.seq_len, separator_id, seed=d.seed + 1, **options)
     prompts = []
@@ -155,7 +157,7 @@ def _cache_key(cfg, tokenizer, separator_id: int) -> str:
 
 def load_packed(cfg, tokenizer, *, cache_dir: str | Path | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any], str]:
     """The packed corpus for ``cfg`` from the node-local cache, building it under a lock if absent."""
-    from training.tokenizer import document_separator_id
+    from training.data.tokenizer import document_separator_id
 
     separator_id = document_separator_id(tokenizer)
     key = _cache_key(cfg, tokenizer, separator_id)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from training.contract import BUCKET_PLACEHOLDER
 from training.data import formats
 from training.data.records import DataError, Reader
-from training.data.remote import RemoteFile, is_s3, list_files, s3_filesystem, split_s3
-from training.tokenizer import chat_template_text, tokenizer_location
+from training.storage.files import RemoteFile, filesystem_for, is_s3, list_files, split_s3
+from training.data.tokenizer import chat_template_text, tokenizer_location
 
 LOCAL_FULL_BYTES = 256 * 1024**2
 """Local files up to this size are read in full."""
@@ -70,7 +70,8 @@ def _bucket_exists(path: str) -> bool:
     existing bucket is data not uploaded (refused)."""
     from pyarrow import fs
 
-    return s3_filesystem().get_file_info(split_s3(path)[0]).type != fs.FileType.NotFound
+    s3, where = filesystem_for(path)
+    return s3.get_file_info(where.split("/", 1)[0]).type != fs.FileType.NotFound
 
 
 def _token_upper_bound(documents, template_bytes: int = 0) -> int:
@@ -81,7 +82,15 @@ def _token_upper_bound(documents, template_bytes: int = 0) -> int:
     own size once, and once more per message its loop renders."""
     total = 0
     for d in documents:
-        if d.messages:
+        if d.pair:  # two sequences: prompt + chosen, prompt + rejected (training/data/tokenize.py tokenize_pair)
+            prompt, chosen, rejected = d.pair
+            for side in (chosen, rejected):
+                if isinstance(prompt, str):  # + the eos TRL appends and a BOS the tokenizer may add
+                    total += len(prompt.encode("utf-8")) + len(side.encode("utf-8")) + 2
+                else:
+                    turns = tuple(prompt) + tuple(side)
+                    total += sum(len(m["content"].encode("utf-8")) for m in turns) + (len(turns) + 1) * template_bytes
+        elif d.messages:
             total += sum(len(m["content"].encode("utf-8")) for m in d.messages)
             total += (len(d.messages) + 1) * template_bytes
         else:
@@ -125,19 +134,50 @@ def check_data(job, *, head_bytes: int = HEAD_BYTES) -> DataCheck:
     if not docs:
         raise DataError(f"{job.source}: data.path: {d.path}: no usable {d.kind} documents "
                         f"({reader.result.bad_records} bad records skipped in {len(files)} files)")
-    template = _chat_template(job, d.kind) if docs[0].messages else None
+    chats = bool(docs[0].messages) or (bool(docs[0].pair) and not isinstance(docs[0].pair[0], str))
+    template = _chat_template(job, d.kind) if chats else None
     if job.eval.exact_match and not docs[0].messages:
         raise DataError(f"{job.source}: eval.exact_match: True needs conversations, but {d.path} holds text "
                         f"documents (data.kind {d.kind!r})")
+    overlong = _overlong(job, docs) if template is not None else None
     if complete:  # conversations with a template not read here: their size is not bounded
-        _check_size(job, docs, None if docs[0].messages and template is None else len((template or "").encode("utf-8")))
+        _check_size(job, docs, None if chats and template is None else len((template or "").encode("utf-8")))
     size = f"{head_bytes / 1024**2:g} MiB" if head_bytes >= 1024**2 else f"{head_bytes / 1024:g} KiB"
     scope = "read in full" if complete else f"first {size} of each file read"
     bad = f", {reader.result.bad_records} bad records to skip" if reader.result.bad_records else ""
     if reader.result.dropped_turns:
         bad += f", {reader.result.dropped_turns} leading assistant turns dropped"
+    if overlong:
+        bad += (f"; warning: {overlong} of {n} conversations are longer than train.seq_len {job.train.seq_len} "
+                f"and will be cut to it (data.overlong = 'truncate'; 'refuse' refuses them, a longer seq_len keeps them)")
     return DataCheck(checked=True, documents=n, files=len(files), complete=complete,
                      summary=f"{d.path}: {n} {d.kind} documents in {len(files)} file(s), {read} bytes {scope}{bad}")
+
+
+def _overlong(job, docs) -> int | None:
+    """How many conversations are longer than ``train.seq_len`` once tokenized as the job
+    tokenizes them (with the separator it appends: training/data/packing.py ``_pack_whole``); with
+    ``data.overlong = "refuse"`` the first one is refused here, naming its file and line, before
+    any worker starts. None: the tokenizer is not a local directory here (the job still applies
+    the policy; run.json counts what it cut)."""
+    import importlib.util
+    from pathlib import Path
+
+    where = tokenizer_location(job.model)
+    if "://" in where or not Path(where).is_dir() or importlib.util.find_spec("transformers") is None:
+        return None
+    from training.data.tokenize import tokenize_documents
+    from training.data.tokenizer import load_tokenizer
+
+    seq_len = job.train.seq_len
+    lengths = [len(t.ids) + 1 for t in tokenize_documents(load_tokenizer(where), docs)]
+    over = [(doc, size) for doc, size in zip(docs, lengths) if size > seq_len]
+    if over and job.data.overlong == "refuse":
+        doc, size = over[0]
+        raise DataError(f"{job.source}: data.path: {doc.source}, line {doc.line}: a conversation of {size - 1} tokens "
+                        f"does not fit train.seq_len = {seq_len} ({len(over)} of {len(docs)} do not; "
+                        "data.overlong = 'refuse'; set 'truncate' or a longer seq_len)")
+    return len(over)
 
 
 def _chat_template(job, kind: str) -> str | None:

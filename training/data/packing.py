@@ -10,6 +10,9 @@ Packing (documents shuffled by seed; each followed by the separator ``<|endoftex
 - text documents: the documents are concatenated and cut into ``seq_len`` blocks (a long
   document continues in the next block). The tail that does not fill a block is dropped
   (``tokens_dropped``); only a corpus smaller than one block is padded.
+- preference pairs: a pair is one piece of two documents (prompt + chosen, prompt + rejected:
+  positions restart at the second), placed whole like a conversation; a pair longer than
+  ``seq_len`` is dropped (``truncate``: counted) or refused, never cut.
 - conversations (``whole_documents``): a conversation is never cut. Conversations are placed
   whole into blocks, best fit (the fullest block that still has room); the rest is padding.
   A conversation longer than ``seq_len`` follows ``data.overlong``: ``truncate`` keeps its first
@@ -42,7 +45,8 @@ IGNORE_INDEX = -100
 
 
 def document_key(seed: int, doc: Document) -> bytes:
-    content = doc.text if not doc.messages else json.dumps(doc.messages, sort_keys=True, ensure_ascii=False)
+    content = (json.dumps(doc.pair, sort_keys=True, ensure_ascii=False) if doc.pair else doc.text if not doc.messages
+               else json.dumps(doc.messages, sort_keys=True, ensure_ascii=False))
     return hashlib.sha256(f"{seed}\x00".encode() + content.encode("utf-8")).digest()
 
 
@@ -138,6 +142,15 @@ def _pack_whole(docs: list[TokenizedDoc], seq_len: int, separator_id: int, train
     for doc in docs:
         ids = np.append(doc.ids, np.int32(separator_id)).astype(np.int32)
         trained = np.append(doc.trained, train_separator)
+        if doc.starts is not None and len(ids) > seq_len:
+            # a preference pair is two documents that must stay together and whole (DPO sums each
+            # completion's log-probabilities): it is never cut, only dropped or refused
+            if overlong == "refuse":
+                raise DataError(f"{source}: a preference pair of {len(doc.ids)} tokens (prompt + chosen, prompt + "
+                                f"rejected) does not fit train.seq_len = {seq_len} (data.overlong = 'refuse'; set "
+                                "'truncate' to drop such pairs, or a longer seq_len)")
+            dropped, dropped_tokens = dropped + 1, dropped_tokens + len(ids)
+            continue
         if len(ids) > seq_len:
             if overlong == "refuse":
                 raise DataError(f"{source}: a conversation of {len(doc.ids)} tokens does not fit train.seq_len = "
@@ -148,11 +161,14 @@ def _pack_whole(docs: list[TokenizedDoc], seq_len: int, separator_id: int, train
                 dropped, dropped_tokens = dropped + 1, dropped_tokens + seq_len
                 continue
             truncated += 1
-        pieces.append((ids, trained))
+        starts = np.arange(len(ids)) == 0
+        if doc.starts is not None:
+            starts[:len(doc.starts)] = doc.starts
+        pieces.append((ids, trained, starts))
     # Best fit: each piece goes into the block with the least room that still holds it.
     bins: list[list[int]] = []
     room: list[tuple[int, int]] = []  # sorted (free tokens, bin index)
-    for index, (ids, _) in enumerate(pieces):
+    for index, (ids, _, _) in enumerate(pieces):
         at = bisect.bisect_left(room, (len(ids), -1))
         if at == len(room):
             bins.append([index])
@@ -171,11 +187,10 @@ def _pack_whole(docs: list[TokenizedDoc], seq_len: int, separator_id: int, train
     for row, members in enumerate(bins):
         at = 0
         for index in members:
-            ids, trained = pieces[index]
-            doc_starts = np.arange(len(ids)) == 0
+            ids, trained, doc_starts = pieces[index]
             input_ids[row, at:at + len(ids)] = ids
             labels[row, at:at + len(ids)] = _labels(ids, trained, doc_starts)
-            starts[row, at] = True
+            starts[row, at:at + len(ids)] = doc_starts
             at += len(ids)
         starts[row, at:at + 1] = True  # padding is its own "document"
         real += at

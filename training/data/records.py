@@ -2,7 +2,8 @@
 
 A *document* is the unit that is tokenized, separated from the next by ``<|endoftext|>`` when
 packed, and assigned as a whole to the train or the held-out split. It is either ``text``
-(trained on every token) or ``messages`` (a conversation: trained on the assistant turns). The
+(trained on every token), ``messages`` (a conversation: trained on the assistant turns) or a
+preference ``pair`` (two sequences, prompt + chosen and prompt + rejected: DPO). The
 code after the reader branches on the document, never on the format that produced it.
 
 A :class:`DataFormat` is one entry of the registry (``training/data/formats/``, one file per
@@ -19,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from training.data.remote import RemoteFile, is_s3, s3_filesystem, split_s3
+from training.storage.files import RemoteFile, filesystem_for, is_s3
 
 
 class DataError(ValueError):
@@ -38,6 +39,9 @@ class Document:
     line: int
     text: str = ""
     messages: tuple[dict[str, str], ...] = ()
+    pair: tuple[Any, ...] = ()
+    """A preference pair ``(prompt, chosen, rejected)``: three strings, or three tuples of messages
+    (training/data/formats/preference.py)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -91,8 +95,8 @@ class DataFormat:
 def read_head(f: RemoteFile, limit: int | None) -> tuple[bytes, bool]:
     """(bytes, complete): the whole file, or its first ``limit`` bytes cut at the last newline."""
     if is_s3(f.uri):
-        bucket, key = split_s3(f.uri)
-        with s3_filesystem().open_input_stream(f"{bucket}/{key}") as stream:
+        s3, path = filesystem_for(f.uri)
+        with s3.open_input_stream(path) as stream:
             data = stream.read() if limit is None else stream.read(limit + 1)
     else:
         with open(f.uri, "rb") as handle:

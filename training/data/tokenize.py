@@ -3,7 +3,7 @@
 Text documents are trained on every token. Chat documents are rendered with the tokenizer's
 own chat template and trained ONLY on assistant tokens: the assistant's content and the
 end-of-turn token that closes its turn (so the model learns to stop: ``<|im_end|>`` for Qwen2.5,
-``<|eot_id|>`` for Llama 3, read off the template by :func:`training.tokenizer.chat_format`),
+``<|eot_id|>`` for Llama 3, read off the template by :func:`training.data.tokenizer.chat_format`),
 not the system/user turns, not the assistant header the generation prompt writes and not what
 the template writes after the end-of-turn token (Qwen's newline).
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from training.data.records import DataError, Document
-from training.tokenizer import chat_format
+from training.data.tokenizer import chat_format
 
 BATCH = 256
 
@@ -35,6 +35,9 @@ class TokenizedDoc:
     """int32 token ids."""
     trained: np.ndarray
     """bool, same length: True where the token is a training target."""
+    starts: np.ndarray | None = None
+    """A preference pair: bool, same length, True where each of its two sequences starts (they
+    are packed together and attend each within itself). None: one document."""
 
 
 def render_chat(tokenizer, messages: list[dict[str, str]], end_of_turn: str) -> tuple[str, list[tuple[int, int]]]:
@@ -68,9 +71,54 @@ def _trained_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int,
     return trained
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def tokenize_pair(tokenizer, pair: tuple) -> TokenizedDoc:
+    """A preference pair as TRL 1.16.0 tokenizes it (``trl/trainer/dpo_trainer.py``
+    ``DPOTrainer._prepare_dataset``): plain text gets the tokenizer's eos appended to each
+    completion (unless it ends with it) and is tokenized with the tokenizer's own special-token
+    rule (``trl/data_utils.py`` ``_tokenize``: ``processing_class(text=...)``); conversations
+    through the chat template (the prompt with the generation prompt). The completion starts
+    where the tokenized prompt and prompt + completion diverge (``common_prefix_length``), the
+    shorter of the two; its tokens are the targets. The result is prompt + chosen, then
+    prompt + rejected, each its own document."""
+    prompt, chosen, rejected = pair
+    if isinstance(prompt, str):
+        eos = tokenizer.eos_token or ""
+        chosen, rejected = (c if c.endswith(eos) else c + eos for c in (chosen, rejected))
+        encode = lambda text: list(tokenizer(text)["input_ids"])  # noqa: E731
+        prompt_ids = encode(prompt)
+        full = [encode(prompt + chosen), encode(prompt + rejected)]
+    else:
+        def encode_chat(messages, **kw):
+            return list(tokenizer.apply_chat_template(list(messages), tokenize=True, return_dict=True, **kw)["input_ids"])
+        prompt_ids = encode_chat(prompt, add_generation_prompt=True)
+        full = [encode_chat(tuple(prompt) + tuple(chosen)), encode_chat(tuple(prompt) + tuple(rejected))]
+    keep = min(_common_prefix(prompt_ids, f) for f in full)
+    ids, trained, starts = [], [], []
+    for sequence in full:
+        completion = sequence[keep:]
+        if not completion:
+            raise DataError("a preference pair's completion is empty after tokenization (nothing to compare)")
+        ids += prompt_ids[:keep] + completion
+        trained += [False] * keep + [True] * len(completion)
+        starts += [True] + [False] * (keep + len(completion) - 1)
+    return TokenizedDoc(np.asarray(ids, dtype=np.int32), np.asarray(trained, dtype=bool), np.asarray(starts, dtype=bool))
+
+
 def tokenize_documents(tokenizer, documents: list[Document]) -> list[TokenizedDoc]:
     """Tokenize every document (batched through the fast tokenizer), in order: a conversation
-    is trained on its assistant turns, a text on every token."""
+    is trained on its assistant turns, a text on every token, a preference pair on its two
+    completions (:func:`tokenize_pair`)."""
+    if documents and documents[0].pair:
+        return [tokenize_pair(tokenizer, d.pair) for d in documents]
     out: list[TokenizedDoc] = []
     end_of_turn = chat_format(tokenizer).end_of_turn if any(d.messages for d in documents) else ""
     for lo in range(0, len(documents), BATCH):

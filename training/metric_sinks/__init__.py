@@ -1,4 +1,5 @@
-"""The metric-sink registry: the loop's metrics fan out to every sink in this folder.
+"""The metric-sink registry: the loop's metrics fan out to the run's own ``metrics.jsonl`` and
+to every sink in this folder.
 
 One file per sink: ``<name>.py`` defines ``open_sink(job, ctx)``, which returns the sink for
 this worker or None (not on this rank, not configured here). A sink has any of these methods,
@@ -19,10 +20,12 @@ The driver's side (:func:`open_driver`, from run.json's first write): a sink fil
 is final when no driver sink of that file was opened. A failure on the driver's side is a warning
 line, never the run's failure (the tracking is a copy; run.json is the record).
 
-``jsonl`` (``metrics.jsonl`` in the run's storage, and rank 0's console), ``prometheus``
-(gauges through Ray's metrics agent), ``tensorboard`` (event files in the run directory) and
-``mlflow`` (the run on a tracking server, live from the driver) are the sinks today; adding
-one is adding its file here. The loop knows only :class:`Metrics`.
+``metrics.jsonl`` (in the run's storage, and rank 0's console: :func:`record_sink`) is no
+plug-in: it is the run's record of its figures, which the run record, the report and
+``raytrain-eks reproduce`` read, so it is always first. ``prometheus`` (gauges through Ray's
+metrics agent), ``tensorboard`` (event files in the run directory) and ``mlflow`` (the run on
+a tracking server, live from the driver) are the sinks today; adding one is adding its file
+here. The loop knows only :class:`Metrics`.
 
 What a tracking sink logs of a ``metrics.jsonl`` row (its numbers, by step, under one name each:
 :func:`scalars`, :func:`row_step`, :func:`row_time`) is defined here once, for the TensorBoard
@@ -74,11 +77,21 @@ class Metrics:
         self._each("close")
 
 
+def record_sink(ctx: Any) -> Any:
+    """``metrics.jsonl``: rank 0 appends every row and mirrors the file into the run's storage
+    (training/metrics.py: MetricsLog), and prints the console lines; None on the other ranks."""
+    from training.metrics import MetricsLog
+
+    return MetricsLog(ctx.local_dir, enabled=True, storage=ctx.storage) if ctx.rank == 0 else None
+
+
 def open_metrics(job: Any, ctx: Any, names: Iterable[str] | None = None) -> Metrics:
-    """Every registered sink (or those ``names``) opened for this worker (``ctx``: the loop's
-    WorkerContext); a module without ``open_sink`` is the driver's only (``after_run``)."""
+    """``metrics.jsonl`` and every registered sink (or those ``names``) opened for this worker
+    (``ctx``: the loop's WorkerContext); a module without ``open_sink`` is the driver's only
+    (``after_run``)."""
     modules = [importlib.import_module(f"{__name__}.{name}") for name in (sink_names() if names is None else names)]
-    return Metrics(module.open_sink(job, ctx) for module in modules if hasattr(module, "open_sink"))
+    return Metrics([record_sink(ctx),
+                    *(module.open_sink(job, ctx) for module in modules if hasattr(module, "open_sink"))])
 
 
 class DriverSinks:

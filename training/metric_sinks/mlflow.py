@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from training import contract, verdict
-from training.checkpointing.storage import filesystem_for
+from training.storage.files import filesystem_for
 from training.metric_sinks import row_step, scalars
 from training.mlflow_rest import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH, Tracking, wire_number
 

@@ -24,7 +24,7 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2
 
 from training import contract, verdict
-from training.checkpointing.storage import filesystem_for
+from training.storage.files import filesystem_for
 from training.metric_sinks import row_step, row_time, scalars
 
 TEXT_SUFFIX = "/text_summary"
@@ -73,11 +73,11 @@ class EventSink:
             self.writer.write_event(_event(step, summary.scalar(tag, value), when))
 
     def sync(self) -> None:
-        """Flush, and copy the folder's event files to the run directory (S3 cannot append)."""
+        """Flush, and copy this writer's event file to the run directory (S3 cannot append)."""
         self.writer.flush()
-        if self.target:
-            for path in sorted(self.folder.iterdir()):
-                _put(f"{self.target}/{path.name}", path.read_bytes())
+        if self.target:  # this writer's file only: the scratch folder may hold an earlier run's
+            path = Path(self.writer._file_name)  # tensorboardX 2.6.5 event_file_writer.py:37
+            _put(f"{self.target}/{path.name}", path.read_bytes())
 
     def close(self) -> None:
         self.sync()

@@ -8,7 +8,7 @@ One file per transform: ``<name>.py`` defines
 - optionally ``check(options)``: judge the options before any worker starts, raising
   ``spec_schema.FieldError(<option>, <value>, <what is allowed>)``.
 
-A job lists its transforms in order, each with its options (training/config.py:
+A job lists its transforms in order, each with its options (training/config_sections.py:
 ``TransformConfig``)::
 
     [[model.transforms]]

@@ -4,7 +4,8 @@
 Each target ``nn.Linear`` (by the last part of its name: ``q_proj``, ``down_proj``...) becomes a
 :class:`LoraLinear`: ``y = base(x) + lora_B(lora_A(dropout(x))) * alpha / rank``, ``lora_A``
 Kaiming-uniform and ``lora_B`` zero so training starts from the base model exactly. Every other
-parameter is frozen and cast to ``base_dtype`` (bf16 halves the frozen weights); the adapters
+parameter is frozen and cast to ``base_dtype`` (bf16 halves the frozen weights; buffers such as the
+rotary ``inv_freq`` keep their dtype); the adapters
 stay float32, so AdamW's state for them is float32 too.
 
 FSDP2 (torch 2.13 ``_fsdp_param_group.py`` ``_init_mp_dtypes``) needs one dtype among a unit's
@@ -19,7 +20,8 @@ Options (``[[model.transforms]] name = "lora"``): ``rank`` (8), ``alpha`` (16), 
 from __future__ import annotations
 
 import math
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from spec_schema import FieldError
 
@@ -79,8 +81,13 @@ def _layer_class():
             torch.nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
             torch.nn.init.zeros_(self.lora_B.weight)
 
+        disabled = False
+        """True inside :func:`adapters_disabled`: the layer is its frozen base alone."""
+
         def forward(self, x):
             result = self.base_layer(x)
+            if self.disabled:  # peft layer.py Linear.forward: ``if self.disable_adapters: base_layer(x)``
+                return result
             x = x.to(self.lora_A.weight.dtype)
             return (result + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling).to(result.dtype)
 
@@ -100,8 +107,12 @@ def apply(model: Any, options: dict[str, Any]) -> None:
     base_dtype = getattr(torch, opts["base_dtype"])
     for param in model.parameters():
         param.requires_grad_(False)
-    if any(param.dtype != base_dtype for param in model.parameters()):  # a base loaded in it stays as it is
-        model.to(base_dtype)
+    # Parameters only: ``model.to(dtype)`` casts floating BUFFERS too, and the rotary ``inv_freq``
+    # in bf16 is off by up to 3.6e-3 relative (2.4 rad of angle at distance 2047 for Qwen2.5)
+    # while a server loading the export recomputes it in fp32 (transformers 5.13 Qwen2RotaryEmbedding).
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != base_dtype:  # a base loaded in it stays as it is
+            param.data = param.data.to(base_dtype)
     targets = set(opts["targets"])
     found = [(name, module) for name, module in model.named_modules()
              if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets]
@@ -111,7 +122,46 @@ def apply(model: Any, options: dict[str, Any]) -> None:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, LoraLinear(module, opts["rank"], float(opts["alpha"]), float(opts["dropout"])))
-    model._raytrain_lora = {**opts, "target_names": sorted({n.rsplit(".", 1)[-1] for n, _ in found})}
+    model._raytrain_lora = {**opts, "target_names": sorted({n.rsplit(".", 1)[-1] for n, _ in found}),
+                            "base_hash": base_hash(model)}
+
+
+def base_hash(model: Any) -> str:
+    """sha256 over the frozen base's parameters (names, dtypes, shapes, bytes) as the adapters
+    see them: a resume whose base differs from the one the run started with would train the
+    adapters against another model (training/loop.py refuses it)."""
+    import hashlib
+
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        if param.requires_grad:
+            continue
+        if is_fake(param) or param.is_meta:
+            # A model of shapes only (the preflight's memory measurement under fake tensors, a
+            # meta-device build) has no bytes to hash: no hash, so no resume check, is the answer.
+            return ""
+        tensor = param.detach().contiguous().cpu()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@contextmanager
+def adapters_disabled(model: Any) -> Iterator[None]:
+    """The model without its adapters: every LoRA layer computes its frozen base alone (peft
+    0.18.0 ``tuners/lora/layer.py`` ``Linear.forward``, its ``disable_adapters`` branch). DPO's
+    reference for a LoRA run is the same model inside this block: no second copy."""
+    layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    for layer in layers:
+        layer.disabled = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.disabled = False
 
 
 def lora_settings(model: Any) -> dict[str, Any] | None:
@@ -119,14 +169,13 @@ def lora_settings(model: Any) -> dict[str, Any] | None:
     return getattr(model, "_raytrain_lora", None)
 
 
-def merge_unties(model: Any) -> bool:
-    """Whether the merge changes one weight of a tied pair (``lm_head`` targeted on a model whose
-    output layer IS its embedding): the merged export is then written with
+def merge_unties(tied: dict[str, str]) -> bool:
+    """Whether the merge changes one weight of a tied pair (``tied``: ``{alias: name}`` of the
+    model's tied parameters, :func:`training.checkpointing.state.tied_names`; ``lm_head``
+    targeted on a model whose output layer IS its embedding): the merged export is then written with
     ``tie_word_embeddings = False``, or ``from_pretrained`` would tie them again (transformers 5.13
     ``modeling_utils.py`` ``get_expanded_tied_weights_keys`` :2638 reads that flag alone)."""
-    from training.checkpointing.state import tied_names
-
-    return any(BASE_PART in name.split(".") for pair in tied_names(model).items() for name in pair)
+    return any(BASE_PART in name.split(".") for pair in tied.items() for name in pair)
 
 
 def split_state(full: dict[str, Any], scaling: float) -> tuple[dict[str, Any], dict[str, Any]]:

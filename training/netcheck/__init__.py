@@ -85,7 +85,7 @@ def record(job: JobConfig, modes: dict[str, dict[str, Any]], started: float) -> 
 def measure(job: JobConfig) -> dict[str, Any]:
     """Fit every mode, write ``<run dir>/netcheck.json``; returns the record. A failed fit raises."""
     from training.launch import connect_ray, run_dir
-    from training.run_record import write_json
+    from training.storage.files import write_json
 
     connect_ray()
     started = time.time()

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from raytrain_eks.backends.local_services import ray_head
-from raytrain_eks.backends.processes import head_processes, processes_matching, running
+from raytrain_eks.backends.local_services import head_processes, processes_matching, running
 
 pytestmark = pytest.mark.slow  # starts a Ray head
 RAY = str(Path(sys.executable).with_name("ray"))
+SESSION_TOKEN = "FQoGZXIvYXdzEXAMPLEsessiontokenNEVERinLOGS"
 
 
 def submit(head, env: dict[str, str], code: str) -> subprocess.CompletedProcess:
@@ -35,6 +36,9 @@ def head():
     leaving nothing of its own running, renamed processes included."""
     decoy = subprocess.Popen(["raylet", "-c", "import time; time.sleep(900)", "--gcs-address=127.0.0.1:9"],
                              executable=sys.executable)
+    # the user's session credentials, as a shell with AWS access has them
+    saved = {name: os.environ.get(name) for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE")}
+    os.environ.update(AWS_SESSION_TOKEN=SESSION_TOKEN, AWS_PROFILE="someone")
     try:
         with ray_head(num_cpus=1) as started:
             yield started
@@ -45,6 +49,8 @@ def head():
             tree = head_processes(started.temp_dir, started.gcs_address)
             commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace") for pid in tree]
     finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
         decoy.kill()
         decoy.wait()
     assert any(c.startswith("ray::DashboardAgent") for c in commands), commands
@@ -83,3 +89,15 @@ def test_workers_reach_their_own_heads_state_api_beside_another_ray_instance(hea
     done = submit(head, head.client_env, code)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"state-api {head.dashboard_url}" in done.stdout
+
+
+def test_the_users_aws_session_token_stays_out_of_rays_files(head):
+    """Ray writes its processes' environments into files under its temp dir (readable by other
+    users of the machine). A local run talks to moto only: the user's AWS credentials never
+    reach the head, so none of its files holds the session token."""
+    code = "import os; print('token' if os.environ.get('AWS_SESSION_TOKEN') else 'none')"
+    done = submit(head, head.client_env, code)
+    assert done.returncode == 0 and "none" in done.stdout, done.stdout + done.stderr
+    leaked = [str(p) for p in Path(head.temp_dir).rglob("*") if p.is_file() and not p.is_symlink()
+              and SESSION_TOKEN.encode() in p.read_bytes()]
+    assert leaked == []

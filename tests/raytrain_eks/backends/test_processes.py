@@ -1,4 +1,4 @@
-"""How a local Ray head is stopped (raytrain_eks/backends/processes.py ``stop_ray``), on a table of
+"""How a local Ray head is stopped (raytrain_eks/backends/local_services.py ``stop_ray``), on a table of
 processes standing in for /proc and a recorder standing in for ``os.kill``: the order is the one
 ``ray stop`` uses (ray 2.58 ``ray/scripts/scripts.py`` ``stop``: raylet, the others, GCS last),
 the renamed descendants are stopped too, a process born while stopping neither crashes the stop
@@ -10,8 +10,8 @@ import signal
 
 import pytest
 
-from raytrain_eks.backends import processes
-from raytrain_eks.backends.processes import _Process
+from raytrain_eks.backends import local_services as processes
+from raytrain_eks.backends.local_services import _Process
 
 TEMP = "/tmp/rtd-abc123"
 GCS = "127.0.0.1:23456"

@@ -9,7 +9,7 @@ import yaml
 from spec_template import template_raw
 
 from environment import environment_from_dict
-from environment.contract import IMAGE_DIGEST_ANNOTATION
+from environment.contract import IMAGE_DIGEST_ANNOTATION, SMOKE_SERVICE_ACCOUNT
 from raytrain_eks.pipeline.context import StepContext
 from raytrain_eks.pipeline.smoke import smoke_job
 from training.__main__ import parse_args
@@ -27,10 +27,17 @@ def _smoke(tmp_path, **storage):
         "metadata": {"name": "smoke", "annotations": {IMAGE_DIGEST_ANNOTATION: DIGEST}},
         "spec": {"entrypoint": shlex.join(["python", "-m", "training", "--config", "jobs/smoke.toml", "--set",
                                            f"checkpoint.storage_path={env.storage_uri}", "--workers", "8",
-                                           "--workers-per-node", "4"])}}))
+                                           "--workers-per-node", "4"]),
+                 "rayClusterSpec": {"headGroupSpec": {"template": {"spec": {"serviceAccountName": "smoke"}}},
+                                    "workerGroupSpecs": [{"template": {"spec": {"serviceAccountName": "smoke"}}}]}}}))
     ctx = StepContext(env=env, dist=tmp_path, kube=None, s3=None, ssm=None, history=None, parameter_name="",
                       execution_id="e1")
-    args = parse_args(shlex.split(smoke_job(ctx, DIGEST)["spec"]["entrypoint"])[3:])
+    job = smoke_job(ctx, DIGEST)
+    # the smoke runs' own identity: the only pods that may write smoke-* (and the pipeline)
+    cluster = job["spec"]["rayClusterSpec"]
+    assert {t["template"]["spec"]["serviceAccountName"] for t in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"])} \
+        == {SMOKE_SERVICE_ACCOUNT}
+    args = parse_args(shlex.split(job["spec"]["entrypoint"])[3:])
     return env, load_job_config(args.config, args.overrides, args.world)
 
 

@@ -33,7 +33,7 @@ MODELS = {  # where the plans below name a model: its published config.json is p
 
 @pytest.fixture(autouse=True)
 def models_in_s3(s3_server):  # noqa: F811
-    """The models' config.json files (and the shipped job's chat data) in moto's S3, where the
+    """The models' config.json files (and the shipped jobs' chat and preference data) in moto's S3, where the
     plans name them: the preflight reads a model's shapes from its config.json, nothing else."""
     import boto3
 
@@ -49,6 +49,9 @@ def models_in_s3(s3_server):  # noqa: F811
                                             {"role": "assistant", "content": f"answer {i} " * 80}]}) + "\n"
                    for i in range(400))
     client.put_object(Bucket=bucket, Key="data/chat/train.jsonl", Body=chat.encode())
+    pairs = "".join(json.dumps({"prompt": f"question {i} " * 40, "chosen": f" answer {i}" * 40,
+                                "rejected": f" no {i}" * 30}) + "\n" for i in range(400))
+    client.put_object(Bucket=bucket, Key="data/preference/pairs.jsonl", Body=pairs.encode())
 
 
 def preflight(capsys, *extra: str, job: str = REFERENCE, dist: str = "/nonexistent-dist") -> tuple[int, str, str]:
@@ -166,20 +169,20 @@ def test_sharded_accumulation_costs_nothing_and_kept_gathered_parameters_cost_th
     assert kept.accumulation == n * 2 and kept.total - one.total == n * 2
 
 
-def test_shipped_finetune_job_runs_the_strategy_preflight_finds_fastest(monkeypatch):
+def test_shipped_finetune_job_runs_the_plan_the_search_finds_fastest(monkeypatch, capsys):
+    """The plan search (not the hand model's strategy ranking at a stated MFU) decides the
+    shipped plan: its pick is the job's plan, and the preflight says so."""
     from charts.jobs import plan_job
-    from raytrain_eks.planning.step_model import strategy_options
+    from raytrain_eks.planning import plan_search
 
     monkeypatch.chdir(ROOT)
     env = load_environment(ENV)
     job = plan_job(env, Path("jobs/finetune-qwen2.5-1.5b.toml"), ROOT).config  # sized as the charts size it
     shapes, _ = shapes_for_job(job)
-    options = strategy_options(env, job, shapes, 0.30)
-    assert options[0]["fits"] and job.parallel.strategy == options[0]["strategy"]
-    chosen = options[0]
-    assert chosen["network_s"] <= chosen["compute_s"]
-    # slower strategies cost at least as much per step
-    assert all(o["step_s"] >= chosen["step_s"] for o in options[1:])
+    found = plan_search.search(job, shapes, env.gpu_group(job.parallel.node_group))
+    assert found.chosen.candidate == plan_search.current(job) and found.chosen.memory_source == "measured"
+    code, out, err = preflight(capsys, job="jobs/finetune-qwen2.5-1.5b.toml")
+    assert code == 0 and "the job's plan is the fastest that fits" in out and "NOTE  strategy" not in out
 
 
 def test_preflight_checks_the_shape_the_charts_synthesize(capsys, tmp_path):
@@ -330,12 +333,23 @@ def test_time_and_cost_use_the_measured_step_where_the_exact_plan_was_measured(c
     assert e["source"] == "measured" and e["step_s"] == step_s and e["hand_step_s"] != step_s
     assert e["run_hours"] == pytest.approx(job.train.max_steps * step_s / 3600)
     assert e["run_usd"] == pytest.approx((e["run_hours"] + e["overhead_h"]) * e["hourly_usd"])
-    assert "time and cost from the measured plan's predicted step" in out
+    assert "time and cost from the measured plan" in out
     assert f"would say {e['hand_step_s']:.2f} s/step" in out
-    assert f"  step             {step_s:.2f} s" in out and f"~{e['run_usd']:.2f} USD at" in out
-    # not measured (the reference plan): the hand model, as stated
+    # every predicted step, run time and cost is shown as its range, slow end first: the step
+    # model's range of the traced micro batch
+    slow, fast = e["step_range"]
+    assert (fast, slow) == tuple(plan.measured["range"]["step_s"]) and slow > fast
+    (usd_slow, usd_fast) = e["run_usd_range"]
+    assert usd_slow == pytest.approx((job.train.max_steps * slow / 3600 + e["overhead_h"]) * e["hourly_usd"])
+    assert f"  step             {slow:.2f}-{fast:.2f} s (slow-fast" in out
+    assert f"~{usd_slow:.2f}-{usd_fast:.2f} USD at" in out
+    # not measured (the reference plan): its range all the same, slow end first (the step model
+    # where its micro batch is traced, with the collectives counted; else the hand model from the
+    # stated MFU down, assumed)
     code, out, err = preflight(capsys)
-    assert code == 0 and "time and cost at MFU 0.30" in out and "measured plan's predicted step" not in out
+    assert code == 0 and "time and cost at MFU 0.30" in out and "measured plan (above)" not in out
+    step_line = next(line for line in out.splitlines() if line.startswith("  step             "))
+    assert "(slow-fast; limited by " in step_line and ("step model" in step_line or "(ASSUMED)" in step_line)
 
 
 def test_the_readmes_model_path_passes_with_its_config_json_in_the_bucket(capsys):
@@ -378,6 +392,11 @@ def test_the_preflight_shows_the_step_range_and_what_is_assumed(capsys):
     assert "USD over this range" in out
 
 
+HYBRID_PLAN = ("parallel.strategy=\"hybrid_shard\"", "parallel.grad_reduce_dtype=\"float32\"",
+               "parallel.activation_checkpointing=false", "train.micro_batch_size=1")
+"""The shipped finetune's plan before the plan search picked full shard (its measured variants)."""
+
+
 @pytest.mark.parametrize("settings, trace", [
     ((), "(chat, micro batch 1, checkpointing off, documents"),
     (("parallel.activation_checkpointing=true",), "(chat, micro batch 1, checkpointing on, documents"),
@@ -388,7 +407,7 @@ def test_the_step_range_comes_from_the_trace_of_the_job_s_own_micro_batch(capsys
     """A checkpointed micro batch runs every layer's forward again in backward; a micro batch of
     2 rows moves twice the bytes: each job's range is predicted from the trace of its own key."""
     job = str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml")
-    code, out, _ = preflight(capsys, *[a for s in settings for a in ("--set", s)], job=job)
+    code, out, _ = preflight(capsys, *[a for s in (*HYBRID_PLAN, *settings) for a in ("--set", s)], job=job)
     assert code == 0 and "step range       " in out and f"trace          bench/bench_step_model.py --trace {trace}" in out
 
 
@@ -396,7 +415,8 @@ def test_micro_batch_2_is_judged_by_its_own_measured_plan(capsys):
     """bench/bench_full_size_plan.py measured the finetune at micro batch 2 (the same tokens per
     step in half the micro batches): without checkpointing its measured peak does not fit an L4,
     with checkpointing it does, and the preflight says which from the measurement."""
-    job, two = str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml"), ("--set", "train.micro_batch_size=2")
+    job = str(ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml")
+    two = (*[a for s in HYBRID_PLAN for a in ("--set", s)], "--set", "train.micro_batch_size=2")
     code, out, _ = preflight(capsys, *two, job=job)
     assert code != 0 and "FAIL  memory" in out and "x micro_batch_size = 2 needs ~" in out and "(measured)" in out
     code, out, _ = preflight(capsys, *two, "--set", "parallel.activation_checkpointing=true", job=job)
@@ -416,7 +436,7 @@ def test_a_measured_plan_without_a_trace_of_its_micro_batch_gets_one_line_not_a_
     code, out, _ = preflight(capsys, "--set", on, job=job)
     assert code == 0 and "measured   bench/bench_full_size_plan.py" in out
     assert [line for line in out.splitlines() if "step range" in line] == [
-        "  step range       none: step_trace.json has no trace of Qwen2.5-1.5B chat seq_len = 2048, micro_batch_size = 1, "
+        "  step range       none: step_trace.json has no trace of Qwen2.5-1.5B chat seq_len = 2048, micro_batch_size = 2, "
         "activation_checkpointing = true; `.venv/bin/python bench/bench_step_model.py --trace` records the micro "
         "batches of its PLANS"]
     assert "USD over this range" not in out
@@ -461,7 +481,10 @@ def test_a_full_fine_tune_that_does_not_fit_is_told_offload_or_lora_and_each_the
     assert 'add [[model.transforms]] name = "lora" (adapters only; ~' in err, err
     code, out, err = preflight(capsys, *SEVEN_B, "--set", 'model.transforms=[{name = "lora"}]')
     assert code == 0 and "PASS  memory" in out and "host memory" not in out, err
-    code, out, err = preflight(capsys, *SEVEN_B, "--set", "parallel.cpu_offload=true")
+    # 200 offloaded steps take ~250 min at the slow end (71 s/step): past the default deadline,
+    # which the deadline check refuses on its own (test_a_run_its_deadline_cannot_hold_...)
+    code, out, err = preflight(capsys, *SEVEN_B, "--set", "parallel.cpu_offload=true",
+                               "--set", "rayjob.active_deadline_minutes=300")
     assert code == 0 and "PASS  memory" in out, err
     assert "PASS  host memory       parallel.cpu_offload keeps parameters, gradients and AdamW state in host memory" in out
     assert "per node (4 workers) of the 160 GiB one worker pod may use (g6.12xlarge); it saves ~" in out
@@ -540,6 +563,27 @@ def test_each_family_job_fits_two_g6_12xlarge_as_shipped(capsys, job):
     # each takes the planner's own advice; the offload job's full shard too: hybrid shard would be
     # faster on the GPU but hold each node's state over 4 GPUs, twice the host memory, past the pod's
     assert "NOTE  strategy" not in out, out
+    assert "PASS  deadline" in out, out
+
+
+def test_a_run_its_deadline_cannot_hold_at_the_slow_end_is_refused_with_the_fix(capsys):
+    """The 7B offload job as it first shipped (1000 steps of 86-150 s): the steps alone are 24-42 h
+    against its 600-minute deadline, which KubeRay never retries (v1.7.0 rayjob_controller.go
+    ``checkBackoffLimitAndUpdateStatusIfNeeded``). The preflight said OK; now it refuses in one
+    line and names the three fixes, computed from the slow end."""
+    job = str(ROOT / "jobs" / "family" / "finetune-qwen2.5-7b-offload.toml")
+    code, out, err = preflight(capsys, "--set", "train.max_steps=1000", job=job)
+    assert code == 2 and "FAIL  deadline" in out and "verdict    REFUSED" in out, out
+    line = err.strip().splitlines()[-1]
+    # the plan search's range of the job's own plan: the offload copies and AdamW on the host's
+    # threads included (raytrain_eks/planning/plan_search.py host_terms)
+    assert "at the slow end of its predicted step (150.27 s/step" in line, line
+    assert "set train.max_steps <= " in line and "rayjob.active_deadline_minutes >= " in line and "chain" in line
+    most = int(line.split("set train.max_steps <= ")[1].split(",")[0])
+    code, out, _ = preflight(capsys, "--set", f"train.max_steps={most}", job=job)
+    assert code == 0 and "PASS  deadline" in out, out  # the named fix is enough
+    code, out, _ = preflight(capsys, "--set", f"train.max_steps={most + 5}", job=job)
+    assert code == 2 and "FAIL  deadline" in out, out  # and it is the most that fits
 
 
 def test_a_lora_measurement_is_found_only_for_the_same_lora_settings():
@@ -556,3 +600,75 @@ def test_a_lora_measurement_is_found_only_for_the_same_lora_settings():
     assert lookup([row], **plan, lora=lora_key({"rank": 8, "dropout": 0.05})) is None
     assert lookup([row], **plan, lora=lora_key({"rank": 16, "dropout": 0.05, "targets": ["q_proj"]})) is None
     assert lookup([row], **plan) is None
+
+
+def test_the_7b_lora_dpo_job_fits_with_the_lora_jobs_memory_and_a_third_more_compute(capsys, monkeypatch):
+    """DPO through LoRA keeps no second copy (its reference is the model with the adapters off)
+    and saves no reference activations (no_grad): the LoRA job's measured memory. Its step runs
+    the reference's forward too: 4/3 the model FLOPs per trained token, in both the hand model and
+    the traced range."""
+    from raytrain_eks.planning.memory_estimate import estimate_for_job
+    from raytrain_eks.planning.step_model import estimate_time
+
+    monkeypatch.chdir(ROOT)
+    code, out, err = preflight(capsys, job="jobs/family/dpo-lora-qwen2.5-7b.toml")
+    assert code == 0, err
+    assert "verdict    OK" in out and "GiB per GPU (measured)" in out, out
+    from training.config import WorldSize
+
+    env = load_environment(ENV)
+    world = WorldSize(num_workers=8, workers_per_node=4)  # as the charts size them on 2 x g6.12xlarge
+    dpo = load_job_config("jobs/family/dpo-lora-qwen2.5-7b.toml", world=world)
+    sft = load_job_config("jobs/family/lora-qwen2.5-7b.toml", world=world)
+    assert estimate_for_job(dpo, QWEN2_5_7B).total == estimate_for_job(sft, QWEN2_5_7B).total
+    ratio = estimate_time(env, dpo, QWEN2_5_7B, 0.4)["compute_s"] / estimate_time(env, sft, QWEN2_5_7B, 0.4)["compute_s"]
+    assert ratio == pytest.approx(4 / 3)
+    full = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct", "train.objective=dpo",
+                                       "data.kind=preference", "data.path=training/assets/demo_corpus/preference"])
+    plain = load_job_config(REFERENCE, ["model.path=s3://bucket/Qwen2.5-7B-Instruct"])
+    # a full fine-tune's DPO keeps a frozen copy, sharded like the parameters
+    assert estimate_for_job(full, QWEN2_5_7B).reference == estimate_for_job(plain, QWEN2_5_7B).parameters > 0
+
+
+def test_an_elastic_job_is_planned_at_every_size_between_its_bounds(capsys):
+    # min_nodes 1 of 2: the plan at 1 node (4 GPUs, twice the micro batches) and at 2, each
+    # with its memory per GPU and its step; the global batch is the same at both
+    code, out, err = preflight(capsys, "--set", "parallel.min_nodes=1")
+    assert code == 0, err
+    sizes = [line for line in out.splitlines() if "elastic size" in line]
+    assert len(sizes) == 2
+    assert "1 node(s), 4 GPUs, 8 micro batches per GPU" in sizes[0] and "2 node(s), 8 GPUs, 4 micro batches" in sizes[1]
+    memory = [float(line.split(": ~")[1].split(" GiB")[0]) for line in sizes]
+    assert memory[0] > memory[1]  # half the shards: more per GPU
+
+
+def test_an_elastic_size_that_does_not_fit_refuses_the_job_in_one_line(capsys):
+    # Qwen2.5-3B full shard at seq 8192 fits 8 L4s (~18.6 GiB each), not 4 (~24.9): after a
+    # lost node the run could not go on at 1 node
+    fits_at_two = ("--set", "model.path=s3://{bucket}/models/Qwen2.5-3B-Instruct", "--set",
+                   "parallel.activation_checkpointing=true", "--set", "train.seq_len=8192")
+    code, out, err = preflight(capsys, *fits_at_two)
+    assert code == 0, err
+    code, out, err = preflight(capsys, *fits_at_two, "--set", "parallel.min_nodes=1")
+    assert code == 2 and err.count("\n") == 1
+    assert "parallel.min_nodes = 1 allows 1 node(s), 4 GPUs" in err and "raise parallel.min_nodes above 1" in err
+
+
+def test_on_a_spot_group_the_preflight_says_whether_the_checkpoint_fits_the_notice(capsys, tmp_path):
+    import tomllib
+
+    from toml_writer import toml_text
+
+    raw = tomllib.loads(Path(ENV).read_text())
+    raw["gpu_node_groups"][0].update(capacity="spot", instance_types=["g5.12xlarge"])
+    spot = tmp_path / "environment.toml"
+    spot.write_text(toml_text(raw))
+    code = main(["preflight", "--env", str(spot), "--job", REFERENCE, "--dist", "/nonexistent-dist"])
+    out = capsys.readouterr().out
+    assert code == 0
+    [line] = [line for line in out.splitlines() if "spot notice" in line]
+    # Qwen2.5-1.5B full shard over 2 nodes: 1.54 B x 12 bytes / 2 = 9.3 GB per node
+    assert "~9.3 GB per node takes ~46-9 s" in line and "the notice leaves 90 s: it fits" in line
+    # the on-demand spec says nothing of a notice
+    main(["preflight", "--env", ENV, "--job", REFERENCE, "--dist", "/nonexistent-dist"])
+    assert "spot notice" not in capsys.readouterr().out

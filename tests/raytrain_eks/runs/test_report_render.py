@@ -191,7 +191,7 @@ def test_the_predicted_step_sits_beside_the_measured_one_with_what_it_assumed(tm
                               "calibrated": False}
     (run / "run.json").write_text(json.dumps(record))
     text = render_report([str(run)], tmp_path / "out").read_text()
-    row = ("| step time, predicted | predicted 5.69-8.04 s, MFU 17.4-24.5% (raytrain_eks/planning/step_model.py; "
+    row = ("| step time, predicted | predicted 8.04-5.69 s (slow-fast), MFU 17.4-24.5% (raytrain_eks/planning/step_model.py; "
            "assumed: gemm, pcie) |")
     assert row in text and text.index("| step time (s) |") < text.index(row)
     record["exposed_comm"] = {"label": "unknown", "why": "..."}
@@ -208,3 +208,32 @@ def test_the_prediction_handed_to_a_run_carries_its_ranges_and_assumptions():
     handed = exposed_comm(prediction)
     assert handed["step_s"] == [5.0, 8.0] and handed["mfu"] == [0.17, 0.25]
     assert handed["assumed"] == ["gemm"] and handed["calibrated"] is False
+
+
+def test_two_runs_show_their_cost_and_cost_per_1m_tokens_side_by_side(tmp_path, capsys):
+    from training import incidents
+
+    # an on-demand run and a spot run (its price an estimate) that lived through a reclaim
+    a_dir, b_dir = tmp_path / "on-demand", tmp_path / "spot"
+    for where, capacity, price, usd, incidents in (
+            (a_dir, "on-demand", 4.6, 9.2, []),
+            (b_dir, "spot", 1.84, 4.6, [{**incidents.incident(incidents.PREEMPTION, ranks=[4, 5, 6, 7], nodes=["n2"],
+                                                              step=8), "resumed_from_step": 8, "steps_lost": 0,
+                                         "gpu_minutes_lost": 4.0}])):
+        shutil.copytree(RUNS / "efa-full", where)
+        record = json.loads((where / "run.json").read_text())
+        record["incidents"] = incidents
+        record["cost"] = {"node_hours": [{"instance_type": "g6.12xlarge", "capacity_type": capacity,
+                                          "node_hours": usd / price, "usd_per_node_hour": price, "usd": usd,
+                                          "price": "on-demand price" if capacity == "on-demand" else "spot estimate"}],
+                          "usd": usd, "tokens": 4_000_000, "usd_per_1m_tokens": usd / 4, "estimate": capacity == "spot",
+                          "gpu_minutes_lost": 4.0 if incidents else 0.0, "price_label": "x"}
+        (where / "run.json").write_text(json.dumps(record))
+    text = render_report([str(a_dir), str(b_dir)], tmp_path / "out").read_text()
+    assert "| cost | $9.20 | ~$4.60 est. |" in text
+    assert "| cost per 1M tokens | $2.30 | ~$1.15 est. |" in text
+    assert "| incidents | none | 1 incident (1 preemption) |" in text
+    # runs: the cost column
+    assert main(["runs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].rstrip().endswith("cost") and "~$4.60 est." in out and "$9.20" in out

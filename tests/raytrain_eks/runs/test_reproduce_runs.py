@@ -15,7 +15,8 @@ import yaml
 
 from raytrain_eks.cli import main
 from training.config import load_job_config
-from training.run_record import RunRecord, read_json
+from training.run_record import RunRecord
+from training.storage.files import read_json
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -96,7 +97,7 @@ def test_runs_shows_the_digest_the_pods_reported_and_filters_on_it():
 
 
 def test_runs_lists_the_runs_under_an_s3_prefix_and_fingerprints_read_etags(moto_s3, capsys):
-    from training.run_record import fingerprint
+    from training.run_facts import fingerprint
 
     prefix = "s3://runs-111122223333/listing"  # a prefix of its own: the moto server is per session
     for name, accept in (("good", {}), ("bad", {"eval_loss_after_max": 0.1})):

@@ -95,7 +95,7 @@ def test_the_step_model_s_prediction_travels_in_the_run_s_inputs_record(s3_bucke
 
 
 def test_a_run_on_a_shared_file_system_is_handed_its_record_there(tmp_path):
-    """Runs on a shared file system (training/run_storage.py): the uploads stay in the bucket, but
+    """Runs on a shared file system (training/storage/__init__.py): the uploads stay in the bucket, but
     ``_inputs/<run>.json`` goes where the job's runs are, and the driver's own reader finds it."""
     from training.run_record import exposed_comm_handed
 
@@ -104,3 +104,28 @@ def test_a_run_on_a_shared_file_system_is_handed_its_record_there(tmp_path):
     run_inputs.upload(None, [], "s3://bucket/runs", "run-e", prediction=prediction, run_storage=shared)
     assert exposed_comm_handed(shared, "run-e") == prediction
     assert (tmp_path / "fsx" / "runs" / "_inputs" / "run-e.json").is_file()
+
+
+def test_a_link_out_of_the_folder_is_refused_before_anything_travels(root, tmp_path):
+    """Before the check, ``/etc/passwd`` travelled through such a link (the review's finding)."""
+    from charts import ChartError
+
+    (root / "mydata" / "passwd.jsonl").symlink_to("/etc/passwd")
+    with pytest.raises(ChartError, match=r"data.path: 'mydata': passwd.jsonl is a symbolic link to /etc/passwd"):
+        run_inputs.plan_uploads(_job("mydata"), "s3://bkt/runs", root)
+
+
+def test_a_file_no_job_reads_is_refused(root):
+    from charts import ChartError
+
+    (root / "elsewhere" / "qwen" / "id_rsa").write_text("a key that must not travel")
+    with pytest.raises(ChartError, match=r"model.path: .*: id_rsa is not a file a job reads for model.path"):
+        run_inputs.plan_uploads(_job(model=str(root / "elsewhere" / "qwen")), "s3://bkt/runs", root)
+
+
+def test_more_than_the_limit_is_refused(root, monkeypatch):
+    from charts import ChartError
+
+    monkeypatch.setattr(run_inputs, "MAX_UPLOAD_BYTES", 32)
+    with pytest.raises(ChartError, match=r"more than a submit uploads"):
+        run_inputs.plan_uploads(_job(model=str(root / "elsewhere" / "qwen")), "s3://bkt/runs", root)

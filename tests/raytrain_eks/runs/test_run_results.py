@@ -19,9 +19,9 @@ def test_what_submit_copies(relative, copied):
 
 
 def test_a_run_on_a_file_system_is_read_by_its_path(tmp_path):
-    """A shared (``file://``) or local run storage (training/run_storage.py): the same readers, no S3 client."""
+    """A shared (``file://``) or local run storage (training/storage/__init__.py): the same readers, no S3 client."""
     from raytrain_eks.runs.results import download_run, read_file, run_exists
-    from training.run_storage import RunStorage
+    from training.storage import RunStorage
 
     storage = RunStorage(f"file://{tmp_path / 'runs'}")
     run = storage.run("r1")

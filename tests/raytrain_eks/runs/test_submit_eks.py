@@ -34,9 +34,22 @@ def test_submit_follows_the_rayjob_through_kuberays_states_to_the_verdict(cluste
              "==> smoke-a1: Complete / SUCCEEDED", "verdict:   "]
     positions = [next((i for i, line in enumerate(lines) if line.startswith(want)), -1) for want in order]
     assert -1 not in positions and positions == sorted(positions), out
+    job = cluster.state()["rayjobs"]["smoke-a1"]
     calls = cluster.state()["calls"]
     applied = [c[-1] for c in calls if c[0] == "apply"]
-    assert applied[0].endswith("network-policy.k8s.yaml") and applied[1].endswith("rayjob-smoke-a1.k8s.yaml")
+    assert applied[0].endswith("network-policy.k8s.yaml") and applied[1].endswith("serviceaccount-smoke-a1.yaml")
+    assert applied[2].endswith("rayjob-smoke-a1.k8s.yaml")
+    # the run's own identity: its service account, associated with the run role before the
+    # RayJob, the association gone once the results are copied
+    account = cluster.state()["serviceaccounts"]["smoke-a1"]
+    assert account["automountServiceAccountToken"] is False and account["metadata"]["namespace"] == "ray"
+    [(_, made), (gone, _)] = cluster.identity.calls
+    assert (made["namespace"], made["serviceAccount"], made["clusterName"]) == ("ray", "smoke-a1", "raytrain")
+    assert made["roleArn"].endswith(":role/raytrain-ray-runs") and gone == "delete"
+    assert cluster.identity.associations == {}
+    pods = job["spec"]["rayClusterSpec"]
+    assert {t["spec"]["serviceAccountName"] for t in (pods["headGroupSpec"]["template"],
+                                                      pods["workerGroupSpecs"][0]["template"])} == {"smoke-a1"}
     # followed, not done at the first poll: New, Initializing until the cluster is ready, Running, Complete
     assert sum(c[:2] == ["get", "rayjob"] for c in calls) >= 6
     # the code archive the RayJob names is in the bucket, and the results came back
@@ -424,3 +437,43 @@ def test_stop_stops_the_ray_job_through_its_head_before_deleting_its_rayjob(clus
     assert main(["stop", "smoke-s1"]) == 0
     assert "stopping Ray job smoke-s1-abcde through its head (final checkpoint; at most 210 s)" in capfd.readouterr().out
     _assert_stopped_through_ray_before_the_delete(cluster.state(), "smoke-s1")
+
+
+def test_a_concurrent_submit_of_one_name_is_one_line(cluster, tmp_path, capfd):
+    """Two submits of one --name at once: the second ends in one line, before it writes or
+    applies anything (before the fix the two wrote one results folder and one raised a traceback).
+    The first submit is stood in for by its lock, held by another process as a running submit holds it."""
+    import subprocess
+
+    lock = tmp_path / "out" / ".submit.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_CREAT | "
+                               "os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
+                               str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        calls_before = len(cluster.state().get("calls", []))
+        assert submit(tmp_path, "--name", "smoke-twice") == 2
+        err = capfd.readouterr().err.strip()
+        assert err.count("\n") == 0 and "another submit of this run is running on this machine" in err, err
+        assert "Traceback" not in err
+        assert not [c for c in cluster.state().get("calls", [])[calls_before:] if c[0] == "apply"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert submit(tmp_path, "--name", "smoke-twice") in (0, 3)  # the lock goes with its process
+
+
+def test_a_local_name_whose_results_folder_holds_a_run_is_refused(tmp_path, capfd, monkeypatch):
+    """``--local``: the run's storage (moto in memory) lives for one submit, so storage never
+    holds the earlier run; its results folder does. Before the fix ``--name`` reused printed
+    "run dup: new" and overwrote it (its record, its report; TensorBoard and MLflow mixed both)."""
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text('{"run_name": "dup"}')
+    assert submit(tmp_path, "--local", "--name", "dup") == 2
+    captured = capfd.readouterr()
+    assert captured.err.strip().count("\n") == 0 and "already holds a run of that name" in captured.err
+    assert "run dup: new" not in captured.out
+    assert (out / "run.json").read_text() == '{"run_name": "dup"}' and not (out / "manifests").exists()

@@ -1,5 +1,5 @@
 """``raytrain-eks summary`` says where the runs are: the bucket, or the spec's shared file system
-beside it (``storage.shared_path``, training/run_storage.py)."""
+beside it (``storage.shared_path``, training/storage/__init__.py)."""
 from __future__ import annotations
 
 from spec_template import template_raw

@@ -67,3 +67,44 @@ def test_no_rule_in_the_way_or_the_stacks_own_rule_passes():
 def test_with_the_cache_off_nothing_is_asked():
     cfn, ecr, _ = _clients(stack_exists=False, rule=None)
     assert check_image_cache(_env(cache=False), cfn, ecr) == []
+
+
+# ray.mlflow_tracking_server_arn: verify fails when the pods could not log to it (botocore's
+# SageMaker model, sagemaker/2017-07-24/service-2.json: DescribeMlflowTrackingServer answers
+# IsActive Active/Inactive and ResourceNotFound for an unknown name).
+SERVER = "arn:aws:sagemaker:us-east-1:111122223333:mlflow-tracking-server/team"
+
+
+def _tracking_env(arn: str = SERVER):
+    raw = copy.deepcopy(template_raw())
+    raw["cluster"]["account"] = "111122223333"
+    raw.setdefault("ray", {})["mlflow_tracking_server_arn"] = arn
+    return environment_from_dict(raw)
+
+
+def _sagemaker(answer):
+    client = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    if answer is None:
+        stub.add_client_error("describe_mlflow_tracking_server", "ResourceNotFound", "not found",
+                              expected_params={"TrackingServerName": "team"})
+    elif answer != "skip":
+        stub.add_response("describe_mlflow_tracking_server", {"TrackingServerArn": SERVER, "IsActive": answer,
+                                                              "TrackingServerStatus": "Started" if answer == "Active" else "Stopped"},
+                          {"TrackingServerName": "team"})
+    stub.activate()
+    return client
+
+
+def test_verify_passes_an_active_tracking_server_and_fails_one_the_pods_cannot_use():
+    from raytrain_eks.verify.account import check_tracking_server
+
+    [ok] = check_tracking_server(_tracking_env(), _sagemaker("Active"))
+    assert ok.ok
+    [stopped] = check_tracking_server(_tracking_env(), _sagemaker("Inactive"))
+    assert not stopped.ok and "start-mlflow-tracking-server" in stopped.fix
+    [missing] = check_tracking_server(_tracking_env(), _sagemaker(None))
+    assert not missing.ok and "no such tracking server" in missing.message
+    [elsewhere] = check_tracking_server(_tracking_env(SERVER.replace("us-east-1", "eu-west-1")), _sagemaker("skip"))
+    assert not elsewhere.ok and "cannot reach it" in elsewhere.message
+    assert check_tracking_server(environment_from_dict(copy.deepcopy(template_raw())), None) == []

@@ -413,3 +413,18 @@ def test_what_a_first_deploy_would_collide_with(tmp_path, moto, registry, charts
     rc, lines, err = run_verify(capsys, write_spec(tmp_path, raw), charts[1])
     assert rc == 0 and any("adopted by the storage stack" in line for line in lines)
     assert any("its kept policy denies non-TLS access" in line for line in lines)
+
+
+def test_a_spot_group_is_counted_against_the_spot_quota_it_draws_from(registry):
+    # EC2 counts spot vCPUs against "All G and VT Spot Instance Requests" (L-3819A6DF), a quota
+    # of its own (0 in many accounts), never against the On-Demand one
+    raw = copy.deepcopy(raw_spec(registry))
+    raw["gpu_node_groups"][0].update(capacity="spot", instance_types=["g5.12xlarge"])
+    env = environment_from_dict(raw, "environment.toml")
+    needs = verify.vcpu_needs(env)
+    assert needs == {STANDARD: [("system 1 x m7i.2xlarge", 8)],
+                     "L-3819A6DF": [("gpu 2 x g6.12xlarge/g5.12xlarge (spot)", 96)]}
+    found = verify.check_quotas(env, stub_quotas(REGION, {STANDARD: 8.0, "L-3819A6DF": 0.0}))
+    assert [f.ok for f in found] == [True, False]
+    assert "All G and VT Spot Instance Requests, L-3819A6DF" in found[1].line()
+    assert "request L-3819A6DF >= 96" in found[1].line()

@@ -66,8 +66,14 @@ def test_a_subnet_on_the_main_table_whose_nat_route_is_a_blackhole_fails(world, 
                  "association) has no active 0.0.0.0/0 route")
 
 
+def _public(world, subnet: str) -> None:  # noqa: F811
+    [subnets] = [v["Subnets"] for k, v in world.tables["ec2"].items() if k[0] == "describe_subnets"]
+    next(s for s in subnets if s["SubnetId"] == subnet)["MapPublicIpOnLaunch"] = True
+
+
 @pytest.mark.parametrize("target", [{"TransitGatewayId": "tgw-0123456789abcdef0"}, {"GatewayId": "igw-0123456789abcdef0"}])
 def test_a_central_egress_or_an_internet_gateway_is_a_way_out(world, charts, capsys, target):  # noqa: F811
+    _public(world, EXISTING_SUBNETS[1])  # an internet gateway serves a subnet whose nodes get public addresses
     _table(world, OWN)["Routes"][1] = route("0.0.0.0/0", **target)
     rc, lines, _ = world.run(capsys, charts[1])
     assert rc == 0 and failures(lines) == [], lines
@@ -81,3 +87,12 @@ def test_without_a_default_route_the_endpoints_alone_do_not_bring_the_public_ima
                         "image.pull_through_cache = true (the DLC is on public.ecr.aws, which no VPC endpoint serves); "
                         "internet for the add-ons this app installs (")
     assert "interface endpoint" not in line and "S3 gateway" not in line, line
+
+
+def test_an_internet_gateway_is_no_way_out_for_nodes_without_public_addresses(world, charts, capsys):  # noqa: F811
+    """Amazon VPC User Guide, "Internet gateways": an instance needs a public IPv4 address (or an
+    Elastic IP) to talk to the internet through one. Before the fix any igw- route passed."""
+    _table(world, OWN)["Routes"][1] = route("0.0.0.0/0", GatewayId="igw-0123456789abcdef0")
+    _one_failure(world, capsys, charts, f"egress: subnet {EXISTING_SUBNETS[1]} (the kubectl handler): 0.0.0.0/0 goes to "
+                 "the internet gateway igw-0123456789abcdef0", "MapPublicIpOnLaunch false",
+                 f"route 0.0.0.0/0 of {OWN} to a NAT gateway")

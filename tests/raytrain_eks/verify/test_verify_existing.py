@@ -17,7 +17,7 @@ from environment.addons import installed_addons
 from environment.contract import PART_OF
 from environment.queueing import KUEUE_RESOURCES
 from existing_cluster_doubles import EC2_KEYS, EKS_KEYS, ModelledApi, helm_release_secret, team_cluster
-from infra_variants import EXISTING_CLUSTER, existing_raw
+from infra_variants import EXISTING_CLUSTER, EXISTING_GPU_GROUP, existing_raw
 from raytrain_eks.verify.cluster_inventory import decode_release
 from raytrain_eks.verify import command as verify_command
 from test_verify_command import charts, failures, moto, registry, run_verify, write_spec  # noqa: F401
@@ -136,6 +136,24 @@ def test_no_pod_identity_agent(world, charts, capsys):  # noqa: F811
                  f"aws eks create-addon --cluster-name {EXISTING_CLUSTER} --addon-name eks-pod-identity-agent")
 
 
+def test_no_node_monitoring_agent(world, charts, capsys):  # noqa: F811
+    world.tables["eks"][("list_addons", EXISTING_CLUSTER)]["addons"].remove("eks-node-monitoring-agent")
+    _one_failure(world, capsys, charts, "has no eks-node-monitoring-agent add-on",
+                 f"aws eks create-addon --cluster-name {EXISTING_CLUSTER} --addon-name eks-node-monitoring-agent "
+                 "--configuration-values")
+
+
+def test_a_node_monitoring_agent_that_does_not_tolerate_the_gpu_taint(world, charts, capsys):  # noqa: F811
+    world.tables["eks"][("describe_addon", "eks-node-monitoring-agent")]["addon"]["configurationValues"] = ""
+    _one_failure(world, capsys, charts, "nodeAgent and dcgmAgent do not tolerate the GPU taint nvidia.com/gpu",
+                 "aws eks update-addon")
+
+
+def test_a_gpu_group_without_node_auto_repair(world, charts, capsys):  # noqa: F811
+    del world.tables["eks"][("describe_nodegroup", EXISTING_GPU_GROUP)]["nodegroup"]["nodeRepairConfig"]
+    _one_failure(world, capsys, charts, "node auto repair is off", "--node-repair-config enabled=true")
+
+
 def test_network_policies_not_enforced(world, charts, capsys):  # noqa: F811
     world.tables["eks"][("describe_addon", "vpc-cni")]["addon"]["configurationValues"] = ""
     _one_failure(world, capsys, charts, "vpc-cni v1.20.1-eksbuild.3 does not enforce NetworkPolicies", "enableNetworkPolicy")
@@ -206,9 +224,13 @@ RAY_FRAMEWORKS = ["ray.io/rayjob", "ray.io/raycluster"]
 """What a team's Kueue must manage: the kueue chart v0.19.2's default list has both (values.yaml:166-178)."""
 
 
-def _kueue_present(world, frameworks, served=("v1beta1", "v1beta2")):
+def _kueue_present(world, frameworks, served=("v1beta1", "v1beta2"), image_tag="v0.19.2", feature_gates="",
+                   **config_extra):
     """The team runs Kueue v0.19.2 by Helm in kueue-system (the spec says present), with its
-    manager ConfigMap (kueue chart templates/manager/manager-config.yaml) and CRDs."""
+    manager ConfigMap (kueue chart templates/manager/manager-config.yaml), its manager Deployment
+    (templates/manager/manager.yaml: container ``manager``, image ``registry.k8s.io/kueue/kueue:<tag>``,
+    args ``--config``, ``--zap-log-level`` and, with controllerManager.featureGates set,
+    ``--feature-gates=Name=bool,...``: templates/_helpers.tpl ``kueue.featureGates``) and CRDs."""
     world.raw.setdefault("queueing", {})["enabled"] = True
     world.raw["cluster"]["present_addons"] = [*world.raw["cluster"]["present_addons"], "kueue"]
     lists = world.tables["lists"]
@@ -217,7 +239,15 @@ def _kueue_present(world, frameworks, served=("v1beta1", "v1beta2")):
         {"metadata": {"name": f"{plural}.kueue.x-k8s.io"},
          "spec": {"versions": [{"name": v, "served": True} for v in served]}}
         for plural in ("clusterqueues", "localqueues", "resourceflavors", "workloadpriorityclasses", "workloads")]
-    config = {"apiVersion": "config.kueue.x-k8s.io/v1beta2", "integrations": {"frameworks": frameworks}}
+    config = {"apiVersion": "config.kueue.x-k8s.io/v1beta2", "integrations": {"frameworks": frameworks}, **config_extra}
+    args = ["--config=/controller_manager_config.yaml", "--zap-log-level=2",
+            *([f"--feature-gates={feature_gates}"] if feature_gates else [])]
+    lists["deployments"] = [*lists.get("deployments", []), {
+        "kind": "Deployment", "metadata": {"name": "kueue-controller-manager", "namespace": "kueue-system",
+                                           "labels": {"app.kubernetes.io/name": "kueue"}},
+        "spec": {"template": {"spec": {"containers": [
+            {"name": "manager", "image": f"registry.k8s.io/kueue/kueue:{image_tag}", "command": ["/manager"],
+             "args": args}]}}}}]
     lists["configmaps"] = [{"metadata": {"name": "kueue-manager-config", "namespace": "kueue-system"},
                             "data": {"controller_manager_config.yaml": json.dumps(config)}}]
     for plural in KUEUE_RESOURCES.values():  # the team's own queue objects: none yet
@@ -302,3 +332,34 @@ def test_a_prefix_moves_our_cluster_wide_names_off_the_teams(world, charts, caps
     world.raw["queueing"]["name_prefix"] = "ml-"
     rc, lines, _ = world.run(capsys, charts[1])
     assert rc == 0 and failures(lines) == [], lines
+
+
+@pytest.mark.parametrize("tag", ["v0.17.0", "v0.18.3", "v0.19.0"])
+def test_a_teams_kueue_older_than_the_ungater_fixes_fails_naming_the_minimum(world, charts, capsys, tag):  # noqa: F811
+    """Kueue's own rules at the versions a team may run (pkg/features/kube_features.go: the elastic
+    gate is off before v0.18; the ungater's fixes arrive in v0.19.1). Before the fix verify passed
+    these: it looked only at the served API versions."""
+    _kueue_present(world, RAY_FRAMEWORKS, image_tag=tag)
+    _one_failure(world, capsys, charts, f"the cluster runs Kueue {tag}", "needs v0.19.1 or later", "upgrade Kueue to")
+
+
+def test_a_teams_kueue_with_the_elastic_gate_turned_off_fails(world, charts, capsys):  # noqa: F811
+    _kueue_present(world, RAY_FRAMEWORKS, feature_gates="TopologyAwareScheduling=true,ElasticJobsViaWorkloadSlices=false")
+    _one_failure(world, capsys, charts, "--feature-gates ElasticJobsViaWorkloadSlices=false",
+                 "scale-up pods would stay gated", "remove ElasticJobsViaWorkloadSlices=false")
+
+
+def test_a_teams_kueue_managing_unlabelled_jobs_in_the_ray_namespace_fails(world, charts, capsys):  # noqa: F811
+    """Kueue v0.19.2 jobframework/utils.go WorkloadShouldBeSuspended :147-156: an unlabelled
+    RayJob is suspended where manageJobsWithoutQueueName is true and the namespace selector
+    matches; KubeRay refuses a suspended clusterSelector RayJob (ValidationFailed for ever)."""
+    _kueue_present(world, RAY_FRAMEWORKS, manageJobsWithoutQueueName=True)
+    _one_failure(world, capsys, charts, "sets manageJobsWithoutQueueName: true", "ValidationFailed",
+                 "give managedJobsNamespaceSelector a selector that leaves out namespace")
+
+
+def test_a_teams_kueue_managing_unlabelled_jobs_elsewhere_only_passes(world, charts, capsys):  # noqa: F811
+    _kueue_present(world, RAY_FRAMEWORKS, manageJobsWithoutQueueName=True, managedJobsNamespaceSelector={
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-batch"]}]})
+    rc, lines, err = world.run(capsys, charts[1])
+    assert failures(lines) == [] and rc == 0, lines

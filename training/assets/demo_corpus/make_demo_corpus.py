@@ -9,6 +9,11 @@ text, so the corpus carries the project's own licence (see README.md). Output:
 - ``jsonl/notes.jsonl``: the same documents as ``{"text": ...}`` lines (data.kind = "jsonl")
 - ``chat/arithmetic.jsonl``: ``{"messages": [...]}`` prompt/answer chats with checkable answers
   (sums, differences, products, unit conversions; some with two turns) (data.kind = "chat")
+- ``preference/pairs.jsonl``: ``{"prompt", "chosen", "rejected"}`` plain-text pairs, the chosen
+  answer the exact one in a fixed phrasing, the rejected one evasive (data.kind = "preference")
+- ``../benchmarks/tiny-arith.jsonl`` (multiple choice: ``{"question", "choices", "answer"}``) and
+  ``../benchmarks/tiny-arith-gen.jsonl`` (generation: ``{"question", "answer"}``): the tiny
+  benchmark tasks ``eval.benchmarks`` names
 """
 from __future__ import annotations
 
@@ -21,6 +26,10 @@ HERE = Path(__file__).resolve().parent
 SEED = 20261130
 TEXT_DOCS = 660
 CHATS = 1100
+PAIRS = 240
+BENCHMARK_QUESTIONS = 40
+EVASIVE = ["I would rather not say.", "That is hard to tell.", "Ask someone else.", "No idea, sorry.",
+           "I cannot work that out."]
 
 TOWNS = ["Alder Bay", "Millford", "Rookstone", "Elm Cross", "Haverly", "Stonemoor", "Wickham Vale", "Brightwater"]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
@@ -123,6 +132,34 @@ def main(out: Path = HERE) -> None:
             messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         lines.append(json.dumps({"messages": messages}) + "\n")
     (out / "chat" / "arithmetic.jsonl").write_text("".join(lines), encoding="utf-8")
+    preference_and_benchmarks(out)
+
+
+def preference_and_benchmarks(out: Path) -> None:
+    """The DPO pairs and the benchmark tasks, from their own generator (the files above stay as they were)."""
+    r = random.Random(SEED + 1)
+    pairs = []
+    for _ in range(PAIRS):
+        q, a = chat(r)
+        pairs.append(json.dumps({"prompt": f"Question: {q}\nAnswer:", "chosen": f" The answer is {a}.",
+                                 "rejected": f" {r.choice(EVASIVE)}"}) + "\n")
+    (out / "preference").mkdir(parents=True, exist_ok=True)
+    (out / "preference" / "pairs.jsonl").write_text("".join(pairs), encoding="utf-8")
+    bench = out.parent / "benchmarks"
+    bench.mkdir(parents=True, exist_ok=True)
+    choice_lines, gen_lines = [], []
+    for _ in range(BENCHMARK_QUESTIONS):
+        a, b = r.randint(2, 20), r.randint(2, 20)
+        right = a + b
+        wrong = sorted({right + d for d in (-10, -2, -1, 1, 2, 10) if right + d > 0} - {right})
+        choices = r.sample(wrong, 3) + [right]
+        r.shuffle(choices)
+        choice_lines.append(json.dumps({"question": f"What is {a} + {b}?", "choices": [str(c) for c in choices],
+                                        "answer": choices.index(right)}) + "\n")
+        q, ans = chat(r)
+        gen_lines.append(json.dumps({"question": q, "answer": ans}) + "\n")
+    (bench / "tiny-arith.jsonl").write_text("".join(choice_lines), encoding="utf-8")
+    (bench / "tiny-arith-gen.jsonl").write_text("".join(gen_lines), encoding="utf-8")
 
 
 if __name__ == "__main__":

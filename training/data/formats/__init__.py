@@ -15,7 +15,7 @@ from functools import cache
 
 from training.config_checks import FILE_KINDS
 from training.data.records import DataError, DataFormat, Reader, ReadResult
-from training.data.remote import RemoteFile, list_files
+from training.storage.files import RemoteFile, list_files
 
 
 @cache
@@ -63,11 +63,15 @@ def read_documents(path: str, kind: str, *, on_bad_record: str = "error") -> Rea
     return reader.result
 
 
+def shape(doc) -> str:
+    """What a document is: ``a preference pair``, ``a conversation`` or ``text``."""
+    return "a preference pair" if doc.pair else "a conversation" if doc.messages else "text"
+
+
 def one_shape(documents) -> None:
-    """Text and conversations are packed differently: one corpus holds one of them."""
+    """Text, conversations and preference pairs are packed differently: one corpus holds one of them."""
     first = documents[0]
     for doc in documents:
-        if bool(doc.messages) != bool(first.messages):
-            kinds = ("a conversation", "text") if doc.messages else ("text", "a conversation")
-            raise DataError(f"{doc.source}, line {doc.line}: {kinds[0]}, but {first.source}, line {first.line} is "
-                            f"{kinds[1]}: one job's data is all conversations or all text")
+        if shape(doc) != shape(first):
+            raise DataError(f"{doc.source}, line {doc.line}: {shape(doc)}, but {first.source}, line {first.line} is "
+                            f"{shape(first)}: one job's data is all conversations, all text or all preference pairs")

@@ -3,7 +3,7 @@
 (of a folder, its train split's files: :func:`train_files`); local or ``s3://``.
 
 Read with pyarrow (Ray ships it, so the DLC has it; S3 as everywhere in the job:
-training/data/remote.py), the way ``datasets`` 5.0.0 itself loads a saved dataset:
+training/storage/files.py), the way ``datasets`` 5.0.0 itself loads a saved dataset:
 ``state.json``'s ``_data_files`` in order, each an Arrow IPC *stream*; ``dataset_dict.json``
 names the splits, one folder each. A plain ``.arrow`` file may also be the IPC *file* format
 (``pyarrow.feather``), recognised by its ``ARROW1`` magic.
@@ -33,7 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 from training.data.records import DataError, DataFormat, Reader, add_record, read_head
-from training.data.remote import RemoteFile, is_s3, list_files, s3_filesystem, split_s3
+from training.storage.files import RemoteFile, filesystem_for, is_s3, list_files
 
 SUFFIXES = (".parquet", ".arrow")
 STATE = "state.json"
@@ -158,8 +158,8 @@ def _open(f: RemoteFile):
     import pyarrow as pa
 
     if is_s3(f.uri):
-        bucket, key = split_s3(f.uri)
-        return s3_filesystem().open_input_file(f"{bucket}/{key}")
+        s3, path = filesystem_for(f.uri)
+        return s3.open_input_file(path)
     return pa.memory_map(f.uri)
 
 

@@ -1,12 +1,16 @@
-"""Where runs live: ONE description of the runs' storage, taken by the charts (the storage path
-every job gets), the job config (its rules), the launcher (Ray Train's storage) and the CLI
-readers (a finished run's records and model).
+"""The remote-storage room: every reader and writer of run data, inputs and checkpoints goes
+through it. This module is the ONE description of where runs live (standard library only: charts/
+and the CLI import it); :mod:`training.storage.files` is the one file-system factory, the one retry
+policy and the reads, writes, listings and downloads over it, with the node-local download cache
+(one download per node).
 
-The kind follows from the URI alone, so a job config's ``checkpoint.storage_path`` and the
-spec's storage say the same thing:
+The storage of a job's runs is taken by the charts (the storage path every job gets), the job
+config (its rules), the launcher (Ray Train's storage) and the CLI readers (a finished run's
+records and model). The kind follows from the URI alone, so a job config's
+``checkpoint.storage_path`` and the spec's storage say the same thing:
 
 - ``s3://bucket/prefix``: an S3 bucket (the environment's, by default), through pyarrow's S3
-  file system, which honours ``AWS_ENDPOINT_URL``;
+  file system, which the factory points at ``AWS_ENDPOINT_URL`` when set;
 - ``file:///path``: a SHARED file system mounted at that path on every Ray pod (FSx for Lustre,
   EFS, any PersistentVolumeClaim: ``storage.shared_path`` in environment.toml). Every node sees
   the same files, so a job may span nodes;
@@ -15,8 +19,6 @@ spec's storage say the same thing:
 Layout under it: ``<storage>/<run>/`` is one run (its record, metrics, logs, ``checkpoint_<step>/``
 folders, the exported ``hf/``); ``<storage>/_inputs/<run>.json`` is what ``submit`` hands the run
 (:func:`training.contract.run_inputs_uri`).
-Standard library only (charts/ and the CLI import it): the job opens the file system
-(:func:`training.checkpointing.storage.filesystem_for`, :func:`training.launch.storage_location`).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Load the job's tokenizer from a local directory or an ``s3://`` prefix.
 
 ``load_tokenizer(path)`` returns a transformers tokenizer. For ``s3://`` the prefix is fetched
-once per node into a node-local cache (see :func:`training.data.remote.fetch_prefix`: the first
+once per node into a node-local cache (see :func:`training.storage.files.fetch_prefix`: the first
 local process downloads under a file lock, the others wait and reuse it). The local demo uses
 the real Qwen2.5 tokenizer built offline by ``python -m devtools.tokenizer_build`` into
 ``training/assets/qwen2.5-tokenizer``; in production the tokenizer comes with the model.
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from training.data.records import DataError
-from training.data.remote import fetch_prefix, is_s3
+from training.storage.files import fetch_prefix, is_s3
 
-DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent / "assets" / "qwen2.5-tokenizer"
+DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "assets" / "qwen2.5-tokenizer"
 DOCUMENT_SEPARATOR = "<|endoftext|>"
 
 

@@ -1,13 +1,13 @@
 """Checkpoints in the run's storage (``s3://bucket/prefix``, a shared ``file://`` mount or a
-directory: :mod:`training.run_storage`): the marker that makes one count, and finding them.
+directory: :mod:`training.storage`): the marker that makes one count, and finding them.
 
 A run's checkpoints live at ``<storage>/<run_name>/checkpoint_<step>/`` (Ray Train merges every
 rank's folder there). :func:`find_latest_complete` lists them newest first and returns the first
 whose marker is present and whose files all exist with the sizes the marker records; every one
 it passes over is named in a warning. Hashes are checked after download (:mod:`restore`).
 
-S3 goes through ``pyarrow.fs`` (what Ray Train itself uses), which honours ``AWS_ENDPOINT_URL``
-and the usual credential chain (pod identity / IRSA on EKS).
+Every file is reached through the storage room's one file-system factory
+(:func:`training.storage.files.filesystem_for`).
 
 The completeness marker: a checkpoint counts only when ``COMPLETE.json`` vouches for it.
 
@@ -30,7 +30,8 @@ from typing import Any, Iterable, Mapping
 
 import pyarrow.fs as pafs
 
-from training.run_storage import RunStorage, join  # noqa: F401  (join: re-exported for the checkpoint modules)
+from training.storage import RunStorage, join
+from training.storage.files import filesystem_for, upload
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ def is_complete(folder: str | os.PathLike, *, verify_hashes: bool = True) -> boo
 
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
 LEASE_NAME = "LEASE.json"
-"""The run's writer lease (training/checkpointing/lease.py): on its own, no run yet."""
+"""The run's writer lease (training/checkpointing/lease.py): on its own, no run yet (nor is its
+``LEASE.json.lock``, the lock of a directory's or a shared mount's lease)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -140,15 +142,8 @@ class StoredCheckpoint:
     """The marker's content once verified (None when not looked at)."""
 
 
-def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem and the path on it for a URI or local path."""
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), os.path.abspath(uri)
-    return pafs.FileSystem.from_uri(uri)
-
-
 def run_uri(storage_path: str, run_name: str) -> str:
-    """The run's directory under a storage (:meth:`training.run_storage.RunStorage.run`)."""
+    """The run's directory under a storage (:meth:`training.storage.RunStorage.run`)."""
     return RunStorage(storage_path).run(run_name)
 
 
@@ -179,7 +174,7 @@ def run_exists(run: str) -> bool:
         infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=False))
     except (FileNotFoundError, OSError):
         return False
-    return any(info.base_name != LEASE_NAME for info in infos)
+    return any(not info.base_name.startswith(LEASE_NAME) for info in infos)  # the lease, its lock
 
 
 def read_remote_marker(checkpoint_uri: str) -> dict[str, Any] | None:
@@ -221,51 +216,11 @@ def find_latest_complete(run: str, *, skip: set[str] | frozenset[str] = frozense
     return None
 
 
-def download(checkpoint_uri: str, local_dir: str | os.PathLike) -> Path:
-    """Copy a stored checkpoint into ``local_dir`` (created; must not hold another checkpoint)."""
-    fs, path = filesystem_for(checkpoint_uri)
-    target = Path(local_dir)
-    target.mkdir(parents=True, exist_ok=True)
-    pafs.copy_files(path, str(target), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
-    return target
-
-
-def download_files(checkpoint_uri: str, names: list[str], local_dir: str | os.PathLike) -> Path:
-    """Copy only the named files of a stored checkpoint into ``local_dir`` (created)."""
-    fs, path = filesystem_for(checkpoint_uri)
-    target = Path(local_dir)
-    for name in names:
-        out = target / name
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with fs.open_input_stream(f"{path}/{name}") as source, open(out, "wb") as sink:
-            while chunk := source.read(8 << 20):
-                sink.write(chunk)
-    return target
-
-
-def download_ranges(checkpoint_uri: str, name: str, spans: list[tuple[int, int]], local_dir: str | os.PathLike,
-                    *, size: int) -> Path:
-    """Fetch only ``spans`` (offset, length) of one stored file into a sparse local file of its
-    full ``size``, at the same offsets (what DCP's reader seeks to)."""
-    fs, path = filesystem_for(checkpoint_uri)
-    out = Path(local_dir) / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with fs.open_input_file(f"{path}/{name}") as source, open(out, "wb") as sink:
-        sink.truncate(size)
-        for offset, length in spans:
-            sink.seek(offset)
-            sink.write(source.read_at(length, offset))
-    return out
-
-
 def copy_report(run: str):
     """A ``report`` for :class:`CheckpointManager` outside Ray: copy each rank's folder into
     ``<run>/<checkpoint dir>/`` the way Ray Train does (rank folders merge; the marker may land
     before other ranks' shards, which is why completeness is checked file by file)."""
     def report(metrics: dict[str, Any], folder: str, dir_name: str) -> None:
-        fs, path = filesystem_for(join(run, dir_name))
-        if isinstance(fs, pafs.LocalFileSystem):
-            Path(path).mkdir(parents=True, exist_ok=True)
-        pafs.copy_files(folder, path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+        upload(folder, join(run, dir_name))
 
     return report

@@ -1,0 +1,377 @@
+"""The plan search: the fastest plan that fits, for a job on its node group.
+
+A plan is the settings of :data:`training.config_checks.PLAN_SETTINGS`: sharding (full, hybrid,
+none), accumulation (sharded per micro batch, or local with one reduce-scatter per step),
+activation checkpointing, parameters kept gathered through the step, micro batch size, the
+gradient reduce dtype and CPU offload. For each candidate the job's config accepts:
+
+- MEMORY per GPU (and host memory per node under offload): the job's own code measured under
+  fake tensors (bench/bench_full_size_plan.py, published in measured_plan.json: the cache, keyed
+  by what changes memory, :func:`raytrain_eks.planning.measured_plan.job_plan`), else the
+  analytic model (:mod:`raytrain_eks.planning.memory_estimate`). The analytic model prunes first:
+  a candidate it puts more than :data:`PRUNE_SLACK` over the usable memory is never measured.
+- STEP as a range (:func:`raytrain_eks.planning.step_model.predict`): the traced micro batch of
+  its sequence, micro batch, checkpointing and LoRA, the collectives measured for that plan or
+  counted from FSDP2's rule (:func:`collectives`), and under offload the host<->GPU copies and
+  the host AdamW at the measured CPU rate (:func:`host_terms`).
+
+The pick is the candidate fastest at the SLOW end of its range among those whose MEASURED memory
+fits (the measured peak + the CUDA/NCCL overhead + 10 % for fragmentation <= the GPU's usable
+memory; host memory <= the worker pod's): an estimate never decides a plan. Unmeasured
+candidates faster than the pick are shown with what measures them
+(``bench/bench_plan_search.py --measure``). Settings in ``parallel.pinned`` stay as written.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from training.config_checks import JobConfigError, PLAN_SETTINGS
+from training.flops import ModelShapes
+
+PRUNE_SLACK = 1.15
+"""A candidate whose analytic memory is more than this over the usable memory is pruned before
+any measurement (the analytic model is within ~10 % of the measured peaks of the shipped plans:
+docs/jobs.md)."""
+MICRO_BATCH_SIZES = (1, 2, 4)
+TERM_GROUPS = {
+    "GEMM": ("gemm_s", "attention_s"),
+    "memory-bound kernels": ("elementwise_s", "fsdp_copies_s", "optimizer_s"),
+    "host work": ("host_optimizer_s",),
+}
+"""The model's terms by what bounds them; exposed collectives are split by link (:func:`dominant`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One plan: the values of :data:`PLAN_SETTINGS`."""
+
+    strategy: str
+    accumulation: str
+    activation_checkpointing: bool
+    keep_params_gathered: bool
+    grad_reduce_dtype: str
+    cpu_offload: bool
+    micro_batch_size: int
+
+    def label(self) -> str:
+        parts = [self.strategy, f"{self.accumulation} accumulation",
+                 "checkpointing" if self.activation_checkpointing else "no checkpointing",
+                 f"micro batch {self.micro_batch_size}"]
+        parts += ["kept gathered"] * self.keep_params_gathered + ["bf16 reduce"] * (self.grad_reduce_dtype == "bfloat16")
+        parts += ["cpu offload"] * self.cpu_offload
+        return ", ".join(parts)
+
+
+def current(job) -> Candidate:
+    """The plan the job file writes."""
+    p = job.parallel
+    return Candidate(p.strategy, p.accumulation, p.activation_checkpointing, p.keep_params_gathered,
+                     p.grad_reduce_dtype, p.cpu_offload, job.train.micro_batch_size)
+
+
+def apply(job, candidate: Candidate, pod_cpu: int = 0):
+    """``job`` with ``candidate``'s settings (a JobConfigError when the config refuses them).
+    An offload plan's workers get the CPUs of their pod (``pod_cpu`` / workers per node): its
+    AdamW runs on the host, and Ray sets a worker's OMP_NUM_THREADS to its CPUs."""
+    values = {k: getattr(candidate, k) for k in PLAN_SETTINGS if k != "micro_batch_size"}
+    if candidate.cpu_offload and pod_cpu:
+        values["cpus_per_worker"] = float(max(1, pod_cpu // job.parallel.workers_per_node))
+    return dataclasses.replace(job, parallel=dataclasses.replace(job.parallel, **values),
+                               train=dataclasses.replace(job.train, micro_batch_size=candidate.micro_batch_size))
+
+
+def overrides(job, chosen) -> list[str]:
+    """``section.key=value`` lines that turn ``job`` into ``chosen`` (a JobConfig): what submit
+    hands the job (the RayJob's entrypoint carries them as ``--set``)."""
+    out = []
+    for section, names in (("parallel", [*PLAN_SETTINGS, "cpus_per_worker"]), ("train", ["micro_batch_size"])):
+        for name in names:
+            if not hasattr(getattr(job, section), name):
+                continue
+            before, after = getattr(getattr(job, section), name), getattr(getattr(chosen, section), name)
+            if before != after:
+                text = str(after).lower() if isinstance(after, bool) else (f'"{after}"' if isinstance(after, str) else f"{after:g}")
+                out.append(f"{section}.{name}={text}")
+    return out
+
+
+def candidates(job) -> list[Candidate]:
+    """Every plan the job's config accepts, the pinned settings as written."""
+    p, world = job.parallel, job.parallel.num_workers
+    strategies = ["full_shard", "no_shard"] + (["hybrid_shard"] if job.num_nodes >= 2 else [])
+    choices = {"strategy": strategies, "accumulation": ["sharded", "local"], "activation_checkpointing": [False, True],
+               "keep_params_gathered": [False, True], "grad_reduce_dtype": ["float32", "bfloat16"],
+               "cpu_offload": [False, True],
+               "micro_batch_size": [m for m in MICRO_BATCH_SIZES if job.train.global_batch_size % (world * m) == 0]}
+    written = current(job)
+    for name in p.pinned:
+        choices[name] = [getattr(written, name)]
+    out = []
+    for values in _product(choices):
+        candidate = Candidate(**values)
+        accum = job.train.global_batch_size // (world * candidate.micro_batch_size)
+        if accum < 2 and (candidate.accumulation == "local" or candidate.keep_params_gathered):
+            continue  # the same plan as sharded / regathered with one micro batch
+        if candidate.strategy == "no_shard" and (candidate.keep_params_gathered or candidate.cpu_offload):
+            continue  # nothing sharded: nothing to keep gathered; offload of unsharded state is not a plan
+        try:
+            apply(job, candidate)
+        except (JobConfigError, ValueError):
+            continue
+        out.append(candidate)
+    return out
+
+
+def _product(choices: dict[str, list]) -> list[dict]:
+    rows = [{}]
+    for name, values in choices.items():
+        rows = [{**row, name: value} for row in rows for value in values]
+    return rows
+
+
+def collectives(shapes: ModelShapes, job, trainable: int | None) -> list[dict]:
+    """The collectives of one step of ``job``'s plan per micro batch (first, middle, last), as
+    bench/bench_full_size_plan.py records them, counted from FSDP2's rule (torch 2.13
+    ``_fsdp_collectives.py``): all-gathers of the bf16 parameters (every unit in forward; in
+    backward all but the units not resharded after forward: the root and the last block), once
+    per step when kept gathered; reduce-scatters of the gradients in the reduce dtype every
+    micro batch (sharded) or in the last (local); hybrid shard's replicate all-reduce of each
+    shard in the last micro batch. ``trainable``: LoRA's adapters (None: every parameter).
+    Checked against the measured rows of the shipped plans (tests/raytrain_eks/planning/test_plan_search.py)."""
+    from raytrain_eks.planning.memory_estimate import compute_bytes, shard_group_size
+
+    p = job.parallel
+    world, per_node = p.num_workers, p.workers_per_node
+    shard = shard_group_size(p.strategy, world, per_node)
+    params = shapes.num_params()
+    root = shapes.vocab_size * shapes.hidden_size * (1 if shapes.tie_word_embeddings else 2) + shapes.hidden_size
+    layer = (params - root) // shapes.num_layers
+    c = compute_bytes(job)
+    grads = (params if trainable is None else trainable) * (2 if p.grad_reduce_dtype == "bfloat16" else 4)
+    accum = job.grad_accum_steps
+    out = []
+    if shard > 1:
+        regather = c * params + c * (params - root - layer)
+        kept = p.keep_params_gathered and accum > 1
+        out.append({"kind": "all_gather", "group_size": shard, "first_bytes": c * params if kept else regather,
+                    "middle_bytes": 0 if kept else regather, "last_bytes": 0 if kept else regather})
+        local = p.accumulation == "local" and accum > 1
+        out.append({"kind": "reduce_scatter", "group_size": shard, "first_bytes": 0 if local else grads,
+                    "middle_bytes": 0 if local else grads, "last_bytes": grads})
+    replicas = world // shard
+    if replicas > 1:
+        out.append({"kind": "all_reduce", "group_size": replicas, "first_bytes": 0, "middle_bytes": 0,
+                    "last_bytes": grads // shard})
+    for entry in out:
+        entry["bytes"] = entry["first_bytes"] + max(0, accum - 2) * entry["middle_bytes"] + entry["last_bytes"]
+    return out
+
+
+def host_terms(shapes: ModelShapes, job, trainable: int | None, figures) -> dict[str, tuple[float, float]]:
+    """Offload's terms (none without ``parallel.cpu_offload``), seconds per step (fast, slow):
+    every all-gather copies the fp32 shard to the GPU and every reduce-scatter its gradient shard
+    back (bench/bench_offload_transfer.py counted them), at the PCIe rates, not hidden (an upper
+    bound: a gradient shard added to one already on the host is copied blocking); AdamW on the
+    host at the measured rate per million parameters of the shard (bench/bench_host_adamw.py)."""
+    from raytrain_eks.planning.memory_estimate import shard_group_size
+
+    p = job.parallel
+    if not p.cpu_offload:
+        return {}
+    shard = shard_group_size(p.strategy, p.num_workers, p.workers_per_node)
+    accum = job.grad_accum_steps
+    params = shapes.num_params()
+    trained = params if trainable is None else trainable
+    kept = p.keep_params_gathered and accum > 1
+    gathers = 1 if kept else 2 * accum
+    reduces = 1 if p.accumulation == "local" and accum > 1 else accum
+    h2d = gathers * 4 * params / shard
+    d2h = reduces * 4 * trained / shard
+    copies = max(h2d, d2h)
+    cpus = max(1, int(p.cpus_per_worker))
+    rate = figures.host_adamw_rate(cpus, fused=True)
+    adamw = trained / shard / 1e6
+    return {"offload_copies_s": (copies / (figures.pcie.high * 1e9), copies / (figures.pcie.low * 1e9)),
+            "host_optimizer_s": (adamw * rate[0] / 1e3, adamw * rate[1] / 1e3)}
+
+
+def dominant(prediction: dict, strategy: str, nodes: int) -> str:
+    """What bounds the step at the slow end: the largest of GEMM, memory-bound kernels, exposed
+    PCIe, exposed EFA and host work. Exposed collectives by link: hybrid and no_shard all-reduce
+    across nodes over EFA and gather/reduce-scatter inside the node over PCIe; full shard's one
+    ring crosses the EFA link on more than one node (its slower link); offload copies are PCIe."""
+    terms = {name: value[1] for name, value in prediction["terms"].items()}
+    groups = {name: sum(terms.get(t, 0.0) for t in parts) for name, parts in TERM_GROUPS.items()}
+    in_node = terms.get("forward_gathers_s", 0.0) + terms.get("backward_reduce_scatters_s", 0.0)
+    across = terms.get("step_all_reduce_s", 0.0)
+    if strategy == "full_shard" and nodes > 1:
+        across, in_node = across + in_node, 0.0
+    groups["exposed PCIe"] = in_node + terms.get("offload_copies_s", 0.0)
+    groups["exposed EFA"] = across
+    return max(groups, key=groups.get)
+
+
+@dataclass(kw_only=True)
+class Option:
+    """One candidate with its memory and step range."""
+
+    candidate: Candidate
+    job: object
+    required_bytes: int
+    host_bytes_per_node: int
+    memory_source: str
+    """``measured`` (bench/bench_full_size_plan.py) or ``estimated`` (the analytic model)."""
+    fits: bool
+    prediction: dict | None
+    bound: str = ""
+    missing: str = ""
+
+    @property
+    def slow_s(self) -> float:
+        return self.prediction["step_s"][1] if self.prediction else float("inf")
+
+    def range_text(self) -> str:
+        if not self.prediction:
+            return f"no range ({self.missing})"
+        (lo, hi), (mfu_lo, mfu_hi) = self.prediction["step_s"], self.prediction["mfu"]
+        return f"{hi:.2f}-{lo:.2f} s/step (slow-fast), MFU {mfu_lo:.2f}-{mfu_hi:.2f}, limited by {self.bound}"
+
+
+@dataclass(kw_only=True)
+class Search:
+    options: list[Option]
+    """Every candidate that survived the prune, fastest at the slow end first."""
+    chosen: Option | None
+    """The fastest measured plan that fits (None: none does)."""
+    written: Option | None
+    """The plan the job file writes."""
+    pruned: int
+    unmeasured_faster: list[Option]
+    compile_note: str
+
+    def top(self, n: int = 3) -> list[Option]:
+        return [o for o in self.options if o.fits and o.memory_source == "measured"][:n]
+
+
+def search(job, shapes: ModelShapes, group, *, results: list[dict] | None = None, traces: list[dict] | None = None,
+           figures=None, measure=None, max_measure: int = 0) -> Search:
+    """The search for ``job`` on ``group`` (an environment GPU node group). ``results``: the
+    measured plans (default: measured_plan.json); ``measure``: a callable ``(job) -> row`` of
+    bench/bench_full_size_plan.py that measures a plan missing from them (the bench passes it;
+    the preflight does not: it never spends minutes), at most ``max_measure`` times, fastest
+    candidates first."""
+    from raytrain_eks.planning import measured_plan, step_model
+    from raytrain_eks.planning.gpu_figures import figures_for
+    from raytrain_eks.planning.memory_estimate import GIB, estimate_for_job, lora_adapter_params, lora_options, usable_bytes
+
+    results = measured_plan.load() if results is None else results
+    traces = step_model.load_traces() if traces is None else traces
+    instance = group.instance
+    figures = figures or figures_for(instance.gpu_model, instance.network_gbps)
+    cluster = measured_plan.Cluster(group.instance_type, job.num_nodes)
+    usable, host_limit = usable_bytes(instance.gpu_memory_gib), group.pod_memory_gib * GIB
+    lora = lora_options(job)
+    trainable = None if lora is None else lora_adapter_params(shapes, lora)
+    model = measured_plan.model_name(shapes)
+    options, pruned = [], 0
+    for candidate in candidates(job):
+        planned = apply(job, candidate, group.pod_cpu)
+        estimate = estimate_for_job(planned, shapes)
+        if estimate.required > usable * PRUNE_SLACK or estimate.host * planned.parallel.workers_per_node > host_limit * PRUNE_SLACK:
+            pruned += 1
+            continue
+        options.append(_option(planned, candidate, shapes, cluster, figures, traces, results, model, trainable,
+                               estimate, usable, host_limit))
+    options.sort(key=lambda o: (o.slow_s, o.prediction["step_s"][0] if o.prediction else 0.0))
+    if measure is not None:
+        spent = 0
+        for index, option in enumerate(options):
+            if spent >= max_measure:
+                break
+            if option.memory_source == "measured" or not option.prediction:
+                continue
+            row = measure(option.job)
+            if row is not None:  # measured on this search's cluster (measured_plan.for_job matches by it)
+                row = {"cluster": cluster.to_dict(), **row}
+            spent += 1
+            if row is not None:
+                results = [*results, row]
+                options[index] = _option(option.job, option.candidate, shapes, cluster, figures, traces, results, model,
+                                         trainable, estimate_for_job(option.job, shapes), usable, host_limit)
+        options.sort(key=lambda o: (o.slow_s, o.prediction["step_s"][0] if o.prediction else 0.0))
+    chosen = next((o for o in options if o.fits and o.memory_source == "measured" and o.prediction), None)
+    written_candidate = current(job)
+    written = next((o for o in options if o.candidate == written_candidate), None)
+    faster = [o for o in options if o.memory_source != "measured" and o.fits and o.prediction
+              and (chosen is None or o.slow_s < chosen.slow_s)][:3]
+    return Search(options=options, chosen=chosen, written=written, pruned=pruned, unmeasured_faster=faster,
+                  compile_note=compile_note(figures))
+
+
+def _option(planned, candidate, shapes, cluster, figures, traces, results, model, trainable, estimate, usable,
+            host_limit) -> Option:
+    from raytrain_eks.planning import measured_plan, step_model
+
+    found = measured_plan.for_job(planned, shapes, cluster.instance, results)
+    if found:
+        required, host, source = found["required_bytes"], found["host_bytes_per_gpu"], "measured"
+    else:
+        required, host, source = estimate.required, estimate.host, "estimated"
+    host_node = host * planned.parallel.workers_per_node
+    fits = required <= usable and host_node <= host_limit
+    option = Option(candidate=candidate, job=planned, required_bytes=required, host_bytes_per_node=host_node,
+                    memory_source=source, fits=fits, prediction=None)
+    key = step_model.trace_key(planned, model) if model else None
+    trace = key and step_model.find_trace(traces, **key)
+    if not trace:
+        option.missing = (f"no trace of {key['model']} seq {key['seq_len']} x micro batch {key['micro_batch_size']}, "
+                          f"checkpointing {'on' if key['activation_checkpointing'] else 'off'}"
+                          + (", LoRA" if key.get("lora") else "") if key else "no published shapes of this model")
+        return option
+    row = {"strategy": planned.parallel.strategy, "grad_accum_steps": planned.grad_accum_steps,
+           "collectives": found["collectives"] if found else collectives(shapes, planned, trainable),
+           "trainable_params": trainable, "cpu_offload": planned.parallel.cpu_offload}
+    prediction = step_model.predict(trace, row, cluster, shapes, figures,
+                                    last_backward_lever=planned.parallel.keep_params_gathered)
+    extra = host_terms(shapes, planned, trainable, figures)
+    if extra:
+        prediction = step_model.with_terms(prediction, extra)
+    option.prediction = prediction
+    option.bound = dominant(prediction, planned.parallel.strategy, cluster.nodes)
+    return option
+
+
+def compile_note(figures) -> str:
+    """Per-block torch.compile is a plan only where ``make gpu-check`` measured a compiled block
+    against an eager one on this GPU type (its ratio scales the memory-bound kernels: fusion
+    removes element-wise round trips, not GEMM work)."""
+    ratio = getattr(figures, "compiled_block_ratio", None)
+    if ratio is None:
+        return ("parallel.compile: unmeasured on this GPU type (`make gpu-check` measures a compiled block against "
+                "an eager one); it would shorten the memory-bound kernels only, so it is not searched")
+    return f"parallel.compile: a compiled block ran at {ratio:.2f} x the eager block's time (make gpu-check)"
+
+
+def render(result: Search, job) -> list[str]:
+    """The preflight's lines: the pick against the written plan and the next two."""
+    lines = [f"plan search  {len(result.options)} plans priced ({result.pruned} pruned by the analytic memory model); "
+             "fastest at the slow end of its range whose measured memory fits"]
+
+    def row(mark: str, option: Option) -> str:
+        gib = option.required_bytes / 1024**3
+        host = f", host {option.host_bytes_per_node / 1024**3:.0f} GiB/node" if option.host_bytes_per_node else ""
+        return (f"  {mark} {option.candidate.label()}: {option.range_text()}; {gib:.1f} GiB/GPU "
+                f"({option.memory_source}){host}{'' if option.fits else ' DOES NOT FIT'}")
+
+    top = result.top(3)
+    for index, option in enumerate(top):
+        lines.append(row("pick" if index == 0 else f"#{index + 1} ", option))
+    if result.written and result.written not in top:
+        lines.append(row("file", result.written))
+    elif not result.written:
+        lines.append(f"  file {current(job).label()}: not among the plans priced (pruned or refused)")
+    for option in result.unmeasured_faster:
+        lines.append(row("?   ", option) + " (memory not measured: bench/bench_plan_search.py --measure)")
+    lines.append(f"  {result.compile_note}")
+    return lines
