@@ -331,7 +331,10 @@ class Plane:
         except OSError as err:
             raise PlaneError(f"kueue needs its metrics certificate in {metrics} (a path fixed in Kueue v0.19.2 "
                              f"cmd/kueue/main.go:217) and it cannot be written here: {err}") from err
-        self._start("kueue", [str(binary("kueue", "kueue")), f"--config={w / 'kueue-config.yaml'}"],
+        # Its visibility API server (VisibilityOnDemand) reads a certificate at the fixed
+        # /visibility/tls.crt and Kueue exits without it; the CLI reads Workloads, not that API.
+        self._start("kueue", [str(binary("kueue", "kueue")), f"--config={w / 'kueue-config.yaml'}",
+                              "--feature-gates=VisibilityOnDemand=false"],
                     env={"KUBECONFIG": str(self.kubeconfig)})
         self._wait("kueue", lambda: _http_ok(f"http://127.0.0.1:{p['kueue-probe']}/readyz"), "/readyz")
         self.apply_objects(kueue_webhooks(binary("kueue", "webhooks.yaml"), f"https://127.0.0.1:{p['kueue-webhook']}",
