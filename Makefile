@@ -84,11 +84,12 @@ demo: install
 # git-ignored; the code archive, lambda assets and tree checks leave it out).
 PYTEST := PYTHONDONTWRITEBYTECODE= PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
-# Every tier. One tier alone: `make test-unit` (no synth, no subprocess, no Ray: the inner loop),
-# test-subprocess, test-synth, test-ray, test-cluster (the real control plane: built first);
-# tests/tiers.py says how a test's tier is decided.
-test: install cluster-plane
-	$(PYTEST) $(PYTEST_ARGS)
+# Every tier but `cluster`. One tier alone: `make test-unit` (no synth, no subprocess, no Ray: the
+# inner loop), test-subprocess, test-synth, test-ray; tests/tiers.py says how a test's tier is decided.
+# `make test-cluster` (the real control plane, built first) stays out of `make test` and CI until
+# its cold build fits CI's time and its Kueue tests pass (docs/testing.md, "The cluster tier").
+test: install
+	$(PYTEST) -m "not cluster" $(PYTEST_ARGS)
 
 test-unit test-subprocess test-synth test-ray: install
 	$(PYTEST) -m $(@:test-%=%) $(PYTEST_ARGS)

@@ -33,23 +33,33 @@ def _named_spec() -> str:
 
 
 def _deploy_gate(env) -> tuple[str | None, frozenset[str], str | None]:
-    """What the recorded `raytrain-eks verify` of this spec says (infra/verify_gate.py): why the
-    cluster stack may not be deployed yet (None: it may; always None with
-    ``-c raytrain:skip-verify=true``), the GPU groups that already exist (the same module;
-    none without a recent pass: every group is written as a creation) and the warning to print
-    when the override deploys without knowing them."""
+    """What the recorded `raytrain-eks verify` of this spec says (infra/verify_gate.py
+    :func:`decide`): why the cluster stack may not be deployed yet, the GPU groups that already
+    exist and the warning to print. The record's groups are trusted only while the cluster stack
+    is the one it read them from: its state is read NOW (CloudFormation DescribeStacks, the
+    credentials the CDK CLI deploys with), and only when a record would be trusted."""
     from pathlib import Path
 
     from infra import verify_gate
 
     path = verify_gate.stamp_path(Path(__file__).resolve().parent, env)
     recorded = path.read_text() if path.is_file() else None
-    refusal = verify_gate.refusal(env, recorded, verify_gate.now(), os.environ.get("CDK_DEFAULT_ACCOUNT", ""))
-    found = verify_gate.recorded_groups(recorded) if refusal is None else None
     skip = str(_cli_context().get(verify_gate.SKIP_CONTEXT, "")).lower() == "true"
-    deploys = skip or refusal is None
-    warning = verify_gate.reset_warning(env) if deploys and found is None else None
-    return (None if skip else refusal), (found or frozenset()), warning
+
+    def current_stack() -> str | None:
+        from environment.contract import stack_name
+
+        try:
+            import boto3
+
+            client = boto3.client("cloudformation", region_name=env.cluster.region)
+            return verify_gate.stack_state(client, stack_name(env.cluster.name, "cluster"))
+        except Exception as err:  # noqa: BLE001  (no credentials, no network: unknown, so refused)
+            print(f"warning: {env.source}: could not read the cluster stack's state: {err}", file=sys.stderr)
+            return None
+
+    return verify_gate.decide(env, recorded, verify_gate.now(), os.environ.get("CDK_DEFAULT_ACCOUNT", ""), skip,
+                              current_stack)
 
 
 def main() -> int:

@@ -178,11 +178,10 @@ def run_record_env(env: Environment, group: GpuNodeGroupSpec, *, gpu_worker: boo
              # a spot group of several types: the pod cannot read its node's labels, so it is
              # told the types it may be on
              (contract.ENV_INSTANCE_TYPE, ",".join(group.all_instance_types)),
-             # the run's cost (training/incidents.py): its node group's capacity and price as
-             # the preflight prices it (a spot price is an estimate, and says so)
+             # the run's cost (training/incidents.py): its node group's capacity type; the price
+             # travels in the job's runtime env (charts/ray_charts.py runtime_env_yaml), never in
+             # the pod template, where a price edit would recreate the long-lived cluster
              (contract.ENV_CAPACITY_TYPE, group.capacity),
-             (contract.ENV_NODE_PRICE, f"{env.node_price(group)[0]:g}"),
-             (contract.ENV_PRICE_LABEL, env.node_price(group)[1]),
              # MFU's denominator: the job never guesses its GPU's peak from a device name.
              (contract.ENV_PEAK_TFLOPS, gpu_peaks(group)),
              ("AWS_REGION", env.cluster.region), ("AWS_DEFAULT_REGION", env.cluster.region)]

@@ -192,9 +192,22 @@ def runtime_env_yaml(env: Environment, plan: JobPlan, code: CodeBundle, *, sourc
             contract.ENV_MANIFEST_NAME: manifest_name,
             contract.ENV_MANIFEST_HASH: contract.MANIFEST_HASH_PENDING,
             RAY_JOB_STOP_WAIT_ENV: str(stop_wait_seconds(plan.grace_seconds)),
+            **node_price_env(env, plan),
             **(source.env_vars() if source else {}),
         },
     }, sort_keys=True, default_flow_style=False, width=1 << 20)
+
+
+def node_price_env(env: Environment, plan: JobPlan) -> dict[str, str]:
+    """The price of an hour of the job's node (the preflight's; a spot price is an estimate, and
+    its label says so) for the run's cost (training/incidents.py). Per job, in the runtime env:
+    in the pods' template a price edit would change the long-lived RayCluster's hash and KubeRay
+    would recreate it under running jobs."""
+    group = env.gpu_group(plan.node_group) if plan.uses_gpu else None
+    if group is None:
+        return {}
+    price, label = env.node_price(group)
+    return {contract.ENV_NODE_PRICE: f"{price:g}", contract.ENV_PRICE_LABEL: label}
 
 
 def submitter_pod_template(env: Environment, cluster_label: str) -> dict:

@@ -47,11 +47,81 @@ def stamp_path(root: Path, env: Environment) -> Path:
     return root / ".work" / "verify" / f"{env.spec_hash}.json"
 
 
-def stamp(env: Environment, account: str, now: datetime, existing_gpu_groups: frozenset[str] = frozenset()) -> str:
+def stamp(env: Environment, account: str, now: datetime, existing_gpu_groups: frozenset[str] = frozenset(),
+          cluster_stack: str | None = None) -> str:
     """The stamp's text for a verify of ``env`` that passed with credentials of ``account`` and
-    found ``existing_gpu_groups`` deployed."""
+    found ``existing_gpu_groups`` deployed while the cluster stack was ``cluster_stack``
+    (:func:`stack_state`; None: not read, so the groups are trusted by no deploy)."""
     return json.dumps({"spec_hash": env.spec_hash, "account": account, "passed_at": now.isoformat(),
-                       "existing_gpu_groups": sorted(existing_gpu_groups)})
+                       "existing_gpu_groups": sorted(existing_gpu_groups), "cluster_stack": cluster_stack})
+
+
+ABSENT = "absent"
+""":func:`stack_state` of a cluster stack that does not exist (never created, or destroyed)."""
+
+
+def stack_state(cloudformation, name: str) -> str:
+    """Which cluster stack, as of which change: ``<StackId>@<LastUpdatedTime or CreationTime>``,
+    or :data:`ABSENT`. CloudFormation gives a re-created stack a new StackId and stamps every
+    update that changed anything with a new LastUpdatedTime (DescribeStacks; an update with no
+    changes is refused as "No updates are to be performed" and stamps nothing), so two equal
+    states mean no deploy or destroy happened in between: the node groups read then are the
+    node groups now."""
+    from botocore.exceptions import ClientError  # the caller has boto3: it built the client
+
+    try:
+        stacks = cloudformation.describe_stacks(StackName=name)["Stacks"]
+    except ClientError as err:
+        if "does not exist" in str(err):
+            return ABSENT
+        raise
+    live = [s for s in stacks if s["StackStatus"] != "DELETE_COMPLETE"]
+    if not live:
+        return ABSENT
+    changed = live[0].get("LastUpdatedTime") or live[0]["CreationTime"]
+    return f"{live[0]['StackId']}@{changed.isoformat() if hasattr(changed, 'isoformat') else changed}"
+
+
+def stale(env: Environment, recorded: str, current_stack: str | None) -> str | None:
+    """Why the record's GPU groups no longer say what exists (None: they do). The record is a
+    reading of the cluster stack at one state; a deploy that created or replaced a group, or a
+    ``cdk destroy``, changed that state since, and trusting the old reading would send
+    DesiredSize to a group that exists (resetting its running nodes) or omit it on one that must
+    be created (EKS refuses the creation). ``current_stack``: :func:`stack_state` now (None:
+    it could not be read)."""
+    fix = f"run `raytrain-eks verify --env {env.source}` again and deploy"
+    was = json.loads(recorded).get("cluster_stack")
+    if current_stack is None:
+        return f"{env.source}: the cluster stack's state could not be read, so which GPU node groups exist is unknown: {fix}"
+    if was is None:
+        return f"{env.source}: the verify record does not say which cluster stack it read the GPU node groups of: {fix}"
+    if was != current_stack:
+        return (f"{env.source}: the cluster stack changed after `raytrain-eks verify` read its GPU node groups "
+                f"(then {was}, now {current_stack}): {fix}")
+    return None
+
+
+def decide(env: Environment, recorded: str | None, now: datetime, deploying_account: str, skip: bool,
+           current_stack=lambda: None) -> tuple[str | None, frozenset[str], str | None]:
+    """What a ``cdk deploy`` writes (app.py, the pipeline's Deploy and the update oracle all ask
+    this): why the cluster stack may not be deployed (None: it may), the GPU groups that exist
+    (only these get no DesiredSize) and the warning to print. ``current_stack``: reads
+    :func:`stack_state` at the deploy (called only when a record would be trusted).
+
+    The override (``skip``) skips the verify's checks, not the reading of the node groups: a
+    record whose stack changed since refuses the deploy either way. Without any record the
+    override writes every autoscaled group as a creation and warns (:func:`reset_warning`)."""
+    gate = refusal(env, recorded, now, deploying_account)
+    found: frozenset[str] | None = None
+    if recorded is not None and (gate is None or skip):
+        outdated = stale(env, recorded, current_stack())
+        if outdated is not None:
+            return outdated, frozenset(), None
+        found = recorded_groups(recorded)
+    if skip:
+        gate = None
+    warning = reset_warning(env) if gate is None and found is None else None
+    return gate, (found or frozenset()), warning
 
 
 def recorded_groups(recorded: str) -> frozenset[str] | None:

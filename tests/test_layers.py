@@ -218,7 +218,7 @@ TRAINING_ROOMS: tuple[tuple[str, ...], ...] = (
     ("config",),                                          # the job config
     ("data", "model", "flops", "verdict", "mlflow_rest", "incidents"),  # inputs, the model, figures, judgement, MLflow's API, faults
     ("checkpointing", "evaluation", "parallel", "optim", "metrics", "transport"),
-    ("metric_sinks", "run_logs", "run_record", "run_facts", "watchdog", "attempts"),
+    ("metric_sinks", "run_logs", "run_record", "run_facts", "watchdog"),
     ("loop",),                                            # the worker's training loop
     ("launch",),                                          # the driver
     ("netcheck",),                                        # a job kind built on the driver

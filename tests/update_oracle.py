@@ -421,3 +421,51 @@ def table(results: dict[str, list[Change]]) -> str:
 def touches_running(changes: list[Change]) -> list[Change]:
     """The changes that terminate or replace running nodes."""
     return [c for c in changes if c.effect.startswith(("DESIRED SIZE RESET", "NODES"))]
+
+
+# --- Deploys with a verify record: what app.py writes from it (infra/verify_gate.py decide) -------
+
+RECORD_ACCOUNT = "123456789012"
+
+
+def stack_state(deployed: dict[str, dict]) -> str:
+    """The model of infra/verify_gate.py stack_state over the deployed templates: ABSENT without a
+    cluster stack (never deployed, or destroyed), else a digest of its template (CloudFormation
+    stamps a new LastUpdatedTime on every update that changes the template, none on one that
+    does not: "No updates are to be performed")."""
+    import hashlib
+
+    from infra.verify_gate import ABSENT
+
+    cluster = deployed.get("cluster") or {}
+    if not cluster.get("Resources"):
+        return ABSENT
+    return "stack@" + hashlib.sha256(json.dumps(cluster, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def verified(raw: dict, deployed: dict[str, dict]) -> str:
+    """The record a passing `raytrain-eks verify` of ``raw`` writes over ``deployed`` (its text)."""
+    from environment import environment_from_dict
+    from infra import verify_gate
+
+    env = environment_from_dict(raw, "environment.toml")
+    groups = deployed_groups(raw, deployed) if deployed.get("cluster") else frozenset()
+    return verify_gate.stamp(env, RECORD_ACCOUNT, verify_gate.now(), groups, stack_state(deployed))
+
+
+def deploy_with(raw: dict, record: str | None, deployed: dict[str, dict], skip: bool = False) -> dict[str, dict] | str:
+    """`cdk deploy` of ``raw`` over ``deployed`` with the verify record ``record``, as app.py
+    decides it (infra/verify_gate.py decide, the stack's state read at the deploy): the new
+    templates, or the refusal line (CloudFormation's rule fails: nothing changes)."""
+    from environment import environment_from_dict
+    from infra import verify_gate
+
+    env = environment_from_dict(raw, "environment.toml")
+    refusal, found, _ = verify_gate.decide(env, record, verify_gate.now(), RECORD_ACCOUNT, skip,
+                                           lambda: stack_state(deployed))
+    return refusal if refusal is not None else templates(raw, existing_gpu_groups=found)
+
+
+def gone(deployed: dict[str, dict]) -> dict[str, dict]:
+    """What is left after ``cdk destroy`` of the cluster stack (the network and storage stay)."""
+    return {**deployed, "cluster": {}}

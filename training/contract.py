@@ -246,7 +246,7 @@ RAY_SIGTERM_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 this, then kills every process on the node at that deadline, whatever the pod's grace. The
 worker pods set it to the checkpoint grace: the drain's deadline is the notice the job sees."""
 
-# --- attempts and cost (training/attempts.py); the incidents themselves: training/incidents.py ---
+# --- attempts and cost (training/incidents.py); the incidents themselves: training/incidents.py ---
 ATTEMPTS_DIR = "attempts"
 """Under a run: one small JSON per worker-group start and per notice, written by rank 0 (the
 driver does not see Ray Train's restarts); the driver turns them into ``incidents``."""
@@ -267,7 +267,7 @@ RECORD_FIELDS = (
     "exposed_comm",  # the step's exposed communication, and how it is known (EXPOSED_COMM_LABELS)
     "incidents",  # INCIDENTS: every hang, worker or node loss, failed health check, preemption (training/incidents.py)
     "storage_lives_for_one_submit",  # STORAGE_LIVES_FOR_ONE_SUBMIT: a local run's bucket ends with its submit (no resume)
-    "attempts",  # each worker-group start: time, world size, nodes, step resumed from (training/attempts.py)
+    "attempts",  # each worker-group start: time, world size, nodes, step resumed from (training/incidents.py)
     "cost",  # node-hours, price, cost per 1M tokens (COST)
 )
 """Every top-level key a finished run.json holds."""

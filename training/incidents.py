@@ -15,14 +15,31 @@ again (:func:`resolved`)::
     incidents.resolved(record, entry, resumed_from_step=20, progress_again_s=74.2,
                        wall_lost_s=95.0, devices=8, on_gpu=True)
 
-``add`` is the one way in (the spot helper's preemptions come in through training/attempts.py
+``add`` is the one way in (the spot helper's preemptions come in through training/incidents.py
 ``absorb``, which folds the node loss that follows a drain notice into that one preemption): a
 record never holds an incident the verdict does not count, nor one event twice.
+
+The run's worker groups and its cost come from the same place.
+The driver is run.json's only writer, but it does not see Ray Train's restarts (a lost node, a
+drain, an elastic resize happen inside the controller). So rank 0 of every worker group leaves a
+small note in the run's storage, ``<run>/attempts/``:
+
+- ``start``: when the group started, its size, which Ray node holds which ranks, the step it
+  resumed from, and the last step the run had logged before it (from ``metrics.jsonl``);
+- ``notice``: a node drain's notice, the step checkpointed on it and how long that took.
+
+At the end the driver turns the notes into run.json's ``attempts``, one ``preemption`` incident
+per notice (through :func:`add`'s shape) and ``cost`` (:func:`cost_of`).
+Every other fault (a lost node, a hang, a dead worker) is the progress watchdog's
+(training/watchdog.py). Standard library only.
+
 """
 from __future__ import annotations
 
+import json
+import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Mapping
 
 from training import contract
 
@@ -130,3 +147,211 @@ def summary(found: list[dict[str, Any]]) -> str:
         counts[entry.get("kind", "?")] = counts.get(entry.get("kind", "?"), 0) + 1
     kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items())
     return f"{len(found)} incident{'s' if len(found) != 1 else ''} ({kinds})"
+
+
+# --- the worker groups' notes, attempts and cost ----------------------------------------------
+NOTE_START = "start"
+NOTE_NOTICE = "notice"
+LOCAL_CAPACITY = "local"
+LOCAL_PRICE_LABEL = "stated: a local machine, no price"
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+
+
+def _seconds(when: str | float) -> float:
+    """ISO text (the notes) or epoch seconds (``metrics.jsonl``'s ``time``)."""
+    return float(when) if isinstance(when, (int, float)) else datetime.fromisoformat(when).timestamp()
+
+
+def notes_dir(run_dir: str) -> str:
+    return f"{run_dir.rstrip('/')}/{contract.ATTEMPTS_DIR}"
+
+
+def write_note(run_dir: str, kind: str, data: dict[str, Any]) -> None:
+    """Rank 0: one note (never overwritten: named by its time)."""
+    from training.storage.files import write_json
+
+    write_json(f"{notes_dir(run_dir)}/{time.time_ns()}-{kind}.json", {"note": kind, "time": _iso(time.time()), **data})
+
+
+def read_notes(run_dir: str) -> list[dict[str, Any]]:
+    """Every note of the run, oldest first ([] when none)."""
+    from training.storage import SHARED_SCHEME
+    from training.storage.files import list_files, read_bytes
+
+    try:
+        found = list_files(notes_dir(run_dir).removeprefix(SHARED_SCHEME), (".json",))
+    except FileNotFoundError:
+        return []
+    notes = []
+    for entry in sorted(found, key=lambda f: int(f.uri.rsplit("/", 1)[-1].split("-", 1)[0])):
+        try:
+            notes.append(json.loads(read_bytes(entry.uri)))
+        except (OSError, ValueError):
+            continue  # a note cut off by the node's loss says nothing
+    return notes
+
+
+def last_logged_step(run_dir: str) -> tuple[int, str | None]:
+    """(the highest train step ``metrics.jsonl`` in storage holds, that row's time); (0, None)."""
+    try:
+        text = _read_text(f"{run_dir.rstrip('/')}/{contract.METRICS_NAME}")
+    except OSError:
+        return 0, None
+    best, when = 0, None
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get(contract.KIND) == contract.KIND_TRAIN and int(row.get(contract.STEP, 0)) >= best:
+            best, when = int(row[contract.STEP]), row.get(contract.WALL_TIME)
+    return best, when
+
+
+def _read_text(uri: str) -> str:
+    from training.storage.files import read_bytes
+
+    return read_bytes(uri).decode("utf-8")
+
+
+def start_note(*, world_size: int, node_ranks: Mapping[str, list[int]], resumed_from_step: int, run_dir: str,
+               environ: Mapping[str, str]) -> dict[str, Any]:
+    """Rank 0's note at a worker group's start: its size and place, and where it starts from."""
+    reached, reached_time = last_logged_step(run_dir)
+    return {"world_size": world_size, "nodes": {node: sorted(ranks) for node, ranks in node_ranks.items()},
+            "resumed_from_step": resumed_from_step, "reached_step": reached, "reached_time": reached_time,
+            "instance_type": environ.get(contract.ENV_INSTANCE_TYPE) or "local",
+            "capacity_type": environ.get(contract.ENV_CAPACITY_TYPE) or LOCAL_CAPACITY}
+
+
+def node_ranks(rank: int, world_size: int, in_ray: bool) -> dict[str, list[int]] | None:
+    """Every rank: which Ray node (its id; the host name outside Ray) holds which ranks, to rank 0
+    (one collective); None on the other ranks."""
+    import socket
+
+    import torch.distributed as dist
+
+    if in_ray:
+        import ray
+
+        mine = ray.get_runtime_context().get_node_id()
+    else:
+        mine = socket.gethostname()
+    everyone: list[Any] = [mine]
+    if dist.is_available() and dist.is_initialized():
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, mine)
+    if rank != 0:
+        return None
+    out: dict[str, list[int]] = {}
+    for r, node in enumerate(everyone):
+        out.setdefault(str(node), []).append(r)
+    return out
+
+
+def notice_note(*, step: int, info: Any, seconds: float, world_size: int) -> dict[str, Any]:
+    """Rank 0's note once the checkpoint on a drain notice is committed."""
+    nodes = {str(k): list(v) for k, v in (getattr(info, "preempted_node_to_ranks", None) or {}).items()}
+    return {"saved": step, "nodes": nodes, "deadline_ms": getattr(info, "deadline_ms", None),
+            "checkpoint_s": round(seconds, 3), "world_size": world_size}
+
+
+def preemptions(notes: list[dict[str, Any]], *, on_gpu: bool) -> list[dict[str, Any]]:
+    """One ``preemption`` incident (training/py) per notice, completed from the next
+    worker group's start: the step it resumed from (the checkpoint on notice: 0 steps lost when
+    they match) and the devices idle from the notice to that start."""
+
+    starts = [n for n in notes if n.get("note") == NOTE_START]
+    out = []
+    for notice in (n for n in notes if n.get("note") == NOTE_NOTICE):
+        when = _seconds(notice["time"])
+        before = [s for s in starts if _seconds(s["time"]) <= when]
+        after = next((s for s in starts if _seconds(s["time"]) > when), None)
+        nodes = notice.get("nodes") or {}
+        entry = incident(PREEMPTION, ranks=sorted({r for v in nodes.values() for r in v}),
+                                   nodes=list(nodes), step=notice.get("saved"), time=notice["time"],
+                                   detail=f"node drain notice: checkpoint at step {notice.get('saved')} committed in "
+                                          f"{notice.get('checkpoint_s')} s, then held")
+        devices = int((before[-1] if before else notice).get("world_size") or 0)
+        if after is not None:
+            entry["resumed_from_step"] = after.get("resumed_from_step")
+            if isinstance(entry["step"], int) and isinstance(entry["resumed_from_step"], int):
+                entry["steps_lost"] = max(entry["step"] - entry["resumed_from_step"], 0)
+            wall = max(0.0, _seconds(after["time"]) - when)
+            entry.update(wall_lost_s=round(wall, 1), devices=devices,
+                         device_minutes_lost=round(devices * wall / 60, 2))
+            entry["gpu_minutes_lost"] = entry["device_minutes_lost"] if on_gpu else 0.0
+        out.append(entry)
+    return out
+
+
+def absorb(existing: list[dict[str, Any]], found: list[dict[str, Any]], notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """run.json's incidents with each preemption in ``found`` added ONCE: the watchdog's incidents
+    seen from a notice until the next worker group starts (the drained node's loss, a hang while
+    the group is held, the watchdog's own ``preemption`` from Ray's ``preempted`` flag) are that drain's consequence, not faults of their own, so the preemption
+    absorbs them (their kind and detail go into its detail; its cost stays the one measured from
+    the notice) and they leave the list: one event, one incident, its device-minutes counted once.
+    Matched by time, not node name: the notice names Ray node ids, the watchdog Kubernetes node
+    names."""
+    starts = sorted(_seconds(n["time"]) for n in notes if n.get("note") == NOTE_START)
+    kept = list(existing)
+    for entry in found:
+        when = _seconds(entry["time"])
+        until = next((t for t in starts if t > when), None)
+        caused = [i for i in kept if not any(i is f for f in found) and i.get("time")
+                  and when <= _seconds(i["time"]) and (until is None or _seconds(i["time"]) <= until)]
+        for other in caused:
+            entry["detail"] += f"; then seen as {other.get('kind')}: {other.get('detail')}"
+            if entry.get("device_minutes_lost") is None:  # no later group: the watchdog's measure is all there is
+                for key in ("resumed_from_step", "steps_lost", "progress_again_s", "wall_lost_s", "devices",
+                            "gpu_minutes_lost", "device_minutes_lost"):
+                    entry[key] = other.get(key) if other.get(key) is not None else entry.get(key)
+            kept.remove(other)
+        kept.append(entry)
+    return kept
+
+
+def attempts_of(notes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """run.json ``attempts``: each worker group's start."""
+    return [{k: n.get(k) for k in ("time", "world_size", "nodes", "resumed_from_step", "instance_type",
+                                   "capacity_type")} for n in notes if n.get("note") == NOTE_START]
+
+
+def cost_of(attempts: list[dict], *, end: str, tokens: int, incidents: list[dict],
+            environ: Mapping[str, str]) -> dict[str, Any]:
+    """run.json ``cost``: node-hours by instance type and capacity type (each worker group's
+    nodes from its start until the next one's, or the run's end), at the node price the
+    manifest carries (:data:`training.contract.ENV_NODE_PRICE`, the preflight's; a spot price is
+    an estimate) or 0 for a local run, and the cost per 1M tokens trained."""
+    price_text = environ.get(contract.ENV_NODE_PRICE, "")
+    try:
+        price = float(price_text) if price_text else 0.0
+    except ValueError:
+        price = 0.0
+    label = environ.get(contract.ENV_PRICE_LABEL) or (LOCAL_PRICE_LABEL if not price_text else "list price")
+    rows: dict[tuple[str, str], float] = {}
+    ends = [a["time"] for a in attempts[1:]] + [end]
+    for attempt, until in zip(attempts, ends):
+        hours = max(0.0, _seconds(until) - _seconds(attempt["time"])) / 3600 * len(attempt.get("nodes") or {})
+        key = (attempt.get("instance_type") or "local", attempt.get("capacity_type") or LOCAL_CAPACITY)
+        rows[key] = rows.get(key, 0.0) + hours
+    by_type = [{"instance_type": it, "capacity_type": cap, "node_hours": round(h, 6), "usd_per_node_hour": price,
+                "usd": round(h * price, 4), "price": label + (" (estimate)" if cap == "spot" and "estimate" not in label
+                                                             else "")}
+               for (it, cap), h in sorted(rows.items())]
+    total = sum(r["usd"] for r in by_type)
+    return {"node_hours": by_type, "usd": round(total, 4), "tokens": tokens,
+            "usd_per_1m_tokens": round(total / tokens * 1e6, 6) if tokens else None,
+            "estimate": any(r["capacity_type"] == "spot" for r in by_type),
+            "gpu_minutes_lost": round(sum(i.get("gpu_minutes_lost") or 0.0 for i in incidents), 3),
+            "device_minutes_lost": round(sum(i.get("device_minutes_lost") or 0.0 for i in incidents), 3),
+            "price_label": label}
+
+
+def summarize(run_dir: str, *, end: str, on_gpu: bool) -> dict[str, Any]:
+    """The driver, at the end: run.json's ``attempts`` and the preemptions to add."""
+    notes = read_notes(run_dir)
+    return {"attempts": attempts_of(notes), "preemptions": preemptions(notes, on_gpu=on_gpu), "notes": notes}

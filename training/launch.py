@@ -271,22 +271,22 @@ def finish_record(record: RunRecord, *, returned: dict[str, Any] | None, error: 
 
 
 def _incidents_and_cost(record: RunRecord, summary: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """run.json's ``attempts`` and ``cost`` from the workers' notes (training/attempts.py); each
+    """run.json's ``attempts`` and ``cost`` from the workers' notes (training/incidents.py); each
     drain notice's checkpoint becomes ONE ``preemption`` incident, absorbing the watchdog's
-    incidents its drain caused (training/attempts.py ``absorb``). Never fails the record."""
+    incidents its drain caused (training/incidents.py ``absorb``). Never fails the record."""
     from datetime import datetime, timezone
 
-    from training import attempts, incidents
+    from training import incidents
 
     tokens = summary.get(contract.TOKENS_SEEN) or 0
     on_gpu = bool(((record.data.get("job_config") or {}).get("parallel") or {}).get("use_gpu"))
     try:
-        found = attempts.summarize(record.run_dir, end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        found = incidents.summarize(record.run_dir, end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                    on_gpu=on_gpu)
         if found["preemptions"]:  # one incident per drain: the node loss after its notice is folded in
-            record.update(**{contract.INCIDENTS: attempts.absorb(incidents.of_record(record.data), found["preemptions"],
+            record.update(**{contract.INCIDENTS: incidents.absorb(incidents.of_record(record.data), found["preemptions"],
                                                                  found["notes"])})
-        cost = attempts.cost_of(found["attempts"], end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        cost = incidents.cost_of(found["attempts"], end=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                 tokens=int(tokens), incidents=incidents.of_record(record.data), environ=os.environ)
         return {"attempts": found["attempts"], contract.COST: cost}
     except Exception as err:  # noqa: BLE001 - storage hiccup: the record says so

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from training import attempts, contract, evaluation, metrics, objectives, optim, transport, watchdog
+from training import contract, evaluation, incidents, metrics, objectives, optim, transport, watchdog
 from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
 from training import model as forward_fns
@@ -262,6 +262,10 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     if job.parallel.use_gpu and not torch.cuda.is_available():
         raise RuntimeError("parallel.use_gpu = true but this worker sees no CUDA device "
                            "(check the pod's nvidia.com/gpu limit and the device plugin)")
+    # Registered with the driver's progress watchdog (training/watchdog.py) before the model
+    # build, data open, gather and restore: a rank stuck in any of them is then a hang it sees.
+    progress = (watchdog.rank_progress(job.run_name, ctx.rank, None, ctx.local_dir) if ctx.in_ray
+                else watchdog.Progress(None, ctx.rank, os.getpid()))
     on_gpu = job.parallel.use_gpu
     device = torch.device("cuda", ctx.local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
@@ -302,15 +306,15 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                          resume_from=resume_from, device=device)
         if problem := lora_base_problem(model, trainer):
             return _returned(refuse(problem, ctx), facts)
-        placed = attempts.node_ranks(ctx.rank, ctx.world_size, ctx.in_ray)
-        if ctx.rank == 0 and ctx.run_dir:  # training/attempts.py: the driver sees no restart
-            attempts.write_note(ctx.run_dir, attempts.NOTE_START, attempts.start_note(
+        placed = incidents.node_ranks(ctx.rank, ctx.world_size, ctx.in_ray)
+        if ctx.rank == 0 and ctx.run_dir:  # training/incidents.py: the driver sees no restart
+            incidents.write_note(ctx.run_dir, incidents.NOTE_START, incidents.start_note(
                 world_size=ctx.world_size, node_ranks=placed or {}, resumed_from_step=trainer.step,
                 run_dir=ctx.run_dir, environ=os.environ))
 
         def noticed(step: int, info: Any, seconds: float) -> None:
             if ctx.rank == 0 and ctx.run_dir:
-                attempts.write_note(ctx.run_dir, attempts.NOTE_NOTICE, attempts.notice_note(
+                incidents.write_note(ctx.run_dir, incidents.NOTE_NOTICE, incidents.notice_note(
                     step=step, info=info, seconds=seconds, world_size=ctx.world_size))
             # the steps up to the notice, this one included, reach storage before the node goes
             for row in window.close(metrics.peak_memory_gib(on_gpu)):
@@ -323,9 +327,8 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
             model_config=model_config, uploads_in_flight=ctx.uploads_in_flight,
             lease=ckpt_api.Lease(**lease) if lease else None, every_minutes=job.checkpoint.every_minutes,
             on_notice=noticed)
-    # Each finished step goes to the driver's progress watchdog (training/watchdog.py); no wait.
-    progress = (watchdog.rank_progress(job.run_name, ctx.rank, trainer.step, ctx.local_dir) if ctx.in_ray
-                else watchdog.Progress(None, ctx.rank, os.getpid()))
+    # Restored: each finished step from here goes to the watchdog; no wait.
+    progress.started(trainer.step)
 
     # LoRA (a frozen base): the MFU counts the FLOPs a LoRA step executes; a DTensor's numel()
     # is its global size

@@ -31,6 +31,7 @@ Every write replaces the whole file (a local write is atomic via rename; an S3 P
 from __future__ import annotations
 
 import base64
+import json
 import os
 import platform
 import socket
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from training import contract, verdict
-from training.storage.files import read_json, write_json
+from training.storage.files import read_json, read_retrying, write_json
 
 SCHEMA_VERSION = 2
 _REPLACED = frozenset({"versions"})
@@ -162,6 +163,10 @@ class RunRecord:
         $RAYTRAIN_CLUSTER}``; give at least ``nodes``, ``gpus_per_node`` and ``world_size``.
         """
         env = self._environ
+        # A driver KubeRay retried (RayJob backoffLimit > 0) starts the record again at the same
+        # run directory: the faults the earlier driver recorded are part of this run's story.
+        earlier = read_retrying(self.uri)
+        earlier_incidents = list(json.loads(earlier.decode("utf-8")).get(contract.INCIDENTS) or []) if earlier else []
         self.data = {
             "schema_version": SCHEMA_VERSION,
             "run_dir": self.run_dir,
@@ -205,7 +210,7 @@ class RunRecord:
             contract.STORAGE_LIVES_FOR_ONE_SUBMIT: env.get(contract.STORAGE_LIVES_FOR_ONE_SUBMIT_ENV) == "1",
             "exposed_comm": exposed_comm or exposed_comm_handed("", ""),
             # worker groups, faults and cost: the driver fills them at the end (training/incidents.py)
-            "attempts": [], contract.INCIDENTS: [], contract.COST: {},  # INCIDENTS: appended as faults are seen
+            "attempts": [], contract.INCIDENTS: earlier_incidents, contract.COST: {},  # INCIDENTS: appended as faults are seen
             # what each hash and throughput figure of this record is (one definition each)
             "definitions": {"hashes": dict(contract.HASHES), "throughput": dict(contract.FIGURES)},
         }

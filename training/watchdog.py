@@ -11,29 +11,37 @@ GPU of the job idles meanwhile. Ray's health check stays as the backstop.
 
 The parts, none inside a rank's training thread:
 
-- :class:`ProgressBoard`, an actor on the driver's node (0 CPUs). Every rank registers when its
-  attempt starts (pid, node, where its stack dump goes, the step it restored) and reports each
-  step as it finishes: one fire-and-forget actor call per step, no wait.
+- ``_Board``, an actor on the driver's node (0 CPUs). Every rank registers at worker start,
+  before its model build (pid, node, where its stack dump goes; no step yet), says the step it
+  restored once its restore is done (:meth:`Progress.started`) and reports each step as it
+  finishes: one fire-and-forget actor call each, no wait.
 - :class:`FailureNotes`, a Ray Train ``UserCallback`` on the controller: the errors Ray Train
   itself saw (a dead worker, a failed or timed-out health check, an exception) reach the board
   with their ranks, before the controller restarts the group.
 - :class:`Watchdog`, a thread of the driver: it reads the board every :data:`POLL_S` and
   records each fault as an incident (training/incidents.py) in run.json, completed with the
   step the next attempt resumed from and the time and GPU-minutes lost. When no rank finished a
-  step within :func:`hang_bound` it declares a hang: it saves each rank's Python stack (the
+  step within :func:`hang_bound`, or when :data:`FIRST_STEP_S` after the attempt started some
+  rank has no step yet (stuck in its build, data open or restore) or never registered, it
+  declares a hang: on every registered rank's node at once (one :data:`PROBE_TIMEOUT_S` for all)
+  it saves the rank's Python stack (the
   rank installed ``faulthandler`` on SIGUSR1 into a file on its node: a task on that node
   sends the signal and reads the file, so a rank whose training thread holds the GIL in native
   code still dumps), reads each process's state (``/proc/<pid>/stat``: ``T`` = stopped), names
-  the rank(s) and node(s) that did not progress, copies the stacks (and, on GPU, NCCL's
-  flight-recorder dumps, :func:`flight_recorder_env`) into ``<run>/incidents/``, and SIGKILLs
-  the ranks it named. Ray Train sees the dead worker at its next poll, tears the whole group
+  the rank(s) and node(s) that did not progress (a rank that never registered by number),
+  copies the stacks (and, on GPU, NCCL's flight-recorder dumps, :func:`flight_recorder_env`)
+  into ``<run>/incidents/``, and SIGKILLs the ranks it named whose node answered the probe (a
+  rank that never registered has no pid: the registered ranks waiting on it are killed; a
+  rank whose node gave no answer is recorded as such, and Ray's health check remains its
+  backstop). Ray Train sees the dead worker at its next poll, tears the whole group
   down and restarts it from the last checkpoint (``checkpoint.max_failures``).
 
 The bound (:func:`hang_bound`): ``max(STEP_MULTIPLE x measured step time, FLOOR_S)``; when the
 step due next also evaluates or checkpoints, the longest such step measured in the attempt takes
 the step time's place, and before one was measured ``EVENT_FLOOR_S`` is added; before an attempt has
 measured two steps, :data:`FIRST_STEP_S` (model build, restore, the evaluation before training
-and the first compile). The watchdog stands down once the last step is done (evaluation and
+and the first compile), counted from the last rank's restore; and until every rank has restored,
+:data:`FIRST_STEP_S` from the attempt's first registration. The watchdog stands down once the last step is done (evaluation and
 export run after it: Ray's health check covers them) and after a stop was requested.
 """
 from __future__ import annotations
@@ -79,6 +87,8 @@ NAMESPACE = "raytrain-eks"
 INCIDENTS_DIR = "incidents"
 """``<run>/incidents/<n>-<kind>/``: what a hang saved (stacks, flight-recorder dumps)."""
 FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
+NO_ANSWER = "no answer"
+"""A probe's process state when its node's task did not answer within :data:`PROBE_TIMEOUT_S`."""
 
 
 def board_name(run_name: str) -> str:
@@ -141,13 +151,21 @@ class Progress:
     def __init__(self, board: Any, rank: int, pid: int):
         self.board, self.rank, self.pid = board, rank, pid
 
+    def started(self, step: int) -> None:
+        """The rank restored ``step`` (0: a fresh start) and begins training."""
+        if self.board is not None:
+            self.board.restored.remote(self.rank, self.pid, step, time.time())
+
     def step(self, step: int, *, heavy: bool = False) -> None:
         if self.board is not None:
             self.board.step.remote(self.rank, self.pid, step, heavy, time.time())
 
 
-def rank_progress(run_name: str, rank: int, start_step: int, local_dir: str) -> Progress:
-    """Register this rank with the run's board (when the driver made one) and arm its stack dump:
+def rank_progress(run_name: str, rank: int, start_step: int | None, local_dir: str) -> Progress:
+    """Register this rank with the run's board (when the driver made one) and arm its stack dump.
+    Called at worker start, before the model build, with ``start_step`` None (no step yet): a rank
+    stuck in its build or restore is then visible to the watchdog; :meth:`Progress.started`
+    follows the restore. ``faulthandler`` writes every thread's stack to a node-local file on :data:`STACK_SIGNAL`
     ``faulthandler`` writes every thread's stack to a node-local file on :data:`STACK_SIGNAL`
     (a C-level handler: it answers even while the training thread holds the GIL)."""
     import faulthandler
@@ -203,15 +221,28 @@ class _Board:
             self.started[self.attempt] = now
         self.ranks[rank] = {**info, "step": info["start_step"], "t": now, "attempt": self.attempt}
 
+    def restored(self, rank: int, pid: int, step: int, now: float) -> None:
+        mine = self.ranks.get(rank)
+        if mine is not None and mine["pid"] == pid:
+            mine.update(start_step=step, step=step, t=now)
+
+    def _lowest(self) -> int | None:
+        """The slowest rank's step, over the ranks that have one (a rank still building or
+        restoring has none yet)."""
+        known = [r["step"] for r in self.ranks.values() if r["step"] is not None]
+        return min(known) if known else None
+
     def step(self, rank: int, pid: int, step: int, heavy: bool, now: float) -> None:
         mine = self.ranks.get(rank)
         if mine is None or mine["pid"] != pid:
             return  # a report of an attempt already replaced
-        before = min(r["step"] for r in self.ranks.values())
+        before = self._lowest()
         mine["step"], mine["t"] = step, now
         if heavy:
             self.heavy.add(step)
-        after = min(r["step"] for r in self.ranks.values())
+        after = self._lowest()
+        if before is None:
+            before = after - 1
         if after > before:
             for s in range(before + 1, after + 1):
                 self.min_step_at[s] = now
@@ -436,7 +467,7 @@ class Watchdog:
                                          "reported error (see the run's logs)", step=None), previous, now)
         if self.open.get("errors") is not None:  # by now Ray knows which worker died and why
             self._reclassify(self.open)
-        start = [r["start_step"] for r in state["ranks"].values()]
+        start = [r["start_step"] for r in state["ranks"].values() if r["start_step"] is not None]
         self.open["resumed_from_step"] = min(start) if start else None
         self.waiting.append(self.open)
         self.open = None
@@ -450,6 +481,12 @@ class Watchdog:
             self.record.update(**{contract.INCIDENTS: list(self.record.data.get(contract.INCIDENTS) or [])})
 
     def _resolve_waiting(self, state: dict[str, Any]) -> None:
+        # The ranks register at worker start, before their restore: the step the next attempt
+        # resumed from is known only once they restored.
+        restored = [r["start_step"] for r in state["ranks"].values() if r["start_step"] is not None]
+        for pending in self.waiting:
+            if pending["resumed_from_step"] is None and state["attempt"] > pending["attempt"] and restored:
+                pending["resumed_from_step"] = min(restored)
         after = {int(k): v for k, v in (state.get("min_step_at") or {}).items()}
         ready = [p for p in self.waiting if p["resumed_from_step"] is not None] if after else []
         if not ready:
@@ -513,7 +550,7 @@ class Watchdog:
                 entry["kind"] = kind  # the node went: the hang was its symptom
             self.record.update(**{contract.INCIDENTS: list(self.record.data.get(contract.INCIDENTS) or [])})
             return
-        step = max((r["step"] for r in ranks.values()), default=None)
+        step = max((r["step"] for r in ranks.values() if r["step"] is not None), default=None)
         entry = incidents.incident(kind, ranks=named, nodes=[ranks[r]["node"] for r in named if r in ranks],
                                    step=step, detail=detail,
                                    saved=_saved_when_ray_saw(kind))
@@ -527,7 +564,17 @@ class Watchdog:
 
     def _hang_check(self, state: dict[str, Any], now: float) -> None:
         ranks = {int(k): v for k, v in state["ranks"].items()}
-        if len(ranks) < self.world_size or self.stopping():
+        if self.stopping() or not state["attempt"]:
+            return
+        missing = [r for r in range(self.world_size) if r not in ranks]
+        waiting = [r for r, info in ranks.items() if info["step"] is None]
+        if missing or waiting:  # the attempt is still building, opening its data, restoring
+            first = floors()[2]
+            started = (state.get("started") or {}).get(state["attempt"])
+            if started is None or now - started <= first:
+                return
+            self._declare_hang(ranks, None, now - started, f"first-step bound {first:.0f} s since the attempt "
+                               "started: model build, data, restore", 0.0, now, missing=missing)
             return
         lowest = min(r["step"] for r in ranks.values())
         if lowest >= self.max_steps:
@@ -552,39 +599,73 @@ class Watchdog:
             return True
         return bool(self.checkpoint_minutes)  # a checkpoint by time may fall on any step
 
-    def _declare_hang(self, ranks: dict[int, dict[str, Any]], lowest: int, idle_s: float, why: str, step_s: float,
-                      now: float) -> None:
-        import ray
-
+    def _declare_hang(self, ranks: dict[int, dict[str, Any]], lowest: int | None, idle_s: float, why: str,
+                      step_s: float, now: float, *, missing: list[int] = ()) -> None:
+        """``lowest`` None: some rank has no step yet (``missing``: ranks that never registered);
+        those are named. Otherwise the ranks at ``lowest`` that are stopped or do not answer (else
+        all ranks at it). Only ranks whose pid the board holds are probed and killed."""
         log.warning("watchdog: no step for %.0f s (bound %s): saving stacks, restarting the workers", idle_s, why)
         number = len(self.record.data.get(contract.INCIDENTS) or []) + 1
         folder = f"{self.run_dir}/{INCIDENTS_DIR}/{number}-{incidents.HANG}"
-        probes = {r: self._on_node(info, kill=False) for r, info in ranks.items()}
-        found: dict[int, dict[str, Any]] = {}
-        for rank, ref in probes.items():
-            try:
-                found[rank] = ray.get(ref, timeout=PROBE_TIMEOUT_S)
-            except Exception as err:  # noqa: BLE001 - a node that does not answer is itself the finding
-                found[rank] = {"state": "no answer", "error": f"{type(err).__name__}: {str(err)[:200]}"}
+        found = self._on_nodes({r: info for r, info in ranks.items() if info.get("pid")}, kill=False)
         saved = []
-        for rank, result in found.items():
+        for rank, result in sorted(found.items()):
             text = result.get("stack") or f"(no stack: process state {result.get('state')} {result.get('error', '')})\n"
             saved.append(_write(f"{folder}/rank-{rank}.txt", text.encode()))
             for name, data in (result.get("traces") or {}).items():
                 saved.append(_write(f"{folder}/{name}", data))
-        behind = [r for r, info in ranks.items() if info["step"] == lowest]
-        stuck = [r for r in behind if found[r].get("state") in ("T", "t", "D", "Z", "gone", "no answer")]
-        named = sorted(stuck or behind)
-        states = ", ".join(f"rank {r}: step {ranks[r]['step']}, process {found[r].get('state')}" for r in sorted(ranks))
-        entry = incidents.incident(incidents.HANG, ranks=named, nodes=[ranks[r]["node"] for r in named], step=max(
-            info["step"] for info in ranks.values()), saved=saved,
-            detail=f"no step for {idle_s:.0f} s (bound {why}); {states}")
+        if lowest is None:
+            named = sorted({*missing, *(r for r, info in ranks.items() if info["step"] is None)})
+        else:
+            behind = [r for r, info in ranks.items() if info["step"] == lowest]
+            stuck = [r for r in behind if found.get(r, {}).get("state") in ("T", "t", "D", "Z", "gone", NO_ANSWER)]
+            named = sorted(stuck or behind)
+
+        def state_of(r: int) -> str:
+            if r not in ranks:
+                return f"rank {r}: never registered"
+            step = ranks[r]["step"]
+            return f"rank {r}: {'no step yet' if step is None else f'step {step}'}, process {found.get(r, {}).get('state')}"
+
+        detail = f"no step for {idle_s:.0f} s (bound {why}); " + ", ".join(
+            state_of(r) for r in sorted({*ranks, *missing}))
+        # A rank whose node did not answer the probe is not sent a kill that would wait as long
+        # again; Ray's own health check remains the backstop for it. A rank that never registered
+        # has no pid: the registered ranks (waiting on it) are killed so the group restarts.
+        targets = [r for r in named if r in ranks] or sorted(ranks)
+        unanswered = [r for r in targets if found.get(r, {}).get("state") == NO_ANSWER]
+        kill = [r for r in targets if found.get(r, {}).get("state") not in (NO_ANSWER, "gone")]
+        if unanswered:
+            detail += f"; not killed (no answer to the probe): rank {', '.join(map(str, unanswered))}"
+        known = [info["step"] for info in ranks.values() if info["step"] is not None]
+        entry = incidents.incident(incidents.HANG, ranks=named, nodes=sorted({ranks[r]["node"] for r in named if r in ranks}),
+                                   step=max(known, default=None), saved=saved, detail=detail)
         self._add(entry, self.attempt, now, step_s)
-        for rank in named:  # Ray Train sees the dead worker at its next poll and restarts the group
+        # Ray Train sees the dead worker at its next poll and restarts the group
+        for rank, result in self._on_nodes({r: ranks[r] for r in kill}, kill=True).items():
+            if result.get("state") == NO_ANSWER:
+                log.warning("watchdog: could not stop rank %d: %s", rank, result.get("error"))
+
+    def _on_nodes(self, infos: dict[int, dict[str, Any]], *, kill: bool) -> dict[int, dict[str, Any]]:
+        """Run the probe on every rank's node at once and wait ONE :data:`PROBE_TIMEOUT_S` for all
+        of them (one at a time, the timeouts would add up while the watchdog holds its lock); a
+        rank whose task did not finish in it is :data:`NO_ANSWER`."""
+        import ray
+
+        refs = {rank: self._on_node(info, kill=kill) for rank, info in infos.items()}
+        if not refs:
+            return {}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+        out: dict[int, dict[str, Any]] = {}
+        for rank, ref in refs.items():
+            if ref not in ready:
+                out[rank] = {"state": NO_ANSWER, "error": f"no answer within {PROBE_TIMEOUT_S:.0f} s"}
+                continue
             try:
-                ray.get(self._on_node(ranks[rank], kill=True), timeout=PROBE_TIMEOUT_S)
-            except Exception as err:  # noqa: BLE001 - Ray's own health check remains the backstop
-                log.warning("watchdog: could not stop rank %d: %s", rank, err)
+                out[rank] = ray.get(ref)
+            except Exception as err:  # noqa: BLE001 - a node whose task failed is itself the finding
+                out[rank] = {"state": NO_ANSWER, "error": f"{type(err).__name__}: {str(err)[:200]}"}
+        return out
 
     def _on_node(self, info: dict[str, Any], *, kill: bool) -> Any:
         import ray

@@ -282,6 +282,12 @@ class PipelineStack(Stack):
         deploy.add_to_role_policy(iam.PolicyStatement(
             sid="DescribeNodeGroups", actions=["eks:DescribeNodegroup"],
             resources=[self.format_arn(service="eks", resource="nodegroup", resource_name=f"{name}/*/*")]))
+        # record-groups and app.py read the cluster stack's state (infra/verify_gate.py
+        # stack_state): the record's groups count only while the stack is the one they were read from.
+        deploy.add_to_role_policy(iam.PolicyStatement(
+            sid="ReadClusterStackState", actions=["cloudformation:DescribeStacks"],
+            resources=[self.format_arn(service="cloudformation", resource="stack",
+                                       resource_name=f"{cluster_stack.stack_name}/*")]))
         # Each kubectl build's own role (pipeline_access.KubectlDeployers): only Promote may
         # write the promoted digest. The topic's ARN is a project variable (a token there is fine).
         notify = {"NOTIFY_TOPIC_ARN": codebuild.BuildEnvironmentVariable(value=self.notifications.topic.topic_arn)}
@@ -301,11 +307,20 @@ class PipelineStack(Stack):
                                           timeout=Duration.minutes(
                                               pipeline_builds.PROMOTE_TIMEOUT_MINUTES
                                               + pipeline_builds.APPLY_TIMEOUT_MINUTES + 15), **vpc_args)
-        return {"synth": synth, "deploy": deploy, "apply": apply, "smoke": smoke, "promote": promote}
+        # Hold runs in Apply's role (its cluster access, in the VPC where the endpoint is private)
+        # and reads the deployed cluster template to compare Synth's with.
+        self.kubectl_roles["Apply"].add_to_policy(iam.PolicyStatement(
+            sid="ReadDeployedClusterTemplate", actions=["cloudformation:GetTemplate"],
+            resources=[self.format_arn(service="cloudformation", resource="stack",
+                                       resource_name=f"{cluster_stack.stack_name}/*")]))
+        hold = pipeline_builds.project(self, "HoldDeploy", pipeline_builds.hold_spec(cluster_stack.stack_name),
+                                       role=self.kubectl_roles["Apply"], environment_variables=notify,
+                                       timeout=Duration.minutes(env.pipeline.apply_wait_minutes + 15), **vpc_args)
+        return {"synth": synth, "hold": hold, "deploy": deploy, "apply": apply, "smoke": smoke, "promote": promote}
 
     def _pipeline(self, env: Environment, common: dict, projects: dict, artifacts: s3.Bucket) -> None:
-        """The pipeline: Source, Synth, and one Release stage (Deploy -> Smoke -> Apply -> Promote)."""
-        synth, deploy, apply, smoke, promote = (projects[k] for k in ("synth", "deploy", "apply", "smoke", "promote"))
+        """The pipeline: Source, Synth, and one Release stage (Hold -> Deploy -> Smoke -> Apply -> Promote)."""
+        synth, hold, deploy, apply, smoke, promote = (projects[k] for k in ("synth", "hold", "deploy", "apply", "smoke", "promote"))
         source_output = codepipeline.Artifact("Source")
         built = codepipeline.Artifact("Built")
         digest_variable = codepipeline.Variable(
@@ -330,7 +345,7 @@ class PipelineStack(Stack):
         smoke_action = actions.CodeBuildAction(
             action_name="SmokeRun", project=smoke, input=built, variables_namespace="Smoke",
             environment_variables={**kubectl_vars, "QUEUE_TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
-                value=str(60 * pipeline_builds.SMOKE_QUEUE_MINUTES))}, run_order=2)
+                value=str(60 * pipeline_builds.SMOKE_QUEUE_MINUTES))}, run_order=3)
         self.pipeline = codepipeline.Pipeline(
             self, "Pipeline", pipeline_name=self.pipeline_name,
             pipeline_type=codepipeline.PipelineType.V2, variables=[digest_variable],
@@ -345,19 +360,22 @@ class PipelineStack(Stack):
                     repo=repo, branch=env.pipeline.branch, output=source_output,
                     code_build_clone_output=True)]),
                 codepipeline.StageProps(stage_name="Synth", actions=[synth_action]),
-                # Deploy -> Smoke -> Apply -> Promote, in run order, under the one stage lock: no
-                # execution's Deploy replaces nodes under another's Smoke or Apply. The long-lived
+                # Hold -> Deploy -> Smoke -> Apply -> Promote, in run order, under the one stage
+                # lock: no execution's Deploy replaces nodes under another's Smoke or Apply, nor
+                # (Hold, the same wait as Apply's) under running GPU jobs. The long-lived
                 # cluster changes only after the image proved itself on its own cluster. A retry
                 # of the stage (RetryStageExecution, FAILED_ACTIONS) reruns the failed action on.
                 codepipeline.StageProps(stage_name=RELEASE_STAGE, actions=[
-                    actions.CodeBuildAction(action_name="DeployStacks", project=deploy, input=built, run_order=1),
+                    actions.CodeBuildAction(action_name="HoldDeploy", project=hold, input=built, run_order=1,
+                                            environment_variables=kubectl_vars),
+                    actions.CodeBuildAction(action_name="DeployStacks", project=deploy, input=built, run_order=2),
                     smoke_action,
                     actions.CodeBuildAction(
-                        action_name="ApplyManifests", project=apply, input=built, run_order=3,
+                        action_name="ApplyManifests", project=apply, input=built, run_order=4,
                         environment_variables={**kubectl_vars, "TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
                             value=str(60 * pipeline_builds.APPLY_TIMEOUT_MINUTES))}),
                     actions.CodeBuildAction(
-                        action_name="PromoteDigest", project=promote, input=built, run_order=4, environment_variables={
+                        action_name="PromoteDigest", project=promote, input=built, run_order=5, environment_variables={
                             **kubectl_vars, "SMOKE_RECORD": codebuild.BuildEnvironmentVariable(
                                 value=smoke_action.variable("SMOKE_RECORD")),
                             "TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from aws_cdk import Stack, aws_ec2 as ec2, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam, aws_s3 as s3
 from constructs import Construct
 
-from environment.contract import PART_OF, REGRESSION_REPORT_DIR as REPORT_DIR
+from environment.contract import PART_OF, REGRESSION_REPORT_DIR as REPORT_DIR, stack_name
 from infra.nag import acknowledge
 
 DEPLOYER_GROUP = "raytrain-pipeline-deployers"
@@ -205,6 +205,9 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
             add(owner, f"Resource::arn:<AWS::Partition>:eks:{region}:{account}:nodegroup/{cluster_name}/*/*",
                 "record-groups describes this cluster's node groups (generated names: the GPU groups it "
                 "finds by their tags) before the deploy; read-only.")
+            add(owner, f"Resource::arn:<AWS::Partition>:cloudformation:{region}:{account}:stack/{stack_name(cluster_name, 'cluster')}/*",
+                "record-groups and app.py read the cluster stack's state (its StackId, generated per creation, "
+                "and last change) the GPU groups are recorded at; DescribeStacks only.")
         vpc_policy = project.node.try_find_child("PolicyDocument")
         if vpc_policy is not None:
             add(vpc_policy, "Resource::*", f"CodeBuild's VPC support for {project.node.id} (private endpoint): "
@@ -220,6 +223,10 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
         "(the run name is per build; Promote checks it is this execution's).")
     add(roles["Smoke"], f"{runs}/metrics.jsonl", "The regression gate reads the smoke runs' metrics (per build).")
     add(roles["Smoke"], f"{runs}/{REPORT_DIR}/*", "The regression gate writes its report next to the smoke run.")
+    add(roles["Apply"], f"Resource::arn:<AWS::Partition>:cloudformation:{region}:{account}:stack/"
+        f"{stack_name(cluster_name, 'cluster')}/*",
+        "HoldDeploy (in Apply's role) reads the deployed cluster template to see whether the deploy rolls or "
+        "replaces a GPU node group; GetTemplate of that one stack (its StackId suffix is generated).")
     for step in ("Smoke", "Apply"):
         add(roles[step], f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*",
             "The build uploads the code archive: only under the code prefix (names carry the content hash).")

@@ -141,6 +141,21 @@ def _kubectl_install() -> list[str]:
     return [*KUBECTL_INSTALL, f"{PIP} -e '.[pipeline]'"]
 
 
+def hold_spec(cluster_stack: str) -> dict:
+    """Before Deploy: when the cluster stack's update (Synth's template, ``cdk.out``, against the
+    deployed one) rolls, replaces or deletes a GPU node group, wait for the running GPU jobs and
+    the maintenance window exactly as Apply does (``python -m raytrain_eks.pipeline hold``);
+    a deferral fails the action, so nothing is deployed and the jobs run on."""
+    return {
+        "version": "0.2",
+        "env": {"shell": "bash"},
+        "phases": {
+            "install": {"runtime-versions": {"python": "3.11"}, "commands": _kubectl_install()},
+            "build": {"commands": [f"python -m raytrain_eks.pipeline hold --template cdk.out/{cluster_stack}.template.json"]},
+        },
+    }
+
+
 def upload_code(bucket: str) -> str:
     """The content-addressed code archive every RayJob's working_dir names (idempotent)."""
     return (f'aws s3 cp --only-show-errors dist/code/ "s3://{bucket}/code/" --recursive '

@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     choose.add_argument("--run-file", default="", help="also write the choice and the promoted digest seen here")
     steps.add_parser("promoted-digest", help="print the promoted digest ('' before the first promotion)")
     steps.add_parser("record-groups", help="record which GPU node groups exist (read by app.py at cdk deploy)")
+    hold = steps.add_parser("hold", help="before cdk deploy: wait for running GPU jobs and the window when the "
+                                         "cluster stack's update rolls, replaces or deletes a GPU node group")
+    hold.add_argument("--template", required=True, help="the cluster stack's template about to be deployed")
     for name in ("smoke", "gate", "apply", "promote", "rollback"):
         step = steps.add_parser(name)
         step.add_argument("--digest", required=True, help="the candidate digest of this run")
@@ -92,7 +95,8 @@ def record_groups(args: argparse.Namespace) -> int:
         return 2
     region = env.cluster.region
     account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
-    found = record_node_groups(env, Path.cwd(), boto3.client("eks", region_name=region), account)
+    found = record_node_groups(env, Path.cwd(), boto3.client("eks", region_name=region), account,
+                               boto3.client("cloudformation", region_name=region))
     print(f"record-groups: existing GPU node groups: {', '.join(sorted(found)) or 'none'}", file=sys.stderr)
     return 0
 
@@ -123,6 +127,8 @@ def run(ctx, args: argparse.Namespace) -> int:
     if args.step == "rollback":
         rollback(ctx, failed_digest=args.digest, reason=args.reason, failure=args.failure)
         return 0
+    if args.step == "hold":
+        return hold_step(ctx, args)
     try:
         print(step(ctx, args) or "")
     except Exception as err:  # noqa: BLE001 - every failure is rolled back and recorded, then fails the build
@@ -131,6 +137,36 @@ def run(ctx, args: argparse.Namespace) -> int:
             rollback(ctx, failed_digest=args.digest, reason=f"{args.step}: {err}", failure=classify(err))
         except Exception as again:  # noqa: BLE001 - the build fails either way; say both
             log(f"error: rollback after {args.step} failed too: {type(again).__name__}: {again}")
+        return 1
+    return 0
+
+
+def hold_step(ctx, args: argparse.Namespace) -> int:
+    """Exit 1 (nothing deployed, the jobs run on) when the deploy would roll, replace or delete a
+    GPU node group under running jobs past the bound or outside the window; 0 to deploy. The
+    deployed template is the cluster stack's own (CloudFormation GetTemplate; none: a creation)."""
+    import boto3
+
+    from environment.contract import stack_name
+
+    from .apply_promote import Deferred, hold_deploy
+    from .kube import log
+
+    cloudformation = boto3.client("cloudformation", region_name=ctx.env.cluster.region)
+    try:
+        try:
+            body = cloudformation.get_template(StackName=stack_name(ctx.env.cluster.name, "cluster"))["TemplateBody"]
+        except cloudformation.exceptions.ClientError as err:
+            if "does not exist" not in str(err):
+                raise
+            body = {}  # no cluster stack yet: the deploy creates every group, disturbing nothing
+        deployed = json.loads(body) if isinstance(body, str) else body
+        log(f"hold: {hold_deploy(ctx, deployed, json.loads(Path(args.template).read_text()))}")
+    except Deferred as err:
+        log(f"error: hold: deferred, nothing deployed: {err}")
+        return 1
+    except Exception as err:  # noqa: BLE001 - unknown is no licence to deploy: the action fails, nothing deployed
+        log(f"error: hold: {type(err).__name__}: {err}")
         return 1
     return 0
 

@@ -73,10 +73,22 @@ def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def clear_to_recreate(ctx: StepContext, cluster: str, *, clock: Callable[[], float] = time.monotonic,
-                      now: Callable[[], datetime.datetime] = utc_now) -> str:
-    """Return, in words, why Apply may recreate ``cluster`` now (after waiting for its jobs if
-    need be); Deferred when it may not."""
+def running_gpu_jobs(rayjobs: list[dict[str, Any]]) -> list[str]:
+    """The names of the RayJobs running (or about to) anywhere in the namespace, sorted: a RayJob
+    with a RayCluster of its own runs on the GPU nodes as much as one on the long-lived cluster."""
+    return sorted(job["metadata"]["name"] for job in rayjobs
+                  if (job.get("status") or {}).get("jobDeploymentStatus", "") not in TERMINAL_DEPLOYMENTS + PARKED_DEPLOYMENTS)
+
+
+def clear_to_disturb(ctx: StepContext, what: str, running: Callable[[], list[str]], *,
+                     clock: Callable[[], float] = time.monotonic,
+                     now: Callable[[], datetime.datetime] = utc_now) -> str:
+    """THE wait before the pipeline disturbs running jobs (Apply recreating the long-lived
+    cluster, Deploy rolling or replacing a GPU node group): only inside
+    ``pipeline.maintenance_window`` when one is declared, and only once ``running()`` (the
+    RayJobs it would disturb) is empty, waiting at most ``pipeline.apply_wait_minutes`` (and
+    never past the window's close). Returns, in words, why ``what`` may go ahead now; Deferred
+    when it may not."""
     spec = ctx.env.pipeline
     window = parse_window(spec.maintenance_window)
     bound = 60.0 * spec.apply_wait_minutes
@@ -84,23 +96,85 @@ def clear_to_recreate(ctx: StepContext, cluster: str, *, clock: Callable[[], flo
         closes = window.closes(now())
         if closes is None:
             raise Deferred(f"outside the maintenance window {spec.maintenance_window!r} (next opens "
-                           f"{window.next_opening(now()):%a %Y-%m-%d %H:%M} UTC): the long-lived cluster is left as it is")
+                           f"{window.next_opening(now()):%a %Y-%m-%d %H:%M} UTC): {what} is left as it is")
         bound = min(bound, (closes - now()).total_seconds())
     within = f" in the maintenance window {spec.maintenance_window!r}" if window else ""
     start, first = clock(), None
     while True:
-        running = running_on(ctx.kube.rayjobs(), cluster)
-        first = running if first is None else first
-        if not running:
+        jobs = running()
+        first = jobs if first is None else first
+        if not jobs:
             if not first:
-                return f"no RayJob runs on RayCluster {cluster}{within}"
-            return f"waited {clock() - start:.0f} s for RayJob(s) {', '.join(first)} on {cluster} to end{within}"
+                return f"no RayJob runs on {what}{within}"
+            return f"waited {clock() - start:.0f} s for RayJob(s) {', '.join(first)} on {what} to end{within}"
         if clock() - start >= bound:
-            raise Deferred(f"RayJob(s) {', '.join(running)} still running on RayCluster {cluster} after "
+            raise Deferred(f"RayJob(s) {', '.join(jobs)} still running on {what} after "
                            f"{bound:.0f} s (pipeline.apply_wait_minutes = {spec.apply_wait_minutes}"
                            f"{', the window closes' if window else ''}): applied nothing, the jobs run on")
-        log(f"apply: waiting for RayJob(s) {', '.join(running)} on {cluster} to end")
+        log(f"waiting for RayJob(s) {', '.join(jobs)} on {what} to end")
         time.sleep(ctx.poll_s)
+
+
+def clear_to_recreate(ctx: StepContext, cluster: str, *, clock: Callable[[], float] = time.monotonic,
+                      now: Callable[[], datetime.datetime] = utc_now) -> str:
+    """Return, in words, why Apply may recreate ``cluster`` now (after waiting for its jobs if
+    need be); Deferred when it may not (:func:`clear_to_disturb`)."""
+    return clear_to_disturb(ctx, f"RayCluster {cluster}", lambda: running_on(ctx.kube.rayjobs(), cluster),
+                            clock=clock, now=now)
+
+
+def _gpu_groups(template: dict) -> dict[str, tuple[str, dict]]:
+    """The template's GPU node groups by their spec name (the :data:`GROUP_TAG` tag): logical id, resource."""
+    from infra.verify_gate import GROUP_TAG
+
+    resources = template.get("Resources") or {}
+    return {r["Properties"]["Tags"][GROUP_TAG]: (lid, r) for lid, r in resources.items()
+            if r.get("Type") == "AWS::EKS::Nodegroup" and GROUP_TAG in ((r.get("Properties") or {}).get("Tags") or {})}
+
+
+def _launch_data(template: dict, group: dict) -> Any:
+    ref = ((group["Properties"].get("LaunchTemplate") or {}).get("Id") or {}).get("Ref")
+    return (((template.get("Resources") or {}).get(ref) or {}).get("Properties") or {}).get("LaunchTemplateData")
+
+
+def gpu_node_changes(deployed: dict, new: dict) -> list[str]:
+    """What deploying the cluster template ``new`` over ``deployed`` does to running GPU nodes,
+    one line per group ([]: nothing). A group whose :data:`infra.verify_gate.CREATION_TAG`
+    changed is REPLACED (its inputs are the createOnlyProperties of ``AWS::EKS::Nodegroup``:
+    CloudFormation creates a new group and deletes the old one with its nodes); a group whose
+    launch template's LaunchTemplateData, Kubernetes ``Version`` or ``ReleaseVersion`` changed is
+    ROLLED (a new launch-template version or AMI is a rolling node update: EKS User Guide, "Update
+    a managed node group"); a group gone from the template is DELETED with its nodes. A scaling
+    change touches no node here (the deploy never resets a running size: infra/verify_gate.py)."""
+    from infra.verify_gate import CREATION_TAG
+
+    before, after = _gpu_groups(deployed), _gpu_groups(new)
+    out = []
+    for name, (_, old) in sorted(before.items()):
+        if name not in after:
+            out.append(f"GPU group {name} is deleted with its nodes")
+            continue
+        _, now_ = after[name]
+        o, n = old["Properties"], now_["Properties"]
+        if o["Tags"].get(CREATION_TAG) != n["Tags"].get(CREATION_TAG):
+            out.append(f"GPU group {name} is replaced ({o['Tags'].get(CREATION_TAG)} -> {n['Tags'].get(CREATION_TAG)}): "
+                       "its nodes end")
+        elif (_launch_data(deployed, old) != _launch_data(new, now_)
+              or any(o.get(k) != n.get(k) for k in ("Version", "ReleaseVersion"))):
+            out.append(f"GPU group {name} rolls every node (a new launch template version or AMI)")
+    return out
+
+
+def hold_deploy(ctx: StepContext, deployed: dict, new: dict, **wait: Any) -> str:
+    """Before Deploy: when the cluster stack's update rolls, replaces or deletes a GPU node group,
+    wait for the running GPU jobs and the maintenance window exactly as Apply does
+    (:func:`clear_to_disturb`); Deferred when they do not end in time. Returns, in words, why the
+    deploy may go ahead."""
+    changes = gpu_node_changes(deployed, new)
+    if not changes:
+        return "the deploy rolls, replaces or deletes no GPU node group"
+    why = clear_to_disturb(ctx, "the GPU node groups", lambda: running_gpu_jobs(ctx.kube.rayjobs()), **wait)
+    return f"{'; '.join(changes)}: {why}"
 
 
 def check_not_superseded(ctx: StepContext, digest: str) -> str:

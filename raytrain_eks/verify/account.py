@@ -264,10 +264,15 @@ def check_node_groups(env: Environment, eks, found: set[str]) -> list[Finding]:
     return out
 
 
-def record_node_groups(env: Environment, root: Path, eks, account: str) -> frozenset[str]:
-    """Write the record of ``env``'s existing GPU groups under ``root``; returns them."""
-    found = existing(env, node_group_tags(eks, env.cluster.name))
+def record_node_groups(env: Environment, root: Path, eks, account: str, cloudformation) -> frozenset[str]:
+    """Write the record of ``env``'s existing GPU groups under ``root``, with the cluster stack's state
+    they were read at (infra/verify_gate.py stack_state); returns them."""
+    from environment.contract import stack_name
+
+    # the stack's state first: a deploy between the two reads leaves a stale record (refused)
+    cluster_stack = verify_gate.stack_state(cloudformation, stack_name(env.cluster.name, "cluster"))
+    found = existing(env, node_group_tags(eks, env.cluster.eks_name))
     path = verify_gate.stamp_path(root, env)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(verify_gate.stamp(env, account, verify_gate.now(), found))
+    path.write_text(verify_gate.stamp(env, account, verify_gate.now(), found, cluster_stack))
     return found

@@ -87,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
 
     index = IndexCache(http_fetch(args.timeout))
     existing: set[str] = set()  # the GPU groups a deploy updates in place, recorded with a pass
+    # The cluster stack's state, read BEFORE its node groups: a deploy in between makes the
+    # record stale (refused), never a record that looks current but misses a group.
+    from environment.contract import stack_name
+    from infra import verify_gate
+
+    cluster_stack = verify_gate.stack_state(client("cloudformation"), stack_name(env.cluster.name, "cluster"))
     # What a new cluster needs checked and an existing one does not: the EKS add-on pins, the
     # admins' access entries and the AZs' zone ids are the existing cluster's owner's.
     own_cluster = [] if env.cluster.existing else [
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     account = client("sts").get_caller_identity()["Account"]
     stamp = verify_gate.stamp_path(ROOT, env)
     stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(verify_gate.stamp(env, account, verify_gate.now(), frozenset(existing)))
+    stamp.write_text(verify_gate.stamp(env, account, verify_gate.now(), frozenset(existing), cluster_stack))
     hours = verify_gate.MAX_AGE.total_seconds() / 3600
     print(f"{args.env}: all {len(findings)} checks passed (cdk deploy of account {account} allowed for {hours:.0f} h)")
     return 0

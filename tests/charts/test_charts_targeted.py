@@ -102,9 +102,8 @@ def test_efa_and_nccl_environment_on_gpu_workers(default_synth):
         "RAYTRAIN_CLUSTER": "raytrain", "RAYTRAIN_INSTANCE_TYPE": "g6.12xlarge", "RAYTRAIN_REGION": "us-east-1",
         # the L4's peak, MFU's denominator, from the environment package's GPU table
         "RAYTRAIN_PEAK_BF16_TFLOPS": "121",
-        # the run's cost: the group's capacity and price as the preflight prices it
-        "RAYTRAIN_CAPACITY_TYPE": "on-demand", "RAYTRAIN_NODE_PRICE_PER_HOUR": "4.6",
-        "RAYTRAIN_PRICE_LABEL": "on-demand price (estimate, environment/instances.py)",
+        # the run's cost: the group's capacity type (its price is the job's: runtime env)
+        "RAYTRAIN_CAPACITY_TYPE": "on-demand",
         "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
         # where each rank ran: the node from the downward API, the zone from the spec
         "RAYTRAIN_NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}}, "RAYTRAIN_AVAILABILITY_ZONE": "us-east-1a",
@@ -360,10 +359,24 @@ def test_a_spot_group_of_two_types_places_workers_on_either_and_tells_them_both_
                                          "values": ["g6.12xlarge", "g5.12xlarge"]}]
     assert gpu_peaks(group) == "L4=121,A10G=70"
     pod_env = {e["name"]: e.get("value") for e in run_record_env(env, group, gpu_worker=True)}
-    assert pod_env["RAYTRAIN_CAPACITY_TYPE"] == "spot" and "estimate" in pod_env["RAYTRAIN_PRICE_LABEL"]
+    assert pod_env["RAYTRAIN_CAPACITY_TYPE"] == "spot" and "RAYTRAIN_PRICE_LABEL" not in pod_env
     assert pod_env["RAYTRAIN_INSTANCE_TYPE"] == "g6.12xlarge,g5.12xlarge"
     # the job takes its own GPU's peak from that list (training/metrics.py)
     from training.metrics import peak_tflops_from_env
 
     assert peak_tflops_from_env({"RAYTRAIN_PEAK_BF16_TFLOPS": "L4=121,A10G=70"}, "NVIDIA A10G") == 70.0
     assert peak_tflops_from_env({"RAYTRAIN_PEAK_BF16_TFLOPS": "L4=121,A10G=70"}, "NVIDIA L40S") is None
+
+
+def test_the_node_price_travels_with_the_job_never_in_the_pod_template(default_synth):
+    # a price edit must not change the RayCluster's pod template (KubeRay would recreate the
+    # long-lived cluster on the hash change): the price is in each GPU RayJob's runtime env
+    import yaml
+
+    wg = worker_group(default_synth.one("raycluster")["spec"])
+    assert "RAYTRAIN_NODE_PRICE_PER_HOUR" not in env_of(container(wg["template"]))
+    gpu_jobs = [obj for chart, (obj, *_) in default_synth.docs.items()
+                if obj["kind"] == "RayJob" and "RAYTRAIN_NODE_PRICE_PER_HOUR" in obj["spec"]["runtimeEnvYAML"]]
+    assert gpu_jobs, "no GPU RayJob carries its node's price"
+    env_vars = yaml.safe_load(gpu_jobs[0]["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert float(env_vars["RAYTRAIN_NODE_PRICE_PER_HOUR"]) > 0 and "estimate" in env_vars["RAYTRAIN_PRICE_LABEL"]

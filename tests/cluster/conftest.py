@@ -7,6 +7,7 @@ reason: it is never skipped, so CI cannot pass without it.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import sys
 from dataclasses import dataclass
@@ -66,7 +67,9 @@ def namespace(plane, request):
     test's quota is its own), deleted with everything in it afterwards."""
     from environment.queueing import kueue_objects
 
-    name = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:50].rstrip("-")
+    # short enough for queueing.name_prefix (40 characters), unique per test (and parameter)
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:24].rstrip("-")
+    name = f"t-{slug}-{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]}"
     env = spec(name, f"{name}-")
     plane.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
                          {"apiVersion": "v1", "kind": "ServiceAccount",

@@ -89,7 +89,12 @@ def test_pipeline_is_v2_with_the_digest_variable_and_stages_in_order(synthesized
     # concepts-how-it-works): no execution's Deploy lands under another's Smoke or Apply
     release = pipeline["Stages"][2]["Actions"]
     assert [(a["Name"], a["RunOrder"]) for a in release] == [
-        ("DeployStacks", 1), ("SmokeRun", 2), ("ApplyManifests", 3), ("PromoteDigest", 4)]
+        ("HoldDeploy", 1), ("DeployStacks", 2), ("SmokeRun", 3), ("ApplyManifests", 4), ("PromoteDigest", 5)]
+    # Hold: Apply's wait before a deploy that rolls or replaces a GPU group, in Apply's role
+    hold = next(a for a in release if a["Name"] == "HoldDeploy")
+    assert [c for c in buildspec(template, "HoldDeploy")["phases"]["build"]["commands"]] == [
+        f"python -m raytrain_eks.pipeline hold --template cdk.out/{env.cluster.name}-cluster.template.json"]
+    assert "ApplyRole" in json.dumps(template["Resources"][hold["Configuration"]["ProjectName"]["Ref"]]["Properties"]["ServiceRole"])
     [source] = pipeline["Stages"][0]["Actions"]
     assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"
     # a full clone: the manifests' identity (the commit) needs .git, which the default zip lacks
@@ -154,7 +159,7 @@ def test_smoke_then_apply_then_promote_with_the_proven_digest(synthesized):
     assert promote == ['python -m raytrain_eks.pipeline promote --digest "$IMAGE_DIGEST" --record "$SMOKE_RECORD" '
                        "--required-transport efa"]
     stages = the(template, "AWS::CodePipeline::Pipeline")["Stages"]
-    for action in stages[2]["Actions"][1:]:
+    for action in [a for a in stages[2]["Actions"] if a["Name"] != "DeployStacks"]:  # the kubectl builds
         assert action["ActionTypeId"]["Provider"] == "CodeBuild"
         variables = {v["name"]: v["value"] for v in json.loads(action["Configuration"]["EnvironmentVariables"])}
         assert variables["IMAGE_DIGEST"] == "#{Synth.IMAGE_DIGEST}"
@@ -231,7 +236,7 @@ def test_private_endpoint_kubectl_builds_run_in_the_vpc_admitted_on_443(synthesi
     assert ingress["SourceSecurityGroupId"] == {"Fn::GetAtt": [group_id, "GroupId"]}
     assert "ClusterSecurityGroupId" in json.dumps(ingress["GroupId"])  # the EKS cluster security group
     in_vpc = {k for k, v in resources(template, "AWS::CodeBuild::Project").items() if "VpcConfig" in v["Properties"]}
-    assert sorted(k.rstrip("0123456789ABCDEF") for k in in_vpc) == ["ApplyManifests", "PromoteDigest", "SmokeRun"]
+    assert sorted(k.rstrip("0123456789ABCDEF") for k in in_vpc) == ["ApplyManifests", "HoldDeploy", "PromoteDigest", "SmokeRun"]
 
 
 def test_kubectl_builds_join_the_vpc_whenever_the_private_endpoint_is_on():
@@ -376,6 +381,10 @@ def test_deploy_may_only_assume_the_cdk_bootstrap_roles(synthesized):
     assert statements["ReadNodeGroups"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:cluster/{env.cluster.name}")
     assert statements["DescribeNodeGroups"]["Action"] == "eks:DescribeNodegroup"
     assert statements["DescribeNodeGroups"]["Resource"] == _arn(f":eks:us-east-1:{ACCOUNT}:nodegroup/{env.cluster.name}/*/*")
+    # and the cluster stack's state (the record counts only while the stack is unchanged)
+    assert statements["ReadClusterStackState"]["Action"] == "cloudformation:DescribeStacks"
+    assert statements["ReadClusterStackState"]["Resource"] == _arn(
+        f":cloudformation:us-east-1:{ACCOUNT}:stack/{env.cluster.name}-cluster/*")
 
 
 def test_no_build_outlives_codepipelines_limit_on_a_codebuild_action(synthesized):
@@ -392,11 +401,13 @@ def test_each_kubectl_build_outlives_its_wait_plus_a_rollback(synthesized):
     projects = resources(template, "AWS::CodeBuild::Project")
     stages = the(template, "AWS::CodePipeline::Pipeline")["Stages"]
     env = synthesized[0]
-    for action in stages[2]["Actions"][1:]:
+    for action in [a for a in stages[2]["Actions"] if a["Name"] != "DeployStacks"]:  # the kubectl builds
         variables = {v["name"]: v["value"] for v in json.loads(action["Configuration"]["EnvironmentVariables"])}
         project = projects[action["Configuration"]["ProjectName"]["Ref"]]["Properties"]
         waits = int(variables["TIMEOUT_SECONDS"]) + int(variables["ROLLBACK_TIMEOUT_SECONDS"])
         waits += int(variables.get("QUEUE_TIMEOUT_SECONDS", 0))  # Smoke: first waits in Kueue's queue
         if action["Name"] == "ApplyManifests":  # first waits for the jobs running on the cluster
             waits += 60 * env.pipeline.apply_wait_minutes
+        if action["Name"] == "HoldDeploy":  # only Apply's wait for the jobs: it rolls nothing back
+            waits = 60 * env.pipeline.apply_wait_minutes
         assert project["TimeoutInMinutes"] * 60 >= waits + 10 * 60, action["Name"]

@@ -11,8 +11,8 @@ import pytest
 
 from infra_variants import default_raw
 from update_oracle import (
-    STACKS, Change, deployed_groups, destroy, diff, diff_stack, edit_over, edit_results, edited, kept, redeploy, refused,
-    table, templates, touches_running,
+    STACKS, Change, deploy_with, deployed_groups, destroy, diff, diff_stack, edit_over, edit_results, edited, gone, kept,
+    redeploy, refused, table, templates, touches_running, verified,
 )
 
 SCALING_EDITS = ("gpu max_nodes 2 -> 3", "gpu min_nodes 0 -> 1", "system nodes 1 -> 2")
@@ -73,7 +73,7 @@ def _recorded_by_the_pipeline(raw: dict, deployed: dict[str, dict], root) -> fro
         for i, r in enumerate(r for r in deployed["cluster"]["Resources"].values() if r["Type"] == "AWS::EKS::Nodegroup"):
             eks.create_nodegroup(clusterName=env.cluster.name, nodegroupName=f"Nodegroup-{i}", subnets=["subnet-1"],
                                  nodeRole="arn:aws:iam::123456789012:role/n", tags=r["Properties"].get("Tags") or {})
-        record(env, root, eks, "123456789012")
+        record(env, root, eks, "123456789012", boto3.client("cloudformation", region_name=env.cluster.region))
     return verify_gate.recorded_groups(verify_gate.stamp_path(root, env).read_text())
 
 
@@ -287,3 +287,59 @@ def test_turning_on_node_auto_repair_and_the_monitoring_agent_touches_nothing_ru
     assert sorted((c.type, c.action) for c in changes) == sorted(
         [("AWS::EKS::Nodegroup", "update")] * len(gpu) + [("AWS::EKS::Addon", "add")])
     assert touches_running(changes) == [] and refused(changes) == []
+
+
+# --- Sequences of verify / deploy / destroy / deploy with one record (infra/verify_gate.py decide) ---
+
+NOTHING = {part: {} for part in STACKS}
+
+
+def test_a_record_made_before_a_group_was_created_cannot_reset_it_later(baseline):
+    # verify (no cluster) -> cdk deploy creates the group -> the pipeline's Deploy (its own fresh
+    # record: no DesiredSize) -> a person's `cdk deploy` with the first record, within its 24 h
+    old = verified(default_raw(), NOTHING)
+    created = deploy_with(default_raw(), old, NOTHING)
+    assert created == baseline
+    pipeline = deploy_with(default_raw(), verified(default_raw(), created), created, skip=True)
+    assert touches_running(diff(created, pipeline)) == []
+    again = deploy_with(default_raw(), old, pipeline)
+    # the record read a stack that has changed since: refused before anything changes, never
+    # "DESIRED SIZE RESET to 0" on the running group
+    assert isinstance(again, str), [c.row() for c in touches_running(diff(pipeline, again))]
+    assert "the cluster stack changed after `raytrain-eks verify` read its GPU node groups" in again
+    # the same with the override: it skips the verify's checks, not the reading of the groups
+    assert isinstance(deploy_with(default_raw(), old, pipeline, skip=True), str)
+    # and a plain second deploy with the first record is refused as well (the stack it read is gone)
+    assert isinstance(deploy_with(default_raw(), old, created), str)
+    # a verify after the change lets the deploy through, leaving the running size alone
+    fresh = deploy_with(default_raw(), verified(default_raw(), pipeline), pipeline)
+    assert touches_running(diff(pipeline, fresh)) == []
+
+
+def test_a_record_saying_a_group_exists_cannot_refuse_its_creation_after_a_destroy(baseline):
+    # deploy -> verify (the group exists) -> cdk destroy of the cluster stack -> deploy with that record
+    deployed = redeploy(default_raw(), baseline)
+    record = verified(default_raw(), deployed)
+    assert "gpu" in json.loads(record)["existing_gpu_groups"]
+    after = deploy_with(default_raw(), record, gone(deployed))
+    # refused by the gate before anything is created, never "CREATE REFUSED" half-way through
+    assert isinstance(after, str), [c.row() for c in refused(diff(gone(deployed), after))]
+    assert "(then stack@" in after and "now absent)" in after
+    # a verify after the destroy creates the group with its whole scaling config
+    rebuilt = deploy_with(default_raw(), verified(default_raw(), gone(deployed)), gone(deployed))
+    assert refused(diff(gone(deployed), rebuilt)) == []
+
+
+def test_a_record_that_does_not_name_the_stack_or_a_stack_that_cannot_be_read_trusts_no_group():
+    from environment import environment_from_dict
+    from infra import verify_gate
+
+    env = environment_from_dict(default_raw(), "environment.toml")
+    now = verify_gate.now()
+    old_style = verify_gate.stamp(env, "123456789012", now, frozenset({"gpu"}))
+    refusal, found, _ = verify_gate.decide(env, old_style, now, "123456789012", False, lambda: verify_gate.ABSENT)
+    assert "does not say which cluster stack" in refusal and found == frozenset()
+    current = verify_gate.stamp(env, "123456789012", now, frozenset({"gpu"}), "stack@1")
+    refusal, found, _ = verify_gate.decide(env, current, now, "123456789012", False, lambda: None)
+    assert "could not be read" in refusal and found == frozenset()
+    assert verify_gate.decide(env, current, now, "123456789012", False, lambda: "stack@1")[:2] == (None, frozenset({"gpu"}))

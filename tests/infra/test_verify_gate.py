@@ -80,12 +80,33 @@ def test_app_py_reads_the_recorded_pass_and_the_explicit_override(tmp_path, monk
     refusal, existing, warning = app._deploy_gate(env)
     assert "no passing `raytrain-eks verify`" in refusal and existing == frozenset() and warning is None
     stamps.mkdir(parents=True)
-    (stamps / f"{env.spec_hash}.json").write_text(verify_gate.stamp(env, ACCOUNT, NOW, frozenset({"gpu"})))
-    assert app._deploy_gate(env) == (None, frozenset({"gpu"}), None)  # the groups verify found
-    (stamps / f"{env.spec_hash}.json").write_text(verify_gate.stamp(env, ACCOUNT, NOW - timedelta(hours=30), frozenset({"gpu"})))
-    monkeypatch.setenv("CDK_CONTEXT_JSON", json.dumps({verify_gate.SKIP_CONTEXT: "true"}))
-    refusal, existing, warning = app._deploy_gate(env)  # an old record says nothing about today's groups
-    assert refusal is None and existing == frozenset() and warning.startswith("warning: environment.toml: ")
+    record = stamps / f"{env.spec_hash}.json"
+    # the cluster stack's state is read at the deploy, from CloudFormation (moto's mock_aws
+    # models DescribeStacks: "Stack with id ... does not exist" for a stack never created)
+    from moto import mock_aws
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_CLOUDFORMATION", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        record.write_text(verify_gate.stamp(env, ACCOUNT, NOW, frozenset({"gpu"}), verify_gate.ABSENT))
+        assert app._deploy_gate(env) == (None, frozenset({"gpu"}), None)  # the groups verify found
+        # a record of another state of the stack (it was deployed or destroyed since): refused,
+        # with the override too (it skips verify's checks, not the reading of the groups)
+        record.write_text(verify_gate.stamp(env, ACCOUNT, NOW, frozenset({"gpu"}), "arn:stack/1@2026-12-05T10:00:00"))
+        assert "the cluster stack changed after" in app._deploy_gate(env)[0]
+        monkeypatch.setenv("CDK_CONTEXT_JSON", json.dumps({verify_gate.SKIP_CONTEXT: "true"}))
+        assert "the cluster stack changed after" in app._deploy_gate(env)[0]
+        # an old record of the same state: the override deploys with the groups it found
+        record.write_text(verify_gate.stamp(env, ACCOUNT, NOW - timedelta(hours=30), frozenset({"gpu"}), verify_gate.ABSENT))
+        assert app._deploy_gate(env) == (None, frozenset({"gpu"}), None)
+    # CloudFormation unreachable (an offline synth): the state is unknown, so the record is
+    # trusted by no deploy (a closed port answers at once: connection refused)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    refusal, existing, warning = app._deploy_gate(env)
+    assert "state could not be read" in refusal and existing == frozenset() and warning is None
 
 
 def test_the_override_without_a_record_synthesizes_desired_sizes_and_warns_once(tmp_path):

@@ -156,7 +156,7 @@ def _node_id(head, port: int) -> str:
 
 
 def _notes(run_dir: Path) -> list[dict]:
-    from training.attempts import read_notes
+    from training.incidents import read_notes
 
     return read_notes(str(run_dir))
 

@@ -132,3 +132,19 @@ def test_record_on_s3(moto_s3):
     record.finish(status="stopped", error="SIGTERM")
     final = read_json("s3://runs-111122223333/jobs/smoke/run.json")
     assert final["status"] == "stopped" and final["spec_hash"] == ENV[c.ENV_SPEC_HASH]
+
+
+def test_a_retried_driver_keeps_the_earlier_drivers_incidents(tmp_path):
+    """KubeRay retries a failed driver (RayJob ``backoffLimit`` > 0, v1.7.0): the new driver starts
+    the record again at the same run directory; the faults the first one recorded must stay."""
+    from training import incidents
+
+    first = RunRecord(str(tmp_path / "run"), environ={})
+    first.start(job_config={"name": "j"}, is_infrastructure_check=False)
+    incidents.add(first, incidents.incident(incidents.HANG, ranks=[1], nodes=["node-b"], step=30, detail="no step"))
+    second = RunRecord(str(tmp_path / "run"), environ={})
+    data = second.start(job_config={"name": "j"}, is_infrastructure_check=False)
+    assert [e["kind"] for e in data[c.INCIDENTS]] == [incidents.HANG]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())[c.INCIDENTS][0]["ranks"] == [1]
+    fresh = RunRecord(str(tmp_path / "other"), environ={})
+    assert fresh.start(job_config={"name": "j"}, is_infrastructure_check=False)[c.INCIDENTS] == []

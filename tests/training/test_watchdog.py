@@ -79,7 +79,7 @@ def test_a_lost_worker_becomes_one_incident_with_its_resume_and_cost(tmp_path):
     assert entry["gpu_minutes_lost"] == entry["device_minutes_lost"] == round(2 * 40 / 60, 2)
 
 
-def test_no_hang_is_declared_before_every_rank_registered_or_after_the_last_step(tmp_path):
+def test_no_hang_is_declared_while_ranks_register_within_the_first_step_bound_or_after_the_last_step(tmp_path):
     record = RunRecord(str(tmp_path / "run"), environ={})
     record.start(job_config={"name": "j"}, is_infrastructure_check=False)
     watch = watchdog.Watchdog(run_name="j", run_dir=str(tmp_path / "run"), record=record, max_steps=8,
@@ -87,7 +87,7 @@ def test_no_hang_is_declared_before_every_rank_registered_or_after_the_last_step
     watch.attempt = 1
     state = {"attempt": 1, "ranks": {0: _rank(10, 3)}, "min_step_at": {1: 1.0, 2: 2.0, 3: 3.0}, "first_done": {},
              "heavy": [], "started": {1: 0.0}, "errors": {}}
-    watch.check(state, now=10_000.0)  # one rank of two: still starting
+    watch.check(state, now=500.0)  # one rank of two, within the first-step bound: still starting
     done = {**state, "ranks": {0: _rank(10, 8), 1: _rank(11, 8)}}
     watch.check(done, now=10_000.0)  # past the last step: evaluation and export, Ray's health check covers them
     assert record.data[contract.INCIDENTS] == []
@@ -159,3 +159,154 @@ def test_a_health_check_timeout_does_not_claim_the_unanswering_process_was_gone(
     [entry] = record.data[contract.INCIDENTS]
     assert entry["kind"] == "health_check"
     assert not any("gone" in s for s in entry["saved"]), entry["saved"]
+
+
+# --- a hang before the first step, probes in parallel (review of issue 50) ----------------------
+
+def _info(pid: int) -> dict:
+    """What a rank registers at worker start, before its model build: no step yet."""
+    return {"pid": pid, "node_id": "n1", "actor_id": "", "host": "h", "node": "node-a", "stack_file": "/x",
+            "start_step": None, "trace_prefix": ""}
+
+
+class _Ref:
+    def __init__(self, rank: int, kill: bool, answer: dict | None):
+        self.rank, self.kill, self.answer = rank, kill, answer
+
+
+class _ProbingWatchdog(watchdog.Watchdog):
+    """The watchdog with its node tasks answered here: ``answers[rank]`` is what the probe task
+    on that rank's node returns, ``None`` a node that never answers."""
+
+    def __init__(self, answers: dict, **kw):
+        super().__init__(**kw)
+        self.answers, self.sent = answers, []
+
+    def _on_node(self, info, *, kill):
+        rank = next(r for r, a in self.answers.items() if a is not None and a.get("pid") == info["pid"]
+                    or r == info.get("rank"))
+        self.sent.append((rank, kill))
+        answer = self.answers[rank]
+        return _Ref(rank, kill, None if answer is None else ({"state": "gone", "killed": True} if kill else answer))
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    """Models ray 2.58 ``python/ray/_private/worker.py``: ``ray.wait(refs, num_returns=, timeout=)``
+    returns ``(ready, not_ready)`` once ``num_returns`` are ready or the timeout passes;
+    ``ray.get(ref, timeout=)`` of one that never finishes raises ``GetTimeoutError``."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    calls = {"wait": [], "get": []}
+
+    def wait(refs, *, num_returns=1, timeout=None, **_):
+        calls["wait"].append((len(refs), num_returns, timeout))
+        ready = [r for r in refs if r.answer is not None]
+        return ready, [r for r in refs if r.answer is None]
+
+    def get(ref, *, timeout=None):
+        calls["get"].append(timeout)
+        if isinstance(ref, list):
+            return [get(r, timeout=timeout) for r in ref]
+        if ref.answer is None:
+            raise GetTimeoutError("Get timed out: some object(s) not ready.")
+        return ref.answer
+
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(watchdog.Watchdog, "_nodes_alive", lambda self: {})
+    return calls
+
+
+def _watch(tmp_path, answers: dict, world_size: int, max_steps: int = 16) -> tuple[_ProbingWatchdog, RunRecord]:
+    record = RunRecord(str(tmp_path / "run"), environ={})
+    record.start(job_config={"name": "j"}, is_infrastructure_check=False)
+    return _ProbingWatchdog(answers, run_name="j", run_dir=str(tmp_path / "run"), record=record,
+                            max_steps=max_steps, world_size=world_size, on_gpu=False), record
+
+
+def test_a_rank_stuck_before_its_first_step_or_never_registered_is_a_hang(tmp_path, fake_ray):
+    """Rank 0 registered at worker start and sits in its restore (an S3 read, a DCP load waiting
+    on a peer); rank 1 never registered. Once the first-step bound has passed since the attempt
+    started, that is a hang naming both; only rank 0 (its pid is known) is probed and killed."""
+    first = watchdog.floors()[2]
+    watch, record = _watch(tmp_path, {0: {"pid": 10, "state": "S", "stack": "in restore"}, 1: None}, world_size=2)
+    board = watchdog._Board()
+    board.begin(0, _info(10), 100.0)
+    watch.check(board.state(), now=100.0 + first - 1)  # still within the first-step bound: starting
+    assert record.data[contract.INCIDENTS] == []
+    watch.check(board.state(), now=100.0 + first + 1)
+    [entry] = record.data[contract.INCIDENTS]
+    assert entry["kind"] == incidents.HANG and entry["ranks"] == [0, 1]
+    assert "rank 1: never registered" in entry["detail"] and "rank 0: no step yet" in entry["detail"]
+    assert sorted(watch.sent) == [(0, False), (0, True)]  # never a probe of a rank without a pid
+    assert (tmp_path / "run" / "incidents" / "1-hang" / "rank-0.txt").read_text() == "in restore"
+
+
+def test_a_normal_first_step_within_the_bound_is_never_a_hang(tmp_path, fake_ray):
+    """Both ranks register at worker start, restore within the bound, then make their first step:
+    no hang at any look; the board's slowest-rank step ignores a rank with no step yet."""
+    first = watchdog.floors()[2]
+    watch, record = _watch(tmp_path, {0: {"pid": 10}, 1: {"pid": 11}}, world_size=2)
+    board = watchdog._Board()
+    board.begin(0, _info(10), 100.0)
+    board.begin(1, _info(11), 101.0)
+    watch.check(board.state(), now=100.0 + first - 10)
+    board.restored(0, 10, 4, 100.0 + first - 5)  # restored step 4, late but within the bound
+    board.step(0, 10, 5, False, 100.0 + first - 4)  # rank 1 has no step yet: it must not count
+    assert board.state()["min_step_at"] == {5: 100.0 + first - 4}
+    board.restored(1, 11, 4, 100.0 + first - 3)
+    watch.check(board.state(), now=100.0 + first + 10)  # everyone started: the first step's bound runs
+    board.step(1, 11, 5, False, 100.0 + first + 20)
+    watch.check(board.state(), now=100.0 + first + 21)
+    assert record.data[contract.INCIDENTS] == []
+    assert watch.sent == []
+
+
+def test_probes_wait_once_for_all_ranks_and_an_unanswering_rank_is_not_killed(tmp_path, fake_ray):
+    """Three ranks stuck at step 7; rank 2's node never answers. All probes go out at once and one
+    ``ray.wait`` bounds them (not PROBE_TIMEOUT_S per rank, under the watchdog's lock); rank 2 is
+    recorded as giving no answer and no kill is sent to it."""
+    answers = {0: {"pid": 10, "state": "S", "stack": "a"}, 1: {"pid": 11, "state": "T", "stack": "b"}, 2: None}
+    watch, record = _watch(tmp_path, answers, world_size=3)
+    watch.attempt = 1
+    ranks = {r: {**_rank(10 + r, 7), "rank": r} for r in range(3)}
+    state = {"attempt": 1, "ranks": ranks, "min_step_at": {s: 100.0 + 2 * s for s in range(1, 8)},
+             "first_done": {}, "heavy": [], "started": {1: 90.0}, "errors": {}}
+    watch.check(state, now=10_000.0)
+    [entry] = record.data[contract.INCIDENTS]
+    assert fake_ray["wait"] and fake_ray["wait"][0] == (3, 3, watchdog.PROBE_TIMEOUT_S)
+    assert (2, True) not in watch.sent
+    assert (1, True) in watch.sent  # the stopped one
+    assert "rank 2: step 7, process no answer" in entry["detail"] and entry["ranks"] == [1, 2]
+    assert "not killed" in entry["detail"]
+
+
+def test_an_incident_resolves_when_the_next_attempt_registered_before_its_restore(tmp_path):
+    """The ranks now register at worker start, before their restore: the watchdog may see the
+    next attempt before any rank knows the step it resumes from; the incident must still resolve
+    with it once the ranks restored and trained again."""
+    record = RunRecord(str(tmp_path / "run"), environ={})
+    record.start(job_config={"name": "j"}, is_infrastructure_check=False)
+    watch = watchdog.Watchdog(run_name="j", run_dir=str(tmp_path / "run"), record=record, max_steps=16,
+                              world_size=2, on_gpu=True)
+    died = {"classes": ["WorkerHealthCheckFailedError", "ActorDiedError"], "text": "The actor died", "preempted": False}
+    first = {"attempt": 1, "ranks": {0: _rank(10, 7), 1: _rank(11, 7)},
+             "min_step_at": {s: 100.0 + 2 * s for s in range(1, 8)},
+             "first_done": {s: 100.0 + 2 * s for s in range(1, 8)}, "heavy": [], "started": {1: 90.0},
+             "errors": {1: {1: died}}}
+    watch.check(first, now=120.0)
+    board = watchdog._Board()
+    board.attempt, board.first_done, board.errors = 1, dict(first["first_done"]), dict(first["errors"])
+    board.ranks = {0: {**_rank(10, 7), "attempt": 1}, 1: {**_rank(11, 7), "attempt": 1}}
+    board.begin(0, _info(20), 130.0)
+    board.begin(1, _info(21), 130.0)
+    watch.check(board.state(), now=131.0)  # the next attempt, not restored yet
+    board.restored(0, 20, 4, 140.0)
+    board.restored(1, 21, 4, 140.0)
+    board.step(0, 20, 5, False, 150.0)
+    board.step(1, 21, 5, False, 150.0)
+    watch.check(board.state(), now=151.0)
+    [entry] = record.data[contract.INCIDENTS]
+    assert entry["resumed_from_step"] == 4 and entry["steps_lost"] == 3

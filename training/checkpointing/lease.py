@@ -17,39 +17,26 @@ would both restore, both write ``checkpoint_<step>`` folders of the same names, 
 Every write is a compare-and-swap, so of two trainers racing for one run exactly one wins and the
 other refuses at :meth:`Lease.acquire`, before it has written anything of the run. A write-then-
 read-back is no mutual exclusion: a trainer writing between another's write and read-back wins
-too. The swap, per storage kind:
-
-- S3: conditional writes (S3 User Guide, "Add preconditions to S3 operations with conditional
-  requests"): ``PutObject`` with ``If-None-Match: *`` creates the lease only if there is none,
-  ``If-Match: <ETag>`` replaces (renews, takes over) or deletes only the version that was read; a
-  lost race answers 412 PreconditionFailed (or 409 ConditionalRequestConflict while a concurrent
-  write is in flight). pyarrow's S3 file system has no conditional put, so these go through boto3
-  (in the DLC; it honours ``AWS_ENDPOINT_URL`` and the pod-identity / IRSA credential chain as
-  pyarrow does).
-- a directory or a shared ``file://`` mount: the read-compare-write runs under an exclusive
-  ``flock`` of ``LEASE.json.lock`` (EFS and FSx for Lustre honour it across nodes) and the new
-  lease lands by ``os.replace`` of a complete temporary file, so no reader sees half a lease.
-  The "ETag" is the sha256 of the bytes read.
+too. The swap is the storage room's :class:`training.storage.files.ConditionalFile`: S3
+conditional writes (``If-None-Match: *`` to create, ``If-Match: <ETag>`` to renew, take over
+and delete), or an ``flock``-guarded replace on a directory or shared mount.
 
 Heartbeats are wall-clock times of the writer's clock, compared with the reader's (EKS nodes
 keep NTP time); ``ttl_s`` is far above any plausible skew.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from training.checkpointing.markers import LEASE_NAME
-from training.storage import S3_SCHEME, RunStorage, join
+from training.storage import join
 from training.storage import files
-from training.storage.files import READ_TRIES  # noqa: F401  (re-exported: the lease's read policy is the storage's)
+from training.storage.files import LOST_RACE_CODES, READ_TRIES  # noqa: F401  (re-exported: the lease's policy is the storage's)
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +45,6 @@ LEASE_TTL_S = 120
 HEARTBEAT_S = 30
 """How often the driver renews its lease (a quarter of :data:`LEASE_TTL_S`: three missed renewals
 are still no expiry)."""
-LOST_RACE_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"})
-"""S3's answers to a conditional write whose condition no longer holds: 412 (the object exists, or
-its ETag changed), 409 (another conditional write to the key is in flight), 404 (``If-Match`` on a
-key deleted meanwhile)."""
-
-
 class LeaseHeld(ValueError):
     """Another live trainer writes this run; ``str()`` is one line naming it."""
 
@@ -75,114 +56,6 @@ class LeaseUnreadable(OSError):
 
 class LeaseLost(RuntimeError):
     """This trainer's lease was taken over: it may write nothing more to the run."""
-
-
-def _s3_code(err: Exception) -> str:
-    response = getattr(err, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", "")) or str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-
-
-class _Store:
-    """The lease object's reads and compare-and-swap writes on one storage kind."""
-
-    def __init__(self, uri: str):
-        self.uri = uri
-        self.s3 = uri.startswith(S3_SCHEME)
-        if self.s3:
-            self.bucket, _, self.key = uri[len(S3_SCHEME):].partition("/")
-        else:
-            self.path = RunStorage(uri).path
-
-    def get(self) -> tuple[bytes, str] | None:
-        """The stored bytes and their ETag; None when absent. A read error is retried as the
-        storage's retry policy says (:mod:`training.storage.files`: ``READ_TRIES``,
-        ``RETRY_PAUSE_S``), then raised as an OSError."""
-        if not self.s3:
-            raw = files.read_retrying(self.uri)
-            return None if raw is None else (raw, hashlib.sha256(raw).hexdigest())
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        for attempt in range(files.READ_TRIES):
-            try:
-                got = files.s3_client().get_object(Bucket=self.bucket, Key=self.key)
-                return got["Body"].read(), got["ETag"]
-            except ClientError as err:
-                if _s3_code(err) in ("NoSuchKey", "404"):
-                    return None
-                problem: Exception = err
-            except BotoCoreError as err:
-                problem = err
-            if attempt + 1 == files.READ_TRIES:
-                raise OSError(f"S3 GetObject: {problem}") from problem
-            log.warning("%s: read failed, retrying: %s", self.uri, problem)
-            time.sleep(files.RETRY_PAUSE_S * (attempt + 1))
-        return None
-
-    def put(self, body: bytes, *, etag: str | None) -> str | None:
-        """Write ``body`` only if the stored lease is still ``etag`` (None: only if there is none).
-        Returns the new ETag, or None when the condition failed (another writer won)."""
-        if self.s3:
-            from botocore.exceptions import ClientError
-
-            condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
-            try:
-                return files.s3_client().put_object(Bucket=self.bucket, Key=self.key, Body=body, **condition)["ETag"]
-            except ClientError as err:
-                if _s3_code(err) in LOST_RACE_CODES:
-                    return None
-                raise
-        with self._locked():
-            current = self._local_etag()
-            if current != etag:
-                return None
-            tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(tmp, "wb") as out:
-                out.write(body)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path)
-            return hashlib.sha256(body).hexdigest()
-
-    def delete(self, etag: str) -> bool:
-        """Delete the lease only if it is still ``etag``."""
-        if self.s3:
-            from botocore.exceptions import ClientError
-
-            try:
-                files.s3_client().delete_object(Bucket=self.bucket, Key=self.key, IfMatch=etag)
-                return True
-            except ClientError as err:
-                if _s3_code(err) in LOST_RACE_CODES:
-                    return False
-                raise
-        with self._locked():
-            if self._local_etag() != etag:
-                return False
-            os.unlink(self.path)
-            return True
-
-    def _local_etag(self) -> str | None:
-        try:
-            with open(self.path, "rb") as handle:
-                return hashlib.sha256(handle.read()).hexdigest()
-        except FileNotFoundError:
-            return None
-
-    class _Lock:
-        def __init__(self, path: str):
-            self.path = path
-
-        def __enter__(self) -> None:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-        def __exit__(self, *exc: Any) -> None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-
-    def _locked(self) -> "_Store._Lock":
-        return self._Lock(f"{self.path}.lock")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -208,7 +81,7 @@ class Lease:
         A read error (after the storage's retries) raises :class:`LeaseUnreadable`: an unreadable
         lease is never taken for an absent one."""
         try:
-            got = _Store(self.uri).get()
+            got = files.ConditionalFile(self.uri).get()
         except OSError as err:
             raise LeaseUnreadable(f"lease {self.uri} could not be read ({files.READ_TRIES} tries): {err}") from err
         if got is None:
@@ -226,7 +99,7 @@ class Lease:
 
     def _swap(self, now: float, etag: str | None) -> bool:
         body = {"attempt": self.attempt, "holder": self.holder, "heartbeat": now, "ttl_s": self.ttl_s}
-        new = _Store(self.uri).put(json.dumps(body, sort_keys=True).encode("utf-8"), etag=etag)
+        new = files.ConditionalFile(self.uri).put(json.dumps(body, sort_keys=True).encode("utf-8"), etag=etag)
         if new is not None:
             self._etag = new
         return new is not None
@@ -279,7 +152,7 @@ class Lease:
             return
         if current is not None and current["attempt"] == self.attempt and etag is not None:
             try:
-                _Store(self.uri).delete(etag)
+                files.ConditionalFile(self.uri).delete(etag)
             except Exception as err:  # noqa: BLE001  (it expires after ttl_s instead)
                 log.warning("could not release the lease %s: %s", self.uri, err)
 

@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +169,130 @@ def list_files(path: str, suffixes: tuple[str, ...] = ()) -> list[RemoteFile]:
 
 def _mtime(info) -> float:
     return info.mtime.timestamp() if info.mtime is not None else 0.0
+
+
+LOST_RACE_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"})
+"""S3's answers to a conditional write whose condition no longer holds: 412 (the object exists, or
+its ETag changed), 409 (another conditional write to the key is in flight), 404 (``If-Match`` on a
+key deleted meanwhile)."""
+
+
+def _s3_code(err: Exception) -> str:
+    response = getattr(err, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", "")) or str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+
+
+class ConditionalFile:
+    """One small file written only by compare-and-swap (the writer lease), per storage kind:
+
+    - S3: conditional writes (S3 User Guide, "Add preconditions to S3 operations with conditional
+      requests"): ``PutObject`` with ``If-None-Match: *`` creates only if there is none,
+      ``If-Match: <ETag>`` replaces or deletes only the version that was read; a lost race answers
+      412 PreconditionFailed (or 409 ConditionalRequestConflict while a concurrent write is in
+      flight). pyarrow's S3 file system has no conditional put, so these go through
+      :func:`s3_client`.
+    - a directory or a shared ``file://`` mount: the read-compare-write runs under an exclusive
+      ``flock`` of ``<file>.lock`` (EFS and FSx for Lustre honour it across nodes) and the new
+      bytes land by ``os.replace`` of a complete temporary file, so no reader sees half of it.
+      The "ETag" is the sha256 of the bytes read.
+    """
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.s3 = is_s3(uri)
+        if self.s3:
+            self.bucket, _, self.key = uri[len(S3_SCHEME):].partition("/")
+        else:
+            self.path = os.path.abspath(uri.removeprefix(SHARED_SCHEME))
+
+    def get(self) -> tuple[bytes, str] | None:
+        """The stored bytes and their ETag; None when absent. A read error is retried
+        :data:`READ_TRIES` times, then raised as an OSError (never taken for an absent file)."""
+        if not self.s3:
+            raw = read_retrying(self.uri)
+            return None if raw is None else (raw, hashlib.sha256(raw).hexdigest())
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        for attempt in range(READ_TRIES):
+            try:
+                got = s3_client().get_object(Bucket=self.bucket, Key=self.key)
+                return got["Body"].read(), got["ETag"]
+            except ClientError as err:
+                if _s3_code(err) in ("NoSuchKey", "404"):
+                    return None
+                problem: Exception = err
+            except BotoCoreError as err:
+                problem = err
+            if attempt + 1 == READ_TRIES:
+                raise OSError(f"S3 GetObject: {problem}") from problem
+            log.warning("%s: read failed, retrying: %s", self.uri, problem)
+            time.sleep(RETRY_PAUSE_S * (attempt + 1))
+        return None
+
+    def put(self, body: bytes, *, etag: str | None) -> str | None:
+        """Write ``body`` only if the stored file is still ``etag`` (None: only if there is none).
+        Returns the new ETag, or None when the condition failed (another writer won)."""
+        if self.s3:
+            from botocore.exceptions import ClientError
+
+            condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+            try:
+                return s3_client().put_object(Bucket=self.bucket, Key=self.key, Body=body, **condition)["ETag"]
+            except ClientError as err:
+                if _s3_code(err) in LOST_RACE_CODES:
+                    return None
+                raise
+        with self._locked():
+            if self._local_etag() != etag:
+                return None
+            tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "wb") as out:
+                out.write(body)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+            return hashlib.sha256(body).hexdigest()
+
+    def delete(self, etag: str) -> bool:
+        """Delete the file only if it is still ``etag``."""
+        if self.s3:
+            from botocore.exceptions import ClientError
+
+            try:
+                s3_client().delete_object(Bucket=self.bucket, Key=self.key, IfMatch=etag)
+                return True
+            except ClientError as err:
+                if _s3_code(err) in LOST_RACE_CODES:
+                    return False
+                raise
+        with self._locked():
+            if self._local_etag() != etag:
+                return False
+            os.unlink(self.path)
+            return True
+
+    def _local_etag(self) -> str | None:
+        try:
+            with open(self.path, "rb") as handle:
+                return hashlib.sha256(handle.read()).hexdigest()
+        except FileNotFoundError:
+            return None
+
+    class _Lock:
+        def __init__(self, path: str):
+            self.path = path
+
+        def __enter__(self) -> None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+        def __exit__(self, *exc: Any) -> None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+    def _locked(self) -> "ConditionalFile._Lock":
+        return self._Lock(f"{self.path}.lock")
 
 
 def object_versions(uri: str) -> list[dict[str, Any]]:

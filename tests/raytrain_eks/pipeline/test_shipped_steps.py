@@ -69,6 +69,7 @@ def build(tmp_path_factory):
     ("apply", ["--digest", DIGEST], "aws"),
     ("promote", ["--digest", DIGEST, "--record", "s3://bucket/runs/smoke-exec-1-1/run.json?versionId=v1"], "aws"),
     ("rollback", ["--digest", DIGEST, "--reason", "test"], "aws"),
+    ("hold", ["--template", "cdk.out/raytrain-cluster.template.json"], "aws"),
 ])
 def test_each_kubectl_step_runs_in_the_shipped_runtime_up_to_its_first_call(build, step, args, reaches):
     python, clone, root = build

@@ -1,5 +1,5 @@
 """run.json's ``attempts``, the preemption incidents and ``cost`` from the notes rank 0 leaves in
-storage (training/attempts.py): the notes are written and read back through the real file layer;
+storage (training/incidents.py): the notes are written and read back through the real file layer;
 the incidents have the one shape of training/incidents.py."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from training import attempts, contract, incidents
+from training import contract, incidents
 
 A, B, C = "node-a", "node-b", "node-c"
 
@@ -18,10 +18,10 @@ def _start(time, world, nodes, resumed, reached=0):
 
 
 def test_notes_round_trip_in_order(tmp_path):
-    attempts.write_note(str(tmp_path), "start", {"world_size": 4})
-    attempts.write_note(str(tmp_path), "notice", {"saved": 8})
-    assert [n["note"] for n in attempts.read_notes(str(tmp_path))] == ["start", "notice"]
-    assert attempts.read_notes(str(tmp_path / "none")) == []
+    incidents.write_note(str(tmp_path), "start", {"world_size": 4})
+    incidents.write_note(str(tmp_path), "notice", {"saved": 8})
+    assert [n["note"] for n in incidents.read_notes(str(tmp_path))] == ["start", "notice"]
+    assert incidents.read_notes(str(tmp_path / "none")) == []
 
 
 def test_a_notice_becomes_a_preemption_incident_completed_by_the_next_start():
@@ -32,14 +32,14 @@ def test_a_notice_becomes_a_preemption_incident_completed_by_the_next_start():
         _start("2026-12-05T12:02:00+00:00", 2, {A: [0, 1]}, 8, 8),
         _start("2026-12-05T12:03:00+00:00", 4, {A: [0, 1], C: [2, 3]}, 12, 13),
     ]
-    assert [a["world_size"] for a in attempts.attempts_of(notes)] == [4, 2, 4]
-    [entry] = attempts.preemptions(notes, on_gpu=True)
+    assert [a["world_size"] for a in incidents.attempts_of(notes)] == [4, 2, 4]
+    [entry] = incidents.preemptions(notes, on_gpu=True)
     assert set(entry) == set(incidents.FIELDS) and entry["kind"] == incidents.PREEMPTION
     assert (entry["ranks"], entry["nodes"], entry["step"], entry["resumed_from_step"], entry["steps_lost"]) == (
         [2, 3], [B], 8, 8, 0)
     # 4 devices idle from the notice (12:01) to the next start (12:02)
     assert entry["gpu_minutes_lost"] == pytest.approx(4.0) and entry["device_minutes_lost"] == pytest.approx(4.0)
-    assert attempts.preemptions(notes, on_gpu=False)[0]["gpu_minutes_lost"] == 0.0
+    assert incidents.preemptions(notes, on_gpu=False)[0]["gpu_minutes_lost"] == 0.0
 
 
 def test_cost_by_type_and_capacity_with_spot_labelled_an_estimate():
@@ -48,24 +48,24 @@ def test_cost_by_type_and_capacity_with_spot_labelled_an_estimate():
             {"time": "2026-12-05T13:00:00+00:00", "nodes": {A: [0]}, "instance_type": "g6.12xlarge",
              "capacity_type": "spot"}]
     env = {contract.ENV_NODE_PRICE: "1.84", contract.ENV_PRICE_LABEL: "spot estimate (0.4 x, assumed)"}
-    cost = attempts.cost_of(runs, end="2026-12-05T13:30:00+00:00", tokens=2_000_000,
+    cost = incidents.cost_of(runs, end="2026-12-05T13:30:00+00:00", tokens=2_000_000,
                             incidents=[{"gpu_minutes_lost": 4.0, "device_minutes_lost": 4.0}], environ=env)
     [row] = cost["node_hours"]
     assert row["node_hours"] == pytest.approx(2.5) and row["usd"] == pytest.approx(4.6)
     assert cost["estimate"] and "estimate" in row["price"]
     assert cost["usd_per_1m_tokens"] == pytest.approx(2.3) and cost["gpu_minutes_lost"] == 4.0
-    local = attempts.cost_of(runs[:1], end="2026-12-05T12:30:00+00:00", tokens=10, incidents=[], environ={})
-    assert local["usd"] == 0.0 and local["price_label"] == attempts.LOCAL_PRICE_LABEL
+    local = incidents.cost_of(runs[:1], end="2026-12-05T12:30:00+00:00", tokens=10, incidents=[], environ={})
+    assert local["usd"] == 0.0 and local["price_label"] == incidents.LOCAL_PRICE_LABEL
 
 
 def test_the_driver_summary_reads_the_notes_and_the_metrics(tmp_path):
     (tmp_path / contract.METRICS_NAME).write_text("\n".join(json.dumps(r) for r in (
         {"kind": "train", "step": 1, "time": 1.0}, {"kind": "train", "step": 2, "time": 2.0},
         {"kind": "eval", "step": 3})) + "\n")
-    assert attempts.last_logged_step(str(tmp_path)) == (2, 2.0)
-    attempts.write_note(str(tmp_path), "start", {k: v for k, v in _start("x", 2, {A: [0, 1]}, 0).items()
+    assert incidents.last_logged_step(str(tmp_path)) == (2, 2.0)
+    incidents.write_note(str(tmp_path), "start", {k: v for k, v in _start("x", 2, {A: [0, 1]}, 0).items()
                                                  if k not in ("note", "time")})
-    found = attempts.summarize(str(tmp_path), end="2099-01-01T00:00:00+00:00", on_gpu=False)
+    found = incidents.summarize(str(tmp_path), end="2099-01-01T00:00:00+00:00", on_gpu=False)
     assert found["preemptions"] == [] and len(found["attempts"]) == 1
 
 
@@ -90,10 +90,10 @@ def test_a_drain_is_one_incident_the_node_loss_after_its_notice_is_folded_into_t
     flagged = incidents.incident(incidents.PREEMPTION, ranks=[2], nodes=["ip-10-0-0-7"], step=8, detail="preempted",
                                  time="2026-12-05T12:01:40+00:00")
     flagged.update(device_minutes_lost=4.0, gpu_minutes_lost=4.0)
-    found = attempts.preemptions(notes, on_gpu=True)
-    merged = attempts.absorb([earlier, lost, flagged], found, notes)
+    found = incidents.preemptions(notes, on_gpu=True)
+    merged = incidents.absorb([earlier, lost, flagged], found, notes)
     assert [i["kind"] for i in merged] == [incidents.HANG, incidents.PREEMPTION]
     assert "node_lost" in merged[1]["detail"] and merged[1]["device_minutes_lost"] == pytest.approx(4.0)
-    cost = attempts.cost_of(attempts.attempts_of(notes), end="2026-12-05T12:03:00+00:00", tokens=10,
+    cost = incidents.cost_of(incidents.attempts_of(notes), end="2026-12-05T12:03:00+00:00", tokens=10,
                             incidents=merged, environ={})
     assert cost["device_minutes_lost"] == pytest.approx(5.0)  # 1 (hang) + 4 (the drain), not 1 + 4 + 4

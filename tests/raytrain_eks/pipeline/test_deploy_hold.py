@@ -1,0 +1,88 @@
+"""Deploy waits as Apply does: a commit whose cluster-stack update rolls, replaces or deletes a
+GPU node group waits for the running GPU jobs and the maintenance window (apply_promote.py
+clear_to_disturb: ONE definition for both), one that does not deploys at once.
+
+The templates are the real CDK synth of the spec before and after each edit (tests/update_oracle.py
+templates); the running jobs are RayJob objects as KubeRay v1.7.0 reports them
+(``ray-project/kuberay`` tag ``ray-operator/v1.7.0``, ``apis/ray/v1/rayjob_types.go``:
+``status.jobDeploymentStatus``, terminal ``Complete``/``Failed``), listed by a double of
+``kubectl get rayjobs`` that lets each job run for a given number of polls, as the pipeline's
+fake kubectl does (fake_kubectl.py ``polls_left``)."""
+from __future__ import annotations
+
+import datetime
+from types import SimpleNamespace
+
+import pytest
+
+from environment import environment_from_dict
+from infra_variants import default_raw
+from raytrain_eks.pipeline.apply_promote import Deferred, gpu_node_changes, hold_deploy
+from update_oracle import edited, redeploy, templates
+
+
+class Jobs:
+    """``kubectl get rayjobs``: each job Running for ``polls`` lists (None: forever), then Complete."""
+
+    def __init__(self, **polls):
+        self.polls, self.lists = polls, 0
+
+    def rayjobs(self):
+        self.lists += 1
+        return [{"metadata": {"name": name}, "spec": {"entrypoint": "python -m training"},  # its own RayCluster
+                 "status": {"jobDeploymentStatus": "Running" if n is None or self.lists <= n else "Complete"}}
+                for name, n in self.polls.items()]
+
+
+def _ctx(raw: dict, kube: Jobs) -> SimpleNamespace:
+    return SimpleNamespace(env=environment_from_dict(raw, "environment.toml"), kube=kube, poll_s=0)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 60.0  # each poll a minute later
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def deployed() -> dict:
+    return redeploy(default_raw(), templates(default_raw()))["cluster"]
+
+
+@pytest.mark.parametrize("edit, effect", [
+    ("gpu root_volume_gib 200 -> 300", "rolls every node"),
+    ("gpu instance_type -> g6.48xlarge", "is replaced"),
+    ("cluster gpu_availability_zone -> us-east-1b", "is replaced"),
+])
+def test_a_deploy_that_rolls_or_replaces_a_gpu_group_waits_for_the_running_jobs(deployed, edit, effect):
+    raw = edited(default_raw(), edit)
+    new = redeploy(raw, {"cluster": deployed})["cluster"]
+    [change] = gpu_node_changes(deployed, new)
+    assert effect in change
+    # a job that ends after 3 polls: Deploy waits for it, and says so
+    kube = Jobs(**{"finetune": 3})
+    why = hold_deploy(_ctx(raw, kube), deployed, new, clock=Clock())
+    assert "waited" in why and "finetune" in why and kube.lists == 4
+    # one that does not end within pipeline.apply_wait_minutes: deferred, nothing deployed
+    with pytest.raises(Deferred, match="finetune still running on the GPU node groups"):
+        hold_deploy(_ctx(raw, Jobs(finetune=None)), deployed, new, clock=Clock())
+
+
+def test_a_deploy_outside_the_maintenance_window_defers_like_apply(deployed):
+    raw = edited(default_raw(), "gpu root_volume_gib 200 -> 300")
+    raw.setdefault("pipeline", {})["maintenance_window"] = "sat 02:00-04:00"
+    new = redeploy(raw, {"cluster": deployed})["cluster"]
+    monday = datetime.datetime(2026, 12, 7, 12, 0, tzinfo=datetime.timezone.utc)
+    with pytest.raises(Deferred, match="outside the maintenance window"):
+        hold_deploy(_ctx(raw, Jobs()), deployed, new, now=lambda: monday)
+
+
+def test_a_scaling_edit_deploys_at_once_under_running_jobs(deployed):
+    raw = edited(default_raw(), "gpu max_nodes 2 -> 3")
+    new = redeploy(raw, {"cluster": deployed})["cluster"]
+    assert gpu_node_changes(deployed, new) == []
+    kube = Jobs(finetune=None)
+    assert "no GPU node group" in hold_deploy(_ctx(raw, kube), deployed, new) and kube.lists == 0
