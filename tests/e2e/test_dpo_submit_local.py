@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def dpo_run(tmp_path_factory):
-    from raytrain_eks.runs.commands import RUNS_DIR
+    from raytrain_eks.backends.local import RUNS_DIR
 
     user = tmp_path_factory.mktemp("dpo-user")
     env = {**os.environ, "RAYTRAIN_FAULT_AT_STEP": "7", "RAYTRAIN_FAULT_RANK": "1"}
