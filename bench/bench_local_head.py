@@ -18,19 +18,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from raytrain_eks.backends import local_services, processes  # noqa: E402
+from raytrain_eks.backends import local_services  # noqa: E402
 
 ROUNDS = 2
 
 
 def _all_at_once(marker: str, grace_s: float = 10.0) -> None:
     """Every process of the head SIGTERM'd together, SIGKILL after the grace period."""
-    for pid in processes.processes_matching(marker):
+    for pid in local_services.processes_matching(marker):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while processes.processes_matching(marker) and time.monotonic() < deadline:
+    while local_services.processes_matching(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in processes.processes_matching(marker):
+    for pid in local_services.processes_matching(marker):
         os.kill(pid, signal.SIGKILL)
 
 
