@@ -82,6 +82,7 @@ IMAGE_DIGEST_ANNOTATION = f"{PROVENANCE_PREFIX}/image-digest"
 CODE_URI_ANNOTATION = f"{PROVENANCE_PREFIX}/code"
 JOB_CONFIG_ANNOTATION = f"{PROVENANCE_PREFIX}/job-config"
 UNLOCKED = "unlocked"
+"""The image-digest annotation of a manifest whose image is a moving tag."""
 ON_CLUSTER_SUFFIX = "-on-cluster"
 """Appended to the run's name for the RayJob of a run on the long-lived RayCluster."""
 RUN_TAG = "kubernetes-service-account"
@@ -107,7 +108,6 @@ def run_role_name(cluster_name: str) -> str:
     """The IAM role every run's own service account is associated with (one role, its grants
     made per run by the session tag :data:`RUN_TAG`); named, so ``submit`` can name it."""
     return f"{cluster_name}-ray-runs"[:64]
-"""The image-digest annotation of a manifest whose image is a moving tag."""
 
 # --- the checkpoint bucket's layout (infra grants, charts and the demo upload) --------------
 CODE_PREFIX = "code"

@@ -29,6 +29,8 @@ FIXED_NAMES = {
                                               "(a new stack); a replaced VPC takes its endpoints with it",
     ("AWS::EKS::PodIdentityAssociation", "Namespace"): "the key is (namespace, service account): a changed "
                                                        "namespace is a new key, no collision",
+    ("AWS::IAM::Role", "RoleName"): "the run role (environment/contract.py run_role_name): its name is its only "
+                                   "create-only property in use (no Path), so it is replaced only with a new name",
 }
 
 
