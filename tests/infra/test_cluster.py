@@ -303,6 +303,10 @@ def test_pod_policies_are_least_privilege(variant):
                                     "Resource": env.ray.mlflow_tracking_server_arn}}
                 if env.ray.mlflow_tracking_server_arn else {})
     run = _statements(variant, "RunRoleArn")
+    # every role that writes runs is denied the pipeline's evidence and the uploaded inputs
+    # explicitly (a run named like a smoke run: tests/infra/test_run_isolation.py)
+    never = run.pop("NeverPipelineEvidenceOrInputs")
+    assert never["Effect"] == "Deny" and sorted(never["Action"]) == ["s3:DeleteObject", "s3:PutObject"]
     assert run == {"OwnRunObjects": {"Sid": "OwnRunObjects", "Effect": "Allow", "Action": actions, "Condition": owned,
                                      "Resource": arn(f"/{prefix}/${{aws:PrincipalTag/kubernetes-service-account}}/*")},
                    "ReadJobInputs": reads, "ListCheckpointBucket": listing, **tracking}

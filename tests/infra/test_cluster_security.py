@@ -29,7 +29,7 @@ def test_managed_addons_pinned_for_the_kubernetes_version(variant):
     version = variant.env.cluster.kubernetes_version
     assert {name: a["AddonVersion"] for name, a in addons.items()} == {
         name: EKS_ADDONS_BY_NAME[name].versions[version]
-        for name in ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent")}
+        for name in ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "eks-node-monitoring-agent")}
     # no self-managed bootstrap copies next to them
     [cluster] = _resources(variant, "AWS::EKS::Cluster").values()
     assert cluster["Properties"]["BootstrapSelfManagedAddons"] is False
@@ -61,8 +61,9 @@ def test_nodes_have_no_cni_permissions_and_no_imds_for_pods(variant):
         assert template["MetadataOptions"] == {
             "HttpEndpoint": "enabled", "HttpTokens": "required", "HttpPutResponseHopLimit": 1}
         # nodes wait for the CNI, kube-proxy and the agent (they cannot become Ready before)
+    # (CoreDNS and the node monitoring agent run ON the nodes: they come after them)
     addon_ids = {k for k, r in resources.items() if r["Type"] == "AWS::EKS::Addon"
-                 and r["Properties"]["AddonName"] != "coredns"}
+                 and r["Properties"]["AddonName"] not in ("coredns", "eks-node-monitoring-agent")}
     for key, r in resources.items():
         if r["Type"] == "AWS::EKS::Nodegroup":
             assert addon_ids <= set(r.get("DependsOn", [])), key
