@@ -60,7 +60,7 @@ BAD = [
     (["train.max_steps='ten'"], "train.max_steps: 'ten' is not allowed (expected an integer)"),
     (["train.warmup_steps=20"], "train.warmup_steps: 20 must be < train.max_steps (20)"),
     (["train.lr=-1.0"], "train.lr: -1.0 must be > 0"),
-    (["data.kind=parquet"], "data.kind: 'parquet' is not allowed (allowed: synthetic, alpaca, chat, hf, jsonl, sharegpt, text)"),
+    (["data.kind=parquet"], "data.kind: 'parquet' is not allowed (allowed: synthetic, alpaca, chat, hf, jsonl, preference, sharegpt, text)"),
     (["data.kind=jsonl"], "data.path: '' is empty but data.kind is 'jsonl'"),
     (["data.kind=jsonl", "data.path=/no/such/file.jsonl"], "data.path: '/no/such/file.jsonl' does not exist"),
     (["data.on_bad_record=ignore"], "data.on_bad_record: 'ignore' is not allowed (allowed: error, skip)"),
