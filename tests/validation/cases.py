@@ -175,7 +175,7 @@ JOB_CASES = [*OPTIM_CASES,
     ("eval-fraction", ["data.eval_fraction=0.6"], "data.eval_fraction: 0.6 must be between 0 and 0.5"),
     ("cpus-0", ["parallel.cpus_per_worker=0"], "parallel.cpus_per_worker: 0.0 must be > 0"),
     ("transport-word", ["evidence.require_transport=ib"], "evidence.require_transport: 'ib' is not allowed"),
-    ("data-kind", ["data.kind=parquet"], "data.kind: 'parquet' is not allowed (allowed: synthetic, alpaca, chat, hf, jsonl, sharegpt, text)"),
+    ("data-kind", ["data.kind=parquet"], "data.kind: 'parquet' is not allowed (allowed: synthetic, alpaca, chat, hf, jsonl, preference, sharegpt, text)"),
     ("deadline-0", ["rayjob.active_deadline_minutes=0"], "rayjob.active_deadline_minutes: 0 must be > 0"),
     ("section-typo", ["trian.seq_len=64"], "trian: 'trian' is not a known field"),
     # found by the schema engine's sweep
