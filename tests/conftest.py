@@ -27,6 +27,18 @@ def tiny_qwen2():
     return tiny_qwen2_config()
 
 
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A one-rank gloo process group for the test, destroyed after it: a group left behind makes
+    the next test in the same xdist worker that starts one fail ("trying to initialize the
+    default process group twice")."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'one-rank-group'}")
+    yield dist
+    dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray cluster for the whole session (4 logical CPUs; no dashboard)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import pytest
 import torch
@@ -113,15 +112,12 @@ def _lm_eval(folder, yaml_text, path, tmp_path):
 
 
 def _ours(folder, task):
-    import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
     from training import evaluation
     from training.model import use_chunked_loss_head, use_packed_attention
     from training.data.tokenizer import load_tokenizer
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tempfile.mkdtemp()}/pg")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     use_packed_attention(model)  # as the job builds it (training/model.py build_model)
     use_chunked_loss_head(model)
@@ -156,11 +152,11 @@ def _compare_choices(folder, tmp_path, task=MC_TASK, *, ll=None, score=None):
 
 
 @pytest.mark.parametrize("task", ["tiny-arith", "words"])
-def test_multiple_choice_matches_lm_eval(task, saved_model, word_task, tmp_path):
+def test_multiple_choice_matches_lm_eval(task, saved_model, word_task, tmp_path, one_rank_group):
     _compare_choices(saved_model, tmp_path, MC_TASK if task == "tiny-arith" else word_task)
 
 
-def test_generative_exact_match_matches_lm_eval(saved_model, tmp_path):
+def test_generative_exact_match_matches_lm_eval(saved_model, tmp_path, one_rank_group):
     from training import evaluation
 
     samples, results = _lm_eval(saved_model, GEN_YAML, GEN_TASK, tmp_path)
@@ -199,7 +195,7 @@ def _no_delimiter(model, tokenizer, q, device):
 
 
 @pytest.mark.parametrize("broken", ["acc_norm-by-tokens", "no-delimiter"])
-def test_the_oracle_fails_a_broken_scorer(broken, saved_model, word_task, tmp_path):
+def test_the_oracle_fails_a_broken_scorer(broken, saved_model, word_task, tmp_path, one_rank_group):
     from training.data.tokenizer import load_tokenizer
 
     _by_tokens.tokenizer = load_tokenizer(TOKENIZER)

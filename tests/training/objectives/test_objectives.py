@@ -284,18 +284,14 @@ class _Scripted(torch.nn.Module):
         return SimpleNamespace(logits=logits)
 
 
-def test_generation_keeps_the_text_before_a_newline_inside_a_token():
+def test_generation_keeps_the_text_before_a_newline_inside_a_token(one_rank_group):
     """lm-eval 0.4.13 HFLM.generate_until (lm_eval/models/huggingface.py:1693-1705) decodes the
     continuation's tokens and cuts the TEXT at the first stop string (models/utils.py
     postprocess_generated_text): Qwen2's ".\\n" is one token, so " Paris" + ".\\n" gives
     " Paris." (then stripped: "Paris."). Dropping the whole token that holds the newline loses
     the "."."""
-    import torch.distributed as dist
-
     from training import evaluation
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29731", rank=0, world_size=1)
     tokenizer = _tokenizer()
     q = evaluation.Question("Capital of France?", "Paris.")
     prompt = evaluation.encode_pair(tokenizer, evaluation.BENCHMARK_PROMPT.format(question=q.question), "")[0]
