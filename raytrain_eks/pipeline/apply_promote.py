@@ -140,7 +140,7 @@ def _launch_data(template: dict, group: dict) -> Any:
 def gpu_node_changes(deployed: dict, new: dict) -> list[str]:
     """What deploying the cluster template ``new`` over ``deployed`` does to running GPU nodes,
     one line per group ([]: nothing). A group whose :data:`infra.verify_gate.CREATION_TAG`
-    changed is REPLACED (its inputs are the createOnlyProperties of ``AWS::EKS::Nodegroup``:
+    or ``Subnets`` changed is REPLACED (its inputs are the createOnlyProperties of ``AWS::EKS::Nodegroup``:
     CloudFormation creates a new group and deletes the old one with its nodes); a group whose
     launch template's LaunchTemplateData, Kubernetes ``Version`` or ``ReleaseVersion`` changed is
     ROLLED (a new launch-template version or AMI is a rolling node update: EKS User Guide, "Update
@@ -159,6 +159,8 @@ def gpu_node_changes(deployed: dict, new: dict) -> list[str]:
         if o["Tags"].get(CREATION_TAG) != n["Tags"].get(CREATION_TAG):
             out.append(f"GPU group {name} is replaced ({o['Tags'].get(CREATION_TAG)} -> {n['Tags'].get(CREATION_TAG)}): "
                        "its nodes end")
+        elif o.get("Subnets") != n.get("Subnets"):  # create-only; on an existing cluster literal subnet ids
+            out.append(f"GPU group {name} is replaced (subnets {o.get('Subnets')} -> {n.get('Subnets')}): its nodes end")
         elif (_launch_data(deployed, old) != _launch_data(new, now_)
               or any(o.get(k) != n.get(k) for k in ("Version", "ReleaseVersion"))):
             out.append(f"GPU group {name} rolls every node (a new launch template version or AMI)")

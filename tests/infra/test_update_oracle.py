@@ -343,3 +343,29 @@ def test_a_record_that_does_not_name_the_stack_or_a_stack_that_cannot_be_read_tr
     refusal, found, _ = verify_gate.decide(env, current, now, "123456789012", False, lambda: None)
     assert "could not be read" in refusal and found == frozenset()
     assert verify_gate.decide(env, current, now, "123456789012", False, lambda: "stack@1")[:2] == (None, frozenset({"gpu"}))
+
+
+def test_an_existing_clusters_gpu_subnet_edit_replaces_the_group_as_a_creation():
+    """cluster.existing: the GPU group's Subnets are the spec's private_subnet_ids (literal ids;
+    the GPU AZ's entry). Subnets is create-only on AWS::EKS::Nodegroup (cfn-lint's schema), so
+    pointing the GPU AZ at another subnet replaces the group: a creation, which needs its whole
+    scaling config, and whose old nodes end (the deploy hold must see it). Before the fix the
+    creation key left the subnet id out: verify counted the group as existing, the replacement
+    went out without DesiredSize (CREATE REFUSED) and the hold saw no change."""
+    from infra_variants import existing_raw
+
+    from raytrain_eks.pipeline.apply_promote import gpu_node_changes
+
+    raw = existing_raw()
+    first = templates(raw)
+    running = redeploy(raw, first)
+    moved = copy.deepcopy(raw)
+    gpu_az = moved["cluster"]["gpu_availability_zone"]
+    moved["cluster"]["private_subnet_ids"][moved["cluster"]["availability_zones"].index(gpu_az)] = "subnet-0ccccccccccccccc3"
+    after = redeploy(moved, running)
+    changes = diff(running, after)
+    groups = [c for c in changes if c.type == "AWS::EKS::Nodegroup"]
+    assert groups and all(c.action == "replace" for c in groups), [c.row() for c in changes]
+    assert refused(changes) == [], [c.row() for c in refused(changes)]
+    assert [line for line in gpu_node_changes(running["cluster"], after["cluster"]) if "p5" in line and "replaced" in line], \
+        gpu_node_changes(running["cluster"], after["cluster"])
