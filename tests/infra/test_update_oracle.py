@@ -369,3 +369,20 @@ def test_an_existing_clusters_gpu_subnet_edit_replaces_the_group_as_a_creation()
     assert refused(changes) == [], [c.row() for c in refused(changes)]
     assert [line for line in gpu_node_changes(running["cluster"], after["cluster"]) if "p5" in line and "replaced" in line], \
         gpu_node_changes(running["cluster"], after["cluster"])
+
+
+def test_a_gpu_group_tagged_before_the_subnet_tag_counts_by_its_creation_key():
+    # a group an earlier release created on an existing cluster has no raytrain:gpu-subnet tag:
+    # it still counts as existing (no DesiredSize sent); one tagged with another subnet does not
+    from infra_variants import existing_raw
+
+    from environment import environment_from_dict
+    from infra.verify_gate import SUBNET_TAG, existing, identity_tags
+
+    env = environment_from_dict(existing_raw(), "environment.toml")
+    az, zones, ids = env.cluster.gpu_availability_zone, env.cluster.availability_zones, tuple(env.cluster.private_subnet_ids)
+    p5 = next(g for g in env.gpu_node_groups if g.name == "p5")
+    assert SUBNET_TAG in identity_tags(p5, az, zones, ids)
+    assert existing(env, [identity_tags(p5, az, zones)]) == {"p5"}
+    assert existing(env, [identity_tags(p5, az, zones, ids)]) == {"p5"}
+    assert existing(env, [{**identity_tags(p5, az, zones, ids), SUBNET_TAG: "subnet-0ccccccccccccccc3"}]) == frozenset()
