@@ -1,0 +1,125 @@
+"""The health gate (training/watchdog.py ``judge_gate``, ``health_gate``, ``Watchdog._gate_failed``):
+its decision from the device readings, and the incident it writes. The device readings are
+injected (a GPU's GEMM rate, nvidia-smi's CSV answer); everything after them runs as on a GPU.
+
+nvidia-smi's answers below are in the format ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``
+and ``--query-remapped-rows=...`` print (one GPU per line, fields in the order asked, ``[N/A]`` for a
+field the GPU does not support: the L4 has no page retirement, it remaps rows)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from training import contract, incidents, verdict, watchdog
+from training.run_record import RunRecord
+
+L4_PEAK = 121.0
+HEALTHY = {"gemm_tflops": 54.9, "gpus": "0, GPU-aaaa, 0, [N/A]\n1, GPU-bbbb, 0, [N/A]\n",
+           "remapped_rows": "GPU-aaaa, No, No\nGPU-bbbb, No, No\n"}
+
+
+def test_a_healthy_l4_passes():
+    assert watchdog.judge_gate(HEALTHY, L4_PEAK) == []
+
+
+def test_a_slow_gemm_fails_with_its_figure_and_bound():
+    [found] = watchdog.judge_gate({**HEALTHY, "gemm_tflops": 20.0}, L4_PEAK)
+    assert "20.0 TFLOP/s < bound 30.2" in found and "0.25 x peak 121" in found
+
+
+def test_the_bound_passes_the_published_l4_rate_with_room_for_its_spread():
+    # The published L4 square-GEMM rates the preflight uses (54-71 TFLOP/s by size) all pass;
+    # half of the lowest fails.
+    from raytrain_eks.planning.gpu_figures import L4_GEMM_TFLOPS
+
+    for rate in L4_GEMM_TFLOPS.values():
+        assert watchdog.judge_gate({**HEALTHY, "gemm_tflops": rate}, L4_PEAK) == []
+    assert watchdog.judge_gate({**HEALTHY, "gemm_tflops": min(L4_GEMM_TFLOPS.values()) / 2.2}, L4_PEAK)
+
+
+@pytest.mark.parametrize("gpus, remapped, expected", [
+    ("0, GPU-aaaa, 2, [N/A]\n1, GPU-bbbb, 0, [N/A]\n", HEALTHY["remapped_rows"],
+     "GPU 0: 2 uncorrectable ECC errors since the driver loaded (bound 0)"),
+    ("0, GPU-aaaa, 0, Yes\n", "", "GPU 0: a retired page waits for a GPU reset"),
+    (HEALTHY["gpus"], "GPU-aaaa, Yes, No\nGPU-bbbb, No, No\n", "GPU GPU-aaaa: a row remap waits for a GPU reset"),
+    (HEALTHY["gpus"], "GPU-aaaa, No, No\nGPU-bbbb, No, Yes\n", "GPU GPU-bbbb: a row remap failed"),
+])
+def test_gpu_memory_errors_fail_the_node(gpus, remapped, expected):
+    [found] = watchdog.judge_gate({**HEALTHY, "gpus": gpus, "remapped_rows": remapped}, L4_PEAK)
+    assert found.startswith(expected)
+
+
+def test_a_device_call_that_failed_is_a_finding_and_no_peak_leaves_the_gemm_unjudged():
+    assert watchdog.judge_gate({**HEALTHY, "error": "TimeoutExpired: nvidia-smi"}, L4_PEAK) == [
+        "device check failed: TimeoutExpired: nvidia-smi"]
+    assert watchdog.judge_gate({**HEALTHY, "gemm_tflops": 1.0}, None) == []
+    assert watchdog.judge_gate(None, L4_PEAK) == []  # a CPU worker: no GPU to prove
+
+
+def test_a_cpu_worker_reads_nothing_unless_its_node_holds_injected_readings(tmp_path, monkeypatch):
+    monkeypatch.delenv(contract.ENV_GATE_DEVICE, raising=False)
+    assert watchdog.device_readings(False, None) is None
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps({"gpus": "0, GPU-aaaa, 3, [N/A]\n"}))
+    monkeypatch.setenv(contract.ENV_GATE_DEVICE, str(path))
+    found = watchdog.device_readings(False, None)
+    assert found["gpus"] == "0, GPU-aaaa, 3, [N/A]\n" and found["gemm_tflops"] is None
+
+
+def test_the_gate_raises_one_line_naming_the_node_and_the_figure(tmp_path, monkeypatch):
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps({**HEALTHY, "gemm_tflops": 12.5}))
+    monkeypatch.setenv(contract.ENV_GATE_DEVICE, str(path))
+    monkeypatch.setenv(contract.ENV_PEAK_TFLOPS, "121")
+    monkeypatch.setenv(contract.ENV_NODE_NAME, "ip-10-0-0-7")
+    with pytest.raises(watchdog.GateFailed) as err:
+        watchdog.health_gate(watchdog.Progress(None, 0, 1), on_gpu=False, device=None)
+    assert str(err.value).startswith("health gate: node ip-10-0-0-7 failed: bf16 GEMM 4096^3 at 12.5 TFLOP/s < bound 30.2")
+    assert "\n" not in str(err.value)
+    path.write_text(json.dumps(HEALTHY))
+    assert watchdog.health_gate(watchdog.Progress(None, 0, 1), on_gpu=False, device=None) >= 0.0
+
+
+def _rank(pid: int, step, start=None, node: str = "node-a") -> dict:
+    return {"pid": pid, "node_id": "n-" + node, "host": "h", "node": node, "stack_file": "/x", "start_step": start,
+            "step": step, "t": 0.0}
+
+
+GATE = {"node": "node-b", "failed": ["GPU 0: 2 uncorrectable ECC errors since the driver loaded (bound 0)"],
+        "kept_out": "kept out of the next attempt (Ray node drained)", "seconds": 0.4, "t": 121.0}
+
+
+@pytest.mark.parametrize("ray_first", [False, True])
+def test_a_failed_gate_is_one_incident_naming_node_rank_figure_and_cost(tmp_path, ray_first):
+    record = RunRecord(str(tmp_path / "run"), environ={})
+    record.start(job_config={"name": "j"}, is_infrastructure_check=False)
+    watch = watchdog.Watchdog(run_name="j", run_dir=str(tmp_path / "run"), record=record, max_steps=16,
+                              world_size=2, on_gpu=True)
+    # attempt 2 (after a fault at step 7): rank 1's gate fails on node-b before the restore
+    done = {s: 100.0 + 2 * s for s in range(1, 8)}
+    state = {"attempt": 1, "ranks": {0: _rank(10, None), 1: _rank(11, None, node="node-b")}, "min_step_at": {},
+             "first_done": done, "heavy": [], "started": {1: 120.0}, "errors": {}, "gates": {}}
+    watch.check(state, now=120.5)
+    error = {1: {1: {"classes": ["GateFailed"], "text": "health gate: node node-b failed", "preempted": False}}}
+    seen = [{**state, "errors": error}, {**state, "errors": error, "gates": {1: {1: GATE}}}]
+    if not ray_first:
+        seen = [{**state, "gates": {1: {1: GATE}}}, seen[1]]
+    for s in seen:
+        watch.check(s, now=122.0)
+        watch.check(s, now=124.0)
+    [entry] = record.data[contract.INCIDENTS]
+    assert (entry["kind"], entry["ranks"], entry["nodes"], entry["step"]) == ("health_gate", [1], ["node-b"], 7)
+    assert "2 uncorrectable ECC errors" in entry["detail"] and "(bound 0)" in entry["detail"]
+    assert "kept out of the next attempt" in entry["detail"] and "then Ray Train saw" in entry["detail"]
+    # the next attempt (node-b kept out) restores step 5, first step at t=160
+    second = {**state, "attempt": 2, "ranks": {0: _rank(20, 5, 5), 1: _rank(21, 5, 5, node="node-c")},
+              "started": {1: 120.0, 2: 140.0}, "gates": {1: {1: GATE}}, "errors": error}
+    watch.check(second, now=141.0)
+    watch.check({**second, "min_step_at": {6: 160.0}}, now=161.0)
+    [entry] = json.loads((tmp_path / "run" / "run.json").read_text())[contract.INCIDENTS]
+    assert entry["resumed_from_step"] == 5 and entry["steps_lost"] == 2
+    assert entry["progress_again_s"] == 38.0 and entry["devices"] == 2 and entry["gpu_minutes_lost"] > 0
+    assert "health_gate of rank 1 on node-b" in incidents.line(entry)
+    final = record.finish(status="succeeded")
+    assert "after 1 incident (1 health_gate)" in verdict.headline(final["verdict"])
