@@ -563,6 +563,9 @@ class Watchdog:
             if self.open.get("ray_noted"):
                 return
             self.open["ray_noted"] = True
+            if entry["kind"] == incidents.HEALTH_GATE and all(errors[r]["classes"][:1] == [GateFailed.__name__]
+                                                              for r in named if r in errors):
+                detail = "the gate's error, and restarted the group"  # the gate's own words are already there
             entry["detail"] += f"; then Ray Train saw: {detail}"
             if entry["kind"] == incidents.HANG and kind == incidents.NODE_LOST:
                 entry["kind"] = kind  # the node went: the hang was its symptom
@@ -768,6 +771,14 @@ NVIDIA_SMI_TIMEOUT_S = 20.0
 off the bus makes it hang or fail)."""
 
 
+DRAIN_DEADLINE_MS = 1000
+"""The drain's deadline: Ray Train's controller treats a drain of a node holding its workers as a
+preemption and, while no other error explains the failure, keeps the group until the deadline
+(ray 2.58 ``controller.py`` ``_is_preemption_deadline_exceeded``: 120 s for a drain without one).
+Nothing is to be saved on a node that failed its gate before the attempt's first step, so the
+group is restarted at once."""
+
+
 class GateFailed(RuntimeError):
     """This worker's node failed the health gate; it was named in run.json and kept out."""
 
@@ -868,7 +879,8 @@ def keep_node_out(reason: str) -> str:
     on a draining node, so the next attempt's workers are placed elsewhere, and KubeRay's autoscaler
     v2 turns a draining node into one to stop (``autoscaler/v2/instance_manager/reconciler.py``:
     ``DRAINING`` -> ``RAY_STOPPING``) and starts a replacement for the pending workers. Reason
-    PREEMPTION: the raylet accepts it on a busy node (IDLE_TERMINATION only on an idle one).
+    PREEMPTION: the raylet accepts it on a busy node (IDLE_TERMINATION only on an idle one); its
+    deadline is :data:`DRAIN_DEADLINE_MS` away.
     Needs nothing beyond the Ray cluster's own access (no Kubernetes permission). Returns how it
     went, for the record."""
     try:
@@ -879,7 +891,8 @@ def keep_node_out(reason: str) -> str:
         gcs = ray._raylet.GcsClient(address=ctx.gcs_address)
         accepted, why = gcs.drain_node(ctx.get_node_id(),
                                        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-                                       f"raytrain-eks health gate: {reason}"[:500], 0)
+                                       f"raytrain-eks health gate: {reason}"[:500],
+                                       int(time.time() * 1000 + DRAIN_DEADLINE_MS))
     except Exception as err:  # noqa: BLE001 - the record says it could not; Ray may place it there again
         return f"not kept out: drain failed ({type(err).__name__}: {str(err)[:160]})"
     return "kept out of the next attempt (Ray node drained)" if accepted else f"not kept out: drain refused ({why})"

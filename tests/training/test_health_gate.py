@@ -123,3 +123,26 @@ def test_a_failed_gate_is_one_incident_naming_node_rank_figure_and_cost(tmp_path
     assert "health_gate of rank 1 on node-b" in incidents.line(entry)
     final = record.finish(status="succeeded")
     assert "after 1 incident (1 health_gate)" in verdict.headline(final["verdict"])
+
+
+def test_the_wait_for_a_replacement_is_bounded_and_its_end_names_the_node():
+    # Ray Train retries a worker group it cannot place without a limit by default
+    # (FailureConfig.controller_failure_limit = -1, ray 2.58 train/v2/api/config.py).
+    from training import launch
+
+    assert launch.placement_retries({}) == 20  # 1200 s in 60 s start timeouts
+    assert launch.placement_retries({contract.ENV_REPLACEMENT_WAIT_S: "300",
+                                     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "120"}) == 3
+    kept = [incidents.incident(incidents.HEALTH_GATE, ranks=[1], nodes=["node-b"], detail="ECC")]
+    error = RuntimeError("ControllerError: WorkerGroupStartupTimeoutError: Timed out after 60 s waiting for resources")
+    assert launch.unplaced_reason(error, kept, {}) == (
+        "no capacity for the worker group after health_gate of node node-b: not placed within 1200 s "
+        f"(20 x the 60 s start timeout; {contract.ENV_REPLACEMENT_WAIT_S})")
+    assert launch.unplaced_reason(RuntimeError("a bug"), kept, {}) == ""
+
+
+def test_a_nodes_injected_readings_never_reach_every_worker():
+    from training import launch
+
+    env = launch.forwarded_env({contract.ENV_GATE_DEVICE: "/x.json", contract.ENV_HANG_FLOOR_S: "60"})
+    assert contract.ENV_GATE_DEVICE not in env and env[contract.ENV_HANG_FLOOR_S] == "60"
