@@ -879,8 +879,8 @@ def keep_node_out(reason: str) -> str:
     on a draining node, so the next attempt's workers are placed elsewhere, and KubeRay's autoscaler
     v2 turns a draining node into one to stop (``autoscaler/v2/instance_manager/reconciler.py``:
     ``DRAINING`` -> ``RAY_STOPPING``) and starts a replacement for the pending workers. Reason
-    PREEMPTION: the raylet accepts it on a busy node (IDLE_TERMINATION only on an idle one); its
-    deadline is :data:`DRAIN_DEADLINE_MS` away.
+    PREEMPTION: the reason for a busy node (IDLE_TERMINATION is the autoscaler's for idle ones);
+    its deadline is :data:`DRAIN_DEADLINE_MS` away.
     Needs nothing beyond the Ray cluster's own access (no Kubernetes permission). Returns how it
     went, for the record."""
     try:
