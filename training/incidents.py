@@ -30,8 +30,8 @@ small note in the run's storage, ``<run>/attempts/``:
 
 At the end the driver turns the notes into run.json's ``attempts``, one ``preemption`` incident
 per notice (through :func:`add`'s shape) and ``cost`` (:func:`cost_of`).
-Every other fault (a lost node, a hang, a dead worker) is the progress watchdog's
-(training/watchdog.py). Standard library only.
+Every other fault (a lost node, a hang, a dead worker, a node failing the health gate) is the
+progress watchdog's (training/watchdog.py). Standard library only.
 
 """
 from __future__ import annotations

@@ -36,6 +36,11 @@ The parts, none inside a rank's training thread:
   backstop). Ray Train sees the dead worker at its next poll, tears the whole group
   down and restarts it from the last checkpoint (``checkpoint.max_failures``).
 
+The health gate (:func:`health_gate`, the end of this module): every worker, at every attempt's
+start, times a bf16 GEMM against its GPU's peak and reads nvidia-smi's ECC and row-remap state; a
+node that fails is reported to the board (a ``health_gate`` incident), drained out of the next
+attempt, and the worker raises so Ray Train restarts the group without it.
+
 The bound (:func:`hang_bound`): ``max(STEP_MULTIPLE x measured step time, FLOOR_S)``; when the
 step due next also evaluates or checkpoints, the longest such step measured in the attempt takes
 the step time's place, and before one was measured ``EVENT_FLOOR_S`` is added; before an attempt has

@@ -81,6 +81,59 @@ def test_the_gate_raises_one_line_naming_the_node_and_the_figure(tmp_path, monke
     assert watchdog.health_gate(watchdog.Progress(None, 0, 1), on_gpu=False, device=None) >= 0.0
 
 
+FAKE_NVIDIA_SMI = """#!/bin/sh
+# Test double of nvidia-smi's CSV query mode (NVIDIA's nvidia-smi: ``--query-gpu`` /
+# ``--query-remapped-rows`` with ``--format=csv,noheader,nounits``: one line per GPU, the fields
+# in the order asked). It answers only the exact queries the gate must ask.
+echo "$@" >> "$(dirname "$0")/calls"
+case "$1" in
+  --query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total,retired_pages.pending)
+    printf '0, GPU-aaaa, 0, [N/A]\n1, GPU-bbbb, 4, [N/A]\n' ;;
+  --query-remapped-rows=gpu_uuid,remapped_rows.pending,remapped_rows.failure)
+    [ -n "$HANG" ] && exec sleep 5  # exec: the timeout's kill ends it, no orphan left
+    printf 'GPU-aaaa, No, No\nGPU-bbbb, Yes, No\n' ;;
+  *) echo "unknown query $1" >&2; exit 2 ;;
+esac
+"""
+
+
+def _fake_nvidia_smi(tmp_path, monkeypatch):
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(FAKE_NVIDIA_SMI)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}:{__import__('os').environ['PATH']}")
+    monkeypatch.delenv(contract.ENV_GATE_DEVICE, raising=False)
+    return tool.parent / "calls"
+
+
+@pytest.mark.subprocess
+def test_on_a_gpu_the_gate_asks_nvidia_smi_and_times_the_gemm(tmp_path, monkeypatch):
+    # The GPU path on CPU: only the device calls stand in (the GEMM's rate; nvidia-smi's answers
+    # from a stand-in executable that accepts only the exact queries), the rest runs as on a GPU.
+    calls = _fake_nvidia_smi(tmp_path, monkeypatch)
+    monkeypatch.setattr(watchdog, "gemm_tflops", lambda device: 21.0)
+    found = watchdog.device_readings(True, "cuda:0")
+    assert "error" not in found and len(calls.read_text().splitlines()) == 2
+    assert watchdog.judge_gate(found, L4_PEAK) == [
+        "bf16 GEMM 4096^3 at 21.0 TFLOP/s < bound 30.2 (0.25 x peak 121)",
+        "GPU 1: 4 uncorrectable ECC errors since the driver loaded (bound 0)",
+        "GPU GPU-bbbb: a row remap waits for a GPU reset"]
+
+
+@pytest.mark.subprocess
+def test_an_nvidia_smi_that_hangs_or_is_missing_fails_the_node(tmp_path, monkeypatch):
+    _fake_nvidia_smi(tmp_path, monkeypatch)
+    monkeypatch.setattr(watchdog, "gemm_tflops", lambda device: 60.0)
+    monkeypatch.setattr(watchdog, "NVIDIA_SMI_TIMEOUT_S", 1.0)
+    monkeypatch.setenv("HANG", "1")
+    found = watchdog.judge_gate(watchdog.device_readings(True, "cuda:0"), L4_PEAK)
+    assert found[0].startswith("device check failed: TimeoutExpired") and "4 uncorrectable ECC" in found[1]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    [found] = watchdog.judge_gate(watchdog.device_readings(True, "cuda:0"), L4_PEAK)
+    assert found.startswith("device check failed: FileNotFoundError")
+
+
 def _rank(pid: int, step, start=None, node: str = "node-a") -> dict:
     return {"pid": pid, "node_id": "n-" + node, "host": "h", "node": node, "stack_file": "/x", "start_step": start,
             "step": step, "t": 0.0}
