@@ -892,6 +892,8 @@ def keep_node_out(reason: str) -> str:
         import ray
         from ray.core.generated import autoscaler_pb2
 
+        if not ray.is_initialized():
+            return "not kept out: not in a Ray cluster"
         ctx = ray.get_runtime_context()
         gcs = ray._raylet.GcsClient(address=ctx.gcs_address)
         accepted, why = gcs.drain_node(ctx.get_node_id(),
@@ -920,6 +922,6 @@ def health_gate(progress: "Progress", *, on_gpu: bool, device: Any, device_name:
         return seconds
     node = os.environ.get(contract.ENV_NODE_NAME) or socket.gethostname()
     what = "; ".join(failed)
-    kept = keep_node_out(what) if progress.board is not None else "not kept out: no Ray cluster"
+    kept = keep_node_out(what)
     progress.gate_failed({"node": node, "failed": failed, "kept_out": kept, "seconds": round(seconds, 2)})
     raise GateFailed(f"health gate: node {node} failed: {what}; {kept}")
