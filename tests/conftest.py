@@ -61,7 +61,9 @@ def ray_cluster():
 
     def start(attempt: int) -> None:
         try:
-            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
+            # address "local": a cluster of its own, never one another process on this machine
+            # started (ray.init without an address joins the latest one it finds).
+            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True,
                      runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
                                                "RAY_metrics_report_interval_ms": "1000"}})
         except Exception as err:  # ray.init raises a bare Exception on its startup timeout
