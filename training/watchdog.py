@@ -881,9 +881,10 @@ def judge_gate(readings: dict[str, Any] | None, peak_tflops: float | None) -> li
 def keep_node_out(reason: str) -> str:
     """Drain this worker's own Ray node through the GCS (the DrainNode call ``ray drain-node`` and
     autoscaler v2 make, ray 2.58 ``scripts/scripts.py`` ``drain_node``): Ray schedules nothing new
-    on a draining node, so the next attempt's workers are placed elsewhere, and KubeRay's autoscaler
-    v2 turns a draining node into one to stop (``autoscaler/v2/instance_manager/reconciler.py``:
-    ``DRAINING`` -> ``RAY_STOPPING``) and starts a replacement for the pending workers. Reason
+    on a draining node and its raylet exits once idle (``_private/ray_constants.py``), so the next
+    attempt's workers are placed elsewhere; KubeRay's autoscaler v2 turns a draining node into one
+    to stop (``autoscaler/v2/instance_manager/reconciler.py``: ``DRAINING`` -> ``RAY_STOPPING``)
+    and starts a replacement for the pending workers. Reason
     PREEMPTION: the reason for a busy node (IDLE_TERMINATION is the autoscaler's for idle ones);
     its deadline is :data:`DRAIN_DEADLINE_MS` away.
     Needs nothing beyond the Ray cluster's own access (no Kubernetes permission). Returns how it

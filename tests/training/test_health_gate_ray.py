@@ -8,8 +8,9 @@ only thing injected; as the downward API names a pod's node, ``RAYTRAIN_NODE_NAM
 The job (tiny Qwen2, synthetic tokens, 2 workers of 3 CPUs: one on each node) is started as
 ``python -m training`` against that cluster. The worker on the bad node fails its gate before
 its model build, the node is drained, and once the incident is in run.json a healthy node joins
-(the replacement KubeRay's autoscaler would start): the second attempt runs on the head and the
-new node only, and the run ends ACCEPTED with the incident in its verdict.
+(the replacement KubeRay's autoscaler would start): the bad node has left the cluster (a
+draining raylet exits once idle), the second attempt runs on the head and the new node only, and
+the run ends ACCEPTED with the incident in its verdict.
 """
 from __future__ import annotations
 
@@ -96,6 +97,8 @@ def test_a_node_failing_the_gate_is_recorded_and_kept_out_of_the_next_attempt(ra
         good = _start_node(SimpleNamespace(gcs_address=gcs, client_env={"RAYTRAIN_NODE_NAME": "node-good"}),
                            tmp_path, "node-good", cpus=3)
         assert run.wait(timeout=600) == 0, (tmp_path / "gate.out").read_text()[-4000:]
+        # a draining raylet exits once idle: the bad node left the cluster by itself
+        bad_alive = next(n["Alive"] for n in ray_cluster.nodes() if n["NodeID"] == bad_id)
     finally:
         if run.poll() is None:
             run.kill()
@@ -110,6 +113,7 @@ def test_a_node_failing_the_gate_is_recorded_and_kept_out_of_the_next_attempt(ra
     assert "kept out of the next attempt (Ray node drained)" in entry["detail"]
     assert entry["resumed_from_step"] == 0 and entry["device_minutes_lost"] is not None
     # the second attempt ran without the bad node: no rank of it on the node the gate failed
+    assert bad_alive is False
     starts = [n for n in _notes(run_dir) if n["note"] == "start"]
     assert len(starts[-1]["nodes"]) == 2 and bad_id not in starts[-1]["nodes"], (bad_id, starts)
     assert record["verdict"]["verdict"] == verdict.ACCEPTED and record["verdict"]["incidents"] == 1
