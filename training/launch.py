@@ -240,7 +240,10 @@ def placement_retries(environ: Mapping[str, str] | None = None) -> int:
 def unplaced_reason(error: BaseException, found: list[dict[str, Any]], environ: Mapping[str, str] | None = None) -> str:
     """One line for a run that ended because its workers could not be placed again ("" for any
     other error): the node the health gate kept out (or lost) and the bound waited."""
-    if "WorkerGroupStartupTimeoutError" not in verdict.describe_exception(error) + " " + str(error):
+    # Ray Train's ControllerError keeps the controller's own exception (ray 2.58
+    # ``train/v2/api/exceptions.py``); its text says only "The worker group startup timed out".
+    inner = getattr(error, "controller_failure", None)
+    if type(inner).__name__ != "WorkerGroupStartupTimeoutError" and "startup timed out" not in str(error):
         return ""
     environ = os.environ if environ is None else environ
     timeout = float(environ.get(START_TIMEOUT_ENV) or DEFAULT_START_TIMEOUT_S)
