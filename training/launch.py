@@ -227,14 +227,21 @@ def placement_retries(environ: Mapping[str, str] | None = None) -> int:
     within the start timeout is a controller failure that Ray Train retries (ray 2.58
     ``failure_handling/default.py``: ``WorkerGroupStartupTimeoutError`` is retryable), WITHOUT a
     limit by default (-1): a run whose node was kept out and never replaced would wait for its
-    deadline with every other GPU held. So many timeouts make :data:`REPLACEMENT_WAIT_S`."""
+    deadline with every other GPU held. The first try and the retries together make
+    :data:`REPLACEMENT_WAIT_S` (the limit counts retries, and Ray Train raises on the one past it;
+    the count is the run's, never reset)."""
+    return placement_tries(environ)[0] - 1
+
+
+def placement_tries(environ: Mapping[str, str] | None = None) -> tuple[int, float]:
+    """``(tries, start timeout)``: how many start timeouts make the replacement wait."""
     environ = os.environ if environ is None else environ
     try:
         wait = float(environ.get(contract.ENV_REPLACEMENT_WAIT_S) or REPLACEMENT_WAIT_S)
-        timeout = float(environ.get(START_TIMEOUT_ENV) or DEFAULT_START_TIMEOUT_S)
+        timeout = max(float(environ.get(START_TIMEOUT_ENV) or DEFAULT_START_TIMEOUT_S), 1.0)
     except ValueError:
         wait, timeout = REPLACEMENT_WAIT_S, DEFAULT_START_TIMEOUT_S
-    return max(1, math.ceil(wait / max(timeout, 1.0)))
+    return max(1, math.ceil(wait / timeout)), timeout
 
 
 def unplaced_reason(error: BaseException, found: list[dict[str, Any]], environ: Mapping[str, str] | None = None) -> str:
@@ -245,13 +252,11 @@ def unplaced_reason(error: BaseException, found: list[dict[str, Any]], environ: 
     inner = getattr(error, "controller_failure", None)
     if type(inner).__name__ != "WorkerGroupStartupTimeoutError" and "startup timed out" not in str(error):
         return ""
-    environ = os.environ if environ is None else environ
-    timeout = float(environ.get(START_TIMEOUT_ENV) or DEFAULT_START_TIMEOUT_S)
-    waited = placement_retries(environ) * timeout
+    tries, timeout = placement_tries(environ)
     kept = [i for i in found if i.get("kind") in ("health_gate", "node_lost", "preemption") and i.get("resumed_from_step") is None]
     who = (f"{kept[-1]['kind']} of node {', '.join(kept[-1].get('nodes') or ['?'])}" if kept else "no fault recorded")
-    return (f"no capacity for the worker group after {who}: not placed within {waited:.0f} s "
-            f"({placement_retries(environ)} x the {timeout:.0f} s start timeout; {contract.ENV_REPLACEMENT_WAIT_S})")
+    return (f"no capacity for the worker group after {who}: not placed within {tries * timeout:.0f} s "
+            f"({tries} x the {timeout:.0f} s start timeout; {contract.ENV_REPLACEMENT_WAIT_S})")
 
 
 ELASTIC_RESIZE_INTERVAL_S = 60.0

@@ -183,9 +183,12 @@ def test_the_wait_for_a_replacement_is_bounded_and_its_end_names_the_node():
     # (FailureConfig.controller_failure_limit = -1, ray 2.58 train/v2/api/config.py).
     from training import launch
 
-    assert launch.placement_retries({}) == 20  # 1200 s in 60 s start timeouts
+    # The limit counts retries: Ray Train raises on the failure past it (ray 2.58
+    # failure_handling/default.py: error_count > retry_limit), so 20 tries of 60 s are 19 retries.
+    assert launch.placement_retries({}) == 19  # 1200 s in 60 s start timeouts
     assert launch.placement_retries({contract.ENV_REPLACEMENT_WAIT_S: "300",
-                                     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "120"}) == 3
+                                     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "120"}) == 2
+    assert launch.placement_retries({contract.ENV_REPLACEMENT_WAIT_S: "10"}) == 0  # the first timeout ends it
     kept = [incidents.incident(incidents.HEALTH_GATE, ranks=[1], nodes=["node-b"], detail="ECC")]
     # what the fit raises once Ray Train gave up placing the group (ray 2.58's own classes)
     from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
