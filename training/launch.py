@@ -14,7 +14,7 @@ import sys
 import uuid
 from typing import Any, Callable, Mapping
 
-from training import contract, metric_sinks, run_logs, verdict, watchdog
+from training import contract, incidents, metric_sinks, run_logs, verdict, watchdog
 from training.config import JobConfig
 from training.deadlines import driver_exit_code, run_time_limit_seconds
 from training.data import one_line, read_data_errors
@@ -95,7 +95,8 @@ def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     network variables (:func:`job_network_env`)."""
     environ = os.environ if environ is None else environ
     # The health gate's injected readings belong to one node (its raylet's environment), never to every worker.
-    return {**{k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES) and k != contract.ENV_GATE_DEVICE},
+    return {**{k: v for k, v in environ.items()
+               if k.startswith(FORWARDED_ENV_PREFIXES) and k != contract.ENV_GATE_DEVICE},
             **job_network_env(environ)}
 
 
@@ -253,7 +254,8 @@ def unplaced_reason(error: BaseException, found: list[dict[str, Any]], environ: 
     if type(inner).__name__ != "WorkerGroupStartupTimeoutError" and "startup timed out" not in str(error):
         return ""
     tries, timeout = placement_tries(environ)
-    kept = [i for i in found if i.get("kind") in ("health_gate", "node_lost", "preemption") and i.get("resumed_from_step") is None]
+    kept = [i for i in found if i.get("kind") in (incidents.HEALTH_GATE, incidents.NODE_LOST, incidents.PREEMPTION)
+            and i.get("resumed_from_step") is None]
     who = (f"{kept[-1]['kind']} of node {', '.join(kept[-1].get('nodes') or ['?'])}" if kept else "no fault recorded")
     return (f"no capacity for the worker group after {who}: not placed within {tries * timeout:.0f} s "
             f"({tries} x the {timeout:.0f} s start timeout; {contract.ENV_REPLACEMENT_WAIT_S})")

@@ -601,7 +601,8 @@ class Watchdog:
         elif open_ is not None:  # Ray Train's error for the failing rank reached the board first
             entry = open_["entry"]
             entry.update(kind=incidents.HEALTH_GATE, ranks=named, nodes=nodes,
-                         step=entry["step"] if entry["step"] is not None else furthest, detail=f"{detail}; then Ray Train saw: {entry['detail']}")
+                         step=entry["step"] if entry["step"] is not None else furthest,
+                         detail=f"{detail}; then Ray Train saw: {entry['detail']}")
             open_.pop("errors", None)  # the gate's finding, not the errors, says which fault it was
         else:
             self._add(incidents.incident(incidents.HEALTH_GATE, ranks=named, nodes=nodes, detail=detail,
@@ -813,7 +814,8 @@ def nvidia_smi(query: str, fields: tuple[str, ...]) -> str:
     done = subprocess.run(["nvidia-smi", f"--{query}={','.join(fields)}", "--format=csv,noheader,nounits"],
                           capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"nvidia-smi --{query} exited {done.returncode}: {(done.stderr or done.stdout).strip()[:200]}")
+        said = (done.stderr or done.stdout).strip()[:200]
+        raise RuntimeError(f"nvidia-smi --{query} exited {done.returncode}: {said}")
     return done.stdout
 
 
