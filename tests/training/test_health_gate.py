@@ -122,16 +122,21 @@ def test_on_a_gpu_the_gate_asks_nvidia_smi_and_times_the_gemm(tmp_path, monkeypa
 
 
 @pytest.mark.subprocess
-def test_an_nvidia_smi_that_hangs_or_is_missing_fails_the_node(tmp_path, monkeypatch):
+def test_an_nvidia_smi_that_hangs_fails_the_node_and_one_missing_from_the_image_does_not(tmp_path, monkeypatch):
     _fake_nvidia_smi(tmp_path, monkeypatch)
     monkeypatch.setattr(watchdog, "gemm_tflops", lambda device: 60.0)
     monkeypatch.setattr(watchdog, "NVIDIA_SMI_TIMEOUT_S", 1.0)
     monkeypatch.setenv("HANG", "1")
     found = watchdog.judge_gate(watchdog.device_readings(True, "cuda:0"), L4_PEAK)
     assert found[0].startswith("device check failed: TimeoutExpired") and "4 uncorrectable ECC" in found[1]
+    # no nvidia-smi in the image: the image's property, never a node's finding (it would drain
+    # every node in turn); the GEMM is still judged
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    readings = watchdog.device_readings(True, "cuda:0")
+    assert readings["unchecked"].startswith("nvidia-smi not found") and watchdog.judge_gate(readings, L4_PEAK) == []
+    monkeypatch.setattr(watchdog, "gemm_tflops", lambda device: 9.0)
     [found] = watchdog.judge_gate(watchdog.device_readings(True, "cuda:0"), L4_PEAK)
-    assert found.startswith("device check failed: FileNotFoundError")
+    assert found.startswith("bf16 GEMM 4096^3 at 9.0 TFLOP/s")
 
 
 def _rank(pid: int, step, start=None, node: str = "node-a") -> dict:
