@@ -14,8 +14,11 @@ ordered actions of ONE stage, ``Release``, so that they run under one stage lock
              to the pipeline; pins it with ``raytrain-eks lock --digest``; tests environment,
              infra, charts and the pipeline (no torch, no Ray); ``cdk synth``, ``cdk8s synth``
              (also the promoted digest's manifests into ``dist/promoted/``).
-``Deploy``   (Release, run order 1) records which GPU node groups exist (``record-groups``), then
-             ``cdk deploy`` of the storage and cluster stacks through the CDK bootstrap roles.
+``Deploy``   (Release, run order 1: ``HoldDeploy``, Apply's wait when the update rolls or replaces
+             nodes; 2: ``DeployStacks``) refuses a hold that passed over HOLD_MAX_AGE_MINUTES ago
+             (a "Retry failed actions" reruns DeployStacks alone), records which GPU node groups
+             exist (``record-groups``), then ``cdk deploy`` of the storage and cluster stacks
+             through the CDK bootstrap roles.
 ``Smoke``    (2) the ``smoke`` RayJob, named per build (a retried stage keeps the execution id), on a RayCluster of its own from the new digest; the image IDs
              its pods report become run.json's ``image_ran`` (with Kueue it first waits in the queue, up to
              ``SMOKE_QUEUE_MINUTES``; its timeout counts from the admission); then the record gate (succeeded,

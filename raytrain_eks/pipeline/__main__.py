@@ -5,7 +5,8 @@ step fails (after rolling back), 2 for a bad invocation. Environment: ``PROMOTED
 ``HISTORY_TABLE``, ``EXECUTION_ID`` and ``CODEBUILD_BUILD_NUMBER`` (the smoke run name),
 ``NOTIFY_TOPIC_ARN`` (failures), ``POLL_SECONDS``, ``TIMEOUT_SECONDS``, ``QUEUE_TIMEOUT_SECONDS`` (Smoke's
 wait in Kueue's queue);
-``check-run`` also ``PIPELINE_NAME`` and ``PIPELINE_CONFIG``.
+``check-run`` also ``PIPELINE_NAME`` and ``PIPELINE_CONFIG``. ``hold`` prints when it passed,
+which ``check-hold`` (Deploy's first command) judges.
 """
 from __future__ import annotations
 
