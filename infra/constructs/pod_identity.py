@@ -34,6 +34,7 @@ The namespace comes with its default-deny ingress and the two admitted outside c
 from __future__ import annotations
 
 import hashlib
+import json
 
 from aws_cdk import CfnOutput, Stack, Token, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
@@ -42,6 +43,7 @@ from environment.contract import (INPUTS_PREFIX, PART_OF, PIPELINE_RUN_PREFIX, P
                                   SMOKE_SERVICE_ACCOUNT, run_role_name)
 from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
+from infra.stacks.pipeline_access import DEPLOYER_GROUP
 
 # Object-level actions Ray Train's pyarrow S3 filesystem uses for checkpoints: read, write,
 # delete (num_to_keep prunes old checkpoints), and the multipart calls big uploads need.
@@ -154,6 +156,83 @@ def pod_identity_trust(cluster_arn: str, namespace: str, service_account: str = 
         {"StringEquals": tags})
 
 
+def _cel(value: str) -> str:
+    """A CEL string literal (JSON's escapes are CEL's)."""
+    return json.dumps(value)
+
+
+def _accounts_cel(obj: str) -> str:
+    """The service accounts a RayJob's or RayCluster's pod templates name ('' where none is
+    named), as a CEL list: head, every worker group, the submitter. Every step is an optional
+    field (``.?``): a cluster without ``workerGroupSpecs``, a RayJob on the long-lived cluster
+    (``clusterSelector``, no ``rayClusterSpec``) or without ``submitterPodTemplate`` evaluates."""
+    def named(template: str) -> str:
+        return f"{template}.?template.?spec.?serviceAccountName.orValue('')"
+    cluster = f"({obj}.kind == 'RayCluster' ? {obj}.?spec : {obj}.?spec.?rayClusterSpec)"
+    return (f"({cluster}.hasValue() ? [{named(cluster + '.value().?headGroupSpec')}] + "
+            f"{cluster}.value().?workerGroupSpecs.orValue([]).map(g, {named('g')}) : []) + "
+            f"({obj}.kind == 'RayJob' ? [{obj}.?spec.?submitterPodTemplate.?spec.?serviceAccountName.orValue('')] : [])")
+
+
+def run_identity_admission(*, namespace: str, raycluster_name: str, cluster_account: str,
+                           operator_namespace: str, pipeline_group: str) -> list[dict]:
+    """A ValidatingAdmissionPolicy and its binding (admissionregistration.k8s.io/v1, GA since
+    Kubernetes 1.30) that keep every RayJob and RayCluster of the Ray namespace on the service
+    account it is entitled to. Pod Identity hands a pod the role of the service account it names
+    and the run role's folder is that account's name, so a RayJob naming another run's account
+    would run as that run; RBAC cannot bound a field of what one may create.
+
+    Entitled: no account at all (the namespace's ``default``, which no association names); a
+    RayJob its own name (the run: ``submit`` names the account after it, ``charts/ray_charts.py``)
+    unless that name is one of the platform's accounts; the long-lived RayCluster
+    (``raycluster_name``) ``cluster_account``; the pipeline's group the smoke runs' account. An
+    update may keep the accounts the object already named (Kueue unsuspends, the Ray autoscaler
+    patches replicas). The KubeRay operator is not judged: the RayCluster and submitter Job it
+    makes copy a RayJob already judged here."""
+    platform = [cluster_account, SMOKE_SERVICE_ACCOUNT]
+    name = f"{namespace}-run-service-accounts"
+    labels = dict(PART_OF)
+    entitled = (f"[''] + (object.metadata.name in {json.dumps(platform)} || object.kind != 'RayJob' ? [] : "
+                f"[object.metadata.name]) + (object.kind == 'RayCluster' && object.metadata.name == "
+                f"{_cel(raycluster_name)} ? [{_cel(cluster_account)}] : []) + (object.kind == 'RayJob' && "
+                f"{_cel(pipeline_group)} in request.userInfo.?groups.orValue([]) ? [{_cel(SMOKE_SERVICE_ACCOUNT)}] : [])")
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["ray.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+                "resources": ["rayjobs", "rayclusters"]}]},
+            "matchConditions": [{
+                "name": "not-the-kuberay-operator",
+                "expression": f"!request.userInfo.username.startsWith({_cel(f'system:serviceaccount:{operator_namespace}:')})"}],
+            "variables": [
+                {"name": "accounts", "expression": _accounts_cel("object")},
+                {"name": "oldAccounts", "expression": f"oldObject == null ? [] : {_accounts_cel('oldObject')}"},
+                {"name": "entitled", "expression": entitled},
+                {"name": "borrowed", "expression":
+                    "variables.accounts.filter(a, !(a in variables.entitled) && !(a in variables.oldAccounts))"},
+            ],
+            "validations": [{
+                "expression": "size(variables.borrowed) == 0",
+                "messageExpression": (
+                    "object.kind + ' ' + object.metadata.name + ': serviceAccountName ' + "
+                    "variables.borrowed.map(a, \"'\" + a + \"'\").join(', ') + ' is not its own: a RayJob\\'s pods "
+                    "run as the service account named after the run (' + "
+                    "(object.kind == 'RayJob' ? \"'\" + object.metadata.name + \"'\" : 'none here') + ') or name none'"),
+                "reason": "Forbidden"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}},
+    }
+    return [policy, binding]
+
+
 class RayIdentity(Construct):
     """Namespace + the long-lived cluster's service account, role and Pod Identity association +
     the run role (no association: one per run, made by ``submit``). Exposes :attr:`role`,
@@ -168,7 +247,7 @@ class RayIdentity(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster, cluster_name: str,
                  namespace: str, service_account_name: str, bucket_name: str, prefix: str,
-                 pod_identity_agent: Construct | None, operator_namespace: str,
+                 pod_identity_agent: Construct | None, operator_namespace: str, raycluster_name: str,
                  read_only_prefixes: tuple[str, ...] = (), tracking_server_arn: str = "") -> None:
         super().__init__(scope, construct_id)
         self.namespace = namespace
@@ -186,6 +265,12 @@ class RayIdentity(Construct):
             *({"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
                "metadata": {"name": name, "namespace": namespace, "labels": labels}}
               for name in (service_account_name, SMOKE_SERVICE_ACCOUNT)))
+        # Every run's pods on the account it is entitled to: the run roles' folders follow the
+        # account's name, so the name is what admission guards (:func:`run_identity_admission`).
+        self.admission = cluster.add_manifest("RunServiceAccounts", *run_identity_admission(
+            namespace=namespace, raycluster_name=raycluster_name, cluster_account=service_account_name,
+            operator_namespace=operator_namespace, pipeline_group=DEPLOYER_GROUP))
+        self.admission.node.add_dependency(self.manifest)
         stack = Stack.of(self)
         # Built from the spec's name: the same string the session tag carries (an imported
         # cluster's attribute would be a token of another stack).
