@@ -420,7 +420,9 @@ class SubmitterAccess(Construct):
                                 conditions={"StringEquals": {f"aws:ResourceTag/{k}": v for k, v in PART_OF.items()}}),
             iam.PolicyStatement(sid="PassRunRole", actions=["iam:PassRole"], resources=[run_role.role_arn],
                                 conditions={"StringEquals": {"iam:PassedToService": "pods.eks.amazonaws.com"}}),
-            iam.PolicyStatement(sid="UploadCodeAndInputs", actions=["s3:PutObject", "s3:GetObject"], conditions=owned,
+            # Abort: a multipart upload of a large input that fails (raytrain_eks/runs/results.py put_once)
+            iam.PolicyStatement(sid="UploadCodeAndInputs", actions=["s3:PutObject", "s3:GetObject",
+                                                                    "s3:AbortMultipartUpload"], conditions=owned,
                                 resources=[f"{bucket_arn}/{code_prefix}/*", f"{bucket_arn}/{prefix}/{INPUTS_PREFIX}/*"]),
             iam.PolicyStatement(sid="ReadRuns", actions=["s3:GetObject"], resources=[f"{bucket_arn}/{prefix}/*"],
                                 conditions=owned),
