@@ -20,8 +20,9 @@ the pipeline's gate judges is written by the smoke run and the pipeline alone.
 
 **The long-lived RayCluster** (``-on-cluster`` jobs) is one set of pods serving every job that
 lands on it: one service account, one role. It runs in single-team mode: its role may read and
-write every run folder, never the pipeline's smoke runs (``smoke-*``) nor the uploaded inputs
-(explicit Deny statements, which no Allow overrides).
+write the folders of every run on the long-lived cluster (``on-cluster_<run>``, a name no run
+with its own cluster can have), never a run with a cluster of its own, the pipeline's smoke runs
+(``smoke-*``) nor the uploaded inputs (explicit Deny statements, which no Allow overrides).
 
 Every statement holds only for a bucket owned by this account (``s3:ResourceAccount``), and
 every trust policy only for this cluster's Ray namespace (the session tags EKS Pod Identity
@@ -39,8 +40,8 @@ import json
 from aws_cdk import CfnOutput, Stack, Token, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
-from environment.contract import (INPUTS_PREFIX, PART_OF, PIPELINE_RUN_PREFIX, POD_SECURITY_LABELS, RUN_TAG,
-                                  SMOKE_SERVICE_ACCOUNT, run_role_name)
+from environment.contract import (INPUTS_PREFIX, ON_CLUSTER_FOLDER, PART_OF, PIPELINE_RUN_PREFIX, POD_SECURITY_LABELS,
+                                  RUN_TAG, SMOKE_SERVICE_ACCOUNT, run_role_name)
 from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
 from infra.stacks.pipeline_access import DEPLOYER_GROUP
@@ -71,13 +72,14 @@ type is ``mlflow-tracking-server`` can apply (``AccessUI`` has none, so it is no
 
 def checkpoint_policy_statements(bucket_arn: str, prefix: str, account: str,
                                  read_only_prefixes: tuple[str, ...] = ()) -> list[iam.PolicyStatement]:
-    """The long-lived cluster's role (single-team mode): read/write every run under ``prefix``,
-    read-only on a few others; never the pipeline's smoke runs nor the uploaded inputs."""
+    """The long-lived cluster's role (single-team mode): read/write the folders of every run on
+    the long-lived cluster (:data:`ON_CLUSTER_FOLDER`), read-only on a few others; never a run
+    with a cluster of its own, the pipeline's smoke runs nor the uploaded inputs."""
     owned = same_account(account)
     statements = [
         iam.PolicyStatement(
-            sid="CheckpointObjects", actions=list(OBJECT_ACTIONS),
-            resources=[f"{bucket_arn}/{prefix}/*"], conditions=owned),
+            sid="OnClusterRunObjects", actions=list(OBJECT_ACTIONS),
+            resources=[f"{bucket_arn}/{prefix}/{ON_CLUSTER_FOLDER}*"], conditions=owned),
         _never_evidence_or_inputs(bucket_arn, prefix),
     ]
     return [*statements, *_reads(bucket_arn, prefix, owned, read_only_prefixes)]
@@ -279,7 +281,7 @@ class RayIdentity(Construct):
         self.role = iam.Role(
             self, "PodRole", assumed_by=pod_identity_trust(cluster_arn, namespace, service_account_name),
             description=f"Ray pods of the long-lived cluster ({namespace}/{service_account_name}): every run "
-                        "(single-team), never the pipeline's smoke runs or the uploaded inputs")
+                        "on it (single-team), never another run, the pipeline's smoke runs or the uploaded inputs")
         self.association = eks.CfnPodIdentityAssociation(
             self, "Association", cluster_name=cluster.cluster_name, namespace=namespace,
             service_account=service_account_name, role_arn=self.role.role_arn)
@@ -320,9 +322,10 @@ class RayIdentity(Construct):
             self.policy.add_statements(iam.PolicyStatement(
                 sid="TrackingServer", actions=list(TRACKING_ACTIONS), resources=[tracking_server_arn]))
         acknowledge(
-            self.policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/*]",
+            self.policy,
+            f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/{ON_CLUSTER_FOLDER}*]",
             "Single-team mode of the long-lived cluster: its pods serve every -on-cluster job; the "
-            "wildcard is confined to the runs prefix of the one bucket, less the pipeline's runs and inputs.")
+            "wildcard covers those runs' folders only, never a run with a cluster of its own.")
         acknowledge(
             self.run_policy,
             # cdk-nag names a policy variable ${aws:X} as <aws:X> in its finding ids.
