@@ -174,3 +174,27 @@ def test_the_platform_identities_keep_their_accounts(api, shipped):
     copied = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
               "metadata": {"name": job["metadata"]["name"] + "-x7k2p"}, "spec": smoke["spec"]["rayClusterSpec"]}
     assert _create(api, copied, RUNS, OPERATOR).returncode == 0
+
+
+def test_an_update_may_keep_but_never_add_an_account(api, shipped):
+    """The Ray autoscaler (the long-lived head's account) patches its RayCluster's replicas; it
+    may not move a worker group onto another account."""
+    plane, env = api
+    [cluster] = [d for d in yaml.safe_load_all((shipped / "raycluster.k8s.yaml").read_text()) if d]
+    cluster["metadata"]["namespace"] = RUNS
+    plane.kubectl("create", *PIPELINE, "-f", "-", input=yaml.safe_dump(cluster))
+    name = cluster["metadata"]["name"]
+    autoscaler = [f"--as=system:serviceaccount:{RUNS}:{env.ray.service_account}"]
+    plane.apply_objects([_role_for("autoscaler", [{"apiGroups": ["ray.io"], "resources": ["rayclusters"],
+                                                   "verbs": ["get", "patch"]}],
+                                   {"kind": "User", "name": autoscaler[0].split("=", 1)[1]})])
+    replicas = '[{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 2}]'
+    patched = plane.kubectl("patch", "raycluster", name, "-n", RUNS, *autoscaler, "--type=json", "-p", replicas,
+                            check=False)
+    assert patched.returncode == 0, patched.stderr
+    borrow = ('[{"op": "add", "path": "/spec/workerGroupSpecs/0/template/spec/serviceAccountName", '
+              '"value": "run-b"}]')
+    refused = plane.kubectl("patch", "raycluster", name, "-n", RUNS, *autoscaler, "--type=json", "-p", borrow,
+                            check=False)
+    assert refused.returncode != 0 and "serviceAccountName 'run-b'" in refused.stderr, refused.stderr
+    plane.kubectl("delete", "raycluster", name, "-n", RUNS, "--wait=false", check=False)
