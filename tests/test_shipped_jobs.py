@@ -115,15 +115,19 @@ def test_a_shipped_job_synthesizes_its_rayjob(shipped_synth, job):
     import yaml
 
     from charts.main import rayjob_chart_name
+    from environment.contract import run_folder
 
     by_path = {plan.config_path: plan for plan in shipped_synth.plans}
     plan = by_path[f"{JOBS_DIR}/{job.name}"]  # the entrypoint names the file as the archive holds it
     charts = [rayjob_chart_name(plan.name)]
     if plan.uses_gpu and plan.node_group == load_environment(ENV_FILE).primary_gpu_group.name:
         charts.append(rayjob_chart_name(plan.name, on_cluster=True))
-    for chart in charts:
+    # the -on-cluster variant runs the same job in its on-cluster_<run> folder (charts/main.py)
+    folder = f" --set checkpoint.run_name={run_folder(plan.config.run_name, on_cluster=True)}"
+    config = f"--config {plan.config_path}"
+    for chart, entrypoint in zip(charts, [plan.entrypoint, plan.entrypoint.replace(config, config + folder, 1)]):
         (rayjob,) = [d for d in yaml.safe_load_all(shipped_synth.files[chart].read_text()) if d]
-        assert rayjob["kind"] == "RayJob" and rayjob["spec"]["entrypoint"] == plan.entrypoint, chart
+        assert rayjob["kind"] == "RayJob" and rayjob["spec"]["entrypoint"] == entrypoint, chart
 
 
 def test_the_shipped_manifests_validate(shipped_synth):
