@@ -105,7 +105,7 @@ class AttachedClusterStack(Stack):
         identity = RayIdentity(
             self, "Ray", cluster=self.cluster, cluster_name=spec.existing, namespace=ray.namespace,
             service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
-            pod_identity_agent=None, operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace,
+            pod_identity_agent=None, operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace, raycluster_name=spec.name,
             read_only_prefixes=read_only_prefixes, tracking_server_arn=ray.mlflow_tracking_server_arn)
         if "kuberay_operator" in self.addons.charts:
             # Deleted before the operator, which alone removes the RayJobs' finalizers (cluster.py).
