@@ -221,6 +221,10 @@ class ParallelConfig:
     order; the global batch must divide at every size between the bounds."""
     activation_checkpointing: bool = False
     """Recompute each decoder block's activations in the backward (less memory, more compute)."""
+    checkpoint_every: int = 1
+    """With ``activation_checkpointing``: checkpoint every k-th decoder block only (blocks k, 2k,
+    ... counted from 1, as torchtitan's per-layer selective checkpointing): backward recomputes
+    the forward of 1/k of the blocks and the others keep their activations. 1: every block."""
     compile: bool = False
     """``torch.compile`` each decoder block before sharding (training/parallel.py)."""
     keep_params_gathered: bool = False
@@ -253,8 +257,8 @@ class ParallelConfig:
     written."""
     pinned: tuple[str, ...] = ()
     """With ``plan = "auto"``: the plan settings the search must keep as written (any of
-    strategy, accumulation, activation_checkpointing, keep_params_gathered, grad_reduce_dtype,
-    cpu_offload, micro_batch_size)."""
+    strategy, accumulation, activation_checkpointing, checkpoint_every, keep_params_gathered,
+    grad_reduce_dtype, cpu_offload, compile, micro_batch_size)."""
 
     def __post_init__(self) -> None:
         one_of(self, "strategy", STRATEGIES)
@@ -268,6 +272,10 @@ class ParallelConfig:
         positive(self, "num_workers", allow_zero=True)
         positive(self, "workers_per_node", "cpus_per_worker")
         positive(self, "min_nodes", allow_zero=True)
+        positive(self, "checkpoint_every")
+        if self.checkpoint_every != 1 and not self.activation_checkpointing:
+            raise FieldError("checkpoint_every", self.checkpoint_every,
+                             "needs parallel.activation_checkpointing = true (1: every block when it is on)")
         if not self.use_gpu and not self.num_workers:
             object.__setattr__(self, "num_workers", 1)  # a CPU job's default: the file alone sizes it
         if self.num_workers % self.workers_per_node:
