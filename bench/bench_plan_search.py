@@ -79,7 +79,7 @@ def measurer(cluster):
         if plan is None or plan["seq_len"] != SEQ_LEN:
             return None
         variant = {k: plan[k] for k in ("strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered",
-                                        "cpu_offload", "lora", "micro_batch_size", "accumulation")}
+                                        "cpu_offload", "lora", "micro_batch_size", "accumulation", "checkpoint_every")}
         if variant["cpu_offload"]:
             from bench_offload_transfer import OffloadProbe
 
