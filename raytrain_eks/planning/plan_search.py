@@ -348,6 +348,8 @@ def _option(planned, candidate, shapes, cluster, figures, traces, results, model
     if not trace:
         option.missing = (f"no trace of {key['model']} seq {key['seq_len']} x micro batch {key['micro_batch_size']}, "
                           f"checkpointing {'on' if key['activation_checkpointing'] else 'off'}"
+                          + (f" (every {key['checkpoint_every']}th block needs the traces with and without)"
+                             if key["activation_checkpointing"] and key["checkpoint_every"] > 1 else "")
                           + (", LoRA" if key.get("lora") else "") if key else "no published shapes of this model")
         return option
     row = {"strategy": planned.parallel.strategy, "grad_accum_steps": planned.grad_accum_steps,

@@ -310,7 +310,10 @@ def missing(job, measured: dict, traces: list[dict] | None = None) -> list[str]:
         return []
     return [f"  step range       none: {TRACES.name} has no trace of {key['model']} {key['kind']} seq_len = "
             f"{key['seq_len']}, micro_batch_size = {key['micro_batch_size']}, activation_checkpointing = "
-            f"{str(key['activation_checkpointing']).lower()}; `.venv/bin/python bench/bench_step_model.py --trace` "
+            f"{str(key['activation_checkpointing']).lower()}"
+            + (f" (every {key['checkpoint_every']}th block: the traces without and with checkpointing)"
+               if key["activation_checkpointing"] and key.get("checkpoint_every", 1) > 1 else "")
+            + "; `.venv/bin/python bench/bench_step_model.py --trace` "
             "records the micro batches of its PLANS"]
 
 
