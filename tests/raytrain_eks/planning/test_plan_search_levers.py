@@ -50,6 +50,23 @@ def test_every_kth_block_is_priced_with_the_recompute_of_its_blocks_only(every):
     assert kth["model_flops"] == on["model_flops"] and kth["checkpoint_every"] == every
 
 
+def test_the_recompute_share_is_what_the_real_code_executes():
+    """Oracle: bench/bench_full_size_plan.py counted the FLOPs the job's own code executes per
+    micro batch (torch's FlopCounterMode, recompute included) for every measured k; they equal the
+    plan without checkpointing plus (L // k) / L of the full recompute, the share the step model
+    adds (step_model.partial_checkpointing)."""
+    rows = [r for r in measured_plan.load() if r["code"] == "after" and r.get("checkpoint_every", 1) > 1]
+    assert {r["checkpoint_every"] for r in rows} >= {2, 3, 4}
+    for row in rows:
+        same = [r for r in measured_plan.load() if r["code"] == "after" and (r["model"], r["micro_batch_size"], r.get("lora"))
+                == (row["model"], row["micro_batch_size"], row.get("lora")) and r.get("checkpoint_every", 1) == 1]
+        off = next(r for r in same if not r["activation_checkpointing"])["executed_flops_per_micro_batch"]
+        on = next(r for r in same if r["activation_checkpointing"])["executed_flops_per_micro_batch"]
+        layers = measured_plan.MODEL_CONFIGS[row["model"]]["num_hidden_layers"]
+        share = (layers // row["checkpoint_every"]) / layers
+        assert row["executed_flops_per_micro_batch"] == pytest.approx(off + share * (on - off), rel=1e-6)
+
+
 def test_the_search_weighs_k_and_prices_it_between_none_and_every_block():
     job, group, shapes = _job()
     found = plan_search.search(job, shapes, group)
