@@ -381,7 +381,9 @@ def jobs_table(paths: list[str], results: list[dict], cluster: Cluster = Cluster
             rows.append(f"| {Path(path).stem} | {name} | not measured | | | | | | |")
             continue
         p, (fast, slow) = predict(r, cluster), predict_range(r, cluster)
+        every = r.get("checkpoint_every", 1)
         plan = (f"{r['strategy']}, checkpointing {'on' if r['activation_checkpointing'] else 'off'}"
+                + (f" every {every}th block" if every > 1 else "")
                 + (", kept gathered" if r["keep_gathered"] else "") + (", cpu_offload" if r.get("cpu_offload") else "")
                 + (f", LoRA r {r['lora']['rank']}" if r.get("lora") else ""))
         host = host_bytes_per_gpu(r) * cluster.gpus_per_node / 1024**3
