@@ -224,7 +224,9 @@ class ParallelConfig:
     checkpoint_every: int = 1
     """With ``activation_checkpointing``: checkpoint every k-th decoder block only (blocks k, 2k,
     ... counted from 1, as torchtitan's per-layer selective checkpointing): backward recomputes
-    the forward of 1/k of the blocks and the others keep their activations. 1: every block."""
+    the forward of 1/k of the blocks and the others keep their activations. 1: every block.
+    Without ``activation_checkpointing`` it changes nothing (``--set
+    parallel.activation_checkpointing=false`` turns checkpointing off whatever k the file writes)."""
     compile: bool = False
     """``torch.compile`` each decoder block before sharding (training/parallel.py)."""
     keep_params_gathered: bool = False
@@ -273,14 +275,17 @@ class ParallelConfig:
         positive(self, "workers_per_node", "cpus_per_worker")
         positive(self, "min_nodes", allow_zero=True)
         positive(self, "checkpoint_every")
-        if self.checkpoint_every != 1 and not self.activation_checkpointing:
-            raise FieldError("checkpoint_every", self.checkpoint_every,
-                             "needs parallel.activation_checkpointing = true (1: every block when it is on)")
         if not self.use_gpu and not self.num_workers:
             object.__setattr__(self, "num_workers", 1)  # a CPU job's default: the file alone sizes it
         if self.num_workers % self.workers_per_node:
             raise FieldError("num_workers", self.num_workers,
                              f"must be a multiple of parallel.workers_per_node ({self.workers_per_node})")
+
+    @property
+    def checkpointed_every(self) -> int:
+        """The plan's k: ``checkpoint_every`` with checkpointing on, 1 without (a plan without
+        checkpointing is one plan whatever k the file writes)."""
+        return self.checkpoint_every if self.activation_checkpointing else 1
 
     @property
     def sized(self) -> bool:

@@ -240,7 +240,7 @@ def job_plan(job) -> dict | None:
         return None
     p, t = job.parallel, job.train
     return dict(strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                activation_checkpointing=p.activation_checkpointing, checkpoint_every=p.checkpoint_every,
+                activation_checkpointing=p.activation_checkpointing, checkpoint_every=p.checkpointed_every,
                 reduce_dtype=p.grad_reduce_dtype,
                 keep_gathered=p.keep_params_gathered, compile=p.compile, cpu_offload=p.cpu_offload,
                 lora=lora_key(transforms[0][1]) if transforms else None, accumulation=p.accumulation)

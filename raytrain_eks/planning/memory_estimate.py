@@ -251,7 +251,7 @@ def estimate_for_job(job: JobConfig, shapes: ModelShapes, strategy: str | None =
                            param_bytes=storage_bytes(job), compute_bytes=compute_bytes(job),
                            grad_accum_steps=job.grad_accum_steps, keep_gathered=p.keep_params_gathered,
                            cpu_offload=p.cpu_offload, local_accumulation=p.accumulation == "local",
-                           checkpoint_every=p.checkpoint_every,
+                           checkpoint_every=p.checkpointed_every,
                            trainable=None if lora is None else lora_adapter_params(shapes, lora))
     if t.objective == "dpo" and lora is None:
         frozen = shapes.num_params() * storage_bytes(job) // estimate.shard_group

@@ -79,7 +79,7 @@ def current(job) -> Candidate:
     return Candidate(strategy=p.strategy, accumulation=p.accumulation, activation_checkpointing=p.activation_checkpointing,
                      keep_params_gathered=p.keep_params_gathered, grad_reduce_dtype=p.grad_reduce_dtype,
                      cpu_offload=p.cpu_offload, micro_batch_size=job.train.micro_batch_size,
-                     checkpoint_every=p.checkpoint_every, compile=p.compile)
+                     checkpoint_every=p.checkpointed_every, compile=p.compile)
 
 
 def apply(job, candidate: Candidate, pod_cpu: int = 0):
@@ -102,6 +102,8 @@ def overrides(job, chosen) -> list[str]:
             if not hasattr(getattr(job, section), name):
                 continue
             before, after = getattr(getattr(job, section), name), getattr(getattr(chosen, section), name)
+            if name == "checkpoint_every" and not chosen.parallel.activation_checkpointing:
+                continue  # no checkpointing: k changes nothing (ParallelConfig.checkpointed_every)
             if before != after:
                 text = str(after).lower() if isinstance(after, bool) else (f'"{after}"' if isinstance(after, str) else f"{after:g}")
                 out.append(f"{section}.{name}={text}")
@@ -125,7 +127,7 @@ def candidates(job, compile_measured: bool = False) -> list[Candidate]:
     for values in _product(choices):
         candidate = Candidate(**values)
         if not candidate.activation_checkpointing and candidate.checkpoint_every != 1:
-            continue  # k means nothing without checkpointing (the config refuses it)
+            continue  # k means nothing without checkpointing: one plan, k = 1 (ParallelConfig.checkpointed_every)
         accum = job.train.global_batch_size // (world * candidate.micro_batch_size)
         if accum < 2 and (candidate.accumulation == "local" or candidate.keep_params_gathered):
             continue  # the same plan as sharded / regathered with one micro batch
@@ -416,7 +418,7 @@ def compile_note(figures, chosen: Option | None = None) -> str:
         where = (f"; in the pick it would act on the blocks' kernels, {kernels[1]:.2f}-{kernels[0]:.2f} s of its "
                  f"{chosen.prediction['step_s'][1]:.2f}-{chosen.prediction['step_s'][0]:.2f} s (slow-fast), mostly on "
                  f"the memory-bound element-wise part, {elementwise[1]:.2f}-{elementwise[0]:.2f} s, which fusion shortens")
-    return ("parallel.compile: UNMEASURED on this GPU type, so not searched (`make gpu-check` times a compiled block "
+    return ("parallel.compile: unmeasured on this GPU type, so not searched (`make gpu-check` times a compiled block "
             "against an eager one and writes raytrain_eks/planning/gpu_calibration.json)" + where)
 
 

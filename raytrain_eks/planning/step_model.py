@@ -268,7 +268,7 @@ def trace_key(job, model: str) -> dict | None:
     return kind and {"model": model, "kind": kind, "seq_len": job.train.seq_len,
                      "micro_batch_size": job.train.micro_batch_size,
                      "activation_checkpointing": job.parallel.activation_checkpointing,
-                     "checkpoint_every": job.parallel.checkpoint_every,
+                     "checkpoint_every": job.parallel.checkpointed_every,
                      "lora": lora_key(lora) if lora is not None else None}
 
 

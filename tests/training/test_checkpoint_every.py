@@ -77,12 +77,12 @@ def test_every_kth_block_checkpointed_gives_the_losses_and_gradients_of_none():
             assert all(n in (2, 4) for n in plan["forward_calls"]), plan
 
 
-def test_checkpoint_every_needs_checkpointing_and_a_positive_k():
+def test_checkpoint_every_is_a_positive_k_that_counts_only_with_checkpointing():
     from spec_schema import FieldError
     from training.config_sections import ParallelConfig
 
-    assert ParallelConfig(activation_checkpointing=True, checkpoint_every=2).checkpoint_every == 2
-    with pytest.raises(FieldError, match="checkpoint_every.*activation_checkpointing = true"):
-        ParallelConfig(checkpoint_every=2)
-    with pytest.raises(FieldError, match="checkpoint_every"):
+    assert ParallelConfig(activation_checkpointing=True, checkpoint_every=2).checkpointed_every == 2
+    # checkpointing off (e.g. --set over a file that writes k): one plan, whatever k says
+    assert ParallelConfig(checkpoint_every=4).checkpointed_every == 1
+    with pytest.raises(FieldError, match="checkpoint_every: 0"):
         ParallelConfig(activation_checkpointing=True, checkpoint_every=0)

@@ -109,7 +109,7 @@ def test_without_a_measured_compiled_block_compile_is_not_searched_and_the_prefl
     found = plan_search.search(job, shapes, group, figures=figures)
     assert not any(o.candidate.compile for o in found.options)
     note = found.compile_note
-    assert "UNMEASURED" in note and "make gpu-check" in note and "not searched" in note
+    assert "unmeasured" in note and "make gpu-check" in note and "not searched" in note
     kernels = sum(found.chosen.prediction["terms"][t][1] for t in plan_search.COMPILE_TERMS)
     assert f"{kernels:.2f}" in note  # what it would act on, in the pick's own terms
     assert note in "\n".join(plan_search.render(found, job))
