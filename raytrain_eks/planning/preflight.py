@@ -406,7 +406,7 @@ def deadline_check(job: JobConfig, step_s: float, params: int) -> Check:
     ``rayjob_controller.go`` ``checkBackoffLimitAndUpdateStatusIfNeeded``: DeadlineExceeded is
     exempt from ``backoffLimit``): a run that does not fit ends without its final evaluation and
     export, every time. The fix is named: fewer steps, a longer deadline, or a chain of runs."""
-    from training.deadlines import run_time_limit_seconds
+    from training.contract import run_time_limit_seconds
 
     terms = run_minutes(job, step_s, params)
     total = sum(terms.values())
