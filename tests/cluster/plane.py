@@ -297,6 +297,9 @@ class Plane:
         namespaces = ["kuberay-system", "kueue-system", env.ray.namespace]
         self.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in namespaces])
         self.kubectl("apply", "--server-side", "-f", str(crd_file))
+        # RayService, which the operator watches and the stack's CRD file does not hold (the
+        # operator's Helm chart installs it on EKS; scripts/build-control-plane.sh stage_kuberay).
+        self.kubectl("apply", "--server-side", "-f", str(binary("kuberay", "crds-extra.yaml")))
         self.kubectl("apply", "--server-side", "-f", str(binary("kueue", "crds.yaml")))
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
         self.apply_objects(nodes(env))
