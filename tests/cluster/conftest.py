@@ -52,8 +52,9 @@ class Namespace:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         # a RayJob runs as its own service account, which `submit` creates before the RayJob
         # (raytrain_eks/runs/submit.py); the long-lived cluster's is the namespace's (the fixture's)
+        # (an ``-on-cluster`` RayJob has no cluster of its own: a clusterSelector, no rayClusterSpec)
         runs = {d["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"].get("serviceAccountName")
-                for d in docs if d.get("kind") == "RayJob"}
+                for d in docs if d.get("kind") == "RayJob" and "rayClusterSpec" in d["spec"]}
         if runs - {None}:
             self.plane.apply_objects([run_service_account(run, self.name) for run in sorted(runs - {None})])
         for doc in docs:

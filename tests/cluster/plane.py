@@ -265,7 +265,7 @@ class Plane:
                    "default service account")
         self._install(env)
         self._start("kwok", [str(binary("kwok", "kwok")), f"--kubeconfig={self.kubeconfig}",
-                             "--config", str(binary("kwok", "stages.yaml")), "--manage-all-nodes=false",
+                             "--config", str(self._stages()), "--manage-all-nodes=false",
                              "--manage-nodes-with-annotation-selector=" + ",".join(f"{k}={v}" for k, v in KWOK_ANNOTATION.items()),
                              f"--server-address=127.0.0.1:{p['kwok']}", "--cidr=10.244.0.0/16", "--node-ip=127.0.0.1"])
         self._wait("kwok", self._nodes_ready, "Ready nodes")
@@ -275,6 +275,19 @@ class Plane:
             env={"KUBECONFIG": str(self.kubeconfig)})
         self._wait("kuberay-operator", lambda: _http_ok(f"http://127.0.0.1:{p['kuberay-probe']}/readyz"), "/readyz")
         self._start_kueue(env)
+
+    def _stages(self) -> Path:
+        """KWOK's stages without ``pod-complete`` (which moves every Running pod a Job owns to
+        Succeeded at once). On EKS a RayJob's submitter pod runs ``ray job submit`` and follows
+        the job until it ends; completed at once, it would make KubeRay v1.6.2 fail the RayJob 30 s
+        later ("The RayJob submitter finished at ... but the ray job did not reach terminal state",
+        rayjob_controller.go ``checkSubmitterFinishedTimeoutAndUpdateStatusIfNeeded``) and delete
+        its cluster: nothing that outlives 30 s could be observed."""
+        docs = [d for d in yaml.safe_load_all(binary("kwok", "stages.yaml").read_text())
+                if d and d["metadata"]["name"] != "pod-complete"]
+        path = self.workdir / "stages.yaml"
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        return path
 
     def _write_kubeconfig(self) -> None:
         w = self.workdir
