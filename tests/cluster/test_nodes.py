@@ -8,6 +8,9 @@ and the test reads where the pods went.
   ``spec.unschedulable``; a NotReady node gets ``node.kubernetes.io/not-ready:NoSchedule`` from the
   node lifecycle controller, pkg/controller/nodelifecycle/node_lifecycle_controller.go
   ``doNoScheduleTaintingPass``); the worker it cannot place waits unscheduled, naming why.
+- drained (``kubectl drain``: a cordon, then each pod evicted through the Eviction API, as a spot
+  interruption handler or a node repair drains): KubeRay replaces the evicted worker and the
+  scheduler keeps the replacement off the cordoned node.
 - deleted: the pod garbage collector removes the pods bound to the missing node
   (pkg/controller/podgc/gc_controller.go ``gcOrphaned``, after its 40 s quarantine), KubeRay
   sees its worker group one short and creates a new worker pod, which the scheduler places once a
@@ -168,3 +171,42 @@ def test_with_a_wrong_node_selector_no_worker_comes_back(namespace, shipped, gpu
     with pytest.raises(AssertionError) as caught:
         deleted_and_replaced(namespace, shipped, gpu_node, wrong_node_selector)
     print(f"wrong node selector: {caught.value}")
+
+
+def drained(namespace, shipped, node: str, mutate=None) -> tuple[dict, dict]:
+    """Run the smoke job, ``kubectl drain`` the node under one of its workers (cordon, then evict
+    through the Eviction API, as a spot interruption handler or a node repair does); return the
+    workers before and once KubeRay has made the evicted one's replacement and the scheduler
+    decided on it."""
+    plane = namespace.plane
+    apply_smoke(namespace, shipped, mutate)
+    before = wait_for("both workers placed on the GPU nodes", lambda: (
+        (w := workers(namespace)) and len(w) == 2 and all(n for n, _ in w.values()) and w), SETTLE_S)
+    [evicted] = [name for name, (n, _) in before.items() if n == node]
+    # the worker pods have a controller (their RayCluster), so drain evicts them without --force
+    plane.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s", timeout=180)
+    after = wait_for("KubeRay's replacement worker placed or refused", lambda: (
+        (w := workers(namespace)) and len(w) == 2 and evicted not in w and all(n or why for n, why in w.values()) and w),
+        SETTLE_S)
+    return before, after
+
+
+def check_drain(namespace, shipped, node: str, mutate=None) -> None:
+    before, after = drained(namespace, shipped, node, mutate)
+    print(json.dumps({"before": before, "after": after}))
+    assert node not in {n for n, _ in after.values()}, f"the replacement was placed on {node}: {after}"
+    [(_, why)] = [v for name, v in after.items() if name not in before]
+    assert WHY["cordoned"] in why, why  # the drained node is cordoned; the other GPU node is taken
+
+
+def test_a_drained_gpu_node_loses_its_worker_and_the_replacement_keeps_off_it(namespace, shipped, gpu_node):
+    check_drain(namespace, shipped, gpu_node)
+
+
+def test_a_worker_that_tolerates_every_taint_goes_back_onto_the_drained_node(namespace, shipped, gpu_node):
+    """The breakage the test above must catch: a toleration of every taint
+    (``node.kubernetes.io/unschedulable``, which a cordon puts on the node, included)."""
+    with pytest.raises(AssertionError) as caught:
+        check_drain(namespace, shipped, gpu_node, tolerate_everything)
+    print(f"drained, tolerating every taint: {caught.value}")
+    assert f"placed on {gpu_node}" in str(caught.value)
