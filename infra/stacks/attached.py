@@ -96,7 +96,8 @@ class AttachedClusterStack(Stack):
                              subnets=ec2.SubnetSelection(subnets=gpu_subnets.subnets),
                              security_group_ids=[spec.cluster_security_group_id, efa.security_group_id],
                              node_role=self.node_role, availability_zone=spec.gpu_availability_zone,
-                             availability_zones=spec.availability_zones, exists=group.name in existing_gpu_groups)
+                             availability_zones=spec.availability_zones, exists=group.name in existing_gpu_groups,
+                             private_subnet_ids=tuple(spec.private_subnet_ids))
                 for group in new_groups]
         self.gpu_nodegroups = [g.nodegroup for g in self.gpu_node_groups]
 
