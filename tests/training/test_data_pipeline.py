@@ -11,7 +11,7 @@ from training.data import DataError, build_data
 from training.data.packing import pack, split_documents
 from training.data.formats import read_documents
 from training.data.records import Document
-from training.data.tokenize import TokenizedDoc, tokenize_documents
+from training.data.tokenizer import TokenizedDoc, tokenize_documents
 
 IM_END, ENDOFTEXT = 151645, 151643
 
