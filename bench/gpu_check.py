@@ -13,7 +13,7 @@
    log fails the run).
 3. A resume of that run (more steps, same run name): it must continue from the last checkpoint.
 
-3b. The health gate's device calls on every GPU (:func:`health_gate`, training/watchdog.py): the
+3b. The health gate's device calls on every GPU (training/health_gate.py): the
    timed GEMM against its bound, nvidia-smi's ECC and row-remap answers as the gate reads them,
    the findings (a healthy machine: none) and the seconds the gate takes, printed, never asserted
    as a time.
@@ -227,21 +227,21 @@ def measure_calibration(device: str, device_name: str, sync, *, shapes: list[tup
 
 
 def health_gate(gpus: int) -> dict:
-    """The gate's own reading and judgement on each GPU, with its seconds (training/watchdog.py)."""
+    """The gate's own reading and judgement on each GPU, with its seconds (training/health_gate.py)."""
     import torch
 
-    from training import watchdog
+    from training import health_gate as gate
     from training.metrics import peak_tflops_from_env
 
     out: dict = {"gpus": [], "problems": []}
     for index in range(gpus):
         began = time.perf_counter()
-        readings = watchdog.device_readings(True, torch.device("cuda", index))
+        readings = gate.device_readings(True, torch.device("cuda", index))
         name = torch.cuda.get_device_name(index)
         peak = peak_tflops_from_env(os.environ, name) or _table_peak(name)
-        found = watchdog.judge_gate(readings, peak)
+        found = gate.judge_gate(readings, peak)
         out["gpus"].append({"index": index, "gemm_tflops": round(readings.get("gemm_tflops") or 0.0, 1), "peak": peak,
-                            "bound": round(watchdog.GEMM_MIN_PEAK_FRACTION * peak, 1) if peak else None,
+                            "bound": round(gate.GEMM_MIN_PEAK_FRACTION * peak, 1) if peak else None,
                             "nvidia_smi": readings.get("gpus", "").strip(), "found": found,
                             "seconds": round(time.perf_counter() - began, 2)})
         # nvidia-smi's findings name their GPU and come back from every GPU's reading: once each

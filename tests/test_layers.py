@@ -217,7 +217,7 @@ TRAINING_ROOMS: tuple[tuple[str, ...], ...] = (
     ("config_sections",),                                 # the job config's sections
     ("config",),                                          # the job config
     ("data", "model", "flops", "verdict", "mlflow_rest", "incidents"),  # inputs, the model, figures, judgement, MLflow's API, faults
-    ("checkpointing", "evaluation", "parallel", "optim", "metrics", "transport"),
+    ("checkpointing", "evaluation", "parallel", "optim", "metrics", "transport", "health_gate"),
     ("metric_sinks", "run_logs", "run_record", "run_facts", "watchdog"),
     ("loop",),                                            # the worker's training loop
     ("launch",),                                          # the driver

@@ -71,7 +71,7 @@ ENV_HANG_FIRST_STEP_S = "RAYTRAIN_HANG_FIRST_STEP_S"
 """Overrides the watchdog's bound for an attempt's first step (``FIRST_STEP_S``): model build,
 restore, evaluation before training and the first compile come before it."""
 ENV_GATE_DEVICE = "RAYTRAIN_GATE_DEVICE"
-"""Test hook of the health gate (training/watchdog.py ``device_readings``): a JSON file whose
+"""Test hook of the health gate (training/health_gate.py ``device_readings``): a JSON file whose
 ``gemm_tflops``, ``gpus`` and ``remapped_rows`` replace the gate's two device calls (the timed GEMM
 and nvidia-smi's CSV answers); set on a NODE (its raylet's environment, as a real GPU belongs
 to a node), never by a job. Everything after the reading (the decision, the record, keeping the

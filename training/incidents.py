@@ -56,7 +56,7 @@ WORKER_ERROR = "worker_error"
 PREEMPTION = "preemption"
 """The node was drained or reclaimed (spot interruption, eviction)."""
 HEALTH_GATE = "health_gate"
-"""A node failed the health gate at an attempt's start (training/watchdog.py ``judge_gate``: a
+"""A node failed the health gate at an attempt's start (training/health_gate.py ``judge_gate``: a
 slow GEMM or GPU memory errors): named, and kept out of the next attempt."""
 KINDS = (HANG, WORKER_LOST, NODE_LOST, HEALTH_CHECK, WORKER_ERROR, PREEMPTION, HEALTH_GATE)
 FIELDS = ("kind", "time", "ranks", "nodes", "step", "detail", "saved", "resumed_from_step", "steps_lost",

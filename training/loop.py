@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from training import contract, evaluation, incidents, metrics, objectives, optim, transport, watchdog
+from training import contract, evaluation, health_gate, incidents, metrics, objectives, optim, transport, watchdog
 from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
 from training import model as forward_fns
@@ -273,7 +273,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     # The health gate, at every attempt's start: a node whose GPU is slow or has memory errors is
     # named in run.json and kept out of the next attempt before the group spends anything on it.
     if ctx.in_ray:
-        watchdog.health_gate(progress, on_gpu=on_gpu, device=device,
+        health_gate.check(progress, on_gpu=on_gpu, device=device,
                              device_name=torch.cuda.get_device_name(device) if on_gpu else "")
     # Same seed on every rank: fully_shard keeps each rank's slice of ITS OWN full copy.
     torch.manual_seed(job.train.seed)

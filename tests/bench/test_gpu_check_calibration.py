@@ -60,7 +60,7 @@ def test_the_gate_step_reports_each_gpus_reading_bound_and_findings(tmp_path, mo
     # printing its CSV query answers (NVIDIA nvidia-smi ``--format=csv,noheader,nounits``).
     import torch
 
-    from training import contract, watchdog
+    from training import contract, health_gate
 
     tool = tmp_path / "nvidia-smi"
     tool.write_text("#!/bin/sh\ncase \"$1\" in --query-gpu=*) echo '0, GPU-aaaa, 1, [N/A]';; "
@@ -71,7 +71,7 @@ def test_the_gate_step_reports_each_gpus_reading_bound_and_findings(tmp_path, mo
     monkeypatch.delenv(contract.ENV_PEAK_TFLOPS, raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA L4")
     rates = iter([54.9, 12.0])
-    monkeypatch.setattr(watchdog, "gemm_tflops", lambda device: next(rates))
+    monkeypatch.setattr(health_gate, "gemm_tflops", lambda device: next(rates))
     out = _gpu_check().health_gate(2)
     assert [(g["gemm_tflops"], g["peak"], g["bound"]) for g in out["gpus"]] == [(54.9, 121.0, 30.2), (12.0, 121.0, 30.2)]
     assert out["problems"] == ["GPU 0: 1 uncorrectable ECC errors since the driver loaded (bound 0)",

@@ -1,4 +1,4 @@
-"""The health gate (training/watchdog.py ``judge_gate``, ``health_gate``, ``Watchdog._gate_failed``):
+"""The health gate (training/health_gate.py ``judge_gate``, ``health_gate``, ``Watchdog._gate_failed``):
 its decision from the device readings, and the incident it writes. The device readings are
 injected (a GPU's GEMM rate, nvidia-smi's CSV answer); everything after them runs as on a GPU.
 
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from training import contract, incidents, verdict, watchdog
+from training import contract, health_gate, incidents, verdict, watchdog
 from training.run_record import RunRecord
 
 L4_PEAK = 121.0
@@ -20,11 +20,11 @@ HEALTHY = {"gemm_tflops": 54.9, "gpus": "0, GPU-aaaa, 0, [N/A]\n1, GPU-bbbb, 0, 
 
 
 def test_a_healthy_l4_passes():
-    assert watchdog.judge_gate(HEALTHY, L4_PEAK) == []
+    assert health_gate.judge_gate(HEALTHY, L4_PEAK) == []
 
 
 def test_a_slow_gemm_fails_with_its_figure_and_bound():
-    [found] = watchdog.judge_gate({**HEALTHY, "gemm_tflops": 20.0}, L4_PEAK)
+    [found] = health_gate.judge_gate({**HEALTHY, "gemm_tflops": 20.0}, L4_PEAK)
     assert "20.0 TFLOP/s < bound 30.2" in found and "0.25 x peak 121" in found
 
 
@@ -34,8 +34,8 @@ def test_the_bound_passes_the_published_l4_rate_with_room_for_its_spread():
     from raytrain_eks.planning.gpu_figures import L4_GEMM_TFLOPS
 
     for rate in L4_GEMM_TFLOPS.values():
-        assert watchdog.judge_gate({**HEALTHY, "gemm_tflops": rate}, L4_PEAK) == []
-    assert watchdog.judge_gate({**HEALTHY, "gemm_tflops": min(L4_GEMM_TFLOPS.values()) / 2.2}, L4_PEAK)
+        assert health_gate.judge_gate({**HEALTHY, "gemm_tflops": rate}, L4_PEAK) == []
+    assert health_gate.judge_gate({**HEALTHY, "gemm_tflops": min(L4_GEMM_TFLOPS.values()) / 2.2}, L4_PEAK)
 
 
 @pytest.mark.parametrize("gpus, remapped, expected", [
@@ -46,24 +46,24 @@ def test_the_bound_passes_the_published_l4_rate_with_room_for_its_spread():
     (HEALTHY["gpus"], "GPU-aaaa, No, No\nGPU-bbbb, No, Yes\n", "GPU GPU-bbbb: a row remap failed"),
 ])
 def test_gpu_memory_errors_fail_the_node(gpus, remapped, expected):
-    [found] = watchdog.judge_gate({**HEALTHY, "gpus": gpus, "remapped_rows": remapped}, L4_PEAK)
+    [found] = health_gate.judge_gate({**HEALTHY, "gpus": gpus, "remapped_rows": remapped}, L4_PEAK)
     assert found.startswith(expected)
 
 
 def test_a_device_call_that_failed_is_a_finding_and_no_peak_leaves_the_gemm_unjudged():
-    assert watchdog.judge_gate({**HEALTHY, "error": "TimeoutExpired: nvidia-smi"}, L4_PEAK) == [
+    assert health_gate.judge_gate({**HEALTHY, "error": "TimeoutExpired: nvidia-smi"}, L4_PEAK) == [
         "device check failed: TimeoutExpired: nvidia-smi"]
-    assert watchdog.judge_gate({**HEALTHY, "gemm_tflops": 1.0}, None) == []
-    assert watchdog.judge_gate(None, L4_PEAK) == []  # a CPU worker: no GPU to prove
+    assert health_gate.judge_gate({**HEALTHY, "gemm_tflops": 1.0}, None) == []
+    assert health_gate.judge_gate(None, L4_PEAK) == []  # a CPU worker: no GPU to prove
 
 
 def test_a_cpu_worker_reads_nothing_unless_its_node_holds_injected_readings(tmp_path, monkeypatch):
     monkeypatch.delenv(contract.ENV_GATE_DEVICE, raising=False)
-    assert watchdog.device_readings(False, None) is None
+    assert health_gate.device_readings(False, None) is None
     path = tmp_path / "device.json"
     path.write_text(json.dumps({"gpus": "0, GPU-aaaa, 3, [N/A]\n"}))
     monkeypatch.setenv(contract.ENV_GATE_DEVICE, str(path))
-    found = watchdog.device_readings(False, None)
+    found = health_gate.device_readings(False, None)
     assert found["gpus"] == "0, GPU-aaaa, 3, [N/A]\n" and found["gemm_tflops"] is None
 
 
@@ -73,12 +73,12 @@ def test_the_gate_raises_one_line_naming_the_node_and_the_figure(tmp_path, monke
     monkeypatch.setenv(contract.ENV_GATE_DEVICE, str(path))
     monkeypatch.setenv(contract.ENV_PEAK_TFLOPS, "121")
     monkeypatch.setenv(contract.ENV_NODE_NAME, "ip-10-0-0-7")
-    with pytest.raises(watchdog.GateFailed) as err:
-        watchdog.health_gate(watchdog.Progress(None, 0, 1), on_gpu=False, device=None)
+    with pytest.raises(health_gate.GateFailed) as err:
+        health_gate.check(watchdog.Progress(None, 0, 1), on_gpu=False, device=None)
     assert str(err.value).startswith("health gate: node ip-10-0-0-7 failed: bf16 GEMM 4096^3 at 12.5 TFLOP/s < bound 30.2")
     assert "\n" not in str(err.value)
     path.write_text(json.dumps(HEALTHY))
-    assert watchdog.health_gate(watchdog.Progress(None, 0, 1), on_gpu=False, device=None) >= 0.0
+    assert health_gate.check(watchdog.Progress(None, 0, 1), on_gpu=False, device=None) >= 0.0
 
 
 FAKE_NVIDIA_SMI = """#!/bin/sh
@@ -112,10 +112,10 @@ def test_on_a_gpu_the_gate_asks_nvidia_smi_and_times_the_gemm(tmp_path, monkeypa
     # The GPU path on CPU: only the device calls stand in (the GEMM's rate; nvidia-smi's answers
     # from a stand-in executable that accepts only the exact queries), the rest runs as on a GPU.
     calls = _fake_nvidia_smi(tmp_path, monkeypatch)
-    monkeypatch.setattr(watchdog, "gemm_tflops", lambda device: 21.0)
-    found = watchdog.device_readings(True, "cuda:0")
+    monkeypatch.setattr(health_gate, "gemm_tflops", lambda device: 21.0)
+    found = health_gate.device_readings(True, "cuda:0")
     assert "error" not in found and len(calls.read_text().splitlines()) == 2
-    assert watchdog.judge_gate(found, L4_PEAK) == [
+    assert health_gate.judge_gate(found, L4_PEAK) == [
         "bf16 GEMM 4096^3 at 21.0 TFLOP/s < bound 30.2 (0.25 x peak 121)",
         "GPU 1: 4 uncorrectable ECC errors since the driver loaded (bound 0)",
         "GPU GPU-bbbb: a row remap waits for a GPU reset"]
@@ -124,18 +124,18 @@ def test_on_a_gpu_the_gate_asks_nvidia_smi_and_times_the_gemm(tmp_path, monkeypa
 @pytest.mark.subprocess
 def test_an_nvidia_smi_that_hangs_fails_the_node_and_one_missing_from_the_image_does_not(tmp_path, monkeypatch):
     _fake_nvidia_smi(tmp_path, monkeypatch)
-    monkeypatch.setattr(watchdog, "gemm_tflops", lambda device: 60.0)
-    monkeypatch.setattr(watchdog, "NVIDIA_SMI_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(health_gate, "gemm_tflops", lambda device: 60.0)
+    monkeypatch.setattr(health_gate, "NVIDIA_SMI_TIMEOUT_S", 1.0)
     monkeypatch.setenv("HANG", "1")
-    found = watchdog.judge_gate(watchdog.device_readings(True, "cuda:0"), L4_PEAK)
+    found = health_gate.judge_gate(health_gate.device_readings(True, "cuda:0"), L4_PEAK)
     assert found[0].startswith("device check failed: TimeoutExpired") and "4 uncorrectable ECC" in found[1]
     # no nvidia-smi in the image: the image's property, never a node's finding (it would drain
     # every node in turn); the GEMM is still judged
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    readings = watchdog.device_readings(True, "cuda:0")
-    assert readings["unchecked"].startswith("nvidia-smi not found") and watchdog.judge_gate(readings, L4_PEAK) == []
-    monkeypatch.setattr(watchdog, "gemm_tflops", lambda device: 9.0)
-    [found] = watchdog.judge_gate(watchdog.device_readings(True, "cuda:0"), L4_PEAK)
+    readings = health_gate.device_readings(True, "cuda:0")
+    assert readings["unchecked"].startswith("nvidia-smi not found") and health_gate.judge_gate(readings, L4_PEAK) == []
+    monkeypatch.setattr(health_gate, "gemm_tflops", lambda device: 9.0)
+    [found] = health_gate.judge_gate(health_gate.device_readings(True, "cuda:0"), L4_PEAK)
     assert found.startswith("bf16 GEMM 4096^3 at 9.0 TFLOP/s")
 
 
