@@ -55,7 +55,10 @@ WORKER_ERROR = "worker_error"
 """A rank raised an exception; Ray Train restarted the group."""
 PREEMPTION = "preemption"
 """The node was drained or reclaimed (spot interruption, eviction)."""
-KINDS = (HANG, WORKER_LOST, NODE_LOST, HEALTH_CHECK, WORKER_ERROR, PREEMPTION)
+KINDS = (HANG, NODE_LOST, WORKER_LOST, HEALTH_CHECK, WORKER_ERROR, PREEMPTION)
+"""Every kind, the one that explains a fault best first (training/watchdog.py names a fault by
+the first kind its evidence shows): a worker that died with the node under it was lost with
+that node, so ``node_lost`` outranks ``worker_lost``."""
 FIELDS = ("kind", "time", "ranks", "nodes", "step", "detail", "saved", "resumed_from_step", "steps_lost",
           "progress_again_s", "wall_lost_s", "devices", "gpu_minutes_lost", "device_minutes_lost")
 """Every key of an incident: ``time`` (ISO, UTC) when it was seen; ``ranks``/``nodes`` that
