@@ -253,28 +253,30 @@ def test_a_killed_rank_is_recorded_and_the_run_resumes(cluster, reference, tmp_p
     assert len(entry["ranks"]) == 1
 
 
+def lose_node(cluster, lost: set[str]) -> None:
+    """The second node lost whole (:meth:`Node.kill`), its Ray node id added to ``lost``; a third
+    node joins as its replacement, as an autoscaler's would (bench/bench_recovery.py too)."""
+    from ray.util.state import list_nodes
+
+    head, node = cluster["head"], cluster["nodes"][0]
+    [head_node] = [n.node_id for n in list_nodes(address=head.dashboard_url, filters=[("is_head_node", "=", "True")],
+                                               raise_on_missing_output=False)]
+    lost.update(w.node_id for w in _workers(head) if w.node_id != head_node)
+    node.kill([w.pid for w in _workers(head) if w.node_id != head_node])
+    replacement = Node(head, cluster["env"], "node-c")
+    cluster["nodes"].append(replacement)
+    _wait(lambda: replacement.up() or any(n.node_id not in lost | {head_node} for n in list_nodes(
+        address=head.dashboard_url, filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)),
+        600, "the replacement node")
+
+
 def test_a_lost_node_is_recorded_and_the_run_resumes_on_its_replacement(cluster, reference, tmp_path):
     """Ray Train sees the lost node's worker first (its poll fails within seconds) and restarts
     the group, killing that worker, before the GCS marks the node dead (5 failed health checks,
     3 s apart): the record must still say the node was lost, and which."""
-    head = cluster["head"]
     lost: set[str] = set()
-
-    from ray.util.state import list_nodes
-
-    def lose_node(client, run):
-        node = cluster["nodes"][0]
-        [head_node] = [n.node_id for n in list_nodes(address=head.dashboard_url, filters=[("is_head_node", "=", "True")],
-                                                   raise_on_missing_output=False)]
-        lost.update(w.node_id for w in _workers(head) if w.node_id != head_node)
-        node.kill([w.pid for w in _workers(head) if w.node_id != head_node])
-        replacement = Node(head, cluster["env"], "node-c")  # the replacement joins, as an autoscaler's would
-        cluster["nodes"].append(replacement)
-        _wait(lambda: replacement.up() or any(n.node_id not in lost | {head_node} for n in list_nodes(
-            address=head.dashboard_url, filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)),
-            600, "the replacement node")
-
-    entry = _healed(_run(cluster, tmp_path, "chaos-node", lose_node), reference, "node_lost")
+    entry = _healed(_run(cluster, tmp_path, "chaos-node", lambda client, run: lose_node(cluster, lost)),
+                    reference, "node_lost")
     assert len(lost) == 1 and len(entry["ranks"]) == 1
     assert f"Ray node {next(iter(lost))} dead" in entry["detail"], entry
 
