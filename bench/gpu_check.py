@@ -13,6 +13,10 @@
    log fails the run).
 3. A resume of that run (more steps, same run name): it must continue from the last checkpoint.
 
+3b. The health gate's device calls on every GPU (:func:`health_gate`, training/watchdog.py): the
+   timed GEMM against its bound, nvidia-smi's ECC and row-remap answers as the gate reads them,
+   the findings (a healthy machine: none) and the seconds the gate takes, printed, never asserted
+   as a time.
 4. The calibration (:func:`measure_calibration`): bf16 GEMM rate at the shipped micro batch's
    shapes, memory bandwidth and the step above, written to raytrain_eks/planning/gpu_calibration.json,
    which the preflight's step model (raytrain_eks/planning/step_model.py) reads in place of the published
@@ -222,6 +226,38 @@ def measure_calibration(device: str, device_name: str, sync, *, shapes: list[tup
             "host_adamw_ms_per_million": measure_host_adamw(adamw_millions, max(2, repeats // 2))}
 
 
+def health_gate(gpus: int) -> dict:
+    """The gate's own reading and judgement on each GPU, with its seconds (training/watchdog.py)."""
+    import torch
+
+    from training import watchdog
+    from training.metrics import peak_tflops_from_env
+
+    out: dict = {"gpus": [], "problems": []}
+    for index in range(gpus):
+        began = time.perf_counter()
+        readings = watchdog.device_readings(True, torch.device("cuda", index))
+        name = torch.cuda.get_device_name(index)
+        peak = peak_tflops_from_env(os.environ, name) or _table_peak(name)
+        found = watchdog.judge_gate(readings, peak)
+        out["gpus"].append({"index": index, "gemm_tflops": round(readings.get("gemm_tflops") or 0.0, 1), "peak": peak,
+                            "bound": round(watchdog.GEMM_MIN_PEAK_FRACTION * peak, 1) if peak else None,
+                            "nvidia_smi": readings.get("gpus", "").strip(), "found": found,
+                            "seconds": round(time.perf_counter() - began, 2)})
+        # nvidia-smi's findings name their GPU and come back from every GPU's reading: once each
+        for finding in (f"GPU {index}: {f}" if f.startswith("bf16 GEMM") else f for f in found):
+            if finding not in out["problems"]:
+                out["problems"].append(finding)
+    return out
+
+
+def _table_peak(name: str) -> float | None:
+    """The GPU's peak from the environment package's table (no manifest on this machine)."""
+    from environment.instances import peak_bf16_tflops
+
+    return peak_bf16_tflops(name)
+
+
 def _last_json(text: str) -> dict:
     lines = [line for line in text.strip().splitlines() if line.startswith("{")]
     return json.loads(lines[-1]) if lines else {}
@@ -296,7 +332,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         result["profile"] = _profile(gpus, Path(scratch))
         result["runs"] = [_entry_point(n, Path(scratch)) for n in sorted({1, min(2, gpus)})]
-    problems = [p for run in [result["profile"], *result["runs"]] for p in run["problems"]] + (
+    result["health_gate"] = health_gate(gpus)
+    problems = [p for run in [result["profile"], *result["runs"], result["health_gate"]] for p in run["problems"]] + (
         [] if code == 0 else ["MFU benchmark failed"])
     # the measurements the preflight's step model uses in place of published and assumed rates
     from raytrain_eks.planning.gpu_figures import CALIBRATION

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 import warnings
@@ -76,9 +77,9 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "",
     ``<root>/jobs``; the folder travels as the archive's ``jobs/``, so tests plan fixture copies
     without touching the shipped jobs); ``spec_text`` (the environment file's text) travels in
     every RayJob for the run record."""
-    from charts.jobs import plan_jobs
+    from charts.jobs import plan_job, plan_jobs
     from charts.code_bundle import build_code_bundle
-    from environment.contract import CODE_PREFIX
+    from environment.contract import CODE_PREFIX, run_folder
     from charts.provenance import SourceIdentity
     from training.contract import JOBS_DIR
 
@@ -89,14 +90,20 @@ def synth(env, outdir: str | Path, *, root: Path = ROOT, spec_text: str = "",
         plans = plan_jobs(env, jobs, root)  # user errors surface before the slow imports
         code = build_code_bundle(root, outdir / CODE_PREFIX, jobs)  # dist/ mirrors the bucket's layout
         source = SourceIdentity.capture(root, spec_text, jobs)
+        rayjobs = []
+        for plan in plans:
+            rayjobs.append((rayjob_chart_name(plan.name), plan, False))
+            if plan.uses_gpu and plan.node_group == env.primary_gpu_group.name:  # the RayCluster's own group
+                # its folder is one the long-lived cluster's role may write (run_folder)
+                # (a user override counts as the file's, so it travels first, as synth_run's do)
+                run_name = f"checkpoint.run_name={run_folder(plan.config.run_name, on_cluster=True)}"
+                on_cluster = plan_job(env, jobs / Path(plan.config_path).name, root, [run_name],
+                                      config_path=plan.config_path)
+                on_cluster = dataclasses.replace(on_cluster, overrides=(run_name, *on_cluster.overrides))
+                rayjobs.append((rayjob_chart_name(plan.name, on_cluster=True), on_cluster, True))
     for stale in (outdir / CODE_PREFIX).glob("training-*.zip"):
         if stale != code.path:
             stale.unlink()
-    rayjobs = []
-    for plan in plans:
-        rayjobs.append((rayjob_chart_name(plan.name), plan, False))
-        if plan.uses_gpu and plan.node_group == env.primary_gpu_group.name:  # the RayCluster's own group
-            rayjobs.append((rayjob_chart_name(plan.name, on_cluster=True), plan, True))
     files, hashes = synth_charts(env, outdir, rayjobs, code=code, source=source, raycluster=True)
     return SynthResult(files=files, code=code, plans=plans, source=source, manifest_hashes=hashes)
 

@@ -85,6 +85,17 @@ UNLOCKED = "unlocked"
 """The image-digest annotation of a manifest whose image is a moving tag."""
 ON_CLUSTER_SUFFIX = "-on-cluster"
 """Appended to the run's name for the RayJob of a run on the long-lived RayCluster."""
+ON_CLUSTER_FOLDER = "on-cluster_"
+"""Prefixed to the run's name for its folder under the runs prefix when it runs on the long-lived
+RayCluster (``runs/on-cluster_<run>/``). The long-lived cluster's role (single-team) reaches these
+folders only; a run with its own cluster writes ``runs/<its service account>/``, and no service
+account's name holds an underscore (a DNS subdomain), so no run's folder is ever one of these:
+an ``-on-cluster`` job cannot touch another run's checkpoints, markers or DCP ``.metadata``."""
+
+
+def run_folder(run: str, *, on_cluster: bool) -> str:
+    """The run's folder under the runs prefix (:data:`ON_CLUSTER_FOLDER`)."""
+    return f"{ON_CLUSTER_FOLDER}{run}" if on_cluster else run
 RUN_TAG = "kubernetes-service-account"
 """The EKS Pod Identity session tag that names a run: each run's pods use a service account
 named after the run, and EKS Pod Identity tags the role session with its name (Amazon EKS User

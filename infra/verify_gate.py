@@ -187,16 +187,38 @@ def creation_key(group: GpuNodeGroupSpec, gpu_availability_zone: str, availabili
     return f"{'+'.join(group.all_instance_types)}/{group.capacity}/{gpu_availability_zone}/{zones}/{AMI_TYPE}"
 
 
-def identity_tags(group: GpuNodeGroupSpec, gpu_availability_zone: str, availability_zones: tuple[str, ...]) -> dict[str, str]:
+SUBNET_TAG = "raytrain:gpu-subnet"
+"""On an existing cluster (``cluster.existing``) the node group's tag holding :func:`gpu_subnet_id`.
+There the group's Subnets are the spec's literal ``private_subnet_ids`` (create-only on
+``AWS::EKS::Nodegroup``: another id in the GPU AZ's place replaces the group), which
+:func:`creation_key`'s AZ list does not say. A group created before this tag has none and
+counts by :func:`creation_key` alone."""
+
+
+def gpu_subnet_id(gpu_availability_zone: str, availability_zones: tuple[str, ...],
+                  private_subnet_ids: tuple[str, ...]) -> str:
+    """The GPU AZ's subnet of an existing cluster's spec ('' when the app makes the VPC): the
+    id at the AZ's index, as aws-cdk-lib's ``Vpc.fromVpcAttributes`` pairs them (infra/stacks/attached.py)."""
+    if not private_subnet_ids or gpu_availability_zone not in availability_zones:
+        return ""
+    return private_subnet_ids[list(availability_zones).index(gpu_availability_zone)]
+
+
+def identity_tags(group: GpuNodeGroupSpec, gpu_availability_zone: str, availability_zones: tuple[str, ...],
+                  private_subnet_ids: tuple[str, ...] = ()) -> dict[str, str]:
     """The tags by which verify finds the group again."""
-    return {GROUP_TAG: group.name, CREATION_TAG: creation_key(group, gpu_availability_zone, availability_zones)}
+    subnet = gpu_subnet_id(gpu_availability_zone, availability_zones, private_subnet_ids)
+    return {GROUP_TAG: group.name, CREATION_TAG: creation_key(group, gpu_availability_zone, availability_zones),
+            **({SUBNET_TAG: subnet} if subnet else {})}
 
 
 def existing(env: Environment, node_group_tags: Iterable[dict[str, str]]) -> frozenset[str]:
     """The names of ``env``'s GPU groups that a deploy updates in place, given the tags of every
     node group of the cluster (EKS DescribeNodegroup ``tags``)."""
-    found = {(tags.get(GROUP_TAG), tags.get(CREATION_TAG)) for tags in node_group_tags}
     az, zones = env.cluster.gpu_availability_zone, env.cluster.availability_zones
+    subnet = gpu_subnet_id(az, zones, tuple(env.cluster.private_subnet_ids))
+    found = {(tags.get(GROUP_TAG), tags.get(CREATION_TAG)) for tags in node_group_tags
+             if tags.get(SUBNET_TAG, subnet) == subnet}
     return frozenset(g.name for g in env.gpu_node_groups if (g.name, creation_key(g, az, zones)) in found)
 
 

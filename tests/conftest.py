@@ -41,35 +41,13 @@ def one_rank_group(tmp_path):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray cluster for the whole session (4 logical CPUs; no dashboard)."""
+    """One local Ray cluster for the whole session (4 logical CPUs; no dashboard), started so no
+    earlier test in this process can break it (tests/ray_session.py)."""
     ray = pytest.importorskip("ray")
-    # Each ray.train.report waits for a controller poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by
-    # default): poll fast in tests.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-    # Workers push their metrics to the node's agent every 10 s by default: a short test run
-    # could end between two pushes. Set before ray.init so every Ray process inherits it.
-    os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
-    # The autoscaler's metrics server defaults to one fixed port (AUTOSCALER_METRIC_PORT, 44217):
-    # a second test process's cluster would fail to bind it.
-    from raytrain_eks.backends.local_services import ServiceStartError, free_port, start_with_retries
-
-    os.environ.setdefault("AUTOSCALER_METRIC_PORT", str(free_port()))
-    # ray.init's wait for the GCS port is 30 s by default (ray 2.58 _private/node.py, honouring
-    # RAY_gcs_server_port_wait_time_s): give it the time a loaded machine needs. Its wait for the
-    # raylet to register is a fixed 30 s: a start that misses it is shut down and started again.
-    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "300")
-
-    def start(attempt: int) -> None:
-        try:
-            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
-                     runtime_env={"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
-                                               "RAY_metrics_report_interval_ms": "1000"}})
-        except Exception as err:  # ray.init raises a bare Exception on its startup timeout
-            ray.shutdown()
-            raise ServiceStartError(f"ray.init: {err}") from err
+    from ray_session import start_session_cluster
 
     if not ray.is_initialized():
-        start_with_retries(start, "the session's Ray cluster")
+        start_session_cluster(ray)
     yield ray
     ray.shutdown()
 

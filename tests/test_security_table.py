@@ -26,6 +26,7 @@ LOCATIONS = {
     # a location of the table -> one object key in it
     "runs/<run>/": f"runs/{RUN}/checkpoint_000001/__0_0.distcp",
     "runs/<another run>/": f"runs/{OTHER}/checkpoint_000001/__0_0.distcp",
+    "runs/on-cluster_<run>/": f"runs/on-cluster_{OTHER}/checkpoint_000001/COMPLETE.json",
     "runs/smoke-*/": "runs/smoke-e1-1/checkpoint_000001/__0_0.distcp",
     "runs/smoke-*/run.json": "runs/smoke-e1-1/run.json",
     "runs/smoke-*/metrics.jsonl": "runs/smoke-e1-1/metrics.jsonl",

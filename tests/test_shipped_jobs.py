@@ -115,15 +115,19 @@ def test_a_shipped_job_synthesizes_its_rayjob(shipped_synth, job):
     import yaml
 
     from charts.main import rayjob_chart_name
+    from environment.contract import run_folder
 
     by_path = {plan.config_path: plan for plan in shipped_synth.plans}
     plan = by_path[f"{JOBS_DIR}/{job.name}"]  # the entrypoint names the file as the archive holds it
     charts = [rayjob_chart_name(plan.name)]
     if plan.uses_gpu and plan.node_group == load_environment(ENV_FILE).primary_gpu_group.name:
         charts.append(rayjob_chart_name(plan.name, on_cluster=True))
-    for chart in charts:
+    # the -on-cluster variant runs the same job in its on-cluster_<run> folder (charts/main.py)
+    folder = f" --set checkpoint.run_name={run_folder(plan.config.run_name, on_cluster=True)}"
+    config = f"--config {plan.config_path}"
+    for chart, entrypoint in zip(charts, [plan.entrypoint, plan.entrypoint.replace(config, config + folder, 1)]):
         (rayjob,) = [d for d in yaml.safe_load_all(shipped_synth.files[chart].read_text()) if d]
-        assert rayjob["kind"] == "RayJob" and rayjob["spec"]["entrypoint"] == plan.entrypoint, chart
+        assert rayjob["kind"] == "RayJob" and rayjob["spec"]["entrypoint"] == entrypoint, chart
 
 
 def test_the_shipped_manifests_validate(shipped_synth):
@@ -195,3 +199,26 @@ def test_the_network_is_measured_by_the_netcheck_job_and_first_by_the_smoke_job(
         assert f"netcheck.link_gbps={link}" in plan.overrides and plan.config.netcheck.link_gbps == link > 0
         assert plan.config.evidence.require_transport == "efa" and plan.config.netcheck.compare_socket
     assert not by_name[f"{JOBS_DIR}/finetune-qwen2.5-1.5b.toml"].config.measures_network
+
+
+def test_the_on_cluster_rayjobs_write_on_cluster_folders(tmp_path):
+    """The long-lived cluster's role may write only ``runs/on-cluster_<run>/``
+    (environment.contract.run_folder; tests/infra/test_run_isolation.py): every shipped
+    ``-on-cluster`` RayJob names such a folder, every RayJob with its own cluster its own name."""
+    import yaml
+
+    from charts.main import synth
+    from environment import load_environment
+    from environment.contract import ON_CLUSTER_FOLDER
+
+    synth(load_environment(ROOT / "environment.toml"), tmp_path)
+    found = 0
+    for path in sorted(tmp_path.glob("rayjob-*.k8s.yaml")):
+        [job] = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "RayJob"]
+        names = [w.split("=", 1)[1] for w in job["spec"]["entrypoint"].split() if w.startswith("checkpoint.run_name=")]
+        if "clusterSelector" in job["spec"]:
+            found += 1
+            assert names and names[-1].startswith(ON_CLUSTER_FOLDER), (path.name, names)
+        else:
+            assert not names or not names[-1].startswith(ON_CLUSTER_FOLDER), (path.name, names)
+    assert found

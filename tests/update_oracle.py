@@ -329,7 +329,9 @@ def templates(raw: dict, source: str = "environment.toml", existing_gpu_groups: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         built = build_app(env, new_app(env), existing_gpu_groups=existing_gpu_groups)
-        return {part: Template.from_stack(getattr(built, part)).to_json() for part in STACKS}
+        # an existing cluster (cluster.existing) has no network stack: nothing of it is deployed
+        return {part: Template.from_stack(getattr(built, part)).to_json() if getattr(built, part) is not None else {}
+                for part in STACKS}
 
 
 def _set(raw: dict, path: str, value) -> dict:

@@ -70,6 +70,15 @@ without a step before a run is declared hung."""
 ENV_HANG_FIRST_STEP_S = "RAYTRAIN_HANG_FIRST_STEP_S"
 """Overrides the watchdog's bound for an attempt's first step (``FIRST_STEP_S``): model build,
 restore, evaluation before training and the first compile come before it."""
+ENV_GATE_DEVICE = "RAYTRAIN_GATE_DEVICE"
+"""Test hook of the health gate (training/watchdog.py ``device_readings``): a JSON file whose
+``gemm_tflops``, ``gpus`` and ``remapped_rows`` replace the gate's two device calls (the timed GEMM
+and nvidia-smi's CSV answers); set on a NODE (its raylet's environment, as a real GPU belongs
+to a node), never by a job. Everything after the reading (the decision, the record, keeping the
+node out) runs as on a GPU."""
+ENV_REPLACEMENT_WAIT_S = "RAYTRAIN_REPLACEMENT_WAIT_S"
+"""Overrides how long a run waits, over its life, for its worker group to be placed again
+(training/launch.py ``REPLACEMENT_WAIT_S``) before it fails with the node it waited for named."""
 ENV_NODE_NAME = "RAYTRAIN_NODE_NAME"
 """The Kubernetes node of the pod (downward API ``spec.nodeName``)."""
 ENV_CAPACITY_TYPE = "RAYTRAIN_CAPACITY_TYPE"

@@ -30,8 +30,8 @@ small note in the run's storage, ``<run>/attempts/``:
 
 At the end the driver turns the notes into run.json's ``attempts``, one ``preemption`` incident
 per notice (through :func:`add`'s shape) and ``cost`` (:func:`cost_of`).
-Every other fault (a lost node, a hang, a dead worker) is the progress watchdog's
-(training/watchdog.py). Standard library only.
+Every other fault (a lost node, a hang, a dead worker, a node failing the health gate) is the
+progress watchdog's (training/watchdog.py). Standard library only.
 
 """
 from __future__ import annotations
@@ -55,7 +55,10 @@ WORKER_ERROR = "worker_error"
 """A rank raised an exception; Ray Train restarted the group."""
 PREEMPTION = "preemption"
 """The node was drained or reclaimed (spot interruption, eviction)."""
-KINDS = (HANG, NODE_LOST, WORKER_LOST, HEALTH_CHECK, WORKER_ERROR, PREEMPTION)
+HEALTH_GATE = "health_gate"
+"""A node failed the health gate at an attempt's start (training/watchdog.py ``judge_gate``: a
+slow GEMM or GPU memory errors): named, and kept out of the next attempt."""
+KINDS = (HANG, NODE_LOST, WORKER_LOST, HEALTH_CHECK, WORKER_ERROR, PREEMPTION, HEALTH_GATE)
 """Every kind, the one that explains a fault best first (training/watchdog.py names a fault by
 the first kind its evidence shows): a worker that died with the node under it was lost with
 that node, so ``node_lost`` outranks ``worker_lost``."""

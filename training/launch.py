@@ -7,13 +7,14 @@ Train's checkpoints, ``metrics.jsonl`` and ``run.json`` side by side.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
 import uuid
 from typing import Any, Callable, Mapping
 
-from training import contract, metric_sinks, run_logs, verdict, watchdog
+from training import contract, incidents, metric_sinks, run_logs, verdict, watchdog
 from training.config import JobConfig
 from training.deadlines import driver_exit_code, run_time_limit_seconds
 from training.data import one_line, read_data_errors
@@ -93,7 +94,10 @@ def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """What the driver hands its workers: :data:`FORWARDED_ENV_PREFIXES` and the job's own
     network variables (:func:`job_network_env`)."""
     environ = os.environ if environ is None else environ
-    return {**{k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}, **job_network_env(environ)}
+    # The health gate's injected readings belong to one node (its raylet's environment), never to every worker.
+    return {**{k: v for k, v in environ.items()
+               if k.startswith(FORWARDED_ENV_PREFIXES) and k != contract.ENV_GATE_DEVICE},
+            **job_network_env(environ)}
 
 
 ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
@@ -195,13 +199,66 @@ def build_trainer(job: JobConfig, *, resume_from: str = "", data_error_token: st
             storage_filesystem=storage_fs,
             # a node drained with notice restarts on Ray Train's own preemption budget
             # (FailureConfig.max_preemption_failures, unlimited by default), not on max_failures
-            failure_config=FailureConfig(max_failures=job.checkpoint.max_failures),
+            failure_config=FailureConfig(max_failures=job.checkpoint.max_failures,
+                                         controller_failure_limit=placement_retries()),
             checkpoint_config=CheckpointConfig(num_to_keep=job.checkpoint.keep_last),
             worker_runtime_env={"env_vars": worker_env(job)},
             logging_config=ray_train_logging_config(),  # INFO to the log files only
             callbacks=list(callbacks or []),
         ),
     )
+
+
+REPLACEMENT_WAIT_S = 1200.0
+"""The longest a run waits, over its whole life, for its workers to be placed (a node kept out by
+the health gate or lost, and no capacity left for the group): a new GPU node joins an EKS cluster
+in about 5-10 minutes (assumed), this allows twice that. :data:`contract.ENV_REPLACEMENT_WAIT_S`
+overrides it."""
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+DEFAULT_START_TIMEOUT_S = 60.0
+"""Ray Train's wait for a worker group's placement (ray 2.58 ``train/v2/_internal/constants.py``)."""
+
+
+class NotPlaced(RuntimeError):
+    """The run's workers could not be placed again within :data:`REPLACEMENT_WAIT_S`."""
+
+
+def placement_retries(environ: Mapping[str, str] | None = None) -> int:
+    """Ray Train's ``FailureConfig.controller_failure_limit``: a worker group that cannot be placed
+    within the start timeout is a controller failure that Ray Train retries (ray 2.58
+    ``failure_handling/default.py``: ``WorkerGroupStartupTimeoutError`` is retryable), WITHOUT a
+    limit by default (-1): a run whose node was kept out and never replaced would wait for its
+    deadline with every other GPU held. The first try and the retries together make
+    :data:`REPLACEMENT_WAIT_S` (the limit counts retries, and Ray Train raises on the one past it;
+    the count is the run's, never reset)."""
+    return placement_tries(environ)[0] - 1
+
+
+def placement_tries(environ: Mapping[str, str] | None = None) -> tuple[int, float]:
+    """``(tries, start timeout)``: how many start timeouts make the replacement wait."""
+    environ = os.environ if environ is None else environ
+    try:
+        wait = float(environ.get(contract.ENV_REPLACEMENT_WAIT_S) or REPLACEMENT_WAIT_S)
+        timeout = max(float(environ.get(START_TIMEOUT_ENV) or DEFAULT_START_TIMEOUT_S), 1.0)
+    except ValueError:
+        wait, timeout = REPLACEMENT_WAIT_S, DEFAULT_START_TIMEOUT_S
+    return max(1, math.ceil(wait / timeout)), timeout
+
+
+def unplaced_reason(error: BaseException, found: list[dict[str, Any]], environ: Mapping[str, str] | None = None) -> str:
+    """One line for a run that ended because its workers could not be placed again ("" for any
+    other error): the node the health gate kept out (or lost) and the bound waited."""
+    # Ray Train's ControllerError keeps the controller's own exception (ray 2.58
+    # ``train/v2/api/exceptions.py``); its text says only "The worker group startup timed out".
+    inner = getattr(error, "controller_failure", None)
+    if type(inner).__name__ != "WorkerGroupStartupTimeoutError" and "startup timed out" not in str(error):
+        return ""
+    tries, timeout = placement_tries(environ)
+    kept = [i for i in found if i.get("kind") in (incidents.HEALTH_GATE, incidents.NODE_LOST, incidents.PREEMPTION)
+            and i.get("resumed_from_step") is None]
+    who = (f"{kept[-1]['kind']} of node {', '.join(kept[-1].get('nodes') or ['?'])}" if kept else "no fault recorded")
+    return (f"no capacity for the worker group after {who}: not placed within {tries * timeout:.0f} s "
+            f"({tries} x the {timeout:.0f} s start timeout; {contract.ENV_REPLACEMENT_WAIT_S})")
 
 
 ELASTIC_RESIZE_INTERVAL_S = 60.0
@@ -386,6 +443,9 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
     except Exception as err:  # TrainingFailedError and friends: one line, details in the logs
         error = err
     watch.stop()  # its last look records the final attempt's errors before the record's last write
+    reason = unplaced_reason(error, record.data.get(contract.INCIDENTS) or []) if error is not None else ""
+    if reason:
+        error = NotPlaced(reason)
     if heartbeat is not None:
         heartbeat.set()
     if limit is not None:

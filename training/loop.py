@@ -270,6 +270,11 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     device = torch.device("cuda", ctx.local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
+    # The health gate, at every attempt's start: a node whose GPU is slow or has memory errors is
+    # named in run.json and kept out of the next attempt before the group spends anything on it.
+    if ctx.in_ray:
+        watchdog.health_gate(progress, on_gpu=on_gpu, device=device,
+                             device_name=torch.cuda.get_device_name(device) if on_gpu else "")
     # Same seed on every rank: fully_shard keeps each rank's slice of ITS OWN full copy.
     torch.manual_seed(job.train.seed)
     model = build_model(job.model, seq_len=job.train.seq_len, on_gpu=on_gpu)

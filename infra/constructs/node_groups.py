@@ -262,7 +262,8 @@ class GpuNodeGroup(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster,
                  group: GpuNodeGroupSpec, subnets: ec2.SubnetSelection,
                  security_group_ids: list[str], node_role: iam.IRole, availability_zone: str,
-                 availability_zones: tuple[str, ...], exists: bool = False) -> None:
+                 availability_zones: tuple[str, ...], exists: bool = False,
+                 private_subnet_ids: tuple[str, ...] = ()) -> None:
         super().__init__(scope, construct_id)
         template = EfaLaunchTemplate(self, "Template", group=group,
                                      security_group_ids=security_group_ids)
@@ -286,7 +287,8 @@ class GpuNodeGroup(Construct):
             # What the instance type implies, visible in the console and the template.
             tags={"raytrain:gpus-per-node": str(group.gpus_per_node),
                   "raytrain:efa-per-node": str(group.efa_per_node),
-                  **node_template_tags(group), **identity_tags(group, availability_zone, availability_zones)},
+                  **node_template_tags(group),
+                  **identity_tags(group, availability_zone, availability_zones, private_subnet_ids)},
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref,
                 version=self.launch_template.attr_latest_version_number),

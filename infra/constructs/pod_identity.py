@@ -20,8 +20,9 @@ the pipeline's gate judges is written by the smoke run and the pipeline alone.
 
 **The long-lived RayCluster** (``-on-cluster`` jobs) is one set of pods serving every job that
 lands on it: one service account, one role. It runs in single-team mode: its role may read and
-write every run folder, never the pipeline's smoke runs (``smoke-*``) nor the uploaded inputs
-(explicit Deny statements, which no Allow overrides).
+write the folders of every run on the long-lived cluster (``on-cluster_<run>``, a name no run
+with its own cluster can have), never a run with a cluster of its own, the pipeline's smoke runs
+(``smoke-*``) nor the uploaded inputs (explicit Deny statements, which no Allow overrides).
 
 Every statement holds only for a bucket owned by this account (``s3:ResourceAccount``), and
 every trust policy only for this cluster's Ray namespace (the session tags EKS Pod Identity
@@ -34,14 +35,16 @@ The namespace comes with its default-deny ingress and the two admitted outside c
 from __future__ import annotations
 
 import hashlib
+import json
 
 from aws_cdk import CfnOutput, Stack, Token, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
-from environment.contract import (INPUTS_PREFIX, PART_OF, PIPELINE_RUN_PREFIX, POD_SECURITY_LABELS, RUN_TAG,
-                                  SMOKE_SERVICE_ACCOUNT, run_role_name)
+from environment.contract import (INPUTS_PREFIX, ON_CLUSTER_FOLDER, PART_OF, PIPELINE_RUN_PREFIX, POD_SECURITY_LABELS,
+                                  RUN_TAG, SMOKE_SERVICE_ACCOUNT, run_role_name)
 from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
+from infra.stacks.pipeline_access import DEPLOYER_GROUP
 
 # Object-level actions Ray Train's pyarrow S3 filesystem uses for checkpoints: read, write,
 # delete (num_to_keep prunes old checkpoints), and the multipart calls big uploads need.
@@ -69,13 +72,14 @@ type is ``mlflow-tracking-server`` can apply (``AccessUI`` has none, so it is no
 
 def checkpoint_policy_statements(bucket_arn: str, prefix: str, account: str,
                                  read_only_prefixes: tuple[str, ...] = ()) -> list[iam.PolicyStatement]:
-    """The long-lived cluster's role (single-team mode): read/write every run under ``prefix``,
-    read-only on a few others; never the pipeline's smoke runs nor the uploaded inputs."""
+    """The long-lived cluster's role (single-team mode): read/write the folders of every run on
+    the long-lived cluster (:data:`ON_CLUSTER_FOLDER`), read-only on a few others; never a run
+    with a cluster of its own, the pipeline's smoke runs nor the uploaded inputs."""
     owned = same_account(account)
     statements = [
         iam.PolicyStatement(
-            sid="CheckpointObjects", actions=list(OBJECT_ACTIONS),
-            resources=[f"{bucket_arn}/{prefix}/*"], conditions=owned),
+            sid="OnClusterRunObjects", actions=list(OBJECT_ACTIONS),
+            resources=[f"{bucket_arn}/{prefix}/{ON_CLUSTER_FOLDER}*"], conditions=owned),
         _never_evidence_or_inputs(bucket_arn, prefix),
     ]
     return [*statements, *_reads(bucket_arn, prefix, owned, read_only_prefixes)]
@@ -154,6 +158,83 @@ def pod_identity_trust(cluster_arn: str, namespace: str, service_account: str = 
         {"StringEquals": tags})
 
 
+def _cel(value: str) -> str:
+    """A CEL string literal (JSON's escapes are CEL's)."""
+    return json.dumps(value)
+
+
+def _accounts_cel(obj: str) -> str:
+    """The service accounts a RayJob's or RayCluster's pod templates name ('' where none is
+    named), as a CEL list: head, every worker group, the submitter. Every step is an optional
+    field (``.?``): a cluster without ``workerGroupSpecs``, a RayJob on the long-lived cluster
+    (``clusterSelector``, no ``rayClusterSpec``) or without ``submitterPodTemplate`` evaluates."""
+    def named(template: str) -> str:
+        return f"{template}.?template.?spec.?serviceAccountName.orValue('')"
+    cluster = f"({obj}.kind == 'RayCluster' ? {obj}.?spec : {obj}.?spec.?rayClusterSpec)"
+    return (f"({cluster}.hasValue() ? [{named(cluster + '.value().?headGroupSpec')}] + "
+            f"{cluster}.value().?workerGroupSpecs.orValue([]).map(g, {named('g')}) : []) + "
+            f"({obj}.kind == 'RayJob' ? [{obj}.?spec.?submitterPodTemplate.?spec.?serviceAccountName.orValue('')] : [])")
+
+
+def run_identity_admission(*, namespace: str, raycluster_name: str, cluster_account: str,
+                           operator_namespace: str, pipeline_group: str) -> list[dict]:
+    """A ValidatingAdmissionPolicy and its binding (admissionregistration.k8s.io/v1, GA since
+    Kubernetes 1.30) that keep every RayJob and RayCluster of the Ray namespace on the service
+    account it is entitled to. Pod Identity hands a pod the role of the service account it names
+    and the run role's folder is that account's name, so a RayJob naming another run's account
+    would run as that run; RBAC cannot bound a field of what one may create.
+
+    Entitled: no account at all (the namespace's ``default``, which no association names); a
+    RayJob its own name (the run: ``submit`` names the account after it, ``charts/ray_charts.py``)
+    unless that name is one of the platform's accounts; the long-lived RayCluster
+    (``raycluster_name``) ``cluster_account``; the pipeline's group the smoke runs' account. An
+    update may keep the accounts the object already named (Kueue unsuspends, the Ray autoscaler
+    patches replicas). The KubeRay operator is not judged: the RayCluster and submitter Job it
+    makes copy a RayJob already judged here."""
+    platform = [cluster_account, SMOKE_SERVICE_ACCOUNT]
+    name = f"{namespace}-run-service-accounts"
+    labels = dict(PART_OF)
+    entitled = (f"[''] + (object.metadata.name in {json.dumps(platform)} || object.kind != 'RayJob' ? [] : "
+                f"[object.metadata.name]) + (object.kind == 'RayCluster' && object.metadata.name == "
+                f"{_cel(raycluster_name)} ? [{_cel(cluster_account)}] : []) + (object.kind == 'RayJob' && "
+                f"{_cel(pipeline_group)} in request.userInfo.?groups.orValue([]) ? [{_cel(SMOKE_SERVICE_ACCOUNT)}] : [])")
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["ray.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+                "resources": ["rayjobs", "rayclusters"]}]},
+            "matchConditions": [{
+                "name": "not-the-kuberay-operator",
+                "expression": f"!request.userInfo.username.startsWith({_cel(f'system:serviceaccount:{operator_namespace}:')})"}],
+            "variables": [
+                {"name": "accounts", "expression": _accounts_cel("object")},
+                {"name": "oldAccounts", "expression": f"oldObject == null ? [] : {_accounts_cel('oldObject')}"},
+                {"name": "entitled", "expression": entitled},
+                {"name": "borrowed", "expression":
+                    "variables.accounts.filter(a, !(a in variables.entitled) && !(a in variables.oldAccounts))"},
+            ],
+            "validations": [{
+                "expression": "size(variables.borrowed) == 0",
+                "messageExpression": (
+                    "object.kind + ' ' + object.metadata.name + ': serviceAccountName ' + "
+                    "variables.borrowed.map(a, \"'\" + a + \"'\").join(', ') + ' is not its own: a RayJob\\'s pods "
+                    "run as the service account named after the run (' + "
+                    "(object.kind == 'RayJob' ? \"'\" + object.metadata.name + \"'\" : 'none here') + ') or name none'"),
+                "reason": "Forbidden"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}},
+    }
+    return [policy, binding]
+
+
 class RayIdentity(Construct):
     """Namespace + the long-lived cluster's service account, role and Pod Identity association +
     the run role (no association: one per run, made by ``submit``). Exposes :attr:`role`,
@@ -168,7 +249,7 @@ class RayIdentity(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, cluster: eks.ICluster, cluster_name: str,
                  namespace: str, service_account_name: str, bucket_name: str, prefix: str,
-                 pod_identity_agent: Construct | None, operator_namespace: str,
+                 pod_identity_agent: Construct | None, operator_namespace: str, raycluster_name: str,
                  read_only_prefixes: tuple[str, ...] = (), tracking_server_arn: str = "") -> None:
         super().__init__(scope, construct_id)
         self.namespace = namespace
@@ -186,6 +267,12 @@ class RayIdentity(Construct):
             *({"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
                "metadata": {"name": name, "namespace": namespace, "labels": labels}}
               for name in (service_account_name, SMOKE_SERVICE_ACCOUNT)))
+        # Every run's pods on the account it is entitled to: the run roles' folders follow the
+        # account's name, so the name is what admission guards (:func:`run_identity_admission`).
+        self.admission = cluster.add_manifest("RunServiceAccounts", *run_identity_admission(
+            namespace=namespace, raycluster_name=raycluster_name, cluster_account=service_account_name,
+            operator_namespace=operator_namespace, pipeline_group=DEPLOYER_GROUP))
+        self.admission.node.add_dependency(self.manifest)
         stack = Stack.of(self)
         # Built from the spec's name: the same string the session tag carries (an imported
         # cluster's attribute would be a token of another stack).
@@ -194,7 +281,7 @@ class RayIdentity(Construct):
         self.role = iam.Role(
             self, "PodRole", assumed_by=pod_identity_trust(cluster_arn, namespace, service_account_name),
             description=f"Ray pods of the long-lived cluster ({namespace}/{service_account_name}): every run "
-                        "(single-team), never the pipeline's smoke runs or the uploaded inputs")
+                        "on it (single-team), never another run, the pipeline's smoke runs or the uploaded inputs")
         self.association = eks.CfnPodIdentityAssociation(
             self, "Association", cluster_name=cluster.cluster_name, namespace=namespace,
             service_account=service_account_name, role_arn=self.role.role_arn)
@@ -235,9 +322,10 @@ class RayIdentity(Construct):
             self.policy.add_statements(iam.PolicyStatement(
                 sid="TrackingServer", actions=list(TRACKING_ACTIONS), resources=[tracking_server_arn]))
         acknowledge(
-            self.policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/*]",
+            self.policy,
+            f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}/{ON_CLUSTER_FOLDER}*]",
             "Single-team mode of the long-lived cluster: its pods serve every -on-cluster job; the "
-            "wildcard is confined to the runs prefix of the one bucket, less the pipeline's runs and inputs.")
+            "wildcard covers those runs' folders only, never a run with a cluster of its own.")
         acknowledge(
             self.run_policy,
             # cdk-nag names a policy variable ${aws:X} as <aws:X> in its finding ids.
@@ -335,7 +423,9 @@ class SubmitterAccess(Construct):
                                 conditions={"StringEquals": {f"aws:ResourceTag/{k}": v for k, v in PART_OF.items()}}),
             iam.PolicyStatement(sid="PassRunRole", actions=["iam:PassRole"], resources=[run_role.role_arn],
                                 conditions={"StringEquals": {"iam:PassedToService": "pods.eks.amazonaws.com"}}),
-            iam.PolicyStatement(sid="UploadCodeAndInputs", actions=["s3:PutObject", "s3:GetObject"], conditions=owned,
+            # Abort: a multipart upload of a large input that fails (raytrain_eks/runs/results.py put_once)
+            iam.PolicyStatement(sid="UploadCodeAndInputs", actions=["s3:PutObject", "s3:GetObject",
+                                                                    "s3:AbortMultipartUpload"], conditions=owned,
                                 resources=[f"{bucket_arn}/{code_prefix}/*", f"{bucket_arn}/{prefix}/{INPUTS_PREFIX}/*"]),
             iam.PolicyStatement(sid="ReadRuns", actions=["s3:GetObject"], resources=[f"{bucket_arn}/{prefix}/*"],
                                 conditions=owned),

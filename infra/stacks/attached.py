@@ -96,7 +96,8 @@ class AttachedClusterStack(Stack):
                              subnets=ec2.SubnetSelection(subnets=gpu_subnets.subnets),
                              security_group_ids=[spec.cluster_security_group_id, efa.security_group_id],
                              node_role=self.node_role, availability_zone=spec.gpu_availability_zone,
-                             availability_zones=spec.availability_zones, exists=group.name in existing_gpu_groups)
+                             availability_zones=spec.availability_zones, exists=group.name in existing_gpu_groups,
+                             private_subnet_ids=tuple(spec.private_subnet_ids))
                 for group in new_groups]
         self.gpu_nodegroups = [g.nodegroup for g in self.gpu_node_groups]
 
@@ -104,7 +105,7 @@ class AttachedClusterStack(Stack):
         identity = RayIdentity(
             self, "Ray", cluster=self.cluster, cluster_name=spec.existing, namespace=ray.namespace,
             service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
-            pod_identity_agent=None, operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace,
+            pod_identity_agent=None, operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace, raycluster_name=spec.name,
             read_only_prefixes=read_only_prefixes, tracking_server_arn=ray.mlflow_tracking_server_arn)
         if "kuberay_operator" in self.addons.charts:
             # Deleted before the operator, which alone removes the RayJobs' finalizers (cluster.py).

@@ -206,7 +206,7 @@ class ClusterStack(Stack):
             self, "Ray", cluster=self.cluster, cluster_name=spec.name, namespace=ray.namespace,
             service_account_name=ray.service_account, bucket_name=bucket_name, prefix=storage_prefix,
             pod_identity_agent=self.managed_addons.pod_identity_agent,
-            operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace,
+            operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace, raycluster_name=spec.name,
             read_only_prefixes=read_only_prefixes, tracking_server_arn=ray.mlflow_tracking_server_arn)
         self.autoscaler = AutoscalerIdentity(
             self, "ClusterAutoscaler", cluster=self.cluster, cluster_name=spec.name,

@@ -66,6 +66,7 @@ from infra.lambdas.image_watcher.history import pointer_key
 from infra.nag import acknowledge
 from infra.stacks.pipeline_watcher import WatcherFunctions
 from environment.contract import CODE_PREFIX
+from environment.image_source import cache_prefix
 from environment import Environment
 
 DIGEST_VARIABLE = "IMAGE_DIGEST"
@@ -180,7 +181,7 @@ class PipelineStack(Stack):
         pipeline_access.acknowledge_pipeline(
             self, artifacts=artifacts, projects=list(projects.values()),
             bucket_name=env.bucket_name, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix,
-            in_vpc=in_vpc, cluster_name=name)
+            in_vpc=in_vpc, cluster_name=name, cache_prefix=cache_prefix(name) if env.image.pull_through_cache else "")
 
         CfnOutput(self, "PipelineName", value=self.pipeline_name)
         CfnOutput(self, "PromotedDigestParameter", value=self.promoted_digest.parameter_name)
@@ -244,7 +245,8 @@ class PipelineStack(Stack):
                 cluster_arn=self.format_arn(service="eks", resource="cluster", resource_name=name),
                 bucket_arn=bucket_arn, code_prefix=CODE_PREFIX, runs_prefix=env.storage.prefix,
                 table_arn=self.history_table.table_arn, history_key=image, pointer_key=pointer_key(image),
-                parameter_arn=self.promoted_digest.parameter_arn, topic_arn=self.notifications.topic.topic_arn)).roles
+                parameter_arn=self.promoted_digest.parameter_arn, topic_arn=self.notifications.topic.topic_arn,
+                cache_prefix=cache_prefix(name) if env.image.pull_through_cache else "")).roles
         return vpc_args
 
     def _build_projects(self, env: Environment, storage_stack, cluster_stack, vpc_args: dict) -> dict:

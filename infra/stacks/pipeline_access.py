@@ -53,6 +53,9 @@ class PipelineResources:
     """The promoted-digest item's partition: Promote's alone."""
     parameter_arn: str
     topic_arn: str
+    cache_prefix: str = ""
+    """The pull-through cache rule's repository prefix ('' without ``image.pull_through_cache``):
+    Smoke warms the cache by tag there before its pods pull the new digest (raytrain_eks/pipeline/smoke.py)."""
 
 
 class KubectlDeployers(Construct):
@@ -110,6 +113,16 @@ class KubectlDeployers(Construct):
         smoke.add_to_policy(iam.PolicyStatement(
             sid="RecordSmokeImageAndReport", actions=["s3:PutObject"],
             resources=[f"{runs}/run.json", f"{runs}/{REPORT_DIR}/*"], conditions=owned))
+        if r.cache_prefix:
+            # warm_cache: a registry GET of the manifest by tag through the cache rule, as a node's
+            # pull (the node role's statements, infra/stacks/cluster.py PullThroughCache)
+            smoke.add_to_policy(iam.PolicyStatement(
+                sid="RegistryLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]))
+            smoke.add_to_policy(iam.PolicyStatement(
+                sid="WarmPullThroughCache",
+                actions=["ecr:BatchGetImage", "ecr:BatchImportUpstreamImage", "ecr:CreateRepository"],
+                resources=[Stack.of(self).format_arn(service="ecr", resource="repository",
+                                                     resource_name=f"{r.cache_prefix}/*")]))
         promote.add_to_policy(iam.PolicyStatement(
             sid="ReadJudgedRecord", actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[f"{runs}/run.json"],
             conditions=owned))
@@ -154,7 +167,7 @@ def acknowledge_artifact_bucket(bucket: s3.IBucket) -> None:
 
 def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
                         bucket_name: str, code_prefix: str, runs_prefix: str, in_vpc: bool,
-                        cluster_name: str) -> None:
+                        cluster_name: str, cache_prefix: str = "") -> None:
     """The cdk-nag findings of the pipeline stack, each acknowledged ON THE ONE RESOURCE that has
     it and for that exact finding, with its own reason: a new wildcard anywhere in the stack,
     or a known one on another resource, still fails the synth.
@@ -227,6 +240,12 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
         f"{stack_name(cluster_name, 'cluster')}/*",
         "HoldDeploy (in Apply's role) reads the deployed cluster template to see whether the deploy rolls or "
         "replaces a GPU node group; GetTemplate of that one stack (its StackId suffix is generated).")
+    if cache_prefix:
+        add(roles["Smoke"], "Resource::*", "ecr:GetAuthorizationToken has no resource-level permissions (the "
+            "registry login before Smoke warms the pull-through cache by tag).")
+        add(roles["Smoke"], f"Resource::arn:<AWS::Partition>:ecr:{region}:{account}:repository/{cache_prefix}/*",
+            f"Smoke warms the pull-through cache: the cache makes one repository per upstream image under "
+            f"{cache_prefix}/ on the first pull (names not known before).")
     for step in ("Smoke", "Apply"):
         add(roles[step], f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*",
             "The build uploads the code archive: only under the code prefix (names carry the content hash).")

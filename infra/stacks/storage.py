@@ -75,13 +75,17 @@ class CheckpointBucket(Construct):
             # submits can compute, and pods run them without hashing again: a put there must carry
             # If-None-Match: * (condition key s3:if-none-match, Amazon S3 User Guide "Enforce
             # conditional writes on Amazon S3 buckets"), so a key, once written, is never replaced,
-            # by anyone. A negated operator holds when the key is absent: no header, Deny. The
-            # uploader (raytrain_eks/runs/results.py, put_once) sends a single PutObject with it.
+            # by anyone. A negated operator holds when the key is absent: no header, Deny. Only
+            # on the requests that create the object (s3:ObjectCreationOperation: PutObject,
+            # CompleteMultipartUpload), as that guide's multipart example has it: CreateMultipartUpload
+            # and UploadPart are s3:PutObject too but take no condition header. The uploader
+            # (raytrain_eks/runs/results.py, put_once) sends it on the put or the completion.
             self.bucket.add_to_resource_policy(iam.PolicyStatement(
                 sid="WriteOnceCodeAndInputs", effect=iam.Effect.DENY, actions=["s3:PutObject"],
                 principals=[iam.AnyPrincipal()],
                 resources=[self.bucket.arn_for_objects(p) for p in write_once_keys],
-                conditions={"StringNotEquals": {"s3:if-none-match": "*"}}))
+                conditions={"StringNotEquals": {"s3:if-none-match": "*"},
+                            "Bool": {"s3:ObjectCreationOperation": "true"}}))
         retain_policy(self.bucket)
         retain_policy(self.access_logs)
 

@@ -137,15 +137,30 @@ def _launch_data(template: dict, group: dict) -> Any:
     return (((template.get("Resources") or {}).get(ref) or {}).get("Properties") or {}).get("LaunchTemplateData")
 
 
+def _other_groups(template: dict) -> dict[str, dict]:
+    """The template's node groups that are no GPU group (the system nodes), by logical id."""
+    from infra.verify_gate import GROUP_TAG
+
+    return {lid: r for lid, r in (template.get("Resources") or {}).items()
+            if r.get("Type") == "AWS::EKS::Nodegroup" and GROUP_TAG not in ((r.get("Properties") or {}).get("Tags") or {})}
+
+
+REPLACING = ("InstanceTypes", "CapacityType", "Subnets", "AmiType", "DiskSize", "NodeRole", "RemoteAccess")
+"""The createOnlyProperties of ``AWS::EKS::Nodegroup`` (cfn-lint's resource schema) a template of
+this app writes: a change replaces the group, and its nodes end."""
+
+
 def gpu_node_changes(deployed: dict, new: dict) -> list[str]:
     """What deploying the cluster template ``new`` over ``deployed`` does to running GPU nodes,
     one line per group ([]: nothing). A group whose :data:`infra.verify_gate.CREATION_TAG`
-    changed is REPLACED (its inputs are the createOnlyProperties of ``AWS::EKS::Nodegroup``:
+    or ``Subnets`` changed is REPLACED (its inputs are the createOnlyProperties of ``AWS::EKS::Nodegroup``:
     CloudFormation creates a new group and deletes the old one with its nodes); a group whose
     launch template's LaunchTemplateData, Kubernetes ``Version`` or ``ReleaseVersion`` changed is
     ROLLED (a new launch-template version or AMI is a rolling node update: EKS User Guide, "Update
     a managed node group"); a group gone from the template is DELETED with its nodes. A scaling
-    change touches no node here (the deploy never resets a running size: infra/verify_gate.py)."""
+    change touches no node here (the deploy never resets a running size: infra/verify_gate.py).
+    The system node group (every Ray head runs there) counts the same way: replaced when one of
+    :data:`REPLACING` changed, rolled when its launch template or AMI did."""
     from infra.verify_gate import CREATION_TAG
 
     before, after = _gpu_groups(deployed), _gpu_groups(new)
@@ -159,9 +174,25 @@ def gpu_node_changes(deployed: dict, new: dict) -> list[str]:
         if o["Tags"].get(CREATION_TAG) != n["Tags"].get(CREATION_TAG):
             out.append(f"GPU group {name} is replaced ({o['Tags'].get(CREATION_TAG)} -> {n['Tags'].get(CREATION_TAG)}): "
                        "its nodes end")
+        elif o.get("Subnets") != n.get("Subnets"):  # create-only; on an existing cluster literal subnet ids
+            out.append(f"GPU group {name} is replaced (subnets {o.get('Subnets')} -> {n.get('Subnets')}): its nodes end")
         elif (_launch_data(deployed, old) != _launch_data(new, now_)
               or any(o.get(k) != n.get(k) for k in ("Version", "ReleaseVersion"))):
             out.append(f"GPU group {name} rolls every node (a new launch template version or AMI)")
+    # Every Ray head runs on the system nodes (charts/ray_charts.py): replacing or rolling them
+    # evicts the head of every running job, which ends it, as surely as a GPU node's loss.
+    after_other = _other_groups(new)
+    for lid, old in sorted(_other_groups(deployed).items()):
+        if lid not in after_other:
+            out.append(f"the system node group ({lid}) is deleted with its nodes: every Ray head on it ends")
+            continue
+        o, n = old["Properties"], after_other[lid]["Properties"]
+        if any(o.get(k) != n.get(k) for k in REPLACING):
+            out.append(f"the system node group ({lid}) is replaced: every Ray head on it ends")
+        elif (_launch_data(deployed, old) != _launch_data(new, after_other[lid])
+              or any(o.get(k) != n.get(k) for k in ("Version", "ReleaseVersion"))):
+            out.append(f"the system node group ({lid}) rolls every node (a new launch template version or AMI): "
+                       "every Ray head on it is evicted")
     return out
 
 
@@ -173,7 +204,8 @@ def hold_deploy(ctx: StepContext, deployed: dict, new: dict, **wait: Any) -> str
     changes = gpu_node_changes(deployed, new)
     if not changes:
         return "the deploy rolls, replaces or deletes no GPU node group"
-    why = clear_to_disturb(ctx, "the GPU node groups", lambda: running_gpu_jobs(ctx.kube.rayjobs()), **wait)
+    why = clear_to_disturb(ctx, "the GPU node groups" if all(line.startswith("GPU group") for line in changes)
+                           else "the node groups", lambda: running_gpu_jobs(ctx.kube.rayjobs()), **wait)
     return f"{'; '.join(changes)}: {why}"
 
 

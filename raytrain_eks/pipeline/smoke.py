@@ -79,6 +79,50 @@ the cache (aws/containers-roadmap issue 2837, a user report), so through the cac
 no proof the image is missing upstream."""
 
 
+def warm_cache(ctx: StepContext, digest: str, *, ecr: Any = None, registry_url: str = "") -> str:
+    """Before any pod pulls ``digest`` through the pull-through cache: fetch its manifest there BY
+    TAG (``image.tag``, what the watcher and ``lock`` resolved it from), as ``docker pull
+    <cache>/<name>:<tag>`` does (Amazon ECR User Guide, "Pulling an image with a pull through cache
+    rule"), so the cache holds it. A first pull by digest alone, or by tag and digest, is reported
+    not to fill the cache (aws/containers-roadmap issue 2837): without this every new digest's pods
+    fail with "not found". The tag must still name ``digest``; if it has moved on, the cache holds
+    the newer image and this run cannot pull its own: infrastructure (the watcher follows the tag).
+    Returns, in words, what was done; SmokeFailed (infrastructure) when the cache did not answer."""
+    if not ctx.env.image.pull_through_cache:
+        return "no pull-through cache: the nodes pull from the registry"
+    from environment.image_source import cache_prefix, registry_host
+    from infra.lambdas.image_watcher.registry import MANIFEST_MEDIA_TYPES, ImageLocation, _request
+
+    c, image = ctx.env.cluster, ctx.env.image
+    location = ImageLocation(registry_url=registry_url or f"https://{registry_host(c.account, c.region)}",
+                             name=f"{cache_prefix(c.name)}/{image.name}", tag=image.tag)
+    try:
+        if ecr is None:
+            import boto3
+
+            ecr = boto3.client("ecr", region_name=c.region)
+        token = ecr.get_authorization_token()["authorizationData"][0]["authorizationToken"]
+        headers = {"Accept": ", ".join(MANIFEST_MEDIA_TYPES), "Authorization": f"Basic {token}"}
+        by_digest = f"{location.registry_url}/v2/{location.name}/manifests/{digest}"
+        if _request("HEAD", by_digest, headers, location, 60.0)[0] == 200:
+            return f"pull-through cache: {location.name}@{digest} is cached already"
+        status, reply, body = _request("GET", location.manifest_url, headers, location, 60.0)
+    except Exception as err:  # noqa: BLE001 - botocore's and the registry's errors alike: the cache's fault
+        raise SmokeFailed(f"could not warm the pull-through cache with {location.display}: {err}",
+                          FAILURE_INFRASTRUCTURE) from err
+    if status != 200:
+        raise SmokeFailed(f"could not warm the pull-through cache with {location.display}: HTTP {status}",
+                          FAILURE_INFRASTRUCTURE)
+    import hashlib
+
+    cached = (reply.get("Docker-Content-Digest") or "").strip() or "sha256:" + hashlib.sha256(body).hexdigest()
+    if cached != digest:
+        raise SmokeFailed(f"the pull-through cache's {location.display} is {cached}, not {digest}: the tag has moved "
+                          "on, so the cache cannot fill with this digest (a pull by digest does not fill it)",
+                          FAILURE_INFRASTRUCTURE)
+    return f"pull-through cache warmed: {location.display} is {digest}"
+
+
 def pull_errors(pods: list[dict[str, Any]]) -> list[str]:
     """``pod/container: reason: message`` of the containers waiting on an image they cannot pull."""
     out = []
@@ -193,6 +237,7 @@ def pin_evidence(ctx: StepContext, record_uri: str) -> dict[str, str]:
 def run_smoke(ctx: StepContext, digest: str) -> str:
     """Run it, wait, record ``image_ran``; return the run.json URI. SmokeFailed otherwise."""
     job = smoke_job(ctx, digest)
+    log(warm_cache(ctx, digest))  # before any pod pulls it through the cache
     name = job["metadata"]["name"]
     ctx.kube.delete("rayjob", name)
     ctx.apply_network_policies()

@@ -80,17 +80,22 @@ class Status:
 
 
 def _stored_log(env, run: str) -> tuple[str | None, str]:
-    """(the driver log from the run's storage or None, why not)."""
+    """(the driver log from the run's storage or None, why not): its own cluster's folder, else
+    the folder it has on the long-lived cluster (the RayJob that said which may be gone)."""
+    from environment.contract import run_folder
     from raytrain_eks.runs.results import read_file, s3_client
     from training.run_logs import RUN_LOGS_DIR
     from training.storage import RunStorage
 
-    uri = f"{RunStorage(env.storage_uri).run(run)}/{RUN_LOGS_DIR}/driver.log"
-    try:
-        return read_file(s3_client(region=env.cluster.region), uri).decode("utf-8", errors="replace"), ""
-    except Exception as err:  # noqa: BLE001 - botocore's errors (no such key, no credentials, no network) alike
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        return None, f"{uri} ({first[:200]})"
+    whys = []
+    for on_cluster in (False, True):
+        uri = f"{RunStorage(env.storage_uri).run(run_folder(run, on_cluster=on_cluster))}/{RUN_LOGS_DIR}/driver.log"
+        try:
+            return read_file(s3_client(region=env.cluster.region), uri).decode("utf-8", errors="replace"), ""
+        except Exception as err:  # noqa: BLE001 - botocore's errors (no such key, no credentials, no network) alike
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            whys.append(f"{uri} ({first[:200]})")
+    return None, "; ".join(whys)
 
 
 class Logs:
@@ -217,8 +222,11 @@ class Stop:
             eks.release_run_identity(eks.eks_api(env.cluster.region), cluster=env.cluster.eks_name,
                                      namespace=namespace, run=args.run,
                                      role=eks.caller_run_role(env.cluster.eks_name, env.cluster.region))
+        from environment.contract import run_folder
+
+        folder = run_folder(args.run, on_cluster=found[0].endswith(ON_CLUSTER_SUFFIX))
         print(f"stopped {args.run}: RayJob deleted (KubeRay stops the Ray job); storage kept: "
-              f"{env.storage_uri}/{args.run} (raytrain-eks submit JOB --resume {args.run})")
+              f"{env.storage_uri}/{folder} (raytrain-eks submit JOB --resume {args.run})")
         return 0
 
 

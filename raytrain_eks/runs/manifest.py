@@ -81,7 +81,7 @@ def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Pa
     from charts.jobs import plan_job
     from charts.main import NETWORK_POLICY_CHART, rayjob_chart_name, synth_charts
     from charts.provenance import SourceIdentity
-    from environment.contract import CODE_PREFIX, ON_CLUSTER_SUFFIX
+    from environment.contract import CODE_PREFIX, ON_CLUSTER_SUFFIX, run_folder
 
     root = Path(root).resolve()
     path = Path(job_path).resolve()
@@ -89,7 +89,8 @@ def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Pa
         raise ChartError(f"submit: {job_path}: a job file must be under {root / 'jobs'} "
                          "(it travels to the cluster in the code archive)")
     with contextlib.chdir(root):
-        run_overrides = [*overrides, f"checkpoint.run_name={run}"]
+        # the storage folder: on the long-lived cluster, one its role may write (run_folder)
+        run_overrides = [*overrides, f"checkpoint.run_name={run_folder(run, on_cluster=on_cluster)}"]
         plan = plan_job(env, path, root, run_overrides)
         # The user's overrides go first in the entrypoint, the environment's after them (they win).
         plan = dataclasses.replace(plan, name=run, overrides=(*run_overrides, *plan.overrides))
@@ -106,7 +107,7 @@ def synth_run(env, job_path: Path, *, run: str, overrides: list[str], outdir: Pa
     return RunManifests(run=run, job=plan.config.name, rayjob_name=run + (ON_CLUSTER_SUFFIX if target else ""),
                         rayjob=files[chart], network_policy=files[NETWORK_POLICY_CHART],
                         code_path=code.path, code_uri=code.uri(env.bucket_name), storage_uri=env.storage_uri,
-                        run_uri=RunStorage(env.storage_uri).run(run),
+                        run_uri=RunStorage(env.storage_uri).run(run_folder(run, on_cluster=bool(target))),
                         namespace=env.ray.namespace, region=env.cluster.region, on_cluster=target,
                         cluster_name=env.cluster.eks_name)
 

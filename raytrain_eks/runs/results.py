@@ -180,14 +180,73 @@ def sha256_b64(local: Path) -> str:
     return base64.b64encode(digest.digest()).decode()
 
 
+MULTIPART_FROM = 256 << 20
+"""Files this large or larger go up in parts: one PutObject stops at 5 GB (Amazon S3 User
+Guide, "Uploading and copying objects using multipart upload": 5 GiB per part and per single
+put, up to 10,000 parts), and a part that fails is retried alone."""
+PART_BYTES = 64 << 20
+"""A part's size (S3: at least 5 MiB except the last); larger where 10,000 parts would not hold
+the file (inputs stop at 64 GiB, raytrain_eks/runs/inputs.py: 1,024 parts)."""
+MAX_PARTS = 10_000
+
+
+def _part_bytes(size: int) -> int:
+    return max(PART_BYTES, -(-size // MAX_PARTS))
+
+
+def _parts(local: Path):
+    """(number, bytes) of each part, in order."""
+    size = _part_bytes(local.stat().st_size)
+    with open(local, "rb") as f:
+        for number, block in enumerate(iter(lambda: f.read(size), b""), start=1):
+            yield number, block
+
+
+def stored_sha256(local: Path) -> str:
+    """The ``ChecksumSHA256`` S3 keeps for ``local`` as :func:`put_once` writes it: the file's
+    SHA-256 for a single put; for a multipart upload S3's COMPOSITE checksum, the SHA-256 of the
+    parts' raw SHA-256 digests joined, then ``-<parts>`` (Amazon S3 User Guide, "Checking object
+    integrity": "Using part-level checksums for multipart uploads"; SHA-256 has no full-object
+    type). Both depend only on the bytes and :data:`MULTIPART_FROM`/:data:`PART_BYTES`."""
+    if local.stat().st_size < MULTIPART_FROM:
+        return sha256_b64(local)
+    digests = [hashlib.sha256(block).digest() for _, block in _parts(local)]
+    return f"{base64.b64encode(hashlib.sha256(b''.join(digests)).digest()).decode()}-{len(digests)}"
+
+
 def put_once(client: Any, local: Path, bucket: str, key: str) -> None:
     """Write ``local`` at ``key`` only if no object is there (``If-None-Match: *``: S3 answers 412
     PreconditionFailed otherwise), with its SHA-256 for S3 to check and keep. The bucket policy
     (infra/stacks/storage.py) denies a put on code/ and inputs without that header, so
-    nobody's put, ours included, replaces an archive that runs execute."""
-    with open(local, "rb") as body:
-        client.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*",
-                          ChecksumAlgorithm="SHA256", ChecksumSHA256=sha256_b64(local))
+    nobody's put, ours included, replaces an archive that runs execute.
+
+    From :data:`MULTIPART_FROM` up, a multipart upload: every part carries its SHA-256 (S3 checks
+    each), and the condition goes on CompleteMultipartUpload, the request that makes the object
+    (its ``IfNoneMatch``, botocore's S3 model 2006-03-01: header ``If-None-Match``, "Uploads the
+    object only if the object key name does not already exist"; CreateMultipartUpload and
+    UploadPart take no condition). An object made meanwhile wins: 412, and the parts are
+    aborted."""
+    if local.stat().st_size < MULTIPART_FROM:
+        with open(local, "rb") as body:
+            client.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*",
+                              ChecksumAlgorithm="SHA256", ChecksumSHA256=sha256_b64(local))
+        return
+    upload = client.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256")["UploadId"]
+    try:
+        parts = []
+        for number, block in _parts(local):
+            digest = base64.b64encode(hashlib.sha256(block).digest()).decode()
+            etag = client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=block,
+                                      ChecksumAlgorithm="SHA256", ChecksumSHA256=digest)["ETag"]
+            parts.append({"ETag": etag, "PartNumber": number, "ChecksumSHA256": digest})
+        client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, IfNoneMatch="*",
+                                         MultipartUpload={"Parts": parts})
+    except BaseException:
+        try:  # the bucket's lifecycle rule aborts what is left here anyway
+            client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+        except Exception:  # noqa: BLE001 - the upload's own error is the one to report
+            pass
+        raise
 
 
 def upload_if_missing(client: Any, local: Path, uri: str, *, create_bucket: bool = False) -> bool:
@@ -214,8 +273,12 @@ def upload_if_missing(client: Any, local: Path, uri: str, *, create_bucket: bool
         if err.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
             raise
     else:
-        want = sha256_b64(local)
-        if head.get("ChecksumSHA256") != want:
+        # A multipart upload's is S3's COMPOSITE checksum, written "<b64>-<parts>" (moto 5.2.5's
+        # HeadObject leaves the suffix off and sends no ChecksumType; its GetObject adds both), a
+        # single put's the file's: the digest must be one of the two this file gives.
+        got = (head.get("ChecksumSHA256") or "").split("-")[0]
+        want = stored_sha256(local)
+        if got not in {want.split("-")[0], sha256_b64(local) if "-" in want else want}:
             raise ChartError(f"upload: s3://{bucket}/{key} already holds other bytes (stored SHA-256 "
                              f"{head.get('ChecksumSHA256') or 'none'}, this file's {want}): refusing to run "
                              "it; ask the bucket's owner who wrote it")

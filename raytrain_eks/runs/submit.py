@@ -231,8 +231,9 @@ def _local(manifests, out_dir: Path, uploads: list, storage_uri: str, prediction
 
 def _refuse_a_live_sibling(manifests, *, resume: bool) -> None:
     """A run's two variants (``RUN`` on its own cluster, ``RUN-on-cluster`` on the long-lived
-    one) write the same ``<storage>/RUN``: while one is live, the other may not start (the
-    trainer's lease refuses it too, but only once its cluster is up and paid for)."""
+    one): while one is live, the other may not start. They write different folders
+    (``<storage>/RUN`` and ``<storage>/on-cluster_RUN``, environment.contract.run_folder), but
+    ``status``, ``logs`` and ``stop`` find a run by its name, which would then name two."""
     from charts import ChartError
     from environment.contract import ON_CLUSTER_SUFFIX
     from raytrain_eks.backends import eks
@@ -242,7 +243,7 @@ def _refuse_a_live_sibling(manifests, *, resume: bool) -> None:
     if found is not None and eks.phase(found)[0] not in eks.TERMINAL:
         deployment, job_status = eks.phase(found)
         raise ChartError(f"submit: {'--resume' if resume else '--name'}: RayJob {sibling} is {deployment}"
-                         f"{' / ' + job_status if job_status else ''} on the same storage {manifests.run_uri}: "
+                         f"{' / ' + job_status if job_status else ''} under the same run name {manifests.run!r}: "
                          f"raytrain-eks stop {manifests.run} first")
 
 

@@ -229,7 +229,7 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
 
     from environment.queueing import KUEUE_API, KUEUE_FRAMEWORKS, KUEUE_RESOURCES, kueue_objects
 
-    out, where = [], found.namespace or "kueue-system"
+    out, where, config = [], found.namespace or "kueue-system", None
     text = inventory.manager_configs.get(where)
     if text is None:
         out.append(failed("addons", f"kueue: {found.describe()}: no manager configuration (ConfigMap with "
@@ -250,7 +250,7 @@ def _kueue(env: Environment, found, inventory: Inventory) -> list[Finding]:
                               f"or set queueing.enabled = false in {env.source}"))
         if isinstance(config, dict):
             out += _kueue_manages_unlabelled(env, config, inventory, where)
-    out += _kueue_version(env, found, inventory, where)
+    out += _kueue_version(env, found, inventory, where, config if isinstance(config, dict) else None)
     version = KUEUE_API.rsplit("/", 1)[1]
     kinds = sorted({(o["kind"], o["apiVersion"]) for o in kueue_objects(env)})
     for kind, _ in kinds:
@@ -292,15 +292,20 @@ def _kueue_manager(inventory: Inventory, where: str) -> dict | None:
     return None
 
 
-def _kueue_version(env: Environment, found, inventory: Inventory, where: str) -> list[Finding]:
+def _kueue_version(env: Environment, found, inventory: Inventory, where: str,
+                   config: dict | None = None) -> list[Finding]:
     """Kueue's version (its manager's image tag, else its Helm chart's) at least
-    :data:`KUEUE_MINIMUM`, and ``ElasticJobsViaWorkloadSlices`` not turned off by ``--feature-gates``."""
+    :data:`KUEUE_MINIMUM`, and ``ElasticJobsViaWorkloadSlices`` not turned off by ``--feature-gates``
+    or, without that flag, by the ``featureGates`` of its manager ``config``."""
     pinned = env.versions.chart("kueue")
     fix = f"upgrade Kueue to {pinned} (the version this app installs), or set queueing.enabled = false in {env.source}"
     minimum = "v" + ".".join(map(str, KUEUE_MINIMUM))
     manager = _kueue_manager(inventory, where)
     image = (manager or {}).get("image", "")
-    running = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else (found.version or "")
+    # "<repository>:<tag>" (chart manager.yaml:60); a digest pin "...:<tag>@sha256:<hex>" keeps the tag
+    # before the "@", and a digest-only reference has none: then the Helm release's version
+    named = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    running = named.rsplit(":", 1)[1] if ":" in named else (found.version or "")
     version = _version_tuple(running)
     if version is None:
         return [failed("addons", f"kueue: {found.describe()}: its version cannot be read (manager image {image or 'not found'} "
@@ -309,17 +314,33 @@ def _kueue_version(env: Environment, found, inventory: Inventory, where: str) ->
         return [failed("addons", f"kueue: the cluster runs Kueue {running} ({found.describe()}): the long-lived "
                                  f"RayCluster needs {minimum} or later ({KUEUE_ELASTIC_GATE} is beta from v0.18, the "
                                  "ungater's fixes arrive in v0.19.1: before, its scale-up pods stay gated)", fix)]
-    gates = {}
-    for arg in (manager or {}).get("args") or []:
-        if arg.startswith("--feature-gates="):
-            for item in arg.split("=", 1)[1].split(","):
-                name, _, value = item.partition("=")
-                gates[name.strip()] = value.strip().lower()
-    if gates.get(KUEUE_ELASTIC_GATE) == "false":
-        return [failed("addons", f"kueue: {found.describe()} runs with --feature-gates {KUEUE_ELASTIC_GATE}=false: the "
+    # The flag, else the manager config's featureGates map (Kueue v0.19.2 cmd/kueue/main.go:161,
+    # pkg/config/validation.go:641 LoadAndValidateFeatureGates: the map is read when the flag is empty).
+    # Go's flag package takes -name and --name, "=value" or the next argument.
+    args, flag = list((manager or {}).get("args") or []), ""
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in ("--feature-gates", "-feature-gates"):
+            flag = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    if flag:
+        where_set = "--feature-gates"
+        items = (item.partition("=") for item in flag.split(","))
+        off = any(n.strip() == KUEUE_ELASTIC_GATE and v.strip() in _GO_FALSE for n, _, v in items)
+    else:
+        where_set = "its manager config's featureGates"
+        off = (config or {}).get("featureGates", {}).get(KUEUE_ELASTIC_GATE) is False \
+            if isinstance((config or {}).get("featureGates"), dict) else False
+    if off:
+        return [failed("addons", f"kueue: {found.describe()} runs with {where_set} {KUEUE_ELASTIC_GATE}=false: the "
                                  "long-lived RayCluster's scale-up pods would stay gated",
-                       f"remove {KUEUE_ELASTIC_GATE}=false from controllerManager.featureGates of its Helm values in {where}")]
+                       f"remove {KUEUE_ELASTIC_GATE}=false from controllerManager.featureGates of its Helm values "
+                       f"(or the featureGates of its manager config) in {where}")]
     return []
+
+
+_GO_FALSE = frozenset({"0", "f", "F", "false", "FALSE", "False"})
+"""What Go's strconv.ParseBool reads as false; k8s.io/component-base featuregate ``Set`` parses
+each ``--feature-gates`` value with it (anything else is an error: the manager would not start)."""
 
 
 def _selector_matches(selector: dict, labels: dict) -> bool:

@@ -52,3 +52,27 @@ def test_the_calibration_times_the_shipped_micro_batchs_own_gemm_shapes():
     shapes = _gpu_check().calibration_shapes()
     traced = {(m, n, k) for t in load_traces() for m, n, k, _ in t["gemms"]}
     assert traced and traced <= set(shapes) and (2048, 2048, 2048) in shapes
+
+
+@pytest.mark.subprocess  # nvidia-smi's stand-in is an executable
+def test_the_gate_step_reports_each_gpus_reading_bound_and_findings(tmp_path, monkeypatch):
+    # The device injected: the GPU's name and GEMM rate, and nvidia-smi as a stand-in executable
+    # printing its CSV query answers (NVIDIA nvidia-smi ``--format=csv,noheader,nounits``).
+    import torch
+
+    from training import contract, watchdog
+
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\ncase \"$1\" in --query-gpu=*) echo '0, GPU-aaaa, 1, [N/A]';; "
+                    "*) echo 'GPU-aaaa, No, No';; esac\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    monkeypatch.delenv(contract.ENV_GATE_DEVICE, raising=False)
+    monkeypatch.delenv(contract.ENV_PEAK_TFLOPS, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA L4")
+    rates = iter([54.9, 12.0])
+    monkeypatch.setattr(watchdog, "gemm_tflops", lambda device: next(rates))
+    out = _gpu_check().health_gate(2)
+    assert [(g["gemm_tflops"], g["peak"], g["bound"]) for g in out["gpus"]] == [(54.9, 121.0, 30.2), (12.0, 121.0, 30.2)]
+    assert out["problems"] == ["GPU 0: 1 uncorrectable ECC errors since the driver loaded (bound 0)",
+                               "GPU 1: bf16 GEMM 4096^3 at 12.0 TFLOP/s < bound 30.2 (0.25 x peak 121)"]

@@ -12,7 +12,8 @@ from charts.cluster_spec import ClusterShape, ray_cluster_spec
 from charts.ray_charts import LONG_LIVED_CHECKPOINT_GRACE_SECONDS
 from charts.jobs import PRE_RUNNING_FACTOR
 from environment.addons import SCALE_UP_MINUTES
-from environment.contract import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL
+from environment.contract import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL, run_folder
+from training.contract import job_config_hash, label_hash
 from training.config import load_job_config
 from training.deadlines import GRACE_MARGIN_SECONDS
 from training.__main__ import parse_args
@@ -293,11 +294,15 @@ def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
         # KubeRay v1.7.0 utils/validation.go:575-576: backoffLimit > 0 with a clusterSelector is
         # ValidationFailed; the own-cluster variant keeps the job's retries.
         assert variant.get("backoffLimit", 0) == 0 and own["backoffLimit"] == submitted_config(default_synth.one(f"rayjob-{job}")).rayjob.backoff_limit
-        assert variant["entrypoint"] == own["entrypoint"]
-        # the same runtime env, except each names its own manifest (and that file's hash)
+        # the same job, in the folder the long-lived cluster's role may write (run_folder)
+        folder = run_folder(submitted_config(default_synth.one(f"rayjob-{job}")).run_name, on_cluster=True)
+        assert variant["entrypoint"].replace(f" --set checkpoint.run_name={folder}", "", 1) == own["entrypoint"]
+        assert f" --set checkpoint.run_name={folder} " in variant["entrypoint"]
+        # the same runtime env, except each names its own manifest (and that file's hash) and
+        # hashes its own config (the run folder differs: test_code_travels_as_working_dir_only)
         ours = [yaml.safe_load(v["runtimeEnvYAML"])["env_vars"] for v in (variant, own)]
         for env_vars in ours:
-            del env_vars["RAYTRAIN_MANIFEST_NAME"], env_vars["RAYTRAIN_MANIFEST_HASH"]
+            del env_vars["RAYTRAIN_MANIFEST_NAME"], env_vars["RAYTRAIN_MANIFEST_HASH"], env_vars["RAYTRAIN_JOB_CONFIG_HASH"]
         assert ours[0] == ours[1]
     # The shared cluster's grace is fixed (not the longest of jobs/: adding a job must not
     # change its pod templates), and covers every job that may run on it.
@@ -330,8 +335,13 @@ def test_code_travels_as_working_dir_only(default_synth):
         assert labels["raytrain.io/code-hash"] == code.content_hash
         assert labels["raytrain.io/spec-hash"] == default_synth.env.spec_hash
         (plan,) = [p for p in default_synth.result.plans if p.name == labels["raytrain.io/job"]]
-        assert labels["raytrain.io/job-config-hash"] == plan.config_hash
-        assert runtime_env["env_vars"]["RAYTRAIN_JOB_CONFIG_HASH"] == plan.config_hash
+        want = plan.config_hash
+        if "clusterSelector" in obj["spec"]:  # its run folder (charts/main.py) is part of the config it hashes
+            config = plan.config.to_dict()
+            config["checkpoint"] = {**config["checkpoint"], "run_name": run_folder(plan.config.run_name, on_cluster=True)}
+            want = label_hash(job_config_hash(config))
+        assert labels["raytrain.io/job-config-hash"] == want
+        assert runtime_env["env_vars"]["RAYTRAIN_JOB_CONFIG_HASH"] == want
         assert code.name == f"training-{code.content_hash}.zip" and code.path.is_file()
 
 

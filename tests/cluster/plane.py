@@ -221,9 +221,11 @@ class Plane:
 
     # --- start, in dependency order ---------------------------------------------------------------
 
-    def start(self, env) -> None:
+    def start(self, env, *, controllers: bool = True) -> None:
         """etcd, the apiserver, controller-manager, scheduler; the namespaces, CRDs and nodes of
-        ``env``; kwok; the KubeRay operator; Kueue, its webhooks and its queue objects."""
+        ``env``; kwok; the KubeRay operator; Kueue, its webhooks and its queue objects.
+        ``controllers=False``: etcd, the apiserver and what it holds (namespaces, CRDs, nodes)
+        only, for tests of admission alone (no object needs a controller to act on it)."""
         from raytrain_eks.backends.local_services import free_port
 
         w = self.workdir
@@ -250,6 +252,9 @@ class Plane:
             "--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=Node,RBAC", "--allow-privileged=true",
             "--enable-priority-and-fairness=false", "--profiling=false", "--v=0"])
         self._wait("kube-apiserver", lambda: self._raw_ok("/readyz"), "/readyz")
+        if not controllers:
+            self._install(env)
+            return
         common = [f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
                   f"--authorization-kubeconfig={self.kubeconfig}", "--leader-elect=false", "--bind-address=127.0.0.1"]
         self._start("kube-controller-manager", [

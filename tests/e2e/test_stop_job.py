@@ -11,8 +11,8 @@ local Ray head (token auth, as on EKS), its storage moto's S3 reading checkpoint
 8 MiB/s (tests/e2e/slow_store.py), stopped with ``JobSubmissionClient.stop_job`` while it trains.
 Then the same run is submitted again and continues from that checkpoint.
 
-On the same head: two trainers on one run (``submit --resume X`` while ``X-on-cluster`` runs
-writes the same ``<storage>/X``). The second refuses in one line naming the first (the run's
+On the same head: two trainers on one run (a second ``submit --resume X`` while the first
+writes ``<storage>/X``). The second refuses in one line naming the first (the run's
 lease, training/checkpointing/lease.py), and no checkpoint of the first is touched.
 """
 from __future__ import annotations

@@ -169,3 +169,39 @@ def test_every_supported_kubernetes_version_has_pinned_managed_addons():
     for addon in EKS_ADDONS:
         assert set(KUBERNETES_VERSIONS) <= set(addon.versions), addon.name
         assert all(v.startswith("v") and "-eksbuild." in v for v in addon.versions.values()), addon.name
+
+
+def _admission_manifest(synth) -> list[dict]:
+    for r in _resources(synth, "Custom::AWSCDK-EKS-KubernetesResource").values():
+        manifest = r["Properties"]["Manifest"]
+        docs = json.loads(manifest) if isinstance(manifest, str) else manifest
+        if any(d.get("kind") == "ValidatingAdmissionPolicy" for d in docs):
+            return docs
+    raise AssertionError("no ValidatingAdmissionPolicy in the cluster stack")
+
+
+@pytest.mark.parametrize("which", ["default", "existing"])
+def test_the_stack_installs_the_run_identity_admission_policy(which, request):
+    """The policy the cluster tier proves on a real apiserver (tests/cluster/test_run_identity_admission.py),
+    installed by the cluster stack and by the existing-cluster stack, bound to the Ray namespace."""
+    from infra.constructs.pod_identity import run_identity_admission
+    from infra.stacks.pipeline_access import DEPLOYER_GROUP
+
+    synth = request.getfixturevalue(which)
+    env = synth.env
+    docs = _admission_manifest(synth)
+    for doc in docs:
+        doc["metadata"]["labels"] = {k: v for k, v in doc["metadata"]["labels"].items()
+                                     if not k.startswith("aws.cdk.eks/prune-")}
+    assert docs == run_identity_admission(
+        namespace=env.ray.namespace, raycluster_name=env.cluster.name, cluster_account=env.ray.service_account,
+        operator_namespace=ADDONS_BY_KEY["kuberay_operator"].namespace, pipeline_group=DEPLOYER_GROUP)
+    policy, binding = docs
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"] and policy["spec"]["failurePolicy"] == "Fail"
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": env.ray.namespace}}
+    rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
+    assert set(rule["resources"]) == {"rayjobs", "rayclusters"} and set(rule["operations"]) == {"CREATE", "UPDATE"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, f"{env.cluster.kubernetes_version}.0", strict=True)

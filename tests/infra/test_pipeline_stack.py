@@ -411,3 +411,31 @@ def test_each_kubectl_build_outlives_its_wait_plus_a_rollback(synthesized):
         if action["Name"] == "HoldDeploy":  # only Apply's wait for the jobs: it rolls nothing back
             waits = 60 * env.pipeline.apply_wait_minutes
         assert project["TimeoutInMinutes"] * 60 >= waits + 10 * 60, action["Name"]
+
+
+def test_with_the_pull_through_cache_smoke_may_warm_it_and_nothing_else(tmp_path):
+    """Smoke warms the cache by tag before its pods pull the new digest (raytrain_eks/pipeline/smoke.py
+    warm_cache): a registry login (ecr:GetAuthorizationToken: no resource-level permissions) and a
+    pull through the rule, as a node's (BatchGetImage, BatchImportUpstreamImage, CreateRepository:
+    Amazon ECR User Guide, "IAM permissions required to sync an upstream registry"), under the
+    rule's prefix only. The synth runs cdk-nag: an unacknowledged wildcard fails it."""
+    from infra.build import build_app, new_app
+    from environment import environment_from_dict
+
+    raw = tomllib.loads((REPO / "environment.toml").read_text())
+    raw["cluster"].update(account=ACCOUNT, admin_principal_arns=[f"arn:aws:iam::{ACCOUNT}:role/admin"])
+    raw["image"].update(digest=DIGEST, pull_through_cache=True)
+    raw["pipeline"].update(connection_arn=CONNECTION, repository="example-org/raytrain-eks", branch="release")
+    env = environment_from_dict(raw, "pipeline-test.toml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = build_app(env, new_app(env, outdir=str(tmp_path)))
+        built.app.synth()
+    template = json.loads((tmp_path / f"{built.pipeline.stack_name}.template.json").read_text())
+    smoke = {s.get("Sid"): s for s in policy_statements(template, "SmokeRole")}
+    assert smoke["RegistryLogin"]["Action"] == "ecr:GetAuthorizationToken" and smoke["RegistryLogin"]["Resource"] == "*"
+    warm = smoke["WarmPullThroughCache"]
+    assert sorted(warm["Action"]) == ["ecr:BatchGetImage", "ecr:BatchImportUpstreamImage", "ecr:CreateRepository"]
+    assert json.dumps(warm["Resource"]).endswith(f':repository/{env.cluster.name}-ecr-public/*"]]}}'), warm["Resource"]
+    for other in ("ApplyRole", "PromoteRole"):
+        assert not any("ecr:" in json.dumps(s.get("Action")) for s in policy_statements(template, other)), other

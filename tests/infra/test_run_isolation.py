@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from iam_policy import Request, allowed, assume_context, decide, pod_identity_context, resolve, role_policies
-from environment.contract import SMOKE_SERVICE_ACCOUNT
+from environment.contract import SMOKE_SERVICE_ACCOUNT, run_folder
 from infra_variants import ACCOUNT, TRACKING_SERVER
 
 WRITE = ("s3:PutObject", "s3:DeleteObject")
@@ -90,11 +90,36 @@ def test_the_long_lived_cluster_is_single_team_but_never_writes_the_pipeline_evi
     ctx = pod_identity_context(run=variant.env.ray.service_account, account=_account(variant),
                                cluster=variant.env.cluster.eks_name)
     ask = lambda action, key: decide(policies, Request(action=action, resource=_object(variant, key), context=ctx))  # noqa: E731
-    assert ask("s3:PutObject", f"{prefix}/run-a/run.json") == "Allow"  # single-team: any run
+    on_cluster = run_folder("run-a", on_cluster=True)
+    assert ask("s3:PutObject", f"{prefix}/{on_cluster}/run.json") == "Allow"  # single-team: any run on it
     for key in (f"{prefix}/smoke-exec-1/run.json", f"{prefix}/smoke-exec-1/metrics.jsonl", f"{prefix}/_inputs/h/d.jsonl"):
         for action in WRITE:
             assert ask(action, key) == "Deny", (action, key)  # explicit: no Allow can undo it
-    assert ask("s3:GetObject", f"{prefix}/smoke-exec-1/run.json") == "Allow"
+    assert ask("s3:GetObject", f"{prefix}/_inputs/h/d.jsonl") == "Allow"
+
+
+def test_an_on_cluster_job_cannot_touch_a_run_with_its_own_cluster(variant):
+    """A run with its own cluster resumes by trusting its completion marker (COMPLETE.json, the
+    sha256 of every file) and then unpickles DCP's ``.metadata`` (training/checkpointing/markers.py,
+    restore.py): a role that may rewrite both runs code in that run. The long-lived cluster's role
+    reaches only ``on-cluster_<run>`` folders, which no service account's name (the run role's
+    folder) can equal: an underscore is not in a DNS subdomain."""
+    prefix = variant.env.storage.prefix
+    policies = _policies(variant, "PodRoleArn")
+    ctx = pod_identity_context(run=variant.env.ray.service_account, account=_account(variant),
+                               cluster=variant.env.cluster.eks_name)
+    ask = lambda action, key: decide(policies, Request(action=action, resource=_object(variant, key), context=ctx))  # noqa: E731
+    checkpoint = "checkpoint_000002"
+    for name in ("COMPLETE.json", ".metadata", "__0_0.distcp"):
+        for action in (*WRITE, "s3:GetObject"):
+            assert ask(action, f"{prefix}/run-a/{checkpoint}/{name}") == "ImplicitDeny", (action, name)
+            assert ask(action, f"{prefix}/{run_folder('run-a', on_cluster=True)}/{checkpoint}/{name}") == "Allow", \
+                (action, name)
+    # and a run's own role never reaches an on-cluster folder, whatever the run is named
+    for run in ("run-a", "on-cluster", "on-cluster-run-a"):
+        for action in (*WRITE, "s3:GetObject"):
+            key = f"{prefix}/{run_folder('run-a', on_cluster=True)}/{checkpoint}/COMPLETE.json"
+            assert _as_run(variant, run, action, key) == "ImplicitDeny", (run, action)
 
 
 @pytest.mark.parametrize("output", ["RunRoleArn", "PodRoleArn", "SmokeRoleArn"])

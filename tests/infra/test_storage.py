@@ -98,12 +98,17 @@ def test_code_and_inputs_are_write_once(default):
     policy = resolve(json.loads(json.dumps(policy).replace(arn_of, json.dumps(f"arn:aws:s3:::{bucket}"))))
     for key in ("code/0123abcd.zip", f"{prefix}/_inputs/0123abcd/data.jsonl"):
         arn = f"arn:aws:s3:::{bucket}/{key}"
-        secure = {"aws:SecureTransport": "true"}
-        assert decide([policy], Request(action="s3:PutObject", resource=arn, context=secure)) == "Deny", key
+        # PutObject and CompleteMultipartUpload create the object (s3:ObjectCreationOperation true)
+        creates = {"aws:SecureTransport": "true", "s3:ObjectCreationOperation": "true"}
+        assert decide([policy], Request(action="s3:PutObject", resource=arn, context=creates)) == "Deny", key
         assert decide([policy], Request(action="s3:PutObject", resource=arn,
-                                        context={**secure, "s3:if-none-match": "*"})) != "Deny", key
+                                        context={**creates, "s3:if-none-match": "*"})) != "Deny", key
+        # CreateMultipartUpload and UploadPart are s3:PutObject too and take no condition header:
+        # a file over 5 GB goes up in parts, completed with If-None-Match (put_once)
+        part = {"aws:SecureTransport": "true", "s3:ObjectCreationOperation": "false"}
+        assert decide([policy], Request(action="s3:PutObject", resource=arn, context=part)) != "Deny", key
     # a run's records, and its inputs record that each resume rewrites, stay writable
     for key in (f"{prefix}/run-a/run.json", f"{prefix}/_inputs/run-a.json"):
         run = Request(action="s3:PutObject", resource=f"arn:aws:s3:::{bucket}/{key}",
-                      context={"aws:SecureTransport": "true"})
+                      context={"aws:SecureTransport": "true", "s3:ObjectCreationOperation": "true"})
         assert decide([policy], run) != "Deny", key

@@ -343,3 +343,46 @@ def test_a_record_that_does_not_name_the_stack_or_a_stack_that_cannot_be_read_tr
     refusal, found, _ = verify_gate.decide(env, current, now, "123456789012", False, lambda: None)
     assert "could not be read" in refusal and found == frozenset()
     assert verify_gate.decide(env, current, now, "123456789012", False, lambda: "stack@1")[:2] == (None, frozenset({"gpu"}))
+
+
+def test_an_existing_clusters_gpu_subnet_edit_replaces_the_group_as_a_creation():
+    """cluster.existing: the GPU group's Subnets are the spec's private_subnet_ids (literal ids;
+    the GPU AZ's entry). Subnets is create-only on AWS::EKS::Nodegroup (cfn-lint's schema), so
+    pointing the GPU AZ at another subnet replaces the group: a creation, which needs its whole
+    scaling config, and whose old nodes end (the deploy hold must see it). Before the fix the
+    creation key left the subnet id out: verify counted the group as existing, the replacement
+    went out without DesiredSize (CREATE REFUSED) and the hold saw no change."""
+    from infra_variants import existing_raw
+
+    from raytrain_eks.pipeline.apply_promote import gpu_node_changes
+
+    raw = existing_raw()
+    first = templates(raw)
+    running = redeploy(raw, first)
+    moved = copy.deepcopy(raw)
+    gpu_az = moved["cluster"]["gpu_availability_zone"]
+    moved["cluster"]["private_subnet_ids"][moved["cluster"]["availability_zones"].index(gpu_az)] = "subnet-0ccccccccccccccc3"
+    after = redeploy(moved, running)
+    changes = diff(running, after)
+    groups = [c for c in changes if c.type == "AWS::EKS::Nodegroup"]
+    assert groups and all(c.action == "replace" for c in groups), [c.row() for c in changes]
+    assert refused(changes) == [], [c.row() for c in refused(changes)]
+    assert [line for line in gpu_node_changes(running["cluster"], after["cluster"]) if "p5" in line and "replaced" in line], \
+        gpu_node_changes(running["cluster"], after["cluster"])
+
+
+def test_a_gpu_group_tagged_before_the_subnet_tag_counts_by_its_creation_key():
+    # a group an earlier release created on an existing cluster has no raytrain:gpu-subnet tag:
+    # it still counts as existing (no DesiredSize sent); one tagged with another subnet does not
+    from infra_variants import existing_raw
+
+    from environment import environment_from_dict
+    from infra.verify_gate import SUBNET_TAG, existing, identity_tags
+
+    env = environment_from_dict(existing_raw(), "environment.toml")
+    az, zones, ids = env.cluster.gpu_availability_zone, env.cluster.availability_zones, tuple(env.cluster.private_subnet_ids)
+    p5 = next(g for g in env.gpu_node_groups if g.name == "p5")
+    assert SUBNET_TAG in identity_tags(p5, az, zones, ids)
+    assert existing(env, [identity_tags(p5, az, zones)]) == {"p5"}
+    assert existing(env, [identity_tags(p5, az, zones, ids)]) == {"p5"}
+    assert existing(env, [{**identity_tags(p5, az, zones, ids), SUBNET_TAG: "subnet-0ccccccccccccccc3"}]) == frozenset()

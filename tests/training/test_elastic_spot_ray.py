@@ -79,26 +79,27 @@ require_transport = "any"
 """
 
 
-def _start_node(head, temp_root: Path, name: str) -> int:
-    """``ray start --address``: a second Ray node on loopback with 1 CPU (2 workers of 0.5), its
-    own ports; returns its node manager port (what names its raylet). On a busy machine a
-    raylet can miss Ray's start-up wait: what it left is killed and it starts again."""
+def _start_node(head, temp_root: Path, name: str, cpus: int = 1) -> int:
+    """``ray start --address``: a second Ray node on loopback with ``cpus`` CPUs (1: 2 workers of
+    0.5), its own ports and ``head.client_env`` (what the node's raylet and its workers inherit);
+    returns its node manager port (what names its raylet). On a busy machine a raylet can miss
+    Ray's start-up wait: what it left is killed and it starts again."""
     for attempt in range(3):
         try:
-            return _start_node_once(head, temp_root, name)
+            return _start_node_once(head, temp_root, name, cpus)
         except subprocess.CalledProcessError as err:
             _kill_node(err.port)
             if attempt == 2:
                 raise
 
 
-def _start_node_once(head, temp_root: Path, name: str) -> int:
+def _start_node_once(head, temp_root: Path, name: str, cpus: int = 1) -> int:
     port = free_port()
     ports = {flag: free_port() for flag in ("--object-manager-port", "--metrics-export-port",
                                             "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                                             "--runtime-env-agent-port")}
     cmd = [str(Path(sys.executable).with_name("ray")), "start", f"--address={head.gcs_address}",
-           f"--node-ip-address={LOOPBACK}", "--num-cpus=1", "--num-gpus=0", f"--node-manager-port={port}",
+           f"--node-ip-address={LOOPBACK}", f"--num-cpus={cpus}", "--num-gpus=0", f"--node-manager-port={port}",
            "--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats",
            *(f"{flag}={p}" for flag, p in ports.items())]
     env = {**os.environ, **head.client_env, "RAY_USAGE_STATS_ENABLED": "0"}

@@ -161,3 +161,69 @@ def test_of_two_trainers_racing_for_one_run_exactly_one_wins(s3_server, s3_bucke
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_server.endpoint_url).list_objects_v2(
         Bucket=bucket, Prefix=prefix + "/").get("Contents", [])]
     assert keys == [f"{prefix}/{LEASE_KEY}"]
+
+
+def _lost_reply_server(upstream: str) -> tuple[ThreadingHTTPServer, list[str]]:
+    """Relays to moto's server, except that the FIRST lease PutObject reaches the store and its
+    reply is lost: the connection closes before any answer, as a connection reset after the
+    request was sent does. botocore retries a request whose connection closed before a reply
+    (``ConnectionClosedError`` is retryable: botocore ``retryhandler``/``retries/standard``), so
+    the same conditional write arrives a second time and S3 answers it 412."""
+    target, log = urlsplit(upstream), []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _relay(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "content-length")}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            answer = conn.getresponse()
+            data = answer.read()
+            conn.close()
+            on_lease = self.path.split("?", 1)[0].endswith("/" + LEASE_KEY)
+            log.append(f"{self.command} {answer.status}")
+            if on_lease and self.command == "PUT" and log.count("lost") == 0:
+                log.append("lost")
+                self.close_connection = True
+                self.connection.shutdown(2)  # the write landed; its reply never arrives
+                return
+            self.send_response(answer.status)
+            for key, value in answer.getheaders():
+                if key.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", answer.getheader("Content-Length", "0") if self.command == "HEAD"
+                             else str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _relay
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, log
+
+
+def test_a_trainer_whose_winning_write_lost_its_reply_keeps_its_lease(s3_server, s3_bucket, tmp_path):  # noqa: F811
+    """S3 conditional writes: the retried ``If-None-Match: *`` PutObject answers 412 because the
+    first one created the lease. Before the fix the trainer took that for another's win, read back
+    its own lease and refused itself (exit 2), leaving a lease nobody holds for ``ttl_s``."""
+    server, log = _lost_reply_server(s3_server.endpoint_url)
+    run = f"{s3_bucket}/{tmp_path.name}/run"
+    try:
+        trainer = subprocess.run(
+            [sys.executable, "-c", TRAINER, run, "a"], cwd=ROOT, capture_output=True, text=True, timeout=90,
+            env={**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
+                 "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"})
+    finally:
+        server.shutdown()
+    output = trainer.stdout + trainer.stderr
+    assert "lost" in log and log.count("PUT 412") >= 1, log  # the reply was lost and the retry refused
+    assert trainer.returncode == 0 and output.strip().endswith("WON"), output

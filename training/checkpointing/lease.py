@@ -117,9 +117,14 @@ class Lease:
         if self._swap(now, etag):
             return
         try:  # the condition failed: another writer created or took the lease since our read
-            winner = self.read()
+            winner, won_etag = self._fetch()
         except LeaseUnreadable:
-            winner = None
+            winner, won_etag = None, None
+        if winner is not None and winner["attempt"] == self.attempt:
+            # our own write: it landed but its reply was lost, and the SDK's retry of the same
+            # conditional write was refused (412) because of it. The attempt id is ours alone.
+            self._etag = won_etag
+            return
         raise LeaseHeld(self._refusal(winner or {"holder": "another trainer", "attempt": "?", "heartbeat": now}, now))
 
     def problem(self) -> str | None:

@@ -86,3 +86,27 @@ def test_a_scaling_edit_deploys_at_once_under_running_jobs(deployed):
     assert gpu_node_changes(deployed, new) == []
     kube = Jobs(finetune=None)
     assert "no GPU node group" in hold_deploy(_ctx(raw, kube), deployed, new) and kube.lists == 0
+
+
+@pytest.mark.parametrize("edit, effect", [
+    ({"system_node_group.instance_type": "m6i.xlarge"}, "is replaced"),
+    ({"system_node_group.disk_gib": 200}, "rolls every node"),
+])
+def test_a_deploy_that_rolls_or_replaces_the_system_nodes_waits_for_the_running_jobs(deployed, edit, effect):
+    """Every Ray head runs on the system nodes (charts/ray_charts.py: "a head on the system nodes"):
+    replacing them (InstanceTypes is create-only on AWS::EKS::Nodegroup, cfn-lint's schema; the
+    update oracle says NODES TERMINATED) or rolling them (a new launch template version: NODES
+    ROLLED) evicts the head of every running job, which ends it. Before the fix the hold looked at
+    the GPU groups only and deployed this at once under running jobs."""
+    from update_oracle import _set, diff, touches_running
+
+    raw = default_raw()
+    for path, value in edit.items():
+        raw = _set(raw, path, value)
+    new = redeploy(raw, {"cluster": deployed})["cluster"]
+    oracle = [c for c in touches_running(diff({"cluster": deployed}, {"cluster": new})) if "SystemNodes" in c.logical_id]
+    assert oracle, "the update oracle sees no effect on the system nodes"
+    changes = gpu_node_changes(deployed, new)
+    assert any("system" in line and effect in line for line in changes), changes
+    with pytest.raises(Deferred, match="finetune still running"):
+        hold_deploy(_ctx(raw, Jobs(finetune=None)), deployed, new, clock=Clock())

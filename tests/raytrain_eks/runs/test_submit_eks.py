@@ -165,6 +165,9 @@ def test_on_cluster_rayjob_passes_kuberays_validation(cluster, tmp_path, capfd):
     assert code in (0, 3), out
     job = cluster.state()["rayjobs"]["smoke-o1-on-cluster"]
     assert job["spec"].get("backoffLimit", 0) == 0 and job["status"]["jobDeploymentStatus"] == "Complete", out
+    # its folder is one the long-lived cluster's role may write, and no run with its own cluster's
+    assert "checkpoint.run_name=on-cluster_smoke-o1 " in job["spec"]["entrypoint"] + " "
+    assert f"storage {cluster.storage}/on-cluster_smoke-o1" in out, out
 
 
 def test_the_double_refuses_backoff_with_a_cluster_selector_as_kuberay_does(cluster, tmp_path, capfd):
@@ -313,17 +316,18 @@ def test_the_run_commands_start_no_node(command, tmp_path):
 
 @pytest.mark.parametrize("live, flags", [("smoke-w1-on-cluster", ()), ("smoke-w1", ("--on-cluster",))])
 def test_resume_refuses_while_the_other_variant_of_the_run_is_live(cluster, tmp_path, capfd, live, flags):
-    # RUN and RUN-on-cluster write the same <storage>/RUN: both would resume it and prune each
-    # other's checkpoints (keep_last).
-    key = cluster.storage.removeprefix(f"s3://{cluster.bucket}/") + "/smoke-w1/run.json"
-    cluster.s3.put_object(Bucket=cluster.bucket, Key=key, Body=b"{}")
+    # RUN and RUN-on-cluster write different folders (<storage>/RUN, <storage>/on-cluster_RUN),
+    # but status, logs and stop find a run by its name, which would then name two.
+    for folder in ("smoke-w1", "on-cluster_smoke-w1"):
+        key = cluster.storage.removeprefix(f"s3://{cluster.bucket}/") + f"/{folder}/run.json"
+        cluster.s3.put_object(Bucket=cluster.bucket, Key=key, Body=b"{}")
     cluster.set(rayjobs={live: {"kind": "RayJob", "metadata": {"name": live}, "spec": {},
                                 "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
                                 "_fake": {"reconciles": 0, "submitter_done": False, "running_since": 0}}},
                 submitter_runs=1000)
     assert submit(tmp_path, "--resume", "smoke-w1", *flags) == 2
     out, err = capfd.readouterr()
-    assert f"RayJob {live} is Running / RUNNING on the same storage {cluster.storage}/smoke-w1: " \
+    assert f"RayJob {live} is Running / RUNNING under the same run name 'smoke-w1': " \
            "raytrain-eks stop smoke-w1 first" in err, err
     assert not any(c[0] in ("apply", "create", "delete") for c in cluster.state()["calls"])  # nothing written
     assert "code archive" not in out

@@ -363,3 +363,35 @@ def test_a_teams_kueue_managing_unlabelled_jobs_elsewhere_only_passes(world, cha
         "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-batch"]}]})
     rc, lines, err = world.run(capsys, charts[1])
     assert failures(lines) == [] and rc == 0, lines
+
+
+def test_a_teams_kueue_with_the_elastic_gate_turned_off_in_its_config_fails(world, charts, capsys):  # noqa: F811
+    """Kueue v0.19.2 apis/config/v1beta2/configuration_types.go:101-105: the manager config's
+    ``featureGates`` map overrides a gate's default as ``--feature-gates`` does (cmd/kueue/main.go:161,
+    pkg/config/validation.go:641-650 ``LoadAndValidateFeatureGates``: the map is used when the flag
+    is empty). Before the fix verify read only the flag and passed this."""
+    _kueue_present(world, RAY_FRAMEWORKS, featureGates={"ElasticJobsViaWorkloadSlices": False})
+    _one_failure(world, capsys, charts, "featureGates ElasticJobsViaWorkloadSlices=false",
+                 "scale-up pods would stay gated", "remove ElasticJobsViaWorkloadSlices")
+
+
+@pytest.mark.parametrize("value", ["0", "f", "F", "FALSE"])
+def test_a_teams_kueue_gate_turned_off_by_any_spelling_of_false_fails(world, charts, capsys, value):  # noqa: F811
+    """k8s.io/component-base featuregate ``Set`` parses each value with Go's strconv.ParseBool,
+    which takes 0, f, F, false, FALSE and False for false. Before the fix only "false" (any case) counted."""
+    _kueue_present(world, RAY_FRAMEWORKS, feature_gates=f"ElasticJobsViaWorkloadSlices={value}")
+    _one_failure(world, capsys, charts, "ElasticJobsViaWorkloadSlices=false",
+                 "scale-up pods would stay gated", "remove ElasticJobsViaWorkloadSlices")
+
+
+@pytest.mark.parametrize("tag, ok", [("v0.19.2@sha256:" + "a" * 64, True), ("v0.18.3@sha256:" + "b" * 64, False)])
+def test_a_teams_kueue_pinned_by_tag_and_digest_is_read_by_its_tag(world, charts, capsys, tag, ok):  # noqa: F811
+    """An image reference ``repo:tag@sha256:...`` (the kueue chart v0.19.2 manager.yaml:60 writes
+    ``<repository>:<tag>``; a team that pins the digest sets tag ``v0.19.2@sha256:...``). Before the
+    fix the digest's hex was taken for the tag: 'its version cannot be read' for either."""
+    _kueue_present(world, RAY_FRAMEWORKS, image_tag=tag)
+    if ok:
+        rc, lines, _ = world.run(capsys, charts[1])
+        assert rc == 0 and failures(lines) == [], lines
+    else:
+        _one_failure(world, capsys, charts, "the cluster runs Kueue v0.18.3", "needs v0.19.1 or later", "upgrade Kueue to")
