@@ -87,7 +87,7 @@ PYTEST := PYTHONDONTWRITEBYTECODE= PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python 
 # Every tier but `cluster`. One tier alone: `make test-unit` (no synth, no subprocess, no Ray: the
 # inner loop), test-subprocess, test-synth, test-ray; tests/tiers.py says how a test's tier is decided.
 # `make test-cluster` (the real control plane, built first) stays out of `make test` and CI until
-# its cold build fits CI's time and its Kueue tests pass (docs/testing.md, "The cluster tier").
+# its cold build (over 2 h on 2 cores here) fits CI's 90 minutes (docs/testing.md, "The cluster tier").
 test: install
 	$(PYTEST) -m "not cluster" $(PYTEST_ARGS)
 

@@ -163,7 +163,7 @@ def _flop_mapping():
 def measure(model_name: str, *, code: str, activation_checkpointing: bool, strategy: str = "hybrid_shard",
             reduce_dtype: str = "float32", keep_gathered: bool = False, cluster: Cluster = Cluster(),
             loss_head: bool = True, cpu_offload: bool = False, lora: dict | None = None, probe=None,
-            micro_batch_size: int = MICRO_BATCH, accumulation: str = "sharded") -> dict:
+            micro_batch_size: int = MICRO_BATCH, accumulation: str = "sharded", checkpoint_every: int = 1) -> dict:
     """One variant's figures. ``micro_batch_size``: rows per micro batch, the global batch (and
     so the tokens per step) unchanged: fewer, larger micro batches. ``cpu_offload``:
     ``parallel.cpu_offload`` with the job's own AdamW (training/optim.py: on host-held
@@ -172,7 +172,8 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
     batches, told each one's index, and adding its figures to the result.
     ``lora``: the options of a ``[[model.transforms]]`` LoRA entry, applied as build_model applies
     it (training/model_transforms/lora.py: the base frozen in its dtype, float32 adapters), the
-    optimizer over the adapters only, as training/optim.py builds it from the trainable ones."""
+    optimizer over the adapters only, as training/optim.py builds it from the trainable ones.
+    ``checkpoint_every``: with checkpointing, every k-th block only (training/parallel.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -208,7 +209,7 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
         with _unpinned():  # a fake tensor cannot be pinned; pinning changes where, not how much
             parallelize(model, mesh, strategy=strategy, on_gpu=True, activation_checkpointing=activation_checkpointing,
                         keep_gathered=keep_gathered, reduce_dtype=reduce_dtype, cpu_offload=cpu_offload,
-                        accumulation=accumulation)
+                        accumulation=accumulation, checkpoint_every=checkpoint_every)
         if cpu_offload:
             from training.config_sections import OptimConfig, TrainConfig
             from training.optim import build_optimizer
@@ -264,6 +265,8 @@ def measure(model_name: str, *, code: str, activation_checkpointing: bool, strat
         result["cpu_offload"] = True
     if accumulation != "sharded":  # a row without it accumulated sharded (measured_plan.lookup)
         result["accumulation"] = accumulation
+    if checkpoint_every != 1:  # a row without it checkpointed every block (measured_plan.lookup)
+        result["checkpoint_every"] = checkpoint_every
     if lora is not None:
         result["lora"] = lora_key(lora)
     if probe:
@@ -335,7 +338,7 @@ def job_variant(path: str) -> tuple[str, dict]:
     if plan is None or plan["compile"] or plan["seq_len"] != SEQ_LEN:
         raise SystemExit(f"{path}: measured at seq {SEQ_LEN}, uncompiled, lora the only transform; the job has {plan}")
     keys = ("strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered", "cpu_offload", "lora",
-            "micro_batch_size", "accumulation")
+            "micro_batch_size", "accumulation", "checkpoint_every")
     return name, {"code": "after", **{key: plan[key] for key in keys}}
 
 
@@ -378,7 +381,9 @@ def jobs_table(paths: list[str], results: list[dict], cluster: Cluster = Cluster
             rows.append(f"| {Path(path).stem} | {name} | not measured | | | | | | |")
             continue
         p, (fast, slow) = predict(r, cluster), predict_range(r, cluster)
+        every = r.get("checkpoint_every", 1)
         plan = (f"{r['strategy']}, checkpointing {'on' if r['activation_checkpointing'] else 'off'}"
+                + (f" every {every}th block" if every > 1 else "")
                 + (", kept gathered" if r["keep_gathered"] else "") + (", cpu_offload" if r.get("cpu_offload") else "")
                 + (f", LoRA r {r['lora']['rank']}" if r.get("lora") else ""))
         host = host_bytes_per_gpu(r) * cluster.gpus_per_node / 1024**3
@@ -528,7 +533,7 @@ def save(results: list[dict], out: Path, cluster: Cluster, *, publish: bool) -> 
     variants replaces those and keeps the others already measured. Returns all of them."""
     key = lambda r: tuple(json.dumps(r.get(k, False), sort_keys=True) for k in (
         "model", "code", "strategy", "activation_checkpointing", "reduce_dtype", "keep_gathered", "compile", "seq_len",
-        "micro_batch_size", "cpu_offload", "lora", "accumulation"))
+        "micro_batch_size", "cpu_offload", "lora", "accumulation", "checkpoint_every"))
     start = out if out.is_file() else PUBLISHED  # a fresh checkout has only the published copy
     previous = json.loads(start.read_text())["results"] if start.is_file() else []
     fresh = {key(r) for r in results}

@@ -41,7 +41,7 @@ from environment.contract import ON_CLUSTER_SUFFIX, RAY_CLUSTER_LABEL, RAY_PEER_
 from environment.network_policy import ray_cluster_policy, raycluster_label, rayjob_label
 from environment.queueing import raycluster_queue_metadata, rayjob_queue_labels
 from training import contract
-from training.deadlines import stop_wait_seconds
+from training.contract import stop_wait_seconds
 
 _QUANTITY_KEYS = {"limits", "requests"}
 """Maps of int-or-string quantities: one generated class per JSON path, built from strings."""
@@ -161,7 +161,7 @@ RAY_JOB_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 sends a stopped job's driver SIGTERM and SIGKILLs it after ``int(os.environ[...])`` seconds,
 default ``DEFAULT_RAY_JOB_STOP_WAIT_TIME_S = 3``. It reads its own environment, which is the
 job's runtime env (job_manager.py ``_get_supervisor_runtime_env`` copies its ``env_vars``): set
-there, per job, to :func:`training.deadlines.stop_wait_seconds`. KubeRay's StopJob (a deleted
+there, per job, to :func:`training.contract.stop_wait_seconds`. KubeRay's StopJob (a deleted
 RayJob, ``raytrain-eks stop``) takes this path; 3 s would kill any final checkpoint larger
 than a toy's."""
 SUBMITTER_BACKOFF_LIMIT = 10

@@ -120,6 +120,17 @@ stage_kueue() {
   cp "$src/webhook/manifests.yaml" "$out/webhooks.yaml.tmp" && mv "$out/webhooks.yaml.tmp" "$out/webhooks.yaml"
 }
 
+# The CRDs the operator's own controllers watch that the stack's pinned CRD file (charts/crds/:
+# RayCluster, RayJob) lacks: v1.6.2's main.go sets up the RayService controller unconditionally and
+# the manager exits when its informer finds no CRD ("failed to wait for rayservice caches to
+# sync"); on EKS the operator's Helm chart installs it from its crds/ folder.
+stage_kuberay() {
+  local out=$BIN/kuberay-$KUBERAY_VERSION/crds-extra.yaml
+  [ -s "$out" ] && return 0
+  cp "$(module_dir "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")/config/crd/bases/ray.io_rayservices.yaml" "$out.tmp" \
+    && mv "$out.tmp" "$out"
+}
+
 parts=("$@")
 [ ${#parts[@]} = 0 ] && parts=(etcd kubernetes kwok kuberay kueue)
 for part in "${parts[@]}"; do
@@ -136,7 +147,7 @@ for part in "${parts[@]}"; do
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl ;;
     kwok) build kwok "$KWOK_VERSION" "sigs.k8s.io/kwok@$KWOK_VERSION" -- sigs.k8s.io/kwok/cmd/kwok; stage_kwok ;;
-    kuberay) build kuberay "$KUBERAY_VERSION" "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" -- github.com/ray-project/kuberay/ray-operator=kuberay-operator ;;
+    kuberay) build kuberay "$KUBERAY_VERSION" "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" -- github.com/ray-project/kuberay/ray-operator=kuberay-operator; stage_kuberay ;;
     kueue) build kueue "$KUEUE_VERSION" "sigs.k8s.io/kueue@$KUEUE_VERSION" -- sigs.k8s.io/kueue/cmd/kueue; stage_kueue ;;
     *) echo "build-control-plane: unknown part '$part' (allowed: etcd kubernetes kwok kuberay kueue)" >&2; exit 2 ;;
   esac

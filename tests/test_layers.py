@@ -7,7 +7,7 @@ Layers (lowest first):
 - ``environment``: the environment spec; the standard library and ``spec_schema`` only.
 - ``training``: the job that runs in the DLC; ``spec_schema``, nothing of ``environment``, ``infra``, ``charts``,
   the CLI or the developer tooling. Its ``config``, ``config_sections``, ``config_checks``, ``contract``,
-  ``deadlines`` and ``model_config`` modules and its ``storage`` package's ``__init__`` are standard-library
+  ``model_config`` modules and its ``storage`` package's ``__init__`` are standard-library
   only, because ``charts`` imports them.
 - ``charts``: may import ``environment`` and training's stdlib-only modules; never ``infra``,
   the CLI or the developer tooling.
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("spec_schema", "environment", "training", "charts", "infra", "raytrain_eks", "devtools")
 TRAINING_STDLIB_MODULES = ("training.config", "training.config_sections", "training.config_checks", "training.contract",
-                           "training.deadlines", "training.model_config", "training.storage")
+                           "training.model_config", "training.storage")
 STDLIB_PACKAGES = ("spec_schema", "environment")
 ALLOWED: dict[str, set[str]] = {
     "spec_schema": {"spec_schema"},
@@ -188,7 +188,7 @@ def test_a_violation_is_reported_with_file_and_line():
         "training/loop.py:2: training may not import environment (environment.Environment)"]
     assert check_source("charts/jobs.py", "from training import loop\n") == [
         "charts/jobs.py:1: charts may import only training.config, training.config_sections, training.config_checks, "
-        "training.contract, training.deadlines, training.model_config, training.storage of training (training.loop)"]
+        "training.contract, training.model_config, training.storage of training (training.loop)"]
     assert check_source("charts/jobs.py", "from training import contract\nfrom training.config import JobConfig\n") == []
     assert check_source("environment/model.py", "import yaml\n") == [
         "environment/model.py:1: environment.model must import only the standard library (yaml)"]
@@ -212,7 +212,7 @@ def test_a_violation_is_reported_with_file_and_line():
 # rooms of its own layer or a lower one: an import from a lower room back up is refused, so each
 # room can be read and tested with only what is below it.
 TRAINING_ROOMS: tuple[tuple[str, ...], ...] = (
-    ("contract", "config_checks", "deadlines"),           # the shared vocabulary (standard library)
+    ("contract", "config_checks"),           # the shared vocabulary (standard library)
     ("storage", "model_config", "model_transforms", "objectives"),  # where files live; what a model is; its plug-ins; the loss
     ("config_sections",),                                 # the job config's sections
     ("config",),                                          # the job config
@@ -272,7 +272,7 @@ def test_an_upward_import_between_rooms_is_named():
         "training.data (data) -> training.checkpointing.storage (checkpointing)",
         "training.model_transforms.lora (model_transforms) -> training.checkpointing.state (checkpointing)"]
     assert cycles(room_graph({"training.tokenizer": {"training.data.records"},
-                              "training.data.tokenize": {"training.tokenizer"}})) == [["data", "tokenizer", "data"]]
+                              "training.data.tokenizer": {"training.tokenizer"}})) == [["data", "tokenizer", "data"]]
 
 
 def bench_graph() -> dict[str, set[str]]:

@@ -2,7 +2,7 @@
 transformers, pyarrow, numpy, safetensors and the standard library at run time).
 
 Its rooms, lowest first (each imports only those below it; tests/test_layers.py ``TRAINING_ROOMS``):
-the shared vocabulary (``contract``, ``config_checks``, ``deadlines``); where files live
+the shared vocabulary (``contract``, ``config_checks``); where files live
 (``storage/``), what a model is (``model_config``) and its plug-ins (``model_transforms/``); the
 job config (``config_sections``, ``config``); the inputs and the model (``data/``, ``model``,
 ``flops``, ``verdict``, ``mlflow_rest``); what a step is built from (``checkpointing/``,

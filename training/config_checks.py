@@ -48,8 +48,8 @@ on each rank and reduce-scattered once per step (training/parallel.py ``begin_mi
 PLAN_MODES = ("as_written", "auto")
 """``parallel.plan``: run the file's plan, or let the operator CLI's plan search fill every plan
 setting ``parallel.pinned`` does not name (raytrain_eks/planning/plan_search.py)."""
-PLAN_SETTINGS = ("strategy", "accumulation", "activation_checkpointing", "keep_params_gathered", "grad_reduce_dtype",
-                 "cpu_offload", "micro_batch_size")
+PLAN_SETTINGS = ("strategy", "accumulation", "activation_checkpointing", "checkpoint_every", "keep_params_gathered",
+                 "grad_reduce_dtype", "cpu_offload", "compile", "micro_batch_size")
 """The settings the plan search chooses (``micro_batch_size`` is ``train.micro_batch_size``)."""
 NO_DECAY_RULES = ("1d", "none")
 """``optim.no_decay``: which parameters AdamW does not decay (training/optim.py)."""

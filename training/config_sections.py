@@ -221,6 +221,12 @@ class ParallelConfig:
     order; the global batch must divide at every size between the bounds."""
     activation_checkpointing: bool = False
     """Recompute each decoder block's activations in the backward (less memory, more compute)."""
+    checkpoint_every: int = 1
+    """With ``activation_checkpointing``: checkpoint every k-th decoder block only (blocks k, 2k,
+    ... counted from 1, as torchtitan's per-layer selective checkpointing): backward recomputes
+    the forward of 1/k of the blocks and the others keep their activations. 1: every block.
+    Without ``activation_checkpointing`` it changes nothing (``--set
+    parallel.activation_checkpointing=false`` turns checkpointing off whatever k the file writes)."""
     compile: bool = False
     """``torch.compile`` each decoder block before sharding (training/parallel.py)."""
     keep_params_gathered: bool = False
@@ -253,8 +259,8 @@ class ParallelConfig:
     written."""
     pinned: tuple[str, ...] = ()
     """With ``plan = "auto"``: the plan settings the search must keep as written (any of
-    strategy, accumulation, activation_checkpointing, keep_params_gathered, grad_reduce_dtype,
-    cpu_offload, micro_batch_size)."""
+    strategy, accumulation, activation_checkpointing, checkpoint_every, keep_params_gathered,
+    grad_reduce_dtype, cpu_offload, compile, micro_batch_size)."""
 
     def __post_init__(self) -> None:
         one_of(self, "strategy", STRATEGIES)
@@ -268,11 +274,18 @@ class ParallelConfig:
         positive(self, "num_workers", allow_zero=True)
         positive(self, "workers_per_node", "cpus_per_worker")
         positive(self, "min_nodes", allow_zero=True)
+        positive(self, "checkpoint_every")
         if not self.use_gpu and not self.num_workers:
             object.__setattr__(self, "num_workers", 1)  # a CPU job's default: the file alone sizes it
         if self.num_workers % self.workers_per_node:
             raise FieldError("num_workers", self.num_workers,
                              f"must be a multiple of parallel.workers_per_node ({self.workers_per_node})")
+
+    @property
+    def checkpointed_every(self) -> int:
+        """The plan's k: ``checkpoint_every`` with checkpointing on, 1 without (a plan without
+        checkpointing is one plan whatever k the file writes)."""
+        return self.checkpoint_every if self.activation_checkpointing else 1
 
     @property
     def sized(self) -> bool:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from training import contract, incidents, metric_sinks, run_logs, verdict, watchdog
 from training.config import JobConfig
-from training.deadlines import driver_exit_code, run_time_limit_seconds
+from training.contract import driver_exit_code, run_time_limit_seconds
 from training.data import one_line, read_data_errors
 from training.run_facts import NCCL_ENV_PREFIXES
 from training.run_record import RunRecord, exposed_comm_handed
@@ -463,5 +463,5 @@ def _run(job: JobConfig, argv: list[str], lease: Any, before_fit: Callable[[JobC
     print("verdict: " + (f"EXECUTION-FAILED ({judged.get('stage')})" if judged.get("verdict") == verdict.EXECUTION_FAILED
                          else verdict.headline(judged)), flush=True)
     run_logs.copy_cluster_logs(run_dir(job))  # before the cluster goes: training/run_logs.py
-    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/deadlines.py)
+    # its own time limit is a planned end: exit 0, or KubeRay would retry it (training/contract.py)
     return driver_exit_code(final["status"], final["exit_code"], checkpointing.time_limit_reached())

@@ -289,7 +289,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
                         activation_checkpointing=job.parallel.activation_checkpointing and module is model,
                         compile=job.parallel.compile, keep_gathered=job.parallel.keep_params_gathered,
                         reduce_dtype=job.parallel.grad_reduce_dtype, cpu_offload=job.parallel.cpu_offload,
-                        accumulation=job.parallel.accumulation)
+                        accumulation=job.parallel.accumulation, checkpoint_every=job.parallel.checkpoint_every)
     optimizer = optim.build_optimizer(model, job.train, job.optim)
     scheduler = optim.build_scheduler(optimizer, job.train, job.optim)
     data, tokenizer = (data, tokenizer) if data is not None else open_data(job, ctx)

@@ -73,20 +73,22 @@ def build_mesh(strategy: str, workers_per_node: int, on_gpu: bool, local_world_s
 def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_gpu: bool,
                 activation_checkpointing: bool = False, compile: bool = False,
                 keep_gathered: bool = False, reduce_dtype: str = "float32", cpu_offload: bool = False,
-                accumulation: str = "sharded") -> torch.nn.Module:
+                accumulation: str = "sharded", checkpoint_every: int = 1) -> torch.nn.Module:
     """Apply activation checkpointing, optional compile and FSDP2 to ``model`` in place.
 
     On GPU parameters are gathered in bfloat16 and gradients reduced in ``reduce_dtype``
     (``MixedPrecisionPolicy``); on CPU everything stays float32. ``cpu_offload``: FSDP2's
     ``CPUOffloadPolicy`` (:func:`offload_policy`). ``accumulation``: ``sharded`` (every micro
     batch reduce-scatters) or ``local`` (one reduce-scatter per step): :func:`begin_micro_batch`.
+    ``checkpoint_every``: with ``activation_checkpointing``, every k-th block only
+    (:func:`checkpoint_activations`).
     """
     if accumulation not in ACCUMULATIONS:
         raise ValueError(f"accumulation {accumulation!r} (allowed: {', '.join(ACCUMULATIONS)})")
     from torch.distributed.fsdp import fully_shard
 
     if activation_checkpointing:
-        checkpoint_activations(model)
+        checkpoint_activations(model, every=checkpoint_every)
     if compile:
         for layer in decoder_layers(model):
             layer.compile()
@@ -104,12 +106,25 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, *, strategy: str, on_g
     return model
 
 
-def checkpoint_activations(model: torch.nn.Module) -> None:
-    """Checkpoint every decoder layer: backward runs the layer's forward again (transformers 5.13
-    ``GradientCheckpointingLayer``, only while ``model.training``). Non-reentrant checkpointing
-    composes with FSDP2 and torch.compile. One definition: the job and the step model's trace
-    (bench/bench_step_model.py) apply it the same way."""
+def checkpoint_activations(model: torch.nn.Module, every: int = 1) -> None:
+    """Checkpoint every ``every``-th decoder layer (blocks k, 2k, ... counted from 1, as
+    torchtitan's per-layer selective checkpointing, ``_apply_ac_to_transformer_block``): backward
+    runs those layers' forward again (transformers 5.13 ``GradientCheckpointingLayer``, only while
+    ``model.training``); the others keep their activations. Non-reentrant checkpointing composes
+    with FSDP2 and torch.compile. One definition: the job, the measured plans
+    (bench/bench_full_size_plan.py) and the step model's trace (bench/bench_step_model.py) apply
+    it the same way.
+
+    ``gradient_checkpointing_enable`` turns it on for every module with a
+    ``gradient_checkpointing`` flag (transformers 5.13 ``modeling_utils.py``
+    ``_set_gradient_checkpointing``) and makes the embeddings' output require grad (so a
+    checkpointed first block of a frozen base still backpropagates); the blocks left out get
+    their flag back off, and ``GradientCheckpointingLayer.__call__`` then runs them plainly."""
+    if every < 1:
+        raise ValueError(f"checkpoint_every {every!r}: must be at least 1")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for index, layer in enumerate(decoder_layers(model), start=1):
+        layer.gradient_checkpointing = index % every == 0
 
 
 def mixed_precision_policy(reduce_dtype: str = "float32", param_dtype: str | None = "bfloat16"):

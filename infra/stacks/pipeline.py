@@ -14,8 +14,11 @@ ordered actions of ONE stage, ``Release``, so that they run under one stage lock
              to the pipeline; pins it with ``raytrain-eks lock --digest``; tests environment,
              infra, charts and the pipeline (no torch, no Ray); ``cdk synth``, ``cdk8s synth``
              (also the promoted digest's manifests into ``dist/promoted/``).
-``Deploy``   (Release, run order 1) records which GPU node groups exist (``record-groups``), then
-             ``cdk deploy`` of the storage and cluster stacks through the CDK bootstrap roles.
+``Deploy``   (Release, run order 1: ``HoldDeploy``, Apply's wait when the update rolls or replaces
+             nodes; 2: ``DeployStacks``) refuses a hold that passed over HOLD_MAX_AGE_MINUTES ago
+             (a "Retry failed actions" reruns DeployStacks alone), records which GPU node groups
+             exist (``record-groups``), then ``cdk deploy`` of the storage and cluster stacks
+             through the CDK bootstrap roles.
 ``Smoke``    (2) the ``smoke`` RayJob, named per build (a retried stage keeps the execution id), on a RayCluster of its own from the new digest; the image IDs
              its pods report become run.json's ``image_ran`` (with Kueue it first waits in the queue, up to
              ``SMOKE_QUEUE_MINUTES``; its timeout counts from the admission); then the record gate (succeeded,
@@ -61,7 +64,7 @@ from aws_cdk import (
 from constructs import Construct
 
 from infra.stacks import pipeline_access, pipeline_builds
-from infra.stacks.pipeline_builds import CONFIG_VARIABLE, fingerprint, kubectl_in_vpc, required_transport
+from infra.stacks.pipeline_builds import CONFIG_VARIABLE, HOLD_VARIABLE, fingerprint, kubectl_in_vpc, required_transport
 from infra.lambdas.image_watcher.history import pointer_key
 from infra.nag import acknowledge
 from infra.stacks.pipeline_watcher import WatcherFunctions
@@ -348,6 +351,8 @@ class PipelineStack(Stack):
             action_name="SmokeRun", project=smoke, input=built, variables_namespace="Smoke",
             environment_variables={**kubectl_vars, "QUEUE_TIMEOUT_SECONDS": codebuild.BuildEnvironmentVariable(
                 value=str(60 * pipeline_builds.SMOKE_QUEUE_MINUTES))}, run_order=3)
+        hold_action = actions.CodeBuildAction(action_name="HoldDeploy", project=hold, input=built, run_order=1,
+                                              variables_namespace="Hold", environment_variables=kubectl_vars)
         self.pipeline = codepipeline.Pipeline(
             self, "Pipeline", pipeline_name=self.pipeline_name,
             pipeline_type=codepipeline.PipelineType.V2, variables=[digest_variable],
@@ -366,11 +371,14 @@ class PipelineStack(Stack):
                 # lock: no execution's Deploy replaces nodes under another's Smoke or Apply, nor
                 # (Hold, the same wait as Apply's) under running GPU jobs. The long-lived
                 # cluster changes only after the image proved itself on its own cluster. A retry
-                # of the stage (RetryStageExecution, FAILED_ACTIONS) reruns the failed action on.
+                # of the stage (RetryStageExecution, FAILED_ACTIONS) reruns the failed action on,
+                # not a HoldDeploy that passed: DeployStacks refuses a pass older than
+                # HOLD_MAX_AGE_MINUTES (its exported HOLD_PASSED_AT), naming "Retry stage".
                 codepipeline.StageProps(stage_name=RELEASE_STAGE, actions=[
-                    actions.CodeBuildAction(action_name="HoldDeploy", project=hold, input=built, run_order=1,
-                                            environment_variables=kubectl_vars),
-                    actions.CodeBuildAction(action_name="DeployStacks", project=deploy, input=built, run_order=2),
+                    hold_action,
+                    actions.CodeBuildAction(
+                        action_name="DeployStacks", project=deploy, input=built, run_order=2, environment_variables={
+                            HOLD_VARIABLE: codebuild.BuildEnvironmentVariable(value=hold_action.variable(HOLD_VARIABLE))}),
                     smoke_action,
                     actions.CodeBuildAction(
                         action_name="ApplyManifests", project=apply, input=built, run_order=4,

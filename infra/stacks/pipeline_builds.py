@@ -108,7 +108,14 @@ def synth_spec() -> dict:
     }
 
 
+HOLD_VARIABLE = "HOLD_PASSED_AT"
+"""HoldDeploy's exported variable: when its hold passed (epoch seconds); DeployStacks' environment."""
+
 DEPLOY_COMMANDS = [
+    # A "Retry failed actions" reruns Deploy alone, on a hold that passed maybe hours ago: refuse
+    # a pass older than the bound, naming "Retry stage" (raytrain_eks/pipeline/apply_promote.py
+    # check_hold_fresh). First: before anything reads or writes AWS.
+    f'.venv/bin/python -m raytrain_eks.pipeline check-hold --passed-at "${HOLD_VARIABLE}"',
     # Which GPU groups exist, recorded where app.py reads it: an existing autoscaled group is
     # deployed without DesiredSize, so the update leaves its running nodes alone.
     ".venv/bin/python -m raytrain_eks.pipeline record-groups",
@@ -120,8 +127,9 @@ DEPLOY_COMMANDS = [
 
 
 def deploy_spec(stack_names: list[str]) -> dict:
-    """Record the existing GPU node groups, then ``cdk deploy`` the named stacks (and their
-    dependencies), synthesized again with that record (raytrain_eks/verify/account.py record_node_groups)."""
+    """Refuse a stale HoldDeploy pass, record the existing GPU node groups, then ``cdk deploy``
+    the named stacks (and their dependencies), synthesized again with that record
+    (raytrain_eks/verify/account.py record_node_groups)."""
     *record, deploy = DEPLOY_COMMANDS
     return {
         "version": "0.2",
@@ -145,13 +153,15 @@ def hold_spec(cluster_stack: str) -> dict:
     """Before Deploy: when the cluster stack's update (Synth's template, ``cdk.out``, against the
     deployed one) rolls, replaces or deletes a GPU node group, wait for the running GPU jobs and
     the maintenance window exactly as Apply does (``python -m raytrain_eks.pipeline hold``);
-    a deferral fails the action, so nothing is deployed and the jobs run on."""
+    a deferral fails the action, so nothing is deployed and the jobs run on. A pass exports when
+    it passed (:data:`HOLD_VARIABLE`), which DeployStacks checks first."""
     return {
         "version": "0.2",
-        "env": {"shell": "bash"},
+        "env": {"shell": "bash", "exported-variables": [HOLD_VARIABLE]},
         "phases": {
             "install": {"runtime-versions": {"python": "3.11"}, "commands": _kubectl_install()},
-            "build": {"commands": [f"python -m raytrain_eks.pipeline hold --template cdk.out/{cluster_stack}.template.json"]},
+            "build": {"commands": [f'{HOLD_VARIABLE}="$(python -m raytrain_eks.pipeline hold '
+                                   f'--template cdk.out/{cluster_stack}.template.json)"']},
         },
     }
 

@@ -5,7 +5,8 @@ step fails (after rolling back), 2 for a bad invocation. Environment: ``PROMOTED
 ``HISTORY_TABLE``, ``EXECUTION_ID`` and ``CODEBUILD_BUILD_NUMBER`` (the smoke run name),
 ``NOTIFY_TOPIC_ARN`` (failures), ``POLL_SECONDS``, ``TIMEOUT_SECONDS``, ``QUEUE_TIMEOUT_SECONDS`` (Smoke's
 wait in Kueue's queue);
-``check-run`` also ``PIPELINE_NAME`` and ``PIPELINE_CONFIG``.
+``check-run`` also ``PIPELINE_NAME`` and ``PIPELINE_CONFIG``. ``hold`` prints when it passed,
+which ``check-hold`` (Deploy's first command) judges.
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     hold = steps.add_parser("hold", help="before cdk deploy: wait for running GPU jobs and the window when the "
                                          "cluster stack's update rolls, replaces or deletes a GPU node group")
     hold.add_argument("--template", required=True, help="the cluster stack's template about to be deployed")
+    fresh = steps.add_parser("check-hold", help="DeployStacks' first command: refuse a HoldDeploy pass older than "
+                                                "the bound (a 'Retry failed actions' does not rerun the hold)")
+    fresh.add_argument("--passed-at", required=True, help="HoldDeploy's exported HOLD_PASSED_AT (epoch seconds)")
     for name in ("smoke", "gate", "apply", "promote", "rollback"):
         step = steps.add_parser(name)
         step.add_argument("--digest", required=True, help="the candidate digest of this run")
@@ -48,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_run(args)
     if args.step == "record-groups":
         return record_groups(args)
+    if args.step == "check-hold":
+        return check_hold(args)
     from .context import StepContext
 
     try:
@@ -79,6 +85,19 @@ def check_run(args: argparse.Namespace, environ=os.environ) -> int:
         print(f"error: check-run: {err}", file=sys.stderr)
         return 1
     print(f"check-run: {trigger or 'unknown'} trigger; pipeline configuration matches the commit", file=sys.stderr)
+    return 0
+
+
+def check_hold(args: argparse.Namespace) -> int:
+    import time
+
+    from .apply_promote import HoldExpired, check_hold_fresh
+
+    try:
+        print(f"check-hold: {check_hold_fresh(args.passed_at, time.time())}", file=sys.stderr)
+    except HoldExpired as err:
+        print(f"error: check-hold: nothing deployed: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -143,8 +162,10 @@ def run(ctx, args: argparse.Namespace) -> int:
 
 def hold_step(ctx, args: argparse.Namespace) -> int:
     """Exit 1 (nothing deployed, the jobs run on) when the deploy would roll, replace or delete a
-    GPU node group under running jobs past the bound or outside the window; 0 to deploy. The
-    deployed template is the cluster stack's own (CloudFormation GetTemplate; none: a creation)."""
+    GPU node group under running jobs past the bound or outside the window; 0 to deploy, printing
+    when it passed (epoch seconds, the action's HOLD_PASSED_AT). The deployed template is the cluster stack's own (CloudFormation GetTemplate; none: a creation)."""
+    import time
+
     import boto3
 
     from environment.contract import stack_name
@@ -162,6 +183,9 @@ def hold_step(ctx, args: argparse.Namespace) -> int:
             body = {}  # no cluster stack yet: the deploy creates every group, disturbing nothing
         deployed = json.loads(body) if isinstance(body, str) else body
         log(f"hold: {hold_deploy(ctx, deployed, json.loads(Path(args.template).read_text()))}")
+        # When it passed, for DeployStacks (exported HOLD_PASSED_AT): a Deploy retried alone
+        # later must not deploy on this verdict (apply_promote.check_hold_fresh).
+        print(f"{time.time():.0f}")
     except Deferred as err:
         log(f"error: hold: deferred, nothing deployed: {err}")
         return 1

@@ -209,6 +209,35 @@ def hold_deploy(ctx: StepContext, deployed: dict, new: dict, **wait: Any) -> str
     return f"{'; '.join(changes)}: {why}"
 
 
+HOLD_MAX_AGE_MINUTES = 15
+"""How old HoldDeploy's pass may be when DeployStacks starts. A normal run's gap is CodeBuild's
+queue, provisioning and Deploy's install phase (pip and npm), assumed under 15 minutes; a
+"Retry failed actions" reruns DeployStacks alone, not the HoldDeploy that passed (CodePipeline
+RetryStageExecution, retryMode FAILED_ACTIONS), often hours later: that pass must not count."""
+
+
+class HoldExpired(RuntimeError):
+    """DeployStacks without a fresh HoldDeploy pass of its own execution: nothing deployed."""
+
+
+def check_hold_fresh(passed_at: str, now: float) -> str:
+    """Before ``cdk deploy``: the HoldDeploy pass this Deploy runs on (its exported
+    ``HOLD_PASSED_AT``, epoch seconds) is at most :data:`HOLD_MAX_AGE_MINUTES` old. The hold's
+    verdict (no GPU job running, inside the window) is a fact of the moment it passed; a Deploy
+    retried alone would roll nodes on a stale one. HoldExpired (one line, what to do) otherwise."""
+    fix = ("use 'Retry stage' (retryMode ALL_ACTIONS), not 'Retry failed actions', so that HoldDeploy "
+           "checks the running GPU jobs and the maintenance window again")
+    try:
+        age = now - float(passed_at)
+    except ValueError:
+        raise HoldExpired(f"HOLD_PASSED_AT = {passed_at!r}: no HoldDeploy pass of this execution; {fix}") from None
+    # -60 s: the two builds' clocks (CodeBuild hosts, NTP-synchronized) and the rounding to seconds
+    if not -60 <= age <= 60 * HOLD_MAX_AGE_MINUTES:
+        raise HoldExpired(f"HoldDeploy passed {age / 60:.0f} min before this DeployStacks (at most "
+                          f"{HOLD_MAX_AGE_MINUTES} min): a GPU job may run or the window may have closed since; {fix}")
+    return f"HoldDeploy passed {max(age, 0):.0f} s ago"
+
+
 def check_not_superseded(ctx: StepContext, digest: str) -> str:
     """The promoted digest Synth saw; Superseded when it changed since."""
     run = ctx.run_file()

@@ -240,7 +240,8 @@ def job_plan(job) -> dict | None:
         return None
     p, t = job.parallel, job.train
     return dict(strategy=p.strategy, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                activation_checkpointing=p.activation_checkpointing, reduce_dtype=p.grad_reduce_dtype,
+                activation_checkpointing=p.activation_checkpointing, checkpoint_every=p.checkpointed_every,
+                reduce_dtype=p.grad_reduce_dtype,
                 keep_gathered=p.keep_params_gathered, compile=p.compile, cpu_offload=p.cpu_offload,
                 lora=lora_key(transforms[0][1]) if transforms else None, accumulation=p.accumulation)
 
@@ -267,17 +268,18 @@ def lora_key(options: dict) -> dict:
 def lookup(results: list[dict], *, model: str, strategy: str, seq_len: int, micro_batch_size: int,
            activation_checkpointing: bool, reduce_dtype: str = "float32", keep_gathered: bool = False,
            compile: bool = False, cpu_offload: bool = False, lora: dict | None = None,
-           accumulation: str = "sharded") -> dict | None:
+           accumulation: str = "sharded", checkpoint_every: int = 1) -> dict | None:
     """The shipped code's measurement of exactly this plan, or None. A row without ``compile``
     was measured uncompiled (bench/bench_full_size_plan.py never compiles); one without
     ``cpu_offload`` without offload; one without ``lora`` training the whole model (else
-    :func:`lora_key` of its options); one without ``accumulation`` with sharded accumulation."""
+    :func:`lora_key` of its options); one without ``accumulation`` with sharded accumulation; one
+    without ``checkpoint_every`` checkpointed every block (or none)."""
     for r in results:
         if (r["code"], r["model"], r["strategy"], r["seq_len"], r["micro_batch_size"], r["activation_checkpointing"],
                 r["reduce_dtype"], r["keep_gathered"], r.get("compile", False), r.get("cpu_offload", False),
-                r.get("lora"), r.get("accumulation", "sharded")) == (
+                r.get("lora"), r.get("accumulation", "sharded"), r.get("checkpoint_every", 1)) == (
                 "after", model, strategy, seq_len, micro_batch_size, activation_checkpointing, reduce_dtype,
-                keep_gathered, compile, cpu_offload, lora, accumulation):
+                keep_gathered, compile, cpu_offload, lora, accumulation, checkpoint_every):
             return r
     return None
 

@@ -22,7 +22,9 @@ reduction, AdamW. Terms, in bytes per GPU:
   ``11 h + 4 i + 3 kv`` (two RMSNorms with their fp32 upcast, q/k/v before and after rotary,
   the attention output, SwiGLU's gate, up, SiLU and product; SDPA/flash attention keeps no
   ``seq x seq`` scores). With activation checkpointing per layer: the layer inputs (``h`` per
-  layer) plus ONE layer's full activations, recomputed in backward;
+  layer) plus ONE layer's full activations, recomputed in backward; of every k-th layer only
+  (``parallel.checkpoint_every``): the inputs of those ``L // k``, the full activations of the
+  others, plus one recomputed layer's;
 * **logits**: the output layer runs on target positions only and the cross-entropy in chunks
   (training/model.py): at most ``tokens x vocab x 2c`` (the compute-dtype logits and their
   gradient; every token a target) plus ONE chunk's fp32 logits and gradient,
@@ -194,7 +196,8 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
                     seq_len: int, micro_batch_size: int, activation_checkpointing: bool,
                     param_bytes: int = 4, compute_bytes: int = 2, grad_accum_steps: int = 1,
                     keep_gathered: bool = False, cpu_offload: bool = False,
-                    trainable: int | None = None, local_accumulation: bool = False) -> MemoryEstimate:
+                    trainable: int | None = None, local_accumulation: bool = False,
+                    checkpoint_every: int = 1) -> MemoryEstimate:
     """Per-GPU memory of one training step at the peak (end of forward / start of backward).
     ``trainable``: the trained parameters when they are not all of them (LoRA's fp32 adapters,
     the rest frozen at ``param_bytes``)."""
@@ -215,7 +218,9 @@ def estimate_memory(shapes: ModelShapes, *, strategy: str, world_size: int, work
             accumulation += (n if trainable is None else trainable) * 4
     per_token_layer = (11 * h + 4 * i + 3 * kv) * compute_bytes
     full = tokens * shapes.num_layers * per_token_layer
-    checkpointed = tokens * shapes.num_layers * h * compute_bytes + tokens * per_token_layer
+    stored = shapes.num_layers // checkpoint_every  # blocks k, 2k, ... (training/parallel.py)
+    checkpointed = (tokens * stored * h * compute_bytes + tokens * (shapes.num_layers - stored) * per_token_layer
+                    + tokens * per_token_layer)
     logits = tokens * shapes.vocab_size * 2 * compute_bytes + min(tokens, CE_CHUNK_TOKENS) * shapes.vocab_size * 8
     trained = n if trainable is None else trainable
     parameters = (n * param_bytes if trainable is None else n * param_bytes + trainable * 4) // shard
@@ -246,6 +251,7 @@ def estimate_for_job(job: JobConfig, shapes: ModelShapes, strategy: str | None =
                            param_bytes=storage_bytes(job), compute_bytes=compute_bytes(job),
                            grad_accum_steps=job.grad_accum_steps, keep_gathered=p.keep_params_gathered,
                            cpu_offload=p.cpu_offload, local_accumulation=p.accumulation == "local",
+                           checkpoint_every=p.checkpointed_every,
                            trainable=None if lora is None else lora_adapter_params(shapes, lora))
     if t.objective == "dpo" and lora is None:
         frozen = shapes.num_params() * storage_bytes(job) // estimate.shard_group

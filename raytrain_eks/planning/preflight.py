@@ -34,7 +34,7 @@ from charts.jobs import resource_problems
 from raytrain_eks.planning.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
 from raytrain_eks.planning import measured_plan
 from raytrain_eks.planning import step_model
-from raytrain_eks.planning.plan_advice import advise, spare_memory
+from raytrain_eks.planning.plan_search import advise, spare_memory
 from raytrain_eks.planning.step_model import DEFAULT_MFU, estimate_time, strategy_options
 from environment import Environment
 from environment.image_source import pull_lines
@@ -406,7 +406,7 @@ def deadline_check(job: JobConfig, step_s: float, params: int) -> Check:
     ``rayjob_controller.go`` ``checkBackoffLimitAndUpdateStatusIfNeeded``: DeadlineExceeded is
     exempt from ``backoffLimit``): a run that does not fit ends without its final evaluation and
     export, every time. The fix is named: fewer steps, a longer deadline, or a chain of runs."""
-    from training.deadlines import run_time_limit_seconds
+    from training.contract import run_time_limit_seconds
 
     terms = run_minutes(job, step_s, params)
     total = sum(terms.values())

@@ -39,7 +39,7 @@ from environment import Environment
 from environment.addons import SCALE_DOWN_UNNEEDED, SCALE_UP_MINUTES
 from raytrain_eks.planning import memory_estimate
 from raytrain_eks.planning.gpu_figures import Figures
-from raytrain_eks.planning.measured_plan import Cluster, ring_links
+from raytrain_eks.planning.measured_plan import MODEL_CONFIGS, Cluster, ring_links
 from raytrain_eks.planning.memory_estimate import usable_bytes
 from training import flops
 from training.config import JobConfig
@@ -59,19 +59,50 @@ def load_traces(path: Path | None = None) -> list[dict]:
 
 
 def find_trace(traces: list[dict], *, model: str, kind: str, seq_len: int, micro_batch_size: int,
-               activation_checkpointing: bool = False, lora: dict | None = None) -> dict | None:
+               activation_checkpointing: bool = False, lora: dict | None = None,
+               checkpoint_every: int = 1) -> dict | None:
     """The trace of exactly this micro batch, or None. Checkpointing is part of the key: it runs
     every block's forward again in backward (about a third more GEMMs and element-wise bytes),
     so a trace without it would predict a checkpointed job too fast. A trace without the key
     was made without checkpointing. ``lora`` (:func:`raytrain_eks.planning.measured_plan.lora_key`):
     a LoRA step computes no weight gradient of the frozen base (a third fewer GEMM FLOPs) and its
-    MFU counts the FLOPs LoRA executes (training/flops.py ``lora_training_flops_per_token``)."""
+    MFU counts the FLOPs LoRA executes (training/flops.py ``lora_training_flops_per_token``).
+    ``checkpoint_every`` k > 1 (every k-th block checkpointed): :func:`partial_checkpointing`
+    of the two traces of this key without and with checkpointing."""
+    if activation_checkpointing and checkpoint_every > 1:
+        key = dict(model=model, kind=kind, seq_len=seq_len, micro_batch_size=micro_batch_size, lora=lora)
+        off, on = find_trace(traces, **key), find_trace(traces, **key, activation_checkpointing=True)
+        return partial_checkpointing(off, on, checkpoint_every) if off and on else None
     for trace in traces:
         if (trace["model"], trace["kind"], trace["seq_len"], trace["micro_batch_size"],
                 trace.get("activation_checkpointing", False), trace.get("lora")) == (
                 model, kind, seq_len, micro_batch_size, activation_checkpointing, lora):
             return trace
     return None
+
+
+def partial_checkpointing(off: dict, on: dict, every: int) -> dict:
+    """The micro batch with every ``every``-th of its L blocks checkpointed, from the traces of the
+    same micro batch without checkpointing (``off``) and with every block checkpointed (``on``):
+    what ``on`` adds over ``off`` is the recompute of all L blocks' forward (only the blocks are
+    checkpointed: training/parallel.py), so this plan adds ``(L // every) / L`` of it to ``off``:
+    every GEMM shape's count, the attention FLOPs, the element-wise bytes and kernels. Derived
+    from two traces, not traced (``derived`` says so)."""
+    layers = MODEL_CONFIGS[off["model"]]["num_hidden_layers"]
+    share = (layers // every) / layers
+
+    def blend(a: float, b: float) -> float:
+        return a + share * (b - a)
+
+    counts = {tuple(g[:3]): [g[3], 0] for g in off["gemms"]}
+    for g in on["gemms"]:
+        counts.setdefault(tuple(g[:3]), [0, 0])[1] = g[3]
+    return {**off, "activation_checkpointing": True, "checkpoint_every": every,
+            "gemms": sorted([*shape, blend(a, b)] for shape, (a, b) in counts.items()),
+            "attention_flops": blend(off["attention_flops"], on["attention_flops"]),
+            "elementwise_bytes": blend(off["elementwise_bytes"], on["elementwise_bytes"]),
+            "kernels": round(blend(off["kernels"], on["kernels"])),
+            "derived": f"{layers // every} of {layers} blocks' recompute from the traces without and with checkpointing"}
 
 
 def _fsdp_bytes(params: int, shard: int, *, gathers: bool, trained: int | None = None) -> float:
@@ -181,10 +212,17 @@ def predict(trace: dict, measured: dict, cluster: Cluster, shapes: ModelShapes, 
             "terms": {k: (round(low[k], 3), round(high[k], 3)) for k in low if k not in ("step_s", "mfu")},
             "sources": {**figures.sources(), "fsdp_copies": FSDP_SOURCE,
                         "trace": f"bench/bench_step_model.py --trace ({trace['kind']}, micro batch {trace['micro_batch_size']}, "
-                                 f"checkpointing {'on' if trace.get('activation_checkpointing') else 'off'}, "
-                                 f"documents {trace['doc_lengths']})",
+                                 f"checkpointing {_checkpointing_text(trace)}, documents {trace['doc_lengths']})"
+                                 + (f"; {trace['derived']}" if trace.get("derived") else ""),
                         "collectives": "bench/bench_full_size_plan.py (raytrain_eks/planning/measured_plan.json)"},
             "assumed": figures.assumed(), "measured_step": figures.measured_step, "calibrated": figures.calibrated}
+
+
+def _checkpointing_text(trace: dict) -> str:
+    if not trace.get("activation_checkpointing"):
+        return "off"
+    every = trace.get("checkpoint_every", 1)
+    return "on" if every == 1 else f"every {every}th block"
 
 
 COMM_TERMS = ("forward_gathers_s", "backward_reduce_scatters_s", "step_all_reduce_s")
@@ -230,6 +268,7 @@ def trace_key(job, model: str) -> dict | None:
     return kind and {"model": model, "kind": kind, "seq_len": job.train.seq_len,
                      "micro_batch_size": job.train.micro_batch_size,
                      "activation_checkpointing": job.parallel.activation_checkpointing,
+                     "checkpoint_every": job.parallel.checkpointed_every,
                      "lora": lora_key(lora) if lora is not None else None}
 
 
@@ -271,7 +310,10 @@ def missing(job, measured: dict, traces: list[dict] | None = None) -> list[str]:
         return []
     return [f"  step range       none: {TRACES.name} has no trace of {key['model']} {key['kind']} seq_len = "
             f"{key['seq_len']}, micro_batch_size = {key['micro_batch_size']}, activation_checkpointing = "
-            f"{str(key['activation_checkpointing']).lower()}; `.venv/bin/python bench/bench_step_model.py --trace` "
+            f"{str(key['activation_checkpointing']).lower()}"
+            + (f" (every {key['checkpoint_every']}th block: the traces without and with checkpointing)"
+               if key["activation_checkpointing"] and key.get("checkpoint_every", 1) > 1 else "")
+            + "; `.venv/bin/python bench/bench_step_model.py --trace` "
             "records the micro batches of its PLANS"]
 
 

@@ -86,7 +86,8 @@ def test_a_shipped_job_is_measured_by_the_keys_the_preflight_looks_it_up_by():
     assert name == "Qwen2.5-14B"
     assert variant == {"code": "after", "strategy": "hybrid_shard", "activation_checkpointing": True,
                        "reduce_dtype": "float32", "keep_gathered": False, "cpu_offload": False, "micro_batch_size": 1,
-                       "lora": lora_key({"rank": 16, "alpha": 32, "dropout": 0.05}), "accumulation": "sharded"}
+                       "lora": lora_key({"rank": 16, "alpha": 32, "dropout": 0.05}), "accumulation": "sharded",
+                       "checkpoint_every": 1}
     for job in [ROOT / "jobs" / "finetune-qwen2.5-1.5b.toml", *sorted((ROOT / "jobs" / "family").glob("*.toml"))]:
         name, variant = job_variant(str(job))
         keys = {k: v for k, v in variant.items() if k != "code"}

@@ -15,7 +15,7 @@ from environment.addons import SCALE_UP_MINUTES
 from environment.contract import EFA_RESOURCE, GPU_RESOURCE, NODE_GROUP_LABEL, run_folder
 from training.contract import job_config_hash, label_hash
 from training.config import load_job_config
-from training.deadlines import GRACE_MARGIN_SECONDS
+from training.contract import STOP_MARGIN_SECONDS
 from training.__main__ import parse_args
 
 PRE_RUNNING_SECONDS = PRE_RUNNING_FACTOR * SCALE_UP_MINUTES * 60
@@ -258,7 +258,7 @@ def test_a_worker_pods_sigterm_drain_lasts_the_checkpoint_grace_inside_the_pod_g
     for spec in specs:
         pod = worker_group(spec)["template"]
         drain = int(env_of(container(pod))["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"])
-        assert drain + GRACE_MARGIN_SECONDS == pod["spec"]["terminationGracePeriodSeconds"]
+        assert drain + STOP_MARGIN_SECONDS == pod["spec"]["terminationGracePeriodSeconds"]
 
 
 def test_rayjob_lifecycle_fields(default_synth):
@@ -273,14 +273,14 @@ def test_rayjob_lifecycle_fields(default_synth):
         assert spec["preRunningDeadlineSeconds"] == PRE_RUNNING_SECONDS
         assert spec["activeDeadlineSeconds"] == cfg.rayjob.active_deadline_minutes * 60 > 0
         grace = worker_group(spec["rayClusterSpec"])["template"]["spec"]["terminationGracePeriodSeconds"]
-        assert grace == cfg.checkpoint.sigterm_grace_seconds + GRACE_MARGIN_SECONDS
+        assert grace == cfg.checkpoint.sigterm_grace_seconds + STOP_MARGIN_SECONDS
         # Ray's job supervisor waits as long as the workers (ray 2.58 job_supervisor.py reads
         # RAY_JOB_STOP_WAIT_TIME_S from the runtime env), and the head, where the driver runs,
         # outlives that wait when the RayJob's deletion takes its cluster down.
         stop_wait = int(yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"])
         assert stop_wait == grace
         head_grace = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-        assert head_grace == stop_wait + GRACE_MARGIN_SECONDS
+        assert head_grace == stop_wait + STOP_MARGIN_SECONDS
 
 
 def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
@@ -307,9 +307,9 @@ def test_on_cluster_variant_targets_the_long_lived_cluster(default_synth):
     # The shared cluster's grace is fixed (not the longest of jobs/: adding a job must not
     # change its pod templates), and covers every job that may run on it.
     grace = worker_group(rc["spec"])["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace == LONG_LIVED_CHECKPOINT_GRACE_SECONDS + GRACE_MARGIN_SECONDS
+    assert grace == LONG_LIVED_CHECKPOINT_GRACE_SECONDS + STOP_MARGIN_SECONDS
     head_grace = rc["spec"]["headGroupSpec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert head_grace == grace + GRACE_MARGIN_SECONDS
+    assert head_grace == grace + STOP_MARGIN_SECONDS
     for job in GPU_JOBS:
         assert submitted_config(default_synth.one(f"rayjob-{job}")).checkpoint.sigterm_grace_seconds \
             <= LONG_LIVED_CHECKPOINT_GRACE_SECONDS

@@ -47,7 +47,16 @@ class Namespace:
     def manifest(self, path: Path, mutate=None) -> list[dict]:
         """The documents of a synthesized manifest, moved to this namespace (the only place the
         manifests name it), each passed through ``mutate`` (a test's deliberate breakage)."""
+        from raytrain_eks.backends.eks import run_service_account
+
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        # a RayJob runs as its own service account, which `submit` creates before the RayJob
+        # (raytrain_eks/runs/submit.py); the long-lived cluster's is the namespace's (the fixture's)
+        # (an ``-on-cluster`` RayJob has no cluster of its own: a clusterSelector, no rayClusterSpec)
+        runs = {d["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"].get("serviceAccountName")
+                for d in docs if d.get("kind") == "RayJob" and "rayClusterSpec" in d["spec"]}
+        if runs - {None}:
+            self.plane.apply_objects([run_service_account(run, self.name) for run in sorted(runs - {None})])
         for doc in docs:
             if "namespace" in doc.get("metadata", {}):
                 doc["metadata"]["namespace"] = self.name

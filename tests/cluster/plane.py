@@ -270,7 +270,7 @@ class Plane:
                    "default service account")
         self._install(env)
         self._start("kwok", [str(binary("kwok", "kwok")), f"--kubeconfig={self.kubeconfig}",
-                             "--config", str(binary("kwok", "stages.yaml")), "--manage-all-nodes=false",
+                             "--config", str(self._stages()), "--manage-all-nodes=false",
                              "--manage-nodes-with-annotation-selector=" + ",".join(f"{k}={v}" for k, v in KWOK_ANNOTATION.items()),
                              f"--server-address=127.0.0.1:{p['kwok']}", "--cidr=10.244.0.0/16", "--node-ip=127.0.0.1"])
         self._wait("kwok", self._nodes_ready, "Ready nodes")
@@ -280,6 +280,19 @@ class Plane:
             env={"KUBECONFIG": str(self.kubeconfig)})
         self._wait("kuberay-operator", lambda: _http_ok(f"http://127.0.0.1:{p['kuberay-probe']}/readyz"), "/readyz")
         self._start_kueue(env)
+
+    def _stages(self) -> Path:
+        """KWOK's stages without ``pod-complete`` (which moves every Running pod a Job owns to
+        Succeeded at once). On EKS a RayJob's submitter pod runs ``ray job submit`` and follows
+        the job until it ends; completed at once, it would make KubeRay v1.6.2 fail the RayJob 30 s
+        later ("The RayJob submitter finished at ... but the ray job did not reach terminal state",
+        rayjob_controller.go ``checkSubmitterFinishedTimeoutAndUpdateStatusIfNeeded``) and delete
+        its cluster: nothing that outlives 30 s could be observed."""
+        docs = [d for d in yaml.safe_load_all(binary("kwok", "stages.yaml").read_text())
+                if d and d["metadata"]["name"] != "pod-complete"]
+        path = self.workdir / "stages.yaml"
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        return path
 
     def _write_kubeconfig(self) -> None:
         w = self.workdir
@@ -302,6 +315,9 @@ class Plane:
         namespaces = ["kuberay-system", "kueue-system", env.ray.namespace]
         self.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in namespaces])
         self.kubectl("apply", "--server-side", "-f", str(crd_file))
+        # RayService, which the operator watches and the stack's CRD file does not hold (the
+        # operator's Helm chart installs it on EKS; scripts/build-control-plane.sh stage_kuberay).
+        self.kubectl("apply", "--server-side", "-f", str(binary("kuberay", "crds-extra.yaml")))
         self.kubectl("apply", "--server-side", "-f", str(binary("kueue", "crds.yaml")))
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
         self.apply_objects(nodes(env))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from toml_writer import toml_text
 pytestmark = pytest.mark.xdist_group("cluster")
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "raytrain_eks"))  # EKS's Pod Identity API double (no plane has it)
 
 
 @pytest.fixture
@@ -29,7 +31,10 @@ def cli(plane, namespace, s3_server, tmp_path, monkeypatch, capsys):  # noqa: F8
     import boto3
 
     from raytrain_eks.cli import main
-    from raytrain_eks.runs import commands as run_commands
+    from pod_identity_double import PodIdentityApi
+
+    from raytrain_eks.backends import eks as eks_backend
+    from raytrain_eks.backends import local as local_runs
 
     env_file = tmp_path / "environment.toml"
     env_file.write_text(toml_text(spec_raw(namespace.name, f"{namespace.name}-")))
@@ -39,7 +44,10 @@ def cli(plane, namespace, s3_server, tmp_path, monkeypatch, capsys):  # noqa: F8
     monkeypatch.setenv("PATH", f"{plane.bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("KUBECONFIG", str(plane.kubeconfig))
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(run_commands, "RUNS_DIR", tmp_path / "local-runs")  # this machine's own local runs stay out
+    # EKS's Pod Identity association API is IAM's side, outside any control plane (moto 5 lacks it)
+    pod_identity = PodIdentityApi()
+    monkeypatch.setattr(eks_backend, "eks_api", lambda region: pod_identity)
+    monkeypatch.setattr(local_runs, "RUNS_DIR", tmp_path / "local-runs")  # this machine's own local runs stay out
 
     def run(*args: str) -> tuple[int, str, str]:
         capsys.readouterr()
@@ -93,3 +101,34 @@ def test_status_of_a_run_the_cluster_does_not_have_is_refused(cli):
     code, out, err = cli("status", "nobody")
     assert code == 2
     assert "no RayJob 'nobody'" in err
+
+
+def test_a_short_job_submitted_later_is_admitted_before_a_queued_experiment(cli, plane, namespace):
+    """``queueing.job_priorities``: smoke is ``short`` (1000), every other job ``experiment`` (100)
+    (environment.toml); `submit` labels each RayJob with its class and the real Kueue admits the
+    higher priority first, whatever was queued before it (BestEffortFIFO: priority, then creation)."""
+    ns = namespace.name
+    assert cli("submit", "jobs/smoke.toml", "--no-wait", "--name", "long-a", "--set", "name=long")[0] == 0
+    wait_for("long-a admitted", lambda: condition(workload_of(namespace, "long-a"), "Admitted").get("status") == "True")
+    assert cli("submit", "jobs/smoke.toml", "--no-wait", "--name", "exp-b", "--set", "name=exp")[0] == 0
+    wait_for("exp-b waits", lambda: condition(workload_of(namespace, "exp-b"), "QuotaReserved").get("message"))
+    assert cli("submit", "jobs/smoke.toml", "--no-wait", "--name", "smoke-c")[0] == 0
+    wait_for("smoke-c waits", lambda: condition(workload_of(namespace, "smoke-c"), "QuotaReserved").get("message"))
+    labels = {run: plane.get("rayjob", run, "-n", ns)["metadata"]["labels"]["kueue.x-k8s.io/priority-class"]
+              for run in ("long-a", "exp-b", "smoke-c")}
+    assert labels == {"long-a": "experiment", "exp-b": "experiment", "smoke-c": "short"}, labels
+
+    code, out, err = cli("status", "smoke-c", "-o", "json")
+    assert code == 0, err
+    status = json.loads(out)["queue"]
+    assert status.startswith("queued: 1 of 2") and "priority short" in status, status
+    code, out, err = cli("list", "-o", "json")
+    rows = {row["run"]: row["queue"] for row in json.loads(out)}
+    assert rows == {"long-a": "admitted", "smoke-c": "queued 1/2", "exp-b": "queued 2/2"}, rows
+
+    assert cli("stop", "long-a")[0] == 0
+    wait_for("smoke-c admitted once long-a is gone",
+             lambda: condition(workload_of(namespace, "smoke-c"), "Admitted").get("status") == "True")
+    # the earlier experiment still waits: the short job took the GPUs
+    assert condition(workload_of(namespace, "exp-b"), "Admitted").get("status") != "True"
+    assert plane.get("rayjob", "exp-b", "-n", ns)["spec"]["suspend"] is True

@@ -72,7 +72,8 @@ def run_smoke(namespace, shipped, mutate=None, settle_s: float = SETTLE_S) -> di
 
     def admitted():
         job = namespace.plane.get("rayjob", name, "-n", namespace.name)
-        return job["spec"].get("suspend") is False and job
+        # KubeRay's RayJobSpec.Suspend is ``json:"suspend,omitempty"``: unsuspended, the field is gone
+        return not job["spec"].get("suspend") and job
 
     wait_for(f"Kueue admits RayJob {name} (spec.suspend false)", admitted, settle_s)
     expected = 1 + sum(g.get("replicas", 0) for g in docs[0]["spec"]["rayClusterSpec"]["workerGroupSpecs"])

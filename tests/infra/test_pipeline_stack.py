@@ -93,7 +93,7 @@ def test_pipeline_is_v2_with_the_digest_variable_and_stages_in_order(synthesized
     # Hold: Apply's wait before a deploy that rolls or replaces a GPU group, in Apply's role
     hold = next(a for a in release if a["Name"] == "HoldDeploy")
     assert [c for c in buildspec(template, "HoldDeploy")["phases"]["build"]["commands"]] == [
-        f"python -m raytrain_eks.pipeline hold --template cdk.out/{env.cluster.name}-cluster.template.json"]
+        f'HOLD_PASSED_AT="$(python -m raytrain_eks.pipeline hold --template cdk.out/{env.cluster.name}-cluster.template.json)"']
     assert "ApplyRole" in json.dumps(template["Resources"][hold["Configuration"]["ProjectName"]["Ref"]]["Properties"]["ServiceRole"])
     [source] = pipeline["Stages"][0]["Actions"]
     assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"
@@ -137,7 +137,9 @@ def env_tag(synthesized) -> str:
 
 def test_smoke_then_apply_then_promote_with_the_proven_digest(synthesized):
     env, built, template = synthesized
-    [record, deploy] = buildspec(template, "DeployStacks")["phases"]["build"]["commands"]
+    [fresh, record, deploy] = buildspec(template, "DeployStacks")["phases"]["build"]["commands"]
+    # first of all, the hold this Deploy runs on must be its own and fresh (a retry reruns Deploy alone)
+    assert fresh == '.venv/bin/python -m raytrain_eks.pipeline check-hold --passed-at "$HOLD_PASSED_AT"'
     # the existing GPU groups are recorded before the deploy synthesizes (no DesiredSize reset)
     assert record == ".venv/bin/python -m raytrain_eks.pipeline record-groups"
     assert deploy.endswith(f"{built.storage.stack_name} {built.cluster.stack_name}") and "cdk deploy" in deploy
@@ -439,3 +441,48 @@ def test_with_the_pull_through_cache_smoke_may_warm_it_and_nothing_else(tmp_path
     assert json.dumps(warm["Resource"]).endswith(f':repository/{env.cluster.name}-ecr-public/*"]]}}'), warm["Resource"]
     for other in ("ApplyRole", "PromoteRole"):
         assert not any("ecr:" in json.dumps(s.get("Action")) for s in policy_statements(template, other)), other
+
+
+def test_a_deploy_retried_alone_after_its_hold_refuses_to_deploy(synthesized):
+    """The retry sequence: HoldDeploy passes (no GPU job runs), DeployStacks fails, hours pass
+    and a fine-tune starts, then an operator presses "Retry failed actions". RetryStageExecution
+    with ``retryMode`` FAILED_ACTIONS "retries all failed actions in the stage" (CodePipeline
+    user guide, pipelines-actions-retry: "retrying a failed stage retries all actions in the
+    stage from the first action"; API_RetryStageExecution, retryMode FAILED_ACTIONS |
+    ALL_ACTIONS): DeployStacks runs again, the HoldDeploy that succeeded does not, and its
+    exported variables are this execution's. Deploy must judge that hold's age itself: a pass
+    older than the bound is no licence to roll nodes, and the refusal names ALL_ACTIONS."""
+    import os
+    import time
+
+    _, _, template = synthesized
+    release = the(template, "AWS::CodePipeline::Pipeline")["Stages"][2]["Actions"]
+    hold, deploy = (next(a for a in release if a["Name"] == n) for n in ("HoldDeploy", "DeployStacks"))
+    # what FAILED_ACTIONS reruns after a failed DeployStacks: it and the actions after it
+    rerun = [a["Name"] for a in release if a["RunOrder"] >= deploy["RunOrder"]]
+    assert "HoldDeploy" not in rerun and "DeployStacks" in rerun
+    commands = buildspec(template, "DeployStacks")["phases"]["build"]["commands"]
+    before = commands[:next(i for i, c in enumerate(commands) if "record-groups" in c or "cdk deploy" in c)]
+
+    def deploy_gate(passed_at: str) -> subprocess.CompletedProcess:
+        # Deploy's commands before it touches AWS, as CodeBuild runs them (bash, in the source tree)
+        env = {**os.environ, "HOLD_PASSED_AT": passed_at, "PATH": f"{REPO / '.venv/bin'}:{os.environ['PATH']}"}
+        return subprocess.run(["bash", "-ec", "\n".join(before) or "true"], cwd=REPO, env=env,
+                              capture_output=True, text=True)
+
+    # the first run: Deploy right after its hold deploys
+    assert deploy_gate(f"{time.time():.0f}").returncode == 0
+    # the retry, hours later (a job may run now, the window may have closed): refused, one line
+    late = deploy_gate(f"{time.time() - 3 * 3600:.0f}")
+    assert late.returncode != 0, "a DeployStacks retried alone 3 h after its hold would deploy"
+    from raytrain_eks.pipeline.apply_promote import HOLD_MAX_AGE_MINUTES
+
+    [line] = [l for l in late.stderr.splitlines() if l.startswith("error:")]
+    assert "Retry stage" in line and "ALL_ACTIONS" in line and f"{HOLD_MAX_AGE_MINUTES} min" in line
+    # no pass at all (an execution started before the hold exported one): refused too
+    assert deploy_gate("").returncode != 0
+    # the hold's pass reaches Deploy as an exported variable of THIS execution's HoldDeploy
+    namespace = hold.get("Namespace", "")
+    assert "HOLD_PASSED_AT" in buildspec(template, "HoldDeploy")["env"].get("exported-variables", [])
+    variables = {v["name"]: v["value"] for v in json.loads(deploy["Configuration"].get("EnvironmentVariables", "[]"))}
+    assert variables.get("HOLD_PASSED_AT") == f"#{{{namespace}.HOLD_PASSED_AT}}"

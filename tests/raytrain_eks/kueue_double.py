@@ -40,6 +40,12 @@ environment/queueing.py ``kueue_objects``; absent: Kueue is not installed):
 - a finished Workload leaves the cache, so its quota is free for the next scheduling pass
   (``pkg/controller/core/workload_controller.go:1403-1424``); a deleted RayJob's Workload goes
   with it (owner reference: the garbage collector).
+
+The real Kueue v0.19.2 does all of this on the cluster tier's control plane (tests/cluster/:
+admission, the hold on GPU quota, priority order, the elastic RayCluster's slices). This model
+stays for the tiers that run without that plane (``make test``, CI: its cold build takes over an
+hour here): the run commands and the pipeline's Smoke follow a RayJob past the head's start, which
+the plane cannot reach (nothing runs in KWOK's pods), and need a queue in front of it.
 """
 from __future__ import annotations
 

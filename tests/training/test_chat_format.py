@@ -1,5 +1,5 @@
 """Conversations in the model's own format (training/data/tokenizer.py ``chat_format``,
-``chat_template_text``; training/data/tokenize.py): Qwen2.5's ids and masks exactly as before,
+``chat_template_text``; training/data/tokenizer.py): Qwen2.5's ids and masks exactly as before,
 a Llama-3-style template's assistant-only mask and stop tokens, the template read as
 transformers reads it, and a tokenizer without a template refused in one line."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tiny_llama import EOT, END_OF_TEXT, LLAMA3_CHAT_TEMPLATE, build_tokenizer
 
 from training.data.formats import read_documents
 from training.data.records import DataError, Document
-from training.data.tokenize import chat_prompt_and_answer, tokenize_documents
+from training.data.tokenizer import chat_prompt_and_answer, tokenize_documents
 from training.data.tokenizer import chat_format, chat_template_text
 
 EXTRA = [  # beyond the demo corpus: a system turn, a trailing newline, non-ASCII, padded content

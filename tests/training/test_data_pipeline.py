@@ -11,7 +11,7 @@ from training.data import DataError, build_data
 from training.data.packing import pack, split_documents
 from training.data.formats import read_documents
 from training.data.records import Document
-from training.data.tokenize import TokenizedDoc, tokenize_documents
+from training.data.tokenizer import TokenizedDoc, tokenize_documents
 
 IM_END, ENDOFTEXT = 151645, 151643
 
@@ -196,9 +196,9 @@ def test_pack_concatenates_with_separators_and_drops_only_the_tail():
 
 
 def test_committed_demo_corpus_is_what_its_generator_makes(tmp_path):
-    import runpy
+    from devtools.demo_corpus import main
 
-    runpy.run_path(str(DEMO_DIR / "make_demo_corpus.py"))["main"](tmp_path)
+    main(tmp_path)
     for rel in ("text/notes.txt", "jsonl/notes.jsonl", "chat/arithmetic.jsonl"):
         assert (tmp_path / rel).read_bytes() == (DEMO_DIR / rel).read_bytes(), rel
     assert sum(p.stat().st_size for p in DEMO_DIR.rglob("*") if p.is_file()) < 400_000

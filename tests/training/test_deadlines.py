@@ -1,18 +1,18 @@
-"""The waits of a stop and the run's own time limit (training/deadlines.py): each outer wait
+"""The waits of a stop and the run's own time limit (training/contract.py): each outer wait
 covers the inner one, so a SIGKILL never lands inside the final checkpoint."""
 from __future__ import annotations
 
 import threading
 
 from training.checkpointing import signals, stop_driver_after, time_limit_reached
-from training.deadlines import (GRACE_MARGIN_SECONDS, driver_exit_code, head_grace_seconds, run_time_limit_seconds,
+from training.contract import (STOP_MARGIN_SECONDS, driver_exit_code, head_grace_seconds, run_time_limit_seconds,
                                 stop_wait_seconds)
 
 
 def test_each_wait_covers_the_one_inside_it():
     for grace in (30, 120, 600):
         assert grace < stop_wait_seconds(grace) < head_grace_seconds(grace)
-        assert head_grace_seconds(grace) - stop_wait_seconds(grace) == GRACE_MARGIN_SECONDS
+        assert head_grace_seconds(grace) - stop_wait_seconds(grace) == STOP_MARGIN_SECONDS
 
 
 def test_the_runs_own_limit_leaves_the_stop_wait_before_the_rayjob_deadline():

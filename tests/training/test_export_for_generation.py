@@ -83,7 +83,7 @@ def test_an_end_of_turn_already_among_the_stops_changes_nothing():
 
 
 def test_the_export_takes_the_end_of_turn_the_runs_data_was_tokenized_with(tmp_path):
-    """training/checkpointing/export.py reads the end-of-turn as training/data/tokenize.py does: from the
+    """training/checkpointing/export.py reads the end-of-turn as training/data/tokenizer.py does: from the
     job's tokenizer when its data is real, none for synthetic tokens or a template-less tokenizer."""
     from types import SimpleNamespace
 

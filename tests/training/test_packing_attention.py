@@ -10,7 +10,7 @@ from tiny_qwen import tiny_qwen2_config
 from training.data import DataError, build_data
 from training.data.packing import pack
 from training.data.formats import read_documents
-from training.data.tokenize import TokenizedDoc, tokenize_documents
+from training.data.tokenizer import TokenizedDoc, tokenize_documents
 
 ENDOFTEXT, IM_START = 151643, 151644
 

@@ -27,7 +27,7 @@ ENV = {
 
 def test_training_modules_import_without_torch_or_ray():
     code = ("import sys; import training.flops, training.transport, training.run_record, training.run_facts, "
-            "training.run_logs, training.storage.files, training.deadlines; "
+            "training.run_logs, training.storage.files; "
             "bad = {'torch', 'ray', 'pyarrow', 'transformers', 'spec'} & set(sys.modules); print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -141,7 +141,7 @@ def export_model(model: torch.nn.Module, out_uri: str, *, model_config: dict, to
 
 def trained_end_of_turn(job: JobConfig) -> int | None:
     """The end-of-turn token the run's conversations were tokenized with (as
-    training/data/tokenize.py reads it: :func:`training.data.tokenizer.chat_format`), or None when
+    training/data/tokenizer.py reads it: :func:`training.data.tokenizer.chat_format`), or None when
     the tokenizer has no chat template that closes a turn (synthetic data, plain text models)."""
     if job.data.kind == "synthetic":
         return None

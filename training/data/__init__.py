@@ -54,7 +54,7 @@ Kinds (``data.kind``): ``synthetic`` (random ids, seeded; infrastructure checks 
 the file's name is the kind, its docstring says what it reads): ``text``, ``jsonl``, ``chat``,
 ``alpaca``, ``sharegpt``, ``hf``. A format yields documents, text or conversations; conversations
 are rendered with the model's own chat template (its tokenizer's) and trained ONLY on assistant
-content + the end-of-turn token the template closes it with (training/data/tokenize.py).
+content + the end-of-turn token the template closes it with (training/data/tokenizer.py).
 ``data.path``: a file, a directory or an ``s3://`` object/prefix (pyarrow S3, honours
 ``AWS_ENDPOINT_URL``).
 

@@ -22,7 +22,7 @@ from training.data.formats import files_of, read_documents, reads
 from training.data.records import DataError
 from training.storage.files import cache_root, node_lock
 from training.data.stream import PackedStream, SyntheticStream, TrainStream, eval_batches_for_rank
-from training.data.tokenize import chat_prompt_and_answer, tokenize_documents
+from training.data.tokenizer import chat_prompt_and_answer, tokenize_documents
 
 CACHE_FORMAT = 3  # 2: per-document position ids, whole-conversation packing; 3: preference pairs
 SYNTHETIC_VOCAB_DEFAULT = 151_936

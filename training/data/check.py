@@ -82,7 +82,7 @@ def _token_upper_bound(documents, template_bytes: int = 0) -> int:
     own size once, and once more per message its loop renders."""
     total = 0
     for d in documents:
-        if d.pair:  # two sequences: prompt + chosen, prompt + rejected (training/data/tokenize.py tokenize_pair)
+        if d.pair:  # two sequences: prompt + chosen, prompt + rejected (training/data/tokenizer.py tokenize_pair)
             prompt, chosen, rejected = d.pair
             for side in (chosen, rejected):
                 if isinstance(prompt, str):  # + the eos TRL appends and a BOS the tokenizer may add
@@ -166,7 +166,7 @@ def _overlong(job, docs) -> int | None:
     where = tokenizer_location(job.model)
     if "://" in where or not Path(where).is_dir() or importlib.util.find_spec("transformers") is None:
         return None
-    from training.data.tokenize import tokenize_documents
+    from training.data.tokenizer import tokenize_documents
     from training.data.tokenizer import load_tokenizer
 
     seq_len = job.train.seq_len

@@ -39,7 +39,7 @@ import numpy as np
 
 from training.config_checks import OVERLONG_POLICIES
 from training.data.records import DataError, Document
-from training.data.tokenize import TokenizedDoc
+from training.data.tokenizer import TokenizedDoc
 
 IGNORE_INDEX = -100
 

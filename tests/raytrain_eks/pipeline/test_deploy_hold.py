@@ -110,3 +110,26 @@ def test_a_deploy_that_rolls_or_replaces_the_system_nodes_waits_for_the_running_
     assert any("system" in line and effect in line for line in changes), changes
     with pytest.raises(Deferred, match="finetune still running"):
         hold_deploy(_ctx(raw, Jobs(finetune=None)), deployed, new, clock=Clock())
+
+
+def test_a_deploy_retried_alone_after_a_job_started_refuses_and_the_stage_retry_waits(deployed):
+    """The retry sequence on the hold's own terms: HoldDeploy passes with no job running, Deploy
+    fails, three hours later a fine-tune runs and "Retry failed actions" reruns DeployStacks alone
+    (CodePipeline RetryStageExecution, retryMode FAILED_ACTIONS: the succeeded HoldDeploy is not
+    rerun). Deploy refuses that pass and names "Retry stage"; the stage retry (ALL_ACTIONS) runs
+    the hold again, which now sees the job and waits for it (here: defers, nothing deployed)."""
+    from raytrain_eks.pipeline.apply_promote import HOLD_MAX_AGE_MINUTES, HoldExpired, check_hold_fresh
+
+    raw = edited(default_raw(), "gpu root_volume_gib 200 -> 300")  # rolls every GPU node
+    new = redeploy(raw, {"cluster": deployed})["cluster"]
+    passed_at = 1_800_000_000.0
+    assert "no RayJob runs" in hold_deploy(_ctx(raw, Jobs()), deployed, new)
+    assert "passed 60 s ago" in check_hold_fresh(f"{passed_at:.0f}", passed_at + 60)  # the first Deploy
+    # the retried Deploy, 3 h later, a job running now
+    with pytest.raises(HoldExpired, match=rf"passed 180 min before .*at most {HOLD_MAX_AGE_MINUTES} min.*'Retry stage'"):
+        check_hold_fresh(f"{passed_at:.0f}", passed_at + 3 * 3600)
+    with pytest.raises(HoldExpired, match="no HoldDeploy pass"):
+        check_hold_fresh("", passed_at)
+    # Retry stage: the hold runs again and sees the fine-tune
+    with pytest.raises(Deferred, match="finetune still running"):
+        hold_deploy(_ctx(raw, Jobs(finetune=None)), deployed, new, clock=Clock())

@@ -42,6 +42,7 @@ def _measured_jobs():
         parallel = {"strategy": row["strategy"], "num_workers": 8, "workers_per_node": 4, "use_gpu": True,
                     "keep_params_gathered": row["keep_gathered"], "grad_reduce_dtype": row["reduce_dtype"],
                     "activation_checkpointing": row["activation_checkpointing"],
+                    "checkpoint_every": row.get("checkpoint_every", 1),
                     "cpu_offload": row.get("cpu_offload", False), "accumulation": row.get("accumulation", "sharded")}
         raw = {"name": "measured", "model": {"config": measured_plan.MODEL_CONFIGS[row["model"]]}, "parallel": parallel,
                "train": {"seq_len": 2048, "micro_batch_size": row["micro_batch_size"], "global_batch_size": 64}}

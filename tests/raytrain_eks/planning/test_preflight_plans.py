@@ -393,7 +393,7 @@ def test_the_preflight_shows_the_step_range_and_what_is_assumed(capsys):
 
 
 HYBRID_PLAN = ("parallel.strategy=\"hybrid_shard\"", "parallel.grad_reduce_dtype=\"float32\"",
-               "parallel.activation_checkpointing=false", "train.micro_batch_size=1")
+               "parallel.activation_checkpointing=false", "parallel.checkpoint_every=1", "train.micro_batch_size=1")
 """The shipped finetune's plan before the plan search picked full shard (its measured variants)."""
 
 
@@ -433,7 +433,7 @@ def test_a_measured_plan_without_a_trace_of_its_micro_batch_gets_one_line_not_a_
     plain = [t for t in step_model.load_traces() if not t["activation_checkpointing"]]
     (tmp_path / "step_trace.json").write_text(json.dumps({"traces": plain}))
     monkeypatch.setattr(step_model, "TRACES", tmp_path / "step_trace.json")
-    code, out, _ = preflight(capsys, "--set", on, job=job)
+    code, out, _ = preflight(capsys, "--set", on, "--set", "parallel.checkpoint_every=1", job=job)
     assert code == 0 and "measured   bench/bench_full_size_plan.py" in out
     assert [line for line in out.splitlines() if "step range" in line] == [
         "  step range       none: step_trace.json has no trace of Qwen2.5-1.5B chat seq_len = 2048, micro_batch_size = 2, "

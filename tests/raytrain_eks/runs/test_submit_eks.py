@@ -280,11 +280,8 @@ def test_submit_refuses_another_clusters_context_before_anything_is_applied(clus
     assert not [c for c in cluster.state()["calls"] if c[0] == "apply"]
 
 
-def test_submit_no_wait_returns_once_applied(cluster, tmp_path, capfd):
-    assert submit(tmp_path, "--name", "smoke-n1", "--no-wait") == 0
-    out = capfd.readouterr().out
-    assert "RayJob smoke-n1 applied; raytrain-eks status smoke-n1" in out
-    assert not [c for c in cluster.state()["calls"] if c[0] == "logs"]
+# `submit --no-wait` returning once the RayJob is applied: against the real API server in
+# tests/cluster/test_cli.py (test_submit_no_wait_status_list_and_stop_against_the_real_api_server).
 
 
 def test_submit_refuses_bad_data_before_anything_is_applied(cluster, tmp_path, capfd):

@@ -77,32 +77,9 @@ def test_two_gpu_jobs_back_to_back_the_second_waits_in_the_queue_and_both_end_wi
     assert table["gpu-a"][2:5] == table["gpu-b"][2:5] == ["Complete", "SUCCEEDED", "-"], table
 
 
-def test_a_short_job_submitted_later_jumps_ahead_of_a_queued_experiment(cluster, tmp_path, capfd):
-    """``queueing.job_priorities``: smoke is ``short`` (1000), any other job ``experiment`` (100);
-    Kueue admits the higher priority first, whatever was queued before it."""
-    cluster.set(cluster_ready_after=READY_AFTER, pre_running_deadline_after=PRE_RUNNING_AFTER)
-    assert _submit(tmp_path, "long-a", "--no-wait", "--set", "name=long") == 0
-    assert main(["status", "long-a"]) == 0  # a while later: the long run is admitted and starts
-    assert _submit(tmp_path, "exp-b", "--no-wait", "--set", "name=exp") == 0
-    assert main(["status", "exp-b"]) == 0
-    out = capfd.readouterr().out
-    assert "queue      queued: 1 of 1 in Kueue's queue" in out and "priority experiment), behind long-a (admitted)" in out
-
-    assert main(["list"]) == 0
-    table = {line.split()[0]: line for line in capfd.readouterr().out.splitlines()[1:]}
-    assert "admitted" in table["long-a"] and "queued 1/1" in table["exp-b"]
-
-    code = _submit(tmp_path, "smoke-c")
-    out = capfd.readouterr().out
-    assert code == _verdict_code(), out
-    assert "queued: 1 of 2 in Kueue's queue" in out and "priority short), behind long-a (admitted); Kueue:" in out
-    # the short job ran while the earlier experiment kept waiting
-    assert _tick(cluster, "long-a", "Complete") < _tick(cluster, "smoke-c", "Initializing")
-    assert [status for _, status in _history(cluster, "exp-b")] == ["Suspended"]
-    assert main(["status", "exp-b"]) == 0  # the short job has ended: the experiment is next
-    assert main(["list"]) == 0
-    table = {line.split()[0]: line for line in capfd.readouterr().out.splitlines()[1:] if line.strip()}
-    assert "admitted" in table["exp-b"], table
+# Priorities ordering the queue (a short job submitted later admitted before a queued
+# experiment) are proven against the real Kueue: tests/cluster/test_cli.py
+# test_a_short_job_submitted_later_is_admitted_before_a_queued_experiment.
 
 
 def test_without_kueue_the_second_gpu_job_fails_on_its_pre_running_deadline(cluster, tmp_path, capfd):

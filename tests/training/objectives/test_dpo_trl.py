@@ -8,7 +8,7 @@ completion), its collator pads them into ``[chosen..., rejected...]`` rows, and
 ``DPOTrainer.compute_loss`` (``_compute_loss``) takes the summed completion log-probabilities of
 the policy and of ``ref_model`` and returns ``-logsigmoid(beta * delta)`` (``sigmoid``) or the
 ``robust`` form, averaged over pairs. The job's side: its own tokenization
-(training/data/tokenize.py ``tokenize_pair``), its packing (every pair in one row, each sequence
+(training/data/tokenizer.py ``tokenize_pair``), its packing (every pair in one row, each sequence
 its own document), its packed attention and chunked loss head, its DPO objective with a frozen
 reference copy. Same weights, same pairs: the loss, every gradient and the reward figures must
 agree. Each broken variant (chosen and rejected swapped, another beta, the prompt tokens
@@ -84,7 +84,7 @@ def _batch(pairs, *, mask_prompt=True):
     in one row of its own."""
     from training.data.packing import pack
     from training.data.records import Document
-    from training.data.tokenize import tokenize_documents
+    from training.data.tokenizer import tokenize_documents
     from training.data.tokenizer import document_separator_id
 
     tokenizer = _tokenizer()

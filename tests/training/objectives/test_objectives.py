@@ -91,7 +91,7 @@ def test_a_packed_batch_tells_each_pairs_chosen_and_rejected_completion():
     from training import model as forward
     from training.data.packing import pack
     from training.data.records import Document
-    from training.data.tokenize import tokenize_documents
+    from training.data.tokenizer import tokenize_documents
     from training.objectives.dpo import pair_segments
 
     tokenizer = _tokenizer()
@@ -112,7 +112,7 @@ def test_a_packed_batch_tells_each_pairs_chosen_and_rejected_completion():
 def test_an_overlong_pair_is_dropped_or_refused_never_cut():
     from training.data.packing import pack
     from training.data.records import DataError, Document
-    from training.data.tokenize import tokenize_documents
+    from training.data.tokenizer import tokenize_documents
 
     tokenized = tokenize_documents(_tokenizer(), [Document(source="t", line=1, pair=("Q " * 20, " yes", " no"))])
     assert pack(tokenized, 16, 0, train_separator=False, seed=0, whole_documents=True).documents_dropped == 1
@@ -240,7 +240,7 @@ def test_dpo_trains_without_dropout_as_trl_does():
     model.train()
     tokenizer = _tokenizer()
     from training.data.records import Document
-    from training.data.tokenize import tokenize_documents
+    from training.data.tokenizer import tokenize_documents
 
     doc = tokenize_documents(tokenizer, [Document(source="t", line=1, pair=("Q: 1+1?\nA:", " 2", " no"))])[0]
     ids = torch.from_numpy(doc.ids.astype(np.int64))[None]

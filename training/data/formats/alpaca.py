@@ -10,7 +10,7 @@ adds each pair as a user and an assistant turn before the instruction), becomes 
 turns, trained on as every assistant turn.
 
 Deliberate: the conversation is rendered by the tokenizer's chat template
-(training/data/tokenize.py), not by Stanford Alpaca's ``PROMPT_DICT`` ("Below is an instruction
+(training/data/tokenizer.py), not by Stanford Alpaca's ``PROMPT_DICT`` ("Below is an instruction
 that describes a task..."; tatsu-lab/stanford_alpaca train.py): the model is then trained in the
 format it is prompted with at inference, and one corpus may mix alpaca and chat records.
 """

@@ -1,6 +1,6 @@
 """``chat``: JSON Lines of ``{"messages": [{"role", "content"}, ...]}``, roles ``system``/``user``/
 ``assistant``, at least one assistant message after a user message. Trained on the assistant
-turns only (training/data/tokenize.py). :func:`conversation` is the rule every conversation
+turns only (training/data/tokenizer.py). :func:`conversation` is the rule every conversation
 format ends in (alpaca, sharegpt)."""
 from __future__ import annotations
 

@@ -8,7 +8,7 @@
 
 Trained with ``train.objective = "dpo"`` (training/objectives/dpo.py): the pair becomes two
 sequences, prompt + chosen and prompt + rejected, tokenized by TRL's rule
-(training/data/tokenize.py ``tokenize_pair``), packed side by side in one row. A Hugging Face
+(training/data/tokenizer.py ``tokenize_pair``), packed side by side in one row. A Hugging Face
 dataset with ``prompt``, ``chosen`` and ``rejected`` columns is read by ``hf`` through this
 file's record converter. TRL's implicit-prompt form (no ``prompt``: the shared start of chosen
 and rejected) is refused with a hint: the prompt would have to be guessed.

@@ -10,7 +10,7 @@ source[1:]``), assistant turns before the first human turn are dropped, counted 
 :attr:`~training.data.records.ReadResult.dropped_turns`. Tool turns (LLaMA-Factory's
 ``function_call``/``observation``, ``tool``) are refused by name: training renders conversations
 with the tokenizer's chat template from system/user/assistant turns only
-(training/data/tokenize.py), and a tool call flattened into an assistant's text would teach a
+(training/data/tokenizer.py), and a tool call flattened into an assistant's text would teach a
 format the template does not produce. Then the chat rules apply (training/data/formats/chat.py).
 """
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""Generate the demo corpus in this directory (deterministic; standard library only).
+"""Generate the demo corpus, training/assets/demo_corpus/ (deterministic; standard library only).
 
-    python training/assets/demo_corpus/make_demo_corpus.py [OUT_DIR]   (default: this directory)
+    python -m devtools.demo_corpus [OUT_DIR]   (default: training/assets/demo_corpus)
+
+A developer's tool, not part of the job: the job reads the files it wrote, which ship as package
+data.
 
 Every sentence is produced by the templates below, written for this project: no third-party
 text, so the corpus carries the project's own licence (see README.md). Output:
@@ -22,7 +25,8 @@ import random
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "training" / "assets" / "demo_corpus"
+"""Where the corpus lives (the benchmarks beside it, in ``../benchmarks``)."""
 SEED = 20261130
 TEXT_DOCS = 660
 CHATS = 1100
