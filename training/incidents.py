@@ -58,7 +58,10 @@ PREEMPTION = "preemption"
 HEALTH_GATE = "health_gate"
 """A node failed the health gate at an attempt's start (training/health_gate.py ``judge_gate``: a
 slow GEMM or GPU memory errors): named, and kept out of the next attempt."""
-KINDS = (HANG, WORKER_LOST, NODE_LOST, HEALTH_CHECK, WORKER_ERROR, PREEMPTION, HEALTH_GATE)
+KINDS = (HANG, NODE_LOST, WORKER_LOST, HEALTH_CHECK, WORKER_ERROR, PREEMPTION, HEALTH_GATE)
+"""Every kind, the one that explains a fault best first (training/watchdog.py names a fault by
+the first kind its evidence shows): a worker that died with the node under it was lost with
+that node, so ``node_lost`` outranks ``worker_lost``."""
 FIELDS = ("kind", "time", "ranks", "nodes", "step", "detail", "saved", "resumed_from_step", "steps_lost",
           "progress_again_s", "wall_lost_s", "devices", "gpu_minutes_lost", "device_minutes_lost")
 """Every key of an incident: ``time`` (ISO, UTC) when it was seen; ``ranks``/``nodes`` that

@@ -418,6 +418,8 @@ class Watchdog:
         self.waiting: list[dict[str, Any]] = []
         """Incidents whose next attempt has not finished its first step yet."""
         self.attempt = 0
+        self.ray_seen: list[dict[str, Any]] = []
+        """The incidents Ray Train's errors opened: looked at again at the end (:meth:`stop`)."""
         self.lock = threading.Lock()
 
     def start(self) -> "Watchdog":
@@ -445,6 +447,12 @@ class Watchdog:
             self.check(self._state(), final=True)
         except Exception as err:  # noqa: BLE001 - the record of the run matters more than the last look
             log.warning("watchdog: last look failed: %s", err)
+        try:
+            with self.lock:  # a node lost shortly before the end may be marked dead only now
+                for pending in self.ray_seen:
+                    self._look_again(pending)
+        except Exception as err:  # noqa: BLE001
+            log.warning("watchdog: last look at Ray's record failed: %s", err)
         import ray
 
         if self.board is not None:
@@ -495,12 +503,27 @@ class Watchdog:
         self.open = None
 
     def _reclassify(self, pending: dict[str, Any]) -> None:
+        """Name the incident again from Ray's record as it stands now. A node lost whole is often
+        seen by Ray Train first (its poll of the node's worker fails within seconds) and marked
+        dead by the GCS only after its health checks fail (5 x 3 s by default), after Ray Train
+        already ``ray.kill``ed that worker (so its actor died of ``RAY_KILL``, not ``NODE_DIED``):
+        the node's death, once the GCS records it, is the evidence. Looked at again when the next
+        attempt starts and when it trains again."""
         entry, ranks = pending["entry"], pending["ranks"]
         kind, named = self._kinds(ranks, pending["errors"])
         if (kind, named) != (entry["kind"], entry["ranks"]) and incidents.KINDS.index(kind) < incidents.KINDS.index(entry["kind"]):
-            entry["detail"] += f"; first seen as {entry['kind']} of rank {entry['ranks']}, Ray's record of the deaths says {kind}"
+            entry["detail"] += (f"; first seen as {entry['kind']} of rank {entry['ranks']}, Ray's record of the deaths "
+                                f"says {kind}{_ray_nodes(kind, ranks, named)}")
             entry.update(kind=kind, ranks=named, nodes=sorted({ranks[r]["node"] for r in named if r in ranks}))
             self.record.update(**{contract.INCIDENTS: list(self.record.data.get(contract.INCIDENTS) or [])})
+
+    def _look_again(self, pending: dict[str, Any]) -> None:
+        """:meth:`_reclassify` again, later, for the kinds a lost node is first taken for: the
+        GCS may mark the node dead only after the next attempt started (Ray Train restarts the
+        group as soon as its poll fails; the GCS waits for 5 failed health checks)."""
+        if pending.get("errors") is not None and pending["entry"]["kind"] in (incidents.WORKER_LOST,
+                                                                              incidents.WORKER_ERROR):
+            self._reclassify(pending)
 
     def _resolve_waiting(self, state: dict[str, Any]) -> None:
         # The ranks register at worker start, before their restore: the step the next attempt
@@ -513,6 +536,8 @@ class Watchdog:
         ready = [p for p in self.waiting if p["resumed_from_step"] is not None] if after else []
         if not ready:
             return
+        for pending in ready:  # the next attempt can start before the GCS marked a lost node dead
+            self._look_again(pending)
         again = after[min(after)]
         done = {int(k): v for k, v in (state.get("first_done") or {}).items()}
         # One step's time, measured before the faults (an attempt that failed before its first
@@ -561,7 +586,7 @@ class Watchdog:
         ranks = state["ranks"]
         kind, named = self._kinds(ranks, errors)
         detail = "; ".join(f"rank {r}: {'/'.join(errors[r]['classes'])}: {errors[r]['text'][:160]}" if r in errors
-                           else f"rank {r}: its worker died ({kind})" for r in named)
+                           else f"rank {r}: its worker died ({kind})" for r in named) + _ray_nodes(kind, ranks, named)
         if self.open is not None and self.open["attempt"] == self.attempt:
             entry = self.open["entry"]
             if self.open.get("ray_noted"):
@@ -581,6 +606,7 @@ class Watchdog:
                                    saved=_saved_when_ray_saw(kind))
         self._add(entry, self.attempt, now, self._step_s(state))
         self.open.update(ray_noted=True, ranks=ranks, errors=errors)
+        self.ray_seen.append(self.open)
 
     def _gate_failed(self, state: dict[str, Any], gates: dict[int, dict[str, Any]], now: float) -> None:
         """One ``health_gate`` incident per attempt, naming every rank whose gate failed and its
@@ -726,6 +752,14 @@ class Watchdog:
         task = ray.remote(num_cpus=0, max_retries=0)(_probe).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(info["node_id"], soft=False))
         return task.remote(info["pid"], info["stack_file"], info.get("trace_prefix", ""), kill, DUMP_WAIT_S)
+
+
+def _ray_nodes(kind: str, ranks: dict[int, dict[str, Any]], named: list[int]) -> str:
+    """For a lost node: ``" (Ray node <id> dead)"``, the Ray node id(s) of the ranks named. The
+    incident's ``nodes`` are Kubernetes node names (the host name off Kubernetes, where several
+    Ray nodes can share one host); the Ray node id is what Ray's own logs name."""
+    ids = sorted({str(ranks[r].get("node_id")) for r in named if r in ranks and ranks[r].get("node_id")})
+    return f" (Ray node {', '.join(ids)} dead)" if kind == incidents.NODE_LOST and ids else ""
 
 
 def _saved_when_ray_saw(kind: str) -> list[str]:

@@ -310,3 +310,54 @@ def test_an_incident_resolves_when_the_next_attempt_registered_before_its_restor
     watch.check(board.state(), now=151.0)
     [entry] = record.data[contract.INCIDENTS]
     assert entry["resumed_from_step"] == 4 and entry["steps_lost"] == 3
+
+
+# --- a lost node that Ray marks dead only after Ray Train restarted the group (issue 50) --------
+
+@pytest.mark.parametrize("marked_dead_at", ["next attempt", "first step again", "end of the run"])
+def test_a_worker_on_a_node_ray_marks_dead_later_is_recorded_as_that_node_lost(tmp_path, monkeypatch, marked_dead_at):
+    """A node lost whole, as Ray 2.58 reports it when the node's processes vanish at once: Ray
+    Train's next poll (``worker_group/worker_group.py`` ``_poll_workers_and_collect_errors``, every
+    ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``) fails for the lost rank with a
+    ``WorkerHealthCheckFailedError`` wrapping ``ActorUnavailableError`` while the GCS still lists the
+    node ALIVE (it marks a node dead after its health check fails 5 times, 3 s apart: measured
+    12 s in the chaos run). Ray Train then restarts the group and ``ray.kill``s every worker
+    (``worker_group/state.py`` ``_shutdown_workers``), so the lost worker's actor ends with
+    reason ``RAY_KILL``, not ``NODE_DIED``: the only record of the loss is the node, dead in
+    ``ray.nodes()`` by the time the next attempt starts, or only once it trains again. The
+    incident must end as ``node_lost`` of the rank on it, naming the Ray node."""
+    record = RunRecord(str(tmp_path / "run"), environ={})
+    record.start(job_config={"name": "j"}, is_infrastructure_check=False)
+    watch = watchdog.Watchdog(run_name="j", run_dir=str(tmp_path / "run"), record=record, max_steps=16,
+                              world_size=2, on_gpu=False)
+    alive = {"head": True, "node-b": True, "node-c": True}
+    monkeypatch.setattr(watchdog.Watchdog, "_nodes_alive", lambda self: dict(alive))
+    monkeypatch.setattr(watchdog, "death_reasons", lambda ranks: {})  # the lost worker's actor: RAY_KILL
+    on = lambda pid, node_id, step, start=0: {**_rank(pid, step, start), "node_id": node_id}  # noqa: E731
+    unavailable = {"classes": ["WorkerHealthCheckFailedError", "ActorUnavailableError"],
+                   "text": "A worker health check failed.", "preempted": False}
+    reset = {"classes": ["RuntimeError"], "text": "[gloo/transport/tcp/pair.cc:537] Read error: Connection reset "
+             "by peer", "preempted": False}
+    first = {"attempt": 1, "ranks": {0: on(10, "head", 7), 1: on(11, "node-b", 7)},
+             "min_step_at": {s: 100.0 + 2 * s for s in range(1, 8)},
+             "first_done": {s: 100.0 + 2 * s for s in range(1, 8)}, "heavy": [4], "started": {1: 90.0},
+             "errors": {1: {0: reset, 1: unavailable}}}
+    watch.check(first, now=120.0)
+    [entry] = record.data[contract.INCIDENTS]
+    assert (entry["kind"], entry["ranks"]) == ("worker_lost", [1])  # all that is known when Ray Train saw it
+    if marked_dead_at == "next attempt":
+        alive["node-b"] = False
+    second = {**first, "attempt": 2, "ranks": {0: on(20, "head", 4, 4), 1: on(21, "node-c", 4, 4)},
+              "min_step_at": {}, "started": {1: 90.0, 2: 140.0}}
+    watch.check(second, now=141.0)
+    if marked_dead_at == "first step again":
+        alive["node-b"] = False
+    trained = {**second, "min_step_at": {5: 150.0}}
+    watch.check(trained, now=151.0)
+    alive["node-b"] = False
+    watch._state = lambda: trained  # the end: the driver's last look (no board here)
+    watch.stop()
+    [entry] = json.loads((tmp_path / "run" / "run.json").read_text())[contract.INCIDENTS]
+    assert (entry["kind"], entry["ranks"], entry["nodes"]) == ("node_lost", [1], ["node-a"]), entry
+    assert "node-b" in entry["detail"] and "worker_lost" in entry["detail"], entry["detail"]
+    assert entry["resumed_from_step"] == 4 and entry["steps_lost"] == 3 and entry["progress_again_s"] == 30.0
