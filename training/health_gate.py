@@ -10,12 +10,9 @@ import logging
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from training import contract
-
-if TYPE_CHECKING:
-    from training.watchdog import Progress
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +183,9 @@ def keep_node_out(reason: str) -> str:
     return "kept out of the next attempt (Ray node drained)" if accepted else f"not kept out: drain refused ({why})"
 
 
-def check(progress: "Progress", *, on_gpu: bool, device: Any, device_name: str = "") -> float:
+def check(progress: Any, *, on_gpu: bool, device: Any, device_name: str = "") -> float:
     """Every worker, at every attempt's start (before its model build): read the GPU, judge it;
+    ``progress`` is the rank's :class:`training.watchdog.Progress` (its line to the run's board);
     on a failure report it to the run's board (run.json's incident), drain this node and raise
     :class:`GateFailed` (Ray Train restarts the group, without this node). Returns the seconds
     the gate took."""
