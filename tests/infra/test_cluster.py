@@ -6,7 +6,8 @@ import json
 
 from aws_cdk.assertions import Match
 
-from environment.contract import EFA_LABEL, GPU_ACCELERATOR_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL, SMOKE_SERVICE_ACCOUNT
+from environment.contract import (EFA_LABEL, GPU_ACCELERATOR_LABEL, GPU_TAINT_KEY, NODE_ROLE_LABEL, ON_CLUSTER_FOLDER,
+                                  SMOKE_SERVICE_ACCOUNT)
 
 
 def _one(synth, type_name: str) -> dict:
@@ -314,10 +315,12 @@ def test_pod_policies_are_least_privilege(variant):
     assert smoke == {"SmokeRunObjects": {"Sid": "SmokeRunObjects", "Effect": "Allow", "Action": actions,
                                          "Condition": owned, "Resource": arn(f"/{prefix}/smoke-*")},
                      "ReadJobInputs": reads, "ListCheckpointBucket": listing, **tracking}
+    # the long-lived cluster's role: only the runs it holds (runs/on-cluster_<run>/), never another
+    # run's folder (a service account name cannot hold "_": docs/security.md)
     shared = _statements(variant, "PodRoleArn")
     assert shared == {
-        "CheckpointObjects": {"Sid": "CheckpointObjects", "Effect": "Allow", "Action": actions, "Condition": owned,
-                              "Resource": arn(f"/{prefix}/*")},
+        "OnClusterRunObjects": {"Sid": "OnClusterRunObjects", "Effect": "Allow", "Action": actions, "Condition": owned,
+                                "Resource": arn(f"/{prefix}/{ON_CLUSTER_FOLDER}*")},
         "NeverPipelineEvidenceOrInputs": {"Sid": "NeverPipelineEvidenceOrInputs", "Effect": "Deny",
                                           "Action": ["s3:PutObject", "s3:DeleteObject"],
                                           "Resource": [arn(f"/{prefix}/smoke-*"), arn(f"/{prefix}/_inputs/*")]},
