@@ -29,6 +29,12 @@ class SlowStore:
     bytes_per_s: int
     _rate: list[int] = field(default_factory=list, repr=False)
     """The rate in force, one element: :meth:`slowed` changes it for a while on a shared store."""
+    _in_flight: dict[int, str] = field(default_factory=dict, repr=False)
+    """The checkpoint uploads the store is reading now, by request: their paths."""
+
+    def uploading(self) -> list[str]:
+        """The paths (``/<bucket>/<key>``) of the checkpoint uploads the store is reading now."""
+        return list(self._in_flight.values())
 
     @contextlib.contextmanager
     def slowed(self, bytes_per_s: int) -> Iterator[None]:
@@ -71,10 +77,16 @@ class _Throttled:
         return iter(self.readline, b"")
 
 
-def _slowed(app, rate: list[int]):
+def _slowed(app, rate: list[int], in_flight: dict[int, str]):
     def handle(environ, start_response):
         if environ.get("REQUEST_METHOD") == "PUT" and CHECKPOINT_KEY_PART in environ.get("PATH_INFO", ""):
             environ["wsgi.input"] = _Throttled(environ["wsgi.input"], rate)
+            request = id(environ)
+            in_flight[request] = environ["PATH_INFO"]
+            try:
+                return app(environ, start_response)  # moto reads the whole body before it answers
+            finally:
+                in_flight.pop(request, None)
         return app(environ, start_response)
     return handle
 
@@ -89,13 +101,14 @@ def slow_store(bytes_per_s: int) -> Iterator[SlowStore]:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()
-    rate = [bytes_per_s]
-    server = make_server("127.0.0.1", port, _slowed(DomainDispatcherApplication(create_backend_app), rate),
+    rate, in_flight = [bytes_per_s], {}
+    server = make_server("127.0.0.1", port, _slowed(DomainDispatcherApplication(create_backend_app), rate, in_flight),
                          True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield SlowStore(endpoint_url=f"http://127.0.0.1:{port}", bytes_per_s=bytes_per_s, _rate=rate)
+        yield SlowStore(endpoint_url=f"http://127.0.0.1:{port}", bytes_per_s=bytes_per_s, _rate=rate,
+                        _in_flight=in_flight)
     finally:
         server.shutdown()
         thread.join()

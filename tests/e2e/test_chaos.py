@@ -16,8 +16,11 @@ run spans two nodes as a multi-node job does. The faults:
 - the store slowed under a checkpoint (tests/e2e/slow_store.py) and a rank killed while that
   checkpoint uploads: the run resumes from the last checkpoint the store completed.
 
-The watchdog runs at its production floor (60 s); bench/bench_recovery.py measures
-fault-to-progress times.
+Every fault strikes at a known point: after step :data:`FAULT_AFTER_STEP` once Ray Train has
+registered the step-:data:`SAVED_STEP` checkpoint (its checkpoint manager's snapshot in the store
+names it), so each case resumes from exactly that checkpoint and there is a checkpoint before the
+fault and two after it. The watchdog runs at its production floor (60 s);
+bench/bench_recovery.py measures fault-to-progress times.
 """
 from __future__ import annotations
 
@@ -37,11 +40,24 @@ from slow_store import slow_store
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_STEPS = 16
-FAULT_AFTER_STEP = 7
-"""The fault strikes once this step is logged: after the step-4 checkpoint, before the last."""
-SETS = [f"train.max_steps={MAX_STEPS}", "checkpoint.every_n_steps=4", "checkpoint.keep_last=4",
+MAX_STEPS = 8
+CHECKPOINT_EVERY = 3
+"""Checkpoints at steps 3, 6 and 8 (the last step's)."""
+SAVED_STEP = 3
+"""The checkpoint every case resumes from: registered by Ray Train before the fault strikes."""
+FAULT_AFTER_STEP = 4
+"""The fault strikes once this step is logged (and :data:`SAVED_STEP` is registered). Two plain
+steps (1->2, 3->4) and one checkpointing step (2->3) are measured by then: the watchdog's bound is
+its floor, not its first-steps bound."""
+SETS = [f"train.max_steps={MAX_STEPS}", f"checkpoint.every_n_steps={CHECKPOINT_EVERY}", "checkpoint.keep_last=4",
         "eval.every_n_steps=0", "checkpoint.export_hf=false"]
+"""The local job (jobs/local.toml) shortened: what the cases prove is the path (fault, record,
+resume, the same losses), not a loss level; its acceptance criteria are kept and reached."""
+RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
+"""Ray Train's record of the checkpoints it registered, written to ``<storage>/<run>/`` at each
+registration (ray 2.58 ``train/v2/_internal/constants.py`` ``CHECKPOINT_MANAGER_SNAPSHOT_FILENAME``,
+``execution/checkpoint/checkpoint_manager.py`` ``_write_state_to_storage``): a restart resumes
+from its ``latest_checkpoint_result``."""
 HANG_ENV = {"RAYTRAIN_HANG_FIRST_STEP_S": "300"}
 """The production floor (60 s): a lower one declared a false hang here when the shared machine
 slowed one 6 s step to 28 s. The first-step bound is shortened (the faults strike later)."""
@@ -57,6 +73,8 @@ TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 FAST = 512 * 2**20
 SLOW = 2 * 2**20
 """A checkpoint upload at 2 MiB/s: a rank's ~58 MB shard takes ~30 s, so the fault lands in it."""
+POLL_S = 0.5
+"""How often a wait looks again (the bounds below are generous; only the polls are short)."""
 
 
 def _wait(predicate, bound_s: float, what: str):
@@ -65,7 +83,7 @@ def _wait(predicate, bound_s: float, what: str):
         value = predicate()
         if value:
             return value
-        time.sleep(1.0)
+        time.sleep(POLL_S)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -152,14 +170,28 @@ def cluster():
                         os.environ[key] = value
 
 
+def _registered(s3, run_uri: str) -> str | None:
+    """The newest checkpoint Ray Train registered for the run (its snapshot), or None."""
+    from raytrain_eks.runs.results import split_uri
+
+    bucket, key = split_uri(f"{run_uri}/{RAY_SNAPSHOT}")
+    try:
+        snapshot = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except s3.exceptions.NoSuchKey:
+        return None
+    return (snapshot.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
+
+
 def _run(cluster, tmp: Path, run: str, fault=None) -> dict:
     """Submit the local job as ``run``; ``fault(client, job_id)`` strikes once step
-    :data:`FAULT_AFTER_STEP` is logged. Returns run.json, the losses by step and the logs."""
+    :data:`FAULT_AFTER_STEP` is logged and the step-:data:`SAVED_STEP` checkpoint registered.
+    Returns run.json, the losses by step and the logs."""
     from charts.main import read_rayjob
     from environment import load_environment
     from raytrain_eks.backends.local import job_client, submit
     from raytrain_eks.runs.manifest import synth_run
     from raytrain_eks.runs.results import s3_client, upload_if_missing
+    from training.checkpointing.manager import checkpoint_dir_name
 
     head, store = cluster["head"], cluster["store"]
     spec = ROOT / "environment.toml"
@@ -172,8 +204,22 @@ def _run(cluster, tmp: Path, run: str, fault=None) -> dict:
     client = job_client(head.dashboard_url, head.client_env)
     status = lambda: str(getattr(client.get_job_status(run), "value", client.get_job_status(run)))  # noqa: E731
     if fault is not None:
-        _wait(lambda: re.search(rf"\bstep {FAULT_AFTER_STEP}/{MAX_STEPS} \|", client.get_job_logs(run))
-              or status() in TERMINAL, 900, f"step {FAULT_AFTER_STEP} of {run}")
+        saved = checkpoint_dir_name(SAVED_STEP)
+
+        def ready() -> bool:
+            if status() in TERMINAL:
+                return True
+            logs = client.get_job_logs(run)
+            if not re.search(rf"\bstep {FAULT_AFTER_STEP}/{MAX_STEPS} \|", logs):
+                return False
+            if _registered(s3, manifests.run_uri) == saved:
+                return True
+            # a clear failure, not a wait to the bound: the next checkpoint is due at step 6
+            assert not re.search(rf"\bstep {2 * CHECKPOINT_EVERY}/{MAX_STEPS} \|", logs), \
+                f"{run}: step {2 * CHECKPOINT_EVERY} logged before Ray Train registered {saved}"
+            return False
+
+        _wait(ready, 900, f"step {FAULT_AFTER_STEP} and {saved} of {run}")
         assert status() == "RUNNING", client.get_job_logs(run)[-4000:]
         fault(client, run)
     _wait(lambda: status() in TERMINAL, 1200, f"{run} to end")
@@ -203,6 +249,7 @@ def reference(cluster, tmp_path_factory):
     ran = _run(cluster, tmp_path_factory.mktemp("reference"), "chaos-reference")
     assert ran["record"]["verdict"]["verdict"] == "accepted", ran["logs"][-4000:]
     assert ran["record"]["incidents"] == [] and sorted(ran["losses"]) == list(range(1, MAX_STEPS + 1))
+    assert [c["step"] for c in ran["record"]["checkpoints"]] == [3, 6, 8], ran["record"]["checkpoints"]
     return ran
 
 
@@ -215,7 +262,8 @@ def _healed(ran: dict, reference: dict, kind: str) -> dict:
     assert [i["kind"] for i in found] == [kind], found
     entry = found[0]
     assert record["verdict"]["incidents"] == 1 and kind in record["verdict"]["reason"]
-    assert entry["step"] >= FAULT_AFTER_STEP and entry["resumed_from_step"] in (0, 4, 8)
+    # the checkpoint registered before the fault, and no newer one (the next is due at step 6)
+    assert entry["step"] >= FAULT_AFTER_STEP and entry["resumed_from_step"] == SAVED_STEP, entry
     assert entry["steps_lost"] == entry["step"] - entry["resumed_from_step"]
     assert entry["progress_again_s"] > 0 and entry["device_minutes_lost"] > 0 and entry["gpu_minutes_lost"] == 0
     return entry
@@ -283,13 +331,25 @@ def test_a_lost_node_is_recorded_and_the_run_resumes_on_its_replacement(cluster,
 
 def test_a_rank_lost_while_the_slowed_store_takes_a_checkpoint_resumes_from_the_last_complete(
         cluster, reference, tmp_path):
-    store = cluster["store"]
+    """The step-3 checkpoint is stored at full speed and registered; then the store slows
+    (tests/e2e/slow_store.py) and a rank is killed while it takes the step-6 checkpoint's upload:
+    the run resumes from step 3. The store is fast again once the fault struck (the slowness was
+    under that one checkpoint), so the rest of the run does not wait on it."""
+    from training.checkpointing.manager import checkpoint_dir_name
+
+    store, uploading = cluster["store"], checkpoint_dir_name(2 * CHECKPOINT_EVERY)
+    struck = {}
 
     def kill_in_upload(client, run):
-        os.kill(_workers(cluster["head"])[-1].pid, signal.SIGKILL)
+        with store.slowed(SLOW):
+            _wait(lambda: any(f"/{run}/{uploading}/" in key for key in store.uploading()), 600,
+                  f"the upload of {uploading} of {run}")
+            struck["uploading"] = sorted(key for key in store.uploading() if f"/{run}/{uploading}/" in key)
+            os.kill(_workers(cluster["head"])[-1].pid, signal.SIGKILL)
 
-    with store.slowed(SLOW):
-        ran = _run(cluster, tmp_path, "chaos-slow-store", kill_in_upload)
+    ran = _run(cluster, tmp_path, "chaos-slow-store", kill_in_upload)
+    assert struck["uploading"], struck
     entry = _healed(ran, reference, "worker_lost")
-    # the step-8 checkpoint was still uploading at the fault: the resume is from an earlier complete one
-    assert entry["resumed_from_step"] < entry["step"]
+    assert len(entry["ranks"]) == 1
+    # the step-6 checkpoint was still uploading at the fault: the resume is from the complete one before it
+    assert entry["step"] >= 2 * CHECKPOINT_EVERY > entry["resumed_from_step"], entry
