@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ray_session import AWS_SESSION_CANARY
 from shared_run import submit_local
 from tiers import mark_tiers, unit_guard
 from tiny_qwen import TINY_VOCAB, tiny_qwen2_config  # noqa: F401  (re-exported)
@@ -67,21 +68,27 @@ def warm_head(tmp_path_factory) -> dict[str, str]:
     moto's S3 server), reached with ``RAYTRAIN_LOCAL_HEAD=FILE``; each run on it is a Ray job of
     its own through the head's job supervisor. A run that must start and stop its own head (the
     shared ``local_run``, a fault set on the cluster, a signal to the submit) does not take it.
-    At the end it is stopped as a user stops it (SIGTERM): exit 130, its file gone, none of its
-    processes left (by its temp dir and its S3 server's port)."""
+    It is started from a shell holding the user's AWS session (:data:`AWS_SESSION_CANARY`), which
+    must reach none of its processes (tests/raytrain_eks/backends/test_local_ray_auth.py). At the
+    end it is stopped as a user stops it (SIGTERM): exit 130, its file gone, none of its processes
+    left: those naming its temp dir or its S3 server's port, and every process of the head's tree,
+    the ones that renamed themselves (``ray::...``, ``ray-dashboard-...``) included."""
     from raytrain_eks.backends.local import LOCAL_HEAD_ENV
-    from raytrain_eks.backends.local_services import processes_matching
+    from raytrain_eks.backends.local_services import head_processes, processes_matching, running
 
     folder = tmp_path_factory.mktemp("warm-head")
     path, log = folder / "head.json", (folder / "head.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "raytrain_eks.backends.local", str(path)], cwd=ROOT,
+    shell = {**os.environ, "AWS_SESSION_TOKEN": AWS_SESSION_CANARY, "AWS_PROFILE": "someone"}
+    proc = subprocess.Popen([sys.executable, "-m", "raytrain_eks.backends.local", str(path)], cwd=ROOT, env=shell,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    tree: list[int] = []
     try:
         while not path.is_file() and proc.poll() is None:  # the head's own start retries bound this
             time.sleep(0.2)
         assert path.is_file(), f"the warm head did not start: {(folder / 'head.log').read_text()[-3000:]}"
         named = json.loads(path.read_text())
         yield {**os.environ, LOCAL_HEAD_ENV: str(path)}
+        tree = head_processes(named["temp_dir"], named["gcs_address"])  # the head's, as it stops
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -89,14 +96,15 @@ def warm_head(tmp_path_factory) -> dict[str, str]:
         log.close()
     port = named["storage_endpoint"].rsplit(":", 1)[1]
     left = {m: p for m in (named["temp_dir"], f"moto_server -H 127.0.0.1 -p {port} ") if (p := processes_matching(m))}
-    assert (code, path.exists(), left) == (130, False, {}), (folder / "head.log").read_text()[-3000:]
+    assert (code, path.exists(), left, running(tree)) == (130, False, {}, []), (folder / "head.log").read_text()[-3000:]
 
 
 @pytest.fixture(scope="session")
 def local_run_mlflow(tmp_path_factory):
-    """The real MLflow server the shared run's driver keeps its MLflow run on, up until the
-    session ends (the reads come after the run); "" without ``.work/tracking-venv``: the run goes
-    untracked and tests/e2e/test_tracking_submit.py skips, saying how to make the venv."""
+    """The session's real MLflow server: the shared run's driver keeps its MLflow run on it, and
+    tests/training/test_tracking_real_run.py its runs (each in an experiment of its own), up until
+    the session ends (the reads come after the runs); "" without ``.work/tracking-venv``: the run
+    goes untracked and the tests that read MLflow skip, saying how to make the venv."""
     if not TRACKING_PYTHON.exists():
         yield ""
         return

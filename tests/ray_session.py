@@ -24,6 +24,10 @@ from __future__ import annotations
 import os
 import secrets
 
+AWS_SESSION_CANARY = "FQoGZXIvYXdzEXAMPLEsessiontokenNEVERinLOGS"
+"""The AWS session token of the shell the session's warm local head is started from
+(tests/conftest.py ``warm_head``): no file of the head may hold it."""
+
 TEST_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_metrics_report_interval_ms": "1000"}
 """Each ray.train.report waits for a controller poll (2 s by default): poll fast in tests.
 Workers push their metrics every 10 s by default: a short test run could end between two pushes."""

@@ -369,6 +369,27 @@ def job_info(dashboard_url: str, submission_id: str, auth_env: dict[str, str]) -
             "entrypoint": info.entrypoint}
 
 
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+"""Ray's terminal job states (ray 2.58 ``dashboard/modules/job/common.py`` ``JobStatus.is_terminal``)."""
+
+
+def _stop_and_wait(head: Any, submission_id: str, bound_s: float = 180.0) -> None:
+    """Stop the submit's job on a warm head (Ctrl-C, SIGTERM, an error while following it) and wait
+    for it to end: the job supervisor SIGKILLs its driver after the runtime env's
+    ``RAY_JOB_STOP_WAIT_TIME_S``; the bound only ends a hung wait. A job never submitted: nothing."""
+    client = job_client(head.dashboard_url, head.client_env)
+    try:
+        client.stop_job(submission_id)
+        deadline = time.monotonic() + bound_s
+        while time.monotonic() < deadline:
+            status = client.get_job_status(submission_id)
+            if getattr(status, "value", str(status)) in TERMINAL:
+                return
+            time.sleep(0.5)
+    except Exception:  # noqa: BLE001 (no such job: it was never submitted; a head gone: nothing runs)
+        return
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LocalRun:
     """What one local run left: the Ray job's status and where its results were copied."""
@@ -418,8 +439,13 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
 
             try:
                 with (while_running(head) if while_running else contextlib.nullcontext()):
-                    status = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint, job.runtime_env_yaml,
-                                               auth_env=head.client_env, on_submitted=submitted)
+                    try:
+                        status = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint,
+                                                   job.runtime_env_yaml, auth_env=head.client_env, on_submitted=submitted)
+                    except BaseException:
+                        if warm:  # the head runs on after this submit: its job must not
+                            _stop_and_wait(head, submission_id)
+                        raise
                 info = job_info(head.dashboard_url, submission_id, head.client_env)
                 out_dir.mkdir(parents=True, exist_ok=True)
                 copied = download_run(client, run_uri, out_dir)

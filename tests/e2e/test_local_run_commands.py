@@ -2,14 +2,15 @@
 the repository, on data outside it, then `status`, `logs`, `list` and `stop` on that run, and a
 submit ended by SIGTERM (a closed terminal, a CI timeout).
 
-Three local runs on a real Ray head and moto's S3 server on 127.0.0.1 (the ``submit --local``
+Local runs on a real Ray head and moto's S3 server on 127.0.0.1 (the ``submit --local``
 backend): one trains to the verdict on the user's own file (the session's shared run,
-``local_run`` in tests/conftest.py: tests/shared_run.py submits it so); two are given far more
-steps than they could finish, so that they are certainly still running when they are stopped (by
-``raytrain-eks stop``, which goes through Ray's ``JobSubmissionClient.stop_job``, on the session's
-warm head, ``warm_head`` in tests/conftest.py; and by SIGTERM to the submit, which must stop the
-head and storage it started). Each run's results folder is ``.work/runs/<run>/``, where the run
-commands look for runs by name; the tests remove theirs.
+``local_run`` in tests/conftest.py: tests/shared_run.py submits it so); the others are given far
+more steps than they could finish, so that they are certainly still running when they are
+stopped: by ``raytrain-eks stop``, which goes through Ray's ``JobSubmissionClient.stop_job``,
+and by SIGTERM to a submit on the session's warm head (``warm_head`` in tests/conftest.py), whose
+job must end while the head runs on; and by SIGTERM to a submit that must stop the head and
+storage it started. Each run's results folder is ``.work/runs/<run>/``, where the run commands
+look for runs by name; the tests remove theirs.
 """
 from __future__ import annotations
 
@@ -121,6 +122,16 @@ def test_status_logs_list_and_stop_reach_a_running_local_run(run_name, warm_head
     ended = cli("status", run_name, "-o", "json")
     assert json.loads(ended.stdout)["status"] == "ended: Ray job STOPPED", output[-3000:]
     assert on_the_warm_head(out) == "STOPPED"  # the head it ran on, left running, says so too
+
+
+def test_sigterm_to_a_submit_on_a_warm_head_stops_its_job_and_leaves_the_head(run_name, warm_head):
+    """The head runs on after the submit (raytrain_eks/backends/local.py ``_stop_and_wait``): its job must not."""
+    out = RUNS_DIR / run_name
+    with submitted(run_name, warm_head) as proc:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 130 and "Traceback" not in output, output[-4000:]
+    assert on_the_warm_head(out) == "STOPPED"
 
 
 def test_sigterm_to_a_local_submit_stops_everything_it_started(run_name):
