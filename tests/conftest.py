@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_session import AWS_SESSION_CANARY
+from ray_session import AWS_SESSION_CANARY, TEST_ENV
 from shared_run import submit_local
 from tiers import mark_tiers, unit_guard
 from tiny_qwen import TINY_VOCAB, tiny_qwen2_config  # noqa: F401  (re-exported)
@@ -78,7 +78,7 @@ def warm_head(tmp_path_factory) -> dict[str, str]:
 
     folder = tmp_path_factory.mktemp("warm-head")
     path, log = folder / "head.json", (folder / "head.log").open("w")
-    shell = {**os.environ, "AWS_SESSION_TOKEN": AWS_SESSION_CANARY, "AWS_PROFILE": "someone"}
+    shell = {**os.environ, **TEST_ENV, "AWS_SESSION_TOKEN": AWS_SESSION_CANARY, "AWS_PROFILE": "someone"}
     proc = subprocess.Popen([sys.executable, "-m", "raytrain_eks.backends.local", str(path)], cwd=ROOT, env=shell,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     tree: list[int] = []

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from ray_session import TEST_ENV
 from slow_store import slow_store
 
 pytestmark = pytest.mark.slow
@@ -86,7 +87,7 @@ def head_and_store():
     from raytrain_eks.backends.local_services import ray_head
 
     with slow_store(UNSLOWED) as store:
-        with ray_head(num_cpus=4, env=store.client_env) as head:
+        with ray_head(num_cpus=4, env={**store.client_env, **TEST_ENV}) as head:  # tests/ray_session.py
             yield head, store
 
 
