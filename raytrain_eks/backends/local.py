@@ -229,7 +229,7 @@ class WarmHead:
     head: Any
     """local_services.RayHead"""
     storage: Any
-    """local_services.S3Server (``endpoint_url``, ``client_env``)"""
+    """local_services.S3Server"""
 
 
 def _write_warm(path: Path, head: Any, storage_endpoint: str) -> None:
@@ -246,14 +246,12 @@ def _write_warm(path: Path, head: Any, storage_endpoint: str) -> None:
 
 
 @contextmanager
-def warm_head(path: Path, storage: Any = None) -> Iterator[WarmHead]:
-    """A local Ray head (token auth, :data:`LOCAL_CPUS`) and its storage, named in ``path`` (mode
-    0600) while they run; both stop and the file goes on exit. ``storage``: one already running
-    (``endpoint_url``, ``client_env``: the test suite's slowable moto); by default moto's S3 server,
-    started here."""
+def warm_head(path: Path) -> Iterator[WarmHead]:
+    """A local Ray head (token auth, :data:`LOCAL_CPUS`) and moto's S3 server, the services a
+    submit starts, named in ``path`` (mode 0600) while they run; both stop and the file goes on exit."""
     from raytrain_eks.backends.local_services import ray_head, s3_server
 
-    with (contextlib.nullcontext(storage) if storage is not None else s3_server()) as store:
+    with s3_server() as store:
         with ray_head(num_cpus=LOCAL_CPUS, env=store.client_env) as head:
             _write_warm(path, head, store.endpoint_url)
             try:
@@ -377,8 +375,8 @@ def _stop_and_wait(head: Any, submission_id: str, bound_s: float = 180.0) -> Non
     """Stop the submit's job on a warm head (Ctrl-C, SIGTERM, an error while following it) and wait
     for it to end: the job supervisor SIGKILLs its driver after the runtime env's
     ``RAY_JOB_STOP_WAIT_TIME_S``; the bound only ends a hung wait. A job never submitted: nothing."""
-    client = job_client(head.dashboard_url, head.client_env)
     try:
+        client = job_client(head.dashboard_url, head.client_env)
         client.stop_job(submission_id)
         deadline = time.monotonic() + bound_s
         while time.monotonic() < deadline:
