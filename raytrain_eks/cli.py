@@ -18,7 +18,7 @@ import sys
 
 # name -> (module or "module:Class", one-line help). Keep sorted by the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "summary": ("raytrain_eks.verify.summary",
+    "summary": ("raytrain_eks.verify.command:Summary",
                 "print the environment: nodes, GPUs, world size, image, versions, cost per hour"),
     "verify": ("raytrain_eks.verify.command",
                "before deploy and before a job: add-on and chart pins, GPU AZ, vCPU quotas, reservations, "
