@@ -18,9 +18,9 @@ import sys
 
 # name -> (module or "module:Class", one-line help). Keep sorted by the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "summary": ("raytrain_eks.verify.command:Summary",
+    "summary": ("raytrain_eks.verify:Summary",
                 "print the environment: nodes, GPUs, world size, image, versions, cost per hour"),
-    "verify": ("raytrain_eks.verify.command",
+    "verify": ("raytrain_eks.verify",
                "before deploy and before a job: add-on and chart pins, GPU AZ, vCPU quotas, reservations, "
                "CDK bootstrap, image digest"),
     "capacity": ("raytrain_eks.verify.capacity",

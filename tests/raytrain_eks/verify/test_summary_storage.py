@@ -5,7 +5,7 @@ from __future__ import annotations
 from spec_template import template_raw
 
 from environment import environment_from_dict
-from raytrain_eks.verify.command import render_summary
+from raytrain_eks.verify import render_summary
 
 
 def _storage_lines(**storage) -> list[str]:
