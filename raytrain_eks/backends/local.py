@@ -331,7 +331,8 @@ def submit(dashboard_url: str, submission_id: str, entrypoint: str, runtime_env_
         if proc.returncode == 0:
             return
         if "No available agent" not in proc.stdout + proc.stderr or attempt == attempts - 1:
-            raise LocalRunError(f"ray job submit failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+            said = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+            raise LocalRunError(f"ray job submit failed: {' | '.join(said[-3:])}")  # Ray's last line can be a bare '.'
         time.sleep(2)  # the agent registers within seconds; bounded by `attempts`
 
 
