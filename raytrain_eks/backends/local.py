@@ -465,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import signal
 
+    from raytrain_eks.backends.local_services import ServiceStartError
+
     stopping = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def stop(signum: int, frame: Any) -> None:  # as Ctrl-C; a second signal cannot cut the clean-up short
@@ -488,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("warm local head: stopped", file=sys.stderr)
         return 130
+    except ServiceStartError as err:  # its own attempts stopped what they began
+        print(f"error: warm local head: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
