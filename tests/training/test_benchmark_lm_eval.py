@@ -94,8 +94,20 @@ def saved_model(tmp_path_factory):
     return folder
 
 
+_ORACLE: dict[tuple[str, str, str], tuple[list, dict]] = {}
+
+
 def _lm_eval(folder, yaml_text, path, tmp_path):
-    """lm_eval's per-document records and aggregate scores."""
+    """lm_eval's per-document records and aggregate scores, run once per model, task and task
+    file: the word task's three tests (ours right, and the two broken scorers that must fail)
+    compare against the same answer, which lm_eval computed once."""
+    key = (str(folder), yaml_text, str(path))
+    if key not in _ORACLE:
+        _ORACLE[key] = _run_lm_eval(folder, yaml_text, path, tmp_path)
+    return _ORACLE[key]
+
+
+def _run_lm_eval(folder, yaml_text, path, tmp_path):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
