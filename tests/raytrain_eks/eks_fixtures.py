@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from raytrain_eks.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = Path(__file__).with_name("kubectl_double.py")
-SITE_PACKAGES = sysconfig.get_paths()["purelib"]
 FIXTURE_RUN = ROOT / "tests" / "fixtures" / "runs" / "efa-full"
 DRIVER_LOG = "step 10/20 loss 9.81 tokens/s 530 ETA 12 s\neval step 10: held-out loss 9.90\ncheckpoint step 10\nverdict: ACCEPTED\n"
 
@@ -44,11 +42,7 @@ def cluster(tmp_path, monkeypatch, s3_server):  # noqa: F811
                                  "context_cluster": f"arn:aws:eks:{env.cluster.region}:111122223333:cluster/{env.cluster.name}"}))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    # -S: no site start-up (the venv's .pth import hooks, a third of a bare start); the double
-    # needs the standard library, PyYAML and boto3 only, found on PYTHONPATH. The CLI runs it
-    # at every kubectl call, dozens a submit.
-    (bin_dir / "kubectl").write_text(f'#!/bin/sh\nexport PYTHONPATH={SITE_PACKAGES}\n'
-                                     f'exec {sys.executable} -S {FAKE} "$@"\n')
+    (bin_dir / "kubectl").write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} "$@"\n')
     (bin_dir / "kubectl").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_KUBECTL_STATE", str(state))

@@ -39,15 +39,11 @@ MOTO_ACCOUNT = "123456789012"
 
 
 
-@dataclass(eq=False)
+@dataclass
 class MotoServer:
     endpoint_url: str
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019  (one per server, kept as long as it)
     def client(self, service: str, region: str):
-        """One client per service and region for the server's life: a boto3 client holds no
-        state between calls (the server holds it), and making one costs 20-160 ms (its service
-        model and event handlers), paid about 20 times per verify run before."""
         return boto3.client(service, region_name=region, endpoint_url=self.endpoint_url,
                             aws_access_key_id="testing", aws_secret_access_key="testing")
 

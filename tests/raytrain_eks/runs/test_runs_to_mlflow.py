@@ -34,41 +34,34 @@ def test_a_bad_uri_is_refused_before_any_run_is_read():
                                    "(arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>)")
 
 
-@pytest.fixture(scope="module")
-def url(tmp_path_factory):
-    """One server for the module's runs: each test logs into experiments of its own names
-    ("fixtures"; "team-x") and looks only there."""
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
-        yield url
-
-
 @pytest.mark.slow
-def test_every_listed_run_is_logged_with_its_figures_by_step(url):
-    proc = _cli("--to-mlflow", url, "--experiment", "fixtures")
-    assert proc.returncode == 0, proc.stderr
-    experiment = rest_get(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="fixtures")["experiment"]
-    runs = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
-    by_dir = {next(t["value"] for t in r["data"]["tags"] if t["key"] == "raytrain.run_dir"): r for r in runs}
-    assert len(runs) == 2 and len(by_dir) == 2
-    for run_dir in sorted(RUNS.iterdir()):
-        record = json.loads((run_dir / contract.RECORD_NAME).read_text())
-        run = by_dir[record["run_dir"]]
-        assert f"mlflow: {run_dir.name} -> run {run['info']['run_id']}" in proc.stdout
-        assert run["info"]["status"] == "FINISHED"
-        rows = [json.loads(line) for line in (run_dir / contract.METRICS_NAME).read_text().splitlines()]
-        for key, points in expected_scalars(rows, float32=False).items():
-            history = rest_get(url, "/api/2.0/mlflow/metrics/get-history", run_id=run["info"]["run_id"],
-                               metric_key=key)["metrics"]
-            assert last_by_step([[m["step"], m["value"]] for m in history]) == points, key
-        root = run["info"]["artifact_uri"].removeprefix("mlflow-artifacts:").lstrip("/")
-        stored = rest_get(url, f"/api/2.0/mlflow-artifacts/artifacts/{root}/{contract.RECORD_NAME}")
-        assert stored == (run_dir / contract.RECORD_NAME).read_bytes()
-    # Again, from these local copies of runs that ran in S3: each goes into the MLflow run it
-    # has (found by its record's run_dir, where its driver logged it from), not a new one.
-    again = _cli("--to-mlflow", url, "--experiment", "fixtures")
-    assert again.returncode == 0, again.stderr
-    rerun = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
-    assert sorted(r["info"]["run_id"] for r in rerun) == sorted(r["info"]["run_id"] for r in runs)
+def test_every_listed_run_is_logged_with_its_figures_by_step(tmp_path):
+    with mlflow_server(tmp_path / "mlflow") as url:
+        proc = _cli("--to-mlflow", url, "--experiment", "fixtures")
+        assert proc.returncode == 0, proc.stderr
+        experiment = rest_get(url, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="fixtures")["experiment"]
+        runs = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
+        by_dir = {next(t["value"] for t in r["data"]["tags"] if t["key"] == "raytrain.run_dir"): r for r in runs}
+        assert len(runs) == 2 and len(by_dir) == 2
+        for run_dir in sorted(RUNS.iterdir()):
+            record = json.loads((run_dir / contract.RECORD_NAME).read_text())
+            run = by_dir[record["run_dir"]]
+            assert f"mlflow: {run_dir.name} -> run {run['info']['run_id']}" in proc.stdout
+            assert run["info"]["status"] == "FINISHED"
+            rows = [json.loads(line) for line in (run_dir / contract.METRICS_NAME).read_text().splitlines()]
+            for key, points in expected_scalars(rows, float32=False).items():
+                history = rest_get(url, "/api/2.0/mlflow/metrics/get-history", run_id=run["info"]["run_id"],
+                                   metric_key=key)["metrics"]
+                assert last_by_step([[m["step"], m["value"]] for m in history]) == points, key
+            root = run["info"]["artifact_uri"].removeprefix("mlflow-artifacts:").lstrip("/")
+            stored = rest_get(url, f"/api/2.0/mlflow-artifacts/artifacts/{root}/{contract.RECORD_NAME}")
+            assert stored == (run_dir / contract.RECORD_NAME).read_bytes()
+        # Again, from these local copies of runs that ran in S3: each goes into the MLflow run it
+        # has (found by its record's run_dir, where its driver logged it from), not a new one.
+        again = _cli("--to-mlflow", url, "--experiment", "fixtures")
+        assert again.returncode == 0, again.stderr
+        rerun = rest_post(url, "/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment["experiment_id"]]})["runs"]
+        assert sorted(r["info"]["run_id"] for r in rerun) == sorted(r["info"]["run_id"] for r in runs)
 
 
 def test_no_aws_credentials_for_a_sagemaker_server_is_one_line(tmp_path):
@@ -91,7 +84,7 @@ def test_no_aws_credentials_for_a_sagemaker_server_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_without_experiment_the_run_goes_to_the_experiment_its_job_named(tmp_path, url):
+def test_without_experiment_the_run_goes_to_the_experiment_its_job_named(tmp_path):
     """The driver logs into ``tracking.mlflow_experiment`` when the job names one
     (training/metric_sinks/mlflow.py ``tracking_target``); ``runs/search`` looks in the
     experiments it is given only, so logging the run later into the job's name instead made a
@@ -104,7 +97,8 @@ def test_without_experiment_the_run_goes_to_the_experiment_its_job_named(tmp_pat
     record = json.loads(record_path.read_text())
     record["job_config"]["tracking"] = {"mlflow_uri": "", "mlflow_experiment": "team-x"}
     record_path.write_text(json.dumps(record))
-    proc = _cli("--to-mlflow", url, prefix=prefix)
-    assert proc.returncode == 0, proc.stderr
-    names = [e["name"] for e in rest_post(url, "/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]]
-    assert "team-x" in names and "efa-full" not in names
+    with mlflow_server(tmp_path / "mlflow") as url:
+        proc = _cli("--to-mlflow", url, prefix=prefix)
+        assert proc.returncode == 0, proc.stderr
+        names = [e["name"] for e in rest_post(url, "/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]]
+        assert "team-x" in names and "efa-full" not in names
