@@ -20,6 +20,7 @@ Which of these the table's rows are is data: a row added to the table is found t
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import json
 from dataclasses import dataclass, field
@@ -126,8 +127,18 @@ def crd_names(addon: HelmAddon, version: str) -> list[str]:
     """The CRDs a row ships at ``version`` (from its pinned CRD file; [] without one)."""
     if addon.crds is None or not addon.crds(version).is_file():
         return []
-    docs = yaml.safe_load_all(addon.crds(version).read_text(encoding="utf-8"))
-    return [d["metadata"]["name"] for d in docs if d and d.get("kind") == "CustomResourceDefinition"]
+    return list(_crd_names_in(str(addon.crds(version))))
+
+
+@functools.lru_cache(maxsize=None)
+def _crd_names_in(path: str) -> tuple[str, ...]:
+    """The pinned CRD files are read-only and large (KubeRay v1.7.0's: 2.3 MB): parsed once a
+    process, with libyaml's loader where PyYAML has it (pure Python takes seconds on that file;
+    charts/validate.py reads it the same way)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with open(path, encoding="utf-8") as handle:
+        docs = yaml.load_all(handle.read(), Loader=loader)
+        return tuple(d["metadata"]["name"] for d in docs if d and d.get("kind") == "CustomResourceDefinition")
 
 
 def find_addon(inventory: Inventory, addon: HelmAddon, version: str) -> Found | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import gzip
 import json
 from typing import Any
@@ -42,7 +43,7 @@ class ModelledApi:
     """``table[(operation, key)] = response``; ``key`` is the value of ``keys[operation]`` in the request."""
 
     def __init__(self, service: str, region: str, table: dict, keys: dict[str, str]) -> None:
-        self._client = boto3.client(service, region_name=region, aws_access_key_id="t", aws_secret_access_key="t")
+        self._client = _model_client(service, region)
         self.exceptions = self._client.exceptions
         self.table, self.keys, self.calls = table, keys, []
 
@@ -62,6 +63,13 @@ class ModelledApi:
         response = copy.deepcopy(self.table[(name, key)])
         validate_parameters(response, model.output_shape)
         return response
+
+
+@functools.lru_cache(maxsize=None)
+def _model_client(service: str, region: str):
+    """A client used only for its service model and exception classes (it sends nothing):
+    one per service and region, not one per ModelledApi (verify makes about 20 a run)."""
+    return boto3.client(service, region_name=region, aws_access_key_id="t", aws_secret_access_key="t")
 
 
 def frozen(value):

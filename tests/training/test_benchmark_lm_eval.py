@@ -11,6 +11,7 @@ token count instead of characters; the choice without its leading space) must fa
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -19,7 +20,10 @@ import torch
 
 from tiny_qwen import tiny_qwen2_config
 
-lm_eval = pytest.importorskip("lm_eval")  # the dev extra pins it (pyproject.toml)
+if importlib.util.find_spec("lm_eval") is None:  # the dev extra pins it (pyproject.toml)
+    pytest.skip("lm_eval is not installed: the dev extra pins it", allow_module_level=True)
+# lm_eval is imported by the tests that run it, not here: every pytest-xdist worker collects this
+# module and one runs it (lm_eval imports datasets: seconds)
 # lm_eval starts processes of its own (git, for the version it records): the subprocess tier
 pytestmark = pytest.mark.subprocess
 
@@ -94,8 +98,20 @@ def saved_model(tmp_path_factory):
     return folder
 
 
+_ORACLE: dict[tuple[str, str, str], tuple[list, dict]] = {}
+
+
 def _lm_eval(folder, yaml_text, path, tmp_path):
-    """lm_eval's per-document records and aggregate scores."""
+    """lm_eval's per-document records and aggregate scores, run once per model, task and task
+    file: the word task's three tests (ours right, and the two broken scorers that must fail)
+    compare against the same answer, which lm_eval computed once."""
+    key = (str(folder), yaml_text, str(path))
+    if key not in _ORACLE:
+        _ORACLE[key] = _run_lm_eval(folder, yaml_text, path, tmp_path)
+    return _ORACLE[key]
+
+
+def _run_lm_eval(folder, yaml_text, path, tmp_path):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -104,9 +120,11 @@ def _lm_eval(folder, yaml_text, path, tmp_path):
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "oracle.yaml").write_text(yaml_text.format(name="oracle", path=subset))
+    # include_defaults=False: the task is this file alone; lm_eval's ~14,000 built-in task files
+    # are not indexed (seconds per TaskManager), none of them is read by it
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     out = simple_evaluate(model="hf", model_args=f"pretrained={folder},tokenizer={os.path.abspath(TOKENIZER)},dtype=float32",
-                          tasks=["oracle"], task_manager=TaskManager(include_path=str(tasks)), device="cpu",
+                          tasks=["oracle"], task_manager=TaskManager(include_path=str(tasks), include_defaults=False), device="cpu",
                           batch_size=1, log_samples=True)
     return sorted(out["samples"]["oracle"], key=lambda s: s["doc_id"]), out["results"]["oracle"]
 

@@ -11,6 +11,7 @@ give the job model's logits.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 
@@ -19,7 +20,10 @@ import torch
 
 from tiny_qwen import tiny_qwen2_config
 
-peft = pytest.importorskip("peft")  # the dev extra pins it (pyproject.toml)
+if importlib.util.find_spec("peft") is None:  # the dev extra pins it (pyproject.toml)
+    pytest.skip("peft is not installed: the dev extra pins it", allow_module_level=True)
+# peft is imported by the tests that use it, not here: every pytest-xdist worker collects this
+# module and one runs it, and importing peft takes seconds (it imports transformers' trainer side)
 
 RANK, ALPHA, DROPOUT = 4, 8, 0.1
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -35,6 +39,8 @@ def _base():
 def _pair():
     """(ours, peft's) on the same float32 base, peft's adapters set to ours, B made non-zero
     so the first step's gradients reach A too."""
+    import peft
+
     from training.model_transforms import lora
 
     ours, theirs = _base(), _base()
@@ -85,6 +91,7 @@ def test_same_losses_and_adapter_gradients_as_peft_over_steps():
 
 
 def test_the_exported_adapter_loads_in_peft_and_the_merged_export_loads_alone(tmp_path):
+    import peft
     from transformers import AutoModelForCausalLM
 
     from training.checkpointing.export import export_model
@@ -134,6 +141,7 @@ def test_a_tied_output_layer_targeted_exports_a_merged_model_that_keeps_the_embe
     ``embed_tokens`` at ``from_pretrained`` whenever ``tie_word_embeddings`` is set, dropping
     one of the two, and ``load_state_dict`` into a tied skeleton writes both keys into ONE
     tensor; peft 0.18.0 keeps the adapter beside the tied base weight (its logits are the oracle)."""
+    import peft
     from transformers import AutoModelForCausalLM
 
     from training.checkpointing.export import export_model
@@ -165,6 +173,8 @@ def test_the_adapter_submit_copies_back_loads_in_peft(tmp_path):
     (raytrain_eks/runs/results.py ``download_run``); the adapter must come with its weights (a copy
     holding only ``adapter_config.json`` made ``PeftModel.from_pretrained`` fail, and a local
     run's bucket is gone when submit ends)."""
+    import peft
+
     from raytrain_eks.runs.results import download_run
     from training.checkpointing.export import export_model
     from training.model import export_config

@@ -31,10 +31,11 @@ MODELS = {  # where the plans below name a model: its published config.json is p
 }
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def models_in_s3(s3_server):  # noqa: F811
     """The models' config.json files (and the shipped jobs' chat and preference data) in moto's S3, where the
-    plans name them: the preflight reads a model's shapes from its config.json, nothing else."""
+    plans name them: the preflight reads a model's shapes from its config.json, nothing else.
+    Written once for the module (the session's server keeps them; no test here changes them)."""
     import boto3
 
     bucket = load_environment(ENV).bucket_name

@@ -17,6 +17,7 @@ counted) must make the comparison fail: the oracle can tell.
 from __future__ import annotations
 
 import copy
+import importlib.util
 
 import numpy as np
 import pytest
@@ -24,7 +25,10 @@ import torch
 
 from tiny_qwen import tiny_qwen2_config
 
-trl = pytest.importorskip("trl")  # the dev extra pins it (pyproject.toml)
+if importlib.util.find_spec("trl") is None:  # the dev extra pins it (pyproject.toml)
+    pytest.skip("trl is not installed: the dev extra pins it", allow_module_level=True)
+# trl is imported where it is used (_trl), not here: every pytest-xdist worker collects this
+# module and one runs it, and importing trl takes seconds
 
 TOKENIZER = "training/assets/qwen2.5-tokenizer"
 BETA = 0.3
