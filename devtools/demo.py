@@ -80,7 +80,7 @@ def _run(cmd: list[str], what: str, *, env: dict[str, str] | None = None, quiet:
 
 def run_demo(args: argparse.Namespace) -> dict:
     from charts.main import read_rayjob
-    from raytrain_eks.verify.summary import render as render_summary
+    from raytrain_eks.verify import render_summary
     from devtools.metrics_scrape import Watcher
     from raytrain_eks.backends.local import run_local
     from environment import load_environment

@@ -1,10 +1,11 @@
 """`raytrain-eks`: the one command-line entry for the operator's tasks.
 
 Each sub-command has two functions, ``add_arguments(parser)`` and ``run(args) -> int``: those of
-the module that does its work (``raytrain_eks/planning/preflight.py``, ``report.py``, ``runs.py``,
-``reproduce.py``, ``capacity.py``), of one under ``raytrain_eks/commands`` where the command
-ties several modules together, or of a class in a module of several commands (``"module:Class"``:
-``run_commands.py``'s status, logs, stop and list of a submitted run). Command modules keep heavy imports
+the module that does its work (``raytrain_eks/planning/preflight.py``, ``runs/report.py``,
+``runs/listing.py``, ``runs/reproduce.py``, ``verify/capacity.py``; ``verify`` those of the
+``raytrain_eks.verify`` room itself), or of a class in a module of several commands
+(``"module:Class"``: ``runs/commands.py``'s status, logs, stop and list of a submitted run,
+``runs/submit.py``'s netcheck, ``raytrain_eks.verify``'s summary). Command modules keep heavy imports
 (matplotlib, boto3, torch) inside ``run`` so ``--help`` stays instant. User errors (spec, job config, registry) print one line and exit 2;
 a cluster kubectl cannot reach exits 5, one that refuses kubectl's request 6; Ctrl-C, SIGTERM and SIGHUP exit 130 after the clean-up
 (one inherited as ignored, as under nohup, stays ignored);
@@ -18,9 +19,9 @@ import sys
 
 # name -> (module or "module:Class", one-line help). Keep sorted by the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "summary": ("raytrain_eks.verify.summary",
+    "summary": ("raytrain_eks.verify:Summary",
                 "print the environment: nodes, GPUs, world size, image, versions, cost per hour"),
-    "verify": ("raytrain_eks.verify.command",
+    "verify": ("raytrain_eks.verify",
                "before deploy and before a job: add-on and chart pins, GPU AZ, vCPU quotas, reservations, "
                "CDK bootstrap, image digest"),
     "capacity": ("raytrain_eks.verify.capacity",

@@ -1,24 +1,33 @@
-"""Shared fixtures: a tiny Qwen2 config, ONE local Ray cluster and ONE local run per test session.
+"""Shared fixtures: a tiny Qwen2 config, ONE local Ray cluster, ONE warm local head and ONE local
+run per test session.
 
 Every ``TorchTrainer.fit`` costs ~20-30 s of start-up on 2 cores, and ``ray.init`` itself a few
 seconds more: tests that need Ray take ``ray_cluster`` and share the same one. Tests that only
 read what a run left (its record, metrics, report, model, MLflow run, network figures) take
 ``local_run``: one ``raytrain-eks submit jobs/local.toml --local`` for all of them
-(tests/shared_run.py).
+(tests/shared_run.py). A ``submit --local`` whose test is not about the head's own start and stop
+takes ``warm_head``: its job goes to the session's one warm head, a Ray job of its own.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from ray_session import AWS_SESSION_CANARY, TEST_ENV
 from shared_run import submit_local
 from tiers import mark_tiers, unit_guard
 from tiny_qwen import TINY_VOCAB, tiny_qwen2_config  # noqa: F401  (re-exported)
 from tracking_venv import TRACKING_PYTHON, mlflow_server
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -53,10 +62,49 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
+def warm_head(tmp_path_factory) -> dict[str, str]:
+    """The environment of a ``submit --local`` onto the session's ONE warm local head: ``python -m
+    raytrain_eks.backends.local FILE``, as a user keeps one (a token-authenticated Ray head and
+    moto's S3 server), reached with ``RAYTRAIN_LOCAL_HEAD=FILE``; each run on it is a Ray job of
+    its own through the head's job supervisor. A run that must start and stop its own head (the
+    shared ``local_run``, a fault set on the cluster, a signal to the submit) does not take it.
+    It is started from a shell holding the user's AWS session (:data:`AWS_SESSION_CANARY`), which
+    must reach none of its processes (tests/raytrain_eks/backends/test_local_ray_auth.py). At the
+    end it is stopped as a user stops it (SIGTERM): exit 130, its file gone, none of its processes
+    left: those naming its temp dir or its S3 server's port, and every process of the head's tree,
+    the ones that renamed themselves (``ray::...``, ``ray-dashboard-...``) included."""
+    from raytrain_eks.backends.local import LOCAL_HEAD_ENV
+    from raytrain_eks.backends.local_services import head_processes, processes_matching, running
+
+    folder = tmp_path_factory.mktemp("warm-head")
+    path, log = folder / "head.json", (folder / "head.log").open("w")
+    shell = {**os.environ, **TEST_ENV, "AWS_SESSION_TOKEN": AWS_SESSION_CANARY, "AWS_PROFILE": "someone"}
+    proc = subprocess.Popen([sys.executable, "-m", "raytrain_eks.backends.local", str(path)], cwd=ROOT, env=shell,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    tree: list[int] = []
+    try:
+        while not path.is_file() and proc.poll() is None:  # the head's own start retries bound this
+            time.sleep(0.2)
+        assert path.is_file(), f"the warm head did not start: {(folder / 'head.log').read_text()[-3000:]}"
+        named = json.loads(path.read_text())
+        yield {**os.environ, LOCAL_HEAD_ENV: str(path)}
+        tree = head_processes(named["temp_dir"], named["gcs_address"])  # the head's, as it stops
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=600)
+        log.close()
+    port = named["storage_endpoint"].rsplit(":", 1)[1]
+    left = {m: p for m in (named["temp_dir"], f"moto_server -H 127.0.0.1 -p {port} ") if (p := processes_matching(m))}
+    assert (code, path.exists(), left, running(tree)) == (130, False, {}, []), (folder / "head.log").read_text()[-3000:]
+
+
+@pytest.fixture(scope="session")
 def local_run_mlflow(tmp_path_factory):
-    """The real MLflow server the shared run's driver keeps its MLflow run on, up until the
-    session ends (the reads come after the run); "" without ``.work/tracking-venv``: the run goes
-    untracked and tests/e2e/test_tracking_submit.py skips, saying how to make the venv."""
+    """The session's real MLflow server: the shared run's driver keeps its MLflow run on it, and
+    tests/training/test_tracking_real_run.py its runs (each in an experiment of its own), up until
+    the session ends (the reads come after the runs); "" without ``.work/tracking-venv``: the run
+    goes untracked and the tests that read MLflow skip, saying how to make the venv."""
     if not TRACKING_PYTHON.exists():
         yield ""
         return

@@ -24,9 +24,18 @@ from __future__ import annotations
 import os
 import secrets
 
+AWS_SESSION_CANARY = "FQoGZXIvYXdzEXAMPLEsessiontokenNEVERinLOGS"
+"""The AWS session token of the shell the session's warm local head is started from
+(tests/conftest.py ``warm_head``): no file of the head may hold it."""
+
 TEST_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_metrics_report_interval_ms": "1000"}
-"""Each ray.train.report waits for a controller poll (2 s by default): poll fast in tests.
-Workers push their metrics every 10 s by default: a short test run could end between two pushes."""
+"""Each ray.train.report waits for a controller poll (2 s by default, ray 2.58
+``train/v2/_internal/constants.py`` ``DEFAULT_HEALTH_CHECK_INTERVAL_S``; the controller's
+``_poll_workers`` sleeps out the rest of it), and so do the end of a run and a lost worker's
+notice: poll fast in tests. Workers push their metrics every 10 s by default: a short test run
+could end between two pushes. Also given to the tests' local heads (the environment of their
+``submit --local``, ``make demo`` and ``ray_head``: the head's processes inherit it, and the
+driver forwards it to Ray Train's controller, training/launch.py ``FORWARDED_ENV_PREFIXES``)."""
 
 
 def agree_on_authentication() -> bool:

@@ -8,11 +8,14 @@ run: submitted as a user does it from a folder outside the repository, on a data
 commands (status, logs, list, stop) find it by name."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from ray_session import TEST_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +53,8 @@ def submit_local(user: Path, mlflow_uri: str = "") -> tuple[Path, subprocess.Com
             "--env", str(ROOT / "environment.toml")]
     for value in local_run_sets(data, mlflow_uri):
         argv += ["--set", value]
-    proc = subprocess.run(argv, cwd=user, capture_output=True, text=True, timeout=1800)
+    # Ray Train's controller polls fast on the run's head (tests/ray_session.py TEST_ENV)
+    proc = subprocess.run(argv, cwd=user, capture_output=True, text=True, timeout=1800, env={**os.environ, **TEST_ENV})
     (user / "submit.log").write_text(proc.stdout + proc.stderr)
     named = re.search(r"^run (\S+): new,", proc.stdout, re.M)
     return RUNS_DIR / (named.group(1) if named else "the-submit-named-no-run"), proc

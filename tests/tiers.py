@@ -39,7 +39,7 @@ import pytest
 TIERS = ("unit", "subprocess", "synth", "ray", "cluster")
 """Cheapest first; each is a pytest marker (pyproject.toml) and a make target (``make test-<tier>``)."""
 
-RAY_FIXTURES = ("ray_cluster", "local_run")
+RAY_FIXTURES = ("ray_cluster", "local_run", "warm_head")
 """Session fixtures that start Ray (tests/conftest.py)."""
 
 CLUSTER_FIXTURES = ("plane",)

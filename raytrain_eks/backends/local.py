@@ -4,9 +4,14 @@ with moto's S3 server as the run's storage, as KubeRay's submitter does on EKS.
 
 Both services live as long as one submit (raytrain_eks/backends/local_services.py): the bucket is in
 memory, so a local run cannot be resumed by a later submit, and Ctrl-C stops the run with them.
+Or they are kept warm across submits: ``python -m raytrain_eks.backends.local FILE`` keeps a head
+and its storage running and names them in FILE; with ``RAYTRAIN_LOCAL_HEAD=FILE`` each submit runs
+its job there (its own Ray job through the head's job supervisor) and leaves both running
+(:func:`warm_head`, :func:`given_warm_head`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -24,6 +29,9 @@ BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_CPUS = 4
 """Logical CPUs of the local head: the local job's 2 workers and its driver."""
+LOCAL_HEAD_ENV = "RAYTRAIN_LOCAL_HEAD"
+"""The file of a warm local head (:func:`warm_head`): set, ``submit --local`` runs its job on that
+head and storage instead of starting its own, and leaves them running."""
 
 
 # --- a local run's folder: found by name, and its live head asked while its submit runs -------
@@ -54,7 +62,7 @@ def register(out_dir: Path, *, run: str, submission_id: str, dashboard_url: str,
                    "auth_env": auth_env, **services}, handle, indent=2)
 
 
-KEPT = ("run", "submission_id", "ray_temp_dir", "storage_endpoint")
+KEPT = ("run", "submission_id", "ray_temp_dir", "storage_endpoint", "warm_head")
 """What ``local.json`` keeps once the submit has ended (no process, no token)."""
 
 
@@ -210,6 +218,83 @@ def local_stop(found: RunFolder) -> bool:
         return bool(client.stop_job(found.live["submission_id"]))
 
 
+# --- a warm local head: one head and storage kept running across submits ----------------------
+# A head's start (ray start, its dashboard's modules, the agents) is most of a short local run's
+# overhead; a head kept warm takes each job through its job supervisor as KubeRay's long-lived
+# RayCluster does (``submit --on-cluster``). Its jobs queue for its LOCAL_CPUS logical CPUs.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WarmHead:
+    """A running head and its storage, as :func:`warm_head` named them in ``path``."""
+    path: Path
+    head: Any
+    """local_services.RayHead"""
+    storage: Any
+    """local_services.S3Server"""
+
+
+def _write_warm(path: Path, head: Any, storage_endpoint: str) -> None:
+    """Whole or not at all (a reader sees no half-written file), mode 0600: the head's token is in it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.unlink(missing_ok=True)  # created afresh: O_CREAT's mode applies to a new file only
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump({"pid": os.getpid(), "dashboard_url": head.dashboard_url, "gcs_address": head.gcs_address,
+                   "temp_dir": head.temp_dir, "metrics_url": head.metrics_url, "auth_token": head.auth_token,
+                   "storage_endpoint": storage_endpoint}, handle, indent=2)
+    os.replace(partial, path)
+
+
+@contextmanager
+def warm_head(path: Path) -> Iterator[WarmHead]:
+    """A local Ray head (token auth, :data:`LOCAL_CPUS`) and moto's S3 server, the services a
+    submit starts, named in ``path`` (mode 0600) while they run; both stop and the file goes on exit."""
+    from raytrain_eks.backends.local_services import ray_head, s3_server
+
+    with s3_server() as store:
+        with ray_head(num_cpus=LOCAL_CPUS, env=store.client_env) as head:
+            _write_warm(path, head, store.endpoint_url)
+            try:
+                yield WarmHead(path=path, head=head, storage=store)
+            finally:
+                path.unlink(missing_ok=True)
+
+
+def given_warm_head() -> WarmHead | None:
+    """The warm head :data:`LOCAL_HEAD_ENV` names, once it answers; None when the variable is
+    unset. A file that names no warm head is one line (exit 2); a head or storage that does not
+    answer is one line (exit 5): both before anything starts."""
+    import urllib.request
+
+    from charts import ChartError
+    from raytrain_eks.backends.local_services import RayHead, S3Server
+
+    value = os.environ.get(LOCAL_HEAD_ENV, "")
+    if not value:
+        return None
+    path = Path(value).absolute()
+    fix = f"start one with `python -m raytrain_eks.backends.local {value}`, or unset {LOCAL_HEAD_ENV}"
+    try:
+        named = json.loads(path.read_text(encoding="utf-8"))
+        head = RayHead(gcs_address=named["gcs_address"], dashboard_url=named["dashboard_url"],
+                       temp_dir=named["temp_dir"], metrics_url=named["metrics_url"], auth_token=named["auth_token"])
+        storage = S3Server(endpoint_url=named["storage_endpoint"])
+    except FileNotFoundError:
+        raise ChartError(f"{LOCAL_HEAD_ENV}={value}: no such file: {fix}") from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ChartError(f"{LOCAL_HEAD_ENV}={value}: not a warm local head's file "
+                         f"({type(err).__name__}: {err}): {fix}") from None
+    for what, url, headers in (("its Ray head", f"{head.dashboard_url}/api/version",
+                                {"Authorization": f"Bearer {head.auth_token}"}),
+                               ("its storage", f"{storage.endpoint_url}/moto-api/", {})):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10):
+                pass
+        except (OSError, ValueError) as err:
+            raise HeadUnreachable(f"{LOCAL_HEAD_ENV}={value}: {what} at {url} does not answer ({err}): {fix}") from None
+    return WarmHead(path=path, head=head, storage=storage)
+
+
 class LocalRunError(RuntimeError):
     """The local run could not be submitted; the message says why."""
 
@@ -246,7 +331,8 @@ def submit(dashboard_url: str, submission_id: str, entrypoint: str, runtime_env_
         if proc.returncode == 0:
             return
         if "No available agent" not in proc.stdout + proc.stderr or attempt == attempts - 1:
-            raise LocalRunError(f"ray job submit failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+            said = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+            raise LocalRunError(f"ray job submit failed: {' | '.join(said[-3:])}")  # Ray's last line can be a bare '.'
         time.sleep(2)  # the agent registers within seconds; bounded by `attempts`
 
 
@@ -282,6 +368,27 @@ def job_info(dashboard_url: str, submission_id: str, auth_env: dict[str, str]) -
             "entrypoint": info.entrypoint}
 
 
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+"""Ray's terminal job states (ray 2.58 ``dashboard/modules/job/common.py`` ``JobStatus.is_terminal``)."""
+
+
+def _stop_and_wait(head: Any, submission_id: str, bound_s: float = 180.0) -> None:
+    """Stop the submit's job on a warm head (Ctrl-C, SIGTERM, an error while following it) and wait
+    for it to end: the job supervisor SIGKILLs its driver after the runtime env's
+    ``RAY_JOB_STOP_WAIT_TIME_S``; the bound only ends a hung wait. A job never submitted: nothing."""
+    try:
+        client = job_client(head.dashboard_url, head.client_env)
+        client.stop_job(submission_id)
+        deadline = time.monotonic() + bound_s
+        while time.monotonic() < deadline:
+            status = client.get_job_status(submission_id)
+            if getattr(status, "value", str(status)) in TERMINAL:
+                return
+            time.sleep(0.5)
+    except Exception:  # noqa: BLE001 (no such job: it was never submitted; a head gone: nothing runs)
+        return
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LocalRun:
     """What one local run left: the Ray job's status and where its results were copied."""
@@ -294,47 +401,99 @@ class LocalRun:
 def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, cluster_env: dict[str, str] | None = None,
               say: Callable[[str], None] = print, while_running: Any = None,
               prepare: Callable[[Any], None] | None = None) -> LocalRun:
-    """Start the S3 server and a Ray head, upload the code archive, submit ``rayjob``'s own
-    entrypoint and runtime env, follow it, and copy the run's results into ``out_dir``.
-    ``cluster_env`` reaches the Ray cluster, not the job (the demo's fault injection);
-    ``while_running(head)``: a context manager around the job (the demo's metrics scrape);
-    ``prepare(s3 client)``: before the head starts (submit uploads the job's own files)."""
-    import contextlib
-
+    """Start the S3 server and a Ray head (or use the warm head :data:`LOCAL_HEAD_ENV` names), upload
+    the code archive, submit ``rayjob``'s own entrypoint and runtime env, follow it, and copy the
+    run's results into ``out_dir``. ``cluster_env`` reaches the Ray cluster, not the job (the demo's
+    fault injection: a cluster of the run's own); ``while_running(head)``: a context manager around
+    the job (the demo's metrics scrape); ``prepare(s3 client)``: before the head starts (submit
+    uploads the job's own files)."""
+    from charts import ChartError
     from charts.main import read_rayjob
     from raytrain_eks.backends.local_services import ray_head, s3_server
     from raytrain_eks.runs.results import download_run, s3_client, upload_if_missing
 
     job = read_rayjob(rayjob)
-    with s3_server() as s3:
+    warm = given_warm_head()
+    if warm and cluster_env:
+        raise ChartError(f"{LOCAL_HEAD_ENV}: this run sets {', '.join(sorted(cluster_env))} on the Ray cluster it "
+                         f"starts, which a warm head was started without: unset {LOCAL_HEAD_ENV} for it")
+    with (contextlib.nullcontext(warm.storage) if warm else s3_server()) as s3:
         client = s3_client(s3.client_env)
         upload_if_missing(client, code_path, job.working_dir, create_bucket=True)
         say(f"    storage {s3.endpoint_url} (moto, in memory): code {job.working_dir}")
         if prepare:
             prepare(client)
-        with ray_head(num_cpus=LOCAL_CPUS, env={**s3.client_env, **(cluster_env or {})},
-                      keep_logs=out_dir / "ray-logs") as head:
-            say(f"    Ray head: dashboard {head.dashboard_url}, metrics {head.metrics_url}")
+        with (contextlib.nullcontext(warm.head) if warm else
+              ray_head(num_cpus=LOCAL_CPUS, env={**s3.client_env, **(cluster_env or {})}, keep_logs=out_dir / "ray-logs")) as head:
+            say(f"    Ray head: dashboard {head.dashboard_url}, metrics {head.metrics_url}"
+                + (f" (warm: {warm.path}, left running; its logs in {head.temp_dir})" if warm else ""))
+            services = {"ray_temp_dir": head.temp_dir, "storage_endpoint": s3.endpoint_url,
+                        **({"warm_head": str(warm.path)} if warm else {})}
             say(f"    entrypoint: {job.entrypoint}")
             submission_id = f"{job.name}-{int(time.time())}"
 
             def submitted() -> None:  # from now on status/logs/stop RUN reach the job through the head
                 register(out_dir, run=job.name, submission_id=submission_id, dashboard_url=head.dashboard_url,
-                         auth_env=head.client_env, services={"ray_temp_dir": head.temp_dir,
-                                                             "storage_endpoint": s3.endpoint_url})
+                         auth_env=head.client_env, services=services)
 
             try:
                 with (while_running(head) if while_running else contextlib.nullcontext()):
-                    status = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint, job.runtime_env_yaml,
-                                               auth_env=head.client_env, on_submitted=submitted)
+                    try:
+                        status = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint,
+                                                   job.runtime_env_yaml, auth_env=head.client_env, on_submitted=submitted)
+                    except BaseException:
+                        if warm:  # the head runs on after this submit: its job must not
+                            _stop_and_wait(head, submission_id)
+                        raise
                 info = job_info(head.dashboard_url, submission_id, head.client_env)
                 out_dir.mkdir(parents=True, exist_ok=True)
                 copied = download_run(client, run_uri, out_dir)
             finally:
                 unregister(out_dir)
-    # Where the run's own services ran: their temp dir and address name every process they
-    # started, so "nothing of this run is left running" can be checked for this run alone.
+    # Where the run's services ran: their temp dir and address name every process they started,
+    # so "nothing of this run is left running" can be checked for this run alone (``warm_head``:
+    # they were not this run's, and run on).
     (out_dir / "ray_job.json").write_text(json.dumps(
         {**info, "manifest_entrypoint": job.entrypoint, "manifest_runtime_env_yaml": job.runtime_env_yaml,
-         "ray_temp_dir": head.temp_dir, "storage_endpoint": s3.endpoint_url}, indent=2) + "\n")
+         **services}, indent=2) + "\n")
     return LocalRun(status=status, info=info, out_dir=out_dir, copied=copied)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m raytrain_eks.backends.local FILE``: a warm local head until Ctrl-C, SIGTERM or
+    SIGHUP (the CLI's handling: the head and its storage stop, nothing is left running)."""
+    import argparse
+    import signal
+
+    from raytrain_eks.backends.local_services import ServiceStartError
+
+    stopping = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def stop(signum: int, frame: Any) -> None:  # as Ctrl-C; a second signal cannot cut the clean-up short
+        for sig in stopping:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    parser = argparse.ArgumentParser(prog="python -m raytrain_eks.backends.local",
+                                     description="keep a local Ray head and its storage warm for submit --local")
+    parser.add_argument("file", help=f"where to name them (mode 0600: the head's token); {LOCAL_HEAD_ENV}=FILE uses them")
+    args = parser.parse_args(argv)
+    for sig in stopping:
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # one inherited as ignored (nohup) stays so
+            signal.signal(sig, stop)
+    try:
+        with warm_head(Path(args.file).absolute()) as warm:
+            print(f"warm local head: dashboard {warm.head.dashboard_url}, storage {warm.storage.endpoint_url}; "
+                  f"submit with {LOCAL_HEAD_ENV}={warm.path} (Ctrl-C stops both)", flush=True)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        print("warm local head: stopped", file=sys.stderr)
+        return 130
+    except ServiceStartError as err:  # its own attempts stopped what they began
+        print(f"error: warm local head: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -268,7 +268,12 @@ def s3_server(port: int | None = None) -> Iterator[S3Server]:
 
     def start(attempt: int) -> tuple[subprocess.Popen, str]:
         chosen = port or free_port()
+        # Without the user's AWS credentials, as the head: moto needs none, and its error answers
+        # (a GetObject of a missing key) build a botocore session that resolves AWS_PROFILE (moto
+        # 5.2.5 moto/core/serialize.py _serialize_error -> botocore session.py
+        # get_scoped_config): a profile this machine does not define turns every one into a 500.
         proc = subprocess.Popen([str(moto), "-H", LOOPBACK, "-p", str(chosen)], start_new_session=True,
+                                env=without_user_credentials(dict(os.environ)),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://{LOOPBACK}:{chosen}"
         try:

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return record_groups(args)
     if args.step == "check-hold":
         return check_hold(args)
-    from .context import StepContext
+    from . import StepContext
 
     try:
         ctx = StepContext.build(args.env, args.dist)

@@ -42,7 +42,7 @@ from environment.maintenance import parse_window
 from infra.lambdas.image_watcher.history import APPLIED, FAILURE_DEFERRED, Superseded
 from infra.lambdas.image_watcher.promote import promote, promoted_digest, split_record_uri
 
-from .context import StepContext
+from . import StepContext
 from .kube import KubeError, annotated, head_uid, live_manifest_hash, log, manifest_hash, wait_ready
 from .rollback import CLUSTER_FILE, StepFailed, own_applied_hash
 from .smoke import run_prefix

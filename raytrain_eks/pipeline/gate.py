@@ -29,7 +29,7 @@ from infra.lambdas.image_watcher.promote import PromotionError, RecordMissing, c
 from raytrain_eks.runs.report import Run, eval_before_after, load_run, render_report, throughput_summary
 from training.contract import METRICS_NAME, RECORD_NAME, TOKENS_PER_S
 
-from .context import StepContext, split_s3
+from . import StepContext, split_s3
 from .kube import log
 
 RUN_FILES = (RECORD_NAME, METRICS_NAME)

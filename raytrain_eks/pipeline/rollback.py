@@ -27,7 +27,7 @@ from typing import Any
 from infra.lambdas.image_watcher.history import FAILURE_DEFERRED, FAILURE_IMAGE, FAILURE_INFRASTRUCTURE, ROLLED_BACK
 from infra.lambdas.image_watcher.watcher import read_promoted
 
-from .context import StepContext
+from . import StepContext
 from .kube import KubeError, annotated, live_manifest_hash, log, manifest_hash, wait_ready
 
 CLUSTER_FILE = "raycluster.k8s.yaml"

@@ -24,7 +24,7 @@ from environment.contract import IMAGE_DIGEST_ANNOTATION, RECORD_EVIDENCE, RECOR
 
 from infra.lambdas.image_watcher.history import FAILURE_IMAGE, FAILURE_INFRASTRUCTURE
 
-from .context import StepContext, split_s3, with_version
+from . import StepContext, split_s3, with_version
 from .rollback import StepFailed
 from .kube import KubeError, image_ids, log
 

@@ -360,8 +360,7 @@ def plot(record: dict[str, Any], out: Path) -> Path:
 
 def finish_netcheck(out_dir: Path, say=print) -> int:
     """Print the table, draw the plot, say the verdict; returns its exit code."""
-    from training.netcheck.judge import headline
-    from training.netcheck.judge import table
+    from training.netcheck import headline, table
 
     record = json.loads((out_dir / NETCHECK_NAME).read_text(encoding="utf-8"))
     say(table(record))

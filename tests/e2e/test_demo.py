@@ -9,6 +9,7 @@ a folder of the test's own (``--dist``): a test run leaves the checkout's dist/ 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from left_running import left_running
+from ray_session import TEST_ENV
 from training.config import load_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,8 +30,10 @@ pytestmark = pytest.mark.slow
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     dist = tmp_path_factory.mktemp("demo-dist")
+    # Ray Train's controller polls fast on the demo's head (tests/ray_session.py TEST_ENV)
     proc = subprocess.run([sys.executable, "-m", "devtools.demo", "--skip-cdk", "--fault", "--out", str(out),
-                           "--dist", str(dist)], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+                           "--dist", str(dist)], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, **TEST_ENV})
     (out / "demo.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     return out, proc.stdout, dist

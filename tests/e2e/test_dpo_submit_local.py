@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ray_session import TEST_ENV
 
 pytestmark = [pytest.mark.slow]
 
@@ -32,7 +33,8 @@ def dpo_run(tmp_path_factory):
     from raytrain_eks.backends.local import RUNS_DIR
 
     user = tmp_path_factory.mktemp("dpo-user")
-    env = {**os.environ, "RAYTRAIN_FAULT_AT_STEP": "7", "RAYTRAIN_FAULT_RANK": "1"}
+    # Ray Train's controller polls fast on the run's head (tests/ray_session.py TEST_ENV)
+    env = {**os.environ, **TEST_ENV, "RAYTRAIN_FAULT_AT_STEP": "7", "RAYTRAIN_FAULT_RANK": "1"}
     argv = [sys.executable, "-m", "raytrain_eks.cli", "submit", str(ROOT / "jobs" / "local-dpo.toml"), "--local",
             "--env", str(ROOT / "environment.toml"), "--set", "eval.benchmark_max_questions=4"]
     proc = subprocess.run(argv, cwd=user, env=env, capture_output=True, text=True, timeout=2400)

@@ -2,13 +2,15 @@
 the repository, on data outside it, then `status`, `logs`, `list` and `stop` on that run, and a
 submit ended by SIGTERM (a closed terminal, a CI timeout).
 
-Three local runs, each a real Ray head and moto's S3 server on 127.0.0.1 (the ``submit --local``
+Local runs on a real Ray head and moto's S3 server on 127.0.0.1 (the ``submit --local``
 backend): one trains to the verdict on the user's own file (the session's shared run,
-``local_run`` in tests/conftest.py: tests/shared_run.py submits it so); two are given far more
-steps than they could finish, so that they are certainly still running when they are stopped (by
-``raytrain-eks stop``, which goes through Ray's ``JobSubmissionClient.stop_job``, and by
-SIGTERM to the submit). Each run's results folder is ``.work/runs/<run>/``, where the run
-commands look for runs by name; the tests remove theirs.
+``local_run`` in tests/conftest.py: tests/shared_run.py submits it so); the others are given far
+more steps than they could finish, so that they are certainly still running when they are
+stopped: by ``raytrain-eks stop``, which goes through Ray's ``JobSubmissionClient.stop_job``,
+and by SIGTERM to a submit on the session's warm head (``warm_head`` in tests/conftest.py), whose
+job must end while the head runs on; and by SIGTERM to a submit that must stop the head and
+storage it started. Each run's results folder is ``.work/runs/<run>/``, where the run commands
+look for runs by name; the tests remove theirs.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from typing import Iterator
 
 import pytest
 
-from left_running import left_running
+from left_running import left_running, on_the_warm_head
 from raytrain_eks.backends.local import RUNS_DIR
 
 pytestmark = pytest.mark.slow
@@ -49,12 +51,12 @@ def submit_cmd(run: str, *sets: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def submitted(run: str) -> Iterator[subprocess.Popen]:
+def submitted(run: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """A local submit of a run that never ends by itself, once it has handed the job to its Ray
     head (it writes ``local.json`` then) or has ended (a failure the caller's assertions show);
-    killed on the way out if the test left it running."""
+    killed on the way out if the test left it running. ``env``: the submit's (a warm head's)."""
     proc = subprocess.Popen(submit_cmd(run, *NEVER_ENDS), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, env=env)
     try:
         while not (RUNS_DIR / run / "local.json").is_file() and proc.poll() is None:
             time.sleep(0.5)
@@ -105,9 +107,9 @@ def test_own_data_outside_the_repository_travels_with_the_run_and_trains(local_r
     assert left_running(out) == {}
 
 
-def test_status_logs_list_and_stop_reach_a_running_local_run(run_name):
+def test_status_logs_list_and_stop_reach_a_running_local_run(run_name, warm_head):
     out = RUNS_DIR / run_name
-    with submitted(run_name) as proc:
+    with submitted(run_name, warm_head) as proc:
         status = cli("status", run_name)
         assert status.returncode == 0 and "RUNNING on the local Ray head" in status.stdout, status.stdout + status.stderr
         listed = cli("list")
@@ -119,7 +121,17 @@ def test_status_logs_list_and_stop_reach_a_running_local_run(run_name):
     assert "Traceback" not in output, output[-4000:]
     ended = cli("status", run_name, "-o", "json")
     assert json.loads(ended.stdout)["status"] == "ended: Ray job STOPPED", output[-3000:]
-    assert left_running(out) == {}
+    assert on_the_warm_head(out) == "STOPPED"  # the head it ran on, left running, says so too
+
+
+def test_sigterm_to_a_submit_on_a_warm_head_stops_its_job_and_leaves_the_head(run_name, warm_head):
+    """The head runs on after the submit (raytrain_eks/backends/local.py ``_stop_and_wait``): its job must not."""
+    out = RUNS_DIR / run_name
+    with submitted(run_name, warm_head) as proc:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 130 and "Traceback" not in output, output[-4000:]
+    assert on_the_warm_head(out) == "STOPPED"
 
 
 def test_sigterm_to_a_local_submit_stops_everything_it_started(run_name):

@@ -1,6 +1,7 @@
 """`raytrain-eks netcheck --local`: the netcheck job through the same path as a training run
 (charts' RayJob, `ray job submit` to a real local Ray head, moto's S3 for storage, the record
-copied back), with gloo on two CPU workers: the figures, the record, the verdict, the plot."""
+copied back), with gloo on two CPU workers: the figures, the record, the verdict, the plot. It
+runs on the session's warm head (``warm_head`` in tests/conftest.py), a Ray job of its own."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from left_running import left_running
+from left_running import left_running, on_the_warm_head
 from shared_run import ROOT
 from training.netcheck.worker import COLLECTIVES, busbw_gbs, sizes
 
@@ -17,11 +18,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def netcheck(tmp_path_factory):
+def netcheck(tmp_path_factory, warm_head):
     out = tmp_path_factory.mktemp("netcheck")
     proc = subprocess.run([sys.executable, "-m", "raytrain_eks.cli", "netcheck", "--local", "--out", str(out),
                            "--set", "netcheck.max_bytes=2097152"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200, env=warm_head)
     return out, proc
 
 
@@ -63,9 +64,10 @@ def test_a_netcheck_prints_no_preemption_watcher_error(netcheck):
     assert "PreemptionWatcher" not in proc.stdout + proc.stderr
 
 
-def test_nothing_is_left_running(netcheck):
-    out, _ = netcheck
-    assert left_running(out) == {}
+def test_the_warm_head_ran_it_and_runs_on(netcheck):
+    out, proc = netcheck
+    assert on_the_warm_head(out) == "SUCCEEDED"
+    assert "(warm: " in proc.stdout  # and the submit said whose head it was
 
 
 def test_a_bad_netcheck_field_is_one_line_before_anything_starts(tmp_path):

@@ -2,7 +2,8 @@
 jobs/local.toml --local`` with a spec whose ``storage.shared_path`` is a local folder. The charts
 give the job ``file://<path>``, the job (Ray Train's storage, its record, checkpoint and model)
 writes there instead of the bucket, and submit reads the results back from the path: one spec
-value, no other change. (On EKS the same path is the claim every Ray pod mounts, tests/charts.)"""
+value, no other change. (On EKS the same path is the claim every Ray pod mounts, tests/charts.)
+The run goes to the session's warm head (``warm_head`` in tests/conftest.py), a Ray job of its own."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ SETS = ("train.max_steps=2", "train.warmup_steps=1", "checkpoint.every_n_steps=0
         "accept.eval_loss_after_max=0", "accept.improvement_min=0")
 
 
-def submit(tmp_path: Path, shared: Path) -> subprocess.CompletedProcess:
+def submit(tmp_path: Path, shared: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``raytrain-eks submit jobs/local.toml --local`` as a user runs it, on environment.toml with
     ``storage.shared_path`` = ``shared``."""
     raw = template_raw()
@@ -33,7 +34,7 @@ def submit(tmp_path: Path, shared: Path) -> subprocess.CompletedProcess:
             "--env", str(tmp_path / "env.toml"), "--out", str(tmp_path / "out")]
     for item in SETS:
         argv += ["--set", item]
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
 
 
 @pytest.mark.subprocess
@@ -47,10 +48,10 @@ def test_a_shared_path_not_mounted_here_is_refused_before_anything_starts(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_local_run_lands_on_the_shared_path_and_is_read_from_there(tmp_path):
+def test_a_local_run_lands_on_the_shared_path_and_is_read_from_there(tmp_path, warm_head):
     shared = tmp_path / "fsx" / "runs"
     shared.mkdir(parents=True)  # the mount
-    proc = submit(tmp_path, shared)
+    proc = submit(tmp_path, shared, warm_head)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     run = re.search(r"^run (local-\d{4}-\d{6}): new, job local, storage (\S+)$", proc.stdout, re.M)
     assert run and run.group(2) == RunStorage(f"file://{shared}").run(run.group(1)), proc.stdout[:2000]

@@ -24,15 +24,19 @@ from pathlib import Path
 
 import pytest
 
+from ray_session import TEST_ENV
 from slow_store import slow_store
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE_BYTES_PER_S = 8 * 2**20
-"""The store's upload bandwidth per request: the local job's checkpoint (a rank's shard of the
-full-vocabulary tiny Qwen2 with its AdamW state, ~58 MB) then takes over 3 s, Ray's default stop
-wait, to store; the test checks that premise on the checkpoint itself."""
+"""The store's upload bandwidth per request while a test needs it slow: the local job's
+checkpoint (a rank's shard of the full-vocabulary tiny Qwen2 with its AdamW state, ~58 MB) then
+takes over 3 s, Ray's default stop wait, to store; the test checks that premise on the checkpoint
+itself. Slowed around the stop only: the resumed run's checkpoint is stored at moto's speed."""
+UNSLOWED = 2**40
+"""The store's rate outside :meth:`SlowStore.slowed` blocks: moto's own speed."""
 DEFAULT_STOP_WAIT_S = 3
 """ray 2.58.0 job_supervisor.py ``DEFAULT_RAY_JOB_STOP_WAIT_TIME_S``."""
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -82,8 +86,8 @@ def head_and_store():
     """A local Ray head whose storage is the slowed store."""
     from raytrain_eks.backends.local_services import ray_head
 
-    with slow_store(STORE_BYTES_PER_S) as store:
-        with ray_head(num_cpus=4, env=store.client_env) as head:
+    with slow_store(UNSLOWED) as store:
+        with ray_head(num_cpus=4, env={**store.client_env, **TEST_ENV}) as head:  # tests/ray_session.py
             yield head, store
 
 
@@ -102,13 +106,14 @@ def test_stop_job_keeps_the_final_checkpoint_and_the_run_resumes_from_it(head_an
     first = _manifests(tmp_path / "first", run, ["train.max_steps=100000", "checkpoint.every_n_steps=0",
                                                  "eval.every_n_steps=0"])
     upload_if_missing(s3, first.code_path, first.code_uri, create_bucket=True)
-    _submit(head, first, "stop-test-1")
-    _wait(lambda: re.search(r"\bstep [2-9]\d*/100000 \|", client.get_job_logs("stop-test-1"))
-          or _status(client, "stop-test-1") in TERMINAL, 900, "the job's second logged step")
-    assert _status(client, "stop-test-1") == "RUNNING", client.get_job_logs("stop-test-1")[-4000:]
+    with store.slowed(STORE_BYTES_PER_S):
+        _submit(head, first, "stop-test-1")
+        _wait(lambda: re.search(r"\bstep [2-9]\d*/100000 \|", client.get_job_logs("stop-test-1"))
+              or _status(client, "stop-test-1") in TERMINAL, 900, "the job's second logged step")
+        assert _status(client, "stop-test-1") == "RUNNING", client.get_job_logs("stop-test-1")[-4000:]
 
-    client.stop_job("stop-test-1")  # what KubeRay's StopJob calls
-    _wait(lambda: _status(client, "stop-test-1") in TERMINAL, 900, "the stopped job to end")
+        client.stop_job("stop-test-1")  # what KubeRay's StopJob calls
+        _wait(lambda: _status(client, "stop-test-1") in TERMINAL, 900, "the stopped job to end")
 
     logs = client.get_job_logs("stop-test-1")
     latest = find_latest_complete(first.run_uri)
@@ -152,6 +157,14 @@ def test_a_second_trainer_on_a_run_refuses_and_prunes_nothing(head_and_store, tm
     first = _manifests(tmp_path / "first", run, ["train.max_steps=100000", "checkpoint.every_n_steps=2",
                                                  "checkpoint.keep_last=100", "eval.every_n_steps=0"])
     upload_if_missing(s3_client(store.client_env), first.code_path, first.code_uri, create_bucket=True)
+    # slow, as in the first test: a checkpoint every 2 steps at moto's speed would pile up
+    # gigabytes of kept checkpoints (keep_last=100) in this process's store meanwhile
+    with store.slowed(STORE_BYTES_PER_S):
+        _two_trainers(head, client, first, tmp_path, run)
+
+
+def _two_trainers(head, client, first, tmp_path: Path, run: str) -> None:
+    """The second trainer refuses while the first writes the run; then the first is stopped."""
     _submit(head, first, "two-trainers-1")
     before = _wait(lambda: _complete(first.run_uri) or _status(client, "two-trainers-1") in TERMINAL and {"ended": {}},
                    900, "the first trainer's first complete checkpoint")

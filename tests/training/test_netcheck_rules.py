@@ -8,7 +8,7 @@ from pathlib import Path
 
 from training.netcheck.worker import BUS_FACTOR, busbw_gbs, link_gbs, sizes
 from training.netcheck import mode_env
-from training.netcheck.judge import NCCL_MODE, SOCKET_MODE, judge
+from training.netcheck import NCCL_MODE, SOCKET_MODE, judge
 from training.netcheck.worker import scope_groups
 from training.transport import aggregate, classify_file
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 from fixture_paths import FIXTURE_JOBS
-from tracking_venv import expected_scalars, last_by_step, mlflow_server, read_events, rest_get, rest_post
+from tracking_venv import expected_scalars, last_by_step, read_events, rest_get, rest_post, tracking_python
 
 from training import contract, metric_sinks, verdict
 from training.config import load_job_config
@@ -110,17 +110,27 @@ def _search(url: str, experiment: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def tracked_run(tmp_path_factory):
+def server(local_run_mlflow) -> str:
+    """The session's real MLflow server (tests/conftest.py ``local_run_mlflow``, started once): each
+    run here in an experiment of its own, read by that experiment's name."""
+    if not local_run_mlflow:
+        tracking_python()  # skips, saying how to make the tracking venv
+    return local_run_mlflow
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory, server):
     """The `local` job, 6 steps with an evaluation at step 3, with the MLflow server named in the
     environment: ``(job, record, run_dir, server url, what the server held when step 4 was logged)``."""
     tmp_path = tmp_path_factory.mktemp("tracked-run")
     seen: dict = {}
+    url = server
 
     def at_step_4(row):
         if row.get("kind") == "train" and row.get("step") == 4:
             seen.update(_wait_for_step(url, EXPERIMENT, 3))
 
-    with mlflow_server(tmp_path / "mlflow") as url, pytest.MonkeyPatch.context() as monkeypatch:
+    with pytest.MonkeyPatch.context() as monkeypatch:
         job, final, run_dir = _train(tmp_path, monkeypatch, url, EXPERIMENT, on_write=at_step_4)
         yield job, final, run_dir, url, seen
 
@@ -251,12 +261,13 @@ class Outage:
         self.sock.close()
 
 
-def test_a_server_down_while_the_run_trains_fails_nothing_and_is_caught_up_at_the_end(tmp_path_factory, capfd):
+def test_a_server_down_while_the_run_trains_fails_nothing_and_is_caught_up_at_the_end(tmp_path_factory, capfd, server):
     """The server refuses every connection while the run trains (it comes up when rank 0's loop
     ends): the run succeeds, the driver said so in one warning line, and its MLflow run holds
     metrics.jsonl step by step once the driver has ended it."""
     tmp_path = tmp_path_factory.mktemp("outage")
-    with mlflow_server(tmp_path / "mlflow") as url, pytest.MonkeyPatch.context() as monkeypatch:
+    url = server
+    with pytest.MonkeyPatch.context() as monkeypatch:
         outage = Outage(url)
         try:
             job, final, run_dir = _train(tmp_path, monkeypatch, outage.url, "outage", on_close=outage.up)

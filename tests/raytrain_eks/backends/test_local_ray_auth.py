@@ -1,9 +1,12 @@
 """The local Ray head runs with token auth, as the RayClusters on EKS do: `ray job submit`
 without the token is refused, with the head's token (what KubeRay injects into its submitter)
 it runs the job. Its workers find their own head's state API while another Ray instance runs
-on the machine."""
+on the machine. The head is the session's warm one (tests/conftest.py ``warm_head``: ``python -m
+raytrain_eks.backends.local``, the same ``ray_head`` a submit starts), whose stop the fixture
+checks; each job here is a Ray job of its own on it."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from raytrain_eks.backends.local_services import ray_head
-from raytrain_eks.backends.local_services import head_processes, processes_matching, running
+from ray_session import AWS_SESSION_CANARY
+from raytrain_eks.backends.local import LOCAL_CPUS, LOCAL_HEAD_ENV
+from raytrain_eks.backends.local_services import RayHead, head_processes
 
-pytestmark = pytest.mark.slow  # starts a Ray head
+pytestmark = pytest.mark.slow  # runs jobs on a Ray head
 RAY = str(Path(sys.executable).with_name("ray"))
-SESSION_TOKEN = "FQoGZXIvYXdzEXAMPLEsessiontokenNEVERinLOGS"
 
 
 def submit(head, env: dict[str, str], code: str) -> subprocess.CompletedProcess:
@@ -28,34 +31,31 @@ def submit(head, env: dict[str, str], code: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def head():
-    """One head for the module, started while another "Ray instance" runs on the machine: a
-    process that looks like a raylet to Ray's own scan of local processes (ray 2.58
+def head(warm_head):
+    """The session's warm head, while another "Ray instance" runs on the machine: a process that
+    looks like a raylet to Ray's own scan of local processes (ray 2.58
     ``_private/services.py`` ``_find_address_from_flag``/``_is_raylet_process``: the executable's
-    name contains "raylet" and its command line has ``--gcs-address=``). Stopped at the end,
-    leaving nothing of its own running, renamed processes included."""
+    name contains "raylet" and its command line has ``--gcs-address=``)."""
+    named = json.loads(Path(warm_head[LOCAL_HEAD_ENV]).read_text())
     decoy = subprocess.Popen(["raylet", "-c", "import time; time.sleep(900)", "--gcs-address=127.0.0.1:9"],
                              executable=sys.executable)
-    # the user's session credentials, as a shell with AWS access has them
-    saved = {name: os.environ.get(name) for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE")}
-    os.environ.update(AWS_SESSION_TOKEN=SESSION_TOKEN, AWS_PROFILE="someone")
     try:
-        with ray_head(num_cpus=1) as started:
-            yield started
-            temp_dir = started.temp_dir
-            # the head's processes before it stops: its daemons, and those that renamed
-            # themselves and name neither its temp dir nor its GCS address any more (the
-            # agents and workers, ray::...; the dashboard's modules, ray-dashboard-...)
-            tree = head_processes(started.temp_dir, started.gcs_address)
-            commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace") for pid in tree]
+        yield RayHead(gcs_address=named["gcs_address"], dashboard_url=named["dashboard_url"],
+                      temp_dir=named["temp_dir"], metrics_url=named["metrics_url"], auth_token=named["auth_token"])
     finally:
-        for name, value in saved.items():
-            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
         decoy.kill()
         decoy.wait()
+
+
+def test_the_heads_processes_are_found_those_that_renamed_themselves_included(head):
+    """The head's processes as :func:`head_processes` finds them (the warm head's stop kills
+    exactly these): its daemons, and those that renamed themselves and name neither its temp dir
+    nor its GCS address any more (the agents and workers, ray::...; the dashboard's modules,
+    ray-dashboard-...)."""
+    tree = head_processes(head.temp_dir, head.gcs_address)
+    commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace") for pid in tree]
     assert any(c.startswith("ray::DashboardAgent") for c in commands), commands
     assert any(c.startswith("ray-dashboard-JobHead") for c in commands), commands
-    assert running(tree) == [] and processes_matching(temp_dir) == []
 
 
 def test_local_head_requires_the_token_and_accepts_it(head):
@@ -71,8 +71,11 @@ def test_local_head_requires_the_token_and_accepts_it(head):
     assert denied.returncode != 0
     allowed = submit(head, head.client_env, code)
     assert allowed.returncode == 0, allowed.stdout[-2000:] + allowed.stderr[-2000:]
-    assert "auth-ok 1.0" in allowed.stdout
-    assert not (Path.home() / ".ray" / "auth_token").exists() or "RAY_AUTH_TOKEN" in os.environ
+    assert f"auth-ok {float(LOCAL_CPUS)}" in allowed.stdout
+    # the head's token is given to Ray in RAY_AUTH_TOKEN, never written to the user's token file
+    # (a file left there by the user's own Ray is theirs: only this head's token in it is a leak)
+    users_file = Path.home() / ".ray" / "auth_token"
+    assert not users_file.exists() or head.auth_token not in users_file.read_text(errors="replace")
 
 
 def test_workers_reach_their_own_heads_state_api_beside_another_ray_instance(head):
@@ -99,5 +102,5 @@ def test_the_users_aws_session_token_stays_out_of_rays_files(head):
     done = submit(head, head.client_env, code)
     assert done.returncode == 0 and "none" in done.stdout, done.stdout + done.stderr
     leaked = [str(p) for p in Path(head.temp_dir).rglob("*") if p.is_file() and not p.is_symlink()
-              and SESSION_TOKEN.encode() in p.read_bytes()]
+              and AWS_SESSION_CANARY.encode() in p.read_bytes()]
     assert leaked == []

@@ -86,7 +86,7 @@ def test_with_the_pull_through_cache_the_check_reads_the_pods_cached_image():
     # be that one, or no container matches and a pod on the old digest passes as ready
     from environment import environment_from_dict
     from environment.image_source import pull_repository
-    from raytrain_eks.pipeline.context import StepContext
+    from raytrain_eks.pipeline import StepContext
     from spec_template import template_raw
 
     raw = template_raw()

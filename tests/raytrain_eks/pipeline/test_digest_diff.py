@@ -109,7 +109,7 @@ def test_smoke_step_gives_each_execution_its_own_run(two_synths):
     """The Smoke step's own code on the real synthesized manifests: the job of this digest runs
     on a cluster of its own, the previous digest's manifest is refused, and the job (through its
     own config parser) sees a run name unique to the execution."""
-    from raytrain_eks.pipeline.context import StepContext
+    from raytrain_eks.pipeline import StepContext
     from raytrain_eks.pipeline.smoke import SmokeFailed, smoke_job
     from training.config import load_job_config
 

@@ -14,7 +14,7 @@ import pytest
 
 from fixtures_s3 import s3_server  # noqa: F401  (session fixture)
 from infra.lambdas.image_watcher.promote import read_record
-from raytrain_eks.pipeline.context import with_version
+from raytrain_eks.pipeline import with_version
 from raytrain_eks.pipeline.gate import GateFailed, download_run, gate
 from raytrain_eks.pipeline.smoke import pin_evidence
 

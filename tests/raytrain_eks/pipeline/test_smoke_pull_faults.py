@@ -111,7 +111,7 @@ def registry():
 
 def _cached_ctx():
     from environment import environment_from_dict
-    from raytrain_eks.pipeline.context import StepContext
+    from raytrain_eks.pipeline import StepContext
     from spec_template import template_raw
 
     raw = template_raw()

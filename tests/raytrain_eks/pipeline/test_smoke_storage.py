@@ -10,7 +10,7 @@ from spec_template import template_raw
 
 from environment import environment_from_dict
 from environment.contract import IMAGE_DIGEST_ANNOTATION, SMOKE_SERVICE_ACCOUNT
-from raytrain_eks.pipeline.context import StepContext
+from raytrain_eks.pipeline import StepContext
 from raytrain_eks.pipeline.smoke import smoke_job
 from training.__main__ import parse_args
 from training.config import load_job_config

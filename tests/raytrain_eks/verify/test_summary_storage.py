@@ -5,14 +5,14 @@ from __future__ import annotations
 from spec_template import template_raw
 
 from environment import environment_from_dict
-from raytrain_eks.verify.summary import render
+from raytrain_eks.verify import render_summary
 
 
 def _storage_lines(**storage) -> list[str]:
     raw = template_raw()
     raw["cluster"]["account"] = "111122223333"
     raw["storage"].update(storage)
-    lines = render(environment_from_dict(raw)).splitlines()
+    lines = render_summary(environment_from_dict(raw)).splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("storage "))
     return [lines[start]] + ([lines[start + 1]] if lines[start + 1].startswith(" ") else [])
 

@@ -19,7 +19,7 @@ from raytrain_eks.verify import checks as verify
 from raytrain_eks.verify import account as verify_account
 from raytrain_eks.verify.chart_index import IndexCache, http_fetch, matches
 from raytrain_eks.cli import main
-from raytrain_eks.verify import command as verify_command
+import raytrain_eks.verify as verify_command
 from toml_writer import toml_text
 from verify_doubles import (
     MOTO_ACCOUNT, SplitEc2, SplitEks, create_bootstrap_stack, serve_directory, start_moto, stub_eks, stub_quotas,

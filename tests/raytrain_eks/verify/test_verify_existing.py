@@ -19,7 +19,7 @@ from environment.queueing import KUEUE_RESOURCES
 from existing_cluster_doubles import EC2_KEYS, EKS_KEYS, ModelledApi, helm_release_secret, team_cluster
 from infra_variants import EXISTING_CLUSTER, EXISTING_GPU_GROUP, existing_raw
 from raytrain_eks.verify.cluster_inventory import decode_release
-from raytrain_eks.verify import command as verify_command
+import raytrain_eks.verify as verify_command
 from test_verify_command import charts, failures, moto, registry, run_verify, write_spec  # noqa: F401
 from verify_doubles import MOTO_ACCOUNT, stub_quotas
 
