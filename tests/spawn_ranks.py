@@ -19,7 +19,16 @@ def _run_then_exit(rank: int, worker: Callable[..., None], out_dir: str, *args) 
     machine it can abort: gloo's C++ worker threads may still hold tensors whose release needs
     the GIL of an interpreter that is being torn down (SIGABRT, "terminate called without an
     active exception"; pytorch/pytorch#179291 describes the mechanism). A worker that raises
-    still fails the spawn with its traceback."""
+    still fails the spawn with its traceback.
+
+    One intra-op thread per rank, as Ray gives a worker of one CPU or less (ray 2.58
+    ``ray/_private/utils.py`` ``set_omp_num_threads_if_unset``): torch's default is one per core
+    in EVERY rank, and N ranks x 2 OpenMP threads on 2 cores wait on each other's spinning
+    threads (one process of a tiny model, 2 threads against 1, on the loaded machine: 4-7 s
+    against 0.35 s a step)."""
+    import torch
+
+    torch.set_num_threads(1)
     worker(rank, out_dir, *args)
     sys.stdout.flush()
     sys.stderr.flush()

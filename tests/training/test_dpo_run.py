@@ -37,7 +37,10 @@ print(json.dumps({k: record.get(k) for k in ("status", "exports", "error", "verd
 
 
 def _run(python, wd, tmp_path, name, resume="", fault=""):
-    env = _clean_environ()
+    # one intra-op thread, as Ray sets it for a worker of one CPU (ray 2.58 ``ray/_private/utils.py``
+    # ``set_omp_num_threads_if_unset``); torch's default of one per core spins against the
+    # other processes of a loaded 2-core machine
+    env = {**_clean_environ(), "OMP_NUM_THREADS": "1"}
     if fault:
         env["RAYTRAIN_FAULT_AT_STEP"] = fault
     (tmp_path / name).mkdir(exist_ok=True)

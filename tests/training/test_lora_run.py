@@ -36,7 +36,10 @@ print(json.dumps({"status": record["status"], "exports": record["exports"], "err
 
 
 def _run(wd, tmp_path, name, resume="", fault=""):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # one intra-op thread, as Ray sets it for a worker of one CPU (ray 2.58 ``ray/_private/utils.py``
+    # ``set_omp_num_threads_if_unset``); torch's default of one per core spins against the
+    # other processes of a loaded 2-core machine
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
     if fault:
         env["RAYTRAIN_FAULT_AT_STEP"] = fault
     from test_data_support import qwen_tokenizer_dir
