@@ -29,6 +29,13 @@ from tracking_venv import TRACKING_PYTHON, mlflow_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# One intra-op thread per test process and every process it starts (ranks, CLIs, Ray heads), as
+# Ray gives a worker of one CPU (ray 2.58 ``_private/utils.py`` ``set_omp_num_threads_if_unset``):
+# `make test` runs one pytest worker per core, and torch's default of a thread per core made each
+# tiny step contend with the other worker's (a step of 4-7 s against 0.35 s with one thread, on a
+# loaded machine). Set before any test module imports torch; a value the caller set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture
 def tiny_qwen2():
