@@ -27,8 +27,9 @@ CHECKPOINT_KEY_PART = "/checkpoint_"
 class SlowStore:
     endpoint_url: str
     bytes_per_s: int
-    _rate: list[int] = field(default_factory=list, repr=False)
-    """The rate in force, one element: :meth:`slowed` changes it for a while on a shared store."""
+    _rate: list = field(default_factory=list, repr=False)
+    """The rate in force and the checkpoint it applies to (``None``: every one), one element:
+    :meth:`slowed` changes it for a while on a shared store."""
     _in_flight: dict[int, str] = field(default_factory=dict, repr=False)
     """The checkpoint uploads the store is reading now, by request: their paths."""
 
@@ -37,13 +38,15 @@ class SlowStore:
         return list(self._in_flight.values())
 
     @contextlib.contextmanager
-    def slowed(self, bytes_per_s: int) -> Iterator[None]:
-        """Checkpoint uploads at ``bytes_per_s`` inside the block, at :attr:`bytes_per_s` after it."""
-        self._rate[0] = bytes_per_s
+    def slowed(self, bytes_per_s: int, only: str | None = None) -> Iterator[None]:
+        """Checkpoint uploads (only those whose path holds ``only``, when given) at ``bytes_per_s``
+        inside the block, at :attr:`bytes_per_s` after it. A request in flight changes speed at
+        its next chunk."""
+        self._rate[0] = (bytes_per_s, only)
         try:
             yield
         finally:
-            self._rate[0] = self.bytes_per_s
+            self._rate[0] = (self.bytes_per_s, None)
 
     @property
     def client_env(self) -> dict[str, str]:
@@ -58,29 +61,32 @@ class _Throttled:
 
     CHUNK = 64 * 1024
 
-    def __init__(self, stream, rate: list[int]):
-        self._stream, self._rate = stream, rate
+    def __init__(self, stream, rate: list, default: int, path: str):
+        self._stream, self._rate, self._default, self._path = stream, rate, default, path
+
+    def _pace(self, data: bytes) -> bytes:
+        bytes_per_s, only = self._rate[0]
+        if only is not None and only not in self._path:
+            bytes_per_s = self._default
+        time.sleep(len(data) / bytes_per_s)
+        return data
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:  # everything, a chunk at a time
             return b"".join(iter(lambda: self.read(self.CHUNK), b""))
-        data = self._stream.read(min(size, self.CHUNK))
-        time.sleep(len(data) / self._rate[0])
-        return data
+        return self._pace(self._stream.read(min(size, self.CHUNK)))
 
     def readline(self, size: int = -1) -> bytes:
-        data = self._stream.readline(size)
-        time.sleep(len(data) / self._rate[0])
-        return data
+        return self._pace(self._stream.readline(size))
 
     def __iter__(self):
         return iter(self.readline, b"")
 
 
-def _slowed(app, rate: list[int], in_flight: dict[int, str]):
+def _slowed(app, rate: list, default: int, in_flight: dict[int, str]):
     def handle(environ, start_response):
         if environ.get("REQUEST_METHOD") == "PUT" and CHECKPOINT_KEY_PART in environ.get("PATH_INFO", ""):
-            environ["wsgi.input"] = _Throttled(environ["wsgi.input"], rate)
+            environ["wsgi.input"] = _Throttled(environ["wsgi.input"], rate, default, environ["PATH_INFO"])
             request = id(environ)
             in_flight[request] = environ["PATH_INFO"]
             try:
@@ -101,8 +107,9 @@ def slow_store(bytes_per_s: int) -> Iterator[SlowStore]:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()
-    rate, in_flight = [bytes_per_s], {}
-    server = make_server("127.0.0.1", port, _slowed(DomainDispatcherApplication(create_backend_app), rate, in_flight),
+    rate, in_flight = [(bytes_per_s, None)], {}
+    app = _slowed(DomainDispatcherApplication(create_backend_app), rate, bytes_per_s, in_flight)
+    server = make_server("127.0.0.1", port, app,
                          True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
