@@ -35,7 +35,7 @@ def main() -> int:
     args = parser.parse_args()
     import test_chaos as chaos
     from raytrain_eks.backends.local_services import ray_head
-    from slow_store import slow_store
+    from devtools.slow_store import slow_store
 
     chaos.HANG_ENV.update({"RAYTRAIN_HANG_FLOOR_S": str(args.floor)})
     faults = {"sigstop": signal.SIGSTOP, "sigkill": signal.SIGKILL}

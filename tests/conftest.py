@@ -58,11 +58,15 @@ def one_rank_group(tmp_path):
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray cluster for the whole session (4 logical CPUs; no dashboard), started so no
-    earlier test in this process can break it (tests/ray_session.py)."""
+    earlier test in this process can break it (tests/ray_session.py). It starts after the
+    session's moto server (tests/fixtures_s3.py), whose variables its processes inherit: a run's
+    Ray Train controller writes its snapshot to that store, whichever test started the cluster."""
     ray = pytest.importorskip("ray")
+    from fixtures_s3 import start_s3_server
     from ray_session import start_session_cluster
 
     if not ray.is_initialized():
+        start_s3_server()
         start_session_cluster(ray)
     yield ray
     ray.shutdown()

@@ -10,7 +10,9 @@ Ray cluster must be started AFTER the server, with ``s3_server.ray_env_vars`` in
 checkpoints) and the workers need the endpoint too.
 
 Fixtures:
-- ``s3_server`` (session): starts ``moto.server.ThreadedMotoServer`` on a free loopback port and
+- ``s3_server`` (session): starts moto's S3 server (the app and werkzeug server
+  ``moto.server.ThreadedMotoServer`` runs, behind devtools/slow_store.py's layer, unthrottled
+  until a test holds a checkpoint's upload with ``s3_server.store.slowed``) on a free loopback port and
   sets ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
   ``AWS_DEFAULT_REGION`` (and ``AWS_REGION``) in ``os.environ`` for the rest of the session
   (the server stops at exit), so boto3,
@@ -27,9 +29,8 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import socket
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -45,12 +46,9 @@ class S3Server:
     """``http://127.0.0.1:<port>``."""
     ray_env_vars: dict[str, str]
     """The variables to pass to Ray workers (``runtime_env={"env_vars": ...}``)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    store: Any = None
+    """The :class:`devtools.slow_store.SlowStore` serving it: ``store.slowed(rate, only=...)``
+    holds a checkpoint's upload (devtools/strike.py)."""
 
 
 _RUNNING: list[S3Server] = []
@@ -65,15 +63,14 @@ def start_s3_server() -> S3Server:
     if _RUNNING:
         os.environ.update(_RUNNING[0].ray_env_vars)
         return _RUNNING[0]
-    from moto.server import ThreadedMotoServer
+    from devtools.slow_store import slow_store
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    atexit.register(server.stop)
+    serving = slow_store(None)
+    store = serving.__enter__()
+    atexit.register(serving.__exit__, None, None, None)
     env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ENDPOINT_URL": store.endpoint_url,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": REGION,
@@ -81,7 +78,7 @@ def start_s3_server() -> S3Server:
         "AWS_EC2_METADATA_DISABLED": "true",  # never look for instance credentials
     }
     os.environ.update(env)
-    _RUNNING.append(S3Server(endpoint_url=env["AWS_ENDPOINT_URL"], ray_env_vars=dict(env)))
+    _RUNNING.append(S3Server(endpoint_url=env["AWS_ENDPOINT_URL"], ray_env_vars=dict(env), store=store))
     return _RUNNING[0]
 
 

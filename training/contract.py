@@ -44,11 +44,6 @@ ENV_MANIFEST_HASH = "RAYTRAIN_MANIFEST_HASH"
 ENV_PEAK_TFLOPS = "RAYTRAIN_PEAK_BF16_TFLOPS"
 """Peak dense bf16 TFLOP/s of ONE GPU of the pod's instance type (from the environment
 package's instance table): the denominator of MFU. Unset on CPU, where MFU is n/a."""
-ENV_FAULT_AT_STEP = "RAYTRAIN_FAULT_AT_STEP"
-"""Test and demo hook: a rank exits hard once after this many steps. Set it on EVERY worker: at
-that step all ranks settle the checkpoints together (a collective) before the one rank exits."""
-ENV_FAULT_RANK = "RAYTRAIN_FAULT_RANK"
-"""The rank :data:`ENV_FAULT_AT_STEP` applies to (default 0)."""
 ENV_CACHE_DIR = "RAYTRAIN_CACHE_DIR"
 """Node-local cache of data, tokenizer and model files fetched from S3."""
 ENV_CHECKPOINT_LOCAL_DIR = "RAYTRAIN_CHECKPOINT_LOCAL_DIR"

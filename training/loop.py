@@ -17,7 +17,6 @@ The loop knows nothing of Ray beyond :class:`WorkerContext`; tests and benchmark
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -190,40 +189,6 @@ def local_context(local_dir: str, *, rank: int = 0, world_size: int = 1, run_dir
                          checkpoint_root=os.path.join(local_dir, "checkpoints"), checkpoint_report=report)
 
 
-def maybe_inject_fault(step: int, rank: int, ctx: WorkerContext, *, settle: Callable[[], None] | None = None) -> None:
-    """Test/demo hook: ``RAYTRAIN_FAULT_AT_STEP=k`` (+ ``RAYTRAIN_FAULT_RANK=r``, default 0) makes
-    rank r exit hard once after k steps. A marker in the run's storage makes the retry pass.
-
-    ``settle`` (every rank calls the hook at step k; the checkpoint manager's
-    :meth:`~training.checkpointing.CheckpointManager.settle`) runs first on every rank, so
-    what the run saved before step k is on record when the fault strikes: the fault then tests
-    the resume, never a race with a checkpoint still uploading."""
-    at = os.environ.get(contract.ENV_FAULT_AT_STEP)
-    if not at or step != int(at):
-        return
-    if settle is not None:
-        settle()
-    if rank != int(os.environ.get(contract.ENV_FAULT_RANK, "0")):
-        return
-    name = f"fault-injected-at-step-{step}-rank-{rank}"
-    if ctx.storage is not None:
-        fs, base = ctx.storage.storage_filesystem, ctx.storage.experiment_fs_path
-        import pyarrow.fs as pafs
-
-        if fs.get_file_info(f"{base}/{name}").type != pafs.FileType.NotFound:
-            return
-        fs.create_dir(base, recursive=True)
-        with fs.open_output_stream(f"{base}/{name}") as out:
-            out.write(b"injected\n")
-    else:
-        marker = os.path.join(ctx.local_dir, name)
-        if os.path.exists(marker):
-            return
-        open(marker, "w").close()
-    print(f"[fault injection] rank {rank} exits after step {step}", file=sys.stderr, flush=True)
-    os._exit(1)
-
-
 def open_data(job: JobConfig, ctx: WorkerContext) -> tuple[Any, Any]:
     """This rank's DataBundle (``.train`` stateful stream, ``.eval_batches()``, ``.stats``,
     ``.eval_prompts``) and the tokenizer (None for synthetic data)."""
@@ -385,7 +350,6 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
     stopped = False
     window = LogWindow(throughput, on_gpu=on_gpu, objective=objective)
     while trainer.step < t.max_steps and not stopped:
-        maybe_inject_fault(trainer.step, ctx.rank, ctx, settle=ckpt.settle if ckpt is not None else None)
         micro = [data.train.next_batch() for _ in range(accum)]
         sums = forward_backward(model, micro, device=device, world_size=ctx.world_size, objective=objective)
         grad_norm = optim.clip_gradients(model, t.grad_clip)

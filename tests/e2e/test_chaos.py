@@ -13,7 +13,7 @@ run spans two nodes as a multi-node job does. The faults:
 - a rank killed with SIGKILL (what the OOM killer does): Ray Train restarts the group;
 - the second node killed whole (its raylet and every process of it, SIGKILL: an instance lost),
   a third node joining afterwards as a replacement would;
-- the store slowed under a checkpoint (tests/e2e/slow_store.py) and a rank killed while that
+- the store slowed under a checkpoint (devtools/slow_store.py) and a rank killed while that
   checkpoint uploads: the run resumes from the last checkpoint the store completed.
 
 Every fault strikes at a known point: after step :data:`FAULT_AFTER_STEP` once Ray Train has
@@ -38,7 +38,8 @@ from pathlib import Path
 
 import pytest
 
-from slow_store import slow_store
+from devtools.slow_store import slow_store
+from devtools.strike import HOLD, ray_train_workers, registered
 
 pytestmark = pytest.mark.slow
 
@@ -56,11 +57,6 @@ steps (1->2, 2->3, 4->5) and one checkpointing step (3->4) are measured by then:
 bound is its floor, not its first-steps bound."""
 SETS = [f"train.max_steps={MAX_STEPS}", f"checkpoint.every_n_steps={CHECKPOINT_EVERY}", "checkpoint.keep_last=4",
         "eval.every_n_steps=0", "checkpoint.export_hf=false"]
-RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
-"""Ray Train's record of the checkpoints it registered, written to ``<storage>/<run>/`` at each
-registration (ray 2.58 ``train/v2/_internal/constants.py`` ``CHECKPOINT_MANAGER_SNAPSHOT_FILENAME``,
-``execution/checkpoint/checkpoint_manager.py`` ``_write_state_to_storage``): a restart resumes
-from its ``latest_checkpoint_result``."""
 HANG_ENV = {"RAYTRAIN_HANG_FIRST_STEP_S": "300"}
 """The production floor (60 s): a lower one declared a false hang here when the shared machine
 slowed one 6 s step to 28 s. The first-step bound is shortened (the faults strike later)."""
@@ -74,10 +70,6 @@ policy"), a fault no case injected. On EKS a Ray pod's monitor reads its own cgr
 Off for these clusters."""
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 FAST = 512 * 2**20
-HOLD = 64 * 2**10
-"""The next checkpoint's upload until the fault has struck: bytes keep flowing (the AWS SDK's
-low-speed timeout would fail a stalled request), but a rank's ~58 MB shard would take 15 min, so
-it cannot complete, and Ray Train cannot register it, before the fault."""
 POLL_S = 0.5
 """How often a wait looks again (the bounds below are generous; only the polls are short)."""
 
@@ -145,10 +137,7 @@ def _alive_nodes(head) -> int:
 
 
 def _workers(head) -> list:
-    from ray.util.state import list_actors
-
-    return list_actors(address=head.dashboard_url, raise_on_missing_output=False,
-                       filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    return ray_train_workers(head.dashboard_url)
 
 
 @pytest.fixture(scope="module")
@@ -173,18 +162,6 @@ def cluster():
                         os.environ.pop(key, None)
                     else:
                         os.environ[key] = value
-
-
-def _registered(s3, run_uri: str) -> str | None:
-    """The newest checkpoint Ray Train registered for the run (its snapshot), or None."""
-    from raytrain_eks.runs.results import split_uri
-
-    bucket, key = split_uri(f"{run_uri}/{RAY_SNAPSHOT}")
-    try:
-        snapshot = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    except s3.exceptions.NoSuchKey:
-        return None
-    return (snapshot.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
 
 
 def _run(cluster, tmp: Path, run: str, fault=None) -> dict:
@@ -216,7 +193,7 @@ def _run(cluster, tmp: Path, run: str, fault=None) -> dict:
                 return True
             logs = client.get_job_logs(run)
             return bool(re.search(rf"\bstep {FAULT_AFTER_STEP}/{MAX_STEPS} \|", logs)) and \
-                _registered(s3, manifests.run_uri) == saved
+                registered(s3, manifests.run_uri) == saved
 
         with store.slowed(HOLD, only=f"/{run}/{held}/"):
             submit(head.dashboard_url, run, job.entrypoint, job.runtime_env_yaml, auth_env=head.client_env)
@@ -336,7 +313,7 @@ def test_a_lost_node_is_recorded_and_the_run_resumes_on_its_replacement(cluster,
 def test_a_rank_lost_while_the_slowed_store_takes_a_checkpoint_resumes_from_the_last_complete(
         cluster, reference, tmp_path):
     """The step-4 checkpoint is stored at full speed and registered; the store is slow under the
-    step-8 checkpoint (:data:`HOLD`, tests/e2e/slow_store.py) and a rank is killed while it takes
+    step-8 checkpoint (:data:`HOLD`, devtools/slow_store.py) and a rank is killed while it takes
     that upload: the run resumes from step 4. The store is fast again once Ray Train tore the
     group down (a faster store while the other rank still uploads could let that upload finish
     first), so the rest of the run does not wait on it."""

@@ -8,7 +8,7 @@ driver SIGTERM and SIGKILLs it after ``RAY_JOB_STOP_WAIT_TIME_S`` (default
 is the job's runtime env (``job_manager.py`` ``_get_supervisor_runtime_env``). Here: the local
 job's RayJob, synthesized as ``submit`` writes it, submitted with ``ray job submit`` to a real
 local Ray head (token auth, as on EKS), its storage moto's S3 reading checkpoint uploads at
-8 MiB/s (tests/e2e/slow_store.py), stopped with ``JobSubmissionClient.stop_job`` while it trains.
+8 MiB/s (devtools/slow_store.py), stopped with ``JobSubmissionClient.stop_job`` while it trains.
 Then the same run is submitted again and continues from that checkpoint.
 
 On the same head: two trainers on one run (a second ``submit --resume X`` while the first
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from ray_session import TEST_ENV
-from slow_store import slow_store
+from devtools.slow_store import slow_store
 
 pytestmark = pytest.mark.slow
 

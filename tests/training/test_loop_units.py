@@ -1,10 +1,8 @@
-"""Fast checks of the loop's parts: schedule, throughput figures, entry-point validation, fault hook."""
+"""Fast checks of the loop's parts: schedule, throughput figures, entry-point validation."""
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,8 +13,6 @@ import torch
 from tiny_qwen import tiny_qwen2_config
 from training import evaluation, metrics, optim
 from training.__main__ import main
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_warmup_then_cosine_to_the_floor():
@@ -124,24 +120,6 @@ def test_entry_point_reads_max_positions_from_the_model_directory(tmp_path, caps
     assert "holds no config.json" in capsys.readouterr().err
 
 
-def test_fault_hook_exits_once_then_lets_the_retry_pass(tmp_path):
-    # Given RAYTRAIN_FAULT_AT_STEP=2 for rank 0, the first attempt at step 2 exits with 1 and leaves
-    # a marker; the second attempt (the retry) passes step 2.
-    script = textwrap.dedent(f"""
-        from training.loop import WorkerContext, maybe_inject_fault
-        ctx = WorkerContext(rank=0, world_size=1, local_rank=0, local_dir={str(tmp_path)!r})
-        maybe_inject_fault(1, 0, ctx)
-        maybe_inject_fault(2, 0, ctx)
-        print("passed step 2")
-    """)
-    env = {"RAYTRAIN_FAULT_AT_STEP": "2", "RAYTRAIN_FAULT_RANK": "0", "PATH": "/usr/bin:/bin"}
-    first = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
-    assert first.returncode == 1 and "rank 0 exits after step 2" in first.stderr
-    assert (tmp_path / "fault-injected-at-step-2-rank-0").exists()
-    second = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True)
-    assert second.returncode == 0 and "passed step 2" in second.stdout
-
-
 class _ScriptedLM(torch.nn.Module):
     """Stands in for the LM (not for the code under test): after a prompt of length p it
     predicts ``script[len - p]``, so the generated text is known exactly."""
@@ -170,34 +148,3 @@ def test_exact_match_counts_whole_answers_and_stops_at_the_stop_token(tmp_path):
     assert figures["exact_match"] == pytest.approx(0.5)
     assert figures["exact_match_prompts"] == 2
     assert figures["exact_match_samples"][1] == {"answer": "5", "generated": "5 6"}
-
-
-def test_fault_hook_settles_on_every_rank_at_the_fault_step_only(tmp_path, monkeypatch):
-    # Given the fault set for rank 1 after step 3: at other steps nothing happens; at step 3 rank 0
-    # settles and goes on, rank 1 settles BEFORE it writes its marker and exits
-    from training import loop
-
-    monkeypatch.setenv("RAYTRAIN_FAULT_AT_STEP", "3")
-    monkeypatch.setenv("RAYTRAIN_FAULT_RANK", "1")
-    events: list[str] = []
-    exits: list[int] = []
-    monkeypatch.setattr(loop.os, "_exit", lambda code: exits.append(code) or events.append("exit"))
-
-    def settle() -> None:
-        events.append("settle" + ("+marker" if (tmp_path / "fault-injected-at-step-3-rank-1").exists() else ""))
-
-    ctx = loop.WorkerContext(rank=1, world_size=2, local_rank=1, local_dir=str(tmp_path))
-    for step in (1, 2, 4):
-        loop.maybe_inject_fault(step, 0, ctx, settle=settle)
-        loop.maybe_inject_fault(step, 1, ctx, settle=settle)
-    assert events == []
-    loop.maybe_inject_fault(3, 0, ctx, settle=settle)
-    assert events == ["settle"] and exits == []
-    loop.maybe_inject_fault(3, 1, ctx, settle=settle)
-    assert events == ["settle", "settle", "exit"] and exits == [1]
-    # the retry (marker present): every rank still settles, nobody exits
-    loop.maybe_inject_fault(3, 1, ctx, settle=settle)
-    assert events[-1] == "settle+marker" and exits == [1]
-    monkeypatch.delenv("RAYTRAIN_FAULT_AT_STEP")
-    loop.maybe_inject_fault(3, 1, ctx, settle=settle)
-    assert len(events) == 4

@@ -2,10 +2,12 @@
 
 The reference: 8 uninterrupted steps of the same model and data on 2 plain gloo processes (no
 Ray, no checkpoints). Then three ``TorchTrainer.fit`` calls:
-1. ``faulty``: 6 steps; rank 1 dies after step 5 (the loop's RAYTRAIN_FAULT_AT_STEP hook, which
-   first settles the step-4 checkpoint); Ray restarts the workers, they restore it via
-   ``get_checkpoint`` and every replayed step equals the reference bit for bit (loss and data
-   position).
+1. ``faulty``: 6 steps, checkpoints at 2, 4 and 6; rank 1's worker process is SIGKILLed from
+   outside (this test's process) once Ray Train has registered the step-4 checkpoint, while the
+   session's store holds the step-6 upload (devtools/strike.py: so the run can neither register a
+   newer checkpoint nor end before the kill, however far it got); Ray restarts the workers, they
+   restore step 4 via ``get_checkpoint`` and every replayed step equals the reference bit for bit
+   (loss and data position).
 2. ``faulty`` again, max 8 steps, on a "new cluster": Ray's own run snapshot is deleted first,
    so the only thing left is the run name and storage; ``plan_resume`` finds the newest
    complete checkpoint (6) and steps 7-8 equal the reference.
@@ -38,7 +40,6 @@ def _train_fn(config: dict) -> None:
     from test_checkpoint_dcp import build, tiny_config, train_step
 
     from training.checkpointing import CheckpointManager, TrainerState, install_worker_handler, restore
-    from training.loop import maybe_inject_fault, ray_context
 
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
@@ -51,11 +52,9 @@ def _train_fn(config: dict) -> None:
                        resume_from=config.get("resume_from", ""))
     manager = CheckpointManager(model=model, optimizer=optimizer, trainer=trainer, local_root=config["local_root"],
                                 run_name=config["name"], every_n_steps=config["every"], model_config=tiny_config())
-    wctx = ray_context()
     with open(out / f"{config['name']}.rank{rank}.jsonl", "a") as log:
         log.write(json.dumps({"attempt_restored": restored, "start": trainer.step}) + "\n")
         for step in range(trainer.step + 1, config["max_steps"] + 1):
-            maybe_inject_fault(step - 1, rank, wctx, settle=manager.settle)  # as the loop calls it
             loss = train_step(model, optimizer, scheduler, stream)
             trainer.step = step
             log.write(json.dumps({"step": step, "loss": loss, "position": stream.position}) + "\n")
@@ -104,6 +103,18 @@ def _steps(out: Path, name: str, rank: int) -> tuple[list[dict], list[dict]]:
     return [r for r in rows if "attempt_restored" in r], [r for r in rows if "step" in r]
 
 
+def _by_attempt(out: Path, name: str, rank: int) -> list[list[dict]]:
+    """The steps each attempt logged, in order."""
+    attempts: list[list[dict]] = []
+    for line in (out / f"{name}.rank{rank}.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "attempt_restored" in row:
+            attempts.append([])
+        else:
+            attempts[-1].append(row)
+    return attempts
+
+
 @pytest.fixture(scope="module")
 def storage(s3_bucket, ray_cluster, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("ray-ckpt")
@@ -138,23 +149,34 @@ def reference():
     return {rank: {r["step"]: r for r in ranks[rank]["rows"]} for rank in range(WORLD)}
 
 
-def test_failure_then_resume_is_bit_identical_and_a_new_cluster_continues_from_s3(storage, reference):
+def test_failure_then_resume_is_bit_identical_and_a_new_cluster_continues_from_s3(s3_server, storage, reference):  # noqa: F811
+    from devtools.strike import Strike, registered
+    from raytrain_eks.runs.results import s3_client
     from training.checkpointing import ExistingRunError, plan_resume
+    from training.checkpointing.manager import checkpoint_dir_name
     from training.storage.files import filesystem_for
 
     prefix, out = storage
-    # the fault hook settles first: the step-4 checkpoint is committed by Ray Train before rank 1 dies
-    result = _fit("faulty", prefix, out, max_steps=6, every=2,
-                  env={"RAYTRAIN_FAULT_AT_STEP": "5", "RAYTRAIN_FAULT_RANK": "1"})
+    s3, saved = s3_client(s3_server.ray_env_vars), checkpoint_dir_name(4)
+
+    def kill_rank1() -> int:
+        pid = int((out / "faulty.pid1").read_text())  # the first attempt's rank 1 (the pid its worker wrote)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    # the step-6 upload is held until rank 1 is killed: step 4 stays the newest registered checkpoint
+    with Strike(s3_server.store, held=f"/faulty/{checkpoint_dir_name(6)}/", what=f"{saved} of faulty registered",
+                ready=lambda: registered(s3, f"{prefix}/faulty") == saved, fault=kill_rank1):
+        result = _fit("faulty", prefix, out, max_steps=6, every=2)
     assert result.error is None
     for rank in range(WORLD):
-        attempts, rows = _steps(out, "faulty", rank)
+        attempts, _ = _steps(out, "faulty", rank)
         assert len(attempts) == 2, attempts  # one failure, one restart
-        resumed_at = attempts[1]["start"]
-        assert attempts[1]["attempt_restored"].endswith(f"checkpoint_{resumed_at:08d}") and resumed_at == 4
-        assert rows[:5] == [reference[rank][step] for step in range(1, 6)]  # the first attempt ran steps 1-5
-        after = rows[5:]
-        assert [r["step"] for r in after] == list(range(resumed_at + 1, 7))
+        assert attempts[1]["attempt_restored"].endswith(f"/faulty/{saved}") and attempts[1]["start"] == 4, attempts
+        first, after = _by_attempt(out, "faulty", rank)
+        # the first attempt ran at least to the registered step 4, however far past it the kill found it
+        assert len(first) >= 4 and first == [reference[rank][step] for step in range(1, len(first) + 1)]
+        assert [r["step"] for r in after] == [5, 6]
         for row in after:
             assert row == reference[rank][row["step"]]  # loss and data position, exactly
 

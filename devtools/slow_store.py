@@ -1,6 +1,9 @@
 """A slowed checkpoint store: moto's S3 server (moto 5.2.5, ``moto/moto_server/threaded_moto_server.py``:
 the same WSGI app and werkzeug server ``ThreadedMotoServer`` runs) behind a WSGI layer that reads
-the body of every checkpoint upload at :attr:`SlowStore.bytes_per_s` per request.
+the body of every checkpoint upload at :attr:`SlowStore.bytes_per_s` per request. Shared by the
+tests (the chaos suite, the stop test, the resume proofs through tests/fixtures_s3.py's session
+store), bench/bench_recovery.py and `make demo FAULT=1` (devtools/strike.py holds a checkpoint's
+upload on it until the fault has struck).
 
 What it models: the bandwidth of the upload of a large checkpoint (a sharded 1.5B checkpoint with
 its AdamW state is ~18 GB, minutes to S3), nothing else: every other request, and every answer,
@@ -26,7 +29,8 @@ CHECKPOINT_KEY_PART = "/checkpoint_"
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SlowStore:
     endpoint_url: str
-    bytes_per_s: int
+    bytes_per_s: int | None
+    """None: at moto's own speed until :meth:`slowed` says otherwise."""
     _rate: list = field(default_factory=list, repr=False)
     """The rate in force and the checkpoint it applies to (``None``: every one), one element:
     :meth:`slowed` changes it for a while on a shared store."""
@@ -61,14 +65,15 @@ class _Throttled:
 
     CHUNK = 64 * 1024
 
-    def __init__(self, stream, rate: list, default: int, path: str):
+    def __init__(self, stream, rate: list, default: int | None, path: str):
         self._stream, self._rate, self._default, self._path = stream, rate, default, path
 
     def _pace(self, data: bytes) -> bytes:
         bytes_per_s, only = self._rate[0]
         if only is not None and only not in self._path:
             bytes_per_s = self._default
-        time.sleep(len(data) / bytes_per_s)
+        if bytes_per_s:
+            time.sleep(len(data) / bytes_per_s)
         return data
 
     def read(self, size: int = -1) -> bytes:
@@ -83,7 +88,7 @@ class _Throttled:
         return iter(self.readline, b"")
 
 
-def _slowed(app, rate: list, default: int, in_flight: dict[int, str]):
+def _slowed(app, rate: list, default: int | None, in_flight: dict[int, str]):
     def handle(environ, start_response):
         if environ.get("REQUEST_METHOD") == "PUT" and CHECKPOINT_KEY_PART in environ.get("PATH_INFO", ""):
             environ["wsgi.input"] = _Throttled(environ["wsgi.input"], rate, default, environ["PATH_INFO"])
@@ -98,8 +103,9 @@ def _slowed(app, rate: list, default: int, in_flight: dict[int, str]):
 
 
 @contextlib.contextmanager
-def slow_store(bytes_per_s: int) -> Iterator[SlowStore]:
-    """moto's S3 app on a free loopback port, checkpoint uploads read at ``bytes_per_s``."""
+def slow_store(bytes_per_s: int | None) -> Iterator[SlowStore]:
+    """moto's S3 app on a free loopback port, checkpoint uploads read at ``bytes_per_s`` (None:
+    unthrottled)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
