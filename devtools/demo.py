@@ -17,13 +17,21 @@ What it does, in order (each step prints a header):
    scraped metrics beside metrics.jsonl, and the verdict.
 Everything it started is stopped on exit, also on Ctrl-C or failure.
 
-``--fault`` (``make demo FAULT=1``) makes one worker die mid-run (through the training
-package's fault hook, set in the Ray cluster's environment, so the submitted command and runtime
-env stay byte-identical to the manifest) and the run resumes from its last checkpoint.
+``--fault`` (``make demo FAULT=1``) kills one worker from outside, as a real fault arrives: once
+Ray Train has registered the job's first checkpoint (its snapshot in the bucket names it) and
+``metrics.jsonl`` in the bucket holds step :func:`fault_step`, the demo SIGKILLs one
+``RayTrainWorker`` process (its pid from Ray's state API). Until then the bucket (moto behind the
+throttling layer of devtools/slow_store.py) holds the upload of the next checkpoint at 64 KiB/s
+(devtools/strike.py), so the run can neither save that checkpoint nor end before the kill, on any
+machine. Ray Train restarts the workers, the run resumes from the first checkpoint, redoes the
+steps after it, and run.json records the incident (``worker_lost``: which rank, the step resumed
+from, the steps and the minutes lost). The submitted command and runtime env stay byte-identical
+to the manifest: nothing of the job knows about the fault.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -40,11 +48,12 @@ LOCAL_JOB = "local"
 
 
 def fault_step(job) -> int:
-    """Where ``--fault`` kills a worker: after the last step before the job's second checkpoint
-    whose metrics reached storage (a ``train.report_every_n_steps`` step). The run resumes from
-    the first checkpoint and redoes steps that are already on record, so the two can be compared."""
+    """Where ``--fault`` kills a worker: once the last step before the job's second checkpoint
+    whose metrics reach storage (a ``train.report_every_n_steps`` step) is in the bucket. The run
+    resumes from the first checkpoint and redoes steps that are already on record, so the two can
+    be compared."""
     every, report, last = job.checkpoint.every_n_steps, job.train.report_every_n_steps, job.train.max_steps
-    # the hook runs before a step: a fault after step k needs a step k + 1
+    # the last step's metrics reach storage only with the run's end, which the held upload prevents
     synced = [step for step in range(every + 1, min(2 * every, last)) if step % report == 0] if every > 0 else []
     if not synced:
         raise DemoError(f"jobs/{LOCAL_JOB}.toml: --fault needs a reported step (train.report_every_n_steps = {report}) "
@@ -83,7 +92,9 @@ def run_demo(args: argparse.Namespace) -> dict:
     from raytrain_eks.verify import render_summary
     from devtools.metrics_scrape import Watcher
     from raytrain_eks.backends.local import run_local
+    from devtools.slow_store import slow_store
     from environment import load_environment
+    from training.checkpointing.manager import checkpoint_dir_name
 
     total = 5
     env_path = Path(args.env)
@@ -129,27 +140,55 @@ def run_demo(args: argparse.Namespace) -> dict:
     _header(4, total, "local run: moto's S3 server and a real Ray head on 127.0.0.1 (both stop with the demo); "
                       f"ray job submit of the '{job.name}' RayJob's own entrypoint and runtimeEnvYAML "
                       f"({manifest})")
-    cluster_env = {}
-    if args.fault:
-        # Set on the Ray cluster (like a chaos tool would), not in the job: the submitted
-        # command and runtime env stay exactly the manifest's.
-        at = fault_step(local_job)
-        cluster_env.update(RAYTRAIN_FAULT_AT_STEP=str(at), RAYTRAIN_FAULT_RANK="1")
-        print(f"    FAULT: rank 1 dies after step {at}; Ray Train restarts the workers from the last checkpoint")
     watchers: list = []
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(slow_store(None)) if args.fault else None
+        if args.fault:
+            at = fault_step(local_job)
+            print(f"    FAULT: once {checkpoint_dir_name(local_job.checkpoint.every_n_steps)} is registered and "
+                  f"step {at} is in the bucket, the demo SIGKILLs one worker process (from outside the job; "
+                  f"the next checkpoint's upload is held until then); Ray Train restarts the workers from the "
+                  f"last checkpoint")
 
-    def scrape(head):
-        # Scrape the node's metrics endpoint while the job runs, as Prometheus does on EKS.
-        watchers.append(Watcher(head.metrics_url, run=local_job.run_name))
-        return watchers[-1]
+        @contextlib.contextmanager
+        def while_running(head):
+            # Scrape the node's metrics endpoint while the job runs, as Prometheus does on EKS.
+            watchers.append(Watcher(head.metrics_url, run=local_job.run_name))
+            try:
+                with watchers[-1], (_strike(store, head, local_job, run_uri) if args.fault else contextlib.nullcontext()):
+                    yield
+            except AssertionError as err:  # the fault did not strike (devtools/strike.py says why)
+                raise DemoError(f"--fault: {err}") from None
 
-    ran = run_local(rayjob=manifest, run_uri=run_uri, code_path=code_zip, out_dir=out_dir, cluster_env=cluster_env,
-                    while_running=scrape)
+        ran = run_local(rayjob=manifest, run_uri=run_uri, code_path=code_zip, out_dir=out_dir,
+                        while_running=while_running, storage=store)
     _header(5, total, "results")
     _print_scrape(watchers[0], out_dir)
     if ran.status != "SUCCEEDED":
         raise DemoError(f"the job did not succeed ({ran.status}); its records are in {out_dir}")
     return _finish(out_dir, ran.info, job)
+
+
+def _strike(store, head, job, run_uri: str):
+    """``--fault``: SIGKILL one Ray Train worker process once the first checkpoint is registered and
+    step :func:`fault_step` is in the bucket, the next checkpoint's upload held until then
+    (devtools/strike.py)."""
+    from devtools.strike import Strike, logged_step, ray_train_workers, registered
+    from raytrain_eks.runs.results import s3_client
+    from training.checkpointing.manager import checkpoint_dir_name
+
+    s3, every, at = s3_client(store.client_env), job.checkpoint.every_n_steps, fault_step(job)
+    saved, held = checkpoint_dir_name(every), checkpoint_dir_name(min(2 * every, job.train.max_steps))
+
+    def kill() -> int:
+        worker = ray_train_workers(head.dashboard_url, head.auth_token)[-1]
+        os.kill(worker.pid, signal.SIGKILL)
+        print(f"    FAULT: SIGKILL to worker pid {worker.pid} (after {saved} was registered and step {at} "
+              f"reached the bucket)", flush=True)
+        return worker.pid
+
+    return Strike(store, held=f"/{job.run_name}/{held}/", fault=kill, what=f"{saved} and step {at}",
+                  ready=lambda: registered(s3, run_uri) == saved and logged_step(s3, run_uri) >= at)
 
 
 def _print_scrape(watcher, out_dir: Path) -> None:

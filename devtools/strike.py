@@ -61,12 +61,19 @@ def logged_step(s3: Any, run_uri: str) -> int:
     return max([r["step"] for r in rows if r.get("kind") == "train"], default=0)
 
 
-def ray_train_workers(dashboard_url: str) -> list[Any]:
-    """The live Ray Train worker actors of a cluster (its state API, through the dashboard)."""
-    from ray.util.state import list_actors
+def ray_train_workers(dashboard_url: str, token: str = "") -> list[Any]:
+    """The live Ray Train worker actors of a cluster (``.pid``, ``.node_id``), from its state API
+    through the dashboard (``ray.util.state.list_actors``); ``token``: a token-authenticated head's,
+    sent in the request's own header (Ray caches ``RAY_AUTH_MODE`` once per process, so an
+    environment set later is not seen)."""
+    from ray.util.state.api import StateApiClient
+    from ray.util.state.common import ListApiOptions, StateResource
 
-    return list_actors(address=dashboard_url, raise_on_missing_output=False,
-                       filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    return StateApiClient(address=dashboard_url, headers=headers).list(
+        StateResource.ACTORS, options=ListApiOptions(filters=[("class_name", "=", "RayTrainWorker"),
+                                                              ("state", "=", "ALIVE")]),
+        raise_on_missing_output=False)
 
 
 class Strike:

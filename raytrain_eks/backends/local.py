@@ -398,15 +398,15 @@ class LocalRun:
     copied: list[str]
 
 
-def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, cluster_env: dict[str, str] | None = None,
+def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path,
               say: Callable[[str], None] = print, while_running: Any = None,
-              prepare: Callable[[Any], None] | None = None) -> LocalRun:
+              prepare: Callable[[Any], None] | None = None, storage: Any = None) -> LocalRun:
     """Start the S3 server and a Ray head (or use the warm head :data:`LOCAL_HEAD_ENV` names), upload
     the code archive, submit ``rayjob``'s own entrypoint and runtime env, follow it, and copy the
-    run's results into ``out_dir``. ``cluster_env`` reaches the Ray cluster, not the job (the demo's
-    fault injection: a cluster of the run's own); ``while_running(head)``: a context manager around
-    the job (the demo's metrics scrape); ``prepare(s3 client)``: before the head starts (submit
-    uploads the job's own files)."""
+    run's results into ``out_dir``. ``while_running(head)``: a context manager around
+    the job (the demo's metrics scrape and fault); ``prepare(s3 client)``: before the head starts (submit
+    uploads the job's own files); ``storage``: a running S3 server (``endpoint_url``, ``client_env``)
+    to use instead of a fresh moto (the demo's, which can hold a checkpoint's upload)."""
     from charts import ChartError
     from charts.main import read_rayjob
     from raytrain_eks.backends.local_services import ray_head, s3_server
@@ -414,17 +414,18 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
 
     job = read_rayjob(rayjob)
     warm = given_warm_head()
-    if warm and cluster_env:
-        raise ChartError(f"{LOCAL_HEAD_ENV}: this run sets {', '.join(sorted(cluster_env))} on the Ray cluster it "
-                         f"starts, which a warm head was started without: unset {LOCAL_HEAD_ENV} for it")
-    with (contextlib.nullcontext(warm.storage) if warm else s3_server()) as s3:
+    if warm and storage is not None:
+        raise ChartError(f"{LOCAL_HEAD_ENV}: this run brings its own storage, which the warm head was started "
+                         f"without: unset {LOCAL_HEAD_ENV} for it")
+    given = warm.storage if warm else storage
+    with (contextlib.nullcontext(given) if given is not None else s3_server()) as s3:
         client = s3_client(s3.client_env)
         upload_if_missing(client, code_path, job.working_dir, create_bucket=True)
         say(f"    storage {s3.endpoint_url} (moto, in memory): code {job.working_dir}")
         if prepare:
             prepare(client)
         with (contextlib.nullcontext(warm.head) if warm else
-              ray_head(num_cpus=LOCAL_CPUS, env={**s3.client_env, **(cluster_env or {})}, keep_logs=out_dir / "ray-logs")) as head:
+              ray_head(num_cpus=LOCAL_CPUS, env=s3.client_env, keep_logs=out_dir / "ray-logs")) as head:
             say(f"    Ray head: dashboard {head.dashboard_url}, metrics {head.metrics_url}"
                 + (f" (warm: {warm.path}, left running; its logs in {head.temp_dir})" if warm else ""))
             services = {"ray_temp_dir": head.temp_dir, "storage_endpoint": s3.endpoint_url,

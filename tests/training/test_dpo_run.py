@@ -1,9 +1,9 @@
 """The local DPO job (jobs/local-dpo.toml) end to end from the unpacked code archive, in a venv
 holding ONLY the DLC's package set (tests/bare_runtime.py ``DLC_RUNTIME``: no peft, trl or
 lm_eval), as a worker runs it: one process (the driver and the worker of training/launch.py
-``run_in_process``), a hard fault after step 7 (the job's own hook, RAYTRAIN_FAULT_AT_STEP, the
-mechanism of the demo's and the LoRA run's fault tests), a resume from the checkpoint at step 5,
-and an unfaulted run beside it. The resumed run must equal the unfaulted one bit for bit (losses,
+``run_in_process``) storing on the session's moto S3, SIGKILLed from outside once its step-5
+checkpoint is complete while the store holds the step-10 upload (tests/outside_fault.py, as the
+LoRA run's fault test), a resume from the checkpoint at step 5, and an unfaulted run beside it. The resumed run must equal the unfaulted one bit for bit (losses,
 rewards and the export's hash); the run is ACCEPTED on its held-out reward accuracy, run.json
 records the objective and the benchmark scores before and after, and the export loads with
 ``from_pretrained``."""
@@ -17,6 +17,8 @@ import zipfile
 import pytest
 
 from bare_runtime import DLC_RUNTIME, _clean_environ, make_runtime
+from fixtures_s3 import s3_bucket, s3_server  # noqa: F401  (the session's store)
+from outside_fault import download, killed_after_checkpoint
 
 pytestmark = pytest.mark.slow  # three short DPO trainings of the demo model in subprocesses
 
@@ -36,16 +38,17 @@ print(json.dumps({k: record.get(k) for k in ("status", "exports", "error", "verd
 """
 
 
-def _run(python, wd, tmp_path, name, resume="", fault=""):
+def _run(python, wd, tmp_path, name, s3_server, store, resume="", fault=False):  # noqa: F811
     # one intra-op thread, as Ray sets it for a worker of one CPU (ray 2.58 ``ray/_private/utils.py``
     # ``set_omp_num_threads_if_unset``); torch's default of one per core spins against the
     # other processes of a loaded 2-core machine
-    env = {**_clean_environ(), "OMP_NUM_THREADS": "1"}
-    if fault:
-        env["RAYTRAIN_FAULT_AT_STEP"] = fault
+    env = {**_clean_environ(), **s3_server.ray_env_vars, "OMP_NUM_THREADS": "1"}
     (tmp_path / name).mkdir(exist_ok=True)
-    return subprocess.run([str(python), "-c", _RUN, str(tmp_path / name), str(tmp_path / f"{name}-store"), resume],
-                          cwd=wd, env=env, capture_output=True, text=True, timeout=1500)
+    argv = [str(python), "-c", _RUN, str(tmp_path / name), f"{store}/{name}", resume]
+    if fault:  # the step-5 checkpoint complete, the step-10 upload held: then SIGKILL
+        return killed_after_checkpoint(argv, store=s3_server.store, run_uri=f"{store}/{name}/local-dpo", saved_step=5,
+                                       held_step=10, cwd=wd, env=env)
+    return subprocess.run(argv, cwd=wd, env=env, capture_output=True, text=True, timeout=1500)
 
 
 def _rows(run_dir):
@@ -54,7 +57,8 @@ def _rows(run_dir):
             for r in rows if r.get("kind") == "train"}
 
 
-def test_the_dpo_job_runs_from_the_archive_on_the_dlc_packages_resumes_bit_identically_and_exports(tmp_path):
+def test_the_dpo_job_runs_from_the_archive_on_the_dlc_packages_resumes_bit_identically_and_exports(
+        s3_server, s3_bucket, tmp_path):  # noqa: F811
     from transformers import AutoModelForCausalLM
 
     from charts.code_bundle import build_code_bundle
@@ -68,13 +72,12 @@ def test_the_dpo_job_runs_from_the_archive_on_the_dlc_packages_resumes_bit_ident
                                               "if u.find_spec(m)])"], capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == "[]"
 
-    faulted = _run(python, wd, tmp_path, "a", fault="7")
-    assert faulted.returncode == 1 and "[fault injection] rank 0 exits after step 7" in faulted.stderr, \
-        faulted.stderr[-3000:]
-    (checkpoint,) = (tmp_path / "a-store").glob("*/checkpoint_00000005")
-    resumed = _run(python, wd, tmp_path, "a", resume=str(checkpoint))
+    store = f"{s3_bucket}/{tmp_path.name}"
+    faulted = _run(python, wd, tmp_path, "a", s3_server, store, fault=True)
+    assert faulted.returncode == -9, faulted.stderr[-3000:]  # killed, not ended
+    resumed = _run(python, wd, tmp_path, "a", s3_server, store, resume=f"{store}/a/local-dpo/checkpoint_00000005")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    clean = _run(python, wd, tmp_path, "b")
+    clean = _run(python, wd, tmp_path, "b", s3_server, store)
     assert clean.returncode == 0, clean.stderr[-3000:]
     first, second = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (resumed, clean))
 
@@ -93,5 +96,8 @@ def test_the_dpo_job_runs_from_the_archive_on_the_dlc_packages_resumes_bit_ident
         assert first["benchmarks"][side]["tasks"]["tiny-arith"]["questions"] == 4
     assert first["benchmarks"] == second["benchmarks"]
 
-    model = AutoModelForCausalLM.from_pretrained(first["exports"]["full"]["uri"])
+    from raytrain_eks.runs.results import s3_client
+
+    model = AutoModelForCausalLM.from_pretrained(download(s3_client(s3_server.ray_env_vars),
+                                                          first["exports"]["full"]["uri"], tmp_path / "full"))
     assert model.config.hidden_size == 64

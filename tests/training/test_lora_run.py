@@ -1,7 +1,8 @@
 """A LoRA fine-tune of the demo's tiny model end to end, from the unpacked code archive as a
 worker runs it: the demo job (jobs/local.toml) with ``[[model.transforms]] name = "lora"``, one
-process (the driver and the worker of training/launch.py ``run_in_process``), a hard fault after
-step 7 (the job's own hook, RAYTRAIN_FAULT_AT_STEP), a resume from the checkpoint at step 5, and
+process (the driver and the worker of training/launch.py ``run_in_process``) storing on the
+session's moto S3, SIGKILLed from outside once its step-5 checkpoint is complete while the store
+holds the step-10 upload (tests/outside_fault.py), a resume from the checkpoint at step 5, and
 both exports: the merged model loads alone with ``from_pretrained``, the adapter loads with
 peft 0.18.0 onto the base model, and run.json names and hashes both. The faulted-and-resumed
 run must equal an unfaulted one bit for bit (losses and both exports' hashes)."""
@@ -15,6 +16,9 @@ import zipfile
 
 import pytest
 import torch
+
+from fixtures_s3 import s3_bucket, s3_server  # noqa: F401  (the session's store)
+from outside_fault import download, killed_after_checkpoint
 
 pytestmark = pytest.mark.slow  # three short trainings of the demo model in subprocesses
 
@@ -35,18 +39,19 @@ print(json.dumps({"status": record["status"], "exports": record["exports"], "err
 """
 
 
-def _run(wd, tmp_path, name, resume="", fault=""):
+def _run(wd, tmp_path, name, store, resume="", fault=None):
     # one intra-op thread, as Ray sets it for a worker of one CPU (ray 2.58 ``ray/_private/utils.py``
     # ``set_omp_num_threads_if_unset``); torch's default of one per core spins against the
     # other processes of a loaded 2-core machine
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
-    if fault:
-        env["RAYTRAIN_FAULT_AT_STEP"] = fault
     from test_data_support import qwen_tokenizer_dir
 
     (tmp_path / name).mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-c", _RUN, str(tmp_path / name), str(tmp_path / f"{name}-store"), resume,
-                           str(qwen_tokenizer_dir())], cwd=wd, env=env, capture_output=True, text=True, timeout=600)
+    argv = [sys.executable, "-c", _RUN, str(tmp_path / name), f"{store}/{name}", resume, str(qwen_tokenizer_dir())]
+    if fault is not None:  # the step-5 checkpoint complete, the step-10 upload held: then SIGKILL
+        return killed_after_checkpoint(argv, store=fault, run_uri=f"{store}/{name}/local", saved_step=5,
+                                       held_step=10, cwd=wd, env=env)
+    return subprocess.run(argv, cwd=wd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _losses(run_dir):
@@ -54,7 +59,7 @@ def _losses(run_dir):
     return {r["step"]: r["loss"] for r in rows if "loss" in r and "step" in r}
 
 
-def test_a_lora_run_resumes_bit_identically_after_a_fault_and_both_exports_load(tmp_path):
+def test_a_lora_run_resumes_bit_identically_after_a_fault_and_both_exports_load(s3_server, s3_bucket, tmp_path):  # noqa: F811
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -66,12 +71,15 @@ def test_a_lora_run_resumes_bit_identically_after_a_fault_and_both_exports_load(
         zf.extractall(tmp_path / "wd")
     wd = tmp_path / "wd"
 
-    faulted = _run(wd, tmp_path, "a", fault="7")
-    assert faulted.returncode == 1 and "[fault injection] rank 0 exits after step 7" in faulted.stderr
-    (checkpoint,) = (tmp_path / "a-store").glob("*/checkpoint_00000005")
-    resumed = _run(wd, tmp_path, "a", resume=str(checkpoint))
+    from raytrain_eks.runs.results import s3_client
+
+    store, s3 = f"{s3_bucket}/{tmp_path.name}", s3_client(s3_server.ray_env_vars)
+    faulted = _run(wd, tmp_path, "a", store, fault=s3_server.store)
+    assert faulted.returncode == -9, faulted.stderr[-3000:]  # killed, not ended
+    checkpoint = f"{store}/a/local/checkpoint_00000005"
+    resumed = _run(wd, tmp_path, "a", store, resume=checkpoint)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    clean = _run(wd, tmp_path, "b")
+    clean = _run(wd, tmp_path, "b", store)
     assert clean.returncode == 0, clean.stderr[-3000:]
     first, second = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (resumed, clean))
     assert first["status"] == second["status"] == "succeeded", (first, second)
@@ -81,7 +89,10 @@ def test_a_lora_run_resumes_bit_identically_after_a_fault_and_both_exports_load(
     assert {s: after[s] for s in range(6, 11)} == {s: reference[s] for s in range(6, 11)}
     assert set(first["exports"]) == {"merged", "peft_adapter"}
     assert {k: v["sha256"] for k, v in first["exports"].items()} == {k: v["sha256"] for k, v in second["exports"].items()}
-    record = json.loads((checkpoint.parent / "run.json").read_text())
+    from raytrain_eks.runs.results import split_uri
+
+    bucket, key = split_uri(f"{store}/a/local/run.json")
+    record = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     assert record["exports"] == first["exports"]
 
     # the merged model alone, and the adapter on the base model (built as the job builds it:
@@ -93,8 +104,10 @@ def test_a_lora_run_resumes_bit_identically_after_a_fault_and_both_exports_load(
     untrained_q = base.model.layers[0].self_attn.q_proj.weight.clone()
     ids = torch.randint(0, 151936, (1, 32), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        merged = AutoModelForCausalLM.from_pretrained(first["exports"]["merged"]["uri"]).eval()
-        adapted = PeftModel.from_pretrained(base, first["exports"]["peft_adapter"]["uri"]).eval()
+        merged = AutoModelForCausalLM.from_pretrained(download(s3, first["exports"]["merged"]["uri"],
+                                                               tmp_path / "merged")).eval()
+        adapted = PeftModel.from_pretrained(base, download(s3, first["exports"]["peft_adapter"]["uri"],
+                                                           tmp_path / "adapter")).eval()
         torch.testing.assert_close(adapted(input_ids=ids).logits.float(), merged(input_ids=ids).logits.float(),
                                    rtol=2e-2, atol=2e-2)
     assert not torch.equal(merged.model.layers[0].self_attn.q_proj.weight.bfloat16(), untrained_q)  # trained

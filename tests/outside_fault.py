@@ -1,0 +1,51 @@
+"""A run in one process (training/launch.py ``run_in_process``: its driver and its only worker)
+SIGKILLed from outside once its checkpoint of step k is complete in the session's store, while
+the store holds the next checkpoint's upload (devtools/strike.py): the process can neither save a
+newer checkpoint nor end before the kill, however far its loop got. Used by the LoRA and DPO
+resume proofs (tests/training/test_lora_run.py, test_dpo_run.py)."""
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def killed_after_checkpoint(argv: list[str], *, store: Any, run_uri: str, saved_step: int, held_step: int,
+                            cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run ``argv``; SIGKILL it once ``<run_uri>/checkpoint_<saved_step>`` is the newest complete
+    checkpoint (training/checkpointing ``find_latest_complete``: every rank's files and the
+    marker), the upload of ``checkpoint_<held_step>`` held until then. Returns what it printed."""
+    from devtools.strike import Strike
+    from training.checkpointing import find_latest_complete
+    from training.checkpointing.manager import checkpoint_dir_name
+
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def saved() -> bool:
+        latest = find_latest_complete(run_uri)
+        return latest is not None and latest.step == saved_step
+
+    run_name = run_uri.rstrip("/").rsplit("/", 1)[1]
+    try:
+        with Strike(store, held=f"/{run_name}/{checkpoint_dir_name(held_step)}/", ready=saved,
+                    fault=lambda: proc.send_signal(signal.SIGKILL),
+                    what=f"{checkpoint_dir_name(saved_step)} of {run_uri} complete"):
+            stdout, stderr = proc.communicate(timeout=1500)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def download(s3: Any, uri: str, dest: Path) -> Path:
+    """Every object under ``uri`` into ``dest`` (a model to load with ``from_pretrained``)."""
+    from raytrain_eks.runs.results import list_keys, split_uri
+
+    bucket, prefix = split_uri(uri)
+    for key in list_keys(s3, uri):
+        target = dest / key[len(prefix.rstrip("/")) + 1:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        s3.download_file(bucket, key, str(target))
+    return dest
