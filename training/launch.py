@@ -23,7 +23,7 @@ from training.run_record import RunRecord, exposed_comm_handed
 from training.storage import RunStorage
 from training.verdict import outcome
 
-# Driver environment variables the workers need too (fault injection, S3 endpoint for tests,
+# Driver environment variables the workers need too (the job's RAYTRAIN_* settings, S3 endpoint for tests,
 # report cadence): in a running cluster the actors do not inherit the driver's environment.
 FORWARDED_ENV_PREFIXES = (contract.ENV_PREFIX, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "AWS_ENDPOINT_URL", "AWS_REGION",
                           "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
