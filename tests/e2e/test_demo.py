@@ -1,6 +1,7 @@
 """End to end, as `make demo FAULT=1` runs it: the local RayJob's own entrypoint and runtime env,
 read from the synthesized manifest, submitted with `ray job submit` to a real local Ray head, with
-moto's S3 server as checkpoint storage; one worker is killed mid-run and the run resumes.
+moto's S3 server as checkpoint storage; one worker is killed mid-run from outside (the demo's
+SIGKILL once a checkpoint is registered, the next upload held) and the run resumes.
 
 One demo run (a few minutes on 2 cores) backs every assertion below. The CloudFormation synth is
 skipped here (tests/infra covers it); everything else is the demo's own path. Its manifests go to
@@ -80,7 +81,9 @@ def test_run_record_holds_the_evidence(demo):
     assert record["start_time"] and record["end_time"] and record["hosts"]
 
 
-def test_resume_after_the_injected_fault_is_continuous(demo):
+def test_resume_after_the_outside_fault_is_continuous(demo):
+    from devtools.demo import fault_step
+
     out, stdout, _ = demo
     job = load_job_config(ROOT / "jobs" / "local.toml")
     train = [m for m in _metrics(out) if m.get("kind") == "train"]
@@ -97,6 +100,14 @@ def test_resume_after_the_injected_fault_is_continuous(demo):
     # a step trained before the fault and again after the resume saw the same data and weights
     for step, losses in redone.items():
         assert len(set(losses)) == 1, f"step {step} differs after resume: {losses}"
+    # the demo's SIGKILL of a worker process (devtools/demo.py ``_strike``), once the step-5
+    # checkpoint was registered and the step-10 upload held: a worker lost on a node that stays up
+    # (training/watchdog.py ``classify``), resumed from exactly step 5
+    first = json.loads((out / "run.json").read_text())["incidents"][0]
+    assert first["kind"] == "worker_lost" and len(first["ranks"]) == 1, first
+    assert first["resumed_from_step"] == job.checkpoint.every_n_steps and first["step"] >= fault_step(job), first
+    assert first["steps_lost"] == first["step"] - first["resumed_from_step"], first
+    assert "FAULT: SIGKILL to worker pid" in stdout
 
 
 def test_report_and_plots_exist(demo):
