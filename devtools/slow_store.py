@@ -43,9 +43,9 @@ class SlowStore:
 
     @contextlib.contextmanager
     def slowed(self, bytes_per_s: int, only: str | None = None) -> Iterator[None]:
-        """Checkpoint uploads (only those whose path holds ``only``, when given) at ``bytes_per_s``
-        inside the block, at :attr:`bytes_per_s` after it. A request in flight changes speed at
-        its next chunk."""
+        """Checkpoint uploads (with ``only``: the uploads whose path holds it, checkpoint or not,
+        e.g. an export) at ``bytes_per_s`` inside the block, at :attr:`bytes_per_s` after it. A
+        request in flight changes speed at its next chunk."""
         self._rate[0] = (bytes_per_s, only)
         try:
             yield
@@ -61,17 +61,27 @@ class SlowStore:
 
 
 class _Throttled:
-    """``wsgi.input`` read at ``bytes_per_s`` (what werkzeug's request reads call)."""
+    """``wsgi.input`` read at ``bytes_per_s`` (what werkzeug's request reads call), at most one
+    second's worth per read: bytes keep flowing every second however low the rate."""
 
     CHUNK = 64 * 1024
 
     def __init__(self, stream, rate: list, default: int | None, path: str):
         self._stream, self._rate, self._default, self._path = stream, rate, default, path
 
-    def _pace(self, data: bytes) -> bytes:
+    def _in_force(self) -> int | None:
+        """The rate for this request now: the one :meth:`SlowStore.slowed` set if its ``only``
+        holds the path (any upload then; without ``only``, checkpoint uploads), else the store's
+        own (checkpoint uploads only)."""
         bytes_per_s, only = self._rate[0]
-        if only is not None and only not in self._path:
-            bytes_per_s = self._default
+        if only is not None:
+            return bytes_per_s if only in self._path else self._checkpoint(self._default)
+        return self._checkpoint(bytes_per_s)
+
+    def _checkpoint(self, bytes_per_s: int | None) -> int | None:
+        return bytes_per_s if CHECKPOINT_KEY_PART in self._path else None
+
+    def _pace(self, data: bytes, bytes_per_s: int | None) -> bytes:
         if bytes_per_s:
             time.sleep(len(data) / bytes_per_s)
         return data
@@ -79,10 +89,11 @@ class _Throttled:
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:  # everything, a chunk at a time
             return b"".join(iter(lambda: self.read(self.CHUNK), b""))
-        return self._pace(self._stream.read(min(size, self.CHUNK)))
+        bytes_per_s = self._in_force()
+        return self._pace(self._stream.read(min(size, self.CHUNK, bytes_per_s or self.CHUNK)), bytes_per_s)
 
     def readline(self, size: int = -1) -> bytes:
-        return self._pace(self._stream.readline(size))
+        return self._pace(self._stream.readline(size), self._in_force())
 
     def __iter__(self):
         return iter(self.readline, b"")
@@ -90,15 +101,18 @@ class _Throttled:
 
 def _slowed(app, rate: list, default: int | None, in_flight: dict[int, str]):
     def handle(environ, start_response):
-        if environ.get("REQUEST_METHOD") == "PUT" and CHECKPOINT_KEY_PART in environ.get("PATH_INFO", ""):
-            environ["wsgi.input"] = _Throttled(environ["wsgi.input"], rate, default, environ["PATH_INFO"])
-            request = id(environ)
-            in_flight[request] = environ["PATH_INFO"]
-            try:
-                return app(environ, start_response)  # moto reads the whole body before it answers
-            finally:
-                in_flight.pop(request, None)
-        return app(environ, start_response)
+        if environ.get("REQUEST_METHOD") != "PUT":
+            return app(environ, start_response)
+        path = environ.get("PATH_INFO", "")
+        environ["wsgi.input"] = _Throttled(environ["wsgi.input"], rate, default, path)
+        if CHECKPOINT_KEY_PART not in path:
+            return app(environ, start_response)
+        request = id(environ)
+        in_flight[request] = path
+        try:
+            return app(environ, start_response)  # moto reads the whole body before it answers
+        finally:
+            in_flight.pop(request, None)
     return handle
 
 

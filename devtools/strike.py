@@ -26,10 +26,17 @@ RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"
 registration (ray 2.58 ``train/v2/_internal/constants.py`` ``CHECKPOINT_MANAGER_SNAPSHOT_FILENAME``,
 ``execution/checkpoint/checkpoint_manager.py`` ``_write_state_to_storage``): a restart resumes
 from its ``latest_checkpoint_result``."""
-HOLD = 64 * 2**10
-"""The held upload's rate until the fault has struck: bytes keep flowing (the AWS SDK's
-low-speed timeout would fail a stalled request), but even the tiny test model's shard takes
-minutes, so it cannot complete, and Ray Train cannot register it, before the fault."""
+HOLD = 16 * 2**10
+"""The held upload's rate until the fault has struck: bytes keep flowing every second (the AWS
+SDK's low-speed timeout, 1 byte/s over 3 s, would fail a stalled request), and a held object of
+10 MB takes over 10 minutes, so it cannot complete, and Ray Train cannot register it, before the
+fault. Only what the store has not read yet is held: the sockets between client and store buffer
+a few MB (the client's send buffer grows up to ``net.ipv4.tcp_wmem``'s 4 MB; the store's receive
+window stays small while it reads slowly), and a body that fits there whole is sent at once and
+waits for its answer instead, within the client's timeout. So each proof holds an object of well
+over 4 MB: a checkpoint shard of the demo's model (vocabulary 151,936), of a test model whose
+vocabulary is widened for it, or a LoRA run's merged export (its checkpoints hold the adapter
+alone)."""
 POLL_S = 0.5
 """How often the wait looks again (its bound is generous; only the polls are short)."""
 BOUND_S = 900.0

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 
-def killed_after_checkpoint(argv: list[str], *, store: Any, run_uri: str, saved_step: int, held_step: int,
+def killed_after_checkpoint(argv: list[str], *, store: Any, run_uri: str, saved_step: int, held: str,
                             cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     """Run ``argv``; SIGKILL it once ``<run_uri>/checkpoint_<saved_step>`` is the newest complete
     checkpoint (training/checkpointing ``find_latest_complete``: every rank's files and the
-    marker), the upload of ``checkpoint_<held_step>`` held until then. Returns what it printed."""
+    marker), the uploads whose path holds ``held`` (a later checkpoint, or the export: one the
+    run's end waits for, of well over 4 MB, devtools/strike.py ``HOLD``) held until then.
+    Returns what it printed."""
     from devtools.strike import Strike
     from training.checkpointing import find_latest_complete
     from training.checkpointing.manager import checkpoint_dir_name
@@ -26,9 +28,8 @@ def killed_after_checkpoint(argv: list[str], *, store: Any, run_uri: str, saved_
         latest = find_latest_complete(run_uri)
         return latest is not None and latest.step == saved_step
 
-    run_name = run_uri.rstrip("/").rsplit("/", 1)[1]
     try:
-        with Strike(store, held=f"/{run_name}/{checkpoint_dir_name(held_step)}/", ready=saved,
+        with Strike(store, held=held, ready=saved,
                     fault=lambda: proc.send_signal(signal.SIGKILL),
                     what=f"{checkpoint_dir_name(saved_step)} of {run_uri} complete"):
             stdout, stderr = proc.communicate(timeout=1500)

@@ -26,8 +26,8 @@ STEPS = 6
 EVERY = 2
 
 
-def tiny_config() -> dict:
-    return dict(model_type="qwen2", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+def tiny_config(vocab_size: int = 128) -> dict:
+    return dict(model_type="qwen2", vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                 tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=1)
 
@@ -50,13 +50,13 @@ class CountingStream:
         self.position = state["position"]
 
 
-def build(rank: int):
+def build(rank: int, vocab_size: int = 128):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_config()))
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_config(vocab_size)))
     mesh = init_device_mesh("cpu", (WORLD,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)

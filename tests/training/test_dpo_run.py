@@ -47,7 +47,7 @@ def _run(python, wd, tmp_path, name, s3_server, store, resume="", fault=False): 
     argv = [str(python), "-c", _RUN, str(tmp_path / name), f"{store}/{name}", resume]
     if fault:  # the step-5 checkpoint complete, the step-10 upload held: then SIGKILL
         return killed_after_checkpoint(argv, store=s3_server.store, run_uri=f"{store}/{name}/local-dpo", saved_step=5,
-                                       held_step=10, cwd=wd, env=env)
+                                       held=f"/{name}/local-dpo/checkpoint_00000010/", cwd=wd, env=env)
     return subprocess.run(argv, cwd=wd, env=env, capture_output=True, text=True, timeout=1500)
 
 

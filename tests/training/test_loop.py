@@ -24,6 +24,9 @@ from tiny_qwen import tiny_qwen2_config
 from training.config import job_config_from_dict
 
 STEPS = 6
+VOCAB = 32768
+"""Widened from the tiny model's 512 so that a rank's checkpoint shard is ~13 MB: large enough for
+the store to hold its upload until the fault has struck (devtools/strike.py ``HOLD``)."""
 SAVED = 4
 """The checkpoint the run resumes from: registered by Ray Train before the kill."""
 
@@ -31,7 +34,7 @@ SAVED = 4
 def _job(storage: str, *, workers: int, micro: int, **train):
     return job_config_from_dict({
         "name": "loop-test",
-        "model": {"config": tiny_qwen2_config()},
+        "model": {"config": tiny_qwen2_config(VOCAB)},
         "data": {"kind": "synthetic"},
         "train": {"seq_len": 32, "micro_batch_size": micro, "global_batch_size": 4, "max_steps": STEPS,
                   "lr": 1e-3, "warmup_steps": 1, "report_every_n_steps": 2, **train},

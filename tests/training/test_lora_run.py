@@ -2,7 +2,8 @@
 worker runs it: the demo job (jobs/local.toml) with ``[[model.transforms]] name = "lora"``, one
 process (the driver and the worker of training/launch.py ``run_in_process``) storing on the
 session's moto S3, SIGKILLed from outside once its step-5 checkpoint is complete while the store
-holds the step-10 upload (tests/outside_fault.py), a resume from the checkpoint at step 5, and
+holds the upload of its merged export (tests/outside_fault.py: the run's end waits for it, and it
+is large, where a LoRA checkpoint holds the small adapter alone), a resume from the checkpoint at step 5, and
 both exports: the merged model loads alone with ``from_pretrained``, the adapter loads with
 peft 0.18.0 onto the base model, and run.json names and hashes both. The faulted-and-resumed
 run must equal an unfaulted one bit for bit (losses and both exports' hashes)."""
@@ -48,9 +49,9 @@ def _run(wd, tmp_path, name, store, resume="", fault=None):
 
     (tmp_path / name).mkdir(exist_ok=True)
     argv = [sys.executable, "-c", _RUN, str(tmp_path / name), f"{store}/{name}", resume, str(qwen_tokenizer_dir())]
-    if fault is not None:  # the step-5 checkpoint complete, the step-10 upload held: then SIGKILL
+    if fault is not None:  # the step-5 checkpoint complete, the export's upload held: then SIGKILL
         return killed_after_checkpoint(argv, store=fault, run_uri=f"{store}/{name}/local", saved_step=5,
-                                       held_step=10, cwd=wd, env=env)
+                                       held=f"/{name}/local/hf", cwd=wd, env=env)
     return subprocess.run(argv, cwd=wd, env=env, capture_output=True, text=True, timeout=600)
 
 

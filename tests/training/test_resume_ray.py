@@ -31,6 +31,10 @@ from fixtures_s3 import s3_bucket, s3_server  # noqa: F401  (one server per sess
 pytestmark = pytest.mark.slow
 
 WORLD = 2
+VOCAB = 65536
+"""Widened from test_checkpoint_dcp's 128 (the tokens stay below 128) so that a rank's checkpoint
+shard is ~12 MB: large enough for the store to hold its upload until the fault has struck
+(devtools/strike.py ``HOLD``). Costs a second or so per checkpoint, nothing per step."""
 
 
 def _train_fn(config: dict) -> None:
@@ -46,12 +50,12 @@ def _train_fn(config: dict) -> None:
     out = Path(config["out"])
     (out / f"{config['name']}.pid{rank}").write_text(str(os.getpid()))
     install_worker_handler(grace_seconds=60, run_name=config["name"])
-    model, optimizer, scheduler, stream = build(rank)
+    model, optimizer, scheduler, stream = build(rank, VOCAB)
     trainer = TrainerState(data=stream, scheduler=scheduler)
     restored = restore(model=model, optimizer=optimizer, trainer=trainer, local_root=config["local_root"],
                        resume_from=config.get("resume_from", ""))
     manager = CheckpointManager(model=model, optimizer=optimizer, trainer=trainer, local_root=config["local_root"],
-                                run_name=config["name"], every_n_steps=config["every"], model_config=tiny_config())
+                                run_name=config["name"], every_n_steps=config["every"], model_config=tiny_config(VOCAB))
     with open(out / f"{config['name']}.rank{rank}.jsonl", "a") as log:
         log.write(json.dumps({"attempt_restored": restored, "start": trainer.step}) + "\n")
         for step in range(trainer.step + 1, config["max_steps"] + 1):
@@ -131,7 +135,7 @@ def _reference_rank(rank: int, out_dir: str, max_steps: int) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, init_method=f"file://{out_dir}/store")
-    model, optimizer, scheduler, stream = build(rank)
+    model, optimizer, scheduler, stream = build(rank, VOCAB)
     rows = []
     for step in range(1, max_steps + 1):
         loss = train_step(model, optimizer, scheduler, stream)
