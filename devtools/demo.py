@@ -21,7 +21,7 @@ Everything it started is stopped on exit, also on Ctrl-C or failure.
 Ray Train has registered the job's first checkpoint (its snapshot in the bucket names it) and
 ``metrics.jsonl`` in the bucket holds step :func:`fault_step`, the demo SIGKILLs one
 ``RayTrainWorker`` process (its pid from Ray's state API). Until then the bucket (moto behind the
-throttling layer of devtools/slow_store.py) holds the upload of the next checkpoint at 64 KiB/s
+throttling layer of devtools/slow_store.py) holds the upload of the next checkpoint at 16 KiB/s
 (devtools/strike.py), so the run can neither save that checkpoint nor end before the kill, on any
 machine. Ray Train restarts the workers, the run resumes from the first checkpoint, redoes the
 steps after it, and run.json records the incident (``worker_lost``: which rank, the step resumed
