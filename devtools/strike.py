@@ -49,7 +49,7 @@ def _get(s3: Any, uri: str) -> bytes | None:
     bucket, key = split_uri(uri)
     try:
         return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except s3.exceptions.NoSuchKey:
+    except (s3.exceptions.NoSuchKey, s3.exceptions.NoSuchBucket):  # not written yet (a submit makes its bucket)
         return None
 
 
