@@ -239,25 +239,85 @@ def _write_warm(path: Path, head: Any, storage_endpoint: str) -> None:
     partial.unlink(missing_ok=True)  # created afresh: O_CREAT's mode applies to a new file only
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"pid": os.getpid(), "dashboard_url": head.dashboard_url, "gcs_address": head.gcs_address,
+        json.dump({"pid": os.getpid(), "pid_started": _started(os.getpid()),
+                   "dashboard_url": head.dashboard_url, "gcs_address": head.gcs_address,
                    "temp_dir": head.temp_dir, "metrics_url": head.metrics_url, "auth_token": head.auth_token,
                    "storage_endpoint": storage_endpoint}, handle, indent=2)
     os.replace(partial, path)
 
 
+class WarmHeadBusy(RuntimeError):
+    """FILE names a warm head whose process runs: a second head would take its file over."""
+
+
+def _claim_warm_file(path: Path) -> int:
+    """Hold ``path``'s lock (``.<name>.lock`` beside it, an exclusive ``flock`` the kernel
+    releases however the holder ends) for a warm head's life: a second ``python -m
+    raytrain_eks.backends.local FILE`` is refused instead of taking the running head's file over
+    (and, on either one's exit, deleting the other's). A file left by a head whose process was
+    killed (``kill -9`` runs no clean-up: ``ray start`` daemonizes and moto runs in its own
+    session, so both outlive it) names services nobody owns: they are stopped here first."""
+    import fcntl
+
+    from raytrain_eks.backends.local_services import processes_matching, stop_ray
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        named = _read_warm(path) or {}
+        raise WarmHeadBusy(f"{path} names a running warm head (pid {named.get('pid', '?')}, dashboard "
+                           f"{named.get('dashboard_url', '?')}): stop it first (kill -INT {named.get('pid', '?')}) "
+                           "or name another file") from None
+    stale = _read_warm(path)
+    if stale and stale.get("temp_dir") and stale.get("gcs_address"):
+        stop_ray(stale["temp_dir"], stale["gcs_address"])
+        port = str(stale.get("storage_endpoint", "")).rsplit(":", 1)[-1]
+        if port.isdigit():
+            _stop_pids(processes_matching(f"moto_server -H 127.0.0.1 -p {port} "))
+        if Path(stale["temp_dir"]).name.startswith("rtd-"):  # ray_head's own mkdtemp, nothing else
+            import shutil
+
+            shutil.rmtree(stale["temp_dir"], ignore_errors=True)
+    return fd
+
+
+def _stop_pids(pids: list[int]) -> None:
+    import signal
+
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _read_warm(path: Path) -> dict[str, Any] | None:
+    try:
+        named = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return named if isinstance(named, dict) else None
+
+
 @contextmanager
 def warm_head(path: Path) -> Iterator[WarmHead]:
     """A local Ray head (token auth, :data:`LOCAL_CPUS`) and moto's S3 server, the services a
-    submit starts, named in ``path`` (mode 0600) while they run; both stop and the file goes on exit."""
+    submit starts, named in ``path`` (mode 0600) while they run; both stop and the file goes on
+    exit. One head per file (:func:`_claim_warm_file`)."""
     from raytrain_eks.backends.local_services import ray_head, s3_server
 
-    with s3_server() as store:
-        with ray_head(num_cpus=LOCAL_CPUS, env=store.client_env) as head:
-            _write_warm(path, head, store.endpoint_url)
-            try:
-                yield WarmHead(path=path, head=head, storage=store)
-            finally:
-                path.unlink(missing_ok=True)
+    lock = _claim_warm_file(path)
+    try:
+        with s3_server() as store:
+            with ray_head(num_cpus=LOCAL_CPUS, env=store.client_env) as head:
+                _write_warm(path, head, store.endpoint_url)
+                try:
+                    yield WarmHead(path=path, head=head, storage=store)
+                finally:
+                    path.unlink(missing_ok=True)
+    finally:
+        os.close(lock)
 
 
 def given_warm_head() -> WarmHead | None:
@@ -284,6 +344,13 @@ def given_warm_head() -> WarmHead | None:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ChartError(f"{LOCAL_HEAD_ENV}={value}: not a warm local head's file "
                          f"({type(err).__name__}: {err}): {fix}") from None
+    owner = named.get("pid")
+    if isinstance(owner, int) and not _alive(owner, named.get("pid_started")):
+        # kill -9 of the warm head's process: its head and storage outlive it (their own
+        # sessions), answering, but nobody stops them and a job's end is nobody's to see.
+        raise HeadUnreachable(f"{LOCAL_HEAD_ENV}={value}: its warm head's process (pid {owner}) is gone, its Ray "
+                              f"head and storage left running without it: start it again with `python -m "
+                              f"raytrain_eks.backends.local {value}` (it stops them first), or unset {LOCAL_HEAD_ENV}")
     for what, url, headers in (("its Ray head", f"{head.dashboard_url}/api/version",
                                 {"Authorization": f"Bearer {head.auth_token}"}),
                                ("its storage", f"{storage.endpoint_url}/moto-api/", {})):
@@ -296,7 +363,10 @@ def given_warm_head() -> WarmHead | None:
 
 
 class LocalRunError(RuntimeError):
-    """The local run could not be submitted; the message says why."""
+    """The local run could not be submitted (Ray's job API refused it); the message says why,
+    and the CLI exits :attr:`exit_code` with that one line."""
+
+    exit_code = 1
 
 
 def submit_command(dashboard_url: str, submission_id: str, entrypoint: str, runtime_env_yaml: str) -> list[str]:
@@ -389,6 +459,20 @@ def _stop_and_wait(head: Any, submission_id: str, bound_s: float = 180.0) -> Non
         return
 
 
+def _final_info(head: Any, submission_id: str, warm: Any) -> dict[str, Any]:
+    """The job's final status; a head that stopped answering while its job ran (it died, or its
+    owner stopped it) is one line (exit 5), not a traceback: the job's end is unknown."""
+    import requests
+
+    try:
+        return job_info(head.dashboard_url, submission_id, head.client_env)
+    except (ConnectionError, requests.exceptions.ConnectionError) as err:
+        where = f"the warm head {warm.path}" if warm else "the run's Ray head"
+        said = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise HeadUnreachable(f"Ray job {submission_id}: {where} at {head.dashboard_url} stopped answering while "
+                              f"the job ran ({said}): its end is unknown, nothing was copied") from None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LocalRun:
     """What one local run left: the Ray job's status and where its results were copied."""
@@ -410,7 +494,7 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
     from charts import ChartError
     from charts.main import read_rayjob
     from raytrain_eks.backends.local_services import ray_head, s3_server
-    from raytrain_eks.runs.results import download_run, s3_client, upload_if_missing
+    from raytrain_eks.runs.results import download_run, run_exists, s3_client, upload_if_missing
 
     job = read_rayjob(rayjob)
     warm = given_warm_head()
@@ -420,6 +504,12 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
     with (contextlib.nullcontext(warm.storage) if warm else s3_server()) as s3:
         client = s3_client(s3.client_env)
         upload_if_missing(client, code_path, job.working_dir, create_bucket=True)
+        if warm and run_exists(client, run_uri):
+            # A warm head's storage outlives each submit: the job would find the earlier run's
+            # checkpoints there and resume them (training/launch.py plan_resume) as a "new" run,
+            # or two submits of one name would write one folder.
+            raise ChartError(f"{LOCAL_HEAD_ENV}={warm.path}: run {job.name}: the warm head's storage already holds "
+                             f"{run_uri} (an earlier submit of that name): pick another --name, or leave --name out")
         say(f"    storage {s3.endpoint_url} (moto, in memory): code {job.working_dir}")
         if prepare:
             prepare(client)
@@ -441,11 +531,16 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
                     try:
                         status = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint,
                                                    job.runtime_env_yaml, auth_env=head.client_env, on_submitted=submitted)
+                    except LocalRunError:
+                        # Ray refused the submission (ray 2.58 job_manager.py submit_job: "Job with
+                        # submission_id ... already exists"): nothing of this submit runs, and a job
+                        # of that id is another submit's, which a stop would end.
+                        raise
                     except BaseException:
                         if warm:  # the head runs on after this submit: its job must not
                             _stop_and_wait(head, submission_id)
                         raise
-                info = job_info(head.dashboard_url, submission_id, head.client_env)
+                info = _final_info(head, submission_id, warm)
                 out_dir.mkdir(parents=True, exist_ok=True)
                 copied = download_run(client, run_uri, out_dir)
             finally:
@@ -490,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("warm local head: stopped", file=sys.stderr)
         return 130
-    except ServiceStartError as err:  # its own attempts stopped what they began
+    except (ServiceStartError, WarmHeadBusy) as err:  # its own attempts stopped what they began
         print(f"error: warm local head: {err}", file=sys.stderr)
         return 1
 

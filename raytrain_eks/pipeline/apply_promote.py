@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import time
 from typing import Any, Callable
 
@@ -216,6 +217,11 @@ queue, provisioning and Deploy's install phase (pip and npm), assumed under 15 m
 RetryStageExecution, retryMode FAILED_ACTIONS), often hours later: that pass must not count."""
 
 
+HOLD_CLOCK_SKEW_S = 60
+"""How far HoldDeploy's clock may run ahead of DeployStacks' (two CodeBuild hosts, NTP-synchronized,
+and the pass rounded to whole seconds)."""
+
+
 class HoldExpired(RuntimeError):
     """DeployStacks without a fresh HoldDeploy pass of its own execution: nothing deployed."""
 
@@ -231,8 +237,14 @@ def check_hold_fresh(passed_at: str, now: float) -> str:
         age = now - float(passed_at)
     except ValueError:
         raise HoldExpired(f"HOLD_PASSED_AT = {passed_at!r}: no HoldDeploy pass of this execution; {fix}") from None
+    if not math.isfinite(age):  # float() reads nan and inf as numbers
+        raise HoldExpired(f"HOLD_PASSED_AT = {passed_at!r}: not epoch seconds (HoldDeploy prints a whole "
+                          f"number); {fix}")
     # -60 s: the two builds' clocks (CodeBuild hosts, NTP-synchronized) and the rounding to seconds
-    if not -60 <= age <= 60 * HOLD_MAX_AGE_MINUTES:
+    if age < -HOLD_CLOCK_SKEW_S:
+        raise HoldExpired(f"HOLD_PASSED_AT = {passed_at!r}: {-age:.0f} s after this build's clock (at most "
+                          f"{HOLD_CLOCK_SKEW_S} s of skew): a clock or the variable is wrong; {fix}")
+    if age > 60 * HOLD_MAX_AGE_MINUTES:
         raise HoldExpired(f"HoldDeploy passed {age / 60:.0f} min before this DeployStacks (at most "
                           f"{HOLD_MAX_AGE_MINUTES} min): a GPU job may run or the window may have closed since; {fix}")
     return f"HoldDeploy passed {max(age, 0):.0f} s ago"
