@@ -442,10 +442,22 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 """Ray's terminal job states (ray 2.58 ``dashboard/modules/job/common.py`` ``JobStatus.is_terminal``)."""
 
 
-def _stop_and_wait(head: Any, submission_id: str, bound_s: float = 180.0) -> None:
+def stop_bound_s(runtime_env_yaml: str) -> float:
+    """How long a stopped job on a warm head may take to end: the job supervisor's own wait
+    before its SIGKILL (``RAY_JOB_STOP_WAIT_TIME_S`` in the job's runtime env, ray 2.58
+    ``dashboard/modules/job/job_supervisor.py``; the job's ``checkpoint.sigterm_grace_seconds``
+    plus a margin, training/contract.py) and the margin of ``raytrain-eks stop`` on EKS."""
+    from raytrain_eks.backends.eks import MARGIN_S, stop_wait_s
+
+    return float(stop_wait_s({"spec": {"runtimeEnvYAML": runtime_env_yaml}}) + MARGIN_S)
+
+
+def _stop_and_wait(head: Any, submission_id: str, bound_s: float) -> None:
     """Stop the submit's job on a warm head (Ctrl-C, SIGTERM, an error while following it) and wait
     for it to end: the job supervisor SIGKILLs its driver after the runtime env's
-    ``RAY_JOB_STOP_WAIT_TIME_S``; the bound only ends a hung wait. A job never submitted: nothing."""
+    ``RAY_JOB_STOP_WAIT_TIME_S``; ``bound_s`` (:func:`stop_bound_s`, beyond that wait) only ends a
+    hung wait: a fixed 180 s returned while a job of a longer grace still wrote its final
+    checkpoint, holding the warm head's CPUs after its submit ended. A job never submitted: nothing."""
     try:
         client = job_client(head.dashboard_url, head.client_env)
         client.stop_job(submission_id)
@@ -538,7 +550,7 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
                         raise
                     except BaseException:
                         if warm:  # the head runs on after this submit: its job must not
-                            _stop_and_wait(head, submission_id)
+                            _stop_and_wait(head, submission_id, stop_bound_s(job.runtime_env_yaml))
                         raise
                 info = _final_info(head, submission_id, warm)
                 out_dir.mkdir(parents=True, exist_ok=True)

@@ -137,7 +137,11 @@ def test_a_submit_ray_refuses_stops_no_other_job_on_the_warm_head(warm_head, tmp
     monkeypatch.setattr(local, "time", types.SimpleNamespace(time=lambda: float(now), sleep=time.sleep,
                                                              monotonic=time.monotonic))
     try:
-        code = main(["submit", "jobs/local.toml", "--local", "--name", "rev-collide", "--out", str(tmp_path / "out")])
+        try:
+            code = main(["submit", "jobs/local.toml", "--local", "--name", "rev-collide", "--out",
+                         str(tmp_path / "out")])
+        except Exception as err:  # noqa: BLE001 - a traceback is itself a finding: reported below
+            code = f"raised {type(err).__name__}: {err}"
         status = jobs.get_job_status(other).value
     finally:
         jobs.stop_job(other)
@@ -171,3 +175,17 @@ def test_a_run_name_the_warm_storage_holds_is_refused_before_its_job(warm_head, 
     [line] = held.stderr.strip().splitlines()
     assert "run rev-held" in line and run_uri in line and "--name" in line, line
     assert not (tmp_path / "out" / "local.json").exists()  # no job handed to the head
+
+
+def test_a_stopped_jobs_wait_on_the_warm_head_outlasts_its_supervisors_stop_wait():
+    """Ray's job supervisor SIGTERMs a stopped driver and SIGKILLs it only after the job's
+    ``RAY_JOB_STOP_WAIT_TIME_S`` (ray 2.58 ``dashboard/modules/job/job_supervisor.py``, read from
+    the supervisor actor's environment, which the job's runtime env sets: charts/ray_charts.py,
+    ``checkpoint.sigterm_grace_seconds`` + a margin). An interrupted submit on a warm head waits for
+    its job to end; a bound below that wait (a fixed 180 s) returned while a job of a 300 s grace
+    still wrote its final checkpoint on the head's CPUs, after the submit had ended."""
+    from raytrain_eks.backends.local import stop_bound_s
+    from training.contract import stop_wait_seconds
+
+    wait = stop_wait_seconds(300)
+    assert stop_bound_s(f"env_vars:\n  RAY_JOB_STOP_WAIT_TIME_S: '{wait}'\n") > wait
