@@ -471,18 +471,30 @@ def _stop_and_wait(head: Any, submission_id: str, bound_s: float) -> None:
         return
 
 
-def _final_info(head: Any, submission_id: str, warm: Any) -> dict[str, Any]:
-    """The job's final status; a head that stopped answering while its job ran (it died, or its
-    owner stopped it) is one line (exit 5), not a traceback: the job's end is unknown."""
+def _connection_lost(err: BaseException) -> bool:
     import requests
 
+    return isinstance(err, (ConnectionError, requests.exceptions.ConnectionError)) and not isinstance(err, BrokenPipeError)
+
+
+def _head_gone(head: Any, submission_id: str, warm: Any, err: BaseException) -> HeadUnreachable:
+    """A head that stopped answering while its job ran (it died, or its owner stopped it): one
+    line (exit 5), not a traceback. Ray's client raises the builtin ConnectionError at
+    construction (ray 2.58 ``dashboard/modules/dashboard_sdk.py`` ``_check_connection_and_version``)."""
+    where = f"the warm head {warm.path}" if warm else "the run's Ray head"
+    said = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return HeadUnreachable(f"Ray job {submission_id}: {where} at {head.dashboard_url} stopped answering while "
+                           f"the job ran ({said}): its end is unknown, nothing was copied")
+
+
+def _final_info(head: Any, submission_id: str, warm: Any) -> dict[str, Any]:
+    """The job's final status, or :func:`_head_gone`."""
     try:
         return job_info(head.dashboard_url, submission_id, head.client_env)
-    except (ConnectionError, requests.exceptions.ConnectionError) as err:
-        where = f"the warm head {warm.path}" if warm else "the run's Ray head"
-        said = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise HeadUnreachable(f"Ray job {submission_id}: {where} at {head.dashboard_url} stopped answering while "
-                              f"the job ran ({said}): its end is unknown, nothing was copied") from None
+    except Exception as err:
+        if _connection_lost(err):
+            raise _head_gone(head, submission_id, warm, err) from None
+        raise
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -548,9 +560,11 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
                         # submission_id ... already exists"): nothing of this submit runs, and a job
                         # of that id is another submit's, which a stop would end.
                         raise
-                    except BaseException:
+                    except BaseException as err:
                         if warm:  # the head runs on after this submit: its job must not
                             _stop_and_wait(head, submission_id, stop_bound_s(job.runtime_env_yaml))
+                        if _connection_lost(err):
+                            raise _head_gone(head, submission_id, warm, err) from None
                         raise
                 info = _final_info(head, submission_id, warm)
                 out_dir.mkdir(parents=True, exist_ok=True)

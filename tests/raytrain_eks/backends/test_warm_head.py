@@ -3,6 +3,7 @@ a file that names no warm head, or a head that does not answer, is one line befo
 starts. The warm head in use: tests/conftest.py ``warm_head`` (the e2e runs that share it)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -189,3 +190,38 @@ def test_a_stopped_jobs_wait_on_the_warm_head_outlasts_its_supervisors_stop_wait
 
     wait = stop_wait_seconds(300)
     assert stop_bound_s(f"env_vars:\n  RAY_JOB_STOP_WAIT_TIME_S: '{wait}'\n") > wait
+
+
+def test_a_head_that_dies_while_its_job_runs_ends_the_submit_in_one_line(tmp_path):
+    """The warm head's Ray processes killed whole while a submit follows its job (a crash, an OOM
+    kill; from outside, SIGKILL): ``ray job logs --follow`` ends with the dashboard's socket, and
+    Ray's client then raises the builtin ConnectionError at construction (ray 2.58
+    ``dashboard/modules/dashboard_sdk.py`` ``_check_connection_and_version``). The submit ends in
+    one line, exit 5 (as for a cluster kubectl cannot reach), not a traceback."""
+    from raytrain_eks.backends.local_services import head_processes
+
+    path, log = tmp_path / "head.json", (tmp_path / "head.log").open("w")
+    owner = _warm(path, log)
+    try:
+        named = _wait_named(path, owner)
+        out = tmp_path / "out"
+        submit = subprocess.Popen([sys.executable, "-m", "raytrain_eks.cli", "submit", "jobs/local.toml", "--local",
+                                   "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**os.environ, LOCAL_HEAD_ENV: str(path)})
+        # the job handed over (local.json names the submit while it follows the job), bounded
+        while submit.poll() is None and "pid" not in (json.loads((out / "local.json").read_text())
+                                                      if (out / "local.json").is_file() else {}):
+            time.sleep(0.2)
+        assert submit.poll() is None, submit.communicate()[1][-3000:]
+        for pid in head_processes(named["temp_dir"], named["gcs_address"]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _, err = submit.communicate(timeout=600)
+    finally:
+        owner.send_signal(signal.SIGTERM)
+        owner.wait(timeout=300)
+        log.close()
+    assert submit.returncode == 5, err[-3000:]
+    [line] = [l for l in err.splitlines() if l.startswith("error:")]
+    assert "stopped answering while the job ran" in line and named["dashboard_url"] in line, line
+    assert "Traceback" not in err[err.index(line):], err[-3000:]  # nothing after the line
