@@ -26,7 +26,10 @@ else (each replaced by a named placeholder, where it appears, in every file):
 - ``<git-commit>`` and ``<git-dirty>``: the commit the synth ran on and whether the source paths
   had uncommitted changes (labels and environment);
 - ``<manifest-hash>``: each RayJob's ``training.contract.manifest_hash`` (computed over its text,
-  so it follows the three above).
+  so it follows the three above);
+- ``jsii-kernel-<run>``: in the CDK output's JSON, the jsii kernel's temporary folder that the
+  stack traces of ``*.metadata.json`` and ``validation-report.json`` name (:data:`JSII_KERNEL`):
+  a new one every process, so two synths of one commit differ there and nowhere else.
 
 The code archive itself (``code/training-<hash>.zip``) is listed, not digested: its content IS the
 code. The CDK output carries no code hash: the image watcher's asset holds
@@ -45,6 +48,10 @@ import warnings
 from pathlib import Path
 
 HERE_ROOT = Path(__file__).resolve().parents[1]
+JSII_KERNEL = re.compile(rb"jsii-kernel-[A-Za-z0-9]+")
+"""The jsii kernel's temporary folder (``<tmp>/jsii-kernel-XXXXXX``, a new one every process), in
+the stack traces of ``*.metadata.json`` and ``validation-report.json``: it follows the run, not
+the code."""
 
 
 def _digest(text: str) -> str:
@@ -56,9 +63,21 @@ def _cdk_variants(root: Path) -> dict[str, tuple]:
 
     variants = {"default": (v.default_raw, "environment.toml"), "alternative": (v.alternative_raw, "alternative.toml"),
                 "capacity": (v.capacity_raw, "capacity.toml"), "existing": (v.existing_raw, "existing.toml")}
-    if hasattr(v, "pipeline_raw"):
-        variants["pipeline"] = (v.pipeline_raw, "pipeline-test.toml")
+    variants["pipeline"] = (getattr(v, "pipeline_raw", None) or _own_pipeline_raw(), "pipeline-test.toml")
     return variants
+
+
+def _own_pipeline_raw():
+    """This checkout's ``pipeline_raw`` for a ``--root`` whose tests predate it (the pipeline spec
+    was inlined in tests/infra/test_pipeline_stack.py): the same spec, from this checkout's
+    environment.toml."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_own_infra_variants", HERE_ROOT / "tests" / "infra_variants.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.pipeline_raw
 
 
 def cdk_digests(root: Path, work: Path) -> list[str]:
@@ -71,15 +90,19 @@ def cdk_digests(root: Path, work: Path) -> list[str]:
         for path in sorted(p for p in out.rglob("*") if p.is_file()):
             rel = path.relative_to(out).as_posix()
             data = path.read_bytes()
+            if path.suffix == ".json":  # stack traces name the jsii kernel's temporary folder
+                data = JSII_KERNEL.sub(b"jsii-kernel-<run>", data)
             lines.append(f"cdk/{name}/{rel} {hashlib.sha256(data).hexdigest()}")
     return lines
 
 
-def _normalize(text: str, source) -> str:
-    """``text`` with the values that follow the code (the module docstring names them) replaced."""
+def normalize(text: str, *, code_hash: str, source) -> str:
+    """``text`` with the values that follow the code (the module docstring names them) replaced by
+    their placeholders; ``source``: the synth's ``charts.provenance.SourceIdentity``."""
     from environment.contract import GIT_COMMIT_LABEL, GIT_DIRTY_LABEL
     from training.contract import ENV_GIT_COMMIT, ENV_GIT_DIRTY, ENV_MANIFEST_HASH, LABEL_HASH_CHARS
 
+    text = text.replace(code_hash, "<code-hash>")
     # by the key that holds them: a checkout outside git (``git archive``) has no commit ("none", "")
     for placeholder, names in {"<manifest-hash>": (ENV_MANIFEST_HASH,), "<git-commit>": (ENV_GIT_COMMIT, GIT_COMMIT_LABEL),
                                "<git-dirty>": (ENV_GIT_DIRTY, GIT_DIRTY_LABEL)}.items():
@@ -90,6 +113,21 @@ def _normalize(text: str, source) -> str:
     return text
 
 
+def chart_lines(name: str, result) -> list[str]:
+    """One line per file a cdk8s synth (``charts.main.SynthResult``) wrote: its path and the
+    sha256 of its normalized text; the code archive named, not digested."""
+    code_hash = result.code.content_hash
+    out = Path(result.code.path).parents[1]  # <outdir>/code/training-<hash>.zip
+    lines = []
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        rel = path.relative_to(out).as_posix().replace(code_hash, "<code-hash>")
+        if path.suffix == ".zip":
+            lines.append(f"charts/{name}/{rel} (the code archive: its bytes are the code, not compared)")
+            continue
+        lines.append(f"charts/{name}/{rel} {_digest(normalize(path.read_text(), code_hash=code_hash, source=result.source))}")
+    return lines
+
+
 def chart_digests(root: Path, work: Path) -> list[str]:
     import charts_testspec as spec
     from charts.main import synth
@@ -97,18 +135,10 @@ def chart_digests(root: Path, work: Path) -> list[str]:
 
     lines = []
     for name, (env, text) in {"default": (spec.make_env(), spec.SPEC_TOML), "large": (spec.large_env(), "")}.items():
-        out = work / f"dist-{name}"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = synth(env, out, root=root, spec_text=text, jobs=FIXTURE_JOBS)
-        code_hash = result.code.content_hash
-        for path in sorted(p for p in out.rglob("*") if p.is_file()):
-            rel = path.relative_to(out).as_posix().replace(code_hash, "<code-hash>")
-            if path.suffix == ".zip":
-                lines.append(f"charts/{name}/{rel} (the code archive: its bytes are the code, not compared)")
-                continue
-            normalized = _normalize(path.read_text().replace(code_hash, "<code-hash>"), result.source)
-            lines.append(f"charts/{name}/{rel} {_digest(normalized)}")
+            result = synth(env, work / f"dist-{name}", root=root, spec_text=text, jobs=FIXTURE_JOBS)
+        lines += chart_lines(name, result)
     return lines
 
 
