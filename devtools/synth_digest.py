@@ -27,9 +27,9 @@ else (each replaced by a named placeholder, where it appears, in every file):
   had uncommitted changes (labels and environment);
 - ``<manifest-hash>``: each RayJob's ``training.contract.manifest_hash`` (computed over its text,
   so it follows the three above);
-- ``jsii-kernel-<run>``: in the CDK output's JSON, the jsii kernel's temporary folder that the
-  stack traces of ``*.metadata.json`` and ``validation-report.json`` name (:data:`JSII_KERNEL`):
-  a new one every process, so two synths of one commit differ there and nowhere else.
+- ``jsii-kernel-<run>``, ``tmp<run>``: in the CDK output's JSON, the jsii kernel's and runtime's
+  temporary folders that the stack traces of ``*.metadata.json`` and ``validation-report.json``
+  name (:data:`JSII_TEMP`): new ones every process, so two synths of one commit differ there.
 
 The code archive itself (``code/training-<hash>.zip``) is listed, not digested: its content IS the
 code. The CDK output carries no code hash: the image watcher's asset holds
@@ -48,10 +48,11 @@ import warnings
 from pathlib import Path
 
 HERE_ROOT = Path(__file__).resolve().parents[1]
-JSII_KERNEL = re.compile(rb"jsii-kernel-[A-Za-z0-9]+")
-"""The jsii kernel's temporary folder (``<tmp>/jsii-kernel-XXXXXX``, a new one every process), in
-the stack traces of ``*.metadata.json`` and ``validation-report.json``: it follows the run, not
-the code."""
+JSII_TEMP = ((re.compile(rb"jsii-kernel-[A-Za-z0-9]+"), b"jsii-kernel-<run>"),
+             (re.compile(rb"tmp[a-z0-9_]{8}(/lib/program\.js)"), rb"tmp<run>\1"))
+"""The jsii kernel's and the jsii runtime's temporary folders (``<tmp>/jsii-kernel-XXXXXX``,
+``<tmp>/tmpXXXXXXXX/lib/program.js``: new ones every process), in the stack traces of
+``*.metadata.json`` and ``validation-report.json``: they follow the run, not the code."""
 
 
 def _digest(text: str) -> str:
@@ -90,8 +91,9 @@ def cdk_digests(root: Path, work: Path) -> list[str]:
         for path in sorted(p for p in out.rglob("*") if p.is_file()):
             rel = path.relative_to(out).as_posix()
             data = path.read_bytes()
-            if path.suffix == ".json":  # stack traces name the jsii kernel's temporary folder
-                data = JSII_KERNEL.sub(b"jsii-kernel-<run>", data)
+            if path.suffix == ".json":  # stack traces name jsii's temporary folders
+                for pattern, placeholder in JSII_TEMP:
+                    data = pattern.sub(placeholder, data)
             lines.append(f"cdk/{name}/{rel} {hashlib.sha256(data).hexdigest()}")
     return lines
 
