@@ -1,8 +1,8 @@
 """Incidents: what went wrong during a run, where, what was saved and what it cost.
 
 Standard library only (but :func:`death_reasons`, which reads Ray's record when called): the
-driver appends them to run.json (its only writer), the verdict (training/verdict.py) counts them and the operator CLI (``report``, ``runs``) shows them with
-this very code.
+driver appends them to run.json (its only writer), the verdict (training/verdict.py) counts them
+and the operator CLI (``report``, ``runs``) shows them with this very code.
 
 One incident per fault, appended once when it is seen and completed when the run is training
 again (:func:`resolved`)::
