@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from raytrain_eks.backends.eks import KubectlError
     from raytrain_eks.planning.gpu_figures import CalibrationError
-    from raytrain_eks.backends.local import HeadUnreachable, LocalRunError
+    from raytrain_eks.backends.local import LocalRunError
+    from raytrain_eks.backends.local_services import HeadUnreachable
 
     args = build_parser().parse_args(argv)
     command = _command(args._command)

@@ -1,4 +1,4 @@
-"""`submit --local` onto a warm local head (``RAYTRAIN_LOCAL_HEAD``, raytrain_eks/backends/local.py):
+"""`submit --local` onto a warm local head (``RAYTRAIN_LOCAL_HEAD``, raytrain_eks/backends/warm_head.py):
 a file that names no warm head, or a head that does not answer, is one line before anything
 starts. The warm head in use: tests/conftest.py ``warm_head`` (the e2e runs that share it)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from raytrain_eks.backends.local import LOCAL_HEAD_ENV
+from raytrain_eks.backends.warm_head import LOCAL_HEAD_ENV
 
 pytestmark = pytest.mark.subprocess
 ROOT = Path(__file__).resolve().parents[3]
@@ -27,7 +27,7 @@ def _submit(tmp_path: Path, named: Path) -> subprocess.CompletedProcess:
 
 
 def test_no_warm_head_at_the_named_file_is_one_line_before_anything_starts(tmp_path):
-    fix = f"start one with `python -m raytrain_eks.backends.local {tmp_path / 'head.json'}`, or unset {LOCAL_HEAD_ENV}"
+    fix = f"start one with `python -m raytrain_eks.backends.warm_head {tmp_path / 'head.json'}`, or unset {LOCAL_HEAD_ENV}"
     missing = _submit(tmp_path, tmp_path / "head.json")
     assert missing.returncode == 2, missing.stderr[-3000:]
     assert missing.stderr.strip() == f"error: {LOCAL_HEAD_ENV}={tmp_path / 'head.json'}: no such file: {fix}"
@@ -46,7 +46,7 @@ def test_no_warm_head_at_the_named_file_is_one_line_before_anything_starts(tmp_p
 
 
 def _warm(path: Path, log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "raytrain_eks.backends.local", str(path)], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "raytrain_eks.backends.warm_head", str(path)], cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -61,14 +61,15 @@ def _wait_named(path: Path, proc: subprocess.Popen) -> dict:
 
 
 def test_one_warm_head_per_file_and_a_killed_ones_file_is_refused_then_cleaned_up(tmp_path, monkeypatch):
-    """``kill -9`` of ``python -m raytrain_eks.backends.local FILE`` runs no clean-up, and what it
+    """``kill -9`` of ``python -m raytrain_eks.backends.warm_head FILE`` runs no clean-up, and what it
     started outlives it: ``ray start --head`` daemonizes (ray 2.58 ``scripts/scripts.py`` ``start``
     without ``--block`` returns once the head's processes run) and moto runs in its own session.
     FILE then names a head that still answers but that nobody owns: the next submit must not run
     its job there unseen (exit 5, one line), and starting the warm head again on FILE stops those
     orphans first. A second warm head on a FILE whose head runs is refused, not started over it
     (on exit either one would delete the other's file)."""
-    from raytrain_eks.backends.local import HeadUnreachable, given_warm_head
+    from raytrain_eks.backends.local_services import HeadUnreachable
+    from raytrain_eks.backends.warm_head import given_warm_head
     from raytrain_eks.backends.local_services import head_processes, processes_matching, running
 
     path, procs = tmp_path / "head.json", []
