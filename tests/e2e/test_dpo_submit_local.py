@@ -43,8 +43,9 @@ def dpo_run(tmp_path_factory):
     from devtools.slow_store import slow_store
     from devtools.strike import Strike, logged_step, ray_train_workers, registered
     from environment import load_environment
-    from raytrain_eks.backends.local import LOCAL_CPUS, LOCAL_HEAD_ENV, RUNS_DIR, _write_warm
-    from raytrain_eks.backends.local_services import ray_head
+    from raytrain_eks.backends.local import RUNS_DIR
+    from raytrain_eks.backends.local_services import LOCAL_CPUS, ray_head
+    from raytrain_eks.backends.warm_head import LOCAL_HEAD_ENV, _write_warm
     from raytrain_eks.runs.results import s3_client
     from training.checkpointing.manager import checkpoint_dir_name
 
