@@ -6,8 +6,9 @@ second node started by ``ray start --address`` with its own CPUs. From outside t
 
 1. the second node is drained the way Ray Core drains a node for a spot reclaim: ``ray
    drain-node`` (the GCS DrainNode RPC, reason PREEMPTION, a deadline; ray 2.58
-   ``ray/scripts/scripts.py`` ``drain_node``, the same call the autoscaler makes) -> the workers
-   commit a checkpoint at the step boundary and hold; inside the notice the node is killed whole
+   ``ray/scripts/scripts.py`` ``drain_node``, the same call the autoscaler makes), given while the
+   workers are paused (SIGSTOP) so the run cannot end before it -> the workers commit a
+   checkpoint at the step boundary and hold; inside the notice the node is killed whole
    (every process of it, SIGKILL: the node runs in a session of its own), as EC2 reclaims it;
 2. the run goes on at 2 workers from that checkpoint (0 steps lost);
 3. a new node joins (``ray start --address``) -> Ray Train's elastic policy grows the run back to 4
@@ -49,7 +50,11 @@ LOSS_TOLERANCE = 1e-5
 steps at 4 -> 2 -> 4 workers against 4 Ray workers throughout, and 2.5e-7 between those 4 workers and
 one process summing the 4 micro batches)."""
 DRAIN_DEADLINE_S = 60
-MAX_STEPS = 60
+MAX_STEPS = 30
+"""Steps the run never reaches before the test acted: the workers are paused at each
+observation the test acts on (the drain, the node's start), so only the few steps between an
+observation and the pause are spent meanwhile (60 steps before the drain was paused: at a load
+average of 40 the notice landed at step 46)."""
 
 HEAD_ENV = {"RAY_health_check_period_ms": "1000"}
 """For the test head's GCS: how often it checks each raylet (ray 2.58 ``ray_config_def.h``
@@ -202,14 +207,36 @@ def _described(proc) -> str:
         return str(proc.pid)
 
 
-def _train_workers(head) -> list:
-    """This head's Ray Train worker processes (under its own raylet, named by its temp dir)."""
+def _train_workers(head, *nodes: Node) -> list:
+    """The Ray Train worker processes of this head (under its own raylet, named by its temp dir)
+    and of ``nodes``."""
     import psutil
 
     raylets = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
                and "raylet" in p.info["cmdline"][0] and any(head.temp_dir in a for a in p.info["cmdline"])]
-    return [c for r in raylets for c in r.children(recursive=True)
-            if "RayTrainWorker" in " ".join(c.cmdline() or [c.name()])]
+    procs = [c for r in raylets for c in r.children(recursive=True)] + [p for n in nodes for p in _node_processes(n)]
+    out = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if "RayTrainWorker" in " ".join(proc.cmdline() or [proc.name()]):
+                out.append(proc)
+    return out
+
+
+@contextlib.contextmanager
+def _paused(procs: list):
+    """``procs`` stopped (SIGSTOP, as a stalled host pauses them) until the block ends: the run
+    cannot go on while the test acts, however long the action takes on a loaded machine."""
+    for proc in procs:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGCONT)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
 
 def _controller_said(head, text: str) -> bool:
@@ -355,12 +382,15 @@ def test_drain_then_lost_node_then_growth_keeps_every_loss(tmp_path):
         try:
             second_id = second_id.result(timeout=600)
             _wait("step 5", lambda: _reached(run_dir) >= 5, 600, run)
-            # 1. the notice, as Ray Core gets it for a spot reclaim
-            subprocess.run([str(Path(sys.executable).with_name("ray")), "drain-node", f"--address={head.gcs_address}",
-                            f"--node-id={second_id}", "--reason=DRAIN_NODE_REASON_PREEMPTION",
-                            "--reason-message=spot interruption notice (test)",
-                            f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"],
-                           env={**os.environ, **head.client_env}, check=True, timeout=120)
+            # 1. the notice, as Ray Core gets it for a spot reclaim, given while the 4 workers
+            # are paused: the CLI takes seconds to start on a loaded machine, and the run must
+            # not end meanwhile; they take it at their next step boundary
+            with _paused(_train_workers(head, second)):
+                subprocess.run([str(Path(sys.executable).with_name("ray")), "drain-node",
+                                f"--address={head.gcs_address}", f"--node-id={second_id}",
+                                "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot interruption notice (test)",
+                                f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"],
+                               env={**os.environ, **head.client_env}, check=True, timeout=120)
             _wait("the checkpoint on notice", lambda: any(n["note"] == "notice" for n in _notes(run_dir)), 300, run)
             # the reclaim, inside the notice. Ray Train restarts once its poll of the killed
             # node's workers fails (when the GCS marks the node dead, HEAD_ENV), before the
@@ -376,19 +406,10 @@ def test_drain_then_lost_node_then_growth_keeps_every_loss(tmp_path):
             # machine, and Ray Train sees it within 20 s more (the coordinator's tick): the two
             # workers are paused (SIGSTOP, as a stalled host pauses them) while the node joins,
             # and go on once Ray Train decided to grow (its health check waits 10 min).
-            paused = _train_workers(head)
-            for proc in paused:
-                proc.send_signal(signal.SIGSTOP)
-            try:
+            with _paused(_train_workers(head)):
                 third = _start_node(head, tmp_path, "node-c")
                 _wait("the decision to grow", lambda: _controller_said(head, "resize the worker group from 2 -> 4"),
                       600, run)
-            finally:
-                for proc in paused:
-                    try:
-                        proc.send_signal(signal.SIGCONT)
-                    except Exception:  # noqa: BLE001 - already gone with the resize
-                        pass
             _wait("4 workers again", lambda: [n["world_size"] for n in _notes(run_dir) if n["note"] == "start"][-1] == 4,
                   600, run)
             assert run.wait(timeout=1200) == 0, (tmp_path / "elastic.out").read_text()[-3000:]
