@@ -128,7 +128,8 @@ def _start_node(head, temp_root: Path, name: str, cpus: int = 1) -> Node:
             return node
         _kill_node(node)
         if attempt == 2:
-            raise AssertionError(f"ray start of {name} exited {code}: {(temp_root / f'{name}.log').read_text()[-3000:]}")
+            log = (temp_root / f"{name}.log").read_text()[-3000:]
+            raise AssertionError(f"ray start of {name} exited {code}: {log}")
 
 
 def _start_node_once(head, temp_root: Path, name: str, cpus: int = 1) -> tuple[Node, int]:
@@ -388,7 +389,8 @@ def test_drain_then_lost_node_then_growth_keeps_every_loss(tmp_path):
             with _paused(_train_workers(head, second)):
                 subprocess.run([str(Path(sys.executable).with_name("ray")), "drain-node",
                                 f"--address={head.gcs_address}", f"--node-id={second_id}",
-                                "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot interruption notice (test)",
+                                "--reason=DRAIN_NODE_REASON_PREEMPTION",
+                                "--reason-message=spot interruption notice (test)",
                                 f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"],
                                env={**os.environ, **head.client_env}, check=True, timeout=120)
             _wait("the checkpoint on notice", lambda: any(n["note"] == "notice" for n in _notes(run_dir)), 300, run)
