@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # 0 runs the tests in this process. tests/conftest.py says how the work is split.
 TEST_WORKERS ?= 2
 
-.PHONY: tracking-venv install cluster-plane demo test test-unit test-subprocess test-synth test-ray test-cluster synth cdk-synth cdk8s-synth bench gpu-check summary imports clean
+.PHONY: tracking-venv install cluster-plane demo test test-unit test-subprocess test-synth test-ray test-cluster synth synth-digest cdk-synth cdk8s-synth bench gpu-check summary imports clean
 
 TOKENIZER := training/assets/qwen2.5-tokenizer/tokenizer.json
 TRACKING_VENV := .work/tracking-venv
@@ -74,6 +74,12 @@ cdk8s-synth: install
 	rm -rf $(DIST) && mv $(CDK8S_STAGING) $(DIST)
 
 synth: cdk-synth cdk8s-synth
+
+# The before/after oracle of a move: one digest per synthesized file of every spec variant the
+# tests synthesize (devtools/synth_digest.py says what it normalizes). `make synth-digest >
+# before.txt` on one commit, `> after.txt` on another, then diff.
+synth-digest: install
+	@PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m devtools.synth_digest
 
 # The main job on the embedded local default (see README: what `make demo` shows).
 demo: install

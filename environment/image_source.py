@@ -47,13 +47,34 @@ def registry_host(account: str, region: str) -> str:
     return f"{account}.dkr.ecr.{region}.amazonaws.com"
 
 
+def cache_repository(env) -> str:
+    """The name of the cache's repository for the image: ``<prefix>/<name>`` (the upstream path
+    kept under the prefix), made by ECR on the first pull through the rule."""
+    return f"{cache_prefix(env.cluster.name)}/{env.image.name}"
+
+
+PROMOTED_TAG_PREFIX = "raytrain-promoted-"
+"""The tags the pipeline's Promote puts on a digest in the cache's repository before it promotes
+it (:func:`promoted_tag`), and the prefix the cache's lifecycle policy keeps
+(infra/stacks/cluster.py ``PullThroughCache``). The nodes pull by digest and the cache fills only
+by tag (raytrain_eks/pipeline/smoke.py ``warm_cache``), so once ``image.tag`` has moved on, the
+promoted digest is untagged there: without its own tag a count rule expires it, and a pull by
+digest cannot bring it back."""
+
+
+def promoted_tag(digest: str) -> str:
+    """``raytrain-promoted-<the digest's 64 hex>``: one tag per promoted digest (ECR tags take up
+    to 300 characters), so a promotion never moves another digest's tag."""
+    return PROMOTED_TAG_PREFIX + digest.split(":", 1)[1]
+
+
 def pull_repository(env) -> str:
     """The repository the nodes pull from: ``<account>.dkr.ecr.<region>.amazonaws.com/<prefix>/<name>``
-    through the cache (the upstream path kept under the prefix), else ``image.repository``."""
+    through the cache (:func:`cache_repository`), else ``image.repository``."""
     if not env.image.pull_through_cache:
         return env.image.repository
     c = env.cluster
-    return f"{registry_host(c.account, c.region)}/{cache_prefix(c.name)}/{env.image.name}"
+    return f"{registry_host(c.account, c.region)}/{cache_repository(env)}"
 
 
 def pull_reference(env) -> str:

@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from raytrain_eks.backends.eks import KubectlError
     from raytrain_eks.planning.gpu_figures import CalibrationError
-    from raytrain_eks.backends.local import HeadUnreachable
+    from raytrain_eks.backends.local import LocalRunError
+    from raytrain_eks.backends.local_services import HeadUnreachable
 
     args = build_parser().parse_args(argv)
     command = _command(args._command)
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, JobConfigError, DataError, ChartError, CalibrationError) as err:  # JobConfigError covers the model's
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (KubectlError, HeadUnreachable) as err:
+    except (KubectlError, HeadUnreachable, LocalRunError) as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:

@@ -71,7 +71,7 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def warm_head(tmp_path_factory) -> dict[str, str]:
     """The environment of a ``submit --local`` onto the session's ONE warm local head: ``python -m
-    raytrain_eks.backends.local FILE``, as a user keeps one (a token-authenticated Ray head and
+    raytrain_eks.backends.warm_head FILE``, as a user keeps one (a token-authenticated Ray head and
     moto's S3 server), reached with ``RAYTRAIN_LOCAL_HEAD=FILE``; each run on it is a Ray job of
     its own through the head's job supervisor. A run that must start and stop its own head (the
     shared ``local_run``, a fault set on the cluster, a signal to the submit) does not take it.
@@ -80,13 +80,13 @@ def warm_head(tmp_path_factory) -> dict[str, str]:
     end it is stopped as a user stops it (SIGTERM): exit 130, its file gone, none of its processes
     left: those naming its temp dir or its S3 server's port, and every process of the head's tree,
     the ones that renamed themselves (``ray::...``, ``ray-dashboard-...``) included."""
-    from raytrain_eks.backends.local import LOCAL_HEAD_ENV
+    from raytrain_eks.backends.warm_head import LOCAL_HEAD_ENV
     from raytrain_eks.backends.local_services import head_processes, processes_matching, running
 
     folder = tmp_path_factory.mktemp("warm-head")
     path, log = folder / "head.json", (folder / "head.log").open("w")
     shell = {**os.environ, **TEST_ENV, "AWS_SESSION_TOKEN": AWS_SESSION_CANARY, "AWS_PROFILE": "someone"}
-    proc = subprocess.Popen([sys.executable, "-m", "raytrain_eks.backends.local", str(path)], cwd=ROOT, env=shell,
+    proc = subprocess.Popen([sys.executable, "-m", "raytrain_eks.backends.warm_head", str(path)], cwd=ROOT, env=shell,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     tree: list[int] = []
     try:

@@ -11,12 +11,15 @@ combines several changes in one synth: an account, 4 x g6.48xlarge on a capacity
 second GPU group of p5.48xlarge on a capacity block (32 EFA interfaces), a private endpoint,
 an admin principal and no monitoring add-ons. ``existing`` installs onto an EKS cluster a
 team already has (environment/existing.py): its system group and an L4 group exist, a p5 group
-is added, KubeRay, the NVIDIA plugin and cluster-autoscaler are already there.
+is added, KubeRay, the NVIDIA plugin and cluster-autoscaler are already there. ``pipeline`` is the
+repository's environment.toml with the redeploy pipeline enabled (tests/infra/test_pipeline_stack.py
+synthesizes it; devtools/synth_digest.py too).
 """
 from __future__ import annotations
 
 import copy
 import json
+import tomllib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +85,26 @@ EXISTING_SECURITY_GROUP = "sg-0123456789abcdef0"
 EXISTING_SYSTEM_GROUP = "platform-system"
 EXISTING_GPU_GROUP = "team-l4"
 EXISTING_PRESENT = ["kuberay_operator", "nvidia_device_plugin", "cluster_autoscaler"]
+
+
+PIPELINE_CONNECTION = f"arn:aws:codeconnections:us-east-1:{ACCOUNT}:connection/0f3c2b1a-4d5e-4f60-8a7b-9c0d1e2f3a4b"
+PIPELINE_DIGEST = "sha256:" + "5" * 64
+PIPELINE_SCHEDULE = "rate(2 hours)"
+
+
+def pipeline_raw() -> dict:
+    """environment.toml with the pipeline on: a syntactically valid but fictitious connection ARN
+    (test data only) and a private endpoint, the richer path (kubectl builds inside the VPC)."""
+    from environment.model import MAX_APPLY_WAIT_MINUTES
+
+    raw = tomllib.loads((REPO / "environment.toml").read_text())
+    raw["cluster"].update(account=ACCOUNT, endpoint_access="private", public_access_cidrs=[],
+                          admin_principal_arns=[f"arn:aws:iam::{ACCOUNT}:role/admin"])
+    raw["image"]["digest"] = PIPELINE_DIGEST
+    raw["pipeline"].update(connection_arn=PIPELINE_CONNECTION, repository="example-org/raytrain-eks",
+                           branch="release", watch_schedule=PIPELINE_SCHEDULE, notify_emails=["oncall@example.com"],
+                           maintenance_window="sat,sun 02:00-06:00", apply_wait_minutes=MAX_APPLY_WAIT_MINUTES)
+    return raw
 
 
 def existing_raw() -> dict:

@@ -1,8 +1,8 @@
 """Incidents: what went wrong during a run, where, what was saved and what it cost.
 
-Standard library only: the driver appends them to run.json (its only writer), the verdict
-(training/verdict.py) counts them and the operator CLI (``report``, ``runs``) shows them with
-this very code.
+Standard library only (but :func:`death_reasons`, which reads Ray's record when called): the
+driver appends them to run.json (its only writer), the verdict (training/verdict.py) counts them
+and the operator CLI (``report``, ``runs``) shows them with this very code.
 
 One incident per fault, appended once when it is seen and completed when the run is training
 again (:func:`resolved`)::
@@ -31,7 +31,10 @@ small note in the run's storage, ``<run>/attempts/``:
 At the end the driver turns the notes into run.json's ``attempts``, one ``preemption`` incident
 per notice (through :func:`add`'s shape) and ``cost`` (:func:`cost_of`).
 Every other fault (a lost node, a hang, a dead worker, a node failing the health gate) is the
-progress watchdog's (training/watchdog.py). Standard library only.
+progress watchdog's (training/watchdog.py): it gathers the evidence, and :func:`name_fault` here
+names the fault from it (why a worker died: the errors Ray Train saw, Ray's own record of the
+death). Standard library only at import: :func:`death_reasons` asks Ray's state API when called
+(the driver's watchdog only), so the CLI and the verdict import this module without Ray.
 
 """
 from __future__ import annotations
@@ -153,6 +156,92 @@ def summary(found: list[dict[str, Any]]) -> str:
         counts[entry.get("kind", "?")] = counts.get(entry.get("kind", "?"), 0) + 1
     kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items())
     return f"{len(found)} incident{'s' if len(found) != 1 else ''} ({kinds})"
+
+
+# --- naming a fault: why a worker died, from what Ray recorded --------------------------------
+# The progress watchdog (training/watchdog.py) gathers the evidence (the errors Ray Train saw,
+# Ray's node list, the worker actors' death causes); these name the fault it is.
+
+def describe_error(err: BaseException) -> dict[str, Any]:
+    """What a worker error says: its class chain, first line, and Ray's ``preempted`` flag
+    (ray 2.58 ``worker_group/poll.py`` ``_is_preempted_actor``)."""
+    inner = getattr(err, "health_check_failure", None)
+    chain = [type(err).__name__] + ([type(inner).__name__] if inner is not None else [])
+    text = str(err).strip().splitlines()
+    return {"classes": chain, "text": text[0][:400] if text else "",
+            "preempted": bool(getattr(inner if inner is not None else err, "preempted", False))}
+
+
+DEATH_KINDS = {"NODE_DIED": NODE_LOST, "WORKER_DIED": WORKER_LOST}
+"""Ray's own reason a worker actor died (ray 2.58 ``common.proto`` ``ActorDiedErrorContext.Reason``,
+read through the state API's ``death_cause``): the evidence that outranks the errors the other
+ranks raised (a rank whose peer vanished fails its collective at once, often before Ray's poll
+has seen the vanished one). ``RAY_KILL`` is Ray Train tearing the group down: no evidence."""
+
+
+def death_reasons(ranks: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """``{rank: reason}`` of the ranks whose worker actor Ray records as dead, where it says why."""
+    from ray.util.state import get_actor
+
+    found = {}
+    for rank, info in ranks.items():
+        if not info.get("actor_id"):
+            continue
+        try:
+            actor = get_actor(info["actor_id"], timeout=10)
+            cause = (getattr(actor, "death_cause", None) or {}) if actor is not None else {}
+        except Exception:  # noqa: BLE001 - no state API here: the errors alone decide
+            continue
+        reason = (cause.get("actor_died_error_context") or {}).get("reason")
+        if reason in DEATH_KINDS:
+            found[int(rank)] = reason
+    return found
+
+
+def classify(error: dict[str, Any], node_alive: bool) -> str:
+    """The incident kind of one error Ray Train saw on a rank."""
+    classes = " ".join(error.get("classes", []))
+    if "WorkerHealthCheckTimeoutError" in classes:
+        return HEALTH_CHECK
+    if error.get("preempted"):
+        return PREEMPTION
+    if not node_alive:
+        return NODE_LOST
+    if "ActorDied" in classes or "RayActorError" in classes or "WorkerHealthCheckFailedError" in classes:
+        return WORKER_LOST
+    return WORKER_ERROR
+
+
+def name_fault(ranks: dict[int, dict[str, Any]], errors: dict[int, dict[str, Any]], *, alive: dict[str, bool],
+               deaths: dict[int, str]) -> tuple[str, list[int]]:
+    """The kind of one fault and the ranks it names: Ray's record of a worker's death first
+    (``deaths``, :func:`death_reasons`), then the errors Ray Train saw (:func:`classify`, a rank on
+    a node ``alive`` does not list as alive lost with its node); the kind that explains it best
+    (:data:`KINDS`' order) wins."""
+    kinds = {int(r): classify(e, alive.get(ranks.get(int(r), {}).get("node_id"), True)) for r, e in errors.items()}
+    kinds.update({r: DEATH_KINDS[reason] for r, reason in deaths.items()})
+    kind = min(kinds.values(), key=KINDS.index)
+    return kind, sorted(r for r, k in kinds.items() if k == kind)
+
+
+def ray_nodes(kind: str, ranks: dict[int, dict[str, Any]], named: list[int]) -> str:
+    """For a lost node: ``" (Ray node <id> dead)"``, the Ray node id(s) of the ranks named. The
+    incident's ``nodes`` are Kubernetes node names (the host name off Kubernetes, where several
+    Ray nodes can share one host); the Ray node id is what Ray's own logs name."""
+    ids = sorted({str(ranks[r].get("node_id")) for r in named if r in ranks and ranks[r].get("node_id")})
+    return f" (Ray node {', '.join(ids)} dead)" if kind == NODE_LOST and ids else ""
+
+
+def saved_when_ray_saw(kind: str) -> list[str]:
+    """What a fault Ray Train found first left for diagnosis. A health-check timeout (ray 2.58
+    ``worker_group/worker_group.py`` ``_poll_workers_and_collect_errors``: a poll hung past
+    ``RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S``) names a process that was ALIVE but did not answer;
+    Ray Train ``ray.kill``s it at once (``worker_group/state.py`` ``_shutdown_workers``)."""
+    if kind == WORKER_ERROR:
+        return []
+    if kind == HEALTH_CHECK:
+        return ["nothing: the process was alive but did not answer; Ray Train killed it before a stack was taken"]
+    return ["nothing: the process was gone"]
 
 
 # --- the worker groups' notes, attempts and cost ----------------------------------------------

@@ -19,7 +19,8 @@ The parts, none inside a rank's training thread:
   itself saw (a dead worker, a failed or timed-out health check, an exception) reach the board
   with their ranks, before the controller restarts the group.
 - :class:`Watchdog`, a thread of the driver: it reads the board every :data:`POLL_S` and
-  records each fault as an incident (training/incidents.py) in run.json, completed with the
+  records each fault as an incident (training/incidents.py, which also names the fault from
+  Ray's record: why a worker died, :func:`training.incidents.name_fault`) in run.json, completed with the
   step the next attempt resumed from and the time and GPU-minutes lost. When no rank finished a
   step within :func:`hang_bound`, or when :data:`FIRST_STEP_S` after the attempt started some
   rank has no step yet (stuck in its build, data open or restore) or never registered, it
@@ -340,61 +341,11 @@ class FailureNotes:
                     import ray
 
                     board = ray.get_actor(board_name(self.run_name), namespace=NAMESPACE)
-                    board.failed.remote({rank: describe_error(err) for rank, err in worker_exceptions.items()})
+                    board.failed.remote({rank: incidents.describe_error(err) for rank, err in worker_exceptions.items()})
                 except Exception as err:  # noqa: BLE001 - a note must never fail the controller
                     log.warning("incident note not delivered: %s", err)
 
         return _Notes(run_name)
-
-
-def describe_error(err: BaseException) -> dict[str, Any]:
-    """What a worker error says: its class chain, first line, and Ray's ``preempted`` flag
-    (ray 2.58 ``worker_group/poll.py`` ``_is_preempted_actor``)."""
-    inner = getattr(err, "health_check_failure", None)
-    chain = [type(err).__name__] + ([type(inner).__name__] if inner is not None else [])
-    text = str(err).strip().splitlines()
-    return {"classes": chain, "text": text[0][:400] if text else "",
-            "preempted": bool(getattr(inner if inner is not None else err, "preempted", False))}
-
-
-DEATH_KINDS = {"NODE_DIED": incidents.NODE_LOST, "WORKER_DIED": incidents.WORKER_LOST}
-"""Ray's own reason a worker actor died (ray 2.58 ``common.proto`` ``ActorDiedErrorContext.Reason``,
-read through the state API's ``death_cause``): the evidence that outranks the errors the other
-ranks raised (a rank whose peer vanished fails its collective at once, often before Ray's poll
-has seen the vanished one). ``RAY_KILL`` is Ray Train tearing the group down: no evidence."""
-
-
-def death_reasons(ranks: dict[int, dict[str, Any]]) -> dict[int, str]:
-    """``{rank: reason}`` of the ranks whose worker actor Ray records as dead, where it says why."""
-    from ray.util.state import get_actor
-
-    found = {}
-    for rank, info in ranks.items():
-        if not info.get("actor_id"):
-            continue
-        try:
-            actor = get_actor(info["actor_id"], timeout=10)
-            cause = (getattr(actor, "death_cause", None) or {}) if actor is not None else {}
-        except Exception:  # noqa: BLE001 - no state API here: the errors alone decide
-            continue
-        reason = (cause.get("actor_died_error_context") or {}).get("reason")
-        if reason in DEATH_KINDS:
-            found[int(rank)] = reason
-    return found
-
-
-def classify(error: dict[str, Any], node_alive: bool) -> str:
-    """The incident kind of one error Ray Train saw on a rank."""
-    classes = " ".join(error.get("classes", []))
-    if "WorkerHealthCheckTimeoutError" in classes:
-        return incidents.HEALTH_CHECK
-    if error.get("preempted"):
-        return incidents.PREEMPTION
-    if not node_alive:
-        return incidents.NODE_LOST
-    if "ActorDied" in classes or "RayActorError" in classes or "WorkerHealthCheckFailedError" in classes:
-        return incidents.WORKER_LOST
-    return incidents.WORKER_ERROR
 
 
 # --- the driver's side ---------------------------------------------------------------------------
@@ -513,7 +464,7 @@ class Watchdog:
         kind, named = self._kinds(ranks, pending["errors"])
         if (kind, named) != (entry["kind"], entry["ranks"]) and incidents.KINDS.index(kind) < incidents.KINDS.index(entry["kind"]):
             entry["detail"] += (f"; first seen as {entry['kind']} of rank {entry['ranks']}, Ray's record of the deaths "
-                                f"says {kind}{_ray_nodes(kind, ranks, named)}")
+                                f"says {kind}{incidents.ray_nodes(kind, ranks, named)}")
             entry.update(kind=kind, ranks=named, nodes=sorted({ranks[r]["node"] for r in named if r in ranks}))
             self.record.update(**{contract.INCIDENTS: list(self.record.data.get(contract.INCIDENTS) or [])})
 
@@ -574,19 +525,16 @@ class Watchdog:
             return {}
 
     def _kinds(self, ranks: dict[int, dict[str, Any]], errors: dict[int, dict[str, Any]]) -> tuple[str, list[int]]:
-        """The incident's kind and the ranks it names: Ray's record of a worker's death first
-        (:func:`death_reasons`), then the errors Ray Train saw."""
+        """The incident's kind and the ranks it names, from Ray's record as it stands now: which
+        nodes are alive and why each worker actor died (:func:`training.incidents.name_fault`)."""
         alive = self._nodes_alive()
-        kinds = {int(r): classify(e, alive.get(ranks.get(int(r), {}).get("node_id"), True)) for r, e in errors.items()}
-        kinds.update({r: DEATH_KINDS[reason] for r, reason in death_reasons(ranks).items()})
-        kind = min(kinds.values(), key=incidents.KINDS.index)
-        return kind, sorted(r for r, k in kinds.items() if k == kind)
+        return incidents.name_fault(ranks, errors, alive=alive, deaths=incidents.death_reasons(ranks))
 
     def _ray_saw(self, state: dict[str, Any], errors: dict[int, dict[str, Any]], now: float) -> None:
         ranks = state["ranks"]
         kind, named = self._kinds(ranks, errors)
         detail = "; ".join(f"rank {r}: {'/'.join(errors[r]['classes'])}: {errors[r]['text'][:160]}" if r in errors
-                           else f"rank {r}: its worker died ({kind})" for r in named) + _ray_nodes(kind, ranks, named)
+                           else f"rank {r}: its worker died ({kind})" for r in named) + incidents.ray_nodes(kind, ranks, named)
         if self.open is not None and self.open["attempt"] == self.attempt:
             entry = self.open["entry"]
             if self.open.get("ray_noted"):
@@ -603,7 +551,7 @@ class Watchdog:
         step = max((r["step"] for r in ranks.values() if r["step"] is not None), default=None)
         entry = incidents.incident(kind, ranks=named, nodes=[ranks[r]["node"] for r in named if r in ranks],
                                    step=step, detail=detail,
-                                   saved=_saved_when_ray_saw(kind))
+                                   saved=incidents.saved_when_ray_saw(kind))
         self._add(entry, self.attempt, now, self._step_s(state))
         self.open.update(ray_noted=True, ranks=ranks, errors=errors)
         self.ray_seen.append(self.open)
@@ -752,26 +700,6 @@ class Watchdog:
         task = ray.remote(num_cpus=0, max_retries=0)(_probe).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(info["node_id"], soft=False))
         return task.remote(info["pid"], info["stack_file"], info.get("trace_prefix", ""), kill, DUMP_WAIT_S)
-
-
-def _ray_nodes(kind: str, ranks: dict[int, dict[str, Any]], named: list[int]) -> str:
-    """For a lost node: ``" (Ray node <id> dead)"``, the Ray node id(s) of the ranks named. The
-    incident's ``nodes`` are Kubernetes node names (the host name off Kubernetes, where several
-    Ray nodes can share one host); the Ray node id is what Ray's own logs name."""
-    ids = sorted({str(ranks[r].get("node_id")) for r in named if r in ranks and ranks[r].get("node_id")})
-    return f" (Ray node {', '.join(ids)} dead)" if kind == incidents.NODE_LOST and ids else ""
-
-
-def _saved_when_ray_saw(kind: str) -> list[str]:
-    """What a fault Ray Train found first left for diagnosis. A health-check timeout (ray 2.58
-    ``worker_group/worker_group.py`` ``_poll_workers_and_collect_errors``: a poll hung past
-    ``RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S``) names a process that was ALIVE but did not answer;
-    Ray Train ``ray.kill``s it at once (``worker_group/state.py`` ``_shutdown_workers``)."""
-    if kind == incidents.WORKER_ERROR:
-        return []
-    if kind == incidents.HEALTH_CHECK:
-        return ["nothing: the process was alive but did not answer; Ray Train killed it before a stack was taken"]
-    return ["nothing: the process was gone"]
 
 
 def _write(uri: str, data: bytes) -> str:

@@ -32,7 +32,7 @@ from constructs import Construct
 from environment import GpuNodeGroupSpec
 from environment.addons import ADDONS_BY_KEY, CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
 from environment.contract import CODE_PREFIX, control_plane_log_group
-from environment.image_source import CACHE_UPSTREAM_REGISTRY, CACHE_UPSTREAM_URL
+from environment.image_source import CACHE_UPSTREAM_REGISTRY, CACHE_UPSTREAM_URL, PROMOTED_TAG_PREFIX
 from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
 from infra.constructs.cluster_addons import ClusterAddons, ManagedAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role, system_launch_template
@@ -65,8 +65,12 @@ ALL_CONTROL_PLANE_LOGS = [
 
 NODE_CACHE_ACTIONS = ("ecr:BatchImportUpstreamImage", "ecr:CreateRepository")
 CACHE_KEEP_IMAGES = 3
-"""Images each cache repository keeps (the pinned digest, the one before it for a rollback, one
-being promoted); older ones expire (:class:`PullThroughCache`)."""
+"""Images each cache repository keeps besides the promoted ones (the candidates the pipeline's
+smoke runs pulled); older ones expire (:class:`PullThroughCache`)."""
+CACHE_KEEP_PROMOTED = 3
+"""Promoted digests each cache repository keeps, newest first: the one the pipeline promotes now,
+the one before it (a rollback's target) and one a promotion that lost its compare-and-swap tagged
+(Promote tags before it swaps)."""
 
 
 class PullThroughCache(Construct):
@@ -82,13 +86,23 @@ class PullThroughCache(Construct):
         # The cache makes one repository per upstream image on its first pull and keeps every
         # digest pulled through it (~20 GB each for the DLC), billed for ever. A creation template
         # for the prefix gives each such repository a lifecycle policy (ECR User Guide,
-        # "Repository creation templates": appliedFor PULL_THROUGH_CACHE). An expired digest is
-        # pulled through again from the upstream on its next use.
+        # "Repository creation templates": appliedFor PULL_THROUGH_CACHE).
+        # An expired digest does NOT come back on its next use: the cache fills by tag only
+        # (raytrain_eks/pipeline/smoke.py warm_cache) and the tag has moved on by then. So the
+        # digests the pipeline promotes (tagged PROMOTED_TAG_PREFIX by its Promote step) are
+        # selected by a rule of a higher priority, and "an image that matches the tagging
+        # requirements of a higher priority rule cannot be expired by a rule with a lower priority"
+        # (ECR User Guide, "Lifecycle policy evaluation rules"); the `any` rule must come last
+        # ("Lifecycle policy properties": rulePriority).
         self.lifecycle = ecr.CfnRepositoryCreationTemplate(
             self, "Lifecycle", prefix=prefix, applied_for=["PULL_THROUGH_CACHE"],
-            description="raytrain-eks: keep the newest cached images of each upstream repository",
+            description="raytrain-eks: keep the promoted digests and the newest cached images",
             lifecycle_policy=json.dumps({"rules": [{
-                "rulePriority": 1, "description": f"keep the newest {CACHE_KEEP_IMAGES} images",
+                "rulePriority": 1, "description": f"keep the newest {CACHE_KEEP_PROMOTED} promoted digests",
+                "selection": {"tagStatus": "tagged", "tagPrefixList": [PROMOTED_TAG_PREFIX],
+                              "countType": "imageCountMoreThan", "countNumber": CACHE_KEEP_PROMOTED},
+                "action": {"type": "expire"}}, {
+                "rulePriority": 2, "description": f"keep the newest {CACHE_KEEP_IMAGES} other images",
                 "selection": {"tagStatus": "any", "countType": "imageCountMoreThan", "countNumber": CACHE_KEEP_IMAGES},
                 "action": {"type": "expire"}}]}))
         repositories = Stack.of(self).format_arn(service="ecr", resource="repository", resource_name=f"{prefix}/*")

@@ -123,6 +123,13 @@ class KubectlDeployers(Construct):
                 actions=["ecr:BatchGetImage", "ecr:BatchImportUpstreamImage", "ecr:CreateRepository"],
                 resources=[Stack.of(self).format_arn(service="ecr", resource="repository",
                                                      resource_name=f"{r.cache_prefix}/*")]))
+        if r.cache_prefix:
+            # keep_in_cache: the promoted digest tagged in the cache's repository, which its
+            # lifecycle policy keeps (raytrain_eks/pipeline/apply_promote.py)
+            promote.add_to_policy(iam.PolicyStatement(
+                sid="TagPromotedInCache", actions=["ecr:BatchGetImage", "ecr:PutImage"],
+                resources=[Stack.of(self).format_arn(service="ecr", resource="repository",
+                                                     resource_name=f"{r.cache_prefix}/*")]))
         promote.add_to_policy(iam.PolicyStatement(
             sid="ReadJudgedRecord", actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[f"{runs}/run.json"],
             conditions=owned))
@@ -246,6 +253,9 @@ def acknowledge_pipeline(stack: Stack, *, artifacts: s3.IBucket, projects: list,
         add(roles["Smoke"], f"Resource::arn:<AWS::Partition>:ecr:{region}:{account}:repository/{cache_prefix}/*",
             f"Smoke warms the pull-through cache: the cache makes one repository per upstream image under "
             f"{cache_prefix}/ on the first pull (names not known before).")
+        add(roles["Promote"], f"Resource::arn:<AWS::Partition>:ecr:{region}:{account}:repository/{cache_prefix}/*",
+            f"Promote tags the digest it promotes in the pull-through cache's repository, under {cache_prefix}/ "
+            "(made by the cache on the first pull: names not known before), so its lifecycle policy keeps it.")
     for step in ("Smoke", "Apply"):
         add(roles[step], f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{code_prefix}/*",
             "The build uploads the code archive: only under the code prefix (names carry the content hash).")

@@ -1,13 +1,12 @@
 """The local backend of ``raytrain-eks submit --local`` (and ``make demo``): the RayJob's own
 entrypoint and runtime env, submitted with ``ray job submit`` to a real Ray head on 127.0.0.1,
-with moto's S3 server as the run's storage, as KubeRay's submitter does on EKS.
+with moto's S3 server as the run's storage, as KubeRay's submitter does on EKS; and a local run's
+folder, found by name and answered by its head while it runs.
 
 Both services live as long as one submit (raytrain_eks/backends/local_services.py): the bucket is in
 memory, so a local run cannot be resumed by a later submit, and Ctrl-C stops the run with them.
-Or they are kept warm across submits: ``python -m raytrain_eks.backends.local FILE`` keeps a head
-and its storage running and names them in FILE; with ``RAYTRAIN_LOCAL_HEAD=FILE`` each submit runs
-its job there (its own Ray job through the head's job supervisor) and leaves both running
-(:func:`warm_head`, :func:`given_warm_head`).
+Or they are kept warm across submits (raytrain_eks/backends/warm_head.py): with
+``RAYTRAIN_LOCAL_HEAD=FILE`` each submit runs its job there and leaves both running.
 """
 from __future__ import annotations
 
@@ -23,15 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from raytrain_eks.backends.eks import EXIT_UNREACHABLE
+from raytrain_eks.backends.local_services import LOCAL_CPUS, HeadUnreachable, process_started, same_process
+from raytrain_eks.backends.warm_head import LOCAL_HEAD_ENV, given_warm_head
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
-LOCAL_CPUS = 4
-"""Logical CPUs of the local head: the local job's 2 workers and its driver."""
-LOCAL_HEAD_ENV = "RAYTRAIN_LOCAL_HEAD"
-"""The file of a warm local head (:func:`warm_head`): set, ``submit --local`` runs its job on that
-head and storage instead of starting its own, and leaves them running."""
 
 
 # --- a local run's folder: found by name, and its live head asked while its submit runs -------
@@ -58,7 +53,7 @@ def register(out_dir: Path, *, run: str, submission_id: str, dashboard_url: str,
     path = out_dir / LIVE
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"run": run, "pid": os.getpid(), "pid_started": _started(os.getpid()), "submission_id": submission_id, "dashboard_url": dashboard_url,
+        json.dump({"run": run, "pid": os.getpid(), "pid_started": process_started(os.getpid()), "submission_id": submission_id, "dashboard_url": dashboard_url,
                    "auth_env": auth_env, **services}, handle, indent=2)
 
 
@@ -93,28 +88,6 @@ class RunFolder:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def _started(pid: int) -> str | None:
-    """When process ``pid`` started, in clock ticks since boot (proc(5): ``/proc/PID/stat``
-    field 22, counted after the parenthesised command name); None where there is no /proc."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _alive(pid: int, started: str | None) -> bool:
-    """``pid`` is the submit that wrote ``local.json``: alive, and (where /proc tells) started
-    when it was; a reused pid is another process."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return started is None or _started(pid) in (None, started)
-
-
 def find(run: str, runs_dir: Path | None = None) -> RunFolder | None:
     """The local run ``run`` (its folder holds ``local.json``), or None: not a local run."""
     folder = (runs_dir or RUNS_DIR) / run
@@ -123,7 +96,7 @@ def find(run: str, runs_dir: Path | None = None) -> RunFolder | None:
         return None
     live = json.loads(path.read_text(encoding="utf-8"))
     pid = int(live.get("pid", 0))
-    return RunFolder(run=run, folder=folder, live=live if pid and _alive(pid, live.get("pid_started")) else None)
+    return RunFolder(run=run, folder=folder, live=live if pid and same_process(pid, live.get("pid_started")) else None)
 
 
 def all_runs(runs_dir: Path | None = None) -> Iterator[RunFolder]:
@@ -133,13 +106,6 @@ def all_runs(runs_dir: Path | None = None) -> Iterator[RunFolder]:
         found = find(path.parent.name, runs_dir)
         if found is not None:
             yield found
-
-
-class HeadUnreachable(RuntimeError):
-    """A live local run's Ray head does not answer (it died before its submit): one line, and
-    the CLI exits :attr:`exit_code`, as for a cluster kubectl cannot reach."""
-
-    exit_code = EXIT_UNREACHABLE
 
 
 @contextmanager
@@ -218,85 +184,11 @@ def local_stop(found: RunFolder) -> bool:
         return bool(client.stop_job(found.live["submission_id"]))
 
 
-# --- a warm local head: one head and storage kept running across submits ----------------------
-# A head's start (ray start, its dashboard's modules, the agents) is most of a short local run's
-# overhead; a head kept warm takes each job through its job supervisor as KubeRay's long-lived
-# RayCluster does (``submit --on-cluster``). Its jobs queue for its LOCAL_CPUS logical CPUs.
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WarmHead:
-    """A running head and its storage, as :func:`warm_head` named them in ``path``."""
-    path: Path
-    head: Any
-    """local_services.RayHead"""
-    storage: Any
-    """local_services.S3Server"""
-
-
-def _write_warm(path: Path, head: Any, storage_endpoint: str) -> None:
-    """Whole or not at all (a reader sees no half-written file), mode 0600: the head's token is in it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.unlink(missing_ok=True)  # created afresh: O_CREAT's mode applies to a new file only
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"pid": os.getpid(), "dashboard_url": head.dashboard_url, "gcs_address": head.gcs_address,
-                   "temp_dir": head.temp_dir, "metrics_url": head.metrics_url, "auth_token": head.auth_token,
-                   "storage_endpoint": storage_endpoint}, handle, indent=2)
-    os.replace(partial, path)
-
-
-@contextmanager
-def warm_head(path: Path) -> Iterator[WarmHead]:
-    """A local Ray head (token auth, :data:`LOCAL_CPUS`) and moto's S3 server, the services a
-    submit starts, named in ``path`` (mode 0600) while they run; both stop and the file goes on exit."""
-    from raytrain_eks.backends.local_services import ray_head, s3_server
-
-    with s3_server() as store:
-        with ray_head(num_cpus=LOCAL_CPUS, env=store.client_env) as head:
-            _write_warm(path, head, store.endpoint_url)
-            try:
-                yield WarmHead(path=path, head=head, storage=store)
-            finally:
-                path.unlink(missing_ok=True)
-
-
-def given_warm_head() -> WarmHead | None:
-    """The warm head :data:`LOCAL_HEAD_ENV` names, once it answers; None when the variable is
-    unset. A file that names no warm head is one line (exit 2); a head or storage that does not
-    answer is one line (exit 5): both before anything starts."""
-    import urllib.request
-
-    from charts import ChartError
-    from raytrain_eks.backends.local_services import RayHead, S3Server
-
-    value = os.environ.get(LOCAL_HEAD_ENV, "")
-    if not value:
-        return None
-    path = Path(value).absolute()
-    fix = f"start one with `python -m raytrain_eks.backends.local {value}`, or unset {LOCAL_HEAD_ENV}"
-    try:
-        named = json.loads(path.read_text(encoding="utf-8"))
-        head = RayHead(gcs_address=named["gcs_address"], dashboard_url=named["dashboard_url"],
-                       temp_dir=named["temp_dir"], metrics_url=named["metrics_url"], auth_token=named["auth_token"])
-        storage = S3Server(endpoint_url=named["storage_endpoint"])
-    except FileNotFoundError:
-        raise ChartError(f"{LOCAL_HEAD_ENV}={value}: no such file: {fix}") from None
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ChartError(f"{LOCAL_HEAD_ENV}={value}: not a warm local head's file "
-                         f"({type(err).__name__}: {err}): {fix}") from None
-    for what, url, headers in (("its Ray head", f"{head.dashboard_url}/api/version",
-                                {"Authorization": f"Bearer {head.auth_token}"}),
-                               ("its storage", f"{storage.endpoint_url}/moto-api/", {})):
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10):
-                pass
-        except (OSError, ValueError) as err:
-            raise HeadUnreachable(f"{LOCAL_HEAD_ENV}={value}: {what} at {url} does not answer ({err}): {fix}") from None
-    return WarmHead(path=path, head=head, storage=storage)
-
-
 class LocalRunError(RuntimeError):
-    """The local run could not be submitted; the message says why."""
+    """The local run could not be submitted (Ray's job API refused it); the message says why,
+    and the CLI exits :attr:`exit_code` with that one line."""
+
+    exit_code = 1
 
 
 def submit_command(dashboard_url: str, submission_id: str, entrypoint: str, runtime_env_yaml: str) -> list[str]:
@@ -372,10 +264,22 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 """Ray's terminal job states (ray 2.58 ``dashboard/modules/job/common.py`` ``JobStatus.is_terminal``)."""
 
 
-def _stop_and_wait(head: Any, submission_id: str, bound_s: float = 180.0) -> None:
+def stop_bound_s(runtime_env_yaml: str) -> float:
+    """How long a stopped job on a warm head may take to end: the job supervisor's own wait
+    before its SIGKILL (``RAY_JOB_STOP_WAIT_TIME_S`` in the job's runtime env, ray 2.58
+    ``dashboard/modules/job/job_supervisor.py``; the job's ``checkpoint.sigterm_grace_seconds``
+    plus a margin, training/contract.py) and the margin of ``raytrain-eks stop`` on EKS."""
+    from raytrain_eks.backends.eks import MARGIN_S, stop_wait_s
+
+    return float(stop_wait_s({"spec": {"runtimeEnvYAML": runtime_env_yaml}}) + MARGIN_S)
+
+
+def _stop_and_wait(head: Any, submission_id: str, bound_s: float) -> None:
     """Stop the submit's job on a warm head (Ctrl-C, SIGTERM, an error while following it) and wait
     for it to end: the job supervisor SIGKILLs its driver after the runtime env's
-    ``RAY_JOB_STOP_WAIT_TIME_S``; the bound only ends a hung wait. A job never submitted: nothing."""
+    ``RAY_JOB_STOP_WAIT_TIME_S``; ``bound_s`` (:func:`stop_bound_s`, beyond that wait) only ends a
+    hung wait: a fixed 180 s returned while a job of a longer grace still wrote its final
+    checkpoint, holding the warm head's CPUs after its submit ended. A job never submitted: nothing."""
     try:
         client = job_client(head.dashboard_url, head.client_env)
         client.stop_job(submission_id)
@@ -387,6 +291,32 @@ def _stop_and_wait(head: Any, submission_id: str, bound_s: float = 180.0) -> Non
             time.sleep(0.5)
     except Exception:  # noqa: BLE001 (no such job: it was never submitted; a head gone: nothing runs)
         return
+
+
+def _connection_lost(err: BaseException) -> bool:
+    import requests
+
+    return isinstance(err, (ConnectionError, requests.exceptions.ConnectionError)) and not isinstance(err, BrokenPipeError)
+
+
+def _head_gone(head: Any, submission_id: str, warm: Any, err: BaseException) -> HeadUnreachable:
+    """A head that stopped answering while its job ran (it died, or its owner stopped it): one
+    line (exit 5), not a traceback. Ray's client raises the builtin ConnectionError at
+    construction (ray 2.58 ``dashboard/modules/dashboard_sdk.py`` ``_check_connection_and_version``)."""
+    where = f"the warm head {warm.path}" if warm else "the run's Ray head"
+    said = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return HeadUnreachable(f"Ray job {submission_id}: {where} at {head.dashboard_url} stopped answering while "
+                           f"the job ran ({said}): its end is unknown, nothing was copied")
+
+
+def _final_info(head: Any, submission_id: str, warm: Any) -> dict[str, Any]:
+    """The job's final status, or :func:`_head_gone`."""
+    try:
+        return job_info(head.dashboard_url, submission_id, head.client_env)
+    except Exception as err:
+        if _connection_lost(err):
+            raise _head_gone(head, submission_id, warm, err) from None
+        raise
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -410,7 +340,7 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
     from charts import ChartError
     from charts.main import read_rayjob
     from raytrain_eks.backends.local_services import ray_head, s3_server
-    from raytrain_eks.runs.results import download_run, s3_client, upload_if_missing
+    from raytrain_eks.runs.results import download_run, run_exists, s3_client, upload_if_missing
 
     job = read_rayjob(rayjob)
     warm = given_warm_head()
@@ -420,6 +350,12 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
     with (contextlib.nullcontext(warm.storage) if warm else s3_server()) as s3:
         client = s3_client(s3.client_env)
         upload_if_missing(client, code_path, job.working_dir, create_bucket=True)
+        if warm and run_exists(client, run_uri):
+            # A warm head's storage outlives each submit: the job would find the earlier run's
+            # checkpoints there and resume them (training/launch.py plan_resume) as a "new" run,
+            # or two submits of one name would write one folder.
+            raise ChartError(f"{LOCAL_HEAD_ENV}={warm.path}: run {job.name}: the warm head's storage already holds "
+                             f"{run_uri} (an earlier submit of that name): pick another --name, or leave --name out")
         say(f"    storage {s3.endpoint_url} (moto, in memory): code {job.working_dir}")
         if prepare:
             prepare(client)
@@ -441,11 +377,18 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
                     try:
                         status = submit_and_follow(head.dashboard_url, submission_id, job.entrypoint,
                                                    job.runtime_env_yaml, auth_env=head.client_env, on_submitted=submitted)
-                    except BaseException:
-                        if warm:  # the head runs on after this submit: its job must not
-                            _stop_and_wait(head, submission_id)
+                    except LocalRunError:
+                        # Ray refused the submission (ray 2.58 job_manager.py submit_job: "Job with
+                        # submission_id ... already exists"): nothing of this submit runs, and a job
+                        # of that id is another submit's, which a stop would end.
                         raise
-                info = job_info(head.dashboard_url, submission_id, head.client_env)
+                    except BaseException as err:
+                        if warm:  # the head runs on after this submit: its job must not
+                            _stop_and_wait(head, submission_id, stop_bound_s(job.runtime_env_yaml))
+                        if _connection_lost(err):
+                            raise _head_gone(head, submission_id, warm, err) from None
+                        raise
+                info = _final_info(head, submission_id, warm)
                 out_dir.mkdir(parents=True, exist_ok=True)
                 copied = download_run(client, run_uri, out_dir)
             finally:
@@ -457,43 +400,3 @@ def run_local(*, rayjob: Path, run_uri: str, code_path: Path, out_dir: Path, clu
         {**info, "manifest_entrypoint": job.entrypoint, "manifest_runtime_env_yaml": job.runtime_env_yaml,
          **services}, indent=2) + "\n")
     return LocalRun(status=status, info=info, out_dir=out_dir, copied=copied)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m raytrain_eks.backends.local FILE``: a warm local head until Ctrl-C, SIGTERM or
-    SIGHUP (the CLI's handling: the head and its storage stop, nothing is left running)."""
-    import argparse
-    import signal
-
-    from raytrain_eks.backends.local_services import ServiceStartError
-
-    stopping = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def stop(signum: int, frame: Any) -> None:  # as Ctrl-C; a second signal cannot cut the clean-up short
-        for sig in stopping:
-            signal.signal(sig, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    parser = argparse.ArgumentParser(prog="python -m raytrain_eks.backends.local",
-                                     description="keep a local Ray head and its storage warm for submit --local")
-    parser.add_argument("file", help=f"where to name them (mode 0600: the head's token); {LOCAL_HEAD_ENV}=FILE uses them")
-    args = parser.parse_args(argv)
-    for sig in stopping:
-        if signal.getsignal(sig) is not signal.SIG_IGN:  # one inherited as ignored (nohup) stays so
-            signal.signal(sig, stop)
-    try:
-        with warm_head(Path(args.file).absolute()) as warm:
-            print(f"warm local head: dashboard {warm.head.dashboard_url}, storage {warm.storage.endpoint_url}; "
-                  f"submit with {LOCAL_HEAD_ENV}={warm.path} (Ctrl-C stops both)", flush=True)
-            while True:
-                time.sleep(3600)
-    except KeyboardInterrupt:
-        print("warm local head: stopped", file=sys.stderr)
-        return 130
-    except ServiceStartError as err:  # its own attempts stopped what they began
-        print(f"error: warm local head: {err}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

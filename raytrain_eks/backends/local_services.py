@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, TypeVar
 
+from raytrain_eks.backends.eks import EXIT_UNREACHABLE
+
 class _Process(NamedTuple):
     parent: int
     state: str
@@ -78,6 +80,28 @@ def running(pids) -> list[int]:
     """Those of ``pids`` that still run (a zombie has exited: it only waits to be reaped)."""
     table = _processes()
     return [pid for pid in pids if pid in table and table[pid].state != "Z"]
+
+
+def process_started(pid: int) -> str | None:
+    """When process ``pid`` started, in clock ticks since boot (proc(5): ``/proc/PID/stat``
+    field 22, counted after the parenthesised command name); None where there is no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def same_process(pid: int, started: str | None) -> bool:
+    """``pid`` is the process that wrote a record naming it (a submit's ``local.json``, a warm
+    head's FILE): alive, and (where /proc tells) started when it was; a reused pid is another process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return started is None or process_started(pid) in (None, started)
 
 
 def head_processes(temp_dir: str, gcs_address: str, table: dict[int, _Process] | None = None) -> list[int]:
@@ -185,6 +209,17 @@ def free_port() -> int:
                 continue
         return port
     raise RuntimeError(f"no free port in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1} on {LOOPBACK}")
+
+
+LOCAL_CPUS = 4
+"""Logical CPUs of the local head: the local job's 2 workers and its driver."""
+
+
+class HeadUnreachable(RuntimeError):
+    """A local Ray head does not answer (a live run's, dead before its submit; a warm one's):
+    one line, and the CLI exits :attr:`exit_code`, as for a cluster kubectl cannot reach."""
+
+    exit_code = EXIT_UNREACHABLE
 
 
 class ServiceStartError(RuntimeError):

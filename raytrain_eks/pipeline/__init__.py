@@ -75,6 +75,9 @@ class StepContext:
     project, never reused), so a stage retried under the same execution id (CodePipeline's
     RetryStageExecution keeps it) gets a run name of its own."""
     sns: Any = None
+    ecr: Any = None
+    """ECR, where Promote tags the digest it promotes in the pull-through cache (None: a client is
+    made when one is needed)."""
     topic_arn: str = ""
     """The pipeline's failure topic (``NOTIFY_TOPIC_ARN``; "" = notify nobody)."""
     max_attempts: int = 3
@@ -98,7 +101,7 @@ class StepContext:
                    parameter_name=environ["PROMOTED_DIGEST_PARAMETER"],
                    execution_id=environ.get("EXECUTION_ID", "manual"),
                    attempt=environ.get("CODEBUILD_BUILD_NUMBER", "1"),
-                   sns=boto3.client("sns"), topic_arn=environ.get("NOTIFY_TOPIC_ARN", ""),
+                   sns=boto3.client("sns"), ecr=boto3.client("ecr"), topic_arn=environ.get("NOTIFY_TOPIC_ARN", ""),
                    max_attempts=env.pipeline.max_attempts,
                    poll_s=float(environ.get("POLL_SECONDS", 30)), timeout_s=float(environ.get("TIMEOUT_SECONDS", 3600)),
                    queue_timeout_s=float(environ.get("QUEUE_TIMEOUT_SECONDS", 14400)),

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import time
 from typing import Any, Callable
 
 from environment.contract import RAY_CLUSTER_LABEL
 from environment.maintenance import parse_window
 from infra.lambdas.image_watcher.history import APPLIED, FAILURE_DEFERRED, Superseded
-from infra.lambdas.image_watcher.promote import promote, promoted_digest, split_record_uri
+from infra.lambdas.image_watcher.promote import PromotionError, promote, promoted_digest, split_record_uri
 
 from . import StepContext
 from .kube import KubeError, annotated, head_uid, live_manifest_hash, log, manifest_hash, wait_ready
@@ -216,6 +217,11 @@ queue, provisioning and Deploy's install phase (pip and npm), assumed under 15 m
 RetryStageExecution, retryMode FAILED_ACTIONS), often hours later: that pass must not count."""
 
 
+HOLD_CLOCK_SKEW_S = 60
+"""How far HoldDeploy's clock may run ahead of DeployStacks' (two CodeBuild hosts, NTP-synchronized,
+and the pass rounded to whole seconds)."""
+
+
 class HoldExpired(RuntimeError):
     """DeployStacks without a fresh HoldDeploy pass of its own execution: nothing deployed."""
 
@@ -231,8 +237,14 @@ def check_hold_fresh(passed_at: str, now: float) -> str:
         age = now - float(passed_at)
     except ValueError:
         raise HoldExpired(f"HOLD_PASSED_AT = {passed_at!r}: no HoldDeploy pass of this execution; {fix}") from None
+    if not math.isfinite(age):  # float() reads nan and inf as numbers
+        raise HoldExpired(f"HOLD_PASSED_AT = {passed_at!r}: not epoch seconds (HoldDeploy prints a whole "
+                          f"number); {fix}")
     # -60 s: the two builds' clocks (CodeBuild hosts, NTP-synchronized) and the rounding to seconds
-    if not -60 <= age <= 60 * HOLD_MAX_AGE_MINUTES:
+    if age < -HOLD_CLOCK_SKEW_S:
+        raise HoldExpired(f"HOLD_PASSED_AT = {passed_at!r}: {-age:.0f} s after this build's clock (at most "
+                          f"{HOLD_CLOCK_SKEW_S} s of skew): a clock or the variable is wrong; {fix}")
+    if age > 60 * HOLD_MAX_AGE_MINUTES:
         raise HoldExpired(f"HoldDeploy passed {age / 60:.0f} min before this DeployStacks (at most "
                           f"{HOLD_MAX_AGE_MINUTES} min): a GPU job may run or the window may have closed since; {fix}")
     return f"HoldDeploy passed {max(age, 0):.0f} s ago"
@@ -324,8 +336,49 @@ def promote_step(ctx: StepContext, *, digest: str, record_uri: str, required_tra
         # the cluster, never a digest whose manifest another Apply has replaced since.
         raise KubeError(f"the long-lived RayCluster is not on this run's Apply ({live or 'unmarked'}, "
                         f"applied {own or 'nothing'}): nothing promoted")
+    log(f"promote: {keep_in_cache(ctx, digest)}")
     item = promote(ssm=ctx.ssm, s3=ctx.s3, parameter_name=ctx.parameter_name, history=ctx.history,
                    digest=digest, smoke_record=record_uri, execution_id=ctx.execution_id,
                    expected=run.get("promoted_at_synth", ""), required_transport=required_transport)
     log(f"promote: {digest} promoted (was {run.get('promoted_at_synth') or 'none'})")
     return item
+
+
+def keep_in_cache(ctx: StepContext, digest: str) -> str:
+    """Before the compare-and-swap: tag ``digest`` in the pull-through cache's repository
+    (:func:`environment.image_source.promoted_tag`), so the cache's lifecycle policy keeps it
+    (infra/stacks/cluster.py ``PullThroughCache``): the nodes pull by digest, the cache fills only
+    by tag, and ``image.tag`` moves on to the next candidate, leaving the promoted digest untagged
+    and expirable. Re-tagging is BatchGetImage of the manifest, then PutImage of the same bytes
+    under the new tag (Amazon ECR API Reference, PutImage; an image that already has the tag
+    answers ``ImageAlreadyExistsException``). Returns, in words, what was done; PromotionError
+    (nothing promoted) when the cache would not keep it."""
+    if not ctx.env.image.pull_through_cache:
+        return "no pull-through cache: the nodes pull from the registry"
+    from environment.image_source import cache_repository, promoted_tag
+    from infra.lambdas.image_watcher.registry import MANIFEST_MEDIA_TYPES
+
+    repository, tag = cache_repository(ctx.env), promoted_tag(digest)
+    ecr = ctx.ecr
+    try:
+        if ecr is None:
+            import boto3
+
+            ecr = boto3.client("ecr", region_name=ctx.env.cluster.region)
+        found = ecr.batch_get_image(repositoryName=repository, imageIds=[{"imageDigest": digest}],
+                                    acceptedMediaTypes=list(MANIFEST_MEDIA_TYPES))["images"]
+        if not found:
+            raise PromotionError(f"{repository}@{digest} is not in the pull-through cache: nothing promoted")
+        image = found[0]
+        extra = {"imageManifestMediaType": image["imageManifestMediaType"]} if image.get("imageManifestMediaType") else {}
+        try:
+            ecr.put_image(repositoryName=repository, imageManifest=image["imageManifest"], imageTag=tag,
+                          imageDigest=digest, **extra)
+        except ecr.exceptions.ImageAlreadyExistsException:
+            return f"{repository}@{digest} is tagged {tag} already"
+    except PromotionError:
+        raise
+    except Exception as err:  # noqa: BLE001 - botocore's errors: the cache would not keep the digest
+        raise PromotionError(f"could not tag {repository}@{digest} as {tag} in the pull-through cache, so its "
+                             f"lifecycle policy could expire it: {err}: nothing promoted") from err
+    return f"{repository}@{digest} tagged {tag}: the cache's lifecycle policy keeps it"

@@ -75,6 +75,66 @@ def test_each_cache_repository_gets_a_lifecycle_policy(capacity):
 
     [template] = [r["Properties"] for r in capacity.resources("cluster", "AWS::ECR::RepositoryCreationTemplate").values()]
     assert template["Prefix"] == PREFIX and template["AppliedFor"] == ["PULL_THROUGH_CACHE"]
-    [rule] = json.loads(template["LifecyclePolicy"])["rules"]
-    assert rule["selection"]["countType"] == "imageCountMoreThan" and rule["selection"]["countNumber"] >= 2
-    assert rule["action"] == {"type": "expire"}
+    rules = sorted(json.loads(template["LifecyclePolicy"])["rules"], key=lambda r: r["rulePriority"])
+    assert all(r["selection"]["countType"] == "imageCountMoreThan" and r["action"] == {"type": "expire"} for r in rules)
+    # "A rule with a tagStatus value of any must have the highest value for rulePriority" (ECR User
+    # Guide, "Lifecycle policy properties"); the count rule keeps a rollback's target
+    assert [r["selection"]["tagStatus"] for r in rules][-1] == "any" and rules[-1]["selection"]["countNumber"] >= 2
+
+
+def _expired(rules: list[dict], images: list[tuple[str, set[str]]]) -> set[str]:
+    """What an ECR lifecycle policy expires from ``images`` (digest, tags), oldest push first, as
+    the ECR User Guide states its evaluation ("Lifecycle policy evaluation rules"; "Lifecycle
+    policy properties"): rules apply lowest rulePriority first; a rule selects by ``tagStatus``
+    (``tagged`` with a tagPrefixList: an image with a tag starting with EVERY prefix listed) and
+    ``imageCountMoreThan`` N expires its selected images beyond the N most recently pushed; an
+    image is expired by one rule at most, and one that matches the tagging requirements of a
+    higher priority rule cannot be expired by a rule with a lower priority, which still counts it
+    as if it had not been expired. A model of the documented rules, not of ECR's code (not
+    public); only the selections and count type this project's policy uses."""
+    def selects(selection: dict, tags: set[str]) -> bool:
+        status = selection["tagStatus"]
+        if status == "any":
+            return True
+        if status == "untagged":
+            return not tags
+        return all(any(t.startswith(p) for t in tags) for p in selection["tagPrefixList"])
+
+    expired: set[str] = set()
+    claimed: set[str] = set()  # matched by a higher priority rule's tagging requirements
+    for rule in sorted(rules, key=lambda r: r["rulePriority"]):
+        selection = rule["selection"]
+        assert selection["countType"] == "imageCountMoreThan", selection  # the only count type modelled
+        chosen = [digest for digest, tags in reversed(images) if selects(selection, tags)]  # newest first
+        for digest in chosen[selection["countNumber"]:]:
+            if digest not in claimed and digest not in expired:
+                expired.add(digest)
+        claimed.update(chosen)
+    return expired
+
+
+def test_the_cache_never_expires_the_digest_the_pipeline_promotes(capacity):
+    """The nodes pull the promoted digest BY DIGEST, and the cache fills only by tag (raytrain_eks/
+    pipeline/smoke.py warm_cache; aws/containers-roadmap issue 2837): once ``image.tag`` moved on to
+    newer candidates the promoted digest is untagged in the cache, and an expired one cannot be
+    pulled through again. Before the fix the only rule kept the newest 3 images of any kind, so
+    three candidates that failed their smoke runs expired the digest every RayJob was pinned to.
+    Promote now tags the digest it promotes (environment.image_source.promoted_tag,
+    raytrain_eks/pipeline/apply_promote.py keep_in_cache): it and the one before it (a rollback's
+    target) stay, however many candidates come after."""
+    import json
+
+    from environment.image_source import promoted_tag
+
+    [template] = [r["Properties"] for r in capacity.resources("cluster", "AWS::ECR::RepositoryCreationTemplate").values()]
+    rules = json.loads(template["LifecyclePolicy"])["rules"]
+    before, promoted = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    candidates = ["sha256:" + c * 64 for c in "abcdef"]
+    images = [(before, {promoted_tag(before)}), (promoted, {promoted_tag(promoted)})]
+    images += [(c, set()) for c in candidates[:-1]] + [(candidates[-1], {"train-ml-cuda-v1.1.0"})]  # the tag moved on
+    expired = _expired(rules, images)
+    assert promoted not in expired and before not in expired
+    # the candidates still expire: the cache keeps a bounded number of ~20 GB images
+    assert expired == set(candidates[:3])
+    # the model itself: an untagged promoted digest (no Promote tag) is what expired before
+    assert promoted in _expired(rules, [(d, set()) for d, _ in images])

@@ -14,6 +14,7 @@ import tomllib
 import warnings
 from pathlib import Path
 
+import infra_variants
 import pytest
 
 from environment.model import MAX_APPLY_WAIT_MINUTES
@@ -23,10 +24,10 @@ from infra.stacks.pipeline_access import DEPLOYER_GROUP
 from infra.stacks.pipeline_builds import fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
-ACCOUNT = "111122223333"
-CONNECTION = f"arn:aws:codeconnections:us-east-1:{ACCOUNT}:connection/0f3c2b1a-4d5e-4f60-8a7b-9c0d1e2f3a4b"
-DIGEST = "sha256:" + "5" * 64
-SCHEDULE = "rate(2 hours)"
+ACCOUNT = infra_variants.ACCOUNT
+CONNECTION = infra_variants.PIPELINE_CONNECTION
+DIGEST = infra_variants.PIPELINE_DIGEST
+SCHEDULE = infra_variants.PIPELINE_SCHEDULE
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +35,8 @@ def synthesized(tmp_path_factory):
     from infra.build import build_app, new_app
     from environment import environment_from_dict
 
-    raw = tomllib.loads((REPO / "environment.toml").read_text())
     # private endpoint: the richer path (kubectl builds inside the VPC) is the one synthesized
-    raw["cluster"].update(account=ACCOUNT, endpoint_access="private", public_access_cidrs=[],
-                          admin_principal_arns=[f"arn:aws:iam::{ACCOUNT}:role/admin"])
-    raw["image"]["digest"] = DIGEST
-    raw["pipeline"].update(connection_arn=CONNECTION, repository="example-org/raytrain-eks",
-                           branch="release", watch_schedule=SCHEDULE, notify_emails=["oncall@example.com"],
-                           maintenance_window="sat,sun 02:00-06:00", apply_wait_minutes=MAX_APPLY_WAIT_MINUTES)
-    env = environment_from_dict(raw, "pipeline-test.toml")
+    env = environment_from_dict(infra_variants.pipeline_raw(), "pipeline-test.toml")
     outdir = tmp_path_factory.mktemp("cdk-pipeline")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -415,7 +409,7 @@ def test_each_kubectl_build_outlives_its_wait_plus_a_rollback(synthesized):
         assert project["TimeoutInMinutes"] * 60 >= waits + 10 * 60, action["Name"]
 
 
-def test_with_the_pull_through_cache_smoke_may_warm_it_and_nothing_else(tmp_path):
+def test_with_the_pull_through_cache_smoke_may_warm_it_and_promote_tag_it(tmp_path):
     """Smoke warms the cache by tag before its pods pull the new digest (raytrain_eks/pipeline/smoke.py
     warm_cache): a registry login (ecr:GetAuthorizationToken: no resource-level permissions) and a
     pull through the rule, as a node's (BatchGetImage, BatchImportUpstreamImage, CreateRepository:
@@ -439,8 +433,12 @@ def test_with_the_pull_through_cache_smoke_may_warm_it_and_nothing_else(tmp_path
     warm = smoke["WarmPullThroughCache"]
     assert sorted(warm["Action"]) == ["ecr:BatchGetImage", "ecr:BatchImportUpstreamImage", "ecr:CreateRepository"]
     assert json.dumps(warm["Resource"]).endswith(f':repository/{env.cluster.name}-ecr-public/*"]]}}'), warm["Resource"]
-    for other in ("ApplyRole", "PromoteRole"):
-        assert not any("ecr:" in json.dumps(s.get("Action")) for s in policy_statements(template, other)), other
+    # Promote tags the digest it promotes there, so the cache's lifecycle policy keeps it
+    # (raytrain_eks/pipeline/apply_promote.py keep_in_cache): the manifest read and put back, nothing else
+    promote = [s for s in policy_statements(template, "PromoteRole") if "ecr:" in json.dumps(s.get("Action"))]
+    assert [(s["Sid"], sorted(s["Action"])) for s in promote] == [("TagPromotedInCache", ["ecr:BatchGetImage", "ecr:PutImage"])]
+    assert promote[0]["Resource"] == warm["Resource"]
+    assert not any("ecr:" in json.dumps(s.get("Action")) for s in policy_statements(template, "ApplyRole"))
 
 
 def test_a_deploy_retried_alone_after_its_hold_refuses_to_deploy(synthesized):

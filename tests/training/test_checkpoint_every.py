@@ -86,3 +86,43 @@ def test_checkpoint_every_is_a_positive_k_that_counts_only_with_checkpointing():
     assert ParallelConfig(checkpoint_every=4).checkpointed_every == 1
     with pytest.raises(FieldError, match="checkpoint_every: 0"):
         ParallelConfig(activation_checkpointing=True, checkpoint_every=0)
+
+
+@pytest.mark.parametrize("every", [0, 1, 2, 3, 4, 7])
+def test_the_every_k_activation_term_bounds_the_measured_peak(every):
+    """The preflight's activation term (raytrain_eks/planning/memory_estimate.py: the inputs of
+    the ``L // k`` checkpointed blocks, the others' full activations, one recomputed block; plus
+    the logits term) against torch 2.13's own MemTracker (``torch/distributed/_tools/mem_tracker.py``)
+    over one forward + backward of a 6-block tiny Qwen2 checkpointed by the job's own
+    :func:`training.parallel.checkpoint_activations` (fp32 on CPU: compute bytes 4). Every k,
+    the remainder blocks (6 % 4, 6 % 7) and k > L included: the measured activations and
+    temporaries at the peak never exceed the term (0: checkpointing off)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from raytrain_eks.planning.memory_estimate import estimate_memory
+    from training.flops import ModelShapes
+    from training.model import loss_sum, use_packed_attention
+    from training.parallel import checkpoint_activations
+
+    layers, tokens = 6, 512
+    config = tiny_qwen2_config(num_hidden_layers=layers, hidden_size=128, intermediate_size=384,
+                               max_position_embeddings=tokens)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**config))
+    use_packed_attention(model)
+    if every:
+        checkpoint_activations(model, every=every)
+    model.train()
+    ids = torch.randint(0, 500, (1, tokens), generator=torch.Generator().manual_seed(1))
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        loss_sum(model, {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.arange(tokens)[None]}).backward()
+    [(_, peak)] = tracker.get_tracker_snapshot("peak").items()
+    measured = sum(v for k, v in peak.items() if getattr(k, "value", k) in ("Activation", "Temp"))
+    shapes = ModelShapes.from_hf_config({"model_type": "qwen2", **Qwen2Config(**config).to_dict()})
+    planned = estimate_memory(shapes, strategy="no_shard", world_size=1, workers_per_node=1, seq_len=tokens,
+                              micro_batch_size=1, activation_checkpointing=bool(every), compute_bytes=4,
+                              checkpoint_every=max(every, 1))
+    assert measured <= planned.activations + planned.logits, (every, measured, planned.activations, planned.logits)

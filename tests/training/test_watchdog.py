@@ -40,7 +40,7 @@ def test_the_floors_come_from_the_environment_when_set(monkeypatch):
     ({"classes": ["RuntimeError"]}, True, incidents.WORKER_ERROR),
 ])
 def test_each_error_ray_train_saw_gets_its_kind(error, alive, kind):
-    assert watchdog.classify(error, alive) == kind
+    assert incidents.classify(error, alive) == kind
 
 
 def _rank(pid: int, step: int, start: int = 0) -> dict:
@@ -332,7 +332,7 @@ def test_a_worker_on_a_node_ray_marks_dead_later_is_recorded_as_that_node_lost(t
                               world_size=2, on_gpu=False)
     alive = {"head": True, "node-b": True, "node-c": True}
     monkeypatch.setattr(watchdog.Watchdog, "_nodes_alive", lambda self: dict(alive))
-    monkeypatch.setattr(watchdog, "death_reasons", lambda ranks: {})  # the lost worker's actor: RAY_KILL
+    monkeypatch.setattr(incidents, "death_reasons", lambda ranks: {})  # the lost worker's actor: RAY_KILL
     on = lambda pid, node_id, step, start=0: {**_rank(pid, step, start), "node_id": node_id}  # noqa: E731
     unavailable = {"classes": ["WorkerHealthCheckFailedError", "ActorUnavailableError"],
                    "text": "A worker health check failed.", "preempted": False}

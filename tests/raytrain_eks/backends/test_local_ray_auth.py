@@ -2,7 +2,7 @@
 without the token is refused, with the head's token (what KubeRay injects into its submitter)
 it runs the job. Its workers find their own head's state API while another Ray instance runs
 on the machine. The head is the session's warm one (tests/conftest.py ``warm_head``: ``python -m
-raytrain_eks.backends.local``, the same ``ray_head`` a submit starts), whose stop the fixture
+raytrain_eks.backends.warm_head``, the same ``ray_head`` a submit starts), whose stop the fixture
 checks; each job here is a Ray job of its own on it."""
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from ray_session import AWS_SESSION_CANARY
-from raytrain_eks.backends.local import LOCAL_CPUS, LOCAL_HEAD_ENV
+from raytrain_eks.backends.local_services import LOCAL_CPUS
+from raytrain_eks.backends.warm_head import LOCAL_HEAD_ENV
 from raytrain_eks.backends.local_services import RayHead, head_processes
 
 pytestmark = pytest.mark.slow  # runs jobs on a Ray head

@@ -133,3 +133,20 @@ def test_a_deploy_retried_alone_after_a_job_started_refuses_and_the_stage_retry_
     # Retry stage: the hold runs again and sees the fine-tune
     with pytest.raises(Deferred, match="finetune still running"):
         hold_deploy(_ctx(raw, Jobs(finetune=None)), deployed, new, clock=Clock())
+
+
+def test_a_malformed_or_future_hold_pass_is_refused_naming_the_value():
+    """``float()`` reads ``nan``, ``inf`` and ``1e9`` as numbers, and a HOLD_PASSED_AT ahead of
+    this build's clock by more than the skew allowed is no age at all: each is refused with the
+    value and what is allowed, not as "passed nan min before" or "passed -60 min before ... a GPU
+    job may run since" (a wrong reason that hides the clock or the variable at fault)."""
+    from raytrain_eks.pipeline.apply_promote import HoldExpired, check_hold_fresh
+
+    now = 1_800_000_000.0
+    for value in ("nan", "inf", "-inf"):
+        with pytest.raises(HoldExpired, match=rf"HOLD_PASSED_AT = '{value}': not epoch seconds"):
+            check_hold_fresh(value, now)
+    with pytest.raises(HoldExpired, match=r"HOLD_PASSED_AT = '1800003600': 3600 s after this build's clock "
+                                          r"\(at most 60 s of skew\)"):
+        check_hold_fresh("1800003600", now)
+    assert "passed 0 s ago" in check_hold_fresh("1800000030", now)  # within the skew: a pass now

@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from raytrain_eks.backends import local as local_runs
+from raytrain_eks.backends.local_services import process_started
 from raytrain_eks.cli import main
 
 
@@ -36,7 +37,7 @@ def test_a_dead_head_of_a_live_submit_is_one_line_and_exit_5(runs, capfd, comman
     """The submit (here: this process, its start time recorded) runs, its head does not answer:
     Ray's JobSubmissionClient raises the builtin ConnectionError (ray 2.58
     dashboard/modules/dashboard_sdk.py:299-302); the command says so in one line, exit 5."""
-    _write(runs, "deadhead", pid=os.getpid(), pid_started=local_runs._started(os.getpid()))
+    _write(runs, "deadhead", pid=os.getpid(), pid_started=process_started(os.getpid()))
     assert main([command[0], "deadhead", *command[1:]]) == 5
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
