@@ -16,6 +16,9 @@ PyYAML, so the demo does not pay for the cdk8s bindings.
 
 Reads files and the environment only here (the edge): ``--env`` or ``$ENV_FILE`` (default
 environment.toml), ``--outdir`` or ``$CDK8S_OUTDIR`` (set by the cdk8s CLI; default dist).
+``--env A --outdir X --env B --outdir Y`` synthesizes each pair in turn in one process: the
+jsii runtime and the bindings load once (seconds on a small build host; the pipeline's Synth
+stage, scripts/pipeline/synth.sh, also synthesizes the promoted digest so).
 A user error prints ``error: <one line>`` and exits 2.
 """
 from __future__ import annotations
@@ -183,24 +186,34 @@ def read_rayjob(manifest: str | Path) -> RayJobSubmission:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m charts.main", description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default=os.environ.get("ENV_FILE", "environment.toml"))
-    parser.add_argument("--outdir", default=os.environ.get("CDK8S_OUTDIR", "dist"))
+    parser.add_argument("--env", action="append", help="the environment file (repeat with --outdir: one synth each)")
+    parser.add_argument("--outdir", action="append", help="where its manifests go (one per --env)")
     parser.add_argument("--root", default=str(ROOT), help="the tree holding training/ and jobs/")
     args = parser.parse_args(argv)
+    envs = args.env or [os.environ.get("ENV_FILE", "environment.toml")]
+    outdirs = args.outdir or [os.environ.get("CDK8S_OUTDIR", "dist")]
+    if len(envs) != len(outdirs):
+        parser.error(f"--env given {len(envs)} time(s) and --outdir {len(outdirs)}: one --outdir per --env")
     quiet_node_floor_warning()
+    for env_file, outdir in zip(envs, outdirs):
+        if code := _synth_one(env_file, outdir, Path(args.root)):
+            return code
+    return 0
 
+
+def _synth_one(env_file: str, outdir: str, root: Path) -> int:
     from charts import ChartError
     from environment import SpecError, UnlockedImageWarning, load_environment
     from training.config import JobConfigError
 
     try:
-        env = load_environment(args.env)
+        env = load_environment(env_file)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UnlockedImageWarning)
             _ = env.image.reference
         for warning in caught:
             print(f"warning: {warning.message}", file=sys.stderr)
-        result = synth(env, args.outdir, root=Path(args.root), spec_text=Path(args.env).read_text(encoding="utf-8"))
+        result = synth(env, outdir, root=root, spec_text=Path(env_file).read_text(encoding="utf-8"))
     except (SpecError, ChartError, JobConfigError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

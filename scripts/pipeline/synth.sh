@@ -12,13 +12,15 @@ mkdir -p dist
 digest="$("$PYTHON" -m raytrain_eks.pipeline --env "$ENV_FILE" choose-digest --requested "${IMAGE_DIGEST:-spec}" \
   --run-file dist/pipeline-run.json)"
 "$PYTHON" -m raytrain_eks.cli lock --env "$ENV_FILE" --digest "$digest" >&2
-"$PYTHON" -m charts.main --env "$ENV_FILE" --outdir dist >&2
 promoted="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["promoted_at_synth"])' dist/pipeline-run.json)"
 rm -rf dist/promoted
+synths=(--env "$ENV_FILE" --outdir dist)
 if [ -n "$promoted" ] && [ "$promoted" != "$digest" ]; then
   mkdir -p .work
   cp "$ENV_FILE" .work/promoted-environment.toml
   "$PYTHON" -m raytrain_eks.cli lock --env .work/promoted-environment.toml --digest "$promoted" >&2
-  "$PYTHON" -m charts.main --env .work/promoted-environment.toml --outdir dist/promoted >&2
+  synths+=(--env .work/promoted-environment.toml --outdir dist/promoted)
 fi
+# both syntheses in one process: the jsii runtime and the bindings load once (charts/main.py)
+"$PYTHON" -m charts.main "${synths[@]}" >&2
 echo "$digest"

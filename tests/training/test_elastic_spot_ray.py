@@ -6,9 +6,10 @@ second node started by ``ray start --address`` with its own CPUs. From outside t
 
 1. the second node is drained the way Ray Core drains a node for a spot reclaim: ``ray
    drain-node`` (the GCS DrainNode RPC, reason PREEMPTION, a deadline; ray 2.58
-   ``ray/scripts/scripts.py`` ``drain_node``, the same call the autoscaler makes) -> the workers
-   commit a checkpoint at the step boundary and hold; inside the notice the node is killed whole
-   (its raylet and everything under it, SIGKILL), as EC2 reclaims it;
+   ``ray/scripts/scripts.py`` ``drain_node``, the same call the autoscaler makes), given while the
+   workers are paused (SIGSTOP) so the run cannot end before it -> the workers commit a
+   checkpoint at the step boundary and hold; inside the notice the node is killed whole
+   (every process of it, SIGKILL: the node runs in a session of its own), as EC2 reclaims it;
 2. the run goes on at 2 workers from that checkpoint (0 steps lost);
 3. a new node joins (``ray start --address``) -> Ray Train's elastic policy grows the run back to 4
    (the two workers are paused with SIGSTOP while the node starts and Ray Train notices it: on
@@ -25,6 +26,7 @@ worker health check instead of its PREEMPTING state); its record is tested in te
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -47,7 +50,11 @@ LOSS_TOLERANCE = 1e-5
 steps at 4 -> 2 -> 4 workers against 4 Ray workers throughout, and 2.5e-7 between those 4 workers and
 one process summing the 4 micro batches)."""
 DRAIN_DEADLINE_S = 60
-MAX_STEPS = 60
+MAX_STEPS = 30
+"""Steps the run never reaches before the test acted: the workers are paused at each
+observation the test acts on (the drain, the node's start), so only the few steps between an
+observation and the pause are spent meanwhile (60 steps before the drain was paused: at a load
+average of 40 the notice landed at step 46)."""
 
 HEAD_ENV = {"RAY_health_check_period_ms": "1000"}
 """For the test head's GCS: how often it checks each raylet (ray 2.58 ``ray_config_def.h``
@@ -98,21 +105,34 @@ require_transport = "any"
 """
 
 
-def _start_node(head, temp_root: Path, name: str, cpus: int = 1) -> int:
+class Node(NamedTuple):
+    """A Ray node this test started with ``ray start --address``."""
+
+    port: int
+    """Its node manager port: what names its raylet (``ray.nodes()`` ``NodeManagerPort``)."""
+    session: int
+    """The session its ``ray start`` led (``start_new_session``): every process of the node is in
+    it. The raylet, its log monitor (the raylet's sibling, not its child: ``ray start`` starts
+    both, then exits) and its agents share that session's process group; each Ray worker is in a
+    process group of its own, still in the session."""
+
+
+def _start_node(head, temp_root: Path, name: str, cpus: int = 1) -> Node:
     """``ray start --address``: a second Ray node on loopback with ``cpus`` CPUs (1: 2 workers of
-    0.5), its own ports and ``head.client_env`` (what the node's raylet and its workers inherit);
-    returns its node manager port (what names its raylet). On a busy machine a raylet can miss
-    Ray's start-up wait: what it left is killed and it starts again."""
+    0.5), its own ports and ``head.client_env`` (what the node's raylet and its workers inherit),
+    in a session of its own. On a busy machine a raylet can miss Ray's start-up wait: what it
+    left is killed and it starts again."""
     for attempt in range(3):
-        try:
-            return _start_node_once(head, temp_root, name, cpus)
-        except subprocess.CalledProcessError as err:
-            _kill_node(err.port)
-            if attempt == 2:
-                raise
+        node, code = _start_node_once(head, temp_root, name, cpus)
+        if code == 0:
+            return node
+        _kill_node(node)
+        if attempt == 2:
+            log = (temp_root / f"{name}.log").read_text()[-3000:]
+            raise AssertionError(f"ray start of {name} exited {code}: {log}")
 
 
-def _start_node_once(head, temp_root: Path, name: str, cpus: int = 1) -> int:
+def _start_node_once(head, temp_root: Path, name: str, cpus: int = 1) -> tuple[Node, int]:
     port = free_port()
     ports = {flag: free_port() for flag in ("--object-manager-port", "--metrics-export-port",
                                             "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
@@ -123,41 +143,101 @@ def _start_node_once(head, temp_root: Path, name: str, cpus: int = 1) -> int:
            *(f"{flag}={p}" for flag, p in ports.items())]
     env = {**os.environ, **NODE_ENV, **head.client_env, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(temp_root / f"{name}.log", "a") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            subprocess.run(cmd, env=env, check=True, stdout=log, stderr=subprocess.STDOUT, timeout=300)
-        except subprocess.CalledProcessError as err:
-            err.port = port
-            raise
-    return port
+            code = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            code = -1  # killed with the rest of its session by the caller
+    return Node(port=port, session=proc.pid), code
 
 
-def _node_tree(port: int) -> list:
-    """The raylet of the node with this node manager port and every process under it."""
+def _node_processes(node: Node) -> list:
+    """Every process of ``node`` still running (a zombie has exited: it only waits to be reaped):
+    those of its session, and its raylet's descendants wherever they are."""
     import psutil
 
-    raylets = [p for p in psutil.process_iter(["cmdline"])
-               if p.info["cmdline"] and f"--node_manager_port={port}" in " ".join(p.info["cmdline"])
-               and "raylet" in p.info["cmdline"][0]]
-    return [proc for r in raylets for proc in [r, *r.children(recursive=True)]]
-
-
-def _kill_node(port: int) -> None:
-    """The node killed whole: SIGKILL to its raylet and everything under it at once."""
-    for proc in _node_tree(port):
+    found = {}
+    for proc in psutil.process_iter(["cmdline", "status"]):
         try:
-            proc.send_signal(signal.SIGKILL)
-        except Exception:  # noqa: BLE001 - already gone
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            raylet = (proc.info["cmdline"] and "raylet" in proc.info["cmdline"][0]
+                      and f"--node_manager_port={node.port}" in " ".join(proc.info["cmdline"]))
+            if os.getsid(proc.pid) == node.session or raylet:
+                found[proc.pid] = proc
+                if raylet:
+                    found.update((c.pid, c) for c in proc.children(recursive=True))
+        except (ProcessLookupError, psutil.Error):  # gone meanwhile
             pass
+    return [p for p in found.values() if _runs(p)]
 
 
-def _train_workers(head) -> list:
-    """This head's Ray Train worker processes (under its own raylet, named by its temp dir)."""
+def _runs(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _kill_node(node: Node, bound_s: float = 60) -> list:
+    """The node killed whole, as EC2 reclaims an instance: SIGKILL to its session's process group
+    (raylet, log monitor and agents at once), then to every other process of it (its workers),
+    again until none runs. Returns what still runs after ``bound_s`` (nothing: callers assert
+    it)."""
+    import psutil
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(node.session, signal.SIGKILL)
+    deadline = time.monotonic() + bound_s
+    while (left := _node_processes(node)) and time.monotonic() < deadline:
+        for proc in left:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGKILL)
+        time.sleep(0.1)
+    return [_described(p) for p in left if _runs(p)]
+
+
+def _described(proc) -> str:
+    import psutil
+
+    try:
+        return f"{proc.pid} {' '.join(proc.cmdline())[:200]}"
+    except psutil.Error:
+        return str(proc.pid)
+
+
+def _train_workers(head, *nodes: Node) -> list:
+    """The Ray Train worker processes of this head (under its own raylet, named by its temp dir)
+    and of ``nodes``."""
     import psutil
 
     raylets = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
                and "raylet" in p.info["cmdline"][0] and any(head.temp_dir in a for a in p.info["cmdline"])]
-    return [c for r in raylets for c in r.children(recursive=True)
-            if "RayTrainWorker" in " ".join(c.cmdline() or [c.name()])]
+    procs = [c for r in raylets for c in r.children(recursive=True)] + [p for n in nodes for p in _node_processes(n)]
+    out = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if "RayTrainWorker" in " ".join(proc.cmdline() or [proc.name()]):
+                out.append(proc)
+    return out
+
+
+@contextlib.contextmanager
+def _paused(procs: list):
+    """``procs`` stopped (SIGSTOP, as a stalled host pauses them) until the block ends: the run
+    cannot go on while the test acts, however long the action takes on a loaded machine."""
+    for proc in procs:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGCONT)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
 
 def _controller_said(head, text: str) -> bool:
@@ -268,11 +348,13 @@ def _launch(tmp: Path, head, run: str, min_nodes: int) -> subprocess.Popen:
            "RAYTRAIN_ELASTIC_RESIZE_INTERVAL_S": "2", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
            # The bound on the placement group's reservation only (ray 2.58
            # train/v2/_internal/execution/worker_group/worker_group.py: ``pg_handle.wait``; actor
-           # start-up comes after it, unbounded), ready in ~1 s here whenever the CPUs exist. After
-           # the node is lost the first restart is sized from the coordinator's stale view (4
-           # workers, its 20 s tick) and waits out this bound before Ray Train sizes it again (2):
-           # 30 s covers one tick with room.
-           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30",
+           # start-up comes after it, unbounded), ready within 0.1 s here whenever the CPUs exist
+           # (measured at a load average of 20). After the node is lost a restart is sized from
+           # the coordinator's view, stale until its next 20 s tick (4 workers), and waits out
+           # this bound before Ray Train sizes it again: each try that cannot be placed is a
+           # controller failure Ray Train retries (training/launch.py ``placement_retries``), so
+           # a bound of 10 s ends the wait at most 10 s after the tick, where 30 s always took 30.
+           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10",
            # the two workers are paused on purpose while a node joins: not a hang for the
            # progress watchdog (training/watchdog.py)
            "RAYTRAIN_HANG_FLOOR_S": "900",
@@ -289,24 +371,34 @@ def test_drain_then_lost_node_then_growth_keeps_every_loss(tmp_path):
         assert reference.wait(timeout=900) == 0, (tmp_path / "reference.out").read_text()[-3000:]
     with ray_head(num_cpus=1, env={**HEAD_ENV, **NODE_ENV}, keep_logs=tmp_path / "ray-logs") as head:
         second = _start_node(head, tmp_path, "node-b")
-        second_id = _node_id(head, second)  # asked now: the drain follows step 5 without this wait
+        third = None
+        # asked while the run starts (a Ray driver of its own, seconds): the drain follows step 5
+        # without this wait
+        asking = concurrent.futures.ThreadPoolExecutor(1)
+        second_id = asking.submit(_node_id, head, second.port)
+        asking.shutdown(wait=False)
 
         run = _launch(tmp_path, head, "elastic", min_nodes=1)
         run_dir = store / "elastic"
         try:
+            second_id = second_id.result(timeout=600)
             _wait("step 5", lambda: _reached(run_dir) >= 5, 600, run)
-            # 1. the notice, as Ray Core gets it for a spot reclaim
-            subprocess.run([str(Path(sys.executable).with_name("ray")), "drain-node", f"--address={head.gcs_address}",
-                            f"--node-id={second_id}", "--reason=DRAIN_NODE_REASON_PREEMPTION",
-                            "--reason-message=spot interruption notice (test)",
-                            f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"],
-                           env={**os.environ, **head.client_env}, check=True, timeout=120)
+            # 1. the notice, as Ray Core gets it for a spot reclaim, given while the 4 workers
+            # are paused: the CLI takes seconds to start on a loaded machine, and the run must
+            # not end meanwhile; they take it at their next step boundary
+            with _paused(_train_workers(head, second)):
+                subprocess.run([str(Path(sys.executable).with_name("ray")), "drain-node",
+                                f"--address={head.gcs_address}", f"--node-id={second_id}",
+                                "--reason=DRAIN_NODE_REASON_PREEMPTION",
+                                "--reason-message=spot interruption notice (test)",
+                                f"--deadline-remaining-seconds={DRAIN_DEADLINE_S}"],
+                               env={**os.environ, **head.client_env}, check=True, timeout=120)
             _wait("the checkpoint on notice", lambda: any(n["note"] == "notice" for n in _notes(run_dir)), 300, run)
             # the reclaim, inside the notice. Ray Train restarts once its poll of the killed
             # node's workers fails (when the GCS marks the node dead, HEAD_ENV), before the
             # deadline; its first try is sized from a view that may still count the node (see
             # RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S in _launch), the next from what is left
-            _kill_node(second)
+            assert _kill_node(second) == []  # nothing of it runs on: the log monitor neither
             # 2. on what is left, 3. a node joins again: back to 4
             _wait("2 workers", lambda: any(n["note"] == "start" and n["world_size"] == 2 for n in _notes(run_dir)),
                   300, run)
@@ -316,25 +408,18 @@ def test_drain_then_lost_node_then_growth_keeps_every_loss(tmp_path):
             # machine, and Ray Train sees it within 20 s more (the coordinator's tick): the two
             # workers are paused (SIGSTOP, as a stalled host pauses them) while the node joins,
             # and go on once Ray Train decided to grow (its health check waits 10 min).
-            paused = _train_workers(head)
-            for proc in paused:
-                proc.send_signal(signal.SIGSTOP)
-            try:
-                _start_node(head, tmp_path, "node-c")
+            with _paused(_train_workers(head)):
+                third = _start_node(head, tmp_path, "node-c")
                 _wait("the decision to grow", lambda: _controller_said(head, "resize the worker group from 2 -> 4"),
                       600, run)
-            finally:
-                for proc in paused:
-                    try:
-                        proc.send_signal(signal.SIGCONT)
-                    except Exception:  # noqa: BLE001 - already gone with the resize
-                        pass
             _wait("4 workers again", lambda: [n["world_size"] for n in _notes(run_dir) if n["note"] == "start"][-1] == 4,
                   600, run)
             assert run.wait(timeout=1200) == 0, (tmp_path / "elastic.out").read_text()[-3000:]
         finally:
             if run.poll() is None:
                 run.kill()
+            left = {node.port: _kill_node(node) for node in (second, third) if node is not None}
+        assert left == {second.port: [], **({third.port: []} if third else {})}, left
 
     record = json.loads((run_dir / "run.json").read_text())
     sizes = [a["world_size"] for a in record["attempts"]]

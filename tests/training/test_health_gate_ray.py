@@ -80,7 +80,7 @@ def test_a_node_failing_the_gate_is_recorded_and_kept_out_of_the_next_attempt(ra
     bad = _start_node(SimpleNamespace(gcs_address=gcs, client_env={"RAYTRAIN_GATE_DEVICE": str(device),
                                                                    "RAYTRAIN_NODE_NAME": "node-bad"}),
                       tmp_path, "node-bad", cpus=3)
-    bad_id = next(n["NodeID"] for n in ray_cluster.nodes() if n["NodeManagerPort"] == bad)
+    bad_id = next(n["NodeID"] for n in ray_cluster.nodes() if n["NodeManagerPort"] == bad.port)
     good = None
     job = tmp_path / "gate.toml"
     job.write_text(JOB.format(storage=tmp_path / "store"))
@@ -102,9 +102,9 @@ def test_a_node_failing_the_gate_is_recorded_and_kept_out_of_the_next_attempt(ra
     finally:
         if run.poll() is None:
             run.kill()
-        for port in (bad, good):
-            if port is not None:
-                _kill_node(port)
+        # each node killed whole; nothing of either runs on after the test (its log monitor neither)
+        left = {node.port: _kill_node(node) for node in (bad, good) if node is not None}
+    assert left == {bad.port: [], good.port: []}, left
     print(f"gate incident in run.json {seen:.0f} s after the driver started; run took {time.time() - began:.0f} s")
     record = json.loads((run_dir / "run.json").read_text())
     [entry] = record["incidents"]
