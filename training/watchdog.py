@@ -151,14 +151,35 @@ def flight_recorder_env(dump_dir: str) -> dict[str, str]:
 
 
 class Progress:
-    """One rank's reporter: :meth:`step` after every finished step (a no-op without a board)."""
+    """One rank's reporter: :meth:`step` after every finished step (a no-op without a board).
 
-    def __init__(self, board: Any, rank: int, pid: int):
-        self.board, self.rank, self.pid = board, rank, pid
+    The board is a threaded actor (``max_concurrency``): Ray keeps no order between the calls
+    of one caller to such an actor (Ray's docs, ``ray-core/actors/task-orders``, "Asynchronous or
+    Threaded Actor": no guaranteed execution order; an argument not yet computed holds a call
+    back while later ones run). The board
+    drops a report from a rank it has not registered, so a report that must land waits for the
+    rank's registration (``registered``) first: on a loaded machine the gate's report, made at
+    once after the registration, ran before it and was dropped (the run recorded the gate's
+    node as lost instead)."""
+
+    def __init__(self, board: Any, rank: int, pid: int, registered: Any = None):
+        self.board, self.rank, self.pid, self._registered = board, rank, pid, registered
+
+    def _await_registration(self) -> None:
+        if self._registered is not None:
+            import ray
+
+            try:
+                ray.get(self._registered, timeout=30)
+            except Exception as err:  # noqa: BLE001 - a late board must not fail the rank: report anyway
+                log.warning("watchdog: rank %s's registration not confirmed (%s): reporting anyway",
+                            self.rank, type(err).__name__)
+            self._registered = None
 
     def started(self, step: int) -> None:
         """The rank restored ``step`` (0: a fresh start) and begins training."""
         if self.board is not None:
+            self._await_registration()
             self.board.restored.remote(self.rank, self.pid, step, time.time())
 
     def step(self, step: int, *, heavy: bool = False) -> None:
@@ -171,6 +192,7 @@ class Progress:
         if self.board is not None:
             import ray
 
+            self._await_registration()
             ray.get(self.board.gate.remote(self.rank, self.pid, found, time.time()), timeout=30)
 
 
@@ -198,11 +220,11 @@ def rank_progress(run_name: str, rank: int, start_step: int | None, local_dir: s
     handle = open(stack_file, "w", encoding="utf-8")  # noqa: SIM115 - faulthandler keeps the descriptor
     _kept.append(handle)
     faulthandler.register(STACK_SIGNAL, file=handle, all_threads=True, chain=False)
-    board.begin.remote(rank, {"pid": pid, "node_id": node_id, "actor_id": actor_id, "host": socket.gethostname(),
+    registered = board.begin.remote(rank, {"pid": pid, "node_id": node_id, "actor_id": actor_id, "host": socket.gethostname(),
                               "node": os.environ.get(contract.ENV_NODE_NAME) or socket.gethostname(),
                               "stack_file": stack_file, "start_step": start_step,
                               "trace_prefix": os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "")}, time.time())
-    return Progress(board, rank, pid)
+    return Progress(board, rank, pid, registered)
 
 
 _kept: list[Any] = []

@@ -118,3 +118,30 @@ def test_a_node_failing_the_gate_is_recorded_and_kept_out_of_the_next_attempt(ra
     assert len(starts[-1]["nodes"]) == 2 and bad_id not in starts[-1]["nodes"], (bad_id, starts)
     assert record["verdict"]["verdict"] == verdict.ACCEPTED and record["verdict"]["incidents"] == 1
     assert "after 1 incident (1 health_gate)" in verdict.headline(record["verdict"])
+
+
+def test_the_gates_report_lands_even_when_the_threaded_board_runs_it_before_the_registration(ray_cluster):
+    """The board is a threaded actor, and Ray keeps no order between one caller's calls to such an
+    actor (Ray's docs, ray-core/actors/task-orders: "Asynchronous or Threaded Actor"). Here the
+    rank's registration waits on an argument not yet computed, so the board runs the gate's report
+    first; the report must still land (before the fix it was dropped as a rank not registered,
+    and a full run recorded the gate's node as lost, not as failing its gate)."""
+    from training import watchdog
+
+    @ray_cluster.remote(num_cpus=0)
+    def later(info: dict) -> dict:
+        time.sleep(3)  # the registration's argument is not ready before the gate's report is sent
+        return info
+
+    board = watchdog._board_actor(ray_cluster.get_runtime_context().get_node_id(), f"gate-order-{os.getpid()}")
+    try:
+        info = later.remote({"pid": 4242, "node_id": "n", "actor_id": "", "host": "h", "node": "node-x",
+                             "stack_file": "", "start_step": None, "trace_prefix": ""})
+        registered = board.begin.remote(1, info, time.time())
+        watchdog.Progress(board, 1, 4242, registered).gate_failed(
+            {"node": "node-x", "failed": ["GPU 0: ECC"], "kept_out": "kept out", "seconds": 0.1})
+        state = ray_cluster.get(board.state.remote())
+        assert state["gates"] == {1: {1: {"node": "node-x", "failed": ["GPU 0: ECC"], "kept_out": "kept out",
+                                          "seconds": 0.1, "t": state["gates"][1][1]["t"]}}}, state
+    finally:
+        ray_cluster.kill(board)
