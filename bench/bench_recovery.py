@@ -4,8 +4,8 @@ The chaos suite's cluster (tests/e2e/test_chaos.py: a real local Ray head holdin
 CPU, a second Ray node holding the other's, moto's S3 as the store), the local job as the suite shortens
 it: a worker frozen with SIGSTOP, a worker killed with SIGKILL, and the second node lost
 whole (``node``: its processes SIGKILLed, a third node joining as its replacement), each at the
-chaos suite's point (once step 5 is logged and Ray Train registered the step-4 checkpoint, of 10
-steps). For each it prints the incident run.json recorded: what noticed it, the
+chaos suite's first fault's point (once step 5 is logged and Ray Train registered the step-4
+checkpoint, of the suite's 18 steps), one fault per run. For each it prints the incident run.json recorded: what noticed it, the
 watchdog's bound, the seconds from the fault to its being seen and from then to training again,
 the steps and worker-minutes lost. The
 watchdog's floors are the production ones (60 s) unless ``--floor`` says otherwise. Target:
