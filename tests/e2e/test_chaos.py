@@ -376,6 +376,10 @@ def test_one_run_meets_a_hang_a_lost_node_and_a_killed_rank_in_turn_and_heals_ea
         assert entry["steps_lost"] == entry["step"] - entry["resumed_from_step"], entry
         assert entry["progress_again_s"] > 0 and entry["device_minutes_lost"] > 0 and entry["gpu_minutes_lost"] == 0, entry
         assert len(entry["ranks"]) == 1, entry
+    for entry in found:  # the figures, for the reader (-rP); never asserted beyond the above
+        print(f"{entry['kind']}: step {entry['step']}, resumed from {entry['resumed_from_step']}, "
+              f"{entry['steps_lost']} steps lost, training again {entry['progress_again_s']} s after it was seen, "
+              f"{entry['device_minutes_lost']} worker-minutes lost")
     hang, node_lost, worker_lost = found
 
     assert hang["step"] >= FIRST_FAULT_AFTER_STEP and "process T" in hang["detail"], hang
