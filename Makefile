@@ -35,6 +35,13 @@ $(TOKENIZER): $(VENV)/.installed devtools/tokenizer_build.py
 $(VENV)/.installed: pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	# scikit-learn (and scipy, which only it needs here) come in as lm-eval's dependency alone, and
+	# lm-eval needs them only for metrics its oracle tasks do not score (f1, mcc; the tasks of
+	# tests/training/test_benchmark_lm_eval.py score acc, acc_norm and exact_match). Installed, they
+	# are imported by every process that loads transformers' models (transformers 5.13
+	# generation/candidate_generator.py: `if is_sklearn_available(): from sklearn.metrics import
+	# roc_curve`): ~1.7 CPU-s in each Ray Train worker, job driver and spawned rank of the suite.
+	$(BIN)/pip uninstall --quiet --disable-pip-version-check -y scikit-learn scipy
 	touch $@
 
 # The tracking tools' own venv: a real MLflow server and TensorBoard's event reader, the tests'

@@ -1,7 +1,15 @@
 """Run a test worker on N plain processes (gloo ranks) and collect what each rank wrote.
 
 A worker is ``worker(rank, out_dir, *args)`` and writes its results to ``out_dir/rank<r>.json``;
-:func:`spawn_ranks` returns those results in rank order."""
+:func:`spawn_ranks` returns those results in rank order.
+
+The ranks are forked from a fork server (``multiprocessing``'s ``forkserver`` start method), one
+per test process, that imported torch, transformers' Qwen2 and the training loop once
+(:data:`PRELOAD`): a rank started with ``spawn`` imported them afresh, 4-5 of its 5 CPU-seconds
+(21 ranks of eight test modules: 109 CPU-s). Each rank is still a process of its own, forked from
+a server that only imported: no rank sees what another did. The server keeps the environment it
+was started with, so each rank takes the test's current ``os.environ`` before its worker runs
+(what ``spawn`` gave it)."""
 from __future__ import annotations
 
 import json
@@ -12,8 +20,14 @@ from typing import Callable
 
 import torch.multiprocessing as mp
 
+PRELOAD = ["torch", "torch.distributed.checkpoint", "torch.distributed.fsdp",
+           "transformers.models.qwen2.modeling_qwen2", "training.loop"]
+"""What every rank imports before its worker's own module: the fork server imports it once.
+Importing only: none of these starts a thread, so a fork of the server is a clean process (an
+OpenMP pool made before ``fork`` would hang the child)."""
 
-def _run_then_exit(rank: int, worker: Callable[..., None], out_dir: str, *args) -> None:
+
+def _run_then_exit(rank: int, environ: dict[str, str], worker: Callable[..., None], out_dir: str, *args) -> None:
     """The worker, then an exit that skips interpreter finalization. A rank's results are on
     disk once it returns; what finalization does after that is not under test, and on a loaded
     machine it can abort: gloo's C++ worker threads may still hold tensors whose release needs
@@ -28,6 +42,8 @@ def _run_then_exit(rank: int, worker: Callable[..., None], out_dir: str, *args) 
     against 0.35 s a step)."""
     import torch
 
+    os.environ.clear()
+    os.environ.update(environ)
     torch.set_num_threads(1)
     worker(rank, out_dir, *args)
     sys.stdout.flush()
@@ -37,7 +53,9 @@ def _run_then_exit(rank: int, worker: Callable[..., None], out_dir: str, *args) 
 
 def spawn_ranks(worker: Callable[..., None], *args, nprocs: int = 2) -> list[dict]:
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_run_then_exit, args=(worker, out_dir, *args), nprocs=nprocs, join=True)
+        mp.set_forkserver_preload(PRELOAD)  # read when this process first starts its server
+        mp.start_processes(_run_then_exit, args=(dict(os.environ), worker, out_dir, *args), nprocs=nprocs, join=True,
+                           start_method="forkserver")
         results = []
         for rank in range(nprocs):
             with open(os.path.join(out_dir, f"rank{rank}.json")) as handle:

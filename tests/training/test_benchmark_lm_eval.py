@@ -229,3 +229,18 @@ def test_task_files_refuse_bad_records_in_one_line(tmp_path):
     bad.write_text(json.dumps({"question": "Q?", "choices": ["a", "b"], "answer": 5}) + "\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl, line 1: field 'answer' must be a choice's index \(0\.\.1\)"):
         evaluation.read_task(str(bad))
+
+
+def test_the_oracles_dependencies_stay_out_of_the_processes_that_load_a_model():
+    """lm-eval brings scikit-learn (and scipy) into the test venv; `make install` takes them out
+    again (Makefile: the oracle's tasks never score f1 or mcc, the metrics that need them).
+    Left in, transformers 5.13 imports them in every process that loads its models
+    (generation/candidate_generator.py ``if is_sklearn_available()``), ~1.7 CPU-s per Ray Train
+    worker, job driver and spawned rank: the suite's processes would not be the job's."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from transformers import AutoModelForCausalLM; import training.loop; "
+            "print(sorted({'sklearn', 'scipy'} & {m.split('.')[0] for m in sys.modules}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
