@@ -7,7 +7,8 @@ through its job supervisor) and ``session`` (the tests' ``ray.init`` cluster, te
 /proc (``utime + stime`` of each process of the head's own tree, every 0.5 s, keyed by pid and
 start time), so other work on the machine does not count; wall times do depend on it.
 
-Run: ``.venv/bin/python bench/bench_head_cpu.py [product|session] [IDLE_S]`` (default product, 60 s);
+Run: ``.venv/bin/python bench/bench_head_cpu.py [product|session] [IDLE_S]`` (default both, 60 s idle;
+about 4 minutes);
 ``HEAD_ENV=K=V,K=V`` sets variables for the head (e.g. ``RAY_enable_worker_prestart=1,
 RAY_prestart_worker_first_driver=1`` for Ray's default prestart). Prints a table, then ONE JSON
 object on its last line. Figures are reported, never asserted.
@@ -134,12 +135,7 @@ def session(idle_s: float) -> tuple[dict, dict]:
     return phases, notes
 
 
-def main() -> None:
-    mode = sys.argv[1] if len(sys.argv) > 1 else "product"
-    idle_s = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
-    for pair in filter(None, os.environ.get("HEAD_ENV", "").split(",")):
-        key, value = pair.split("=", 1)
-        os.environ[key] = value
+def _report(mode: str, idle_s: float) -> dict:
     phases, notes = {"product": product, "session": session}[mode](idle_s)
     (start, _), (idle, _), (job, count) = phases["start"], phases["idle"], phases["job"]
     rows = {kind: {"n": count[kind], "start": round(start[kind], 2), "idle": round(idle[kind] - start[kind], 2),
@@ -148,9 +144,18 @@ def main() -> None:
     for kind, row in rows.items():
         print(f"{kind:26s} {row['n']:3d} {row['start']:7.2f} {row['idle']:7.2f} {row['job']:7.2f}")
     total = {phase: round(sum(r[phase] for r in rows.values()), 2) for phase in ("start", "idle", "job")}
-    print(f"{'TOTAL':26s}     {total['start']:7.2f} {total['idle']:7.2f} {total['job']:7.2f}")
-    print(json.dumps({"mode": mode, "idle_s": idle_s, "head_env": os.environ.get("HEAD_ENV", ""), **notes,
-                      "total_cpu_s": total, "by_kind": rows}))
+    print(f"{'TOTAL':26s}     {total['start']:7.2f} {total['idle']:7.2f} {total['job']:7.2f}", flush=True)
+    return {**notes, "total_cpu_s": total, "by_kind": rows}
+
+
+def main() -> None:
+    modes = [sys.argv[1]] if len(sys.argv) > 1 else ["product", "session"]
+    idle_s = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
+    for pair in filter(None, os.environ.get("HEAD_ENV", "").split(",")):
+        key, value = pair.split("=", 1)
+        os.environ[key] = value
+    figures = {mode: _report(mode, idle_s) for mode in modes}
+    print(json.dumps({"name": "head_cpu", "idle_s": idle_s, "head_env": os.environ.get("HEAD_ENV", ""), **figures}))
 
 
 if __name__ == "__main__":
