@@ -65,8 +65,8 @@ def start_session_cluster(ray, num_cpus: int = 4) -> None:
     # ray.init's wait for the GCS port is 30 s by default (ray 2.58 _private/node.py, honouring
     # RAY_gcs_server_port_wait_time_s): give it the time a loaded machine needs.
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "300")
-    # No idle workers started ahead of demand: every task here runs in the job's runtime env
-    # (TEST_ENV below), which those default-env workers never serve (local_services.NO_PRESTART).
+    # No workers started ahead of demand, as on the product's heads (local_services.NO_PRESTART):
+    # those started at the driver's registration idled where no task came (docs/testing.md).
     for key, value in NO_PRESTART.items():
         os.environ.setdefault(key, value)
     agree_on_authentication()

@@ -361,9 +361,9 @@ head's work all runs in its jobs' runtime envs (the job supervisor's and the job
 ``env_vars``), and an idle worker serves only a lease of its own runtime env, so those workers
 mostly idle on for the head's life. Measured on ray 2.58 (the head's process tree sampled from
 /proc): a one-line ``ray job submit`` on this head left 2 ``ray::IDLE`` processes never given work
-(~1 CPU-s of start-up), none with these; the tests' ``ray.init`` cluster started its idle ones at
-the driver's registration (~0.9 CPU-s), none with these. Without them a worker starts when a lease
-needs it, as the lease would have waited for it anyway on a machine this small. The caller's
+(~1 CPU-s of start-up, ~1 more idling through the next minute), none with these. Without them a
+worker starts when a lease needs it, as the lease would have waited for it anyway on a machine this
+small. The caller's
 environment (or ``env`` of :func:`ray_head`) may set either back."""
 
 
