@@ -15,6 +15,7 @@ pyarrow) runs unchanged.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -36,6 +37,12 @@ class SlowStore:
     :meth:`slowed` changes it for a while on a shared store."""
     _in_flight: dict[int, str] = field(default_factory=dict, repr=False)
     """The checkpoint uploads the store is reading now, by request: their paths."""
+    _gets: collections.Counter = field(default_factory=collections.Counter, repr=False)
+    """The GETs the store answered, by path (``/<bucket>/<key>``)."""
+
+    def gets(self, part: str) -> int:
+        """How many GETs of paths holding ``part`` the store answered (a reader's request count)."""
+        return sum(n for path, n in list(self._gets.items()) if part in path)
 
     def uploading(self) -> list[str]:
         """The paths (``/<bucket>/<key>``) of the checkpoint uploads the store is reading now."""
@@ -99,8 +106,10 @@ class _Throttled:
         return iter(self.readline, b"")
 
 
-def _slowed(app, rate: list, default: int | None, in_flight: dict[int, str]):
+def _slowed(app, rate: list, default: int | None, in_flight: dict[int, str], gets: collections.Counter):
     def handle(environ, start_response):
+        if environ.get("REQUEST_METHOD") == "GET":
+            gets[environ.get("PATH_INFO", "")] += 1
         if environ.get("REQUEST_METHOD") != "PUT":
             return app(environ, start_response)
         path = environ.get("PATH_INFO", "")
@@ -127,15 +136,15 @@ def slow_store(bytes_per_s: int | None) -> Iterator[SlowStore]:
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()
-    rate, in_flight = [(bytes_per_s, None)], {}
-    app = _slowed(DomainDispatcherApplication(create_backend_app), rate, bytes_per_s, in_flight)
+    rate, in_flight, gets = [(bytes_per_s, None)], {}, collections.Counter()
+    app = _slowed(DomainDispatcherApplication(create_backend_app), rate, bytes_per_s, in_flight, gets)
     server = make_server("127.0.0.1", port, app,
                          True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         yield SlowStore(endpoint_url=f"http://127.0.0.1:{port}", bytes_per_s=bytes_per_s, _rate=rate,
-                        _in_flight=in_flight)
+                        _in_flight=in_flight, _gets=gets)
     finally:
         server.shutdown()
         thread.join()

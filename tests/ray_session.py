@@ -55,7 +55,7 @@ def agree_on_authentication() -> bool:
 def start_session_cluster(ray, num_cpus: int = 4) -> None:
     """``ray.init`` of this session's own local cluster (no dashboard), retried as the product's
     local heads are when a loaded machine misses Ray's fixed raylet-registration wait."""
-    from raytrain_eks.backends.local_services import ServiceStartError, free_port, start_with_retries
+    from raytrain_eks.backends.local_services import NO_PRESTART, ServiceStartError, free_port, start_with_retries
 
     for key, value in TEST_ENV.items():
         os.environ.setdefault(key, value)  # before ray.init: every Ray process inherits it
@@ -65,6 +65,10 @@ def start_session_cluster(ray, num_cpus: int = 4) -> None:
     # ray.init's wait for the GCS port is 30 s by default (ray 2.58 _private/node.py, honouring
     # RAY_gcs_server_port_wait_time_s): give it the time a loaded machine needs.
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "300")
+    # No workers started ahead of demand, as on the product's heads (local_services.NO_PRESTART):
+    # those started at the driver's registration idled where no task came (docs/testing.md).
+    for key, value in NO_PRESTART.items():
+        os.environ.setdefault(key, value)
     agree_on_authentication()
 
     def start(attempt: int) -> None:

@@ -349,6 +349,24 @@ def dashboard_url(port: int) -> str:
     return f"http://{LOOPBACK}:{port}"
 
 
+NO_PRESTART = {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
+"""No idle Python workers started ahead of demand. Both are the raylet's config (``RayConfig``,
+upstream ``src/ray/common/ray_config_def.h``, both default true; the names are in ray 2.58's
+``core/src/ray/raylet/raylet`` binary): with ``enable_worker_prestart`` the raylet starts
+default workers of its own accord and, per lease request, more for the request's backlog
+(``node_manager.cc`` ``HandleRequestWorkerLease`` -> ``WorkerPool::PrestartWorkers``);
+``prestart_worker_first_driver`` starts up to ``--num_prestart_python_workers`` (the node's CPUs:
+ray 2.58 ``_private/services.py`` ``start_raylet``) when the first driver registers. A local
+head's work all runs in its jobs' runtime envs (the job supervisor's and the job's own
+``env_vars``), and an idle worker serves only a lease of its own runtime env, so those workers
+mostly idle on for the head's life. Measured on ray 2.58 (the head's process tree sampled from
+/proc): a one-line ``ray job submit`` on this head left 2 ``ray::IDLE`` processes never given work
+(~1 CPU-s of start-up, ~1 more idling through the next minute), none with these. Without them a
+worker starts when a lease needs it, as the lease would have waited for it anyway on a machine this
+small. The caller's
+environment (or ``env`` of :func:`ray_head`) may set either back."""
+
+
 def _start_head(num_cpus: int, env: dict[str, str] | None, temp_dir: str, token: str, log) -> tuple:
     """``ray start --head`` with ports picked now: ``(gcs port, dashboard port, agent ports, the
     running ``ray start``)``."""
@@ -365,6 +383,7 @@ def _start_head(num_cpus: int, env: dict[str, str] | None, temp_dir: str, token:
         # Workers push their metrics to the node's agent every 10 s by default (ray 2.58
         # ``metrics_report_interval_ms``); a local job is short: every second, unless set.
         "RAY_metrics_report_interval_ms": "1000",
+        **NO_PRESTART,
         **without_user_credentials(os.environ), **(env or {}), "RAY_AUTH_MODE": AUTH_MODE, "RAY_AUTH_TOKEN": token,
                  "RAY_USAGE_STATS_ENABLED": "0",
                  "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300",

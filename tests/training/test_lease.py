@@ -92,11 +92,11 @@ class _FlakyReads:
     def __init__(self, fs, failures: int):
         self.fs, self.failures = fs, failures
 
-    def open_input_stream(self, path):
+    def open_input_file(self, path):
         if self.failures:
             self.failures -= 1
             raise OSError("When reading information for key 'run/LEASE.json': AWS Error NETWORK_CONNECTION")
-        return self.fs.open_input_stream(path)
+        return self.fs.open_input_file(path)
 
     def __getattr__(self, name):
         return getattr(self.fs, name)

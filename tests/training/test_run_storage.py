@@ -6,6 +6,7 @@ import os
 
 import pytest
 from fixtures_runs_s3 import _moto_server, moto_s3  # noqa: F401  (fixtures)
+from fixtures_s3 import s3_bucket, s3_server  # noqa: F401  (fixtures)
 
 from training import launch
 from training.checkpointing.markers import run_uri
@@ -115,7 +116,7 @@ def test_the_retry_policy_is_read_in_one_place(monkeypatch, tmp_path):
 
     class Failing:
         """A file system whose reads fail as pyarrow's S3 client's do once its retries are spent."""
-        def open_input_stream(self, path):
+        def open_input_file(self, path):
             calls.append(path)
             raise OSError("AWS Error NETWORK_CONNECTION")
 
@@ -144,3 +145,33 @@ def test_no_module_outside_the_storage_room_builds_a_file_system_or_an_s3_client
                 if owner in ("fs", "pafs", "pyarrow.fs", "fs.FileSystem", "pafs.FileSystem", "boto3"):
                     found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node.func)}")
     assert found == []
+
+
+def test_a_stored_file_is_read_in_as_few_gets_as_its_size_needs(tmp_path, s3_server, s3_bucket):
+    """Every GET to S3 is a request with its own latency and price. pyarrow 26's S3 input stream
+    fetches 256 KiB per GET under ``read()`` and ``copy_files`` 1 MiB per chunk: 80 and 20 GETs
+    for this 20 MiB file (and moto, the store here, reads the whole object for each). Read whole,
+    downloaded as a folder, by name, or into the node's cache: one GET of it each
+    (``files.READ_CHUNK_BYTES`` a GET)."""
+    import uuid
+
+    from training.storage import files
+
+    prefix = f"{s3_bucket}/reads-{uuid.uuid4().hex[:8]}"
+    data = os.urandom(20 * 2**20)
+    files.write_bytes(f"{prefix}/big.bin", data)
+    store = s3_server.store
+    key = f"/{prefix.removeprefix('s3://')}/big.bin"
+
+    def gets(read) -> int:
+        before = store.gets(key)
+        read()
+        return store.gets(key) - before
+
+    assert gets(lambda: files.read_bytes(f"{prefix}/big.bin")) == 1
+    assert gets(lambda: files.read_retrying(f"{prefix}/big.bin")) == 1
+    assert gets(lambda: files.download(prefix, tmp_path / "folder")) == 1
+    assert gets(lambda: files.download_files(prefix, ["big.bin"], tmp_path / "named")) == 1
+    assert gets(lambda: files.fetch_prefix(prefix, cache_dir=tmp_path / "cache")) == 1
+    for where in (tmp_path / "folder", tmp_path / "named", files.fetch_prefix(prefix, cache_dir=tmp_path / "cache")):
+        assert (where / "big.bin").read_bytes() == data

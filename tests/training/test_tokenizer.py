@@ -105,8 +105,8 @@ def test_concurrent_ranks_on_a_node_download_a_prefix_once(tmp_path, monkeypatch
 
     use_moto(monkeypatch)
     s3_put_tree("tok-bucket", "small/prefix", {"a.json": b"{}", "sub/b.txt": b"bee"})
-    calls, real = [], remote.read_bytes
-    monkeypatch.setattr(remote, "read_bytes", lambda uri: calls.append(uri) or real(uri))  # counts, still real
+    calls, real = [], remote._fetch_file
+    monkeypatch.setattr(remote, "_fetch_file", lambda fs, path, out: calls.append(path) or real(fs, path, out))  # counts, still real
     results = []
     threads = [threading.Thread(target=lambda: results.append(
         fetch_prefix("s3://tok-bucket/small/prefix", cache_dir=tmp_path))) for _ in range(4)]
@@ -115,5 +115,5 @@ def test_concurrent_ranks_on_a_node_download_a_prefix_once(tmp_path, monkeypatch
     for t in threads:
         t.join()
     assert len(set(results)) == 1 and len(results) == 4
-    assert sorted(calls) == ["s3://tok-bucket/small/prefix/a.json", "s3://tok-bucket/small/prefix/sub/b.txt"]
+    assert sorted(calls) == ["tok-bucket/small/prefix/a.json", "tok-bucket/small/prefix/sub/b.txt"]
     assert (results[0] / "sub" / "b.txt").read_bytes() == b"bee"

@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 S3_ATTEMPTS = 3
 """Attempts of one S3 request inside pyarrow's AWS client (``AwsStandardS3RetryStrategy``; 3 is
 also its default, named here so the policy is read in one place)."""
+READ_CHUNK_BYTES = 64 << 20
+"""The most one GET of a stored file fetches. Read otherwise, pyarrow 26's S3 input stream
+fetches 256 KiB per GET under ``read()`` (80 GETs for a 20 MiB object, counted at the store) and
+``copy_files`` 1 MiB per chunk: each GET is a request to S3 with its own latency and price, and
+a multi-GB model file became thousands of them."""
 READ_TRIES = 3
 """Reads by :func:`read_retrying` before an error counts (each after the client's own retries)."""
 RETRY_PAUSE_S = 2.0
@@ -321,7 +326,7 @@ def read_bytes(uri: str) -> bytes:
     if not is_s3(uri):
         return Path(uri.removeprefix(SHARED_SCHEME)).read_bytes()
     filesystem, path = filesystem_for(uri)
-    with filesystem.open_input_stream(path) as stream:
+    with filesystem.open_input_file(path) as stream:  # one GET (an input stream's read() is 256 KiB a GET)
         return stream.read()
 
 
@@ -332,7 +337,7 @@ def read_retrying(uri: str) -> bytes | None:
     filesystem, path = filesystem_for(uri)
     for attempt in range(READ_TRIES):
         try:
-            with filesystem.open_input_stream(path) as handle:
+            with filesystem.open_input_file(path) as handle:
                 return handle.read()
         except FileNotFoundError:
             return None
@@ -378,7 +383,8 @@ def download(uri: str, local_dir: str | os.PathLike) -> Path:
     filesystem, path = filesystem_for(uri)
     target = Path(local_dir)
     target.mkdir(parents=True, exist_ok=True)
-    fs.copy_files(path, str(target), source_filesystem=filesystem, destination_filesystem=fs.LocalFileSystem())
+    fs.copy_files(path, str(target), source_filesystem=filesystem, destination_filesystem=fs.LocalFileSystem(),
+                  chunk_size=READ_CHUNK_BYTES)
     return target
 
 
@@ -397,12 +403,16 @@ def download_files(uri: str, names: list[str], local_dir: str | os.PathLike) -> 
     filesystem, path = filesystem_for(uri)
     target = Path(local_dir)
     for name in names:
-        out = target / name
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with filesystem.open_input_stream(f"{path}/{name}") as source, open(out, "wb") as sink:
-            while chunk := source.read(8 << 20):
-                sink.write(chunk)
+        _fetch_file(filesystem, f"{path}/{name}", target / name)
     return target
+
+
+def _fetch_file(filesystem, path: str, out: Path) -> None:
+    """One stored file into ``out``, :data:`READ_CHUNK_BYTES` a GET, never whole in memory."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with filesystem.open_input_stream(path) as source, open(out, "wb") as sink:
+        while chunk := source.read(READ_CHUNK_BYTES):
+            sink.write(chunk)
 
 
 def download_ranges(uri: str, name: str, spans: list[tuple[int, int]], local_dir: str | os.PathLike,
@@ -471,9 +481,7 @@ def fetch_prefix(uri: str, *, cache_dir: str | Path | None = None) -> Path:
         try:
             for f in found:
                 rel = f.uri[len(prefix):].lstrip("/") or f.uri.rsplit("/", 1)[-1]
-                dest = staging / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(read_bytes(f.uri))
+                _fetch_file(*filesystem_for(f.uri), staging / rel)
             (staging / COMPLETE_MARKER).write_text(json.dumps(listing), encoding="utf-8")
             if target.exists():
                 shutil.rmtree(target)
