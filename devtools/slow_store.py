@@ -106,10 +106,14 @@ class _Throttled:
         return iter(self.readline, b"")
 
 
+_COUNTING = threading.Lock()
+
+
 def _slowed(app, rate: list, default: int | None, in_flight: dict[int, str], gets: collections.Counter):
     def handle(environ, start_response):
         if environ.get("REQUEST_METHOD") == "GET":
-            gets[environ.get("PATH_INFO", "")] += 1
+            with _COUNTING:  # werkzeug's threaded server: a `+=` of two requests at once could lose one
+                gets[environ.get("PATH_INFO", "")] += 1
         if environ.get("REQUEST_METHOD") != "PUT":
             return app(environ, start_response)
         path = environ.get("PATH_INFO", "")

@@ -8,8 +8,11 @@ per test process, that imported torch, transformers' Qwen2 and the training loop
 (:data:`PRELOAD`): a rank started with ``spawn`` imported them afresh, 4-5 of its 5 CPU-seconds
 (21 ranks of eight test modules: 109 CPU-s). Each rank is still a process of its own, forked from
 a server that only imported: no rank sees what another did. The server keeps the environment it
-was started with, so each rank takes the test's current ``os.environ`` before its worker runs
-(what ``spawn`` gave it)."""
+was started with, so each rank takes the test's current ``os.environ`` (and forgets the temporary
+folder the server's imports cached, ``tempfile.tempdir``) before its worker runs: what ``spawn``
+gave it. Python 3.11's fork server does not apply the parent's ``sys.path``
+(``multiprocessing/forkserver.py`` ``main`` takes it and leaves it unused) and skips a preload that
+fails to import: the server finds ``training`` through this checkout's editable install."""
 from __future__ import annotations
 
 import json
@@ -23,8 +26,10 @@ import torch.multiprocessing as mp
 PRELOAD = ["torch", "torch.distributed.checkpoint", "torch.distributed.fsdp",
            "transformers.models.qwen2.modeling_qwen2", "training.loop"]
 """What every rank imports before its worker's own module: the fork server imports it once.
-Importing only: none of these starts a thread, so a fork of the server is a clean process (an
-OpenMP pool made before ``fork`` would hang the child)."""
+Importing only, no tensor work: torch's OpenMP pool is made at its first parallel op, so a fork of
+the server has none to inherit (an OpenMP pool made before ``fork`` hangs the child). numpy's
+OpenBLAS starts its threads at import, and registers a fork handler that remakes them in the
+child, as torch's fork-started DataLoader workers rely on."""
 
 
 def _run_then_exit(rank: int, environ: dict[str, str], worker: Callable[..., None], out_dir: str, *args) -> None:
@@ -42,8 +47,11 @@ def _run_then_exit(rank: int, environ: dict[str, str], worker: Callable[..., Non
     against 0.35 s a step)."""
     import torch
 
+    import tempfile
+
     os.environ.clear()
     os.environ.update(environ)
+    tempfile.tempdir = None  # read TMPDIR again, from the test's environment
     torch.set_num_threads(1)
     worker(rank, out_dir, *args)
     sys.stdout.flush()

@@ -152,7 +152,7 @@ class MetricsLog:
         fs, path = self.storage.storage_filesystem, f"{self.storage.experiment_fs_path}/{self.FILE_NAME}"
         if fs.get_file_info(path).type == pafs.FileType.NotFound:
             return b""
-        with fs.open_input_stream(path) as stream:
+        with fs.open_input_file(path) as stream:  # one GET (an input stream's read() is 256 KiB a GET)
             return stream.read()
 
     def write(self, record: dict[str, Any]) -> None:

@@ -201,7 +201,7 @@ class Tracking:
         filesystem, folder = filesystem_for(artifact_uri)
         path = f"{folder.rstrip('/')}/{relative}"
         filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        with filesystem.open_output_stream(path) as out:
+        with filesystem.open_output_stream(path, compression=None) as out:  # as given: an artifact named .gz stays as is
             out.write(data)
 
 

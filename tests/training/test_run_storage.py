@@ -175,3 +175,22 @@ def test_a_stored_file_is_read_in_as_few_gets_as_its_size_needs(tmp_path, s3_ser
     assert gets(lambda: files.fetch_prefix(prefix, cache_dir=tmp_path / "cache")) == 1
     for where in (tmp_path / "folder", tmp_path / "named", files.fetch_prefix(prefix, cache_dir=tmp_path / "cache")):
         assert (where / "big.bin").read_bytes() == data
+
+
+def test_a_stored_file_is_fetched_as_stored_whatever_its_name_says(tmp_path, s3_server, s3_bucket):
+    """pyarrow's streams guess a codec from the name (``open_input_stream``/``open_output_stream``
+    ``compression='detect'``): a ``.gz`` file was gzipped again on its way in and came back
+    decompressed from one reader and as stored from another (``copy_files``, ``open_input_file``).
+    Written and read by any of them, the bytes are the ones given."""
+    import gzip
+    import uuid
+
+    from training.storage import files
+
+    prefix = f"{s3_bucket}/gz-{uuid.uuid4().hex[:8]}"
+    stored = gzip.compress(b'{"a": 1}\n')
+    files.write_bytes(f"{prefix}/rows.jsonl.gz", stored)
+    assert files.read_bytes(f"{prefix}/rows.jsonl.gz") == stored
+    assert (files.download_files(prefix, ["rows.jsonl.gz"], tmp_path / "named") / "rows.jsonl.gz").read_bytes() == stored
+    assert (files.fetch_prefix(prefix, cache_dir=tmp_path / "cache") / "rows.jsonl.gz").read_bytes() == stored
+    assert (files.download(prefix, tmp_path / "folder") / "rows.jsonl.gz").read_bytes() == stored

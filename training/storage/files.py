@@ -362,7 +362,7 @@ def write_bytes(uri: str, data: bytes, *, atomic: bool = False) -> None:
             tmp.write_bytes(data)
             os.replace(tmp, target)
             return
-    with filesystem.open_output_stream(path) as stream:
+    with filesystem.open_output_stream(path, compression=None) as stream:  # as given, whatever the name says
         stream.write(data)
 
 
@@ -410,7 +410,9 @@ def download_files(uri: str, names: list[str], local_dir: str | os.PathLike) -> 
 def _fetch_file(filesystem, path: str, out: Path) -> None:
     """One stored file into ``out``, :data:`READ_CHUNK_BYTES` a GET, never whole in memory."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with filesystem.open_input_stream(path) as source, open(out, "wb") as sink:
+    # compression=None: the stored bytes as they are (an input stream otherwise guesses a codec from
+    # the name and writes a `.gz` object decompressed, as copy_files and read_bytes never do)
+    with filesystem.open_input_stream(path, compression=None) as source, open(out, "wb") as sink:
         while chunk := source.read(READ_CHUNK_BYTES):
             sink.write(chunk)
 
