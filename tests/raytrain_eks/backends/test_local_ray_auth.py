@@ -105,3 +105,18 @@ def test_the_users_aws_session_token_stays_out_of_rays_files(head):
     leaked = [str(p) for p in Path(head.temp_dir).rglob("*") if p.is_file() and not p.is_symlink()
               and AWS_SESSION_CANARY.encode() in p.read_bytes()]
     assert leaked == []
+
+
+def test_the_heads_raylet_prestarts_no_workers(head):
+    """The local head starts Python workers only when a lease needs one (``NO_PRESTART``,
+    docs/submit.md): its raylet runs with both of Ray's prestart settings off. They are RayConfig
+    names the raylet reads from its own environment (``RAY_<name>``; ray 2.58 ``ray_config.h``), so
+    the raylet's environment is where they must be."""
+    from raytrain_eks.backends.local_services import NO_PRESTART
+
+    tree = head_processes(head.temp_dir, head.gcs_address)
+    commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in tree}
+    [raylet] = [pid for pid, argv in commands.items() if argv[0].endswith(b"/raylet")]
+    environ = dict(line.split(b"=", 1) for line in Path(f"/proc/{raylet}/environ").read_bytes().split(b"\0") if b"=" in line)
+    assert {key: environ.get(key.encode(), b"").decode() for key in NO_PRESTART} == NO_PRESTART
+    assert NO_PRESTART == {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
