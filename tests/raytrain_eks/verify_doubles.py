@@ -1,6 +1,7 @@
 """What `raytrain-eks verify` talks to in the tests, each modelling the real service:
 
-- moto's server on 127.0.0.1 (started here, as tests/fixtures_s3.py starts it) for STS,
+- moto's server on 127.0.0.1 (``moto.server.ThreadedMotoServer``, started here; the session's
+  S3 store, tests/fixtures_s3.py, runs the same app behind devtools/slow_store.py's layer) for STS,
   CloudFormation and EC2's instance-type offerings (moto ships AWS's offering tables);
 - moto's EKS for the spec's cluster and node groups (a missing cluster is asked with
   DescribeCluster: moto's ListNodegroups answers 500, not ResourceNotFoundException, there);
