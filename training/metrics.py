@@ -152,8 +152,9 @@ class MetricsLog:
         fs, path = self.storage.storage_filesystem, f"{self.storage.experiment_fs_path}/{self.FILE_NAME}"
         if fs.get_file_info(path).type == pafs.FileType.NotFound:
             return b""
-        with fs.open_input_file(path) as stream:  # one GET (an input stream's read() is 256 KiB a GET)
-            return stream.read()
+        from training.storage.files import read_stored
+
+        return read_stored(fs, path)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:

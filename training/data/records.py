@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from training.storage.files import RemoteFile, filesystem_for, is_s3
+from training.storage.files import RemoteFile, filesystem_for, is_s3, read_stored
 
 
 class DataError(ValueError):
@@ -96,8 +96,7 @@ def read_head(f: RemoteFile, limit: int | None) -> tuple[bytes, bool]:
     """(bytes, complete): the whole file, or its first ``limit`` bytes cut at the last newline."""
     if is_s3(f.uri):
         s3, path = filesystem_for(f.uri)
-        with s3.open_input_file(path) as stream:  # one GET (an input stream's read() is 256 KiB a GET)
-            data = stream.read() if limit is None else stream.read(limit + 1)
+        data = read_stored(s3, path, None if limit is None else limit + 1)
     else:
         with open(f.uri, "rb") as handle:
             data = handle.read() if limit is None else handle.read(limit + 1)

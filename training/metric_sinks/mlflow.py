@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from training import contract, verdict
-from training.storage.files import filesystem_for
+from training.storage.files import read_bytes
 from training.metric_sinks import row_step, scalars
 from training.mlflow_rest import MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH, Tracking, wire_number
 
@@ -114,10 +114,8 @@ def _epoch_ms(stamp: Any) -> int | None:
 
 
 def _read(uri: str) -> bytes | None:
-    filesystem, path = filesystem_for(uri)
     try:
-        with filesystem.open_input_file(path) as stream:  # one GET (an input stream's read() is 256 KiB a GET)
-            return stream.read()
+        return read_bytes(uri)
     except FileNotFoundError:
         return None
 
