@@ -23,14 +23,13 @@ The schedule is warm-up then constant (``optim.schedule``): its factor depends o
 so one 8-step reference covers the 6-step run and its continuation to 8, and the warm-up spans the
 restored step 4, so a restore that lost the scheduler's position changes the replayed steps' lr.
 
-Then, on what that fit left in the store:
-2. a "new cluster": Ray's own run snapshot is deleted, so only the run name and storage are left;
-   ``plan_resume`` refuses max 6 steps (already reached), finds the newest complete checkpoint
-   (6) for max 8, and a second fit of the loop from it logs steps 7-8 equal to the reference.
-3. ``sigterm`` (a worker of test_checkpoint_dcp's model wired like the loop): SIGTERM to one
-   worker mid-run -> every rank stops at the same step with a complete checkpoint of that step in
-   S3, and the run ends cleanly.
-4. the driver's SIGTERM reaches a worker through the named flag actor.
+Then, on what that fit left in the store, a second fit of the loop on a "new cluster": Ray's own
+run snapshot is deleted, so only the run name and storage are left; ``plan_resume`` refuses max 6
+steps (already reached) and finds the newest complete checkpoint (6) for more; the fit continues
+from it, its steps 7-8 and each rank's state at 8 equal the reference's, and once step 8 is in the
+store one of its workers gets SIGTERM from outside: every rank stops at the same step with a
+complete checkpoint of that step in S3, and the run ends cleanly (no error, the stop in its last
+report and summary). Last, the driver's SIGTERM reaches a worker through the named flag actor.
 """
 from __future__ import annotations
 
@@ -43,7 +42,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from fixtures_s3 import s3_bucket, s3_server  # noqa: F401  (one server per session)
 from tiny_qwen import tiny_qwen2_config
@@ -54,7 +52,9 @@ WORLD = 2
 STEPS = 6
 """The faulted fit's steps."""
 MORE = 8
-"""The new cluster's max steps (and the reference's)."""
+"""The reference's steps: the new cluster's fit must log steps 7 and 8 equal to them."""
+LONG = 1000
+"""The new cluster's max steps: far more than it reaches before the SIGTERM stops it."""
 SAVED = 4
 """The checkpoint the faulted fit resumes from: registered by Ray Train before the kill."""
 VOCAB = 32768
@@ -64,7 +64,7 @@ WARMUP = 5
 """Warm-up steps (the most ``train.max_steps`` = 6 allows): the lr factor of steps 1-5 is 1/5..5/5."""
 
 
-def _job(storage: str, *, workers: int, micro: int, max_steps: int = STEPS):
+def _job(storage: str, *, workers: int, micro: int, max_steps: int = STEPS, keep_last: int = 2):
     from training.config import job_config_from_dict
 
     return job_config_from_dict({
@@ -75,7 +75,8 @@ def _job(storage: str, *, workers: int, micro: int, max_steps: int = STEPS):
                   "lr": 1e-3, "warmup_steps": WARMUP, "report_every_n_steps": 2},
         "optim": {"schedule": "constant"},
         "parallel": {"strategy": "full_shard", "num_workers": workers, "workers_per_node": workers},
-        "checkpoint": {"storage_path": storage, "every_n_steps": 2, "max_failures": 1, "export_hf": False},
+        "checkpoint": {"storage_path": storage, "every_n_steps": 2, "max_failures": 1, "export_hf": False,
+                       "keep_last": keep_last},
         "eval": {"max_batches": 8},  # all 16 held-out synthetic blocks at either world size
     }, "test")
 
@@ -286,136 +287,62 @@ def test_run_record_and_checkpoints(faulted):
                                                                                      "checkpoint_00000006"]
 
 
-def test_a_new_cluster_continues_from_s3(faulted, reference):
-    from training.checkpointing import ExistingRunError, plan_resume
-    from training.launch import build_trainer
+def test_a_new_cluster_continues_from_s3_until_a_sigterm_stops_every_rank_at_one_step(s3_server, faulted,  # noqa: F811
+                                                                                         reference):
+    # Given what the faulted fit left in the store and Ray's own run snapshot deleted (a new
+    # cluster), when the loop is started again on the same run name, then it continues from the
+    # newest complete checkpoint (6) bit for bit; and when one of its workers gets SIGTERM mid-run,
+    # then every rank stops at the same step with a complete checkpoint of that step and the run
+    # ends cleanly.
+    from devtools.strike import logged_step
+    from raytrain_eks.runs.results import s3_client
+    from training.checkpointing import ExistingRunError, find_latest_complete, plan_resume
+    from training.launch import build_trainer, run_dir
     from training.storage.files import filesystem_for
 
     job, run = faulted["job"], faulted["run"]
     assert faulted["result"].error is None
     # A new cluster: Ray's bookkeeping gone, only <storage>/<run> with the loop's checkpoints left.
-    fs, run_path = filesystem_for(f"{job.checkpoint.storage_path}/{job.run_name}")
+    fs, run_path = filesystem_for(run_dir(job))
     fs.delete_file(f"{run_path}/checkpoint_manager_snapshot.json")
     where = {"storage_path": job.checkpoint.storage_path, "run_name": job.run_name, "on_existing_run": "resume"}
     with pytest.raises(ExistingRunError, match="already reached"):
         plan_resume(**where, max_steps=STEPS)
-    plan = plan_resume(**where, max_steps=MORE)
+    plan = plan_resume(**where, max_steps=LONG)
     assert plan.resume_step == STEPS
-    more = _job(job.checkpoint.storage_path, workers=WORLD, micro=1, max_steps=MORE)
-    result = build_trainer(more, resume_from=plan.resume_from).fit()
-    assert result.error is None
-    rows = run.rows()
-    assert rows[-1]["kind"] == "summary" and rows[-1]["resumed_from"] == plan.resume_from, rows[-1]
-    continued = [r for r in rows if r["kind"] == "train"][-2:]
-    assert [(r["step"], r["loss"]) for r in continued] == [(STEPS + 1, reference[0]["losses"][STEPS]),
-                                                           (MORE, reference[0]["losses"][MORE - 1])]
-    _assert_states_match(run.trainer_states(MORE), reference, MORE)
+    # every checkpoint it writes kept: step 8's is read after the stop
+    more = _job(job.checkpoint.storage_path, workers=WORLD, micro=1, max_steps=LONG, keep_last=LONG)
+    s3, terminated = s3_client(s3_server.ray_env_vars), []
 
+    def terminate_a_worker_past_the_reference() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not terminated:
+            if logged_step(s3, run_dir(more)) >= MORE:  # the steps the reference holds are in the store
+                pid = _workers()[-1]["Pid"]
+                os.kill(pid, signal.SIGTERM)
+                terminated.append(pid)
+            time.sleep(0.2)
 
-# -- the SIGTERM path: a worker of test_checkpoint_dcp's model, wired like the real loop ------------
-
-@pytest.fixture(scope="module")
-def storage(s3_bucket, ray_cluster, tmp_path_factory):  # noqa: F811
-    out = tmp_path_factory.mktemp("ray-ckpt")
-    return f"{s3_bucket}/resume-{out.name}", out
-
-
-def _train_fn(config: dict) -> None:
-    """The worker: the same model/step as test_checkpoint_dcp, wired like the real loop."""
-    import ray.train
-    import torch.distributed as dist
-    from test_checkpoint_dcp import build, tiny_config, train_step
-
-    from training.checkpointing import CheckpointManager, TrainerState, install_worker_handler, restore
-
-    ctx = ray.train.get_context()
-    rank = ctx.get_world_rank()
-    out = Path(config["out"])
-    (out / f"{config['name']}.pid{rank}").write_text(str(os.getpid()))
-    install_worker_handler(grace_seconds=60, run_name=config["name"])
-    model, optimizer, scheduler, stream = build(rank)
-    trainer = TrainerState(data=stream, scheduler=scheduler)
-    restored = restore(model=model, optimizer=optimizer, trainer=trainer, local_root=config["local_root"],
-                       resume_from=config.get("resume_from", ""))
-    manager = CheckpointManager(model=model, optimizer=optimizer, trainer=trainer, local_root=config["local_root"],
-                                run_name=config["name"], every_n_steps=config["every"], model_config=tiny_config())
-    with open(out / f"{config['name']}.rank{rank}.jsonl", "a") as log:
-        log.write(json.dumps({"attempt_restored": restored, "start": trainer.step}) + "\n")
-        for step in range(trainer.step + 1, config["max_steps"] + 1):
-            loss = train_step(model, optimizer, scheduler, stream)
-            trainer.step = step
-            log.write(json.dumps({"step": step, "loss": loss, "position": stream.position}) + "\n")
-            log.flush()
-            time.sleep(config.get("sleep", 0))
-            if manager.step_end(step, {"loss": loss}, max_steps=config["max_steps"]):
-                break
-        manager.finish(trainer.step, {"loss": loss})
-    ray.train.report({"step": trainer.step, "stopped_by_signal": manager.stopped_by_signal})
-    dist.barrier()
-
-
-def _fit(name: str, storage: str, out: Path, *, max_steps: int, every: int, env: dict | None = None, **extra):
-    import pyarrow.fs as pafs
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    endpoint = os.environ["AWS_ENDPOINT_URL"]
-    # Explicit keys: the controller (it deletes old checkpoints) gets them whatever ray.init saw.
-    fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1",
-                           endpoint_override=endpoint)
-    aws = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
-    trainer = TorchTrainer(
-        _train_fn,
-        train_loop_config={"name": name, "out": str(out), "local_root": str(out / "node"), "max_steps": max_steps,
-                           "every": every, **extra},
-        scaling_config=ScalingConfig(num_workers=WORLD),
-        run_config=RunConfig(name=name, storage_path=storage.removeprefix("s3://"), storage_filesystem=fs,
-                             failure_config=FailureConfig(max_failures=1),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2),
-                             # one intra-op thread, as the reference runs, whatever the caller exported
-                             worker_runtime_env={"env_vars": {**aws, **(env or {}), "OMP_NUM_THREADS": "1",
-                                                              "PYTHONPATH": _pythonpath()}}),
-    )
-    return trainer.fit()
-
-
-def _pythonpath() -> str:
-    here = Path(__file__).resolve()
-    return os.pathsep.join([str(here.parent), str(here.parents[1]), str(here.parents[2]),
-                            os.environ.get("PYTHONPATH", "")])
-
-
-def _steps(out: Path, name: str, rank: int) -> tuple[list[dict], list[dict]]:
-    rows = [json.loads(line) for line in (out / f"{name}.rank{rank}.jsonl").read_text().splitlines()]
-    return [r for r in rows if "attempt_restored" in r], [r for r in rows if "step" in r]
-
-
-def test_sigterm_to_one_worker_leaves_a_complete_checkpoint(storage):
-    from training.checkpointing import find_latest_complete
-
-    prefix, out = storage
-
-    def kill_rank1_mid_run() -> None:
-        log = out / "sigterm.rank1.jsonl"
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            if log.exists() and sum(1 for line in log.read_text().splitlines() if '"step"' in line) >= 2:
-                os.kill(int((out / "sigterm.pid1").read_text()), signal.SIGTERM)
-                return
-            time.sleep(0.1)
-
-    killer = threading.Thread(target=kill_rank1_mid_run, daemon=True)
+    killer = threading.Thread(target=terminate_a_worker_past_the_reference, daemon=True)
     killer.start()
-    result = _fit("sigterm", prefix, out, max_steps=200, every=0, sleep=0.3)
+    result = build_trainer(more, resume_from=plan.resume_from).fit()
     killer.join(timeout=1)
-    assert result.error is None and result.metrics["stopped_by_signal"] is True  # the final checkpoint's metrics
-    stopped = result.metrics["step"]
-    assert result.checkpoint.path.endswith(f"sigterm/checkpoint_{stopped:08d}")
-    assert 2 <= stopped < 200
-    latest = find_latest_complete(f"{prefix}/sigterm")
+    assert result.error is None and terminated
+    rows = run.rows()
+    summary = rows[-1]
+    assert summary["kind"] == "summary" and summary["resumed_from"] == plan.resume_from, summary
+    train = {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}  # the last logged of each step
+    assert [train[STEPS + 1], train[MORE]] == reference[0]["losses"][STEPS:MORE]  # bit for bit
+    # the stop: at a step boundary after the signal, saved, and named by the run's last report
+    stopped = summary["steps"]
+    assert summary["stopped_by_signal"] is True and MORE <= stopped < LONG, summary
+    assert result.metrics["stopped_by_signal"] is True  # the final checkpoint's metrics
+    assert result.checkpoint.path.endswith(f"{job.run_name}/checkpoint_{stopped:08d}")
+    latest = find_latest_complete(run_dir(job))
     assert latest is not None and latest.step == stopped and latest.marker["world_size"] == WORLD
-    for rank in range(WORLD):
-        assert _steps(out, "sigterm", rank)[1][-1]["step"] == stopped
+    # every rank stopped at that same step; each rank's state at step 8 is the reference's
+    assert [state["step"] for state in run.trainer_states(stopped)] == [stopped] * WORLD
+    _assert_states_match(run.trainer_states(MORE), reference, MORE)
 
 
 def test_driver_sigterm_is_forwarded_to_workers(ray_cluster):
