@@ -32,17 +32,25 @@ install: $(VENV)/.installed node_modules/.installed $(TOKENIZER) .work/system-de
 $(TOKENIZER): $(VENV)/.installed devtools/tokenizer_build.py
 	$(BIN)/python -m devtools.tokenizer_build --out $(dir $(TOKENIZER))
 
-# The installer: uv, pinned, into the venv with pip. It resolves the same pins as pip (-c
-# requirements.lock; compared package by package on 2026-12-06) but downloads and unpacks in
-# parallel: the venv took 66 s with uv and 177 s with pip on a 2-core machine with cold caches,
-# and the install is part of `make test`'s time. `--compile-bytecode` as pip does: the tests export
-# PYTHONDONTWRITEBYTECODE, so without the .pyc files every process would compile torch's sources
-# again. `--system-certs`: the machine's own trust store, as pip uses.
+# The installer: uv, pinned here and installed into the venv with pip (its own target, stamped with
+# its version: a checkout installed before, or a new UV_VERSION, gets it). It resolves the same pins
+# as pip (-c requirements.lock; the two venvs compared package by package, 2026-12-06) and
+# downloads and unpacks in parallel: the test venv took 51 s (92 CPU-s) with uv and 224 s
+# (171 CPU-s) with pip, back to back with cold caches on a 2-core machine, and the install is part
+# of `make test`'s time. `--compile-bytecode` as pip does: the tests export PYTHONDONTWRITEBYTECODE,
+# so without the .pyc files every process would compile torch's sources again. uv reads none of
+# pip's settings (PIP_INDEX_URL, PIP_FIND_LINKS, PIP_CERT, pip.conf): set UV_INDEX_URL,
+# UV_FIND_LINKS or SSL_CERT_FILE for a mirror or a private CA; `--system-certs` trusts the
+# machine's own store, as pip does.
 UV_VERSION := 0.13.9
+UV_STAMP := $(VENV)/.uv-$(UV_VERSION)
 UV := $(BIN)/uv pip --quiet --system-certs
-$(VENV)/.installed: pyproject.toml requirements.lock
+$(UV_STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	touch $@
+
+$(VENV)/.installed: pyproject.toml requirements.lock $(UV_STAMP)
 	$(UV) install --python $(BIN)/python --compile-bytecode -c requirements.lock -e '.[dev]'
 	# scikit-learn (and scipy, which only it needs here) come in as lm-eval's dependency alone, and
 	# lm-eval needs them only for metrics its oracle tasks do not score (f1, mcc; the tasks of
@@ -56,7 +64,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 # The tracking tools' own venv: a real MLflow server and TensorBoard's event reader, the tests'
 # oracles of training/metric_sinks/ (tests/tracking_venv.py). Apart, because mlflow 3.17.2 pins
 # pyarrow<26 (the job's venv has 26) and the DLC has neither: the job must not come to need them.
-$(TRACKING_VENV)/.installed: tracking-requirements.txt | $(VENV)/.installed
+$(TRACKING_VENV)/.installed: tracking-requirements.txt $(UV_STAMP)
 	test -x $(TRACKING_VENV)/bin/python || $(PYTHON) -m venv $(TRACKING_VENV)
 	$(UV) install --python $(TRACKING_VENV)/bin/python --compile-bytecode -r tracking-requirements.txt
 	touch $@

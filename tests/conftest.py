@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from ray_session import AWS_SESSION_CANARY, TEST_ENV
-from session_services import release_unneeded, released_when_unneeded
+from session_services import refuse_released, release_unneeded, released_when_unneeded
 from shared_run import submit_local
 from tiers import mark_tiers, unit_guard
 from tiny_qwen import TINY_VOCAB, tiny_qwen2_config  # noqa: F401  (re-exported)
@@ -175,7 +175,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    """A ``unit`` test's fixtures may start no process and no jsii object (tests/tiers.py)."""
+    """A ``unit`` test's fixtures may start no process and no jsii object (tests/tiers.py); no
+    test may take a session service this process stopped early (tests/session_services.py)."""
+    refuse_released(item)
     with unit_guard(item):
         yield
 

@@ -21,6 +21,17 @@ RELEASABLE = frozenset({"ray_cluster", "warm_head", "local_run_mlflow"})
 RUNNING: dict[str, contextlib.ExitStack] = {}
 """Each releasable fixture set up in this process and not yet stopped: what stops it."""
 
+RELEASED: set[str] = set()
+"""The fixtures stopped early in this process: pytest keeps their values cached, so a test that
+takes one afterwards would get a stopped service (:func:`refuse_released`)."""
+
+IN_ORDER_MODES = ("no", "loadgroup")
+"""The ``--dist`` modes under which a process runs its units in the order of their first items:
+one process, and ``make test``'s ``loadgroup`` (tests/conftest.py ``pytest_xdist_make_scheduler``
+hands units out first in, first out; xdist 3.8 ``scheduler/loadscope.py``
+``_assign_work_unit``). ``loadscope`` and ``loadfile`` sort units by size and ``worksteal``
+takes from a queue's tail: under them nothing is released early."""
+
 _NEEDED_FROM = pytest.StashKey[dict]()
 
 
@@ -39,13 +50,26 @@ def released_when_unneeded(name: str) -> Iterator[contextlib.ExitStack]:
 
 
 def release_unneeded(session: pytest.Session, nextitem: pytest.Item) -> None:
-    """Stop every running service that no test this process may still run takes. A service's own
-    end checks (the warm head's) raise here: pytest reports them as an error in the teardown of
-    the test that ran last."""
-    if RUNNING:
+    """Stop every running service that no test this process may still run takes, under an
+    :data:`IN_ORDER_MODES` mode. A service's own end checks (the warm head's) raise here: pytest
+    reports them as an error in the teardown of the test that ran last."""
+    if RUNNING and session.config.getvalue("dist") in IN_ORDER_MODES:
         needed = needed_from(session, nextitem)
         for name in [name for name in RUNNING if name not in needed]:
+            RELEASED.add(name)
             RUNNING.pop(name).close()
+
+
+def refuse_released(item: pytest.Item) -> None:
+    """Fail ``item`` in one line if it takes a service this process already stopped. The order
+    :func:`needed_from` relies on can still break: when an xdist worker crashes, xdist hands its
+    unfinished units to the others at the END of their queues (3.8 ``scheduler/loadscope.py``
+    ``remove_node``: ``self.workqueue.update(workload)``)."""
+    taken = RELEASED.intersection(getattr(item, "fixturenames", ()))
+    if taken:
+        pytest.fail(f"{item.nodeid}: takes {', '.join(sorted(taken))}, which this process stopped when no later "
+                    "test seemed to need it (a unit out of order: a crashed worker's re-queued tests?); "
+                    "rerun it alone", pytrace=False)
 
 
 def needed_from(session: pytest.Session, item: pytest.Item) -> frozenset[str]:

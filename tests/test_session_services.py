@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from session_services import RUNNING, needed_from, release_unneeded, released_when_unneeded
+import session_services
+from session_services import needed_from, refuse_released, release_unneeded, released_when_unneeded
 
 
 @dataclass
@@ -26,8 +27,17 @@ class Item:
         return None
 
 
-def session(*items: Item):
-    return SimpleNamespace(items=list(items), stash=pytest.Stash())
+@pytest.fixture(autouse=True)
+def own_registry(monkeypatch):
+    """Registries of this module's own: the session's (its real Ray cluster or warm head, running
+    in this process) must not be released or marked by these stand-ins."""
+    monkeypatch.setattr(session_services, "RUNNING", {})
+    monkeypatch.setattr(session_services, "RELEASED", set())
+
+
+def session(*items: Item, dist: str = "loadgroup"):
+    """A session in ``--dist`` mode ``dist`` (``make test``'s by default)."""
+    return SimpleNamespace(items=list(items), stash=pytest.Stash(), config=SimpleNamespace(getvalue={"dist": dist}.get))
 
 
 # The session's order: a training module on the Ray cluster, the shared run's group (its first
@@ -63,10 +73,26 @@ def test_released_services_stop_once_and_the_session_end_stops_the_rest():
     with released_when_unneeded("ray_cluster") as stack:
         stack.callback(stopped.append, "ray_cluster")
         release_unneeded(order, TRAIN)  # the next test takes it: kept
-        assert stopped == [] and "ray_cluster" in RUNNING
+        assert stopped == [] and "ray_cluster" in session_services.RUNNING
         release_unneeded(order, UNIT)  # no later test takes it: stopped
-        assert stopped == ["ray_cluster"] and "ray_cluster" not in RUNNING
+        assert stopped == ["ray_cluster"] and "ray_cluster" not in session_services.RUNNING
     assert stopped == ["ray_cluster"]  # the fixture's own end stops nothing twice
     with released_when_unneeded("warm_head") as stack:
         stack.callback(stopped.append, "warm_head")
-    assert stopped == ["ray_cluster", "warm_head"] and not RUNNING  # never released early: stopped at the end
+    assert stopped == ["ray_cluster", "warm_head"] and not session_services.RUNNING  # never released early: stopped at the end
+
+
+def test_a_mode_that_sends_units_out_of_order_releases_nothing_and_a_released_service_taken_later_fails_the_test():
+    stopped: list[str] = []
+    # Given --dist loadscope (xdist sorts its units by size), nothing stops early;
+    with released_when_unneeded("ray_cluster") as stack:
+        stack.callback(stopped.append, "ray_cluster")
+        release_unneeded(session(TRAIN, UNIT, dist="loadscope"), UNIT)
+        assert stopped == [] and "ray_cluster" in session_services.RUNNING
+        # under loadgroup it stops, and a test that takes it afterwards (a crashed worker's
+        # re-queued unit) fails in one line naming it instead of meeting a stopped service.
+        release_unneeded(session(TRAIN, UNIT), UNIT)
+        assert stopped == ["ray_cluster"]
+    refuse_released(UNIT)  # takes nothing stopped: passes
+    with pytest.raises(pytest.fail.Exception, match=r"test_loop.py::test_fit: takes ray_cluster, which this process stopped"):
+        refuse_released(TRAIN)
