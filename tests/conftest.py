@@ -10,6 +10,7 @@ takes ``warm_head``: its job goes to the session's one warm head, a Ray job of i
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from ray_session import AWS_SESSION_CANARY, TEST_ENV
+from session_services import release_unneeded, released_when_unneeded
 from shared_run import submit_local
 from tiers import mark_tiers, unit_guard
 from tiny_qwen import TINY_VOCAB, tiny_qwen2_config  # noqa: F401  (re-exported)
@@ -35,6 +37,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # tiny step contend with the other worker's (a step of 4-7 s against 0.35 s with one thread, on a
 # loaded machine). Set before any test module imports torch; a value the caller set is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After ``item``'s own fixtures are torn down, stop each session service no later test of
+    this process takes (tests/session_services.py ``needed_from``: whatever a process runs from ``nextitem`` on lies
+    at or after the first item of ``nextitem``'s unit of work in ``session.items``). ``nextitem``
+    None (the end of what xdist has sent so far) releases nothing: the session's end does. A
+    service's own end checks (the warm head's) fail as an error in this teardown."""
+    torn_down = yield
+    if nextitem is not None:
+        release_unneeded(item.session, nextitem)
+    return torn_down
 
 
 @pytest.fixture
@@ -65,11 +79,12 @@ def ray_cluster():
     from fixtures_s3 import start_s3_server
     from ray_session import start_session_cluster
 
-    if not ray.is_initialized():
-        start_s3_server()
-        start_session_cluster(ray)
-    yield ray
-    ray.shutdown()
+    with released_when_unneeded("ray_cluster") as stack:
+        if not ray.is_initialized():
+            start_s3_server()
+            start_session_cluster(ray)
+        stack.callback(ray.shutdown)
+        yield ray
 
 
 @pytest.fixture(scope="session")
@@ -84,10 +99,16 @@ def warm_head(tmp_path_factory) -> dict[str, str]:
     end it is stopped as a user stops it (SIGTERM): exit 130, its file gone, none of its processes
     left: those naming its temp dir or its S3 server's port, and every process of the head's tree,
     the ones that renamed themselves (``ray::...``, ``ray-dashboard-...``) included."""
+    with released_when_unneeded("warm_head") as stack:
+        yield stack.enter_context(_warm_head(tmp_path_factory.mktemp("warm-head")))
+
+
+@contextlib.contextmanager
+def _warm_head(folder: Path):
+    """The warm head of :func:`warm_head`, started and, at the end, stopped and checked."""
     from raytrain_eks.backends.warm_head import LOCAL_HEAD_ENV
     from raytrain_eks.backends.local_services import head_processes, processes_matching, running
 
-    folder = tmp_path_factory.mktemp("warm-head")
     path, log = folder / "head.json", (folder / "head.log").open("w")
     shell = {**os.environ, **TEST_ENV, "AWS_SESSION_TOKEN": AWS_SESSION_CANARY, "AWS_PROFILE": "someone"}
     proc = subprocess.Popen([sys.executable, "-m", "raytrain_eks.backends.warm_head", str(path)], cwd=ROOT, env=shell,
@@ -114,13 +135,13 @@ def warm_head(tmp_path_factory) -> dict[str, str]:
 def local_run_mlflow(tmp_path_factory):
     """The session's real MLflow server: the shared run's driver keeps its MLflow run on it, and
     tests/training/test_tracking_real_run.py its runs (each in an experiment of its own), up until
-    the session ends (the reads come after the runs); "" without ``.work/tracking-venv``: the run
+    no later test takes it (the reads come after the runs; :func:`released_when_unneeded`); "" without ``.work/tracking-venv``: the run
     goes untracked and the tests that read MLflow skip, saying how to make the venv."""
     if not TRACKING_PYTHON.exists():
         yield ""
         return
-    with mlflow_server(tmp_path_factory.mktemp("local-run-mlflow")) as url:
-        yield url
+    with released_when_unneeded("local_run_mlflow") as stack:
+        yield stack.enter_context(mlflow_server(tmp_path_factory.mktemp("local-run-mlflow")))
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 The one full-vocabulary training test (the output layer dominates a tiny model's
 compute). One plain process runs the same loop the Ray workers run; the 2-worker equivalence is
-proven in test_loop.py and test_parallel.py.
+proven in test_resume_ray.py and test_parallel.py.
 """
 from __future__ import annotations
 
