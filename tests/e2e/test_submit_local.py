@@ -36,6 +36,10 @@ def test_one_command_ends_in_the_verdict_and_its_exit_code(submitted):
     assert "    verdict:   ACCEPTED: " in proc.stdout
     record = json.loads((out / "run.json").read_text())
     assert record["verdict"]["verdict"] == "accepted"
+    # a clean run on Ray records no incident, and its checkpoints at every 5 steps (the last one's
+    # included); tests/e2e/test_chaos.py's uninterrupted reference (no Ray) relies on this proof
+    assert record["incidents"] == [], record["incidents"]
+    assert [c["step"] for c in record["checkpoints"]] == [5, 10], record["checkpoints"]
     # the run is named uniquely: its storage directory and its RayJob carry the name
     assert record["job_config"]["checkpoint"]["run_name"] == run.group(1)
     assert record["run_dir"].endswith(f"/{run.group(1)}")
