@@ -53,7 +53,8 @@ def release_unneeded(session: pytest.Session, nextitem: pytest.Item) -> None:
     """Stop every running service that no test this process may still run takes, under an
     :data:`IN_ORDER_MODES` mode. A service's own end checks (the warm head's) raise here: pytest
     reports them as an error in the teardown of the test that ran last."""
-    if RUNNING and session.config.getvalue("dist") in IN_ORDER_MODES:
+    # pytest -p no:xdist registers no --dist: one process runs the session in order
+    if RUNNING and session.config.getoption("dist", default="no") in IN_ORDER_MODES:
         needed = needed_from(session, nextitem)
         for name in [name for name in RUNNING if name not in needed]:
             RELEASED.add(name)

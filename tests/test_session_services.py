@@ -35,9 +35,23 @@ def own_registry(monkeypatch):
     monkeypatch.setattr(session_services, "RELEASED", set())
 
 
-def session(*items: Item, dist: str = "loadgroup"):
-    """A session in ``--dist`` mode ``dist`` (``make test``'s by default)."""
-    return SimpleNamespace(items=list(items), stash=pytest.Stash(), config=SimpleNamespace(getvalue={"dist": dist}.get))
+def session(*items: Item, dist: str | None = "loadgroup"):
+    """A session in ``--dist`` mode ``dist`` (``make test``'s by default); ``None``: pytest run
+    without xdist (``-p no:xdist``), which registers no ``--dist`` option."""
+    options = {} if dist is None else {"dist": dist}
+
+    def getoption(name, default=NO_DEFAULT):
+        # pytest 9.0 Config.getoption: an option no plugin registered is its default, or a ValueError
+        if name in options:
+            return options[name]
+        if default is NO_DEFAULT:
+            raise ValueError(f"no option named {name!r}")
+        return default
+
+    return SimpleNamespace(items=list(items), stash=pytest.Stash(), config=SimpleNamespace(getoption=getoption))
+
+
+NO_DEFAULT = object()
 
 
 # The session's order: a training module on the Ray cluster, the shared run's group (its first
@@ -96,3 +110,13 @@ def test_a_mode_that_sends_units_out_of_order_releases_nothing_and_a_released_se
     refuse_released(UNIT)  # takes nothing stopped: passes
     with pytest.raises(pytest.fail.Exception, match=r"test_loop.py::test_fit: takes ray_cluster, which this process stopped"):
         refuse_released(TRAIN)
+
+
+def test_without_xdist_the_one_process_releases_in_order():
+    # Given pytest -p no:xdist (no --dist option at all: one process, the session's own order),
+    stopped: list[str] = []
+    with released_when_unneeded("ray_cluster") as stack:
+        stack.callback(stopped.append, "ray_cluster")
+        # when no later test takes the cluster, then it stops, as under --dist no.
+        release_unneeded(session(TRAIN, UNIT, dist=None), UNIT)
+        assert stopped == ["ray_cluster"]
