@@ -11,9 +11,11 @@ local Ray head (token auth, as on EKS), its storage moto's S3 reading checkpoint
 8 MiB/s (devtools/slow_store.py), stopped with ``JobSubmissionClient.stop_job`` while it trains.
 Then the same run is submitted again and continues from that checkpoint.
 
-On the same head: two trainers on one run (a second ``submit --resume X`` while the first
-writes ``<storage>/X``). The second refuses in one line naming the first (the run's
-lease, training/checkpointing/lease.py), and no checkpoint of the first is touched.
+While that resumed job writes the run (the store holds its last checkpoint's upload, so it
+cannot end before), a second trainer on the same run (a second ``submit --resume X`` with a
+``--set`` of its own that would prune down to one checkpoint) refuses in one line naming the
+first (the run's lease, training/checkpointing/lease.py), and no checkpoint of the run is touched.
+One Ray job backs both proofs: the resumed job is the first trainer.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import pytest
 
 from ray_session import TEST_ENV
 from devtools.slow_store import slow_store
+from devtools.strike import HOLD
+from training.checkpointing.manager import checkpoint_dir_name
 
 pytestmark = pytest.mark.slow
 
@@ -125,11 +129,20 @@ def test_stop_job_keeps_the_final_checkpoint_and_the_run_resumes_from_it(head_an
     # the premise: this checkpoint cannot be stored within Ray's default wait
     assert max(entry["size"] for entry in latest.marker["files"]) / STORE_BYTES_PER_S > DEFAULT_STOP_WAIT_S
 
+    assert _lease(first.run_uri) is None  # the stopped trainer released the run at its end
+
     # `submit --resume`: the same run, a few steps further; it continues from the stop's checkpoint.
     more = latest.step + 2
     second = _manifests(tmp_path / "second", run, [f"train.max_steps={more}", "checkpoint.every_n_steps=0",
                                                    "eval.every_n_steps=0", "checkpoint.export_hf=false"])
-    _submit(head, second, "stop-test-2")
+    # Its last checkpoint's upload is held until a second trainer has tried the run (HOLD: bytes
+    # keep flowing, the ~58 MB shard cannot be stored meanwhile): the resumed job cannot end before.
+    with store.slowed(HOLD, only=f"/{run}/{checkpoint_dir_name(more)}/"):
+        _submit(head, second, "stop-test-2")
+        _wait(lambda: any(checkpoint_dir_name(more) in path for path in store.uploading())
+              or _status(client, "stop-test-2") in TERMINAL, 900, "the resumed job's last checkpoint upload")
+        assert _status(client, "stop-test-2") == "RUNNING", client.get_job_logs("stop-test-2")[-4000:]
+        _second_trainer_refuses(head, client, tmp_path, run, first.run_uri, holder="stop-test-2")
     _wait(lambda: _status(client, "stop-test-2") in TERMINAL, 900, "the resumed job to end")
     logs = client.get_job_logs("stop-test-2")
     # (its verdict may reject a 5-step model: the job's [accept] criteria are not this test's)
@@ -137,6 +150,7 @@ def test_stop_job_keeps_the_final_checkpoint_and_the_run_resumes_from_it(head_an
     assert f"resuming {run} from step {latest.step}: {latest.uri}" in logs
     assert find_latest_complete(first.run_uri).step == more
     assert re.findall(r"\bstep (\d+)/\d+ \|", logs)[-1] == str(more)
+    assert _lease(first.run_uri) is None  # released at its end
 
 
 def _complete(run_uri: str) -> dict[str, dict]:
@@ -145,46 +159,29 @@ def _complete(run_uri: str) -> dict[str, dict]:
     return {c.uri: read_remote_marker(c.uri) for c in list_checkpoints(run_uri) if remote_problem(c.uri) is None}
 
 
-def test_a_second_trainer_on_a_run_refuses_and_prunes_nothing(head_and_store, tmp_path, monkeypatch):
-    from raytrain_eks.backends.local import job_client
-    from raytrain_eks.runs.results import s3_client, upload_if_missing
-
-    head, store = head_and_store
-    for key, value in store.client_env.items():
-        monkeypatch.setenv(key, value)
-    client = job_client(head.dashboard_url, head.client_env)
-    run = "two-trainers"
-    first = _manifests(tmp_path / "first", run, ["train.max_steps=100000", "checkpoint.every_n_steps=2",
-                                                 "checkpoint.keep_last=100", "eval.every_n_steps=0"])
-    upload_if_missing(s3_client(store.client_env), first.code_path, first.code_uri, create_bucket=True)
-    # slow, as in the first test: a checkpoint every 2 steps at moto's speed would pile up
-    # gigabytes of kept checkpoints (keep_last=100) in this process's store meanwhile
-    with store.slowed(STORE_BYTES_PER_S):
-        _two_trainers(head, client, first, tmp_path, run)
-
-
-def _two_trainers(head, client, first, tmp_path: Path, run: str) -> None:
-    """The second trainer refuses while the first writes the run; then the first is stopped."""
-    _submit(head, first, "two-trainers-1")
-    before = _wait(lambda: _complete(first.run_uri) or _status(client, "two-trainers-1") in TERMINAL and {"ended": {}},
-                   900, "the first trainer's first complete checkpoint")
-    assert _status(client, "two-trainers-1") == "RUNNING", client.get_job_logs("two-trainers-1")[-4000:]
-
-    # The second: the same run, a user's --set of its own (it would prune down to one checkpoint).
-    second = _manifests(tmp_path / "second", run, ["train.max_steps=100000", "checkpoint.every_n_steps=1",
-                                                   "checkpoint.keep_last=1", "eval.every_n_steps=0"])
-    _submit(head, second, "two-trainers-2")
-    _wait(lambda: _status(client, "two-trainers-2") in TERMINAL, 900, "the second trainer to end")
-    logs = client.get_job_logs("two-trainers-2")
-    refusal = [line for line in logs.splitlines() if line.startswith("error: ")]
-    assert len(refusal) == 1, logs[-4000:]
-    assert f"run {first.run_uri} is being written by another trainer: Ray job two-trainers-1 on " in refusal[0]
-    assert _status(client, "two-trainers-2") == "FAILED" and "resuming" not in logs and "step 1/" not in logs
-    after = _complete(first.run_uri)
-    assert {uri: after.get(uri) for uri in before} == before  # every checkpoint of the first, untouched
-
-    client.stop_job("two-trainers-1")
-    _wait(lambda: _status(client, "two-trainers-1") in TERMINAL, 900, "the first trainer to stop")
+def _lease(run_uri: str):
     from training.checkpointing.lease import Lease
 
-    assert Lease(run=first.run_uri, attempt="", holder="").read() is None  # released at its end
+    return Lease(run=run_uri, attempt="", holder="").read()
+
+
+def _second_trainer_refuses(head, client, tmp_path: Path, run: str, run_uri: str, holder: str) -> None:
+    """A second trainer on ``run`` while Ray job ``holder`` writes it: a user's ``--set`` of its
+    own (a checkpoint every step, keep one: it would prune every other checkpoint) refuses in one
+    line naming the holder, before any step, and every complete checkpoint of the run is untouched."""
+    before = _complete(run_uri)
+    assert before, f"no complete checkpoint in {run_uri} to guard"
+    second = _manifests(tmp_path / "refused", run, ["train.max_steps=100000", "checkpoint.every_n_steps=1",
+                                                    "checkpoint.keep_last=1", "eval.every_n_steps=0"])
+    _submit(head, second, "two-trainers")
+    # (a second trainer let in would go on to wait for the first's CPUs: its driver's "resuming"
+    # line, printed once it holds the lease, ends the wait, and the test fails)
+    _wait(lambda: _status(client, "two-trainers") in TERMINAL or "resuming" in client.get_job_logs("two-trainers"),
+          900, "the second trainer to end")
+    logs = client.get_job_logs("two-trainers")
+    refusal = [line for line in logs.splitlines() if line.startswith("error: ")]
+    assert len(refusal) == 1, logs[-4000:]
+    assert f"run {run_uri} is being written by another trainer: Ray job {holder} on " in refusal[0]
+    assert _status(client, "two-trainers") == "FAILED" and "resuming" not in logs and "step 1/" not in logs
+    after = _complete(run_uri)
+    assert {uri: after.get(uri) for uri in before} == before  # every checkpoint of the run, untouched
