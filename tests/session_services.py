@@ -35,6 +35,17 @@ takes from a queue's tail: under them nothing is released early."""
 _NEEDED_FROM = pytest.StashKey[dict]()
 
 
+def runs_in_order(config: pytest.Config) -> bool:
+    """Whether this process runs its units in the order of their first items
+    (:data:`IN_ORDER_MODES`). An xdist worker does not see the mode: xdist 3.8 ``remote.py``
+    ``setup_config`` sets a worker's ``option.dist`` to ``"no"`` whatever it was and keeps only
+    ``option.loadgroup`` (``dist == "loadgroup"``). Without xdist (``-p no:xdist``) no ``--dist``
+    is registered: one process, in order."""
+    if hasattr(config, "workerinput"):  # an xdist worker
+        return bool(getattr(config.option, "loadgroup", False))
+    return config.getoption("dist", default="no") in IN_ORDER_MODES
+
+
 @contextlib.contextmanager
 def released_when_unneeded(name: str) -> Iterator[contextlib.ExitStack]:
     """The body of session fixture ``name``: what it enters on the yielded stack is closed when
@@ -53,8 +64,7 @@ def release_unneeded(session: pytest.Session, nextitem: pytest.Item) -> None:
     """Stop every running service that no test this process may still run takes, under an
     :data:`IN_ORDER_MODES` mode. A service's own end checks (the warm head's) raise here: pytest
     reports them as an error in the teardown of the test that ran last."""
-    # pytest -p no:xdist registers no --dist: one process runs the session in order
-    if RUNNING and session.config.getoption("dist", default="no") in IN_ORDER_MODES:
+    if RUNNING and runs_in_order(session.config):
         needed = needed_from(session, nextitem)
         for name in [name for name in RUNNING if name not in needed]:
             RELEASED.add(name)

@@ -35,9 +35,20 @@ def own_registry(monkeypatch):
     monkeypatch.setattr(session_services, "RELEASED", set())
 
 
-def session(*items: Item, dist: str | None = "loadgroup"):
-    """A session in ``--dist`` mode ``dist`` (``make test``'s by default); ``None``: pytest run
-    without xdist (``-p no:xdist``), which registers no ``--dist`` option."""
+def session(*items: Item, dist: str = "loadgroup"):
+    """An xdist worker's session under ``--dist`` mode ``dist`` (``make test``'s by default). What
+    the worker's config holds, as xdist 3.8 ``remote.py`` ``setup_config`` leaves it: a
+    ``workerinput``, ``option.dist`` set to ``"no"`` whatever the mode, and ``option.loadgroup``
+    true only under ``loadgroup``."""
+    option = SimpleNamespace(dist="no", loadgroup=dist == "loadgroup")
+    config = SimpleNamespace(workerinput={"workerid": "gw0"}, option=option,
+                             getoption=lambda name, default=None: getattr(option, name, default))
+    return SimpleNamespace(items=list(items), stash=pytest.Stash(), config=config)
+
+
+def one_process(*items: Item, dist: str | None = None):
+    """A session with no xdist worker: ``-n 0`` or no ``-n`` (``--dist`` given or ``"no"``), or
+    ``None``: pytest run without xdist (``-p no:xdist``), which registers no ``--dist`` option."""
     options = {} if dist is None else {"dist": dist}
 
     def getoption(name, default=NO_DEFAULT):
@@ -98,7 +109,8 @@ def test_released_services_stop_once_and_the_session_end_stops_the_rest():
 
 def test_a_mode_that_sends_units_out_of_order_releases_nothing_and_a_released_service_taken_later_fails_the_test():
     stopped: list[str] = []
-    # Given --dist loadscope (xdist sorts its units by size), nothing stops early;
+    # Given a worker under --dist loadscope (xdist sorts its units by size; the worker's own
+    # option.dist reads "no" all the same), nothing stops early;
     with released_when_unneeded("ray_cluster") as stack:
         stack.callback(stopped.append, "ray_cluster")
         release_unneeded(session(TRAIN, UNIT, dist="loadscope"), UNIT)
@@ -118,5 +130,9 @@ def test_without_xdist_the_one_process_releases_in_order():
     with released_when_unneeded("ray_cluster") as stack:
         stack.callback(stopped.append, "ray_cluster")
         # when no later test takes the cluster, then it stops, as under --dist no.
-        release_unneeded(session(TRAIN, UNIT, dist=None), UNIT)
+        release_unneeded(one_process(TRAIN, UNIT), UNIT)
         assert stopped == ["ray_cluster"]
+    with released_when_unneeded("ray_cluster") as stack:  # and as under -n 0 (xdist's --dist no)
+        stack.callback(stopped.append, "ray_cluster again")
+        release_unneeded(one_process(TRAIN, UNIT, dist="no"), UNIT)
+        assert stopped == ["ray_cluster", "ray_cluster again"]

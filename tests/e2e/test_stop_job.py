@@ -15,7 +15,8 @@ While that resumed job writes the run (the store holds its last checkpoint's upl
 cannot end before), a second trainer on the same run (a second ``submit --resume X`` with a
 ``--set`` of its own that would prune down to one checkpoint) refuses in one line naming the
 first (the run's lease, training/checkpointing/lease.py), and no checkpoint of the run is touched.
-One Ray job backs both proofs: the resumed job is the first trainer.
+One Ray job backs both proofs: the resumed job is the first trainer (so a failure in the stop or
+the resume leaves the refusal unchecked until it is fixed).
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ STORE_BYTES_PER_S = 8 * 2**20
 """The store's upload bandwidth per request while a test needs it slow: the local job's
 checkpoint (a rank's shard of the full-vocabulary tiny Qwen2 with its AdamW state, ~58 MB) then
 takes over 3 s, Ray's default stop wait, to store; the test checks that premise on the checkpoint
-itself. Slowed around the stop only: the resumed run's checkpoint is stored at moto's speed."""
+itself. Slowed around the stop only: the resumed run's last checkpoint is held (:data:`HOLD`)
+until the second trainer is refused, then stored at moto's speed."""
 UNSLOWED = 2**40
 """The store's rate outside :meth:`SlowStore.slowed` blocks: moto's own speed."""
 DEFAULT_STOP_WAIT_S = 3
@@ -148,7 +150,11 @@ def test_stop_job_keeps_the_final_checkpoint_and_the_run_resumes_from_it(head_an
     # (its verdict may reject a 5-step model: the job's [accept] criteria are not this test's)
     assert _run_json(s3, first.run_uri)["status"] == "succeeded", logs[-4000:]
     assert f"resuming {run} from step {latest.step}: {latest.uri}" in logs
-    assert find_latest_complete(first.run_uri).step == more
+    held = find_latest_complete(first.run_uri)
+    assert held.step == more
+    # the hold's premise: the held shard is far over what the sockets buffer (a few MB), so it
+    # was not sent whole before the refusal
+    assert max(entry["size"] for entry in held.marker["files"]) > 16 * 2**20
     assert re.findall(r"\bstep (\d+)/\d+ \|", logs)[-1] == str(more)
     assert _lease(first.run_uri) is None  # released at its end
 
@@ -174,8 +180,8 @@ def _second_trainer_refuses(head, client, tmp_path: Path, run: str, run_uri: str
     second = _manifests(tmp_path / "refused", run, ["train.max_steps=100000", "checkpoint.every_n_steps=1",
                                                     "checkpoint.keep_last=1", "eval.every_n_steps=0"])
     _submit(head, second, "two-trainers")
-    # (a second trainer let in would go on to wait for the first's CPUs: its driver's "resuming"
-    # line, printed once it holds the lease, ends the wait, and the test fails)
+    # (a second trainer let in would train on for 100000 steps: its driver's "resuming" line,
+    # printed once it holds the lease, ends the wait, and the test fails)
     _wait(lambda: _status(client, "two-trainers") in TERMINAL or "resuming" in client.get_job_logs("two-trainers"),
           900, "the second trainer to end")
     logs = client.get_job_logs("two-trainers")
