@@ -133,8 +133,13 @@ def test_the_jobs_metrics_were_scraped_and_agree_with_metrics_jsonl(demo):
     for rank, series in scraped.items():
         assert EVERY_STEP <= set(series) <= exported, (rank, sorted(series))
     step = int(scraped["0"][contract.METRIC_STEP]["value"])
-    [*_, row] = [m for m in _metrics(out) if m.get("kind") == "train" and m["step"] == step]
-    assert scraped["0"][contract.METRIC_LOSS]["value"] == pytest.approx(row["loss"], rel=1e-9)
+    # the step's loss, or a step beside it's: a scrape is not a transaction, and one may fall
+    # while the rank sets its gauges (tests/training/test_metrics_export.py says why, and checks
+    # the held last step whole)
+    losses = {m["step"]: m["loss"] for m in _metrics(out) if m.get("kind") == "train"}  # a step's last write
+    assert step in losses
+    assert any(scraped["0"][contract.METRIC_LOSS]["value"] == pytest.approx(losses[s], rel=1e-9)
+               for s in (step - 1, step, step + 1) if s in losses)
     assert "Prometheus metrics" in stdout
     assert "Reporting training result" not in stdout  # in Ray Train's log files only
 
