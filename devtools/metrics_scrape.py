@@ -84,6 +84,9 @@ class Watcher:
     on_snapshot: Callable[[dict[str, dict[str, Series]]], None] | None = None
     """Called with each scrape that held the job's gauges (per rank, its series): what a test
     waits on instead of sampling."""
+    callback_error: BaseException | None = None
+    """What ``on_snapshot`` raised, if it did: the scraping stops there (a caller waiting on the
+    callback would otherwise wait out its bound and never learn why)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -100,7 +103,11 @@ class Watcher:
                 if series:
                     self.snapshots.append(series)
                     if self.on_snapshot is not None:
-                        self.on_snapshot(series)
+                        try:
+                            self.on_snapshot(series)
+                        except Exception as error:  # noqa: BLE001 - kept for the caller, who asserts on it
+                            self.callback_error = error
+                            return
             self._stop.wait(self.interval_s)
 
     def __enter__(self) -> "Watcher":

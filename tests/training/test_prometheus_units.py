@@ -176,3 +176,40 @@ def test_the_last_scrape_of_a_rank_is_one_that_held_all_its_per_step_gauges():
     watcher = Watcher(url="http://127.0.0.1:9/metrics", snapshots=[{"0": full}, {"0": partial}])
     assert watcher.last == {"0": full}
     assert Watcher(url="", snapshots=[{"0": partial}]).last == {"0": partial}  # nothing better seen
+
+
+def test_a_watcher_whose_callback_raises_keeps_the_error_and_stops_scraping():
+    # given a callback that raises (a test's wait condition reading a file), the watcher keeps
+    # the error for its caller instead of dying silently and leaving the caller to time out
+    import http.server
+    import threading
+
+    from devtools.metrics_scrape import Watcher
+
+    body = b'ray_raytrain_step{WorkerId="w",rank="0",run="r",job_name="j",node="n"} 1.0\n'
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    called = threading.Event()
+
+    def on_snapshot(snapshot):
+        called.set()
+        raise ValueError("a half-written line")
+
+    try:
+        with Watcher(f"http://127.0.0.1:{server.server_port}/metrics", interval_s=0.05, on_snapshot=on_snapshot) as watcher:
+            assert called.wait(60)
+            watcher._thread.join(60)  # the scraping ended with the error
+            assert not watcher._thread.is_alive()
+    finally:
+        server.shutdown()
+    assert isinstance(watcher.callback_error, ValueError) and len(watcher.snapshots) == 1
