@@ -13,20 +13,21 @@ from typing import Any
 
 def killed_after_checkpoint(argv: list[str], *, store: Any, run_uri: str, saved_step: int, held: str,
                             cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """Run ``argv``; SIGKILL it once ``<run_uri>/checkpoint_<saved_step>`` is the newest complete
-    checkpoint (training/checkpointing ``find_latest_complete``: every rank's files and the
-    marker), the uploads whose path holds ``held`` (a later checkpoint, or the export: one the
-    run's end waits for, of well over 4 MB, devtools/strike.py ``HOLD``) held until then.
-    Returns what it printed."""
+    """Run ``argv``; SIGKILL it once ``<run_uri>/checkpoint_<saved_step>`` is complete
+    (training/checkpointing ``remote_problem``: every rank's files and the marker), the uploads
+    whose path holds ``held`` (a later checkpoint, or the export: one the run's end waits for, of
+    well over 4 MB, devtools/strike.py ``HOLD``) held until then. Where ``held`` is the export, a
+    later checkpoint too small to hold (a LoRA run's adapter) may complete before the kill: the
+    caller resumes from ``saved_step`` by name (waiting for "the newest" would race the steps
+    between the two, a few seconds on an idle machine). Returns what it printed."""
     from devtools.strike import Strike
-    from training.checkpointing import find_latest_complete
     from training.checkpointing.manager import checkpoint_dir_name
+    from training.checkpointing.markers import remote_problem
 
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def saved() -> bool:
-        latest = find_latest_complete(run_uri)
-        return latest is not None and latest.step == saved_step
+        return remote_problem(f"{run_uri}/{checkpoint_dir_name(saved_step)}") is None
 
     try:
         with Strike(store, held=held, ready=saved,

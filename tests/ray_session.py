@@ -28,12 +28,17 @@ AWS_SESSION_CANARY = "FQoGZXIvYXdzEXAMPLEsessiontokenNEVERinLOGS"
 """The AWS session token of the shell the session's warm local head is started from
 (tests/conftest.py ``warm_head``): no file of the head may hold it."""
 
-TEST_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_metrics_report_interval_ms": "1000"}
+TEST_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_metrics_report_interval_ms": "1000",
+            "RAYTRAIN_HANG_FLOOR_S": "600"}
 """Each ray.train.report waits for a controller poll (2 s by default, ray 2.58
 ``train/v2/_internal/constants.py`` ``DEFAULT_HEALTH_CHECK_INTERVAL_S``; the controller's
 ``_poll_workers`` sleeps out the rest of it), and so do the end of a run and a lost worker's
 notice: poll fast in tests. Workers push their metrics every 10 s by default: a short test run
-could end between two pushes. Also given to the tests' local heads (the environment of their
+could end between two pushes. The progress watchdog's floor (60 s, training/watchdog.py) is
+600 s: a test run's sub-second steps on a loaded 2-core machine can stall past 60 s, and a false
+hang would add an incident to runs whose record must hold none (or one, the injected fault);
+tests/e2e/test_chaos.py, whose injected hang must be declared, sets the production floor itself.
+Also given to the tests' local heads (the environment of their
 ``submit --local``, ``make demo`` and ``ray_head``: the head's processes inherit it, and the
 driver forwards it to Ray Train's controller, training/launch.py ``FORWARDED_ENV_PREFIXES``)."""
 

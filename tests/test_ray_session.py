@@ -35,7 +35,7 @@ class Echo:
 
 def call():
     try:
-        return ray.get(Echo.remote().ping.remote(), timeout=120)
+        return ray.get(Echo.remote().ping.remote(), timeout=600)
     except Exception as err:
         return type(err).__name__
 
@@ -52,7 +52,7 @@ ray.shutdown()
 def _actor_call(start: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(TESTS), start], env=env,
-                         capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
+                         capture_output=True, text=True, timeout=900, cwd=TESTS.parent)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

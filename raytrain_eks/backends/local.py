@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from raytrain_eks.backends.local_services import LOCAL_CPUS, HeadUnreachable, process_started, same_process
+from raytrain_eks.backends.local_services import LOCAL_CPUS, HeadUnreachable, process_started, same_process, write_record
 from raytrain_eks.backends.warm_head import LOCAL_HEAD_ENV, given_warm_head
 
 BIN = Path(sys.executable).parent
@@ -49,12 +49,9 @@ def register(out_dir: Path, *, run: str, submission_id: str, dashboard_url: str,
     """Write ``<out_dir>/local.json`` for the run commands (mode 0600: the head's token is in it).
     ``services``: where the run's head and storage ran (their temp dir and address name every
     process they started), kept after the run."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / LIVE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"run": run, "pid": os.getpid(), "pid_started": process_started(os.getpid()), "submission_id": submission_id, "dashboard_url": dashboard_url,
-                   "auth_env": auth_env, **services}, handle, indent=2)
+    write_record(out_dir / LIVE, {"run": run, "pid": os.getpid(), "pid_started": process_started(os.getpid()),
+                                  "submission_id": submission_id, "dashboard_url": dashboard_url,
+                                  "auth_env": auth_env, **services})
 
 
 KEPT = ("run", "submission_id", "ray_temp_dir", "storage_endpoint", "warm_head")
@@ -66,7 +63,7 @@ def unregister(out_dir: Path) -> None:
     path = out_dir / LIVE
     if path.is_file():
         live = json.loads(path.read_text(encoding="utf-8"))
-        path.write_text(json.dumps({k: live[k] for k in KEPT if k in live}, indent=2) + "\n", encoding="utf-8")
+        write_record(path, {k: live[k] for k in KEPT if k in live})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

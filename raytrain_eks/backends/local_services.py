@@ -27,6 +27,7 @@ uses. Linux only, as the local services are.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -102,6 +103,24 @@ def same_process(pid: int, started: str | None) -> bool:
     except PermissionError:
         pass
     return started is None or process_started(pid) in (None, started)
+
+
+def write_record(path: Path, record: dict) -> None:
+    """Write a record naming a process (a submit's ``local.json``, a warm head's FILE) whole or
+    not at all, mode 0600 (a head's token may be in it): the run commands and a second submit
+    poll these files while they are written, and a half-written one reads as broken JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.unlink(missing_ok=True)  # created afresh: O_CREAT's mode applies to a new file only
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=2)
+            handle.write("\n")
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def head_processes(temp_dir: str, gcs_address: str, table: dict[int, _Process] | None = None) -> list[int]:

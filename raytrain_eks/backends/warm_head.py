@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from raytrain_eks.backends.local_services import LOCAL_CPUS, HeadUnreachable, process_started, same_process
+from raytrain_eks.backends.local_services import LOCAL_CPUS, HeadUnreachable, process_started, same_process, write_record
 
 LOCAL_HEAD_ENV = "RAYTRAIN_LOCAL_HEAD"
 """The file of a warm local head (:func:`warm_head`): set, ``submit --local`` runs its job on that
@@ -43,17 +43,10 @@ class WarmHead:
 
 
 def _write_warm(path: Path, head: Any, storage_endpoint: str) -> None:
-    """Whole or not at all (a reader sees no half-written file), mode 0600: the head's token is in it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.unlink(missing_ok=True)  # created afresh: O_CREAT's mode applies to a new file only
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"pid": os.getpid(), "pid_started": process_started(os.getpid()),
-                   "dashboard_url": head.dashboard_url, "gcs_address": head.gcs_address,
-                   "temp_dir": head.temp_dir, "metrics_url": head.metrics_url, "auth_token": head.auth_token,
-                   "storage_endpoint": storage_endpoint}, handle, indent=2)
-    os.replace(partial, path)
+    write_record(path, {"pid": os.getpid(), "pid_started": process_started(os.getpid()),
+                        "dashboard_url": head.dashboard_url, "gcs_address": head.gcs_address,
+                        "temp_dir": head.temp_dir, "metrics_url": head.metrics_url, "auth_token": head.auth_token,
+                        "storage_endpoint": storage_endpoint})
 
 
 class WarmHeadBusy(RuntimeError):

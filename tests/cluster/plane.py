@@ -204,7 +204,12 @@ class Plane:
         return f"({path}) " + " | ".join(text)
 
     def _raw_ok(self, path: str) -> bool:
-        return self.kubectl("get", "--raw", path, check=False, timeout=20).returncode == 0
+        """One readiness probe; a probe that does not answer in time is "not yet" (the start's
+        own bound decides), never an error that ends the start."""
+        try:
+            return self.kubectl("get", "--raw", path, check=False, timeout=20).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def stop(self) -> None:
         """Each process in the reverse order of its start, one at a time: an apiserver whose etcd

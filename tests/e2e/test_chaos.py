@@ -75,9 +75,11 @@ SETS = [f"train.max_steps={MAX_STEPS}", f"checkpoint.every_n_steps={CHECKPOINT_E
         "eval.every_n_steps=0", "checkpoint.export_hf=false", f"checkpoint.max_failures={len(RESUMES_FROM)}"]
 """``checkpoint.max_failures``: the job's failure budget (2 by default) must hold the three
 faults; the reference gets the same (it changes no loss) so both train one job config."""
-HANG_ENV = {"RAYTRAIN_HANG_FIRST_STEP_S": "300"}
-"""The production floor (60 s): a lower one declared a false hang here when the shared machine
-slowed one 6 s step to 28 s. The first-step bound is shortened (the faults strike later)."""
+HANG_ENV = {"RAYTRAIN_HANG_FLOOR_S": "60", "RAYTRAIN_HANG_FIRST_STEP_S": "300"}
+"""The production floor (60 s), named: the session's Ray processes carry the tests' 600 s
+(tests/ray_session.py ``TEST_ENV``) and the head inherits this process's environment; a lower one
+declared a false hang here when the shared machine slowed one 6 s step to 28 s. The first-step
+bound is shortened (the faults strike later)."""
 NO_HOST_OOM_KILLS = {"RAY_memory_monitor_refresh_ms": "0"}
 """Ray 2.58's memory monitor (its raylet kills workers once memory use passes
 ``RAY_memory_usage_threshold``, 0.95; "To disable worker killing, set the environment variable

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -129,12 +128,13 @@ def _corrupt_keeping_size(shard: Path) -> None:
     shard.write_bytes(bytes(b ^ 0xFF for b in data[:64]) + data[64:])
 
 
-def _worker(rank: int, port: int, workdir: str) -> None:
+def _worker(rank: int, workdir: str) -> None:
     """Both phases in the same 2 processes (a spawn costs ~10-40 s of imports on a busy box)."""
     import torch.distributed as dist
 
     logging.basicConfig(level=logging.WARNING, filename=f"{workdir}/rank{rank}.log")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    # a file store: a port picked beforehand could be taken before the ranks bind it
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/store", rank=rank, world_size=WORLD)
     first = _phase(rank, workdir, "train", "")
     Path(f"{workdir}/train.rank{rank}.json").write_text(json.dumps(first))
     dist.barrier()
@@ -152,12 +152,6 @@ def _worker(rank: int, port: int, workdir: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _records(workdir: Path, phase: str) -> list[dict]:
     return [json.loads((workdir / f"{phase}.rank{r}.json").read_text()) for r in range(WORLD)]
 
@@ -165,7 +159,7 @@ def _records(workdir: Path, phase: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dcp")
-    mp.spawn(_worker, args=(_free_port(), str(workdir)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(str(workdir),), nprocs=WORLD, join=True)
     return workdir, _records(workdir, "train")
 
 

@@ -13,7 +13,6 @@ bench/bench_offload_transfer.py's byte count and the preflight's host-memory pla
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -96,10 +95,11 @@ def _phase(rank: int, workdir: str, name: str, cpu_offload: bool, resume_run: st
     return record
 
 
-def _worker(rank: int, port: int, workdir: str) -> None:
+def _worker(rank: int, workdir: str) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    # a file store: a port picked beforehand could be taken before the ranks bind it
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/store", rank=rank, world_size=WORLD)
     for name, cpu_offload, resume_run, device, *kernel in PHASES:
         record = _phase(rank, workdir, name, cpu_offload, resume_run, device, *kernel)
         Path(f"{workdir}/{name}.rank{rank}.json").write_text(json.dumps(record))
@@ -110,10 +110,7 @@ def _worker(rank: int, port: int, workdir: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, list[dict]]:
     workdir = tmp_path_factory.mktemp("offload")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(workdir)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(str(workdir),), nprocs=WORLD, join=True)
     return {name: [json.loads((workdir / f"{name}.rank{r}.json").read_text()) for r in range(WORLD)]
             for name, *_ in PHASES}
 

@@ -97,8 +97,12 @@ def test_a_node_failing_the_gate_is_recorded_and_kept_out_of_the_next_attempt(ra
         good = _start_node(SimpleNamespace(gcs_address=gcs, client_env={"RAYTRAIN_NODE_NAME": "node-good"}),
                            tmp_path, "node-good", cpus=3)
         assert run.wait(timeout=600) == 0, (tmp_path / "gate.out").read_text()[-4000:]
-        # a draining raylet exits once idle: the bad node left the cluster by itself
-        bad_alive = next(n["Alive"] for n in ray_cluster.nodes() if n["NodeID"] == bad_id)
+        # a draining raylet exits once idle: the bad node leaves the cluster by itself (waited
+        # for: the GCS marks it dead a moment after the run's end; the bound only ends a hang)
+        deadline = time.monotonic() + 300
+        while (bad_alive := next(n["Alive"] for n in ray_cluster.nodes() if n["NodeID"] == bad_id)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
     finally:
         if run.poll() is None:
             run.kill()
@@ -135,6 +139,9 @@ def test_the_gates_report_lands_even_when_the_threaded_board_runs_it_before_the_
 
     board = watchdog._board_actor(ray_cluster.get_runtime_context().get_node_id(), f"gate-order-{os.getpid()}")
     try:
+        # the board and a task worker up first: the rank's wait for its registration is bounded
+        # (30 s, training/watchdog.py), and a loaded machine can take longer to start a worker
+        ray_cluster.get([board.__ray_ready__.remote(), later.remote({})], timeout=600)
         info = later.remote({"pid": 4242, "node_id": "n", "actor_id": "", "host": "h", "node": "node-x",
                              "stack_file": "", "start_step": None, "trace_prefix": ""})
         registered = board.begin.remote(1, info, time.time())

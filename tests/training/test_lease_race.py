@@ -26,6 +26,9 @@ from fixtures_s3 import s3_bucket, s3_server  # noqa: F401  (session fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_KEY = "LEASE.json"
+HOLD_BOUND_S = 300.0
+"""The longest a write is held for the other trainer's: only ends a hang (the test then fails:
+the interleaving it exists for did not happen)."""
 SECOND_WRITE_AFTER_S = 3.0
 """How long the gate waits for the first writer's next read before it lets the second write go
 (the new code does not read back after a won write)."""
@@ -69,9 +72,10 @@ class _Gate:
             self.waiting.add(who)
             self.log.append(f"write {who} held")
             self.cond.notify_all()
-            self.cond.wait_for(lambda: len(self.waiting) == 2, timeout=30)
+            # the bounds only end a hang: a trainer's start (imports) can take a minute on a loaded machine
+            self.cond.wait_for(lambda: len(self.waiting) == 2, timeout=HOLD_BOUND_S)
             if who == "b":
-                self.cond.wait_for(lambda: "a" in self.released, timeout=30)
+                self.cond.wait_for(lambda: "a" in self.released, timeout=HOLD_BOUND_S)
                 self.cond.wait_for(lambda: self.reads_after_a >= 1, timeout=SECOND_WRITE_AFTER_S)
             self.released.add(who)
             self.log.append(f"write {who} let through")
@@ -143,13 +147,16 @@ def test_of_two_trainers_racing_for_one_run_exactly_one_wins(s3_server, s3_bucke
             text=True, env={**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.server_address[1]}",
                             "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"})
             for name, proxy in proxies.items()]
-        outputs = [t.communicate(timeout=90)[0] for t in trainers]
+        outputs = [t.communicate(timeout=900)[0] for t in trainers]
     finally:
         for proxy in proxies.values():
             proxy.shutdown()
     print("gate:", gate.log)
     for output in outputs:
         print(output)
+    # the interleaving happened: both writes were held before either went through
+    through = next(i for i, line in enumerate(gate.log) if line.endswith("let through"))
+    assert {"write a held", "write b held"} <= set(gate.log[:through]), gate.log
     won = [o for o in outputs if o.strip().endswith("WON")]
     refused = [o for o in outputs if "REFUSED" in o]
     assert len(won) == 1 and len(refused) == 1, f"both trainers won the run: {outputs} (gate: {gate.log})"

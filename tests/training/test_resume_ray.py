@@ -357,26 +357,31 @@ def test_driver_sigterm_is_forwarded_to_workers(ray_cluster):
     from training.checkpointing import forward_driver_sigterm
 
     @ray.remote(num_cpus=0)
-    def worker_waits_for_stop(run_name: str) -> bool:
-        from training.checkpointing import signals
+    class Worker:
+        """A process of its own watching the flag, as a Ray Train worker does."""
 
-        signals.reset()
-        assert signals.watch_driver_flag(run_name)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if signals.stop_requested():
-                return True
-            time.sleep(0.05)
-        return False
+        def watch(self, run_name: str) -> bool:
+            from training.checkpointing import signals
+
+            signals.reset()
+            return signals.watch_driver_flag(run_name)
+
+        def stop_requested(self, wait_s: float) -> bool:
+            from training.checkpointing import signals
+
+            deadline = time.time() + wait_s  # only ends a hang: the stop ends the wait
+            while not signals.stop_requested() and time.time() < deadline:
+                time.sleep(0.05)
+            return signals.stop_requested()
 
     previous = signal.getsignal(signal.SIGTERM)
     try:
         flag = forward_driver_sigterm("forward-test", grace_seconds=30)
         ray.get(flag.__ray_ready__.remote())  # the named actor exists before a worker looks it up
-        waiting = worker_waits_for_stop.remote("forward-test")
-        time.sleep(1.0)
-        assert not ray.wait([waiting], timeout=0)[0]  # no stop before the signal
+        worker = Worker.remote()
+        assert ray.get(worker.watch.remote("forward-test"), timeout=600)  # watching, however slow its start
+        assert ray.get(worker.stop_requested.remote(0), timeout=600) is False  # no stop before the signal
         os.kill(os.getpid(), signal.SIGTERM)
-        assert ray.get(waiting, timeout=60) is True
+        assert ray.get(worker.stop_requested.remote(600), timeout=600) is True
     finally:
         signal.signal(signal.SIGTERM, previous)

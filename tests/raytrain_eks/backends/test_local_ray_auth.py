@@ -63,7 +63,7 @@ def test_local_head_requires_the_token_and_accepts_it(head):
     assert head.client_env["RAY_AUTH_MODE"] == "token" and len(head.client_env["RAY_AUTH_TOKEN"]) == 64
     # the job API refuses a request without the token (401), even from loopback
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(f"{head.dashboard_url}/api/jobs/", timeout=10)
+        urllib.request.urlopen(f"{head.dashboard_url}/api/jobs/", timeout=120)
     assert refused.value.code == 401
     # a client that does not know the token is refused, a client with it runs the job
     # (whose driver and workers reach the GCS with the token they inherit)

@@ -93,3 +93,29 @@ def test_a_reused_pid_is_not_signalled(machine):
     machine.on_read = reuse
     processes.stop_ray(TEMP, GCS, grace_s=0.3)
     assert 12 not in [pid for pid, _ in machine.signals] and machine.table[12].name == "bash"
+
+
+def test_a_record_naming_a_process_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    # given a record a poller reads while it is rewritten (a submit's local.json, read by
+    # `status` and a second submit; a warm head's FILE), a write that stops halfway leaves the
+    # previous record whole and no second file beside it; a new one is the owner's only
+    import json
+    import stat
+
+    path = tmp_path / "run" / "local.json"
+    processes.write_record(path, {"run": "r", "pid": 1})
+    assert json.loads(path.read_text()) == {"run": "r", "pid": 1}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+    def halfway(record, handle, **_):
+        handle.write('{"run": "r", "pi')
+        raise OSError("disk full")
+
+    monkeypatch.setattr(processes.json, "dump", halfway)
+    with pytest.raises(OSError, match="disk full"):
+        processes.write_record(path, {"run": "r", "pid": 2})
+    assert json.loads(path.read_text()) == {"run": "r", "pid": 1}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["local.json"]
+    monkeypatch.undo()
+    processes.write_record(path, {"run": "r"})
+    assert json.loads(path.read_text()) == {"run": "r"} and sorted(p.name for p in path.parent.iterdir()) == ["local.json"]

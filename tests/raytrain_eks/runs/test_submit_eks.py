@@ -452,7 +452,7 @@ def test_a_concurrent_submit_of_one_name_is_one_line(cluster, tmp_path, capfd):
     lock = tmp_path / "out" / ".submit.lock"
     lock.parent.mkdir(parents=True)
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_CREAT | "
-                               "os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
+                               "os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(3600)",
                                str(lock)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

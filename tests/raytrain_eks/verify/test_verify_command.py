@@ -108,7 +108,7 @@ def use_clients(monkeypatch, moto, *, eks=None, quotas=None, reservations=None):
 
 
 def run_verify(capsys, spec: Path, chart_url: str) -> tuple[int, list[str], str]:
-    rc = main(["verify", "--env", str(spec), "--helm-repo-mirror", chart_url, "--timeout", "10"])
+    rc = main(["verify", "--env", str(spec), "--helm-repo-mirror", chart_url, "--timeout", "60"])  # per request: a bound on a hang
     out, err = capsys.readouterr()
     return rc, out.splitlines(), err
 
