@@ -39,8 +39,10 @@ could end between two pushes. The progress watchdog's floor (60 s, training/watc
 hang would add an incident to runs whose record must hold none (or one, the injected fault);
 tests/e2e/test_chaos.py, whose injected hang must be declared, sets the production floor itself.
 Also given to the tests' local heads (the environment of their
-``submit --local``, ``make demo`` and ``ray_head``: the head's processes inherit it, and the
-driver forwards it to Ray Train's controller, training/launch.py ``FORWARDED_ENV_PREFIXES``)."""
+``submit --local``, ``make demo`` and ``ray_head``: the head's processes inherit it, the job's
+driver (where the watchdog reads its floor) among them, and the driver forwards what
+training/launch.py ``FORWARDED_ENV_PREFIXES`` names, the health-check interval included, to Ray
+Train's controller and workers)."""
 
 
 def agree_on_authentication() -> bool:

@@ -59,11 +59,14 @@ KEPT = ("run", "submission_id", "ray_temp_dir", "storage_endpoint", "warm_head")
 
 
 def unregister(out_dir: Path) -> None:
-    """The submit has ended: ``local.json`` keeps :data:`KEPT` only."""
+    """The submit has ended: ``local.json`` keeps :data:`KEPT` only, and no partial copy of it
+    (one a killed write left, token included) stays beside it."""
     path = out_dir / LIVE
     if path.is_file():
         live = json.loads(path.read_text(encoding="utf-8"))
         write_record(path, {k: live[k] for k in KEPT if k in live})
+    for partial in out_dir.glob(f".{LIVE}.*"):
+        partial.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -109,11 +109,12 @@ def test_stop_job_keeps_the_final_checkpoint_and_the_run_resumes_from_it(head_an
     client = job_client(head.dashboard_url, head.client_env)
     run = "stop-test"
     # No periodic checkpoint and no evaluation: the only checkpoint is the one the stop asks for.
-    # The grace (the supervisor's wait before its SIGKILL: 30 + 30 s with local.toml's) is long,
-    # so a loaded machine's slow step plus the held upload ends within it; the premise below
-    # (Ray's default 3 s could not have stored it) does not depend on it.
+    # The grace is 300 s (the supervisor waits it + 30 s before its SIGKILL; local.toml's 30 s
+    # gave 60 s), so a loaded machine's slow step plus the slowed upload ends within it; the
+    # run's own time limit (the RayJob's deadline less that wait) stays far beyond the test's
+    # waits. The premise below (Ray's default 3 s could not have stored it) does not depend on it.
     first = _manifests(tmp_path / "first", run, ["train.max_steps=100000", "checkpoint.every_n_steps=0",
-                                                 "eval.every_n_steps=0", "checkpoint.sigterm_grace_seconds=600"])
+                                                 "eval.every_n_steps=0", "checkpoint.sigterm_grace_seconds=300"])
     upload_if_missing(s3, first.code_path, first.code_uri, create_bucket=True)
     with store.slowed(STORE_BYTES_PER_S):
         _submit(head, first, "stop-test-1")

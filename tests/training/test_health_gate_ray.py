@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from ray_session import TEST_ENV
 from test_elastic_spot_ray import _kill_node, _notes, _start_node, _wait
 
 from training import verdict
@@ -86,7 +87,7 @@ def test_a_node_failing_the_gate_is_recorded_and_kept_out_of_the_next_attempt(ra
     job.write_text(JOB.format(storage=tmp_path / "store"))
     run_dir = tmp_path / "store" / "gate"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAYTRAIN_")}
-    env.update(RAY_ADDRESS=gcs, RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="240",
+    env.update(RAYTRAIN_HANG_FLOOR_S=TEST_ENV["RAYTRAIN_HANG_FLOOR_S"], RAY_ADDRESS=gcs, RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="240",
                RAYTRAIN_CHECKPOINT_LOCAL_DIR=str(tmp_path / "scratch"))
     began = time.time()
     run = subprocess.Popen([sys.executable, "-m", "training", "--config", str(job)], cwd=ROOT, env=env,

@@ -80,6 +80,12 @@ def test_a_lora_run_resumes_bit_identically_after_a_fault_and_both_exports_load(
     checkpoint = f"{store}/a/local/checkpoint_00000005"
     resumed = _run(wd, tmp_path, "a", store, resume=checkpoint)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # it went on from step 5, the checkpoint named: the step-10 one (too small for the store to
+    # hold) may have been complete before the kill, and a restore taking it would redo nothing
+    from training.incidents import NOTE_START, read_notes
+
+    starts = [n for n in read_notes(f"{store}/a/local") if n.get("note") == NOTE_START]
+    assert [n["resumed_from_step"] for n in starts] == [0, 5], starts
     clean = _run(wd, tmp_path, "b", store)
     assert clean.returncode == 0, clean.stderr[-3000:]
     first, second = (json.loads(p.stdout.strip().splitlines()[-1]) for p in (resumed, clean))

@@ -119,3 +119,19 @@ def test_a_record_naming_a_process_is_written_whole_or_not_at_all(tmp_path, monk
     monkeypatch.undo()
     processes.write_record(path, {"run": "r"})
     assert json.loads(path.read_text()) == {"run": "r"} and sorted(p.name for p in path.parent.iterdir()) == ["local.json"]
+
+
+def test_a_finished_submits_record_keeps_no_token_not_even_in_a_killed_writes_copy(tmp_path):
+    # given a submit killed once while rewriting its local.json (its partial copy holds the
+    # head's token), the record of the ended run keeps only what names the run, and no copy
+    import json
+
+    from raytrain_eks.backends.local import KEPT, LIVE, register, unregister
+
+    register(tmp_path, run="r", submission_id="s", dashboard_url="http://127.0.0.1:1",
+             auth_env={"RAY_AUTH_TOKEN": "secret"}, services={"ray_temp_dir": "/tmp/x"})
+    (tmp_path / f".{LIVE}.4242").write_text('{"auth_env": {"RAY_AUTH_TOKEN": "secret"')
+    unregister(tmp_path)
+    kept = json.loads((tmp_path / LIVE).read_text())
+    assert set(kept) <= set(KEPT) and kept["run"] == "r" and "secret" not in (tmp_path / LIVE).read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LIVE]
