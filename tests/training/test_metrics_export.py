@@ -192,13 +192,12 @@ def _mismatches(snapshots: list[dict], rows: list[dict], timings: list[tuple[flo
     export splits a step). A gauge lagging at the end is caught by :func:`_final_and_logged`."""
     train = {r["step"]: r for r in rows if r["kind"] == "train"}
     evals = [r["eval_loss"] for r in rows if r["kind"] == "eval"]
-    shown: dict[str, list[int | None]] = {}
-    for snapshot in snapshots:
-        for rank in snapshot:
-            shown.setdefault(rank, [])
-        for rank, steps in shown.items():
-            series = snapshot.get(rank, {})
-            steps.append(int(series[contract.METRIC_STEP].value) if contract.METRIC_STEP in series else None)
+    # per rank, the step each scrape showed (None: not there, or its step not); a rank can
+    # first appear in a later scrape than the other
+    ranks = {rank for snapshot in snapshots for rank in snapshot}
+    shown = {rank: [int(snapshot[rank][contract.METRIC_STEP].value)
+                    if contract.METRIC_STEP in snapshot.get(rank, {}) else None for snapshot in snapshots]
+             for rank in ranks}
     wrong = []
     for i, snapshot in enumerate(snapshots):
         for rank, series in snapshot.items():
@@ -256,6 +255,10 @@ def test_a_partial_or_mixed_scrape_is_told_from_a_gauge_that_lags():
 
     partial = {contract.METRIC_STEP: 2, contract.METRIC_LR: at[2][contract.METRIC_LR]}
     assert _mismatches(scrapes(partial), rows, []) == []
+    # a rank that first appears in a later scrape (CI met it: the check indexed past its list)
+    only_eval = {"0": {contract.METRIC_EVAL_LOSS: Series({}, 6.0)}}
+    assert _mismatches([only_eval, *scrapes(at[2], at[3])], rows, []) == []
+    assert len(_mismatches([only_eval, *scrapes(at[2], loss_of(7, 3), at[4])], rows, [])) == 1
     assert _mismatches(scrapes(at[2], at[3], at[5]), rows, []) == []
     assert _mismatches(scrapes(at[2], loss_of(4, 3), at[4]), rows, []) == []  # an export split step 4
     assert _mismatches(scrapes(at[2], loss_of(6, 3), at[6]), rows, []) == []  # two exports, three steps
