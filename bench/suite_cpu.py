@@ -5,19 +5,24 @@ worker runs, and the costly tests start processes that outlive the call into dae
 daemonizes; moto and the warm head run in sessions of their own), which no ``resource.getrusage``
 of the worker counts. A cgroup does: every process forked from a member stays a member however
 it re-parents. So each pytest-xdist worker moves itself into a cgroup of its own at start
-(``pytest_configure``), and each test's CPU is the cgroup's counter after it minus before it
-(cgroup v1 ``cpuacct.usage``, nanoseconds; cgroup v2 ``cpu.stat`` ``usage_usec``). A session
-fixture's start lands on the first test that takes it, its idle burn on the tests that follow on
-that worker: both are real costs of the suite.
+(``pytest_configure``; a child of the cgroup it runs in), and each test's CPU is the cgroup's
+counter after it minus before it (cgroup v1 ``cpuacct.usage``, nanoseconds; cgroup v2 ``cpu.stat``
+``usage_usec``). A session fixture's start lands on the first test that takes it, its idle burn on
+the tests that follow on that worker. What no test's row holds (collection, the waits between
+units, a daemon's burn after the worker's last test) is in the worker's total, read as its run ends.
 
-Run from the repository root (root, or any user who may create cgroups):
+Run from the repository root, as root or in a cgroup delegated to you (one you may create
+children in and move your processes between):
 
     python bench/suite_cpu.py [pytest args...]     # default: the tiers of `make test`
 
-It runs pytest as ``make test`` does (2 workers, ``--dist loadgroup``, ``-m "not cluster"``)
-with this module as a plugin, then prints one JSON line: CPU-seconds and wall per tier and the
-25 costliest modules, and the machine's capacity used (sum of CPU over workers x wall). Measured,
-never asserted.
+It runs pytest as ``make test`` does (the venv's bin/ first on PATH, ``TEST_WORKERS`` workers,
+default 2, ``--dist loadgroup``, ``-m "not cluster"``) with this module as a plugin, then prints
+one JSON line: CPU-seconds and wall per tier, the 25 costliest modules, the workers' totals, and
+the capacity used (the workers' total CPU over the machine's cores x pytest's wall); a worker's
+cgroup still holding processes at the end (a daemon nobody stopped) is named with their count.
+The plugin alone, under ``make test``: ``BENCH_SUITE_CPU_OUT=<dir> PYTHONPATH=bench make test
+PYTEST_ARGS="-p suite_cpu"``, one ``<cgroup>.jsonl`` per worker in <dir>. Measured, never asserted.
 """
 from __future__ import annotations
 
@@ -41,29 +46,50 @@ TIERS = ("unit", "subprocess", "synth", "ray", "cluster")
 _state: dict = {}
 
 
+def _own_cgroup(root: Path, controller: str | None) -> Path:
+    """The cgroup this process runs in under ``root`` (``/proc/self/cgroup``: v1 by its
+    controller's line, v2 the ``0::`` line)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        number, controllers, path = line.split(":", 2)
+        if (controller in controllers.split(",")) if controller else number == "0":
+            return root / path.lstrip("/")
+    return root
+
+
 def _cgroup_counter() -> tuple[Path, Callable[[Path], float]]:
-    """A fresh cgroup for this process, and a reader of its CPU-seconds (v1 cpuacct, else v2)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    name = f"suite-cpu-{os.getppid()}-{worker}"
-    for root, read in ((Path("/sys/fs/cgroup/cpuacct"), lambda d: int((d / "cpuacct.usage").read_text()) / 1e9),
-                       (Path("/sys/fs/cgroup"), lambda d: int(dict(line.split() for line in
-                                                                   (d / "cpu.stat").read_text().splitlines())
-                                                              ["usage_usec"]) / 1e6)):
+    """A fresh cgroup for this process, a child of its own, and a reader of its CPU-seconds
+    (v1 cpuacct, else v2)."""
+    name = f"suite-cpu-{os.getppid()}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    for root, controller, read in (
+            (Path("/sys/fs/cgroup/cpuacct"), "cpuacct", lambda d: int((d / "cpuacct.usage").read_text()) / 1e9),
+            (Path("/sys/fs/cgroup"), None,
+             lambda d: int(dict(line.split() for line in (d / "cpu.stat").read_text().splitlines())["usage_usec"]) / 1e6)):
         if not (root / "cgroup.procs").is_file():
             continue
-        group = root / name
-        group.mkdir(exist_ok=True)
-        (group / "cgroup.procs").write_text(str(os.getpid()))
+        group = _own_cgroup(root, controller) / name
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError as err:
+            raise pytest.UsageError(f"suite_cpu: cannot make {group} this worker's cgroup ({err.strerror}): run it "
+                                    "as root or in a cgroup delegated to you") from None
         return group, read
-    raise SystemExit("suite_cpu: no writable cgroup (v1 /sys/fs/cgroup/cpuacct or v2 /sys/fs/cgroup): "
-                     "run it where you may create cgroups")
+    raise pytest.UsageError("suite_cpu: no cgroup file system (v1 /sys/fs/cgroup/cpuacct or v2 /sys/fs/cgroup)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not os.environ.get(OUT_ENV) or os.environ.get("PYTEST_XDIST_WORKER") is None and config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
+    in_controller = "PYTEST_XDIST_WORKER" not in os.environ and bool(getattr(config.option, "numprocesses", None))
+    if not os.environ.get(OUT_ENV) or in_controller:
         return  # the xdist controller runs no test: only its workers count
     group, read = _cgroup_counter()
     _state.update(group=group, read=read, out=open(Path(os.environ[OUT_ENV]) / f"{group.name}.jsonl", "a"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The worker's total: its tests, collection and waits, and what its daemons burnt so far."""
+    if "read" in _state:
+        _state["out"].write(json.dumps({"cgroup": str(_state["group"]), "worker_cpu_s": round(_state["read"](_state["group"]), 2)}) + "\n")
+        _state["out"].close()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -81,16 +107,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
 
 
 def report(rows: list[dict], wall_s: float, workers: int) -> dict:
+    """Tests' rows summed by tier and module; the workers' totals (their ``worker_cpu_s`` rows)
+    against the machine's capacity over ``wall_s``."""
+    tests = [row for row in rows if "test" in row]
+    totals = [row["worker_cpu_s"] for row in rows if "worker_cpu_s" in row]
     by_tier, by_module = collections.defaultdict(lambda: [0, 0.0, 0.0]), collections.defaultdict(lambda: [0, 0.0, 0.0])
-    for row in rows:
+    for row in tests:
         for table, key in ((by_tier, row["tier"]), (by_module, row["test"].split("::")[0])):
             table[key][0] += 1
             table[key][1] += row["cpu_s"]
             table[key][2] += row["wall_s"]
-    cpu = sum(r["cpu_s"] for r in rows)
     shape = lambda n, c, w: {"tests": n, "cpu_s": round(c, 1), "worker_wall_s": round(w, 1)}
-    return {"name": "suite_cpu", "pytest_wall_s": round(wall_s, 1), "workers": workers, "cpu_s": round(cpu, 1),
-            "capacity_used": round(cpu / (os.cpu_count() * wall_s), 3) if wall_s else None,
+    return {"name": "suite_cpu", "pytest_wall_s": round(wall_s, 1), "workers": workers,
+            "tests_cpu_s": round(sum(row["cpu_s"] for row in tests), 1), "workers_cpu_s": round(sum(totals), 1),
+            "capacity_used": round(sum(totals) / (os.cpu_count() * wall_s), 3) if wall_s and totals else None,
             "by_tier": {t: shape(*v) for t, v in sorted(by_tier.items(), key=lambda kv: -kv[1][1])},
             "costliest_modules": {m: shape(*v) for m, v in sorted(by_module.items(), key=lambda kv: -kv[1][1])[:25]}}
 
@@ -100,21 +130,23 @@ def main(args: list[str]) -> None:
     out = Path(tempfile.mkdtemp(prefix="suite-cpu-"))
     command = [sys.executable, "-m", "pytest", "-p", "suite_cpu", "-q",
                *(["-n", str(workers), "--dist", "loadgroup"] if workers else []), *(args or ["-m", "not cluster"])]
+    env = {**os.environ, OUT_ENV: str(out), "PYTHONDONTWRITEBYTECODE": "",
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),  # as the Makefile's
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
-    path = os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))  # the plugin, in every worker
-    proc = subprocess.run(command, cwd=ROOT, env={**os.environ, OUT_ENV: str(out), "PYTHONDONTWRITEBYTECODE": "",
-                                                  "PYTHONPATH": path})
+    proc = subprocess.run(command, cwd=ROOT, env=env)
     wall = time.perf_counter() - start
-    rows = []
+    rows, left = [], {}
     for written in out.glob("*.jsonl"):
         rows += [json.loads(line) for line in written.read_text().splitlines() if line]
-        for root in (Path("/sys/fs/cgroup/cpuacct"), Path("/sys/fs/cgroup")):
-            with contextlib.suppress(OSError):  # removable once its processes ended; a daemon left running keeps it
-                (root / written.stem).rmdir()
+    for group in (Path(row["cgroup"]) for row in rows if "cgroup" in row):
+        try:
+            group.rmdir()
+        except OSError:  # still holding a process: a daemon the run left
+            left[str(group)] = len((group / "cgroup.procs").read_text().split())
     result = report(rows, wall, workers)
-    result["exit_code"] = proc.returncode
+    result.update(exit_code=proc.returncode, cgroups_left_holding_processes=left)
     print(json.dumps(result))
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])

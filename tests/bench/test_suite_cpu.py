@@ -14,19 +14,23 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 BURN = """
-import os, subprocess, sys, time
+import json, os, resource, subprocess, sys, time
 
 def test_starts_a_daemon_that_burns_a_second():
-    # a grandchild re-parented away from the test (the middle process exits at once), as `ray start` daemonizes
-    subprocess.run([sys.executable, "-c", "import os, subprocess, sys; subprocess.Popen([sys.executable, '-c', "
-                    "'import time; t = time.process_time()\\\\nwhile time.process_time() - t < 1.0: pass'], "
-                    "start_new_session=True); os._exit(0)"], check=True)
+    # a grandchild re-parented away from the test (the middle process exits at once), as `ray start`
+    # daemonizes: it burns one CPU-second, then writes DONE
+    own = lambda: sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+    before = own()
+    done = os.environ["DONE"]
+    code = ("import os, time\\nt = time.process_time()\\nwhile time.process_time() - t < 1.0: pass\\n"
+            f"open({done!r}, 'w').close()")
+    subprocess.run([sys.executable, "-c", "import subprocess, sys, os; "
+                    f"subprocess.Popen([sys.executable, '-c', {code!r}], start_new_session=True); os._exit(0)"], check=True)
     deadline = time.time() + 600  # ends a hang only: the daemon burns a fixed second of CPU
-    while time.time() < deadline and b"process_time" in subprocess.run(["ps", "-eo", "args"], capture_output=True).stdout:
-        time.sleep(0.05)
-
-def test_idles():
-    time.sleep(0.2)
+    while not os.path.exists(done) and time.time() < deadline:
+        time.sleep(0.1)
+    with open(os.environ["OWN"], "w") as f:  # what getrusage sees: the test's process and its waited-for child
+        json.dump(own() - before, f)
 """
 
 
@@ -36,19 +40,23 @@ def _cgroups_writable() -> bool:
 
 
 @pytest.mark.skipif(not _cgroups_writable(), reason="creating a cgroup needs root or a delegated cgroup")
-def test_a_daemonized_process_is_counted_for_the_test_that_started_it(tmp_path):
+@pytest.mark.parametrize("workers", ["0", "2"])  # in the one process, and in a pytest-xdist worker
+def test_a_daemonized_process_is_counted_for_the_test_that_started_it(tmp_path, workers):
     target = tmp_path / "test_target.py"
     target.write_text(BURN)
+    done, own = tmp_path / "done", tmp_path / "own.json"
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "suite_cpu.py"), str(target), "-p", "no:cacheprovider",
                           "--rootdir", str(tmp_path), "-c", os.devnull],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "TEST_WORKERS": "0"})
+                         cwd=ROOT, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "TEST_WORKERS": workers, "DONE": str(done), "OWN": str(own)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["exit_code"] == 0
-    modules = result["costliest_modules"]
-    [burner] = [m for m in modules if m.endswith("test_target.py")]
-    # the daemon's second of CPU, which no getrusage of the test's process would hold
-    assert modules[burner]["cpu_s"] >= 1.0 and modules[burner]["tests"] == 2, result
+    assert result["exit_code"] == 0 and result["cgroups_left_holding_processes"] == {}, result
+    [(name, burner)] = result["costliest_modules"].items()
+    assert name.endswith("test_target.py") and burner["tests"] == 1, result
+    # the daemon's second of CPU, beyond all that the test's own getrusage holds
+    assert done.exists() and burner["cpu_s"] - json.loads(own.read_text()) >= 1.0, result
+    assert result["workers_cpu_s"] >= burner["cpu_s"]  # the workers' totals hold their tests and more
 
 
 def test_the_report_sums_by_tier_and_module():
@@ -56,10 +64,12 @@ def test_the_report_sums_by_tier_and_module():
 
     rows = [{"test": "tests/a.py::t1", "tier": "ray", "cpu_s": 10.0, "wall_s": 6.0},
             {"test": "tests/a.py::t2", "tier": "unit", "cpu_s": 0.5, "wall_s": 0.5},
-            {"test": "tests/b.py::t", "tier": "ray", "cpu_s": 3.0, "wall_s": 4.0}]
+            {"test": "tests/b.py::t", "tier": "ray", "cpu_s": 3.0, "wall_s": 4.0},
+            {"cgroup": "/sys/fs/cgroup/cpuacct/suite-cpu-1-gw0", "worker_cpu_s": 9.0},
+            {"cgroup": "/sys/fs/cgroup/cpuacct/suite-cpu-1-gw1", "worker_cpu_s": 7.0}]
     got = report(rows, wall_s=10.0, workers=2)
-    assert got["cpu_s"] == 13.5
+    assert (got["tests_cpu_s"], got["workers_cpu_s"]) == (13.5, 16.0)
     assert got["by_tier"] == {"ray": {"tests": 2, "cpu_s": 13.0, "worker_wall_s": 10.0},
                               "unit": {"tests": 1, "cpu_s": 0.5, "worker_wall_s": 0.5}}
     assert list(got["costliest_modules"]) == ["tests/a.py", "tests/b.py"]
-    assert got["capacity_used"] == round(13.5 / (os.cpu_count() * 10.0), 3)
+    assert got["capacity_used"] == round(16.0 / (os.cpu_count() * 10.0), 3)
