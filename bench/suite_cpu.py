@@ -125,6 +125,27 @@ def report(rows: list[dict], wall_s: float, workers: int) -> dict:
             "costliest_modules": {m: shape(*v) for m, v in sorted(by_module.items(), key=lambda kv: -kv[1][1])[:25]}}
 
 
+def remove_cgroup(group: Path, patience_s: float = 60.0) -> int | None:
+    """Remove a worker's cgroup once it is empty; None when removed, else how many processes it
+    still holds after ``patience_s``: a daemon the run left. The patience is for the worker itself:
+    pytest-xdist's controller returns without waiting for its workers' processes to exit, so a
+    worker may still be tearing down when the run ends (CI met it: the first rmdir refused, and
+    the process was gone a moment later)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            group.rmdir()
+            return None
+        except FileNotFoundError:
+            return None
+        except OSError:  # EBUSY: a process is still in it
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(FileNotFoundError):
+                    return len((group / "cgroup.procs").read_text().split())
+                return None
+            time.sleep(0.2)
+
+
 def main(args: list[str]) -> None:
     workers = int(os.environ.get("TEST_WORKERS", "2"))
     out = Path(tempfile.mkdtemp(prefix="suite-cpu-"))
@@ -140,10 +161,8 @@ def main(args: list[str]) -> None:
     for written in out.glob("*.jsonl"):
         rows += [json.loads(line) for line in written.read_text().splitlines() if line]
     for group in (Path(row["cgroup"]) for row in rows if "cgroup" in row):
-        try:
-            group.rmdir()
-        except OSError:  # still holding a process: a daemon the run left
-            left[str(group)] = len((group / "cgroup.procs").read_text().split())
+        if (held := remove_cgroup(group)) is not None:
+            left[str(group)] = held
     result = report(rows, wall, workers)
     result.update(exit_code=proc.returncode, cgroups_left_holding_processes=left)
     print(json.dumps(result))

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,35 @@ def test_the_report_sums_by_tier_and_module():
                               "unit": {"tests": 1, "cpu_s": 0.5, "worker_wall_s": 0.5}}
     assert list(got["costliest_modules"]) == ["tests/a.py", "tests/b.py"]
     assert got["capacity_used"] == round(16.0 / (os.cpu_count() * 10.0), 3)
+
+
+def test_a_worker_still_exiting_is_waited_for_and_a_daemon_left_is_named():
+    """CI met the race: pytest-xdist's controller returned while a worker was still exiting, the
+    first rmdir of its cgroup was refused, and the cgroup was reported as left with no process."""
+    if not _cgroups_writable():
+        pytest.skip("this process may not make a cgroup of its own (needs root or a delegated cgroup)")
+    from suite_cpu import _own_cgroup, remove_cgroup
+
+    root = Path("/sys/fs/cgroup/cpuacct")
+    root, controller = (root, "cpuacct") if (root / "cgroup.procs").is_file() else (Path("/sys/fs/cgroup"), None)
+    groups, children = [], []
+    try:
+        for name, lifetime in (("exiting", "1.0"), ("daemon", "600")):  # 600 s: the test kills it
+            group = _own_cgroup(root, controller) / f"suite-cpu-test-{os.getpid()}-{name}"
+            group.mkdir()
+            groups.append(group)
+            child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({lifetime})"])
+            children.append(child)
+            (group / "cgroup.procs").write_text(str(child.pid))
+        # reap the exiting child as soon as it ends, as the worker's parent would
+        reaper = threading.Thread(target=children[0].wait)
+        reaper.start()
+        assert remove_cgroup(groups[0]) is None and not groups[0].exists()  # waited for, not reported
+        assert remove_cgroup(groups[1], patience_s=0.5) == 1 and groups[1].exists()
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+        for group in groups:
+            if group.exists():
+                remove_cgroup(group)
