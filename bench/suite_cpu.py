@@ -20,14 +20,14 @@ It runs pytest as ``make test`` does (the venv's bin/ first on PATH, ``TEST_WORK
 default 2, ``--dist loadgroup``, ``-m "not cluster"``) with this module as a plugin, then prints
 one JSON line: CPU-seconds and wall per tier, the 25 costliest modules, the workers' totals, and
 the capacity used (the workers' total CPU over the machine's cores x pytest's wall); a worker's
-cgroup still holding processes at the end (a daemon nobody stopped) is named with their count.
+cgroup still holding processes at the end (a daemon nobody stopped) is named with them, pid, state
+and name; one the kernel would not remove though no process names it is listed apart.
 The plugin alone, under ``make test``: ``BENCH_SUITE_CPU_OUT=<dir> PYTHONPATH=bench make test
 PYTEST_ARGS="-p suite_cpu"``, one ``<cgroup>.jsonl`` per worker in <dir>. Measured, never asserted.
 """
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import os
 import subprocess
@@ -125,12 +125,38 @@ def report(rows: list[dict], wall_s: float, workers: int) -> dict:
             "costliest_modules": {m: shape(*v) for m, v in sorted(by_module.items(), key=lambda kv: -kv[1][1])[:25]}}
 
 
-def remove_cgroup(group: Path, patience_s: float = 60.0) -> int | None:
-    """Remove a worker's cgroup once it is empty; None when removed, else how many processes it
-    still holds after ``patience_s``: a daemon the run left. The patience is for the worker itself:
+def cgroup_members(group: Path) -> list[str]:
+    """``"<pid> <state> <name>"`` of every process whose ``/proc/<pid>/cgroup`` names ``group``:
+    also one still exiting, which ``cgroup.procs`` no longer lists but which keeps the cgroup
+    populated until it has left it."""
+    v1 = Path("/sys/fs/cgroup/cpuacct")
+    root, controller = (v1, "cpuacct") if group.is_relative_to(v1) else (Path("/sys/fs/cgroup"), None)
+    path = "/" + str(group.relative_to(root))
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            lines = (proc / "cgroup").read_text().splitlines()
+            stat = (proc / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        for line in lines:
+            number, controllers, member_of = line.split(":", 2)
+            named = (controller in controllers.split(",")) if controller else number == "0"
+            state = stat[stat.rindex(")") + 2]
+            if named and member_of == path and state not in "ZX":  # a zombie has left; it only names it still
+                found.append(f"{proc.name} {state} {stat[stat.index('(') + 1:stat.rindex(')')]}")
+    return found
+
+
+def remove_cgroup(group: Path, patience_s: float = 30.0) -> list[str] | None:
+    """Remove a worker's cgroup once it is empty: None when removed (or already gone), else what
+    still holds it after ``patience_s`` (:func:`cgroup_members`; an empty list when the kernel
+    still counts a process that ``/proc`` no longer shows). The patience is for the worker itself:
     pytest-xdist's controller returns without waiting for its workers' processes to exit, so a
-    worker may still be tearing down when the run ends (CI met it: the first rmdir refused, and
-    the process was gone a moment later)."""
+    worker may still be tearing down when the run ends (CI met it: the first rmdir was refused and
+    the cgroup listed no process)."""
     deadline = time.monotonic() + patience_s
     while True:
         try:
@@ -140,9 +166,7 @@ def remove_cgroup(group: Path, patience_s: float = 60.0) -> int | None:
             return None
         except OSError:  # EBUSY: a process is still in it
             if time.monotonic() >= deadline:
-                with contextlib.suppress(FileNotFoundError):
-                    return len((group / "cgroup.procs").read_text().split())
-                return None
+                return cgroup_members(group)
             time.sleep(0.2)
 
 
@@ -157,14 +181,17 @@ def main(args: list[str]) -> None:
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=ROOT, env=env)
     wall = time.perf_counter() - start
-    rows, left = [], {}
+    rows, left, unremoved = [], {}, []
     for written in out.glob("*.jsonl"):
         rows += [json.loads(line) for line in written.read_text().splitlines() if line]
     for group in (Path(row["cgroup"]) for row in rows if "cgroup" in row):
-        if (held := remove_cgroup(group)) is not None:
-            left[str(group)] = held
+        held = remove_cgroup(group)
+        if held:
+            left[str(group)] = held  # a daemon the run left
+        elif held is not None:
+            unremoved.append(str(group))  # refused with no process to name; left for the kernel
     result = report(rows, wall, workers)
-    result.update(exit_code=proc.returncode, cgroups_left_holding_processes=left)
+    result.update(exit_code=proc.returncode, cgroups_left_holding_processes=left, cgroups_not_removed=unremoved)
     print(json.dumps(result))
 
 if __name__ == "__main__":
