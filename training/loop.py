@@ -6,10 +6,10 @@ token count is all-reduced once per step, and backward runs on ``sum * world / g
 (FSDP averages gradients over ranks). So the numbers do not depend on how the global batch is
 split over ranks and micro batches: 2 ranks give the losses of one process with the same batch.
 
-One step's forward/backward is :func:`forward_backward`; :class:`LogWindow` turns steps into
-figures. A step reads no device value on the host: its loss, token count and gradient norm stay
-tensors until :class:`LogWindow` closes at a log step, where ONE synchronisation turns every
-pending step into numbers (a ``.item()`` per step would stall the GPU queue each step).
+One step's forward/backward is :func:`forward_backward`; :class:`training.metrics.LogWindow`
+turns steps into figures. A step reads no device value on the host: its loss, token count and
+gradient norm stay tensors until the window closes at a log step, where ONE synchronisation turns
+every pending step into numbers (a ``.item()`` per step would stall the GPU queue each step).
 
 The loop knows nothing of Ray beyond :class:`WorkerContext`; tests and benchmarks run
 :func:`train` in plain processes (``local_context``) with the same code.
@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -31,6 +29,7 @@ from training.config import JobConfig, job_config_from_dict
 from training.metric_sinks import open_metrics
 from training import model as forward_fns
 from training.model import build_model, export_config
+from training.model_transforms.lora import lora_base_problem
 from training.objectives import Objective, sft
 from training.parallel import begin_micro_batch, build_mesh, end_accumulation, parallelize
 from training.data.tokenizer import chat_format
@@ -61,73 +60,6 @@ def forward_backward(model: torch.nn.Module, micro: list[dict[str, torch.Tensor]
     sums = torch.cat([totals[:1], torch.tensor([local_units], dtype=torch.float64, device=device), totals[1:]])
     dist.all_reduce(sums)
     return sums
-
-
-class LogWindow:
-    """The steps between two log steps: their pending device values and their wall time.
-
-    Two rates per window, under one definition (:mod:`training.contract`): wall-clock
-    (``tokens_per_s``, ``mfu`` over ``step_time_s``): the window's wall time per step, checkpoint,
-    evaluation and report work included; compute-only (``compute_tokens_per_s``,
-    ``compute_mfu`` over ``compute_s``): minus the time booked in :meth:`overhead`. Both ends of
-    a window are synchronised with the device, so queued GPU work is never counted in the wrong
-    window.
-    """
-
-    def __init__(self, throughput: Any, *, on_gpu: bool, objective: Objective | None = None):
-        self.throughput, self.on_gpu = throughput, on_gpu
-        self.objective = objective or sft.SFT(forward_fns)
-        self.pending: list[tuple[dict[str, Any], torch.Tensor, Any]] = []
-        self.overhead_s = 0.0
-        self.started = time.perf_counter()
-        self.last_step_s: float | None = None
-
-    def _sync(self) -> None:
-        if self.on_gpu:
-            torch.cuda.synchronize()
-
-    def add(self, entry: dict[str, Any], sums: torch.Tensor, grad_norm: Any) -> None:
-        """A finished step: ``entry`` has the host-side fields; the rest is resolved at :meth:`close`."""
-        self.pending.append((entry, sums.detach(), grad_norm))
-
-    @contextmanager
-    def overhead(self, due: bool = True) -> Iterator[None]:
-        """Time non-step work; when ``due`` (work will happen), the device is drained first so
-        the step's queued compute is not booked as overhead."""
-        if not due:
-            yield
-            return
-        self._sync()
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.overhead_s += time.perf_counter() - began
-
-    def close(self, peak_memory_gib: float | None = None) -> list[dict[str, Any]]:
-        """Synchronise once, resolve every pending step, put the window's figures on the last
-        row; returns the rows (oldest first) and starts the next window."""
-        self._sync()
-        now = time.perf_counter()
-        wall = now - self.started
-        rows: list[dict[str, Any]] = []
-        if self.pending:
-            sums = torch.stack([s for _, s, _ in self.pending]).cpu().tolist()  # the one host read
-            norms = [float(n.full_tensor() if hasattr(n, "full_tensor") else n) for _, _, n in self.pending]
-            for (entry, _, _), step_sums, norm in zip(self.pending, sums, norms):
-                rows.append({**entry, **self.objective.figures(step_sums), contract.GRAD_NORM: norm})
-            steps = len(rows)
-            compute = max(wall - self.overhead_s, 1e-9)
-            self.last_step_s = wall / steps
-            compute_figures = self.throughput.figures(compute / steps)
-            rows[-1].update(self.throughput.figures(wall / steps))
-            rows[-1].update({contract.STEP_TIME_S: wall / steps, contract.COMPUTE_S: compute / steps,
-                             contract.COMPUTE_TOKENS_PER_S: compute_figures[contract.TOKENS_PER_S],
-                             contract.COMPUTE_MFU: compute_figures[contract.MFU],
-                             contract.WINDOW_S: wall, contract.OVERHEAD_S: self.overhead_s,
-                             contract.PEAK_MEMORY_GIB: peak_memory_gib, contract.WALL_TIME: time.time()})
-        self.pending, self.overhead_s, self.started = [], 0.0, now
-        return rows
 
 
 @dataclass(kw_only=True)
@@ -348,7 +280,7 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         trainer.extra["benchmarks_before"] = bench_before
     model.train()
     stopped = False
-    window = LogWindow(throughput, on_gpu=on_gpu, objective=objective)
+    window = metrics.LogWindow(throughput, on_gpu=on_gpu, objective=objective)
     while trainer.step < t.max_steps and not stopped:
         micro = [data.train.next_batch() for _ in range(accum)]
         sums = forward_backward(model, micro, device=device, world_size=ctx.world_size, objective=objective)
@@ -419,27 +351,6 @@ def _train(job: JobConfig, ctx: WorkerContext, *, data: Any, tokenizer: Any, res
         ctx.report({"step": trainer.step, "stopped_by_signal": stopped,
                     **{k: v for k, v in figures.items() if v is not None}})
     return _returned(summary, facts)
-
-
-LORA_BASE_HASH = "lora_base_hash"
-"""The trainer state's record of the frozen base a LoRA run started with (lora.base_hash)."""
-
-
-def lora_base_problem(model: torch.nn.Module, trainer: Any) -> str | None:
-    """Why a LoRA run may not continue on this base: a resume whose frozen base differs from the
-    one its adapters were trained against (the checkpoints hold the adapters only). Records the
-    base's hash in the trainer state (saved with every checkpoint) otherwise."""
-    from training.model_transforms.lora import lora_settings
-
-    current = (lora_settings(model) or {}).get("base_hash")
-    if not current:
-        return None
-    started = trainer.extra.get(LORA_BASE_HASH)
-    if trainer.restored_from and started and started != current:
-        return (f"resume refused: the frozen base model differs from the one this LoRA run started with (sha256 "
-                f"{started[:12]}, now {current[:12]}); resume with the same model.path, or start a new run")
-    trainer.extra[LORA_BASE_HASH] = current
-    return None
 
 
 def refuse(reason: str, ctx: WorkerContext) -> dict[str, Any]:

@@ -1,5 +1,8 @@
 """Per-step metrics: loss, lr, grad norm, tokens/s, TFLOP/s and MFU per device, step time, memory.
 
+The loop's steps reach them through :class:`LogWindow`: the steps between two log steps, read from
+the device once per window, with the window's wall-clock and compute-only rates on its last row.
+
 Rank 0 appends one JSON object per step (and per evaluation) to ``metrics.jsonl`` in a local
 run directory and mirrors the file into the run's storage (local directory or S3) at the report
 cadence and at the end, so a report can be rendered from storage alone. It also prints a console
@@ -31,9 +34,11 @@ import logging
 import os
 import resource
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -104,6 +109,77 @@ class ThroughputModel:
         mfu = flops.mfu(per_device, self.flops_per_token, self.peak_tflops)
         return {contract.TOKENS_PER_S: tokens_per_s, contract.TOKENS_PER_S_PER_DEVICE: per_device,
                 contract.TFLOPS_PER_DEVICE: achieved, contract.MFU: mfu}
+
+
+class LogWindow:
+    """The steps between two log steps: their pending device values and their wall time.
+
+    Two rates per window, under one definition (:mod:`training.contract`): wall-clock
+    (``tokens_per_s``, ``mfu`` over ``step_time_s``): the window's wall time per step, checkpoint,
+    evaluation and report work included; compute-only (``compute_tokens_per_s``,
+    ``compute_mfu`` over ``compute_s``): minus the time booked in :meth:`overhead`. Both ends of
+    a window are synchronised with the device, so queued GPU work is never counted in the wrong
+    window.
+    """
+
+    def __init__(self, throughput: Any, *, on_gpu: bool, objective: Any = None):
+        if objective is None:  # sft by default, as the loop's; imported here: the driver imports this module too
+            from training import model as forward_fns
+            from training.objectives import sft
+
+            objective = sft.SFT(forward_fns)
+        self.throughput, self.on_gpu, self.objective = throughput, on_gpu, objective
+        self.pending: list[tuple[dict[str, Any], torch.Tensor, Any]] = []
+        self.overhead_s = 0.0
+        self.started = time.perf_counter()
+        self.last_step_s: float | None = None
+
+    def _sync(self) -> None:
+        if self.on_gpu:
+            torch.cuda.synchronize()
+
+    def add(self, entry: dict[str, Any], sums: torch.Tensor, grad_norm: Any) -> None:
+        """A finished step: ``entry`` has the host-side fields; the rest is resolved at :meth:`close`."""
+        self.pending.append((entry, sums.detach(), grad_norm))
+
+    @contextmanager
+    def overhead(self, due: bool = True) -> Iterator[None]:
+        """Time non-step work; when ``due`` (work will happen), the device is drained first so
+        the step's queued compute is not booked as overhead."""
+        if not due:
+            yield
+            return
+        self._sync()
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.overhead_s += time.perf_counter() - began
+
+    def close(self, peak_memory_gib: float | None = None) -> list[dict[str, Any]]:
+        """Synchronise once, resolve every pending step, put the window's figures on the last
+        row; returns the rows (oldest first) and starts the next window."""
+        self._sync()
+        now = time.perf_counter()
+        wall = now - self.started
+        rows: list[dict[str, Any]] = []
+        if self.pending:
+            sums = torch.stack([s for _, s, _ in self.pending]).cpu().tolist()  # the one host read
+            norms = [float(n.full_tensor() if hasattr(n, "full_tensor") else n) for _, _, n in self.pending]
+            for (entry, _, _), step_sums, norm in zip(self.pending, sums, norms):
+                rows.append({**entry, **self.objective.figures(step_sums), contract.GRAD_NORM: norm})
+            steps = len(rows)
+            compute = max(wall - self.overhead_s, 1e-9)
+            self.last_step_s = wall / steps
+            compute_figures = self.throughput.figures(compute / steps)
+            rows[-1].update(self.throughput.figures(wall / steps))
+            rows[-1].update({contract.STEP_TIME_S: wall / steps, contract.COMPUTE_S: compute / steps,
+                             contract.COMPUTE_TOKENS_PER_S: compute_figures[contract.TOKENS_PER_S],
+                             contract.COMPUTE_MFU: compute_figures[contract.MFU],
+                             contract.WINDOW_S: wall, contract.OVERHEAD_S: self.overhead_s,
+                             contract.PEAK_MEMORY_GIB: peak_memory_gib, contract.WALL_TIME: time.time()})
+        self.pending, self.overhead_s, self.started = [], 0.0, now
+        return rows
 
 
 def format_duration(seconds: float) -> str:

@@ -105,7 +105,7 @@ def test_the_loop_sends_no_metrics_only_report_while_it_checkpoints(tmp_path):
 
 def test_the_log_window_counts_overhead_in_wall_clock_but_not_in_compute():
     from training.metrics import ThroughputModel
-    from training.loop import LogWindow
+    from training.metrics import LogWindow
 
     model = ThroughputModel.for_model(tiny_qwen2_config(), seq_len=16, tokens_per_step=1000, world_size=1, device="cpu")
     window = LogWindow(model, on_gpu=False)

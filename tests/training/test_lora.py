@@ -68,7 +68,7 @@ def _train(job, workdir, *, resume_from="", phase="train", base_seed=0):
     from training.optim import build_optimizer, build_scheduler
     from training.parallel import build_mesh, parallelize
 
-    from training.loop import lora_base_problem
+    from training.model_transforms.lora import lora_base_problem
 
     torch.manual_seed(base_seed)
     model = build_model(job.model, seq_len=16, on_gpu=False)

@@ -207,3 +207,22 @@ def peft_adapter_config(opts: dict[str, Any], base_model: str) -> dict[str, Any]
             "r": opts["rank"], "lora_alpha": opts["alpha"], "lora_dropout": opts["dropout"],
             "target_modules": opts["target_names"], "bias": "none", "fan_in_fan_out": False,
             "use_rslora": False, "use_dora": False, "init_lora_weights": True, "inference_mode": True}
+
+
+LORA_BASE_HASH = "lora_base_hash"
+"""The trainer state's record of the frozen base a LoRA run started with (lora.base_hash)."""
+
+
+def lora_base_problem(model: Any, trainer: Any) -> str | None:
+    """Why a LoRA run may not continue on this base: a resume whose frozen base differs from the
+    one its adapters were trained against (the checkpoints hold the adapters only). Records the
+    base's hash in the trainer state (saved with every checkpoint) otherwise."""
+    current = (lora_settings(model) or {}).get("base_hash")
+    if not current:
+        return None
+    started = trainer.extra.get(LORA_BASE_HASH)
+    if trainer.restored_from and started and started != current:
+        return (f"resume refused: the frozen base model differs from the one this LoRA run started with (sha256 "
+                f"{started[:12]}, now {current[:12]}); resume with the same model.path, or start a new run")
+    trainer.extra[LORA_BASE_HASH] = current
+    return None
