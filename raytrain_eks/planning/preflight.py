@@ -8,7 +8,8 @@ without runs locally on CPU (the demo) and is checked against this machine. Chec
   manifests under ``dist/`` (when present), and vs the installed Ray for local jobs;
 * transport: ``require_transport = "efa"`` needs an EFA interface per node and >= 2 nodes;
 * memory per GPU (:mod:`raytrain_eks.planning.memory_estimate`), breakdown printed;
-* time and cost at a stated MFU, and every strategy ranked (:mod:`raytrain_eks.planning.step_model`);
+* time and cost as ranges, and the run against its RayJob's deadline
+  (:mod:`raytrain_eks.planning.run_time`), every strategy ranked (:mod:`raytrain_eks.planning.step_model`);
 * every pod placed on a node (:mod:`raytrain_eks.planning.fit`).
 
 A refused plan prints its report, then ONE line saying why on stderr; the command exits 2.
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from charts.jobs import resource_problems
 from raytrain_eks.planning.memory_estimate import GIB, MemoryEstimate, ShapesUnknown, estimate_for_job, shapes_for_job, usable_bytes
-from raytrain_eks.planning import measured_plan
+from raytrain_eks.planning import measured_plan, run_time
 from raytrain_eks.planning import step_model
 from raytrain_eks.planning.plan_search import advise, spare_memory
 from raytrain_eks.planning.step_model import DEFAULT_MFU, estimate_time, strategy_options
@@ -281,9 +282,11 @@ def run_preflight(env: Environment, job: JobConfig, *, dist_dir: str | Path = "d
     plan.checks += elastic_sizes(env, job, shapes, required, usable, mfu)
     plan.checks += spot_notice(env, job, shapes)
     hand = estimate_time(env, job, shapes, mfu)
-    plan.estimate = measured_time(hand, plan.measured, job) if plan.measured else hand
-    plan.estimate.update(prediction_range(plan, hand, g))
-    plan.checks.append(deadline_check(job, slow_step_s(plan), shapes.num_params()))
+    plan.estimate = run_time.measured_time(hand, plan.measured, job) if plan.measured else hand
+    plan.estimate.update(run_time.prediction_range(job, hand, measured=plan.measured, written=getattr(
+        plan.search, "written", None), measured_bound=plan.estimate.get("bound", "")))
+    ok, message = run_time.deadline(job, run_time.slow_step_s(plan.estimate, plan.measured), shapes.num_params())
+    plan.checks.append(Check(name="deadline", ok=ok, message=message))
     plan.strategies = strategy_options(env, job, shapes, mfu)
     best = plan.strategies[0]
     if job.parallel.cpu_offload and best["fits"]:  # the GPU fits; the state in host memory must too
@@ -357,89 +360,6 @@ def spot_notice(env: Environment, job: JobConfig, shapes) -> list[Check]:
            f"(checkpoint.every_n_steps = {job.checkpoint.every_n_steps})")))]
 
 
-def slow_step_s(plan: Plan) -> float:
-    """The SLOW end of the plan's predicted step: the prediction's range (:func:`prediction_range`),
-    the step model's range (a measured trace), the measured plan's range over the published rates,
-    else the estimate's one figure; the slowest of those the plan has."""
-    ends = [plan.estimate.get("step_s") or 0.0, (plan.estimate.get("step_range") or (0.0,))[0]]
-    if plan.measured:
-        ends.append(plan.measured.get("range_s", [0.0, 0.0])[1])
-        if plan.measured.get("range"):
-            ends.append(plan.measured["range"]["step_s"][1])
-    return max(ends)
-
-
-CHECKPOINT_BYTES_PER_S = 1e9
-"""ASSUMED: one checkpoint's stall and write, per GPU's shard (its bf16 weights and fp32 AdamW
-state), at 1 GB/s (device-to-host staging and local disk; the upload to S3 runs behind later
-steps)."""
-EXPORT_BYTES_PER_S = 100e6
-"""ASSUMED: the export's gather, safetensors write and upload of the whole model (bf16) at 100 MB/s."""
-EVAL_FORWARD_SHARE = 1 / 3
-"""An evaluation batch is a forward pass: a third of a training micro batch's forward + backward
-(the same 3x the FLOPs model uses)."""
-
-
-def run_minutes(job: JobConfig, step_s: float, params: int) -> dict[str, float]:
-    """The run's minutes, term by term, at ``step_s`` a step: the steps, the evaluations (before,
-    every ``eval.every_n_steps`` and after), the checkpoints (every ``checkpoint.every_n_steps``, every
-    ``checkpoint.every_minutes`` and the final one), the export and the GPU nodes' start."""
-    from environment.addons import SCALE_UP_MINUTES
-
-    steps = job.train.max_steps * step_s / 60
-    evals = 2 + (job.train.max_steps // job.eval.every_n_steps if job.eval.every_n_steps else 0)
-    eval_s = step_s * EVAL_FORWARD_SHARE * min(job.eval.max_batches, job.grad_accum_steps) / max(job.grad_accum_steps, 1)
-    k = job.checkpoint
-    saves = 1 + (job.train.max_steps // k.every_n_steps if k.every_n_steps else 0)
-    if k.every_minutes:
-        saves += int(steps // k.every_minutes)
-    save_s = params * 14 / max(job.parallel.num_workers, 1) / CHECKPOINT_BYTES_PER_S  # bf16 weights + fp32 AdamW
-    export_s = params * 2 / EXPORT_BYTES_PER_S if k.export_hf else 0.0
-    return {"steps": steps, "evaluations": evals * eval_s / 60, "checkpoints": saves * save_s / 60,
-            "export": export_s / 60, "start": SCALE_UP_MINUTES}
-
-
-def deadline_check(job: JobConfig, step_s: float, params: int) -> Check:
-    """The run at the SLOW end of its predicted step, plus its evaluations, checkpoints, export
-    and the nodes' start, against ``rayjob.active_deadline_minutes`` less the final checkpoint's
-    stop wait. KubeRay never retries a RayJob that hit its deadline (v1.7.0
-    ``rayjob_controller.go`` ``checkBackoffLimitAndUpdateStatusIfNeeded``: DeadlineExceeded is
-    exempt from ``backoffLimit``): a run that does not fit ends without its final evaluation and
-    export, every time. The fix is named: fewer steps, a longer deadline, or a chain of runs."""
-    from training.contract import run_time_limit_seconds
-
-    terms = run_minutes(job, step_s, params)
-    total = sum(terms.values())
-    limit = run_time_limit_seconds(job.rayjob.active_deadline_minutes, job.checkpoint.sigterm_grace_seconds) / 60
-    parts = ", ".join(f"{name} {value:.0f}" for name, value in terms.items())
-    fits_steps = _most_steps(job, step_s, params, limit)
-    if total <= limit:
-        return Check(name="deadline", ok=True, message=(
-            f"{total:.0f} min at the slow end ({step_s:.2f} s/step; {parts} min; checkpoint and export rates ASSUMED) "
-            f"fits rayjob.active_deadline_minutes = {job.rayjob.active_deadline_minutes} ({limit:.0f} min after the stop wait)"))
-    need = int(-(-(total * 60 + (job.rayjob.active_deadline_minutes * 60 - limit * 60)) // 60))
-    return Check(name="deadline", ok=False, message=(
-        f"the run takes {total:.0f} min at the slow end of its predicted step ({step_s:.2f} s/step; {parts} min; "
-        f"checkpoint and export rates ASSUMED) but rayjob.active_deadline_minutes = {job.rayjob.active_deadline_minutes} "
-        f"ends it at {limit:.0f} min, without its final evaluation and export (KubeRay never retries a deadline): "
-        f"set train.max_steps <= {fits_steps}, or rayjob.active_deadline_minutes >= {need}, or run it as a chain "
-        f"of resumed runs (submit --resume RUN with a higher train.max_steps)"))
-
-
-def _most_steps(job: JobConfig, step_s: float, params: int, limit: float) -> int:
-    """The most ``train.max_steps`` whose run (:func:`run_minutes`) fits ``limit`` minutes."""
-    from dataclasses import replace
-
-    def fits(steps: int) -> bool:
-        return sum(run_minutes(replace(job, train=replace(job.train, max_steps=steps)), step_s, params).values()) <= limit
-
-    low, high = 0, job.train.max_steps
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return low
-
-
 def _check_plan_search(plan: Plan, shapes, group) -> list[Check]:
     """The plan search (raytrain_eks/planning/plan_search.py) for this job on its node group: a
     note naming the fastest plan that fits when it is not the job's own; with ``parallel.plan =
@@ -495,57 +415,6 @@ def _offload_check(job: JobConfig, group, required, host_per_node: int) -> Check
         f"({group.instance_type}); it saves ~{saved / GIB:.1f} GiB per GPU"))
 
 
-def measured_time(hand: dict, measured: dict, job: JobConfig) -> dict:
-    """The time and cost figures with the measured plan's predicted step in place of the hand
-    model's (the same run overheads and prices); ``hand_step_s`` keeps the hand model's."""
-    p = measured["prediction"]
-    step_s = p["step_s"]
-    hours = job.train.max_steps * step_s / 3600
-    return {**hand, "source": "measured", "hand_step_s": hand["step_s"], "step_s": step_s,
-            "compute_s": p["compute_s"], "exposed_network_s": p["exposed_comm_s"], "effective_mfu": p["mfu"],
-            "bound": "network" if p["exposed_comm_s"] > p["compute_s"] else "compute",
-            "tokens_per_hour": job.tokens_per_step / step_s * 3600, "run_hours": hours,
-            "run_usd": (hours + hand["overhead_h"]) * hand["hourly_usd"]}
-
-
-SLOW_MFU_FRACTION = 0.6
-"""Where no step model covers a plan (no measured plan, or none with a traced micro batch), the
-hand model's range runs from the stated MFU (fast end) down to this fraction of it (slow end):
-ASSUMED; the step model's ranges of the shipped plans span about 0.7 of their fast end."""
-
-
-def prediction_range(plan: Plan, hand: dict, group) -> dict:
-    """The step, MFU, run time and cost as ranges, slow end first, and where they come from: the
-    step model's range where the plan was measured and its micro batch traced; else the measured
-    plan's prediction at the ends of the published rates; else the hand model between the stated
-    MFU and :data:`SLOW_MFU_FRACTION` of it (assumed). ``bound``: what limits the slow end."""
-    from raytrain_eks.planning.plan_search import dominant
-
-    job = plan.job
-    written = getattr(plan.search, "written", None)
-    # the search's price of the job's own plan: the step model with LoRA's trained parameters
-    # and offload's host terms; else the measured plan's range
-    rng = (written.prediction if written is not None and written.prediction else None) or (plan.measured or {}).get("range")
-    if rng:
-        (fast, slow), (mfu_slow, mfu_fast) = rng["step_s"], rng["mfu"]
-        source, bound = "step model (raytrain_eks/planning/step_model.py)", dominant(rng, job.parallel.strategy, job.num_nodes)
-    elif plan.measured:
-        fast, slow = plan.measured["range_s"]
-        point = plan.measured["prediction"]
-        mfu_fast, mfu_slow = point["mfu"] * point["step_s"] / fast, point["mfu"] * point["step_s"] / slow
-        source, bound = "the measured plan at the ends of the published rates", plan.estimate.get("bound", "")
-    else:
-        fast, slow = hand["step_s"], hand["compute_s"] / SLOW_MFU_FRACTION + hand["exposed_network_s"]
-        mfu_fast, mfu_slow = hand["effective_mfu"], hand["effective_mfu"] * fast / slow
-        source, bound = (f"the hand model at MFU {hand['mfu']:.2f}-{hand['mfu'] * SLOW_MFU_FRACTION:.2f} (ASSUMED)",
-                         hand["bound"])
-    hours = [job.train.max_steps * s / 3600 for s in (slow, fast)]
-    return {"step_range": (slow, fast), "mfu_range": (mfu_slow, mfu_fast), "range_source": source,
-            "range_bound": bound, "run_hours_range": tuple(hours),
-            "run_usd_range": tuple((h + hand["overhead_h"]) * hand["hourly_usd"] for h in hours),
-            "tokens_per_hour_range": tuple(job.tokens_per_step / s * 3600 for s in (slow, fast))}
-
-
 def render(plan: Plan) -> str:
     """The human report: checks, memory breakdown, time and cost."""
     job, env = plan.job, plan.env
@@ -597,7 +466,7 @@ def render(plan: Plan) -> str:
             ]
         for o in plan.strategies:
             mark = "*" if o["strategy"] == job.parallel.strategy else " "
-            slow = o["compute_s"] / SLOW_MFU_FRACTION + o["exposed_network_s"]
+            slow = o["compute_s"] / run_time.SLOW_MFU_FRACTION + o["exposed_network_s"]
             lines.append(f"  {mark} {o['strategy']:<14} network {o['network_s']:5.2f} s ({o['exposed_network_s']:.2f} exposed), "
                          f"step {slow:5.2f}-{o['step_s']:.2f} s, "
                          f"memory {o['required_bytes'] / GIB:5.1f} GiB{'' if o['fits'] else ' (does not fit)'}")
