@@ -125,7 +125,7 @@ def stage_function(function_dir: Path, entry_modules: list[str], into: Path) -> 
 # --- The watcher function ---------------------------------------------------------------------
 
 FUNCTION_DIR = REPO_ROOT / "infra" / "lambdas" / "image_watcher"
-WATCH_HANDLER = "image_watcher.handler.watch"
+WATCH_HANDLER = "image_watcher.watcher.watch"
 """The function the runtime calls; the asset carries every repository package its module imports."""
 
 

@@ -12,7 +12,7 @@ import boto3
 import pytest
 
 from environment.contract import RECORD_IMAGE_RAN
-from infra.lambdas.image_watcher import handler
+from infra.lambdas.image_watcher import watcher as watcher_module
 from infra.lambdas.image_watcher.history import PromotionHistory, Superseded
 from infra.lambdas.image_watcher.promote import PromotionError, promote
 from infra.lambdas.image_watcher.watcher import (
@@ -329,7 +329,7 @@ def test_unreachable_registry_fails_the_invocation_and_starts_nothing(world):
 
 
 def test_lambda_handler_wiring_reads_its_environment(world, aws, monkeypatch):
-    # the handler builds its own boto3 clients: point them at moto through the standard variables
+    # watcher.watch (the Lambda handler) builds its own boto3 clients: point them at moto through the standard variables
     digest = world.push(b"handler\n")
     for key, value in {"AWS_ENDPOINT_URL": aws["endpoint_url"], "AWS_DEFAULT_REGION": aws["region_name"],
                        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -338,7 +338,7 @@ def test_lambda_handler_wiring_reads_its_environment(world, aws, monkeypatch):
                        "HISTORY_TABLE": world.config.table_name,
                        "PIPELINE_NAME": world.config.pipeline_name}.items():
         monkeypatch.setenv(key, value)
-    result = handler.watch({}, None)
+    result = watcher_module.watch({}, None)
     assert result["action"] == START and result["current"] == digest
     assert len(world.executions()) == 1
 

@@ -162,7 +162,7 @@ def test_smoke_then_apply_then_promote_with_the_proven_digest(synthesized):
         assert variables["HISTORY_TABLE"] == "raytrain-image-promotions"
     assert variables["SMOKE_RECORD"] == "#{Smoke.SMOKE_RECORD}"
     handlers = [v["Properties"].get("Handler", "") for v in resources(template, "AWS::Lambda::Function").values()]
-    assert [h for h in handlers if h.startswith("image_watcher.")] == ["image_watcher.handler.watch"]
+    assert [h for h in handlers if h.startswith("image_watcher.")] == ["image_watcher.watcher.watch"]
 
 
 def test_watcher_runs_on_the_spec_schedule_with_its_environment(synthesized):
@@ -171,7 +171,7 @@ def test_watcher_runs_on_the_spec_schedule_with_its_environment(synthesized):
               if "ScheduleExpression" in v["Properties"]]
     assert rule["ScheduleExpression"] == SCHEDULE and rule["State"] == "ENABLED"
     functions = resources(template, "AWS::Lambda::Function")
-    [watcher_id] = [k for k, v in functions.items() if v["Properties"]["Handler"] == "image_watcher.handler.watch"]
+    [watcher_id] = [k for k, v in functions.items() if v["Properties"]["Handler"] == "image_watcher.watcher.watch"]
     assert rule["Targets"][0]["Arn"] == {"Fn::GetAtt": [watcher_id, "Arn"]}
     props = functions[watcher_id]["Properties"]
     assert props["Runtime"].startswith("python3.")
@@ -330,7 +330,7 @@ def test_failures_reach_a_person(synthesized):
     assert (a["MetricName"], a["Namespace"], a["Statistic"], a["Threshold"]) == ("Errors", "AWS/Lambda", "Sum", 1)
     assert a["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" and a["AlarmActions"] == [{"Ref": topic_id}]
     [watcher] = [k for k, v in resources(template, "AWS::Lambda::Function").items()
-                 if v["Properties"].get("Handler") == "image_watcher.handler.watch"]
+                 if v["Properties"].get("Handler") == "image_watcher.watcher.watch"]
     assert a["Dimensions"] == [{"Name": "FunctionName", "Value": {"Ref": watcher}}]
     [rule] = [v["Properties"] for v in resources(template, "AWS::Events::Rule").values()
               if "EventPattern" in v["Properties"]]

@@ -1,11 +1,20 @@
-"""The image watcher and the promotion step of the redeploy pipeline (AWS Lambda, Python).
+"""The image watcher of the redeploy pipeline (an AWS Lambda, Python) and the modules the
+pipeline's steps share with it.
 
-- ``handler.watch``: on a schedule, resolves the spec's image tag to its current digest (through
-  :mod:`.registry`) and, when it differs from the
-  promoted digest (an SSM parameter) and was never tried, starts the pipeline with
+- :mod:`.watcher`: the watcher's policy and the Lambda entry point ``watcher.watch`` (the function's
+  handler ``image_watcher.watcher.watch``, on a schedule): resolves the spec's image tag to its
+  current digest and, when it differs from the promoted digest (an SSM parameter) and was never
+  tried (or its tries failed for reasons not the image's), starts the pipeline with
   ``IMAGE_DIGEST`` set to it.
-- ``handler.promote``: the pipeline's last action; writes the digest the smoke run proved into
-  the SSM parameter and records the promotion (digest, time, smoke run record) in DynamoDB.
+- :mod:`.registry`: the tag -> digest resolution through the registry's HTTP API, which the
+  ``lock`` and ``verify`` commands also use.
+- :mod:`.history`: the promotion history in DynamoDB (triggered, applied, promoted, rejected,
+  rolled back, ended) and the promoted digest the pipeline serializes on.
+- :mod:`.promote`: promotion, run by the pipeline (``python -m raytrain_eks.pipeline promote``, a
+  CodeBuild action, raytrain_eks/pipeline/apply_promote.py), not by a Lambda: checks the smoke
+  run's record, writes the digest it proved into the SSM parameter and records the promotion.
 
-Standard library + boto3 only (both are in the Lambda Python runtime).
+Standard library + boto3 (both in the Lambda Python runtime; boto3 imported only where a client
+is made) + the repository's ``environment`` package, which the Lambda asset carries
+(infra/stacks/pipeline_watcher.py stages it by following the imports).
 """

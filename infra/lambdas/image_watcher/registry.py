@@ -12,7 +12,7 @@ The protocol, as public.ecr.aws and the CNCF ``registry`` speak it:
    bytes ourselves (the digest IS the sha256 of the manifest as served).
 
 Standard library only: the image-watcher Lambda packages this very module into its asset
-(infra/stacks/pipeline.py), so the CLI and the Lambda cannot disagree about a digest.
+(infra/stacks/pipeline_watcher.py), so the CLI and the Lambda cannot disagree about a digest.
 Every failure a user or the network can cause is a :class:`RegistryError` with one line.
 """
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """The watcher's decision: should the pipeline run for the digest the tag points to now?
 
 ``decide`` is the whole policy (pure); ``check`` wires it to the registry, SSM, the history
-table and the pipeline. A digest is shelved (never started again by the watcher) once it was
-promoted, rejected, or failed for a reason that is the image's (a ``rolled-back`` item with
-``failure: image``, or one without a ``failure``: recorded before failures were classified); an
-operator re-runs it by hand:
+table and the pipeline; ``watch`` is the Lambda entry point (``image_watcher.watcher.watch``),
+only wiring: environment variables -> boto3 clients -> ``check``.
+
+A digest is shelved (never started again by the watcher) once it was promoted, rejected, or
+failed for a reason that is the image's (a ``rolled-back`` item with ``failure: image``, or one
+without a ``failure``: recorded before failures were classified); an operator re-runs it by hand:
 ``aws codepipeline start-pipeline-execution --name PIPELINE --variables name=IMAGE_DIGEST,value=sha256:...``.
 A digest whose executions failed for other reasons (infrastructure: no GPUs before the smoke
 job's deadline, API errors, a build killed by its timeout, a refused Synth; or an Apply deferred
@@ -15,6 +17,7 @@ CodeBuild timeout) is recorded as ``ended`` (infrastructure) on the next tick.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
@@ -181,7 +184,7 @@ def check(config: WatcherConfig, *, ssm: Any, history: PromotionHistory, starter
           resolve: Callable[[ImageLocation], str] = resolve_digest,
           platform: Callable[[ImageLocation, str], str] = platform_problem,
           now: datetime.datetime | None = None) -> dict[str, str]:
-    """One watch: resolve, compare, maybe start. Returns what happened (logged by the handler).
+    """One watch: resolve, compare, maybe start. Returns what happened (logged by :func:`watch`).
 
     A registry failure raises RegistryError: the invocation fails and shows in the Lambda's
     Errors metric rather than passing silently.
@@ -212,4 +215,25 @@ def check(config: WatcherConfig, *, ssm: Any, history: PromotionHistory, starter
         if attempt > 1:
             result["attempt"] = str(attempt)
         history.record(event=TRIGGERED, digest=current, execution_id=result["execution_id"])
+    return result
+
+
+# --- The Lambda entry point -------------------------------------------------------------------
+
+def _client(name: str):
+    import boto3  # in the Lambda runtime; imported here so the logic stays importable without it
+
+    return boto3.client(name)
+
+
+def _history(config: WatcherConfig) -> PromotionHistory:
+    return PromotionHistory(client=_client("dynamodb"), table_name=config.table_name, image=config.image)
+
+
+def watch(event, context):
+    """Scheduled by EventBridge (pipeline.watch_schedule)."""
+    config = WatcherConfig.from_environ()
+    result = check(config, ssm=_client("ssm"), history=_history(config),
+                   starter=CodePipelineStarter(_client("codepipeline"), config.pipeline_name))
+    print(json.dumps(result))
     return result
