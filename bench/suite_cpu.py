@@ -20,8 +20,8 @@ It runs pytest as ``make test`` does (the venv's bin/ first on PATH, ``TEST_WORK
 default 2, ``--dist loadgroup``, ``-m "not cluster"``) with this module as a plugin, then prints
 one JSON line: CPU-seconds and wall per tier, the 25 costliest modules, the workers' totals, and
 the capacity used (the workers' total CPU over the machine's cores x pytest's wall); a worker's
-cgroup still holding processes at the end (a daemon nobody stopped) is named with them, pid, state
-and name; one the kernel would not remove though no process names it is listed apart.
+cgroup still holding processes at the end (a daemon nobody stopped) is named with them (pid, state,
+name).
 The plugin alone, under ``make test``: ``BENCH_SUITE_CPU_OUT=<dir> PYTHONPATH=bench make test
 PYTEST_ARGS="-p suite_cpu"``, one ``<cgroup>.jsonl`` per worker in <dir>. Measured, never asserted.
 """
@@ -56,10 +56,10 @@ def _own_cgroup(root: Path, controller: str | None) -> Path:
     return root
 
 
-def _cgroup_counter() -> tuple[Path, Callable[[Path], float]]:
-    """A fresh cgroup for this process, a child of its own, and a reader of its CPU-seconds
-    (v1 cpuacct, else v2)."""
-    name = f"suite-cpu-{os.getppid()}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+def _cgroup_counter(worker: str) -> tuple[Path, Callable[[Path], float]]:
+    """A fresh cgroup for this process (``worker``: its xdist id, or ``main``), a child of its own,
+    and a reader of its CPU-seconds (v1 cpuacct, else v2)."""
+    name = f"suite-cpu-{os.getppid()}-{worker}"
     for root, controller, read in (
             (Path("/sys/fs/cgroup/cpuacct"), "cpuacct", lambda d: int((d / "cpuacct.usage").read_text()) / 1e9),
             (Path("/sys/fs/cgroup"), None,
@@ -78,10 +78,15 @@ def _cgroup_counter() -> tuple[Path, Callable[[Path], float]]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    in_controller = "PYTEST_XDIST_WORKER" not in os.environ and bool(getattr(config.option, "numprocesses", None))
+    # A worker is told by its own input (``config.workerinput``, which pytest-xdist sets in workers
+    # only), never by ``PYTEST_XDIST_WORKER``: a pytest started inside a worker's test inherits that
+    # variable (tests/bench/test_suite_cpu.py, run in a worker in CI), and its controller then took
+    # a cgroup of its own with its workers' nested inside, counted twice and removed parent first.
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    in_controller = worker is None and bool(getattr(config.option, "numprocesses", None))
     if not os.environ.get(OUT_ENV) or in_controller:
         return  # the xdist controller runs no test: only its workers count
-    group, read = _cgroup_counter()
+    group, read = _cgroup_counter(worker or "main")
     _state.update(group=group, read=read, out=open(Path(os.environ[OUT_ENV]) / f"{group.name}.jsonl", "a"))
 
 
@@ -120,43 +125,30 @@ def report(rows: list[dict], wall_s: float, workers: int) -> dict:
     shape = lambda n, c, w: {"tests": n, "cpu_s": round(c, 1), "worker_wall_s": round(w, 1)}
     return {"name": "suite_cpu", "pytest_wall_s": round(wall_s, 1), "workers": workers,
             "tests_cpu_s": round(sum(row["cpu_s"] for row in tests), 1), "workers_cpu_s": round(sum(totals), 1),
+            "worker_cgroups": len(totals),
             "capacity_used": round(sum(totals) / (os.cpu_count() * wall_s), 3) if wall_s and totals else None,
             "by_tier": {t: shape(*v) for t, v in sorted(by_tier.items(), key=lambda kv: -kv[1][1])},
             "costliest_modules": {m: shape(*v) for m, v in sorted(by_module.items(), key=lambda kv: -kv[1][1])[:25]}}
 
 
 def cgroup_members(group: Path) -> list[str]:
-    """``"<pid> <state> <name>"`` of every process whose ``/proc/<pid>/cgroup`` names ``group``:
-    also one still exiting, which ``cgroup.procs`` no longer lists but which keeps the cgroup
-    populated until it has left it."""
-    v1 = Path("/sys/fs/cgroup/cpuacct")
-    root, controller = (v1, "cpuacct") if group.is_relative_to(v1) else (Path("/sys/fs/cgroup"), None)
-    path = "/" + str(group.relative_to(root))
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    """What keeps ``group`` from being removed: ``"<pid> <state> <name>"`` for each process its
+    ``cgroup.procs`` lists (the kernel's own list: a thread-group leader that exited while its
+    other threads run is on it too) and ``"cgroup <name>"`` for each child cgroup."""
+    found = [f"cgroup {child.name}" for child in group.iterdir() if child.is_dir()]
+    for pid in (group / "cgroup.procs").read_text().split():
         try:
-            lines = (proc / "cgroup").read_text().splitlines()
-            stat = (proc / "stat").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:  # gone meanwhile
             continue
-        for line in lines:
-            number, controllers, member_of = line.split(":", 2)
-            named = (controller in controllers.split(",")) if controller else number == "0"
-            state = stat[stat.rindex(")") + 2]
-            if named and member_of == path and state not in "ZX":  # a zombie has left; it only names it still
-                found.append(f"{proc.name} {state} {stat[stat.index('(') + 1:stat.rindex(')')]}")
+        found.append(f"{pid} {stat[stat.rindex(')') + 2]} {stat[stat.index('(') + 1:stat.rindex(')')]}")
     return found
 
 
-def remove_cgroup(group: Path, patience_s: float = 30.0) -> list[str] | None:
-    """Remove a worker's cgroup once it is empty: None when removed (or already gone), else what
-    still holds it after ``patience_s`` (:func:`cgroup_members`; an empty list when the kernel
-    still counts a process that ``/proc`` no longer shows). The patience is for the worker itself:
-    pytest-xdist's controller returns without waiting for its workers' processes to exit, so a
-    worker may still be tearing down when the run ends (CI met it: the first rmdir was refused and
-    the cgroup listed no process)."""
+def remove_cgroup(group: Path, patience_s: float = 10.0) -> list[str] | None:
+    """Remove a worker's cgroup: None when removed (or already gone), else what still holds it after
+    ``patience_s`` (:func:`cgroup_members`): a daemon the run left. The patience is for a process
+    that is leaving at that moment (a daemon a test's teardown has just stopped)."""
     deadline = time.monotonic() + patience_s
     while True:
         try:
@@ -164,10 +156,20 @@ def remove_cgroup(group: Path, patience_s: float = 30.0) -> list[str] | None:
             return None
         except FileNotFoundError:
             return None
-        except OSError:  # EBUSY: a process is still in it
+        except OSError:  # EBUSY: a process or a child cgroup is still in it
             if time.monotonic() >= deadline:
-                return cgroup_members(group)
+                return cgroup_members(group) or ["busy, with no process or child cgroup listed"]
             time.sleep(0.2)
+
+
+def remove_cgroups(groups: list[Path], patience_s: float = 10.0) -> dict[str, list[str]]:
+    """Remove the run's cgroups, the deepest first (a cgroup with a child cannot go before it);
+    those left, with what holds each."""
+    left = {}
+    for group in sorted(set(groups), key=lambda g: len(g.parts), reverse=True):
+        if held := remove_cgroup(group, patience_s):
+            left[str(group)] = held
+    return left
 
 
 def main(args: list[str]) -> None:
@@ -175,23 +177,19 @@ def main(args: list[str]) -> None:
     out = Path(tempfile.mkdtemp(prefix="suite-cpu-"))
     command = [sys.executable, "-m", "pytest", "-p", "suite_cpu", "-q",
                *(["-n", str(workers), "--dist", "loadgroup"] if workers else []), *(args or ["-m", "not cluster"])]
-    env = {**os.environ, OUT_ENV: str(out), "PYTHONDONTWRITEBYTECODE": "",
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}  # not a worker here
+    env = {**inherited, OUT_ENV: str(out), "PYTHONDONTWRITEBYTECODE": "",
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),  # as the Makefile's
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=ROOT, env=env)
     wall = time.perf_counter() - start
-    rows, left, unremoved = [], {}, []
+    rows = []
     for written in out.glob("*.jsonl"):
         rows += [json.loads(line) for line in written.read_text().splitlines() if line]
-    for group in (Path(row["cgroup"]) for row in rows if "cgroup" in row):
-        held = remove_cgroup(group)
-        if held:
-            left[str(group)] = held  # a daemon the run left
-        elif held is not None:
-            unremoved.append(str(group))  # refused with no process to name; left for the kernel
+    left = remove_cgroups([Path(row["cgroup"]) for row in rows if "cgroup" in row])
     result = report(rows, wall, workers)
-    result.update(exit_code=proc.returncode, cgroups_left_holding_processes=left, cgroups_not_removed=unremoved)
+    result.update(exit_code=proc.returncode, cgroups_left_holding_processes=left)
     print(json.dumps(result))
 
 if __name__ == "__main__":

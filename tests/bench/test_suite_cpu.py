@@ -40,9 +40,9 @@ def _cgroups_writable() -> bool:
     real, in a child process that moves itself and exits (its cgroup then removed), as the
     permission to move a process depends on more than one file's mode."""
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import suite_cpu\n"
-             "try:\n    group, _ = suite_cpu._cgroup_counter()\nexcept Exception:\n    sys.exit(1)\nprint(group)")
-    out = subprocess.run([sys.executable, "-c", probe, str(ROOT / "bench")], capture_output=True, text=True,
-                         env={**os.environ, "PYTEST_XDIST_WORKER": f"probe-{os.getpid()}"})
+             f"try:\n    group, _ = suite_cpu._cgroup_counter('probe-{os.getpid()}')\nexcept Exception:\n"
+             "    sys.exit(1)\nprint(group)")
+    out = subprocess.run([sys.executable, "-c", probe, str(ROOT / "bench")], capture_output=True, text=True)
     if out.returncode != 0:
         return False
     Path(out.stdout.strip()).rmdir()  # empty: its one process has exited
@@ -59,10 +59,13 @@ def test_a_daemonized_process_is_counted_for_the_test_that_started_it(tmp_path, 
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "suite_cpu.py"), str(target), "-p", "no:cacheprovider",
                           "--rootdir", str(tmp_path), "-c", os.devnull],
                          cwd=ROOT, capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "TEST_WORKERS": workers, "DONE": str(done), "OWN": str(own)})
+                         # as in CI, where this test runs in an xdist worker: the variable is inherited
+                         env={**os.environ, "TEST_WORKERS": workers, "DONE": str(done), "OWN": str(own),
+                              "PYTEST_XDIST_WORKER": "gw1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["exit_code"] == 0 and result["cgroups_left_holding_processes"] == {}, result
+    assert result["worker_cgroups"] == max(1, int(workers)), result  # the workers only, never the controller
     [(name, burner)] = result["costliest_modules"].items()
     assert name.endswith("test_target.py") and burner["tests"] == 1, result
     # the daemon's second of CPU, beyond all that the test's own getrusage holds
@@ -86,36 +89,35 @@ def test_the_report_sums_by_tier_and_module():
     assert got["capacity_used"] == round(16.0 / (os.cpu_count() * 10.0), 3)
 
 
-def test_a_worker_still_exiting_is_waited_for_and_a_daemon_left_is_named():
-    """CI met it: pytest-xdist's controller returned while a worker was still exiting, the first
-    rmdir of its cgroup was refused, and the cgroup was reported as left holding no process. A
-    process that exits is waited for; one that stays is named by pid, state and name."""
+def test_cgroups_are_removed_deepest_first_and_a_daemon_left_is_named():
+    """CI met a parent cgroup refused because its child was still there (a pytest started inside an
+    xdist worker took a cgroup of its own, its workers' nested in it): the run's cgroups are removed
+    deepest first, a process leaving is waited for, and one that stays is named by pid and name."""
     if not _cgroups_writable():
         pytest.skip("this process may not make a cgroup of its own (needs root or a delegated cgroup)")
-    from suite_cpu import _own_cgroup, remove_cgroup
+    from suite_cpu import _own_cgroup, remove_cgroups
 
     root = Path("/sys/fs/cgroup/cpuacct")
     root, controller = (root, "cpuacct") if (root / "cgroup.procs").is_file() else (Path("/sys/fs/cgroup"), None)
-    groups, children = [], []
+    parent = _own_cgroup(root, controller) / f"suite-cpu-test-{os.getpid()}"
+    nested, exiting, daemon = parent / "nested", parent / "exiting", parent.with_name(parent.name + "-daemon")
+    children = []
     try:
-        for name, lifetime in (("exiting", "1.0"), ("daemon", "600")):  # 600 s: the test kills it
-            group = _own_cgroup(root, controller) / f"suite-cpu-test-{os.getpid()}-{name}"
+        for group in (parent, nested, exiting, daemon):
             group.mkdir()
-            groups.append(group)
+        for group, lifetime in ((exiting, "1.0"), (daemon, "600")):  # 600 s: the test kills it
             child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({lifetime})"])
             children.append(child)
             (group / "cgroup.procs").write_text(str(child.pid))
-        # reap the exiting child as soon as it ends, as the worker's parent would
-        reaper = threading.Thread(target=children[0].wait)
-        reaper.start()
-        assert remove_cgroup(groups[0]) is None and not groups[0].exists()  # waited for, not reported
-        held = remove_cgroup(groups[1], patience_s=0.5)
-        assert groups[1].exists() and [line.split()[0] for line in held] == [str(children[1].pid)], held
-        assert held[0].split()[2] == Path(sys.executable).name[:15]  # the kernel's name: 15 characters at most
+        threading.Thread(target=children[0].wait).start()  # reaped as it ends, as a worker's parent would
+        # the parent listed first; 30 s only ends a hang: the exiting child sleeps one second
+        assert remove_cgroups([parent, nested, exiting], patience_s=30.0) == {} and not parent.exists()
+        left = remove_cgroups([daemon], patience_s=0.5)
+        assert list(left) == [str(daemon)], left
+        [(pid, state, name)] = [line.split() for line in left[str(daemon)]]
+        assert pid == str(children[1].pid) and name == Path(sys.executable).name[:15], left  # 15: the kernel's
     finally:
         for child in children:
             child.kill()
             child.wait()
-        for group in groups:
-            if group.exists():
-                remove_cgroup(group)
+        remove_cgroups([g for g in (parent, nested, exiting, daemon) if g.exists()])
