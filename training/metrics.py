@@ -38,11 +38,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 
 from training import contract, flops
+
+if TYPE_CHECKING:
+    from training.objectives import Objective
 
 CPU_DEVICE = "cpu"
 
@@ -122,7 +125,7 @@ class LogWindow:
     window.
     """
 
-    def __init__(self, throughput: Any, *, on_gpu: bool, objective: Any = None):
+    def __init__(self, throughput: Any, *, on_gpu: bool, objective: Objective | None = None):
         if objective is None:  # sft by default, as the loop's; imported here: the driver imports this module too
             from training import model as forward_fns
             from training.objectives import sft
