@@ -28,6 +28,7 @@ PYTEST_ARGS="-p suite_cpu"``, one ``<cgroup>.jsonl`` per worker in <dir>. Measur
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import os
 import subprocess
@@ -83,7 +84,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # variable (tests/bench/test_suite_cpu.py, run in a worker in CI), and its controller then took
     # a cgroup of its own with its workers' nested inside, counted twice and removed parent first.
     worker = getattr(config, "workerinput", {}).get("workerid")
-    in_controller = worker is None and bool(getattr(config.option, "numprocesses", None))
+    # a controller as xdist 3.8 tells one (plugin.py ``_is_distribution_mode``): -n N or --tx, with
+    # a --dist mode; -n 0 leaves ``dist`` "no" and ``tx`` empty
+    in_controller = worker is None and getattr(config.option, "dist", "no") != "no" and bool(getattr(config.option, "tx", None))
     if not os.environ.get(OUT_ENV) or in_controller:
         return  # the xdist controller runs no test: only its workers count
     group, read = _cgroup_counter(worker or "main")
@@ -136,7 +139,7 @@ def cgroup_members(group: Path) -> list[str]:
     ``cgroup.procs`` lists (the kernel's own list: a thread-group leader that exited while its
     other threads run is on it too) and ``"cgroup <name>"`` for each child cgroup."""
     found = [f"cgroup {child.name}" for child in group.iterdir() if child.is_dir()]
-    for pid in (group / "cgroup.procs").read_text().split():
+    for pid in dict.fromkeys((group / "cgroup.procs").read_text().split()):  # v1 may list a pid twice
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:  # gone meanwhile
@@ -156,10 +159,17 @@ def remove_cgroup(group: Path, patience_s: float = 10.0) -> list[str] | None:
             return None
         except FileNotFoundError:
             return None
-        except OSError:  # EBUSY: a process or a child cgroup is still in it
-            if time.monotonic() >= deadline:
+        except OSError as err:
+            if err.errno != errno.EBUSY:  # not a process or child cgroup: waiting cannot help
+                return [f"rmdir refused: {err.strerror}"]
+        if time.monotonic() >= deadline:  # EBUSY: a process or a child cgroup is still in it
+            try:
                 return cgroup_members(group) or ["busy, with no process or child cgroup listed"]
-            time.sleep(0.2)
+            except FileNotFoundError:  # removed meanwhile
+                return None
+            except OSError as err:  # the report must still come out
+                return [f"unreadable: {err.strerror}"]
+        time.sleep(0.2)
 
 
 def remove_cgroups(groups: list[Path], patience_s: float = 10.0) -> dict[str, list[str]]:
@@ -172,22 +182,39 @@ def remove_cgroups(groups: list[Path], patience_s: float = 10.0) -> dict[str, li
     return left
 
 
+XDIST_WORKER_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+
+
+def _run_roots() -> list[Path]:
+    """Where this process's runs make their cgroups: under its own (v1 cpuacct and v2)."""
+    return [_own_cgroup(root, controller) for root, controller in
+            ((Path("/sys/fs/cgroup/cpuacct"), "cpuacct"), (Path("/sys/fs/cgroup"), None))
+            if (root / "cgroup.procs").is_file()]
+
+
 def main(args: list[str]) -> None:
     workers = int(os.environ.get("TEST_WORKERS", "2"))
     out = Path(tempfile.mkdtemp(prefix="suite-cpu-"))
     command = [sys.executable, "-m", "pytest", "-p", "suite_cpu", "-q",
                *(["-n", str(workers), "--dist", "loadgroup"] if workers else []), *(args or ["-m", "not cluster"])]
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}  # not a worker here
+    # what xdist sets in each worker (remote.py), never a user's setting: this process is no worker's
+    inherited = {k: v for k, v in os.environ.items() if k not in XDIST_WORKER_ENV}
     env = {**inherited, OUT_ENV: str(out), "PYTHONDONTWRITEBYTECODE": "",
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),  # as the Makefile's
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=ROOT, env=env)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env)
+    proc.wait()
     wall = time.perf_counter() - start
     rows = []
     for written in out.glob("*.jsonl"):
         rows += [json.loads(line) for line in written.read_text().splitlines() if line]
-    left = remove_cgroups([Path(row["cgroup"]) for row in rows if "cgroup" in row])
+    # every cgroup this run made, also a worker's that wrote no row (killed, crashed): named by the
+    # run's pytest pid, the workers' parent
+    made = [Path(row["cgroup"]) for row in rows if "cgroup" in row]
+    made += [group for parent in {g.parent for g in made} | set(_run_roots())
+             for group in parent.glob(f"suite-cpu-{proc.pid}-*") if group.is_dir()]
+    left = remove_cgroups(made)
     result = report(rows, wall, workers)
     result.update(exit_code=proc.returncode, cgroups_left_holding_processes=left)
     print(json.dumps(result))

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,35 @@ def test_cgroups_are_removed_deepest_first_and_a_daemon_left_is_named():
             child.kill()
             child.wait()
         remove_cgroups([g for g in (parent, nested, exiting, daemon) if g.exists()])
+
+
+@pytest.mark.parametrize("inherited", [None, "gw1"])  # a pytest started inside an xdist worker inherits gw1
+@pytest.mark.parametrize("role, expected", [
+    ("controller -n 2", None), ("controller --tx", None), ("worker", "gw0"), ("-n 0", "main"), ("no xdist", "main")])
+def test_only_the_processes_that_run_tests_take_a_cgroup(monkeypatch, tmp_path, inherited, role, expected):
+    """As pytest-xdist 3.8 leaves each process's config when plugins configure: a controller has
+    a ``--dist`` mode and its ``tx`` list (plugin.py ``pytest_cmdline_main``, ``_is_distribution_mode``);
+    a worker its ``workerinput`` (remote.py), set before any plugin's ``pytest_configure``; ``-n 0``
+    no ``tx``; ``-p no:xdist`` neither option. The variable a worker's environment holds decides nothing."""
+    import suite_cpu
+
+    options = {"controller -n 2": dict(numprocesses=2, dist="loadgroup", tx=["popen"] * 2),
+               "controller --tx": dict(dist="load", tx=["2*popen"]),
+               "worker": dict(numprocesses=None, dist="no", tx=[]),
+               "-n 0": dict(numprocesses=0, dist="loadgroup", tx=[]),
+               "no xdist": {}}[role]
+    config = SimpleNamespace(option=SimpleNamespace(**options))
+    if role == "worker":
+        config.workerinput = {"workerid": "gw0"}
+    taken = []
+    monkeypatch.setattr(suite_cpu, "_cgroup_counter", lambda worker: (taken.append(worker), (tmp_path / worker, None))[1])
+    monkeypatch.setattr(suite_cpu, "_state", {})
+    monkeypatch.setenv(suite_cpu.OUT_ENV, str(tmp_path))
+    if inherited:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", inherited)
+    else:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    suite_cpu.pytest_configure(config)
+    if "out" in suite_cpu._state:
+        suite_cpu._state["out"].close()
+    assert taken == ([expected] if expected else [])
