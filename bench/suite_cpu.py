@@ -57,14 +57,19 @@ def _own_cgroup(root: Path, controller: str | None) -> Path:
     return root
 
 
+HIERARCHIES = (
+    (Path("/sys/fs/cgroup/cpuacct"), "cpuacct", lambda d: int((d / "cpuacct.usage").read_text()) / 1e9),
+    (Path("/sys/fs/cgroup"), None,
+     lambda d: int(dict(line.split() for line in (d / "cpu.stat").read_text().splitlines())["usage_usec"]) / 1e6))
+"""Where the CPU is counted, in the order tried: cgroup v1's cpuacct (nanoseconds), else v2's
+``cpu.stat`` (microseconds); each with the controller ``/proc/self/cgroup`` names it by and its reader."""
+
+
 def _cgroup_counter(worker: str) -> tuple[Path, Callable[[Path], float]]:
     """A fresh cgroup for this process (``worker``: its xdist id, or ``main``), a child of its own,
     and a reader of its CPU-seconds (v1 cpuacct, else v2)."""
     name = f"suite-cpu-{os.getppid()}-{worker}"
-    for root, controller, read in (
-            (Path("/sys/fs/cgroup/cpuacct"), "cpuacct", lambda d: int((d / "cpuacct.usage").read_text()) / 1e9),
-            (Path("/sys/fs/cgroup"), None,
-             lambda d: int(dict(line.split() for line in (d / "cpu.stat").read_text().splitlines())["usage_usec"]) / 1e6)):
+    for root, controller, read in HIERARCHIES:
         if not (root / "cgroup.procs").is_file():
             continue
         group = _own_cgroup(root, controller) / name
@@ -187,9 +192,7 @@ XDIST_WORKER_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_
 
 def _run_roots() -> list[Path]:
     """Where this process's runs make their cgroups: under its own (v1 cpuacct and v2)."""
-    return [_own_cgroup(root, controller) for root, controller in
-            ((Path("/sys/fs/cgroup/cpuacct"), "cpuacct"), (Path("/sys/fs/cgroup"), None))
-            if (root / "cgroup.procs").is_file()]
+    return [_own_cgroup(root, controller) for root, controller, _ in HIERARCHIES if (root / "cgroup.procs").is_file()]
 
 
 def main(args: list[str]) -> None:
