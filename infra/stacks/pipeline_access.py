@@ -3,8 +3,9 @@ stack that are acknowledged (each with its reason).
 
 The Smoke, Apply and Promote builds have one IAM role each (:class:`KubectlDeployers`). Their EKS
 access entries carry NO access policy (the EKS-managed policies are either cluster-admin or miss
-KubeRay's custom resources); each maps its role to a Kubernetes group bound to
-:data:`DEPLOYER_RULES` in the Ray namespace only.
+KubeRay's custom resources); each maps its role to the Kubernetes group ``DEPLOYER_GROUP``
+(named with the cluster's other groups in infra/constructs/cluster_access.py, whose admission
+policy knows it), bound to :data:`DEPLOYER_RULES` in the Ray namespace only.
 """
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from dataclasses import dataclass
 from aws_cdk import Stack, aws_ec2 as ec2, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam, aws_s3 as s3
 from constructs import Construct
 
-from environment.contract import PART_OF, REGRESSION_REPORT_DIR as REPORT_DIR, stack_name
+from environment.contract import REGRESSION_REPORT_DIR as REPORT_DIR, stack_name
+from infra.constructs.cluster_access import DEPLOYER_GROUP, namespace_group_rbac
 from infra.nag import acknowledge
 
-DEPLOYER_GROUP = "raytrain-pipeline-deployers"
 ALL_VERBS = ["get", "list", "watch", "create", "update", "patch", "delete"]
 READ_VERBS = ["get", "list", "watch"]
 # What `kubectl apply --server-side` of the charts and the smoke run's wait need, in ONE namespace.
@@ -140,16 +141,8 @@ class KubectlDeployers(Construct):
             conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [r.pointer_key]}}))
         promote.add_to_policy(iam.PolicyStatement(
             sid="WritePromotedDigest", actions=["ssm:PutParameter"], resources=[r.parameter_arn]))
-        labels = {**PART_OF, "app.kubernetes.io/component": "pipeline"}
-        self.rbac = eks.KubernetesManifest(self, "Rbac", cluster=cluster, manifest=[
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-             "metadata": {"name": DEPLOYER_GROUP, "namespace": namespace, "labels": labels},
-             "rules": DEPLOYER_RULES},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": DEPLOYER_GROUP, "namespace": namespace, "labels": labels},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": DEPLOYER_GROUP},
-             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": DEPLOYER_GROUP}]},
-        ])
+        self.rbac = eks.KubernetesManifest(self, "Rbac", cluster=cluster, manifest=namespace_group_rbac(
+            DEPLOYER_GROUP, namespace, DEPLOYER_RULES, "pipeline"))
 
 
 def private_endpoint_access(scope: Construct, cluster: eks.ICluster) -> dict:

@@ -164,7 +164,7 @@ def apply_policy_if_missing(policy_file: str, namespace: str, say: Callable[[str
     missing = [n for n in names if _not_found(kubectl("get", "networkpolicy", n, "-n", namespace, check=False))]
     if missing:
         # create, not apply: people who only submit may create a policy but never patch one
-        # (infra/constructs/pod_identity.py SUBMITTER_RULES); each document is one run's policy.
+        # (infra/constructs/cluster_access.py SUBMITTER_RULES); each document is one run's policy.
         kubectl("create", "-f", policy_file)
         say(f"    network policy applied: {', '.join(missing)}")
 
@@ -312,7 +312,7 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
 
 # --- A run's own AWS identity ------------------------------------------------------------
 # A run's own AWS identity on EKS: a service account named after the run, associated through
-# EKS Pod Identity with the run role (infra/constructs/pod_identity.py ``RayIdentity.run_role``).
+# EKS Pod Identity with the run role (infra/constructs/cluster_access.py ``RayIdentity.run_role``).
 #
 # EKS Pod Identity tags every role session with the pod's service account
 # (``kubernetes-service-account``; Amazon EKS User Guide, "Grant Pods access to AWS resources based
@@ -342,7 +342,7 @@ def run_service_account(run: str, namespace: str) -> dict[str, Any]:
 
 
 def run_role_arn(cluster_name: str, account: str, partition: str = "aws") -> str:
-    """The run role's ARN (a fixed name: infra/constructs/pod_identity.py names it the same way)."""
+    """The run role's ARN (a fixed name: infra/constructs/cluster_access.py names it the same way)."""
     return f"arn:{partition}:iam::{account}:role/{run_role_name(cluster_name)}"
 
 

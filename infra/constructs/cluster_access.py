@@ -1,8 +1,18 @@
-"""The AWS identities of the cluster's workloads, through EKS Pod Identity: the Ray pods'
-(:class:`RayIdentity`: the Ray namespace, its network policies, the long-lived cluster's service
-account and role, and the role of every run's own service account) and cluster-autoscaler's
-(:class:`AutoscalerIdentity`: describe calls on anything, scaling only of this cluster's Auto
-Scaling groups).
+"""Who may act in the cluster's Ray namespace, and as which AWS identity: the cluster's access
+model, in one place because each part leans on another.
+
+- The workloads' AWS identities, through EKS Pod Identity: the Ray pods' (:class:`RayIdentity`:
+  the Ray namespace, its network policies, the long-lived cluster's service account and role, and
+  the role of every run's own service account) and cluster-autoscaler's (:class:`AutoscalerIdentity`:
+  describe calls on anything, scaling only of this cluster's Auto Scaling groups).
+- Which service account a RayJob or RayCluster may name (:func:`run_identity_admission`): the
+  run role's folder follows the account's name, so the admission policy is what makes a run's
+  identity its own; it knows the groups below by name.
+- The people who only submit (:class:`SubmitterAccess`): an access entry with no access policy,
+  a Kubernetes group bound to :data:`SUBMITTER_RULES` in the Ray namespace, and the IAM policy
+  for the AWS side of ``submit`` (making a run's Pod Identity association with the run role).
+  The pipeline's kubectl builds get the same shape of access (:data:`DEPLOYER_GROUP`, its rules
+  and roles in infra/stacks/pipeline_access.py); both are bound by :func:`namespace_group_rbac`.
 
 **Each run its own prefix.** A job on a cluster of its own runs under a service account named
 after the run (``charts/ray_charts.py``), associated by ``submit`` (or the pipeline's Smoke step)
@@ -44,7 +54,6 @@ from environment.contract import (INPUTS_PREFIX, ON_CLUSTER_FOLDER, PART_OF, PIP
                                   RUN_TAG, SMOKE_SERVICE_ACCOUNT, run_role_name)
 from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
-from infra.stacks.pipeline_access import DEPLOYER_GROUP
 
 # Object-level actions Ray Train's pyarrow S3 filesystem uses for checkpoints: read, write,
 # delete (num_to_keep prunes old checkpoints), and the multipart calls big uploads need.
@@ -68,6 +77,26 @@ TRACKING_ACTIONS = ("sagemaker-mlflow:*",)
 """Every action of SageMaker with MLflow (Service Authorization Reference, service prefix
 ``sagemaker-mlflow``), granted on the one tracking server ARN: only the actions whose resource
 type is ``mlflow-tracking-server`` can apply (``AccessUI`` has none, so it is not granted)."""
+SUBMITTERS_GROUP = "raytrain-submitters"
+"""The Kubernetes group of the people who only submit (their EKS access entries name it)."""
+DEPLOYER_GROUP = "raytrain-pipeline-deployers"
+"""The Kubernetes group of the pipeline's kubectl builds (infra/stacks/pipeline_access.py): the
+one group the admission policy lets name the smoke runs' service account."""
+
+
+def namespace_group_rbac(group: str, namespace: str, rules: list[dict], component: str) -> list[dict]:
+    """A Role of ``rules`` in ``namespace`` and its binding to the Kubernetes ``group``, both
+    named after the group: the whole Kubernetes side of an access entry with no access policy
+    (people who submit, the pipeline's builds), never a ClusterRole."""
+    labels = {**PART_OF, "app.kubernetes.io/component": component}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": group, "namespace": namespace, "labels": labels}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": group, "namespace": namespace, "labels": labels},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": group},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}]},
+    ]
 
 
 def checkpoint_policy_statements(bucket_arn: str, prefix: str, account: str,
@@ -345,8 +374,6 @@ class RayIdentity(Construct):
                             "(resource-level; AccessUI, which has no resource type, is not granted).")
 
 
-SUBMITTERS_GROUP = "raytrain-submitters"
-"""The Kubernetes group of the people who only submit (their EKS access entries name it)."""
 SUBMITTER_RULES = [
     # submit applies, follows and deletes its RayJob; stop deletes it
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "update",
@@ -384,16 +411,8 @@ class SubmitterAccess(Construct):
                  namespace: str, principals: tuple[str, ...], bucket_name: str, prefix: str, code_prefix: str,
                  run_role: iam.IRole) -> None:
         super().__init__(scope, construct_id)
-        labels = {**PART_OF, "app.kubernetes.io/component": "submitters"}
         self.manifest = cluster.add_manifest(
-            "SubmitterRbac",
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-             "metadata": {"name": SUBMITTERS_GROUP, "namespace": namespace, "labels": labels},
-             "rules": SUBMITTER_RULES},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": SUBMITTERS_GROUP, "namespace": namespace, "labels": labels},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SUBMITTERS_GROUP},
-             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": SUBMITTERS_GROUP}]})
+            "SubmitterRbac", *namespace_group_rbac(SUBMITTERS_GROUP, namespace, SUBMITTER_RULES, "submitters"))
         self.entries = [eks_l1.CfnAccessEntry(self, "Submitter" + hashlib.sha256(arn.encode()).hexdigest()[:12],
                                               cluster_name=cluster.cluster_name, principal_arn=arn, type="STANDARD",
                                               kubernetes_groups=[SUBMITTERS_GROUP])
