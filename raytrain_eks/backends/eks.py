@@ -1,5 +1,9 @@
-"""The EKS backend of ``raytrain-eks submit/status/logs/stop/list``: kubectl against the
-cluster's KubeRay operator, boto3 against the run's bucket.
+"""The EKS backend of ``raytrain-eks submit/status/logs/stop/list``: what a run does on the
+cluster, in three parts, each a section below: its RayJob applied and followed through kubectl
+against the cluster's KubeRay operator; its own AWS identity (a service account named after the
+run and its EKS Pod Identity association with the run role, made before the RayJob and removed
+after it); and its stop (the Ray job stopped through its own head before the RayJob goes). The
+local backend (``local.py``) is the same run on a Ray head of this machine.
 
 Following a RayJob reads the status KubeRay v1.7.0's controller writes
 (``ray-project/kuberay``, tag ``ray-operator/v1.7.0``, ``ray-operator/controllers/ray/rayjob_controller.go``
