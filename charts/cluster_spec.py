@@ -128,7 +128,7 @@ class ClusterShape:
     """The GPU node group the workers run on (empty: the spec's primary group)."""
     service_account: str = ""
     """The pods' service account: a RayJob's own cluster runs under one named after the run (its
-    AWS identity reaches only that run's folder, infra/constructs/cluster_access.py); empty: the
+    AWS identity reaches only that run's folder, infra/constructs/pod_identity.py); empty: the
     spec's ``ray.service_account`` (the long-lived cluster's, single-team)."""
 
     @property

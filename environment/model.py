@@ -33,10 +33,10 @@ from environment.contract import CODE_PREFIX, DIGEST_PATTERN
 from environment.existing import environment_problem
 from environment.image_source import cache_problem
 from environment.instances import INSTANCE_TYPES, SPOT_PRICE_FRACTION
-from environment.maintenance import window_problem
 from environment.queueing import QueueingSpec
 from environment.rules import (
     DNS_LABEL, DNS_SUBDOMAIN, bucket_name_problem, derived_bucket_name, schedule_problem, tag_ray_problem,
+    window_problem,
 )
 from spec_schema import FieldError, SchemaError, build_section, check_keys, read_toml
 
@@ -256,7 +256,7 @@ class PipelineSpec:
     defers (it never recreates the cluster under a running job)."""
     maintenance_window: str = ""
     """When Apply may recreate the long-lived cluster, e.g. ``"sat,sun 02:00-06:00"`` (UTC);
-    empty: any time (environment/maintenance.py)."""
+    empty: any time (environment/rules.py)."""
 
     def __post_init__(self) -> None:
         arn = r"(?a)arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}"

@@ -226,20 +226,32 @@ TRAINING_ROOMS: tuple[tuple[str, ...], ...] = (
 )
 
 
-def room_of(module: str) -> str:
-    """``training.data.records`` -> ``data``; ``training`` (the package itself) -> ``""``."""
-    return module.split(".")[1] if module.count(".") else ""
+# infra/'s rooms, lowest first: the Lambda's code and the two helpers every stack uses, the
+# constructs, the stacks, the app builder. A construct never imports a stack: the stacks compose
+# constructs, and a construct that reached up into a stack could not be built without it.
+INFRA_ROOMS: tuple[tuple[str, ...], ...] = (
+    ("lambdas", "nag", "verify_gate"),
+    ("constructs",),
+    ("stacks",),
+    ("build",),
+)
 
 
-def upward_imports(graph: dict[str, set[str]], rooms: tuple[tuple[str, ...], ...]) -> list[str]:
+def room_of(module: str, package: str = "training") -> str:
+    """``training.data.records`` -> ``data``; ``training`` (the package itself) or a module of
+    another package -> ``""``."""
+    return module.split(".")[1] if module.startswith(package + ".") else ""
+
+
+def upward_imports(graph: dict[str, set[str]], rooms: tuple[tuple[str, ...], ...], package: str = "training") -> list[str]:
     """``module -> target`` for every import of a room in a higher layer (or of no declared room)."""
     layer = {room: i for i, group in enumerate(rooms) for room in group}
     found = []
     for module in sorted(graph):
-        if not module.startswith("training."):
+        if not module.startswith(package + "."):
             continue
         for target in sorted(graph[module]):
-            mine, theirs = room_of(module), room_of(target)
+            mine, theirs = room_of(module, package), room_of(target, package)
             if theirs and mine != theirs and (mine not in layer or theirs not in layer or layer[theirs] > layer[mine]):
                 found.append(f"{module} ({mine}) -> {target} ({theirs})")
     return found
@@ -273,6 +285,22 @@ def test_an_upward_import_between_rooms_is_named():
         "training.model_transforms.lora (model_transforms) -> training.checkpointing.state (checkpointing)"]
     assert cycles(room_graph({"training.tokenizer": {"training.data.records"},
                               "training.data.tokenizer": {"training.tokenizer"}})) == [["data", "tokenizer", "data"]]
+
+
+def test_infra_rooms_import_only_downwards():
+    graph = module_graph()
+    declared = {room for group in INFRA_ROOMS for room in group}
+    present = {room_of(m, "infra") for m in graph if m.startswith("infra.")}
+    assert present - declared == set(), f"rooms of infra/ missing from INFRA_ROOMS: {sorted(present - declared)}"
+    assert upward_imports(graph, INFRA_ROOMS, "infra") == []
+
+
+def test_a_construct_importing_a_stack_is_named():
+    # What infra/constructs/pod_identity.py did until the pipeline's group name moved down to it.
+    graph = {"infra.constructs.pod_identity": {"infra.stacks.pipeline_access", "infra.nag"},
+             "infra.stacks.pipeline_access": {"infra.constructs.submitter_access"}}
+    assert upward_imports(graph, INFRA_ROOMS, "infra") == [
+        "infra.constructs.pod_identity (constructs) -> infra.stacks.pipeline_access (stacks)"]
 
 
 def bench_graph() -> dict[str, set[str]]:

@@ -38,7 +38,8 @@ from environment.contract import CODE_PREFIX
 from environment.model import ClusterSpec, RaySpec
 from infra.constructs.cluster_addons import ClusterAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role
-from infra.constructs.cluster_access import AutoscalerIdentity, RayIdentity, SubmitterAccess
+from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity
+from infra.constructs.submitter_access import SubmitterAccess
 from infra.nag import acknowledge_kubectl_provider
 
 CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"

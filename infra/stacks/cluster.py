@@ -36,7 +36,8 @@ from environment.image_source import CACHE_UPSTREAM_REGISTRY, CACHE_UPSTREAM_URL
 from environment.model import ClusterSpec, RaySpec, SystemNodeGroupSpec
 from infra.constructs.cluster_addons import ClusterAddons, ManagedAddons, ResolvedAddon, kubernetes_objects_after
 from infra.constructs.node_groups import EfaSecurityGroup, GpuNodeGroup, node_role, system_launch_template
-from infra.constructs.cluster_access import AutoscalerIdentity, RayIdentity, SubmitterAccess
+from infra.constructs.pod_identity import AutoscalerIdentity, RayIdentity
+from infra.constructs.submitter_access import SubmitterAccess
 from infra.nag import ENDPOINT_RULE, OPEN_TO_ALL, acknowledge, acknowledge_cluster_findings
 from infra.stacks.network import NetworkStack
 

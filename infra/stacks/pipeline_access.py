@@ -4,8 +4,9 @@ stack that are acknowledged (each with its reason).
 The Smoke, Apply and Promote builds have one IAM role each (:class:`KubectlDeployers`). Their EKS
 access entries carry NO access policy (the EKS-managed policies are either cluster-admin or miss
 KubeRay's custom resources); each maps its role to the Kubernetes group ``DEPLOYER_GROUP``
-(named with the cluster's other groups in infra/constructs/cluster_access.py, whose admission
-policy knows it), bound to :data:`DEPLOYER_RULES` in the Ray namespace only.
+(named in infra/constructs/pod_identity.py, whose admission policy lets that group name the smoke
+runs' service account), bound to :data:`DEPLOYER_RULES` in the Ray namespace only, by the
+builder the people who submit get theirs from (infra/constructs/submitter_access.py).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from aws_cdk import Stack, aws_ec2 as ec2, aws_eks as eks_l1, aws_eks_v2 as eks,
 from constructs import Construct
 
 from environment.contract import REGRESSION_REPORT_DIR as REPORT_DIR, stack_name
-from infra.constructs.cluster_access import DEPLOYER_GROUP, namespace_group_rbac
+from infra.constructs.pod_identity import DEPLOYER_GROUP
+from infra.constructs.submitter_access import namespace_group_rbac
 from infra.nag import acknowledge
 
 ALL_VERBS = ["get", "list", "watch", "create", "update", "patch", "delete"]

@@ -1,9 +1,10 @@
 """The EKS backend of ``raytrain-eks submit/status/logs/stop/list``: what a run does on the
 cluster, in three parts, each a section below: its RayJob applied and followed through kubectl
-against the cluster's KubeRay operator; its own AWS identity (a service account named after the
-run and its EKS Pod Identity association with the run role, made before the RayJob and removed
-after it); and its stop (the Ray job stopped through its own head before the RayJob goes). The
-local backend (``local.py``) is the same run on a Ray head of this machine.
+against the cluster's KubeRay operator; its own AWS identity, for a run with a cluster of its own
+(a service account named after the run, which stays, and its EKS Pod Identity association with
+the run role, made before the RayJob and removed once the run is over); and its stop (on a run's
+own cluster, the Ray job stopped through its head before the RayJob goes). The local backend
+(``local.py``) is the same run on a Ray head of this machine.
 
 Following a RayJob reads the status KubeRay v1.7.0's controller writes
 (``ray-project/kuberay``, tag ``ray-operator/v1.7.0``, ``ray-operator/controllers/ray/rayjob_controller.go``
@@ -36,6 +37,7 @@ from typing import Any, Callable
 
 from environment.contract import JOB_LABEL, ON_CLUSTER_SUFFIX, PART_OF, run_role_name
 
+# --- A run's RayJob applied and followed -------------------------------------------------
 TERMINAL = ("Complete", "Failed", "ValidationFailed")
 """The jobDeploymentStatus values after which KubeRay changes nothing (rayjob_types.go:
 IsJobDeploymentTerminal, plus the validation refusal)."""
@@ -168,7 +170,7 @@ def apply_policy_if_missing(policy_file: str, namespace: str, say: Callable[[str
     missing = [n for n in names if _not_found(kubectl("get", "networkpolicy", n, "-n", namespace, check=False))]
     if missing:
         # create, not apply: people who only submit may create a policy but never patch one
-        # (infra/constructs/cluster_access.py SUBMITTER_RULES); each document is one run's policy.
+        # (infra/constructs/submitter_access.py SUBMITTER_RULES); each document is one run's policy.
         kubectl("create", "-f", policy_file)
         say(f"    network policy applied: {', '.join(missing)}")
 
@@ -316,7 +318,7 @@ def follow(name: str, namespace: str, *, poll_s: float, say: Callable[[str], Non
 
 # --- A run's own AWS identity ------------------------------------------------------------
 # A run's own AWS identity on EKS: a service account named after the run, associated through
-# EKS Pod Identity with the run role (infra/constructs/cluster_access.py ``RayIdentity.run_role``).
+# EKS Pod Identity with the run role (infra/constructs/pod_identity.py ``RayIdentity.run_role``).
 #
 # EKS Pod Identity tags every role session with the pod's service account
 # (``kubernetes-service-account``; Amazon EKS User Guide, "Grant Pods access to AWS resources based
@@ -346,7 +348,7 @@ def run_service_account(run: str, namespace: str) -> dict[str, Any]:
 
 
 def run_role_arn(cluster_name: str, account: str, partition: str = "aws") -> str:
-    """The run role's ARN (a fixed name: infra/constructs/cluster_access.py names it the same way)."""
+    """The run role's ARN (a fixed name: infra/constructs/pod_identity.py names it the same way)."""
     return f"arn:{partition}:iam::{account}:role/{run_role_name(cluster_name)}"
 
 

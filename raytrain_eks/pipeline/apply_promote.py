@@ -39,7 +39,7 @@ import time
 from typing import Any, Callable
 
 from environment.contract import RAY_CLUSTER_LABEL
-from environment.maintenance import parse_window
+from environment.rules import parse_window
 from infra.lambdas.image_watcher.history import APPLIED, FAILURE_DEFERRED, Superseded
 from infra.lambdas.image_watcher.promote import PromotionError, promote, promoted_digest, split_record_uri
 

@@ -17,7 +17,7 @@ a job reads for that field (:data:`DATA_SUFFIXES`), or a symbolic link inside a 
 leads out of it (the link's target would be uploaded: ``/etc/passwd`` travelled that way), is
 refused in one line naming it, before anything is uploaded. The copies are content-addressed
 and only people who submit write ``_inputs/`` (the pods' roles may read it, never write it:
-infra/constructs/cluster_access.py), so a copy found under its hash is that content.
+infra/constructs/pod_identity.py), so a copy found under its hash is that content.
 
 Relative paths are relative to the repository root, where the job file's other paths (the
 tokenizer in ``training/assets``) are resolved, as the job resolves them in the unpacked archive.

@@ -3,7 +3,7 @@ really creates from the synthesized manifests: templates plus the autoscaler sid
 ``wait-gcs-ready`` init container (a copy of the Ray container's securityContext) and the
 volumes it adds (charts_oracles/kuberay_pods.py, charts_oracles/pod_security.py).
 
-The ``ray`` namespace enforces ``baseline`` (infra/constructs/cluster_access.py): a pod failing it
+The ``ray`` namespace enforces ``baseline`` (infra/constructs/pod_identity.py): a pod failing it
 is never created. ``restricted`` is warned and audited; :data:`RESTRICTED_FAILURES` is every
 check that still fails there, each with its reason.
 """

@@ -1,4 +1,4 @@
-"""The run identity admission policy (infra/constructs/cluster_access.py ``run_identity_admission``)
+"""The run identity admission policy (infra/constructs/pod_identity.py ``run_identity_admission``)
 on the REAL kube-apiserver (v1.36, built from source: tests/cluster/plane.py), against the RayJobs
 the product synthesizes and the KubeRay v1.7.0 CRDs: a submitter (the shipped
 ``raytrain-submitters`` RBAC, by impersonation) who names another run's or a platform service
@@ -28,7 +28,8 @@ OPERATOR = ["--as=system:serviceaccount:kuberay-system:kuberay-operator"]
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, shipped):
-    from infra.constructs.cluster_access import DEPLOYER_GROUP, SUBMITTER_RULES, run_identity_admission
+    from infra.constructs.pod_identity import DEPLOYER_GROUP, run_identity_admission
+    from infra.constructs.submitter_access import SUBMITTER_RULES
     from infra.stacks.pipeline_access import DEPLOYER_RULES
 
     env = spec(RUNS)

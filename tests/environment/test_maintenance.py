@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from environment.maintenance import parse_window, window_problem
+from environment.rules import parse_window, window_problem
 
 UTC = datetime.timezone.utc
 FRI_2200 = datetime.datetime(2026, 12, 4, 22, 0, tzinfo=UTC)  # 2026-12-04 is a Friday

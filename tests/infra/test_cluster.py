@@ -61,7 +61,7 @@ def test_admin_principals_get_cluster_admin_access_entries(alternative):
 
 
 def test_people_who_only_submit_get_the_ray_namespace_and_the_queue_not_cluster_admin(alternative, default):
-    from infra.constructs.cluster_access import SUBMITTER_RULES, SUBMITTERS_GROUP
+    from infra.constructs.submitter_access import SUBMITTER_RULES, SUBMITTERS_GROUP
 
     entries = [e["Properties"] for e in alternative.resources("cluster", "AWS::EKS::AccessEntry").values()]
     [submitter] = [e for e in entries if e["PrincipalArn"] == alternative.env.cluster.submitter_principal_arns[0]]
@@ -87,7 +87,7 @@ def test_people_who_only_submit_cannot_change_or_delete_a_network_policy():
     name), and a policy's name is the run's, so a submitter who may patch or delete one may
     patch or delete them all, the default deny included. Submit only creates its run's policy
     when missing (kubectl create); stop leaves it (it selects that RayJob's pods only)."""
-    from infra.constructs.cluster_access import SUBMITTER_RULES
+    from infra.constructs.submitter_access import SUBMITTER_RULES
 
     verbs = {v for rule in SUBMITTER_RULES if "networkpolicies" in rule["resources"] for v in rule["verbs"]}
     assert verbs == {"get", "list", "create"}

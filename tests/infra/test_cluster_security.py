@@ -184,8 +184,7 @@ def _admission_manifest(synth) -> list[dict]:
 def test_the_stack_installs_the_run_identity_admission_policy(which, request):
     """The policy the cluster tier proves on a real apiserver (tests/cluster/test_run_identity_admission.py),
     installed by the cluster stack and by the existing-cluster stack, bound to the Ray namespace."""
-    from infra.constructs.cluster_access import run_identity_admission
-    from infra.constructs.cluster_access import DEPLOYER_GROUP
+    from infra.constructs.pod_identity import DEPLOYER_GROUP, run_identity_admission
 
     synth = request.getfixturevalue(which)
     env = synth.env

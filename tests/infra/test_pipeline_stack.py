@@ -18,9 +18,9 @@ import infra_variants
 import pytest
 
 from environment.model import MAX_APPLY_WAIT_MINUTES
+from infra.constructs.pod_identity import DEPLOYER_GROUP
 from infra.lambdas.image_watcher import watcher as watcher_module
 from infra.stacks import pipeline as pipeline_module
-from infra.constructs.cluster_access import DEPLOYER_GROUP
 from infra.stacks.pipeline_builds import fingerprint
 
 REPO = Path(__file__).resolve().parents[2]

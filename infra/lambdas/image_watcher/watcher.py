@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Protocol
 import datetime
 
 from environment.contract import DIGEST_PATTERN
-from environment.maintenance import parse_window
+from environment.rules import parse_window
 
 from .registry import ImageLocation, platform_problem, resolve_digest
 

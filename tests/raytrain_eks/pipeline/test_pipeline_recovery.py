@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from walk_env import make_walk
 
-from environment.maintenance import DAYS
+from environment.rules import WEEKDAYS
 from infra.lambdas.image_watcher.history import (
     FAILURE_DEFERRED, FAILURE_IMAGE, FAILURE_INFRASTRUCTURE, ROLLED_BACK,
 )
@@ -167,7 +167,7 @@ def test_apply_defers_while_a_job_runs_past_the_bound_and_leaves_it_running(walk
 
 def test_apply_outside_the_maintenance_window_defers_without_touching_the_cluster(walk):
     # a window three days from today: closed now, whatever the time of day
-    day = DAYS[(datetime.datetime.now(datetime.timezone.utc).weekday() + 3) % 7]
+    day = WEEKDAYS[(datetime.datetime.now(datetime.timezone.utc).weekday() + 3) % 7]
     committed = walk.committed
     committed.write_text(committed.read_text().replace('maintenance_window = ""', f'maintenance_window = "{day} 02:00-04:00"'))
     second = walk.push_image(b"image B\n")
