@@ -24,6 +24,18 @@ cgroup still holding processes at the end (a daemon nobody stopped) is named wit
 name).
 The plugin alone, under ``make test``: ``BENCH_SUITE_CPU_OUT=<dir> PYTHONPATH=bench make test
 PYTEST_ARGS="-p suite_cpu"``, one ``<cgroup>.jsonl`` per worker in <dir>. Measured, never asserted.
+
+The process census (``processes`` in that JSON, ``python bench/suite_cpu.py`` only) answers which
+kind of process costs the CPU, where the rows answer which test: while pytest runs, a thread reads
+every ``PERIOD_S`` the pids in each cgroup of this run (the workers' and any nested in them, from
+``cgroup.procs``) and, for each, ``/proc/PID/stat`` (utime + stime) and, while it has shown fewer than
+``TITLES_KEPT`` of them, its command line, which Ray rewrites (``ray::IDLE``, then ``ray::<Actor>``).
+Each process (pid and start time) keeps the last CPU seen, so one killed by SIGKILL counts up to its
+last sample; each is named by :func:`process_kind` (the table ``PROCESS_KINDS``), and the kinds are
+summed: count, CPU-seconds, median per process. What it misses: a process's CPU after its last sample
+(up to one period each), and a process that lives less than a period may not be seen at all. What
+it holds that the cgroups' counters do not: a pytest process's CPU from its start, before it moved
+into its cgroup. Measured, never asserted.
 """
 from __future__ import annotations
 
@@ -31,9 +43,12 @@ import collections
 import errno
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -187,6 +202,110 @@ def remove_cgroups(groups: list[Path], patience_s: float = 10.0) -> dict[str, li
     return left
 
 
+PROCESS_KINDS = tuple((re.compile(pattern), kind) for pattern, kind in (
+    # Ray's own titles (setproctitle): the actor's class, then the method it runs
+    (r"^ray::RayTrainWorker\b", "Ray Train worker"),
+    (r"^ray::(TrainController|DatasetManager|SynchronizationActor|PlacementGroupCleaner|_AutoscalingCoordinatorActor)\b",
+     "Ray Train controller and helper actors"),
+    (r"^ray::(JobSupervisor\b|_ray_internal_job_actor_)", "Ray job supervisor"),
+    (r"^ray::(DashboardAgent|RuntimeEnvAgent)\b", "Ray head/node daemon"),
+    # the daemons `ray start` leaves, by their command lines; the dashboard's modules are spawned
+    # (multiprocessing.spawn) and then titled ray-dashboard-<Module>-0
+    (r"^(\S*/)?(gcs_server|raylet)(\s|$)|/ray/dashboard/|^ray-dashboard-|/ray/(_private/log_monitor|autoscaler/_private/monitor)\.py"
+     r"|-m ray\.util\.client\.server",
+     "Ray head/node daemon"),
+    (r"^ray::IDLE\b|/ray/_private/workers/(default|setup)_worker\.py", "Ray worker, never an actor"),
+    (r"^ray::", "Ray actor or task, other"),
+    (r"(^|/)ray (start|stop|job|status)\b", "Ray CLI (ray start, ray job submit/logs)"),
+    (r"training --config\b", "job driver"),
+    # an xdist worker as execnet starts it; pytest itself (never a path under /tmp/pytest-of-*)
+    (r"import sys;exec\(eval\(sys\.stdin\.readline\(\)\)\)|(^|/|-m )pytest(\s|$)", "pytest"),
+    (r"multiprocessing\.(spawn|forkserver)", "spawned rank (multiprocessing spawn/forkserver)"),
+    (r"^(\S*/)?node(\s|$)", "node (cdk, cdk8s)"),
+))
+"""(pattern, kind), the first that matches wins: :func:`process_kind` reads it."""
+
+
+def process_kind(titles: list[str]) -> str:
+    """The kind of a process by the command lines it showed, in the order seen (``PROCESS_KINDS``).
+    A Ray worker (its latest title Ray's, ``ray::...``) is named by its first title that is not
+    ``ray::IDLE``: an actor's title goes from its class to the method it runs and back, a task
+    worker's back to IDLE. Any other process by its latest: a child forked from a pytest worker (or
+    a Ray worker) shows its parent's command line until it execs its own."""
+    titles = [title for title in titles if title]
+    title = titles[-1] if titles else ""
+    if title.startswith("ray::"):
+        title = next((t for t in titles if t.startswith("ray::") and not t.startswith("ray::IDLE")), title)
+    return next((kind for pattern, kind in PROCESS_KINDS if pattern.search(title)), "other")
+
+
+PERIOD_S = 0.5
+TITLES_KEPT = 6
+
+
+class Census:
+    """CPU per process of this run's cgroups (the module docstring: the process census), sampled
+    every ``PERIOD_S`` by a thread between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, groups: Callable[[], list[Path]]):
+        self.groups = groups  # the run's cgroups, found anew each sample: workers make theirs as they start
+        self.seen: dict[tuple[int, int], dict] = {}  # (pid, start time in ticks) -> {"titles", "cpu_s"}
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="suite-cpu-census", daemon=True)
+        self.sampler_cpu_s = 0.0
+
+    def _pids(self) -> list[str]:
+        pids = []
+        for group in self.groups():
+            for directory, _, _ in os.walk(group):  # nested cgroups (a pytest run inside a worker's test)
+                try:
+                    pids += (Path(directory) / "cgroup.procs").read_text().split()
+                except OSError:  # removed meanwhile
+                    continue
+        return list(dict.fromkeys(pids))  # v1 may list a pid twice
+
+    def sample(self) -> None:
+        for pid in self._pids():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
+                fields = stat[stat.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
+                key = (int(pid), int(fields[19]))
+                cpu_s = (int(fields[11]) + int(fields[12])) / self.tick
+                record = self.seen.setdefault(key, {"titles": [], "cpu_s": 0.0})
+                record["cpu_s"] = cpu_s
+                if len(record["titles"]) < TITLES_KEPT:
+                    raw = Path(f"/proc/{pid}/cmdline").read_bytes()  # empty for a zombie
+                    title = b" ".join(part for part in raw.split(b"\0") if part).decode(errors="replace").strip()[:500]
+                    if title and title not in record["titles"]:
+                        record["titles"].append(title)
+            except (OSError, ValueError, IndexError):  # gone between the listing and the reading
+                continue
+
+    def _run(self) -> None:
+        while not self._stop.wait(PERIOD_S):
+            self.sample()
+        self.sampler_cpu_s = time.thread_time()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and take a last sample (what is still running then)."""
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def report(self) -> dict:
+        kinds = collections.defaultdict(list)
+        for record in self.seen.values():
+            kinds[process_kind(record["titles"])].append(record["cpu_s"])
+        return {"period_s": PERIOD_S, "sampled_cpu_s": round(sum(map(sum, kinds.values())), 1),
+                "sampler_cpu_s": round(self.sampler_cpu_s, 1),
+                "by_kind": {kind: {"count": len(cpu), "cpu_s": round(sum(cpu), 1), "median_cpu_s": round(statistics.median(cpu), 2)}
+                            for kind, cpu in sorted(kinds.items(), key=lambda kv: -sum(kv[1]))}}
+
+
 XDIST_WORKER_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
 
 
@@ -207,8 +326,14 @@ def main(args: list[str]) -> None:
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     proc = subprocess.Popen(command, cwd=ROOT, env=env)
+    # the run's cgroups as they appear: the workers' are named by their parent, pytest (proc.pid),
+    # and without xdist pytest's own by this process, its parent
+    census = Census(lambda: [group for parent in _run_roots() for owner in (proc.pid, os.getpid())
+                             for group in parent.glob(f"suite-cpu-{owner}-*") if group.is_dir()])
+    census.start()
     proc.wait()
     wall = time.perf_counter() - start
+    census.stop()  # before the cgroups go
     rows = []
     for written in out.glob("*.jsonl"):
         rows += [json.loads(line) for line in written.read_text().splitlines() if line]
@@ -219,7 +344,7 @@ def main(args: list[str]) -> None:
              for group in parent.glob(f"suite-cpu-{proc.pid}-*") if group.is_dir()]
     left = remove_cgroups(made)
     result = report(rows, wall, workers)
-    result.update(exit_code=proc.returncode, cgroups_left_holding_processes=left)
+    result.update(exit_code=proc.returncode, cgroups_left_holding_processes=left, processes=census.report())
     print(json.dumps(result))
 
 if __name__ == "__main__":

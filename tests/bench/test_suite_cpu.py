@@ -1,5 +1,6 @@
 """bench/suite_cpu.py counts a test's CPU by its worker's cgroup: a process the test started and
-that left the test's process tree (daemonized, as ``ray start`` does) is still the test's cost."""
+that left the test's process tree (daemonized, as ``ray start`` does) is still the test's cost; its
+process census names what kind of process the CPU went to, by the command lines Ray and others set."""
 from __future__ import annotations
 
 import json
@@ -33,6 +34,29 @@ def test_starts_a_daemon_that_burns_a_second():
         time.sleep(0.1)
     with open(os.environ["OWN"], "w") as f:  # what getrusage sees: the test's process and its waited-for child
         json.dump(own() - before, f)
+"""
+
+KILLED = """
+import os, signal, subprocess, sys, time
+
+import suite_cpu  # the plugin this pytest runs with: its _state holds this process's cgroup
+
+def test_a_job_driver_killed_by_sigkill():
+    # a child whose command line reads as a job driver's burns a CPU-second in a cgroup nested in
+    # the worker's (as a pytest run inside a worker's test makes them), then is killed from outside
+    # by SIGKILL, as a fault kills one: gone before the run ends, only the census's samples saw it
+    code = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 1.0: pass\\nprint('burnt', flush=True)\\ntime.sleep(600)"
+    child = subprocess.Popen([sys.executable, "-c", code, "training", "--config", "burn.toml"], stdout=subprocess.PIPE, text=True)
+    nested = suite_cpu._state["group"] / "census-burner"
+    nested.mkdir()
+    try:
+        (nested / "cgroup.procs").write_text(str(child.pid))
+        assert child.stdout.readline() == "burnt\\n"  # the child's 600 s sleep ends a hang
+        time.sleep(2.0)  # idle, alive: four of the census's periods to see the second it burnt
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        assert suite_cpu.remove_cgroups([nested]) == {}
 """
 
 
@@ -72,6 +96,83 @@ def test_a_daemonized_process_is_counted_for_the_test_that_started_it(tmp_path, 
     # the daemon's second of CPU, beyond all that the test's own getrusage holds
     assert done.exists() and burner["cpu_s"] - json.loads(own.read_text()) >= 1.0, result
     assert result["workers_cpu_s"] >= burner["cpu_s"]  # the workers' totals hold their tests and more
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])  # pytest's own cgroup (named by main's pid), and a worker's
+def test_the_process_census_counts_a_process_killed_by_sigkill_under_its_kind(tmp_path, workers):
+    """The census reads the run's cgroups while pytest runs: a process killed by SIGKILL mid-run,
+    in a cgroup nested in a worker's, is counted up to its last sample, under its kind."""
+    if not _cgroups_writable():
+        pytest.skip("this process may not make a cgroup of its own (needs root or a delegated cgroup)")
+    target = tmp_path / "test_killed.py"
+    target.write_text(KILLED)
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "suite_cpu.py"), str(target), "-p", "no:cacheprovider",
+                          "--rootdir", str(tmp_path), "-c", os.devnull],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "TEST_WORKERS": workers, "PYTEST_XDIST_WORKER": "gw1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["exit_code"] == 0 and result["cgroups_left_holding_processes"] == {}, result
+    census = result["processes"]
+    assert census["period_s"] == 0.5, census
+    driver = census["by_kind"].get("job driver")
+    # the one process that reads as a job driver: about a second burnt, half of it at least sampled
+    assert driver and driver["count"] == 1 and driver["cpu_s"] >= 0.5, census
+    assert census["by_kind"]["pytest"]["count"] >= 1, census  # the processes in the run's own cgroups too
+    assert list(census["by_kind"]) == sorted(census["by_kind"], key=lambda k: -census["by_kind"][k]["cpu_s"])
+    assert census["sampled_cpu_s"] >= driver["cpu_s"], census
+
+
+@pytest.mark.parametrize("titles, kind", [
+    # Ray 2.58's titles: a worker starts as setup_worker.py/default_worker.py, is titled ray::IDLE,
+    # then ray::<Actor> and ray::<Actor>.<method> while it runs one
+    (["/v/bin/python /v/lib/python3.11/site-packages/ray/_private/workers/setup_worker.py /v/lib/python3.11/site-packages/"
+      "ray/_private/workers/default_worker.py --node-ip-address=192.0.2.2", "ray::IDLE", "ray::RayTrainWorker.run_train_fn"],
+     "Ray Train worker"),
+    (["ray::IDLE", "ray::RayTrainWorker.init_train_context", "ray::execute._set_torch_distributed_env_vars"], "Ray Train worker"),
+    (["ray::IDLE", "ray::TrainController.__init__", "ray::TrainController.run"], "Ray Train controller and helper actors"),
+    (["ray::IDLE", "ray::PlacementGroupCleaner"], "Ray Train controller and helper actors"),
+    (["ray::IDLE", "ray::_AutoscalingCoordinatorActor.request_resources"], "Ray Train controller and helper actors"),
+    (["ray::IDLE", "ray::JobSupervisor"], "Ray job supervisor"),
+    (["ray::IDLE", "ray::PreemptionWatcher", "ray::RayTrainWorker"], "Ray actor or task, other"),  # the first name decides
+    (["ray::IDLE"], "Ray worker, never an actor"),
+    (["ray::IDLE", "ray::some_task", "ray::IDLE"], "Ray actor or task, other"),  # a task's worker goes back to IDLE
+    (["/v/bin/python /v/lib/python3.11/site-packages/ray/_private/workers/default_worker.py --node-ip-address=192.0.2.2"],
+     "Ray worker, never an actor"),
+    (["/v/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp/ray/session_1/logs"], "Ray head/node daemon"),
+    (["/v/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --raylet_socket_name=/tmp/ray/s/sockets/raylet"],
+     "Ray head/node daemon"),
+    (["/v/bin/python -u /v/lib/python3.11/site-packages/ray/dashboard/agent.py --node-id=3e38", "ray::DashboardAgent"],
+     "Ray head/node daemon"),
+    (["/v/bin/python -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=26, pipe_handle=49) --multiprocessing-fork",
+      'ray-dashboard-StateHead-0 (/v/bin/python -c "from multiprocessing.spawn import spawn_main")'], "Ray head/node daemon"),
+    (["/v/bin/python -u /v/lib/python3.11/site-packages/ray/_private/log_monitor.py --session-dir=/tmp/ray/s"],
+     "Ray head/node daemon"),
+    (["/v/bin/python /v/bin/ray job submit --no-wait --address http://127.0.0.1:8265 -- python -m training --config jobs/local.toml"],
+     "Ray CLI (ray start, ray job submit/logs)"),
+    (["/v/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))"], "pytest"),
+    (["/v/bin/python -m pytest -n 2 --dist loadgroup -m not cluster -p suite_cpu"], "pytest"),
+    # a child forked from an xdist worker is named by what it execs
+    (["/v/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))", "/v/bin/python /v/bin/ray start --head --port=6379"],
+     "Ray CLI (ray start, ray job submit/logs)"),
+    (["/v/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))", "sleep 1"], "other"),
+    (["python -m training --config x.toml"], "job driver"),
+    (["/v/bin/python -m training --config /tmp/pytest-of-root/pytest-185/popen-gw0/t0/elastic.toml"], "job driver"),
+    (["/v/bin/python -c from multiprocessing.forkserver import main; main(14, 19, ['torch'])"],
+     "spawned rank (multiprocessing spawn/forkserver)"),
+    # the forkserver a Ray Train worker starts, seen once between its fork and its exec
+    (["ray::RayTrainWorker.run_train_fn", "/v/bin/python -c from multiprocessing.forkserver import main; main(14, 19, [])"],
+     "spawned rank (multiprocessing spawn/forkserver)"),
+    (["node /x/cdk.js"], "node (cdk, cdk8s)"),
+    (["/usr/bin/node --max-old-space-size=4069 --preserve-symlinks /tmp/tmp3y/lib/program.js"], "node (cdk, cdk8s)"),
+    (["/v/bin/python -m raytrain_eks.cli submit jobs/local.toml --local --out /tmp/pytest-of-root/pytest-185/popen-gw1/t0"], "other"),
+    ([], "other"),
+    (["", "/v/bin/python -m pytest -q"], "pytest"),  # a zombie's empty command line is no title
+])
+def test_a_process_is_named_by_its_titles(titles, kind):
+    from suite_cpu import process_kind
+
+    assert process_kind(titles) == kind
 
 
 def test_the_report_sums_by_tier_and_module():
