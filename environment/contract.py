@@ -113,6 +113,13 @@ SMOKE_SERVICE_ACCOUNT = "raytrain-smoke"
 """The service account of the pipeline's smoke runs (raytrain_eks/pipeline/smoke.py): associated
 by the cluster stack with a role that writes ``<prefix>/smoke-*`` only, so the pipeline needs no
 right to create associations."""
+DEPLOYER_GROUP = "raytrain-pipeline-deployers"
+"""The Kubernetes group of the pipeline's kubectl builds (their roles, access entries and rules:
+infra/stacks/pipeline_access.py); the one group the run identity admission policy
+(infra/constructs/pod_identity.py) lets name :data:`SMOKE_SERVICE_ACCOUNT`."""
+SUBMITTERS_GROUP = "raytrain-submitters"
+"""The Kubernetes group of the people who only submit (their EKS access entries name it:
+infra/constructs/submitter_access.py)."""
 
 
 def run_role_name(cluster_name: str) -> str:

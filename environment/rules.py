@@ -1,8 +1,12 @@
 """Rules that several fields (and several tools) apply: S3 bucket names, EventBridge schedule
-expressions, the pipeline's maintenance window, the Ray version an image tag names. One function per rule, so an explicit value and a
-derived one are judged alike. Each returns the problem as text ("" = fine); callers name the field.
-The derived bucket name lives here too: it passes the same validator as a typed one
-(:func:`bucket_name_problem`), so a derived name is never one the spec would refuse if typed in.
+expressions, the pipeline's maintenance window, the Ray version an image tag names. One function
+per rule, so an explicit value and a derived one are judged alike. Each ``*_problem`` returns the
+problem as text ("" = fine); callers name the field. Two rules also give what they judged: the
+derived bucket name, which passes the same validator as a typed one (:func:`bucket_name_problem`),
+so a derived name is never one the spec would refuse if typed in; and the maintenance window
+parsed (:func:`parse_window`, :class:`MaintenanceWindow`: open now, when it closes, its next
+opening), which the image watcher and the pipeline's Apply read from the same text the spec
+checked.
 """
 from __future__ import annotations
 
@@ -121,7 +125,7 @@ _WINDOW_ALLOWED = ('"<days> HH:MM-HH:MM" (UTC; days "daily" or a comma list of m
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
+class MaintenanceWindow:
     """A weekly window: the weekdays it opens on (0 = Monday), its opening minute of the day and
     its length in minutes."""
 
@@ -165,7 +169,7 @@ def window_problem(text: str) -> str:
     return ""
 
 
-def parse_window(text: str) -> Window | None:
+def parse_window(text: str) -> MaintenanceWindow | None:
     """The window (None for ""). ValueError naming the problem for a bad one (the spec checks
     it first with :func:`window_problem`)."""
     if not text:
@@ -176,7 +180,7 @@ def parse_window(text: str) -> Window | None:
     days = tuple(range(7)) if match.group(1) == "daily" else tuple(sorted(WEEKDAYS.index(d) for d in match.group(1).split(",")))
     start = int(match.group(2)) * 60 + int(match.group(3))
     end = int(match.group(4)) * 60 + int(match.group(5))
-    return Window(days=days, start_minute=start, minutes=(end - start) % (24 * 60))
+    return MaintenanceWindow(days=days, start_minute=start, minutes=(end - start) % (24 * 60))
 
 
 _TAG_RAY = re.compile(r"(?a)(?:^|ray[-_]?v?)(\d+\.\d+(?:\.\d+)?)(?=$|[-_])")

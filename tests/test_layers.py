@@ -226,11 +226,13 @@ TRAINING_ROOMS: tuple[tuple[str, ...], ...] = (
 )
 
 
-# infra/'s rooms, lowest first: the Lambda's code and the two helpers every stack uses, the
-# constructs, the stacks, the app builder. A construct never imports a stack: the stacks compose
-# constructs, and a construct that reached up into a stack could not be built without it.
+# infra/'s rooms, lowest first: the Lambda's code (shipped alone: nothing of CDK), the two helpers
+# every stack uses, the constructs, the stacks, the app builder. A construct never imports a stack:
+# the stacks compose constructs, and a construct that reached up into a stack could not be built
+# without it.
 INFRA_ROOMS: tuple[tuple[str, ...], ...] = (
-    ("lambdas", "nag", "verify_gate"),
+    ("lambdas",),
+    ("nag", "verify_gate"),
     ("constructs",),
     ("stacks",),
     ("build",),
@@ -257,12 +259,13 @@ def upward_imports(graph: dict[str, set[str]], rooms: tuple[tuple[str, ...], ...
     return found
 
 
-def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+def room_graph(graph: dict[str, set[str]], package: str = "training") -> dict[str, set[str]]:
     rooms: dict[str, set[str]] = {}
     for module, targets in graph.items():
-        if module.startswith("training."):
-            rooms.setdefault(room_of(module), set()).update(
-                room_of(t) for t in targets if room_of(t) and room_of(t) != room_of(module))
+        if module.startswith(package + "."):
+            mine = room_of(module, package)
+            rooms.setdefault(mine, set()).update(
+                room_of(t, package) for t in targets if room_of(t, package) and room_of(t, package) != mine)
     return {room: targets for room, targets in rooms.items() if room}
 
 
@@ -293,6 +296,8 @@ def test_infra_rooms_import_only_downwards():
     present = {room_of(m, "infra") for m in graph if m.startswith("infra.")}
     assert present - declared == set(), f"rooms of infra/ missing from INFRA_ROOMS: {sorted(present - declared)}"
     assert upward_imports(graph, INFRA_ROOMS, "infra") == []
+    rooms = room_graph(graph, "infra")
+    assert cycles({room: rooms.get(room, set()) & set(rooms) for room in rooms}) == []
 
 
 def test_a_construct_importing_a_stack_is_named():
@@ -301,6 +306,9 @@ def test_a_construct_importing_a_stack_is_named():
              "infra.stacks.pipeline_access": {"infra.constructs.submitter_access"}}
     assert upward_imports(graph, INFRA_ROOMS, "infra") == [
         "infra.constructs.pod_identity (constructs) -> infra.stacks.pipeline_access (stacks)"]
+    # the Lambda's code shipped alone: a reach into the CDK helpers is named too
+    assert upward_imports({"infra.lambdas.image_watcher.watcher": {"infra.nag"}}, INFRA_ROOMS, "infra") == [
+        "infra.lambdas.image_watcher.watcher (lambdas) -> infra.nag (nag)"]
 
 
 def bench_graph() -> dict[str, set[str]]:

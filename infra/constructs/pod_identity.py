@@ -29,6 +29,12 @@ every trust policy only for this cluster's Ray namespace (the session tags EKS P
 sends, ``aws:RequestTag/eks-cluster-arn`` and ``aws:RequestTag/kubernetes-namespace``, as the
 Amazon EKS User Guide's "Create IAM role with trust policy required by EKS Pod Identity" shows).
 
+**Which account a run may name.** The run role's folder is the service account's name, so the
+account a RayJob or RayCluster names is its identity; RBAC cannot bound a field of what one may
+create, so a ValidatingAdmissionPolicy does (:func:`run_identity_admission`, installed by
+:class:`RayIdentity`): a RayJob its own name or none, the long-lived RayCluster its account, and
+only the pipeline's group (``environment.contract.DEPLOYER_GROUP``) the smoke runs' account.
+
 The namespace comes with its default-deny ingress and the two admitted outside callers
 (:func:`environment.network_policy.namespace_policies`), so no Ray pod ever runs unprotected.
 """
@@ -39,8 +45,8 @@ import json
 from aws_cdk import Stack, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
-from environment.contract import (INPUTS_PREFIX, ON_CLUSTER_FOLDER, PART_OF, PIPELINE_RUN_PREFIX, POD_SECURITY_LABELS,
-                                  RUN_TAG, SMOKE_SERVICE_ACCOUNT, run_role_name)
+from environment.contract import (DEPLOYER_GROUP, INPUTS_PREFIX, ON_CLUSTER_FOLDER, PART_OF, PIPELINE_RUN_PREFIX,
+                                  POD_SECURITY_LABELS, RUN_TAG, SMOKE_SERVICE_ACCOUNT, run_role_name)
 from environment.network_policy import namespace_policies
 from infra.nag import acknowledge
 
@@ -55,12 +61,6 @@ OBJECT_ACTIONS = (
 )
 
 
-DEPLOYER_GROUP = "raytrain-pipeline-deployers"
-"""The Kubernetes group of the pipeline's kubectl builds (their roles and rules:
-infra/stacks/pipeline_access.py): the one group :func:`run_identity_admission` lets name the
-smoke runs' service account."""
-
-
 def same_account(account: str) -> dict:
     """The condition that pins S3 access to buckets owned by ``account``."""
     return {"StringEquals": {"s3:ResourceAccount": account}}
@@ -72,6 +72,8 @@ TRACKING_ACTIONS = ("sagemaker-mlflow:*",)
 """Every action of SageMaker with MLflow (Service Authorization Reference, service prefix
 ``sagemaker-mlflow``), granted on the one tracking server ARN: only the actions whose resource
 type is ``mlflow-tracking-server`` can apply (``AccessUI`` has none, so it is not granted)."""
+
+
 def checkpoint_policy_statements(bucket_arn: str, prefix: str, account: str,
                                  read_only_prefixes: tuple[str, ...] = ()) -> list[iam.PolicyStatement]:
     """The long-lived cluster's role (single-team mode): read/write the folders of every run on

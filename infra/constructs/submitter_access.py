@@ -19,13 +19,9 @@ import hashlib
 from aws_cdk import CfnOutput, Stack, Token, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam
 from constructs import Construct
 
-from environment.contract import INPUTS_PREFIX, PART_OF
+from environment.contract import INPUTS_PREFIX, PART_OF, SUBMITTERS_GROUP
 from infra.constructs.pod_identity import same_account
 from infra.nag import acknowledge
-
-SUBMITTERS_GROUP = "raytrain-submitters"
-"""The Kubernetes group of the people who only submit (their EKS access entries name it)."""
-
 
 def namespace_group_rbac(group: str, namespace: str, rules: list[dict], component: str) -> list[dict]:
     """A Role of ``rules`` in ``namespace`` and its binding to the Kubernetes ``group``, both

@@ -4,8 +4,8 @@ stack that are acknowledged (each with its reason).
 The Smoke, Apply and Promote builds have one IAM role each (:class:`KubectlDeployers`). Their EKS
 access entries carry NO access policy (the EKS-managed policies are either cluster-admin or miss
 KubeRay's custom resources); each maps its role to the Kubernetes group ``DEPLOYER_GROUP``
-(named in infra/constructs/pod_identity.py, whose admission policy lets that group name the smoke
-runs' service account), bound to :data:`DEPLOYER_RULES` in the Ray namespace only, by the
+(named in environment/contract.py: the admission policy of infra/constructs/pod_identity.py lets
+that group name the smoke runs' service account), bound to :data:`DEPLOYER_RULES` in the Ray namespace only, by the
 builder the people who submit get theirs from (infra/constructs/submitter_access.py).
 """
 from __future__ import annotations
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from aws_cdk import Stack, aws_ec2 as ec2, aws_eks as eks_l1, aws_eks_v2 as eks, aws_iam as iam, aws_s3 as s3
 from constructs import Construct
 
-from environment.contract import REGRESSION_REPORT_DIR as REPORT_DIR, stack_name
-from infra.constructs.pod_identity import DEPLOYER_GROUP
+from environment.contract import DEPLOYER_GROUP, REGRESSION_REPORT_DIR as REPORT_DIR, stack_name
 from infra.constructs.submitter_access import namespace_group_rbac
 from infra.nag import acknowledge
 

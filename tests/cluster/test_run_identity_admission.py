@@ -14,6 +14,7 @@ import copy
 import pytest
 import yaml
 
+from environment.contract import DEPLOYER_GROUP, SUBMITTERS_GROUP
 from plane import Plane, PlaneError, spec
 from test_manifests import wait_for
 
@@ -21,15 +22,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
 
 RUNS = "runs"
 BARE = "bare"  # a namespace the binding does not select: what the plane admits without the policy
-SUBMITTER = ["--as=alice@example.com", "--as-group=raytrain-submitters"]
-PIPELINE = ["--as=codebuild-smoke", "--as-group=raytrain-pipeline-deployers"]
+SUBMITTER = ["--as=alice@example.com", f"--as-group={SUBMITTERS_GROUP}"]
+PIPELINE = ["--as=codebuild-smoke", f"--as-group={DEPLOYER_GROUP}"]
 OPERATOR = ["--as=system:serviceaccount:kuberay-system:kuberay-operator"]
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, shipped):
-    from infra.constructs.pod_identity import DEPLOYER_GROUP, run_identity_admission
-    from infra.constructs.submitter_access import SUBMITTER_RULES
+    from infra.constructs.pod_identity import run_identity_admission
+    from infra.constructs.submitter_access import SUBMITTER_RULES, namespace_group_rbac
     from infra.stacks.pipeline_access import DEPLOYER_RULES
 
     env = spec(RUNS)
@@ -45,8 +46,9 @@ def api(tmp_path_factory, shipped):
                                                "verbs": ["create", "update", "patch"]}],
                              {"kind": "User", "name": OPERATOR[0].split("=", 1)[1]})]
         for ns in (RUNS, BARE):
-            objects += [_role_for("submitters", SUBMITTER_RULES, {"kind": "Group", "name": "raytrain-submitters"}, ns),
-                        _role_for("deployers", DEPLOYER_RULES, {"kind": "Group", "name": DEPLOYER_GROUP}, ns)]
+            # the groups' Roles and bindings as the stacks ship them
+            objects += [*namespace_group_rbac(SUBMITTERS_GROUP, ns, SUBMITTER_RULES, "submitters"),
+                        *namespace_group_rbac(DEPLOYER_GROUP, ns, DEPLOYER_RULES, "pipeline")]
         plane.apply_objects(objects)
         plane.apply_objects(run_identity_admission(
             namespace=RUNS, raycluster_name=env.cluster.name, cluster_account=env.ray.service_account,

@@ -1,5 +1,5 @@
-"""``pipeline.maintenance_window``: when Apply may recreate the long-lived cluster (fixed times,
-no clock)."""
+"""``pipeline.maintenance_window`` (environment/rules.py ``parse_window``): when Apply may recreate
+the long-lived cluster (fixed times, no clock)."""
 from __future__ import annotations
 
 import datetime

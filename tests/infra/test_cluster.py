@@ -61,7 +61,8 @@ def test_admin_principals_get_cluster_admin_access_entries(alternative):
 
 
 def test_people_who_only_submit_get_the_ray_namespace_and_the_queue_not_cluster_admin(alternative, default):
-    from infra.constructs.submitter_access import SUBMITTER_RULES, SUBMITTERS_GROUP
+    from environment.contract import SUBMITTERS_GROUP
+    from infra.constructs.submitter_access import SUBMITTER_RULES
 
     entries = [e["Properties"] for e in alternative.resources("cluster", "AWS::EKS::AccessEntry").values()]
     [submitter] = [e for e in entries if e["PrincipalArn"] == alternative.env.cluster.submitter_principal_arns[0]]

@@ -184,7 +184,8 @@ def _admission_manifest(synth) -> list[dict]:
 def test_the_stack_installs_the_run_identity_admission_policy(which, request):
     """The policy the cluster tier proves on a real apiserver (tests/cluster/test_run_identity_admission.py),
     installed by the cluster stack and by the existing-cluster stack, bound to the Ray namespace."""
-    from infra.constructs.pod_identity import DEPLOYER_GROUP, run_identity_admission
+    from environment.contract import DEPLOYER_GROUP
+    from infra.constructs.pod_identity import run_identity_admission
 
     synth = request.getfixturevalue(which)
     env = synth.env

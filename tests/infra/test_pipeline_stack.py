@@ -17,8 +17,8 @@ from pathlib import Path
 import infra_variants
 import pytest
 
+from environment.contract import DEPLOYER_GROUP
 from environment.model import MAX_APPLY_WAIT_MINUTES
-from infra.constructs.pod_identity import DEPLOYER_GROUP
 from infra.lambdas.image_watcher import watcher as watcher_module
 from infra.stacks import pipeline as pipeline_module
 from infra.stacks.pipeline_builds import fingerprint
