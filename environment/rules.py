@@ -1,12 +1,12 @@
 """Rules that several fields (and several tools) apply: S3 bucket names, EventBridge schedule
 expressions, the pipeline's maintenance window, the Ray version an image tag names. One function
 per rule, so an explicit value and a derived one are judged alike. Each ``*_problem`` returns the
-problem as text ("" = fine); callers name the field. Two rules also give what they judged: the
+problem as text ("" = fine); callers name the field. Some rules also give what they judged: the
 derived bucket name, which passes the same validator as a typed one (:func:`bucket_name_problem`),
-so a derived name is never one the spec would refuse if typed in; and the maintenance window
-parsed (:func:`parse_window`, :class:`MaintenanceWindow`: open now, when it closes, its next
-opening), which the image watcher and the pipeline's Apply read from the same text the spec
-checked.
+so a derived name is never one the spec would refuse if typed in; the Ray version a tag names
+(:func:`ray_version_in_tag`); and the maintenance window parsed (:func:`parse_window`,
+:class:`MaintenanceWindow`: open now, when it closes, its next opening), which the image watcher
+and the pipeline's Apply and HoldDeploy steps read from the same text the spec checked.
 """
 from __future__ import annotations
 
@@ -112,7 +112,8 @@ def schedule_problem(expression: str) -> str:
 
 # --- pipeline.maintenance_window ---------------------------------------------------------------
 # When the pipeline's Apply may recreate the long-lived RayCluster (KubeRay's Recreate upgrade
-# deletes every pod of it); judged by the spec, the image watcher and the Apply step alike.
+# deletes every pod of it); judged by the spec, the image watcher and the Apply and HoldDeploy
+# steps alike.
 # Syntax: ``"<days> HH:MM-HH:MM"`` in UTC, days ``daily`` or a comma list of ``mon`` ... ``sun``
 # (``"sat,sun 02:00-06:00"``). A window whose end is not after its start runs past midnight into
 # the next day (``"fri 22:00-04:00"`` is Friday 22:00 to Saturday 04:00). Empty: no window, Apply

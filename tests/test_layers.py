@@ -301,7 +301,8 @@ def test_infra_rooms_import_only_downwards():
 
 
 def test_a_construct_importing_a_stack_is_named():
-    # What infra/constructs/pod_identity.py did until the pipeline's group name moved down to it.
+    # What infra/constructs/pod_identity.py did until the pipeline's group name moved out of
+    # infra/stacks (to environment/contract.py).
     graph = {"infra.constructs.pod_identity": {"infra.stacks.pipeline_access", "infra.nag"},
              "infra.stacks.pipeline_access": {"infra.constructs.submitter_access"}}
     assert upward_imports(graph, INFRA_ROOMS, "infra") == [

@@ -5,8 +5,7 @@ account and role, and the role of every run's own service account) and cluster-a
 Scaling groups).
 
 **Each run its own prefix.** A job on a cluster of its own runs under a service account named
-after the run (``charts/ray_charts.py``), associated by ``submit`` (or the pipeline's Smoke step)
-with ONE run role (:func:`run_policy_statements`). EKS Pod Identity tags the role session with
+after the run (``charts/ray_charts.py``), associated by ``submit`` with ONE run role (:func:`run_policy_statements`). EKS Pod Identity tags the role session with
 the service account's name (``kubernetes-service-account``), and the run role's grants name the
 prefix through that tag, ``<prefix>/${aws:PrincipalTag/kubernetes-service-account}/*``: a run's
 pods read and write their run's folder only, read the uploaded inputs and the read-only prefixes,
@@ -32,8 +31,10 @@ Amazon EKS User Guide's "Create IAM role with trust policy required by EKS Pod I
 **Which account a run may name.** The run role's folder is the service account's name, so the
 account a RayJob or RayCluster names is its identity; RBAC cannot bound a field of what one may
 create, so a ValidatingAdmissionPolicy does (:func:`run_identity_admission`, installed by
-:class:`RayIdentity`): a RayJob its own name or none, the long-lived RayCluster its account, and
-only the pipeline's group (``environment.contract.DEPLOYER_GROUP``) the smoke runs' account.
+:class:`RayIdentity`): a RayJob its own name (unless that is a platform account) or none, the
+long-lived RayCluster its account, and only the pipeline's group
+(``environment.contract.DEPLOYER_GROUP``) the smoke runs' account; an update may keep the accounts
+an object already named, and the KubeRay operator's own copies are not judged.
 
 The namespace comes with its default-deny ingress and the two admitted outside callers
 (:func:`environment.network_policy.namespace_policies`), so no Ray pod ever runs unprotected.

@@ -23,6 +23,7 @@ from environment.contract import INPUTS_PREFIX, PART_OF, SUBMITTERS_GROUP
 from infra.constructs.pod_identity import same_account
 from infra.nag import acknowledge
 
+
 def namespace_group_rbac(group: str, namespace: str, rules: list[dict], component: str) -> list[dict]:
     """A Role of ``rules`` in ``namespace`` and its binding to the Kubernetes ``group``, both
     named after the group: the whole Kubernetes side of an access entry with no access policy

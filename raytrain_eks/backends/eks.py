@@ -3,9 +3,9 @@ cluster, in three parts, each a section below: its RayJob applied and followed t
 against the cluster's KubeRay operator; its own AWS identity, for a run with a cluster of its own
 (a service account named after the run, which stays, and its EKS Pod Identity association with
 the run role, made before the RayJob and removed by the ``submit`` that follows the run to its
-end, or by ``stop``); and its stop (on a run's own cluster, the Ray job stopped through its
-head before the RayJob goes). The local backend (``local.py``) is the same run on a Ray head of
-this machine.
+end, or by ``stop``, which a RayJob KubeRay refused needs anyway); and its stop (on a run's own
+cluster, the Ray job stopped through its head before the RayJob goes). The local backend
+(``local.py``) is the same run on a Ray head of this machine.
 
 Following a RayJob reads the status KubeRay v1.7.0's controller writes
 (``ray-project/kuberay``, tag ``ray-operator/v1.7.0``, ``ray-operator/controllers/ray/rayjob_controller.go``

@@ -61,7 +61,7 @@ def api(tmp_path_factory, shipped):
         plane.stop()
 
 
-def _role_for(name: str, rules: list[dict], subject: dict, namespace: str = RUNS) -> list[dict] | dict:
+def _role_for(name: str, rules: list[dict], subject: dict, namespace: str = RUNS) -> dict:
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": name, "namespace": namespace}, "rules": rules}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
