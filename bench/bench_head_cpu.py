@@ -28,48 +28,38 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from raytrain_eks.backends.local_services import _processes, head_processes, ray_head  # noqa: E402
+from suite_cpu import Census  # noqa: E402  (the one /proc sampler: per pid and start time, SIGKILLed processes kept)
 
-HZ = os.sysconf("SC_CLK_TCK")
 SCRIPTS = ("log_monitor", "dashboard/dashboard.py", "autoscaler/_private/monitor.py", "runtime_env/agent",
            "setup_worker", "ray.util.client.server", "default_worker")
 
 
-def _kind(cmdline: str, comm: str) -> str:
-    if comm in ("raylet", "gcs_server"):  # their command lines name other scripts (the agents')
-        return comm
+def _kind(titles: list[str]) -> str:
+    """A finer kind than the suite's census (bench/suite_cpu.py ``process_kind``): each daemon of a
+    head by its own name, by the latest command line the census saw."""
+    cmdline = titles[-1] if titles else ""
+    program = Path(cmdline.split(" ", 1)[0]).name
+    if program in ("raylet", "gcs_server"):  # their command lines name other scripts (the agents')
+        return program
     if (named := re.search(r"ray::([\w.]+)", cmdline)) is not None:
         return "ray::" + named.group(1)
-    return next((s.rsplit("/", 1)[-1] for s in SCRIPTS if s in cmdline), comm)
+    return next((s.rsplit("/", 1)[-1] for s in SCRIPTS if s in cmdline), program)
 
 
-class Sampler:
-    def __init__(self, tree):
-        self.tree, self.seen = tree, {}
+def watch(census: Census, seconds: float, until=None) -> None:
+    """Sample every 0.5 s for ``seconds`` (or while ``until()``), then once more."""
+    end = time.monotonic() + seconds
+    while (until() if until else time.monotonic() < end):
+        census.sample()
+        time.sleep(0.5)
+    census.sample()
 
-    def sample(self) -> None:
-        for pid in self.tree():
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            rest = stat.rsplit(")", 1)[1].split()
-            self.seen[(pid, rest[19])] = ((int(rest[11]) + int(rest[12])) / HZ,
-                                          _kind(cmdline, stat[stat.index("(") + 1:stat.rindex(")")]))
 
-    def watch(self, seconds: float, until=None) -> None:
-        end = time.monotonic() + seconds
-        while (until() if until else time.monotonic() < end):
-            self.sample()
-            time.sleep(0.5)
-        self.sample()
-
-    def totals(self) -> tuple[collections.Counter, collections.Counter]:
-        cpu, count = collections.Counter(), collections.Counter()
-        for seconds, kind in self.seen.values():
-            cpu[kind] += seconds
-            count[kind] += 1
-        return cpu, count
+def totals(census: Census) -> tuple[collections.Counter, collections.Counter]:
+    """CPU-seconds and processes so far, by kind."""
+    kinds = census.by_kind()
+    return (collections.Counter({k: sum(v) for k, v in kinds.items()}),
+            collections.Counter({k: len(v) for k, v in kinds.items()}))
 
 
 def _descendants() -> set[int]:
@@ -88,18 +78,18 @@ def product(idle_s: float) -> tuple[dict, dict]:
     phases, notes = {}, {}
     began = time.monotonic()
     with ray_head(num_cpus=4) as head:
-        sampler = Sampler(lambda: head_processes(head.temp_dir, head.gcs_address))
+        census = Census(lambda: head_processes(head.temp_dir, head.gcs_address), kind=_kind)
         notes["up_s"] = round(time.monotonic() - began, 1)
-        sampler.watch(0)
-        phases["start"] = sampler.totals()
-        sampler.watch(idle_s)
-        phases["idle"] = sampler.totals()
+        watch(census, 0)
+        phases["start"] = totals(census)
+        watch(census, idle_s)
+        phases["idle"] = totals(census)
         job = subprocess.Popen([str(Path(sys.executable).with_name("ray")), "job", "submit", "--", "python", "-c",
                                 "print('hello job')"], env={**os.environ, **head.client_env, "RAY_ADDRESS": head.dashboard_url},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        sampler.watch(0, until=lambda: job.poll() is None)
-        sampler.watch(5)
-        phases["job"] = sampler.totals()
+        watch(census, 0, until=lambda: job.poll() is None)
+        watch(census, 5)
+        phases["job"] = totals(census)
         notes["job_ok"] = job.returncode == 0 and "hello job" in job.stdout.read()
     return phases, notes
 
@@ -108,14 +98,14 @@ def session(idle_s: float) -> tuple[dict, dict]:
     import ray
     from ray_session import start_session_cluster
 
-    phases, notes, sampler = {}, {}, Sampler(_descendants)
+    phases, notes, census = {}, {}, Census(_descendants, kind=_kind)
     began = time.monotonic()
     start_session_cluster(ray)
     notes["up_s"] = round(time.monotonic() - began, 1)
-    sampler.watch(3)
-    phases["start"] = sampler.totals()
-    sampler.watch(idle_s)
-    phases["idle"] = sampler.totals()
+    watch(census, 3)
+    phases["start"] = totals(census)
+    watch(census, idle_s)
+    phases["idle"] = totals(census)
 
     @ray.remote
     def task(i):
@@ -129,8 +119,8 @@ def session(idle_s: float) -> tuple[dict, dict]:
     actor = Actor.remote()
     notes["job_ok"] = ray.get([task.remote(i) for i in range(8)]) == list(range(8)) and ray.get(actor.ping.remote()) == "pong"
     del actor
-    sampler.watch(5)
-    phases["job"] = sampler.totals()
+    watch(census, 5)
+    phases["job"] = totals(census)
     ray.shutdown()
     return phases, notes
 

@@ -243,30 +243,35 @@ PERIOD_S = 0.5
 TITLES_KEPT = 6
 
 
-class Census:
-    """CPU per process of this run's cgroups (the module docstring: the process census), sampled
-    every ``PERIOD_S`` by a thread between :meth:`start` and :meth:`stop`."""
+def cgroup_pids(groups: list[Path]) -> list[str]:
+    """The processes of ``groups`` and of the cgroups nested in them (a pytest run inside a worker's
+    test makes those), each once."""
+    pids = []
+    for group in groups:
+        for directory, _, _ in os.walk(group):
+            try:
+                pids += (Path(directory) / "cgroup.procs").read_text().split()
+            except OSError:  # removed meanwhile
+                continue
+    return list(dict.fromkeys(pids))  # v1 may list a pid twice
 
-    def __init__(self, groups: Callable[[], list[Path]]):
-        self.groups = groups  # the run's cgroups, found anew each sample: workers make theirs as they start
+
+class Census:
+    """CPU per process of a set of processes (the module docstring: the process census), sampled
+    every ``PERIOD_S`` by a thread between :meth:`start` and :meth:`stop`, or by the caller's own
+    :meth:`sample` calls (bench/bench_head_cpu.py samples a Ray head's tree so), named by ``kind``."""
+
+    def __init__(self, pids: Callable[[], list], kind: Callable[[list[str]], str] = process_kind):
+        self.pids = pids  # found anew each sample: the workers make their cgroups as they start
+        self.kind = kind
         self.seen: dict[tuple[int, int], dict] = {}  # (pid, start time in ticks) -> {"titles", "cpu_s"}
         self.tick = os.sysconf("SC_CLK_TCK")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="suite-cpu-census", daemon=True)
         self.sampler_cpu_s = 0.0
 
-    def _pids(self) -> list[str]:
-        pids = []
-        for group in self.groups():
-            for directory, _, _ in os.walk(group):  # nested cgroups (a pytest run inside a worker's test)
-                try:
-                    pids += (Path(directory) / "cgroup.procs").read_text().split()
-                except OSError:  # removed meanwhile
-                    continue
-        return list(dict.fromkeys(pids))  # v1 may list a pid twice
-
     def sample(self) -> None:
-        for pid in self._pids():
+        for pid in self.pids():
             try:
                 stat = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
                 fields = stat[stat.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
@@ -296,10 +301,15 @@ class Census:
         self._thread.join()
         self.sample()
 
-    def report(self) -> dict:
+    def by_kind(self) -> dict[str, list[float]]:
+        """Each kind's processes' CPU-seconds so far."""
         kinds = collections.defaultdict(list)
         for record in self.seen.values():
-            kinds[process_kind(record["titles"])].append(record["cpu_s"])
+            kinds[self.kind(record["titles"])].append(record["cpu_s"])
+        return kinds
+
+    def report(self) -> dict:
+        kinds = self.by_kind()
         return {"period_s": PERIOD_S, "sampled_cpu_s": round(sum(map(sum, kinds.values())), 1),
                 "sampler_cpu_s": round(self.sampler_cpu_s, 1),
                 "by_kind": {kind: {"count": len(cpu), "cpu_s": round(sum(cpu), 1), "median_cpu_s": round(statistics.median(cpu), 2)}
@@ -328,8 +338,8 @@ def main(args: list[str]) -> None:
     proc = subprocess.Popen(command, cwd=ROOT, env=env)
     # the run's cgroups as they appear: the workers' are named by their parent, pytest (proc.pid),
     # and without xdist pytest's own by this process, its parent
-    census = Census(lambda: [group for parent in _run_roots() for owner in (proc.pid, os.getpid())
-                             for group in parent.glob(f"suite-cpu-{owner}-*") if group.is_dir()])
+    census = Census(lambda: cgroup_pids([group for parent in _run_roots() for owner in (proc.pid, os.getpid())
+                                         for group in parent.glob(f"suite-cpu-{owner}-*") if group.is_dir()]))
     census.start()
     proc.wait()
     wall = time.perf_counter() - start

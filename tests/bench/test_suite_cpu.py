@@ -103,7 +103,7 @@ def test_a_daemonized_process_is_counted_for_the_test_that_started_it(tmp_path, 
 def test_the_census_keeps_a_process_killed_by_sigkill_up_to_its_last_sample(tmp_path):
     """A process killed by SIGKILL (a fault from outside) is gone from /proc, but the census keeps
     what its samples saw, under its kind: the samples are the thread's own :meth:`Census.sample`."""
-    from suite_cpu import Census, _run_roots
+    from suite_cpu import Census, _run_roots, cgroup_pids
 
     if not _cgroups_writable():
         pytest.skip("this process may not make a cgroup of its own (needs root or a delegated cgroup)")
@@ -114,7 +114,7 @@ def test_the_census_keeps_a_process_killed_by_sigkill_up_to_its_last_sample(tmp_
     try:
         (group / "cgroup.procs").write_text(str(child.pid))
         assert child.stdout.readline() == "burnt\n"
-        census = Census(lambda: [group])
+        census = Census(lambda: cgroup_pids([group]))
         census.sample()
     finally:
         child.kill()
